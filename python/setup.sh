@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Set up tp4 on a fresh Debian 12 machine: a virtualenv at <repo>/.venv with the tp4 CLI.
+#   bash python/setup.sh          the CLI only (enough for `tp4 plan`, `tp4 profile`)
+#   bash python/setup.sh --test   also the system tools and Python packages the tests use
+#                                 (nix, busybox, sshd, podman, skopeo, umoci, iproute2)
+set -euo pipefail
+repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+want_test=0
+[ "${1:-}" = "--test" ] && want_test=1
+
+apt_pkgs=()
+need() { command -v "$1" >/dev/null 2>&1 || apt_pkgs+=("$2"); }
+python3 -c 'import venv, ensurepip' 2>/dev/null || apt_pkgs+=(python3-venv)
+command -v python3 >/dev/null 2>&1 || apt_pkgs+=(python3)
+if [ "$want_test" = 1 ]; then
+  need nix nix-bin
+  need busybox busybox-static
+  need sshd openssh-server
+  need ssh openssh-client
+  need ip iproute2
+  need tc iproute2
+  need podman podman
+  need runc runc
+  need skopeo skopeo
+  need umoci umoci
+  need git git
+  need patch patch
+fi
+if [ ${#apt_pkgs[@]} -gt 0 ]; then
+  sudo=""
+  [ "$(id -u)" = 0 ] || sudo=sudo
+  echo "setup: installing ${apt_pkgs[*]}" >&2
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${apt_pkgs[@]}" >/dev/null
+fi
+
+if [ ! -x "$repo/.venv/bin/python" ]; then
+  python3 -m venv "$repo/.venv"
+fi
+"$repo/.venv/bin/pip" install -q --disable-pip-version-check --upgrade pip >/dev/null 2>&1 || true
+if [ "$want_test" = 1 ]; then
+  "$repo/.venv/bin/pip" install -q --disable-pip-version-check -e "$repo/python" \
+    "pytest>=8" "hypothesis>=6.100"
+else
+  "$repo/.venv/bin/pip" install -q --disable-pip-version-check "$repo/python"
+fi
+echo "setup: tp4 installed in $repo/.venv (run $repo/.venv/bin/tp4)" >&2

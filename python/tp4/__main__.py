@@ -1,0 +1,3 @@
+from tp4.cli import main
+
+main()

@@ -1,0 +1,74 @@
+"""The ``tp4`` command. Subcommands live in their own modules and are imported only when used,
+so ``tp4 plan`` does not pay for the imports of ``tp4 sources`` or ``tp4 build``."""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import sys
+
+import click
+
+from tp4.errors import Tp4Error
+
+# name -> (module, attribute, one-line help shown in `tp4 --help` without importing the module)
+SUBCOMMANDS: dict[str, tuple[str, str, str]] = {
+    "plan": ("tp4.cli.plan", "plan", "Show the rendered line: env, engine argv and run spec per rank."),
+    "profile": ("tp4.cli.profile", "profile", "Check, import and inspect profiles and presets."),
+    "sources": ("tp4.cli.sources", "sources", "Pinned sources: list, verify, lock, fetch, diff, hash."),
+    "build": ("tp4.cli.build", "build", "Build the OCI image with nix and load it on the head."),
+    "distribute": ("tp4.cli.build", "distribute", "Copy the built image to the workers."),
+}
+
+
+class LazyGroup(click.Group):
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(SUBCOMMANDS)
+
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        entry = SUBCOMMANDS.get(name)
+        if entry is None:
+            return None
+        module, attr, _ = entry
+        return getattr(importlib.import_module(module), attr)
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        rows = [(name, SUBCOMMANDS[name][2]) for name in self.list_commands(ctx)]
+        with formatter.section("Commands"):
+            formatter.write_dl(rows)
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("-v", "--verbose", is_flag=True, help="Log every external command as `$ ...` on stderr.")
+@click.version_option(package_name="tp4", message="tp4 %(version)s")
+def cli(verbose: bool) -> None:
+    """tp4: build, deploy and serve DeepSeek-V4.1-Flash on four DGX Sparks at TP4.
+
+    Shell completion: eval "$(_TP4_COMPLETE=bash_source tp4)" (zsh_source, fish_source).
+    """
+    logging.basicConfig(
+        level=logging.DEBUG if verbose else logging.WARNING,
+        format="%(message)s",
+        stream=sys.stderr,
+    )
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Console entry point: Tp4Error becomes `error: ...` and its exit code, never a traceback."""
+    try:
+        rv = cli.main(args=argv, prog_name="tp4", standalone_mode=False)
+    except Tp4Error as exc:
+        click.echo(f"error: {exc.message}", err=True)
+        sys.exit(exc.exit_code)
+    except click.exceptions.Abort:
+        click.echo("aborted", err=True)
+        sys.exit(130)
+    except click.ClickException as exc:
+        exc.show()
+        sys.exit(exc.exit_code)
+    except KeyboardInterrupt:
+        click.echo("interrupted", err=True)
+        sys.exit(130)
+    except BrokenPipeError:
+        sys.exit(0)
+    sys.exit(rv if isinstance(rv, int) else 0)

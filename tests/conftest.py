@@ -1,0 +1,35 @@
+"""Shared fixtures. Tests run against the real tools of the machine (nix, ssh, podman);
+the only stand-in is the engine, used by the serving tests."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "python"))
+
+
+@pytest.fixture(scope="session")
+def repo() -> Path:
+    return REPO
+
+
+@pytest.fixture
+def tp4_cli(capsys):
+    """Run the tp4 CLI in-process through its real entry point; returns (exit code, stdout, stderr)."""
+    from tp4.cli import main
+
+    def invoke(*args: str) -> tuple[int, str, str]:
+        capsys.readouterr()
+        try:
+            main([str(a) for a in args])
+            code = 0
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        captured = capsys.readouterr()
+        return code, captured.out, captured.err
+
+    return invoke
