@@ -1,0 +1,222 @@
+"""``tp4 sources``: list, verify, lock, fetch, diff and hash the pinned sources."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import click
+
+from tp4.errors import InvalidInput, Tp4Error
+from tp4.sources import manifest as mf
+
+
+def _manifest_path(value: str | None) -> Path:
+    if value:
+        return Path(value)
+    env = os.environ.get("TP4_SOURCES_MANIFEST")
+    if env:
+        return Path(env)
+    default = mf.default_path()
+    return default if default.exists() else Path(mf.MANIFEST_NAME)
+
+
+manifest_option = click.option(
+    "--manifest", "manifest_file", metavar="FILE",
+    help="Manifest to read (default: $TP4_SOURCES_MANIFEST, else the repository's sources.manifest).",
+)
+
+
+def _load(manifest_file: str | None, *, strict: bool = True) -> mf.Manifest:
+    m = mf.load(_manifest_path(manifest_file))
+    if strict:
+        mf.check(m)
+    return m
+
+
+@click.group()
+def sources() -> None:
+    """Pinned sources: every input of the image, hash-checked, from sources.manifest."""
+
+
+@sources.command("list")
+@manifest_option
+@click.option("--json", "as_json", is_flag=True, help="The parse as JSON (what pkgs/sources.nix yields).")
+def list_cmd(manifest_file: str | None, as_json: bool) -> None:
+    """List rows (name, kind, lock state, commit) and trees (with the rows they need)."""
+    m = _load(manifest_file, strict=False)
+    if as_json:
+        import json
+
+        click.echo(json.dumps(m.to_json(), indent=2))
+        return
+    width = max((len(r.name) for r in m.rows), default=4)
+    for row in m.rows:
+        state = "locked" if row.locked else "UNLOCKED"
+        commit = row.commit if len(row.commit) < 20 else row.commit[:12]
+        click.echo(f"{row.name:<{width}}  {row.kind:<7}  {state:<8}  {commit}")
+    for tree in m.trees:
+        needs = ", ".join(r.name for r in m.inputs(tree.name))
+        click.echo(f"tree {tree.name}: from {tree.source}; needs {needs}")
+
+
+@sources.command()
+@manifest_option
+@click.option("--download", is_flag=True, help="Also download every locked row and check its sha256.")
+@click.argument("names", nargs=-1)
+def verify(manifest_file: str | None, download: bool, names: tuple[str, ...]) -> None:
+    """Check the manifest: columns, hashes, URLs naming their commit, no duplicates, every patch in
+    a tree's order. Unlocked rows are reported as warnings."""
+    m = _load(manifest_file, strict=False)
+    report = mf.validate(m)
+    for warning in report.warnings:
+        click.echo(f"warning: {warning}", err=True)
+    if report.errors:
+        raise InvalidInput(f"{m.label}: {len(report.errors)} problem(s)", report.errors)
+    rows = [m.row(n) for n in names] if names else list(m.rows)
+    unlocked = sum(not r.locked for r in rows)
+    if download:
+        _verify_downloads(rows)
+    checked = "downloaded and hash-checked" if download else "checked"
+    click.echo(
+        f"{m.label}: {len(rows)} rows {checked} ({unlocked} unlocked), {len(m.trees)} trees: ok"
+    )
+
+
+def _verify_downloads(rows: list[mf.Row]) -> None:
+    import tempfile
+
+    from tp4.sources import download, fetch, nar
+
+    failures = []
+    for row in rows:
+        if not row.locked or row.kind in ("image", "local"):
+            why = "unlocked" if not row.locked else f"{row.kind} row, checked by Nix" if row.kind == "image" else "local row"
+            click.echo(f"skip {row.name}: {why}", err=True)
+            continue
+        try:
+            if row.kind == "wheel":
+                with tempfile.TemporaryDirectory(prefix="tp4-verify-") as tmp:
+                    actual = download.sha256_file(fetch.pip_download(row, Path(tmp)))
+            elif row.kind == "git":
+                with tempfile.TemporaryDirectory(prefix="tp4-verify-") as tmp:
+                    fetch.git_checkout(row.url, row.commit, Path(tmp) / "tree")
+                    actual = nar.nar_sha256(Path(tmp) / "tree").hex()
+            else:
+                actual, _ = download.hash_url(row.url, label=row.name)
+        except Tp4Error as exc:
+            failures.append(f"{row.name}: {exc.message}")
+            continue
+        if actual != row.sha256:
+            failures.append(f"{row.name}: sha256 mismatch: pinned {row.sha256}, downloaded {actual}")
+    if failures:
+        raise Tp4Error(f"{len(failures)} row(s) failed the download check:\n" + "\n".join(f"  - {f}" for f in failures))
+
+
+@sources.command()
+@manifest_option
+@click.option("--ref", help="Move the named row to the head of this branch or tag.")
+@click.argument("names", nargs=-1)
+def lock(manifest_file: str | None, ref: str | None, names: tuple[str, ...]) -> None:
+    """Fill in (or refresh) pins: every unlocked row, or the rows named.
+
+    Branches and tags in the commit column (or --ref) are resolved to commits; the hash is taken
+    from a fresh download. The manifest is rewritten in place, once, after every row succeeded.
+    """
+    from tp4.sources import lock as locking
+
+    m = _load(manifest_file, strict=False)
+    changes = locking.lock(m, list(names), ref=ref)
+    if not changes:
+        click.echo("nothing to lock: every row has its sha256")
+    for change in changes:
+        click.echo(change.describe())
+
+
+@sources.command()
+@manifest_option
+@click.argument("name")
+@click.option("--to", "to", required=True, metavar="DIR", help="Where the tree goes (must not exist, or be empty).")
+@click.option("--input", "inputs", multiple=True, metavar="COMPONENT=PATH",
+              help="An already fetched file for a row: hash-checked and used instead of a download.")
+@click.option("--offline", is_flag=True, help="Never download (the default inside a Nix build).")
+@click.option("-q", "--quiet", is_flag=True, help="No progress or step lines.")
+def fetch(manifest_file: str | None, name: str, to: str, inputs: tuple[str, ...], offline: bool, quiet: bool) -> None:
+    """Produce NAME (a tree, or a single row) at DIR exactly as the image contains it; prints the
+    tree's NAR hash (sha256 SRI, as `nix hash path`)."""
+    from tp4.sources import fetch as fetching
+    from tp4.sources import nar
+
+    m = _load(manifest_file)
+    if name not in m.tree_by_name and name not in m.by_name:
+        names = {**m.tree_by_name, **m.by_name}
+        raise InvalidInput(f"{m.label}: no tree or row named {name!r}{mf._suggest(name, names)}")
+    given = fetching.parse_inputs(list(inputs), m)
+    stamps = fetching.fetch(m, name, Path(to), given, offline=offline or fetching.in_nix_build(), quiet=quiet)
+    for key, value in stamps.items():
+        click.echo(f"{key} {value}")
+    click.echo(f"{to} {nar.nar_hash(to)}")
+
+
+def _describe_attrs(old: dict, new: dict) -> list[str]:
+    parts = []
+    for key in sorted(set(old) | set(new)):
+        if old.get(key) != new.get(key):
+            parts.append(f"{key}: {old.get(key, '(none)')} -> {new.get(key, '(none)')}")
+    return parts
+
+
+@sources.command()
+@manifest_option
+@click.argument("old", metavar="OLD_MANIFEST")
+@click.argument("new", metavar="[NEW_MANIFEST]", required=False)
+def diff(manifest_file: str | None, old: str, new: str | None) -> None:
+    """What changed from OLD_MANIFEST to NEW_MANIFEST (default: --manifest): rows and trees added,
+    removed, re-pinned or re-hashed."""
+    a = mf.load(old)
+    b = mf.load(new) if new else _load(manifest_file, strict=False)
+    lines = []
+    for kind, left, right in (("row", a.by_name, b.by_name), ("tree", a.tree_by_name, b.tree_by_name)):
+        for name in left:
+            if name not in right:
+                lines.append(f"- {kind} {name}")
+        for name, item in right.items():
+            if name not in left:
+                lines.append(f"+ {kind} {name}")
+                continue
+            before = left[name]
+            parts = []
+            if kind == "row":
+                for col in ("commit", "sha256", "url"):
+                    if getattr(before, col) != getattr(item, col):
+                        parts.append(f"{col}: {getattr(before, col)} -> {getattr(item, col)}")
+            parts += _describe_attrs(dict(before.attrs), dict(item.attrs))
+            if parts:
+                lines.append(f"~ {kind} {name}\n" + "\n".join(f"    {p}" for p in parts))
+    click.echo("\n".join(lines) if lines else "no changes")
+
+
+@sources.command("hash")
+@manifest_option
+@click.argument("path", type=click.Path(exists=True, file_okay=True, dir_okay=True))
+@click.option("--format", "fmt", type=click.Choice(["sri", "nix32", "hex"]), default="sri", show_default=True)
+@click.option("--store-path", "store_name", metavar="NAME", help="Also print where `nix store add-path --name NAME` puts it.")
+def hash_cmd(manifest_file: str | None, path: str, fmt: str, store_name: str | None) -> None:
+    """The NAR hash of PATH, as `nix hash path` prints it (the hash a Nix fixed-output tree needs)."""
+    from tp4.sources import nar
+
+    digest = nar.nar_sha256(path)
+    click.echo(nar.encode(digest, fmt))
+    if store_name:
+        try:
+            click.echo(nar.store_path(store_name, digest))
+        except ValueError as exc:
+            raise InvalidInput(str(exc)) from None
+
+
+def run_standalone() -> None:
+    """``python -m tp4.sources ARGS``: the same as ``tp4 sources ARGS``."""
+    from tp4.cli import main
+
+    main(["sources", *sys.argv[1:]])

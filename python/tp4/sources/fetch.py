@@ -1,0 +1,188 @@
+"""Getting the bytes of rows (given with --input, from the cache, or downloaded) and fetching
+trees. Every byte used is checked against its row's sha256 first."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import sys
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+
+from tp4 import process
+from tp4.errors import InvalidInput, Tp4Error
+from tp4.sources import download, nar, transforms
+from tp4.sources.manifest import Manifest, Row
+
+
+def cache_dir() -> Path:
+    explicit = os.environ.get("TP4_SOURCES_CACHE")
+    if explicit:
+        return Path(explicit)
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "tp4" / "sources"
+
+
+def in_nix_build() -> bool:
+    """Inside a Nix build there is no network: fetch never tries to download there."""
+    return bool(os.environ.get("NIX_BUILD_TOP"))
+
+
+def parse_inputs(values: list[str], manifest: Manifest) -> dict[str, Path]:
+    inputs: dict[str, Path] = {}
+    problems = []
+    for value in values:
+        name, sep, path = value.partition("=")
+        if not sep or not name or not path:
+            problems.append(f"--input {value!r} is not COMPONENT=PATH")
+        elif name not in manifest.by_name:
+            problems.append(f"--input {name}: no such row in {manifest.label}")
+        elif not os.path.lexists(path):
+            problems.append(f"--input {name}={path}: no such file")
+        else:
+            inputs[name] = Path(path)
+    if problems:
+        raise InvalidInput("bad --input", problems)
+    return inputs
+
+
+def check_bytes(row: Row, path: Path, origin: str) -> None:
+    """``path`` holds exactly the row's bytes (a file's sha256, a git checkout's NAR hash)."""
+    row.require_locked()
+    if row.kind == "git":
+        actual = nar.nar_sha256(path).hex()
+    elif path.is_dir():
+        raise Tp4Error(f"{origin} for {row.name}: {path} is a directory; the row is a {row.kind} (a file)")
+    else:
+        actual = download.sha256_file(path)
+    if actual != row.sha256:
+        raise Tp4Error(
+            f"{origin} for {row.name}: {path} does not match the pin\n  expected sha256 {row.sha256}\n"
+            f"  got             {actual}"
+        )
+
+
+def _safe(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._+-]", "_", name)
+
+
+def wheel_pip_args(row: Row) -> list[str]:
+    """pip flags that select exactly this wheel file for any host (--platform etc.)."""
+    w = row.wheel()
+    python = w["python"].split(".")[0]
+    m = re.fullmatch(r"(cp|py)(\d)(\d*)", python)
+    if not m:
+        raise InvalidInput(f"{row.where}: cannot map the wheel's python tag {w['python']!r} to pip flags")
+    version = m[2] + (f".{m[3]}" if m[3] else "")
+    args = ["--only-binary=:all:", "--no-deps", "--python-version", version,
+            "--implementation", "cp" if m[1] == "cp" else "py"]
+    for plat in w["platform"].split("."):
+        args += ["--platform", plat]
+    if w["abi"] != "none":
+        args += ["--abi", w["abi"]]
+    dist = row.component
+    return [*args, f"{dist}=={row.commit}"]
+
+
+def pip_download(row: Row, dest_dir: Path, *, quiet: bool = False) -> Path:
+    """The wheel through pip (the ordinary client and its configured index), hash-checked."""
+    with tempfile.TemporaryDirectory(prefix="tp4-wheel-", dir=dest_dir) as tmp:
+        if not quiet:
+            print(f"fetching {row.name}: pip download {row.component}=={row.commit}", file=sys.stderr, flush=True)
+        process.run([sys.executable, "-m", "pip", "download", "--disable-pip-version-check", "-q",
+                     "-d", tmp, *wheel_pip_args(row)])
+        got = Path(tmp) / row.file_name
+        if not got.exists():
+            names = ", ".join(sorted(p.name for p in Path(tmp).iterdir())) or "nothing"
+            raise Tp4Error(f"{row.name}: pip downloaded {names}, not {row.file_name}")
+        target = dest_dir / row.file_name
+        got.replace(target)
+        return target
+
+
+def git_checkout(url: str, commit: str, dest: Path) -> None:
+    """Clone a git+ URL at ``commit`` into ``dest`` without .git (what Nix's fetchGit gives)."""
+    try:
+        import git
+    except ImportError as exc:
+        raise Tp4Error("git rows need GitPython (pip install gitpython)") from exc
+    remote = url[len("git+"):].rsplit("@", 1)[0]
+    try:
+        repo = git.Repo.clone_from(remote, dest, no_checkout=True)
+        repo.git.checkout(commit)
+        repo.close()
+    except git.GitCommandError as exc:
+        raise Tp4Error(f"git clone of {remote} at {commit} failed: {exc.stderr.strip() or exc}") from exc
+    shutil.rmtree(dest / ".git")
+
+
+def obtain(row: Row, inputs: Mapping[str, Path], *, offline: bool, quiet: bool = False) -> Path:
+    """A path holding the row's checked bytes: its --input, the cache, or a fresh download."""
+    row.require_locked()
+    if row.name in inputs:
+        check_bytes(row, inputs[row.name], "--input")
+        return inputs[row.name]
+    if row.kind in ("image", "local"):
+        raise Tp4Error(
+            f"{row.name} is a {row.kind} row: "
+            + ("Nix gets it with dockerTools.pullImage (or `docker pull` by digest)" if row.kind == "image"
+               else "it names a file in upstream's repository; give it a URL row")
+        )
+    if offline:
+        raise Tp4Error(f"{row.name}: no --input {row.name}=PATH given and downloads are off (offline or in a Nix build)")
+    cache = cache_dir()
+    cache.mkdir(parents=True, exist_ok=True)
+    cached = cache / f"{row.sha256[:32]}-{_safe(row.file_name if row.kind != 'git' else row.component)}"
+    if os.path.lexists(cached):
+        try:
+            check_bytes(row, cached, "cache")
+            return cached
+        except Tp4Error:
+            transforms._remove(cached)
+    if row.kind == "wheel":
+        with tempfile.TemporaryDirectory(prefix=".wheel-", dir=cache) as tmp:
+            got = pip_download(row, Path(tmp), quiet=quiet)
+            check_bytes(row, got, "pip download")
+            got.replace(cached)
+        return cached
+    if row.kind == "git":
+        tmp = Path(tempfile.mkdtemp(prefix=".git-", dir=cache))
+        try:
+            git_checkout(row.url, row.commit, tmp / "tree")
+            check_bytes(row, tmp / "tree", "git clone")
+            (tmp / "tree").rename(cached)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        return cached
+    download.download(row.url, cached, row.sha256, label=row.name, quiet=quiet)
+    return cached
+
+
+def fetch(manifest: Manifest, name: str, to: Path, inputs: Mapping[str, Path], *, offline: bool,
+          quiet: bool = False) -> dict[str, str]:
+    """Produce ``name`` (a tree, or a row) at ``to`` exactly as the image contains it."""
+    tree = manifest.tree_by_name.get(name)
+    needed = manifest.inputs(name)
+    for row in needed:
+        row.require_locked()
+    paths = {row.name: obtain(row, inputs, offline=offline, quiet=quiet) for row in needed}
+    work = transforms.scratch_dir(to)
+    log = None if quiet else (lambda msg: print(msg, file=sys.stderr, flush=True))
+    try:
+        if tree is None:
+            row = needed[0]
+            if row.kind == "wheel":
+                shutil.copyfile(paths[row.name], work / row.file_name)
+                os.chmod(work / row.file_name, 0o644)
+            else:
+                transforms.build_row(row, paths[row.name], work)
+            stamps: dict[str, str] = {}
+        else:
+            stamps = transforms.build_tree(manifest, tree, paths, work, log=log)
+        transforms.publish(work, to)
+    finally:
+        if work.exists():
+            shutil.rmtree(work)
+    return stamps

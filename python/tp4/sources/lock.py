@@ -1,0 +1,187 @@
+"""``tp4 sources lock``: fill in or refresh pins. Resolves branches and tags to commits (GitHub API
+through requests; git+ URLs through GitPython), hashes what the new pin downloads, and rewrites only
+the rows it locked, in place. The manifest is written once, after every row succeeded.
+
+``TP4_GITHUB_API`` overrides the API base (default the public GitHub API); ``GITHUB_TOKEN``, when
+set, is sent as a bearer token and never logged.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import tempfile
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from tp4 import process
+from tp4.errors import InvalidInput, Tp4Error
+from tp4.sources import download, fetch, nar
+from tp4.sources.manifest import UNLOCKED, Manifest, Row, replace_rows
+
+GITHUB_API = "https://api.github.com"
+_HEX40 = re.compile(r"[0-9a-f]{40}")
+_ARCHIVE = re.compile(r"https://github\.com/(?P<owner>[^/]+)/(?P<repo>[^/]+)/archive/(?P<ref>.+?)(?P<ext>\.tar\.gz|\.tgz|\.zip)")
+_RAW = re.compile(r"https://raw\.githubusercontent\.com/(?P<owner>[^/]+)/(?P<repo>[^/]+)/(?P<ref>[^/]+)/(?P<path>.+)")
+
+
+@dataclass(frozen=True)
+class Change:
+    name: str
+    old: Row
+    new: Row
+
+    def describe(self) -> str:
+        parts = []
+        if self.old.commit != self.new.commit:
+            parts.append(f"commit {self.old.commit} -> {self.new.commit}")
+        if self.old.sha256 != self.new.sha256:
+            parts.append(f"sha256 {self.old.sha256} -> {self.new.sha256}")
+        return f"{self.name}: " + ("; ".join(parts) if parts else "unchanged")
+
+
+def github_repo(url: str) -> tuple[str, str, str] | None:
+    """(owner, repo, ref) of a GitHub archive or raw-file URL."""
+    for pattern in (_ARCHIVE, _RAW):
+        m = pattern.fullmatch(url)
+        if m:
+            return m["owner"], m["repo"], m["ref"]
+    return None
+
+
+def with_ref(url: str, ref: str) -> str:
+    """The same GitHub URL at another ref (only the ref segment changes)."""
+    m = _ARCHIVE.fullmatch(url)
+    if m:
+        return f"https://github.com/{m['owner']}/{m['repo']}/archive/{ref}{m['ext']}"
+    m = _RAW.fullmatch(url)
+    if m:
+        return f"https://raw.githubusercontent.com/{m['owner']}/{m['repo']}/{ref}/{m['path']}"
+    raise InvalidInput(f"{url}: not a GitHub archive or raw URL; cannot move it to another ref")
+
+
+def resolve_github(owner: str, repo: str, ref: str) -> str:
+    import requests
+
+    base = os.environ.get("TP4_GITHUB_API", GITHUB_API).rstrip("/")
+    headers = {"Accept": "application/vnd.github+json", "User-Agent": "tp4-sources"}
+    token = os.environ.get("GITHUB_TOKEN")
+    if token:
+        headers["Authorization"] = f"Bearer {token}"
+    url = f"{base}/repos/{owner}/{repo}/commits/{ref}"
+    try:
+        resp = requests.get(url, headers=headers, timeout=30)
+    except requests.RequestException as exc:
+        raise Tp4Error(f"cannot reach the GitHub API to resolve {owner}/{repo}@{ref}: {exc}") from exc
+    if resp.status_code != 200:
+        raise Tp4Error(f"GitHub API: {owner}/{repo}@{ref}: HTTP {resp.status_code} ({resp.text[:200].strip()})")
+    try:
+        sha = resp.json()["sha"]
+    except (ValueError, KeyError, TypeError) as exc:
+        raise Tp4Error(f"GitHub API: unexpected answer for {owner}/{repo}@{ref}") from exc
+    if not _HEX40.fullmatch(sha):
+        raise Tp4Error(f"GitHub API: {sha!r} is not a commit")
+    return sha
+
+
+def resolve_git(url: str, ref: str) -> str:
+    """A ref of a git+ URL to a commit, with ``git ls-remote`` through GitPython."""
+    try:
+        import git
+    except ImportError as exc:
+        raise Tp4Error("git rows need GitPython (pip install gitpython)") from exc
+    remote = url[len("git+"):].rsplit("@", 1)[0]
+    if _HEX40.fullmatch(ref):
+        return ref
+    try:
+        out = git.cmd.Git().ls_remote(remote, ref)
+    except git.GitCommandError as exc:
+        raise Tp4Error(f"git ls-remote {remote} {ref} failed: {exc.stderr.strip() or exc}") from exc
+    found = None
+    for line in out.splitlines():
+        sha, _, name = line.partition("\t")
+        if name == f"refs/tags/{ref}^{{}}":
+            return sha  # the commit an annotated tag points at
+        if found is None and name in (ref, f"refs/heads/{ref}", f"refs/tags/{ref}"):
+            found = sha
+    if found is None:
+        raise Tp4Error(f"{remote}: no branch or tag named {ref!r}")
+    return found
+
+
+def _image_hash(row: Row) -> str:
+    """sha256 (hex) of dockerTools.pullImage's output, via nix-prefetch-docker (needs the network)."""
+    img = row.image()
+    proc = process.run([
+        "nix-prefetch-docker", "--json", "--image-name", img["name"], "--image-digest", img["digest"],
+        "--arch", row.attrs.get("arch", "arm64"), "--os", "linux", "--final-image-tag", img["tag"],
+    ])
+    try:
+        value = json.loads(proc.stdout)["sha256"]
+    except (ValueError, KeyError, TypeError) as exc:
+        raise Tp4Error(f"nix-prefetch-docker gave no sha256 for {row.name}") from exc
+    return nar.parse_hash(value).hex()
+
+
+def lock_row(row: Row, ref: str | None = None, *, quiet: bool = False) -> Row:
+    """The row with its commit resolved (from ``ref``, or its own commit column if that is a ref)
+    and its sha256 computed from a fresh download."""
+    kind = row.kind
+    if kind == "local":
+        raise Tp4Error(f"{row.name}: a local row names a file in upstream's repository; replace it with a URL row")
+    if kind == "wheel":
+        if ref:
+            raise InvalidInput(f"{row.name}: --ref is for git sources; edit the wheel's version and file name instead")
+        with tempfile.TemporaryDirectory(prefix="tp4-lock-") as tmp:
+            got = fetch.pip_download(row, Path(tmp), quiet=quiet)
+            return replace(row, sha256=download.sha256_file(got))
+    if kind == "image":
+        return replace(row, sha256=_image_hash(row))
+    if kind == "git":
+        commit = resolve_git(row.url, ref or row.commit)
+        url = row.url.rsplit("@", 1)[0] + "@" + commit
+        with tempfile.TemporaryDirectory(prefix="tp4-lock-") as tmp:
+            fetch.git_checkout(url, commit, Path(tmp) / "tree")
+            return replace(row, commit=commit, url=url, sha256=nar.nar_sha256(Path(tmp) / "tree").hex())
+    commit, url = row.commit, row.url
+    wanted = ref or (None if _HEX40.fullmatch(row.commit) else row.commit)
+    if wanted:
+        gh = github_repo(row.url)
+        if gh is None:
+            raise Tp4Error(f"{row.name}: {row.url} is not a GitHub URL; cannot resolve {wanted!r} to a commit")
+        owner, repo, current = gh
+        commit = resolve_github(owner, repo, wanted)
+        url = with_ref(row.url, commit)
+    sha, _ = download.hash_url(url, label=row.name, quiet=quiet)
+    return replace(row, commit=commit, url=url, sha256=sha)
+
+
+def lock(manifest: Manifest, names: list[str], *, ref: str | None = None, quiet: bool = False) -> list[Change]:
+    """Lock ``names`` (default: every unlocked row) and rewrite the manifest file once at the end."""
+    if manifest.path is None:
+        raise Tp4Error("lock needs a manifest file")
+    if ref and len(names) != 1:
+        raise InvalidInput("--ref moves one row: name it (tp4 sources lock NAME --ref BRANCH)")
+    rows = [manifest.row(n) for n in names] if names else [r for r in manifest.rows if r.sha256 == UNLOCKED]
+    changes = []
+    for row in rows:
+        new = lock_row(row, ref, quiet=quiet)
+        changes.append(Change(row.name, row, new))
+    updated = {c.name: c.new for c in changes if c.new != c.old}
+    if updated:
+        write_atomic(manifest.path, replace_rows(manifest, updated))
+    return changes
+
+
+def write_atomic(path: Path, text: str) -> None:
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        shutil.copymode(path, tmp)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
