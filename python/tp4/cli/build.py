@@ -1,0 +1,93 @@
+"""`tp4 build` and `tp4 distribute`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from tp4 import build as build_mod
+from tp4 import distribute as distribute_mod
+from tp4.errors import InvalidInput, Tp4Error
+from tp4.process import Remote
+
+flake_option = click.option(
+    "--flake", "flake_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+    help="Directory of the flake (default: the nearest flake.nix above the current directory, or $TP4_FLAKE).",
+)
+attr_option = click.option("--attr", default="image", show_default=True, help="Flake output to build.")
+runtime_option = click.option(
+    "--runtime", type=click.Choice(["docker", "podman"]), default=None,
+    help="Container runtime on the nodes (default: docker if installed on the head, else podman).",
+)
+
+
+def _echo(line: str) -> None:
+    click.echo(line)
+
+
+@click.command("build")
+@flake_option
+@attr_option
+@runtime_option
+@click.option("--dry-run", is_flag=True, help="Print the commands and store paths; build nothing.")
+def build(flake_dir: Path | None, attr: str, runtime: str | None, dry_run: bool) -> None:
+    """Build the image with nix (pinned inputs only) and load it on the head.
+
+    Prints the image id and the pins (every component's commit, from the image's labels).
+    """
+    flake = build_mod.find_flake(flake_dir)
+    runtime = build_mod.detect_runtime(runtime, required=not dry_run)
+    if dry_run:
+        build_mod.dry_run(flake, attr, runtime, _echo)
+    else:
+        build_mod.build(flake, attr, runtime, _echo)
+
+
+def _workers(hosts: tuple[str, ...]) -> list[str]:
+    names = [h for item in hosts for h in item.replace(",", " ").split()]
+    if not names:
+        raise InvalidInput("no workers: pass --worker HOST (once per worker, in rank order)")
+    return names
+
+
+@click.command("distribute")
+@flake_option
+@attr_option
+@runtime_option
+@click.option("--worker", "workers", multiple=True, metavar="HOST",
+              help="A worker's ssh name or address; repeat, or give a comma/space list.")
+@click.option("--user", default=None, help="ssh user on the workers.")
+@click.option("--identity", default=None, help="ssh private key.")
+@click.option("--port", type=int, default=None, help="ssh port.")
+@click.option("--ssh-option", "ssh_options", multiple=True, metavar="OPT", help="Extra `ssh -o` option; repeatable.")
+@click.option("--image", "image_ref", default=None,
+              help="Image reference on the head (default: the one `tp4 build` loaded).")
+@click.option("--check", "check_only", is_flag=True, help="Only report which workers have the head's image.")
+def distribute(flake_dir: Path | None, attr: str, runtime: str | None, workers: tuple[str, ...],
+               user: str | None, identity: str | None, port: int | None, ssh_options: tuple[str, ...],
+               image_ref: str | None, check_only: bool) -> None:
+    """Copy the head's image to the workers in parallel; skip workers that already have it.
+
+    Every worker must end with the head's image id, or the command fails naming the worker.
+    """
+    runtime = build_mod.detect_runtime(runtime)
+    if image_ref is None:
+        flake = build_mod.find_flake(flake_dir)
+        image_ref = build_mod.Built.load(build_mod.record_path(flake, attr)).ref
+    found = build_mod.inspect(runtime, image_ref)
+    if found is None:
+        raise Tp4Error(f"the head has no image {image_ref}: run `tp4 build` first")
+    image_id = found[0]
+    nodes = [Remote(host=h, user=user, identity=identity, port=port, options=ssh_options) for h in _workers(workers)]
+    click.echo(f"image {image_ref} {image_id[:12]}")
+    if check_only:
+        outcomes = distribute_mod.check(image_ref, image_id, nodes, runtime)
+        for o in outcomes:
+            click.echo(f"{o.node}: {o.status}{': ' + o.detail if o.detail and o.status != 'present' else ''}")
+    else:
+        outcomes = distribute_mod.distribute(image_ref, image_id, nodes, runtime, _echo)
+    bad = [o for o in outcomes if not o.ok]
+    if bad:
+        raise Tp4Error("; ".join(f"{o.node}: {o.status} ({o.detail})" for o in bad))
+    click.echo(f"all {len(outcomes)} workers have {image_id[:12]}")

@@ -1,0 +1,80 @@
+"""`tp4 profile check | import | show-preset`."""
+
+from __future__ import annotations
+
+import click
+
+from tp4.errors import InvalidInput
+
+
+@click.group()
+def profile() -> None:
+    """Check, import and inspect profiles and presets."""
+
+
+@profile.command()
+@click.argument("file", type=click.Path(dir_okay=False))
+def check(file: str) -> None:
+    """Validate FILE; every problem is listed with the field and the fix (exit code 2)."""
+    from tp4.profile import load_file
+
+    loaded = load_file(file)
+    p = loaded.profile
+    click.echo(f"ok: {file}: preset {p.preset}, {len(p.nodes)} nodes, TP {p.engine.tp}, EP {p.ep}, image {p.image.tag}")
+    for w in loaded.warnings:
+        click.echo(f"warning: {w}", err=True)
+
+
+@profile.command("show-preset")
+@click.argument("name", shell_complete=lambda ctx, param, incomplete: [
+    n for n in __import__("tp4.profile.load", fromlist=["x"]).preset_names() if n.startswith(incomplete)])
+@click.option("--merged", is_flag=True, help="Show the preset with every layer below it merged in.")
+def show_preset(name: str, merged: bool) -> None:
+    """Show preset NAME as TOML: its own layer, or with --merged the whole stack."""
+    from tp4.profile.load import PRESETS, merged_document, preset_layers
+    from tp4.profile.toml import dumps
+
+    layers = preset_layers(name)
+    if merged:
+        doc = merged_document({"preset": name})
+        click.echo(f"# preset {name}: layers {' <- '.join(n for n, _ in layers)}")
+        click.echo(dumps(doc), nl=False)
+    else:
+        click.echo((PRESETS / f"{name}.toml").read_text(), nl=False)
+
+
+@profile.command("import")
+@click.argument("env_file", type=click.Path(dir_okay=False))
+@click.option("-o", "--output", type=click.Path(dir_okay=False), required=True, help="Profile TOML to write.")
+@click.option("--force", is_flag=True, help="Overwrite OUTPUT if it exists.")
+def import_(env_file: str, output: str, force: bool) -> None:
+    """Import a bash-syntax upstream profile (.env.tp4) into a tp4 profile.
+
+    The result renders the same container env and engine argv as the upstream launcher would
+    for ENV_FILE. Unknown variables are reported; nothing is written unless the result is valid.
+    """
+    import os
+    import tempfile
+    from pathlib import Path
+
+    from tp4.profile.legacy import import_env_file
+
+    out = Path(output)
+    if out.exists() and not force:
+        raise InvalidInput(f"{out} exists; fix: choose another -o, or pass --force")
+    result = import_env_file(env_file)
+    fd, tmp = tempfile.mkstemp(dir=out.parent if str(out.parent) else ".", prefix=f".{out.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as fh:
+            fh.write(result.toml)
+        os.replace(tmp, out)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    click.echo(f"wrote {out}: {result.summary}")
+    for note in result.notes:
+        click.echo(f"note: {note}", err=True)
+    for key in result.unknown:
+        click.echo(f"unknown: {key} is not a variable the TP4 launcher reads; not imported", err=True)
+
+

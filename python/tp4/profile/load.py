@@ -1,0 +1,190 @@
+"""Loading a profile: read TOML, stack it on its preset layers, parse the models, validate.
+
+A profile is a partial TOML document naming a preset; the preset chain (each preset file names
+the one it `extends`) is merged bottom-up, tables key by key, arrays and values replaced whole.
+"""
+
+from __future__ import annotations
+
+import difflib
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tp4.errors import InvalidInput
+from tp4.registry import DATA
+
+PRESETS = DATA / "presets"
+DEFAULT_PROFILE = DATA / "default-profile.toml"
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One thing wrong with a profile: the field, what is wrong, and how to fix it."""
+
+    field: str
+    reason: str
+    fix: str = ""
+
+    def __str__(self) -> str:
+        return f"{self.field}: {self.reason}" + (f"; fix: {self.fix}" if self.fix else "")
+
+
+@dataclass
+class Loaded:
+    profile: Any  # tp4.profile.models.Profile (imported lazily)
+    source: str
+    warnings: list[str] = field(default_factory=list)
+
+
+def preset_names() -> list[str]:
+    return sorted(p.stem for p in PRESETS.glob("*.toml"))
+
+
+def _read_toml(text: str, where: str) -> dict:
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise InvalidInput(f"{where} is not valid TOML: {exc}") from exc
+
+
+def preset_layers(name: str) -> list[tuple[str, dict]]:
+    """The chain of preset layers from the bottom up, ending with `name`."""
+    chain: list[tuple[str, dict]] = []
+    seen: set[str] = set()
+    current: str | None = name
+    while current is not None:
+        if current in seen:
+            raise InvalidInput(f"preset {current!r} extends itself through {' -> '.join(seen)}")
+        seen.add(current)
+        path = PRESETS / f"{current}.toml"
+        if not path.is_file():
+            hint = difflib.get_close_matches(current, preset_names(), n=1)
+            raise InvalidInput(
+                f"preset: unknown preset {current!r}; fix: use one of {', '.join(preset_names())}"
+                + (f" (did you mean {hint[0]!r}?)" if hint else "")
+            )
+        layer = _read_toml(path.read_text(), f"preset {current}")
+        current = layer.pop("extends", None)
+        chain.append((path.stem, layer))
+    return list(reversed(chain))
+
+
+def merge(base: dict, top: dict) -> dict:
+    out = dict(base)
+    for key, value in top.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def merged_document(doc: dict) -> dict:
+    """The profile document stacked on its preset chain (before model parsing)."""
+    preset = doc.get("preset", "production")
+    if not isinstance(preset, str):
+        raise InvalidInput("preset: must be a string naming a preset", [f"preset: one of {', '.join(preset_names())}"])
+    result: dict = {}
+    for _, layer in preset_layers(preset):
+        result = merge(result, layer)
+    result = merge(result, doc)
+    result["preset"] = preset
+    return result
+
+
+def _loc(loc: tuple) -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += ("." if out else "") + str(part)
+    return out or "profile"
+
+
+def _pydantic_problems(exc: Any, doc: dict) -> list[Problem]:
+    from tp4.profile import models
+
+    problems = []
+    for err in exc.errors():
+        loc = tuple(p for p in err["loc"] if not (isinstance(p, str) and p.startswith("function-")))
+        where = _loc(loc)
+        if err["type"] == "extra_forbidden":
+            known = _known_fields(models.Profile, loc[:-1])
+            hint = difflib.get_close_matches(str(loc[-1]), known, n=1)
+            fix = f"did you mean {hint[0]!r}?" if hint else (
+                "remove it; known fields here: " + ", ".join(sorted(known)) if known else "remove it")
+            if loc[-1] in ("api_key", "key"):
+                fix = "never put a key in a profile: write it to a file (mode 600) and set api.key_file"
+            problems.append(Problem(where, "unknown field", fix))
+        elif err["type"] == "missing":
+            problems.append(Problem(where, "is required", "set it"))
+        else:
+            msg = err["msg"]
+            if msg.startswith("Value error, "):
+                msg = msg[len("Value error, "):]
+            problems.append(Problem(where, msg, ""))
+    return problems
+
+
+def _known_fields(model: Any, loc: tuple) -> list[str]:
+    from typing import get_args
+
+    from pydantic import BaseModel
+
+    current = model
+    for part in loc:
+        if isinstance(part, int):
+            continue
+        info = current.model_fields.get(part) if isinstance(current, type) and issubclass(current, BaseModel) else None
+        if info is None:
+            return []
+        ann = info.annotation
+        candidates = [ann, *get_args(ann)]
+        for args in list(candidates):
+            candidates.extend(get_args(args))
+        current = next((c for c in candidates if isinstance(c, type) and issubclass(c, BaseModel)), None)
+        if current is None:
+            return []
+    return list(current.model_fields) if current is not None else []
+
+
+def parse_document(doc: dict, source: str) -> Loaded:
+    """Merge a profile document with its presets, parse and validate it. Raises InvalidInput
+    listing every problem at once."""
+    from pydantic import ValidationError
+
+    from tp4.profile.models import Profile
+    from tp4.profile.validate import validate
+
+    merged = merged_document(doc)
+    try:
+        profile = Profile.model_validate(merged)
+    except ValidationError as exc:
+        problems = _pydantic_problems(exc, merged)
+        raise InvalidInput(f"{source}: {len(problems)} problem(s)", [str(p) for p in problems]) from None
+    errors, warnings = validate(profile)
+    if errors:
+        raise InvalidInput(f"{source}: {len(errors)} problem(s)", [str(p) for p in errors])
+    return Loaded(profile, source, [str(w) for w in warnings])
+
+
+def load_text(text: str, source: str) -> Loaded:
+    return parse_document(_read_toml(text, source), source)
+
+
+def load_file(path: str | Path) -> Loaded:
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except FileNotFoundError:
+        raise InvalidInput(f"profile {p} does not exist; fix: pass an existing file, or omit --profile to use the embedded default") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InvalidInput(f"cannot read profile {p}: {exc}") from None
+    return load_text(text, str(p))
+
+
+def load_default() -> Loaded:
+    return load_text(DEFAULT_PROFILE.read_text(), "embedded default profile")

@@ -1,0 +1,347 @@
+"""Pydantic models of a TP4 profile (TOML).
+
+Field defaults are the upstream launcher's own defaults (what start.sh does when a variable is
+unset; upstream-line.md §2.1, values in brackets), or the TP4 example's value where the launcher
+default is not known. Presets (tp4/data/presets/*.toml) are layers on top of these defaults.
+Each field's description names the upstream variable it replaces, so the profile reference in
+README.md is generated from this module.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
+
+Bit = Literal[0, 1]
+
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
+_HOST = re.compile(r"^[A-Za-z0-9._:-]{1,253}$")
+_IFNAME = re.compile(r"^[A-Za-z0-9_.@-]{1,15}$")
+_ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def _decimal_text(value: object) -> object:
+    """Keep a fraction's text exactly as written ("0.80"); a TOML float gets at least 2 decimals."""
+    if isinstance(value, bool):
+        raise ValueError("must be a number between 0 and 1")
+    if isinstance(value, int | float):
+        text = repr(float(value))
+        whole, _, frac = text.partition(".")
+        return f"{whole}.{frac.ljust(2, '0')}"
+    if isinstance(value, str):
+        return value.strip()
+    return value
+
+
+def _check_fraction(value: str) -> str:
+    if not re.fullmatch(r"(0|1)?\.[0-9]+|[01](\.[0-9]*)?", value):
+        raise ValueError(f"must be a number between 0 and 1, got {value!r}")
+    number = float(value)
+    if not 0 < number <= 1:
+        raise ValueError(f"must be greater than 0 and at most 1, got {value}")
+    return value
+
+
+Fraction = Annotated[str, BeforeValidator(_decimal_text)]
+
+
+def _text_value(value: object) -> object:
+    """Gate and env values are strings in the container; accept TOML numbers and booleans."""
+    if isinstance(value, bool):
+        return "1" if value else "0"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        return repr(value)
+    return value
+
+
+EnvValue = Annotated[str, BeforeValidator(_text_value)]
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
+
+
+class Node(Section):
+    """One Spark. `ip` is the node's address on the fabric (upstream HEAD_IP / WORKER_IPS entry)."""
+
+    name: str = Field(description="Node name used in tp4 output (upstream WORKER_HOSTS for workers).")
+    ssh: str | None = Field(None, description="ssh address of the node; default: `ip`.")
+    ip: str = Field(description="Fabric IP (HEAD_IP / WORKER_IPS): dist init, GID lookup, HOST_IP.")
+    user: str | None = Field(None, description="ssh user; default: `cluster.user` (WORKER_USER).")
+    identity: str | None = Field(None, description="ssh identity file; default: `cluster.identity`.")
+    ssh_port: int | None = Field(None, ge=1, le=65535, description="ssh port; default 22.")
+    home: str | None = Field(None, description="Home directory of `user`; default /home/<user> (/root for root).")
+    workdir: str = Field("~/dsv41-4x-spark", description="Working directory on the node (WORKER_DIR).")
+    state_dir: str | None = Field(
+        None, description="Mounted at /state; default `<workdir>/state-tp4` on the head, `<workdir>/state` on workers.")
+    engram_dir: str | None = Field(
+        None, description="Packed Engram shards, mounted at /engram; default ~/dsv41-engram on the head (ENGRAM_DIR), `<workdir>/engram` on workers (WORKER_ENGRAM_DIR).")
+    gid_index: int | None = Field(None, ge=0, description="This node's NCCL_IB_GID_INDEX; default `fabric.gid_index`.")
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        if not _NAME.match(v):
+            raise ValueError("must be 1-63 letters, digits, '.', '_' or '-', starting with a letter or digit")
+        return v
+
+    @field_validator("ip", "ssh")
+    @classmethod
+    def _host(cls, v: str | None) -> str | None:
+        if v is not None and not _HOST.match(v):
+            raise ValueError(f"{v!r} is not a host name or IP address")
+        return v
+
+    @field_validator("user")
+    @classmethod
+    def _user(cls, v: str | None) -> str | None:
+        if v is not None and not re.fullmatch(r"[a-z_][a-z0-9_.-]{0,31}", v):
+            raise ValueError(f"{v!r} is not a valid user name")
+        return v
+
+    @field_validator("workdir", "state_dir", "engram_dir", "home", "identity")
+    @classmethod
+    def _path(cls, v: str | None) -> str | None:
+        return _check_path(v)
+
+
+def _check_path(v: str | None) -> str | None:
+    if v is None:
+        return v
+    if not v or any(c in v for c in "\n\r\0:,"):
+        raise ValueError("must be a non-empty path without newlines, NUL, ':' or ','")
+    if not (v.startswith("/") or v == "~" or v.startswith("~/")):
+        raise ValueError(f"{v!r} must be absolute or start with ~/")
+    return v
+
+
+class Cluster(Section):
+    head: Node = Field(
+        default_factory=lambda: Node(name="head", ip="10.0.0.1"),
+        description="The head: rank 0, serves the API, hosts dist init and the NFS export.")
+    workers: list[Node] = Field(default_factory=list, description="Workers in rank order (rank = index + 1).")
+    user: str = Field("zurih", description="Default ssh user of every node (WORKER_USER).")
+    identity: str = Field("~/.ssh/id_ed25519_shared", description="Default ssh identity (SSH_IDENTITY).")
+    port: int = Field(8888, ge=1, le=65535, description="OpenAI API port on the head (PORT / SERVER_PORT).")
+    dist_port: int = Field(20000, ge=1, le=65535, description="torch distributed init port on the head (DIST_PORT).")
+    head_container: str = Field("dsv41-head", description="Container name on the head (HEAD_CTN).")
+    worker_container: str = Field("dsv41-worker", description="Container name on workers (WORKER_CTN).")
+    shm_size: str = Field("32g", pattern=r"^[0-9]+[bkmg]?$", description="Container /dev/shm size (SHM_SIZE).")
+
+    @field_validator("head_container", "worker_container")
+    @classmethod
+    def _ctn(cls, v: str) -> str:
+        if not _NAME.match(v):
+            raise ValueError("must be 1-63 letters, digits, '.', '_' or '-'")
+        return v
+
+
+class Nccl(Section):
+    net: Literal["IB", "Socket"] = Field("IB", description="NCCL_NET.")
+    ib_disable: Bit = Field(0, description="NCCL_IB_DISABLE.")
+    p2p_disable: Bit = Field(1, description="NCCL_P2P_DISABLE.")
+    shm_disable: Bit = Field(1, description="NCCL_SHM_DISABLE.")
+    debug: Literal["VERSION", "WARN", "INFO", "TRACE"] = Field("WARN", description="NCCL_DEBUG (INFO for one validation boot).")
+    debug_subsys: str = Field("INIT", pattern=r"^\^?[A-Z]+(,[A-Z]+)*$", description="NCCL_DEBUG_SUBSYS.")
+    buffsize: int = Field(4194304, ge=1, description="NCCL_BUFFSIZE (1048576 in the TP4 line: pinned buffers 5.0 -> 0.14 GB).")
+    ll128_buffsize: int = Field(-2, description="NCCL_LL128_BUFFSIZE.")
+    proto: str = Field("LL,LL128,Simple", pattern=r"^\^?[A-Za-z0-9]+(,[A-Za-z0-9]+)*$", description="NCCL_PROTO.")
+    max_nchannels: int = Field(32, ge=1, description="NCCL_MAX_NCHANNELS.")
+    min_nchannels: int = Field(4, ge=1, description="NCCL_MIN_NCHANNELS (ring only).")
+    cross_nic: Literal[0, 1, 2] = Field(1, description="NCCL_CROSS_NIC.")
+    ib_merge_nics: Bit = Field(0, description="NCCL_IB_MERGE_NICS.")
+    ib_subnet_aware_routing: Bit = Field(1, description="NCCL_IB_SUBNET_AWARE_ROUTING.")
+    algo: str = Field("Ring", pattern=r"^[A-Za-z,]+$", description="NCCL_ALGO (ring only).")
+    skip_tree_connect: Bit = Field(1, description="NCCL_SKIP_TREE_CONNECT (ring only).")
+    ib_subnet_prefix_len: int = Field(24, ge=1, le=32, description="NCCL_IB_SUBNET_PREFIX_LEN (ring only).")
+    p2p_level: str = Field("SYS", pattern=r"^[A-Z]+$", description="NCCL_P2P_LEVEL (ring only).")
+    mount: Literal["none", "dir", "overlay"] = Field(
+        "none", description="Host NCCL build: 'dir' mounts `host_dir` at /nccl with LD_LIBRARY_PATH=/nccl (reaches ctypes users only); 'overlay' binds `<host_dir>/libnccl.so.2` over the image's pip NCCL (NCCL_OVERLAY_PIP=1; required on a ring).")
+    host_dir: str = Field("~/nccl-2.30.7", description="Host NCCL build directory (NCCL_HOST_DIR).")
+    worker_dir: str | None = Field(None, description="NCCL build directory on workers if not the same home-relative path (NCCL_WORKER_DIR, absolute).")
+    pip_so: str = Field("/opt/sglang/lib/python3.12/site-packages/nvidia/nccl/lib/libnccl.so.2",
+                        description="The image's pip NCCL that 'overlay' replaces (NCCL_PIP_SO).")
+
+    @field_validator("host_dir", "worker_dir", "pip_so")
+    @classmethod
+    def _path(cls, v: str | None) -> str | None:
+        return _check_path(v)
+
+
+class Fabric(Section):
+    mode: Literal["switched", "ring"] = Field("switched", description="Switched RoCE fabric, or a switchless ring of four DACs (NCCL_SWITCHLESS_RING_ONLY=1).")
+    hcas: list[str] = Field(default_factory=lambda: ["rocep1s0f0", "rocep1s0f1"], min_length=1, description="RDMA devices for NCCL (IB_HCA -> NCCL_IB_HCA).")
+    socket_ifname: str = Field("enP7s7", description="LAN interface for the TCP bootstrap (NCCL_SOCKET_IFNAME, GLOO_SOCKET_IFNAME).")
+    iface: str | None = Field(None, description="Fabric interface, for reference only (FABRIC_IFACE; unused by the launcher).")
+    gid_index: int = Field(3, ge=0, description="Fallback NCCL_IB_GID_INDEX when a node sets none (3 = RoCE v2 IPv4-mapped).")
+    ring_hairpin_queue: int = Field(8192, ge=1, description="Ring only: devlink hairpin queue size; RoCEnante's size cap is 262144 bytes at 8192, 81920 at the driver default 1024.")
+    nccl: Nccl = Field(default_factory=Nccl)
+
+    @field_validator("hcas")
+    @classmethod
+    def _hcas(cls, v: list[str]) -> list[str]:
+        for hca in v:
+            if not re.fullmatch(r"[A-Za-z0-9_]+", hca):
+                raise ValueError(f"{hca!r} is not an RDMA device name")
+        return v
+
+    @field_validator("socket_ifname", "iface")
+    @classmethod
+    def _ifname(cls, v: str | None) -> str | None:
+        if v is not None and not _IFNAME.match(v):
+            raise ValueError(f"{v!r} is not a network interface name")
+        return v
+
+
+class Model(Section):
+    dir: str = Field("~/NewModels/DeepSeek-V4.1-Flash", description="Checkpoint directory on the head (MODEL_DIR).")
+    common_link: str = Field("/var/tmp/DeepSeek-V4.1-Flash", description="Symlink to the checkpoint on the head (COMMON_MODEL).")
+    hf_repo: str = Field("deepseek-ai/DeepSeek-V4.1-Flash", pattern=r"^[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+$", description="Hugging Face repository (HF_REPO).")
+    hf_revision: str = Field("fb2764a5cf321eaa5070ca8f9e892818f477c16d", pattern=r"^[0-9a-f]{40}$", description="Pinned revision (HF_REVISION).")
+    expected_shards: int = Field(48, ge=1, description="Safetensors shards a complete checkpoint has (EXPECTED_SHARDS).")
+    served_name: str = Field("deepseek-v4.1-flash", pattern=r"^[A-Za-z0-9._/-]+$", description="Model name served by the API (SERVED_MODEL_NAME).")
+
+    @field_validator("dir", "common_link")
+    @classmethod
+    def _path(cls, v: str) -> str:
+        return _check_path(v)
+
+
+class Nfs(Section):
+    share: bool = Field(True, description="Export the head's checkpoint over NFSv4 to the workers (NFS_SHARE). Off on a ring: every node holds a full local copy.")
+    volume: str = Field("dsv41-weights", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", description="Weights volume on workers (NFS_VOLUME).")
+    export_name: str = Field("dsv41-native", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", description="Export name when reusing a foreign exporter (NFS_EXPORT_NAME).")
+    server_ips: list[str] = Field(default_factory=lambda: ["10.0.22.1"], description="NFS server address: one for all workers, or one per worker (NFS_SERVER_IPS).")
+    clients: list[str] = Field(default_factory=lambda: ["10.0.0.2", "10.0.0.3", "10.0.0.4", "10.0.22.0/24"], description="Export ACL (NFS_CLIENTS).")
+
+    @field_validator("server_ips", "clients")
+    @classmethod
+    def _addrs(cls, v: list[str]) -> list[str]:
+        for a in v:
+            if not re.fullmatch(r"[0-9A-Fa-f.:]+(/[0-9]{1,3})?|[A-Za-z0-9.-]+", a):
+                raise ValueError(f"{a!r} is not an address or CIDR")
+        return v
+
+
+class Image(Section):
+    variant: Literal["base", "canary", "canary-roce"] = Field("base", description="Which image the line runs: base (Dockerfile), canary (SGLang dsv4.1 branch), canary-roce (+ RoCEnante and b12x_next; production).")
+    tag: str = Field("dsv41-3x-spark:local", pattern=r"^[a-z0-9][a-z0-9._/-]*(:[A-Za-z0-9._-]+)?(@sha256:[0-9a-f]{64})?$", description="Image reference run on every node (IMAGE).")
+    base: str = Field("lmsysorg/sglang:dev-dsv41@sha256:3dbc313030a6ef2c5d7de8ecf48e9aece722694a82182cb618cc82b588816349",
+                      pattern=r"^[a-z0-9][a-z0-9._/-]*(:[A-Za-z0-9._-]+)?(@sha256:[0-9a-f]{64})?$", description="Base image, pinned by digest (BASE_IMAGE).")
+
+
+class Engine(Section):
+    tp: int = Field(4, ge=1, description="Tensor parallel size (TP_SIZE); one GPU per Spark, so also the node count (NNODES).")
+    ep: int | None = Field(None, ge=1, description="Expert parallel size (EP_SIZE); default: tp. Production: 1 (needs b12x_next); base and canary images: 2.")
+    context_length: int = Field(409600, description="Context length (CONTEXT_LENGTH), 4096..1048576.")
+    mem_fraction_static: Fraction = Field("0.80", description="Static memory fraction on workers (MEM_FRACTION_STATIC).")
+    head_mem_fraction_static: Fraction | None = Field(None, description="Static memory fraction on the head (HEAD_MEM_FRACTION_STATIC); default: mem_fraction_static.")
+    max_running_requests: int = Field(4, ge=1, description="Decode slots (MAX_RUNNING_REQUESTS); also the CUDA graph batch size.")
+    chunked_prefill_size: int = Field(2048, ge=1, description="Prefill chunk (CHUNKED_PREFILL_SIZE); 4096 needs DSV41_INDEXER_CHUNKED=1.")
+    max_total_tokens: int = Field(320000, ge=0, description="KV pool pin in tokens (MAX_TOTAL_TOKENS); 0 = no pin. Keep it under the smallest `full_token` any boot computes.")
+    attention_backend: str = Field("dsv4", pattern=r"^[a-z0-9_]+$", description="--attention-backend (ATTENTION_BACKEND).")
+    moe_runner_backend: str = Field("flashinfer_mxfp4", pattern=r"^[a-z0-9_]+$", description="--moe-runner-backend (MOE_RUNNER_BACKEND).")
+    spec_algo: Literal["DSPARK", "none"] = Field("DSPARK", description="Speculative decoding (SPEC_ALGO).")
+    dspark_block_size: int = Field(5, ge=1, le=16, description="DSpark draft block (DSPARK_BLOCK_SIZE); verify window = block + 1.")
+    sps_table: str = Field("/state/dspark_sps.json", description="DSPARK_SPS_TABLE path in the container.")
+    sts_table: str = Field("/state/dspark_sts.json", description="DSPARK_STS_TABLE path in the container.")
+    use_sps_table: bool = Field(False, description="The SPS table file is present, so boot.py passes it (not used in production: the first mixed batch dies in the Engram verify path).")
+    use_sts_table: bool = Field(False, description="The STS confidence table file is present, so boot.py passes it.")
+    offload_mode: Literal["nvme", "ram"] = Field("nvme", description="Engram offload (OFFLOAD_MODE); ram (~189 GiB pinned) never fits on a Spark.")
+    host: str = Field("0.0.0.0", pattern=r"^[0-9A-Fa-f.:]+$", description="Bind address of the API (HOST).")
+    extra_args: list[str] = Field(default_factory=list, description="Extra engine arguments, one word per item (EXTRA_SGLANG_ARGS).")
+
+    @field_validator("mem_fraction_static", "head_mem_fraction_static")
+    @classmethod
+    def _fraction(cls, v: str | None) -> str | None:
+        return None if v is None else _check_fraction(v)
+
+    @field_validator("sps_table", "sts_table")
+    @classmethod
+    def _abs(cls, v: str) -> str:
+        if not v.startswith("/") or any(c in v for c in "\n\r\0"):
+            raise ValueError("must be an absolute path inside the container")
+        return v
+
+    @field_validator("extra_args")
+    @classmethod
+    def _words(cls, v: list[str]) -> list[str]:
+        for arg in v:
+            if not arg or any(c.isspace() for c in arg) or "\0" in arg:
+                raise ValueError(f"{arg!r}: each item must be one non-empty word without whitespace (boot.py splits EXTRA_SGLANG_ARGS on whitespace)")
+        return v
+
+
+class Engram(Section):
+    cache_gib: int = Field(4, ge=0, description="Engram row cache per host in GiB (DSV41_CACHE_GIB).")
+    cache_ways: int = Field(4, ge=1, description="Row cache associativity (DSV41_CACHE_WAYS).")
+    io_threads: int = Field(96, ge=1, description="Miss-servicing thread pool (DSV41_IO_THREADS).")
+    resident_scales: Bit = Field(0, description="Pin scale rows (~1 GiB/layer/rank) (DSV41_RESIDENT_SCALES).")
+    stats_seconds: int = Field(60, ge=0, description="Engram stats interval (DSV41_STATS_SECONDS).")
+    packed_dir: str = Field("/engram", description="Packed shards in the container (DSV41_PACKED_DIR).")
+
+    @field_validator("packed_dir")
+    @classmethod
+    def _abs(cls, v: str) -> str:
+        if not v.startswith("/") or any(c in v for c in "\n\r\0"):
+            raise ValueError("must be an absolute path inside the container")
+        return v
+
+
+class Runtime(Section):
+    """boot.py behaviour inside the container."""
+
+    skip_prepare: Bit = Field(1, description="Skip the checkpoint fetch/verify on rank 0 (SKIP_PREPARE); workers always skip.")
+    skip_verify: Bit = Field(1, description="Skip hashing the checkpoint against the Hub (SKIP_VERIFY); workers always skip.")
+    skip_smoke: Bit = Field(0, description="Skip the boot smoke test on the head (SKIP_SMOKE); workers always skip.")
+    smoke_quick: Bit = Field(1, description="Quick smoke only (SMOKE_QUICK).")
+    warmup: Bit = Field(1, description="Warm-up prompts after the smoke (WARMUP).")
+    ready_timeout: int = Field(3600, ge=10, description="Seconds to wait for the head to report ready (READY_TIMEOUT x 10 s upstream).")
+    moe_fused_finalize: Bit = Field(1, description="SGLANG_FLASHINFER_MOE_FUSED_FINALIZE (0 in the TP4 line: the fused atomic finalize is nondeterministic).")
+    pytorch_cuda_alloc_conf: str = Field("expandable_segments:False", pattern=r"^[A-Za-z0-9_:,.]+$", description="PYTORCH_CUDA_ALLOC_CONF (True gives NaN logits on >64-token prefills).")
+
+
+class Api(Section):
+    key_file: str | None = Field(None, description="File holding the API key on the machine running tp4; none = open endpoint. The key itself never goes into a profile.")
+
+    @field_validator("key_file")
+    @classmethod
+    def _path(cls, v: str | None) -> str | None:
+        return _check_path(v)
+
+
+class Profile(Section):
+    preset: str = Field("production", description="The preset layer this profile overrides: launcher-defaults, base, canary, canary-roce or production.")
+    cluster: Cluster = Field(default_factory=Cluster)
+    fabric: Fabric = Field(default_factory=Fabric)
+    model: Model = Field(default_factory=Model)
+    nfs: Nfs = Field(default_factory=Nfs)
+    image: Image = Field(default_factory=Image)
+    engine: Engine = Field(default_factory=Engine)
+    engram: Engram = Field(default_factory=Engram)
+    runtime: Runtime = Field(default_factory=Runtime)
+    api: Api = Field(default_factory=Api)
+    gates: dict[str, EnvValue] = Field(default_factory=dict, description="Adapter gates (adapters/registry.toml), e.g. DSV41_MOE_B12X_NEXT = \"1\"; \"0\" turns a preset's gate off.")
+    env: dict[str, EnvValue] = Field(default_factory=dict, description="Extra container environment that is not an adapter gate (e.g. SGLANG_RUST_BUILD_MODE, dual-plane NCCL flags).")
+
+    @field_validator("gates", "env")
+    @classmethod
+    def _env(cls, v: dict[str, str]) -> dict[str, str]:
+        for key, value in v.items():
+            if not _ENV_KEY.match(key):
+                raise ValueError(f"{key!r} is not an environment variable name (letters, digits, '_', not starting with a digit)")
+            if any(c in value for c in "\n\r\0"):
+                raise ValueError(f"{key}: value must not contain newlines or NUL")
+        return v
+
+    @property
+    def nodes(self) -> list[Node]:
+        return [self.cluster.head, *self.cluster.workers]
+
+    @property
+    def ep(self) -> int:
+        return self.engine.ep if self.engine.ep is not None else self.engine.tp

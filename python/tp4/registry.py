@@ -1,0 +1,236 @@
+"""The adapter registry (adapters/registry.toml): gate variables, their values, what they need
+and the boot-log lines they print. The one place gate knowledge lives; see the file's header."""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+
+from tp4.errors import InvalidInput
+
+DATA = Path(__file__).resolve().parent / "data"
+REGISTRY_PATH = DATA / "registry.toml"
+
+
+@dataclass(frozen=True)
+class Gate:
+    var: str
+    adapter: str
+    kind: str
+    image: str
+    values: tuple[str, ...] = ()
+    pattern: str | None = None
+    min: float | None = None
+    max: float | None = None
+    off: tuple[str, ...] = ()
+    default: str | None = None
+    forwarded: bool = False
+    needs: tuple[str, ...] = ()
+    launcher: str | None = None
+
+    def is_on(self, value: str | None) -> bool:
+        return value is not None and value.strip().lower() not in self.off
+
+    def check(self, value: str) -> str | None:
+        """None if value is allowed, else the reason it is not."""
+        kind = self.kind
+        if kind == "switch":
+            if value not in ("0", "1"):
+                return "must be 0 or 1"
+        elif kind in ("int", "float"):
+            try:
+                number = int(value) if kind == "int" else float(value)
+            except ValueError:
+                return f"must be {'an integer' if kind == 'int' else 'a number'}"
+            if self.min is not None and number < self.min:
+                return f"must be at least {self.min:g}"
+            if self.max is not None and number > self.max:
+                return f"must be at most {self.max:g}"
+        elif kind == "enum":
+            if value not in self.values:
+                return "must be one of " + ", ".join(repr(v) for v in self.values)
+        elif kind == "list":
+            items = value.split(",")
+            bad = [i for i in items if i not in self.values]
+            if bad or not value:
+                return "must be a comma-separated list of " + ", ".join(self.values)
+        elif kind == "path":
+            if not value.startswith("/"):
+                return "must be an absolute path inside the container"
+        if self.pattern and not re.fullmatch(self.pattern, value):
+            return f"must match {self.pattern}"
+        return None
+
+
+@dataclass(frozen=True)
+class BootLine:
+    adapter: str
+    line: str
+    when: tuple[str, ...] = ()
+    required: bool = True
+
+
+@dataclass(frozen=True)
+class Adapter:
+    name: str
+    summary: str
+    image: str
+    launcher: str | None
+    gates: tuple[Gate, ...]
+    prefixes: tuple[Gate, ...]
+    rules: tuple[tuple[str, str], ...]
+    boot: tuple[BootLine, ...]
+
+
+@dataclass(frozen=True)
+class Registry:
+    adapters: tuple[Adapter, ...]
+    image_order: tuple[str, ...]
+    off_values: tuple[str, ...]
+    forbidden_lines: tuple[str, ...]
+    gates: dict[str, Gate] = field(default_factory=dict)
+
+    def gate(self, var: str) -> Gate | None:
+        found = self.gates.get(var)
+        if found is not None:
+            return found
+        for adapter in self.adapters:
+            for prefix in adapter.prefixes:
+                if var.startswith(prefix.var) and var[len(prefix.var):].isdigit():
+                    return prefix
+        return None
+
+    def image_rank(self, variant: str) -> int:
+        return self.image_order.index(variant)
+
+    def forwarded(self) -> list[Gate]:
+        return [g for a in self.adapters for g in a.gates if g.forwarded]
+
+
+def _gate(raw: dict, adapter: dict, off: tuple[str, ...]) -> Gate:
+    return Gate(
+        var=raw.get("var") or raw["prefix"],
+        adapter=adapter["name"],
+        kind=raw.get("kind", "text"),
+        image=raw.get("image", adapter.get("image", "base")),
+        values=tuple(raw.get("values", ())),
+        pattern=raw.get("pattern"),
+        min=raw.get("min"),
+        max=raw.get("max"),
+        off=tuple(raw.get("off", off)),
+        default=raw.get("default"),
+        forwarded=bool(raw.get("forwarded", False)),
+        needs=tuple(raw.get("needs", ())),
+        launcher=adapter.get("launcher"),
+    )
+
+
+def parse_registry(data: dict) -> Registry:
+    off = tuple(data.get("off_values", ("", "0", "off", "false")))
+    adapters = []
+    gates: dict[str, Gate] = {}
+    for raw in data.get("adapter", []):
+        agates = tuple(_gate(g, raw, off) for g in raw.get("gates", []))
+        for g in agates:
+            if g.var in gates:
+                raise InvalidInput(f"adapter registry: gate {g.var} is listed twice")
+            gates[g.var] = g
+        adapters.append(
+            Adapter(
+                name=raw["name"],
+                summary=raw.get("summary", ""),
+                image=raw.get("image", "base"),
+                launcher=raw.get("launcher"),
+                gates=agates,
+                prefixes=tuple(_gate(g, raw, off) for g in raw.get("gate_prefixes", [])),
+                rules=tuple((r["when"], r["needs"]) for r in raw.get("rules", [])),
+                boot=tuple(
+                    BootLine(raw["name"], b["line"], tuple(b.get("when", ())), b.get("required", True))
+                    for b in raw.get("boot", [])
+                ),
+            )
+        )
+    return Registry(
+        adapters=tuple(adapters),
+        image_order=tuple(data.get("image_order", ("base", "canary", "canary-roce"))),
+        off_values=off,
+        forbidden_lines=tuple(data.get("forbidden_lines", ())),
+        gates=gates,
+    )
+
+
+@lru_cache(maxsize=None)
+def load_registry(path: str | None = None) -> Registry:
+    p = Path(path) if path else REGISTRY_PATH
+    try:
+        with open(p, "rb") as fh:
+            return parse_registry(tomllib.load(fh))
+    except OSError as exc:
+        raise InvalidInput(f"cannot read the adapter registry {p}: {exc.strerror}") from exc
+    except tomllib.TOMLDecodeError as exc:
+        raise InvalidInput(f"adapter registry {p}: {exc}") from exc
+
+
+# --- conditions over an environment ------------------------------------------------------------
+
+_COND = re.compile(r"^(?P<var>[A-Za-z_][A-Za-z0-9_]*)(?:(?P<op>>=|=|~)(?P<arg>.*))?$")
+
+
+def condition_holds(cond: str, env: dict[str, str], registry: Registry) -> bool:
+    """Evaluate one registry condition ("VAR", "VAR=v", "VAR~item", "VAR>=N") against env."""
+    m = _COND.match(cond)
+    if not m:
+        raise InvalidInput(f"adapter registry: bad condition {cond!r}")
+    var, op, arg = m["var"], m["op"], m["arg"]
+    value = env.get(var)
+    if op is None:
+        gate = registry.gate(var)
+        if gate is not None:
+            return gate.is_on(value)
+        return value is not None and value.strip().lower() not in registry.off_values
+    if value is None:
+        return False
+    if op == "=":
+        return value == arg
+    if op == "~":
+        items = value.split(",")
+        return arg in items or "all" in items
+    try:
+        return float(value) >= float(arg)
+    except ValueError:
+        return False
+
+
+def describe_condition(cond: str) -> str:
+    m = _COND.match(cond)
+    if not m or m["op"] is None:
+        return f"{cond} on"
+    if m["op"] == "~":
+        return f"{m['var']} containing {m['arg']}"
+    return cond
+
+
+_PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)(\+1)?\}")
+
+
+def fill_line(line: str, env: dict[str, str]) -> str:
+    """Replace {VAR} and {VAR+1} with values from env (the rank-0 environment)."""
+
+    def sub(m: re.Match) -> str:
+        value = env.get(m[1], "")
+        if m[2]:
+            try:
+                return str(int(value) + 1)
+            except ValueError:
+                return "..."
+        return value
+
+    return _PLACEHOLDER.sub(sub, line)
+
+
+def line_pattern(text: str) -> str:
+    """A boot line as written in the registry (`...` = anything) to a regular expression."""
+    return ".*".join(re.escape(part) for part in text.split("..."))
