@@ -1,0 +1,60 @@
+# The line's packages for one system.  Pure wiring: what feeds which tree and what the labels say
+# is decided in pkgs/line.nix (builtins only); the transforms themselves are tp4's Python.
+{
+  pkgs,
+  # the flake (for its revision); { } outside a flake
+  self ? { },
+  # the repository
+  root ? ../.,
+}:
+let
+  src = import ./src.nix { inherit root; };
+  manifest = root + "/sources.manifest";
+  sources = import ./sources.nix {
+    inherit manifest;
+    inherit (pkgs) fetchurl;
+    inherit (pkgs.python3Packages) fetchPypi;
+    inherit (pkgs.dockerTools) pullImage;
+  };
+  line = import ./line.nix { inherit (sources) rows trees; };
+  fetched = components: builtins.listToAttrs (map (c: { name = c; value = sources.src.${c}; }) components);
+
+  trees = builtins.mapAttrs (
+    pname: spec:
+    import ./tree.nix {
+      inherit pkgs manifest pname;
+      inherit (spec) target;
+      transforms = src.transforms;
+      inputs = fetched spec.components;
+    }
+  ) line.trees;
+
+  tp4 = import ./tp4.nix { inherit pkgs src; };
+  wheels = import ./wheels.nix { inherit pkgs; wheels = builtins.attrValues (fetched line.wheels); };
+  tp4-runtime = import ./runtime.nix {
+    inherit pkgs;
+    tree = trees.runtime-tree;
+    version = builtins.substring 0 8 sources.byName.${builtins.head line.trees.runtime-tree.components}.commit;
+  };
+
+  flakeRev = self.rev or self.dirtyRev or "unknown";
+  image = import ./image.nix {
+    inherit pkgs;
+    base = sources.src.${line.base};
+    baseRow = sources.byName.${line.base};
+    labels = line.labels flakeRev;
+    # bottom to top: least to most often changed
+    layers = [
+      { path = "/opt/dsv41-wheels"; tree = wheels; }
+      { path = "/sgl-workspace/sglang/python"; tree = trees.sglang-tree; }
+      { path = "/opt/b12x"; tree = trees.b12x; }
+      { path = "/opt/b12x_next"; tree = trees.b12x-next; }
+      { path = "/opt/dsv41"; tree = tp4-runtime; }
+    ];
+  };
+in
+{
+  inherit tp4 wheels tp4-runtime image line;
+  inherit (trees) sglang-tree b12x b12x-next;
+  sources = sources.src;
+}

@@ -1,0 +1,73 @@
+# The production image (upstream-line §3.3 final stage): the pinned base image by digest, then one
+# layer per tree in the order they change least to most often, then a small customisation layer
+# with the symlinks that put each tree where upstream's Dockerfile copies it.  Only the layer of a
+# changed tree (and the customisation layer and config) differs after a rebuild.
+{
+  pkgs,
+  # dockerTools.pullImage of the base row
+  base,
+  # the base row of the manifest (imageName, digest)
+  baseRow,
+  # in the image, bottom to top: [ { path = "/opt/b12x"; tree = <drv>; } ... ]
+  layers,
+  # OCI labels (pins and flake revision)
+  labels,
+  name ? "dsv41-4x-spark",
+  tag ? "canary-roce",
+}:
+let
+  # split_paths peels one tree off the closure into its own layer, then recurses into the rest;
+  # the resulting store layers are listed bottom first.
+  peel =
+    trees:
+    if trees == [ ] then
+      [ ]
+    else
+      [ [ "split_paths" [ "${builtins.head trees}" ] ] ]
+      ++ (
+        if builtins.tail trees == [ ] then
+          [ ]
+        else
+          [ [ "over" "rest" [ "pipe" (peel (builtins.tail trees)) ] ] ]
+      );
+  link = l: ''
+    mkdir -p ".${dirOf l.path}"
+    ln -s ${l.tree} ".${l.path}"
+  '';
+  seconds = s: s * 1000000000;
+in
+pkgs.dockerTools.streamLayeredImage {
+  inherit name tag;
+  fromImage = base;
+  architecture = "arm64";
+  layeringPipeline = peel (map (l: l.tree) layers);
+  # symlinks replace the base image's directories at the same paths (an upper-layer entry that is
+  # not a directory removes the lower directory), which is upstream's `rm -rf` + COPY
+  extraCommands = builtins.concatStringsSep "" (map link layers);
+  config = {
+    Entrypoint = [ "python3" "-u" "/opt/dsv41/boot.py" ];
+    Cmd = [ "run" ];
+    WorkingDir = "/opt/dsv41";
+    Env = [
+      "PYTHONPATH=/opt/dsv41/adapter:/opt/b12x:/opt/b12x_next:/opt/dsv41-wheels"
+      "MODEL_PATH=/models/DeepSeek-V4.1-Flash"
+      "STATE_PATH=/state"
+      "OFFLOAD_MODE=nvme"
+      "DSV41_CACHE_GIB=16"
+    ];
+    ExposedPorts = { "8888/tcp" = { }; };
+    # `-S` keeps the adapter's sitecustomize (and so the engine) out of the probe
+    Healthcheck = {
+      Test = [ "CMD" "python3" "-S" "/opt/dsv41/boot.py" "health" ];
+      Interval = seconds 30;
+      Timeout = seconds 30;
+      StartPeriod = seconds 1800;
+      Retries = 3;
+    };
+    Labels = labels;
+  };
+  passthru = {
+    inherit labels layers baseRow;
+    imageRef = "${name}:${tag}";
+  };
+}

@@ -1,0 +1,14 @@
+# One transformed tree (the SGLang python tree, b12x SG17 + roce_ring, b12x_next, the upstream
+# runtime tree): pkgs/transform.nix's script in a plain runCommand, with the transform code of
+# `tp4 sources` (pkgs/src.nix `transforms`) on PYTHONPATH, and only python3, click and GNU patch.
+{ pkgs, transforms, manifest, pname, target, inputs }:
+pkgs.runCommand pname
+  {
+    nativeBuildInputs = [
+      (pkgs.python3.withPackages (ps: [ ps.click ]))
+      pkgs.gnupatch
+    ];
+    PYTHONPATH = "${transforms}/python";
+    passthru = { inherit target inputs; };
+  }
+  (import ./transform.nix { inherit target inputs manifest; })

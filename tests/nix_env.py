@@ -1,0 +1,132 @@
+"""Nix for tests, offline: configuration, a copy of the repository's flake, and tiny image flakes.
+
+* ``nix_config(dir)``: NIX_CONFIG with flakes on, no substituters and a local, empty flake
+  registry (nothing is looked up on the network).
+* ``flake_copy(repo, dest)``: the files the flake reads, copied to a directory (a ``path:`` flake
+  sees exactly them, committed or not; a git checkout would hide untracked files).
+* ``STUB_INPUTS``: ``--override-input`` arguments that replace nixpkgs by the recording stand-in
+  (tests/nixpkgs-stub) and nixos-dgx-spark by an empty flake.
+* ``image_flake(dir, ...)``: a flake with no inputs whose ``packages.<system>.image`` is a stream
+  script (like dockerTools.streamLayeredImage's) writing a docker-archive, built with busybox only.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+from tp4 import process
+
+BUSYBOX = shutil.which("busybox") or "/bin/busybox"
+SYSTEM = f"{os.uname().machine}-linux"
+FLAKE_FILES = ("flake.nix", "flake.lock", "pkgs", "sources.manifest", "adapters", "python")
+IGNORE = shutil.ignore_patterns("__pycache__", "*.pyc", ".pytest_cache", "*.egg-info", ".hypothesis")
+
+
+def nix_config(workdir: Path) -> str:
+    workdir.mkdir(parents=True, exist_ok=True)
+    registry = workdir / "registry.json"
+    registry.write_text(json.dumps({"flakes": [], "version": 2}))
+    return "\n".join([
+        "experimental-features = nix-command flakes",
+        "substituters =",
+        f"flake-registry = {registry}",
+        "warn-dirty = false",
+    ])
+
+
+def nix_env(workdir: Path) -> dict[str, str]:
+    return {**os.environ, "NIX_CONFIG": nix_config(workdir)}
+
+
+def flake_copy(repo: Path, dest: Path) -> Path:
+    dest.mkdir(parents=True, exist_ok=True)
+    for name in FLAKE_FILES:
+        src = repo / name
+        if src.is_dir():
+            shutil.copytree(src, dest / name, symlinks=True, ignore=IGNORE)
+        elif src.exists():
+            shutil.copy2(src, dest / name)
+    return dest
+
+
+def empty_flake(dest: Path) -> Path:
+    dest.mkdir(parents=True, exist_ok=True)
+    (dest / "flake.nix").write_text("{ outputs = _: { }; }\n")
+    return dest
+
+
+def stub_inputs(repo: Path, empty: Path) -> list[str]:
+    return [
+        "--override-input", "nixpkgs", f"path:{repo / 'tests' / 'nixpkgs-stub'}",
+        "--override-input", "nixos-dgx-spark", f"path:{empty}",
+        "--no-write-lock-file",
+    ]
+
+
+def busybox_dir(dest: Path) -> Path:
+    """bin/busybox and bin/sh, so a store copy can be a builder and a shebang."""
+    (dest / "bin").mkdir(parents=True, exist_ok=True)
+    shutil.copy2(BUSYBOX, dest / "bin" / "busybox")
+    if not (dest / "bin" / "sh").exists():
+        os.symlink("busybox", dest / "bin" / "sh")
+    return dest
+
+
+IMAGE_FLAKE = r"""{
+  outputs = { self }:
+    let
+      system = "@system@";
+      bb = ./bb;
+      sh = "${bb}/bin/busybox";
+      mk = name: script: derivation {
+        inherit name system;
+        builder = sh;
+        args = [ "sh" "-euc" script ];
+        PATH = "${bb}/bin";
+      };
+      archive = mk "tp4-test-image.tar" ''
+        busybox --install -s "$PWD/tools"; export PATH="$PWD/tools:$PATH"
+        mkdir -p root/bin root/opt/data layer
+        cp ${bb}/bin/busybox root/bin/busybox
+        ln -s busybox root/bin/sh
+        echo @label@ > root/opt/data/label
+        if [ @size_mb@ -gt 0 ]; then head -c $((@size_mb@ * 1048576)) /dev/urandom > root/opt/data/blob; fi
+        (cd root && tar -cf ../layer.tar bin opt)
+        diff=$(sha256sum layer.tar | cut -d' ' -f1)
+        mkdir "$diff"; mv layer.tar "$diff/layer.tar"
+        printf '{"architecture":"@arch@","os":"linux","config":{"Cmd":["/bin/sh"],"Labels":{"tp4.flake.rev":"@label@","tp4.pin.demo":"0123456789abcdef0123456789abcdef01234567"}},"rootfs":{"type":"layers","diff_ids":["sha256:%s"]}}' "$diff" > config.json
+        cfg=$(sha256sum config.json | cut -d' ' -f1)
+        mv config.json "$cfg.json"
+        printf '[{"Config":"%s.json","RepoTags":["@ref@"],"Layers":["%s/layer.tar"]}]' "$cfg" "$diff" > manifest.json
+        tar -cf "$out" manifest.json "$cfg.json" "$diff"
+      '';
+      image = mk "stream-tp4-test" ''
+        printf '#!%s/bin/sh\nexec %s cat %s\n' ${bb} ${sh} ${archive} > "$out"
+        ${sh} chmod +x "$out"
+      '';
+    in {
+      packages.${system} = { inherit image archive; default = image; };
+    };
+}
+"""
+
+
+def image_flake(dest: Path, *, ref: str = "tp4-test:latest", label: str = "v1", size_mb: int = 0) -> Path:
+    """A flake whose ``image`` streams a one-layer docker-archive (busybox + a label file + size_mb
+    of random bytes); a different ``label`` gives a different image id."""
+    dest.mkdir(parents=True, exist_ok=True)
+    busybox_dir(dest / "bb")
+    arch = {"x86_64": "amd64", "aarch64": "arm64"}.get(os.uname().machine, os.uname().machine)
+    text = (IMAGE_FLAKE.replace("@ref@", ref).replace("@label@", label).replace("@system@", SYSTEM)
+            .replace("@size_mb@", str(size_mb)).replace("@arch@", arch))
+    (dest / "flake.nix").write_text(text)
+    return dest
+
+
+def nix(argv: list[str], workdir: Path, **kwargs) -> subprocess.CompletedProcess:
+    """Run nix with the offline test configuration (tests only; tp4 itself goes through tp4.nix)."""
+    return process.run(["nix", *argv], env={"NIX_CONFIG": nix_config(workdir)}, check=False, **kwargs)

@@ -1,0 +1,105 @@
+"""`tp4 distribute` to three netns hosts with real sshd, each with its own podman image store."""
+
+from __future__ import annotations
+
+import pytest
+
+from netns_hosts import NetnsHosts, storage_conf
+from nix_env import image_flake, nix_config
+from tp4 import build as build_mod
+
+REF = "tp4-test:dist"
+
+
+@pytest.fixture(scope="module")
+def hosts(tmp_path_factory):
+    with NetnsHosts(tmp_path_factory.mktemp("netns"), count=3) as hosts:
+        yield hosts
+
+
+@pytest.fixture
+def head(tmp_path, monkeypatch, tp4_cli):
+    """A head with the image built by `tp4 build` from a busybox image flake (2 MiB of data)."""
+    monkeypatch.setenv("NIX_CONFIG", nix_config(tmp_path / "nix"))
+    monkeypatch.setenv("CONTAINERS_STORAGE_CONF", str(storage_conf(tmp_path / "head")))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    flake = image_flake(tmp_path / "flake", ref=REF, label=f"dist-{tmp_path.name}", size_mb=2)
+    code, out, err = tp4_cli("build", "--flake", flake, "--runtime", "podman")
+    assert code == 0, err
+    return flake
+
+
+def worker_args(hosts, flake, workers=None):
+    args = ["distribute", "--flake", flake, "--runtime", "podman", "--user", "root",
+            "--identity", hosts.key]
+    for opt in hosts[0].remote.options:
+        args += ["--ssh-option", opt]
+    for h in workers or hosts:
+        args += ["--worker", h.address]
+    return args
+
+
+def node_id(host):
+    found = build_mod.inspect("podman", REF, remote=host.remote)
+    return found[0] if found else None
+
+
+def reset(hosts):
+    for h in hosts:
+        h.run("podman", "rmi", "-f", REF, check=False)
+
+
+def test_copies_to_every_worker_then_skips(hosts, head, tp4_cli):
+    reset(hosts)
+    head_id = build_mod.inspect("podman", REF)[0]
+
+    code, out, err = tp4_cli(*worker_args(hosts, head))
+    assert code == 0, err
+    assert all(node_id(h) == head_id for h in hosts)
+    assert out.count(": copied: ") == 3
+    assert f"all 3 workers have {head_id[:12]}" in out
+
+    code, out, err = tp4_cli(*worker_args(hosts, head))
+    assert code == 0, err
+    assert out.count("skipped") == 3 and "copying" not in out
+
+
+def test_detects_a_worker_whose_image_differs_and_recopies_only_it(hosts, head, tp4_cli, tmp_path):
+    reset(hosts)
+    code, _, err = tp4_cli(*worker_args(hosts, head))
+    assert code == 0, err
+    head_id = build_mod.inspect("podman", REF)[0]
+
+    # node2 gets another image under the same reference (a stale or tampered copy)
+    other = image_flake(tmp_path / "other", ref=REF, label="other")
+    code, _, err = tp4_cli("build", "--flake", other, "--runtime", "podman")
+    assert code == 0, err
+    other_id = build_mod.inspect("podman", REF)[0]
+    assert other_id != head_id
+    code, _, err = tp4_cli(*worker_args(hosts, other, workers=[hosts[1]]))
+    assert code == 0, err
+    assert node_id(hosts[1]) == other_id
+    # the head goes back to the line's image
+    code, _, err = tp4_cli("build", "--flake", head, "--runtime", "podman")
+    assert code == 0, err
+
+    code, out, err = tp4_cli(*worker_args(hosts, head), "--check")
+    assert code == 1
+    assert f"{hosts[1].address}: differs" in out and f"{hosts[1].address}: differs" in err
+    assert f"{hosts[0].address}: present" in out and f"{hosts[2].address}: present" in out
+
+    code, out, err = tp4_cli(*worker_args(hosts, head))
+    assert code == 0, err
+    assert f"{hosts[1].address}: differs" in out and out.count(": copied: ") == 1
+    assert all(node_id(h) == head_id for h in hosts)
+
+
+def test_unreachable_worker_fails_naming_it(hosts, head, tp4_cli):
+    code, out, err = tp4_cli(*worker_args(hosts, head), "--worker", "10.77.0.250", "--ssh-option", "ConnectTimeout=2")
+    assert code == 1
+    assert "10.77.0.250: failed" in err
+
+
+def test_no_workers_is_invalid_input(head, tp4_cli):
+    code, _, err = tp4_cli("distribute", "--flake", head, "--runtime", "podman")
+    assert code == 2 and "--worker" in err
