@@ -1,5 +1,5 @@
-# The line's packages for one system.  Pure wiring: what feeds which tree and what the labels say
-# is decided in pkgs/line.nix (builtins only); the transforms themselves are tp4's Python.
+# The line's packages for one system.  Pure wiring: the manifest is read by pkgs/sources.nix, what
+# the image is made of is in pkgs/line.nix (both builtins only), the transforms are tp4's Python.
 {
   pkgs,
   # the flake (for its revision); { } outside a flake
@@ -16,25 +16,22 @@ let
     inherit (pkgs.python3Packages) fetchPypi;
     inherit (pkgs.dockerTools) pullImage;
   };
-  line = import ./line.nix { inherit (sources) rows trees; };
-  fetched = components: builtins.listToAttrs (map (c: { name = c; value = sources.src.${c}; }) components);
+  line = import ./line.nix { inherit (sources) rows; };
 
   trees = builtins.mapAttrs (
-    pname: spec:
+    pname: target:
     import ./tree.nix {
-      inherit pkgs manifest pname;
-      inherit (spec) target;
+      inherit pkgs sources pname target;
       transforms = src.transforms;
-      inputs = fetched spec.components;
     }
   ) line.trees;
 
   tp4 = import ./tp4.nix { inherit pkgs src; };
-  wheels = import ./wheels.nix { inherit pkgs; wheels = builtins.attrValues (fetched line.wheels); };
+  wheels = import ./wheels.nix { inherit pkgs; wheels = map (w: sources.src.${w}) line.wheels; };
   tp4-runtime = import ./runtime.nix {
     inherit pkgs;
     tree = trees.runtime-tree;
-    version = builtins.substring 0 8 sources.byName.${builtins.head line.trees.runtime-tree.components}.commit;
+    version = builtins.substring 0 8 sources.byName.${sources.trees.${line.trees.runtime-tree}.attrs.from}.commit;
   };
 
   flakeRev = self.rev or self.dirtyRev or "unknown";

@@ -21,14 +21,14 @@ let
       groups = filter (g: length (filter (n: elem n given) g) != 1) spec.oneOf;
       forbidden = filter (n: elem n given) (attrNames (spec.forbidden or { }));
     in
-    if unknown != [ ] then
+    if forbidden != [ ] then
+      let n = builtins.head forbidden; in throw "nixpkgs stand-in: ${builder}: ${n}: ${spec.forbidden.${n}}"
+    else if unknown != [ ] then
       throw "nixpkgs stand-in: ${builder} does not accept ${concatStringsSep ", " unknown}"
     else if missing != [ ] then
       throw "nixpkgs stand-in: ${builder} requires ${concatStringsSep ", " missing}"
     else if groups != [ ] then
       throw "nixpkgs stand-in: ${builder} needs exactly one of ${concatStringsSep " / " (builtins.head groups)}"
-    else if forbidden != [ ] then
-      let n = builtins.head forbidden; in throw "nixpkgs stand-in: ${builder}: ${n}: ${spec.forbidden.${n}}"
     else
       args;
 

@@ -1,0 +1,193 @@
+"""The flake evaluates against the recording stand-in for nixpkgs (tests/nixpkgs-stub).
+
+The real flake.nix is evaluated (`nix eval path:<copy>#...`) with nixpkgs and nixos-dgx-spark
+overridden; every builder call is checked against tests/nixpkgs-stub/api.nix and recorded, so the
+assertions below read back what the flake passes to dockerTools, fetchPypi, buildPythonApplication.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from nix_env import empty_flake, flake_copy, nix, stub_inputs
+from tp4.sources import manifest as mf
+
+REPO = Path(__file__).resolve().parent.parent
+FAKE_SHA = "0" * 64
+
+
+def lock_all(text: str) -> str:
+    """The manifest with every `unlocked` hash replaced by a fake one (evaluation never fetches)."""
+    return re.sub(r"^(\S+\s+\S+\s+)unlocked(\s)", rf"\g<1>{FAKE_SHA}\g<2>", text, flags=re.M)
+
+
+@pytest.fixture(scope="module")
+def work(tmp_path_factory):
+    return tmp_path_factory.mktemp("flake-eval")
+
+
+@pytest.fixture(scope="module")
+def flake(work):
+    """A copy of the flake whose manifest has every row locked (fake hashes)."""
+    copy = flake_copy(REPO, work / "locked")
+    (copy / "sources.manifest").write_text(lock_all((REPO / "sources.manifest").read_text()))
+    return copy
+
+
+def evaluate(work: Path, flake: Path, attr: str, apply: str | None = None, *, ok: bool = True):
+    argv = ["eval", "--json", f"path:{flake}#{attr}", *stub_inputs(REPO, empty_flake(work / "empty"))]
+    if apply:
+        argv += ["--apply", apply]
+    proc = nix(argv, work)
+    if ok:
+        assert proc.returncode == 0, proc.stderr
+        return json.loads(proc.stdout)
+    assert proc.returncode != 0
+    return proc.stderr
+
+
+# What a test reads back from the stand-in's records (derivations print as their outPath).
+IMAGE = """img: {
+  args = builtins.removeAttrs img.stub.args [ "passthru" ];
+  base = img.stub.args.fromImage.stub;
+  layers = map (l: { inherit (l) path; tree = l.tree.name; out = l.tree.outPath; }) img.passthru.layers;
+  ref = img.passthru.imageRef;
+}"""
+
+
+@pytest.fixture(scope="module")
+def image(work, flake):
+    return evaluate(work, flake, "packages.aarch64-linux.image", IMAGE)
+
+
+@pytest.fixture(scope="module")
+def manifest():
+    return mf.load(REPO / "sources.manifest")
+
+
+def test_image_base_is_the_pinned_digest(image, manifest):
+    base_row = next(r for r in manifest.rows if r.kind == "image")
+    assert image["base"]["builder"] == "dockerTools.pullImage"
+    args = image["base"]["args"]
+    assert args["imageDigest"] == base_row.image()["digest"]
+    assert args["imageName"] == "lmsysorg/sglang"
+    assert args["arch"] == "arm64"
+
+
+def test_image_layers_in_order_of_change(image):
+    assert [(l["path"], l["tree"]) for l in image["layers"]] == [
+        ("/opt/dsv41-wheels", "dsv41-wheels"),
+        ("/sgl-workspace/sglang/python", "sglang-tree"),
+        ("/opt/b12x", "b12x"),
+        ("/opt/b12x_next", "b12x-next"),
+        ("/opt/dsv41", "tp4-runtime-519a3988"),
+    ]
+    # the layering pipeline peels the trees off bottom first, one layer each
+    pipeline, peeled = image["args"]["layeringPipeline"], []
+    while pipeline:
+        assert pipeline[0][0] == "split_paths"
+        peeled += pipeline[0][1]
+        pipeline = pipeline[1][2][1] if len(pipeline) > 1 else []
+    assert peeled == [l["out"] for l in image["layers"]]
+    for layer in image["layers"]:
+        assert f"ln -s {layer['out']} \".{layer['path']}\"" in image["args"]["extraCommands"]
+
+
+def test_image_config_as_upstream(image):
+    config = image["args"]["config"]
+    assert config["Entrypoint"] == ["python3", "-u", "/opt/dsv41/boot.py"]
+    assert config["Cmd"] == ["run"]
+    assert config["WorkingDir"] == "/opt/dsv41"
+    assert config["ExposedPorts"] == {"8888/tcp": {}}
+    env = dict(e.split("=", 1) for e in config["Env"])
+    assert env["PYTHONPATH"].split(":")[:3] == ["/opt/dsv41/adapter", "/opt/b12x", "/opt/b12x_next"]
+    assert env["PYTHONPATH"].split(":")[3] == "/opt/dsv41-wheels"
+    assert env["MODEL_PATH"] == "/models/DeepSeek-V4.1-Flash"
+    assert env["STATE_PATH"] == "/state" and env["OFFLOAD_MODE"] == "nvme"
+    health = config["Healthcheck"]
+    assert health["Test"] == ["CMD", "python3", "-S", "/opt/dsv41/boot.py", "health"]
+    assert (health["Interval"], health["Timeout"], health["StartPeriod"], health["Retries"]) == (
+        30 * 10**9, 30 * 10**9, 1800 * 10**9, 3)
+    assert image["args"]["architecture"] == "arm64"
+    assert image["ref"] == "dsv41-4x-spark:canary-roce"
+
+
+def test_image_labels_carry_every_pin_and_the_flake_revision(image, manifest):
+    labels = image["args"]["config"]["Labels"]
+    for row in manifest.rows:
+        assert labels[f"tp4.pin.{row.name}"] == row.commit
+    assert labels["tp4.flake.rev"] == labels["org.opencontainers.image.revision"]
+    assert labels["tp4.flake.rev"]  # a path: flake has no rev; the real flake sets rev or dirtyRev
+
+
+def test_trees_run_the_transforms_of_tp4_sources(work, flake, manifest):
+    trees = evaluate(work, flake, "packages.x86_64-linux", """p: builtins.mapAttrs (n: t: {
+      inherit (t.stub) builder; script = t.stub.args.buildCommand; inherit (t) target inputs;
+      pythonpath = t.stub.args.PYTHONPATH; }) { inherit (p) sglang-tree b12x b12x-next; }""")
+    for pname, target in {"sglang-tree": "sglang-line", "b12x": "b12x", "b12x-next": "b12x-next"}.items():
+        tree = trees[pname]
+        assert tree["builder"] == "runCommand" and tree["target"] == target
+        assert f"python3 -m tp4.sources fetch '{target}' --to \"$out\" --offline" in tree["script"]
+        assert tree["inputs"] == [r.name for r in manifest.inputs(target)]
+        for row in manifest.inputs(target):
+            assert f"'--input' '{row.name}=/nix/store/" in tree["script"]
+        assert tree["pythonpath"].endswith("-tp4-transforms/python")
+
+
+def test_wheels_fetched_with_fetchpypi_by_hash(work, flake, manifest):
+    wheels = evaluate(work, flake, "packages.aarch64-linux.wheels", "w: map (x: x.stub) w.wheels")
+    rows = [r for r in manifest.rows if r.kind == "wheel"]
+    assert [w["builder"] for w in wheels] == ["python3Packages.fetchPypi"] * len(rows)
+    for w, row in zip(wheels, rows):
+        assert w["args"]["format"] == "wheel" and w["args"]["sha256"] == row.sha256
+        assert w["args"]["version"] == row.commit and w["args"]["platform"] == row.wheel()["platform"]
+
+
+def test_cli_package_from_the_poetry_pyproject(work, flake):
+    pyproject = tomllib.loads((REPO / "python" / "pyproject.toml").read_text())
+    cli = evaluate(work, flake, "packages.x86_64-linux.tp4", """p: {
+      inherit (p.stub) builder; args = builtins.removeAttrs p.stub.args [ "src" ];
+      deps = map (d: d.name) p.stub.args.dependencies; build = map (d: d.name) p.stub.args.build-system; }""")
+    assert cli["builder"] == "python3Packages.buildPythonApplication"
+    assert cli["args"]["pyproject"] is True
+    assert cli["args"]["version"] == pyproject["tool"]["poetry"]["version"]
+    assert cli["build"] == ["poetry-core"]
+    wanted = {d.lower() for d in pyproject["tool"]["poetry"]["dependencies"] if d != "python"}
+    assert set(cli["deps"]) == wanted
+    assert cli["args"]["sourceRoot"] == "tp4-source/python"
+    assert cli["args"]["meta"]["mainProgram"] == "tp4"
+
+
+def test_flake_outputs(work, flake, manifest):
+    out = evaluate(work, flake, "apps", "a: builtins.mapAttrs (s: v: v.default.program) a")
+    assert all(p.endswith("-tp4-0.1.0/bin/tp4") for p in out.values()) and set(out) == {"aarch64-linux", "x86_64-linux"}
+    names = evaluate(work, flake, "packages", "p: builtins.mapAttrs (s: builtins.attrNames) p")
+    assert set(names["aarch64-linux"]) == {"image", "tp4", "default", "sglang-tree", "b12x", "b12x-next",
+                                           "tp4-runtime", "wheels"}
+    assert "image" not in names["x86_64-linux"] and "tp4-runtime" not in names["x86_64-linux"]
+    sources = evaluate(work, flake, "legacyPackages.aarch64-linux.sources", "builtins.attrNames")
+    assert sorted(sources) == sorted(r.name for r in manifest.rows)
+    checks = evaluate(work, flake, "checks.aarch64-linux", "builtins.attrNames")
+    assert "image" in checks and "tp4" in checks
+    assert evaluate(work, flake, "devShells.x86_64-linux.default.stub.builder") == "mkShell"
+    assert evaluate(work, flake, "formatter.aarch64-linux.name") == "nixfmt"
+
+
+def test_unlocked_rows_are_refused_with_the_lock_command(work):
+    real = flake_copy(REPO, work / "real")
+    err = evaluate(work, real, "packages.aarch64-linux.image.stub.args.fromImage.outPath", ok=False)
+    assert "base-image" in err and "tp4 sources lock base-image" in err
+
+
+def test_runtime_library_is_compiled_as_upstream_and_self_contained(work, flake):
+    rt = evaluate(work, flake, "packages.aarch64-linux.tp4-runtime",
+                  "r: { inherit (r.stub.args) buildPhase allowedReferences dontPatchShebangs; src = r.stub.args.src.name; }")
+    assert "-O2 -Wall -Wextra -Werror -std=c++17 -shared -fPIC -pthread" in rt["buildPhase"]
+    assert "adapter/row_store.cpp -o adapter/librow_store.so" in rt["buildPhase"]
+    assert rt["allowedReferences"] == [] and rt["dontPatchShebangs"] is True
+    assert rt["src"] == "runtime-tree"

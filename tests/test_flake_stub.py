@@ -1,0 +1,154 @@
+"""The recording stand-in rejects what nixpkgs rejects; every .nix file parses; the builtins-only
+files evaluate with plain nix-instantiate; flake.lock matches flake.nix."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+
+from nix_env import empty_flake, flake_copy, nix, nix_config, stub_inputs
+from tp4 import process
+
+REPO = Path(__file__).resolve().parent.parent
+STUB = REPO / "tests" / "nixpkgs-stub"
+SPEC = REPO.parent / "shared" / "spec" / "nixpkgs-api.md"
+
+
+def instantiate(expr: str, tmp: Path, *, ok: bool = True):
+    proc = process.run(["nix-instantiate", "--eval", "--strict", "--json", "-E", expr],
+                       env={"NIX_CONFIG": nix_config(tmp)}, check=False)
+    if ok:
+        assert proc.returncode == 0, proc.stderr
+        return json.loads(proc.stdout)
+    assert proc.returncode != 0, proc.stdout
+    return proc.stderr
+
+
+def stub_call(builder: str, args: str) -> str:
+    return f"let p = import {STUB} {{ }}; in (p.{builder} {args}).stub.builder"
+
+
+@pytest.mark.parametrize("builder,args,complaint", [
+    ("dockerTools.streamLayeredImage", '{ name = "x"; compressor = "zstd"; }', "does not accept compressor"),
+    ("dockerTools.streamLayeredImage", '{ name = "x"; layeringPipline = [ ]; }', "does not accept layeringPipline"),
+    ("dockerTools.streamLayeredImage", '{ tag = "t"; }', "requires name"),
+    ("dockerTools.pullImage", '{ imageName = "a"; imageDigest = "sha256:0"; }', "exactly one of hash / sha256"),
+    ("dockerTools.pullImage", '{ imageName = "a"; imageDigest = "sha256:0"; hash = ""; sha256 = ""; }',
+     "exactly one of hash / sha256"),
+    ("dockerTools.pullImage", '{ imageName = "a"; sha256 = ""; }', "requires imageDigest"),
+    ("fetchurl", '{ url = "https://x/y"; sha265 = ""; }', "does not accept sha265"),
+    ("fetchurl", '{ sha256 = ""; }', "exactly one of url / urls"),
+    ("python3Packages.fetchPypi", '{ pname = "a"; version = "1"; format = "wheel"; sha256 = ""; arch = "x"; }',
+     "does not accept arch"),
+    ("python3Packages.buildPythonApplication", '{ pname = "a"; version = "1"; }', "exactly one of pyproject / format"),
+    ("python3Packages.buildPythonApplication", '{ pname = "a"; version = "1"; pyproject = true; dependancies = [ ]; }',
+     "does not accept dependancies"),
+    ("python3Packages.buildPythonApplication", '{ pname = "a"; version = "1"; pyproject = true; pytestFlagsArray = [ ]; }',
+     "pytestFlagsArray: use pytestFlags"),
+])
+def test_stub_rejects_what_nixpkgs_rejects(builder, args, complaint, tmp_path):
+    err = instantiate(stub_call(builder, args), tmp_path, ok=False)
+    assert complaint in err and builder in err
+
+
+def test_stub_records_accepted_calls(tmp_path):
+    got = instantiate(f"""let p = import {STUB} {{ }}; i = p.dockerTools.streamLayeredImage {{
+        name = "n"; tag = "t"; maxLayers = 2; }}; in {{ inherit (i.stub) builder args; inherit (i) imageTag; }}""", tmp_path)
+    assert got == {"builder": "dockerTools.streamLayeredImage", "args": {"name": "n", "tag": "t", "maxLayers": 2},
+                   "imageTag": "t"}
+
+
+def test_a_misspelt_argument_in_pkgs_fails_the_flake_evaluation(tmp_path):
+    copy = flake_copy(REPO, tmp_path / "flake")
+    image = copy / "pkgs" / "image.nix"
+    image.write_text(image.read_text().replace("layeringPipeline =", "layeringPipline =", 1))
+    proc = nix(["eval", "--json", f"path:{copy}#packages.aarch64-linux.image.stub.builder",
+                *stub_inputs(REPO, empty_flake(tmp_path / "empty"))], tmp_path)
+    assert proc.returncode != 0 and "does not accept layeringPipline" in proc.stderr
+
+
+@pytest.mark.skipif(not SPEC.exists(), reason="shared/spec is beside the repository in CI and here")
+def test_every_accepted_name_is_in_the_spec(tmp_path):
+    api = instantiate(f"import {STUB / 'api.nix'}", tmp_path)
+    spec = SPEC.read_text()
+    named = set(re.findall(r"`([A-Za-z][A-Za-z0-9-]*)(?: \?[^`]*)?`", spec))
+    for builder, entry in api.items():
+        if builder == "mkDerivation":
+            continue
+        for name in entry["required"] + entry["optional"]:
+            assert name in named, f"{builder}: {name} is not in nixpkgs-api.md"
+
+
+def nix_files() -> list[Path]:
+    skip = {".git", ".venv", "node_modules"}
+    return sorted(p for p in REPO.rglob("*.nix") if not skip & set(p.relative_to(REPO).parts))
+
+
+def test_every_nix_file_parses(tmp_path):
+    files = nix_files()
+    assert REPO / "flake.nix" in files and REPO / "pkgs" / "image.nix" in files
+    for path in files:
+        proc = process.run(["nix-instantiate", "--parse", str(path)], env={"NIX_CONFIG": nix_config(tmp_path)},
+                           check=False)
+        assert proc.returncode == 0, f"{path}: {proc.stderr}"
+
+
+def test_builtins_only_parts_evaluate_with_nix_instantiate(tmp_path):
+    """sources.nix, line.nix, transform.nix and src.nix need no nixpkgs at all."""
+    got = instantiate(f"""
+      let
+        sources = import {REPO}/pkgs/sources.nix {{ manifest = {REPO}/sources.manifest; fetchurl = a: "/fetched"; }};
+        line = import {REPO}/pkgs/line.nix {{ inherit (sources) rows; }};
+        script = import {REPO}/pkgs/transform.nix {{ target = "b12x"; fetchArgs = [ "--input" "it's=/x" ]; }};
+        src = import {REPO}/pkgs/src.nix {{ root = {REPO}; }};
+      in {{
+        inherit (line) base wheels trees;
+        labels = line.labels "abc";
+        inherit script;
+        keep = map (p: src.wanted [ "python/tp4/sources" ] ({REPO} + ("/" + p)) "regular")
+          [ "python/tp4/sources/fetch.py" "python/tp4/cli/build.py" "python/tp4/sources/__pycache__/x.pyc" ];
+        dir = src.wanted [ "python/tp4/sources" ] ({REPO} + "/python/tp4") "directory";
+      }}""", tmp_path)
+    assert got["base"] == "base-image"
+    assert got["wheels"] == ["sglang-kernel", "sgl-deep-gemm"]
+    assert got["labels"]["tp4.flake.rev"] == "abc"
+    assert "python3 -m tp4.sources fetch 'b12x' --to \"$out\" --offline" in got["script"]
+    assert "'--input' 'it'\\''s=/x'" in got["script"]
+    assert got["keep"] == [True, False, False] and got["dir"] is True
+
+
+def test_flake_lock_matches_flake_inputs(tmp_path):
+    lock = json.loads((REPO / "flake.lock").read_text())
+    assert lock["version"] == 7 and lock["root"] == "root"
+    inputs = instantiate(f"(import {REPO}/flake.nix).inputs", tmp_path)
+    assert lock["nodes"]["root"]["inputs"] == {name: name for name in inputs}
+    expected = {
+        "nixpkgs": ("NixOS", "nixpkgs", "efa487181cc01970ebb09ed193fa71dfe94784b1",
+                    "sha256-+wJMIlgW+BB/G7Ed5qpB/oDv3Zp3oM80ZFaZOos1qKg=", 1786839866),
+        "nixos-dgx-spark": ("graham33", "nixos-dgx-spark", "f1ebf94a047a16d40f3ff811961574b92d9c4e1e",
+                            "sha256-lL6X+0XMdQOiT1FQRrerB9ACTnr3vdv9Wpz8U0RCkS8=", 1787054876),
+    }
+    assert set(inputs) == set(expected)
+    for name, (owner, repo, rev, nar, modified) in expected.items():
+        node = lock["nodes"][name]
+        url = inputs[name]["url"]
+        assert url == f"github:{owner}/{repo}/{rev}"
+        assert node["locked"] == {"type": "github", "owner": owner, "repo": repo, "rev": rev,
+                                  "narHash": nar, "lastModified": modified}
+        assert node["original"] == {"type": "github", "owner": owner, "repo": repo, "rev": rev}
+        assert node.get("flake", True) == inputs[name].get("flake", True)
+    assert inputs["nixos-dgx-spark"]["flake"] is False
+
+
+def test_nix_reads_the_lock_file(tmp_path):
+    """Nix itself accepts the lock (version 7) and the inputs it pins."""
+    copy = flake_copy(REPO, tmp_path / "flake")
+    proc = nix(["flake", "metadata", "--json", f"path:{copy}", "--no-write-lock-file"], tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    meta = json.loads(proc.stdout)
+    assert meta["locks"]["nodes"]["nixpkgs"]["locked"]["rev"] == "efa487181cc01970ebb09ed193fa71dfe94784b1"
+    assert shutil.which("nix")
