@@ -232,7 +232,10 @@ class Manifest:
             return [self.row(name)]
         wanted = {tree.source, *tree.patches}
         for source, _ in tree.additions():
-            wanted.update(row.name for row, _ in self.expand(source))
+            if source.endswith("/*"):
+                wanted.update(row.name for row in self.group(source[:-1]))
+            else:
+                wanted.add(source)
         return [row for row in self.rows if row.name in wanted]
 
     def to_json(self) -> dict:

@@ -1,0 +1,182 @@
+"""Downloads, retries, interruption and tampering against a loopback server; lock and
+verify --download end to end (GitHub API and mirror served locally)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+from sources_helpers.build import sha256, tar_gz
+from sources_helpers.server import FileServer
+
+from tp4.errors import Tp4Error
+from tp4.sources import download
+from tp4.sources import manifest as mf
+
+DATA = os.urandom(3 * (1 << 20) + 123)
+C40 = "0123456789abcdef0123456789abcdef01234567"
+C40B = "89abcdef0123456789abcdef0123456789abcdef"
+
+
+@pytest.fixture(autouse=True)
+def fast_retries(monkeypatch, tmp_path):
+    monkeypatch.setenv("TP4_SOURCES_BACKOFF", "0.01")
+    monkeypatch.setenv("TP4_SOURCES_RETRIES", "3")
+    monkeypatch.setenv("TP4_SOURCES_CACHE", str(tmp_path / "cache"))
+    monkeypatch.delenv("TP4_SOURCES_MIRROR", raising=False)
+
+
+@pytest.fixture
+def server():
+    with FileServer() as s:
+        yield s
+
+
+def leftovers(directory: Path) -> list[str]:
+    return sorted(p.name for p in directory.iterdir()) if directory.exists() else []
+
+
+def test_download_writes_only_after_the_hash_matches(server: FileServer, tmp_path: Path) -> None:
+    url = server.add("/f.bin", DATA)
+    dest = tmp_path / "d" / "f.bin"
+    assert download.download(url, dest, sha256(DATA), label="f", quiet=True) == sha256(DATA)
+    assert dest.read_bytes() == DATA and leftovers(dest.parent) == ["f.bin"]
+
+
+def test_retries_after_503(server: FileServer, tmp_path: Path) -> None:
+    url = server.add("/f.bin", DATA, fail_first=2)
+    dest = tmp_path / "f.bin"
+    download.download(url, dest, sha256(DATA), label="f", quiet=True)
+    assert server.hits["/f.bin"] == 3 and dest.read_bytes() == DATA
+
+
+def test_retries_after_a_cut_connection(server: FileServer, tmp_path: Path) -> None:
+    url = server.add("/f.bin", DATA, cut_at=1 << 20, cut_times=2)
+    dest = tmp_path / "f.bin"
+    download.download(url, dest, sha256(DATA), label="f", quiet=True)
+    assert server.hits["/f.bin"] == 3 and dest.read_bytes() == DATA
+
+
+def test_interrupted_download_leaves_nothing(server: FileServer, tmp_path: Path) -> None:
+    url = server.add("/f.bin", DATA, cut_at=1000)
+    dest = tmp_path / "d" / "f.bin"
+    with pytest.raises(Tp4Error, match="failed after 4 attempts"):
+        download.download(url, dest, sha256(DATA), label="f", quiet=True)
+    assert leftovers(dest.parent) == []
+
+
+def test_tampered_download_leaves_nothing(server: FileServer, tmp_path: Path) -> None:
+    url = server.add("/f.bin", DATA, tamper=True)
+    dest = tmp_path / "d" / "f.bin"
+    with pytest.raises(Tp4Error, match="sha256 mismatch") as info:
+        download.download(url, dest, sha256(DATA), label="f", quiet=True)
+    assert "pin is unchanged" in str(info.value)
+    assert leftovers(dest.parent) == [] and server.hits["/f.bin"] == 1
+
+
+def test_404_is_not_retried(server: FileServer, tmp_path: Path) -> None:
+    with pytest.raises(Tp4Error, match="HTTP 404"):
+        download.download(server.url("/missing"), tmp_path / "x", None, label="x", quiet=True)
+    assert server.hits["/missing"] == 1
+
+
+def test_progress_lines_when_not_a_tty(server: FileServer, tmp_path: Path, capsys) -> None:
+    url = server.add("/f.bin", DATA, fail_first=1)
+    download.download(url, tmp_path / "f", sha256(DATA), label="thing")
+    err = capsys.readouterr().err
+    assert "fetching thing (attempt 2)" in err and "thing: 3.0 MiB" in err and "sha256 ok" in err
+    assert "\r" not in err
+
+
+def make_manifest(server: FileServer, tmp_path: Path, *, sha: str | None = None, commit: str = C40) -> Path:
+    """A GitHub-style row served through the mirror (TP4_SOURCES_MIRROR)."""
+    archive = tar_gz({"r-x/python/a.py": "print('a')\n", "r-x/other": "o"})
+    server.add(f"/m/github.com/o/r/archive/{C40}.tar.gz", archive)
+    text = (f"r  {commit}  {sha or sha256(archive)}  https://github.com/o/r/archive/{commit}.tar.gz  strip=1\n"
+            "tree py  from=r  keep=python\n")
+    path = tmp_path / "sources.manifest"
+    path.write_text(text)
+    return path
+
+
+def test_fetch_through_a_mirror_and_cache(server: FileServer, tmp_path: Path, tp4_cli, monkeypatch) -> None:
+    monkeypatch.setenv("TP4_SOURCES_MIRROR", server.url("/m"))
+    manifest = make_manifest(server, tmp_path)
+    code, out, err = tp4_cli("sources", "fetch", "py", "--to", tmp_path / "out", "--manifest", manifest)
+    assert code == 0, err
+    assert (tmp_path / "out/python/a.py").read_text() == "print('a')\n"
+    code, _, err = tp4_cli("sources", "fetch", "r", "--to", tmp_path / "raw", "--manifest", manifest)
+    assert code == 0, err and sorted(p.name for p in (tmp_path / "raw").iterdir()) == ["other", "python"]
+    assert server.hits[f"/m/github.com/o/r/archive/{C40}.tar.gz"] == 1  # second fetch from the cache
+
+
+def test_fetch_of_a_tampered_source_leaves_nothing(server: FileServer, tmp_path: Path, tp4_cli, monkeypatch) -> None:
+    monkeypatch.setenv("TP4_SOURCES_MIRROR", server.url("/m"))
+    manifest = make_manifest(server, tmp_path, sha="e" * 64)
+    code, _, err = tp4_cli("sources", "fetch", "py", "--to", tmp_path / "out", "--manifest", manifest)
+    assert code == 1 and "sha256 mismatch" in err
+    assert not (tmp_path / "out").exists() and leftovers(tmp_path / "cache") == []
+
+
+def test_verify_download(server: FileServer, tmp_path: Path, tp4_cli, monkeypatch) -> None:
+    monkeypatch.setenv("TP4_SOURCES_MIRROR", server.url("/m"))
+    manifest = make_manifest(server, tmp_path)
+    code, out, err = tp4_cli("sources", "verify", "--download", "--manifest", manifest)
+    assert code == 0 and "downloaded and hash-checked" in out, err
+    manifest.write_text(manifest.read_text().replace(manifest.read_text().split()[2], "d" * 64))
+    code, out, err = tp4_cli("sources", "verify", "--download", "--manifest", manifest)
+    assert code == 1 and "sha256 mismatch: pinned " + "d" * 64 in err
+
+
+def test_lock_resolves_a_branch_and_fills_the_hash(server: FileServer, tmp_path: Path, tp4_cli, monkeypatch) -> None:
+    monkeypatch.setenv("TP4_SOURCES_MIRROR", server.url("/m"))
+    monkeypatch.setenv("TP4_GITHUB_API", server.url(""))
+    server.add_ref("o", "r", "dsv4.1", C40)
+    manifest = make_manifest(server, tmp_path, sha="unlocked", commit="dsv4.1")
+    manifest.write_text("# keep this comment\n" + manifest.read_text())
+    code, out, err = tp4_cli("sources", "lock", "--manifest", manifest)
+    assert code == 0, err
+    assert f"commit dsv4.1 -> {C40}" in out
+    m = mf.load(manifest)
+    row = m.by_name["r"]
+    assert row.commit == C40 and row.url == f"https://github.com/o/r/archive/{C40}.tar.gz" and row.locked
+    assert manifest.read_text().startswith("# keep this comment\n") and mf.validate(m).errors == []
+
+
+def test_lock_of_a_bad_download_changes_no_pin(server: FileServer, tmp_path: Path, tp4_cli, monkeypatch) -> None:
+    monkeypatch.setenv("TP4_SOURCES_MIRROR", server.url("/m"))
+    monkeypatch.setenv("TP4_GITHUB_API", server.url(""))
+    server.add_ref("o", "r", "main", C40B)  # the archive of this commit is not served
+    manifest = make_manifest(server, tmp_path)
+    before = manifest.read_text()
+    code, _, err = tp4_cli("sources", "lock", "r", "--ref", "main", "--manifest", manifest)
+    assert code == 1 and "HTTP 404" in err
+    assert manifest.read_text() == before
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []
+    code, _, err = tp4_cli("sources", "lock", "r", "--ref", "nope", "--manifest", manifest)
+    assert code == 1 and "HTTP 422" in err and manifest.read_text() == before
+
+
+def test_lock_of_a_git_source(tmp_path: Path, tp4_cli) -> None:
+    git = pytest.importorskip("git")
+    origin = tmp_path / "origin"
+    repo = git.Repo.init(origin, initial_branch="main")
+    (origin / "mod.py").write_text("x = 1\n")
+    (origin / "run.sh").write_text("#!/bin/sh\n")
+    (origin / "run.sh").chmod(0o755)
+    repo.index.add(["mod.py", "run.sh"])
+    with repo.config_writer() as cfg:
+        cfg.set_value("user", "name", "t").set_value("user", "email", "t@e.invalid")
+    commit = repo.index.commit("one").hexsha
+    manifest = tmp_path / "sources.manifest"
+    manifest.write_text(f"g  main  unlocked  git+file://{origin}@main\n")
+    code, out, err = tp4_cli("sources", "lock", "--manifest", manifest)
+    assert code == 0, err
+    row = mf.load(manifest).by_name["g"]
+    assert row.commit == commit and row.url.endswith("@" + commit) and row.locked
+    from tp4.sources import fetch, nar
+
+    checkout = tmp_path / "co"
+    fetch.git_checkout(row.url, row.commit, checkout)
+    assert nar.nar_sha256(checkout).hex() == row.sha256

@@ -1,0 +1,135 @@
+"""pkgs/sources.nix evaluated with the real Nix: its parse equals Python's (the committed manifest
+and generated ones), and its fixed-output fetches accept the right hash and reject a wrong one."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from sources_helpers.build import have_nix, nix, nix_eval_json, sha256
+from sources_helpers.strategies import layouts, manifests
+
+from tp4.errors import Tp4Error
+from tp4.sources import manifest as mf
+from tp4.sources import nar
+
+pytestmark = pytest.mark.skipif(not have_nix(), reason="nix is not installed (setup.sh --test installs nix-bin)")
+
+SOURCES_NIX = Path(__file__).resolve().parents[1] / "pkgs" / "sources.nix"
+FAKE_FETCHERS = "fetchurl = a: a // { outPath = \"/fake/${a.name}\"; }; fetchPypi = a: { pypi = a; }; pullImage = a: { image = a; };"
+
+
+def nix_parse(manifest: Path, tmp: Path) -> dict:
+    expr = (f"let s = import {SOURCES_NIX} {{ manifest = {manifest}; {FAKE_FETCHERS} }}; in "
+            "{ inherit (s) rows; trees = map (n: s.trees.${n}) s.treeNames; }")
+    return nix_eval_json(expr, tmp)
+
+
+def test_committed_manifest_parses_the_same(repo: Path, tmp_path: Path) -> None:
+    assert nix_parse(repo / "sources.manifest", tmp_path) == mf.load(repo / "sources.manifest").to_json()
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.data())
+def test_generated_manifests_parse_the_same(tmp_path: Path, data) -> None:
+    m = data.draw(manifests())
+    text = data.draw(layouts(m))
+    path = Path(tempfile.mkdtemp(dir=tmp_path)) / "sources.manifest"
+    path.write_text(text)
+    assert nix_parse(path, tmp_path) == mf.parse(text).to_json()
+
+
+@pytest.mark.parametrize("text", ["  x y z w\n", "x y z\n", "x a b c notkeyvalue\n", "x a b c k=1\n  k=2\n", "tree\n"])
+def test_syntax_errors_throw_in_both(tmp_path: Path, text: str) -> None:
+    path = tmp_path / "m"
+    path.write_text(text)
+    with pytest.raises(Exception):
+        mf.parse(text)
+    with pytest.raises(Tp4Error, match="line 1"):
+        nix_parse(path, tmp_path)
+
+
+def test_src_of_an_unlocked_row_throws_naming_the_command(repo: Path, tmp_path: Path) -> None:
+    expr = (f"(import {SOURCES_NIX} {{ manifest = {repo / 'sources.manifest'}; {FAKE_FETCHERS} }})"
+            '.src."base-image"')
+    with pytest.raises(Tp4Error) as info:
+        nix_eval_json(expr, tmp_path)
+    assert "source row 'base-image'" in str(info.value) and "tp4 sources lock base-image" in str(info.value)
+
+
+def test_fetchers_get_the_right_arguments(repo: Path, tmp_path: Path) -> None:
+    expr = (f"let s = import {SOURCES_NIX} {{ manifest = {repo / 'sources.manifest'}; {FAKE_FETCHERS} }}; in "
+            '{ wheel = s.src."sglang-kernel"; file = removeAttrs s.src."roce-ring/api.py" [ "outPath" ]; args = s.fetchArgs."b12x-next"; }')
+    got = nix_eval_json(expr, tmp_path)
+    assert got["wheel"]["pypi"] == {
+        "pname": "sglang_kernel", "version": "0.4.7", "format": "wheel", "python": "cp310", "dist": "cp310",
+        "abi": "abi3", "platform": "manylinux2014_aarch64",
+        "sha256": "c4bb10b1bee183c441b352c4aaf203ce34627c27ed87a5cc4036c98aa557b81e",
+    }
+    row = mf.load(repo / "sources.manifest").by_name["roce-ring/api.py"]
+    assert got["file"] == {"url": row.url, "sha256": row.sha256, "name": "roce-ring-api.py"}
+    assert got["args"][0] == "--manifest" and got["args"].count("--input") == 5
+    assert got["args"][3] == "b12x-main=/fake/b12x-main"
+
+
+def test_image_row_goes_to_pull_image(tmp_path: Path) -> None:
+    digest = "sha256:" + "3" * 64
+    path = tmp_path / "m"
+    path.write_text(f"img  {digest}  {'a' * 64}  docker://lmsysorg/sglang:dev-dsv41@{digest}\n  arch=arm64\n")
+    expr = f"(import {SOURCES_NIX} {{ manifest = {path}; {FAKE_FETCHERS} }}).src.img"
+    assert nix_eval_json(expr, tmp_path)["image"] == {
+        "imageName": "lmsysorg/sglang", "imageDigest": digest, "finalImageName": "lmsysorg/sglang",
+        "finalImageTag": "dev-dsv41", "arch": "arm64", "sha256": "a" * 64,
+    }
+
+
+def builtins_fetch(manifest: Path, name: str, tmp: Path) -> str:
+    expr = (f'(import {SOURCES_NIX} {{ manifest = {manifest}; fetchurl = builtins.fetchurl; }}).src."{name}"')
+    return json.loads(nix(["eval", "--store", str(tmp / "store"), "--impure", "--json", "--expr", expr], tmp).stdout)
+
+
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.binary(min_size=0, max_size=5000))
+def test_builtins_fetchurl_accepts_the_right_hash_and_rejects_a_wrong_one(tmp_path: Path, data: bytes) -> None:
+    work = Path(tempfile.mkdtemp(dir=tmp_path))
+    try:
+        served = work / "served" / "file.bin"
+        served.parent.mkdir()
+        served.write_bytes(data)
+        right, wrong = sha256(data), sha256(data + b"x")
+        manifest = work / "m"
+        manifest.write_text(f"good  {'a' * 40}  {right}  file://{served}\nbad  {'a' * 40}  {wrong}  file://{served}\n")
+        stored = builtins_fetch(manifest, "good", work)
+        assert Path(stored).name.endswith("-good") and stored == nar.store_path(
+            "good", bytes.fromhex(right), recursive=False)
+        with pytest.raises(Tp4Error, match="hash mismatch"):
+            builtins_fetch(manifest, "bad", work)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def test_git_row_is_checked_by_its_nar_hash(tmp_path: Path) -> None:
+    git = pytest.importorskip("git")
+    origin = tmp_path / "origin"
+    repo = git.Repo.init(origin)
+    (origin / "a.py").write_text("a = 1\n")
+    repo.index.add(["a.py"])
+    with repo.config_writer() as cfg:
+        cfg.set_value("user", "name", "t").set_value("user", "email", "t@e.invalid")
+    commit = repo.index.commit("one").hexsha
+    tree = tmp_path / "tree"
+    tree.mkdir()
+    (tree / "a.py").write_text("a = 1\n")
+    right = nar.nar_sha256(tree).hex()
+    manifest = tmp_path / "m"
+    manifest.write_text(f"g  {commit}  {right}  git+file://{origin}@{commit}\n"
+                        f"h  {commit}  {'0' * 64}  git+file://{origin}@{commit}\n")
+    stored = builtins_fetch(manifest, "g", tmp_path)
+    assert stored == nar.store_path("g", bytes.fromhex(right))
+    with pytest.raises(Tp4Error, match="store path mismatch"):
+        builtins_fetch(manifest, "h", tmp_path)
