@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from tp4.profile.models import has_unsafe_chars
 from tp4.registry import Registry, condition_holds, fill_line, line_pattern, load_registry
 
 SCHEMA = "tp4.plan/1"
@@ -321,7 +322,7 @@ def env_file_text(env: dict[str, str]) -> str:
     lines = []
     for key, value in env.items():
         line = f"{key}={value}"
-        if not _ENV_LINE.match(line) or "\n" in value or "\r" in value or "\0" in value:
+        if not _ENV_LINE.match(line) or has_unsafe_chars(value):
             raise ValueError(f"{key}: cannot be written to an env file")
         lines.append(line)
     return "\n".join(lines) + "\n"

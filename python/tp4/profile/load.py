@@ -160,15 +160,50 @@ def parse_document(doc: dict, source: str) -> Loaded:
     from tp4.profile.validate import validate
 
     merged = merged_document(doc)
-    try:
-        profile = Profile.model_validate(merged)
-    except ValidationError as exc:
-        problems = _pydantic_problems(exc, merged)
-        raise InvalidInput(f"{source}: {len(problems)} problem(s)", [str(p) for p in problems]) from None
-    errors, warnings = validate(profile)
-    if errors:
-        raise InvalidInput(f"{source}: {len(errors)} problem(s)", [str(p) for p in errors])
+    problems: list[Problem] = []
+    candidate = merged
+    profile = None
+    # Field errors first; then, so that every problem shows at once, the rules between fields on
+    # the document with the bad fields dropped (their defaults stand in).
+    for _ in range(5):
+        try:
+            profile = Profile.model_validate(candidate)
+            break
+        except ValidationError as exc:
+            problems += _pydantic_problems(exc, candidate)
+            pruned = _drop(candidate, [e["loc"] for e in exc.errors()])
+            if pruned is None:
+                break
+            candidate = pruned
+    warnings: list[Problem] = []
+    if profile is not None:
+        errors, warnings = validate(profile)
+        seen = {p.field for p in problems}
+        problems += [e for e in errors if e.field not in seen]
+    if problems:
+        raise InvalidInput(f"{source}: {len(problems)} problem(s)", [str(p) for p in problems])
     return Loaded(profile, source, [str(w) for w in warnings])
+
+
+def _drop(doc: dict, locs: list[tuple]) -> dict | None:
+    """A copy of doc without the values at locs, or None when nothing could be dropped."""
+    import copy
+
+    out = copy.deepcopy(doc)
+    dropped = False
+    for loc in locs:
+        loc = tuple(p for p in loc if not (isinstance(p, str) and p.startswith("function-")))
+        cur: Any = out
+        for part in loc[:-1]:
+            try:
+                cur = cur[part]
+            except (KeyError, IndexError, TypeError):
+                cur = None
+                break
+        if isinstance(cur, dict) and loc and loc[-1] in cur:
+            del cur[loc[-1]]
+            dropped = True
+    return out if dropped else None
 
 
 def load_text(text: str, source: str) -> Loaded:

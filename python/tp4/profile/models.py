@@ -16,10 +16,17 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_valida
 
 Bit = Literal[0, 1]
 
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
-_HOST = re.compile(r"^[A-Za-z0-9._:-]{1,253}$")
-_IFNAME = re.compile(r"^[A-Za-z0-9_.@-]{1,15}$")
-_ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}")
+_HOST = re.compile(r"[A-Za-z0-9._:-]{1,253}")
+_IFNAME = re.compile(r"[A-Za-z0-9_.@-]{1,15}")
+_ENV_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+# Control characters and line separators (any a line-based reader might split on) are never
+# allowed in values that reach an env file, an argv or a mount spec.
+_UNSAFE = re.compile(r"[\x00-\x08\x0a-\x1f\x7f\x85\u2028\u2029]")
+
+
+def has_unsafe_chars(value: str) -> bool:
+    return bool(_UNSAFE.search(value))
 
 
 def _decimal_text(value: object) -> object:
@@ -85,14 +92,14 @@ class Node(Section):
     @field_validator("name")
     @classmethod
     def _name(cls, v: str) -> str:
-        if not _NAME.match(v):
+        if not _NAME.fullmatch(v):
             raise ValueError("must be 1-63 letters, digits, '.', '_' or '-', starting with a letter or digit")
         return v
 
     @field_validator("ip", "ssh")
     @classmethod
     def _host(cls, v: str | None) -> str | None:
-        if v is not None and not _HOST.match(v):
+        if v is not None and not _HOST.fullmatch(v):
             raise ValueError(f"{v!r} is not a host name or IP address")
         return v
 
@@ -112,8 +119,8 @@ class Node(Section):
 def _check_path(v: str | None) -> str | None:
     if v is None:
         return v
-    if not v or any(c in v for c in "\n\r\0:,"):
-        raise ValueError("must be a non-empty path without newlines, NUL, ':' or ','")
+    if not v or has_unsafe_chars(v) or any(c in v for c in ":,"):
+        raise ValueError("must be a non-empty path without control characters, ':' or ','")
     if not (v.startswith("/") or v == "~" or v.startswith("~/")):
         raise ValueError(f"{v!r} must be absolute or start with ~/")
     return v
@@ -135,7 +142,7 @@ class Cluster(Section):
     @field_validator("head_container", "worker_container")
     @classmethod
     def _ctn(cls, v: str) -> str:
-        if not _NAME.match(v):
+        if not _NAME.fullmatch(v):
             raise ValueError("must be 1-63 letters, digits, '.', '_' or '-'")
         return v
 
@@ -192,7 +199,7 @@ class Fabric(Section):
     @field_validator("socket_ifname", "iface")
     @classmethod
     def _ifname(cls, v: str | None) -> str | None:
-        if v is not None and not _IFNAME.match(v):
+        if v is not None and not _IFNAME.fullmatch(v):
             raise ValueError(f"{v!r} is not a network interface name")
         return v
 
@@ -263,15 +270,15 @@ class Engine(Section):
     @field_validator("sps_table", "sts_table")
     @classmethod
     def _abs(cls, v: str) -> str:
-        if not v.startswith("/") or any(c in v for c in "\n\r\0"):
-            raise ValueError("must be an absolute path inside the container")
+        if not v.startswith("/") or has_unsafe_chars(v):
+            raise ValueError("must be an absolute path inside the container, without control characters")
         return v
 
     @field_validator("extra_args")
     @classmethod
     def _words(cls, v: list[str]) -> list[str]:
         for arg in v:
-            if not arg or any(c.isspace() for c in arg) or "\0" in arg:
+            if not arg or any(c.isspace() for c in arg) or has_unsafe_chars(arg):
                 raise ValueError(f"{arg!r}: each item must be one non-empty word without whitespace (boot.py splits EXTRA_SGLANG_ARGS on whitespace)")
         return v
 
@@ -287,8 +294,8 @@ class Engram(Section):
     @field_validator("packed_dir")
     @classmethod
     def _abs(cls, v: str) -> str:
-        if not v.startswith("/") or any(c in v for c in "\n\r\0"):
-            raise ValueError("must be an absolute path inside the container")
+        if not v.startswith("/") or has_unsafe_chars(v):
+            raise ValueError("must be an absolute path inside the container, without control characters")
         return v
 
 
@@ -332,10 +339,10 @@ class Profile(Section):
     @classmethod
     def _env(cls, v: dict[str, str]) -> dict[str, str]:
         for key, value in v.items():
-            if not _ENV_KEY.match(key):
+            if not _ENV_KEY.fullmatch(key):
                 raise ValueError(f"{key!r} is not an environment variable name (letters, digits, '_', not starting with a digit)")
-            if any(c in value for c in "\n\r\0"):
-                raise ValueError(f"{key}: value must not contain newlines or NUL")
+            if has_unsafe_chars(value):
+                raise ValueError(f"{key}: value must not contain control characters or line breaks")
         return v
 
     @property

@@ -1,0 +1,135 @@
+"""Every rule of upstream-line.md §1.7 and §2.3 rejects its invalid combination, naming the field."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+from tp4.errors import InvalidInput
+from tp4.profile.load import parse_document
+
+CLUSTER = {"head": {"name": "spark1", "ip": "10.0.0.1"},
+           "workers": [{"name": f"spark{i}", "ip": f"10.0.0.{i}"} for i in (2, 3, 4)]}
+
+
+def doc(preset="production", **sections):
+    d = {"preset": preset, "cluster": copy.deepcopy(CLUSTER)}
+    for key, value in sections.items():
+        d[key] = value
+    return d
+
+
+def problems(d) -> list[str]:
+    with pytest.raises(InvalidInput) as exc:
+        parse_document(d, "t.toml")
+    assert exc.value.exit_code == 2
+    return exc.value.problems
+
+
+def ring(**extra):
+    fabric = {"mode": "ring", "nccl": {"mount": "overlay", "max_nchannels": 4, "min_nchannels": 4}}
+    out = doc(fabric=fabric, nfs={"share": False}, gates={"DSV41_ROCE_RING": "1", "SGLANG_ROCE_MAX_SIZE": "262144", "DSV41_ROCE_GATHER": "262144"})
+    out.update(extra)
+    return out
+
+
+def test_production_and_every_preset_are_valid():
+    for preset in ("launcher-defaults", "base", "canary", "canary-roce", "production"):
+        d = doc(preset)
+        if preset == "launcher-defaults":
+            d["engine"] = {"tp": 4}
+        parse_document(d, preset)
+
+
+def test_a_valid_ring_profile():
+    parse_document(ring(), "ring")
+
+
+CASES = [
+    # EP vs image variant and expert width (§2.3 first bullet, §1.7 TP8 rule)
+    ("EP 1 on the canary image", doc("canary", engine={"ep": 1}), "engine.ep", "FlashInfer"),
+    ("b12x_next on a canary image", doc("canary", engine={"ep": 1}, gates={"DSV41_MOE_B12X_NEXT": "1"}), "gates.DSV41_MOE_B12X_NEXT", "canary-roce"),
+    ("EP 1 at TP 8 with b12x_next (288-wide)", doc(engine={"tp": 8, "ep": 1}), "engine.ep", "288"),
+    ("EP 3 does not divide TP 4", doc(engine={"ep": 3}), "engine.ep", "divide"),
+    ("production without b12x_next", doc(gates={"DSV41_MOE_B12X_NEXT": "0"}), "engine.ep", "576"),
+    # chunk 4096 needs the chunked indexer
+    ("chunk 4096 without the chunked indexer", doc(gates={"DSV41_INDEXER_CHUNKED": "0", "SPARK_PREFILL_TP_SPLIT": "0"}), "engine.chunked_prefill_size", "DSV41_INDEXER_CHUNKED"),
+    # >= 8 running requests need --min-free-slots-delay 1
+    ("16 slots without --min-free-slots-delay", doc(engine={"extra_args": ["--watchdog-timeout", "1800"]}), "engine.extra_args", "--min-free-slots-delay"),
+    # gate dependencies
+    ("draft tau without folded sampling 2", doc(gates={"SGLANG_DSPARK_FOLDED_SAMPLING": "1"}), "gates.DSV41_DRAFT_TAU", "SGLANG_DSPARK_FOLDED_SAMPLING"),
+    ("router live without verify cap", doc(gates={"DSV41_VERIFY_CAP": "0", "DSV41_EAGER_GLUE": "stage"}), "gates.DSV41_ROUTER_LIVE", "DSV41_VERIFY_CAP"),
+    ("wo_a mid without wo_a", doc(gates={"DSV41_WO_A_W8": "0"}), "gates.DSV41_WO_A_W8_MID", "DSV41_WO_A_W8"),
+    ("wo_a drop without wo_a", doc(gates={"DSV41_WO_A_W8": "0"}), "gates.DSV41_WO_A_W8_DROP", "DSV41_WO_A_W8"),
+    ("eager glue fence without the folded fence", doc(gates={"DSV41_FOLDED_FENCE": "0"}), "gates.DSV41_EAGER_GLUE", "DSV41_FOLDED_FENCE"),
+    ("eager glue vcap without verify cap", doc(gates={"DSV41_VERIFY_CAP": "off", "DSV41_ROUTER_LIVE": "0"}), "gates.DSV41_EAGER_GLUE", "DSV41_VERIFY_CAP"),
+    ("roce gather on the canary image", doc("canary", gates={"DSV41_ROCE_GATHER": "2097152"}), "gates.DSV41_ROCE_GATHER", "canary-roce"),
+    ("L2 prefetch on the canary image", doc("canary", gates={"DSV41_L2_PREFETCH": "1"}), "gates.DSV41_L2_PREFETCH", "canary-roce"),
+    ("RoCE all-reduce on the base image", doc("base", gates={"SGLANG_ROCE_ALLREDUCE": "1"}), "gates.SGLANG_ROCE_ALLREDUCE", "canary-roce"),
+    ("prefill TP split on the base image", doc("base", gates={"SPARK_PREFILL_TP_SPLIT": "1"}), "gates.SPARK_PREFILL_TP_SPLIT", "canary"),
+    ("prefill TP split threshold below 32768", doc(gates={"SPARK_PREFILL_TP_MIN_CONTEXT": "16384"}), "gates.SPARK_PREFILL_TP_MIN_CONTEXT", "32768"),
+    ("prefill TP split rows below 1024", doc(gates={"SPARK_PREFILL_TP_MIN_ROWS": "512"}), "gates.SPARK_PREFILL_TP_MIN_ROWS", "1024"),
+    # compile cache dirs differ; fast-load EP equals EP
+    ("b12x_next cache dir equals RoCEnante's", doc(gates={"B12X_NEXT_COMPILE_CACHE_DIR": "/state/b12x-compile"}), "gates.B12X_NEXT_COMPILE_CACHE_DIR", "B12X_COMPILE_CACHE_DIR"),
+    ("fast-load EP differs from EP", doc(gates={"DSV41_FAST_LOAD_EP_SIZE": "2"}), "gates.DSV41_FAST_LOAD_EP_SIZE", "engine.ep"),
+    # context bounds
+    ("context below 4096", doc(engine={"context_length": 2048}), "engine.context_length", "4096"),
+    ("context above 1048576", doc(engine={"context_length": 2097152}), "engine.context_length", "1048576"),
+    # cluster shape: one Spark per rank, unique names and addresses, equal-length worker lists
+    ("three nodes at TP 4", doc(cluster={"head": CLUSTER["head"], "workers": CLUSTER["workers"][:2]}), "cluster.workers", "engine.tp"),
+    ("duplicate fabric IP", doc(cluster={"head": CLUSTER["head"], "workers": [*CLUSTER["workers"][:2], {"name": "x", "ip": "10.0.0.2"}]}), "cluster.workers[2].ip", "10.0.0.2"),
+    ("duplicate name", doc(cluster={"head": CLUSTER["head"], "workers": [*CLUSTER["workers"][:2], {"name": "spark1", "ip": "10.0.0.9"}]}), "cluster.workers[2].name", "spark1"),
+    ("NFS servers neither one nor one per worker", doc(nfs={"server_ips": ["10.0.22.1", "10.0.23.1"]}), "nfs.server_ips", "one per worker"),
+    # values of gates
+    ("switch gate with a bad value", doc(gates={"DSV41_HC_FUSED": "yes"}), "gates.DSV41_HC_FUSED", "0 or 1"),
+    ("unknown gate", doc(gates={"DSV41_MOE_B12X_NXT": "1"}), "gates.DSV41_MOE_B12X_NXT", "DSV41_MOE_B12X_NEXT"),
+    ("rank key as env", doc(env={"NODE_RANK": "3"}), "env.NODE_RANK", "rank"),
+    ("gate in [env]", doc(env={"DSV41_HC_FUSED": "1"}), "env.DSV41_HC_FUSED", "[gates]"),
+    ("typed key in [env]", doc(env={"CONTEXT_LENGTH": "4096"}), "env.CONTEXT_LENGTH", "engine.context_length"),
+    ("engine flag owned by a field", doc(engine={"extra_args": ["--min-free-slots-delay", "1", "--tp", "8"]}), "engine.extra_args[2]", "engine.tp"),
+    ("api key in extra args", doc(engine={"extra_args": ["--min-free-slots-delay", "1", "--api-key=abc"]}), "engine.extra_args[2]", "api.key_file"),
+    # ring rules (files/nccl.sh: nccl_validate_config, §2.3 ring bullet)
+    ("ring without the NCCL overlay", ring(fabric={"mode": "ring", "nccl": {"mount": "none", "max_nchannels": 4}}), "fabric.nccl.mount", "overlay"),
+    ("ring with NCCL_ALGO Tree", ring(fabric={"mode": "ring", "nccl": {"mount": "overlay", "algo": "Tree", "max_nchannels": 4}}), "fabric.nccl.algo", "Ring"),
+    ("ring with socket transport", ring(fabric={"mode": "ring", "nccl": {"mount": "overlay", "net": "Socket", "max_nchannels": 4}}), "fabric.nccl.net", "IB"),
+    ("ring with IB disabled", ring(fabric={"mode": "ring", "nccl": {"mount": "overlay", "ib_disable": 1, "max_nchannels": 4}}), "fabric.nccl.ib_disable", "0"),
+    ("ring without subnet-aware routing", ring(fabric={"mode": "ring", "nccl": {"mount": "overlay", "ib_subnet_aware_routing": 0, "max_nchannels": 4}}), "fabric.nccl.ib_subnet_aware_routing", "1"),
+    ("ring with min channels above max", ring(fabric={"mode": "ring", "nccl": {"mount": "overlay", "min_nchannels": 8, "max_nchannels": 4}}), "fabric.nccl.min_nchannels", "max_nchannels"),
+    ("ring with the NFS share", ring(nfs={"share": True}), "nfs.share", "local checkpoint"),
+    ("ring RoCEnante without the mesh", ring(gates={"DSV41_ROCE_RING": "0", "SGLANG_ROCE_MAX_SIZE": "262144", "DSV41_ROCE_GATHER": "262144"}), "gates.SGLANG_ROCE_ALLREDUCE", "DSV41_ROCE_RING"),
+    ("ring RoCE size above the cap", ring(gates={"DSV41_ROCE_RING": "1"}), "gates.SGLANG_ROCE_MAX_SIZE", "262144"),
+    ("ring cap at the default hairpin queue", ring(fabric={"mode": "ring", "ring_hairpin_queue": 1024, "nccl": {"mount": "overlay", "max_nchannels": 4}}), "gates.DSV41_ROCE_GATHER", "81920"),
+    ("ring with five nodes", ring(cluster={"head": CLUSTER["head"], "workers": [*CLUSTER["workers"], {"name": "s5", "ip": "10.0.0.5"}]}, engine={"tp": 5}), "fabric.mode", "four nodes"),
+    ("NCCL worker dir relative", doc(fabric={"nccl": {"worker_dir": "nccl"}}), "fabric.nccl.worker_dir", "absolute"),
+    # model-level field checks
+    ("memory fraction above 1", doc(engine={"mem_fraction_static": 1.5}), "engine.mem_fraction_static", "at most 1"),
+    ("unknown field with a suggestion", doc(engine={"contex_length": 4096}), "engine.contex_length", "context_length"),
+    ("an API key in the profile", doc(api={"key": "sk-123"}), "api.key", "api.key_file"),
+    ("ram offload", doc(engine={"offload_mode": "ram"}), "engine.offload_mode", "nvme"),
+]
+
+
+@pytest.mark.parametrize("name,document,field,hint", CASES, ids=[c[0] for c in CASES])
+def test_invalid_combination_is_rejected_with_its_field(name, document, field, hint):
+    found = problems(document)
+    matching = [p for p in found if p.startswith(field + ":")]
+    assert matching, f"no problem for {field}: {found}"
+    assert any(hint in p for p in matching), matching
+
+
+def test_all_problems_are_reported_at_once():
+    found = problems(doc(engine={"context_length": 1, "ep": 3}, gates={"DSV41_HC_FUSED": "2", "NOPE": "1"}))
+    fields = {p.split(":", 1)[0] for p in found}
+    assert {"engine.context_length", "engine.ep", "gates.DSV41_HC_FUSED", "gates.NOPE"} <= fields
+
+
+def test_secret_never_echoed_in_problems():
+    found = problems(doc(api={"key": "sk-very-secret"}))
+    assert not any("sk-very-secret" in p for p in found)
+
+
+def test_rollback_is_one_change():
+    """The seed's rollback: EP 2 without b12x_next returns the MoE to FlashInfer."""
+    parse_document(doc(engine={"ep": 2}, gates={"DSV41_MOE_B12X_NEXT": "0", "DSV41_MOE_B12X_NEXT_DETERMINISTIC": "0", "DSV41_FAST_LOAD_EP_SIZE": "2"}), "rb")
+    parse_document(doc("canary-roce"), "rb2")
