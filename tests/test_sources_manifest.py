@@ -164,7 +164,7 @@ def test_continuations_comments_and_line_numbers() -> None:
 
 def test_replace_rows_keeps_everything_else(committed: mf.Manifest) -> None:
     row = committed.by_name["dsv41"]
-    new = mf.Row(row.component, row.commit, "f" * 64, row.url, {"strip": "1"})
+    new = mf.Row(row.component, row.commit, "f" * 64, row.url, attrs={"strip": "1"})
     text = mf.replace_rows(committed, {"dsv41": new})
     again = mf.parse(text)
     assert again.by_name["dsv41"].sha256 == "f" * 64

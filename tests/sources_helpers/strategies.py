@@ -43,15 +43,15 @@ def rows(draw) -> Row:
     elif form == "git":
         url = f"git+https://example.invalid/{draw(word)}.git@{commit}"
     elif form == "local":
-        return Row("local", f"{draw(word)}/{draw(word)}.patch", sha, "-", {})
+        return Row("local", f"{draw(word)}/{draw(word)}.patch", sha, "-")
     else:
         url = f"https://example.invalid/{draw(word)}/{commit}"
-    return Row(name, commit, sha, url, draw(attrs))
+    return Row(name, commit, sha, url, attrs=draw(attrs))
 
 
 @st.composite
 def trees(draw) -> Tree:
-    return Tree(draw(component), draw(attrs))
+    return Tree(draw(component), attrs=draw(attrs))
 
 
 @st.composite

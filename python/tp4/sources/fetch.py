@@ -68,22 +68,20 @@ def _safe(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9._+-]", "_", name)
 
 
+IMAGE_PYTHON = "3.12"  # the base image's interpreter (upstream-line §3.3)
+
+
 def wheel_pip_args(row: Row) -> list[str]:
-    """pip flags that select exactly this wheel file for any host (--platform etc.)."""
+    """pip flags that select exactly this wheel file whatever the host (--platform etc.): the
+    image's CPython, the wheel's ABI and platform tags."""
     w = row.wheel()
-    python = w["python"].split(".")[0]
-    m = re.fullmatch(r"(cp|py)(\d)(\d*)", python)
-    if not m:
-        raise InvalidInput(f"{row.where}: cannot map the wheel's python tag {w['python']!r} to pip flags")
-    version = m[2] + (f".{m[3]}" if m[3] else "")
-    args = ["--only-binary=:all:", "--no-deps", "--python-version", version,
-            "--implementation", "cp" if m[1] == "cp" else "py"]
+    m = re.fullmatch(r"cp(\d)(\d+)", w["python"])
+    version = f"{m[1]}.{m[2]}" if m and w["abi"] not in ("abi3", "none") else IMAGE_PYTHON
+    args = ["--only-binary=:all:", "--no-deps", "--python-version", version, "--implementation", "cp",
+            "--abi", w["abi"]]
     for plat in w["platform"].split("."):
         args += ["--platform", plat]
-    if w["abi"] != "none":
-        args += ["--abi", w["abi"]]
-    dist = row.component
-    return [*args, f"{dist}=={row.commit}"]
+    return [*args, f"{row.component}=={row.commit}"]
 
 
 def pip_download(row: Row, dest_dir: Path, *, quiet: bool = False) -> Path:

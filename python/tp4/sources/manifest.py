@@ -55,24 +55,26 @@ TREE_ATTRS = frozenset({"from", "keep", "require", "add", "rename", "patches", "
 INT_ATTRS = frozenset({"strip", "p", "fuzz"})
 
 
-def _frozen(attrs: Mapping[str, str]) -> Mapping[str, str]:
-    return MappingProxyType(dict(attrs))
+@dataclass(frozen=True)
+class _Entry:
+    """What rows and trees share: extension attributes (read-only) and where they were written."""
+
+    attrs: Mapping[str, str] = field(default_factory=dict, kw_only=True)
+    line: int = field(default=0, compare=False, kw_only=True)
+    end_line: int = field(default=0, compare=False, kw_only=True)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "attrs", MappingProxyType(dict(self.attrs)))
 
 
 @dataclass(frozen=True)
-class Row:
+class Row(_Entry):
     """One pin: upstream's four columns plus extension attributes."""
 
     component: str
     commit: str
     sha256: str
     url: str
-    attrs: Mapping[str, str] = field(default_factory=dict)
-    line: int = field(default=0, compare=False)
-    end_line: int = field(default=0, compare=False)
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "attrs", _frozen(self.attrs))
 
     @property
     def name(self) -> str:
@@ -157,16 +159,10 @@ def split_list(value: str | None) -> list[str]:
 
 
 @dataclass(frozen=True)
-class Tree:
+class Tree(_Entry):
     """``tree NAME ...``: a transformed tree, exactly as the image will contain it."""
 
     name: str
-    attrs: Mapping[str, str] = field(default_factory=dict)
-    line: int = field(default=0, compare=False)
-    end_line: int = field(default=0, compare=False)
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "attrs", _frozen(self.attrs))
 
     @property
     def source(self) -> str:
@@ -275,14 +271,14 @@ def _suggest(name: str, names: Mapping[str, object]) -> str:
 
 
 @dataclass
-class _Entry:
+class _Logical:
     tokens: list[str]
     line: int
     end_line: int
 
 
-def _entries(text: str) -> Iterator[_Entry]:
-    current: _Entry | None = None
+def _entries(text: str) -> Iterator[_Logical]:
+    current: _Logical | None = None
     for number, raw in enumerate(text.split("\n"), start=1):
         tokens = [t for t in _BLANK.split(raw) if t]
         if not tokens or tokens[0].startswith("#"):
@@ -295,7 +291,7 @@ def _entries(text: str) -> Iterator[_Entry]:
             continue
         if current is not None:
             yield current
-        current = _Entry(tokens, number, number)
+        current = _Logical(tokens, number, number)
     if current is not None:
         yield current
 
@@ -323,13 +319,14 @@ def parse(text: str, path: Path | None = None) -> Manifest:
             if t[0] == "tree":
                 if len(t) < 2:
                     raise InvalidInput(f"line {entry.line}: `tree` needs a name")
-                trees.append(Tree(t[1], _attrs(t[2:], entry.line), entry.line, entry.end_line))
+                trees.append(Tree(t[1], attrs=_attrs(t[2:], entry.line), line=entry.line, end_line=entry.end_line))
                 continue
             if len(t) < 4:
                 raise InvalidInput(
                     f"line {entry.line}: a row needs four columns `component commit sha256 url`, got {len(t)}"
                 )
-            rows.append(Row(t[0], t[1], t[2], t[3], _attrs(t[4:], entry.line), entry.line, entry.end_line))
+            rows.append(Row(t[0], t[1], t[2], t[3], attrs=_attrs(t[4:], entry.line), line=entry.line,
+                            end_line=entry.end_line))
     except InvalidInput as exc:
         raise InvalidInput(label + exc.message) from None
     return Manifest(tuple(rows), tuple(trees), path, text)

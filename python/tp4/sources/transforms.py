@@ -335,6 +335,7 @@ def publish(work: Path, dest: Path) -> None:
         if not dest.is_dir() or any(dest.iterdir()):
             raise Tp4Error(f"{dest} exists and is not an empty directory; remove it or pick another --to")
         dest.rmdir()
+    os.chmod(work, 0o755)
     os.replace(work, dest)
 
 
