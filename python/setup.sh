@@ -38,10 +38,30 @@ if [ ! -x "$repo/.venv/bin/python" ]; then
   python3 -m venv "$repo/.venv"
 fi
 "$repo/.venv/bin/pip" install -q --disable-pip-version-check --upgrade pip >/dev/null 2>&1 || true
+# Install exactly what python/poetry.lock pins (versions and file hashes), then tp4 itself.
+reqs=$(mktemp)
+trap 'rm -f "$reqs"' EXIT
+"$repo/.venv/bin/python" - "$repo/python/poetry.lock" "$want_test" >"$reqs" <<'PY'
+import sys, tomllib
+lock = tomllib.load(open(sys.argv[1], "rb"))
+groups = {"main", "dev"} if sys.argv[2] == "1" else {"main"}
+for pkg in lock["package"]:
+    if not groups & set(pkg.get("groups", ["main"])):
+        continue
+    line = f"{pkg['name']}=={pkg['version']}"
+    if pkg.get("markers"):
+        markers = pkg["markers"]
+        if isinstance(markers, dict):
+            markers = " or ".join(f"({v})" for k, v in markers.items() if k in groups)
+        line += f" ; {markers}"
+    hashes = " ".join(f"--hash={f['hash']}" for f in pkg.get("files", []))
+    print(f"{line} {hashes}")
+PY
+"$repo/.venv/bin/pip" install -q --disable-pip-version-check --require-hashes -r "$reqs"
 if [ "$want_test" = 1 ]; then
-  "$repo/.venv/bin/pip" install -q --disable-pip-version-check -e "$repo/python" \
-    "pytest>=8" "hypothesis>=6.100"
+  "$repo/.venv/bin/pip" install -q --disable-pip-version-check --no-deps --no-build-isolation -e "$repo/python" 2>/dev/null \
+    || "$repo/.venv/bin/pip" install -q --disable-pip-version-check --no-deps -e "$repo/python"
 else
-  "$repo/.venv/bin/pip" install -q --disable-pip-version-check "$repo/python"
+  "$repo/.venv/bin/pip" install -q --disable-pip-version-check --no-deps "$repo/python"
 fi
 echo "setup: tp4 installed in $repo/.venv (run $repo/.venv/bin/tp4)" >&2

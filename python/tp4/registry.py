@@ -180,7 +180,9 @@ _COND = re.compile(r"^(?P<var>[A-Za-z_][A-Za-z0-9_]*)(?:(?P<op>>=|=|~)(?P<arg>.*
 
 
 def condition_holds(cond: str, env: dict[str, str], registry: Registry) -> bool:
-    """Evaluate one registry condition ("VAR", "VAR=v", "VAR~item", "VAR>=N") against env."""
+    """Evaluate one registry condition ("VAR", "!VAR", "VAR=v", "VAR~item", "VAR>=N") against env."""
+    if cond.startswith("!"):
+        return not condition_holds(cond[1:], env, registry)
     m = _COND.match(cond)
     if not m:
         raise InvalidInput(f"adapter registry: bad condition {cond!r}")
@@ -205,6 +207,8 @@ def condition_holds(cond: str, env: dict[str, str], registry: Registry) -> bool:
 
 
 def describe_condition(cond: str) -> str:
+    if cond.startswith("!"):
+        return f"{cond[1:]} off"
     m = _COND.match(cond)
     if not m or m["op"] is None:
         return f"{cond} on"

@@ -71,4 +71,12 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(130)
     except BrokenPipeError:
         sys.exit(0)
+    except Exception as exc:  # a bug in tp4: say so plainly, the traceback only with -v
+        if logging.getLogger().isEnabledFor(logging.DEBUG):
+            import traceback
+
+            traceback.print_exc()
+        click.echo(f"error: internal error ({type(exc).__name__}: {exc}); rerun with -v for the traceback "
+                   "and report it", err=True)
+        sys.exit(70)
     sys.exit(rv if isinstance(rv, int) else 0)

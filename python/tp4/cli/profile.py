@@ -78,3 +78,11 @@ def import_(env_file: str, output: str, force: bool) -> None:
         click.echo(f"unknown: {key} is not a variable the TP4 launcher reads; not imported", err=True)
 
 
+
+
+@profile.command()
+def reference() -> None:
+    """Print the profile reference (Markdown) generated from the models and the adapter registry."""
+    from tp4.profile.reference import generate
+
+    click.echo(generate())
