@@ -95,3 +95,37 @@ def test_transform_modules_import_nothing_heavy(repo: Path) -> None:
             "print(heavy)")
     proc = process.run([sys.executable, "-c", code], env={"PYTHONPATH": str(repo / "python")})
     assert proc.stdout.strip() == "[]"
+
+
+def test_wheel_rows_map_to_pip_flags_for_the_image(repo: Path) -> None:
+    from tp4.sources.fetch import wheel_pip_args
+
+    m = mf.load(repo / "sources.manifest")
+    assert wheel_pip_args(m.by_name["sglang-kernel"]) == [
+        "--only-binary=:all:", "--no-deps", "--python-version", "3.12", "--implementation", "cp",
+        "--abi", "abi3", "--platform", "manylinux2014_aarch64", "sglang-kernel==0.4.7"]
+    assert wheel_pip_args(m.by_name["sgl-deep-gemm"])[-5:] == [
+        "--abi", "none", "--platform", "manylinux2014_aarch64", "sgl-deep-gemm==0.2.0"]
+
+
+def test_lock_of_the_image_uses_nix_prefetch_docker(tp4_cli, tmp_path: Path, monkeypatch) -> None:
+    """The base image is hashed by nix-prefetch-docker (a stand-in here that checks its argv)."""
+    digest = "sha256:" + "3" * 64
+    nar32 = nar.nix32(bytes(range(32)))
+    stub = tmp_path / "bin" / "nix-prefetch-docker"
+    stub.parent.mkdir()
+    stub.write_text(
+        "#!/bin/sh\n"
+        f'[ "$*" = "--json --image-name lmsysorg/sglang --image-digest {digest} --arch arm64 --os linux '
+        f'--final-image-tag dev-dsv41" ] || {{ echo "bad argv: $*" >&2; exit 3; }}\n'
+        f"echo '{{\"imageName\": \"lmsysorg/sglang\", \"sha256\": \"{nar32}\"}}'\n")
+    stub.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{stub.parent}:{__import__('os').environ['PATH']}")
+    path = tmp_path / "m"
+    path.write_text(f"# the base\nbase-image  {digest}  unlocked  docker://lmsysorg/sglang:dev-dsv41@{digest}\n"
+                    "    arch=arm64\n")
+    code, out, err = tp4_cli("sources", "lock", "base-image", "--manifest", path)
+    assert code == 0, err
+    row = mf.load(path).by_name["base-image"]
+    assert row.sha256 == bytes(range(32)).hex() and dict(row.attrs) == {"arch": "arm64"}
+    assert path.read_text().startswith("# the base\n")
