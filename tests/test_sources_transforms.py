@@ -262,3 +262,20 @@ def test_inputs_of_a_tree(b12x_case) -> None:
     manifest, _, _ = b12x_case
     m = mf.load(manifest)
     assert [r.name for r in m.inputs("b12x")] == ["b12x-main", "ring/api.py", "ring/x.py", "p/ring.patch"]
+
+
+def test_patch_leaving_the_tree_fails(tmp_path: Path) -> None:
+    (tmp_path / "in").mkdir()
+    patch = tmp_path / "p.patch"
+    patch.write_text("--- ../evil.py\n+++ ../evil.py\n@@ -0,0 +1 @@\n+x = 1\n")
+    with pytest.raises(Tp4Error, match="outside the tree|did not apply"):
+        transforms.apply_patch(tmp_path / "in", patch, strip=0)
+    assert not (tmp_path / "evil.py").exists()
+
+
+def test_fetch_refuses_a_non_empty_destination_before_any_work(tmp_path: Path, tp4_cli, b12x_case) -> None:
+    manifest, args, _ = b12x_case
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "keep").write_text("mine")
+    code, _, err = tp4_cli("sources", "fetch", "b12x-next", "--to", tmp_path / "out", "--manifest", manifest, *args)
+    assert code == 1 and "not an empty directory" in err and (tmp_path / "out" / "keep").read_text() == "mine"

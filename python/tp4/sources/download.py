@@ -143,7 +143,7 @@ def _stream(url: str, sink: Callable[[bytes], None], reset: Callable[[], None], 
             else:
                 raise
         if not progress.quiet:
-            print(f"\n{label}: {last}; " + ("retrying" if attempt < retries else "giving up"),
+            print(("\n" if progress.tty else "") + f"{label}: {last}; " + ("retrying" if attempt < retries else "giving up"),
                   file=progress.stream, flush=True)
     raise Tp4Error(f"{label}: download of {real} failed after {retries + 1} attempts ({last})")
 

@@ -161,6 +161,7 @@ def obtain(row: Row, inputs: Mapping[str, Path], *, offline: bool, quiet: bool =
 def fetch(manifest: Manifest, name: str, to: Path, inputs: Mapping[str, Path], *, offline: bool,
           quiet: bool = False) -> dict[str, str]:
     """Produce ``name`` (a tree, or a row) at ``to`` exactly as the image contains it."""
+    transforms.check_destination(to)
     tree = manifest.tree_by_name.get(name)
     needed = manifest.inputs(name)
     for row in needed:

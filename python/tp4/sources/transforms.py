@@ -229,9 +229,11 @@ def apply_patch(root: Path, patch: Path, *, strip: int = 1, fuzz: int = 0, direc
     )
     output = (proc.stdout or "") + (proc.stderr or "")
     worst = max((int(f) for f in _FUZZ.findall(output)), default=0)
-    if proc.returncode != 0 or worst > fuzz:
+    escaped = "dangerous file name" in output  # GNU patch skips paths leaving the directory
+    if proc.returncode != 0 or worst > fuzz or escaped:
         tail = "\n".join(output.strip().splitlines()[-20:])
-        reason = f"needed fuzz {worst} > {fuzz}" if proc.returncode == 0 else "did not apply cleanly"
+        reason = ("names a file outside the tree" if escaped else
+                  f"needed fuzz {worst} > {fuzz}" if proc.returncode == 0 else "did not apply cleanly")
         raise Tp4Error(
             f"patch {label} (-p{strip} --fuzz={fuzz} in {directory}) {reason}:\n{tail}\n"
             "the pinned source and the patch disagree; fix the pin or the patch row"
@@ -329,11 +331,15 @@ def build_row(row: Row, path: Path, work: Path) -> None:
     normalise(work)
 
 
+def check_destination(dest: Path) -> None:
+    if dest.exists() and (not dest.is_dir() or any(dest.iterdir())):
+        raise Tp4Error(f"{dest} exists and is not an empty directory; remove it or pick another --to")
+
+
 def publish(work: Path, dest: Path) -> None:
     """Move a finished tree to ``dest`` (which must not exist or be an empty directory)."""
+    check_destination(dest)
     if dest.exists():
-        if not dest.is_dir() or any(dest.iterdir()):
-            raise Tp4Error(f"{dest} exists and is not an empty directory; remove it or pick another --to")
         dest.rmdir()
     os.chmod(work, 0o755)
     os.replace(work, dest)
