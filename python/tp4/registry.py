@@ -74,6 +74,16 @@ class BootLine:
 
 
 @dataclass(frozen=True)
+class Rule:
+    field: str
+    when: tuple[str, ...]
+    needs: str
+    reason: str
+    fix: str
+    level: str = "error"
+
+
+@dataclass(frozen=True)
 class Adapter:
     name: str
     summary: str
@@ -83,6 +93,7 @@ class Adapter:
     prefixes: tuple[Gate, ...]
     rules: tuple[tuple[str, str], ...]
     boot: tuple[BootLine, ...]
+    moe_align: int | None = None
 
 
 @dataclass(frozen=True)
@@ -92,6 +103,8 @@ class Registry:
     off_values: tuple[str, ...]
     forbidden_lines: tuple[str, ...]
     gates: dict[str, Gate] = field(default_factory=dict)
+    rules: tuple[Rule, ...] = ()
+    moe: dict = field(default_factory=dict)
 
     def gate(self, var: str) -> Gate | None:
         found = self.gates.get(var)
@@ -151,6 +164,7 @@ def parse_registry(data: dict) -> Registry:
                     BootLine(raw["name"], b["line"], tuple(b.get("when", ())), b.get("required", True))
                     for b in raw.get("boot", [])
                 ),
+                moe_align=raw.get("moe_align"),
             )
         )
     return Registry(
@@ -159,6 +173,9 @@ def parse_registry(data: dict) -> Registry:
         off_values=off,
         forbidden_lines=tuple(data.get("forbidden_lines", ())),
         gates=gates,
+        rules=tuple(Rule(r["field"], tuple(r.get("when", ())), r["needs"], r.get("reason", ""), r.get("fix", ""),
+                         r.get("level", "error")) for r in data.get("rule", [])),
+        moe=dict(data.get("moe", {})),
     )
 
 
@@ -176,23 +193,28 @@ def load_registry(path: str | None = None) -> Registry:
 
 # --- conditions over an environment ------------------------------------------------------------
 
-_COND = re.compile(r"^(?P<var>[A-Za-z_][A-Za-z0-9_]*)(?:(?P<op>>=|=|~)(?P<arg>.*))?$")
+_COND = re.compile(r"^(?P<var>[A-Za-z_][A-Za-z0-9_]*)(?:(?P<op>>=|<=|!=|=|~)(?P<arg>.*))?$")
 
 
 def condition_holds(cond: str, env: dict[str, str], registry: Registry) -> bool:
-    """Evaluate one registry condition ("VAR", "!VAR", "VAR=v", "VAR~item", "VAR>=N") against env."""
+    """Evaluate one registry condition ("VAR", "!VAR", "VAR=v", "VAR!=v", "VAR~item", "VAR>=N",
+    "VAR<=N"; `{OTHER}` in the argument is OTHER's value) against env. A gate missing from env
+    counts with its registry default."""
     if cond.startswith("!"):
         return not condition_holds(cond[1:], env, registry)
     m = _COND.match(cond)
     if not m:
         raise InvalidInput(f"adapter registry: bad condition {cond!r}")
-    var, op, arg = m["var"], m["op"], m["arg"]
-    value = env.get(var)
+    var, op = m["var"], m["op"]
+    arg = fill_line(m["arg"], env) if m["arg"] is not None else None
+    gate = registry.gate(var)
+    value = env.get(var, gate.default if gate is not None else None)
     if op is None:
-        gate = registry.gate(var)
         if gate is not None:
             return gate.is_on(value)
         return value is not None and value.strip().lower() not in registry.off_values
+    if op == "!=":
+        return value != arg
     if value is None:
         return False
     if op == "=":
@@ -201,9 +223,10 @@ def condition_holds(cond: str, env: dict[str, str], registry: Registry) -> bool:
         items = value.split(",")
         return arg in items or "all" in items
     try:
-        return float(value) >= float(arg)
+        number, bound = float(value), float(arg)
     except ValueError:
         return False
+    return number >= bound if op == ">=" else number <= bound
 
 
 def describe_condition(cond: str) -> str:

@@ -81,5 +81,9 @@ def generate() -> str:
             name = g.var + ("N" if g in adapter.prefixes else "")
             passes = f"`{g.default}`" if g.forwarded else "when set"
             out.append(f"| {adapter.name} | {g.image} | `{name}` | {values} | {passes} |")
+    out += ["", "#### Rules between settings (adapters/registry.toml `rule`, plus each gate's `needs`)", "",
+            "| field | when | needs | level |", "|---|---|---|---|"]
+    for r in reg.rules:
+        out.append(f"| `{r.field}` | {', '.join(f'`{c}`' for c in r.when)} | `{r.needs}` | {r.level} |")
     out += ["", END]
     return "\n".join(out)

@@ -6,14 +6,8 @@ from __future__ import annotations
 
 from tp4.profile.load import Problem
 from tp4.profile.models import Profile
-from tp4.registry import Registry, condition_holds, describe_condition, load_registry
+from tp4.registry import Registry, condition_holds, describe_condition, fill_line, load_registry
 
-EXPERTS = 384
-# Per-expert intermediate width of DeepSeek-V4.1-Flash; a rank holds width * ep / tp of each expert.
-EXPERT_WIDTH = 2304
-# FlashInfer's MXFP4 MoE needs the per-rank width to be a multiple of 128, b12x of 64.
-FLASHINFER_ALIGN = 128
-B12X_ALIGN = 64
 CONTEXT_MIN, CONTEXT_MAX = 4096, 1048576
 # RoCEnante's size cap on a ring: 262144 bytes with hairpin queue 8192, 81920 at the default 1024.
 RING_CAP_HAIRPIN, RING_CAP_DEFAULT = 262144, 81920
@@ -53,7 +47,7 @@ def effective_gates(profile: Profile, registry: Registry) -> dict[str, str]:
 
 
 def validate(profile: Profile, registry: Registry | None = None) -> tuple[list[Problem], list[Problem]]:
-    from tp4.plan import typed_env_keys
+    from tp4.plan import rank_env, typed_env_keys
 
     reg = registry or load_registry()
     errors: list[Problem] = []
@@ -65,6 +59,9 @@ def validate(profile: Profile, registry: Registry | None = None) -> tuple[list[P
     tp, ep = eng.tp, profile.ep
     gates = effective_gates(profile, reg)
     image_rank = reg.image_rank(profile.image.variant)
+    # Rules read rank 0's rendered environment plus the line facts the registry names.
+    env0 = dict(rank_env(profile, 0, reg))
+    env0["RING_ROCE_CAP"] = str(RING_CAP_HAIRPIN if fab.ring_hairpin_queue >= 8192 else RING_CAP_DEFAULT)
 
     # --- cluster: one Spark per rank, unique names and addresses ---
     nnodes = len(profile.nodes)
@@ -92,22 +89,25 @@ def validate(profile: Profile, registry: Registry | None = None) -> tuple[list[P
     if not CONTEXT_MIN <= eng.context_length <= CONTEXT_MAX:
         err("engine.context_length", f"{eng.context_length} is outside {CONTEXT_MIN}..{CONTEXT_MAX} (boot.py refuses it)",
             f"set a value from {CONTEXT_MIN} to {CONTEXT_MAX} (the model maximum)")
-    if tp % ep != 0 or EXPERTS % ep != 0:
-        err("engine.ep", f"EP {ep} must divide engine.tp ({tp}) and the {EXPERTS} experts", "use 1, 2 or 4 at TP4")
+    if tp % ep != 0 or reg.moe["experts"] % ep != 0:
+        err("engine.ep", f"EP {ep} must divide engine.tp ({tp}) and the {reg.moe['experts']} experts", "use 1, 2 or 4 at TP4")
     else:
-        width = EXPERT_WIDTH * ep // tp
-        b12x_next = reg.gate("DSV41_MOE_B12X_NEXT").is_on(gates.get("DSV41_MOE_B12X_NEXT"))
-        if b12x_next:
-            if width % B12X_ALIGN:
-                err("engine.ep", f"EP {ep} at TP {tp} gives {width}-wide experts per rank; b12x needs a multiple of {B12X_ALIGN}",
-                    f"raise engine.ep (at TP8 use 2)")
-        elif width % FLASHINFER_ALIGN:
-            fix = ('set gates.DSV41_MOE_B12X_NEXT = "1" (needs image.variant = "canary-roce"), or engine.ep = 2'
-                   if tp == 4 else f"raise engine.ep so {EXPERT_WIDTH} * ep / tp is a multiple of {FLASHINFER_ALIGN}")
-            err("engine.ep", f"EP {ep} at TP {tp} gives {width}-wide experts per rank; FlashInfer's MXFP4 MoE needs a multiple of {FLASHINFER_ALIGN}", fix)
-    if eng.chunked_prefill_size >= 4096 and not reg.gate("DSV41_INDEXER_CHUNKED").is_on(gates.get("DSV41_INDEXER_CHUNKED")):
-        err("engine.chunked_prefill_size", f"{eng.chunked_prefill_size} without the chunked indexer: the indexer transient is ~14 B x chunk x prefix (~60 GB at 4096 and 1M context)",
-            'set gates.DSV41_INDEXER_CHUNKED = "1", or engine.chunked_prefill_size = 1024')
+        moe = reg.moe
+        width = moe["expert_width"] * ep // tp
+        runner = next((a for a in reg.adapters if a.moe_align and a.gates[0].is_on(env0.get(a.gates[0].var))), None)
+        if runner is not None:
+            if width % runner.moe_align:
+                err("engine.ep", f"EP {ep} at TP {tp} gives {width}-wide experts per rank; {runner.name} needs a multiple of {runner.moe_align}",
+                    "raise engine.ep (at TP8 use 2)")
+        elif width % moe["align"]:
+            alternatives = [a for a in reg.adapters if a.moe_align and width % a.moe_align == 0]
+            fix = " or ".join(f'set gates.{a.gates[0].var} = "1" (needs image.variant = "{a.image}")' for a in alternatives)
+            fix = (fix + ", or " if fix else "") + f"raise engine.ep so {moe['expert_width']} * ep / tp is a multiple of {moe['align']}"
+            err("engine.ep", f"EP {ep} at TP {tp} gives {width}-wide experts per rank; {moe['runner']} needs a multiple of {moe['align']}", fix)
+    for rule in reg.rules:
+        if all(condition_holds(c, env0, reg) for c in rule.when) and not condition_holds(rule.needs, env0, reg):
+            report = err if rule.level == "error" else warn
+            report(rule.field, fill_line(rule.reason, env0) or f"needs {describe_condition(rule.needs)}", fill_line(rule.fix, env0))
     if eng.max_running_requests >= 8 and not _has_flag_value(eng.extra_args, "--min-free-slots-delay", "1"):
         err("engine.extra_args", f"max_running_requests = {eng.max_running_requests} without --min-free-slots-delay 1: DSpark's admission delayer holds 2-3 slots free",
             'add "--min-free-slots-delay", "1" to engine.extra_args, or lower engine.max_running_requests below 8')
@@ -165,19 +165,6 @@ def validate(profile: Profile, registry: Registry | None = None) -> tuple[list[P
                 var = when.split("~")[0].split("=")[0]
                 err(f"gates.{var}", f"{describe_condition(when)} needs {describe_condition(needs)}", f"set gates.{_cond_fix(needs)}")
 
-    on = lambda var: reg.gate(var).is_on(gates.get(var))  # noqa: E731
-    if "B12X_NEXT_COMPILE_CACHE_DIR" in gates and gates.get("B12X_NEXT_COMPILE_CACHE_DIR") == gates.get("B12X_COMPILE_CACHE_DIR"):
-        err("gates.B12X_NEXT_COMPILE_CACHE_DIR", "equals B12X_COMPILE_CACHE_DIR (RoCEnante's JIT cache)", "use /state/b12x-next-compile")
-    if "DSV41_FAST_LOAD_EP_SIZE" in gates and gates["DSV41_FAST_LOAD_EP_SIZE"] != str(ep):
-        err("gates.DSV41_FAST_LOAD_EP_SIZE", f"{gates['DSV41_FAST_LOAD_EP_SIZE']} does not match engine.ep ({ep})", f'set it to "{ep}"')
-    if gates.get("DSV41_FAST_LOAD_TP_SLICE") == "auto" and on("DSV41_FAST_LOAD") and ep != 1:
-        warn("gates.DSV41_FAST_LOAD_TP_SLICE", f"auto only acts at EP 1 (engine.ep = {ep})")
-    if on("SGLANG_ROCE_ALLREDUCE") and "SGLANG_ROCE_MAX_SIZE" in gates:
-        need = 61440 * eng.max_running_requests  # the 16-request decode all-reduce is 983 KB
-        if int(gates["SGLANG_ROCE_MAX_SIZE"]) < need and fab.mode == "switched":
-            warn("gates.SGLANG_ROCE_MAX_SIZE", f"{gates['SGLANG_ROCE_MAX_SIZE']} bytes is below the ~{need}-byte decode all-reduce at {eng.max_running_requests} requests; larger ones fall back to NCCL",
-                 "use 2097152")
-
     # --- fabric (files/nccl.sh rules) ---
     if nccl.worker_dir is not None and not nccl.worker_dir.startswith("/"):
         err("fabric.nccl.worker_dir", "must be absolute (NCCL_WORKER_DIR)", "give an absolute path")
@@ -200,16 +187,6 @@ def validate(profile: Profile, registry: Registry | None = None) -> tuple[list[P
             err("fabric.nccl.min_nchannels", f"{nccl.min_nchannels} is not within 1..max_nchannels ({nccl.max_nchannels})", "set 1 <= min_nchannels <= max_nchannels (4 and 4)")
         if profile.nfs.share:
             err("nfs.share", "a ring has no NFS path to the workers; every node needs a full local checkpoint", "set nfs.share = false and copy the checkpoint to every node")
-        cap = RING_CAP_HAIRPIN if fab.ring_hairpin_queue >= 8192 else RING_CAP_DEFAULT
-        if on("SGLANG_ROCE_ALLREDUCE"):
-            if not on("DSV41_ROCE_RING"):
-                err("gates.SGLANG_ROCE_ALLREDUCE", "RoCEnante on a ring needs the hardware-forwarded mesh (DSV41_ROCE_RING=1)",
-                    'set gates.DSV41_ROCE_RING = "1" with the mesh up, or SGLANG_ROCE_ALLREDUCE = "0" and no DSV41_ROCE_GATHER')
-            for var in ("SGLANG_ROCE_MAX_SIZE", "DSV41_ROCE_GATHER"):
-                if var in gates and gates[var].isdigit() and int(gates[var]) > cap:
-                    err(f"gates.{var}", f"{gates[var]} is above the ring cap of {cap} bytes (hairpin queue {fab.ring_hairpin_queue})", f'set "{cap}"')
-        elif on("DSV41_ROCE_GATHER") if "DSV41_ROCE_GATHER" in gates else False:
-            err("gates.DSV41_ROCE_GATHER", "without RoCEnante on a ring", "remove it")
     return errors, warnings
 
 
