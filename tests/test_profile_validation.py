@@ -133,3 +133,71 @@ def test_rollback_is_one_change():
     """The seed's rollback: EP 2 without b12x_next returns the MoE to FlashInfer."""
     parse_document(doc(engine={"ep": 2}, gates={"DSV41_MOE_B12X_NEXT": "0", "DSV41_MOE_B12X_NEXT_DETERMINISTIC": "0", "DSV41_FAST_LOAD_EP_SIZE": "2"}), "rb")
     parse_document(doc("canary-roce"), "rb2")
+
+
+# --- generated from the registry: every gate dependency and image requirement is enforced ---------
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from tp4.registry import load_registry  # noqa: E402
+
+REG = load_registry()
+
+
+def _on_value(gate):
+    if gate.kind == "switch":
+        return "1"
+    if gate.kind in ("enum", "list"):
+        return next(v for v in gate.values if v not in gate.off)
+    if gate.kind == "int":
+        return str(int(max(gate.min or 1, 1)))
+    if gate.kind == "float":
+        return "0.5" if (gate.max or 1) >= 0.5 else str(gate.max)
+    if gate.kind == "path":
+        return "/state/x"
+    if gate.pattern and "conf" in gate.pattern:
+        return "conf:0.1"
+    if gate.pattern:
+        return "6,12" if "0-9" in gate.pattern and "A-Z" not in gate.pattern else "wqkv_a"
+    return "x"
+
+
+def _violate(cond: str) -> tuple[str, str]:
+    if ">=" in cond:
+        var, n = cond.split(">=")
+        return var, str(int(float(n)) - 1)
+    if "~" in cond:
+        var, item = cond.split("~")
+        other = next(v for v in REG.gate(var).values if v not in (item, "all") and not (item == "vcap" and v == "vcapk") and not (item == "vcapk" and v == "vcap"))
+        return var, other
+    if "=" in cond:
+        var, value = cond.split("=")
+        gate = REG.gate(var)
+        return var, next(v for v in gate.values if v != value) if gate.values else "0"
+    return cond, "0"
+
+
+NEEDS = [(g, cond) for a in REG.adapters for g in a.gates for cond in g.needs]
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.sampled_from(NEEDS))
+def test_every_gate_dependency_in_the_registry_is_enforced(case):
+    gate, cond = case
+    var, bad = _violate(cond)
+    gates = {gate.var: _on_value(gate), var: bad}
+    found = problems(doc(gates=gates))
+    assert any(p.startswith(f"gates.{gate.var}:") and "needs" in p for p in found), (gate.var, cond, found)
+
+
+IMAGE_GATES = [g for a in REG.adapters for g in a.gates if g.image != "base" and g.kind in ("switch", "int")]
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.sampled_from(IMAGE_GATES), st.sampled_from(["base", "canary"]))
+def test_every_gate_image_requirement_is_enforced(gate, preset):
+    if REG.image_rank(gate.image) <= REG.image_rank(preset):
+        return
+    found = problems(doc(preset, gates={gate.var: _on_value(gate)}))
+    assert any(p.startswith(f"gates.{gate.var}:") and gate.image in p for p in found), found
