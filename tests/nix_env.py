@@ -1,7 +1,7 @@
 """Nix for tests, offline: configuration, a copy of the repository's flake, and tiny image flakes.
 
 * ``nix_config(dir)``: NIX_CONFIG with flakes on, no substituters and a local, empty flake
-  registry (nothing is looked up on the network).
+  registry (nothing is looked up on the network); the one tests/sources_helpers writes.
 * ``flake_copy(repo, dest)``: the files the flake reads, copied to a directory (a ``path:`` flake
   sees exactly them, committed or not; a git checkout would hide untracked files).
 * ``STUB_INPUTS``: ``--override-input`` arguments that replace nixpkgs by the recording stand-in
@@ -12,12 +12,12 @@
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import subprocess
 from pathlib import Path
 
+from sources_helpers.build import nix_env as sources_nix_env
 from tp4 import process
 
 BUSYBOX = shutil.which("busybox") or "/bin/busybox"
@@ -28,18 +28,7 @@ IGNORE = shutil.ignore_patterns("__pycache__", "*.pyc", ".pytest_cache", "*.egg-
 
 def nix_config(workdir: Path) -> str:
     workdir.mkdir(parents=True, exist_ok=True)
-    registry = workdir / "registry.json"
-    registry.write_text(json.dumps({"flakes": [], "version": 2}))
-    return "\n".join([
-        "experimental-features = nix-command flakes",
-        "substituters =",
-        f"flake-registry = {registry}",
-        "warn-dirty = false",
-    ])
-
-
-def nix_env(workdir: Path) -> dict[str, str]:
-    return {**os.environ, "NIX_CONFIG": nix_config(workdir)}
+    return sources_nix_env(workdir)["NIX_CONFIG"]
 
 
 def flake_copy(repo: Path, dest: Path) -> Path:

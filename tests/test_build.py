@@ -26,7 +26,7 @@ def env(tmp_path, monkeypatch):
 
 
 def test_dry_run_prints_commands_and_store_paths_without_building(env, tp4_cli):
-    flake = image_flake(env / "flake", label="dry")
+    flake = image_flake(env / "flake", label=f"dry-{os.urandom(4).hex()}")
     out = nix(["eval", "--raw", f"path:{flake}#image.outPath"], env).stdout
     drv = nix(["path-info", "--derivation", f"path:{flake}#image"], env).stdout.strip()
 
@@ -46,7 +46,8 @@ def test_dry_run_prints_commands_and_store_paths_without_building(env, tp4_cli):
 
 
 def test_build_loads_the_image_and_prints_id_and_pins(env, tp4_cli):
-    flake = image_flake(env / "flake", ref="tp4-test:built", label="built-1")
+    label = f"built-{os.urandom(4).hex()}"  # a new image each run, so nix really builds it
+    flake = image_flake(env / "flake", ref="tp4-test:built", label=label)
 
     code, stdout, stderr = tp4_cli("build", "--flake", flake, "--runtime", "podman")
 
@@ -56,8 +57,8 @@ def test_build_loads_the_image_and_prints_id_and_pins(env, tp4_cli):
     image_id, labels = found
     assert f"id    {image_id}" in stdout
     assert "image localhost/tp4-test:built" in stdout
-    assert "flake  built-1" in stdout
-    assert "demo  0123456789abcdef0123456789abcdef01234567" in stdout
+    assert f"flake  {label}" in stdout
+    assert "demo   0123456789abcdef0123456789abcdef01234567" in stdout
     assert "building" in stdout  # progress from nix's internal-json log
     record = json.loads((flake / "result-image.json").read_text())
     assert record["id"] == image_id and record["ref"] == "localhost/tp4-test:built"
@@ -118,4 +119,4 @@ def test_loaded_ref_from_podman_and_docker_output():
 
 def test_pin_summary_lists_flake_first_then_components():
     lines = build_mod.pin_summary({"tp4.pin.b12x-main": "a7d7", "tp4.flake.rev": "abc", "tp4.pin.x": "1", "other": "y"})
-    assert lines == ["flake  abc", "b12x-main  a7d7", "x          1"]
+    assert lines == ["flake      abc", "b12x-main  a7d7", "x          1"]

@@ -71,9 +71,17 @@ class Built:
             raise Tp4Error(f"{path} is not a tp4 build record ({exc}): run `tp4 build` again") from None
 
 
+def is_stream(out_path: str) -> bool:
+    """A dockerTools stream script (executable, `stream-<name>`), not an image tarball; decided by
+    name for a path that is not built yet (a dry run)."""
+    if os.path.exists(out_path):
+        return os.access(out_path, os.X_OK) and not os.path.isdir(out_path)
+    return Path(out_path).name.split("-", 1)[-1].startswith("stream-")
+
+
 def load_argv(out_path: str, runtime: str) -> tuple[list[str] | None, list[str]]:
     """(producer, loader): a stream script is piped into `<runtime> load`, a tarball loaded with -i."""
-    if os.access(out_path, os.X_OK) and not os.path.isdir(out_path):
+    if is_stream(out_path):
         return [out_path], [runtime, "load"]
     return None, [runtime, "load", "-i", out_path]
 
@@ -83,16 +91,16 @@ def describe_load(out_path: str, runtime: str) -> str:
     return f"{shlex.join(producer)} | {shlex.join(loader)}" if producer else shlex.join(loader)
 
 
-def load(out_path: str, runtime: str, *, remote: process.Remote | None = None) -> str:
+def load(out_path: str, runtime: str) -> str:
     """Load the image into the runtime; returns the reference the runtime printed."""
     producer, loader = load_argv(out_path, runtime)
     if producer is None:
-        out = process.run(loader, remote=remote).stdout
+        out = process.run(loader).stdout
     else:
         src = process.start(producer, stdout=subprocess.PIPE)
         try:
-            dst = process.start(loader, remote=remote, stdin=src.stdout, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True)
+            dst = process.start(loader, stdin=src.stdout, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True)
             assert src.stdout is not None
             src.stdout.close()
             out, err = dst.communicate()
@@ -130,15 +138,11 @@ def normalize_id(image_id: str) -> str:
 
 
 def pin_summary(labels: dict[str, str]) -> list[str]:
-    """`component  commit` lines from the image's labels, flake revision first."""
-    lines = []
-    if FLAKE_REV_LABEL in labels:
-        lines.append(f"flake  {labels[FLAKE_REV_LABEL]}")
-    width = max((len(k) - len(PIN_PREFIX) for k in labels if k.startswith(PIN_PREFIX)), default=0)
-    for key in sorted(labels):
-        if key.startswith(PIN_PREFIX):
-            lines.append(f"{key[len(PIN_PREFIX):]:<{width}}  {labels[key]}")
-    return lines
+    """`component  commit` lines from the image's labels, the flake revision first."""
+    pins = [("flake", labels[FLAKE_REV_LABEL])] if FLAKE_REV_LABEL in labels else []
+    pins += [(k[len(PIN_PREFIX):], v) for k, v in sorted(labels.items()) if k.startswith(PIN_PREFIX)]
+    width = max((len(name) for name, _ in pins), default=0)
+    return [f"{name:<{width}}  {value}" for name, value in pins]
 
 
 def out_link(flake: Path, attr: str) -> Path:
@@ -159,8 +163,7 @@ def dry_run(flake: Path, attr: str, runtime: str, echo: Echo) -> None:
     plan = nix.dry_run(target)
     echo("commands:")
     echo(f"  $ {shlex.join(nix.build_argv(target, link))}")
-    producer, loader = load_argv_for_plan(out_path, runtime)
-    echo(f"  $ {producer + ' | ' if producer else ''}{shlex.join(loader)}")
+    echo(f"  $ {describe_load(out_path, runtime)}")
     echo(f"  $ {shlex.join([runtime, 'image', 'inspect', '--format', '{{.Id}} {{json .Config.Labels}}', '<loaded image>'])}")
     echo("store paths:")
     echo(f"  image       {out_path}")
@@ -175,16 +178,6 @@ def dry_run(flake: Path, attr: str, runtime: str, echo: Echo) -> None:
         echo(f"  to fetch ({len(plan.fetch)}):")
         for p in plan.fetch:
             echo(f"    {p}")
-
-
-def load_argv_for_plan(out_path: str, runtime: str) -> tuple[str | None, list[str]]:
-    """The load command for an image not built yet: a dockerTools stream is a script (`stream-*`)."""
-    if os.path.exists(out_path):
-        producer, loader = load_argv(out_path, runtime)
-        return (shlex.join(producer) if producer else None), loader
-    if Path(out_path).name.split("-", 1)[-1].startswith("stream-"):
-        return shlex.quote(out_path), [runtime, "load"]
-    return None, [runtime, "load", "-i", out_path]
 
 
 def build(flake: Path, attr: str, runtime: str, echo: Echo) -> Built:

@@ -17,16 +17,14 @@ from __future__ import annotations
 import os
 import subprocess
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 from tp4 import process
-from tp4.build import inspect
+from tp4.build import Echo, inspect
 from tp4.errors import Tp4Error
-
-Echo = Callable[[str], None]
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ import shlex
 import shutil
 import subprocess
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -120,7 +120,7 @@ def build(target: str, out_link: Path, *, echo: Callable[[str], None]) -> str:
     nom = shutil.which("nom") if sys.stderr.isatty() else None
     tail: list[str] = []
     if nom:
-        viewer = subprocess.Popen([nom, "--json"], stdin=proc.stderr)  # noqa: S603 (display only)
+        viewer = process.start([nom, "--json"], stdin=proc.stderr)
         out = proc.stdout.read() if proc.stdout else ""
         proc.wait()
         viewer.wait()
@@ -156,13 +156,3 @@ def progress_line(line: str) -> str | None:
     if kind in (100, 101, 105):
         return re.sub(r"\x1b\[[0-9;]*m", "", event.get("text", "")) or None
     return None
-
-
-def copy_argv(path: str, destination: str) -> list[str]:
-    """`nix copy` of a closure to another store (ssh://user@host, ssh-ng://..., file://...)."""
-    return [*base(), "copy", "--to", destination, path]
-
-
-def store_paths(argv: Sequence[str]) -> list[str]:
-    """Store paths named in an argv (for dry-run listings)."""
-    return [a for a in argv if a.startswith("/nix/store/")]
