@@ -7,7 +7,6 @@ import sys
 from pathlib import Path
 
 from sources_helpers.build import write_tree
-
 from tp4 import process
 from tp4.sources import manifest as mf
 from tp4.sources import nar

@@ -9,7 +9,6 @@ from pathlib import Path
 import pytest
 from sources_helpers.build import sha256, tar_gz
 from sources_helpers.server import FileServer
-
 from tp4.errors import Tp4Error
 from tp4.sources import download
 from tp4.sources import manifest as mf
@@ -107,7 +106,8 @@ def test_fetch_through_a_mirror_and_cache(server: FileServer, tmp_path: Path, tp
     assert code == 0, err
     assert (tmp_path / "out/python/a.py").read_text() == "print('a')\n"
     code, _, err = tp4_cli("sources", "fetch", "r", "--to", tmp_path / "raw", "--manifest", manifest)
-    assert code == 0, err and sorted(p.name for p in (tmp_path / "raw").iterdir()) == ["other", "python"]
+    assert code == 0, err
+    assert sorted(p.name for p in (tmp_path / "raw").iterdir()) == ["other", "python"]
     assert server.hits[f"/m/github.com/o/r/archive/{C40}.tar.gz"] == 1  # second fetch from the cache
 
 
@@ -180,3 +180,22 @@ def test_lock_of_a_git_source(tmp_path: Path, tp4_cli) -> None:
     checkout = tmp_path / "co"
     fetch.git_checkout(row.url, row.commit, checkout)
     assert nar.nar_sha256(checkout).hex() == row.sha256
+
+
+def test_github_urls_move_only_their_ref() -> None:
+    from tp4.sources.lock import github_repo, with_ref
+
+    raw = "https://raw.githubusercontent.com/o/r/main/main/x.py"
+    assert github_repo(raw) == ("o", "r", "main") and with_ref(raw, C40) == f"https://raw.githubusercontent.com/o/r/{C40}/main/x.py"
+    archive = "https://github.com/o/main/archive/main.tar.gz"
+    assert github_repo(archive) == ("o", "main", "main")
+    assert with_ref(archive, C40) == f"https://github.com/o/main/archive/{C40}.tar.gz"
+    assert github_repo("https://example.invalid/x.tar.gz") is None
+
+
+def test_unreachable_host_gives_a_short_reason(tmp_path: Path) -> None:
+    with FileServer() as s:
+        url = s.url("/gone")
+    with pytest.raises(Tp4Error, match=r"failed after 4 attempts \(connection to 127.0.0.1:\d+ refused\)"):
+        download.download(url, tmp_path / "x", None, label="x", quiet=True)
+    assert leftovers(tmp_path) == []

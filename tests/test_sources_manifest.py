@@ -6,9 +6,8 @@ from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
-from sources_helpers.strategies import layouts, manifests
 from hypothesis import strategies as st
-
+from sources_helpers.strategies import layouts, manifests
 from tp4.errors import InvalidInput
 from tp4.sources import manifest as mf
 

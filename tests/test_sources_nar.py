@@ -12,7 +12,6 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sources_helpers.build import have_nix, nix, nix_env, write_tree
-
 from tp4 import process
 from tp4.sources import nar
 

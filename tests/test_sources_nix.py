@@ -13,8 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sources_helpers.build import have_nix, nix, nix_eval_json, sha256
 from sources_helpers.strategies import layouts, manifests
-
-from tp4.errors import Tp4Error
+from tp4.errors import InvalidInput, Tp4Error
 from tp4.sources import manifest as mf
 from tp4.sources import nar
 
@@ -48,7 +47,7 @@ def test_generated_manifests_parse_the_same(tmp_path: Path, data) -> None:
 def test_syntax_errors_throw_in_both(tmp_path: Path, text: str) -> None:
     path = tmp_path / "m"
     path.write_text(text)
-    with pytest.raises(Exception):
+    with pytest.raises(InvalidInput):
         mf.parse(text)
     with pytest.raises(Tp4Error, match="line 1"):
         nix_parse(path, tmp_path)
@@ -133,3 +132,13 @@ def test_git_row_is_checked_by_its_nar_hash(tmp_path: Path) -> None:
     assert stored == nar.store_path("g", bytes.fromhex(right))
     with pytest.raises(Tp4Error, match="store path mismatch"):
         builtins_fetch(manifest, "h", tmp_path)
+
+
+def test_upstream_manifest_parses_the_same(tmp_path: Path) -> None:
+    from test_sources_manifest import upstream_text
+
+    path = tmp_path / "upstream.manifest"
+    path.write_text(upstream_text())
+    parsed = nix_parse(path, tmp_path)
+    assert parsed == mf.parse(upstream_text()).to_json()
+    assert any(r["kind"] == "local" and r["name"].startswith("local:") for r in parsed["rows"])

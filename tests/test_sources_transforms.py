@@ -12,7 +12,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from sources_helpers.build import b12x_next_patches, b12x_sources, sha256, tar_gz, unified_diff
-
 from tp4.errors import Tp4Error
 from tp4.sources import manifest as mf
 from tp4.sources import nar, transforms

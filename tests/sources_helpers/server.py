@@ -61,7 +61,7 @@ class FileServer:
     def url(self, path: str = "") -> str:
         return f"http://127.0.0.1:{self.port}{path}" if self._server else path
 
-    def __enter__(self) -> "FileServer":
+    def __enter__(self) -> FileServer:
         server = self
 
         class Handler(BaseHTTPRequestHandler):

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 from hypothesis import strategies as st
-
 from tp4.sources.manifest import Manifest, Row, Tree
 
 HEX = "0123456789abcdef"

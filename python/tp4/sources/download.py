@@ -92,6 +92,23 @@ class _Retry(Exception):
     pass
 
 
+def _reason(exc: BaseException, url: str) -> str:
+    """A short cause for a network error (requests' own text nests three exceptions deep)."""
+    text = str(exc)
+    host = url.split("://", 1)[-1].split("/", 1)[0]
+    for needle, reason in (
+        ("Failed to resolve", f"cannot resolve {host} (no network or DNS?)"),
+        ("Name or service not known", f"cannot resolve {host} (no network or DNS?)"),
+        ("Connection refused", f"connection to {host} refused"),
+        ("timed out", f"{host} timed out"),
+        ("IncompleteRead", "the connection closed before the end of the body"),
+        ("Connection broken", "the connection broke during the body"),
+    ):
+        if needle in text:
+            return reason
+    return f"{type(exc).__name__}: {text[:200]}"
+
+
 def _session():
     import requests
 
@@ -136,10 +153,10 @@ def _stream(url: str, sink: Callable[[bytes], None], reset: Callable[[], None], 
             last = str(exc)
         except (requests.exceptions.ConnectionError, requests.exceptions.Timeout,
                 requests.exceptions.ChunkedEncodingError) as exc:
-            last = f"{type(exc).__name__}: {exc}"
+            last = _reason(exc, real)
         except Exception as exc:  # urllib3 errors raised from raw.stream()
             if type(exc).__module__.startswith("urllib3"):
-                last = f"{type(exc).__name__}: {exc}"
+                last = _reason(exc, real)
             else:
                 raise
         if not progress.quiet:

@@ -87,7 +87,7 @@ def unpack_archive(archive: Path, dest: Path, strip: int = 0) -> None:
 
 def normalise(root: Path) -> None:
     """Files 0644 (0755 if any execute bit), dirs 0755: the tree's NAR hash depends on nothing else."""
-    for dirpath, dirnames, filenames in os.walk(root):
+    for dirpath, _, filenames in os.walk(root):
         os.chmod(dirpath, 0o755)
         for name in filenames:
             path = os.path.join(dirpath, name)
