@@ -119,10 +119,11 @@ def _image_hash(row: Row) -> str:
         "--arch", row.attrs.get("arch", "arm64"), "--os", "linux", "--final-image-tag", img["tag"],
     ])
     try:
-        value = json.loads(proc.stdout)["sha256"]
-    except (ValueError, KeyError, TypeError) as exc:
-        raise Tp4Error(f"nix-prefetch-docker gave no sha256 for {row.name}") from exc
-    return nar.parse_hash(value).hex()
+        answer = json.loads(proc.stdout)
+        value = answer.get("hash") or answer["sha256"]  # newer versions print an SRI `hash`
+        return nar.parse_hash(value).hex()
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise Tp4Error(f"nix-prefetch-docker gave no usable hash for {row.name}: {proc.stdout[:200]!r}") from exc
 
 
 def lock_row(row: Row, ref: str | None = None, *, quiet: bool = False) -> Row:
