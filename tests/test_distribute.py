@@ -100,6 +100,22 @@ def test_unreachable_worker_fails_naming_it(hosts, head, tp4_cli):
     assert "10.77.0.250: failed" in err
 
 
-def test_no_workers_is_invalid_input(head, tp4_cli):
-    code, _, err = tp4_cli("distribute", "--flake", head, "--runtime", "podman")
-    assert code == 2 and "--worker" in err
+def test_workers_come_from_the_profile(hosts, head, tp4_cli, tmp_path):
+    reset(hosts)
+    workers = ",\n".join(f'  {{ name = "{h.name}", ip = "{h.address}" }}' for h in hosts)
+    profile = tmp_path / "profile.toml"
+    profile.write_text(f'[cluster]\nuser = "root"\nidentity = "{hosts.key}"\n'
+                       f'head = {{ name = "head", ip = "10.77.0.1" }}\nworkers = [\n{workers}\n]\n')
+    args = ["distribute", "--flake", head, "--runtime", "podman", "--profile", profile]
+    for opt in hosts[0].remote.options:
+        args += ["--ssh-option", opt]
+    code, out, err = tp4_cli(*args)
+    assert code == 0, err
+    assert out.count(": copied: ") == 3
+
+
+def test_a_profile_without_workers_is_invalid_input(head, tp4_cli, tmp_path):
+    profile = tmp_path / "profile.toml"
+    profile.write_text('[cluster]\nhead = { name = "head", ip = "10.77.0.1" }\nworkers = []\n')
+    code, _, err = tp4_cli("distribute", "--flake", head, "--runtime", "podman", "--profile", profile)
+    assert code == 2 and "cluster.workers" in err

@@ -44,19 +44,31 @@ def build(flake_dir: Path | None, attr: str, runtime: str | None, dry_run: bool)
         build_mod.build(flake, attr, runtime, _echo)
 
 
-def _workers(hosts: tuple[str, ...]) -> list[str]:
+def _nodes(hosts: tuple[str, ...], profile_path: str | None, user: str | None, identity: str | None,
+           port: int | None, ssh_options: tuple[str, ...]) -> list[Remote]:
+    """The workers: the --worker hosts, else the workers (ranks 1..) of the profile's plan."""
     names = [h for item in hosts for h in item.replace(",", " ").split()]
-    if not names:
-        raise InvalidInput("no workers: pass --worker HOST (once per worker, in rank order)")
-    return names
+    if names:
+        return [Remote(host=h, user=user, identity=identity, port=port, options=ssh_options) for h in names]
+    from tp4.cli.plan import load_profile
+    from tp4.plan import build_plan
+
+    plan = build_plan(load_profile(profile_path))
+    nodes = [Remote(host=n.ssh["host"], user=user or n.ssh["user"], identity=identity or n.ssh["identity"],
+                    port=port or n.ssh["port"], options=ssh_options) for n in plan.nodes if n.rank > 0]
+    if not nodes:
+        raise InvalidInput("the profile has no workers: add [[cluster.workers]], or pass --worker HOST")
+    return nodes
 
 
 @click.command("distribute")
 @flake_option
 @attr_option
 @runtime_option
+@click.option("--profile", "-p", "profile_path", type=click.Path(dir_okay=False),
+              help="Profile whose workers (ssh host, user, identity, port) get the image; default: the embedded one.")
 @click.option("--worker", "workers", multiple=True, metavar="HOST",
-              help="A worker's ssh name or address; repeat, or give a comma/space list.")
+              help="A worker's ssh name or address instead of the profile's; repeat, or give a comma/space list.")
 @click.option("--user", default=None, help="ssh user on the workers.")
 @click.option("--identity", default=None, help="ssh private key.")
 @click.option("--port", type=int, default=None, help="ssh port.")
@@ -64,7 +76,7 @@ def _workers(hosts: tuple[str, ...]) -> list[str]:
 @click.option("--image", "image_ref", default=None,
               help="Image reference on the head (default: the one `tp4 build` loaded).")
 @click.option("--check", "check_only", is_flag=True, help="Only report which workers have the head's image.")
-def distribute(flake_dir: Path | None, attr: str, runtime: str | None, workers: tuple[str, ...],
+def distribute(flake_dir: Path | None, attr: str, runtime: str | None, profile_path: str | None, workers: tuple[str, ...],
                user: str | None, identity: str | None, port: int | None, ssh_options: tuple[str, ...],
                image_ref: str | None, check_only: bool) -> None:
     """Copy the head's image to the workers in parallel; skip workers that already have it.
@@ -79,7 +91,7 @@ def distribute(flake_dir: Path | None, attr: str, runtime: str | None, workers: 
     if found is None:
         raise Tp4Error(f"the head has no image {image_ref}: run `tp4 build` first")
     image_id = found[0]
-    nodes = [Remote(host=h, user=user, identity=identity, port=port, options=ssh_options) for h in _workers(workers)]
+    nodes = _nodes(workers, profile_path, user, identity, port, ssh_options)
     click.echo(f"image {image_ref} {image_id[:12]}")
     if check_only:
         outcomes = distribute_mod.check(image_ref, image_id, nodes, runtime)
