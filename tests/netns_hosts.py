@@ -6,11 +6,13 @@ Reusable by every test that needs nodes over ssh (distribute, deploy, serve)::
         hosts[0].remote        # a tp4.process.Remote for that host (key auth, BatchMode)
         hosts.rate_limit("50mbit")
 
-Each host is ``10.77.0.<2+i>`` in namespace ``tp4t<pid>h<i>``; the bridge ``tp4t<pid>`` holds
-``10.77.0.1`` (the "head" side, the test process). Traffic stays on this bridge. Each host's sshd
-sets ``CONTAINERS_STORAGE_CONF`` in its sessions, so ``podman`` run over ssh on that host uses the
-host's own image store (``<dir>/storage``): the hosts share one filesystem but not images.
-``Host.env`` holds extra environment for sessions (``SetEnv``) given at construction.
+Each host is ``<subnet>.<2+i>`` in namespace ``tp4t<pid>h<i>``; the bridge ``tp4t<pid>`` holds
+``<subnet>.1`` (the "head" side, the test process). Traffic stays on this bridge. The subnet is
+``10.77.<n>`` with ``n`` from the process id, so two test runs on one machine do not collide.
+Each host's sshd sets ``CONTAINERS_STORAGE_CONF`` in its sessions, so ``podman`` run over ssh on
+that host uses the host's own image store (``<dir>/storage``): the hosts share one filesystem but
+not images. ``env=`` adds environment to every session (``SetEnv``); ``Host.run`` runs a command
+on a host over ssh.
 Needs root, iproute2 and openssh-server.
 """
 
@@ -26,7 +28,6 @@ from pathlib import Path
 from tp4 import process
 from tp4.process import Remote
 
-SUBNET = "10.77.0"
 SSHD = shutil.which("sshd") or "/usr/sbin/sshd"
 
 
@@ -59,10 +60,12 @@ class Host:
 
 
 class NetnsHosts:
-    def __init__(self, workdir: Path, count: int = 3, *, env: dict[str, str] | None = None) -> None:
+    def __init__(self, workdir: Path, count: int = 3, *, env: dict[str, str] | None = None,
+                 subnet: str | None = None) -> None:
         self.workdir = Path(workdir)
         self.count = count
         self.prefix = f"tp4t{os.getpid() % 100000}"
+        self.subnet = subnet or f"10.77.{os.getpid() % 200 + 20}"
         self.bridge = self.prefix
         self.hosts: list[Host] = []
         self.extra_env = dict(env or {})
@@ -89,6 +92,11 @@ class NetnsHosts:
         return len(self.hosts)
 
     @property
+    def head_address(self) -> str:
+        """The test process's address on the bridge (what the hosts see as the head)."""
+        return f"{self.subnet}.1"
+
+    @property
     def remotes(self) -> list[Remote]:
         return [h.remote for h in self.hosts]
 
@@ -101,7 +109,7 @@ class NetnsHosts:
         process.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(self.key)])
         known_hosts = self.workdir / "known_hosts"
         self._ip("link", "add", self.bridge, "type", "bridge")
-        self._ip("addr", "add", f"{SUBNET}.1/24", "dev", self.bridge)
+        self._ip("addr", "add", f"{self.subnet}.1/24", "dev", self.bridge)
         self._ip("link", "set", self.bridge, "up")
         for i in range(self.count):
             self.hosts.append(self._host(i, known_hosts))
@@ -113,7 +121,7 @@ class NetnsHosts:
                 time.sleep(0.1)
 
     def _host(self, i: int, known_hosts: Path) -> Host:
-        name, ns, addr = f"node{i + 1}", f"{self.prefix}h{i}", f"{SUBNET}.{2 + i}"
+        name, ns, addr = f"node{i + 1}", f"{self.prefix}h{i}", f"{self.subnet}.{2 + i}"
         hdir = self.workdir / name
         hdir.mkdir(parents=True, exist_ok=True)
         outer, inner = f"{self.prefix}v{i}", f"{self.prefix}p{i}"

@@ -95,9 +95,10 @@ def test_detects_a_worker_whose_image_differs_and_recopies_only_it(hosts, head, 
 
 
 def test_unreachable_worker_fails_naming_it(hosts, head, tp4_cli):
-    code, out, err = tp4_cli(*worker_args(hosts, head), "--worker", "10.77.0.250", "--ssh-option", "ConnectTimeout=2")
+    nobody = f"{hosts.subnet}.250"
+    code, out, err = tp4_cli(*worker_args(hosts, head), "--worker", nobody)
     assert code == 1
-    assert "10.77.0.250: failed" in err
+    assert f"{nobody}: failed" in err
 
 
 def test_workers_come_from_the_profile(hosts, head, tp4_cli, tmp_path):
@@ -105,7 +106,7 @@ def test_workers_come_from_the_profile(hosts, head, tp4_cli, tmp_path):
     workers = ",\n".join(f'  {{ name = "{h.name}", ip = "{h.address}" }}' for h in hosts)
     profile = tmp_path / "profile.toml"
     profile.write_text(f'[cluster]\nuser = "root"\nidentity = "{hosts.key}"\n'
-                       f'head = {{ name = "head", ip = "10.77.0.1" }}\nworkers = [\n{workers}\n]\n')
+                       f'head = {{ name = "head", ip = "{hosts.head_address}" }}\nworkers = [\n{workers}\n]\n')
     args = ["distribute", "--flake", head, "--runtime", "podman", "--profile", profile]
     for opt in hosts[0].remote.options:
         args += ["--ssh-option", opt]
