@@ -159,7 +159,8 @@ let
       map (r: r.name) (filter (r: hasPrefix prefix r.component) rows)
     else [ s ];
   treeInputs = t:
-    let wanted = [ (t.attrs.from or "") ] ++ listOf t.attrs "patches" ++ concatLists (map expand (addSources t));
+    let wanted = [ (t.attrs.from or "") ] ++ listOf t.attrs "patches" ++ listOf t.attrs "run"
+      ++ concatLists (map expand (addSources t));
     in map (r: r.name) (filter (r: elem r.name wanted) rows);
   trees = listToAttrs (map (t: { inherit (t) name; value = t // { inputs = treeInputs t; }; }) treeList);
 

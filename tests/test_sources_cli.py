@@ -15,7 +15,7 @@ from tp4.sources import nar
 def test_verify_passes_on_the_committed_manifest_and_reports_unlocked(tp4_cli) -> None:
     code, out, err = tp4_cli("sources", "verify")
     assert code == 0, err
-    assert "24 rows checked (2 unlocked), 5 trees: ok" in out
+    assert "25 rows checked (3 unlocked), 5 trees: ok" in out
     assert "warning: row 'dsv41' (line" in err and "unlocked (fill it in with `tp4 sources lock dsv41`)" in err
     assert "base-image" in err
 

@@ -278,3 +278,53 @@ def test_fetch_refuses_a_non_empty_destination_before_any_work(tmp_path: Path, t
     (tmp_path / "out" / "keep").write_text("mine")
     code, _, err = tp4_cli("sources", "fetch", "b12x-next", "--to", tmp_path / "out", "--manifest", manifest, *args)
     assert code == 1 and "not an empty directory" in err and (tmp_path / "out" / "keep").read_text() == "mine"
+
+
+def _line_case(tmp_path: Path, script: bytes):
+    """An sglang-line-like tree: python/ subtree, one patch, then a pinned adaptation script."""
+    archive = tar_gz({"top/python/sglang/srt/pynccl.py": "WORLD = 8\nENV = 'SGLANG8_ROCE_ALLREDUCE'\n", "top/docs/x": "d"})
+    patch = unified_diff("python/sglang/srt/pynccl.py", "WORLD = 8\nENV = 'SGLANG8_ROCE_ALLREDUCE'\n",
+                         "WORLD = 8\nENV = 'SGLANG8_ROCE_ALLREDUCE'\nROCE = True\n", prefix="ab").encode()
+    files = {"src": archive, "p/overlay.patch": patch, "p/adapt.py": script}
+    manifest = tmp_path / "m"
+    manifest.write_text("\n".join([
+        f"src  {C40}  {sha256(archive)}  https://github.com/o/s/archive/{C40}.tar.gz  strip=1",
+        row("p/overlay.patch", patch, "overlay.patch", "p=1"),
+        row("p/adapt.py", script, "adapt.py"),
+        "tree line  from=src  keep=python  patches=p/overlay.patch  run=p/adapt.py",
+        "",
+    ]))
+    args = []
+    for name, data in files.items():
+        path = tmp_path / name.replace("/", "_")
+        path.write_bytes(data)
+        args += ["--input", f"{name}={path}"]
+    return manifest, args
+
+
+ADAPT = b"""import pathlib
+p = pathlib.Path('python/sglang/srt/pynccl.py')
+text = p.read_text()
+assert text.count('WORLD = 8') == 1, 'anchor drifted'
+p.write_text(text.replace('WORLD = 8', 'WORLD = (4, 8)'))
+"""
+
+
+def test_run_step_adapts_the_patched_tree(tmp_path: Path, tp4_cli) -> None:
+    manifest, args = _line_case(tmp_path, ADAPT)
+    code, _, err = tp4_cli("sources", "fetch", "line", "--to", tmp_path / "out", "--manifest", manifest, *args)
+    assert code == 0, err
+    text = (tmp_path / "out/python/sglang/srt/pynccl.py").read_text()
+    assert text == "WORLD = (4, 8)\nENV = 'SGLANG8_ROCE_ALLREDUCE'\nROCE = True\n"
+    assert mf.load(manifest).inputs("line")[-1].name == "p/adapt.py"
+
+
+@pytest.mark.parametrize("script,needle", [
+    (b"raise SystemExit('anchor drifted')\n", "anchor drifted"),
+    (b"pass\n", "changed nothing"),
+])
+def test_run_step_that_fails_or_does_nothing_fails_the_tree(tmp_path: Path, tp4_cli, script, needle) -> None:
+    manifest, args = _line_case(tmp_path, script)
+    code, _, err = tp4_cli("sources", "fetch", "line", "--to", tmp_path / "out", "--manifest", manifest, *args)
+    assert code != 0 and needle in err
+    assert not (tmp_path / "out").exists()

@@ -51,7 +51,7 @@ ROW_ATTRS: dict[str, frozenset[str]] = {
     "git": frozenset(),
     "local": frozenset(),
 }
-TREE_ATTRS = frozenset({"from", "keep", "require", "add", "rename", "patches", "drop", "stamp", "expect-patch"})
+TREE_ATTRS = frozenset({"from", "keep", "require", "add", "rename", "patches", "run", "drop", "stamp", "expect-patch"})
 INT_ATTRS = frozenset({"strip", "p", "fuzz"})
 
 
@@ -172,6 +172,11 @@ class Tree(_Entry):
     def patches(self) -> list[str]:
         return split_list(self.attrs.get("patches"))
 
+    @property
+    def runs(self) -> list[str]:
+        """Pinned Python scripts run in the tree after the patches (upstream's roce_tp4_adapt.py)."""
+        return split_list(self.attrs.get("run"))
+
     def additions(self) -> list[tuple[str, str]]:
         """(source, destination) pairs of ``add=``; a source ending in ``/*`` names a row group."""
         pairs = []
@@ -226,7 +231,7 @@ class Manifest:
         tree = self.tree_by_name.get(name)
         if tree is None:
             return [self.row(name)]
-        wanted = {tree.source, *tree.patches}
+        wanted = {tree.source, *tree.patches, *tree.runs}
         for source, _ in tree.additions():
             if source.endswith("/*"):
                 wanted.update(row.name for row in self.group(source[:-1]))

@@ -35,6 +35,7 @@ from pathlib import Path
 
 from tp4 import process
 from tp4.errors import Tp4Error
+from tp4.sources import nar
 from tp4.sources.manifest import Manifest, Row, Tree, split_list
 
 RENAME_SUFFIXES = (".py", ".c", ".cpp", ".h")
@@ -305,6 +306,9 @@ def build_tree(manifest: Manifest, tree: Tree, inputs: Mapping[str, Path], work:
         apply_patch(work, inputs[name], strip=row.int_attr("p", 1), fuzz=row.int_attr("fuzz", 0),
                     directory=row.attrs.get("dir", "."), name=name)
         patch_bytes.append(inputs[name].read_bytes())
+    for name in tree.runs:
+        say(f"{tree.name}: run {name}")
+        run_script(work, inputs[name], name=name)
     drop(work, split_list(tree.attrs.get("drop")))
     if stamp_dir and patch_bytes:
         value = patch_id(patch_bytes)
@@ -323,6 +327,22 @@ def build_tree(manifest: Manifest, tree: Tree, inputs: Mapping[str, Path], work:
             raise Tp4Error(f"{what}: unrenamed references to {old} remain after the patches: {shown}")
     normalise(work)
     return stamps
+
+
+def run_script(work: Path, script: Path, *, name: str) -> None:
+    """Run a pinned Python script with the tree as its working directory (as upstream's Dockerfile
+    runs `python3 runtime/roce_tp4_adapt.py` in /sgl-workspace/sglang); it must change the tree."""
+    import sys
+
+    from tp4 import process
+
+    before = nar.nar_sha256(work)
+    proc = process.run([sys.executable, "-I", str(script)], cwd=work, check=False)
+    if proc.returncode != 0:
+        tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-10:])
+        raise Tp4Error(f"{name} failed in the tree (exit code {proc.returncode}):\n{tail}")
+    if nar.nar_sha256(work) == before:
+        raise Tp4Error(f"{name} ran but changed nothing in the tree: it no longer matches this source")
 
 
 def build_row(row: Row, path: Path, work: Path) -> None:
