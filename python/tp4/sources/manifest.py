@@ -349,7 +349,12 @@ def load(path: str | Path) -> Manifest:
 
 
 def default_path() -> Path:
-    """The repository's ``sources.manifest`` (the repo root is two levels above the package)."""
+    """The tp4 repository's ``sources.manifest``: in the working directory or its nearest parent
+    holding a flake.nix beside it, else the checkout this package runs from (an editable install)."""
+    here = Path.cwd()
+    for d in (here, *here.parents):
+        if (d / MANIFEST_NAME).is_file() and (d / "flake.nix").is_file():
+            return d / MANIFEST_NAME
     return Path(__file__).resolve().parents[3] / MANIFEST_NAME
 
 
