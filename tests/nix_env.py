@@ -3,7 +3,8 @@
 * ``nix_config(dir)``: NIX_CONFIG with flakes on, no substituters and a local, empty flake
   registry (nothing is looked up on the network); the one tests/sources_helpers writes.
 * ``flake_copy(repo, dest)``: the files the flake reads, copied to a directory (a ``path:`` flake
-  sees exactly them, committed or not; a git checkout would hide untracked files).
+  sees exactly them, committed or not; a git checkout would hide untracked files);
+  ``locked_flake_copy`` also fills every `unlocked` hash of the manifest with a fake one.
 * ``STUB_INPUTS``: ``--override-input`` arguments that replace nixpkgs by the recording stand-in
   (tests/nixpkgs-stub) and nixos-dgx-spark by an empty flake.
 * ``image_flake(dir, ...)``: a flake with no inputs whose ``packages.<system>.image`` is a stream
@@ -13,6 +14,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -40,6 +42,18 @@ def flake_copy(repo: Path, dest: Path) -> Path:
         elif src.exists():
             shutil.copy2(src, dest / name)
     return dest
+
+
+def lock_all(text: str) -> str:
+    """A manifest with every `unlocked` hash replaced by a fake one (evaluation never fetches)."""
+    return re.sub(r"^(\S+\s+\S+\s+)unlocked(\s)", rf"\g<1>{'0' * 64}\g<2>", text, flags=re.M)
+
+
+def locked_flake_copy(repo: Path, dest: Path) -> Path:
+    """flake_copy with every manifest row locked, so every output evaluates."""
+    copy = flake_copy(repo, dest)
+    (copy / "sources.manifest").write_text(lock_all((repo / "sources.manifest").read_text()))
+    return copy
 
 
 def empty_flake(dest: Path) -> Path:

@@ -8,22 +8,15 @@ assertions below read back what the flake passes to dockerTools, fetchPypi, buil
 from __future__ import annotations
 
 import json
-import re
 import tomllib
 from pathlib import Path
 
 import pytest
 
-from nix_env import empty_flake, flake_copy, nix, stub_inputs
+from nix_env import empty_flake, flake_copy, locked_flake_copy, nix, stub_inputs
 from tp4.sources import manifest as mf
 
 REPO = Path(__file__).resolve().parent.parent
-FAKE_SHA = "0" * 64
-
-
-def lock_all(text: str) -> str:
-    """The manifest with every `unlocked` hash replaced by a fake one (evaluation never fetches)."""
-    return re.sub(r"^(\S+\s+\S+\s+)unlocked(\s)", rf"\g<1>{FAKE_SHA}\g<2>", text, flags=re.M)
 
 
 @pytest.fixture(scope="module")
@@ -34,9 +27,7 @@ def work(tmp_path_factory):
 @pytest.fixture(scope="module")
 def flake(work):
     """A copy of the flake whose manifest has every row locked (fake hashes)."""
-    copy = flake_copy(REPO, work / "locked")
-    (copy / "sources.manifest").write_text(lock_all((REPO / "sources.manifest").read_text()))
-    return copy
+    return locked_flake_copy(REPO, work / "locked")
 
 
 def evaluate(work: Path, flake: Path, attr: str, apply: str | None = None, *, ok: bool = True):

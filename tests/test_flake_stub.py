@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from nix_env import empty_flake, flake_copy, nix, nix_config, stub_inputs
+from nix_env import empty_flake, flake_copy, locked_flake_copy, nix, nix_config, stub_inputs
 from tp4 import process
 
 REPO = Path(__file__).resolve().parent.parent
@@ -62,13 +62,20 @@ def test_stub_records_accepted_calls(tmp_path):
                    "imageTag": "t"}
 
 
-def test_a_misspelt_argument_in_pkgs_fails_the_flake_evaluation(tmp_path):
-    copy = flake_copy(REPO, tmp_path / "flake")
-    image = copy / "pkgs" / "image.nix"
-    image.write_text(image.read_text().replace("layeringPipeline =", "layeringPipline =", 1))
-    proc = nix(["eval", "--json", f"path:{copy}#packages.aarch64-linux.image.stub.builder",
+@pytest.mark.parametrize("file,good,bad,complaint", [
+    ("image.nix", "layeringPipeline =", "layeringPipline =", "does not accept layeringPipline"),
+    ("tree.nix", "pkgs.gnupatch", "pkgs.gnupach", "attribute 'gnupach' missing"),
+    ("tp4.nix", "build-system =", "buildSystem =", "does not accept buildSystem"),
+])
+def test_a_misspelt_name_in_pkgs_fails_the_flake_evaluation(tmp_path, file, good, bad, complaint):
+    copy = locked_flake_copy(REPO, tmp_path / "flake")
+    path = copy / "pkgs" / file
+    assert good in path.read_text()
+    path.write_text(path.read_text().replace(good, bad, 1))
+    proc = nix(["eval", "--json", f"path:{copy}#checks.aarch64-linux",
+                "--apply", "c: builtins.mapAttrs (n: d: d.drvPath) c",
                 *stub_inputs(REPO, empty_flake(tmp_path / "empty"))], tmp_path)
-    assert proc.returncode != 0 and "does not accept layeringPipline" in proc.stderr
+    assert proc.returncode != 0 and complaint in proc.stderr
 
 
 @pytest.mark.skipif(not SPEC.exists(), reason="shared/spec is beside the repository in CI and here")
@@ -152,3 +159,13 @@ def test_nix_reads_the_lock_file(tmp_path):
     meta = json.loads(proc.stdout)
     assert meta["locks"]["nodes"]["nixpkgs"]["locked"]["rev"] == "efa487181cc01970ebb09ed193fa71dfe94784b1"
     assert shutil.which("nix")
+
+
+def test_every_check_instantiates_against_the_stand_in(tmp_path):
+    """The control for the misspelling test: the same evaluation, forcing every argument, passes."""
+    copy = locked_flake_copy(REPO, tmp_path / "flake")
+    for system in ("aarch64-linux", "x86_64-linux"):
+        proc = nix(["eval", "--json", f"path:{copy}#checks.{system}", "--apply", "c: builtins.mapAttrs (n: d: d.drvPath) c",
+                    *stub_inputs(REPO, empty_flake(tmp_path / "empty"))], tmp_path)
+        assert proc.returncode == 0, proc.stderr
+        assert all(p.endswith(".drv") for p in json.loads(proc.stdout).values())

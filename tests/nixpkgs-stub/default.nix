@@ -39,8 +39,10 @@ let
       self = {
         type = "derivation";
         inherit name system;
-        outPath = "/nix/store/${hash "${builder}|${name}|${builtins.toJSON (attrNames args)}"}-${name}";
-        drvPath = "/nix/store/${hash "drv|${builder}|${name}"}-${name}.drv";
+        # like a real derivation, its paths force every argument (a misspelt attribute deep in a
+        # list fails when the derivation is instantiated, not only when that element is read)
+        outPath = builtins.deepSeq args "/nix/store/${hash "${builder}|${name}|${builtins.toJSON (attrNames args)}"}-${name}";
+        drvPath = builtins.deepSeq args "/nix/store/${hash "drv|${builder}|${name}"}-${name}.drv";
         outputs = [ "out" ];
         out = self;
         stub = { inherit builder args; };
