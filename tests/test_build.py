@@ -102,11 +102,24 @@ def test_parse_version_rejects_garbage():
         nix_mod.parse_version("no digits")
 
 
-def test_progress_line_reads_internal_json():
+def test_log_event_reads_internal_json():
     start = '@nix {"action":"start","id":1,"level":3,"type":105,"text":"building \'/nix/store/x-a.drv\'"}'
-    assert nix_mod.progress_line(start) == "building '/nix/store/x-a.drv'"
-    assert nix_mod.progress_line('@nix {"action":"stop","id":1}') is None
-    assert nix_mod.progress_line("plain stderr") is None
+    assert nix_mod.log_event(start) == ("progress", "building '/nix/store/x-a.drv'")
+    error = '@nix {"action":"msg","level":0,"msg":"\\u001b[31;1merror:\\u001b[0m builder failed"}'
+    assert nix_mod.log_event(error) == ("detail", "error: builder failed")
+    assert nix_mod.log_event('@nix {"action":"result","id":2,"type":101,"fields":["make: ok"]}') == ("detail", "make: ok")
+    assert nix_mod.log_event('@nix {"action":"stop","id":1}') is None
+    assert nix_mod.log_event("plain stderr\n") == ("detail", "plain stderr")
+
+
+def test_a_failing_build_shows_nix_errors(env, tp4_cli):
+    flake = image_flake(env / "flake", label=f"fail-{os.urandom(4).hex()}")
+    text = (flake / "flake.nix").read_text().replace('tar -cf "$out"', 'echo broken-on-purpose >&2; exit 3; tar -cf "$out"')
+    (flake / "flake.nix").write_text(text)
+    code, _, stderr = tp4_cli("build", "--flake", flake, "--runtime", "podman")
+    assert code == 1
+    assert "failed with exit code" in stderr and "broken-on-purpose" in stderr
+    assert "Traceback" not in stderr
 
 
 def test_loaded_ref_from_podman_and_docker_output():

@@ -127,11 +127,14 @@ def build(target: str, out_link: Path, *, echo: Callable[[str], None]) -> str:
     else:
         assert proc.stderr is not None
         for line in proc.stderr:
-            message = progress_line(line)
-            if message:
-                echo(message)
-            elif not line.startswith("@nix "):
-                tail = (tail + [line.rstrip()])[-20:]
+            event = log_event(line)
+            if event is None:
+                continue
+            kind, text = event
+            if kind == "progress":
+                echo(text)
+            else:
+                tail = (tail + [text])[-20:]
         out = proc.stdout.read() if proc.stdout else ""
         proc.wait()
     if proc.returncode != 0:
@@ -139,20 +142,26 @@ def build(target: str, out_link: Path, *, echo: Callable[[str], None]) -> str:
     return json.loads(out)[0]["outputs"]["out"]
 
 
-def progress_line(line: str) -> str | None:
-    """One line of nix's internal-json log -> a short progress message, or None."""
+def log_event(line: str) -> tuple[str, str] | None:
+    """One line of nix's internal-json log -> ("progress", text) for a build, download or copy
+    starting; ("detail", text) for an error, a builder's log line or plain stderr (kept to
+    explain a failure); None otherwise."""
     if not line.startswith("@nix "):
-        return None
+        return ("detail", line.rstrip()) if line.strip() else None
     try:
         event = json.loads(line[5:])
     except json.JSONDecodeError:
         return None
     if event.get("action") == "msg" and event.get("level", 9) <= 0:
-        return re.sub(r"\x1b\[[0-9;]*m", "", event.get("msg", ""))
-    if event.get("action") != "start":
-        return None
-    # activity types: 105 = build, 100 = copy path, 101 = file transfer
-    kind = event.get("type")
-    if kind in (100, 101, 105):
-        return re.sub(r"\x1b\[[0-9;]*m", "", event.get("text", "")) or None
+        return "detail", _plain(event.get("msg", ""))
+    # result type 101 = a line of a builder's log
+    if event.get("action") == "result" and event.get("type") == 101 and event.get("fields"):
+        return "detail", _plain(str(event["fields"][0]))
+    # activity types: 100 = copy path, 101 = file transfer, 105 = build
+    if event.get("action") == "start" and event.get("type") in (100, 101, 105) and event.get("text"):
+        return "progress", _plain(event["text"])
     return None
+
+
+def _plain(text: str) -> str:
+    return re.sub(r"\x1b\[[0-9;]*m", "", text)
