@@ -169,3 +169,12 @@ def test_every_check_instantiates_against_the_stand_in(tmp_path):
                     *stub_inputs(REPO, empty_flake(tmp_path / "empty"))], tmp_path)
         assert proc.returncode == 0, proc.stderr
         assert all(p.endswith(".drv") for p in json.loads(proc.stdout).values())
+
+
+def test_nix_flake_check_accepts_the_outputs(tmp_path):
+    """`nix flake check --no-build`: every output has the shape Nix expects (packages and checks
+    are derivations, apps have type and program, devShells, formatter), on both systems."""
+    copy = locked_flake_copy(REPO, tmp_path / "flake")
+    proc = nix(["flake", "check", "--no-build", f"path:{copy}", *stub_inputs(REPO, empty_flake(tmp_path / "empty"))],
+               tmp_path)
+    assert proc.returncode == 0, proc.stderr
