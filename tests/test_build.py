@@ -133,3 +133,14 @@ def test_loaded_ref_from_podman_and_docker_output():
 def test_pin_summary_lists_flake_first_then_components():
     lines = build_mod.pin_summary({"tp4.pin.b12x-main": "a7d7", "tp4.flake.rev": "abc", "tp4.pin.x": "1", "other": "y"})
     assert lines == ["flake      abc", "b12x-main  a7d7", "x          1"]
+
+
+def test_system_option_builds_that_systems_package(env, tp4_cli):
+    from nix_env import SYSTEM
+
+    flake = image_flake(env / "flake", label=f"sys-{os.urandom(4).hex()}")
+    code, stdout, stderr = tp4_cli("build", "--dry-run", "--flake", flake, "--runtime", "podman", "--system", SYSTEM)
+    assert code == 0, stderr
+    assert f"build {shlex.quote(f'{flake}#packages.{SYSTEM}.image')} --json" in stdout
+    code, _, stderr = tp4_cli("build", "--dry-run", "--flake", flake, "--runtime", "podman", "--system", "riscv64-linux")
+    assert code == 1 and "packages.riscv64-linux.image" in stderr

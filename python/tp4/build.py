@@ -153,10 +153,25 @@ def record_path(flake: Path, attr: str) -> Path:
     return out_link(flake, attr).with_name(out_link(flake, attr).name + ".json")
 
 
-def dry_run(flake: Path, attr: str, runtime: str, echo: Echo) -> None:
+def _missing_output_hint(exc: Tp4Error, system: str | None) -> Tp4Error:
+    """The image exists for aarch64-linux only: say so when nix cannot find it on another host."""
+    if system is None and "does not provide attribute" in exc.message and os.uname().machine != "aarch64":
+        return Tp4Error(exc.message + "\nhint: the image is built for aarch64-linux (the Sparks): run tp4 build "
+                        "on a Spark, or pass --system aarch64-linux with an aarch64 builder configured in nix")
+    return exc
+
+
+def dry_run(flake: Path, attr: str, runtime: str, echo: Echo, *, system: str | None = None) -> None:
     """Print the exact commands `tp4 build` runs and the store paths involved; build nothing."""
     nix.require()
-    target = nix.installable(str(flake), attr)
+    target = nix.installable(str(flake), attr, system)
+    try:
+        _dry_run(target, flake, attr, runtime, echo)
+    except Tp4Error as exc:
+        raise _missing_output_hint(exc, system) from None
+
+
+def _dry_run(target: str, flake: Path, attr: str, runtime: str, echo: Echo) -> None:
     link = out_link(flake, attr)
     out_path = nix.eval_raw(target + ".outPath")
     drv = nix.derivation(target)
@@ -180,11 +195,14 @@ def dry_run(flake: Path, attr: str, runtime: str, echo: Echo) -> None:
             echo(f"    {p}")
 
 
-def build(flake: Path, attr: str, runtime: str, echo: Echo) -> Built:
+def build(flake: Path, attr: str, runtime: str, echo: Echo, *, system: str | None = None) -> Built:
     """nix build, load on the head, print image id and pins; records the result for distribute."""
     nix.require()
-    target = nix.installable(str(flake), attr)
-    out_path = nix.build(target, out_link(flake, attr), echo=echo)
+    target = nix.installable(str(flake), attr, system)
+    try:
+        out_path = nix.build(target, out_link(flake, attr), echo=echo)
+    except Tp4Error as exc:
+        raise _missing_output_hint(exc, system) from None
     echo(f"built {out_path}")
     echo(f"$ {describe_load(out_path, runtime)}")
     ref = load(out_path, runtime)

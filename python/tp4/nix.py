@@ -55,8 +55,9 @@ def require() -> tuple[int, ...]:
     return version
 
 
-def installable(flake: str, attr: str) -> str:
-    return f"{flake}#{attr}"
+def installable(flake: str, attr: str, system: str | None = None) -> str:
+    """`<flake>#<attr>` (nix picks the host's system), or `<flake>#packages.<system>.<attr>`."""
+    return f"{flake}#packages.{system}.{attr}" if system else f"{flake}#{attr}"
 
 
 def build_argv(target: str, out_link: Path, *, progress: bool = True) -> list[str]:

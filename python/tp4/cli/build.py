@@ -30,8 +30,10 @@ def _echo(line: str) -> None:
 @flake_option
 @attr_option
 @runtime_option
+@click.option("--system", default=None, metavar="SYSTEM",
+              help="Build packages.SYSTEM.<attr> (e.g. aarch64-linux from another host, with an aarch64 builder).")
 @click.option("--dry-run", is_flag=True, help="Print the commands and store paths; build nothing.")
-def build(flake_dir: Path | None, attr: str, runtime: str | None, dry_run: bool) -> None:
+def build(flake_dir: Path | None, attr: str, runtime: str | None, system: str | None, dry_run: bool) -> None:
     """Build the image with nix (pinned inputs only) and load it on the head.
 
     Prints the image id and the pins (every component's commit, from the image's labels).
@@ -39,9 +41,9 @@ def build(flake_dir: Path | None, attr: str, runtime: str | None, dry_run: bool)
     flake = build_mod.find_flake(flake_dir)
     runtime = build_mod.detect_runtime(runtime, required=not dry_run)
     if dry_run:
-        build_mod.dry_run(flake, attr, runtime, _echo)
+        build_mod.dry_run(flake, attr, runtime, _echo, system=system)
     else:
-        build_mod.build(flake, attr, runtime, _echo)
+        build_mod.build(flake, attr, runtime, _echo, system=system)
 
 
 def _nodes(hosts: tuple[str, ...], profile_path: str | None, user: str | None, identity: str | None,
