@@ -43,7 +43,8 @@ let
     # bottom to top: least to most often changed
     layers = [
       { path = "/opt/dsv41-wheels"; tree = wheels; }
-      { path = "/sgl-workspace/sglang/python"; tree = trees.sglang-tree; }
+      # the tree holds python/ at its top, as upstream's /sgl-workspace/sglang does
+      { path = "/sgl-workspace/sglang/python"; tree = trees.sglang-tree; subdir = "/python"; }
       { path = "/opt/b12x"; tree = trees.b12x; }
       { path = "/opt/b12x_next"; tree = trees.b12x-next; }
       { path = "/opt/dsv41"; tree = tp4-runtime; }

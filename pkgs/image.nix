@@ -8,7 +8,8 @@
   base,
   # the base row of the manifest (imageName, digest)
   baseRow,
-  # in the image, bottom to top: [ { path = "/opt/b12x"; tree = <drv>; } ... ]
+  # in the image, bottom to top: [ { path = "/opt/b12x"; tree = <drv>; subdir = "/x" (optional); } ... ]
+  # `path` becomes a symlink to the tree (or to `subdir` inside it)
   layers,
   # OCI labels (pins and flake revision)
   labels,
@@ -32,7 +33,7 @@ let
       );
   link = l: ''
     mkdir -p ".${dirOf l.path}"
-    ln -s ${l.tree} ".${l.path}"
+    ln -s ${l.tree}${l.subdir or ""} ".${l.path}"
   '';
   seconds = s: s * 1000000000;
 in

@@ -46,7 +46,7 @@ def evaluate(work: Path, flake: Path, attr: str, apply: str | None = None, *, ok
 IMAGE = """img: {
   args = builtins.removeAttrs img.stub.args [ "passthru" ];
   base = img.stub.args.fromImage.stub;
-  layers = map (l: { inherit (l) path; tree = l.tree.name; out = l.tree.outPath; }) img.passthru.layers;
+  layers = map (l: { inherit (l) path; tree = l.tree.name; out = l.tree.outPath; subdir = l.subdir or ""; }) img.passthru.layers;
   ref = img.passthru.imageRef;
 }"""
 
@@ -86,7 +86,18 @@ def test_image_layers_in_order_of_change(image):
         pipeline = pipeline[1][2][1] if len(pipeline) > 1 else []
     assert peeled == [l["out"] for l in image["layers"]]
     for layer in image["layers"]:
-        assert f"ln -s {layer['out']} \".{layer['path']}\"" in image["args"]["extraCommands"]
+        assert f"ln -s {layer['out']}{layer['subdir']} \".{layer['path']}\"" in image["args"]["extraCommands"]
+
+
+def test_each_path_points_at_what_upstream_copies_there(image, manifest):
+    """/sgl-workspace/sglang/python must hold sglang/ (the tree keeps python/ at its top),
+    /opt/b12x must hold b12x/, /opt/b12x_next b12x_next/ (their trees keep those dirs)."""
+    subdirs = {l["path"]: l["subdir"] for l in image["layers"]}
+    assert subdirs["/sgl-workspace/sglang/python"] == "/python"
+    assert manifest.tree_by_name["sglang-line"].attrs["keep"] == "python"
+    assert subdirs["/opt/b12x"] == subdirs["/opt/b12x_next"] == subdirs["/opt/dsv41"] == ""
+    assert manifest.tree_by_name["b12x"].attrs["keep"] == "b12x,LICENSE"
+    assert manifest.tree_by_name["b12x-next"].attrs["stamp"] == "b12x_next"
 
 
 def test_image_config_as_upstream(image):
