@@ -79,11 +79,35 @@ def unpack_archive(archive: Path, dest: Path, strip: int = 0) -> None:
                         raise Tp4Error(f"{archive.name}: hard link {member.name!r} points outside the stripped tree")
                     member.linkname = link
                 members.append(member)
-            tar.extractall(dest, members=members, filter="data")
+            if hasattr(tarfile, "data_filter"):
+                tar.extractall(dest, members=members, filter="data")
+            else:  # Python < 3.11.4 (Debian 12's 3.11.2): the same refusals, checked here
+                for member in members:
+                    _check_member(member, dest)
+                tar.extractall(dest, members=members)
     except (tarfile.TarError, EOFError, OSError) as exc:
         if isinstance(exc, Tp4Error):
             raise
         raise Tp4Error(f"{archive.name}: cannot unpack ({exc})") from exc
+
+
+def _check_member(member: tarfile.TarInfo, dest: Path) -> None:
+    """What tarfile's ``data`` filter refuses: paths or links leaving ``dest``, absolute link
+    targets, device files and FIFOs; also drops set-id bits."""
+    def inside(rel: str) -> bool:
+        path = os.path.normpath(os.path.join(dest, rel))
+        return path == str(dest) or path.startswith(str(dest) + os.sep)
+
+    if member.name.startswith("/") or not inside(member.name):
+        raise tarfile.TarError(f"member {member.name!r} would land outside the tree")
+    if member.ischr() or member.isblk() or member.isfifo() or member.isdev():
+        raise tarfile.TarError(f"member {member.name!r} is a special file")
+    if member.issym():
+        if member.linkname.startswith("/") or not inside(os.path.join(os.path.dirname(member.name), member.linkname)):
+            raise tarfile.TarError(f"symlink {member.name!r} points outside the tree ({member.linkname!r})")
+    if member.islnk() and (member.linkname.startswith("/") or not inside(member.linkname)):
+        raise tarfile.TarError(f"hard link {member.name!r} points outside the tree")
+    member.mode &= 0o777
 
 
 def normalise(root: Path) -> None:
