@@ -578,11 +578,6 @@ def import_env_text(text: str, source: str) -> ImportResult:
 
 
 def import_env_file(path: str) -> ImportResult:
-    p = Path(path)
-    try:
-        text = p.read_text()
-    except FileNotFoundError:
-        raise InvalidInput(f"{p} does not exist") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InvalidInput(f"cannot read {p}: {exc}") from None
-    return import_env_text(text, str(p))
+    from tp4.profile.load import read_input
+
+    return import_env_text(read_input(path, "env file"), str(path))

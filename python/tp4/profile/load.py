@@ -210,15 +210,20 @@ def load_text(text: str, source: str) -> Loaded:
     return parse_document(_read_toml(text, source), source)
 
 
-def load_file(path: str | Path) -> Loaded:
+def read_input(path: str | Path, what: str, missing_fix: str = "pass an existing file") -> str:
+    """The text of a file the user named, or an InvalidInput saying what is wrong with it."""
     p = Path(path)
     try:
-        text = p.read_text()
+        return p.read_text()
     except FileNotFoundError:
-        raise InvalidInput(f"profile {p} does not exist; fix: pass an existing file, or omit --profile to use the embedded default") from None
+        raise InvalidInput(f"{what} {p} does not exist; fix: {missing_fix}") from None
     except (OSError, UnicodeDecodeError) as exc:
-        raise InvalidInput(f"cannot read profile {p}: {exc}") from None
-    return load_text(text, str(p))
+        raise InvalidInput(f"cannot read {what} {p}: {exc}") from None
+
+
+def load_file(path: str | Path) -> Loaded:
+    text = read_input(path, "profile", "pass an existing file, or omit --profile to use the embedded default")
+    return load_text(text, str(path))
 
 
 def load_default() -> Loaded:
