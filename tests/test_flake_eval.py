@@ -71,7 +71,7 @@ def test_image_base_is_the_pinned_digest(image, manifest):
 
 
 def test_image_layers_in_order_of_change(image):
-    assert [(l["path"], l["tree"]) for l in image["layers"]] == [
+    assert [(layer["path"], layer["tree"]) for layer in image["layers"]] == [
         ("/opt/dsv41-wheels", "dsv41-wheels"),
         ("/sgl-workspace/sglang/python", "sglang-tree"),
         ("/opt/b12x", "b12x"),
@@ -84,7 +84,7 @@ def test_image_layers_in_order_of_change(image):
         assert pipeline[0][0] == "split_paths"
         peeled += pipeline[0][1]
         pipeline = pipeline[1][2][1] if len(pipeline) > 1 else []
-    assert peeled == [l["out"] for l in image["layers"]]
+    assert peeled == [layer["out"] for layer in image["layers"]]
     for layer in image["layers"]:
         assert f"ln -s {layer['out']}{layer['subdir']} \".{layer['path']}\"" in image["args"]["extraCommands"]
 
@@ -92,7 +92,7 @@ def test_image_layers_in_order_of_change(image):
 def test_each_path_points_at_what_upstream_copies_there(image, manifest):
     """/sgl-workspace/sglang/python must hold sglang/ (the tree keeps python/ at its top),
     /opt/b12x must hold b12x/, /opt/b12x_next b12x_next/ (their trees keep those dirs)."""
-    subdirs = {l["path"]: l["subdir"] for l in image["layers"]}
+    subdirs = {layer["path"]: layer["subdir"] for layer in image["layers"]}
     assert subdirs["/sgl-workspace/sglang/python"] == "/python"
     assert manifest.tree_by_name["sglang-line"].attrs["keep"] == "python"
     assert subdirs["/opt/b12x"] == subdirs["/opt/b12x_next"] == subdirs["/opt/dsv41"] == ""
@@ -145,7 +145,7 @@ def test_wheels_fetched_with_fetchpypi_by_hash(work, flake, manifest):
     wheels = evaluate(work, flake, "packages.aarch64-linux.wheels", "w: map (x: x.stub) w.wheels")
     rows = [r for r in manifest.rows if r.kind == "wheel"]
     assert [w["builder"] for w in wheels] == ["python3Packages.fetchPypi"] * len(rows)
-    for w, row in zip(wheels, rows):
+    for w, row in zip(wheels, rows, strict=True):
         assert w["args"]["format"] == "wheel" and w["args"]["sha256"] == row.sha256
         assert w["args"]["version"] == row.commit and w["args"]["platform"] == row.wheel()["platform"]
 

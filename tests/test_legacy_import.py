@@ -43,7 +43,7 @@ def test_production_env_file_equals_the_production_preset():
 
     _, imported = render_import(FIXTURE.read_text())
     default = build_plan(load_default())
-    for a, b in zip(imported.nodes, default.nodes):
+    for a, b in zip(imported.nodes, default.nodes, strict=True):
         assert (a.env, a.argv, a.run) == (b.env, b.argv, b.run)
 
 

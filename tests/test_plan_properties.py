@@ -26,7 +26,7 @@ def valid_documents(draw):
     last = draw(st.lists(octets, min_size=4, max_size=4, unique=True))
     net = draw(st.sampled_from(["10.0.0", "192.168.7", "10.77.1"]))
     nodes = [{"name": n, "ip": f"{net}.{o}", "ssh": draw(st.sampled_from([n, f"{net}.{o}"]))}
-             for n, o in zip(node_names, last)]
+             for n, o in zip(node_names, last, strict=True)]
     doc = {"preset": preset, "cluster": {"head": nodes[0], "workers": nodes[1:],
                                          "user": draw(st.sampled_from(["zurih", "root", "ops"])),
                                          "dist_port": draw(st.integers(1024, 30000)),

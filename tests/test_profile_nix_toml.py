@@ -9,7 +9,7 @@ import subprocess
 import tomllib
 from pathlib import Path
 
-import pytest
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 

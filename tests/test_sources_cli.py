@@ -128,3 +128,20 @@ def test_lock_of_the_image_uses_nix_prefetch_docker(tp4_cli, tmp_path: Path, mon
     row = mf.load(path).by_name["base-image"]
     assert row.sha256 == bytes(range(32)).hex() and dict(row.attrs) == {"arch": "arm64"}
     assert path.read_text().startswith("# the base\n")
+
+
+def test_module_hash_fast_path_equals_the_cli(tmp_path, tp4_cli) -> None:
+    import subprocess
+    import sys
+
+    (tmp_path / "t").mkdir()
+    (tmp_path / "t" / "f").write_text("x")
+    os_link = tmp_path / "t" / "l"
+    os_link.symlink_to("f")
+    code, out, _ = tp4_cli("sources", "hash", tmp_path / "t")
+    fast = subprocess.run([sys.executable, "-m", "tp4.sources", "hash", str(tmp_path / "t")],
+                          capture_output=True, text=True, check=True).stdout
+    assert code == 0 and fast == out and fast.startswith("sha256-")
+    missing = subprocess.run([sys.executable, "-m", "tp4.sources", "hash", str(tmp_path / "nope")],
+                             capture_output=True, text=True)
+    assert missing.returncode == 2 and "Traceback" not in missing.stderr

@@ -454,7 +454,7 @@ def import_assignments(assignments: list[Assignment], source: str, parse_notes: 
     user = get("WORKER_USER") or "zurih"
     home = "/root" if user == "root" else f"/home/{user}"
     workers = []
-    for i, (ip, host) in enumerate(zip(ips, hosts)):
+    for ip, host in zip(ips, hosts, strict=False):  # unequal lengths were reported above
         w: dict[str, Any] = {"name": host, "ssh": host, "ip": ip}
         if get("WORKER_DIR") is not None:
             w["workdir"] = _home_rel(_path(get("WORKER_DIR")), home)

@@ -148,7 +148,7 @@ def validate(profile: Profile, registry: Registry | None = None) -> tuple[list[P
         if key in RANK_KEYS:
             err(field, "is rendered per rank by tp4", RANK_KEYS[key])
         elif reg.gate(key) is not None:
-            err(field, f"is a gate of adapter {reg.gate(key).adapter}", f"move it to [gates] so it is validated")
+            err(field, f"is a gate of adapter {reg.gate(key).adapter}", "move it to [gates] so it is validated")
         elif key in typed:
             err(field, f"is rendered from {typed[key]}", f"set {typed[key]} instead")
 
