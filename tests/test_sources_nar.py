@@ -15,7 +15,8 @@ from sources_helpers.build import have_nix, nix, nix_env, write_tree
 from tp4 import process
 from tp4.sources import nar
 
-needs_nix = pytest.mark.skipif(not have_nix(), reason="nix is not installed (setup.sh --test installs nix-bin)")
+# nix is required, never skipped: bash tests/run installs nix-bin
+assert have_nix(), "nix is not installed: run bash tests/run (python/setup.sh --test installs nix-bin)"
 
 
 def nix_hash(path: Path, tmp: Path, *extra: str) -> str:
@@ -37,7 +38,6 @@ SPECIAL_TREE = {
 }
 
 
-@needs_nix
 def test_special_tree_matches_nix(tmp_path: Path) -> None:
     root = tmp_path / "tree"
     write_tree(root, SPECIAL_TREE)
@@ -46,7 +46,6 @@ def test_special_tree_matches_nix(tmp_path: Path) -> None:
     assert nar.nar_hash(root, encoding="hex") == nix_hash(root, tmp_path, "--base16")
 
 
-@needs_nix
 @pytest.mark.parametrize("kind", ["file", "exe", "symlink"])
 def test_single_node_matches_nix(tmp_path: Path, kind: str) -> None:
     path = tmp_path / "node"
@@ -58,7 +57,6 @@ def test_single_node_matches_nix(tmp_path: Path, kind: str) -> None:
     assert nar.nar_hash(path) == nix_hash(path, tmp_path)
 
 
-@needs_nix
 def test_nar_bytes_equal_nix_store_dump(tmp_path: Path) -> None:
     root = tmp_path / "tree"
     write_tree(root, SPECIAL_TREE)
@@ -80,7 +78,6 @@ trees = st.recursive(leaves, lambda children: st.dictionaries(names, children, m
 )
 
 
-@needs_nix
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(spec=trees)
 def test_random_trees_match_nix(tmp_path: Path, spec: dict) -> None:
@@ -110,14 +107,12 @@ def test_nix32_known_value() -> None:
     assert nar.nix32(hashlib.sha256(b"").digest()) == "0mdqa9w1p6cmli6976v4wi0sw9r4p5prkj7lzfd1877wk11c9c73"
 
 
-@needs_nix
 def test_nix32_matches_nix_to_base32(tmp_path: Path) -> None:
     digest = hashlib.sha256(b"tp4").digest()
     out = nix(["hash", "to-base32", nar.sri(digest)], tmp_path).stdout.strip()
     assert out == nar.nix32(digest)
 
 
-@needs_nix
 def test_store_paths_match_a_scratch_store(tmp_path: Path) -> None:
     root = tmp_path / "some-tree"
     write_tree(root, SPECIAL_TREE)

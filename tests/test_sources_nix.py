@@ -17,7 +17,8 @@ from tp4.errors import InvalidInput, Tp4Error
 from tp4.sources import manifest as mf
 from tp4.sources import nar
 
-pytestmark = pytest.mark.skipif(not have_nix(), reason="nix is not installed (setup.sh --test installs nix-bin)")
+# nix is required, never skipped: bash tests/run installs nix-bin
+assert have_nix(), "nix is not installed: run bash tests/run (python/setup.sh --test installs nix-bin)"
 
 SOURCES_NIX = Path(__file__).resolve().parents[1] / "pkgs" / "sources.nix"
 FAKE_FETCHERS = "fetchurl = a: a // { outPath = \"/fake/${a.name}\"; }; fetchPypi = a: { pypi = a; }; pullImage = a: { image = a; };"
@@ -113,7 +114,7 @@ def test_builtins_fetchurl_accepts_the_right_hash_and_rejects_a_wrong_one(tmp_pa
 
 
 def test_git_row_is_checked_by_its_nar_hash(tmp_path: Path) -> None:
-    git = pytest.importorskip("git")
+    import git
     origin = tmp_path / "origin"
     repo = git.Repo.init(origin)
     (origin / "a.py").write_text("a = 1\n")
