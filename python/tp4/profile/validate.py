@@ -39,13 +39,6 @@ OWNED_FLAGS = {
 }
 
 
-def effective_gates(profile: Profile, registry: Registry) -> dict[str, str]:
-    """Gate values as the container sees them: forwarded defaults, then the profile's gates."""
-    values = {g.var: g.default for g in registry.forwarded() if g.default is not None}
-    values.update(profile.gates)
-    return values
-
-
 def validate(profile: Profile, registry: Registry | None = None) -> tuple[list[Problem], list[Problem]]:
     from tp4.plan import rank_env, typed_env_keys
 
@@ -57,9 +50,9 @@ def validate(profile: Profile, registry: Registry | None = None) -> tuple[list[P
 
     eng, cl, fab, nccl = profile.engine, profile.cluster, profile.fabric, profile.fabric.nccl
     tp, ep = eng.tp, profile.ep
-    gates = effective_gates(profile, reg)
     image_rank = reg.image_rank(profile.image.variant)
-    # Rules read rank 0's rendered environment plus the line facts the registry names.
+    # Rules read rank 0's rendered environment (gates as the container sees them, launcher
+    # defaults included) plus the line facts the registry names.
     env0 = dict(rank_env(profile, 0, reg))
     env0["RING_ROCE_CAP"] = str(RING_CAP_HAIRPIN if fab.ring_hairpin_queue >= 8192 else RING_CAP_DEFAULT)
 
@@ -152,16 +145,16 @@ def validate(profile: Profile, registry: Registry | None = None) -> tuple[list[P
         elif key in typed:
             err(field, f"is rendered from {typed[key]}", f"set {typed[key]} instead")
 
-    for key, value in gates.items():
+    for key, value in profile.gates.items():
         gate = reg.gate(key)
-        if gate is None or not gate.is_on(value) or key not in profile.gates:
+        if gate is None or not gate.is_on(value):
             continue
         for cond in gate.needs:
-            if not condition_holds(cond, gates, reg):
+            if not condition_holds(cond, env0, reg):
                 err(f"gates.{key}", f"needs {describe_condition(cond)}", f"set gates.{_cond_fix(cond)} or turn {key} off")
     for adapter in reg.adapters:
         for when, needs in adapter.rules:
-            if condition_holds(when, gates, reg) and not condition_holds(needs, gates, reg):
+            if condition_holds(when, env0, reg) and not condition_holds(needs, env0, reg):
                 var = when.split("~")[0].split("=")[0]
                 err(f"gates.{var}", f"{describe_condition(when)} needs {describe_condition(needs)}", f"set gates.{_cond_fix(needs)}")
 
