@@ -32,6 +32,9 @@ let
     inherit pkgs;
     tree = trees.runtime-tree;
     version = builtins.substring 0 8 sources.byName.${sources.trees.${line.trees.runtime-tree}.attrs.from}.commit;
+    glibc = sources.byName.${line.base}.attrs.glibc
+      or (throw "sources.manifest: the base image's row '${line.base}' needs glibc=MAJOR.MINOR (its glibc version)");
+    inherit src;
   };
 
   flakeRev = self.rev or self.dirtyRev or "unknown";

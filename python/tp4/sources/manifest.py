@@ -47,7 +47,7 @@ ROW_ATTRS: dict[str, frozenset[str]] = {
     "file": frozenset({"kind", "eol", "mode"}),
     "patch": frozenset({"kind", "p", "fuzz", "dir"}),
     "wheel": frozenset(),
-    "image": frozenset({"arch"}),
+    "image": frozenset({"arch", "glibc"}),
     "git": frozenset(),
     "local": frozenset(),
 }
@@ -434,6 +434,9 @@ def _check_attrs(row: Row, problems: list[str]) -> None:
         problems.append(f"{row.where}: mode= is 644 or 755")
     if "dir" in row.attrs and not (row.attrs["dir"] == "." or _rel_path_ok(row.attrs["dir"])):
         problems.append(f"{row.where}: dir={row.attrs['dir']!r} is not a relative path inside the tree")
+    if kind == "image" and not re.fullmatch(r"[0-9]+\.[0-9]+", row.attrs.get("glibc", "")):
+        problems.append(f"{row.where}: an image row needs glibc=MAJOR.MINOR, the glibc of the image (what "
+                        f"`ldd --version` prints in it; tp4-runtime's library is checked against it)")
 
 
 def _check_tree(tree: Tree, m: Manifest, problems: list[str]) -> None:
