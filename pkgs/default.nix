@@ -9,7 +9,9 @@
 }:
 let
   src = import ./src.nix { inherit root; };
-  manifest = root + "/sources.manifest";
+  # the real file (the repository's sources.manifest is a link to it, and a link interpolated into
+  # a derivation would be copied as a dangling link)
+  manifest = root + "/python/tp4/data/sources.manifest";
   sources = import ./sources.nix {
     inherit manifest;
     inherit (pkgs) fetchurl;

@@ -21,7 +21,7 @@ let
 in
 {
   # the Poetry project plus the repository files python/tp4/data links to
-  cli = pick cliName [ "python" "sources.manifest" "adapters" ];
+  cli = pick cliName [ "python" "adapters" ];
   inherit cliName root;
   # the code `python -m tp4.sources fetch` imports, and the manifest it reads
   transforms = pick "tp4-transforms" [
@@ -31,7 +31,7 @@ in
     "python/tp4/cli/__init__.py"
     "python/tp4/cli/sources.py"
     "python/tp4/sources"
-    "sources.manifest"
+    "python/tp4/data/sources.manifest"
   ];
   inherit wanted;
 }

@@ -40,7 +40,8 @@ def flake_copy(repo: Path, dest: Path) -> Path:
         if src.is_dir():
             shutil.copytree(src, dest / name, symlinks=True, ignore=IGNORE)
         elif src.exists():
-            shutil.copy2(src, dest / name)
+            # sources.manifest is a link into python/tp4/data: keep it one
+            shutil.copy2(src, dest / name, follow_symlinks=False)
     return dest
 
 

@@ -41,3 +41,13 @@ def test_main_command_works_on_a_copy_of_the_checkout(repo, tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "rank 3 (worker)" in proc.stdout and "RoCEnante ready: world=4" in proc.stdout
     assert not (copy / ".venv/lib/python3.11/site-packages/__editable__.tp4-0.1.0.pth").exists()
+    # the installed package (as `nix run` has it) outside any checkout: its own manifest, not a path
+    # that exists only in a checkout
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    listing = subprocess.run([str(copy / ".venv/bin/tp4"), "sources", "list"], cwd=outside, capture_output=True,
+                             text=True, timeout=60)
+    assert listing.returncode == 0, listing.stderr
+    assert "b12x-main" in listing.stdout and "tree b12x-next" in listing.stdout
+    shipped = next((copy / ".venv/lib").glob("python3*/site-packages/tp4/data/sources.manifest"))
+    assert not shipped.is_symlink() and shipped.read_text() == (repo / "sources.manifest").read_text()

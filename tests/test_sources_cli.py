@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
-from sources_helpers.build import write_tree
+from sources_helpers.build import sha256, write_tree
+from sources_helpers.server import FileServer
 from tp4 import process
 from tp4.sources import manifest as mf
 from tp4.sources import nar
@@ -107,20 +109,50 @@ def test_wheel_rows_map_to_pip_flags_for_the_image(repo: Path) -> None:
         "--abi", "none", "--platform", "manylinux2014_aarch64", "sgl-deep-gemm==0.2.0"]
 
 
-def test_lock_of_the_image_uses_nix_prefetch_docker(tp4_cli, tmp_path: Path, monkeypatch) -> None:
-    """The base image is hashed by nix-prefetch-docker (a stand-in here that checks its argv)."""
+PREFETCH_FLAKE = r"""{
+  outputs = { self }: {
+    legacyPackages.@system@.nix-prefetch-docker = derivation {
+      name = "nix-prefetch-docker";
+      system = "@system@";
+      builder = "${./bb}/bin/busybox";
+      args = [ "sh" "-euc" ''
+        ${./bb}/bin/busybox mkdir -p $out/bin
+        ${./bb}/bin/busybox cp ${./prefetch} $out/bin/nix-prefetch-docker
+      '' ];
+    };
+  };
+}
+"""
+
+
+def test_lock_of_the_image_uses_the_pinned_nix_prefetch_docker(tp4_cli, tmp_path: Path, monkeypatch) -> None:
+    """The base image is hashed by the flake's own nixpkgs' nix-prefetch-docker (`nix run
+    --inputs-from`), not one on PATH: here a stand-in nixpkgs whose tool checks its argv."""
+    from nix_env import SYSTEM, busybox_dir, nix_config
+
     digest = "sha256:" + "3" * 64
     nar32 = nar.nix32(bytes(range(32)))
-    stub = tmp_path / "bin" / "nix-prefetch-docker"
-    stub.parent.mkdir()
-    stub.write_text(
-        "#!/bin/sh\n"
+    pkgs = tmp_path / "nixpkgs"
+    busybox_dir(pkgs / "bb")
+    (pkgs / "prefetch").write_text(
+        f"#!{pkgs / 'bb' / 'bin' / 'sh'}\n"
         f'[ "$*" = "--json --image-name lmsysorg/sglang --image-digest {digest} --arch arm64 --os linux '
         f'--final-image-tag dev-dsv41" ] || {{ echo "bad argv: $*" >&2; exit 3; }}\n'
         f"echo '{{\"imageName\": \"lmsysorg/sglang\", \"sha256\": \"{nar32}\"}}'\n")
-    stub.chmod(0o755)
-    monkeypatch.setenv("PATH", f"{stub.parent}:{__import__('os').environ['PATH']}")
-    path = tmp_path / "m"
+    (pkgs / "prefetch").chmod(0o755)
+    (pkgs / "flake.nix").write_text(PREFETCH_FLAKE.replace("@system@", SYSTEM))
+    flake = tmp_path / "flake"
+    flake.mkdir()
+    (flake / "flake.nix").write_text(f'{{ inputs.nixpkgs.url = "path:{pkgs}"; outputs = _: {{ }}; }}\n')
+    monkeypatch.setenv("NIX_CONFIG", nix_config(tmp_path / "nixcfg"))
+    process.run(["nix", "flake", "lock", str(flake)])
+    # a nix-prefetch-docker on PATH that must not be used
+    decoy = tmp_path / "bin" / "nix-prefetch-docker"
+    decoy.parent.mkdir()
+    decoy.write_text("#!/bin/sh\necho '{\"sha256\": \"" + nar.nix32(bytes(32)) + "\"}'\n")
+    decoy.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{decoy.parent}:{os.environ['PATH']}")
+    path = flake / "sources.manifest"
     path.write_text(f"# the base\nbase-image  {digest}  unlocked  docker://lmsysorg/sglang:dev-dsv41@{digest}\n"
                     "    arch=arm64\n")
     code, out, err = tp4_cli("sources", "lock", "base-image", "--manifest", path)
@@ -128,6 +160,22 @@ def test_lock_of_the_image_uses_nix_prefetch_docker(tp4_cli, tmp_path: Path, mon
     row = mf.load(path).by_name["base-image"]
     assert row.sha256 == bytes(range(32)).hex() and dict(row.attrs) == {"arch": "arm64"}
     assert path.read_text().startswith("# the base\n")
+
+
+def test_lock_writes_through_the_manifest_link(tp4_cli, tmp_path: Path, monkeypatch) -> None:
+    """The repository's sources.manifest links into the package: lock rewrites the file it points
+    at and leaves the link a link."""
+    real = tmp_path / "data" / "sources.manifest"
+    real.parent.mkdir()
+    with FileServer() as s:
+        s.add(f"/example.invalid/{'a' * 40}/f", b"payload")
+        monkeypatch.setenv("TP4_SOURCES_MIRROR", s.url(""))
+        real.write_text(f"f  {'a' * 40}  unlocked  https://example.invalid/{'a' * 40}/f\n")
+        link = tmp_path / "sources.manifest"
+        link.symlink_to("data/sources.manifest")
+        code, _, err = tp4_cli("sources", "lock", "f", "--manifest", link)
+    assert code == 0, err
+    assert link.is_symlink() and mf.load(real).by_name["f"].sha256 == sha256(b"payload")
 
 
 def test_module_hash_fast_path_equals_the_cli(tmp_path, tp4_cli) -> None:

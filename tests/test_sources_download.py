@@ -199,3 +199,26 @@ def test_unreachable_host_gives_a_short_reason(tmp_path: Path) -> None:
     with pytest.raises(Tp4Error, match=r"failed after 4 attempts \(connection to 127.0.0.1:\d+ refused\)"):
         download.download(url, tmp_path / "x", None, label="x", quiet=True)
     assert leftovers(tmp_path) == []
+
+
+def test_a_name_that_does_not_resolve_is_final(tmp_path: Path, monkeypatch, capsys) -> None:
+    """Offline: one attempt, no retries, a message naming the host (retries are for broken transfers)."""
+    monkeypatch.setenv("TP4_SOURCES_RETRIES", "4")
+    url = f"https://tp4-offline.invalid/o/r/archive/{C40}.tar.gz"
+    with pytest.raises(Tp4Error) as info:
+        download.download(url, tmp_path / "x", None, label="x")
+    assert "cannot resolve tp4-offline.invalid" in str(info.value) and "offline" in str(info.value)
+    assert "retrying" not in capsys.readouterr().err
+    assert leftovers(tmp_path) == []
+
+
+def test_pip_with_an_index_that_does_not_resolve_says_offline(tmp_path: Path, monkeypatch) -> None:
+    from tp4.sources import fetch
+
+    for key, value in {"PIP_CONFIG_FILE": os.devnull, "PIP_INDEX_URL": "https://tp4-offline.invalid/simple",
+                       "PIP_FIND_LINKS": "", "PIP_EXTRA_INDEX_URL": ""}.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setenv("TP4_SOURCES_RETRIES", "4")
+    row = mf.parse(f"sglang-kernel  0.4.7  {'c' * 64}  pypi:sglang_kernel-0.4.7-cp310-abi3-manylinux2014_aarch64.whl\n").rows[0]
+    with pytest.raises(Tp4Error, match=r"pip download: cannot resolve tp4-offline.invalid: this machine looks offline"):
+        fetch.pip_download(row, tmp_path, quiet=True)

@@ -1,16 +1,25 @@
 """Every call of the nix CLI.
 
-tp4 needs Nix >= 2.4: the flake (``nix build .#image``, ``nix eval``, ``nix path-info``) and its
-lock file (format version 7) came with 2.4. Every call passes ``--extra-experimental-features
-'nix-command flakes'`` so a Nix that has not enabled flakes in its configuration works too.
+Flakes and the flake.lock format (version 7) need Nix >= 2.4, and that is all a flake with no
+nixpkgs input needs (the tests' image flakes). A flake that pins nixpkgs needs what that nixpkgs
+asks for: the generation tp4 pins refuses to evaluate on Nix older than 2.18
+(``lib/minfeatures.nix``), so `tp4 build` on the line's flake asks for 2.18 before nix fails in
+the middle of an evaluation. Every call passes ``--extra-experimental-features 'nix-command
+flakes'`` so a Nix that has not enabled flakes in its configuration works too.
+
+Before nix fetches a flake's locked inputs, :func:`require` checks that those not yet in the store
+can be fetched at all: a host name that does not resolve is reported at once (nix would retry it
+for seconds and then print a wall of warnings).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import re
 import shlex
 import shutil
+import socket
 import subprocess
 import sys
 from collections.abc import Callable
@@ -18,11 +27,124 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tp4 import process
-from tp4.errors import Tp4Error
+from tp4.errors import InvalidInput, Tp4Error
 
 MIN_VERSION = (2, 4)
 WHY_MIN_VERSION = "flakes and the flake.lock format (version 7) arrived in Nix 2.4"
+NIXPKGS_MIN_VERSION = (2, 18)
+WHY_NIXPKGS_MIN_VERSION = "the nixpkgs this flake pins refuses to evaluate on older Nix (its lib/minfeatures.nix)"
+INSTALL_HINT = ("install Nix 2.18 or newer (Debian 12's nix-bin is 2.8: use the Nix installer, or "
+                "`nix profile install nixpkgs#nixVersions.latest` from an existing Nix) and retry")
 FEATURES = ["--extra-experimental-features", "nix-command flakes"]
+
+
+def find_flake(start: str | os.PathLike[str] | None = None) -> Path:
+    """The directory holding flake.nix: ``start`` or its nearest parent (default: $TP4_FLAKE, else cwd)."""
+    here = Path(start or os.environ.get("TP4_FLAKE") or os.getcwd()).resolve()
+    for d in (here, *here.parents):
+        if (d / "flake.nix").is_file():
+            return d
+    raise InvalidInput(f"no flake.nix in {here} or its parents: run tp4 in the tp4 repository or pass --flake")
+
+
+@dataclass(frozen=True)
+class LockedInput:
+    """One locked input of flake.lock, as far as tp4 needs to know it."""
+
+    name: str
+    type: str
+    # what nix downloads it from (None for local inputs), and where the unpacked tree lands
+    url: str | None
+    store_path: str | None
+    nixpkgs: bool
+
+    @property
+    def host(self) -> str | None:
+        from tp4.sources.download import host_of
+
+        return host_of(self.url) if self.url else None
+
+    @property
+    def present(self) -> bool:
+        return self.store_path is not None and os.path.exists(self.store_path)
+
+
+def locked_inputs(flake: Path) -> list[LockedInput]:
+    """The non-root nodes of ``flake/flake.lock`` (none without a lock file)."""
+    lock_file = flake / "flake.lock"
+    try:
+        data = json.loads(lock_file.read_text())
+        nodes = data["nodes"]
+        root = data.get("root", "root")
+    except FileNotFoundError:
+        return []
+    except (ValueError, KeyError, TypeError, UnicodeDecodeError) as exc:
+        raise InvalidInput(f"{lock_file}: not a flake lock file ({exc}); regenerate it with `nix flake lock`") from None
+    found = []
+    for name, node in nodes.items():
+        locked = node.get("locked") if isinstance(node, dict) and name != root else None
+        if not isinstance(locked, dict):
+            continue
+        kind = str(locked.get("type", ""))
+        found.append(LockedInput(name=name, type=kind, url=_fetch_url(locked), store_path=_store_path(locked),
+                                 nixpkgs=kind == "github" and str(locked.get("repo", "")).lower() == "nixpkgs"))
+    return found
+
+
+def _fetch_url(locked: dict) -> str | None:
+    kind = locked.get("type")
+    if kind == "github":
+        host = locked.get("host", "github.com")
+        api = "api.github.com" if host == "github.com" else f"{host}/api/v3"
+        return f"https://{api}/repos/{locked.get('owner')}/{locked.get('repo')}/tarball/{locked.get('rev')}"
+    if kind == "gitlab":
+        return f"https://{locked.get('host', 'gitlab.com')}/api/v4/projects/{locked.get('owner')}%2F{locked.get('repo')}"
+    if kind in ("tarball", "file", "git", "hg"):
+        url = str(locked.get("url", ""))
+        return url if "://" in url and not url.startswith(("file://", "git+file://", "path:")) else None
+    return None
+
+
+def _store_path(locked: dict) -> str | None:
+    """Where nix keeps an input once fetched: fetchTree's `source` path of its narHash."""
+    from tp4.sources import nar
+
+    try:
+        return nar.store_path("source", nar.parse_hash(str(locked["narHash"])))
+    except (KeyError, ValueError, Tp4Error):
+        return None
+
+
+def required_version(flake: Path | None) -> tuple[tuple[int, ...], str]:
+    """The least Nix version the flake can be evaluated with, and why."""
+    if flake is not None and any(i.nixpkgs for i in locked_inputs(flake)):
+        return NIXPKGS_MIN_VERSION, WHY_NIXPKGS_MIN_VERSION
+    return MIN_VERSION, WHY_MIN_VERSION
+
+
+def check_fetchable(flake: Path) -> None:
+    """Every locked input that is not in the store yet has a host name that resolves."""
+    failed: dict[str, list[str]] = {}
+    for inp in locked_inputs(flake):
+        host = inp.host
+        if host is None or inp.present:
+            continue
+        if host not in failed:
+            try:
+                socket.getaddrinfo(host, 443, type=socket.SOCK_STREAM)
+                failed[host] = []
+                continue
+            except (socket.gaierror, UnicodeError):
+                failed[host] = [inp.name]
+                continue
+        if failed[host]:
+            failed[host].append(inp.name)
+    bad = {h: names for h, names in failed.items() if names}
+    if bad:
+        what = "; ".join(f"{', '.join(names)} from {host}" for host, names in bad.items())
+        raise Tp4Error(f"the flake's inputs are not in the Nix store and cannot be fetched ({what}): cannot resolve "
+                       f"{', '.join(bad)}, this machine looks offline. Run it on a machine with network access, "
+                       "or copy the inputs here first (`nix flake archive --to ssh://THIS-HOST` from a machine that has them)")
 
 
 def base() -> list[str]:
@@ -37,21 +159,20 @@ def parse_version(text: str) -> tuple[int, ...]:
     return tuple(int(g) for g in m.groups() if g is not None)
 
 
-def require() -> tuple[int, ...]:
-    """The installed Nix version; a clear error when Nix is missing or older than MIN_VERSION."""
-    need = ".".join(map(str, MIN_VERSION))
+def require(flake: Path | None = None, *, what: str = "tp4 build") -> tuple[int, ...]:
+    """The installed Nix version; a clear error when Nix is missing or older than the flake needs,
+    or when the flake's missing inputs cannot be fetched (see :func:`check_fetchable`)."""
+    minimum, why = required_version(flake)
+    need = ".".join(map(str, minimum))
+    hint = INSTALL_HINT if minimum >= NIXPKGS_MIN_VERSION else "install Nix (Debian/Ubuntu: apt-get install nix-bin) and retry"
     if shutil.which("nix") is None:
-        raise Tp4Error(
-            f"nix is not installed: tp4 build needs Nix >= {need} ({WHY_MIN_VERSION}); "
-            "install Nix (Debian/Ubuntu: apt-get install nix-bin) and retry"
-        )
+        raise Tp4Error(f"nix is not installed: {what} needs Nix >= {need} ({why}); {hint}")
     version = parse_version(process.run(["nix", "--version"]).stdout)
-    if version < MIN_VERSION:
+    if version < minimum:
         have = ".".join(map(str, version))
-        raise Tp4Error(
-            f"nix {have} is too old: tp4 build needs Nix >= {need} ({WHY_MIN_VERSION}); "
-            "upgrade Nix and retry"
-        )
+        raise Tp4Error(f"nix {have} is too old: {what} needs Nix >= {need} ({why}); {hint}")
+    if flake is not None:
+        check_fetchable(flake)
     return version
 
 

@@ -92,6 +92,38 @@ class _Retry(Exception):
     pass
 
 
+def host_of(url: str) -> str:
+    """The host part of a URL (``https://user@host:443/p`` -> ``host``)."""
+    netloc = url.split("://", 1)[-1].split("/", 1)[0].rsplit("@", 1)[-1]
+    if netloc.startswith("["):
+        return netloc[1:].split("]", 1)[0]
+    return netloc.split(":", 1)[0]
+
+
+def offline_error(host: str, what: str, alternative: str = "point TP4_SOURCES_MIRROR at a reachable mirror") -> Tp4Error:
+    return Tp4Error(f"{what}: cannot resolve {host}: this machine looks offline (no DNS answer for the name); "
+                    f"run it on a machine with network access, or {alternative}")
+
+
+def unresolvable(exc: BaseException) -> bool:
+    """The error, or one it was raised from, is a failed name lookup: retrying cannot help."""
+    import socket
+
+    seen: set[int] = set()
+    todo: list[BaseException | None] = [exc]
+    while todo:
+        e = todo.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        if isinstance(e, socket.gaierror) or type(e).__name__ == "NameResolutionError":
+            return True
+        # requests wraps urllib3's MaxRetryError, whose `reason` holds the real cause
+        todo += [e.__cause__, e.__context__, getattr(e, "reason", None) if isinstance(getattr(e, "reason", None), BaseException) else None]
+        todo += [a for a in e.args if isinstance(a, BaseException)]
+    return False
+
+
 def _reason(exc: BaseException, url: str) -> str:
     """A short cause for a network error (requests' own text nests three exceptions deep)."""
     text = str(exc)
@@ -153,9 +185,13 @@ def _stream(url: str, sink: Callable[[bytes], None], reset: Callable[[], None], 
             last = str(exc)
         except (requests.exceptions.ConnectionError, requests.exceptions.Timeout,
                 requests.exceptions.ChunkedEncodingError) as exc:
+            if unresolvable(exc):
+                raise offline_error(host_of(real), f"{label}: download of {real}") from None
             last = _reason(exc, real)
         except Exception as exc:  # urllib3 errors raised from raw.stream()
             if type(exc).__module__.startswith("urllib3"):
+                if unresolvable(exc):
+                    raise offline_error(host_of(real), f"{label}: download of {real}") from None
                 last = _reason(exc, real)
             else:
                 raise

@@ -89,8 +89,7 @@ def pip_download(row: Row, dest_dir: Path, *, quiet: bool = False) -> Path:
     with tempfile.TemporaryDirectory(prefix="tp4-wheel-", dir=dest_dir) as tmp:
         if not quiet:
             print(f"fetching {row.name}: pip download {row.component}=={row.commit}", file=sys.stderr, flush=True)
-        process.run([sys.executable, "-m", "pip", "download", "--disable-pip-version-check", "-q",
-                     "-d", tmp, *wheel_pip_args(row)])
+        _pip_download(row, tmp)
         got = Path(tmp) / row.file_name
         if not got.exists():
             names = ", ".join(sorted(p.name for p in Path(tmp).iterdir())) or "nothing"
@@ -98,6 +97,46 @@ def pip_download(row: Row, dest_dir: Path, *, quiet: bool = False) -> Path:
         target = dest_dir / row.file_name
         got.replace(target)
         return target
+
+
+def _pip_download(row: Row, tmp: str) -> None:
+    """pip download with tp4's retries instead of pip's: a name that does not resolve fails at once
+    (pip would retry it for seconds), a transfer that breaks is tried again."""
+    import re
+    import time
+
+    from tp4.sources import download
+
+    argv = [sys.executable, "-m", "pip", "download", "--disable-pip-version-check", "--retries", "0",
+            "-d", tmp, *wheel_pip_args(row)]
+    retries = download._retries()
+    for attempt in range(retries + 1):
+        if attempt:
+            time.sleep(download._backoff() * 2 ** (attempt - 1))
+        proc = process.run(argv, check=False)
+        if proc.returncode == 0:
+            return
+        # pip does not say why an index gave nothing; a name that does not resolve is final
+        indexes = re.search(r"Looking in indexes: (.*)", proc.stdout)
+        for url in (indexes.group(1).split(", ") if indexes else []):
+            host = download.host_of(url.strip())
+            if "://" in url and not url.startswith("file:") and not _resolves(host):
+                raise download.offline_error(host, f"{row.name}: pip download",
+                                             "give pip a reachable index (PIP_INDEX_URL)") from None
+        if not re.search(r"IncompleteRead|ConnectionError|ProtocolError|Read timed out|connection broken", proc.stderr, re.I):
+            break  # pip's own answer (no such version, a hash mismatch, ...): final
+    tail = "\n".join(proc.stderr.strip().splitlines()[-10:])
+    raise Tp4Error(f"{row.name}: pip download {row.component}=={row.commit} failed with exit code {proc.returncode}\n{tail}")
+
+
+def _resolves(host: str) -> bool:
+    import socket
+
+    try:
+        socket.getaddrinfo(host, 443, type=socket.SOCK_STREAM)
+        return True
+    except (socket.gaierror, UnicodeError):
+        return False
 
 
 def git_checkout(url: str, commit: str, dest: Path) -> None:

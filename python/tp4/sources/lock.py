@@ -74,7 +74,10 @@ def resolve_github(owner: str, repo: str, ref: str) -> str:
     try:
         resp = requests.get(url, headers=headers, timeout=30)
     except requests.RequestException as exc:
-        raise Tp4Error(f"cannot reach the GitHub API to resolve {owner}/{repo}@{ref}: {exc}") from exc
+        what = f"resolving {owner}/{repo}@{ref} through the GitHub API"
+        if download.unresolvable(exc):
+            raise download.offline_error(download.host_of(url), what) from None
+        raise Tp4Error(f"{what}: {download._reason(exc, url)}") from None
     if resp.status_code != 200:
         raise Tp4Error(f"GitHub API: {owner}/{repo}@{ref}: HTTP {resp.status_code} ({resp.text[:200].strip()})")
     try:
@@ -111,11 +114,18 @@ def resolve_git(url: str, ref: str) -> str:
     return found
 
 
-def _image_hash(row: Row) -> str:
-    """sha256 (hex) of dockerTools.pullImage's output, via nix-prefetch-docker (needs the network)."""
+def _image_hash(row: Row, manifest_path: Path | None) -> str:
+    """sha256 (hex) of dockerTools.pullImage's output: a flat hash of the docker-archive skopeo
+    writes. It is computed by the nix-prefetch-docker of the nixpkgs the flake pins (the skopeo
+    that pullImage uses), not whatever version is on PATH, so the two hashes agree."""
+    from tp4 import nix
+
+    flake = nix.find_flake(manifest_path.parent if manifest_path else None)
+    nix.require(flake, what=f"tp4 sources lock {row.name}")
     img = row.image()
     proc = process.run([
-        "nix-prefetch-docker", "--json", "--image-name", img["name"], "--image-digest", img["digest"],
+        *nix.base(), "run", "--inputs-from", str(flake), "nixpkgs#nix-prefetch-docker", "--",
+        "--json", "--image-name", img["name"], "--image-digest", img["digest"],
         "--arch", row.attrs.get("arch", "arm64"), "--os", "linux", "--final-image-tag", img["tag"],
     ])
     try:
@@ -126,7 +136,7 @@ def _image_hash(row: Row) -> str:
         raise Tp4Error(f"nix-prefetch-docker gave no usable hash for {row.name}: {proc.stdout[:200]!r}") from exc
 
 
-def lock_row(row: Row, ref: str | None = None, *, quiet: bool = False) -> Row:
+def lock_row(row: Row, ref: str | None = None, *, quiet: bool = False, manifest_path: Path | None = None) -> Row:
     """The row with its commit resolved (from ``ref``, or its own commit column if that is a ref)
     and its sha256 computed from a fresh download."""
     kind = row.kind
@@ -139,7 +149,7 @@ def lock_row(row: Row, ref: str | None = None, *, quiet: bool = False) -> Row:
             got = fetch.pip_download(row, Path(tmp), quiet=quiet)
             return replace(row, sha256=download.sha256_file(got))
     if kind == "image":
-        return replace(row, sha256=_image_hash(row))
+        return replace(row, sha256=_image_hash(row, manifest_path))
     if kind == "git":
         commit = resolve_git(row.url, ref or row.commit)
         url = row.url.rsplit("@", 1)[0] + "@" + commit
@@ -168,7 +178,7 @@ def lock(manifest: Manifest, names: list[str], *, ref: str | None = None, quiet:
     rows = [manifest.row(n) for n in names] if names else [r for r in manifest.rows if r.sha256 == UNLOCKED]
     changes = []
     for row in rows:
-        new = lock_row(row, ref, quiet=quiet)
+        new = lock_row(row, ref, quiet=quiet, manifest_path=manifest.path)
         changes.append(Change(row.name, row, new))
     updated = {c.name: c.new for c in changes if c.new != c.old}
     if updated:
@@ -177,6 +187,8 @@ def lock(manifest: Manifest, names: list[str], *, ref: str | None = None, quiet:
 
 
 def write_atomic(path: Path, text: str) -> None:
+    # the repository's sources.manifest is a link into the package: replace the file, not the link
+    path = path.resolve()
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:

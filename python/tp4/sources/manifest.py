@@ -348,14 +348,19 @@ def load(path: str | Path) -> Manifest:
     return parse(text, path)
 
 
+# The manifest ships inside the package (the repository's sources.manifest links here), so an
+# installed tp4 (a wheel, `nix run`) has the pins it was built with.
+PACKAGED = Path(__file__).resolve().parents[1] / "data" / MANIFEST_NAME
+
+
 def default_path() -> Path:
     """The tp4 repository's ``sources.manifest``: in the working directory or its nearest parent
-    holding a flake.nix beside it, else the checkout this package runs from (an editable install)."""
+    holding a flake.nix beside it (a checkout being edited), else the one shipped in the package."""
     here = Path.cwd()
     for d in (here, *here.parents):
         if (d / MANIFEST_NAME).is_file() and (d / "flake.nix").is_file():
             return d / MANIFEST_NAME
-    return Path(__file__).resolve().parents[3] / MANIFEST_NAME
+    return PACKAGED
 
 
 def replace_rows(manifest: Manifest, new: Mapping[str, Row]) -> str:
