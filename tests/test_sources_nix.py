@@ -113,26 +113,36 @@ def test_builtins_fetchurl_accepts_the_right_hash_and_rejects_a_wrong_one(tmp_pa
         shutil.rmtree(work, ignore_errors=True)
 
 
-def test_git_row_is_checked_by_its_nar_hash(tmp_path: Path) -> None:
+def test_git_row_is_checked_by_its_nar_hash(tmp_path: Path, monkeypatch) -> None:
+    """The origin lives under /dev/shm, not tmp_path: Nix 2.8 runs git in the mount namespace it
+    saved at start (setns), which also resets the root, so inside a chroot (the fresh-machine CI
+    runs the suite in one) git sees the host's /tmp, where tmp_path does not exist; /dev is the
+    same on both sides. Neither the commit nor Nix's git reads the machine's git configuration."""
     import git
-    origin = tmp_path / "origin"
-    repo = git.Repo.init(origin)
-    (origin / "a.py").write_text("a = 1\n")
-    repo.index.add(["a.py"])
-    with repo.config_writer() as cfg:
-        cfg.set_value("user", "name", "t").set_value("user", "email", "t@e.invalid")
-    commit = repo.index.commit("one").hexsha
-    tree = tmp_path / "tree"
-    tree.mkdir()
-    (tree / "a.py").write_text("a = 1\n")
-    right = nar.nar_sha256(tree).hex()
-    manifest = tmp_path / "m"
-    manifest.write_text(f"g  {commit}  {right}  git+file://{origin}@{commit}\n"
-                        f"h  {commit}  {'0' * 64}  git+file://{origin}@{commit}\n")
-    stored = builtins_fetch(manifest, "g", tmp_path)
-    assert stored == nar.store_path("g", bytes.fromhex(right))
-    with pytest.raises(Tp4Error, match="store path mismatch"):
-        builtins_fetch(manifest, "h", tmp_path)
+
+    monkeypatch.setenv("GIT_CONFIG_GLOBAL", "/dev/null")
+    monkeypatch.setenv("GIT_CONFIG_NOSYSTEM", "1")
+    shm = Path(tempfile.mkdtemp(prefix="tp4-git-", dir="/dev/shm"))
+    try:
+        origin = shm / "origin"
+        repo = git.Repo.init(origin, initial_branch="main")
+        (origin / "a.py").write_text("a = 1\n")
+        repo.index.add(["a.py"])
+        who = git.Actor("t", "t@e.invalid")
+        commit = repo.index.commit("one", author=who, committer=who).hexsha
+        tree = tmp_path / "tree"
+        tree.mkdir()
+        (tree / "a.py").write_text("a = 1\n")
+        right = nar.nar_sha256(tree).hex()
+        manifest = tmp_path / "m"
+        manifest.write_text(f"g  {commit}  {right}  git+file://{origin}@{commit}\n"
+                            f"h  {commit}  {'0' * 64}  git+file://{origin}@{commit}\n")
+        stored = builtins_fetch(manifest, "g", tmp_path)
+        assert stored == nar.store_path("g", bytes.fromhex(right))
+        with pytest.raises(Tp4Error, match="store path mismatch"):
+            builtins_fetch(manifest, "h", tmp_path)
+    finally:
+        shutil.rmtree(shm, ignore_errors=True)
 
 
 def test_upstream_manifest_parses_the_same(tmp_path: Path) -> None:
