@@ -23,19 +23,33 @@ let
   trees = builtins.mapAttrs (
     pname: target:
     import ./tree.nix {
-      inherit pkgs sources pname target;
+      inherit
+        pkgs
+        sources
+        pname
+        target
+        ;
       transforms = src.transforms;
     }
   ) line.trees;
 
   tp4 = import ./tp4.nix { inherit pkgs src; };
-  wheels = import ./wheels.nix { inherit pkgs; wheels = map (w: sources.src.${w}) line.wheels; };
+  wheels = import ./wheels.nix {
+    inherit pkgs;
+    wheels = map (w: {
+      file = sources.wheelFiles.${w};
+      src = sources.src.${w};
+    }) line.wheels;
+  };
   tp4-runtime = import ./runtime.nix {
     inherit pkgs;
     tree = trees.runtime-tree;
-    version = builtins.substring 0 8 sources.byName.${sources.trees.${line.trees.runtime-tree}.attrs.from}.commit;
-    glibc = sources.byName.${line.base}.attrs.glibc
-      or (throw "sources.manifest: the base image's row '${line.base}' needs glibc=MAJOR.MINOR (its glibc version)");
+    version =
+      builtins.substring 0 8
+        sources.byName.${sources.trees.${line.trees.runtime-tree}.attrs.from}.commit;
+    glibc =
+      sources.byName.${line.base}.attrs.glibc
+        or (throw "sources.manifest: the base image's row '${line.base}' needs glibc=MAJOR.MINOR (its glibc version)");
     inherit src;
   };
 
@@ -47,17 +61,39 @@ let
     labels = line.labels flakeRev;
     # bottom to top: least to most often changed
     layers = [
-      { path = "/opt/dsv41-wheels"; tree = wheels; }
+      {
+        path = "/opt/dsv41-wheels";
+        tree = wheels;
+      }
       # the tree holds python/ at its top, as upstream's /sgl-workspace/sglang does
-      { path = "/sgl-workspace/sglang/python"; tree = trees.sglang-tree; subdir = "/python"; }
-      { path = "/opt/b12x"; tree = trees.b12x; }
-      { path = "/opt/b12x_next"; tree = trees.b12x-next; }
-      { path = "/opt/dsv41"; tree = tp4-runtime; }
+      {
+        path = "/sgl-workspace/sglang/python";
+        tree = trees.sglang-tree;
+        subdir = "/python";
+      }
+      {
+        path = "/opt/b12x";
+        tree = trees.b12x;
+      }
+      {
+        path = "/opt/b12x_next";
+        tree = trees.b12x-next;
+      }
+      {
+        path = "/opt/dsv41";
+        tree = tp4-runtime;
+      }
     ];
   };
 in
 {
-  inherit tp4 wheels tp4-runtime image line;
+  inherit
+    tp4
+    wheels
+    tp4-runtime
+    image
+    line
+    ;
   inherit (trees) sglang-tree b12x b12x-next;
   sources = sources.src;
 }

@@ -7,6 +7,11 @@
 let
   inherit (pkgs) lib python3Packages;
   pyproject = builtins.fromTOML (builtins.readFile (src.root + "/python/pyproject.toml"));
+  # a Poetry dependency table as python3Packages (whose names are Poetry's, lower case)
+  packagesOf =
+    table:
+    map (n: python3Packages.${n}) (builtins.filter (n: n != "python") (builtins.attrNames table));
+  dependencies = packagesOf pyproject.tool.poetry.dependencies;
 in
 python3Packages.buildPythonApplication {
   pname = "tp4";
@@ -15,14 +20,31 @@ python3Packages.buildPythonApplication {
   src = src.cli;
   sourceRoot = "${src.cliName}/python";
   build-system = [ python3Packages.poetry-core ];
-  dependencies = with python3Packages; [ pydantic click requests gitpython ];
+  inherit dependencies;
   makeWrapperArgs = [
-    "--suffix" "PATH" ":"
-    (lib.makeBinPath [ pkgs.nix pkgs.openssh pkgs.gnupatch pkgs.podman pkgs.skopeo ])
+    "--suffix"
+    "PATH"
+    ":"
+    (lib.makeBinPath [
+      pkgs.nix
+      pkgs.openssh
+      pkgs.gnupatch
+      pkgs.podman
+      pkgs.skopeo
+    ])
   ];
-  # the test suite needs netns hosts, sshd and a nix daemon: it runs in `checks` and CI, not here
+  # the unit tests run in checks.unit; the rest needs netns hosts, sshd and a nix daemon (CI)
   doCheck = false;
-  pythonImportsCheck = [ "tp4" "tp4.cli" "tp4.sources" ];
+  # the Python the tests run with (the unit check, the dev shell): tp4's dependencies and its
+  # Poetry dev group (pytest, hypothesis, ruff, installer)
+  passthru.testPython = pkgs.python3.withPackages (
+    _: dependencies ++ packagesOf pyproject.tool.poetry.group.dev.dependencies
+  );
+  pythonImportsCheck = [
+    "tp4"
+    "tp4.cli"
+    "tp4.sources"
+  ];
   meta = {
     description = (pyproject.tool.poetry).description;
     license = lib.licenses.asl20;

@@ -22,7 +22,9 @@ from pathlib import Path
 from sources_helpers.build import nix_env as sources_nix_env
 from tp4 import process
 
-BUSYBOX = shutil.which("busybox") or "/bin/busybox"
+# a static busybox: `nix develop` names it (its busybox stays off PATH, where its `ip` and `patch`
+# would shadow iproute2 and GNU patch); elsewhere the one on PATH (Debian's busybox-static)
+BUSYBOX = os.environ.get("TP4_TEST_BUSYBOX") or shutil.which("busybox") or "/bin/busybox"
 SYSTEM = f"{os.uname().machine}-linux"
 FLAKE_FILES = ("flake.nix", "flake.lock", "pkgs", "sources.manifest", "adapters", "python")
 IGNORE = shutil.ignore_patterns("__pycache__", "*.pyc", ".pytest_cache", "*.egg-info", ".hypothesis")

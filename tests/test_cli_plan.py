@@ -10,6 +10,8 @@ import pytest
 
 from tp4.plan import SCHEMA
 
+pytestmark = pytest.mark.unit
+
 NODE_KEYS = {"rank", "role", "name", "host", "ssh", "env", "argv", "run"}
 TOP_KEYS = {"schema", "preset", "source", "image", "line", "nodes", "boot_lines", "forbidden_lines", "secrets", "warnings"}
 

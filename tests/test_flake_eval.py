@@ -142,12 +142,18 @@ def test_trees_run_the_transforms_of_tp4_sources(work, flake, manifest):
 
 
 def test_wheels_fetched_with_fetchpypi_by_hash(work, flake, manifest):
-    wheels = evaluate(work, flake, "packages.aarch64-linux.wheels", "w: map (x: x.stub) w.wheels")
+    wheels = evaluate(work, flake, "packages.aarch64-linux.wheels", """w: {
+      fetched = map (x: x.src.stub // { inherit (x) file; inherit (x.src) name; }) w.wheels;
+      script = w.stub.args.buildCommand; }""")
     rows = [r for r in manifest.rows if r.kind == "wheel"]
-    assert [w["builder"] for w in wheels] == ["python3Packages.fetchPypi"] * len(rows)
-    for w, row in zip(wheels, rows, strict=True):
+    assert [w["builder"] for w in wheels["fetched"]] == ["python3Packages.fetchPypi"] * len(rows)
+    for w, row in zip(wheels["fetched"], rows, strict=True):
         assert w["args"]["format"] == "wheel" and w["args"]["sha256"] == row.sha256
         assert w["args"]["version"] == row.commit and w["args"]["platform"] == row.wheel()["platform"]
+        # installed under its file name (installer reads name and version from it), which is
+        # also the name nixpkgs gives the fetched file
+        assert w["file"] == w["name"] == row.url.removeprefix("pypi:")
+        assert f"\"$TMPDIR\"/dist/'{w['file']}'" in wheels["script"]
 
 
 def test_cli_package_from_the_poetry_pyproject(work, flake):
@@ -174,10 +180,62 @@ def test_flake_outputs(work, flake, manifest):
     assert "image" not in names["x86_64-linux"] and "tp4-runtime" not in names["x86_64-linux"]
     sources = evaluate(work, flake, "legacyPackages.aarch64-linux.sources", "builtins.attrNames")
     assert sorted(sources) == sorted(r.name for r in manifest.rows)
-    checks = evaluate(work, flake, "checks.aarch64-linux", "builtins.attrNames")
-    assert "image" in checks and "tp4" in checks
+    checks = evaluate(work, flake, "checks", "c: builtins.mapAttrs (s: builtins.attrNames) c")
+    assert {"eval", "formatting", "unit", "tp4"} <= set(checks["x86_64-linux"])
+    assert set(checks["aarch64-linux"]) == set(checks["x86_64-linux"]) | {"image", "tp4-runtime"}
     assert evaluate(work, flake, "devShells.x86_64-linux.default.stub.builder") == "mkShell"
-    assert evaluate(work, flake, "formatter.aarch64-linux.name") == "nixfmt"
+    assert evaluate(work, flake, "formatter.aarch64-linux.name") == "nixfmt-tree"
+
+
+def test_eval_check_instantiates_every_output_of_every_system(work, flake):
+    """checks.eval is a file of the .drv paths of every package, dev shell, source and
+    formatter, on both systems, written without depending on any of them."""
+    got = evaluate(work, flake, "checks.x86_64-linux.eval", """e: {
+      inherit (e.stub) builder; listed = builtins.fromJSON e.stub.args.text;
+      context = builtins.hasContext e.stub.args.text; }""")
+    assert got["builder"] == "writeText" and got["context"] is False
+    listed = got["listed"]
+    for system in ("aarch64-linux", "x86_64-linux"):
+        packages = evaluate(work, flake, f"packages.{system}", "p: builtins.mapAttrs (n: d: d.drvPath) p")
+        assert {n: p for n, p in listed.items() if n.startswith(f"{system}.packages.")} == {
+            f"{system}.packages.{n}": p for n, p in packages.items()}
+        assert f"{system}.devShells.default" in listed and f"{system}.formatter.default" in listed
+        assert f"{system}.sources.base-image" in listed
+    assert "aarch64-linux.packages.image" in listed and all(p.endswith(".drv") for p in listed.values())
+
+
+def test_formatting_check_is_nixfmt_over_the_nix_files(work, flake):
+    """The project handed to treefmt's check is a real copy (builtins.path) of the Nix files alone."""
+    got = evaluate(work, flake, "checks.x86_64-linux.formatting", """f: {
+      inherit (f.stub) builder; project = f.stub.args.project; }""")
+    assert got["builder"] == "nixfmt-tree.check"
+    project = Path(got["project"])
+    copied = sorted(str(p.relative_to(project)) for p in project.rglob("*") if not p.is_dir())
+    assert copied == sorted(str(p.relative_to(flake)) for p in flake.rglob("*.nix"))
+    assert "flake.nix" in copied and "pkgs/checks.nix" in copied
+
+def test_unit_check_runs_the_unit_modules_with_the_test_python(work, flake):
+    unit = evaluate(work, flake, "checks.x86_64-linux.unit", """u: {
+      script = u.stub.args.buildCommand;
+      inputs = map (p: p.name) u.stub.args.nativeBuildInputs;
+      python = map (p: p.name) (builtins.head u.stub.args.nativeBuildInputs).stub.args.packages; }""")
+    assert "grep -l '^pytestmark = pytest.mark.unit$' tests/test_*.py" in unit["script"]
+    assert "python3 -m pytest -q -p no:cacheprovider --hypothesis-seed=0 -m unit $modules" in unit["script"]
+    assert unit["inputs"] == ["python3-3.13-env", "git"]
+    pyproject = tomllib.loads((REPO / "python" / "pyproject.toml").read_text())["tool"]["poetry"]
+    wanted = {d for d in pyproject["dependencies"] if d != "python"} | set(pyproject["group"]["dev"]["dependencies"])
+    assert set(unit["python"]) == wanted and "installer" in wanted and "ruff" in wanted
+
+
+def test_dev_shell_builds_from_the_package_and_keeps_busybox_off_path(work, flake):
+    shell = evaluate(work, flake, "devShells.x86_64-linux.default", """s: {
+      inputsFrom = map (p: p.name) s.stub.args.inputsFrom;
+      packages = map (p: p.name) s.stub.args.packages;
+      busybox = s.stub.args.env.TP4_TEST_BUSYBOX; }""")
+    assert shell["inputsFrom"] == ["tp4-0.1.0"]
+    assert not any("busybox" in p for p in shell["packages"])
+    assert {"python3-3.13-env", "iproute2", "gnupatch", "nix", "git"} <= set(shell["packages"])
+    assert shell["busybox"].startswith("/nix/store/") and shell["busybox"].endswith("-busybox-static-x86_64-unknown-linux-musl-1.37.0/bin/busybox")
 
 
 def test_unlocked_rows_are_refused_with_the_lock_command(work):

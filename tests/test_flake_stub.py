@@ -49,10 +49,58 @@ def stub_call(builder: str, args: str) -> str:
      "does not accept dependancies"),
     ("python3Packages.buildPythonApplication", '{ pname = "a"; version = "1"; pyproject = true; pytestFlagsArray = [ ]; }',
      "pytestFlagsArray: use pytestFlags"),
+    ("python3Packages.buildPythonApplication", '{ pname = "a"; version = "1"; pyproject = true; dontPatchShebang = true; }',
+     "does not accept dontPatchShebang"),
+    # fetchPypi hands what it does not take itself to the format's URL builder, which has no `...`
+    ("python3Packages.fetchPypi", '{ pname = "a"; version = "1"; format = "wheel"; sha256 = "0"; extension = "zip"; }',
+     "(format wheel) does not accept extension"),
+    ("python3Packages.fetchPypi", '{ pname = "a"; version = "1"; sha256 = "0"; abi = "abi3"; }',
+     "(format setuptools) does not accept abi"),
+    ("python3Packages.fetchPypi", '{ pname = "a"; version = "1"; format = "egg"; sha256 = "0"; }', "Unsupported format egg"),
+    ("python3Packages.fetchPypi", '{ pname = "a"; version = "1"; format = "wheel"; }', "exactly one of hash / sha256"),
+    # nixpkgs would build with lib.fakeHash and fail; here evaluation fails
+    ("fetchurl", '{ url = "https://x/y"; }', "exactly one of hash / outputHash / sha1 / sha256 / sha512"),
+    ("fetchurl", '{ url = "https://x/y"; sha256 = ""; }', "exactly one of hash / outputHash / sha1 / sha256 / sha512"),
+    ("fetchurl", '{ url = "https://x/y"; sha256 = "0"; hash = "sha256-0"; }', "exactly one of hash / outputHash"),
+    ("fetchurl", '{ url = "https://x/y"; outputHash = "0"; }', "outputHash without outputHashAlgo"),
+    ("stdenv.mkDerivation", '{ pname = "a"; version = "1"; dontPatchShebang = true; }', "does not accept dontPatchShebang"),
+    ("runCommand", '"a" { nativeBuildInput = [ ]; } ""', "does not accept nativeBuildInput"),
+    ("mkShell", "{ inputFrom = [ ]; }", "does not accept inputFrom"),
 ])
 def test_stub_rejects_what_nixpkgs_rejects(builder, args, complaint, tmp_path):
     err = instantiate(stub_call(builder, args), tmp_path, ok=False)
     assert complaint in err and builder in err
+
+
+def test_stub_accepts_environment_variables_and_the_attributes_stdenv_reads(tmp_path):
+    got = instantiate(f"""let p = import {STUB} {{ }}; in [
+        (p.runCommand "a" {{ PYTHONPATH = "/x"; nativeBuildInputs = [ ]; passthru.t = 1; }} "").stub.builder
+        (p.stdenv.mkDerivation {{ pname = "a"; version = "1"; dontPatchShebangs = true; allowedReferences = [ ]; }}).name
+        (p.mkShell {{ inputsFrom = [ ]; packages = [ ]; env.TP4_X = "1"; }}).name
+      ]""", tmp_path)
+    assert got == ["runCommand", "a-1", "nix-shell"]
+
+
+@pytest.mark.parametrize("call,name", [
+    # the file name of the wheel, as fetchPypi's URL ends in it and fetchurl names the path after it
+    ('python3Packages.fetchPypi { pname = "sglang_kernel"; version = "0.4.7"; format = "wheel"; dist = "cp310"; '
+     'python = "cp310"; abi = "abi3"; platform = "manylinux2014_aarch64"; sha256 = "0"; }',
+     "sglang_kernel-0.4.7-cp310-abi3-manylinux2014_aarch64.whl"),
+    ('python3Packages.fetchPypi { pname = "a"; version = "1"; format = "wheel"; hash = "sha256-0"; }',
+     "a-1-py2.py3-none-any.whl"),
+    ('python3Packages.fetchPypi { pname = "a"; version = "1"; sha256 = "0"; }', "a-1.tar.gz"),
+    ('python3Packages.fetchPypi { pname = "a"; version = "1"; extension = "zip"; sha256 = "0"; }', "a-1.zip"),
+    ('fetchurl { url = "https://e.invalid/o/r/archive/abc.tar.gz?x"; sha256 = "0"; }', "abc.tar.gz?x"),
+    ('fetchurl { url = "https://e.invalid/f.patch"; sha256 = "0"; name = "p-0"; }', "p-0"),
+    ('fetchurl { url = "https://e.invalid/f"; sha256 = "0"; pname = "f"; version = "2"; name = "n"; }', "f-2"),
+    ('dockerTools.pullImage { imageName = "lmsysorg/sglang"; imageDigest = "sha256:0"; finalImageTag = "v1:x"; sha256 = "0"; }',
+     "docker-image-lmsysorg-sglang-v1-x.tar"),
+    ('dockerTools.streamLayeredImage { name = "reg/dsv41"; }', "stream-dsv41"),
+])
+def test_store_names_are_the_ones_nixpkgs_gives(call, name, tmp_path):
+    got = instantiate(f"let p = import {STUB} {{ }}; d = p.{call}; in [ d.name d.outPath ]", tmp_path)
+    assert got[0] == name
+    assert re.fullmatch(r"/nix/store/[0-9a-df-np-sv-z]{32}-" + re.escape(name), got[1])
 
 
 def test_stub_records_accepted_calls(tmp_path):
@@ -66,6 +114,9 @@ def test_stub_records_accepted_calls(tmp_path):
     ("image.nix", "layeringPipeline =", "layeringPipline =", "does not accept layeringPipline"),
     ("tree.nix", "pkgs.gnupatch", "pkgs.gnupach", "attribute 'gnupach' missing"),
     ("tp4.nix", "build-system =", "buildSystem =", "does not accept buildSystem"),
+    ("runtime.nix", "dontPatchShebangs =", "dontPatchShebang =", "does not accept dontPatchShebang"),
+    ("outputs.nix", "inputsFrom =", "inputFrom =", "does not accept inputFrom"),
+    ("sources.nix", "dist = w.python;", "dist = w.python; extension = \"whl\";", "does not accept extension"),
 ])
 def test_a_misspelt_name_in_pkgs_fails_the_flake_evaluation(tmp_path, file, good, bad, complaint):
     copy = locked_flake_copy(REPO, tmp_path / "flake")
@@ -79,15 +130,26 @@ def test_a_misspelt_name_in_pkgs_fails_the_flake_evaluation(tmp_path, file, good
 
 
 def test_every_accepted_name_is_in_the_spec(tmp_path):
+    """Each list of api.nix names the nixpkgs file it is read from; those read from
+    shared/spec/nixpkgs-api.md hold only names (and files) that the spec gives."""
     assert SPEC.exists(), f"{SPEC} is missing: the workplace lays shared/ beside the repository (as CI does)"
     api = instantiate(f"import {STUB / 'api.nix'}", tmp_path)
     spec = SPEC.read_text()
     named = set(re.findall(r"`([A-Za-z][A-Za-z0-9-]*)(?: \?[^`]*)?`", spec))
+    assert all(f.startswith("pkgs/") and names for f, names in api.pop("mkDerivation").items())
+    from_spec = 0
     for builder, entry in api.items():
-        if builder == "mkDerivation":
+        assert entry["file"].startswith("pkgs/") and entry["read"], builder
+        if not entry["read"].startswith("nixpkgs-api.md "):
+            assert re.fullmatch(r"[\w-]+/nixpkgs@[0-9a-f]{8}", entry["read"]), builder
             continue
-        for name in entry["required"] + entry["optional"]:
+        from_spec += 1
+        assert entry["file"] in spec, f"{builder}: {entry['file']} is not in nixpkgs-api.md"
+        formats = entry.get("formats", {})
+        for name in entry["required"] + entry["optional"] + [n for names in formats.values() for n in names]:
             assert name in named, f"{builder}: {name} is not in nixpkgs-api.md"
+        assert set(formats) <= named
+    assert from_spec == 5
 
 
 def nix_files() -> list[Path]:

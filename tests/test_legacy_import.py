@@ -15,6 +15,8 @@ from tp4.profile.legacy import HOME, import_env_text, parse_env_text
 from tp4.profile.load import load_text
 from upstream_oracle import bash_source, upstream_argv, upstream_env
 
+pytestmark = pytest.mark.unit
+
 FIXTURE = Path(__file__).parent / "fixtures" / "env.tp4.production"
 
 

@@ -9,6 +9,8 @@ import pytest
 from tp4.plan import build_plan
 from tp4.profile import load_default
 
+pytestmark = pytest.mark.unit
+
 MODEL = "/models/DeepSeek-V4.1-Flash"
 
 # §2.4 item 5, v2.1 form (DSV41_DRAFT_HEAD_FP8_IMPL=tp4, no cert head).

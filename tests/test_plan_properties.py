@@ -6,12 +6,15 @@ import copy
 import re
 import shlex
 
+import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from tp4.errors import InvalidInput
 from tp4.plan import build_plan, env_file_text
 from tp4.profile.load import parse_document
+
+pytestmark = pytest.mark.unit
 
 FIELD = re.compile(r"^[A-Za-z_][A-Za-z0-9_.\[\]-]*: ")
 

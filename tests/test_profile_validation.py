@@ -9,6 +9,8 @@ import pytest
 from tp4.errors import InvalidInput
 from tp4.profile.load import parse_document
 
+pytestmark = pytest.mark.unit
+
 CLUSTER = {"head": {"name": "spark1", "ip": "10.0.0.1"},
            "workers": [{"name": f"spark{i}", "ip": f"10.0.0.{i}"} for i in (2, 3, 4)]}
 

@@ -13,6 +13,8 @@ from tp4.errors import Tp4Error
 from tp4.sources import download
 from tp4.sources import manifest as mf
 
+pytestmark = pytest.mark.unit
+
 DATA = os.urandom(3 * (1 << 20) + 123)
 C40 = "0123456789abcdef0123456789abcdef01234567"
 C40B = "89abcdef0123456789abcdef0123456789abcdef"

@@ -16,6 +16,8 @@ from tp4.errors import Tp4Error
 from tp4.sources import manifest as mf
 from tp4.sources import nar, transforms
 
+pytestmark = pytest.mark.unit
+
 C40 = "0123456789abcdef0123456789abcdef01234567"
 BASE = f"https://raw.githubusercontent.com/o/r/{C40}"
 

@@ -1,92 +1,264 @@
-# The ONE list of argument names the nixpkgs builders accept, as recorded in
-# shared/spec/nixpkgs-api.md (the current, 26.05-cycle column).  The stand-in (./default.nix)
-# checks every call against it:
+# The ONE list of the argument names the nixpkgs builders we call accept, each with the nixpkgs
+# file it is read from and where it was read (`read`: shared/spec/nixpkgs-api.md, or a copy of
+# nixpkgs of the pinned revision's cycle).  The stand-in (./default.nix) checks every call
+# against it, so an argument nixpkgs does not take fails evaluation here as it does there:
 #   required  names that must be given
-#   oneOf     groups of which exactly one name must be given
 #   optional  names that may be given
-#   open      true when the real function has `...`; the stand-in then still only lets through
-#             the attributes stdenv.mkDerivation and the Python hooks read (`mkDerivation` below),
-#             so a misspelt name fails here instead of becoming a silent environment variable
-#   forbidden names the real function rejects with a message
+#   oneOf     groups of which exactly one name must be given (a non-empty value)
+#   open      true when the real function has `...` and hands the rest to stdenv.mkDerivation:
+#             the stand-in then lets through only the attributes listed in `mkDerivation`
+#             (so a misspelt name fails here instead of becoming a silent environment variable)
+#   forbidden names the real function rejects, with its message
 {
-  # Attributes of stdenv.mkDerivation (and the Python hooks) that builders with `...` pass on.
-  mkDerivation = [
-    "pname" "version" "name" "src" "srcs" "sourceRoot" "unpackPhase" "patches" "postPatch"
-    "preBuild" "buildPhase" "postBuild" "installPhase" "preInstall" "postInstall" "fixupPhase"
-    "postFixup" "dontUnpack" "dontBuild" "dontConfigure" "dontFixup" "dontStrip" "passthru" "meta"
-    "nativeBuildInputs" "buildInputs" "propagatedBuildInputs" "outputs" "env" "strictDeps"
-    "allowedReferences" "disallowedReferences" "allowedRequisites" "preferLocalBuild"
-    "allowSubstitutes" "pythonImportsCheck" "pythonRelaxDeps" "pythonRemoveDeps" "disabledTests"
-    "disabledTestPaths" "pytestFlags" "enabledTests" "enabledTestPaths" "installCheckPhase"
-    "doInstallCheck" "checkPhase" "doCheck" "buildCommand" "dontPatchShebangs"
-  ];
+  # Attributes stdenv.mkDerivation, its setup script and the hooks we use read, by file.  Any
+  # other attribute of a derivation is an environment variable of its build; the stand-in allows
+  # those only when they start with a capital letter (PYTHONPATH, TP4_TEST_BUSYBOX).
+  mkDerivation = {
+    "pkgs/stdenv/generic/make-derivation.nix" = [
+      "allowSubstitutes"
+      "allowedReferences"
+      "allowedRequisites"
+      "buildInputs"
+      "disallowedReferences"
+      "doCheck"
+      "doInstallCheck"
+      "env"
+      "meta"
+      "name"
+      "nativeBuildInputs"
+      "outputs"
+      "passthru"
+      "pname"
+      "preferLocalBuild"
+      "propagatedBuildInputs"
+      "strictDeps"
+      "version"
+    ];
+    "pkgs/stdenv/generic/setup.sh" = [
+      "buildCommand"
+      "buildPhase"
+      "checkPhase"
+      "dontBuild"
+      "dontConfigure"
+      "dontFixup"
+      "dontUnpack"
+      "fixupPhase"
+      "installCheckPhase"
+      "installPhase"
+      "patches"
+      "phases"
+      "postBuild"
+      "postFixup"
+      "postInstall"
+      "postPatch"
+      "preBuild"
+      "preInstall"
+      "shellHook"
+      "sourceRoot"
+      "src"
+      "srcs"
+      "unpackPhase"
+    ];
+    "pkgs/build-support/setup-hooks/strip.sh" = [ "dontStrip" ];
+    "pkgs/build-support/setup-hooks/patch-shebangs.sh" = [ "dontPatchShebangs" ];
+    "pkgs/development/interpreters/python/hooks/python-imports-check-hook.sh" = [
+      "pythonImportsCheck"
+    ];
+  };
 
-  # §2.1 pkgs/build-support/fetchurl (no `...`)
   fetchurl = {
+    file = "pkgs/build-support/fetchurl/default.nix";
+    read = "nixpkgs-api.md §2.1";
     required = [ ];
     optional = [
-      "curlOpts" "curlOptsList" "derivationArgs" "downloadToTemp" "executable" "hash" "meta" "name"
-      "nativeBuildInputs" "netrcImpureEnvVars" "netrcPhase" "outputHash" "outputHashAlgo" "passthru"
-      "pname" "postFetch" "preferLocalBuild" "recursiveHash" "sha1" "sha256" "sha512" "showURLs"
-      "url" "urls" "version"
+      "curlOpts"
+      "curlOptsList"
+      "derivationArgs"
+      "downloadToTemp"
+      "executable"
+      "hash"
+      "meta"
+      "name"
+      "nativeBuildInputs"
+      "netrcImpureEnvVars"
+      "netrcPhase"
+      "outputHash"
+      "outputHashAlgo"
+      "passthru"
+      "pname"
+      "postFetch"
+      "preferLocalBuild"
+      "recursiveHash"
+      "sha1"
+      "sha256"
+      "sha512"
+      "showURLs"
+      "url"
+      "urls"
+      "version"
     ];
-    oneOf = [ [ "url" "urls" ] ];
+    # nixpkgs falls back to lib.fakeHash without a hash, so the build can only fail: the
+    # stand-in fails at evaluation instead
+    oneOf = [
+      [
+        "url"
+        "urls"
+      ]
+      [
+        "hash"
+        "outputHash"
+        "sha1"
+        "sha256"
+        "sha512"
+      ]
+    ];
     open = false;
   };
 
-  # §2.2 fetchzip (`...` goes to fetchurl)
-  fetchzip = {
-    required = [ ];
-    optional = [
-      "derivationArgs" "extension" "extraPostFetch" "name" "nativeBuildInputs" "postFetch"
-      "stripRoot" "url" "urls"
-    ];
-    oneOf = [ [ "url" "urls" ] ];
-    open = true;
-  };
-
-  # §2.4 fetchPypi with format = "wheel": the outer names plus the wheel URL builder's (no `...`)
+  # Its outer pattern ends in `...`; the rest goes to the URL builder of the format, which has
+  # no `...`: `formats` lists each builder's names, and any other format throws.
   "python3Packages.fetchPypi" = {
-    required = [ "pname" "version" ];
-    optional = [ "format" "hash" "sha256" "abi" "dist" "platform" "python" "extension" ];
-    oneOf = [ ];
+    file = "pkgs/build-support/fetchpypi/default.nix";
+    read = "nixpkgs-api.md §2.4";
+    required = [
+      "pname"
+      "version"
+    ];
+    optional = [
+      "format"
+      "hash"
+      "sha256"
+    ];
+    # as for fetchurl, which it calls with both
+    oneOf = [
+      [
+        "hash"
+        "sha256"
+      ]
+    ];
     open = false;
+    formats = {
+      wheel = [
+        "abi"
+        "dist"
+        "platform"
+        "python"
+      ];
+      setuptools = [ "extension" ];
+    };
   };
 
-  # §1.1 dockerTools.pullImage (no `...`; exactly one of hash / sha256)
   "dockerTools.pullImage" = {
-    required = [ "imageName" "imageDigest" ];
-    optional = [ "arch" "finalImageName" "finalImageTag" "hash" "name" "os" "sha256" "tlsVerify" ];
-    oneOf = [ [ "hash" "sha256" ] ];
+    file = "pkgs/build-support/docker/default.nix";
+    read = "nixpkgs-api.md §1.1";
+    required = [
+      "imageName"
+      "imageDigest"
+    ];
+    optional = [
+      "arch"
+      "finalImageName"
+      "finalImageTag"
+      "hash"
+      "name"
+      "os"
+      "sha256"
+      "tlsVerify"
+    ];
+    oneOf = [
+      [
+        "hash"
+        "sha256"
+      ]
+    ];
     open = false;
   };
 
-  # §1.4 dockerTools.streamLayeredImage (no `...`; `compressor` is NOT accepted)
+  # `compressor` is NOT accepted (only buildImage / buildLayeredImage take it)
   "dockerTools.streamLayeredImage" = {
+    file = "pkgs/build-support/docker/default.nix";
+    read = "nixpkgs-api.md §1.4";
     required = [ "name" ];
     optional = [
-      "architecture" "config" "contents" "created" "debug" "enableFakechroot" "extraCommands"
-      "fakeRootCommands" "fromImage" "gid" "gname" "includeNixDB" "includeStorePaths"
-      "layeringPipeline" "maxLayers" "meta" "mtime" "passthru" "tag" "uid" "uname"
+      "architecture"
+      "config"
+      "contents"
+      "created"
+      "debug"
+      "enableFakechroot"
+      "extraCommands"
+      "fakeRootCommands"
+      "fromImage"
+      "gid"
+      "gname"
+      "includeNixDB"
+      "includeStorePaths"
+      "layeringPipeline"
+      "maxLayers"
+      "meta"
+      "mtime"
+      "passthru"
+      "tag"
+      "uid"
+      "uname"
     ];
     oneOf = [ ];
     open = false;
   };
 
-  # §3 buildPythonApplication (all optional, `...`; one of pyproject / format must be set)
+  # all optional, `...`; one of pyproject / format must be set
   "python3Packages.buildPythonApplication" = {
+    file = "pkgs/development/interpreters/python/mk-python-derivation.nix";
+    read = "nixpkgs-api.md §3";
     required = [ ];
     optional = [
-      "build-system" "buildInputs" "catchConflicts" "checkInputs" "dependencies" "disabled"
-      "doCheck" "dontUsePipInstall" "dontWrapPythonPrograms" "format" "makeWrapperArgs" "meta"
-      "nativeBuildInputs" "nativeCheckInputs" "optional-dependencies" "outputs" "permitUserSite"
-      "propagatedBuildInputs" "pyproject" "pythonPath" "removeBinBytecode" "strictDeps"
+      "build-system"
+      "buildInputs"
+      "catchConflicts"
+      "checkInputs"
+      "dependencies"
+      "disabled"
+      "doCheck"
+      "dontUsePipInstall"
+      "dontWrapPythonPrograms"
+      "format"
+      "makeWrapperArgs"
+      "meta"
+      "nativeBuildInputs"
+      "nativeCheckInputs"
+      "optional-dependencies"
+      "outputs"
+      "permitUserSite"
+      "propagatedBuildInputs"
+      "pyproject"
+      "pythonPath"
+      "removeBinBytecode"
+      "strictDeps"
     ];
-    oneOf = [ [ "pyproject" "format" ] ];
+    oneOf = [
+      [
+        "pyproject"
+        "format"
+      ]
+    ];
     open = true;
     forbidden = {
       pytestFlagsArray = "use pytestFlags or (enabled|disabled)(TestPaths|Tests|TestMarks)";
       stdenv = "pass stdenv through buildPythonPackage.override";
     };
+  };
+
+  # lib.extendMkDerivation over stdenv.mkDerivation, `...`
+  mkShell = {
+    file = "pkgs/build-support/mkshell/default.nix";
+    read = "Swarsel/nixpkgs@4aa6836a";
+    required = [ ];
+    optional = [
+      "inputsFrom"
+      "name"
+      "packages"
+    ];
+    oneOf = [ ];
+    open = true;
   };
 }

@@ -1,39 +1,82 @@
 # A recording stand-in for nixpkgs, for evaluating the flake offline.  Every builder named in
 # ./api.nix checks its arguments against that one list (unknown, missing or forbidden names
-# throw) and returns a fake derivation that records the call under `stub`:
+# throw, as they do in nixpkgs) and returns a fake derivation that records the call under `stub`:
 #   { type = "derivation"; name; outPath; stub = { builder; args; }; ... }
 # so a test can read back what the flake passed (base digest, layer order, entrypoint, labels).
+# Store names are the ones nixpkgs computes (a fetched wheel is <hash>-<its file name>), so code
+# that depends on a name sees the name it will see in nixpkgs.
 # Packages that are only referenced (python3, gnupatch, nix, ...) are plain fake derivations;
 # an attribute that nixpkgs does not have here fails as it would in nixpkgs.
-{ system ? "aarch64-linux" }:
+{
+  system ? "aarch64-linux",
+}:
 let
   api = import ./api.nix;
-  inherit (builtins) attrNames elem filter length concatStringsSep;
+  inherit (builtins)
+    attrNames
+    attrValues
+    concatLists
+    concatStringsSep
+    elem
+    filter
+    head
+    length
+    match
+    ;
+
+  # what stdenv.mkDerivation reads; other (environment) names must start with a capital
+  drvAttrs = concatLists (attrValues api.mkDerivation);
+  isEnvVar = n: match "[A-Z][A-Z0-9_]*" n != null;
+  # a name of a oneOf group counts when it has a value (nixpkgs' defaults are "" and [ ])
+  given =
+    args: n:
+    args ? ${n}
+    && !(elem args.${n} [
+      ""
+      [ ]
+      null
+    ]);
 
   check =
     builder: args:
     let
       spec = api.${builder};
-      given = attrNames args;
-      known = spec.required ++ spec.optional;
-      unknown = filter (n: !(elem n known) && !(spec.open && elem n api.mkDerivation)) given;
-      missing = filter (n: !(elem n given)) spec.required;
-      groups = filter (g: length (filter (n: elem n given) g) != 1) spec.oneOf;
-      forbidden = filter (n: elem n given) (attrNames (spec.forbidden or { }));
+      names = attrNames args;
+      known = spec.required ++ spec.optional ++ concatLists (attrValues (spec.formats or { }));
+      unknown = filter (n: !(elem n known) && !(spec.open && (elem n drvAttrs || isEnvVar n))) names;
+      missing = filter (n: !(elem n names)) spec.required;
+      groups = filter (g: length (filter (given args) g) != 1) spec.oneOf;
+      forbidden = filter (n: elem n names) (attrNames (spec.forbidden or { }));
     in
     if forbidden != [ ] then
-      let n = builtins.head forbidden; in throw "nixpkgs stand-in: ${builder}: ${n}: ${spec.forbidden.${n}}"
+      let
+        n = head forbidden;
+      in
+      throw "nixpkgs stand-in: ${builder}: ${n}: ${spec.forbidden.${n}}"
     else if unknown != [ ] then
       throw "nixpkgs stand-in: ${builder} does not accept ${concatStringsSep ", " unknown}"
     else if missing != [ ] then
       throw "nixpkgs stand-in: ${builder} requires ${concatStringsSep ", " missing}"
     else if groups != [ ] then
-      throw "nixpkgs stand-in: ${builder} needs exactly one of ${concatStringsSep " / " (builtins.head groups)}"
+      throw "nixpkgs stand-in: ${builder} needs exactly one of ${concatStringsSep " / " (head groups)}"
+    else
+      args;
+
+  # stdenv.mkDerivation takes any attribute; the stand-in takes the ones it reads and variables
+  checkDrv =
+    builder: args:
+    let
+      unknown = filter (n: !(elem n drvAttrs) && !(isEnvVar n)) (attrNames args);
+    in
+    if unknown != [ ] then
+      throw "nixpkgs stand-in: ${builder} does not accept ${concatStringsSep ", " unknown} (not an attribute stdenv reads, nor an environment variable)"
     else
       args;
 
   # 32 characters of the Nix base-32 alphabet (which has no e, o, u, t), so fake paths parse as store paths
-  hash = s: builtins.replaceStrings [ "e" ] [ "z" ] (builtins.substring 0 32 (builtins.hashString "sha256" s));
+  hash =
+    s:
+    builtins.replaceStrings [ "e" ] [ "z" ] (builtins.substring 0 32 (builtins.hashString "sha256" s));
   fake =
     builder: name: args: extra:
     let
@@ -49,67 +92,167 @@ let
         stub = { inherit builder args; };
         meta = args.meta or { };
         passthru = args.passthru or { };
-      } // (args.passthru or { }) // extra;
+      }
+      // (args.passthru or { })
+      // extra;
     in
     self;
   pkg = name: fake "package" name { } { };
   # call a checked builder
-  call = builder: name: args: extra: fake builder name (check builder args) extra;
+  call =
+    builder: name: args: extra:
+    fake builder name (check builder args) extra;
 
   lib = import ./lib.nix;
 
+  # the store name nixpkgs' fetchurl gives: pname-version, else name, else the URL's basename
+  fetchurlName =
+    args:
+    if args ? pname && args ? version then
+      "${args.pname}-${args.version}"
+    else
+      args.name or (baseNameOf (args.url or (head args.urls)));
   fetchurl =
     args:
-    call "fetchurl" (args.name or (baseNameOf (args.url or (builtins.head args.urls)))) args {
-      url = args.url or (builtins.head args.urls);
-    };
+    let
+      a = check "fetchurl" args;
+    in
+    if a ? outputHash && !(a ? outputHashAlgo) then
+      throw "nixpkgs stand-in: fetchurl was passed outputHash without outputHashAlgo"
+    else
+      fake "fetchurl" (fetchurlName a) a { url = a.url or (head a.urls); };
+
+  # fetchPypi's URL builders (no `...`): the file name, and so the store name, of what it fetches
+  pypiFile = {
+    wheel =
+      {
+        pname,
+        version,
+        abi ? "none",
+        dist ? "py2.py3",
+        platform ? "any",
+        python ? "py2.py3",
+      }:
+      "${pname}-${version}-${python}-${abi}-${platform}.whl";
+    setuptools =
+      {
+        pname,
+        version,
+        extension ? "tar.gz",
+      }:
+      "${pname}-${version}.${extension}";
+  };
+  fetchPypi =
+    args:
+    let
+      spec = api."python3Packages.fetchPypi";
+      format = args.format or "setuptools";
+      # what the outer function keeps; the rest goes to the format's URL builder
+      urlArgs = removeAttrs args spec.optional;
+      unknown = filter (n: !(elem n (spec.required ++ spec.formats.${format}))) (attrNames urlArgs);
+    in
+    if !(spec.formats ? ${format}) then
+      throw "nixpkgs stand-in: python3Packages.fetchPypi: Unsupported format ${format}"
+    else if unknown != [ ] then
+      throw "nixpkgs stand-in: python3Packages.fetchPypi (format ${format}) does not accept ${concatStringsSep ", " unknown}"
+    else
+      call "python3Packages.fetchPypi" (pypiFile.${format} urlArgs) args { };
 
   python3Packages = {
-    fetchPypi =
-      args:
-      call "python3Packages.fetchPypi" "${args.pname}-${args.version}${if (args.format or "") == "wheel" then ".whl" else ".tar.gz"}" args { };
+    inherit fetchPypi;
     buildPythonApplication =
-      args:
-      call "python3Packages.buildPythonApplication" "${args.pname}-${args.version}" args { };
-  } // lib.genAttrs [
-    "poetry-core" "pydantic" "click" "requests" "gitpython" "installer" "pytest" "hypothesis"
+      args: call "python3Packages.buildPythonApplication" "${args.pname}-${args.version}" args { };
+  }
+  // lib.genAttrs [
+    "poetry-core"
+    "pydantic"
+    "click"
+    "requests"
+    "gitpython"
+    "installer"
+    "pytest"
+    "hypothesis"
+    "ruff"
   ] pkg;
 
   python3 = pkg "python3-3.13" // {
     pkgs = python3Packages;
     pythonVersion = "3.13";
     interpreter = "/nix/store/${hash "python3"}-python3-3.13/bin/python3";
-    withPackages = f: fake "python3.withPackages" "python3-3.13-env" { packages = f python3Packages; } { };
+    withPackages =
+      f: fake "python3.withPackages" "python3-3.13-env" { packages = f python3Packages; } { };
   };
 
   mkDerivation =
     builder: args:
-    let a = if builtins.isFunction args then args a else args;
-    in fake builder (a.name or "${a.pname}-${a.version}") a { };
+    let
+      a = if builtins.isFunction args then args a else args;
+    in
+    fake builder (a.name or "${a.pname}-${a.version}") (checkDrv builder a) { };
 
   stdenv = {
     mkDerivation = mkDerivation "stdenv.mkDerivation";
     cc = pkg "gcc-wrapper";
     hostPlatform = { inherit system; };
   };
+
+  busybox = pkg "busybox-1.37.0";
+  # nixfmt-tree is treefmt configured for nixfmt; `check project` is treefmt's check wrapper
+  # (pkgs/by-name/tr/treefmt/check-wrapper.nix): the tree is formatted, else the build fails
+  nixfmt-tree = pkg "nixfmt-tree" // {
+    check = project: fake "nixfmt-tree.check" "nixfmt-tree-check" { inherit project; } { };
+  };
 in
 lib.genAttrs [
-  "gnupatch" "busybox" "coreutils" "patchelf" "nix" "podman" "skopeo" "umoci" "openssh"
-  "iproute2" "git" "gnutar" "gzip" "nixfmt" "nix-output-monitor" "bashInteractive"
+  "gnupatch"
+  "coreutils"
+  "patchelf"
+  "nix"
+  "podman"
+  "skopeo"
+  "umoci"
+  "openssh"
+  "iproute2"
+  "git"
+  "gnutar"
+  "gzip"
+  "nixfmt"
+  "nix-output-monitor"
+  "bashInteractive"
+  "ruff"
 ] pkg
 // {
-  inherit lib system stdenv fetchurl python3 python3Packages;
-  stdenvNoCC = stdenv // { mkDerivation = mkDerivation "stdenvNoCC.mkDerivation"; };
-  fetchzip = args: call "fetchzip" (args.name or "source") args { };
-  runCommand = name: env: script: fake "runCommand" name (env // { buildCommand = script; }) { };
+  inherit
+    lib
+    system
+    stdenv
+    fetchurl
+    python3
+    python3Packages
+    busybox
+    nixfmt-tree
+    ;
+  pkgsStatic = {
+    busybox = pkg "busybox-static-x86_64-unknown-linux-musl-1.37.0";
+  };
+  stdenvNoCC = stdenv // {
+    mkDerivation = mkDerivation "stdenvNoCC.mkDerivation";
+  };
+  runCommand =
+    name: env: script:
+    fake "runCommand" name (checkDrv "runCommand" (env // { buildCommand = script; })) { };
   writeText = name: text: fake "writeText" name { inherit text; } { };
-  mkShell = args: fake "mkShell" "nix-shell" args { };
+  mkShell = args: call "mkShell" (args.name or "nix-shell") args { };
   dockerTools = {
     pullImage =
       args:
-      let a = check "dockerTools.pullImage" args;
-          fix = builtins.replaceStrings [ "/" ":" ] [ "-" "-" ];
-      in fake "dockerTools.pullImage" (a.name or (fix "docker-image-${a.finalImageName or a.imageName}-${a.finalImageTag or "latest"}.tar")) a { };
+      let
+        a = check "dockerTools.pullImage" args;
+        fix = builtins.replaceStrings [ "/" ":" ] [ "-" "-" ];
+      in
+      fake "dockerTools.pullImage" (a.name
+        or (fix "docker-image-${a.finalImageName or a.imageName}-${a.finalImageTag or "latest"}.tar")
+      ) a { };
     streamLayeredImage =
       args:
       call "dockerTools.streamLayeredImage" "stream-${baseNameOf args.name}" args {

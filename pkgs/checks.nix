@@ -1,0 +1,79 @@
+# The checks that run on every change without building the image or any tree: every output
+# evaluates, the Nix files are formatted, and the Python unit tests pass.  The expensive checks
+# (the packages themselves) are added beside these in pkgs/outputs.nix.
+{
+  pkgs,
+  # pkgs/src.nix
+  src,
+  # python3 with tp4's dependencies and dev group (tp4.testPython)
+  python,
+  # name -> derivation: every output of the flake, on every system
+  outputs,
+}:
+let
+  hasSuffix =
+    x: s:
+    let
+      n = builtins.stringLength s;
+      m = builtins.stringLength x;
+    in
+    n >= m && builtins.substring (n - m) m s == x;
+  # what pytest -m unit reads: the code, the tests and the data files they compare against
+  tests = builtins.path {
+    path = src.root;
+    name = "tp4-unit-tests";
+    filter = src.wanted [
+      "adapters"
+      "bench"
+      "docs"
+      "pkgs/sources.nix"
+      "python"
+      "sources.manifest"
+      "tests"
+    ];
+  };
+  # the Nix files alone, so only an edit to one reruns the formatting check
+  nixFiles = builtins.path {
+    path = src.root;
+    name = "tp4-nix-files";
+    filter =
+      path: type:
+      !(builtins.elem (baseNameOf path) [
+        ".git"
+        ".venv"
+      ])
+      && (type == "directory" || hasSuffix ".nix" path);
+  };
+in
+{
+  # instantiates every output (a throw, e.g. an unlocked source row, fails it) without building
+  # any: the store paths lose their context, so none becomes an input of this file
+  eval = pkgs.writeText "tp4-eval.json" (
+    builtins.toJSON (builtins.mapAttrs (_: d: builtins.unsafeDiscardStringContext d.drvPath) outputs)
+  );
+
+  # treefmt with nixfmt over a copy of the tree; fails on any file nixfmt would change
+  formatting = pkgs.nixfmt-tree.check nixFiles;
+
+  # the test modules marked `unit` need no root, nix, network or daemon (tests/conftest.py); only
+  # they are collected, as others need nix even to import
+  unit =
+    pkgs.runCommand "tp4-unit-tests"
+      {
+        nativeBuildInputs = [
+          python
+          pkgs.git
+        ];
+      }
+      ''
+        cp -r ${tests} "$TMPDIR/tree"
+        chmod -R u+w "$TMPDIR/tree"
+        cd "$TMPDIR/tree"
+        export HOME="$TMPDIR"
+        modules=$(grep -l '^pytestmark = pytest.mark.unit$' tests/test_*.py)
+        # tp4 never downloads inside a Nix build (NIX_BUILD_TOP); these tests download from loopback.
+        # A fixed hypothesis seed: the same tree gives the same result (CI draws new examples)
+        env -u NIX_BUILD_TOP python3 -m pytest -q -p no:cacheprovider --hypothesis-seed=0 -m unit $modules
+        touch "$out"
+      '';
+}
