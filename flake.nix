@@ -11,6 +11,10 @@
   };
 
   outputs =
-    { self, nixpkgs, nixos-dgx-spark }:
+    {
+      self,
+      nixpkgs,
+      nixos-dgx-spark,
+    }:
     import ./pkgs/outputs.nix { inherit self nixpkgs nixos-dgx-spark; };
 }

@@ -3,12 +3,25 @@
 # the OCI labels that carry every pin.
 { rows }:
 let
-  inherit (builtins) filter map head length listToAttrs stringLength substring;
+  inherit (builtins)
+    filter
+    map
+    head
+    length
+    listToAttrs
+    stringLength
+    substring
+    ;
   hasPrefix = p: s: substring 0 (stringLength p) s == p;
   only =
     what: pred:
-    let found = filter pred rows;
-    in if length found == 1 then (head found).name else throw "sources.manifest must have exactly one ${what} row";
+    let
+      found = filter pred rows;
+    in
+    if length found == 1 then
+      (head found).name
+    else
+      throw "sources.manifest must have exactly one ${what} row";
 in
 {
   base = only "image (docker://)" (r: r.kind == "image");
@@ -24,7 +37,12 @@ in
 
   labels =
     flakeRev:
-    listToAttrs (map (r: { name = "tp4.pin.${r.name}"; value = r.commit; }) rows)
+    listToAttrs (
+      map (r: {
+        name = "tp4.pin.${r.name}";
+        value = r.commit;
+      }) rows
+    )
     // {
       "tp4.flake.rev" = flakeRev;
       "org.opencontainers.image.revision" = flakeRev;

@@ -3,25 +3,55 @@
 # not rebuild the SGLang, b12x or b12x_next layers.
 { root }:
 let
-  junk = [ "__pycache__" ".pytest_cache" ".hypothesis" ".venv" ".mypy_cache" "dist" ];
+  junk = [
+    "__pycache__"
+    ".pytest_cache"
+    ".hypothesis"
+    ".venv"
+    ".mypy_cache"
+    "dist"
+  ];
   hasPrefix = p: s: builtins.substring 0 (builtins.stringLength p) s == p;
-  hasSuffix = x: s:
-    let n = builtins.stringLength s; m = builtins.stringLength x;
-    in n >= m && builtins.substring (n - m) m s == x;
-  rel = path:
-    let r = toString root; p = toString path;
-    in if p == r then "" else builtins.substring (builtins.stringLength r + 1) (-1) p;
+  hasSuffix =
+    x: s:
+    let
+      n = builtins.stringLength s;
+      m = builtins.stringLength x;
+    in
+    n >= m && builtins.substring (n - m) m s == x;
+  rel =
+    path:
+    let
+      r = toString root;
+      p = toString path;
+    in
+    if p == r then "" else builtins.substring (builtins.stringLength r + 1) (-1) p;
   # keep `path` when it is one of `prefixes`, lies below one, or is a directory above one
-  wanted = prefixes: path: type:
-    let r = rel path; n = baseNameOf r;
-    in !(builtins.elem n junk || hasSuffix ".egg-info" n || hasSuffix ".pyc" n)
-      && builtins.any (p: r == p || hasPrefix (p + "/") r || (type == "directory" && hasPrefix (r + "/") p)) prefixes;
+  wanted =
+    prefixes: path: type:
+    let
+      r = rel path;
+      n = baseNameOf r;
+    in
+    !(builtins.elem n junk || hasSuffix ".egg-info" n || hasSuffix ".pyc" n)
+    && builtins.any (
+      p: r == p || hasPrefix (p + "/") r || (type == "directory" && hasPrefix (r + "/") p)
+    ) prefixes;
   cliName = "tp4-source";
-  pick = name: prefixes: builtins.path { path = root; inherit name; filter = wanted prefixes; };
+  pick =
+    name: prefixes:
+    builtins.path {
+      path = root;
+      inherit name;
+      filter = wanted prefixes;
+    };
 in
 {
   # the Poetry project plus the repository files python/tp4/data links to
-  cli = pick cliName [ "python" "adapters" ];
+  cli = pick cliName [
+    "python"
+    "adapters"
+  ];
   inherit cliName root;
   # the code `python -m tp4.sources fetch` imports, and the manifest it reads
   transforms = pick "tp4-transforms" [

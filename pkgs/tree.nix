@@ -1,7 +1,13 @@
 # One transformed tree (the SGLang python tree, b12x SG17 + roce_ring, b12x_next, the upstream
 # runtime tree): pkgs/transform.nix's script in a plain runCommand, with the transform code of
 # `tp4 sources` (pkgs/src.nix `transforms`) on PYTHONPATH, and only python3, click and GNU patch.
-{ pkgs, transforms, sources, pname, target }:
+{
+  pkgs,
+  transforms,
+  sources,
+  pname,
+  target,
+}:
 pkgs.runCommand pname
   {
     nativeBuildInputs = [
@@ -14,4 +20,9 @@ pkgs.runCommand pname
       inherit (sources.trees.${target}) inputs;
     };
   }
-  (import ./transform.nix { inherit target; fetchArgs = sources.fetchArgs.${target}; })
+  (
+    import ./transform.nix {
+      inherit target;
+      fetchArgs = sources.fetchArgs.${target};
+    }
+  )

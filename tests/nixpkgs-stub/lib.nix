@@ -2,13 +2,31 @@
 # A function missing here is one the flake must not use without adding it (and checking it exists
 # in nixpkgs' lib).
 let
-  inherit (builtins) listToAttrs map concatStringsSep filter attrNames;
+  inherit (builtins)
+    listToAttrs
+    map
+    concatStringsSep
+    filter
+    attrNames
+    ;
 in
 rec {
-  genAttrs = names: f: listToAttrs (map (n: { name = n; value = f n; }) names);
+  genAttrs =
+    names: f:
+    listToAttrs (
+      map (n: {
+        name = n;
+        value = f n;
+      }) names
+    );
   makeBinPath = ps: concatStringsSep ":" (map (p: "${p}/bin") ps);
   escapeShellArg = s: "'" + builtins.replaceStrings [ "'" ] [ "'\\''" ] (toString s) + "'";
-  licenses.asl20 = { spdxId = "Apache-2.0"; };
-  platforms.linux = [ "aarch64-linux" "x86_64-linux" ];
+  licenses.asl20 = {
+    spdxId = "Apache-2.0";
+  };
+  platforms.linux = [
+    "aarch64-linux"
+    "x86_64-linux"
+  ];
   platforms.all = platforms.linux;
 }
