@@ -13,8 +13,13 @@
   layers,
   # OCI labels (pins and flake revision)
   labels,
+  # the registry whose `[[image_check]]` entries the image carries (label tp4.checks), for
+  # `tp4 build` to run before it tags the image for the line
+  registry ? ../python/tp4/data/registry.toml,
   name ? "dsv41-4x-spark",
-  tag ? "canary-roce",
+  # the line's reference is name:lineTag; the image itself is loaded under a content-derived tag
+  # (tag = null) and tagged for the line only after its checks pass
+  lineTag ? "canary-roce",
 }:
 let
   # split_paths peels one tree off the closure into its own layer, then recurses into the rest;
@@ -36,9 +41,12 @@ let
     ln -s ${l.tree}${l.subdir or ""} ".${l.path}"
   '';
   seconds = s: s * 1000000000;
+  lineRef = "${name}:${lineTag}";
+  checks = (builtins.fromTOML (builtins.readFile registry)).image_check or [ ];
 in
 pkgs.dockerTools.streamLayeredImage {
-  inherit name tag;
+  inherit name;
+  tag = null;
   fromImage = base;
   architecture = "arm64";
   layeringPipeline = peel (map (l: l.tree) layers);
@@ -65,10 +73,12 @@ pkgs.dockerTools.streamLayeredImage {
       StartPeriod = seconds 1800;
       Retries = 3;
     };
-    Labels = labels;
+    Labels = labels // {
+      "tp4.line.ref" = lineRef;
+      "tp4.checks" = builtins.toJSON checks;
+    };
   };
   passthru = {
-    inherit labels layers baseRow;
-    imageRef = "${name}:${tag}";
+    inherit labels layers baseRow lineRef checks;
   };
 }

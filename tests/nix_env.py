@@ -8,7 +8,8 @@
 * ``STUB_INPUTS``: ``--override-input`` arguments that replace nixpkgs by the recording stand-in
   (tests/nixpkgs-stub) and nixos-dgx-spark by an empty flake.
 * ``image_flake(dir, ...)``: a flake with no inputs whose ``packages.<system>.image`` is a stream
-  script (like dockerTools.streamLayeredImage's) writing a docker-archive, built with busybox only.
+  script (like dockerTools.streamLayeredImage's) writing a docker-archive, built with busybox only;
+  like pkgs/image.nix it carries its in-image checks (label tp4.checks) and the line's reference.
 """
 
 from __future__ import annotations
@@ -94,20 +95,39 @@ IMAGE_FLAKE = r"""{
         args = [ "sh" "-euc" script ];
         PATH = "${bb}/bin";
       };
+      # as pkgs/image.nix: the checks come from [[image_check]] entries read with fromTOML and
+      # travel as JSON in the tp4.checks label; the line's reference in tp4.line.ref
+      checks = if builtins.pathExists ./checks.toml
+        then [ (builtins.fromTOML (builtins.readFile ./checks.toml)).image_check or [ ] ] else [ ];
+      lineRef = if "@line_ref@" == "" then [ ] else [ "@line_ref@" ];
+      labels = {
+        "tp4.flake.rev" = "@label@";
+        "tp4.pin.demo" = "0123456789abcdef0123456789abcdef01234567";
+      }
+      // builtins.listToAttrs (map (c: { name = "tp4.checks"; value = builtins.toJSON c; }) checks)
+      // builtins.listToAttrs (map (r: { name = "tp4.line.ref"; value = r; }) lineRef);
+      labelsJSON = builtins.toJSON labels;
+      # like nixpkgs' tag = null: a tag derived from the image's content
+      tag = builtins.substring 0 32 (builtins.hashString "sha256"
+        (builtins.unsafeDiscardStringContext "${labelsJSON} ${./dsv41} @size_mb@"));
       archive = mk "tp4-test-image.tar" ''
         busybox --install -s "$PWD/tools"; export PATH="$PWD/tools:$PATH"
         mkdir -p root/bin root/opt/data layer
         cp ${bb}/bin/busybox root/bin/busybox
         ln -s busybox root/bin/sh
+        # the runtime tree; its tests/*.py are shell scripts, run by a python3 that is sh
+        cp -r ${./dsv41} root/opt/dsv41
+        printf '#!/bin/sh\nexec /bin/sh "$@"\n' > root/bin/python3
+        chmod -R u+w root; chmod +x root/bin/python3
         echo @label@ > root/opt/data/label
         if [ @size_mb@ -gt 0 ]; then head -c $((@size_mb@ * 1048576)) /dev/urandom > root/opt/data/blob; fi
         (cd root && tar -cf ../layer.tar bin opt)
         diff=$(sha256sum layer.tar | cut -d' ' -f1)
         mkdir "$diff"; mv layer.tar "$diff/layer.tar"
-        printf '{"architecture":"@arch@","os":"linux","config":{"Cmd":["/bin/sh"],"Labels":{"tp4.flake.rev":"@label@","tp4.pin.demo":"0123456789abcdef0123456789abcdef01234567"}},"rootfs":{"type":"layers","diff_ids":["sha256:%s"]}}' "$diff" > config.json
+        printf '{"architecture":"@arch@","os":"linux","config":{"Entrypoint":["/bin/sh","-c","echo entrypoint not overridden; exit 97"],"Cmd":["run"],"WorkingDir":"/opt/dsv41","Labels":%s},"rootfs":{"type":"layers","diff_ids":["sha256:%s"]}}' "$(cat ${builtins.toFile "labels.json" labelsJSON})" "$diff" > config.json
         cfg=$(sha256sum config.json | cut -d' ' -f1)
         mv config.json "$cfg.json"
-        printf '[{"Config":"%s.json","RepoTags":["@ref@"],"Layers":["%s/layer.tar"]}]' "$cfg" "$diff" > manifest.json
+        printf '[{"Config":"%s.json","RepoTags":["@name@:${tag}"],"Layers":["%s/layer.tar"]}]' "$cfg" "$diff" > manifest.json
         tar -cf "$out" manifest.json "$cfg.json" "$diff"
       '';
       image = mk "stream-tp4-test" ''
@@ -120,15 +140,38 @@ IMAGE_FLAKE = r"""{
 }
 """
 
+# The test image's runtime tree (/opt/dsv41): "Python" tests that are shell scripts.
+TEST_FILES = {
+    "tests/test_pass.py": 'echo "checking something"\necho "3/3 PASS"\n',
+    "tests/test_fail.py": 'echo "checking something"\necho "AssertionError: failing on purpose" >&2\nexit 1\n',
+    # what the container saw: working directory, arguments, network interfaces, environment
+    "tests/test_env.py": ('echo "cwd=$(pwd) args=$* net=$(ls /sys/class/net | tr \'\\n\' \' \')'
+                          'CVD=[${CUDA_VISIBLE_DEVICES-unset}] BV_TEST_N=${BV_TEST_N-unset}"\n'),
+}
 
-def image_flake(dest: Path, *, ref: str = "tp4-test:latest", label: str = "v1", size_mb: int = 0) -> Path:
-    """A flake whose ``image`` streams a one-layer docker-archive (busybox + a label file + size_mb
-    of random bytes); a different ``label`` gives a different image id."""
+
+def image_flake(dest: Path, *, ref: str | None = "tp4-test:latest", label: str = "v1", size_mb: int = 0,
+                checks: str | None = "", files: dict[str, str] | None = None) -> Path:
+    """A flake whose ``image`` streams a one-layer docker-archive (busybox, ``python3`` = sh, a
+    runtime tree at /opt/dsv41 with ``TEST_FILES`` plus ``files``, a label file and size_mb of
+    random bytes); a different ``label`` gives a different image id.
+
+    It is loaded under a content-derived tag of ``ref``'s repository; ``ref`` itself is the line's
+    reference (label tp4.line.ref; None: no such label). ``checks`` is TOML with
+    ``[[image_check]]`` entries that become the tp4.checks label ("": an empty list; None: no label)."""
     dest.mkdir(parents=True, exist_ok=True)
     busybox_dir(dest / "bb")
+    for rel, text in {**TEST_FILES, **(files or {})}.items():
+        (dest / "dsv41" / rel).parent.mkdir(parents=True, exist_ok=True)
+        (dest / "dsv41" / rel).write_text(text)
+    if checks is not None:
+        (dest / "checks.toml").write_text(checks)
+    elif (dest / "checks.toml").exists():
+        (dest / "checks.toml").unlink()
+    name = ref.rsplit(":", 1)[0] if ref else "tp4-test"
     arch = {"x86_64": "amd64", "aarch64": "arm64"}.get(os.uname().machine, os.uname().machine)
-    text = (IMAGE_FLAKE.replace("@ref@", ref).replace("@label@", label).replace("@system@", SYSTEM)
-            .replace("@size_mb@", str(size_mb)).replace("@arch@", arch))
+    text = (IMAGE_FLAKE.replace("@line_ref@", ref or "").replace("@name@", name).replace("@label@", label)
+            .replace("@system@", SYSTEM).replace("@size_mb@", str(size_mb)).replace("@arch@", arch))
     (dest / "flake.nix").write_text(text)
     return dest
 

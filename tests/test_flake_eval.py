@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from nix_env import empty_flake, flake_copy, locked_flake_copy, nix, stub_inputs
+from tp4 import registry
 from tp4.sources import manifest as mf
 
 REPO = Path(__file__).resolve().parent.parent
@@ -47,7 +48,7 @@ IMAGE = """img: {
   args = builtins.removeAttrs img.stub.args [ "passthru" ];
   base = img.stub.args.fromImage.stub;
   layers = map (l: { inherit (l) path; tree = l.tree.name; out = l.tree.outPath; subdir = l.subdir or ""; }) img.passthru.layers;
-  ref = img.passthru.imageRef;
+  ref = img.passthru.lineRef;
 }"""
 
 
@@ -116,7 +117,29 @@ def test_image_config_as_upstream(image):
     assert (health["Interval"], health["Timeout"], health["StartPeriod"], health["Retries"]) == (
         30 * 10**9, 30 * 10**9, 1800 * 10**9, 3)
     assert image["args"]["architecture"] == "arm64"
+
+
+def test_image_is_loaded_under_a_content_tag_and_names_the_line_reference(image):
+    """tag = null: nixpkgs tags the image with its config's hash, so loading it never moves the
+    line's tag; `tp4 build` tags it dsv41-4x-spark:canary-roce after its checks pass."""
+    assert image["args"]["name"] == "dsv41-4x-spark"
+    assert image["args"]["tag"] is None
     assert image["ref"] == "dsv41-4x-spark:canary-roce"
+    assert image["args"]["config"]["Labels"]["tp4.line.ref"] == image["ref"]
+
+
+def test_image_carries_the_registry_checks(image):
+    """Label tp4.checks is the registry's [[image_check]] list as JSON, which tp4 build parses
+    with the same strict parser as the registry."""
+    checks = json.loads(image["args"]["config"]["Labels"]["tp4.checks"])
+    registry_toml = tomllib.loads((REPO / "python" / "tp4" / "data" / "registry.toml").read_text())
+    assert checks == registry_toml["image_check"]
+    parsed = registry.parse_image_checks(checks, "label")
+    assert parsed == registry.load_registry().image_checks
+    names = {c.name for c in parsed}
+    assert {"import-sglang", "import-b12x", "import-b12x_next", "loop_abort", "moe_b12x_next_cpu",
+            "block_verify", "indexer_chunked_v3"} <= names
+    assert any(c.gpu for c in parsed) and sum(not c.gpu for c in parsed) >= 20
 
 
 def test_image_labels_carry_every_pin_and_the_flake_revision(image, manifest):

@@ -1,8 +1,12 @@
-"""`tp4 build`: build the image with nix, load it into the head's container runtime, report pins.
+"""`tp4 build`: build the image with nix, load it into the head's container runtime, run its
+in-image checks, and only then tag it for the line and report its pins.
 
 The image is the flake's ``packages.<system>.image``: a dockerTools stream script (or, for other
-flakes, an image tarball). What was built and loaded is recorded next to the out-link
-(``result-image.json``) for `tp4 distribute`.
+flakes, an image tarball). It is loaded under its own content-derived tag (the candidate); the
+checks it carries (label ``tp4.checks``, the registry's ``[[image_check]]`` list) each run in a
+throwaway container of it, and only when all pass does it get the line's reference (label
+``tp4.line.ref``) and is recorded next to the out-link (``result-image.json``) for
+`tp4 distribute`. A failure removes the candidate and leaves the line's image and record as they were.
 """
 
 from __future__ import annotations
@@ -13,15 +17,22 @@ import re
 import shlex
 import shutil
 import subprocess
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from tp4 import nix, process
 from tp4.errors import InvalidInput, Tp4Error
+from tp4.registry import ImageCheck, parse_image_checks
 
 PIN_PREFIX = "tp4.pin."
 FLAKE_REV_LABEL = "tp4.flake.rev"
+LINE_REF_LABEL = "tp4.line.ref"
+CHECKS_LABEL = "tp4.checks"
+# how each runtime hands the node's GPUs to a container (podman through CDI)
+GPU_FLAGS = {"docker": ["--gpus", "all"], "podman": ["--device", "nvidia.com/gpu=all"]}
+OUTPUT_TAIL = 20
 Echo = Callable[[str], None]
 
 
@@ -58,7 +69,9 @@ class Built:
     id: str
 
     def save(self, path: Path) -> None:
-        path.write_text(json.dumps(asdict(self), indent=2) + "\n")
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(json.dumps(asdict(self), indent=2) + "\n")
+        tmp.replace(path)
 
     @classmethod
     def load(cls, path: Path) -> Built:
@@ -161,25 +174,147 @@ def _missing_output_hint(exc: Tp4Error, system: str | None) -> Tp4Error:
     return exc
 
 
-def dry_run(flake: Path, attr: str, runtime: str, echo: Echo, *, system: str | None = None) -> None:
+# --- in-image checks ------------------------------------------------------------------------------
+
+
+def image_checks(labels: dict[str, str], image: str) -> tuple[ImageCheck, ...] | None:
+    """The checks an image carries (label tp4.checks: the registry's list as JSON), parsed as
+    strictly as the registry; None when the image carries no list."""
+    raw = labels.get(CHECKS_LABEL)
+    if raw is None:
+        return None
+    try:
+        data = json.loads(raw)
+    except ValueError as exc:
+        raise InvalidInput(f"the image {image}: its {CHECKS_LABEL} label is not JSON ({exc})") from None
+    return parse_image_checks(data, f"the image {image}, label {CHECKS_LABEL}")
+
+
+def select_checks(checks: Sequence[ImageCheck], *, gpu: bool) -> tuple[ImageCheck, ...]:
+    """The CPU checks in their order, then (with ``gpu``) the GPU ones."""
+    return tuple(c for c in checks if not c.gpu) + (tuple(c for c in checks if c.gpu) if gpu else ())
+
+
+def check_argv(runtime: str, image: str, check: ImageCheck, *, name: str | None = None) -> list[str]:
+    """`<runtime> run` of one check: a throwaway container without network, the check's env
+    (a CPU check also gets CUDA_VISIBLE_DEVICES="", as in a GPU-less `docker build`, even where
+    the runtime would hand it a GPU), the node's GPUs for a gpu check."""
+    argv = [runtime, "run", "--rm", "--network", "none"]
+    if name:
+        argv += ["--name", name]
+    if check.gpu:
+        argv += GPU_FLAGS[runtime]
+    env = dict(check.env)
+    if not check.gpu:
+        env.setdefault("CUDA_VISIBLE_DEVICES", "")
+    for key in sorted(env):
+        argv += ["-e", f"{key}={env[key]}"]
+    if check.workdir:
+        argv += ["--workdir", check.workdir]
+    return [*argv, "--entrypoint", check.argv[0], image, *check.argv[1:]]
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    name: str
+    ok: bool
+    seconds: float
+    reason: str  # why it failed: "exit code 1", "timed out after 1800 s"; "" when it passed
+    output: str  # stdout and stderr, interleaved
+
+
+def _remove_container(runtime: str, name: str) -> None:
+    # kill first (SIGKILL in both runtimes): `rm -f` alone gives a PID 1 that ignores SIGTERM 10 s
+    process.run([runtime, "kill", name], check=False)
+    process.run([runtime, "rm", "-f", name], check=False)
+
+
+def run_check(runtime: str, image: str, check: ImageCheck) -> CheckResult:
+    """Run one check to completion (or its timeout); a check that cannot even start fails too."""
+    name = f"tp4-check-{os.getpid()}-{check.name}"
+    argv = check_argv(runtime, image, check, name=name)
+    start = time.monotonic()
+    proc = process.start(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace")
+    try:
+        output, _ = proc.communicate(timeout=check.timeout)
+        reason = "" if proc.returncode == 0 else f"exit code {proc.returncode}"
+    except subprocess.TimeoutExpired:
+        _remove_container(runtime, name)
+        proc.kill()
+        output, _ = proc.communicate()
+        reason = f"timed out after {check.timeout} s"
+    except BaseException:  # Ctrl-C: the container goes with it
+        _remove_container(runtime, name)
+        proc.kill()
+        proc.wait()
+        raise
+    return CheckResult(check.name, not reason, time.monotonic() - start, reason, output or "")
+
+
+def _last_line(output: str, width: int = 100) -> str:
+    lines = [line.strip() for line in output.splitlines() if line.strip()]
+    last = lines[-1] if lines else ""
+    return last if len(last) <= width else last[: width - 3] + "..."
+
+
+def result_lines(result: CheckResult, width: int) -> list[str]:
+    """`ok   name  1.2 s  <its last output line>`, or `FAIL name  1.2 s  exit code 1` and the
+    tail of its output."""
+    head = f"{'ok' if result.ok else 'FAIL':<4} {result.name:<{width}}  {result.seconds:5.1f} s"
+    detail = _last_line(result.output) if result.ok else result.reason
+    lines = [f"{head}  {detail}" if detail else head]
+    if not result.ok:
+        lines += [f"     | {line}" for line in result.output.rstrip().splitlines()[-OUTPUT_TAIL:]]
+    return lines
+
+
+def run_checks(runtime: str, image: str, checks: Sequence[ImageCheck], out: Echo, progress: Echo) -> list[CheckResult]:
+    """Every check in order (a failure does not stop the others), one result line each and a
+    summary on ``out``; which one is running on ``progress`` (`tp4 -v` shows its command)."""
+    width = max(len(c.name) for c in checks)
+    results = []
+    for number, check in enumerate(checks, 1):
+        progress(f"check {number}/{len(checks)}: {check.name}" + (f" ({check.summary})" if check.summary else ""))
+        result = run_check(runtime, image, check)
+        results.append(result)
+        for line in result_lines(result, width):
+            out(line)
+    failed = [r.name for r in results if not r.ok]
+    out(f"checks: {len(results) - len(failed)} passed, {len(failed)} failed" + (f": {', '.join(failed)}" if failed else ""))
+    return results
+
+
+# --- build ----------------------------------------------------------------------------------------
+
+
+def dry_run(flake: Path, attr: str, runtime: str, echo: Echo, *, system: str | None = None,
+            gpu_tests: bool = False) -> None:
     """Print the exact commands `tp4 build` runs and the store paths involved; build nothing."""
     nix.require()
     target = nix.installable(str(flake), attr, system)
     try:
-        _dry_run(target, flake, attr, runtime, echo)
+        _dry_run(target, flake, attr, runtime, echo, gpu_tests)
     except Tp4Error as exc:
         raise _missing_output_hint(exc, system) from None
 
 
-def _dry_run(target: str, flake: Path, attr: str, runtime: str, echo: Echo) -> None:
+def _dry_run(target: str, flake: Path, attr: str, runtime: str, echo: Echo, gpu_tests: bool) -> None:
     link = out_link(flake, attr)
     out_path = nix.eval_raw(target + ".outPath")
     drv = nix.derivation(target)
     plan = nix.dry_run(target)
+    run = [runtime, "run", "--rm", "--network", "none", "-e", "CUDA_VISIBLE_DEVICES=", "-e", "<env>",
+           "--entrypoint", "<command>", "<image id>", "<args>"]
     echo("commands:")
     echo(f"  $ {shlex.join(nix.build_argv(target, link))}")
     echo(f"  $ {describe_load(out_path, runtime)}")
     echo(f"  $ {shlex.join([runtime, 'image', 'inspect', '--format', '{{.Id}} {{json .Config.Labels}}', '<loaded image>'])}")
+    echo(f"  $ {shlex.join(run)}    # each CPU check of the image's {CHECKS_LABEL} label")
+    if gpu_tests:
+        gpu = [*run[:5], *GPU_FLAGS[runtime], *run[7:]]
+        echo(f"  $ {shlex.join(gpu)}    # each gpu check (--gpu-tests)")
+    echo(f"  $ {shlex.join([runtime, 'tag', '<image id>', f'<{LINE_REF_LABEL} label>'])}    # when every check passed")
+    echo(f"  $ {shlex.join([runtime, 'rmi', '<loaded image>'])}")
     echo("store paths:")
     echo(f"  image       {out_path}")
     echo(f"  derivation  {drv}")
@@ -195,28 +330,107 @@ def _dry_run(target: str, flake: Path, attr: str, runtime: str, echo: Echo) -> N
             echo(f"    {p}")
 
 
-def build(flake: Path, attr: str, runtime: str, echo: Echo, *, system: str | None = None) -> Built:
-    """nix build, load on the head, print image id and pins; records the result for distribute."""
+def same_ref(a: str, b: str) -> bool:
+    """Two references naming the same image name in a local store (podman adds localhost/)."""
+    def norm(ref: str) -> str:
+        ref = ref.removeprefix("localhost/").removeprefix("docker.io/").removeprefix("library/")
+        return ref if ":" in ref.rsplit("/", 1)[-1] else ref + ":latest"
+    return norm(a) == norm(b)
+
+
+def build(flake: Path, attr: str, runtime: str, out: Echo, progress: Echo, *, system: str | None = None,
+          gpu_tests: bool = False, skip_checks: bool = False) -> Built:
+    """nix build; load the image under its own tag; run its in-image checks; on success tag it as
+    the line's reference, print id and pins and record it for distribute. On failure the image is
+    removed and the line's image and the record stay as they were."""
     nix.require()
     target = nix.installable(str(flake), attr, system)
     try:
-        out_path = nix.build(target, out_link(flake, attr), echo=echo)
+        out_path = nix.build(target, out_link(flake, attr), echo=progress)
     except Tp4Error as exc:
         raise _missing_output_hint(exc, system) from None
-    echo(f"built {out_path}")
-    echo(f"$ {describe_load(out_path, runtime)}")
-    ref = load(out_path, runtime)
-    found = inspect(runtime, ref)
+    progress(f"built {out_path}")
+    progress(f"$ {describe_load(out_path, runtime)}")
+    candidate = load(out_path, runtime)
+    found = inspect(runtime, candidate)
     if found is None:
-        raise Tp4Error(f"{runtime} loaded {ref} but cannot inspect it")
+        raise Tp4Error(f"{runtime} loaded {candidate} but cannot inspect it")
     image_id, labels = found
-    built = Built(out_path=out_path, ref=ref, id=image_id)
-    built.save(record_path(flake, attr))
-    echo(f"image {ref}")
-    echo(f"id    {image_id}")
+    record = record_path(flake, attr)
+    line = labels.get(LINE_REF_LABEL)
+    if line and same_ref(candidate, line):
+        raise Tp4Error(_loaded_as_line(runtime, line, record))
+    try:
+        if not line:
+            raise Tp4Error(f"the image {candidate} does not name the line's reference (label {LINE_REF_LABEL}), "
+                           "so tp4 cannot tag it for the line: build it with pkgs/image.nix")
+        previous = inspect(runtime, line)
+        _verify(runtime, image_id, candidate, labels, out, progress, gpu_tests=gpu_tests, skip_checks=skip_checks,
+                line=line, previous=previous[0] if previous else None, record=record)
+        process.run([runtime, "tag", image_id, line])
+    except BaseException:
+        _discard(runtime, candidate, progress)
+        raise
+    _discard(runtime, candidate, progress)
+    built = Built(out_path=out_path, ref=line, id=image_id)
+    built.save(record)
+    out(f"image {line}")
+    out(f"id    {image_id}")
     pins = pin_summary(labels)
     if pins:
-        echo("pins:")
-        for line in pins:
-            echo(f"  {line}")
+        out("pins:")
+        for pin in pins:
+            out(f"  {pin}")
     return built
+
+
+def _verify(runtime: str, image_id: str, candidate: str, labels: dict[str, str], out: Echo, progress: Echo, *,
+            gpu_tests: bool, skip_checks: bool, line: str, previous: str | None, record: Path) -> None:
+    """Run the image's checks; raise, naming the failed ones, unless every one passed."""
+    if skip_checks:
+        progress(f"warning: --skip-checks: {line} gets {image_id[:12]} without its in-image checks")
+        return
+    checks = image_checks(labels, candidate)
+    if checks is None:
+        raise Tp4Error(f"the image {candidate} carries no in-image checks (no {CHECKS_LABEL} label), so it is not "
+                       f"tagged {line}: build it with pkgs/image.nix (its label lists the registry's "
+                       "[[image_check]] entries), or pass --skip-checks to tag it untested")
+    selected = select_checks(checks, gpu=gpu_tests)
+    gpu = sum(c.gpu for c in checks)
+    if gpu_tests and not gpu:
+        progress("note: --gpu-tests: the image carries no gpu checks")
+    if not selected:
+        out("checks: none in the image's list" + (f" ({gpu} gpu checks run with --gpu-tests)" if gpu else ""))
+        return
+    results = run_checks(runtime, image_id, selected, out, progress)
+    failed = [r.name for r in results if not r.ok]
+    if failed:
+        if previous == image_id:
+            fate = f"the image {image_id[:12]} already was {line} (built before) and stays so"
+        else:
+            still = f"still is {previous[:12]}" if previous else "still has no image"
+            fate = f"the image {image_id[:12]} is not tagged {line} and is removed; {line} {still}"
+        raise Tp4Error(f"{len(failed)} of {len(results)} in-image checks failed ({', '.join(failed)}): {fate}, "
+                       f"and {record.name} is unchanged")
+
+
+def _discard(runtime: str, candidate: str, progress: Echo) -> None:
+    """Remove the candidate's own tag (and so the image, when the line's tag is not on it)."""
+    proc = process.run([runtime, "rmi", candidate], check=False)
+    if proc.returncode != 0:
+        progress(f"warning: could not remove {candidate}: {proc.stderr.strip()}")
+
+
+def _loaded_as_line(runtime: str, line: str, record: Path) -> str:
+    """The image's own tag is the line's: loading it already moved the line's tag to an image
+    whose checks have not run. Put the recorded line image back."""
+    msg = (f"the image was loaded as the line's reference {line} itself, before its checks could run: "
+           "build it under a tag of its own (pkgs/image.nix passes tag = null)")
+    try:
+        before = Built.load(record)
+    except Tp4Error:
+        return msg + f"; {line} now points at the unchecked image"
+    if same_ref(before.ref, line) and inspect(runtime, before.id) is not None:
+        process.run([runtime, "tag", before.id, line])
+        return msg + f"; {line} is {before.id[:12]} again, as {record.name} says"
+    return msg + f"; {line} now points at the unchecked image"

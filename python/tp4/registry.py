@@ -1,5 +1,6 @@
 """The adapter registry (adapters/registry.toml): gate variables, their values, what they need
-and the boot-log lines they print. The one place gate knowledge lives; see the file's header."""
+and the boot-log lines they print, and the in-image checks an image must pass before it is tagged
+for the line. The one place gate knowledge lives; see the file's header."""
 
 from __future__ import annotations
 
@@ -96,6 +97,93 @@ class Adapter:
     moe_align: int | None = None
 
 
+# The runtime tree (adapters, boot.py, tests) in the image; an image check's `file` is relative to it.
+RUNTIME_DIR = "/opt/dsv41"
+CHECK_KEYS = ("name", "summary", "file", "args", "argv", "env", "workdir", "gpu", "timeout")
+_CHECK_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+@dataclass(frozen=True)
+class ImageCheck:
+    """One in-image check (an `[[image_check]]` entry): a command run in a throwaway container of
+    the candidate image before it is tagged for the line."""
+
+    name: str
+    argv: tuple[str, ...]
+    env: tuple[tuple[str, str], ...] = ()
+    workdir: str | None = None
+    gpu: bool = False
+    timeout: int = 1800
+    summary: str = ""
+
+
+def _strings(value: object) -> bool:
+    return isinstance(value, list) and all(isinstance(v, str) for v in value)
+
+
+def _image_check(raw: object, where: str, problems: list[str]) -> ImageCheck | None:
+    if not isinstance(raw, dict):
+        problems.append(f"{where}: must be a table, not {type(raw).__name__}")
+        return None
+    before = len(problems)
+    name = raw.get("name")
+    if not isinstance(name, str) or not _CHECK_NAME.match(name):
+        problems.append(f"{where}: name must be letters, digits, '_', '.' or '-' (got {name!r})")
+        name = "?"
+    else:
+        where = f"{where} ({name})"
+    unknown = sorted(set(raw) - set(CHECK_KEYS))
+    if unknown:
+        problems.append(f"{where}: unknown key {', '.join(unknown)} (allowed: {', '.join(CHECK_KEYS)})")
+    file, args, argv = raw.get("file"), raw.get("args"), raw.get("argv")
+    if (file is None) == (argv is None):
+        problems.append(f"{where}: give exactly one of file (a Python test under {RUNTIME_DIR}) or argv")
+    if file is not None and (not isinstance(file, str) or not file or file.startswith("/")
+                             or ".." in file.split("/")):
+        problems.append(f"{where}: file must be a path relative to {RUNTIME_DIR} (got {file!r})")
+    if args is not None and (not _strings(args) or argv is not None):
+        problems.append(f"{where}: args must be a list of strings, given with file (argv holds its own)")
+    if argv is not None and (not _strings(argv) or not argv or not argv[0]):
+        problems.append(f"{where}: argv must be a non-empty list of strings (got {argv!r})")
+    env = raw.get("env", {})
+    if not isinstance(env, dict) or not all(isinstance(k, str) and _ENV_NAME.match(k) and isinstance(v, str)
+                                            for k, v in env.items()):
+        problems.append(f"{where}: env must be a table of NAME = \"string\" (got {env!r})")
+        env = {}
+    workdir = raw.get("workdir")
+    if workdir is not None and (not isinstance(workdir, str) or not workdir.startswith("/")):
+        problems.append(f"{where}: workdir must be an absolute path in the image (got {workdir!r})")
+    gpu = raw.get("gpu", False)
+    if not isinstance(gpu, bool):
+        problems.append(f"{where}: gpu must be true or false (got {gpu!r})")
+    timeout = raw.get("timeout", ImageCheck.timeout)
+    if isinstance(timeout, bool) or not isinstance(timeout, int) or timeout < 1:
+        problems.append(f"{where}: timeout must be a whole number of seconds >= 1 (got {timeout!r})")
+    summary = raw.get("summary", "")
+    if not isinstance(summary, str):
+        problems.append(f"{where}: summary must be a string")
+    if len(problems) > before:
+        return None
+    command = (["python3", f"{RUNTIME_DIR}/{file}", *(args or [])] if file is not None else list(argv))
+    return ImageCheck(name=name, argv=tuple(command), env=tuple(sorted(env.items())), workdir=workdir,
+                      gpu=gpu, timeout=timeout, summary=summary)
+
+
+def parse_image_checks(raw: object, source: str) -> tuple[ImageCheck, ...]:
+    """The `[[image_check]]` entries of the registry, or the same list as JSON in an image's
+    `tp4.checks` label; strict: an unknown key or a wrong type is an error naming the entry."""
+    if not isinstance(raw, list):
+        raise InvalidInput(f"{source}: image_check must be a list of tables, not {type(raw).__name__}")
+    problems: list[str] = []
+    checks = [_image_check(item, f"image_check[{i}]", problems) for i, item in enumerate(raw)]
+    names = [c.name for c in checks if c is not None]
+    problems += [f"image_check {n!r} is listed twice" for n in sorted({n for n in names if names.count(n) > 1})]
+    if problems:
+        raise InvalidInput(f"{source}: bad image checks", problems)
+    return tuple(c for c in checks if c is not None)
+
+
 @dataclass(frozen=True)
 class Registry:
     adapters: tuple[Adapter, ...]
@@ -105,6 +193,7 @@ class Registry:
     gates: dict[str, Gate] = field(default_factory=dict)
     rules: tuple[Rule, ...] = ()
     moe: dict = field(default_factory=dict)
+    image_checks: tuple[ImageCheck, ...] = ()
 
     def gate(self, var: str) -> Gate | None:
         found = self.gates.get(var)
@@ -176,6 +265,7 @@ def parse_registry(data: dict) -> Registry:
         rules=tuple(Rule(r["field"], tuple(r.get("when", ())), r["needs"], r.get("reason", ""), r.get("fix", ""),
                          r.get("level", "error")) for r in data.get("rule", [])),
         moe=dict(data.get("moe", {})),
+        image_checks=parse_image_checks(data.get("image_check", []), "adapter registry"),
     )
 
 

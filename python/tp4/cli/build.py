@@ -26,24 +26,39 @@ def _echo(line: str) -> None:
     click.echo(line)
 
 
+def _progress(line: str) -> None:
+    click.echo(line, err=True)
+
+
 @click.command("build")
 @flake_option
 @attr_option
 @runtime_option
 @click.option("--system", default=None, metavar="SYSTEM",
               help="Build packages.SYSTEM.<attr> (e.g. aarch64-linux from another host, with an aarch64 builder).")
+@click.option("--gpu-tests", is_flag=True,
+              help="Also run the image's gpu checks (upstream's tests/*_gpu.py) with this node's GPU.")
+@click.option("--skip-checks", is_flag=True,
+              help="Tag the image for the line without running its in-image checks (says so on stderr).")
 @click.option("--dry-run", is_flag=True, help="Print the commands and store paths; build nothing.")
-def build(flake_dir: Path | None, attr: str, runtime: str | None, system: str | None, dry_run: bool) -> None:
-    """Build the image with nix (pinned inputs only) and load it on the head.
+def build(flake_dir: Path | None, attr: str, runtime: str | None, system: str | None, gpu_tests: bool,
+          skip_checks: bool, dry_run: bool) -> None:
+    """Build the image with nix (pinned inputs only), check it, and tag it for the line on the head.
 
-    Prints the image id and the pins (every component's commit, from the image's labels).
+    The image is loaded under its own tag and each of its in-image checks (import checks and
+    upstream's CPU tests, from the registry) runs in a throwaway container without network; only
+    when all pass is it tagged as the line's image and recorded for `tp4 distribute`. Results,
+    the image id and the pins (from the image's labels) go to stdout, progress to stderr.
     """
+    if gpu_tests and skip_checks:
+        raise InvalidInput("--gpu-tests and --skip-checks contradict each other: pass one")
     flake = build_mod.find_flake(flake_dir)
     runtime = build_mod.detect_runtime(runtime, required=not dry_run)
     if dry_run:
-        build_mod.dry_run(flake, attr, runtime, _echo, system=system)
+        build_mod.dry_run(flake, attr, runtime, _echo, system=system, gpu_tests=gpu_tests)
     else:
-        build_mod.build(flake, attr, runtime, _echo, system=system)
+        build_mod.build(flake, attr, runtime, _echo, _progress, system=system, gpu_tests=gpu_tests,
+                        skip_checks=skip_checks)
 
 
 def _nodes(hosts: tuple[str, ...], profile_path: str | None, user: str | None, identity: str | None,
