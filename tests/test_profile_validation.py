@@ -109,6 +109,7 @@ CASES = [
     ("unknown field with a suggestion", doc(engine={"contex_length": 4096}), "engine.contex_length", "context_length"),
     ("an API key in the profile", doc(api={"key": "sk-123"}), "api.key", "api.key_file"),
     ("ram offload", doc(engine={"offload_mode": "ram"}), "engine.offload_mode", "nvme"),
+    ("served name that reads as a flag", doc(model={"served_name": "--x"}), "model.served_name", "pattern"),
 ]
 
 

@@ -210,7 +210,7 @@ class Model(Section):
     hf_repo: str = Field("deepseek-ai/DeepSeek-V4.1-Flash", pattern=r"^[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+$", description="Hugging Face repository (HF_REPO).")
     hf_revision: str = Field("fb2764a5cf321eaa5070ca8f9e892818f477c16d", pattern=r"^[0-9a-f]{40}$", description="Pinned revision (HF_REVISION).")
     expected_shards: int = Field(48, ge=1, description="Safetensors shards a complete checkpoint has (EXPECTED_SHARDS).")
-    served_name: str = Field("deepseek-v4.1-flash", pattern=r"^[A-Za-z0-9._/-]+$", description="Model name served by the API (SERVED_MODEL_NAME).")
+    served_name: str = Field("deepseek-v4.1-flash", pattern=r"^[A-Za-z0-9][A-Za-z0-9._/-]*$", description="Model name served by the API (SERVED_MODEL_NAME).")
 
     @field_validator("dir", "common_link")
     @classmethod
