@@ -27,11 +27,21 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(REPO / "python"), str(REPO / "tests")]
 
-from netns_hosts import NetnsHosts, storage_conf  # noqa: E402
-from nix_env import image_flake, nix_config  # noqa: E402
+import shutil  # noqa: E402
+
+from netns_hosts import SSHD, NetnsHosts, storage_conf  # noqa: E402
+from nix_env import BUSYBOX, image_flake, nix_config  # noqa: E402
 from tp4 import build, distribute, process  # noqa: E402
 
 REF = "tp4-bench:latest"
+
+
+def missing_prerequisites() -> list[str]:
+    """What this machine lacks for the benchmark (empty when it can run)."""
+    missing = [] if os.geteuid() == 0 else ["root (network namespaces, tc)"]
+    missing += [tool for tool in ("nix", "podman", "ip", "tc", "ssh") if shutil.which(tool) is None]
+    missing += [path for path in (SSHD, BUSYBOX) if not os.access(path, os.X_OK)]
+    return missing
 
 
 def tp4(*args: str) -> float:
@@ -45,6 +55,11 @@ def main() -> None:
     parser.add_argument("--size-mb", type=int, default=1024)
     parser.add_argument("--rate", default="200mbit", help="tc tbf rate of each worker's link")
     opts = parser.parse_args()
+    missing = missing_prerequisites()
+    if missing:
+        print(f"error: bench_distribute.py needs {', '.join(missing)}; set the machine up as the tests do "
+              "(as root: bash python/setup.sh --test) and run it again", file=sys.stderr)
+        sys.exit(2)
 
     with tempfile.TemporaryDirectory(prefix="tp4-bench-") as tmp_name:
         tmp = Path(tmp_name)

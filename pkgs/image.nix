@@ -29,12 +29,26 @@ let
     if trees == [ ] then
       [ ]
     else
-      [ [ "split_paths" [ "${builtins.head trees}" ] ] ]
+      [
+        [
+          "split_paths"
+          [ "${builtins.head trees}" ]
+        ]
+      ]
       ++ (
         if builtins.tail trees == [ ] then
           [ ]
         else
-          [ [ "over" "rest" [ "pipe" (peel (builtins.tail trees)) ] ] ]
+          [
+            [
+              "over"
+              "rest"
+              [
+                "pipe"
+                (peel (builtins.tail trees))
+              ]
+            ]
+          ]
       );
   link = l: ''
     mkdir -p ".${dirOf l.path}"
@@ -54,7 +68,11 @@ pkgs.dockerTools.streamLayeredImage {
   # not a directory removes the lower directory), which is upstream's `rm -rf` + COPY
   extraCommands = builtins.concatStringsSep "" (map link layers);
   config = {
-    Entrypoint = [ "python3" "-u" "/opt/dsv41/boot.py" ];
+    Entrypoint = [
+      "python3"
+      "-u"
+      "/opt/dsv41/boot.py"
+    ];
     Cmd = [ "run" ];
     WorkingDir = "/opt/dsv41";
     Env = [
@@ -64,10 +82,18 @@ pkgs.dockerTools.streamLayeredImage {
       "OFFLOAD_MODE=nvme"
       "DSV41_CACHE_GIB=16"
     ];
-    ExposedPorts = { "8888/tcp" = { }; };
+    ExposedPorts = {
+      "8888/tcp" = { };
+    };
     # `-S` keeps the adapter's sitecustomize (and so the engine) out of the probe
     Healthcheck = {
-      Test = [ "CMD" "python3" "-S" "/opt/dsv41/boot.py" "health" ];
+      Test = [
+        "CMD"
+        "python3"
+        "-S"
+        "/opt/dsv41/boot.py"
+        "health"
+      ];
       Interval = seconds 30;
       Timeout = seconds 30;
       StartPeriod = seconds 1800;
@@ -79,6 +105,12 @@ pkgs.dockerTools.streamLayeredImage {
     };
   };
   passthru = {
-    inherit labels layers baseRow lineRef checks;
+    inherit
+      labels
+      layers
+      baseRow
+      lineRef
+      checks
+      ;
   };
 }

@@ -19,7 +19,11 @@ let
   elfCheck = builtins.path {
     path = src.root;
     name = "tp4-elf";
-    filter = src.wanted [ "python/tp4/__init__.py" "python/tp4/errors.py" "python/tp4/elf.py" ];
+    filter = src.wanted [
+      "python/tp4/__init__.py"
+      "python/tp4/errors.py"
+      "python/tp4/elf.py"
+    ];
   };
 in
 pkgs.stdenv.mkDerivation {

@@ -88,3 +88,15 @@ def test_missing_nix_names_the_version_the_line_needs(repo, tmp_path, monkeypatc
     assert shutil.which("nix") is None
     with pytest.raises(Tp4Error, match=r"nix is not installed: tp4 build needs Nix >= 2.18"):
         nix.require(repo)
+
+
+def test_build_dry_run_offline_says_so_before_nix_fetches(repo, tmp_path, monkeypatch, tp4_cli):
+    copy = flake_copy(repo, tmp_path / "flake")
+    shim = fake_nix(tmp_path / "bin", "2.24.9")
+    monkeypatch.setenv("PATH", f"{shim.parent}:{os.environ['PATH']}")
+    code, _, err = tp4_cli("build", "--dry-run", "--system", "aarch64-linux", "--flake", copy, "--runtime", "podman")
+    assert code == 1 and "cannot resolve api.github.com" in err and "looks offline" in err
+    assert not (shim.parent / "calls").exists()
+    monkeypatch.setenv("PATH", os.environ["PATH"].split(":", 1)[1])  # the machine's Nix 2.8
+    code, _, err = tp4_cli("build", "--dry-run", "--flake", copy, "--runtime", "podman")
+    assert code == 1 and "nix 2.8" in err and "Nix >= 2.18" in err and "Traceback" not in err

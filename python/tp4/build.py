@@ -36,15 +36,6 @@ OUTPUT_TAIL = 20
 Echo = Callable[[str], None]
 
 
-def find_flake(start: str | os.PathLike[str] | None = None) -> Path:
-    """The directory holding flake.nix: ``start`` or its nearest parent (default: cwd)."""
-    here = Path(start or os.environ.get("TP4_FLAKE") or os.getcwd()).resolve()
-    for d in (here, *here.parents):
-        if (d / "flake.nix").is_file():
-            return d
-    raise InvalidInput(f"no flake.nix in {here} or its parents: run tp4 build in the tp4 repository or pass --flake")
-
-
 def detect_runtime(preferred: str | None = None, *, required: bool = True) -> str:
     """The container runtime: the one asked for, else docker (DGX OS), else podman.
 
@@ -290,7 +281,7 @@ def run_checks(runtime: str, image: str, checks: Sequence[ImageCheck], out: Echo
 def dry_run(flake: Path, attr: str, runtime: str, echo: Echo, *, system: str | None = None,
             gpu_tests: bool = False) -> None:
     """Print the exact commands `tp4 build` runs and the store paths involved; build nothing."""
-    nix.require()
+    nix.require(flake)
     target = nix.installable(str(flake), attr, system)
     try:
         _dry_run(target, flake, attr, runtime, echo, gpu_tests)
@@ -343,7 +334,7 @@ def build(flake: Path, attr: str, runtime: str, out: Echo, progress: Echo, *, sy
     """nix build; load the image under its own tag; run its in-image checks; on success tag it as
     the line's reference, print id and pins and record it for distribute. On failure the image is
     removed and the line's image and the record stay as they were."""
-    nix.require()
+    nix.require(flake)
     target = nix.installable(str(flake), attr, system)
     try:
         out_path = nix.build(target, out_link(flake, attr), echo=progress)
