@@ -123,8 +123,15 @@ def _image_hash(row: Row, manifest_path: Path | None) -> str:
     flake = nix.find_flake(manifest_path.parent if manifest_path else None)
     nix.require(flake, what=f"tp4 sources lock {row.name}")
     img = row.image()
+    # built, then run here (through the funnel) rather than `nix run`: the same program
+    built = process.run([*nix.base(), "build", "--no-link", "--json", "--inputs-from", str(flake),
+                         "nixpkgs#nix-prefetch-docker"])
+    try:
+        tool = Path(json.loads(built.stdout)[0]["outputs"]["out"]) / "bin" / "nix-prefetch-docker"
+    except (ValueError, KeyError, IndexError, TypeError) as exc:
+        raise Tp4Error(f"nix build of nixpkgs#nix-prefetch-docker gave no output path: {built.stdout[:200]!r}") from exc
     proc = process.run([
-        *nix.base(), "run", "--inputs-from", str(flake), "nixpkgs#nix-prefetch-docker", "--",
+        str(tool),
         "--json", "--image-name", img["name"], "--image-digest", img["digest"],
         "--arch", row.attrs.get("arch", "arm64"), "--os", "linux", "--final-image-tag", img["tag"],
     ])
