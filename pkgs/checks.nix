@@ -11,13 +11,7 @@
   outputs,
 }:
 let
-  hasSuffix =
-    x: s:
-    let
-      n = builtins.stringLength s;
-      m = builtins.stringLength x;
-    in
-    n >= m && builtins.substring (n - m) m s == x;
+  inherit (src) hasSuffix;
   # what pytest -m unit reads: the code, the tests and the data files they compare against
   tests = builtins.path {
     path = src.root;

@@ -63,5 +63,5 @@ in
     "python/tp4/sources"
     "python/tp4/data/sources.manifest"
   ];
-  inherit wanted;
+  inherit wanted hasSuffix;
 }
