@@ -109,6 +109,29 @@ def test_unknown_keys_are_reported_not_dropped_silently(tp4_cli, tmp_path):
     assert "unknown: MYSTERY_KNOB" in stderr and "unknown: DSV41_TYPO_GATE" in stderr
 
 
+def test_loop_abort_values_keep_the_names_the_adapter_reads(tmp_path):
+    # upstream forwards DSV41_LOOP_NGRAM/_REPEATS/_LINE_REPEATS (§1.6); a non-default value must
+    # reach the container under that name
+    env = tmp_path / "loop.env"
+    env.write_text(FIXTURE.read_text().replace("DSV41_LOOP_NGRAM=32", "DSV41_LOOP_NGRAM=16")
+                   .replace("DSV41_LOOP_REPEATS=4", "DSV41_LOOP_REPEATS=3")
+                   .replace("DSV41_LOOP_LINE_REPEATS=8", "DSV41_LOOP_LINE_REPEATS=5"))
+    result, plan = render_import(env.read_text())
+    assert result.unknown == []
+    assert result.document["gates"]["DSV41_LOOP_NGRAM"] == "16"
+    for node in plan.nodes:
+        assert (node.env["DSV41_LOOP_NGRAM"], node.env["DSV41_LOOP_REPEATS"], node.env["DSV41_LOOP_LINE_REPEATS"]) == ("16", "3", "5")
+        assert not any(k.startswith("DSV41_LOOP_ABORT_") for k in node.env)
+    assert_same_as_upstream(env, plan)
+
+
+def test_the_misread_loop_abort_names_are_unknown():
+    # nothing upstream reads DSV41_LOOP_ABORT_NGRAM: reported, never rendered
+    result, plan = render_import(FIXTURE.read_text() + "DSV41_LOOP_ABORT_NGRAM=16\n")
+    assert result.unknown == ["DSV41_LOOP_ABORT_NGRAM"]
+    assert "DSV41_LOOP_ABORT_NGRAM" not in plan.nodes[0].env and plan.nodes[0].env["DSV41_LOOP_NGRAM"] == "32"
+
+
 def test_upstream_validation_rules_of_the_legacy_items():
     base = FIXTURE.read_text()
     cases = [

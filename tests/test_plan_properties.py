@@ -46,7 +46,7 @@ def valid_documents(draw):
     if draw(st.booleans()):
         doc["env"] = {draw(st.from_regex(r"X_[A-Z0-9_]{1,10}", fullmatch=True)): draw(st.text(max_size=20).filter(lambda s: not any(c in s for c in "\n\r\0")))}
     if draw(st.booleans()):
-        doc["gates"] = {"DSV41_CACHE_WAYS_UNUSED": "1"} if False else {"DSV41_LOOP_ABORT_NGRAM": str(draw(st.integers(1, 64)))}
+        doc["gates"] = {"DSV41_LOOP_NGRAM": str(draw(st.integers(1, 64)))}
     return doc
 
 
