@@ -53,13 +53,11 @@ in
     "adapters"
   ];
   inherit cliName root;
-  # the code `python -m tp4.sources fetch` imports, and the manifest it reads
+  # the code `python -m tp4.sources fetch` imports (nothing of the CLI), and the manifest it reads
   transforms = pick "tp4-transforms" [
     "python/tp4/__init__.py"
     "python/tp4/errors.py"
     "python/tp4/process.py"
-    "python/tp4/cli/__init__.py"
-    "python/tp4/cli/sources.py"
     "python/tp4/sources"
     "python/tp4/data/sources.manifest"
   ];

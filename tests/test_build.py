@@ -18,6 +18,7 @@ import pytest
 from nix_env import image_flake, nix, nix_config
 from netns_hosts import storage_conf
 from tp4 import build as build_mod
+from tp4 import containers
 from tp4 import nix as nix_mod
 from tp4 import process
 from tp4.errors import InvalidInput, Tp4Error
@@ -77,7 +78,7 @@ def podman(*argv: str) -> str:
 
 def image_ids_with_label(label: str) -> list[str]:
     ids = podman("images", "-q", "--no-trunc", "--filter", f"label=tp4.flake.rev={label}").split()
-    return [build_mod.normalize_id(i) for i in ids]
+    return [containers.normalize_id(i) for i in ids]
 
 
 def repo_tags(image_id: str) -> list[str]:
@@ -85,7 +86,7 @@ def repo_tags(image_id: str) -> list[str]:
 
 
 def line_id() -> str | None:
-    found = build_mod.inspect("podman", LINE)
+    found = containers.inspect("podman", LINE)
     return found[0] if found else None
 
 
@@ -129,7 +130,7 @@ def test_passing_checks_tag_the_image_for_the_line_and_record_it(env, tp4_cli, c
     code, stdout, stderr = tp4_cli("build", "--flake", flake, "--runtime", "podman")
 
     assert code == 0, stderr
-    found = build_mod.inspect("podman", "tp4-test:built")
+    found = containers.inspect("podman", "tp4-test:built")
     assert found is not None
     image_id, labels = found
     assert labels["tp4.flake.rev"] == label
@@ -380,9 +381,9 @@ def test_the_registry_lists_upstreams_in_image_checks():
 
 
 def test_same_ref_sees_through_podmans_localhost_prefix():
-    assert build_mod.same_ref("localhost/tp4-test:line", "tp4-test:line")
-    assert build_mod.same_ref("tp4-test", "localhost/tp4-test:latest")
-    assert not build_mod.same_ref("localhost/tp4-test:0123abcd", "tp4-test:line")
+    assert containers.same_ref("localhost/tp4-test:line", "tp4-test:line")
+    assert containers.same_ref("tp4-test", "localhost/tp4-test:latest")
+    assert not containers.same_ref("localhost/tp4-test:0123abcd", "tp4-test:line")
 
 
 def test_missing_nix_is_a_clear_error(env, tp4_cli, monkeypatch):
@@ -443,11 +444,11 @@ def test_a_failing_build_shows_nix_errors(env, tp4_cli):
 
 
 def test_loaded_ref_from_podman_and_docker_output():
-    assert build_mod.loaded_ref("Loaded image: localhost/a:b\n") == "localhost/a:b"
-    assert build_mod.loaded_ref("Loaded image(s): localhost/a:b\n") == "localhost/a:b"
-    assert build_mod.loaded_ref("Loaded image ID: sha256:abc\n") == "sha256:abc"
+    assert containers.loaded_ref("Loaded image: localhost/a:b\n") == "localhost/a:b"
+    assert containers.loaded_ref("Loaded image(s): localhost/a:b\n") == "localhost/a:b"
+    assert containers.loaded_ref("Loaded image ID: sha256:abc\n") == "sha256:abc"
     with pytest.raises(Tp4Error):
-        build_mod.loaded_ref("nothing")
+        containers.loaded_ref("nothing")
 
 
 def test_pin_summary_lists_flake_first_then_components():

@@ -6,7 +6,7 @@ import pytest
 
 from netns_hosts import NetnsHosts, storage_conf
 from nix_env import image_flake, nix_config
-from tp4 import build as build_mod
+from tp4 import containers
 
 REF = "tp4-test:dist"
 
@@ -40,7 +40,7 @@ def worker_args(hosts, flake, workers=None):
 
 
 def node_id(host):
-    found = build_mod.inspect("podman", REF, remote=host.remote)
+    found = containers.inspect("podman", REF, remote=host.remote)
     return found[0] if found else None
 
 
@@ -51,7 +51,7 @@ def reset(hosts):
 
 def test_copies_to_every_worker_then_skips(hosts, head, tp4_cli):
     reset(hosts)
-    head_id = build_mod.inspect("podman", REF)[0]
+    head_id = containers.inspect("podman", REF)[0]
 
     code, out, err = tp4_cli(*worker_args(hosts, head))
     assert code == 0, err
@@ -68,13 +68,13 @@ def test_detects_a_worker_whose_image_differs_and_recopies_only_it(hosts, head, 
     reset(hosts)
     code, _, err = tp4_cli(*worker_args(hosts, head))
     assert code == 0, err
-    head_id = build_mod.inspect("podman", REF)[0]
+    head_id = containers.inspect("podman", REF)[0]
 
     # node2 gets another image under the same reference (a stale or tampered copy)
     other = image_flake(tmp_path / "other", ref=REF, label="other")
     code, _, err = tp4_cli("build", "--flake", other, "--runtime", "podman")
     assert code == 0, err
-    other_id = build_mod.inspect("podman", REF)[0]
+    other_id = containers.inspect("podman", REF)[0]
     assert other_id != head_id
     code, _, err = tp4_cli(*worker_args(hosts, other, workers=[hosts[1]]))
     assert code == 0, err

@@ -13,16 +13,14 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shlex
-import shutil
 import subprocess
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from tp4 import nix, process
+from tp4 import containers, nix, process
 from tp4.errors import InvalidInput, Tp4Error
 from tp4.registry import ImageCheck, parse_image_checks
 
@@ -30,25 +28,8 @@ PIN_PREFIX = "tp4.pin."
 FLAKE_REV_LABEL = "tp4.flake.rev"
 LINE_REF_LABEL = "tp4.line.ref"
 CHECKS_LABEL = "tp4.checks"
-# how each runtime hands the node's GPUs to a container (podman through CDI)
-GPU_FLAGS = {"docker": ["--gpus", "all"], "podman": ["--device", "nvidia.com/gpu=all"]}
 OUTPUT_TAIL = 20
 Echo = Callable[[str], None]
-
-
-def detect_runtime(preferred: str | None = None, *, required: bool = True) -> str:
-    """The container runtime: the one asked for, else docker (DGX OS), else podman.
-
-    Without ``required`` (a dry run) a host with neither gets ``docker`` in the printed commands.
-    """
-    if preferred:
-        return preferred
-    for name in ("docker", "podman"):
-        if shutil.which(name):
-            return name
-    if not required:
-        return "docker"
-    raise Tp4Error("neither docker nor podman is installed on this host: install one, or pass --runtime")
 
 
 @dataclass(frozen=True)
@@ -73,72 +54,6 @@ class Built:
             raise Tp4Error(f"{path} does not exist: run `tp4 build` first, or pass --image") from None
         except (ValueError, KeyError) as exc:
             raise Tp4Error(f"{path} is not a tp4 build record ({exc}): run `tp4 build` again") from None
-
-
-def is_stream(out_path: str) -> bool:
-    """A dockerTools stream script (executable, `stream-<name>`), not an image tarball; decided by
-    name for a path that is not built yet (a dry run)."""
-    if os.path.exists(out_path):
-        return os.access(out_path, os.X_OK) and not os.path.isdir(out_path)
-    return Path(out_path).name.split("-", 1)[-1].startswith("stream-")
-
-
-def load_argv(out_path: str, runtime: str) -> tuple[list[str] | None, list[str]]:
-    """(producer, loader): a stream script is piped into `<runtime> load`, a tarball loaded with -i."""
-    if is_stream(out_path):
-        return [out_path], [runtime, "load"]
-    return None, [runtime, "load", "-i", out_path]
-
-
-def describe_load(out_path: str, runtime: str) -> str:
-    producer, loader = load_argv(out_path, runtime)
-    return f"{shlex.join(producer)} | {shlex.join(loader)}" if producer else shlex.join(loader)
-
-
-def load(out_path: str, runtime: str) -> str:
-    """Load the image into the runtime; returns the reference the runtime printed."""
-    producer, loader = load_argv(out_path, runtime)
-    if producer is None:
-        out = process.run(loader).stdout
-    else:
-        src = process.start(producer, stdout=subprocess.PIPE)
-        try:
-            dst = process.start(loader, stdin=src.stdout, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                text=True)
-            assert src.stdout is not None
-            src.stdout.close()
-            out, err = dst.communicate()
-        finally:
-            src.wait()
-        if src.returncode != 0:
-            raise Tp4Error(f"the image stream `{out_path}` failed with exit code {src.returncode}")
-        if dst.returncode != 0:
-            raise Tp4Error(f"`{shlex.join(loader)}` failed with exit code {dst.returncode}\n{err.strip()}")
-    return loaded_ref(out)
-
-
-def loaded_ref(output: str) -> str:
-    """The image named in `podman load` / `docker load` output."""
-    refs = re.findall(r"Loaded image(?:\(s\))?(?: ID)?:\s*(\S+)", output)
-    if not refs:
-        raise Tp4Error(f"could not find the loaded image in the runtime's output:\n{output.strip()}")
-    return refs[-1].split(",")[0]
-
-
-def inspect(runtime: str, ref: str, *, remote: process.Remote | None = None) -> tuple[str, dict[str, str]] | None:
-    """(image id, labels) of an image in the runtime, or None when it has no such image."""
-    proc = process.run([runtime, "image", "inspect", "--format", "{{.Id}} {{json .Config.Labels}}", ref],
-                       remote=remote, check=False)
-    if proc.returncode != 0:
-        if remote is not None and proc.returncode == 255:
-            raise Tp4Error(f"cannot reach {remote.destination} over ssh:\n{proc.stderr.strip()}")
-        return None
-    image_id, _, labels = proc.stdout.strip().partition(" ")
-    return normalize_id(image_id), json.loads(labels or "null") or {}
-
-
-def normalize_id(image_id: str) -> str:
-    return image_id.removeprefix("sha256:")
 
 
 def pin_summary(labels: dict[str, str]) -> list[str]:
@@ -194,7 +109,7 @@ def check_argv(runtime: str, image: str, check: ImageCheck, *, name: str | None 
     if name:
         argv += ["--name", name]
     if check.gpu:
-        argv += GPU_FLAGS[runtime]
+        argv += containers.GPU_FLAGS[runtime]
     env = dict(check.env)
     if not check.gpu:
         env.setdefault("CUDA_VISIBLE_DEVICES", "")
@@ -214,12 +129,6 @@ class CheckResult:
     output: str  # stdout and stderr, interleaved
 
 
-def _remove_container(runtime: str, name: str) -> None:
-    # kill first (SIGKILL in both runtimes): `rm -f` alone gives a PID 1 that ignores SIGTERM 10 s
-    process.run([runtime, "kill", name], check=False)
-    process.run([runtime, "rm", "-f", name], check=False)
-
-
 def run_check(runtime: str, image: str, check: ImageCheck) -> CheckResult:
     """Run one check to completion (or its timeout); a check that cannot even start fails too."""
     name = f"tp4-check-{os.getpid()}-{check.name}"
@@ -230,12 +139,12 @@ def run_check(runtime: str, image: str, check: ImageCheck) -> CheckResult:
         output, _ = proc.communicate(timeout=check.timeout)
         reason = "" if proc.returncode == 0 else f"exit code {proc.returncode}"
     except subprocess.TimeoutExpired:
-        _remove_container(runtime, name)
+        containers.remove_container(runtime, name)
         proc.kill()
         output, _ = proc.communicate()
         reason = f"timed out after {check.timeout} s"
     except BaseException:  # Ctrl-C: the container goes with it
-        _remove_container(runtime, name)
+        containers.remove_container(runtime, name)
         proc.kill()
         proc.wait()
         raise
@@ -298,11 +207,11 @@ def _dry_run(target: str, flake: Path, attr: str, runtime: str, echo: Echo, gpu_
            "--entrypoint", "<command>", "<image id>", "<args>"]
     echo("commands:")
     echo(f"  $ {shlex.join(nix.build_argv(target, link))}")
-    echo(f"  $ {describe_load(out_path, runtime)}")
+    echo(f"  $ {containers.describe_load(out_path, runtime)}")
     echo(f"  $ {shlex.join([runtime, 'image', 'inspect', '--format', '{{.Id}} {{json .Config.Labels}}', '<loaded image>'])}")
     echo(f"  $ {shlex.join(run)}    # each CPU check of the image's {CHECKS_LABEL} label")
     if gpu_tests:
-        gpu = [*run[:5], *GPU_FLAGS[runtime], *run[7:]]
+        gpu = [*run[:5], *containers.GPU_FLAGS[runtime], *run[7:]]
         echo(f"  $ {shlex.join(gpu)}    # each gpu check (--gpu-tests)")
     echo(f"  $ {shlex.join([runtime, 'tag', '<image id>', f'<{LINE_REF_LABEL} label>'])}    # when every check passed")
     echo(f"  $ {shlex.join([runtime, 'rmi', '<loaded image>'])}")
@@ -321,14 +230,6 @@ def _dry_run(target: str, flake: Path, attr: str, runtime: str, echo: Echo, gpu_
             echo(f"    {p}")
 
 
-def same_ref(a: str, b: str) -> bool:
-    """Two references naming the same image name in a local store (podman adds localhost/)."""
-    def norm(ref: str) -> str:
-        ref = ref.removeprefix("localhost/").removeprefix("docker.io/").removeprefix("library/")
-        return ref if ":" in ref.rsplit("/", 1)[-1] else ref + ":latest"
-    return norm(a) == norm(b)
-
-
 def build(flake: Path, attr: str, runtime: str, out: Echo, progress: Echo, *, system: str | None = None,
           gpu_tests: bool = False, skip_checks: bool = False) -> Built:
     """nix build; load the image under its own tag; run its in-image checks; on success tag it as
@@ -341,24 +242,24 @@ def build(flake: Path, attr: str, runtime: str, out: Echo, progress: Echo, *, sy
     except Tp4Error as exc:
         raise _missing_output_hint(exc, system) from None
     progress(f"built {out_path}")
-    progress(f"$ {describe_load(out_path, runtime)}")
-    candidate = load(out_path, runtime)
-    found = inspect(runtime, candidate)
+    progress(f"$ {containers.describe_load(out_path, runtime)}")
+    candidate = containers.load(out_path, runtime)
+    found = containers.inspect(runtime, candidate)
     if found is None:
         raise Tp4Error(f"{runtime} loaded {candidate} but cannot inspect it")
     image_id, labels = found
     record = record_path(flake, attr)
     line = labels.get(LINE_REF_LABEL)
-    if line and same_ref(candidate, line):
+    if line and containers.same_ref(candidate, line):
         raise Tp4Error(_loaded_as_line(runtime, line, record))
     try:
         if not line:
             raise Tp4Error(f"the image {candidate} does not name the line's reference (label {LINE_REF_LABEL}), "
                            "so tp4 cannot tag it for the line: build it with pkgs/image.nix")
-        previous = inspect(runtime, line)
+        previous = containers.inspect(runtime, line)
         _verify(runtime, image_id, candidate, labels, out, progress, gpu_tests=gpu_tests, skip_checks=skip_checks,
                 line=line, previous=previous[0] if previous else None, record=record)
-        process.run([runtime, "tag", image_id, line])
+        containers.tag(runtime, image_id, line)
     except BaseException:
         _discard(runtime, candidate, progress)
         raise
@@ -407,9 +308,9 @@ def _verify(runtime: str, image_id: str, candidate: str, labels: dict[str, str],
 
 def _discard(runtime: str, candidate: str, progress: Echo) -> None:
     """Remove the candidate's own tag (and so the image, when the line's tag is not on it)."""
-    proc = process.run([runtime, "rmi", candidate], check=False)
-    if proc.returncode != 0:
-        progress(f"warning: could not remove {candidate}: {proc.stderr.strip()}")
+    complaint = containers.remove(runtime, candidate)
+    if complaint:
+        progress(f"warning: could not remove {candidate}: {complaint}")
 
 
 def _loaded_as_line(runtime: str, line: str, record: Path) -> str:
@@ -421,7 +322,7 @@ def _loaded_as_line(runtime: str, line: str, record: Path) -> str:
         before = Built.load(record)
     except Tp4Error:
         return msg + f"; {line} now points at the unchecked image"
-    if same_ref(before.ref, line) and inspect(runtime, before.id) is not None:
-        process.run([runtime, "tag", before.id, line])
+    if containers.same_ref(before.ref, line) and containers.inspect(runtime, before.id) is not None:
+        containers.tag(runtime, before.id, line)
         return msg + f"; {line} is {before.id[:12]} again, as {record.name} says"
     return msg + f"; {line} now points at the unchecked image"

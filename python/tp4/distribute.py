@@ -22,8 +22,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from tp4 import process
-from tp4.build import Echo, inspect
+from tp4 import containers, process
+from tp4.build import Echo
 from tp4.errors import Tp4Error
 
 
@@ -52,13 +52,13 @@ def archive(runtime: str, ref: str, image_id: str, directory: Path | None = None
     if not path.exists():
         partial = path.with_suffix(".tar.partial")
         partial.unlink(missing_ok=True)
-        process.run([runtime, "save", "-o", str(partial), ref])
+        containers.save(runtime, ref, partial)
         partial.rename(path)
     return path
 
 
 def remote_id(runtime: str, ref: str, remote: process.Remote) -> str | None:
-    found = inspect(runtime, ref, remote=remote)
+    found = containers.inspect(runtime, ref, remote=remote)
     return found[0] if found else None
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import click
 
 from tp4 import build as build_mod
-from tp4 import nix
+from tp4 import containers, nix
 from tp4 import distribute as distribute_mod
 from tp4.errors import InvalidInput, Tp4Error
 from tp4.process import Remote
@@ -54,7 +54,7 @@ def build(flake_dir: Path | None, attr: str, runtime: str | None, system: str | 
     if gpu_tests and skip_checks:
         raise InvalidInput("--gpu-tests and --skip-checks contradict each other: pass one")
     flake = nix.find_flake(flake_dir)
-    runtime = build_mod.detect_runtime(runtime, required=not dry_run)
+    runtime = containers.detect(runtime, required=not dry_run)
     if dry_run:
         build_mod.dry_run(flake, attr, runtime, _echo, system=system, gpu_tests=gpu_tests)
     else:
@@ -101,11 +101,11 @@ def distribute(flake_dir: Path | None, attr: str, runtime: str | None, profile_p
 
     Every worker must end with the head's image id, or the command fails naming the worker.
     """
-    runtime = build_mod.detect_runtime(runtime)
+    runtime = containers.detect(runtime)
     if image_ref is None:
         flake = nix.find_flake(flake_dir)
         image_ref = build_mod.Built.load(build_mod.record_path(flake, attr)).ref
-    found = build_mod.inspect(runtime, image_ref)
+    found = containers.inspect(runtime, image_ref)
     if found is None:
         raise Tp4Error(f"the head has no image {image_ref}: run `tp4 build` first")
     image_id = found[0]

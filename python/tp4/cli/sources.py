@@ -2,24 +2,12 @@
 
 from __future__ import annotations
 
-import os
-import sys
 from pathlib import Path
 
 import click
 
 from tp4.errors import InvalidInput, Tp4Error
 from tp4.sources import manifest as mf
-
-
-def _manifest_path(value: str | None) -> Path:
-    if value:
-        return Path(value)
-    env = os.environ.get("TP4_SOURCES_MANIFEST")
-    if env:
-        return Path(env)
-    default = mf.default_path()
-    return default if default.exists() else Path(mf.MANIFEST_NAME)
 
 
 manifest_option = click.option(
@@ -29,7 +17,7 @@ manifest_option = click.option(
 
 
 def _load(manifest_file: str | None, *, strict: bool = True) -> mf.Manifest:
-    m = mf.load(_manifest_path(manifest_file))
+    m = mf.load(mf.chosen_path(manifest_file))
     if strict:
         mf.check(m)
     return m
@@ -146,17 +134,9 @@ def fetch(manifest_file: str | None, name: str, to: str, inputs: tuple[str, ...]
     """Produce NAME (a tree, or a single row) at DIR exactly as the image contains it; prints the
     tree's NAR hash (sha256 SRI, as `nix hash path`)."""
     from tp4.sources import fetch as fetching
-    from tp4.sources import nar
 
-    m = _load(manifest_file)
-    if name not in m.tree_by_name and name not in m.by_name:
-        names = {**m.tree_by_name, **m.by_name}
-        raise InvalidInput(f"{m.label}: no tree or row named {name!r}{mf._suggest(name, names)}")
-    given = fetching.parse_inputs(list(inputs), m)
-    stamps = fetching.fetch(m, name, Path(to), given, offline=offline or fetching.in_nix_build(), quiet=quiet)
-    for key, value in stamps.items():
-        click.echo(f"{key} {value}")
-    click.echo(f"{to} {nar.nar_hash(to)}")
+    for line in fetching.fetch_named(_load(manifest_file), name, Path(to), list(inputs), offline=offline, quiet=quiet):
+        click.echo(line)
 
 
 def _describe_attrs(old: dict, new: dict) -> list[str]:
@@ -213,10 +193,3 @@ def hash_cmd(manifest_file: str | None, path: str, fmt: str, store_name: str | N
             click.echo(nar.store_path(store_name, digest))
         except ValueError as exc:
             raise InvalidInput(str(exc)) from None
-
-
-def run_standalone() -> None:
-    """``python -m tp4.sources ARGS``: the same as ``tp4 sources ARGS``."""
-    from tp4.cli import main
-
-    main(["sources", *sys.argv[1:]])

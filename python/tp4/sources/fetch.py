@@ -224,3 +224,18 @@ def fetch(manifest: Manifest, name: str, to: Path, inputs: Mapping[str, Path], *
         if work.exists():
             shutil.rmtree(work)
     return stamps
+
+
+def fetch_named(manifest: Manifest, name: str, to: Path, inputs: list[str], *, offline: bool,
+                quiet: bool) -> list[str]:
+    """`tp4 sources fetch NAME`: the tree (or row) at ``to``; the lines it prints (SOURCE_* stamps,
+    then the tree's NAR hash)."""
+    from tp4.errors import InvalidInput
+    from tp4.sources import manifest as mf
+    from tp4.sources import nar
+
+    if name not in manifest.tree_by_name and name not in manifest.by_name:
+        names = {**manifest.tree_by_name, **manifest.by_name}
+        raise InvalidInput(f"{manifest.label}: no tree or row named {name!r}{mf._suggest(name, names)}")
+    stamps = fetch(manifest, name, to, parse_inputs(inputs, manifest), offline=offline or in_nix_build(), quiet=quiet)
+    return [*(f"{key} {value}" for key, value in stamps.items()), f"{to} {nar.nar_hash(to)}"]

@@ -363,6 +363,19 @@ def default_path() -> Path:
     return PACKAGED
 
 
+def chosen_path(value: str | None) -> Path:
+    """The manifest a command reads: ``--manifest``, else $TP4_SOURCES_MANIFEST, else :func:`default_path`."""
+    import os
+
+    if value:
+        return Path(value)
+    env = os.environ.get("TP4_SOURCES_MANIFEST")
+    if env:
+        return Path(env)
+    default = default_path()
+    return default if default.exists() else Path(MANIFEST_NAME)
+
+
 def replace_rows(manifest: Manifest, new: Mapping[str, Row]) -> str:
     """The manifest text with the rows named in ``new`` rewritten and everything else verbatim."""
     lines = manifest.text.split("\n")
