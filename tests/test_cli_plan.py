@@ -13,7 +13,7 @@ from tp4.plan import SCHEMA
 pytestmark = pytest.mark.unit
 
 NODE_KEYS = {"rank", "role", "name", "host", "ssh", "env", "argv", "run"}
-TOP_KEYS = {"schema", "preset", "source", "image", "line", "nodes", "boot_lines", "forbidden_lines", "secrets", "warnings"}
+TOP_KEYS = {"schema", "preset", "source", "image", "line", "nodes", "boot_lines", "forbidden_lines", "secrets", "warnings", "notes"}
 
 
 def test_plan_default_is_the_full_production_line(tp4_cli):

@@ -3,7 +3,7 @@ environment (upstream-line.md §1.6), the engine argv boot.py runs (§1.8), the 
 (§1.5), plus the image and the boot-log lines the armed gates print (§6.1).
 
 serve, doctor, the NixOS unit and the boot-log check read a Plan; none of them derives a flag.
-JSON schema (`tp4 plan --json`, version "tp4.plan/1"): see docs/plan-schema.md.
+JSON schema (`tp4 plan --json`, version "tp4.plan/1.1"): see docs/plan-schema.md.
 """
 
 from __future__ import annotations
@@ -11,12 +11,13 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from functools import lru_cache
 from typing import Any
 
 from tp4.profile.models import has_unsafe_chars
 from tp4.registry import Registry, condition_holds, fill_line, line_pattern, load_registry
 
-SCHEMA = "tp4.plan/1"
+SCHEMA = "tp4.plan/1.1"
 MODEL_MOUNT = "/models/DeepSeek-V4.1-Flash"
 STATE_MOUNT = "/state"
 ENGRAM_MOUNT = "/engram"
@@ -48,6 +49,8 @@ class Plan:
     forbidden_lines: list[str]
     secrets: dict[str, Any]
     warnings: list[str] = field(default_factory=list)
+    # what the plan renders differently from the profile as written, and why (resolve_gates)
+    notes: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         out = asdict(self)
@@ -163,7 +166,58 @@ def expand(path: str, home: str) -> str:
     return path
 
 
+@lru_cache(maxsize=None)
+def _preset_gates(name: str) -> tuple[tuple[str, str], ...]:
+    from tp4.profile.load import merged_document
+
+    return tuple(merged_document({"preset": name}).get("gates", {}).items())
+
+
+def resolve_gates(p: Any, reg: Registry) -> tuple[dict[str, str], list[str]]:
+    """The profile's gates as the line runs them, and a note for each gate the preset set that
+    does not apply as set. Rolling a layer back is one change (seed "Rollback"): a gate the preset
+    sets whose needed gate the profile turns off is dropped, since upstream's adapter does nothing
+    without it; a preset gate that fails a registry rule with `follow` takes the followed value.
+    A gate counts as the preset's when the profile leaves it at the preset's value; one the
+    profile sets itself is kept, and the validator reports what it needs."""
+    preset = dict(_preset_gates(p.preset))
+    gates = dict(p.gates)
+    from_preset = {k for k, v in gates.items() if preset.get(k) == v}
+    turned_off = {k for k, v in gates.items()
+                  if k not in from_preset and (g := reg.gate(k)) is not None and not g.is_on(v)}
+    notes: list[str] = []
+    dropped: set[str] = set()
+    changed = True
+    while changed:
+        changed = False
+        for key in sorted(from_preset - dropped):
+            gate = reg.gate(key)
+            if gate is None or not gate.is_on(gates[key]):
+                continue
+            cause = next((c for c in gate.needs if c in turned_off or c in dropped), None)
+            if cause is not None:
+                why = "the profile turns it off" if cause in turned_off else "it is dropped too"
+                notes.append(f"gates.{key}: the preset's {key}={gates.pop(key)} is dropped: it needs {cause}, and {why}")
+                dropped.add(key)
+                changed = True
+    env = _render_env(p, 0, reg, gates)
+    for rule in reg.rules:
+        key = rule.field.removeprefix("gates.")
+        if rule.follow is None or key not in from_preset or key not in gates:
+            continue
+        if all(condition_holds(c, env, reg) for c in rule.when) and not condition_holds(rule.needs, env, reg):
+            value = fill_line(rule.follow, env)
+            notes.append(f"gates.{key}: the preset's {key}={gates[key]} {fill_line(rule.reason, env)}; the plan sets {value}")
+            gates[key] = value
+            env = _render_env(p, 0, reg, gates)
+    return gates, notes
+
+
 def rank_env(p: Any, rank: int, reg: Registry) -> dict[str, str]:
+    return _render_env(p, rank, reg, resolve_gates(p, reg)[0])
+
+
+def _render_env(p: Any, rank: int, reg: Registry, gates: dict[str, str]) -> dict[str, str]:
     node = p.nodes[rank]
     head = p.cluster.head
     env: dict[str, str] = {}
@@ -179,7 +233,7 @@ def rank_env(p: Any, rank: int, reg: Registry) -> dict[str, str]:
         env[gate.var] = gate.default or ""
     env["DSV41_LAUNCHER"] = "tp4"
     # EXTRA_CONTAINER_ENV semantics: a key already present is replaced in place, a new one appended.
-    for key, value in p.gates.items():
+    for key, value in gates.items():
         env[key] = value
     for key, value in p.env.items():
         env[key] = value
@@ -285,9 +339,10 @@ def boot_lines(env: dict[str, str], reg: Registry) -> list[dict[str, Any]]:
 def build_plan(loaded: Any, registry: Registry | None = None) -> Plan:
     reg = registry or load_registry()
     p = loaded.profile
+    gates, notes = resolve_gates(p, reg)
     nodes = []
     for rank, node in enumerate(p.nodes):
-        env = rank_env(p, rank, reg)
+        env = _render_env(p, rank, reg, gates)
         nodes.append(RankPlan(
             rank=rank,
             role="head" if rank == 0 else "worker",
@@ -311,6 +366,7 @@ def build_plan(loaded: Any, registry: Registry | None = None) -> Plan:
         forbidden_lines=list(reg.forbidden_lines),
         secrets={"API_KEY": {"file": p.api.key_file}} if p.api.key_file else {},
         warnings=list(loaded.warnings),
+        notes=notes,
     )
 
 

@@ -38,6 +38,8 @@ class Gate:
     def check(self, value: str) -> str | None:
         """None if value is allowed, else the reason it is not."""
         kind = self.kind
+        if kind in ("int", "float") and not self.forwarded and value.strip().lower() in self.off:
+            return None  # the launcher passes it only when set: an off value turns the gate off (§4)
         if kind == "switch":
             if value not in ("0", "1"):
                 return "must be 0 or 1"
@@ -82,6 +84,9 @@ class Rule:
     reason: str
     fix: str
     level: str = "error"
+    # A gate the preset sets that fails this rule takes this value instead (filled like `fix`),
+    # and the plan notes it: a preset value that only restates another setting follows it.
+    follow: str | None = None
 
 
 @dataclass(frozen=True)
@@ -263,7 +268,7 @@ def parse_registry(data: dict) -> Registry:
         forbidden_lines=tuple(data.get("forbidden_lines", ())),
         gates=gates,
         rules=tuple(Rule(r["field"], tuple(r.get("when", ())), r["needs"], r.get("reason", ""), r.get("fix", ""),
-                         r.get("level", "error")) for r in data.get("rule", [])),
+                         r.get("level", "error"), r.get("follow")) for r in data.get("rule", [])),
         moe=dict(data.get("moe", {})),
         image_checks=parse_image_checks(data.get("image_check", []), "adapter registry"),
     )

@@ -47,6 +47,8 @@ def _human(plan, rank: int | None) -> str:
         out.append("useful boot lines:")
         out += [f"  {b['text']}" for b in optional]
     out.append("never on any rank: " + ", ".join(plan.forbidden_lines))
+    for n in plan.notes:
+        out.append(f"note: {n}")
     for w in plan.warnings:
         out.append(f"warning: {w}")
     return "\n".join(out)
@@ -55,7 +57,7 @@ def _human(plan, rank: int | None) -> str:
 @click.command()
 @click.option("--profile", "-p", "profile_path", type=click.Path(dir_okay=False), help="Profile TOML; default: the embedded production profile on the example cluster.")
 @click.option("--rank", type=int, default=None, help="Show only this rank.")
-@click.option("--json", "as_json", is_flag=True, help="Machine-readable plan (schema tp4.plan/1, see docs/plan-schema.md).")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable plan (schema tp4.plan/1.1, see docs/plan-schema.md).")
 def plan(profile_path: str | None, rank: int | None, as_json: bool) -> None:
     """Show the rendered line: per rank the container env, the engine argv, the run spec, and the
     boot-log lines the armed gates must print."""

@@ -40,7 +40,7 @@ OWNED_FLAGS = {
 
 
 def validate(profile: Profile, registry: Registry | None = None) -> tuple[list[Problem], list[Problem]]:
-    from tp4.plan import rank_env, typed_env_keys
+    from tp4.plan import rank_env, resolve_gates, typed_env_keys
 
     reg = registry or load_registry()
     errors: list[Problem] = []
@@ -54,6 +54,9 @@ def validate(profile: Profile, registry: Registry | None = None) -> tuple[list[P
     # Rules read rank 0's rendered environment (gates as the container sees them, launcher
     # defaults included) plus the line facts the registry names.
     env0 = dict(rank_env(profile, 0, reg))
+    # the gates as the plan renders them: a preset gate that a rollback leaves without the gate
+    # it needs is dropped there (with a note), so it is not checked here
+    gates, _ = resolve_gates(profile, reg)
     env0["RING_ROCE_CAP"] = str(RING_CAP_HAIRPIN if fab.ring_hairpin_queue >= 8192 else RING_CAP_DEFAULT)
 
     # --- cluster: one Spark per rank, unique names and addresses ---
@@ -120,7 +123,7 @@ def validate(profile: Profile, registry: Registry | None = None) -> tuple[list[P
 
     # --- [gates] and [env] ---
     typed = typed_env_keys()
-    for key, value in profile.gates.items():
+    for key, value in gates.items():
         gate = reg.gate(key)
         field = f"gates.{key}"
         if key in RANK_KEYS:
@@ -145,7 +148,7 @@ def validate(profile: Profile, registry: Registry | None = None) -> tuple[list[P
         elif key in typed:
             err(field, f"is rendered from {typed[key]}", f"set {typed[key]} instead")
 
-    for key, value in profile.gates.items():
+    for key, value in gates.items():
         gate = reg.gate(key)
         if gate is None or not gate.is_on(value):
             continue
