@@ -123,6 +123,15 @@ def test_invalid_combination_is_rejected_with_its_field(name, document, field, h
     assert any(hint in p for p in matching), matching
 
 
+@pytest.mark.parametrize("size", [4096, 8192])
+def test_the_chunk_size_message_names_the_size(size):
+    found = problems(doc(engine={"chunked_prefill_size": size}, gates={"DSV41_INDEXER_CHUNKED": "0"}))
+    matching = [p for p in found if p.startswith("engine.chunked_prefill_size:")]
+    assert len(matching) == 1, found
+    assert f"a {size}-row chunk without the chunked indexer" in matching[0]
+    assert 'fix: set gates.DSV41_INDEXER_CHUNKED = "1", or engine.chunked_prefill_size = 1024' in matching[0]
+
+
 def test_all_problems_are_reported_at_once():
     found = problems(doc(engine={"context_length": 1, "ep": 3}, gates={"DSV41_HC_FUSED": "2", "NOPE": "1"}))
     fields = {p.split(":", 1)[0] for p in found}
