@@ -52,7 +52,8 @@ class Remote:
             argv += ["-p", str(self.port)]
         for opt in self.options:
             argv += ["-o", opt]
-        return argv + [self.destination]
+        # `--` ends ssh's options: a destination can never be read as one ("-oProxyCommand=...")
+        return argv + ["--", self.destination]
 
 
 def redact(text: str, secrets: Iterable[str]) -> str:
@@ -64,7 +65,7 @@ def redact(text: str, secrets: Iterable[str]) -> str:
 
 def full_argv(argv: Sequence[str], remote: Remote | None = None,
               env: Mapping[str, str] | None = None) -> list[str]:
-    """The argv actually executed: local as given, remote as ``ssh ... -- '<quoted command>'``.
+    """The argv actually executed: local as given, remote as ``ssh ... -- DEST '<quoted command>'``.
 
     For a remote command, ``env`` is applied with ``env K=V`` inside the quoted command; never
     pass secrets that way (use ``input=``).
@@ -74,7 +75,7 @@ def full_argv(argv: Sequence[str], remote: Remote | None = None,
         return argv
     if env:
         argv = ["env", *(f"{k}={v}" for k, v in env.items()), *argv]
-    return [*remote.ssh_argv(), "--", shlex.join(argv)]
+    return [*remote.ssh_argv(), shlex.join(argv)]
 
 
 def _describe(argv: Sequence[str], remote: Remote | None) -> str:
