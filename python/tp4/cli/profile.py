@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import click
 
-from tp4.errors import InvalidInput
-
 
 @click.group()
 def profile() -> None:
@@ -53,24 +51,12 @@ def import_(env_file: str, output: str, force: bool) -> None:
     The result renders the same container env and engine argv as the upstream launcher would
     for ENV_FILE. Unknown variables are reported; nothing is written unless the result is valid.
     """
-    import os
-    import tempfile
-    from pathlib import Path
-
     from tp4.profile.legacy import import_env_file
+    from tp4.userfiles import check_output, write_output
 
-    out = Path(output)
-    if out.exists() and not force:
-        raise InvalidInput(f"{out} exists; fix: choose another -o, or pass --force")
+    check_output(output, "profile", force=force)
     result = import_env_file(env_file)
-    fd, tmp = tempfile.mkstemp(dir=out.parent if str(out.parent) else ".", prefix=f".{out.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as fh:
-            fh.write(result.toml)
-        os.replace(tmp, out)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    out = write_output(output, result.toml, "profile", force=force)
     click.echo(f"wrote {out}: {result.summary}")
     for note in result.notes:
         click.echo(f"note: {note}", err=True)

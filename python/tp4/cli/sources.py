@@ -16,8 +16,15 @@ manifest_option = click.option(
 )
 
 
+def _read(path: str | Path) -> mf.Manifest:
+    """A manifest the user named: a regular file of bounded size, never a device or a FIFO."""
+    from tp4.userfiles import read_input
+
+    return mf.parse(read_input(path, "manifest", "pass --manifest FILE naming a sources.manifest"), Path(path))
+
+
 def _load(manifest_file: str | None, *, strict: bool = True) -> mf.Manifest:
-    m = mf.load(mf.chosen_path(manifest_file))
+    m = _read(mf.chosen_path(manifest_file))
     if strict:
         mf.check(m)
     return m
@@ -154,8 +161,8 @@ def _describe_attrs(old: dict, new: dict) -> list[str]:
 def diff(manifest_file: str | None, old: str, new: str | None) -> None:
     """What changed from OLD_MANIFEST to NEW_MANIFEST (default: --manifest): rows and trees added,
     removed, re-pinned or re-hashed."""
-    a = mf.load(old)
-    b = mf.load(new) if new else _load(manifest_file, strict=False)
+    a = _read(old)
+    b = _read(new) if new else _load(manifest_file, strict=False)
     lines = []
     for kind, left, right in (("row", a.by_name, b.by_name), ("tree", a.tree_by_name, b.tree_by_name)):
         for name in left:

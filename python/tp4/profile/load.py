@@ -14,6 +14,7 @@ from typing import Any
 
 from tp4.errors import InvalidInput
 from tp4.registry import DATA
+from tp4.userfiles import read_input
 
 PRESETS = DATA / "presets"
 DEFAULT_PROFILE = DATA / "default-profile.toml"
@@ -94,9 +95,14 @@ def merged_document(doc: dict) -> dict:
     return result
 
 
+def _clean_loc(loc: tuple) -> tuple:
+    """A pydantic error location without its internal parts (validator names, "[key]" of a dict key)."""
+    return tuple(p for p in loc if not (isinstance(p, str) and (p.startswith("function-") or p == "[key]")))
+
+
 def _loc(loc: tuple) -> str:
     out = ""
-    for part in loc:
+    for part in _clean_loc(loc):
         if isinstance(part, int):
             out += f"[{part}]"
         else:
@@ -109,7 +115,7 @@ def _pydantic_problems(exc: Any, doc: dict) -> list[Problem]:
 
     problems = []
     for err in exc.errors():
-        loc = tuple(p for p in err["loc"] if not (isinstance(p, str) and p.startswith("function-")))
+        loc = _clean_loc(err["loc"])
         where = _loc(loc)
         if err["type"] == "extra_forbidden":
             known = _known_fields(models.Profile, loc[:-1])
@@ -121,12 +127,42 @@ def _pydantic_problems(exc: Any, doc: dict) -> list[Problem]:
             problems.append(Problem(where, "unknown field", fix))
         elif err["type"] == "missing":
             problems.append(Problem(where, "is required", "set it"))
+        elif err["type"] == "too_long":
+            most = err["ctx"]["max_length"]
+            problems.append(Problem(where, f"has {err['ctx']['actual_length']} items, more than {most}", f"list at most {most}"))
+        elif err["type"] in _BOUNDS and isinstance(err["input"], int | float):
+            reason, fix, key = _BOUNDS[err["type"]]
+            bound = err["ctx"][key]
+            problems.append(Problem(where, f"{err['input']} is {reason} {bound}", f"use a value of {fix} {bound}"))
+        elif err["type"] == "literal_error":
+            problems.append(Problem(where, f"{_shown(err['input'])} is not allowed", f"use {err['ctx']['expected']}"))
+        elif err["msg"].startswith("Input should be "):
+            kind = _TOML_KINDS.get(err["type"], err["msg"][len("Input should be "):])
+            problems.append(Problem(where, f"got {_shown(err['input'])}; must be {kind}", ""))
         else:
             msg = err["msg"]
             if msg.startswith("Value error, "):
                 msg = msg[len("Value error, "):]
             problems.append(Problem(where, msg, ""))
     return problems
+
+
+_TOML_KINDS = {"model_type": "a table", "dict_type": "a table", "model_attributes_type": "a table",
+               "list_type": "an array", "string_type": "a string", "int_type": "a whole number",
+               "bool_type": "true or false", "float_type": "a number"}
+
+
+def _shown(value: Any) -> str:
+    """A value as the user wrote it in TOML (true, not True), cut short."""
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, dict | list):
+        return "a table" if isinstance(value, dict) else "an array"
+    return repr(value)[:60]
+
+
+_BOUNDS = {"less_than_equal": ("above the maximum", "at most", "le"),
+           "greater_than_equal": ("below the minimum", "at least", "ge")}
 
 
 def _known_fields(model: Any, loc: tuple) -> list[str]:
@@ -170,7 +206,9 @@ def parse_document(doc: dict, source: str) -> Loaded:
             profile = Profile.model_validate(candidate)
             break
         except ValidationError as exc:
-            problems += _pydantic_problems(exc, candidate)
+            # a dropped bad field may come back as "is required": it is reported once, as bad
+            reported = {p.field for p in problems}
+            problems += [p for p in _pydantic_problems(exc, candidate) if p.field not in reported]
             pruned = _drop(candidate, [e["loc"] for e in exc.errors()])
             if pruned is None:
                 break
@@ -192,7 +230,7 @@ def _drop(doc: dict, locs: list[tuple]) -> dict | None:
     out = copy.deepcopy(doc)
     dropped = False
     for loc in locs:
-        loc = tuple(p for p in loc if not (isinstance(p, str) and p.startswith("function-")))
+        loc = _clean_loc(loc)
         cur: Any = out
         for part in loc[:-1]:
             try:
@@ -208,17 +246,6 @@ def _drop(doc: dict, locs: list[tuple]) -> dict | None:
 
 def load_text(text: str, source: str) -> Loaded:
     return parse_document(_read_toml(text, source), source)
-
-
-def read_input(path: str | Path, what: str, missing_fix: str = "pass an existing file") -> str:
-    """The text of a file the user named, or an InvalidInput saying what is wrong with it."""
-    p = Path(path)
-    try:
-        return p.read_text()
-    except FileNotFoundError:
-        raise InvalidInput(f"{what} {p} does not exist; fix: {missing_fix}") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InvalidInput(f"cannot read {what} {p}: {exc}") from None
 
 
 def load_file(path: str | Path) -> Loaded:

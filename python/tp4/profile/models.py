@@ -12,12 +12,17 @@ from __future__ import annotations
 import re
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, field_validator
 
-Bit = Literal[0, 1]
+# The line's hardware: one GPU per Spark, one rank per node; tp4 supports lines of up to 8 nodes.
+MAX_NODES = 8
+# A DGX Spark (GB10) has 128 GB of unified memory: no per-node size may exceed it.
+SPARK_MEMORY_GIB = 128
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}")
-_HOST = re.compile(r"[A-Za-z0-9._:-]{1,253}")
+# Never starting with '-': a host name reaches ssh's argv, where "-J..." or "-L..." is an option.
+_HOST = re.compile(r"[A-Za-z0-9:][A-Za-z0-9._:-]{0,252}")
+_USER = re.compile(r"[a-z_][a-z0-9_.-]{0,31}")
 _IFNAME = re.compile(r"[A-Za-z0-9_.@-]{1,15}")
 _ENV_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 # Control characters and line separators (any a line-based reader might split on) are never
@@ -27,6 +32,74 @@ _UNSAFE = re.compile(r"[\x00-\x08\x0a-\x1f\x7f\x85\u2028\u2029]")
 
 def has_unsafe_chars(value: str) -> bool:
     return bool(_UNSAFE.search(value))
+
+
+def _whole_number(value: object) -> object:
+    """TOML integers only: `true` is not 1 and 4.0 is not 4."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        shown = str(value).lower() if isinstance(value, bool) else repr(value)
+        raise ValueError(f"must be a whole number, got {shown[:40]}")
+    return value
+
+
+# Every integer field: no booleans, no floats, no strings; each field adds its own bounds.
+Int = Annotated[int, BeforeValidator(_whole_number)]
+Bit = Annotated[Literal[0, 1], BeforeValidator(_whole_number)]
+
+# Environment names that look like a credential (HF_TOKEN, OPENAI_API_KEY, MY_PASSWORD, ...):
+# one '_'-separated word that is or ends in KEY, TOKEN, SECRET, PASSWORD... (TOKENS is a count).
+_SECRET_WORD = re.compile(r"[A-Z0-9]*(KEYS?|TOKEN|SECRETS?|PASSWORDS?|PASSWD|CREDENTIALS?)|PASS")
+
+
+def looks_like_secret(name: str) -> bool:
+    return any(_SECRET_WORD.fullmatch(word) for word in name.upper().split("_"))
+
+
+def _env_key(key: str) -> str:
+    if not _ENV_KEY.fullmatch(key):
+        raise ValueError(f"{key[:60]!r} is not an environment variable name; fix: use letters, digits and '_', "
+                         "not starting with a digit (e.g. MY_FLAG)")
+    if looks_like_secret(key):
+        raise ValueError(f"{key} looks like a secret, and secrets never go into a profile or a plan; fix: remove it, "
+                         "write the value to a file (mode 600) and name the file (the API key: api.key_file)")
+    return key
+
+
+EnvKey = Annotated[str, AfterValidator(_env_key)]
+
+
+def Form(regex: str, words: str, example: str) -> AfterValidator:  # noqa: N802 (reads as a type)
+    """A string field of one textual form, refused with the value and the form in words."""
+    compiled = re.compile(regex)
+
+    def check(v: str) -> str:
+        if not compiled.fullmatch(v):
+            raise ValueError(f"{v[:80]!r} does not fit the pattern of {words}; fix: write it like {example!r}")
+        return v
+
+    return AfterValidator(check)
+
+
+def _check_host(v: str | None) -> str | None:
+    if v is not None and not _HOST.fullmatch(v):
+        raise ValueError(f"{v[:80]!r} is not a host name or IP address; fix: use letters, digits, '.', '-' or ':' "
+                         "(an IPv6 address), not starting with '-'")
+    return v
+
+
+def _check_user(v: str | None) -> str | None:
+    if v is not None and not _USER.fullmatch(v):
+        raise ValueError(f"{v[:40]!r} is not a valid user name; fix: 1-32 lower-case letters, digits, '_', '.' or '-', "
+                         "starting with a letter or '_'")
+    return v
+
+
+def _check_identity(v: str | None) -> str | None:
+    v = _check_path(v)
+    if v is not None and any(c in v for c in "'\"$`\\"):
+        raise ValueError(f"{v[:80]!r}: an ssh identity path must not contain quotes, '$', '`' or '\\'; fix: move the key "
+                         "to a plain path such as ~/.ssh/id_ed25519")
+    return v
 
 
 def _decimal_text(value: object) -> object:
@@ -80,14 +153,14 @@ class Node(Section):
     ip: str = Field(description="Fabric IP (HEAD_IP / WORKER_IPS): dist init, GID lookup, HOST_IP.")
     user: str | None = Field(None, description="ssh user; default: `cluster.user` (WORKER_USER).")
     identity: str | None = Field(None, description="ssh identity file; default: `cluster.identity`.")
-    ssh_port: int | None = Field(None, ge=1, le=65535, description="ssh port; default 22.")
+    ssh_port: Int | None = Field(None, ge=1, le=65535, description="ssh port; default 22.")
     home: str | None = Field(None, description="Home directory of `user`; default /home/<user> (/root for root).")
     workdir: str = Field("~/dsv41-4x-spark", description="Working directory on the node (WORKER_DIR).")
     state_dir: str | None = Field(
         None, description="Mounted at /state; default `<workdir>/state-tp4` on the head, `<workdir>/state` on workers.")
     engram_dir: str | None = Field(
         None, description="Packed Engram shards, mounted at /engram; default ~/dsv41-engram on the head (ENGRAM_DIR), `<workdir>/engram` on workers (WORKER_ENGRAM_DIR).")
-    gid_index: int | None = Field(None, ge=0, description="This node's NCCL_IB_GID_INDEX; default `fabric.gid_index`.")
+    gid_index: Int | None = Field(None, ge=0, le=255, description="This node's NCCL_IB_GID_INDEX; default `fabric.gid_index`.")
 
     @field_validator("name")
     @classmethod
@@ -99,18 +172,19 @@ class Node(Section):
     @field_validator("ip", "ssh")
     @classmethod
     def _host(cls, v: str | None) -> str | None:
-        if v is not None and not _HOST.fullmatch(v):
-            raise ValueError(f"{v!r} is not a host name or IP address")
-        return v
+        return _check_host(v)
 
     @field_validator("user")
     @classmethod
     def _user(cls, v: str | None) -> str | None:
-        if v is not None and not re.fullmatch(r"[a-z_][a-z0-9_.-]{0,31}", v):
-            raise ValueError(f"{v!r} is not a valid user name")
-        return v
+        return _check_user(v)
 
-    @field_validator("workdir", "state_dir", "engram_dir", "home", "identity")
+    @field_validator("identity")
+    @classmethod
+    def _identity(cls, v: str | None) -> str | None:
+        return _check_identity(v)
+
+    @field_validator("workdir", "state_dir", "engram_dir", "home")
     @classmethod
     def _path(cls, v: str | None) -> str | None:
         return _check_path(v)
@@ -130,20 +204,41 @@ class Cluster(Section):
     head: Node = Field(
         default_factory=lambda: Node(name="head", ip="10.0.0.1"),
         description="The head: rank 0, serves the API, hosts dist init and the NFS export.")
-    workers: list[Node] = Field(default_factory=list, description="Workers in rank order (rank = index + 1).")
+    workers: list[Node] = Field(default_factory=list, max_length=MAX_NODES - 1, description="Workers in rank order (rank = index + 1).")
     user: str = Field("zurih", description="Default ssh user of every node (WORKER_USER).")
     identity: str = Field("~/.ssh/id_ed25519_shared", description="Default ssh identity (SSH_IDENTITY).")
-    port: int = Field(8888, ge=1, le=65535, description="OpenAI API port on the head (PORT / SERVER_PORT).")
-    dist_port: int = Field(20000, ge=1, le=65535, description="torch distributed init port on the head (DIST_PORT).")
+    port: Int = Field(8888, ge=1, le=65535, description="OpenAI API port on the head (PORT / SERVER_PORT).")
+    dist_port: Int = Field(20000, ge=1, le=65535, description="torch distributed init port on the head (DIST_PORT).")
     head_container: str = Field("dsv41-head", description="Container name on the head (HEAD_CTN).")
     worker_container: str = Field("dsv41-worker", description="Container name on workers (WORKER_CTN).")
-    shm_size: str = Field("32g", pattern=r"^[0-9]+[bkmg]?$", description="Container /dev/shm size (SHM_SIZE).")
+    shm_size: str = Field("32g", description="Container /dev/shm size (SHM_SIZE).")
 
     @field_validator("head_container", "worker_container")
     @classmethod
     def _ctn(cls, v: str) -> str:
         if not _NAME.fullmatch(v):
-            raise ValueError("must be 1-63 letters, digits, '.', '_' or '-'")
+            raise ValueError(f"{v[:80]!r} is not a container name; fix: 1-63 letters, digits, '.', '_' or '-'")
+        return v
+
+    @field_validator("user")
+    @classmethod
+    def _user(cls, v: str) -> str:
+        return _check_user(v)  # type: ignore[return-value]
+
+    @field_validator("identity")
+    @classmethod
+    def _identity(cls, v: str) -> str:
+        return _check_identity(v)  # type: ignore[return-value]
+
+    @field_validator("shm_size")
+    @classmethod
+    def _shm(cls, v: str) -> str:
+        m = re.fullmatch(r"([0-9]{1,15})([bkmg]?)", v)
+        if not m:
+            raise ValueError(f"{v[:40]!r} is not a size; fix: a number with an optional unit b, k, m or g, e.g. \"32g\"")
+        size = int(m.group(1)) * 1024 ** "bkmg".index(m.group(2) or "b")
+        if size > SPARK_MEMORY_GIB * 1024**3:
+            raise ValueError(f"{v} is more than a Spark's {SPARK_MEMORY_GIB} GiB of memory; fix: use at most {SPARK_MEMORY_GIB}g (32g in the TP4 line)")
         return v
 
 
@@ -153,19 +248,19 @@ class Nccl(Section):
     p2p_disable: Bit = Field(1, description="NCCL_P2P_DISABLE.")
     shm_disable: Bit = Field(1, description="NCCL_SHM_DISABLE.")
     debug: Literal["VERSION", "WARN", "INFO", "TRACE"] = Field("WARN", description="NCCL_DEBUG (INFO for one validation boot).")
-    debug_subsys: str = Field("INIT", pattern=r"^\^?[A-Z]+(,[A-Z]+)*$", description="NCCL_DEBUG_SUBSYS.")
-    buffsize: int = Field(4194304, ge=1, description="NCCL_BUFFSIZE (1048576 in the TP4 line: pinned buffers 5.0 -> 0.14 GB).")
-    ll128_buffsize: int = Field(-2, description="NCCL_LL128_BUFFSIZE.")
-    proto: str = Field("LL,LL128,Simple", pattern=r"^\^?[A-Za-z0-9]+(,[A-Za-z0-9]+)*$", description="NCCL_PROTO.")
-    max_nchannels: int = Field(32, ge=1, description="NCCL_MAX_NCHANNELS.")
-    min_nchannels: int = Field(4, ge=1, description="NCCL_MIN_NCHANNELS (ring only).")
-    cross_nic: Literal[0, 1, 2] = Field(1, description="NCCL_CROSS_NIC.")
+    debug_subsys: Annotated[str, Form(r"\^?[A-Z]+(,[A-Z]+)*", "upper-case NCCL subsystem names separated by ',' (optionally led by '^')", 'INIT,NET')] = Field("INIT", description="NCCL_DEBUG_SUBSYS.")
+    buffsize: Int = Field(4194304, ge=1, le=1 << 30, description="NCCL_BUFFSIZE (1048576 in the TP4 line: pinned buffers 5.0 -> 0.14 GB).")
+    ll128_buffsize: Int = Field(-2, ge=-2, le=1 << 30, description="NCCL_LL128_BUFFSIZE.")
+    proto: Annotated[str, Form(r"\^?[A-Za-z0-9]+(,[A-Za-z0-9]+)*", "NCCL protocol names separated by ',' (optionally led by '^')", 'LL,LL128,Simple')] = Field("LL,LL128,Simple", description="NCCL_PROTO.")
+    max_nchannels: Int = Field(32, ge=1, le=64, description="NCCL_MAX_NCHANNELS.")
+    min_nchannels: Int = Field(4, ge=1, le=64, description="NCCL_MIN_NCHANNELS (ring only).")
+    cross_nic: Annotated[Literal[0, 1, 2], BeforeValidator(_whole_number)] = Field(1, description="NCCL_CROSS_NIC.")
     ib_merge_nics: Bit = Field(0, description="NCCL_IB_MERGE_NICS.")
     ib_subnet_aware_routing: Bit = Field(1, description="NCCL_IB_SUBNET_AWARE_ROUTING.")
-    algo: str = Field("Ring", pattern=r"^[A-Za-z,]+$", description="NCCL_ALGO (ring only).")
+    algo: Annotated[str, Form(r"[A-Za-z,]+", "NCCL algorithm names (letters) separated by ','", 'Ring')] = Field("Ring", description="NCCL_ALGO (ring only).")
     skip_tree_connect: Bit = Field(1, description="NCCL_SKIP_TREE_CONNECT (ring only).")
-    ib_subnet_prefix_len: int = Field(24, ge=1, le=32, description="NCCL_IB_SUBNET_PREFIX_LEN (ring only).")
-    p2p_level: str = Field("SYS", pattern=r"^[A-Z]+$", description="NCCL_P2P_LEVEL (ring only).")
+    ib_subnet_prefix_len: Int = Field(24, ge=1, le=32, description="NCCL_IB_SUBNET_PREFIX_LEN (ring only).")
+    p2p_level: Annotated[str, Form(r"[A-Z]+", 'one upper-case NCCL P2P level', 'SYS')] = Field("SYS", description="NCCL_P2P_LEVEL (ring only).")
     mount: Literal["none", "dir", "overlay"] = Field(
         "none", description="Host NCCL build: 'dir' mounts `host_dir` at /nccl with LD_LIBRARY_PATH=/nccl (reaches ctypes users only); 'overlay' binds `<host_dir>/libnccl.so.2` over the image's pip NCCL (NCCL_OVERLAY_PIP=1; required on a ring).")
     host_dir: str = Field("~/nccl-2.30.7", description="Host NCCL build directory (NCCL_HOST_DIR).")
@@ -184,8 +279,8 @@ class Fabric(Section):
     hcas: list[str] = Field(default_factory=lambda: ["rocep1s0f0", "rocep1s0f1"], min_length=1, description="RDMA devices for NCCL (IB_HCA -> NCCL_IB_HCA).")
     socket_ifname: str = Field("enP7s7", description="LAN interface for the TCP bootstrap (NCCL_SOCKET_IFNAME, GLOO_SOCKET_IFNAME).")
     iface: str | None = Field(None, description="Fabric interface, for reference only (FABRIC_IFACE; unused by the launcher).")
-    gid_index: int = Field(3, ge=0, description="Fallback NCCL_IB_GID_INDEX when a node sets none (3 = RoCE v2 IPv4-mapped).")
-    ring_hairpin_queue: int = Field(8192, ge=1, description="Ring only: devlink hairpin queue size; RoCEnante's size cap is 262144 bytes at 8192, 81920 at the driver default 1024.")
+    gid_index: Int = Field(3, ge=0, le=255, description="Fallback NCCL_IB_GID_INDEX when a node sets none (3 = RoCE v2 IPv4-mapped).")
+    ring_hairpin_queue: Int = Field(8192, ge=1, le=1 << 20, description="Ring only: devlink hairpin queue size; RoCEnante's size cap is 262144 bytes at 8192, 81920 at the driver default 1024.")
     nccl: Nccl = Field(default_factory=Nccl)
 
     @field_validator("hcas")
@@ -207,10 +302,10 @@ class Fabric(Section):
 class Model(Section):
     dir: str = Field("~/NewModels/DeepSeek-V4.1-Flash", description="Checkpoint directory on the head (MODEL_DIR).")
     common_link: str = Field("/var/tmp/DeepSeek-V4.1-Flash", description="Symlink to the checkpoint on the head (COMMON_MODEL).")
-    hf_repo: str = Field("deepseek-ai/DeepSeek-V4.1-Flash", pattern=r"^[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+$", description="Hugging Face repository (HF_REPO).")
-    hf_revision: str = Field("fb2764a5cf321eaa5070ca8f9e892818f477c16d", pattern=r"^[0-9a-f]{40}$", description="Pinned revision (HF_REVISION).")
-    expected_shards: int = Field(48, ge=1, description="Safetensors shards a complete checkpoint has (EXPECTED_SHARDS).")
-    served_name: str = Field("deepseek-v4.1-flash", pattern=r"^[A-Za-z0-9][A-Za-z0-9._/-]*$", description="Model name served by the API (SERVED_MODEL_NAME).")
+    hf_repo: Annotated[str, Form(r"[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+", "a Hugging Face repository OWNER/NAME (letters, digits, '_', '.', '-')", 'deepseek-ai/DeepSeek-V4.1-Flash')] = Field("deepseek-ai/DeepSeek-V4.1-Flash", description="Hugging Face repository (HF_REPO).")
+    hf_revision: Annotated[str, Form(r"[0-9a-f]{40}", 'a full 40-character lower-case hex commit id', 'fb2764a5cf321eaa5070ca8f9e892818f477c16d')] = Field("fb2764a5cf321eaa5070ca8f9e892818f477c16d", description="Pinned revision (HF_REVISION).")
+    expected_shards: Int = Field(48, ge=1, le=100000, description="Safetensors shards a complete checkpoint has (EXPECTED_SHARDS).")
+    served_name: Annotated[str, Form(r"[A-Za-z0-9][A-Za-z0-9._/-]*", "a model name of letters, digits, '.', '_', '/' or '-', starting with a letter or digit", 'deepseek-v4.1-flash')] = Field("deepseek-v4.1-flash", description="Model name served by the API (SERVED_MODEL_NAME).")
 
     @field_validator("dir", "common_link")
     @classmethod
@@ -220,8 +315,8 @@ class Model(Section):
 
 class Nfs(Section):
     share: bool = Field(True, description="Export the head's checkpoint over NFSv4 to the workers (NFS_SHARE). Off on a ring: every node holds a full local copy.")
-    volume: str = Field("dsv41-weights", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", description="Weights volume on workers (NFS_VOLUME).")
-    export_name: str = Field("dsv41-native", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", description="Export name when reusing a foreign exporter (NFS_EXPORT_NAME).")
+    volume: Annotated[str, Form(r"[A-Za-z0-9][A-Za-z0-9_.-]*", "a volume name of letters, digits, '_', '.' or '-', starting with a letter or digit", 'dsv41-weights')] = Field("dsv41-weights", description="Weights volume on workers (NFS_VOLUME).")
+    export_name: Annotated[str, Form(r"[A-Za-z0-9][A-Za-z0-9_.-]*", "an export name of letters, digits, '_', '.' or '-', starting with a letter or digit", 'dsv41-native')] = Field("dsv41-native", description="Export name when reusing a foreign exporter (NFS_EXPORT_NAME).")
     server_ips: list[str] = Field(default_factory=lambda: ["10.0.22.1"], description="NFS server address: one for all workers, or one per worker (NFS_SERVER_IPS).")
     clients: list[str] = Field(default_factory=lambda: ["10.0.0.2", "10.0.0.3", "10.0.0.4", "10.0.22.0/24"], description="Export ACL (NFS_CLIENTS).")
 
@@ -236,30 +331,30 @@ class Nfs(Section):
 
 class Image(Section):
     variant: Literal["base", "canary", "canary-roce"] = Field("base", description="Which image the line runs: base (Dockerfile), canary (SGLang dsv4.1 branch), canary-roce (+ RoCEnante and b12x_next; production).")
-    tag: str = Field("dsv41-3x-spark:local", pattern=r"^[a-z0-9][a-z0-9._/-]*(:[A-Za-z0-9._-]+)?(@sha256:[0-9a-f]{64})?$", description="Image reference run on every node (IMAGE).")
-    base: str = Field("lmsysorg/sglang:dev-dsv41@sha256:3dbc313030a6ef2c5d7de8ecf48e9aece722694a82182cb618cc82b588816349",
-                      pattern=r"^[a-z0-9][a-z0-9._/-]*(:[A-Za-z0-9._-]+)?(@sha256:[0-9a-f]{64})?$", description="Base image, pinned by digest (BASE_IMAGE).")
+    tag: Annotated[str, Form(r"[a-z0-9][a-z0-9._/-]*(:[A-Za-z0-9._-]+)?(@sha256:[0-9a-f]{64})?", 'an image reference NAME[:TAG][@sha256:DIGEST] with a lower-case name', 'dsv41-3x-spark:local')] = Field("dsv41-3x-spark:local", description="Image reference run on every node (IMAGE).")
+    base: Annotated[str, Form(r"[a-z0-9][a-z0-9._/-]*(:[A-Za-z0-9._-]+)?(@sha256:[0-9a-f]{64})?", 'an image reference NAME[:TAG][@sha256:DIGEST] with a lower-case name', 'lmsysorg/sglang:dev-dsv41@sha256:<64 hex digits>')] = Field("lmsysorg/sglang:dev-dsv41@sha256:3dbc313030a6ef2c5d7de8ecf48e9aece722694a82182cb618cc82b588816349",
+                      description="Base image, pinned by digest (BASE_IMAGE).")
 
 
 class Engine(Section):
-    tp: int = Field(4, ge=1, description="Tensor parallel size (TP_SIZE); one GPU per Spark, so also the node count (NNODES).")
-    ep: int | None = Field(None, ge=1, description="Expert parallel size (EP_SIZE); default: tp. Production: 1 (needs b12x_next); base and canary images: 2.")
-    context_length: int = Field(409600, description="Context length (CONTEXT_LENGTH), 4096..1048576.")
+    tp: Int = Field(4, ge=1, le=MAX_NODES, description="Tensor parallel size (TP_SIZE); one GPU per Spark, so also the node count (NNODES).")
+    ep: Int | None = Field(None, ge=1, le=MAX_NODES, description="Expert parallel size (EP_SIZE); default: tp. Production: 1 (needs b12x_next); base and canary images: 2.")
+    context_length: Int = Field(409600, ge=1, le=1 << 40, description="Context length (CONTEXT_LENGTH), 4096..1048576.")
     mem_fraction_static: Fraction = Field("0.80", description="Static memory fraction on workers (MEM_FRACTION_STATIC).")
     head_mem_fraction_static: Fraction | None = Field(None, description="Static memory fraction on the head (HEAD_MEM_FRACTION_STATIC); default: mem_fraction_static.")
-    max_running_requests: int = Field(4, ge=1, description="Decode slots (MAX_RUNNING_REQUESTS); also the CUDA graph batch size.")
-    chunked_prefill_size: int = Field(2048, ge=1, description="Prefill chunk (CHUNKED_PREFILL_SIZE); 4096 needs DSV41_INDEXER_CHUNKED=1.")
-    max_total_tokens: int = Field(320000, ge=0, description="KV pool pin in tokens (MAX_TOTAL_TOKENS); 0 = no pin. Keep it under the smallest `full_token` any boot computes.")
-    attention_backend: str = Field("dsv4", pattern=r"^[a-z0-9_]+$", description="--attention-backend (ATTENTION_BACKEND).")
-    moe_runner_backend: str = Field("flashinfer_mxfp4", pattern=r"^[a-z0-9_]+$", description="--moe-runner-backend (MOE_RUNNER_BACKEND).")
+    max_running_requests: Int = Field(4, ge=1, le=4096, description="Decode slots (MAX_RUNNING_REQUESTS); also the CUDA graph batch size.")
+    chunked_prefill_size: Int = Field(2048, ge=1, le=1 << 20, description="Prefill chunk (CHUNKED_PREFILL_SIZE); 4096 needs DSV41_INDEXER_CHUNKED=1.")
+    max_total_tokens: Int = Field(320000, ge=0, le=1 << 32, description="KV pool pin in tokens (MAX_TOTAL_TOKENS); 0 = no pin. Keep it under the smallest `full_token` any boot computes.")
+    attention_backend: Annotated[str, Form(r"[a-z0-9_]+", "a backend name of lower-case letters, digits and '_'", 'dsv4')] = Field("dsv4", description="--attention-backend (ATTENTION_BACKEND).")
+    moe_runner_backend: Annotated[str, Form(r"[a-z0-9_]+", "a backend name of lower-case letters, digits and '_'", 'flashinfer_mxfp4')] = Field("flashinfer_mxfp4", description="--moe-runner-backend (MOE_RUNNER_BACKEND).")
     spec_algo: Literal["DSPARK", "none"] = Field("DSPARK", description="Speculative decoding (SPEC_ALGO).")
-    dspark_block_size: int = Field(5, ge=1, le=16, description="DSpark draft block (DSPARK_BLOCK_SIZE); verify window = block + 1.")
+    dspark_block_size: Int = Field(5, ge=1, le=16, description="DSpark draft block (DSPARK_BLOCK_SIZE); verify window = block + 1.")
     sps_table: str = Field("/state/dspark_sps.json", description="DSPARK_SPS_TABLE path in the container.")
     sts_table: str = Field("/state/dspark_sts.json", description="DSPARK_STS_TABLE path in the container.")
     use_sps_table: bool = Field(False, description="The SPS table file is present, so boot.py passes it (not used in production: the first mixed batch dies in the Engram verify path).")
     use_sts_table: bool = Field(False, description="The STS confidence table file is present, so boot.py passes it.")
     offload_mode: Literal["nvme", "ram"] = Field("nvme", description="Engram offload (OFFLOAD_MODE); ram (~189 GiB pinned) never fits on a Spark.")
-    host: str = Field("0.0.0.0", pattern=r"^[0-9A-Fa-f.:]+$", description="Bind address of the API (HOST).")
+    host: Annotated[str, Form(r"[0-9A-Fa-f.:]+", 'an IPv4 or IPv6 address', '0.0.0.0')] = Field("0.0.0.0", description="Bind address of the API (HOST).")
     extra_args: list[str] = Field(default_factory=list, description="Extra engine arguments, one word per item (EXTRA_SGLANG_ARGS).")
 
     @field_validator("mem_fraction_static", "head_mem_fraction_static")
@@ -284,11 +379,11 @@ class Engine(Section):
 
 
 class Engram(Section):
-    cache_gib: int = Field(4, ge=0, description="Engram row cache per host in GiB (DSV41_CACHE_GIB).")
-    cache_ways: int = Field(4, ge=1, description="Row cache associativity (DSV41_CACHE_WAYS).")
-    io_threads: int = Field(96, ge=1, description="Miss-servicing thread pool (DSV41_IO_THREADS).")
+    cache_gib: Int = Field(4, ge=0, le=SPARK_MEMORY_GIB, description="Engram row cache per host in GiB (DSV41_CACHE_GIB).")
+    cache_ways: Int = Field(4, ge=1, le=1024, description="Row cache associativity (DSV41_CACHE_WAYS).")
+    io_threads: Int = Field(96, ge=1, le=4096, description="Miss-servicing thread pool (DSV41_IO_THREADS).")
     resident_scales: Bit = Field(0, description="Pin scale rows (~1 GiB/layer/rank) (DSV41_RESIDENT_SCALES).")
-    stats_seconds: int = Field(60, ge=0, description="Engram stats interval (DSV41_STATS_SECONDS).")
+    stats_seconds: Int = Field(60, ge=0, le=86400, description="Engram stats interval (DSV41_STATS_SECONDS).")
     packed_dir: str = Field("/engram", description="Packed shards in the container (DSV41_PACKED_DIR).")
 
     @field_validator("packed_dir")
@@ -307,9 +402,9 @@ class Runtime(Section):
     skip_smoke: Bit = Field(0, description="Skip the boot smoke test on the head (SKIP_SMOKE); workers always skip.")
     smoke_quick: Bit = Field(1, description="Quick smoke only (SMOKE_QUICK).")
     warmup: Bit = Field(1, description="Warm-up prompts after the smoke (WARMUP).")
-    ready_timeout: int = Field(3600, ge=10, description="Seconds to wait for the head to report ready (READY_TIMEOUT x 10 s upstream).")
+    ready_timeout: Int = Field(3600, ge=10, le=7 * 86400, description="Seconds to wait for the head to report ready (READY_TIMEOUT x 10 s upstream).")
     moe_fused_finalize: Bit = Field(1, description="SGLANG_FLASHINFER_MOE_FUSED_FINALIZE (0 in the TP4 line: the fused atomic finalize is nondeterministic).")
-    pytorch_cuda_alloc_conf: str = Field("expandable_segments:False", pattern=r"^[A-Za-z0-9_:,.]+$", description="PYTORCH_CUDA_ALLOC_CONF (True gives NaN logits on >64-token prefills).")
+    pytorch_cuda_alloc_conf: Annotated[str, Form(r"[A-Za-z0-9_:,.]+", "allocator options of letters, digits, '_', ':', ',' and '.'", 'expandable_segments:False')] = Field("expandable_segments:False", description="PYTORCH_CUDA_ALLOC_CONF (True gives NaN logits on >64-token prefills).")
 
 
 class Api(Section):
@@ -332,15 +427,13 @@ class Profile(Section):
     engram: Engram = Field(default_factory=Engram)
     runtime: Runtime = Field(default_factory=Runtime)
     api: Api = Field(default_factory=Api)
-    gates: dict[str, EnvValue] = Field(default_factory=dict, description="Adapter gates (adapters/registry.toml), e.g. DSV41_MOE_B12X_NEXT = \"1\"; \"0\" turns a preset's gate off.")
-    env: dict[str, EnvValue] = Field(default_factory=dict, description="Extra container environment that is not an adapter gate (e.g. SGLANG_RUST_BUILD_MODE, dual-plane NCCL flags).")
+    gates: dict[EnvKey, EnvValue] = Field(default_factory=dict, description="Adapter gates (adapters/registry.toml), e.g. DSV41_MOE_B12X_NEXT = \"1\"; \"0\" turns a preset's gate off.")
+    env: dict[EnvKey, EnvValue] = Field(default_factory=dict, description="Extra container environment that is not an adapter gate (e.g. SGLANG_RUST_BUILD_MODE, dual-plane NCCL flags).")
 
     @field_validator("gates", "env")
     @classmethod
     def _env(cls, v: dict[str, str]) -> dict[str, str]:
         for key, value in v.items():
-            if not _ENV_KEY.fullmatch(key):
-                raise ValueError(f"{key!r} is not an environment variable name (letters, digits, '_', not starting with a digit)")
             if has_unsafe_chars(value):
                 raise ValueError(f"{key}: value must not contain control characters or line breaks")
         return v
