@@ -257,8 +257,8 @@ def _tp4(*args: str, cwd: Path, timeout: float = 30) -> subprocess.CompletedProc
 READERS = [["profile", "check"], ["plan", "--profile"], ["profile", "import", "-o", "out.toml"],
            ["sources", "verify", "--manifest"], ["sources", "diff"]]
 KINDS = ["/dev/zero", "fifo", "directory", "big", "empty path"]
-# `plan --profile ''` and `--manifest ''` still mean the default (cli/plan.py and chosen_path)
-FILE_CASES = [(c, k) for c in READERS for k in KINDS if not (k == "empty path" and c[-1] in ("--profile", "--manifest"))]
+# `--manifest ''` still means the default manifest (tp4.sources.manifest.chosen_path)
+FILE_CASES = [(c, k) for c in READERS for k in KINDS if not (k == "empty path" and c[-1] == "--manifest")]
 
 
 @pytest.mark.parametrize("command,kind", FILE_CASES, ids=[f"{' '.join(c)}-{k}" for c, k in FILE_CASES])

@@ -13,7 +13,7 @@ from tp4.errors import InvalidInput
 def load_profile(path: str | None):
     from tp4.profile import load_default, load_file
 
-    return load_file(path) if path else load_default()
+    return load_default() if path is None else load_file(path)
 
 
 def _human(plan, rank: int | None) -> str:
