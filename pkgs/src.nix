@@ -57,6 +57,7 @@ in
   transforms = pick "tp4-transforms" [
     "python/tp4/__init__.py"
     "python/tp4/errors.py"
+    "python/tp4/userfiles.py"
     "python/tp4/process.py"
     "python/tp4/sources"
     "python/tp4/data/sources.manifest"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -193,3 +194,16 @@ def test_module_hash_fast_path_equals_the_cli(tmp_path, tp4_cli) -> None:
     missing = subprocess.run([sys.executable, "-m", "tp4.sources", "hash", str(tmp_path / "nope")],
                              capture_output=True, text=True)
     assert missing.returncode == 2 and "Traceback" not in missing.stderr
+
+
+def test_manifest_paths_that_are_not_regular_files_are_refused(tp4_cli, tmp_path: Path, repo: Path) -> None:
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    for bad, said in ((fifo, "not a regular file"), (tmp_path, "not a regular file"), ("", "the path is empty")):
+        code, _, err = tp4_cli("sources", "list", "--manifest", bad)
+        assert code == 2 and said in err and "Traceback" not in err, err
+    # what Nix derivations run refuses the same way, without the CLI
+    proc = subprocess.run([sys.executable, "-m", "tp4.sources", "fetch", "b12x", "--to", str(tmp_path / "o"),
+                           "--manifest", str(fifo)], capture_output=True, text=True, timeout=30, check=False,
+                          env={**os.environ, "PYTHONPATH": str(repo / "python")})
+    assert proc.returncode == 2 and "not a regular file" in proc.stderr and not (tmp_path / "o").exists()

@@ -338,14 +338,10 @@ def parse(text: str, path: Path | None = None) -> Manifest:
 
 
 def load(path: str | Path) -> Manifest:
-    path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise InvalidInput(f"{path}: no such manifest (pass --manifest FILE)") from None
-    except UnicodeDecodeError as exc:
-        raise InvalidInput(f"{path}: not UTF-8 text ({exc})") from None
-    return parse(text, path)
+    """Only a regular file, of a bounded size (a device or a FIFO is refused, not read)."""
+    from tp4.userfiles import read_input
+
+    return parse(read_input(path, "manifest", "pass --manifest FILE"), Path(path))
 
 
 # The manifest ships inside the package (the repository's sources.manifest links here), so an
@@ -367,13 +363,17 @@ def chosen_path(value: str | None) -> Path:
     """The manifest a command reads: ``--manifest``, else $TP4_SOURCES_MANIFEST, else :func:`default_path`."""
     import os
 
-    if value:
-        return Path(value)
+    if value is not None:
+        return Path(value) if value else _empty()
     env = os.environ.get("TP4_SOURCES_MANIFEST")
     if env:
         return Path(env)
     default = default_path()
     return default if default.exists() else Path(MANIFEST_NAME)
+
+
+def _empty() -> Path:
+    raise InvalidInput("--manifest: the path is empty; fix: pass --manifest FILE, or leave it out for the repository's")
 
 
 def replace_rows(manifest: Manifest, new: Mapping[str, Row]) -> str:
