@@ -9,7 +9,7 @@ import pytest
 from tp4 import process
 from tp4.process import Remote, full_argv
 
-pytestmark = pytest.mark.unit
+# not a `unit` module: it drives the real ssh client (checks.unit has no ssh)
 
 
 def test_double_dash_comes_right_before_the_destination_and_the_command_follows_it():
