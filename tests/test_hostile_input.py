@@ -371,3 +371,10 @@ def test_any_value_in_any_field_is_accepted_or_refused_in_plain_words(path, valu
         assert exc.problems
         for p in exc.problems:
             assert not any(m in p for m in INTERNAL), p
+
+
+@pytest.mark.parametrize("name", ["", "../registry", "presets/production", "production.toml", "/etc/passwd"])
+def test_a_preset_is_a_name_never_a_path(name):
+    with pytest.raises(InvalidInput) as exc:
+        parse_document({"preset": name}, "t.toml")
+    assert exc.value.problems and exc.value.problems[0].startswith(f"preset: unknown preset {name!r}")

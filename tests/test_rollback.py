@@ -113,6 +113,16 @@ def test_a_dependent_the_profile_sets_itself_is_still_an_error():
     assert not any(p.startswith("gates.DSV41_ROCE_GATHER") for p in problems), problems
 
 
+def test_a_dependent_the_profile_sets_to_the_presets_value_is_still_its_own():
+    """Setting a gate in the profile is the user's word even when the preset has the same value:
+    turning its needed gate off is then an error, not a silent drop."""
+    with pytest.raises(InvalidInput) as exc:
+        tp4_plan({"gates": {"DSV41_WO_A_W8": "0", "DSV41_WO_A_W8_MID": "1"}})
+    assert any(p.startswith("gates.DSV41_WO_A_W8_MID: needs DSV41_WO_A_W8 on") for p in exc.value.problems)
+    plan = tp4_plan({"gates": {"DSV41_WO_A_W8": "0"}})
+    assert plan.nodes[0].env.get("DSV41_WO_A_W8_MID", "0") == "0"  # dropped: the launcher's own default
+
+
 def test_a_preset_gate_can_be_turned_off_with_zero():
     plan = tp4_plan({"gates": {"SGLANG_ROCE_ALLREDUCE": "0", "SGLANG_ROCE_MAX_SIZE": "0"}})
     assert plan.nodes[0].env["SGLANG_ROCE_MAX_SIZE"] == "0"

@@ -178,11 +178,14 @@ def resolve_gates(p: Any, reg: Registry) -> tuple[dict[str, str], list[str]]:
     does not apply as set. Rolling a layer back is one change (seed "Rollback"): a gate the preset
     sets whose needed gate the profile turns off is dropped, since upstream's adapter does nothing
     without it; a preset gate that fails a registry rule with `follow` takes the followed value.
-    A gate counts as the preset's when the profile leaves it at the preset's value; one the
-    profile sets itself is kept, and the validator reports what it needs."""
+    A gate counts as the preset's when the profile document does not set it (or, for a profile
+    not read by the loader, when it has the preset's value); one the profile sets itself is kept,
+    and the validator reports what it needs."""
     preset = dict(_preset_gates(p.preset))
     gates = dict(p.gates)
-    from_preset = {k for k, v in gates.items() if preset.get(k) == v}
+    own = p._own_gates
+    from_preset = {k for k, v in gates.items()
+                   if k in preset and (k not in own if own is not None else preset[k] == v)}
     turned_off = {k for k, v in gates.items()
                   if k not in from_preset and (g := reg.gate(k)) is not None and not g.is_on(v)}
     notes: list[str] = []

@@ -59,13 +59,13 @@ def preset_layers(name: str) -> list[tuple[str, dict]]:
         if current in seen:
             raise InvalidInput(f"preset {current!r} extends itself through {' -> '.join(seen)}")
         seen.add(current)
-        path = PRESETS / f"{current}.toml"
-        if not path.is_file():
+        # a name, never a path: `../registry` must not read another data file as a preset
+        if current not in preset_names():
             hint = difflib.get_close_matches(current, preset_names(), n=1)
-            raise InvalidInput(
-                f"preset: unknown preset {current!r}; fix: use one of {', '.join(preset_names())}"
-                + (f" (did you mean {hint[0]!r}?)" if hint else "")
-            )
+            problem = (f"preset: unknown preset {current!r}; fix: use one of {', '.join(preset_names())}"
+                       + (f" (did you mean {hint[0]!r}?)" if hint else ""))
+            raise InvalidInput("the profile names no preset tp4 has", [problem])
+        path = PRESETS / f"{current}.toml"
         layer = _read_toml(path.read_text(), f"preset {current}")
         current = layer.pop("extends", None)
         chain.append((path.stem, layer))
@@ -215,6 +215,8 @@ def parse_document(doc: dict, source: str) -> Loaded:
             candidate = pruned
     warnings: list[Problem] = []
     if profile is not None:
+        own = doc.get("gates")
+        profile._own_gates = frozenset(own) if isinstance(own, dict) else frozenset()
         errors, warnings = validate(profile)
         seen = {p.field for p in problems}
         problems += [e for e in errors if e.field not in seen]

@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr, field_validator
 
 # The line's hardware: one GPU per Spark, one rank per node; tp4 supports lines of up to 8 nodes.
 MAX_NODES = 8
@@ -417,6 +417,9 @@ class Api(Section):
 
 
 class Profile(Section):
+    # the gates the profile document itself sets (not its presets): set by the loader; None when
+    # the profile was built another way, and then a gate equal to the preset's counts as the preset's
+    _own_gates: frozenset[str] | None = PrivateAttr(default=None)
     preset: str = Field("production", description="The preset layer this profile overrides: launcher-defaults, base, canary, canary-roce or production.")
     cluster: Cluster = Field(default_factory=Cluster)
     fabric: Fabric = Field(default_factory=Fabric)
