@@ -54,33 +54,36 @@ let
   };
 
   flakeRev = self.rev or self.dirtyRev or "unknown";
+  # the fixed paths inside the container (python/tp4/data/container.toml, read by the renderer too)
+  container = builtins.fromTOML (builtins.readFile ../python/tp4/data/container.toml);
+  paths = container.image;
   image = import ./image.nix {
-    inherit pkgs;
+    inherit pkgs container;
     base = sources.src.${line.base};
     baseRow = sources.byName.${line.base};
     labels = line.labels flakeRev;
     # bottom to top: least to most often changed
     layers = [
       {
-        path = "/opt/dsv41-wheels";
+        path = paths.wheels;
         tree = wheels;
       }
       # the tree holds python/ at its top, as upstream's /sgl-workspace/sglang does
       {
-        path = "/sgl-workspace/sglang/python";
+        path = paths.sglang;
         tree = trees.sglang-tree;
         subdir = "/python";
       }
       {
-        path = "/opt/b12x";
+        path = paths.b12x;
         tree = trees.b12x;
       }
       {
-        path = "/opt/b12x_next";
+        path = paths.b12x_next;
         tree = trees.b12x-next;
       }
       {
-        path = "/opt/dsv41";
+        path = paths.runtime;
         tree = tp4-runtime;
       }
     ];

@@ -16,6 +16,8 @@
   # the registry whose `[[image_check]]` entries the image carries (label tp4.checks), for
   # `tp4 build` to run before it tags the image for the line
   registry ? ../python/tp4/data/registry.toml,
+  # the fixed paths inside the container, shared with the renderer (python/tp4/container.py)
+  container ? builtins.fromTOML (builtins.readFile ../python/tp4/data/container.toml),
   name ? "dsv41-4x-spark",
   # the line's reference is name:lineTag; the image itself is loaded under a content-derived tag
   # (tag = null) and tagged for the line only after its checks pass
@@ -57,6 +59,8 @@ let
   seconds = s: s * 1000000000;
   lineRef = "${name}:${lineTag}";
   checks = (builtins.fromTOML (builtins.readFile registry)).image_check or [ ];
+  inherit (container) mounts;
+  paths = container.image;
 in
 pkgs.dockerTools.streamLayeredImage {
   inherit name;
@@ -71,14 +75,14 @@ pkgs.dockerTools.streamLayeredImage {
     Entrypoint = [
       "python3"
       "-u"
-      "/opt/dsv41/boot.py"
+      paths.boot
     ];
     Cmd = [ "run" ];
-    WorkingDir = "/opt/dsv41";
+    WorkingDir = paths.runtime;
     Env = [
-      "PYTHONPATH=/opt/dsv41/adapter:/opt/b12x:/opt/b12x_next:/opt/dsv41-wheels"
-      "MODEL_PATH=/models/DeepSeek-V4.1-Flash"
-      "STATE_PATH=/state"
+      "PYTHONPATH=${paths.adapters}:${paths.b12x}:${paths.b12x_next}:${paths.wheels}"
+      "MODEL_PATH=${mounts.model}"
+      "STATE_PATH=${mounts.state}"
       "OFFLOAD_MODE=nvme"
       "DSV41_CACHE_GIB=16"
     ];
@@ -91,7 +95,7 @@ pkgs.dockerTools.streamLayeredImage {
         "CMD"
         "python3"
         "-S"
-        "/opt/dsv41/boot.py"
+        paths.boot
         "health"
       ];
       Interval = seconds 30;

@@ -12,7 +12,7 @@ from tp4.plan import SCHEMA
 
 pytestmark = pytest.mark.unit
 
-NODE_KEYS = {"rank", "role", "name", "host", "ssh", "env", "argv", "run"}
+NODE_KEYS = {"rank", "role", "name", "host", "ssh", "env", "argv", "run", "gid"}
 TOP_KEYS = {"schema", "preset", "source", "image", "line", "nodes", "boot_lines", "forbidden_lines", "secrets", "warnings", "notes"}
 
 

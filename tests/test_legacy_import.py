@@ -30,14 +30,14 @@ def assert_same_as_upstream(env_path: Path, plan) -> None:
     for node in plan.nodes:
         expected = upstream_env(variables, node.rank)
         assert node.env == expected, {k: (node.env.get(k), expected.get(k)) for k in set(node.env) | set(expected) if node.env.get(k) != expected.get(k)}
-        assert node.argv == upstream_argv(expected)
+        assert list(node.argv) == upstream_argv(expected)
 
 
 def test_production_env_file_imports_to_the_upstream_line():
     result, plan = render_import(FIXTURE.read_text(), str(FIXTURE))
     assert_same_as_upstream(FIXTURE, plan)
     assert result.unknown == []
-    assert plan.image["variant"] == "canary-roce" and plan.line["ep"] == 1
+    assert plan.image.variant == "canary-roce" and plan.line.ep == 1
 
 
 def test_production_env_file_equals_the_production_preset():
@@ -97,7 +97,7 @@ def test_bash_constructs_we_refuse_name_the_line(text, needle):
 def test_home_becomes_tilde():
     result, plan = render_import(FIXTURE.read_text())
     assert result.document["model"]["dir"] == "~/NewModels/DeepSeek-V4.1-Flash"
-    assert plan.nodes[0].run["mounts"][0]["source"] == "/home/zurih/NewModels/DeepSeek-V4.1-Flash"
+    assert plan.nodes[0].run.mounts[0].source == "/home/zurih/NewModels/DeepSeek-V4.1-Flash"
 
 
 def test_unknown_keys_are_reported_not_dropped_silently(tp4_cli, tmp_path):

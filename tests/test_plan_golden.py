@@ -109,7 +109,7 @@ def test_production_env_is_the_upstream_line(plan, rank, ip):
 
 @pytest.mark.parametrize("rank", [0, 1, 3])
 def test_production_argv_is_the_upstream_line(plan, rank):
-    assert plan.nodes[rank].argv == expected_argv(rank)
+    assert list(plan.nodes[rank].argv) == expected_argv(rank)
 
 
 def test_worker_forced_values_and_head_only_keys(plan):
@@ -120,7 +120,8 @@ def test_worker_forced_values_and_head_only_keys(plan):
 
 
 def test_run_spec_matches_docker_run_flags(plan):
-    head, worker = plan.nodes[0].run, plan.nodes[1].run
+    nodes = plan.to_json()["nodes"]
+    head, worker = nodes[0]["run"], nodes[1]["run"]
     for run in (head, worker):
         assert (run["network"], run["ipc"], run["privileged"], run["cap_add"], run["gpus"]) == ("host", "host", True, ["IPC_LOCK"], "all")
         assert run["shm_size"] == "32g"
@@ -162,19 +163,19 @@ REQUIRED_BOOT_LINES = [
 def test_expected_boot_lines_cover_section_6_1(plan):
     import re
 
-    required = [b for b in plan.boot_lines if b["required"]]
+    required = [b for b in plan.boot_lines if b.required]
     for line in REQUIRED_BOOT_LINES:
-        assert any(re.fullmatch(b["pattern"], line) for b in required), line
+        assert any(re.fullmatch(b.pattern, line) for b in required), line
     for b in required:
-        assert any(re.fullmatch(b["pattern"], line) for line in REQUIRED_BOOT_LINES), b["text"]
-    assert plan.forbidden_lines == ["DIFFER", "CHECK FAILED", "MISMATCH", "Traceback"]
+        assert any(re.fullmatch(b.pattern, line) for line in REQUIRED_BOOT_LINES), b.text
+    assert plan.forbidden_lines == ("DIFFER", "CHECK FAILED", "MISMATCH", "Traceback")
 
 
 def test_boot_lines_follow_the_gates():
     from tp4.profile.load import parse_document
 
     loaded = parse_document({"preset": "base", "cluster": _cluster()}, "t")
-    texts = [b["text"] for b in build_plan(loaded).boot_lines if b["required"]]
+    texts = [b.text for b in build_plan(loaded).boot_lines if b.required]
     assert not any("moe_b12x_next" in t or "RoCEnante" in t for t in texts)
     assert any("indexer chunked" in t for t in texts)
 

@@ -107,10 +107,10 @@ def test_arbitrary_strings_never_break_argv_or_env_file(field, value):
         text = env_file_text(node.env)
         parsed = dict(line.split("=", 1) for line in text.rstrip("\n").split("\n"))
         assert parsed == node.env
-        assert shlex.split(shlex.join(node.argv)) == node.argv
+        assert shlex.split(shlex.join(node.argv)) == list(node.argv)
         assert all("\0" not in a for a in node.argv)
-        for mount in node.run["mounts"]:
-            assert ":" not in mount["source"] and "," not in mount["source"] and "\n" not in mount["source"]
+        for mount in node.run.mounts:
+            assert ":" not in mount.source and "," not in mount.source and "\n" not in mount.source
         for i, arg in enumerate(node.argv[:-1]):
             if arg in ("--model-path", "--served-model-name", "--host", "--dist-init-addr"):
                 assert node.argv[i + 1] and not node.argv[i + 1].startswith("--")

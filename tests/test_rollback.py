@@ -93,7 +93,7 @@ def test_each_rollback_row_is_one_valid_change_with_upstreams_env(tmp_path, row,
     for node in plan.nodes:
         expected = upstream_env(expected_vars, node.rank)
         assert node.env == expected, {k: (node.env.get(k), expected.get(k)) for k in set(node.env) | set(expected) if node.env.get(k) != expected.get(k)}
-        assert node.argv == upstream_argv(expected)
+        assert list(node.argv) == upstream_argv(expected)
     # the plan says what it drops or adjusts, and nothing else
     assert sorted(n.split(":", 1)[0] for n in plan.notes) == sorted(f"gates.{k}" for k in dropped | set(followed))
     assert all("dropped" in n for n in plan.notes if n.split(":")[0][len("gates."):] in dropped)

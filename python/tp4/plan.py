@@ -1,157 +1,228 @@
-"""The one renderer: a validated Profile becomes the Plan of the line, per rank the container
-environment (upstream-line.md §1.6), the engine argv boot.py runs (§1.8), the container run spec
-(§1.5), plus the image and the boot-log lines the armed gates print (§6.1).
+"""The one renderer: a validated Profile becomes the Plan of the line: per rank the container
+environment (upstream start.sh's `docker run -e`), the engine argv boot.py runs, the container run
+spec, plus the image and the boot-log lines the armed gates print.
 
 serve, doctor, the NixOS unit and the boot-log check read a Plan; none of them derives a flag.
-JSON schema (`tp4 plan --json`, version "tp4.plan/1.1"): see docs/plan-schema.md.
+The Plan is frozen, typed dataclasses; its JSON (`tp4 plan --json`) is generated from them and
+so is docs/plan-schema.md (tp4.planschema). Which env key comes from which field is the knob
+table (tp4.knobs); adapter gates come from adapters/registry.toml.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import re
-from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import Any
+from typing import TYPE_CHECKING, Literal
 
+from tp4.container import MOUNTS
+from tp4.knobs import BY_ENV, FIELD_KEYS, KNOBS, Knob
 from tp4.profile.models import has_unsafe_chars
 from tp4.registry import Registry, condition_holds, fill_line, line_pattern, load_registry
 
-SCHEMA = "tp4.plan/1.1"
-MODEL_MOUNT = "/models/DeepSeek-V4.1-Flash"
-STATE_MOUNT = "/state"
-ENGRAM_MOUNT = "/engram"
-NCCL_MOUNT = "/nccl"
-# boot.py's own defaults for variables the launcher does not forward.
-BOOT_DEFAULTS = {"ATTENTION_BACKEND": "dsv4", "MOE_RUNNER_BACKEND": "flashinfer_mxfp4"}
+if TYPE_CHECKING:
+    from tp4.profile.load import Loaded
+    from tp4.profile.models import Cluster, Node, Profile
+
+SCHEMA = "tp4.plan/1.2"
+# kept for the callers that name a mount target; the values live in tp4/data/container.toml
+MODEL_MOUNT = MOUNTS.model
+STATE_MOUNT = MOUNTS.state
+ENGRAM_MOUNT = MOUNTS.engram
+NCCL_MOUNT = MOUNTS.nccl
+# boot.py's own defaults for variables the launcher does not forward (the knobs' `omit_if`).
+BOOT_DEFAULTS = {k.env: k.omit_if for k in KNOBS if k.omit_if is not None}
+
+Role = Literal["head", "worker"]
+Variant = Literal["base", "canary", "canary-roce"]
+Fabric = Literal["switched", "ring"]
+MountType = Literal["bind", "volume"]
 
 
-@dataclass
+def doc(text: str) -> dict[str, str]:
+    """A field's meaning, for docs/plan-schema.md."""
+    return {"doc": text}
+
+
+@dataclass(frozen=True)
+class SshTarget:
+    """How tp4 reaches the node."""
+
+    host: str = field(metadata=doc("ssh address (the node's `ssh`, default its fabric IP)"))
+    user: str = field(metadata=doc("ssh user"))
+    identity: str = field(metadata=doc("ssh identity file on the machine running tp4"))
+    port: int = field(metadata=doc("ssh port"))
+
+
+@dataclass(frozen=True)
+class Mount:
+    """One mount of the container."""
+
+    type: MountType = field(metadata=doc("a host directory (bind) or a named volume (the workers' NFS weights)"))
+    source: str = field(metadata=doc("host path or volume name"))
+    target: str = field(metadata=doc("path in the container (tp4/data/container.toml)"))
+    read_only: bool = field(metadata=doc("mounted read-only"))
+
+
+@dataclass(frozen=True)
+class Ulimits:
+    memlock: str = field(metadata=doc("locked memory, soft:hard (-1 = unlimited: RDMA registers the KV pool)"))
+    stack: str = field(metadata=doc("stack size in bytes"))
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """The container run spec of one rank (upstream start.sh's `docker run` flags)."""
+
+    container: str = field(metadata=doc("container name"))
+    image: str = field(metadata=doc("image reference run on the node"))
+    command: tuple[str, ...] = field(metadata=doc("arguments to the image's entrypoint (boot.py)"))
+    network: Literal["host"] = field(metadata=doc("host networking (RoCE and the dist init port)"))
+    ipc: Literal["host"] = field(metadata=doc("host IPC namespace"))
+    privileged: bool = field(metadata=doc("privileged (the RDMA devices and GPU clocks)"))
+    cap_add: tuple[str, ...] = field(metadata=doc("added capabilities"))
+    gpus: Literal["all"] = field(metadata=doc("GPUs given to the container"))
+    shm_size: str = field(metadata=doc("size of /dev/shm"))
+    ulimits: Ulimits = field(metadata=doc("resource limits"))
+    devices: tuple[str, ...] = field(metadata=doc("devices, host:container"))
+    mounts: tuple[Mount, ...] = field(metadata=doc("model, state, cache, engram, then the host NCCL if any"))
+    restart: Literal["no"] = field(metadata=doc("restart policy: never (a failed rank fails the line)"))
+    workdir: str = field(metadata=doc("the node's working directory on the host (upstream's checkout)"))
+
+
+@dataclass(frozen=True)
+class GidIndex:
+    """The RoCE v2 GID index NCCL uses on this node (NCCL_IB_GID_INDEX)."""
+
+    index: int = field(metadata=doc("the index rendered into env (the node's pin, else fabric.gid_index)"))
+    pinned_by: str | None = field(metadata=doc("the profile field that pins it for this node; null when not pinned"))
+    lookup_by: tuple[str, ...] = field(metadata=doc(
+        "the commands that look the index up on the node at start (the RoCE v2 IPv4 GID of `hcas` for the "
+        "node's fabric IP) and use it in place of `index`; empty when pinned"))
+    hcas: tuple[str, ...] = field(metadata=doc("the RDMA devices whose GID table is read"))
+
+
+@dataclass(frozen=True)
 class RankPlan:
-    rank: int
-    role: str  # "head" | "worker"
-    name: str
-    host: str  # the fabric IP
-    ssh: dict[str, Any]
-    env: dict[str, str]
-    argv: list[str]
-    run: dict[str, Any]
+    """One rank: one Spark, one container."""
+
+    rank: int = field(metadata=doc("rank; 0 is the head"))
+    role: Role = field(metadata=doc("head (serves the API, hosts dist init and NFS) or worker"))
+    name: str = field(metadata=doc("node name"))
+    host: str = field(metadata=doc("the node's fabric IP"))
+    ssh: SshTarget = field(metadata=doc("how tp4 reaches the node"))
+    env: dict[str, str] = field(metadata=doc("the container environment, one value per key (see Environment keys)"))
+    argv: tuple[str, ...] = field(metadata=doc("the engine command boot.py runs, without --api-key"))
+    run: RunSpec = field(metadata=doc("the container run spec"))
+    gid: GidIndex = field(metadata=doc("where NCCL_IB_GID_INDEX comes from"))
 
 
-@dataclass
+@dataclass(frozen=True)
+class ImageRef:
+    tag: str = field(metadata=doc("image reference every node runs"))
+    variant: Variant = field(metadata=doc("which image: base, canary or canary-roce"))
+    base: str = field(metadata=doc("base image, pinned by digest"))
+
+
+@dataclass(frozen=True)
+class LineFacts:
+    nnodes: int = field(metadata=doc("nodes in the line (one rank each)"))
+    tp: int = field(metadata=doc("tensor parallel size"))
+    ep: int = field(metadata=doc("expert parallel size"))
+    fabric: Fabric = field(metadata=doc("switched RoCE fabric or a switchless ring"))
+    dist_init_addr: str = field(metadata=doc("torch distributed init address (head IP:port)"))
+    api: str = field(metadata=doc("the OpenAI API URL on the head"))
+
+
+@dataclass(frozen=True)
+class BootLine:
+    """A line rank 0's boot log prints when the line is armed as planned."""
+
+    adapter: str = field(metadata=doc("the adapter (registry entry) that prints it"))
+    text: str = field(metadata=doc("the line, '...' where anything may stand"))
+    pattern: str = field(metadata=doc("a Python regular expression for the line ('...' became '.*')"))
+    required: bool = field(metadata=doc("false: useful evidence, not a gate of the line's health"))
+
+
+@dataclass(frozen=True)
+class SecretRef:
+    file: str = field(metadata=doc("the file holding the secret, on the machine running tp4; read only at serve time"))
+
+
+@dataclass(frozen=True)
 class Plan:
-    preset: str
-    source: str
-    image: dict[str, str]
-    line: dict[str, Any]
-    nodes: list[RankPlan]
-    boot_lines: list[dict[str, Any]]
-    forbidden_lines: list[str]
-    secrets: dict[str, Any]
-    warnings: list[str] = field(default_factory=list)
-    # what the plan renders differently from the profile as written, and why (resolve_gates)
-    notes: list[str] = field(default_factory=list)
+    """The plan of the line: what every rank runs."""
 
-    def to_json(self) -> dict[str, Any]:
-        out = asdict(self)
+    preset: str = field(metadata=doc("the profile's top preset layer"))
+    source: str = field(metadata=doc("the profile path, or 'embedded default profile'"))
+    image: ImageRef = field(metadata=doc("the image"))
+    line: LineFacts = field(metadata=doc("facts of the whole line"))
+    nodes: tuple[RankPlan, ...] = field(metadata=doc("ranks in order; rank 0 is the head"))
+    boot_lines: tuple[BootLine, ...] = field(metadata=doc("lines rank 0's boot log prints for the armed gates"))
+    forbidden_lines: tuple[str, ...] = field(metadata=doc("text that must never appear in any rank's log"))
+    secrets: dict[str, SecretRef] = field(metadata=doc("references to secrets (never their values); {} when the API is open"))
+    warnings: tuple[str, ...] = field(default=(), metadata=doc("validation warnings (the plan is still valid)"))
+    notes: tuple[str, ...] = field(default=(), metadata=doc(
+        "where the plan renders a gate differently from the profile as written, and why"))
+
+    def to_json(self) -> dict[str, Json]:
+        """The plan as JSON values (objects, arrays, strings, numbers, booleans, null), under its schema."""
+        out = _json(self)
+        assert isinstance(out, dict)
         return {"schema": SCHEMA, **out}
 
 
-def _b(v: Any) -> str:
-    return str(v)
+Json = None | bool | int | str | list["Json"] | dict[str, "Json"]
 
 
-# Typed fields in the order the launcher forwards them (§1.6): env key -> (field path, value).
-# Forwarded adapter gates are added from the registry; rank keys are added per rank.
-def _typed(p: Any) -> list[tuple[str, str, Callable[[], str | None]]]:
-    e, en, rt, fab, n, cl = p.engine, p.engram, p.runtime, p.fabric, p.fabric.nccl, p.cluster
-    ring = fab.mode == "ring"
-    return [
-        ("OFFLOAD_MODE", "engine.offload_mode", lambda: e.offload_mode),
-        ("DSV41_CACHE_GIB", "engram.cache_gib", lambda: _b(en.cache_gib)),
-        ("DSV41_IO_THREADS", "engram.io_threads", lambda: _b(en.io_threads)),
-        ("DSV41_RESIDENT_SCALES", "engram.resident_scales", lambda: _b(en.resident_scales)),
-        ("DSV41_CACHE_WAYS", "engram.cache_ways", lambda: _b(en.cache_ways)),
-        ("DSV41_STATS_SECONDS", "engram.stats_seconds", lambda: _b(en.stats_seconds)),
-        ("DSV41_PACKED_DIR", "engram.packed_dir", lambda: en.packed_dir),
-        ("DSPARK_SPS_TABLE", "engine.sps_table", lambda: e.sps_table),
-        ("DSPARK_STS_TABLE", "engine.sts_table", lambda: e.sts_table),
-        ("DSV41_SOURCE", "model", lambda: MODEL_MOUNT),
-        ("MODEL_PATH", "model", lambda: MODEL_MOUNT),
-        ("STATE_PATH", "cluster.*.state_dir", lambda: STATE_MOUNT),
-        ("SERVER_PORT", "cluster.port", lambda: _b(cl.port)),
-        ("TP_SIZE", "engine.tp", lambda: _b(e.tp)),
-        ("EP_SIZE", "engine.ep", lambda: _b(p.ep)),
-        ("CONTEXT_LENGTH", "engine.context_length", lambda: _b(e.context_length)),
-        ("MEM_FRACTION_STATIC", "engine.mem_fraction_static", lambda: e.mem_fraction_static),
-        ("MAX_RUNNING_REQUESTS", "engine.max_running_requests", lambda: _b(e.max_running_requests)),
-        ("CHUNKED_PREFILL_SIZE", "engine.chunked_prefill_size", lambda: _b(e.chunked_prefill_size)),
-        ("MAX_TOTAL_TOKENS", "engine.max_total_tokens", lambda: _b(e.max_total_tokens)),
-        ("CUDA_GRAPH_MAX_BS_DECODE", "engine.max_running_requests", lambda: _b(e.max_running_requests)),
-        ("SPEC_ALGO", "engine.spec_algo", lambda: e.spec_algo),
-        ("DSPARK_BLOCK_SIZE", "engine.dspark_block_size", lambda: _b(e.dspark_block_size)),
-        ("ATTENTION_BACKEND", "engine.attention_backend",
-         lambda: None if e.attention_backend == BOOT_DEFAULTS["ATTENTION_BACKEND"] else e.attention_backend),
-        ("MOE_RUNNER_BACKEND", "engine.moe_runner_backend",
-         lambda: None if e.moe_runner_backend == BOOT_DEFAULTS["MOE_RUNNER_BACKEND"] else e.moe_runner_backend),
-        ("SERVED_MODEL_NAME", "model.served_name", lambda: p.model.served_name),
-        ("SKIP_PREPARE", "runtime.skip_prepare", lambda: _b(rt.skip_prepare)),
-        ("SKIP_VERIFY", "runtime.skip_verify", lambda: _b(rt.skip_verify)),
-        ("WARMUP", "runtime.warmup", lambda: _b(rt.warmup)),
-        ("HOST", "engine.host", lambda: e.host),
-        ("NCCL_NET", "fabric.nccl.net", lambda: n.net),
-        ("NCCL_IB_DISABLE", "fabric.nccl.ib_disable", lambda: _b(n.ib_disable)),
-        ("NCCL_IB_HCA", "fabric.hcas", lambda: ",".join(fab.hcas)),
-        ("NCCL_SOCKET_IFNAME", "fabric.socket_ifname", lambda: fab.socket_ifname),
-        ("GLOO_SOCKET_IFNAME", "fabric.socket_ifname", lambda: fab.socket_ifname),
-        ("NCCL_P2P_DISABLE", "fabric.nccl.p2p_disable", lambda: _b(n.p2p_disable)),
-        ("NCCL_SHM_DISABLE", "fabric.nccl.shm_disable", lambda: _b(n.shm_disable)),
-        ("NCCL_CROSS_NIC", "fabric.nccl.cross_nic", lambda: _b(n.cross_nic)),
-        ("NCCL_IB_MERGE_NICS", "fabric.nccl.ib_merge_nics", lambda: _b(n.ib_merge_nics)),
-        ("NCCL_IB_SUBNET_AWARE_ROUTING", "fabric.nccl.ib_subnet_aware_routing", lambda: _b(n.ib_subnet_aware_routing)),
-        ("NCCL_CUMEM_ENABLE", "fabric.nccl", lambda: "0"),
-        ("NCCL_DEBUG", "fabric.nccl.debug", lambda: n.debug),
-        ("NCCL_BUFFSIZE", "fabric.nccl.buffsize", lambda: _b(n.buffsize)),
-        ("NCCL_LL128_BUFFSIZE", "fabric.nccl.ll128_buffsize", lambda: _b(n.ll128_buffsize)),
-        ("NCCL_PROTO", "fabric.nccl.proto", lambda: n.proto),
-        ("NCCL_MAX_NCHANNELS", "fabric.nccl.max_nchannels", lambda: _b(n.max_nchannels)),
-        ("NCCL_DEBUG_SUBSYS", "fabric.nccl.debug_subsys", lambda: n.debug_subsys),
-        ("SGLANG_FLASHINFER_MOE_FUSED_FINALIZE", "runtime.moe_fused_finalize", lambda: _b(rt.moe_fused_finalize)),
-        ("PYTORCH_CUDA_ALLOC_CONF", "runtime.pytorch_cuda_alloc_conf", lambda: rt.pytorch_cuda_alloc_conf),
-        ("CUDA_DEVICE_ORDER", "runtime", lambda: "PCI_BUS_ID"),
-        ("EXTRA_SGLANG_ARGS", "engine.extra_args", lambda: " ".join(e.extra_args) or None),
-        ("LD_LIBRARY_PATH", "fabric.nccl.mount", lambda: NCCL_MOUNT if n.mount == "dir" else None),
-        ("NCCL_SWITCHLESS_RING_ONLY", "fabric.mode", lambda: "1" if ring else None),
-        ("NCCL_ALGO", "fabric.nccl.algo", lambda: n.algo if ring else None),
-        ("NCCL_SKIP_TREE_CONNECT", "fabric.nccl.skip_tree_connect", lambda: _b(n.skip_tree_connect) if ring else None),
-        ("NCCL_IB_SUBNET_PREFIX_LEN", "fabric.nccl.ib_subnet_prefix_len", lambda: _b(n.ib_subnet_prefix_len) if ring else None),
-        ("NCCL_MIN_NCHANNELS", "fabric.nccl.min_nchannels", lambda: _b(n.min_nchannels) if ring else None),
-        ("NCCL_P2P_LEVEL", "fabric.nccl.p2p_level", lambda: n.p2p_level if ring else None),
-        ("SKIP_SMOKE", "runtime.skip_smoke", lambda: _b(rt.skip_smoke)),
-        ("SMOKE_QUICK", "runtime.smoke_quick", lambda: _b(rt.smoke_quick)),
-    ]
+def _json(value: object) -> Json:
+    """A plan part as JSON values: a dataclass becomes an object of its fields in order, a tuple an array."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: _json(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, tuple | list):
+        return [_json(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): _json(v) for k, v in value.items()}
+    if value is None or isinstance(value, bool | int | str):
+        return value
+    raise TypeError(f"plan value {value!r} is not JSON")
 
 
-_TYPED_KEYS: dict[str, str] | None = None
+def _read(p: Profile, path: str) -> object:
+    cur: object = p
+    for part in path.split("."):
+        cur = getattr(cur, part)
+    return cur
+
+
+def _field_value(p: Profile, knob: Knob, rank: int) -> str | None:
+    """A field knob's value for a rank, or None when the knob is not rendered."""
+    if knob.ring_only and p.fabric.mode != "ring":
+        return None
+    if knob.when_field is not None and str(_read(p, knob.when_field)) != knob.when_equals:
+        return None
+    if knob.form == "fixed":
+        return knob.value
+    value = _read(p, knob.read or knob.field)
+    if rank == 0 and knob.head_field is not None:
+        head = _read(p, knob.head_field)
+        if head is not None:
+            value = head
+    if knob.form in ("comma", "words"):
+        assert isinstance(value, list)
+        text = ("," if knob.form == "comma" else " ").join(str(v) for v in value)
+        return text or None if knob.form == "words" else text
+    text = str(value)
+    return None if knob.omit_if is not None and text == knob.omit_if else text
 
 
 def typed_env_keys() -> dict[str, str]:
-    """Env keys rendered from typed profile fields -> the field that sets them."""
-    global _TYPED_KEYS
-    if _TYPED_KEYS is None:
-        from tp4.profile.models import Profile
-
-        _TYPED_KEYS = {key: path for key, path, _ in _typed(Profile())}
-        _TYPED_KEYS.update({"NODE_RANK": "cluster.workers", "DIST_INIT_ADDR": "cluster.dist_port", "NNODES": "cluster.workers"})
-    return _TYPED_KEYS
+    """Env keys rendered from profile fields or per rank -> the field that sets them."""
+    return {**FIELD_KEYS, **{k.env: k.field for k in KNOBS if k.source == "rank"}}
 
 
-HEAD_ONLY = ("WARMUP", "SMOKE_QUICK")
-# Worker-forced values (§1.6): workers never prepare, verify or smoke.
-WORKER_FORCED = {"SKIP_PREPARE": "1", "SKIP_VERIFY": "1", "SKIP_SMOKE": "1"}
-
-
-def home_of(node: Any, cluster: Any) -> str:
+def home_of(node: Node, cluster: Cluster) -> str:
     if node.home:
         return node.home
     user = node.user or cluster.user
@@ -173,7 +244,7 @@ def _preset_gates(name: str) -> tuple[tuple[str, str], ...]:
     return tuple(merged_document({"preset": name}).get("gates", {}).items())
 
 
-def resolve_gates(p: Any, reg: Registry) -> tuple[dict[str, str], list[str]]:
+def resolve_gates(p: Profile, reg: Registry) -> tuple[dict[str, str], list[str]]:
     """The profile's gates as the line runs them, and a note for each gate the preset set that
     does not apply as set. Rolling a layer back is one change (seed "Rollback"): a gate the preset
     sets whose needed gate the profile turns off is dropped, since upstream's adapter does nothing
@@ -216,77 +287,103 @@ def resolve_gates(p: Any, reg: Registry) -> tuple[dict[str, str], list[str]]:
     return gates, notes
 
 
-def rank_env(p: Any, rank: int, reg: Registry) -> dict[str, str]:
+def rank_env(p: Profile, rank: int, reg: Registry) -> dict[str, str]:
     return _render_env(p, rank, reg, resolve_gates(p, reg)[0])
 
 
-def _render_env(p: Any, rank: int, reg: Registry, gates: dict[str, str]) -> dict[str, str]:
+def _rank_value(p: Profile, knob: Knob, rank: int) -> str:
     node = p.nodes[rank]
-    head = p.cluster.head
+    match knob.rank_value:
+        case "node_rank":
+            return str(rank)
+        case "node_ip":
+            return node.ip
+        case "gid_index":
+            return str(node.gid_index if node.gid_index is not None else p.fabric.gid_index)
+        case "nnodes":
+            return str(len(p.nodes))
+        case "dist_init_addr":
+            return f"{p.cluster.head.ip}:{p.cluster.dist_port}"
+    raise AssertionError(f"knob {knob.env}: no rank value")
+
+
+def _render_env(p: Profile, rank: int, reg: Registry, gates: dict[str, str]) -> dict[str, str]:
+    """One rank's environment: the field knobs and line facts in the launcher's order, the
+    forwarded gates at their defaults, then [gates] and [env] (a key already present is replaced
+    in place, a new one appended: EXTRA_CONTAINER_ENV semantics), then the per-rank keys."""
     env: dict[str, str] = {}
-    for key, _, value in _typed(p):
-        v = value()
-        if v is not None:
-            env[key] = v
-    env["NNODES"] = str(len(p.nodes))
-    env["DIST_INIT_ADDR"] = f"{head.ip}:{p.cluster.dist_port}"
-    if rank == 0 and p.engine.head_mem_fraction_static is not None:
-        env["MEM_FRACTION_STATIC"] = p.engine.head_mem_fraction_static
+    per_rank: list[Knob] = []
+    for knob in KNOBS:
+        if knob.head_only and rank > 0:
+            continue
+        if knob.source == "field":
+            value = knob.worker_value if rank > 0 and knob.worker_value is not None else _field_value(p, knob, rank)
+            if value is not None:
+                env[knob.env] = value
+        elif knob.source == "rank" and knob.rank_value in ("nnodes", "dist_init_addr"):
+            env[knob.env] = _rank_value(p, knob, rank)
+        elif knob.source == "rank":
+            per_rank.append(knob)
     for gate in reg.forwarded():
         env[gate.var] = gate.default or ""
-    env["DSV41_LAUNCHER"] = "tp4"
-    # EXTRA_CONTAINER_ENV semantics: a key already present is replaced in place, a new one appended.
-    for key, value in gates.items():
-        env[key] = value
-    for key, value in p.env.items():
-        env[key] = value
-    env["VLLM_HOST_IP"] = node.ip
-    env["HOST_IP"] = node.ip
-    env["NCCL_IB_GID_INDEX"] = str(node.gid_index if node.gid_index is not None else p.fabric.gid_index)
-    env["NODE_RANK"] = str(rank)
+    for knob in KNOBS:
+        if knob.source == "reserved" and knob.form == "fixed" and knob.value is not None:
+            env[knob.env] = knob.value
+    env.update(gates)
+    env.update(p.env)
+    for knob in per_rank:
+        env[knob.env] = _rank_value(p, knob, rank)
     if rank > 0:
-        for key in HEAD_ONLY:
-            env.pop(key, None)
-        env.update(WORKER_FORCED)
+        # workers never prepare, verify or smoke, whatever [gates] or [env] say
+        env.update({k.env: k.worker_value for k in KNOBS if k.worker_value is not None})
+        for knob in KNOBS:
+            if knob.head_only:
+                env.pop(knob.env, None)
     return env
 
 
-def engine_argv(env: dict[str, str], *, sps: bool, sts: bool) -> list[str]:
-    """The engine command boot.py builds from a rank's environment (§1.8), without --api-key."""
+def _flag(env_key: str) -> str:
+    flag = BY_ENV[env_key].flag
+    assert flag is not None, env_key
+    return flag
+
+
+def engine_argv(env: dict[str, str], *, sps: bool, sts: bool) -> tuple[str, ...]:
+    """The engine command boot.py builds from a rank's environment, without --api-key (boot.py
+    adds it from the key file). Each flag is the knob's (tp4.knobs); defaults are boot.py's."""
     g = env.get
+
+    def opt(key: str, default: str = "") -> list[str]:
+        return [_flag(key), g(key, default)]
+
     argv = [
         "python", "-m", "sglang.launch_server",
-        "--model-path", g("MODEL_PATH", MODEL_MOUNT),
-        "--served-model-name", g("SERVED_MODEL_NAME", "deepseek-v4.1-flash"),
+        *opt("MODEL_PATH", MOUNTS.model), *opt("SERVED_MODEL_NAME", "deepseek-v4.1-flash"),
         "--trust-remote-code", "--load-format", "safetensors",
-        "--tp", g("TP_SIZE", "4"), "--ep-size", g("EP_SIZE", g("TP_SIZE", "4")),
-        "--attention-backend", g("ATTENTION_BACKEND", BOOT_DEFAULTS["ATTENTION_BACKEND"]),
-        "--moe-runner-backend", g("MOE_RUNNER_BACKEND", BOOT_DEFAULTS["MOE_RUNNER_BACKEND"]),
-        "--mem-fraction-static", g("MEM_FRACTION_STATIC", ""),
-        "--chunked-prefill-size", g("CHUNKED_PREFILL_SIZE", ""),
-        "--context-length", g("CONTEXT_LENGTH", ""),
-        "--max-running-requests", g("MAX_RUNNING_REQUESTS", ""),
-        "--cuda-graph-max-bs-decode", g("CUDA_GRAPH_MAX_BS_DECODE", ""),
+        *opt("TP_SIZE", "4"), _flag("EP_SIZE"), g("EP_SIZE", g("TP_SIZE", "4")),
+        *opt("ATTENTION_BACKEND", BOOT_DEFAULTS["ATTENTION_BACKEND"]),
+        *opt("MOE_RUNNER_BACKEND", BOOT_DEFAULTS["MOE_RUNNER_BACKEND"]),
+        *opt("MEM_FRACTION_STATIC"), *opt("CHUNKED_PREFILL_SIZE"), *opt("CONTEXT_LENGTH"),
+        *opt("MAX_RUNNING_REQUESTS"), *opt("CUDA_GRAPH_MAX_BS_DECODE"),
         "--random-seed", "0", "--enable-decoder-swa-bounded-replay",
         "--tool-call-parser", "deepseekv41", "--reasoning-parser", "deepseek-v41",
-        "--host", g("HOST", "0.0.0.0"), "--port", g("SERVER_PORT", "8888"),
+        *opt("HOST", "0.0.0.0"), *opt("SERVER_PORT", "8888"),
     ]
     if g("SPEC_ALGO", "").lower() not in ("off", "none", "0", ""):
-        argv += ["--speculative-algorithm", "DSPARK", "--speculative-dspark-block-size", g("DSPARK_BLOCK_SIZE", "")]
+        argv += ["--speculative-algorithm", "DSPARK", *opt("DSPARK_BLOCK_SIZE")]
         if sps:
-            argv += ["--speculative-dspark-sps-table-path", g("DSPARK_SPS_TABLE", ""),
-                     "--speculative-dspark-align-verify-tokens-to-graph-tier"]
+            argv += [*opt("DSPARK_SPS_TABLE"), "--speculative-dspark-align-verify-tokens-to-graph-tier"]
         if sts:
-            argv += ["--speculative-dspark-confidence-sts-path", g("DSPARK_STS_TABLE", "")]
+            argv += opt("DSPARK_STS_TABLE")
     if int(g("NNODES", "1")) > 1:
-        argv += ["--nnodes", g("NNODES"), "--node-rank", g("NODE_RANK", "0"), "--dist-init-addr", g("DIST_INIT_ADDR", "")]
+        argv += [*opt("NNODES"), *opt("NODE_RANK", "0"), *opt("DIST_INIT_ADDR")]
     if g("MAX_TOTAL_TOKENS", "") not in ("", "0"):
-        argv += ["--max-total-tokens", g("MAX_TOTAL_TOKENS")]
+        argv += opt("MAX_TOTAL_TOKENS")
     argv += g("EXTRA_SGLANG_ARGS", "").split()
-    return argv
+    return tuple(argv)
 
 
-def run_spec(p: Any, rank: int) -> dict[str, Any]:
+def run_spec(p: Profile, rank: int) -> RunSpec:
     node = p.nodes[rank]
     cl = p.cluster
     home = home_of(node, cl)
@@ -294,52 +391,65 @@ def run_spec(p: Any, rank: int) -> dict[str, Any]:
     if rank == 0:
         state = expand(node.state_dir or f"{workdir}/state-tp4", home)
         engram = expand(node.engram_dir or "~/dsv41-engram", home)
-        model = {"type": "bind", "source": expand(p.model.dir, home), "target": MODEL_MOUNT, "read_only": False}
+        model = Mount("bind", expand(p.model.dir, home), MOUNTS.model, False)
     else:
         state = expand(node.state_dir or f"{workdir}/state", home)
         engram = expand(node.engram_dir or f"{workdir}/engram", home)
-        model = {"type": "volume", "source": p.nfs.volume, "target": MODEL_MOUNT, "read_only": True}
+        model = Mount("volume", p.nfs.volume, MOUNTS.model, True)
     mounts = [
         model,
-        {"type": "bind", "source": state, "target": STATE_MOUNT, "read_only": False},
-        {"type": "bind", "source": f"{home}/.cache", "target": "/root/.cache", "read_only": False},
-        {"type": "bind", "source": engram, "target": ENGRAM_MOUNT, "read_only": False},
+        Mount("bind", state, MOUNTS.state, False),
+        Mount("bind", f"{home}/.cache", MOUNTS.cache, False),
+        Mount("bind", engram, MOUNTS.engram, False),
     ]
     nccl = p.fabric.nccl
     nccl_dir = expand(nccl.worker_dir if rank > 0 and nccl.worker_dir else nccl.host_dir, home)
     if nccl.mount == "dir":
-        mounts.append({"type": "bind", "source": nccl_dir, "target": NCCL_MOUNT, "read_only": True})
+        mounts.append(Mount("bind", nccl_dir, MOUNTS.nccl, True))
     elif nccl.mount == "overlay":
-        mounts.append({"type": "bind", "source": f"{nccl_dir}/libnccl.so.2", "target": nccl.pip_so, "read_only": True})
-    return {
-        "container": cl.head_container if rank == 0 else cl.worker_container,
-        "image": p.image.tag,
-        "command": ["run"],
-        "network": "host",
-        "ipc": "host",
-        "privileged": True,
-        "cap_add": ["IPC_LOCK"],
-        "gpus": "all",
-        "shm_size": cl.shm_size,
-        "ulimits": {"memlock": "-1:-1", "stack": "67108864"},
-        "devices": ["/dev/infiniband:/dev/infiniband"],
-        "mounts": mounts,
-        "restart": "no",
-        "workdir": workdir,
-    }
+        mounts.append(Mount("bind", f"{nccl_dir}/libnccl.so.2", nccl.pip_so, True))
+    return RunSpec(
+        container=cl.head_container if rank == 0 else cl.worker_container,
+        image=p.image.tag,
+        command=("run",),
+        network="host",
+        ipc="host",
+        privileged=True,
+        cap_add=("IPC_LOCK",),
+        gpus="all",
+        shm_size=cl.shm_size,
+        ulimits=Ulimits(memlock="-1:-1", stack="67108864"),
+        devices=("/dev/infiniband:/dev/infiniband",),
+        mounts=tuple(mounts),
+        restart="no",
+        workdir=workdir,
+    )
 
 
-def boot_lines(env: dict[str, str], reg: Registry) -> list[dict[str, Any]]:
+# The commands that look a node's RoCE v2 GID index up at start when the profile does not pin it.
+GID_LOOKUP_BY = ("tp4 serve", "tp4 doctor")
+
+
+def gid_index(p: Profile, rank: int) -> GidIndex:
+    node = p.nodes[rank]
+    where = "cluster.head" if rank == 0 else f"cluster.workers[{rank - 1}]"
+    pinned = node.gid_index is not None
+    return GidIndex(index=node.gid_index if node.gid_index is not None else p.fabric.gid_index,
+                    pinned_by=f"{where}.gid_index" if pinned else None,
+                    lookup_by=() if pinned else GID_LOOKUP_BY, hcas=tuple(p.fabric.hcas))
+
+
+def boot_lines(env: dict[str, str], reg: Registry) -> tuple[BootLine, ...]:
     out = []
     for adapter in reg.adapters:
         for bl in adapter.boot:
             if all(condition_holds(c, env, reg) for c in bl.when):
                 text = fill_line(bl.line, env)
-                out.append({"adapter": adapter.name, "text": text, "pattern": line_pattern(text), "required": bl.required})
-    return out
+                out.append(BootLine(adapter=adapter.name, text=text, pattern=line_pattern(text), required=bl.required))
+    return tuple(out)
 
 
-def build_plan(loaded: Any, registry: Registry | None = None) -> Plan:
+def build_plan(loaded: Loaded, registry: Registry | None = None) -> Plan:
     reg = registry or load_registry()
     p = loaded.profile
     gates, notes = resolve_gates(p, reg)
@@ -351,25 +461,26 @@ def build_plan(loaded: Any, registry: Registry | None = None) -> Plan:
             role="head" if rank == 0 else "worker",
             name=node.name,
             host=node.ip,
-            ssh={"host": node.ssh or node.ip, "user": node.user or p.cluster.user,
-                 "identity": node.identity or p.cluster.identity, "port": node.ssh_port or 22},
+            ssh=SshTarget(host=node.ssh or node.ip, user=node.user or p.cluster.user,
+                          identity=node.identity or p.cluster.identity, port=node.ssh_port or 22),
             env=env,
             argv=engine_argv(env, sps=p.engine.use_sps_table, sts=p.engine.use_sts_table),
             run=run_spec(p, rank),
+            gid=gid_index(p, rank),
         ))
     head_env = nodes[0].env
     return Plan(
         preset=p.preset,
         source=loaded.source,
-        image={"tag": p.image.tag, "variant": p.image.variant, "base": p.image.base},
-        line={"nnodes": len(p.nodes), "tp": p.engine.tp, "ep": p.ep, "fabric": p.fabric.mode,
-              "dist_init_addr": head_env["DIST_INIT_ADDR"], "api": f"http://{p.cluster.head.ip}:{p.cluster.port}"},
-        nodes=nodes,
+        image=ImageRef(tag=p.image.tag, variant=p.image.variant, base=p.image.base),
+        line=LineFacts(nnodes=len(p.nodes), tp=p.engine.tp, ep=p.ep, fabric=p.fabric.mode,
+                       dist_init_addr=head_env["DIST_INIT_ADDR"], api=f"http://{p.cluster.head.ip}:{p.cluster.port}"),
+        nodes=tuple(nodes),
         boot_lines=boot_lines(head_env, reg),
-        forbidden_lines=list(reg.forbidden_lines),
-        secrets={"API_KEY": {"file": p.api.key_file}} if p.api.key_file else {},
-        warnings=list(loaded.warnings),
-        notes=notes,
+        forbidden_lines=tuple(reg.forbidden_lines),
+        secrets={"API_KEY": SecretRef(file=p.api.key_file)} if p.api.key_file else {},
+        warnings=tuple(loaded.warnings),
+        notes=tuple(notes),
     )
 
 

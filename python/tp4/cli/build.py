@@ -72,8 +72,8 @@ def _nodes(hosts: tuple[str, ...], profile_path: str | None, user: str | None, i
     from tp4.plan import build_plan
 
     plan = build_plan(load_profile(profile_path))
-    nodes = [Remote(host=n.ssh["host"], user=user or n.ssh["user"], identity=identity or n.ssh["identity"],
-                    port=port or n.ssh["port"], options=ssh_options) for n in plan.nodes if n.rank > 0]
+    nodes = [Remote(host=n.ssh.host, user=user or n.ssh.user, identity=identity or n.ssh.identity,
+                    port=port or n.ssh.port, options=ssh_options) for n in plan.nodes if n.rank > 0]
     if not nodes:
         raise InvalidInput("the profile has no workers: add [[cluster.workers]], or pass --worker HOST")
     return nodes

@@ -4,48 +4,55 @@ from __future__ import annotations
 
 import json
 import shlex
+from typing import TYPE_CHECKING
 
 import click
 
 from tp4.errors import InvalidInput
 
+if TYPE_CHECKING:
+    from tp4.plan import Plan
+    from tp4.profile.load import Loaded
 
-def load_profile(path: str | None):
+
+def load_profile(path: str | None) -> Loaded:
     from tp4.profile import load_default, load_file
 
     return load_default() if path is None else load_file(path)
 
 
-def _human(plan, rank: int | None) -> str:
+def _human(plan: Plan, rank: int | None) -> str:
+    line, image = plan.line, plan.image
     out = [
-        f"line: {plan.line['nnodes']} nodes, TP {plan.line['tp']}, EP {plan.line['ep']}, {plan.line['fabric']} fabric, preset {plan.preset} ({plan.source})",
-        f"image: {plan.image['tag']} ({plan.image['variant']}; base {plan.image['base']})",
-        f"api: {plan.line['api']}  dist init: {plan.line['dist_init_addr']}",
+        f"line: {line.nnodes} nodes, TP {line.tp}, EP {line.ep}, {line.fabric} fabric, preset {plan.preset} ({plan.source})",
+        f"image: {image.tag} ({image.variant}; base {image.base})",
+        f"api: {line.api}  dist init: {line.dist_init_addr}",
     ]
-    if plan.secrets:
-        out.append("api key: read from " + plan.secrets["API_KEY"]["file"] + " at serve time (never shown)")
+    if "API_KEY" in plan.secrets:
+        out.append("api key: read from " + plan.secrets["API_KEY"].file + " at serve time (never shown)")
     for node in plan.nodes:
         if rank is not None and node.rank != rank:
             continue
-        ssh = node.ssh
-        run = node.run
-        out += ["", f"rank {node.rank} ({node.role}) {node.name}  fabric {node.host}  ssh {ssh['user']}@{ssh['host']}:{ssh['port']}",
-                f"  container {run['container']} image {run['image']} command {' '.join(run['command'])}",
-                f"  --network {run['network']} --ipc {run['ipc']} --privileged --cap-add {','.join(run['cap_add'])} --gpus {run['gpus']} --shm-size {run['shm_size']}",
-                "  ulimits " + " ".join(f"{k}={v}" for k, v in run["ulimits"].items()) + "  devices " + " ".join(run["devices"]),
+        ssh, run, gid = node.ssh, node.run, node.gid
+        out += ["", f"rank {node.rank} ({node.role}) {node.name}  fabric {node.host}  ssh {ssh.user}@{ssh.host}:{ssh.port}",
+                f"  container {run.container} image {run.image} command {' '.join(run.command)}",
+                f"  --network {run.network} --ipc {run.ipc} --privileged --cap-add {','.join(run.cap_add)} --gpus {run.gpus} --shm-size {run.shm_size}",
+                f"  ulimits memlock={run.ulimits.memlock} stack={run.ulimits.stack}  devices " + " ".join(run.devices),
                 "  mounts:"]
-        for m in run["mounts"]:
-            out.append(f"    {m['source']} -> {m['target']}" + (" (ro)" if m["read_only"] else "") + (" [volume]" if m["type"] == "volume" else ""))
+        for m in run.mounts:
+            out.append(f"    {m.source} -> {m.target}" + (" (ro)" if m.read_only else "") + (" [volume]" if m.type == "volume" else ""))
+        out.append(f"  gid index {gid.index}: " + (f"pinned by {gid.pinned_by}" if gid.pinned_by else
+                   f"looked up on the node by {' and '.join(gid.lookup_by)} at start ({', '.join(gid.hcas)})"))
         out.append(f"  env ({len(node.env)}):")
         out += [f"    {k}={v}" for k, v in node.env.items()]
         out.append("  engine argv:")
         out.append("    " + shlex.join(node.argv))
     out += ["", "boot lines that must appear (rank 0):"]
-    out += [f"  {b['text']}" for b in plan.boot_lines if b["required"]]
-    optional = [b for b in plan.boot_lines if not b["required"]]
+    out += [f"  {b.text}" for b in plan.boot_lines if b.required]
+    optional = [b for b in plan.boot_lines if not b.required]
     if optional:
         out.append("useful boot lines:")
-        out += [f"  {b['text']}" for b in optional]
+        out += [f"  {b.text}" for b in optional]
     out.append("never on any rank: " + ", ".join(plan.forbidden_lines))
     for n in plan.notes:
         out.append(f"note: {n}")
@@ -57,7 +64,7 @@ def _human(plan, rank: int | None) -> str:
 @click.command()
 @click.option("--profile", "-p", "profile_path", type=click.Path(dir_okay=False), help="Profile TOML; default: the embedded production profile on the example cluster.")
 @click.option("--rank", type=int, default=None, help="Show only this rank.")
-@click.option("--json", "as_json", is_flag=True, help="Machine-readable plan (schema tp4.plan/1.1, see docs/plan-schema.md).")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable plan (schema tp4.plan/1.2, see docs/plan-schema.md).")
 def plan(profile_path: str | None, rank: int | None, as_json: bool) -> None:
     """Show the rendered line: per rank the container env, the engine argv, the run spec, and the
     boot-log lines the armed gates must print."""
@@ -70,7 +77,7 @@ def plan(profile_path: str | None, rank: int | None, as_json: bool) -> None:
     if as_json:
         data = result.to_json()
         if rank is not None:
-            data["nodes"] = [n for n in data["nodes"] if n["rank"] == rank]
+            data["nodes"] = [n for n in result.to_json()["nodes"] if isinstance(n, dict) and n["rank"] == rank]  # type: ignore[union-attr]
         click.echo(json.dumps(data, indent=2))
     else:
         click.echo(_human(result, rank))

@@ -4,6 +4,7 @@ collected so the user sees them at once."""
 
 from __future__ import annotations
 
+from tp4 import knobs
 from tp4.profile.load import Problem
 from tp4.profile.models import Profile
 from tp4.registry import Registry, condition_holds, describe_condition, fill_line, load_registry
@@ -12,31 +13,10 @@ CONTEXT_MIN, CONTEXT_MAX = 4096, 1048576
 # RoCEnante's size cap on a ring: 262144 bytes with hairpin queue 8192, 81920 at the default 1024.
 RING_CAP_HAIRPIN, RING_CAP_DEFAULT = 262144, 81920
 
-# Environment keys the renderer owns per rank: never settable through [gates] or [env].
-RANK_KEYS = {
-    "NODE_RANK": "the rank follows cluster.workers order",
-    "HOST_IP": "set cluster.head.ip / cluster.workers[i].ip",
-    "VLLM_HOST_IP": "set cluster.head.ip / cluster.workers[i].ip",
-    "DIST_INIT_ADDR": "set cluster.head.ip and cluster.dist_port",
-    "NNODES": "add or remove cluster.workers",
-    "NCCL_IB_GID_INDEX": "set fabric.gid_index or cluster.*.gid_index",
-    "API_KEY": "write the key to a file and set api.key_file",
-    "DSV41_LAUNCHER": "tp4 always runs the TP4 launcher's adapters",
-}
-
-# Engine flags the renderer already sets from typed fields: never in engine.extra_args.
-OWNED_FLAGS = {
-    "--model-path": "model", "--served-model-name": "model.served_name", "--tp": "engine.tp",
-    "--tp-size": "engine.tp", "--ep-size": "engine.ep", "--ep": "engine.ep",
-    "--attention-backend": "engine.attention_backend", "--moe-runner-backend": "engine.moe_runner_backend",
-    "--mem-fraction-static": "engine.mem_fraction_static", "--chunked-prefill-size": "engine.chunked_prefill_size",
-    "--context-length": "engine.context_length", "--max-running-requests": "engine.max_running_requests",
-    "--cuda-graph-max-bs-decode": "engine.max_running_requests", "--host": "engine.host",
-    "--port": "cluster.port", "--speculative-algorithm": "engine.spec_algo",
-    "--speculative-dspark-block-size": "engine.dspark_block_size", "--nnodes": "cluster.workers",
-    "--node-rank": "cluster.workers", "--dist-init-addr": "cluster.dist_port",
-    "--max-total-tokens": "engine.max_total_tokens", "--api-key": "api.key_file",
-}
+# Environment keys the renderer owns per rank (or reserves), and the engine flags it renders from
+# typed fields: never settable through [gates], [env] or engine.extra_args (the knob table).
+RANK_KEYS = knobs.RANK_KEYS
+OWNED_FLAGS = knobs.owned_flags()
 
 
 def validate(profile: Profile, registry: Registry | None = None) -> tuple[list[Problem], list[Problem]]:
