@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import click
@@ -193,7 +194,14 @@ def hash_cmd(manifest_file: str | None, path: str, fmt: str, store_name: str | N
     """The NAR hash of PATH, as `nix hash path` prints it (the hash a Nix fixed-output tree needs)."""
     from tp4.sources import nar
 
-    digest = nar.nar_sha256(path)
+    try:
+        digest = nar.nar_sha256(path)
+    except ValueError as exc:  # a FIFO, socket or device inside the tree
+        raise InvalidInput(f"cannot hash {path}: {exc}", ["fix: hash a tree of regular files, symlinks and directories only"]) from None
+    except OSError as exc:
+        where = os.fsdecode(exc.filename) if exc.filename is not None else path
+        raise InvalidInput(f"cannot hash {path}: {where}: {exc.strerror or exc}",
+                           ["fix: make every file and directory in the tree readable by this user"]) from None
     click.echo(nar.encode(digest, fmt))
     if store_name:
         try:
