@@ -28,7 +28,8 @@ SHT_GNU_VERNEED = 0x6FFFFFFE
 SHT_GNU_VERSYM = 0x6FFFFFFF
 VER_FLG_WEAK = 0x2
 
-_EHDR = struct.Struct("<16sHHIQQQIHHHHHH")
+# integers only (the header's e_ident is read as bytes apart), so unpack() gives ints
+_EHDR = struct.Struct("<16xHHIQQQIHHHHHH")
 _SHDR = struct.Struct("<IIQQQQIIQQ")
 _SYM = struct.Struct("<IBBHQQ")
 _VERNEED = struct.Struct("<HHIII")
@@ -69,7 +70,7 @@ class _Reader:
     def fail(self, why: str) -> InvalidInput:
         return InvalidInput(f"{self.path}: {why}")
 
-    def unpack(self, fmt: struct.Struct, offset: int) -> tuple:
+    def unpack(self, fmt: struct.Struct, offset: int) -> tuple[int, ...]:
         if offset < 0 or offset + fmt.size > len(self.data):
             raise self.fail(f"truncated or corrupt ELF file (a {fmt.size}-byte record at offset {offset} "
                             f"lies past its end, {len(self.data)} bytes)")
@@ -89,7 +90,7 @@ class _Reader:
         if ident[4] != 2 or ident[5] != 1:
             raise self.fail("not a 64-bit little-endian ELF file (the line's libraries are aarch64 ELF64)")
         header = self.unpack(_EHDR, 0)
-        shoff, shentsize, shnum = header[6], header[11], header[12]
+        shoff, shentsize, shnum = header[5], header[10], header[11]
         if shoff == 0:
             raise self.fail("has no section headers, so its symbol versions cannot be read; "
                             "do not strip the section headers (sstrip) of a library the line checks")

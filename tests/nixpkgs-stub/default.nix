@@ -173,6 +173,8 @@ let
     "pytest"
     "hypothesis"
     "ruff"
+    "mypy"
+    "types-requests"
   ] pkg;
 
   python3 = pkg "python3-3.13" // {

@@ -30,7 +30,10 @@ class LazyGroup(click.Group):
         if entry is None:
             return None
         module, attr, _ = entry
-        return getattr(importlib.import_module(module), attr)
+        command = getattr(importlib.import_module(module), attr)
+        if not isinstance(command, click.Command):  # SUBCOMMANDS names a function, not a command
+            raise TypeError(f"SUBCOMMANDS[{name!r}]: {module}.{attr} is not a click command")
+        return command
 
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         rows = [(name, SUBCOMMANDS[name][2]) for name in self.list_commands(ctx)]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from pathlib import Path
 
 import click
@@ -147,8 +148,8 @@ def fetch(manifest_file: str | None, name: str, to: str, inputs: tuple[str, ...]
         click.echo(line)
 
 
-def _describe_attrs(old: dict, new: dict) -> list[str]:
-    parts = []
+def _describe_attrs(old: Mapping[str, str], new: Mapping[str, str]) -> list[str]:
+    parts: list[str] = []
     for key in sorted(set(old) | set(new)):
         if old.get(key) != new.get(key):
             parts.append(f"{key}: {old.get(key, '(none)')} -> {new.get(key, '(none)')}")

@@ -4,7 +4,12 @@ arrays of scalars; the output is plain TOML that tomllib and Nix's builtins.from
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import TypeAlias, TypeGuard
+
+# What the writer takes: a table maps keys to scalars, arrays and tables; a key whose value is
+# None is left out (an unset optional field).
+TomlValue: TypeAlias = "str | int | float | bool | None | list[TomlValue] | dict[str, TomlValue]"
+TomlTable: TypeAlias = "dict[str, TomlValue]"
 
 _BARE = re.compile(r"[A-Za-z0-9_-]+")
 
@@ -35,7 +40,7 @@ def _string(s: str) -> str:
     return "".join(out)
 
 
-def _value(v: Any) -> str:
+def _value(v: TomlValue) -> str:
     if isinstance(v, bool):
         return "true" if v else "false"
     if isinstance(v, int):
@@ -49,11 +54,11 @@ def _value(v: Any) -> str:
     raise TypeError(f"cannot write {type(v).__name__} to TOML")
 
 
-def _is_table_array(v: Any) -> bool:
+def _is_table_array(v: TomlValue) -> TypeGuard[list[TomlTable]]:
     return isinstance(v, list) and bool(v) and all(isinstance(x, dict) for x in v)
 
 
-def _emit(doc: dict, path: list[str], out: list[str]) -> None:
+def _emit(doc: TomlTable, path: list[str], out: list[str]) -> None:
     for k, v in doc.items():
         if v is None or isinstance(v, dict) or _is_table_array(v):
             continue
@@ -71,7 +76,7 @@ def _emit(doc: dict, path: list[str], out: list[str]) -> None:
                 _emit(item, sub, out)
 
 
-def dumps(doc: dict) -> str:
+def dumps(doc: TomlTable) -> str:
     out: list[str] = []
     _emit(doc, [], out)
     text = "\n".join(out).lstrip("\n")

@@ -21,6 +21,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
+from typing import TypedDict
 
 from tp4.errors import InvalidInput, Tp4Error
 
@@ -53,6 +54,34 @@ ROW_ATTRS: dict[str, frozenset[str]] = {
 }
 TREE_ATTRS = frozenset({"from", "keep", "require", "add", "rename", "patches", "run", "drop", "stamp", "expect-patch"})
 INT_ATTRS = frozenset({"strip", "p", "fuzz"})
+
+
+class RowJson(TypedDict):
+    """A row in :meth:`Manifest.to_json` (and in ``pkgs/sources.nix``'s ``rows``)."""
+
+    component: str
+    commit: str
+    sha256: str
+    url: str
+    attrs: dict[str, str]
+    name: str
+    kind: str
+    locked: bool
+    line: int
+
+
+class TreeJson(TypedDict):
+    """A tree in :meth:`Manifest.to_json` (and in ``pkgs/sources.nix``'s ``trees``)."""
+
+    name: str
+    attrs: dict[str, str]
+    line: int
+    inputs: list[str]
+
+
+class ManifestJson(TypedDict):
+    rows: list[RowJson]
+    trees: list[TreeJson]
 
 
 @dataclass(frozen=True)
@@ -239,7 +268,7 @@ class Manifest:
                 wanted.add(source)
         return [row for row in self.rows if row.name in wanted]
 
-    def to_json(self) -> dict:
+    def to_json(self) -> ManifestJson:
         """The parse as plain data: what ``pkgs/sources.nix`` yields as ``rows`` and ``trees``."""
         return {
             "rows": [

@@ -12,6 +12,7 @@ import hashlib
 import os
 import stat
 from pathlib import Path
+from typing import Protocol
 
 # Nix's base32 alphabet: no e, o, u, t (avoids words); digits are read in reverse bit order.
 NIX32_ALPHABET = "0123456789abcdfghijklmnpqrsvwxyz"
@@ -37,12 +38,18 @@ _ENTRY = _str(b"entry") + _OPEN + _str(b"name")
 _NODE = _str(b"node")
 
 
+class Hasher(Protocol):
+    """What the NAR is fed into: a hashlib object, or anything else with ``update``."""
+
+    def update(self, data: bytes | memoryview, /) -> None: ...
+
+
 class _Sink:
     """Feeds a hash with small NAR tokens batched together and file contents in big chunks."""
 
     __slots__ = ("h", "buf", "buffer", "view")
 
-    def __init__(self, h) -> None:
+    def __init__(self, h: Hasher) -> None:
         self.h = h
         self.buf: list[bytes] = []
         self.buffer = bytearray(_CHUNK)
@@ -99,7 +106,7 @@ def _dump(sink: _Sink, path: bytes, st: os.stat_result) -> None:
         raise ValueError(f"{os.fsdecode(path)}: not a regular file, symlink or directory; NAR cannot hold it")
 
 
-def nar_dump(path: str | os.PathLike[str], h) -> None:
+def nar_dump(path: str | os.PathLike[str], h: Hasher) -> None:
     """Feed the NAR serialisation of ``path`` into ``h`` (anything with ``update(bytes)``)."""
     raw = os.fsencode(path)
     sink = _Sink(h)
@@ -115,7 +122,7 @@ def nar_bytes(path: str | os.PathLike[str]) -> bytes:
         def __init__(self) -> None:
             self.parts: list[bytes] = []
 
-        def update(self, data) -> None:
+        def update(self, data: bytes | memoryview, /) -> None:
             self.parts.append(bytes(data))
 
     c = _Collect()

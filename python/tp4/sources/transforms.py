@@ -30,7 +30,7 @@ import shutil
 import stat
 import tarfile
 import tempfile
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
 from tp4 import process
@@ -294,7 +294,8 @@ def _place_source(row: Row, path: Path, work: Path) -> None:
                  executable=row.attrs.get("mode") == "755")
 
 
-def build_tree(manifest: Manifest, tree: Tree, inputs: Mapping[str, Path], work: Path, *, log=None) -> dict[str, str]:
+def build_tree(manifest: Manifest, tree: Tree, inputs: Mapping[str, Path], work: Path, *,
+               log: Callable[[str], None] | None = None) -> dict[str, str]:
     """Run a tree's steps in ``work`` (an empty directory); ``inputs`` maps row names to checked
     files. Returns the stamps written (SOURCE_COMMIT/SOURCE_PATCH)."""
     say = log or (lambda _msg: None)
@@ -319,9 +320,9 @@ def build_tree(manifest: Manifest, tree: Tree, inputs: Mapping[str, Path], work:
     stamps: dict[str, str] = {}
     stamp_dir = tree.attrs.get("stamp")
     if stamp_dir:
-        target = _inside(work, stamp_dir)
-        target.mkdir(parents=True, exist_ok=True)
-        (target / "SOURCE_COMMIT").write_text(source.commit + "\n")
+        stamp_at = _inside(work, stamp_dir)
+        stamp_at.mkdir(parents=True, exist_ok=True)
+        (stamp_at / "SOURCE_COMMIT").write_text(source.commit + "\n")
         stamps["SOURCE_COMMIT"] = source.commit
     patch_bytes = []
     for name in tree.patches:
