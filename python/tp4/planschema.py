@@ -99,7 +99,8 @@ def _type_words(tp: object) -> str:
         return "null"
     if isinstance(tp, type) and dataclasses.is_dataclass(tp):
         return f"[{tp.__name__}](#{tp.__name__.lower()})"
-    return {str: "string", int: "integer", bool: "boolean"}.get(tp, str(tp))  # type: ignore[call-overload]
+    names: dict[object, str] = {str: "string", int: "integer", bool: "boolean"}
+    return names.get(tp, str(tp))
 
 
 def _ranks(k: Knob) -> str:
