@@ -13,23 +13,12 @@ from pathlib import Path
 from typing import Any
 
 from tp4.errors import InvalidInput
+from tp4.profile.problem import Problem
 from tp4.registry import DATA
 from tp4.userfiles import read_input
 
 PRESETS = DATA / "presets"
 DEFAULT_PROFILE = DATA / "default-profile.toml"
-
-
-@dataclass(frozen=True)
-class Problem:
-    """One thing wrong with a profile: the field, what is wrong, and how to fix it."""
-
-    field: str
-    reason: str
-    fix: str = ""
-
-    def __str__(self) -> str:
-        return f"{self.field}: {self.reason}" + (f"; fix: {self.fix}" if self.fix else "")
 
 
 @dataclass

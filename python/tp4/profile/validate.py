@@ -4,7 +4,7 @@ collected so the user sees them at once."""
 
 from __future__ import annotations
 
-from tp4.profile.load import Problem
+from tp4.profile.problem import Problem
 from tp4.profile.models import Profile
 from tp4.registry import Registry, condition_holds, describe_condition, fill_line, load_registry
 
