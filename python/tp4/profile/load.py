@@ -7,6 +7,7 @@ the one it `extends`) is merged bottom-up, tables key by key, arrays and values 
 from __future__ import annotations
 
 import difflib
+import re
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -95,8 +96,20 @@ def _loc(loc: tuple) -> str:
         if isinstance(part, int):
             out += f"[{part}]"
         else:
-            out += ("." if out else "") + str(part)
+            # a table key as TOML writes it: bare when it can be, quoted otherwise (env."A=B")
+            out += ("." if out else "") + toml_key(str(part))
     return out or "profile"
+
+
+_BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
+
+
+def toml_key(key: str) -> str:
+    """A table key as TOML writes it: bare when it can be, else quoted with escapes (env."A=B")."""
+    if _BARE_KEY.fullmatch(key):
+        return key
+    escaped = "".join(f"\\{c}" if c in '"\\' else f"\\u{ord(c):04X}" if not c.isprintable() else c for c in key)
+    return f'"{escaped}"'
 
 
 def _pydantic_problems(exc: Any, doc: dict) -> list[Problem]:
@@ -127,18 +140,35 @@ def _pydantic_problems(exc: Any, doc: dict) -> list[Problem]:
             problems.append(Problem(where, f"{_shown(err['input'])} is not allowed", f"use {err['ctx']['expected']}"))
         elif err["msg"].startswith("Input should be "):
             kind = _TOML_KINDS.get(err["type"], err["msg"][len("Input should be "):])
-            problems.append(Problem(where, f"got {_shown(err['input'])}; must be {kind}", ""))
+            problems.append(Problem(where, f"got {_shown(err['input'])}; must be {kind}", _kind_fix(err["type"], err["input"])))
         else:
             msg = err["msg"]
             if msg.startswith("Value error, "):
                 msg = msg[len("Value error, "):]
-            problems.append(Problem(where, msg, ""))
+            reason, _, fix = msg.partition("; fix: ")
+            problems.append(Problem(where, reason, fix))
     return problems
 
 
 _TOML_KINDS = {"model_type": "a table", "dict_type": "a table", "model_attributes_type": "a table",
                "list_type": "an array", "string_type": "a string", "int_type": "a whole number",
                "bool_type": "true or false", "float_type": "a number"}
+
+
+def _kind_fix(kind: str, value: Any) -> str:
+    """How to write a value of the right TOML kind, from what was written."""
+    if kind == "string_type":
+        text = str(value).lower() if isinstance(value, bool) else str(value) if isinstance(value, int | float) else "..."
+        return f'write it in quotes, e.g. "{text}"'
+    if kind in ("int_type", "float_type"):
+        return "write the number without quotes, e.g. 4"
+    if kind == "bool_type":
+        return "write true or false, without quotes"
+    if kind == "list_type":
+        return 'write an array, e.g. ["a", "b"]'
+    if kind in ("model_type", "dict_type", "model_attributes_type"):
+        return "write it as a [table] with its fields, not a single value"
+    return "see `tp4 profile reference` for the field"
 
 
 def _shown(value: Any) -> str:
@@ -182,14 +212,14 @@ def parse_document(doc: dict, source: str) -> Loaded:
     from pydantic import ValidationError
 
     from tp4.profile.models import Profile
-    from tp4.profile.validate import validate
 
     merged = merged_document(doc)
     problems: list[Problem] = []
+    bad: list[tuple] = []  # where the bad values are; each is reported once, then left out
     candidate = merged
     profile = None
     # Field errors first; then, so that every problem shows at once, the rules between fields on
-    # the document with the bad fields dropped (their defaults stand in).
+    # the document without the bad values.
     for _ in range(5):
         try:
             profile = Profile.model_validate(candidate)
@@ -198,20 +228,61 @@ def parse_document(doc: dict, source: str) -> Loaded:
             # a dropped bad field may come back as "is required": it is reported once, as bad
             reported = {p.field for p in problems}
             problems += [p for p in _pydantic_problems(exc, candidate) if p.field not in reported]
-            pruned = _drop(candidate, [e["loc"] for e in exc.errors()])
+            locs = [_clean_loc(e["loc"]) for e in exc.errors()]
+            pruned = _drop(candidate, locs)
             if pruned is None:
                 break
+            bad += locs
             candidate = pruned
     warnings: list[Problem] = []
     if profile is not None:
-        own = doc.get("gates")
-        profile._own_gates = frozenset(own) if isinstance(own, dict) else frozenset()
-        errors, warnings = validate(profile)
+        own = _drop(doc, bad) or doc
+        errors, warnings = _checked(profile, own)
+        if bad:
+            # A rule that fails only because a bad value is missing is not a problem of its own:
+            # keep what fails both with the model's defaults (above) and with the presets' values
+            # standing in for the bad ones.
+            try:
+                stand_in = Profile.model_validate(merged_document(own))
+            except (ValidationError, InvalidInput):
+                stand_in = None
+            if stand_in is not None:
+                other_errors, other_warnings = _checked(stand_in, own)
+                errors = [e for e in errors if e in other_errors]
+                warnings = [w for w in warnings if w in other_warnings]
+            # and what names a bad field (`equals cluster.port (8888)`) read its stand-in
+            names = {_loc(loc) for loc in bad} | {str(loc[-1]) for loc in bad if len(loc) == 2 and loc[0] in ("gates", "env")}
+            errors = [e for e in errors if not any(_names(str(e), n) for n in names)]
+            warnings = [w for w in warnings if not any(_names(str(w), n) for n in names)]
         seen = {p.field for p in problems}
         problems += [e for e in errors if e.field not in seen]
+        warnings = [w for w in warnings if w.field not in seen]
     if problems:
         raise InvalidInput(f"{source}: {len(problems)} problem(s)", [str(p) for p in problems])
     return Loaded(profile, source, [str(w) for w in warnings])
+
+
+def _names(text: str, name: str) -> bool:
+    """Whether text names the field or variable `name` (a whole word: engine.ep, not engine.epsilon)."""
+    return re.search(rf"(?<![\w.]){re.escape(name)}(?![\w])", text) is not None
+
+
+def _checked(profile: Any, doc: dict) -> tuple[list[Problem], list[Problem]]:
+    """The rules between fields, and the files the profile names on this machine."""
+    from tp4.profile.validate import local_file_warnings, validate
+
+    own = doc.get("gates")
+    profile._own_gates = frozenset(own) if isinstance(own, dict) else frozenset()
+    errors, warnings = validate(profile)
+    return errors, warnings + local_file_warnings(profile)
+
+
+def strict(loaded: Loaded) -> Loaded:
+    """`--strict`: the profile's warnings are errors (exit 2)."""
+    if loaded.warnings:
+        raise InvalidInput(f"{loaded.source}: {len(loaded.warnings)} warning(s), errors under --strict; "
+                           "fix: address each, or drop --strict", loaded.warnings)
+    return loaded
 
 
 def _drop(doc: dict, locs: list[tuple]) -> dict | None:
@@ -239,8 +310,10 @@ def load_text(text: str, source: str) -> Loaded:
     return parse_document(_read_toml(text, source), source)
 
 
-def load_file(path: str | Path) -> Loaded:
-    text = read_input(path, "profile", "pass an existing file, or omit --profile to use the embedded default")
+def load_file(path: str | Path, missing_fix: str = "pass an existing profile file") -> Loaded:
+    """The profile in a file the user named; `missing_fix` says what to do when it is not one (the
+    command's own words: `tp4 plan` can fall back to its default, `profile check` cannot)."""
+    text = read_input(path, "profile", missing_fix)
     return load_text(text, str(path))
 
 
