@@ -68,7 +68,7 @@ def _human(plan, rank: int | None) -> str:
 
 
 @click.command()
-@click.option("--profile", "-p", "profile_path", type=click.Path(dir_okay=False), help="Profile TOML; default: the embedded production profile on the example cluster.")
+@click.option("--profile", "-p", "profile_path", type=click.Path(), help="Profile TOML; default: the embedded production profile on the example cluster.")
 @click.option("--rank", type=int, default=None, help="Show only this rank.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable plan (schema tp4.plan/1.1, see docs/plan-schema.md).")
 @strict_option

@@ -11,7 +11,7 @@ def profile() -> None:
 
 
 @profile.command()
-@click.argument("file", type=click.Path(dir_okay=False))
+@click.argument("file", type=click.Path())  # tp4.userfiles says what a path that is not a file is
 @click.option("--strict", is_flag=True, help="Treat warnings (performance caveats) as errors (exit 2).")
 def check(file: str, strict: bool) -> None:
     """Validate FILE; every problem is listed with the field and the fix (exit code 2). Warnings
