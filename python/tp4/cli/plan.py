@@ -11,6 +11,7 @@ import click
 from tp4.errors import InvalidInput
 
 if TYPE_CHECKING:
+    from tp4.plan import Plan
     from tp4.profile.load import Loaded
 
 
@@ -31,7 +32,7 @@ def load_profile(path: str | None, strict: bool = False) -> Loaded:
     return loaded
 
 
-def _human(plan, rank: int | None) -> str:
+def _human(plan: Plan, rank: int | None) -> str:
     out = [
         f"line: {plan.line['nnodes']} nodes, TP {plan.line['tp']}, EP {plan.line['ep']}, {plan.line['fabric']} fabric, preset {plan.preset} ({plan.source})",
         f"image: {plan.image['tag']} ({plan.image['variant']}; base {plan.image['base']})",

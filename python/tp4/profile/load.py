@@ -11,12 +11,21 @@ import re
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tp4.errors import InvalidInput
 from tp4.profile.problem import Problem
 from tp4.registry import DATA
 from tp4.userfiles import read_input
+
+if TYPE_CHECKING:
+    from pydantic import BaseModel, ValidationError
+
+    from tp4.profile.models import Profile
+
+# a TOML document as tomllib gives it, and a place in one (keys and array indices)
+Doc = dict[str, Any]
+Loc = tuple[str | int, ...]
 
 PRESETS = DATA / "presets"
 DEFAULT_PROFILE = DATA / "default-profile.toml"
@@ -24,7 +33,7 @@ DEFAULT_PROFILE = DATA / "default-profile.toml"
 
 @dataclass
 class Loaded:
-    profile: Any  # tp4.profile.models.Profile (imported lazily)
+    profile: Profile  # imported lazily: models are built only when a profile is loaded
     source: str
     warnings: list[str] = field(default_factory=list)
 
@@ -33,16 +42,16 @@ def preset_names() -> list[str]:
     return sorted(p.stem for p in PRESETS.glob("*.toml"))
 
 
-def _read_toml(text: str, where: str) -> dict:
+def _read_toml(text: str, where: str) -> Doc:
     try:
         return tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise InvalidInput(f"{where} is not valid TOML: {exc}") from exc
 
 
-def preset_layers(name: str) -> list[tuple[str, dict]]:
+def preset_layers(name: str) -> list[tuple[str, Doc]]:
     """The chain of preset layers from the bottom up, ending with `name`."""
-    chain: list[tuple[str, dict]] = []
+    chain: list[tuple[str, Doc]] = []
     seen: set[str] = set()
     current: str | None = name
     while current is not None:
@@ -62,7 +71,7 @@ def preset_layers(name: str) -> list[tuple[str, dict]]:
     return list(reversed(chain))
 
 
-def merge(base: dict, top: dict) -> dict:
+def merge(base: Doc, top: Doc) -> Doc:
     out = dict(base)
     for key, value in top.items():
         if isinstance(value, dict) and isinstance(out.get(key), dict):
@@ -72,12 +81,12 @@ def merge(base: dict, top: dict) -> dict:
     return out
 
 
-def merged_document(doc: dict) -> dict:
+def merged_document(doc: Doc) -> Doc:
     """The profile document stacked on its preset chain (before model parsing)."""
     preset = doc.get("preset", "production")
     if not isinstance(preset, str):
         raise InvalidInput("preset: must be a string naming a preset", [f"preset: one of {', '.join(preset_names())}"])
-    result: dict = {}
+    result: Doc = {}
     for _, layer in preset_layers(preset):
         result = merge(result, layer)
     result = merge(result, doc)
@@ -85,12 +94,12 @@ def merged_document(doc: dict) -> dict:
     return result
 
 
-def _clean_loc(loc: tuple) -> tuple:
+def _clean_loc(loc: Loc) -> Loc:
     """A pydantic error location without its internal parts (validator names, "[key]" of a dict key)."""
     return tuple(p for p in loc if not (isinstance(p, str) and (p.startswith("function-") or p == "[key]")))
 
 
-def _loc(loc: tuple) -> str:
+def _loc(loc: Loc) -> str:
     out = ""
     for part in _clean_loc(loc):
         if isinstance(part, int):
@@ -112,7 +121,7 @@ def toml_key(key: str) -> str:
     return f'"{escaped}"'
 
 
-def _pydantic_problems(exc: Any, doc: dict) -> list[Problem]:
+def _pydantic_problems(exc: ValidationError, doc: Doc) -> list[Problem]:
     from tp4.profile import models
 
     problems = []
@@ -184,16 +193,16 @@ _BOUNDS = {"less_than_equal": ("above the maximum", "at most", "le"),
            "greater_than_equal": ("below the minimum", "at least", "ge")}
 
 
-def _known_fields(model: Any, loc: tuple) -> list[str]:
+def _known_fields(model: type[BaseModel], loc: Loc) -> list[str]:
     from typing import get_args
 
     from pydantic import BaseModel
 
-    current = model
+    current: type[BaseModel] | None = model
     for part in loc:
         if isinstance(part, int):
             continue
-        info = current.model_fields.get(part) if isinstance(current, type) and issubclass(current, BaseModel) else None
+        info = current.model_fields.get(part) if current is not None else None
         if info is None:
             return []
         ann = info.annotation
@@ -206,7 +215,7 @@ def _known_fields(model: Any, loc: tuple) -> list[str]:
     return list(current.model_fields) if current is not None else []
 
 
-def parse_document(doc: dict, source: str) -> Loaded:
+def parse_document(doc: Doc, source: str) -> Loaded:
     """Merge a profile document with its presets, parse and validate it. Raises InvalidInput
     listing every problem at once."""
     from pydantic import ValidationError
@@ -215,7 +224,7 @@ def parse_document(doc: dict, source: str) -> Loaded:
 
     merged = merged_document(doc)
     problems: list[Problem] = []
-    bad: list[tuple] = []  # where the bad values are; each is reported once, then left out
+    bad: list[Loc] = []  # where the bad values are; each is reported once, then left out
     candidate = merged
     profile = None
     # Field errors first; then, so that every problem shows at once, the rules between fields on
@@ -267,7 +276,7 @@ def _names(text: str, name: str) -> bool:
     return re.search(rf"(?<![\w.]){re.escape(name)}(?![\w])", text) is not None
 
 
-def _checked(profile: Any, doc: dict) -> tuple[list[Problem], list[Problem]]:
+def _checked(profile: Profile, doc: Doc) -> tuple[list[Problem], list[Problem]]:
     """The rules between fields, and the files the profile names on this machine."""
     from tp4.profile.validate import local_file_warnings, validate
 
@@ -285,7 +294,7 @@ def strict(loaded: Loaded) -> Loaded:
     return loaded
 
 
-def _drop(doc: dict, locs: list[tuple]) -> dict | None:
+def _drop(doc: Doc, locs: list[Loc]) -> Doc | None:
     """A copy of doc without the values at locs, or None when nothing could be dropped."""
     import copy
 
