@@ -150,3 +150,13 @@ def test_profile_check_of_a_missing_file_suggests_only_what_it_has(tp4_cli, tmp_
     assert "--profile" not in err and "fix: name an existing profile file" in err
     code, _, err = tp4_cli("plan", "--profile", tmp_path / "nope.toml")
     assert code == 2 and "omit --profile" in err
+
+
+def test_import_of_an_upstream_profile_with_only_warnings_succeeds_and_reports_them(tp4_cli, tmp_path, repo):
+    env = tmp_path / ".env.tp4"
+    env.write_text((repo / "tests/fixtures/env.tp4.production").read_text().replace(" --min-free-slots-delay 1", ""))
+    code, out, err = tp4_cli("profile", "import", env, "-o", tmp_path / "p.toml")
+    assert code == 0 and out.startswith("wrote "), err
+    assert "engine.extra_args: max_running_requests = 16 without --min-free-slots-delay 1" in err
+    code, _, err = tp4_cli("profile", "check", "--strict", tmp_path / "p.toml")
+    assert code == 2 and "errors under --strict" in err
