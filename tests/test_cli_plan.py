@@ -160,3 +160,16 @@ def test_import_of_an_upstream_profile_with_only_warnings_succeeds_and_reports_t
     assert "engine.extra_args: max_running_requests = 16 without --min-free-slots-delay 1" in err
     code, _, err = tp4_cli("profile", "check", "--strict", tmp_path / "p.toml")
     assert code == 2 and "errors under --strict" in err
+
+
+def test_distribute_strict_refuses_a_profile_with_warnings(tmp_path, repo, capsys):
+    """`tp4 distribute --strict` reads its workers from the profile the same way (tp4 build reads none)."""
+    from tp4.cli.build import _nodes
+    from tp4.errors import InvalidInput
+
+    prof = _slots_profile(tmp_path, repo)
+    assert [n.host for n in _nodes((), str(prof), None, None, None, ())] == ["spark2", "spark3", "spark4"]
+    assert WARNING in capsys.readouterr().err
+    with pytest.raises(InvalidInput) as exc:
+        _nodes((), str(prof), None, None, None, (), strict=True)
+    assert "errors under --strict" in str(exc.value)
