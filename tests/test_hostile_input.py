@@ -373,6 +373,8 @@ def test_any_value_in_any_field_is_accepted_or_refused_in_plain_words(path, valu
         assert exc.problems
         for p in exc.problems:
             assert not any(m in p for m in INTERNAL), p
+            # each problem says how to fix it in words
+            assert "; fix: " in p, p
 
 
 @pytest.mark.parametrize("name", ["", "../registry", "presets/production", "production.toml", "/etc/passwd"])

@@ -85,7 +85,8 @@ def merged_document(doc: Doc) -> Doc:
     """The profile document stacked on its preset chain (before model parsing)."""
     preset = doc.get("preset", "production")
     if not isinstance(preset, str):
-        raise InvalidInput("preset: must be a string naming a preset", [f"preset: one of {', '.join(preset_names())}"])
+        raise InvalidInput("the profile names no preset tp4 has",
+                           [f"preset: got {_shown(preset)}; must be a string naming a preset; fix: use one of {', '.join(preset_names())}"])
     result: Doc = {}
     for _, layer in preset_layers(preset):
         result = merge(result, layer)
@@ -141,6 +142,9 @@ def _pydantic_problems(exc: ValidationError, doc: Doc) -> list[Problem]:
         elif err["type"] == "too_long":
             most = err["ctx"]["max_length"]
             problems.append(Problem(where, f"has {err['ctx']['actual_length']} items, more than {most}", f"list at most {most}"))
+        elif err["type"] == "too_short":
+            least = err["ctx"]["min_length"]
+            problems.append(Problem(where, f"has {err['ctx']['actual_length']} items, fewer than {least}", f"list at least {least}"))
         elif err["type"] in _BOUNDS and isinstance(err["input"], int | float):
             reason, fix, key = _BOUNDS[err["type"]]
             bound = err["ctx"][key]
@@ -155,7 +159,7 @@ def _pydantic_problems(exc: ValidationError, doc: Doc) -> list[Problem]:
             if msg.startswith("Value error, "):
                 msg = msg[len("Value error, "):]
             reason, _, fix = msg.partition("; fix: ")
-            problems.append(Problem(where, reason, fix))
+            problems.append(Problem(where, reason, fix or "see `tp4 profile reference` for what this field takes"))
     return problems
 
 
