@@ -249,7 +249,8 @@ def parse_document(doc: Doc, source: str) -> Loaded:
             candidate = pruned
     warnings: list[Problem] = []
     if profile is not None:
-        own = _drop(doc, bad) or doc
+        without_bad = _drop(doc, bad)
+        own = doc if without_bad is None else without_bad
         errors, warnings = _checked(profile, own)
         if bad:
             # A rule that fails only because a bad value is missing is not a problem of its own:
