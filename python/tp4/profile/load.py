@@ -273,6 +273,7 @@ def parse_document(doc: Doc, source: str) -> Loaded:
         warnings = [w for w in warnings if w.field not in seen]
     if problems:
         raise InvalidInput(f"{source}: {len(problems)} problem(s)", [str(p) for p in problems])
+    assert profile is not None  # no profile only after a field error, and every field error is a problem
     return Loaded(profile, source, [str(w) for w in warnings])
 
 
