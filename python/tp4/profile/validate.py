@@ -10,8 +10,8 @@ that is merely without effect is neither."""
 
 from __future__ import annotations
 
-from tp4.profile.problem import Problem
 from tp4.profile.models import Profile
+from tp4.profile.problem import Problem
 from tp4.registry import Registry, condition_holds, describe_condition, fill_line, load_registry
 
 CONTEXT_MIN, CONTEXT_MAX = 4096, 1048576
