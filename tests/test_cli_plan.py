@@ -103,3 +103,73 @@ def test_help_lists_commands(tp4_cli):
     assert code == 0
     for name in ("plan", "profile", "sources", "build", "distribute"):
         assert name in out
+
+
+def _slots_profile(tmp_path, repo):
+    """The default profile with 16 slots and no --min-free-slots-delay: valid, with one warning."""
+    text = (repo / "python/tp4/data/default-profile.toml").read_text()
+    prof = tmp_path / "slots.toml"
+    prof.write_text(text + '\n[engine]\nmax_running_requests = 16\nextra_args = ["--watchdog-timeout", "1800"]\n')
+    return prof
+
+
+WARNING = "warning: engine.extra_args: max_running_requests = 16 without --min-free-slots-delay 1"
+
+
+@pytest.mark.parametrize("command", [["plan", "--profile"], ["plan", "--json", "--profile"], ["profile", "check"]])
+def test_a_warning_prints_on_stderr_and_does_not_block(tp4_cli, tmp_path, repo, command):
+    code, out, err = tp4_cli(*command, _slots_profile(tmp_path, repo))
+    assert code == 0, err
+    assert [line for line in err.splitlines() if line.startswith("warning:")] == [
+        WARNING + ": DSpark's admission delayer holds 2-3 slots free; fix: add \"--min-free-slots-delay\", \"1\" to "
+        "engine.extra_args, or lower engine.max_running_requests below 8"]
+    assert "warning:" not in out
+    if "--json" in command:
+        assert json.loads(out)["warnings"] == [err.strip().removeprefix("warning: ")]
+
+
+@pytest.mark.parametrize("command", [["plan", "--strict", "--profile"], ["profile", "check", "--strict"]])
+def test_strict_makes_warnings_errors(tp4_cli, tmp_path, repo, command):
+    code, out, err = tp4_cli(*command, _slots_profile(tmp_path, repo))
+    assert code == 2 and out == ""
+    assert err.startswith("error: ") and "1 warning(s), errors under --strict" in err
+    assert "  - engine.extra_args: max_running_requests = 16" in err
+
+
+@pytest.mark.parametrize("command", [["plan", "--strict"], ["profile", "check", "--strict"]])
+def test_strict_passes_a_profile_without_warnings(tp4_cli, repo, command):
+    if command[0] == "profile":
+        command = [*command, str(repo / "python/tp4/data/default-profile.toml")]
+    code, _, err = tp4_cli(*command)
+    assert code == 0 and err == ""
+
+
+def test_profile_check_of_a_missing_file_suggests_only_what_it_has(tp4_cli, tmp_path):
+    code, _, err = tp4_cli("profile", "check", tmp_path / "nope.toml")
+    assert code == 2 and "does not exist" in err
+    assert "--profile" not in err and "fix: name an existing profile file" in err
+    code, _, err = tp4_cli("plan", "--profile", tmp_path / "nope.toml")
+    assert code == 2 and "omit --profile" in err
+
+
+def test_import_of_an_upstream_profile_with_only_warnings_succeeds_and_reports_them(tp4_cli, tmp_path, repo):
+    env = tmp_path / ".env.tp4"
+    env.write_text((repo / "tests/fixtures/env.tp4.production").read_text().replace(" --min-free-slots-delay 1", ""))
+    code, out, err = tp4_cli("profile", "import", env, "-o", tmp_path / "p.toml")
+    assert code == 0 and out.startswith("wrote "), err
+    assert "engine.extra_args: max_running_requests = 16 without --min-free-slots-delay 1" in err
+    code, _, err = tp4_cli("profile", "check", "--strict", tmp_path / "p.toml")
+    assert code == 2 and "errors under --strict" in err
+
+
+def test_distribute_strict_refuses_a_profile_with_warnings(tmp_path, repo, capsys):
+    """`tp4 distribute --strict` reads its workers from the profile the same way (tp4 build reads none)."""
+    from tp4.cli.build import _nodes
+    from tp4.errors import InvalidInput
+
+    prof = _slots_profile(tmp_path, repo)
+    assert [n.host for n in _nodes((), str(prof), None, None, None, ())] == ["spark2", "spark3", "spark4"]
+    assert WARNING in capsys.readouterr().err
+    with pytest.raises(InvalidInput) as exc:
+        _nodes((), str(prof), None, None, None, (), strict=True)
+    assert "errors under --strict" in str(exc.value)

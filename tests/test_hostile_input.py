@@ -18,7 +18,7 @@ from pydantic import BaseModel
 
 from tp4.errors import InvalidInput
 from tp4.profile import models
-from tp4.profile.load import parse_document
+from tp4.profile.load import parse_document, toml_key
 from tp4.profile.toml import dumps
 
 pytestmark = pytest.mark.unit
@@ -142,7 +142,9 @@ def test_the_cluster_defaults_still_accept_ordinary_values():
 @pytest.mark.parametrize("table", ["env", "gates"])
 def test_a_bad_environment_name_is_refused_naming_it(table, key):
     found = problems(doc(**{table: {key: "1"}}))
-    assert any(p.startswith(f"{table}.{key}:") and "environment variable name" in p and "fix:" in p for p in found), found
+    # the key as TOML writes it: quoted unless bare (env."A=B", env."")
+    assert found == [f"{table}.{toml_key(key)}: {key[:60]!r} is not an environment variable name; fix: use letters, "
+                     "digits and '_', not starting with a digit (e.g. MY_FLAG)"], found
 
 
 SECRET_NAMES = ["HF_TOKEN", "OPENAI_API_KEY", "MY_PASSWORD", "AWS_SECRET_ACCESS_KEY", "GITHUB_TOKEN", "DB_PASSWD",
@@ -371,6 +373,8 @@ def test_any_value_in_any_field_is_accepted_or_refused_in_plain_words(path, valu
         assert exc.problems
         for p in exc.problems:
             assert not any(m in p for m in INTERNAL), p
+            # each problem says how to fix it in words
+            assert "; fix: " in p, p
 
 
 @pytest.mark.parametrize("name", ["", "../registry", "presets/production", "production.toml", "/etc/passwd"])

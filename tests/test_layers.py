@@ -24,6 +24,9 @@ FORBIDDEN = {
     "tp4.containers": ("tp4.cli", "tp4.build", "tp4.distribute", "tp4.profile", "tp4.plan"),
     "tp4.nix": ("tp4.cli", "tp4.build", "tp4.distribute", "tp4.profile", "tp4.plan"),
     "tp4.sources": ("tp4.cli", "tp4.build", "tp4.distribute", "tp4.containers", "tp4.profile", "tp4.plan"),
+    # the profile's rules (validate) and its loader (load) share Problem from its own module
+    "tp4.profile.problem": ("tp4.",),
+    "tp4.profile.validate": ("tp4.profile.load",),
     "tp4.profile": ("tp4.cli", "tp4.build", "tp4.distribute", "tp4.containers", "tp4.nix", "tp4.process"),
     "tp4.plan": ("tp4.cli", "tp4.build", "tp4.distribute", "tp4.containers", "tp4.nix", "tp4.process"),
     "tp4.registry": ("tp4.cli", "tp4.build", "tp4.distribute", "tp4.containers", "tp4.nix", "tp4.process"),

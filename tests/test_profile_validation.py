@@ -1,4 +1,6 @@
-"""Every rule of upstream-line.md §1.7 and §2.3 rejects its invalid combination, naming the field."""
+"""Every rule between profile fields (upstream's `files/nccl.sh` config check and the constraints
+of `.env.tp4.example`, docs/upstream.md) rejects its invalid combination, naming the field; a
+measured performance caveat is a warning, which never blocks."""
 
 from __future__ import annotations
 
@@ -7,7 +9,7 @@ import copy
 import pytest
 
 from tp4.errors import InvalidInput
-from tp4.profile.load import parse_document
+from tp4.profile.load import parse_document, strict
 
 pytestmark = pytest.mark.unit
 
@@ -57,8 +59,8 @@ CASES = [
     ("production without b12x_next", doc(gates={"DSV41_MOE_B12X_NEXT": "0"}), "engine.ep", "576"),
     # chunk 4096 needs the chunked indexer
     ("chunk 4096 without the chunked indexer", doc(gates={"DSV41_INDEXER_CHUNKED": "0", "SPARK_PREFILL_TP_SPLIT": "0"}), "engine.chunked_prefill_size", "DSV41_INDEXER_CHUNKED"),
-    # >= 8 running requests need --min-free-slots-delay 1
-    ("16 slots without --min-free-slots-delay", doc(engine={"extra_args": ["--watchdog-timeout", "1800"]}), "engine.extra_args", "--min-free-slots-delay"),
+    # the SPS table kills the first mixed batch: harm, so an error
+    ("SPS table", doc(engine={"use_sps_table": True}), "engine.use_sps_table", "false"),
     # gate dependencies
     ("draft tau without folded sampling 2", doc(gates={"SGLANG_DSPARK_FOLDED_SAMPLING": "1"}), "gates.DSV41_DRAFT_TAU", "SGLANG_DSPARK_FOLDED_SAMPLING"),
     # gates the profile sets itself (the production preset's own dependents are dropped instead: test_rollback.py)
@@ -130,6 +132,135 @@ def test_the_chunk_size_message_names_the_size(size):
     assert len(matching) == 1, found
     assert f"a {size}-row chunk without the chunked indexer" in matching[0]
     assert 'fix: set gates.DSV41_INDEXER_CHUNKED = "1", or engine.chunked_prefill_size = 1024' in matching[0]
+
+
+# --- two levels: an error cannot boot or does harm; a warning is a measured performance caveat ---
+
+SLOTS_WARNING = ("engine.extra_args: max_running_requests = 16 without --min-free-slots-delay 1: DSpark's admission delayer "
+                 'holds 2-3 slots free; fix: add "--min-free-slots-delay", "1" to engine.extra_args, or lower '
+                 "engine.max_running_requests below 8")
+
+
+def test_slots_without_the_free_slots_delay_is_a_warning_not_an_error():
+    loaded = parse_document(doc(engine={"extra_args": ["--watchdog-timeout", "1800"]}), "t.toml")
+    assert loaded.profile.engine.max_running_requests == 16
+    assert loaded.warnings == [SLOTS_WARNING]
+    with pytest.raises(InvalidInput) as exc:
+        strict(loaded)
+    assert exc.value.exit_code == 2 and exc.value.problems == [SLOTS_WARNING]
+    assert "--strict" in str(exc.value)
+
+
+def test_with_the_delay_there_is_no_warning_and_strict_passes():
+    loaded = parse_document(doc(), "t.toml")
+    assert loaded.warnings == [] and strict(loaded) is loaded
+
+
+@pytest.mark.parametrize("engine", [{"max_running_requests": 7, "extra_args": []},
+                                    {"extra_args": ["--min-free-slots-delay=1"]}])
+def test_the_slots_warning_needs_both_conditions(engine):
+    assert parse_document(doc(engine=engine), "t.toml").warnings == []
+
+
+def test_harm_stays_an_error_beside_a_warning():
+    """EP 1 without b12x_next and a 4096-row chunk at 1M context without the chunked indexer
+    cannot boot: errors, whatever the warnings."""
+    found = problems(doc(engine={"context_length": 1048576, "extra_args": []},
+                         gates={"DSV41_MOE_B12X_NEXT": "0", "DSV41_INDEXER_CHUNKED": "0", "SPARK_PREFILL_TP_SPLIT": "0"}))
+    assert [p.split(":", 1)[0] for p in found] == ["engine.ep", "engine.chunked_prefill_size"], found
+    assert "a 4096-row chunk" in found[1]
+
+
+def test_a_setting_without_effect_is_neither():
+    assert parse_document(doc(engine={"spec_algo": "none", "use_sts_table": True}), "t.toml").warnings == []
+    assert parse_document(doc(cluster={**CLUSTER, "head_container": "dsv41", "worker_container": "dsv41"}), "t.toml").warnings == []
+
+
+# --- each bad field once, with its value and a fix; no knock-on errors -------------------------
+
+def test_a_type_error_hides_nothing_and_is_reported_once():
+    cluster = copy.deepcopy(CLUSTER)
+    cluster["head"]["name"] = 5
+    found = problems(doc(cluster=cluster, engine={"context_length": -1}))
+    assert found == ['cluster.head.name: got 5; must be a string; fix: write it in quotes, e.g. "5"',
+                     "engine.context_length: -1 is below the minimum 1; fix: use a value of at least 1"]
+
+
+@pytest.mark.parametrize("gate", ["DSV41_MOE_B12X_NEXT", "DSV41_INDEXER_CHUNKED", "DSV41_VERIFY_CAP"])
+def test_a_control_character_in_one_gate_value_is_the_only_problem(gate):
+    found = problems(doc(gates={gate: "1\x01"}))
+    assert found == [f"gates.{gate}: '1\\x01' contains a control character or line break; fix: remove it (a value "
+                     "is one line of printable text)"]
+
+
+def test_a_bad_gate_value_drops_only_that_gate():
+    """The profile's other gates still count: a real rule error about one of them is reported."""
+    found = problems(doc(gates={"DSV41_HC_FUSED": "a\nb", "DSV41_FAST_LOAD_EP_SIZE": "2"}))
+    assert [p.split(":", 1)[0] for p in found] == ["gates.DSV41_HC_FUSED", "gates.DSV41_FAST_LOAD_EP_SIZE"], found
+
+
+@pytest.mark.parametrize("bad,field", [
+    # EP "2" dropped: the preset's EP 1 without b12x_next would fail, but that is not the user's EP
+    ({"engine": {"ep": "2"}, "gates": {"DSV41_MOE_B12X_NEXT": "0", "DSV41_MOE_B12X_NEXT_DETERMINISTIC": "0", "DSV41_FAST_LOAD_EP_SIZE": "2"}}, "engine.ep"),
+    # port "x" dropped: its default 8888 equals the dist_port the user set
+    ({"cluster": {**CLUSTER, "port": "x", "dist_port": 8888}}, "cluster.port"),
+    # workers not an array: no knock-on "1 node for TP 4"
+    ({"cluster": {"head": CLUSTER["head"], "workers": 5}}, "cluster.workers"),
+    # a chunk size as a string: the preset's 4096 would need the indexer the user turned off
+    ({"engine": {"chunked_prefill_size": "1024"}, "gates": {"DSV41_INDEXER_CHUNKED": "0", "SPARK_PREFILL_TP_SPLIT": "0"}}, "engine.chunked_prefill_size"),
+])
+def test_no_knock_on_errors_from_a_dropped_field(bad, field):
+    found = problems(doc(**bad))
+    assert [p.split(":", 1)[0] for p in found] == [field], found
+    assert "; fix: " in found[0]
+
+
+def test_a_real_rule_error_beside_a_type_error_is_still_reported():
+    found = problems(doc(cluster={**CLUSTER, "port": 9000, "dist_port": 9000}, engine={"context_length": "big"}))
+    assert [p.split(":", 1)[0] for p in found] == ["engine.context_length", "cluster.dist_port"], found
+
+
+# --- api.key_file, checked on the machine running tp4 (metadata only, never the key) -----------
+
+def _key_doc(path) -> dict:
+    return doc(api={"key_file": str(path)})
+
+
+def test_a_private_key_file_has_no_warning(tmp_path):
+    key = tmp_path / "key"
+    key.write_text("sk-1\n")
+    key.chmod(0o600)
+    assert parse_document(_key_doc(key), "t").warnings == []
+
+
+@pytest.mark.parametrize("mode,how", [(0o644, "readable"), (0o640, "readable"), (0o604, "readable"), (0o620, "writable")])
+def test_a_key_file_others_can_use_is_a_warning(tmp_path, mode, how):
+    key = tmp_path / "key"
+    key.write_text("sk-1\n")
+    key.chmod(mode)
+    loaded = parse_document(_key_doc(key), "t")
+    assert loaded.warnings == [f"api.key_file: {key} is {how} by others (mode {mode:04o}); fix: chmod 600 {key}"]
+    with pytest.raises(InvalidInput):
+        strict(loaded)
+
+
+def test_a_missing_key_file_is_a_warning(tmp_path):
+    key = tmp_path / "nope"
+    assert parse_document(_key_doc(key), "t").warnings == [
+        f"api.key_file: {key} does not exist; fix: write the API key to {key} and chmod 600 {key}"]
+
+
+def test_a_key_file_that_is_a_directory_is_a_warning(tmp_path):
+    assert parse_document(_key_doc(tmp_path), "t").warnings == [
+        f"api.key_file: {tmp_path} is not a regular file; fix: name the file holding the API key"]
+
+
+def test_the_key_file_is_found_from_home_and_never_read(tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    key = tmp_path / "k"
+    key.write_text("sk-1\n")
+    key.chmod(0o200)  # its owner cannot read it either: tp4 only looks at its mode
+    assert parse_document(doc(api={"key_file": "~/k"}), "t").warnings == []
 
 
 def test_all_problems_are_reported_at_once():

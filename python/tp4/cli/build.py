@@ -63,7 +63,7 @@ def build(flake_dir: Path | None, attr: str, runtime: str | None, system: str | 
 
 
 def _nodes(hosts: tuple[str, ...], profile_path: str | None, user: str | None, identity: str | None,
-           port: int | None, ssh_options: tuple[str, ...]) -> list[Remote]:
+           port: int | None, ssh_options: tuple[str, ...], strict: bool = False) -> list[Remote]:
     """The workers: the --worker hosts, else the workers (ranks 1..) of the profile's plan."""
     names = [h for item in hosts for h in item.replace(",", " ").split()]
     if names:
@@ -71,7 +71,7 @@ def _nodes(hosts: tuple[str, ...], profile_path: str | None, user: str | None, i
     from tp4.cli.plan import load_profile
     from tp4.plan import build_plan
 
-    plan = build_plan(load_profile(profile_path))
+    plan = build_plan(load_profile(profile_path, strict))
     nodes = [Remote(host=n.ssh.host, user=user or n.ssh.user, identity=identity or n.ssh.identity,
                     port=port or n.ssh.port, options=ssh_options) for n in plan.nodes if n.rank > 0]
     if not nodes:
@@ -94,9 +94,10 @@ def _nodes(hosts: tuple[str, ...], profile_path: str | None, user: str | None, i
 @click.option("--image", "image_ref", default=None,
               help="Image reference on the head (default: the one `tp4 build` loaded).")
 @click.option("--check", "check_only", is_flag=True, help="Only report which workers have the head's image.")
+@click.option("--strict", is_flag=True, help="Treat the profile's warnings (performance caveats) as errors (exit 2).")
 def distribute(flake_dir: Path | None, attr: str, runtime: str | None, profile_path: str | None, workers: tuple[str, ...],
                user: str | None, identity: str | None, port: int | None, ssh_options: tuple[str, ...],
-               image_ref: str | None, check_only: bool) -> None:
+               image_ref: str | None, check_only: bool, strict: bool) -> None:
     """Copy the head's image to the workers in parallel; skip workers that already have it.
 
     Every worker must end with the head's image id, or the command fails naming the worker.
@@ -109,7 +110,7 @@ def distribute(flake_dir: Path | None, attr: str, runtime: str | None, profile_p
     if found is None:
         raise Tp4Error(f"the head has no image {image_ref}: run `tp4 build` first")
     image_id = found[0]
-    nodes = _nodes(workers, profile_path, user, identity, port, ssh_options)
+    nodes = _nodes(workers, profile_path, user, identity, port, ssh_options, strict)
     click.echo(f"image {image_ref} {image_id[:12]}")
     if check_only:
         outcomes = distribute_mod.check(image_ref, image_id, nodes, runtime)

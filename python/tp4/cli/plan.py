@@ -15,10 +15,21 @@ if TYPE_CHECKING:
     from tp4.profile.load import Loaded
 
 
-def load_profile(path: str | None) -> Loaded:
-    from tp4.profile import load_default, load_file
+strict_option = click.option("--strict", is_flag=True, help="Treat the profile's warnings (performance caveats) as errors (exit 2).")
 
-    return load_default() if path is None else load_file(path)
+
+def load_profile(path: str | None, strict: bool = False) -> Loaded:
+    """The profile a command names with --profile (the embedded default without); its warnings
+    go to stderr as `warning: ...`, or with strict fail the command."""
+    from tp4.profile import load_default, load_file
+    from tp4.profile import load as load_mod
+
+    loaded = load_default() if path is None else load_file(path, "pass an existing file, or omit --profile to use the embedded default")
+    if strict:
+        load_mod.strict(loaded)
+    for w in loaded.warnings:
+        click.echo(f"warning: {w}", err=True)
+    return loaded
 
 
 def _human(plan: Plan, rank: int | None) -> str:
@@ -56,21 +67,21 @@ def _human(plan: Plan, rank: int | None) -> str:
     out.append("never on any rank: " + ", ".join(plan.forbidden_lines))
     for n in plan.notes:
         out.append(f"note: {n}")
-    for w in plan.warnings:
-        out.append(f"warning: {w}")
     return "\n".join(out)
 
 
 @click.command()
-@click.option("--profile", "-p", "profile_path", type=click.Path(dir_okay=False), help="Profile TOML; default: the embedded production profile on the example cluster.")
+@click.option("--profile", "-p", "profile_path", type=click.Path(), help="Profile TOML; default: the embedded production profile on the example cluster.")
 @click.option("--rank", type=int, default=None, help="Show only this rank.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable plan (schema tp4.plan/1.2, see docs/plan-schema.md).")
-def plan(profile_path: str | None, rank: int | None, as_json: bool) -> None:
+@strict_option
+def plan(profile_path: str | None, rank: int | None, as_json: bool, strict: bool) -> None:
     """Show the rendered line: per rank the container env, the engine argv, the run spec, and the
-    boot-log lines the armed gates must print."""
+    boot-log lines the armed gates must print. The profile's warnings go to stderr (and into the
+    JSON's `warnings`)."""
     from tp4.plan import build_plan
 
-    loaded = load_profile(profile_path)
+    loaded = load_profile(profile_path, strict)
     result = build_plan(loaded)
     if rank is not None and not 0 <= rank < len(result.nodes):
         raise InvalidInput(f"--rank {rank}: the line has ranks 0..{len(result.nodes) - 1}")

@@ -11,16 +11,21 @@ def profile() -> None:
 
 
 @profile.command()
-@click.argument("file", type=click.Path(dir_okay=False))
-def check(file: str) -> None:
-    """Validate FILE; every problem is listed with the field and the fix (exit code 2)."""
+@click.argument("file", type=click.Path())  # tp4.userfiles says what a path that is not a file is
+@click.option("--strict", is_flag=True, help="Treat warnings (performance caveats) as errors (exit 2).")
+def check(file: str, strict: bool) -> None:
+    """Validate FILE; every problem is listed with the field and the fix (exit code 2). Warnings
+    go to stderr and do not fail the check, unless --strict."""
     from tp4.profile import load_file
+    from tp4.profile.load import strict as require_no_warnings
 
-    loaded = load_file(file)
+    loaded = load_file(file, "name an existing profile file (a TOML file such as the one `tp4 profile import` writes)")
+    if strict:
+        require_no_warnings(loaded)
     p = loaded.profile
-    click.echo(f"ok: {file}: preset {p.preset}, {len(p.nodes)} nodes, TP {p.engine.tp}, EP {p.ep}, image {p.image.tag}")
     for w in loaded.warnings:
         click.echo(f"warning: {w}", err=True)
+    click.echo(f"ok: {file}: preset {p.preset}, {len(p.nodes)} nodes, TP {p.engine.tp}, EP {p.ep}, image {p.image.tag}")
 
 
 @profile.command("show-preset")

@@ -7,34 +7,33 @@ the one it `extends`) is merged bottom-up, tables key by key, arrays and values 
 from __future__ import annotations
 
 import difflib
+import re
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tp4.errors import InvalidInput
+from tp4.profile.problem import Problem
 from tp4.registry import DATA
 from tp4.userfiles import read_input
+
+if TYPE_CHECKING:
+    from pydantic import BaseModel, ValidationError
+
+    from tp4.profile.models import Profile
+
+# a TOML document as tomllib gives it, and a place in one (keys and array indices)
+Doc = dict[str, Any]
+Loc = tuple[str | int, ...]
 
 PRESETS = DATA / "presets"
 DEFAULT_PROFILE = DATA / "default-profile.toml"
 
 
-@dataclass(frozen=True)
-class Problem:
-    """One thing wrong with a profile: the field, what is wrong, and how to fix it."""
-
-    field: str
-    reason: str
-    fix: str = ""
-
-    def __str__(self) -> str:
-        return f"{self.field}: {self.reason}" + (f"; fix: {self.fix}" if self.fix else "")
-
-
 @dataclass
 class Loaded:
-    profile: Any  # tp4.profile.models.Profile (imported lazily)
+    profile: Profile  # imported lazily: models are built only when a profile is loaded
     source: str
     warnings: list[str] = field(default_factory=list)
 
@@ -43,16 +42,16 @@ def preset_names() -> list[str]:
     return sorted(p.stem for p in PRESETS.glob("*.toml"))
 
 
-def _read_toml(text: str, where: str) -> dict:
+def _read_toml(text: str, where: str) -> Doc:
     try:
         return tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise InvalidInput(f"{where} is not valid TOML: {exc}") from exc
 
 
-def preset_layers(name: str) -> list[tuple[str, dict]]:
+def preset_layers(name: str) -> list[tuple[str, Doc]]:
     """The chain of preset layers from the bottom up, ending with `name`."""
-    chain: list[tuple[str, dict]] = []
+    chain: list[tuple[str, Doc]] = []
     seen: set[str] = set()
     current: str | None = name
     while current is not None:
@@ -72,7 +71,7 @@ def preset_layers(name: str) -> list[tuple[str, dict]]:
     return list(reversed(chain))
 
 
-def merge(base: dict, top: dict) -> dict:
+def merge(base: Doc, top: Doc) -> Doc:
     out = dict(base)
     for key, value in top.items():
         if isinstance(value, dict) and isinstance(out.get(key), dict):
@@ -82,12 +81,13 @@ def merge(base: dict, top: dict) -> dict:
     return out
 
 
-def merged_document(doc: dict) -> dict:
+def merged_document(doc: Doc) -> Doc:
     """The profile document stacked on its preset chain (before model parsing)."""
     preset = doc.get("preset", "production")
     if not isinstance(preset, str):
-        raise InvalidInput("preset: must be a string naming a preset", [f"preset: one of {', '.join(preset_names())}"])
-    result: dict = {}
+        raise InvalidInput("the profile names no preset tp4 has",
+                           [f"preset: got {_shown(preset)}; must be a string naming a preset; fix: use one of {', '.join(preset_names())}"])
+    result: Doc = {}
     for _, layer in preset_layers(preset):
         result = merge(result, layer)
     result = merge(result, doc)
@@ -95,22 +95,34 @@ def merged_document(doc: dict) -> dict:
     return result
 
 
-def _clean_loc(loc: tuple) -> tuple:
+def _clean_loc(loc: Loc) -> Loc:
     """A pydantic error location without its internal parts (validator names, "[key]" of a dict key)."""
     return tuple(p for p in loc if not (isinstance(p, str) and (p.startswith("function-") or p == "[key]")))
 
 
-def _loc(loc: tuple) -> str:
+def _loc(loc: Loc) -> str:
     out = ""
     for part in _clean_loc(loc):
         if isinstance(part, int):
             out += f"[{part}]"
         else:
-            out += ("." if out else "") + str(part)
+            # a table key as TOML writes it: bare when it can be, quoted otherwise (env."A=B")
+            out += ("." if out else "") + toml_key(str(part))
     return out or "profile"
 
 
-def _pydantic_problems(exc: Any, doc: dict) -> list[Problem]:
+_BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
+
+
+def toml_key(key: str) -> str:
+    """A table key as TOML writes it: bare when it can be, else quoted with escapes (env."A=B")."""
+    if _BARE_KEY.fullmatch(key):
+        return key
+    escaped = "".join(f"\\{c}" if c in '"\\' else f"\\u{ord(c):04X}" if not c.isprintable() else c for c in key)
+    return f'"{escaped}"'
+
+
+def _pydantic_problems(exc: ValidationError, doc: Doc) -> list[Problem]:
     from tp4.profile import models
 
     problems = []
@@ -130,6 +142,9 @@ def _pydantic_problems(exc: Any, doc: dict) -> list[Problem]:
         elif err["type"] == "too_long":
             most = err["ctx"]["max_length"]
             problems.append(Problem(where, f"has {err['ctx']['actual_length']} items, more than {most}", f"list at most {most}"))
+        elif err["type"] == "too_short":
+            least = err["ctx"]["min_length"]
+            problems.append(Problem(where, f"has {err['ctx']['actual_length']} items, fewer than {least}", f"list at least {least}"))
         elif err["type"] in _BOUNDS and isinstance(err["input"], int | float):
             reason, fix, key = _BOUNDS[err["type"]]
             bound = err["ctx"][key]
@@ -138,18 +153,35 @@ def _pydantic_problems(exc: Any, doc: dict) -> list[Problem]:
             problems.append(Problem(where, f"{_shown(err['input'])} is not allowed", f"use {err['ctx']['expected']}"))
         elif err["msg"].startswith("Input should be "):
             kind = _TOML_KINDS.get(err["type"], err["msg"][len("Input should be "):])
-            problems.append(Problem(where, f"got {_shown(err['input'])}; must be {kind}", ""))
+            problems.append(Problem(where, f"got {_shown(err['input'])}; must be {kind}", _kind_fix(err["type"], err["input"])))
         else:
             msg = err["msg"]
             if msg.startswith("Value error, "):
                 msg = msg[len("Value error, "):]
-            problems.append(Problem(where, msg, ""))
+            reason, _, fix = msg.partition("; fix: ")
+            problems.append(Problem(where, reason, fix or "see `tp4 profile reference` for what this field takes"))
     return problems
 
 
 _TOML_KINDS = {"model_type": "a table", "dict_type": "a table", "model_attributes_type": "a table",
                "list_type": "an array", "string_type": "a string", "int_type": "a whole number",
                "bool_type": "true or false", "float_type": "a number"}
+
+
+def _kind_fix(kind: str, value: Any) -> str:
+    """How to write a value of the right TOML kind, from what was written."""
+    if kind == "string_type":
+        text = str(value).lower() if isinstance(value, bool) else str(value) if isinstance(value, int | float) else "..."
+        return f'write it in quotes, e.g. "{text}"'
+    if kind in ("int_type", "float_type"):
+        return "write the number without quotes, e.g. 4"
+    if kind == "bool_type":
+        return "write true or false, without quotes"
+    if kind == "list_type":
+        return 'write an array, e.g. ["a", "b"]'
+    if kind in ("model_type", "dict_type", "model_attributes_type"):
+        return "write it as a [table] with its fields, not a single value"
+    return "see `tp4 profile reference` for the field"
 
 
 def _shown(value: Any) -> str:
@@ -165,16 +197,16 @@ _BOUNDS = {"less_than_equal": ("above the maximum", "at most", "le"),
            "greater_than_equal": ("below the minimum", "at least", "ge")}
 
 
-def _known_fields(model: Any, loc: tuple) -> list[str]:
+def _known_fields(model: type[BaseModel], loc: Loc) -> list[str]:
     from typing import get_args
 
     from pydantic import BaseModel
 
-    current = model
+    current: type[BaseModel] | None = model
     for part in loc:
         if isinstance(part, int):
             continue
-        info = current.model_fields.get(part) if isinstance(current, type) and issubclass(current, BaseModel) else None
+        info = current.model_fields.get(part) if current is not None else None
         if info is None:
             return []
         ann = info.annotation
@@ -187,20 +219,20 @@ def _known_fields(model: Any, loc: tuple) -> list[str]:
     return list(current.model_fields) if current is not None else []
 
 
-def parse_document(doc: dict, source: str) -> Loaded:
+def parse_document(doc: Doc, source: str) -> Loaded:
     """Merge a profile document with its presets, parse and validate it. Raises InvalidInput
     listing every problem at once."""
     from pydantic import ValidationError
 
     from tp4.profile.models import Profile
-    from tp4.profile.validate import validate
 
     merged = merged_document(doc)
     problems: list[Problem] = []
+    bad: list[Loc] = []  # where the bad values are; each is reported once, then left out
     candidate = merged
     profile = None
     # Field errors first; then, so that every problem shows at once, the rules between fields on
-    # the document with the bad fields dropped (their defaults stand in).
+    # the document without the bad values.
     for _ in range(5):
         try:
             profile = Profile.model_validate(candidate)
@@ -209,23 +241,66 @@ def parse_document(doc: dict, source: str) -> Loaded:
             # a dropped bad field may come back as "is required": it is reported once, as bad
             reported = {p.field for p in problems}
             problems += [p for p in _pydantic_problems(exc, candidate) if p.field not in reported]
-            pruned = _drop(candidate, [e["loc"] for e in exc.errors()])
+            locs = [_clean_loc(e["loc"]) for e in exc.errors()]
+            pruned = _drop(candidate, locs)
             if pruned is None:
                 break
+            bad += locs
             candidate = pruned
     warnings: list[Problem] = []
     if profile is not None:
-        own = doc.get("gates")
-        profile._own_gates = frozenset(own) if isinstance(own, dict) else frozenset()
-        errors, warnings = validate(profile)
+        without_bad = _drop(doc, bad)
+        own = doc if without_bad is None else without_bad
+        errors, warnings = _checked(profile, own)
+        if bad:
+            # A rule that fails only because a bad value is missing is not a problem of its own:
+            # keep what fails both with the model's defaults (above) and with the presets' values
+            # standing in for the bad ones.
+            try:
+                stand_in = Profile.model_validate(merged_document(own))
+            except (ValidationError, InvalidInput):
+                stand_in = None
+            if stand_in is not None:
+                other_errors, other_warnings = _checked(stand_in, own)
+                errors = [e for e in errors if e in other_errors]
+                warnings = [w for w in warnings if w in other_warnings]
+            # and what names a bad field (`equals cluster.port (8888)`) read its stand-in
+            names = {_loc(loc) for loc in bad} | {str(loc[-1]) for loc in bad if len(loc) == 2 and loc[0] in ("gates", "env")}
+            errors = [e for e in errors if not any(_names(str(e), n) for n in names)]
+            warnings = [w for w in warnings if not any(_names(str(w), n) for n in names)]
         seen = {p.field for p in problems}
         problems += [e for e in errors if e.field not in seen]
+        warnings = [w for w in warnings if w.field not in seen]
     if problems:
         raise InvalidInput(f"{source}: {len(problems)} problem(s)", [str(p) for p in problems])
+    assert profile is not None  # no profile only after a field error, and every field error is a problem
     return Loaded(profile, source, [str(w) for w in warnings])
 
 
-def _drop(doc: dict, locs: list[tuple]) -> dict | None:
+def _names(text: str, name: str) -> bool:
+    """Whether text names the field or variable `name` (a whole word: engine.ep, not engine.epsilon)."""
+    return re.search(rf"(?<![\w.]){re.escape(name)}(?![\w])", text) is not None
+
+
+def _checked(profile: Profile, doc: Doc) -> tuple[list[Problem], list[Problem]]:
+    """The rules between fields, and the files the profile names on this machine."""
+    from tp4.profile.validate import local_file_warnings, validate
+
+    own = doc.get("gates")
+    profile._own_gates = frozenset(own) if isinstance(own, dict) else frozenset()
+    errors, warnings = validate(profile)
+    return errors, warnings + local_file_warnings(profile)
+
+
+def strict(loaded: Loaded) -> Loaded:
+    """`--strict`: the profile's warnings are errors (exit 2)."""
+    if loaded.warnings:
+        raise InvalidInput(f"{loaded.source}: {len(loaded.warnings)} warning(s), errors under --strict; "
+                           "fix: address each, or drop --strict", loaded.warnings)
+    return loaded
+
+
+def _drop(doc: Doc, locs: list[Loc]) -> Doc | None:
     """A copy of doc without the values at locs, or None when nothing could be dropped."""
     import copy
 
@@ -250,8 +325,10 @@ def load_text(text: str, source: str) -> Loaded:
     return parse_document(_read_toml(text, source), source)
 
 
-def load_file(path: str | Path) -> Loaded:
-    text = read_input(path, "profile", "pass an existing file, or omit --profile to use the embedded default")
+def load_file(path: str | Path, missing_fix: str = "pass an existing profile file") -> Loaded:
+    """The profile in a file the user named; `missing_fix` says what to do when it is not one (the
+    command's own words: `tp4 plan` can fall back to its default, `profile check` cannot)."""
+    text = read_input(path, "profile", missing_fix)
     return load_text(text, str(path))
 
 

@@ -1,9 +1,9 @@
 """Pydantic models of a TP4 profile (TOML).
 
-Field defaults are the upstream launcher's own defaults (what start.sh does when a variable is
-unset; upstream-line.md §2.1, values in brackets), or the TP4 example's value where the launcher
-default is not known. Presets (tp4/data/presets/*.toml) are layers on top of these defaults.
-Each field's description names the upstream variable it replaces, so the profile reference in
+Field defaults are the upstream launcher's own defaults (what upstream `start.sh` does when a
+variable is unset), or the TP4 example's value (upstream `.env.tp4.example`) where the launcher
+default is not known (docs/upstream.md). Presets (tp4/data/presets/*.toml) are layers on top of
+these defaults. Each field's description names the upstream variable it replaces, so the profile reference in
 README.md is generated from this module.
 """
 
@@ -38,7 +38,8 @@ def _whole_number(value: object) -> object:
     """TOML integers only: `true` is not 1 and 4.0 is not 4."""
     if isinstance(value, bool) or not isinstance(value, int):
         shown = str(value).lower() if isinstance(value, bool) else repr(value)
-        raise ValueError(f"must be a whole number, got {shown[:40]}")
+        raise ValueError(f"must be a whole number, got {shown[:40]}; fix: write digits only, without quotes or a decimal "
+                         "point (e.g. 4)")
     return value
 
 
@@ -105,7 +106,7 @@ def _check_identity(v: str | None) -> str | None:
 def _decimal_text(value: object) -> object:
     """Keep a fraction's text exactly as written ("0.80"); a TOML float gets at least 2 decimals."""
     if isinstance(value, bool):
-        raise ValueError("must be a number between 0 and 1")
+        raise ValueError(f"got {str(value).lower()}; must be a number between 0 and 1; fix: write it like 0.80")
     if isinstance(value, int | float):
         text = repr(float(value))
         whole, _, frac = text.partition(".")
@@ -117,10 +118,10 @@ def _decimal_text(value: object) -> object:
 
 def _check_fraction(value: str) -> str:
     if not re.fullmatch(r"(0|1)?\.[0-9]+|[01](\.[0-9]*)?", value):
-        raise ValueError(f"must be a number between 0 and 1, got {value!r}")
+        raise ValueError(f"{value[:40]!r} is not a number between 0 and 1; fix: write it like 0.80")
     number = float(value)
     if not 0 < number <= 1:
-        raise ValueError(f"must be greater than 0 and at most 1, got {value}")
+        raise ValueError(f"{value} is not above 0 and at most 1; fix: use a fraction such as 0.80")
     return value
 
 
@@ -138,7 +139,15 @@ def _text_value(value: object) -> object:
     return value
 
 
-EnvValue = Annotated[str, BeforeValidator(_text_value)]
+def _safe_value(value: str) -> str:
+    if has_unsafe_chars(value):
+        raise ValueError(f"{value[:60]!r} contains a control character or line break; fix: remove it (a value is one "
+                         "line of printable text)")
+    return value
+
+
+# checked per value, so a bad entry is reported (and dropped for the other checks) alone
+EnvValue = Annotated[str, BeforeValidator(_text_value), AfterValidator(_safe_value)]
 
 
 class Section(BaseModel):
@@ -166,7 +175,8 @@ class Node(Section):
     @classmethod
     def _name(cls, v: str) -> str:
         if not _NAME.fullmatch(v):
-            raise ValueError("must be 1-63 letters, digits, '.', '_' or '-', starting with a letter or digit")
+            raise ValueError(f"{v[:80]!r} is not a node name; fix: 1-63 letters, digits, '.', '_' or '-', starting with a "
+                             "letter or digit (e.g. spark1)")
         return v
 
     @field_validator("ip", "ssh")
@@ -194,9 +204,9 @@ def _check_path(v: str | None) -> str | None:
     if v is None:
         return v
     if not v or has_unsafe_chars(v) or any(c in v for c in ":,"):
-        raise ValueError("must be a non-empty path without control characters, ':' or ','")
+        raise ValueError(f"{v[:80]!r} is not a usable path; fix: a non-empty path without control characters, ':' or ','")
     if not (v.startswith("/") or v == "~" or v.startswith("~/")):
-        raise ValueError(f"{v!r} must be absolute or start with ~/")
+        raise ValueError(f"{v[:80]!r} is a relative path; fix: make it absolute or start it with ~/")
     return v
 
 
@@ -288,14 +298,16 @@ class Fabric(Section):
     def _hcas(cls, v: list[str]) -> list[str]:
         for hca in v:
             if not re.fullmatch(r"[A-Za-z0-9_]+", hca):
-                raise ValueError(f"{hca!r} is not an RDMA device name")
+                raise ValueError(f"{hca[:40]!r} is not an RDMA device name; fix: letters, digits and '_' as `ibv_devices` "
+                                 "lists them (e.g. rocep1s0f0)")
         return v
 
     @field_validator("socket_ifname", "iface")
     @classmethod
     def _ifname(cls, v: str | None) -> str | None:
         if v is not None and not _IFNAME.fullmatch(v):
-            raise ValueError(f"{v!r} is not a network interface name")
+            raise ValueError(f"{v[:40]!r} is not a network interface name; fix: 1-15 letters, digits, '_', '.', '@' or '-' "
+                             "as `ip link` lists them (e.g. enP7s7)")
         return v
 
 
@@ -325,7 +337,8 @@ class Nfs(Section):
     def _addrs(cls, v: list[str]) -> list[str]:
         for a in v:
             if not re.fullmatch(r"[0-9A-Fa-f.:]+(/[0-9]{1,3})?|[A-Za-z0-9.-]+", a):
-                raise ValueError(f"{a!r} is not an address or CIDR")
+                raise ValueError(f"{a[:60]!r} is not an address or CIDR; fix: an IP address, a host name or a network "
+                                 "such as 10.0.22.0/24")
         return v
 
 
@@ -366,7 +379,8 @@ class Engine(Section):
     @classmethod
     def _abs(cls, v: str) -> str:
         if not v.startswith("/") or has_unsafe_chars(v):
-            raise ValueError("must be an absolute path inside the container, without control characters")
+            raise ValueError(f"{v[:80]!r} is not an absolute path inside the container; fix: a path starting with / "
+                             "without control characters")
         return v
 
     @field_validator("extra_args")
@@ -374,7 +388,8 @@ class Engine(Section):
     def _words(cls, v: list[str]) -> list[str]:
         for arg in v:
             if not arg or any(c.isspace() for c in arg) or has_unsafe_chars(arg):
-                raise ValueError(f"{arg!r}: each item must be one non-empty word without whitespace (boot.py splits EXTRA_SGLANG_ARGS on whitespace)")
+                raise ValueError(f"{arg[:60]!r}: each item must be one non-empty word without whitespace (boot.py splits "
+                                 "EXTRA_SGLANG_ARGS on whitespace); fix: split it into separate items, e.g. [\"--flag\", \"value\"]")
         return v
 
 
@@ -390,7 +405,8 @@ class Engram(Section):
     @classmethod
     def _abs(cls, v: str) -> str:
         if not v.startswith("/") or has_unsafe_chars(v):
-            raise ValueError("must be an absolute path inside the container, without control characters")
+            raise ValueError(f"{v[:80]!r} is not an absolute path inside the container; fix: a path starting with / "
+                             "without control characters")
         return v
 
 
@@ -432,14 +448,6 @@ class Profile(Section):
     api: Api = Field(default_factory=Api)
     gates: dict[EnvKey, EnvValue] = Field(default_factory=dict, description="Adapter gates (adapters/registry.toml), e.g. DSV41_MOE_B12X_NEXT = \"1\"; \"0\" turns a preset's gate off.")
     env: dict[EnvKey, EnvValue] = Field(default_factory=dict, description="Extra container environment that is not an adapter gate (e.g. SGLANG_RUST_BUILD_MODE, dual-plane NCCL flags).")
-
-    @field_validator("gates", "env")
-    @classmethod
-    def _env(cls, v: dict[str, str]) -> dict[str, str]:
-        for key, value in v.items():
-            if has_unsafe_chars(value):
-                raise ValueError(f"{key}: value must not contain control characters or line breaks")
-        return v
 
     @property
     def nodes(self) -> list[Node]:

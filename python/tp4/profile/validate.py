@@ -1,12 +1,18 @@
-"""The rules between profile fields (upstream-line.md §1.7, §2.3) and the gate rules of
-adapters/registry.toml. Every rule reports the field, the reason and the fix; all problems are
-collected so the user sees them at once."""
+"""The rules between profile fields (upstream's `files/nccl.sh` config check and the constraints
+of `.env.tp4.example`, see docs/upstream.md) and the gate rules of adapters/registry.toml. Every
+rule reports the field, the reason and the fix; all problems are collected so the user sees them
+at once.
+
+Two levels. An error is a profile that cannot boot or does harm (a crash, a wrong result, a
+conflicting flag); a warning is a measured performance caveat: the line boots and serves, but
+slower than it could. Warnings print and do not block; `--strict` makes them errors. A setting
+that is merely without effect is neither."""
 
 from __future__ import annotations
 
 from tp4 import knobs
-from tp4.profile.load import Problem
 from tp4.profile.models import Profile
+from tp4.profile.problem import Problem
 from tp4.registry import Registry, condition_holds, describe_condition, fill_line, load_registry
 
 CONTEXT_MIN, CONTEXT_MAX = 4096, 1048576
@@ -55,8 +61,6 @@ def validate(profile: Profile, registry: Registry | None = None) -> tuple[list[P
                 seen[value] = where
     if cl.port == cl.dist_port:
         err("cluster.dist_port", f"equals cluster.port ({cl.port})", "use distinct ports (upstream: 8888 and 20000)")
-    if cl.head_container == cl.worker_container:
-        warn("cluster.worker_container", "same name as the head container", "keep them distinct so logs and stop name the role")
     if profile.nfs.share and len(profile.nfs.server_ips) not in (1, len(cl.workers)):
         err("nfs.server_ips", f"{len(profile.nfs.server_ips)} addresses for {len(cl.workers)} workers",
             "give one address for all workers or one per worker, in worker order")
@@ -85,16 +89,15 @@ def validate(profile: Profile, registry: Registry | None = None) -> tuple[list[P
             report = err if rule.level == "error" else warn
             report(rule.field, fill_line(rule.reason, env0) or f"needs {describe_condition(rule.needs)}", fill_line(rule.fix, env0))
     if eng.max_running_requests >= 8 and not _has_flag_value(eng.extra_args, "--min-free-slots-delay", "1"):
-        err("engine.extra_args", f"max_running_requests = {eng.max_running_requests} without --min-free-slots-delay 1: DSpark's admission delayer holds 2-3 slots free",
+        # it boots and serves, with 2-3 of the slots idle: a performance caveat
+        warn("engine.extra_args", f"max_running_requests = {eng.max_running_requests} without --min-free-slots-delay 1: DSpark's admission delayer holds 2-3 slots free",
             'add "--min-free-slots-delay", "1" to engine.extra_args, or lower engine.max_running_requests below 8')
     for i, arg in enumerate(eng.extra_args):
         flag = arg.split("=", 1)[0]
         if flag in OWNED_FLAGS:
             err(f"engine.extra_args[{i}]", f"{flag} is set by tp4 from {OWNED_FLAGS[flag]}", f"remove it and set {OWNED_FLAGS[flag]}")
     if eng.use_sps_table:
-        warn("engine.use_sps_table", "with the SPS table the first mixed batch dies in the Engram target-verify path", "leave it off (production does)")
-    if eng.spec_algo == "none" and eng.use_sts_table:
-        warn("engine.use_sts_table", "has no effect without speculative decoding")
+        err("engine.use_sps_table", "with the SPS table the first mixed batch dies in the Engram target-verify path", "set it to false (production does)")
     if profile.engine.offload_mode == "ram":
         err("engine.offload_mode", "ram offload pins ~189 GiB, which never fits on a Spark", 'use "nvme"')
     if eng.max_total_tokens > 8_000_000:
@@ -193,3 +196,32 @@ def _gate_hint(key: str, reg: Registry) -> str:
     if hint:
         return f"did you mean {hint[0]}?"
     return "check the spelling, or put a non-adapter variable in [env]"
+
+
+def local_file_warnings(profile: Profile) -> list[Problem]:
+    """Files the profile names on the machine running tp4, checked where they are: api.key_file
+    must exist and be readable by its owner only. Only its metadata is read, never the key.
+
+    A warning here, since plan and check only name the file; serve, which sends the key, will
+    make the same findings errors."""
+    import os
+    import shlex
+    import stat
+
+    path = profile.api.key_file
+    if path is None:
+        return []
+    where = os.path.expanduser(path)
+    try:
+        st = os.stat(where)
+    except FileNotFoundError:
+        return [Problem("api.key_file", f"{where} does not exist", f"write the API key to {where} and chmod 600 {shlex.quote(where)}")]
+    except OSError as exc:
+        return [Problem("api.key_file", f"{where} cannot be checked ({exc.strerror})", "name a file this user can read")]
+    if not stat.S_ISREG(st.st_mode):
+        return [Problem("api.key_file", f"{where} is not a regular file", "name the file holding the API key")]
+    mode = stat.S_IMODE(st.st_mode)
+    if mode & 0o077:
+        how = "readable" if mode & 0o044 else "writable" if mode & 0o022 else "usable"
+        return [Problem("api.key_file", f"{where} is {how} by others (mode {mode:04o})", f"chmod 600 {shlex.quote(where)}")]
+    return []
