@@ -1,4 +1,4 @@
-# The production image (upstream-line §3.3 final stage): the pinned base image by digest, then one
+# The production image (upstream's `Dockerfile.canary-roce`, final stage; docs/upstream.md): the pinned base image by digest, then one
 # layer per tree in the order they change least to most often, then a small customisation layer
 # with the symlinks that put each tree where upstream's Dockerfile copies it.  Only the layer of a
 # changed tree (and the customisation layer and config) differs after a rebuild.

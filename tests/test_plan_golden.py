@@ -1,5 +1,5 @@
 """Golden: the production preset on the example cluster renders the upstream production line.
-Expected values are written out from upstream-line.md §1.5, §1.6, §1.8, §2.1 and §2.4 item 5
+Expected values are written out from upstream `start.sh` (docker run flags, container env), the argv `boot.py` builds, and `.env.tp4.example` with its EXTRA_CONTAINER_ENV item 5
 (v2.1 form), not computed by the renderer."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ pytestmark = pytest.mark.unit
 
 MODEL = "/models/DeepSeek-V4.1-Flash"
 
-# §2.4 item 5, v2.1 form (DSV41_DRAFT_HEAD_FP8_IMPL=tp4, no cert head).
+# `.env.tp4.example` EXTRA_CONTAINER_ENV item 5, v2.1 form (DSV41_DRAFT_HEAD_FP8_IMPL=tp4, no cert head).
 PRODUCTION_EXTRA = (
     "DSV41_INDEXER_CHUNKED=1 SGLANG_DSPARK_FOLDED_SAMPLING=2 SGLANG_RUST_BUILD_MODE=never "
     "SGLANG_ROCE_ALLREDUCE=1 SGLANG_ROCE_MAX_SIZE=2097152 B12X_ROCE_HCA=rocep1s0f0,roceP2p1s0f0 "
@@ -32,7 +32,7 @@ PRODUCTION_EXTRA = (
 EXTRA_SGLANG_ARGS = ("--fp8-gemm-backend flashinfer_cutlass --watchdog-timeout 1800 --min-free-slots-delay 1 "
                      "--enable-deepseek-v4-fp4-indexer --enable-cache-report --sleep-on-idle")
 
-# §1.6 docker_common_args with the TP4 example values of §2.1.
+# `start.sh` docker_common_args with the TP4 example values of `.env.tp4.example`.
 COMMON = {
     "OFFLOAD_MODE": "nvme", "DSV41_CACHE_GIB": "4", "DSV41_SERIAL_WEIGHT_LOAD": "0", "DSV41_IO_THREADS": "96",
     "DSV41_RESIDENT_SCALES": "0", "DSV41_CACHE_WAYS": "16", "DSV41_STATS_SECONDS": "60", "DSV41_PACKED_DIR": "/engram",
@@ -143,7 +143,7 @@ def test_run_spec_matches_docker_run_flags(plan):
     ]
 
 
-# §6.1: the lines the production line's boot log must show.
+# K README v2.3 (docs/upstream.md): the lines the production line's boot log must show.
 REQUIRED_BOOT_LINES = [
     "DSV41 shared-expert padding K: foo (5120, 576) -> (5120, 640)",
     "DSV41 indexer chunked (sglang#39187 backport) ARMED: budget=2147483648",

@@ -51,7 +51,7 @@ def test_a_valid_ring_profile():
 
 
 CASES = [
-    # EP vs image variant and expert width (§2.3 first bullet, §1.7 TP8 rule)
+    # EP vs image variant and expert width (`.env.tp4.example`'s EP comment, the TP8 rule of `start.sh`)
     ("EP 1 on the canary image", doc("canary", engine={"ep": 1}), "engine.ep", "FlashInfer"),
     ("b12x_next on a canary image", doc("canary", engine={"ep": 1}, gates={"DSV41_MOE_B12X_NEXT": "1"}), "gates.DSV41_MOE_B12X_NEXT", "canary-roce"),
     ("EP 1 at TP 8 with b12x_next (288-wide)", doc(engine={"tp": 8, "ep": 1}), "engine.ep", "288"),
@@ -95,7 +95,7 @@ CASES = [
     ("typed key in [env]", doc(env={"CONTEXT_LENGTH": "4096"}), "env.CONTEXT_LENGTH", "engine.context_length"),
     ("engine flag owned by a field", doc(engine={"extra_args": ["--min-free-slots-delay", "1", "--tp", "8"]}), "engine.extra_args[2]", "engine.tp"),
     ("api key in extra args", doc(engine={"extra_args": ["--min-free-slots-delay", "1", "--api-key=abc"]}), "engine.extra_args[2]", "api.key_file"),
-    # ring rules (files/nccl.sh: nccl_validate_config, §2.3 ring bullet)
+    # ring rules (files/nccl.sh: nccl_validate_config, the ring comment of `.env.tp4.example`)
     ("ring without the NCCL overlay", ring(fabric={"mode": "ring", "nccl": {"mount": "none", "max_nchannels": 4}}), "fabric.nccl.mount", "overlay"),
     ("ring with NCCL_ALGO Tree", ring(fabric={"mode": "ring", "nccl": {"mount": "overlay", "algo": "Tree", "max_nchannels": 4}}), "fabric.nccl.algo", "Ring"),
     ("ring with socket transport", ring(fabric={"mode": "ring", "nccl": {"mount": "overlay", "net": "Socket", "max_nchannels": 4}}), "fabric.nccl.net", "IB"),
