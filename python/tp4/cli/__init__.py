@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import importlib
 import logging
+import signal
 import sys
+from types import FrameType
 
 import click
 
@@ -53,15 +55,37 @@ def cli(verbose: bool) -> None:
     )
 
 
+def _interrupt(signum: int, frame: FrameType | None) -> None:
+    """Ctrl-C: the funnel (when a command has loaded it) stops every child first, remote ones on
+    their hosts too; then KeyboardInterrupt as usual."""
+    process = sys.modules.get("tp4.process")
+    if process is not None:
+        process.on_interrupt(signum, frame)
+    raise KeyboardInterrupt
+
+
 def main(argv: list[str] | None = None) -> None:
-    """Console entry point: Tp4Error becomes `error: ...` and its exit code, never a traceback."""
+    """Console entry point: Tp4Error becomes `error: ...` and its exit code, never a traceback;
+    Ctrl-C stops every child, says `interrupted` and exits 130."""
+    try:
+        previous = signal.signal(signal.SIGINT, _interrupt)
+    except ValueError:  # not the main thread (an embedding program): leave its handler alone
+        previous = None
+    try:
+        _main(argv)
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGINT, previous)
+
+
+def _main(argv: list[str] | None) -> None:
     try:
         rv = cli.main(args=argv, prog_name="tp4", standalone_mode=False)
     except Tp4Error as exc:
         click.echo(f"error: {exc.message}", err=True)
         sys.exit(exc.exit_code)
-    except click.exceptions.Abort:
-        click.echo("aborted", err=True)
+    except click.exceptions.Abort as exc:  # click turns Ctrl-C into Abort
+        click.echo("interrupted" if isinstance(exc.__cause__, KeyboardInterrupt) else "aborted", err=True)
         sys.exit(130)
     except click.ClickException as exc:
         exc.show()
