@@ -306,13 +306,17 @@ def run(
         "stdin": subprocess.PIPE if input is not None else stdin,
         "stdout": out_err, "stderr": out_err, "text": text,
     })
+    return _finish(child, redact(_describe(argv, remote), secrets), input=input, timeout=timeout, check=check,
+                   secrets=secrets, capture=capture)
+
+
+def _finish(child: _Child, what: str, *, input: str | bytes | None, timeout: float | None, check: bool,
+            secrets: Sequence[str], capture: bool = True) -> subprocess.CompletedProcess[Any]:
     try:
         out, err = child.popen.communicate(input, timeout=timeout)
     except subprocess.TimeoutExpired:
         _stop([child])
-        raise Tp4Error(
-            f"{redact(_describe(argv, remote), secrets)} did not finish within {timeout:g} s"
-        ) from None
+        raise Tp4Error(f"{what} did not finish within {timeout:g} s") from None
     except BaseException:  # Ctrl-C (KeyboardInterrupt) and anything else: the child goes too
         _stop([child])
         raise
@@ -320,11 +324,19 @@ def run(
         _forget(child)
     proc = subprocess.CompletedProcess(child.popen.args, child.popen.returncode, out, err)
     if check and proc.returncode != 0:
-        raise Tp4Error(
-            f"{redact(_describe(argv, remote), secrets)} failed with exit code {proc.returncode}"
-            + (_tail(err, secrets) if capture else "")
-        )
+        raise Tp4Error(f"{what} failed with exit code {proc.returncode}" + (_tail(err, secrets) if capture else ""))
     return proc
+
+
+def wait_for(popen: subprocess.Popen[Any], what: str, *, timeout: float | None = None, check: bool = True,
+             secrets: Iterable[str] = ()) -> subprocess.CompletedProcess[Any]:
+    """Wait for a child another library started (GitPython's), as run() waits for its own: a
+    timeout, Ctrl-C or :func:`stop_all` stops it; with ``check`` a non-zero exit raises
+    :class:`Tp4Error` naming ``what`` (already redacted; logged by the caller as ``$ …``) and
+    the tail of its stderr. Its stdout and stderr must be pipes."""
+    child = _Child(popen, None, None)
+    _live[id(popen)] = child
+    return _finish(child, what, input=None, timeout=timeout, check=check, secrets=tuple(s for s in secrets if s))
 
 
 def _broken_pipe(code: int) -> bool:
