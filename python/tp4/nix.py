@@ -241,7 +241,7 @@ def build(target: str, out_link: Path, *, echo: Callable[[str], None]) -> str:
     viewer = None
     try:
         if nom:
-            viewer = process.start([nom, "--json"], stdin=proc.stderr)
+            viewer = process.start([nom, "--json"], stdin=proc.stderr, foreground=True)
             out = proc.stdout.read() if proc.stdout else ""
             proc.wait()
             viewer.wait()

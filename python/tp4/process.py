@@ -148,13 +148,15 @@ class _Child:
     popen: subprocess.Popen[Any]
     remote: Remote | None
     pidfile: str | None  # the remote wrapper's file naming its process group
+    own_group: bool = True  # started as the leader of its own process group
 
 
 _live: dict[int, _Child] = {}  # id(popen) -> child; plain dict operations, safe from a signal handler
+_interrupted_at = 0.0  # when Ctrl-C came (on_interrupt), 0 before
 
 
 def _spawn(argv: Sequence[str], remote: Remote | None, env: Mapping[str, str] | None,
-           cwd: str | os.PathLike[str] | None, popen_kwargs: Mapping[str, Any]) -> _Child:
+           cwd: str | os.PathLike[str] | None, popen_kwargs: Mapping[str, Any], *, foreground: bool = False) -> _Child:
     pidfile = None
     if remote is None:
         cmd = [str(a) for a in argv]
@@ -164,12 +166,18 @@ def _spawn(argv: Sequence[str], remote: Remote | None, env: Mapping[str, str] | 
         wrapped = ["sh", "-c", _REMOTE_WRAPPER, "tp4", pidfile, *_remote_command(argv, env)]
         cmd = [*remote.ssh_argv(), shlex.join(wrapped)]
         local_env = None
-    popen_kwargs = {"process_group": 0, **popen_kwargs}  # its own group: stopped with all it started
+    # its own process group, stopped with all it started; never the terminal's stdin: a child in
+    # a background group that read it would stop (SIGTTIN), and ssh would forward keystrokes
+    popen_kwargs = {**popen_kwargs, "process_group": None if foreground else 0}
+    if popen_kwargs.get("stdin") is None:
+        popen_kwargs["stdin"] = subprocess.DEVNULL
+    if _interrupted_at and threading.current_thread() is not threading.main_thread():
+        raise Tp4Error("interrupted (Ctrl-C): not starting " + _describe(argv, remote))
     try:
         popen = subprocess.Popen(cmd, env=local_env, cwd=cwd, **popen_kwargs)
     except FileNotFoundError as exc:
         raise Tp4Error(f"`{cmd[0]}` is not installed or not on PATH; install it and retry") from exc
-    child = _Child(popen, remote, pidfile)
+    child = _Child(popen, remote, pidfile, own_group=not foreground)
     for key, old in list(_live.items()):
         if old.popen.returncode is not None:
             _live.pop(key, None)
@@ -194,13 +202,16 @@ def _kill_remote(child: _Child) -> None:
 
 def _signal_group(child: _Child, sig: int) -> None:
     """``sig`` to the child's process group (it and everything it started), else to the child."""
-    try:
-        os.killpg(child.popen.pid, sig)
-    except OSError:
+    if child.own_group:
         try:
-            child.popen.send_signal(sig)
+            os.killpg(child.popen.pid, sig)
+            return
         except OSError:
             pass
+    try:
+        child.popen.send_signal(sig)
+    except OSError:
+        pass
 
 
 def _stop(children: Sequence[_Child]) -> None:
@@ -216,7 +227,8 @@ def _stop(children: Sequence[_Child]) -> None:
         except subprocess.TimeoutExpired:
             _signal_group(c, signal.SIGKILL)
             c.popen.wait()
-        _signal_group(c, signal.SIGKILL)  # what it started and left behind
+        if c.own_group:
+            _signal_group(c, signal.SIGKILL)  # what it started and left behind
     remotes = [c for c in running if c.remote is not None]
     threads = [threading.Thread(target=_kill_remote, args=(c,), daemon=True) for c in remotes]
     for t in threads:
@@ -232,18 +244,22 @@ def stop_all() -> None:
     _stop(list(_live.values()))
 
 
-_interrupted = False
+_stopping = False
 
 
 def on_interrupt(signum: int, frame: FrameType | None) -> None:
-    global _interrupted
-    if _interrupted:  # a second Ctrl-C while cleaning up: give up the cleanup
+    """The SIGINT handler: stop every child, then raise KeyboardInterrupt. From then on worker
+    threads start no new command (the main thread still may: its cleanup, e.g. removing a
+    container); a second Ctrl-C during the cleanup gives it up."""
+    global _stopping, _interrupted_at
+    if _stopping:
         raise KeyboardInterrupt
-    _interrupted = True
+    _stopping = True
+    _interrupted_at = time.monotonic()
     try:
         stop_all()
     finally:
-        _interrupted = False
+        _stopping = False
     raise KeyboardInterrupt
 
 
@@ -259,6 +275,11 @@ def _announce(text: str, secrets: Sequence[str], echo: Echo | None) -> None:
         echo(line)
     else:
         log.debug("%s", line)
+
+
+def _from_file(stdin: IO[bytes] | None) -> str:
+    name = getattr(stdin, "name", None)
+    return f" < {shlex.quote(name)}" if isinstance(name, str) else ""
 
 
 def _tail(err: str | bytes | None, secrets: Sequence[str], lines: int = 15) -> str:
@@ -295,10 +316,7 @@ def run(
     as progress instead of the debug log.
     """
     secrets = tuple(s for s in secrets if s)
-    shown = shlex.join(full_argv(argv, remote, env))
-    if stdin is not None and getattr(stdin, "name", None):
-        shown += f" < {shlex.quote(str(stdin.name))}"
-    _announce(shown, secrets, echo)
+    _announce(shlex.join(full_argv(argv, remote, env)) + _from_file(stdin), secrets, echo)
     if isinstance(input, str) and not text:
         input = input.encode()
     out_err = subprocess.PIPE if capture else None
@@ -334,7 +352,11 @@ def wait_for(popen: subprocess.Popen[Any], what: str, *, timeout: float | None =
     timeout, Ctrl-C or :func:`stop_all` stops it; with ``check`` a non-zero exit raises
     :class:`Tp4Error` naming ``what`` (already redacted; logged by the caller as ``$ …``) and
     the tail of its stderr. Its stdout and stderr must be pipes."""
-    child = _Child(popen, None, None)
+    try:
+        own_group = popen.poll() is None and os.getpgid(popen.pid) == popen.pid
+    except OSError:
+        own_group = False
+    child = _Child(popen, None, None, own_group=own_group)
     _live[id(popen)] = child
     return _finish(child, what, input=None, timeout=timeout, check=check, secrets=tuple(s for s in secrets if s))
 
@@ -364,7 +386,8 @@ def pipe(
     plan = [s if isinstance(s, Step) else Step(s) for s in steps]
     if len(plan) < 2:
         raise ValueError("a pipe needs at least two steps")
-    _announce(" | ".join(shlex.join(full_argv(s.argv, s.remote, s.env)) for s in plan), secrets, echo)
+    shown = " | ".join(shlex.join(full_argv(s.argv, s.remote, s.env)) for s in plan)
+    _announce(shown + _from_file(stdin), secrets, echo)
     children: list[_Child] = []
     errs: list[IO[bytes]] = []
     with tempfile.TemporaryFile() as out:
@@ -439,13 +462,15 @@ def start(
     cwd: str | os.PathLike[str] | None = None,
     secrets: Iterable[str] = (),
     echo: Echo | None = None,
+    foreground: bool = False,
     **popen_kwargs: Any,
 ) -> subprocess.Popen[Any]:
     """Start a command without waiting (a stream read as it comes); same logging, quoting and
-    Ctrl-C handling as run(). The caller waits for it, and calls :func:`stop` when it gives up."""
+    Ctrl-C handling as run(). The caller waits for it, and calls :func:`stop` when it gives up.
+    ``foreground`` keeps it in tp4's process group (a viewer that draws on the terminal)."""
     secrets = tuple(s for s in secrets if s)
     _announce(shlex.join(full_argv(argv, remote, env)), secrets, echo)
-    return _spawn(argv, remote, env, cwd, popen_kwargs).popen
+    return _spawn(argv, remote, env, cwd, popen_kwargs, foreground=foreground).popen
 
 
 def stop(popen: subprocess.Popen[Any]) -> None:
