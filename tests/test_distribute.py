@@ -13,7 +13,7 @@ import pytest
 
 from netns_hosts import NetnsHosts, storage_conf
 from nix_env import image_flake, nix_config
-from tp4 import containers
+from tp4 import containers, process
 
 REF = "tp4-test:dist"
 PYTHON = Path(__file__).resolve().parent.parent / "python"
@@ -145,12 +145,21 @@ def _loads_on(hosts) -> list[int]:
     return found
 
 
-def test_ctrl_c_during_the_copies_stops_them_on_every_worker(head, tmp_path):
+def _unlimit(hosts) -> None:
+    for i, host in enumerate(hosts):
+        process.run(["tc", "qdisc", "del", "dev", f"{hosts.prefix}v{i}", "root"], check=False)
+        process.run(["ip", "netns", "exec", host.namespace, "tc", "qdisc", "del", "dev", f"{hosts.prefix}p{i}", "root"],
+                    check=False)
+
+
+def test_ctrl_c_during_the_copies_stops_them_on_every_worker(hosts, head):
     """SIGINT to `tp4 distribute` while slow copies run in its worker threads: exit 130 with
     `interrupted`, no traceback, no `podman load` left on a worker."""
-    with NetnsHosts(tmp_path / "slow", count=2) as slow:
-        slow.rate_limit("1mbit")  # the 2 MiB image takes ~16 s per worker
-        tp4 = subprocess.Popen([sys.executable, "-c", "from tp4.cli import main; main()", *worker_args(slow, head)],
+    reset(hosts)
+    slow = hosts[:2]
+    hosts.rate_limit("1mbit")  # the 2 MiB image takes ~16 s per worker
+    try:
+        tp4 = subprocess.Popen([sys.executable, "-c", "from tp4.cli import main; main()", *worker_args(hosts, head, slow)],
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
                                env={**os.environ, "PYTHONPATH": str(PYTHON)})
         try:
@@ -172,6 +181,8 @@ def test_ctrl_c_during_the_copies_stops_them_on_every_worker(head, tmp_path):
                 tp4.kill()
             for pid in _loads_on(slow):
                 os.kill(pid, signal.SIGKILL)
+    finally:
+        _unlimit(hosts)
     assert tp4.returncode == 130, err
     assert "interrupted" in err and "Traceback" not in err and "internal error" not in err
     assert ": copied: " not in out

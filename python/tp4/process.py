@@ -63,7 +63,8 @@ _REMOTE_WRAPPER = (
 )
 # kills the process group named in $1: SIGTERM, then SIGKILL after GRACE seconds
 _REMOTE_KILL = (
-    'f=$1; [ -f "$f" ] || exit 0; read -r g < "$f"; rm -f "$f"; '
+    'f=$1; n=0; while [ ! -f "$f" ] && [ $n -lt 4 ]; do sleep 0.25; n=$((n+1)); done; '  # just started
+    '[ -f "$f" ] || exit 0; read -r g < "$f"; rm -f "$f"; '
     'case $g in ""|*[!0-9]*|0|1) exit 0;; esac; '
     f'kill -TERM -$g 2>/dev/null; n=0; while kill -0 -$g 2>/dev/null && [ $n -lt {int(GRACE * 4)} ]; '
     'do sleep 0.25; n=$((n+1)); done; kill -KILL -$g 2>/dev/null; exit 0'
