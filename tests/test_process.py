@@ -226,14 +226,25 @@ def _drive(tmp_path, hosts, how: str, argv: list[str]) -> subprocess.Popen:
 def test_ctrl_c_stops_the_children_everywhere_and_exits_130(tmp_path, hosts, how, copies):
     """SIGINT to tp4 alone (not to its process group): ssh never passes it on, yet the remote
     `sleep` must go, and tp4 says `interrupted` with exit code 130 and no traceback."""
-    argv = ["sleep", f"{900 + len(how)}.{os.getpid()}"]
+    _stop_with(tmp_path, hosts, how, copies, signal.SIGINT, "interrupted", 130)
+
+
+@pytest.mark.parametrize("sig,message,code", [(signal.SIGTERM, "terminated", 143), (signal.SIGHUP, "hung up", 129)])
+def test_kill_and_a_closed_terminal_stop_the_children_too(tmp_path, hosts, sig, message, code):
+    """tp4's children run in their own process groups, so a terminal's SIGHUP or a `kill` reaches
+    only tp4: it must stop them itself."""
+    _stop_with(tmp_path, hosts, "threads", 2, sig, message, code)
+
+
+def _stop_with(tmp_path, hosts, how: str, copies: int, sig: int, message: str, code: int) -> None:
+    argv = ["sleep", f"{900 + len(how) + sig}.{os.getpid()}"]
     cmdline = shlex.join(argv)
     launched = time.time()
     driver = _drive(tmp_path, hosts, how, argv)
     try:
         assert _wait_until(lambda: len(_running(cmdline)) == copies, 20), driver.stderr.read() if driver.poll() is not None else "not started"
         started = time.monotonic()
-        driver.send_signal(signal.SIGINT)
+        driver.send_signal(sig)
         out, err = driver.communicate(timeout=30)
         assert _wait_until(lambda: not _running(cmdline), 5), f"{cmdline} still running"
         assert time.monotonic() - started < 10
@@ -242,6 +253,6 @@ def test_ctrl_c_stops_the_children_everywhere_and_exits_130(tmp_path, hosts, how
             driver.kill()
         for pid in _running(cmdline):
             os.kill(pid, signal.SIGKILL)
-    assert driver.returncode == 130, err
-    assert "interrupted" in err and "Traceback" not in err and "internal error" not in err
+    assert driver.returncode == code, err
+    assert message in err.splitlines() and "Traceback" not in err and "internal error" not in err
     assert not [p for p in glob.glob("/tmp/tp4-*.pid") if os.path.getmtime(p) >= launched - 1]

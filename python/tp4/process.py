@@ -8,7 +8,9 @@ Every external command tp4 runs goes through :func:`run`, :func:`pipe` or :func:
   shows it as progress) with every secret replaced by ``***``; a pipe as ``$ a | b``;
 * secrets travel on stdin or in files, never in argv (callers pass them as ``input=``);
 * Ctrl-C, a timeout or a failing pipe stage stops the children: local ones with SIGTERM (SIGKILL
-  after a grace period), remote ones by their process group over a second ssh (below).
+  after a grace period) to their process group (each child leads its own, so what it started
+  goes too; its stdin is never the terminal's), remote ones by their process group over a
+  second ssh (below).
 
 Remote children. ssh without a tty does not pass a signal on: when the local ssh dies, the remote
 command keeps running until it next writes or reads its stdin (a `sleep`, a build, a container
@@ -17,9 +19,10 @@ group (sshd starts each session in a new one) to ``/tmp/tp4-<random>.pid`` and r
 the command ends; stopping the command kills that group over a second ssh. The log shows the
 command without the wrapper, so that the ``$ ssh …`` line can be replayed as it is.
 
-:func:`on_interrupt` (the CLI's SIGINT handler calls it; :func:`handle_interrupts` installs it
-alone) makes Ctrl-C stop every child still running, from any thread, before
-``KeyboardInterrupt`` reaches the code waiting on them.
+:func:`on_interrupt` (the CLI's handler of SIGINT, SIGTERM and SIGHUP calls it;
+:func:`handle_interrupts` installs it alone for SIGINT) stops every child still running, from any
+thread, before ``KeyboardInterrupt`` reaches the code waiting on them. As the children are in
+their own process groups, a terminal's Ctrl-C reaches only tp4, which stops them itself.
 """
 
 from __future__ import annotations
