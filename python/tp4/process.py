@@ -19,9 +19,10 @@ group (sshd starts each session in a new one) to ``/tmp/tp4-<random>.pid`` and r
 the command ends; stopping the command kills that group over a second ssh. The log shows the
 command without the wrapper, so that the ``$ ssh …`` line can be replayed as it is.
 
-:func:`on_interrupt` (the CLI's handler of SIGINT, SIGTERM and SIGHUP calls it;
-:func:`handle_interrupts` installs it alone for SIGINT) stops every child still running, from any
-thread, before ``KeyboardInterrupt`` reaches the code waiting on them. As the children are in
+:func:`on_interrupt` (the CLI's handler of SIGINT, SIGTERM and SIGHUP calls it) stops every child
+still running, from any thread, before ``KeyboardInterrupt`` reaches the code waiting on them;
+without it (``python -m tp4.sources``) a KeyboardInterrupt in the main thread still stops the
+child it was waiting for. As the children are in
 their own process groups, a terminal's Ctrl-C reaches only tp4, which stops them itself.
 """
 
@@ -265,12 +266,6 @@ def on_interrupt(signum: int, frame: FrameType | None) -> None:
     finally:
         _stopping = False
     raise KeyboardInterrupt
-
-
-def handle_interrupts() -> None:
-    """Make Ctrl-C (SIGINT) stop every running child first, then raise KeyboardInterrupt in the
-    main thread as usual; children started from worker threads are stopped too. Main thread only."""
-    signal.signal(signal.SIGINT, on_interrupt)
 
 
 def _announce(text: str, secrets: Sequence[str], echo: Echo | None) -> None:
