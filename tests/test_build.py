@@ -147,6 +147,10 @@ def test_passing_checks_tag_the_image_for_the_line_and_record_it(env, tp4_cli, c
     # progress on stderr: nix's builds, which check runs
     assert "building" in stderr and "building" not in stdout
     assert "check 1/2: pass" in stderr and "check 2/2: env" in stderr
+    # the stream piped into the runtime, shown once (progress), not again in the debug log
+    out_path = os.path.realpath(flake / "result-image")
+    assert stderr.count(f"$ {out_path} | podman load\n") == 1
+    assert not [c for c in commands() if "podman load" in c]
     runs = [c for c in commands() if c.startswith("$ podman run ")]
     assert [shlex.split(c)[1:] for c in runs] == [
         ["podman", "run", "--rm", "--network", "none", "--name", f"tp4-check-{os.getpid()}-pass",
@@ -441,6 +445,17 @@ def test_a_failing_build_shows_nix_errors(env, tp4_cli):
     assert code == 1
     assert "failed with exit code" in stderr and "broken-on-purpose" in stderr
     assert "Traceback" not in stderr
+
+
+def test_a_broken_image_stream_is_named_and_the_load_stopped(env, tmp_path):
+    script = tmp_path / "x-stream-broken"
+    script.write_text("#!/bin/sh\nprintf 'not an archive'\necho 'stream: no such layer' >&2\nexit 5\n")
+    script.chmod(0o755)
+    with pytest.raises(Tp4Error) as err:
+        containers.load(str(script), "podman")
+    msg = str(err.value)
+    assert msg.startswith(f"`{script}` failed with exit code 5 (in `{script} | podman load`)")
+    assert "stream: no such layer" in msg
 
 
 def test_loaded_ref_from_podman_and_docker_output():

@@ -2,13 +2,21 @@
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
 import pytest
 
 from netns_hosts import NetnsHosts, storage_conf
 from nix_env import image_flake, nix_config
-from tp4 import containers
+from tp4 import containers, process
 
 REF = "tp4-test:dist"
+PYTHON = Path(__file__).resolve().parent.parent / "python"
 
 
 @pytest.fixture(scope="module")
@@ -120,3 +128,61 @@ def test_a_profile_without_workers_is_invalid_input(head, tp4_cli, tmp_path):
     profile.write_text('[cluster]\nhead = { name = "head", ip = "10.77.0.1" }\nworkers = []\n')
     code, _, err = tp4_cli("distribute", "--flake", head, "--runtime", "podman", "--profile", profile)
     assert code == 2 and "cluster.workers" in err
+
+
+def _loads_on(hosts) -> list[int]:
+    """`podman load` processes run over ssh on these hosts (each host's sessions name its store)."""
+    confs = {f"CONTAINERS_STORAGE_CONF={h.env['CONTAINERS_STORAGE_CONF']}".encode() for h in hosts}
+    found = []
+    for entry in os.listdir("/proc"):
+        try:
+            if not entry.isdigit() or open(f"/proc/{entry}/cmdline", "rb").read() != b"podman\0load\0":
+                continue
+            if confs & set(open(f"/proc/{entry}/environ", "rb").read().split(b"\0")):
+                found.append(int(entry))
+        except OSError:
+            continue
+    return found
+
+
+def _unlimit(hosts) -> None:
+    for i, host in enumerate(hosts):
+        process.run(["tc", "qdisc", "del", "dev", f"{hosts.prefix}v{i}", "root"], check=False)
+        process.run(["ip", "netns", "exec", host.namespace, "tc", "qdisc", "del", "dev", f"{hosts.prefix}p{i}", "root"],
+                    check=False)
+
+
+def test_ctrl_c_during_the_copies_stops_them_on_every_worker(hosts, head):
+    """SIGINT to `tp4 distribute` while slow copies run in its worker threads: exit 130 with
+    `interrupted`, no traceback, no `podman load` left on a worker."""
+    reset(hosts)
+    slow = hosts[:2]
+    hosts.rate_limit("1mbit")  # the 2 MiB image takes ~16 s per worker
+    try:
+        tp4 = subprocess.Popen([sys.executable, "-c", "from tp4.cli import main; main()", *worker_args(hosts, head, slow)],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                               env={**os.environ, "PYTHONPATH": str(PYTHON)})
+        try:
+            deadline = time.monotonic() + 60
+            while len(_loads_on(slow)) < 2 and time.monotonic() < deadline and tp4.poll() is None:
+                time.sleep(0.1)
+            assert len(_loads_on(slow)) == 2, tp4.stderr.read() if tp4.poll() is not None else "no copies started"
+            time.sleep(1)
+            interrupted = time.monotonic()
+            tp4.send_signal(signal.SIGINT)
+            out, err = tp4.communicate(timeout=60)
+            assert time.monotonic() - interrupted < 8, "tp4 waited for the copies instead of stopping them"
+            deadline = time.monotonic() + 5
+            while _loads_on(slow) and time.monotonic() < deadline:
+                time.sleep(0.1)
+            assert _loads_on(slow) == []
+        finally:
+            if tp4.poll() is None:
+                tp4.kill()
+            for pid in _loads_on(slow):
+                os.kill(pid, signal.SIGKILL)
+    finally:
+        _unlimit(hosts)
+    assert tp4.returncode == 130, err
+    assert "interrupted" in err and "Traceback" not in err and "internal error" not in err
+    assert ": copied: " not in out

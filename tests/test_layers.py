@@ -1,4 +1,5 @@
-"""Imports point down: errors <- process <- nix / containers / sources <- build / distribute <- cli.
+"""Imports point down: errors <- process <- nix / containers / sources <- build / distribute <- cli;
+and only the funnel (tp4.process, and tp4.sources.gitrepo for git) starts programs.
 
 Read from the source with ast (function-level imports count too), so a lazy import that points
 up fails here as well."""
@@ -61,6 +62,35 @@ def test_no_module_imports_a_layer_above_it():
                 wrong += [f"{name} imports {m}" for m in sorted(imports(path))
                           if any(m == b.rstrip(".") or m.startswith(b.rstrip(".") + ".") for b in banned)]
     assert wrong == []
+
+
+# who may start a program: the funnel, and the git module that runs git through GitPython the same way
+RUNS_PROGRAMS = {"subprocess": ("tp4.process",), "git": ("tp4.sources.gitrepo",)}
+# other ways to start a program that would bypass the funnel
+OS_SPAWNERS = ("system", "popen", "spawn", "exec", "posix_spawn", "fork")
+
+
+def test_only_the_funnel_starts_programs():
+    wrong = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        name = module_name(path)
+        for module, allowed in RUNS_PROGRAMS.items():
+            if name not in allowed and any(m == module or m.startswith(module + ".") for m in imports(path)):
+                wrong.append(f"{name} imports {module}")
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "os"
+                    and node.attr.startswith(OS_SPAWNERS)):
+                wrong.append(f"{name} calls os.{node.attr}")
+            if isinstance(node, ast.ImportFrom) and node.module in ("os", "pty") and any(
+                    a.name.startswith(OS_SPAWNERS) for a in node.names):
+                wrong.append(f"{name} imports a spawner from {node.module}")
+    assert wrong == []
+
+
+def test_the_funnel_check_sees_a_lazy_subprocess_import(tmp_path):
+    probe = tmp_path / "m.py"
+    probe.write_text("def f():\n    import subprocess.run\n    import git\n")
+    assert {"subprocess.run", "git"} <= imports(probe)
 
 
 def test_the_check_sees_lazy_imports(tmp_path):

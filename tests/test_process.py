@@ -1,13 +1,27 @@
-"""The one funnel for subprocesses: how a remote command reaches ssh's argv."""
+"""The one funnel for subprocesses: how a remote command reaches ssh's argv, pipes, timeouts,
+and Ctrl-C stopping children locally and on real ssh hosts (netns)."""
 
 from __future__ import annotations
 
+import glob
+import json
+import logging
+import os
 import shlex
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import pytest
 
+from netns_hosts import NetnsHosts
 from tp4 import process
+from tp4.errors import Tp4Error
 from tp4.process import Remote, full_argv
+
+PYTHON = Path(__file__).resolve().parent.parent / "python"
 
 # not a `unit` module: it drives the real ssh client (checks.unit has no ssh)
 
@@ -41,3 +55,204 @@ def test_a_hostile_user_never_runs_as_an_ssh_option(tmp_path):
     remote = Remote(host="localhost", user=f"-oProxyCommand=touch {marker} #", connect_timeout=5)
     process.run(["true"], remote=remote, check=False, timeout=30)
     assert not marker.exists()
+
+
+# --- pipe -----------------------------------------------------------------------------------------
+
+
+def test_pipe_connects_stdout_to_stdin_and_logs_one_line(caplog):
+    caplog.set_level(logging.DEBUG, logger="tp4.process")
+    proc = process.pipe([["printf", "a\\nsecret-x\\nb\\n"], ["grep", "-v", "a"], ["wc", "-l"]], secrets=["secret-x"])
+    assert proc.stdout.strip() == "2"
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("$ ")]
+    assert lines == ["$ printf 'a\\nsecret-x\\nb\\n' | grep -v a | wc -l".replace("secret-x", "***")]
+
+
+def test_pipe_echo_shows_the_command_instead_of_the_debug_log(caplog):
+    caplog.set_level(logging.DEBUG, logger="tp4.process")
+    shown: list[str] = []
+    process.pipe([["echo", "hi"], ["cat"]], echo=shown.append)
+    assert shown == ["$ echo hi | cat"]
+    assert not [r for r in caplog.records if r.getMessage().startswith("$ ")]
+
+
+def test_pipe_names_the_failing_consumer_not_the_producer_it_broke():
+    # `yes` dies of SIGPIPE when its consumer fails: the consumer is the culprit
+    with pytest.raises(Tp4Error) as err:
+        process.pipe([["yes"], ["sh", "-c", "head -c 10 >/dev/null; echo 'load: bad archive' >&2; exit 3"]])
+    msg = str(err.value)
+    assert msg.startswith("`sh -c ") and "failed with exit code 3" in msg and "load: bad archive" in msg
+    assert "(in `yes | sh -c" in msg
+
+
+def test_pipe_names_a_failing_producer_and_stops_the_consumer():
+    started = time.monotonic()
+    with pytest.raises(Tp4Error) as err:
+        process.pipe([["sh", "-c", "echo 'stream: no such layer' >&2; exit 4"], ["sh", "-c", "sleep 60 <&-"]])
+    assert time.monotonic() - started < 10
+    assert str(err.value).startswith("`sh -c") and "exit code 4" in str(err.value)
+    assert "stream: no such layer" in str(err.value)
+
+
+def test_pipe_stops_a_producer_when_the_consumer_fails_without_reading(tmp_path):
+    marker = tmp_path / "producer-finished"
+    started = time.monotonic()
+    with pytest.raises(Tp4Error) as err:
+        process.pipe([["sh", "-c", f"sleep 31.{os.getpid()}; touch {marker}"], ["false"]])
+    assert time.monotonic() - started < 10
+    assert str(err.value).startswith("`false` failed with exit code 1")
+    time.sleep(0.5)
+    assert not marker.exists() and not _running(f"sleep 31.{os.getpid()}")
+
+
+def test_pipe_timeout_stops_every_step():
+    with pytest.raises(Tp4Error, match=r"`sleep 41\.5 \| cat` did not finish within 0\.5 s"):
+        process.pipe([["sleep", "41.5"], ["cat"]], timeout=0.5)
+    assert not _running("sleep 41.5")
+
+
+def test_pipe_reports_a_missing_program():
+    with pytest.raises(Tp4Error, match="`no-such-tp4-program` is not installed"):
+        process.pipe([["echo"], ["no-such-tp4-program"]])
+
+
+def test_run_reads_stdin_from_a_file_and_logs_it(tmp_path, caplog):
+    caplog.set_level(logging.DEBUG, logger="tp4.process")
+    src = tmp_path / "in put"
+    src.write_bytes(b"x" * 100000)
+    with open(src, "rb") as stream:
+        assert process.run(["wc", "-c"], stdin=stream).stdout.strip() == "100000"
+    assert f"$ wc -c < '{src}'" in [r.getMessage() for r in caplog.records]
+
+
+def test_run_timeout_kills_a_local_child():
+    with pytest.raises(Tp4Error, match=r"`sleep 42\.5` did not finish within 0\.3 s"):
+        process.run(["sleep", "42.5"], timeout=0.3)
+    assert not _running("sleep 42.5")
+
+
+def _running(cmdline: str) -> list[int]:
+    """Processes (on this machine, which the netns hosts share) whose command line is ``cmdline``."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                raw = open(f"/proc/{entry}/cmdline", "rb").read()
+                state = open(f"/proc/{entry}/stat").read().rsplit(")", 1)[1].split()[0]
+            except OSError:
+                continue
+            if raw.replace(b"\0", b" ").decode(errors="replace").strip() == cmdline and state != "Z":
+                found.append(int(entry))
+    return found
+
+
+def _wait_until(predicate, seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.05)
+    return predicate()
+
+
+# --- remote commands and Ctrl-C (real sshd in netns hosts) ----------------------------------------
+
+
+@pytest.fixture(scope="module")
+def hosts(tmp_path_factory):
+    with NetnsHosts(tmp_path_factory.mktemp("netns"), count=2) as hosts:
+        yield hosts
+
+
+def test_a_remote_command_gets_stdin_and_its_exit_code_and_leaves_no_pid_file(hosts):
+    before = set(glob.glob("/tmp/tp4-*.pid"))
+    proc = process.run(["sh", "-c", "cat; exit 7"], remote=hosts[0].remote, input="through ssh", check=False)
+    assert (proc.returncode, proc.stdout) == (7, "through ssh")
+    assert set(glob.glob("/tmp/tp4-*.pid")) == before
+
+
+def test_a_remote_pipe_step(hosts):
+    proc = process.pipe([["printf", "one\\ntwo\\n"], process.Step(["wc", "-l"], remote=hosts[0].remote)])
+    assert proc.stdout.strip() == "2"
+
+
+def test_a_remote_timeout_kills_the_remote_command(hosts):
+    with pytest.raises(Tp4Error, match=r"`sleep 43\.5` on root@.* did not finish within 1 s"):
+        process.run(["sleep", "43.5"], remote=hosts[0].remote, timeout=1)
+    assert _wait_until(lambda: not _running("sleep 43.5"), 5)
+
+
+DRIVER = '''
+import json, sys
+from concurrent.futures import ThreadPoolExecutor
+import click
+from tp4 import cli, process
+
+spec = json.loads(sys.argv[1])
+remotes = [process.Remote(**{**r, "options": tuple(r["options"])}) for r in spec["remotes"]]
+
+@click.command("drive")
+def drive() -> None:
+    """What distribute does: remote commands from worker threads, or one in the main thread."""
+    argv = spec["argv"]
+    if spec["how"] == "threads":
+        with ThreadPoolExecutor(max_workers=len(remotes)) as pool:
+            list(pool.map(lambda r: process.run(argv, remote=r), remotes))
+    elif spec["how"] == "remote":
+        process.run(argv, remote=remotes[0])
+    elif spec["how"] == "pipe":
+        process.pipe([argv, process.Step(["cat"], remote=remotes[0])])
+    else:
+        process.run(argv)
+
+cli.SUBCOMMANDS["drive"] = ("__main__", "drive", "a test driver")
+print("ready", flush=True)
+cli.main(["drive"])
+'''
+
+
+def _drive(tmp_path, hosts, how: str, argv: list[str]) -> subprocess.Popen:
+    script = tmp_path / "driver.py"
+    script.write_text(DRIVER)
+    spec = {"how": how, "argv": argv, "remotes": [
+        {"host": h.remote.host, "user": h.remote.user, "identity": h.remote.identity, "options": list(h.remote.options)}
+        for h in hosts]}
+    return subprocess.Popen([sys.executable, str(script), json.dumps(spec)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            env={**os.environ, "PYTHONPATH": str(PYTHON)})
+
+
+@pytest.mark.parametrize("how,copies", [("remote", 1), ("threads", 2), ("pipe", 1), ("local", 1)])
+def test_ctrl_c_stops_the_children_everywhere_and_exits_130(tmp_path, hosts, how, copies):
+    """SIGINT to tp4 alone (not to its process group): ssh never passes it on, yet the remote
+    `sleep` must go, and tp4 says `interrupted` with exit code 130 and no traceback."""
+    _stop_with(tmp_path, hosts, how, copies, signal.SIGINT, "interrupted", 130)
+
+
+@pytest.mark.parametrize("sig,message,code", [(signal.SIGTERM, "terminated", 143), (signal.SIGHUP, "hung up", 129)])
+def test_kill_and_a_closed_terminal_stop_the_children_too(tmp_path, hosts, sig, message, code):
+    """tp4's children run in their own process groups, so a terminal's SIGHUP or a `kill` reaches
+    only tp4: it must stop them itself."""
+    _stop_with(tmp_path, hosts, "threads", 2, sig, message, code)
+
+
+def _stop_with(tmp_path, hosts, how: str, copies: int, sig: int, message: str, code: int) -> None:
+    argv = ["sleep", f"{900 + len(how) + sig}.{os.getpid()}"]
+    cmdline = shlex.join(argv)
+    launched = time.time()
+    driver = _drive(tmp_path, hosts, how, argv)
+    try:
+        assert _wait_until(lambda: len(_running(cmdline)) == copies, 20), driver.stderr.read() if driver.poll() is not None else "not started"
+        started = time.monotonic()
+        driver.send_signal(sig)
+        out, err = driver.communicate(timeout=30)
+        assert _wait_until(lambda: not _running(cmdline), 5), f"{cmdline} still running"
+        assert time.monotonic() - started < 10
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+        for pid in _running(cmdline):
+            os.kill(pid, signal.SIGKILL)
+    assert driver.returncode == code, err
+    assert message in err.splitlines() and "Traceback" not in err and "internal error" not in err
+    assert not [p for p in glob.glob("/tmp/tp4-*.pid") if os.path.getmtime(p) >= launched - 1]

@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import os
 import shlex
-import subprocess
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
@@ -134,19 +133,18 @@ def run_check(runtime: str, image: str, check: ImageCheck) -> CheckResult:
     name = f"tp4-check-{os.getpid()}-{check.name}"
     argv = check_argv(runtime, image, check, name=name)
     start = time.monotonic()
-    proc = process.start(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace")
+    proc = process.start(argv, stdout=process.PIPE, stderr=process.STDOUT, text=True, errors="replace")
     try:
         output, _ = proc.communicate(timeout=check.timeout)
         reason = "" if proc.returncode == 0 else f"exit code {proc.returncode}"
-    except subprocess.TimeoutExpired:
+    except process.TimeoutExpired:
         containers.remove_container(runtime, name)
         proc.kill()
         output, _ = proc.communicate()
         reason = f"timed out after {check.timeout} s"
     except BaseException:  # Ctrl-C: the container goes with it
         containers.remove_container(runtime, name)
-        proc.kill()
-        proc.wait()
+        process.stop(proc)
         raise
     return CheckResult(check.name, not reason, time.monotonic() - start, reason, output or "")
 
@@ -242,8 +240,7 @@ def build(flake: Path, attr: str, runtime: str, out: Echo, progress: Echo, *, sy
     except Tp4Error as exc:
         raise _missing_output_hint(exc, system) from None
     progress(f"built {out_path}")
-    progress(f"$ {containers.describe_load(out_path, runtime)}")
-    candidate = containers.load(out_path, runtime)
+    candidate = containers.load(out_path, runtime, echo=progress)
     found = containers.inspect(runtime, candidate)
     if found is None:
         raise Tp4Error(f"{runtime} loaded {candidate} but cannot inspect it")

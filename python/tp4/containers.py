@@ -9,7 +9,6 @@ import os
 import re
 import shlex
 import shutil
-import subprocess
 from pathlib import Path
 
 from tp4 import process
@@ -54,25 +53,14 @@ def describe_load(out_path: str, runtime: str) -> str:
     return f"{shlex.join(producer)} | {shlex.join(loader)}" if producer else shlex.join(loader)
 
 
-def load(out_path: str, runtime: str) -> str:
-    """Load the image into the runtime; returns the reference the runtime printed."""
+def load(out_path: str, runtime: str, *, echo: process.Echo | None = None) -> str:
+    """Load the image into the runtime; returns the reference the runtime printed. ``echo``
+    shows the command (`$ stream | <runtime> load`) as progress."""
     producer, loader = load_argv(out_path, runtime)
     if producer is None:
-        out = process.run(loader).stdout
+        out = process.run(loader, echo=echo).stdout
     else:
-        src = process.start(producer, stdout=subprocess.PIPE)
-        try:
-            dst = process.start(loader, stdin=src.stdout, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                text=True)
-            assert src.stdout is not None
-            src.stdout.close()
-            out, err = dst.communicate()
-        finally:
-            src.wait()
-        if src.returncode != 0:
-            raise Tp4Error(f"the image stream `{out_path}` failed with exit code {src.returncode}")
-        if dst.returncode != 0:
-            raise Tp4Error(f"`{shlex.join(loader)}` failed with exit code {dst.returncode}\n{err.strip()}")
+        out = process.pipe([producer, loader], echo=echo).stdout
     return loaded_ref(out)
 
 

@@ -15,7 +15,6 @@ copies at once; only nodes that need the image cause it to be written.
 from __future__ import annotations
 
 import os
-import subprocess
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -65,12 +64,7 @@ def remote_id(runtime: str, ref: str, remote: process.Remote) -> str | None:
 def send(path: Path, runtime: str, remote: process.Remote) -> None:
     """Stream the archive into `<runtime> load` on the node."""
     with open(path, "rb") as stream:
-        proc = process.start([runtime, "load"], remote=remote, stdin=stream,
-                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        _, err = proc.communicate()
-    if proc.returncode != 0:
-        raise Tp4Error(f"`{runtime} load` on {remote.destination} failed with exit code "
-                       f"{proc.returncode}\n{err.decode(errors='replace').strip()}")
+        process.run([runtime, "load"], remote=remote, stdin=stream)
 
 
 def check(ref: str, image_id: str, nodes: Sequence[process.Remote], runtime: str) -> list[Outcome]:

@@ -17,10 +17,8 @@ from __future__ import annotations
 import json
 import os
 import re
-import shlex
 import shutil
 import socket
-import subprocess
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -237,28 +235,34 @@ def build(target: str, out_link: Path, *, echo: Callable[[str], None]) -> str:
     nix's internal-json log is read here and each build or download is echoed as one line.
     """
     argv = build_argv(target, out_link)
-    echo(f"$ {shlex.join(argv)}")
-    proc = process.start(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = process.start(argv, echo=echo, stdout=process.PIPE, stderr=process.PIPE, text=True)
     nom = shutil.which("nom") if sys.stderr.isatty() else None
     tail: list[str] = []
-    if nom:
-        viewer = process.start([nom, "--json"], stdin=proc.stderr)
-        out = proc.stdout.read() if proc.stdout else ""
-        proc.wait()
-        viewer.wait()
-    else:
-        assert proc.stderr is not None
-        for line in proc.stderr:
-            event = log_event(line)
-            if event is None:
-                continue
-            kind, text = event
-            if kind == "progress":
-                echo(text)
-            else:
-                tail = (tail + [text])[-20:]
-        out = proc.stdout.read() if proc.stdout else ""
-        proc.wait()
+    viewer = None
+    try:
+        if nom:
+            viewer = process.start([nom, "--json"], stdin=proc.stderr, foreground=True)
+            out = proc.stdout.read() if proc.stdout else ""
+            proc.wait()
+            viewer.wait()
+        else:
+            assert proc.stderr is not None
+            for line in proc.stderr:
+                event = log_event(line)
+                if event is None:
+                    continue
+                kind, text = event
+                if kind == "progress":
+                    echo(text)
+                else:
+                    tail = (tail + [text])[-20:]
+            out = proc.stdout.read() if proc.stdout else ""
+            proc.wait()
+    except BaseException:  # Ctrl-C: nix and the viewer go with it
+        process.stop(proc)
+        if viewer is not None:
+            process.stop(viewer)
+        raise
     if proc.returncode != 0:
         raise Tp4Error(f"`nix build {target}` failed with exit code {proc.returncode}\n" + "\n".join(tail))
     return json.loads(out)[0]["outputs"]["out"]

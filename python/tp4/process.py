@@ -1,11 +1,29 @@
 """The one funnel for subprocesses, local and over ssh.
 
-Every external command tp4 runs goes through :func:`run` or :func:`start`:
+Every external command tp4 runs goes through :func:`run`, :func:`pipe` or :func:`start`:
 
 * argv is always a list; nothing is ever handed to a local shell;
 * a remote command is quoted exactly once (``shlex.join``) and passed to ``ssh`` as one word;
-* each command is logged as ``$ <command>`` at debug level with every secret replaced by ``***``;
-* secrets travel on stdin or in files, never in argv (callers pass them as ``input=``).
+* each command is logged once as ``$ <command>`` (debug level, or on ``echo`` when the caller
+  shows it as progress) with every secret replaced by ``***``; a pipe as ``$ a | b``;
+* secrets travel on stdin or in files, never in argv (callers pass them as ``input=``);
+* Ctrl-C, a timeout or a failing pipe stage stops the children: local ones with SIGTERM (SIGKILL
+  after a grace period) to their process group (each child leads its own, so what it started
+  goes too; its stdin is never the terminal's), remote ones by their process group over a
+  second ssh (below).
+
+Remote children. ssh without a tty does not pass a signal on: when the local ssh dies, the remote
+command keeps running until it next writes or reads its stdin (a `sleep`, a build, a container
+never does). So every remote command runs under a small ``sh`` wrapper that writes its process
+group (sshd starts each session in a new one) to ``/tmp/tp4-<random>.pid`` and removes it when
+the command ends; stopping the command kills that group over a second ssh. The log shows the
+command without the wrapper, so that the ``$ ssh …`` line can be replayed as it is.
+
+:func:`on_interrupt` (the CLI's handler of SIGINT, SIGTERM and SIGHUP calls it) stops every child
+still running, from any thread, before ``KeyboardInterrupt`` reaches the code waiting on them;
+without it (``python -m tp4.sources``) a KeyboardInterrupt in the main thread still stops the
+child it was waiting for. As the children are in
+their own process groups, a terminal's Ctrl-C reaches only tp4, which stops them itself.
 """
 
 from __future__ import annotations
@@ -13,15 +31,48 @@ from __future__ import annotations
 import logging
 import os
 import shlex
+import signal
 import subprocess
-from collections.abc import Iterable, Mapping, Sequence
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from types import FrameType
+from typing import IO, Any
 
 from tp4.errors import Tp4Error
 
 log = logging.getLogger("tp4.process")
 
 REDACTED = "***"
+
+Echo = Callable[[str], None]
+
+# what callers of start() hand to Popen; re-exported so that no other module imports subprocess
+PIPE = subprocess.PIPE
+DEVNULL = subprocess.DEVNULL
+STDOUT = subprocess.STDOUT
+Popen = subprocess.Popen
+CompletedProcess = subprocess.CompletedProcess
+TimeoutExpired = subprocess.TimeoutExpired
+
+# seconds a child gets between SIGTERM and SIGKILL; a remote cleanup's ssh gets CLEANUP_TIMEOUT
+GRACE = 2.0
+CLEANUP_TIMEOUT = 15.0
+
+# writes the session's process group to $1, runs the command, removes $1 (see the module doc)
+_REMOTE_WRAPPER = (
+    'f=$1; shift; (umask 077; set -C; read -r _ _ _ _ g _ < /proc/$$/stat && echo "$g" > "$f") 2>/dev/null; '
+    '"$@"; s=$?; rm -f "$f"; exit $s'
+)
+# kills the process group named in $1: SIGTERM, then SIGKILL after GRACE seconds
+_REMOTE_KILL = (
+    'f=$1; n=0; while [ ! -f "$f" ] && [ $n -lt 4 ]; do sleep 0.25; n=$((n+1)); done; '  # just started
+    '[ -f "$f" ] || exit 0; read -r g < "$f"; rm -f "$f"; '
+    'case $g in ""|*[!0-9]*|0|1) exit 0;; esac; '
+    f'kill -TERM -$g 2>/dev/null; n=0; while kill -0 -$g 2>/dev/null && [ $n -lt {int(GRACE * 4)} ]; '
+    'do sleep 0.25; n=$((n+1)); done; kill -KILL -$g 2>/dev/null; exit 0'
+)
 
 
 @dataclass(frozen=True)
@@ -56,6 +107,15 @@ class Remote:
         return argv + ["--", self.destination]
 
 
+@dataclass(frozen=True)
+class Step:
+    """One command of a :func:`pipe`: argv, run locally or on ``remote``."""
+
+    argv: Sequence[str]
+    remote: Remote | None = None
+    env: Mapping[str, str] | None = None
+
+
 def redact(text: str, secrets: Iterable[str]) -> str:
     for secret in secrets:
         if secret:
@@ -63,24 +123,173 @@ def redact(text: str, secrets: Iterable[str]) -> str:
     return text
 
 
+def _remote_command(argv: Sequence[str], env: Mapping[str, str] | None) -> list[str]:
+    argv = [str(a) for a in argv]
+    return ["env", *(f"{k}={v}" for k, v in env.items()), *argv] if env else argv
+
+
 def full_argv(argv: Sequence[str], remote: Remote | None = None,
               env: Mapping[str, str] | None = None) -> list[str]:
-    """The argv actually executed: local as given, remote as ``ssh ... -- DEST '<quoted command>'``.
+    """The command as logged: local as given, remote as ``ssh ... -- DEST '<quoted command>'``.
 
     For a remote command, ``env`` is applied with ``env K=V`` inside the quoted command; never
-    pass secrets that way (use ``input=``).
+    pass secrets that way (use ``input=``). What runs adds the cleanup wrapper (module doc).
     """
-    argv = [str(a) for a in argv]
     if remote is None:
-        return argv
-    if env:
-        argv = ["env", *(f"{k}={v}" for k, v in env.items()), *argv]
-    return [*remote.ssh_argv(), shlex.join(argv)]
+        return [str(a) for a in argv]
+    return [*remote.ssh_argv(), shlex.join(_remote_command(argv, env))]
 
 
 def _describe(argv: Sequence[str], remote: Remote | None) -> str:
     where = f" on {remote.destination}" if remote else ""
-    return f"`{shlex.join(argv)}`{where}"
+    return f"`{shlex.join([str(a) for a in argv])}`{where}"
+
+
+# --- children -------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Child:
+    popen: subprocess.Popen[Any]
+    remote: Remote | None
+    pidfile: str | None  # the remote wrapper's file naming its process group
+    own_group: bool = True  # started as the leader of its own process group
+
+
+_live: dict[int, _Child] = {}  # id(popen) -> child; plain dict operations, safe from a signal handler
+_interrupted_at = 0.0  # when Ctrl-C came (on_interrupt), 0 before
+
+
+def _spawn(argv: Sequence[str], remote: Remote | None, env: Mapping[str, str] | None,
+           cwd: str | os.PathLike[str] | None, popen_kwargs: Mapping[str, Any], *, foreground: bool = False) -> _Child:
+    pidfile = None
+    if remote is None:
+        cmd = [str(a) for a in argv]
+        local_env = {**os.environ, **env} if env else None
+    else:
+        pidfile = f"/tmp/tp4-{os.urandom(8).hex()}.pid"
+        wrapped = ["sh", "-c", _REMOTE_WRAPPER, "tp4", pidfile, *_remote_command(argv, env)]
+        cmd = [*remote.ssh_argv(), shlex.join(wrapped)]
+        local_env = None
+    # its own process group, stopped with all it started; never the terminal's stdin: a child in
+    # a background group that read it would stop (SIGTTIN), and ssh would forward keystrokes
+    popen_kwargs = {**popen_kwargs, "process_group": None if foreground else 0}
+    if popen_kwargs.get("stdin") is None:
+        popen_kwargs["stdin"] = subprocess.DEVNULL
+    if _interrupted_at and threading.current_thread() is not threading.main_thread():
+        raise Tp4Error("interrupted (Ctrl-C): not starting " + _describe(argv, remote))
+    try:
+        popen = subprocess.Popen(cmd, env=local_env, cwd=cwd, **popen_kwargs)
+    except FileNotFoundError as exc:
+        raise Tp4Error(f"`{cmd[0]}` is not installed or not on PATH; install it and retry") from exc
+    child = _Child(popen, remote, pidfile, own_group=not foreground)
+    for key, old in list(_live.items()):
+        if old.popen.returncode is not None:
+            _live.pop(key, None)
+    _live[id(popen)] = child
+    return child
+
+
+def _forget(child: _Child) -> None:
+    _live.pop(id(child.popen), None)
+
+
+def _kill_remote(child: _Child) -> None:
+    if child.remote is None or child.pidfile is None:
+        return
+    argv = [*child.remote.ssh_argv(), shlex.join(["sh", "-c", _REMOTE_KILL, "tp4", child.pidfile])]
+    log.debug("$ %s", shlex.join(argv))
+    try:
+        subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, timeout=CLEANUP_TIMEOUT, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        log.warning("could not stop the command on %s: %s", child.remote.destination, exc)
+
+
+def _signal_group(child: _Child, sig: int) -> None:
+    """``sig`` to the child's process group (it and everything it started), else to the child."""
+    if child.own_group:
+        try:
+            os.killpg(child.popen.pid, sig)
+            return
+        except OSError:
+            pass
+    try:
+        child.popen.send_signal(sig)
+    except OSError:
+        pass
+
+
+def _stop(children: Sequence[_Child]) -> None:
+    """SIGTERM every child still running and what it started, SIGKILL them after GRACE seconds,
+    then kill the process group of each remote one on its host."""
+    running = [c for c in children if c.popen.poll() is None]
+    for c in running:
+        _signal_group(c, signal.SIGTERM)
+    deadline = time.monotonic() + GRACE
+    for c in running:
+        try:
+            c.popen.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            _signal_group(c, signal.SIGKILL)
+            c.popen.wait()
+        if c.own_group:
+            _signal_group(c, signal.SIGKILL)  # what it started and left behind
+    remotes = [c for c in running if c.remote is not None]
+    threads = [threading.Thread(target=_kill_remote, args=(c,), daemon=True) for c in remotes]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(CLEANUP_TIMEOUT + 1)
+    for c in children:
+        _forget(c)
+
+
+def stop_all() -> None:
+    """Stop every child the funnel started that is still running, local and remote."""
+    _stop(list(_live.values()))
+
+
+_stopping = False
+
+
+def on_interrupt(signum: int, frame: FrameType | None) -> None:
+    """The SIGINT handler: stop every child, then raise KeyboardInterrupt. From then on worker
+    threads start no new command (the main thread still may: its cleanup, e.g. removing a
+    container); a second Ctrl-C during the cleanup gives it up."""
+    global _stopping, _interrupted_at
+    if _stopping:
+        raise KeyboardInterrupt
+    _stopping = True
+    _interrupted_at = time.monotonic()
+    try:
+        stop_all()
+    finally:
+        _stopping = False
+    raise KeyboardInterrupt
+
+
+def _announce(text: str, secrets: Sequence[str], echo: Echo | None) -> None:
+    line = f"$ {redact(text, secrets)}"
+    if echo is not None:
+        echo(line)
+    else:
+        log.debug("%s", line)
+
+
+def _from_file(stdin: IO[bytes] | None) -> str:
+    name = getattr(stdin, "name", None)
+    return f" < {shlex.quote(name)}" if isinstance(name, str) else ""
+
+
+def _tail(err: str | bytes | None, secrets: Sequence[str], lines: int = 15) -> str:
+    if not err:
+        return ""
+    text = err if isinstance(err, str) else err.decode(errors="replace")
+    tail = "\n".join(text.strip().splitlines()[-lines:])
+    return "\n" + redact(tail, secrets) if tail else ""
+
+
+# --- the three ways to run ------------------------------------------------------------------------
 
 
 def run(
@@ -90,52 +299,158 @@ def run(
     check: bool = True,
     capture: bool = True,
     input: str | bytes | None = None,
+    stdin: IO[bytes] | None = None,
     env: Mapping[str, str] | None = None,
     cwd: str | os.PathLike[str] | None = None,
     timeout: float | None = None,
     secrets: Iterable[str] = (),
     text: bool = True,
-) -> subprocess.CompletedProcess:
+    echo: Echo | None = None,
+) -> subprocess.CompletedProcess[Any]:
     """Run one command to completion and return its CompletedProcess.
 
-    With ``check`` a non-zero exit raises :class:`Tp4Error` naming the command (secrets redacted)
-    and the tail of its stderr.
+    ``stdin`` is an open file the command reads (``$ … < file`` in the log); ``input`` is data
+    written to it. With ``check`` a non-zero exit raises :class:`Tp4Error` naming the command
+    (secrets redacted) and the tail of its stderr. ``echo`` (a callable) shows the ``$ …`` line
+    as progress instead of the debug log.
     """
     secrets = tuple(s for s in secrets if s)
-    cmd = full_argv(argv, remote, env)
-    log.debug("$ %s", redact(shlex.join(cmd), secrets))
-    local_env = None
-    if env and remote is None:
-        local_env = {**os.environ, **env}
+    _announce(shlex.join(full_argv(argv, remote, env)) + _from_file(stdin), secrets, echo)
     if isinstance(input, str) and not text:
         input = input.encode()
+    out_err = subprocess.PIPE if capture else None
+    child = _spawn(argv, remote, env, cwd, {
+        "stdin": subprocess.PIPE if input is not None else stdin,
+        "stdout": out_err, "stderr": out_err, "text": text,
+    })
+    return _finish(child, redact(_describe(argv, remote), secrets), input=input, timeout=timeout, check=check,
+                   secrets=secrets, capture=capture)
+
+
+def _finish(child: _Child, what: str, *, input: str | bytes | None, timeout: float | None, check: bool,
+            secrets: Sequence[str], capture: bool = True) -> subprocess.CompletedProcess[Any]:
     try:
-        proc = subprocess.run(
-            cmd,
-            input=input,
-            capture_output=capture,
-            env=local_env,
-            cwd=cwd,
-            timeout=timeout,
-            text=text,
-            check=False,
-        )
-    except FileNotFoundError as exc:
-        raise Tp4Error(f"`{cmd[0]}` is not installed or not on PATH; install it and retry") from exc
-    except subprocess.TimeoutExpired as exc:
-        raise Tp4Error(
-            f"{redact(_describe(argv, remote), secrets)} did not finish within {timeout:g} s"
-        ) from exc
+        out, err = child.popen.communicate(input, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        _stop([child])
+        raise Tp4Error(f"{what} did not finish within {timeout:g} s") from None
+    except BaseException:  # Ctrl-C (KeyboardInterrupt) and anything else: the child goes too
+        _stop([child])
+        raise
+    finally:
+        _forget(child)
+    proc = subprocess.CompletedProcess(child.popen.args, child.popen.returncode, out, err)
     if check and proc.returncode != 0:
-        detail = ""
-        if capture and proc.stderr:
-            err = proc.stderr if isinstance(proc.stderr, str) else proc.stderr.decode(errors="replace")
-            tail = "\n".join(err.strip().splitlines()[-15:])
-            detail = "\n" + redact(tail, secrets)
-        raise Tp4Error(
-            f"{redact(_describe(argv, remote), secrets)} failed with exit code {proc.returncode}{detail}"
-        )
+        raise Tp4Error(f"{what} failed with exit code {proc.returncode}" + (_tail(err, secrets) if capture else ""))
     return proc
+
+
+def wait_for(popen: subprocess.Popen[Any], what: str, *, timeout: float | None = None, check: bool = True,
+             secrets: Iterable[str] = ()) -> subprocess.CompletedProcess[Any]:
+    """Wait for a child another library started (GitPython's), as run() waits for its own: a
+    timeout, Ctrl-C or :func:`stop_all` stops it; with ``check`` a non-zero exit raises
+    :class:`Tp4Error` naming ``what`` (already redacted; logged by the caller as ``$ …``) and
+    the tail of its stderr. Its stdout and stderr must be pipes."""
+    try:
+        own_group = popen.poll() is None and os.getpgid(popen.pid) == popen.pid
+    except OSError:
+        own_group = False
+    child = _Child(popen, None, None, own_group=own_group)
+    _live[id(popen)] = child
+    return _finish(child, what, input=None, timeout=timeout, check=check, secrets=tuple(s for s in secrets if s))
+
+
+def _broken_pipe(code: int) -> bool:
+    """The exit of a producer whose consumer went away (SIGPIPE, or a shell's 128+13)."""
+    return code in (-signal.SIGPIPE, 128 + signal.SIGPIPE)
+
+
+def pipe(
+    steps: Sequence[Step | Sequence[str]],
+    *,
+    stdin: IO[bytes] | None = None,
+    timeout: float | None = None,
+    secrets: Iterable[str] = (),
+    text: bool = True,
+    echo: Echo | None = None,
+) -> subprocess.CompletedProcess[Any]:
+    """Run ``a | b | …``: each step's stdout is the next one's stdin; returns the last step's
+    output. Logged once as ``$ a | b``; every step is waited for; when one fails the others are
+    stopped and the error names the failing step (a producer killed by SIGPIPE because its
+    consumer failed is not the culprit) and the tail of its stderr. A timeout or Ctrl-C stops
+    all of them, remote ones on their hosts too."""
+    import tempfile
+
+    secrets = tuple(s for s in secrets if s)
+    plan = [s if isinstance(s, Step) else Step(s) for s in steps]
+    if len(plan) < 2:
+        raise ValueError("a pipe needs at least two steps")
+    shown = " | ".join(shlex.join(full_argv(s.argv, s.remote, s.env)) for s in plan)
+    _announce(shown + _from_file(stdin), secrets, echo)
+    children: list[_Child] = []
+    errs: list[IO[bytes]] = []
+    with tempfile.TemporaryFile() as out:
+        try:
+            upstream: IO[bytes] | int | None = stdin
+            for i, step in enumerate(plan):
+                err = tempfile.TemporaryFile()
+                errs.append(err)
+                last = i == len(plan) - 1
+                child = _spawn(step.argv, step.remote, step.env, None,
+                               {"stdin": upstream, "stdout": out if last else subprocess.PIPE, "stderr": err})
+                children.append(child)
+                if i and children[i - 1].popen.stdout is not None:
+                    children[i - 1].popen.stdout.close()  # only the next step holds the read end
+                upstream = child.popen.stdout
+            deadline = None if timeout is None else time.monotonic() + timeout
+            failed = _wait_all(children, deadline)
+            if failed is None:
+                _stop(children)
+                raise Tp4Error(f"`{redact(_joined(plan), secrets)}` did not finish within {timeout:g} s")
+            if any(code != 0 for code in failed):
+                _stop(children)  # the others are stopped: their exit codes say nothing
+        except BaseException:
+            _stop(children)
+            raise
+        finally:
+            for c in children:
+                _forget(c)
+            tails = []
+            for e in errs:
+                e.seek(0)
+                tails.append(e.read())
+                e.close()
+        bad = [i for i, code in enumerate(failed) if code not in (None, 0)]
+        if bad:
+            culprit = next((i for i in bad if not _broken_pipe(failed[i] or 0)), bad[0])
+            step = plan[culprit]
+            raise Tp4Error(
+                f"{redact(_describe(step.argv, step.remote), secrets)} failed with exit code {failed[culprit]} "
+                f"(in `{redact(_joined(plan), secrets)}`)" + _tail(tails[culprit], secrets)
+            )
+        out.seek(0)
+        data = out.read()
+    stdout: str | bytes = data.decode(errors="replace") if text else data
+    stderr: str | bytes = tails[-1].decode(errors="replace") if text else tails[-1]
+    return subprocess.CompletedProcess([list(s.argv) for s in plan], 0, stdout, stderr)
+
+
+def _joined(plan: Sequence[Step]) -> str:
+    return " | ".join(shlex.join([str(a) for a in s.argv]) for s in plan)
+
+
+def _wait_all(children: Sequence[_Child], deadline: float | None) -> list[int | None] | None:
+    """Wait until all exit or one fails; their exit codes then (None: still running), or None
+    when the deadline passes first."""
+    pause = 0.005
+    while True:
+        codes = [c.popen.poll() for c in children]
+        if all(code is not None for code in codes) or any(code not in (None, 0) for code in codes):
+            return codes
+        if deadline is not None and time.monotonic() > deadline:
+            return None
+        time.sleep(pause)
+        pause = min(pause * 2, 0.1)
 
 
 def start(
@@ -145,14 +460,23 @@ def start(
     env: Mapping[str, str] | None = None,
     cwd: str | os.PathLike[str] | None = None,
     secrets: Iterable[str] = (),
-    **popen_kwargs,
-) -> subprocess.Popen:
-    """Start a command without waiting (streams, pipelines); same logging and quoting as run()."""
+    echo: Echo | None = None,
+    foreground: bool = False,
+    **popen_kwargs: Any,
+) -> subprocess.Popen[Any]:
+    """Start a command without waiting (a stream read as it comes); same logging, quoting and
+    Ctrl-C handling as run(). The caller waits for it, and calls :func:`stop` when it gives up.
+    ``foreground`` keeps it in tp4's process group (a viewer that draws on the terminal)."""
     secrets = tuple(s for s in secrets if s)
-    cmd = full_argv(argv, remote, env)
-    log.debug("$ %s", redact(shlex.join(cmd), secrets))
-    local_env = {**os.environ, **env} if env and remote is None else None
-    try:
-        return subprocess.Popen(cmd, env=local_env, cwd=cwd, **popen_kwargs)
-    except FileNotFoundError as exc:
-        raise Tp4Error(f"`{cmd[0]}` is not installed or not on PATH; install it and retry") from exc
+    _announce(shlex.join(full_argv(argv, remote, env)), secrets, echo)
+    return _spawn(argv, remote, env, cwd, popen_kwargs, foreground=foreground).popen
+
+
+def stop(popen: subprocess.Popen[Any]) -> None:
+    """Stop a command from :func:`start` (its remote process group too) and wait for it."""
+    child = _live.get(id(popen))
+    if child is not None:
+        _stop([child])
+    elif popen.poll() is None:
+        popen.kill()
+        popen.wait()

@@ -5,7 +5,11 @@ from __future__ import annotations
 
 import importlib
 import logging
+import signal
 import sys
+from collections.abc import Callable
+from types import FrameType
+from typing import Any
 
 import click
 
@@ -56,22 +60,66 @@ def cli(verbose: bool) -> None:
     )
 
 
+# the signals that stop tp4 (Ctrl-C, `kill`, the terminal closing): what it says, its exit code
+STOPPING = {signal.SIGINT: ("interrupted", 130), signal.SIGTERM: ("terminated", 143), signal.SIGHUP: ("hung up", 129)}
+_received: list[int] = []
+
+
+def _interrupt(signum: int, frame: FrameType | None) -> None:
+    """The funnel (when a command has loaded it) stops every child first, remote ones on their
+    hosts too (tp4's children run in their own process groups, so only tp4 gets the signal);
+    then KeyboardInterrupt, for every stopping signal."""
+    _received.append(signum)
+    process = sys.modules.get("tp4.process")
+    if process is not None:
+        process.on_interrupt(signum, frame)
+    raise KeyboardInterrupt
+
+
+def _stopped() -> None:
+    message, code = STOPPING.get(_received[-1] if _received else signal.SIGINT, STOPPING[signal.SIGINT])
+    try:
+        click.echo(message, err=True)
+    except OSError:  # the terminal is gone
+        pass
+    sys.exit(code)
+
+
 def main(argv: list[str] | None = None) -> None:
-    """Console entry point: Tp4Error becomes `error: ...` and its exit code, never a traceback."""
+    """Console entry point: Tp4Error becomes `error: ...` and its exit code, never a traceback;
+    Ctrl-C stops every child, says `interrupted` and exits 130 (SIGTERM 143, SIGHUP 129)."""
+    _received.clear()
+    previous: dict[int, Callable[[int, FrameType | None], Any] | int | None] = {}
+    try:
+        for sig in STOPPING:
+            if signal.getsignal(sig) is not signal.SIG_IGN:  # `nohup tp4 …` stays immune to SIGHUP
+                previous[sig] = signal.signal(sig, _interrupt)
+    except ValueError:  # not the main thread (an embedding program): leave its handlers alone
+        pass
+    try:
+        _main(argv)
+    finally:
+        for sig, handler in previous.items():
+            if handler is not None:  # None: a handler not set from Python, which cannot be put back
+                signal.signal(sig, handler)
+
+
+def _main(argv: list[str] | None) -> None:
     try:
         rv = cli.main(args=argv, prog_name="tp4", standalone_mode=False)
     except Tp4Error as exc:
         click.echo(f"error: {exc.message}", err=True)
         sys.exit(exc.exit_code)
-    except click.exceptions.Abort:
+    except click.exceptions.Abort as exc:  # click turns KeyboardInterrupt into Abort
+        if isinstance(exc.__cause__, KeyboardInterrupt):
+            _stopped()
         click.echo("aborted", err=True)
         sys.exit(130)
     except click.ClickException as exc:
         exc.show()
         sys.exit(exc.exit_code)
     except KeyboardInterrupt:
-        click.echo("interrupted", err=True)
-        sys.exit(130)
+        _stopped()
     except BrokenPipeError:
         sys.exit(0)
     except Exception as exc:  # a bug in tp4: say so plainly, the traceback only with -v

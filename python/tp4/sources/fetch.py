@@ -141,17 +141,9 @@ def _resolves(host: str) -> bool:
 
 def git_checkout(url: str, commit: str, dest: Path) -> None:
     """Clone a git+ URL at ``commit`` into ``dest`` without .git (what Nix's fetchGit gives)."""
-    try:
-        import git
-    except ImportError as exc:
-        raise Tp4Error("git rows need GitPython (pip install gitpython)") from exc
-    remote = url[len("git+"):].rsplit("@", 1)[0]
-    try:
-        repo = git.Repo.clone_from(remote, dest, no_checkout=True)
-        repo.git.checkout(commit)
-        repo.close()
-    except git.GitCommandError as exc:
-        raise Tp4Error(f"git clone of {remote} at {commit} failed: {exc.stderr.strip() or exc}") from exc
+    from tp4.sources import gitrepo
+
+    gitrepo.checkout(url[len("git+"):].rsplit("@", 1)[0], commit, dest)
     shutil.rmtree(dest / ".git")
 
 

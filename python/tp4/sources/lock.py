@@ -90,18 +90,13 @@ def resolve_github(owner: str, repo: str, ref: str) -> str:
 
 
 def resolve_git(url: str, ref: str) -> str:
-    """A ref of a git+ URL to a commit, with ``git ls-remote`` through GitPython."""
-    try:
-        import git
-    except ImportError as exc:
-        raise Tp4Error("git rows need GitPython (pip install gitpython)") from exc
+    """A ref of a git+ URL to a commit, with ``git ls-remote`` (:mod:`tp4.sources.gitrepo`)."""
+    from tp4.sources import gitrepo
+
     remote = url[len("git+"):].rsplit("@", 1)[0]
     if _HEX40.fullmatch(ref):
         return ref
-    try:
-        out = git.cmd.Git().ls_remote(remote, ref)
-    except git.GitCommandError as exc:
-        raise Tp4Error(f"git ls-remote {remote} {ref} failed: {exc.stderr.strip() or exc}") from exc
+    out = gitrepo.ls_remote(remote, ref)
     found = None
     for line in out.splitlines():
         sha, _, name = line.partition("\t")
