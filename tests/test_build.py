@@ -345,7 +345,7 @@ def test_a_label_that_is_not_json_is_invalid_input():
         build_mod.image_checks({"tp4.checks": "[{"}, "img")
 
 
-# upstream's Dockerfile.canary-roce at the pinned M 519a3988 (upstream-line.md §3.7, M's list), in order
+# upstream's Dockerfile.canary-roce at the pinned M 519a3988 (its in-image test list), in order
 UPSTREAM_CPU_TESTS = [
     "thinking_alias", "max_new_tokens", "loop_abort", "fast_load_pacing", "fast_load_tp_slice", "prefill_sp",
     "fast_load_slab", "moe_b12x_next_cpu", "wo_a_w8", "draft_tau", "folded_fence", "draft_head_fp8",

@@ -68,7 +68,7 @@ def _safe(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9._+-]", "_", name)
 
 
-IMAGE_PYTHON = "3.12"  # the base image's interpreter (upstream-line §3.3)
+IMAGE_PYTHON = "3.12"  # the base image's interpreter (the base image of upstream `Dockerfile.canary-roce`)
 
 
 def wheel_pip_args(row: Row) -> list[str]:
