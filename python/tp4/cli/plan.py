@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import shlex
 
 import click
@@ -68,6 +67,8 @@ def plan(profile_path: str | None, rank: int | None, as_json: bool) -> None:
     if rank is not None and not 0 <= rank < len(result.nodes):
         raise InvalidInput(f"--rank {rank}: the line has ranks 0..{len(result.nodes) - 1}")
     if as_json:
+        import json
+
         data = result.to_json()
         if rank is not None:
             data["nodes"] = [n for n in data["nodes"] if n["rank"] == rank]
