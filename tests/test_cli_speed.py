@@ -9,6 +9,8 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
+from typing import TypedDict
 
 import pytest
 
@@ -29,15 +31,20 @@ sys.exit(main())
 WATCHED = ["importlib.metadata", "logging", "pydantic", "tp4.profile.models", "tp4.sources", "tp4.build"]
 
 
-def run_probe(repo, *args: str) -> tuple[subprocess.CompletedProcess[str], dict[str, object]]:
+class Probe(TypedDict):
+    imported: list[str]
+    root_level: int
+
+
+def run_probe(repo: Path, *args: str) -> tuple[subprocess.CompletedProcess[str], Probe]:
     env = dict(os.environ, PYTHONPATH=str(repo / "python"))
     proc = subprocess.run([sys.executable, "-c", PROBE.format(watched=WATCHED), *args],
                           capture_output=True, text=True, env=env, timeout=60)
-    report = json.loads(proc.stderr.strip().splitlines()[-1])
+    report: Probe = json.loads(proc.stderr.strip().splitlines()[-1])
     return proc, report
 
 
-def test_plan_looks_up_no_pydantic_plugins_and_configures_no_logging(repo):
+def test_plan_looks_up_no_pydantic_plugins_and_configures_no_logging(repo: Path) -> None:
     proc, report = run_probe(repo, "plan")
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.startswith("line: 4 nodes, TP 4")
@@ -48,7 +55,7 @@ def test_plan_looks_up_no_pydantic_plugins_and_configures_no_logging(repo):
     assert "tp4.sources" not in report["imported"] and "tp4.build" not in report["imported"]
 
 
-def test_plan_still_validates_with_no_plugins(repo, tmp_path):
+def test_plan_still_validates_with_no_plugins(repo: Path, tmp_path: Path) -> None:
     bad = tmp_path / "bad.toml"
     bad.write_text('[engine]\ntp = 5001\n[cluster.head]\nname = "head"\nip = "-Jevil"\n')
     proc, report = run_probe(repo, "plan", "--profile", str(bad))
@@ -57,20 +64,20 @@ def test_plan_still_validates_with_no_plugins(repo, tmp_path):
     assert "cluster.head.ip:" in proc.stderr and "not starting with '-'" in proc.stderr
 
 
-def test_verbose_configures_debug_logging(repo):
+def test_verbose_configures_debug_logging(repo: Path) -> None:
     proc, report = run_probe(repo, "-v", "plan")
     assert proc.returncode == 0, proc.stderr
     assert report["root_level"] == 10  # logging.DEBUG: every command is logged as `$ ...`
 
 
-def test_help_imports_no_pydantic_and_no_subcommand(repo):
+def test_help_imports_no_pydantic_and_no_subcommand(repo: Path) -> None:
     proc, report = run_probe(repo, "--help")
     assert proc.returncode == 0, proc.stderr
     assert "plan" in proc.stdout and "Show the rendered line" in proc.stdout
     assert report["imported"] == []
 
 
-def test_bench_reports_both_commands_against_their_goals(repo):
+def test_bench_reports_both_commands_against_their_goals(repo: Path) -> None:
     proc = subprocess.run([sys.executable, str(repo / "bench" / "bench_plan.py"), "--runs", "1"],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode in (0, 1), proc.stderr  # 1: a goal missed on this (maybe busy) machine
