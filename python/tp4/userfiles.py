@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import stat
-import tempfile
 from pathlib import Path
 
 from tp4.errors import InvalidInput
@@ -97,6 +96,8 @@ def write_output(path: str | os.PathLike[str], text: str, what: str, *, force: b
     st = check_output(path, what, force=force)
     out = Path(path)
     parent = out.parent
+    import tempfile  # here, not at the top: only writers need it, and `tp4 plan` reads
+
     try:
         fd, tmp = tempfile.mkstemp(dir=parent, prefix=f".{out.name}.", suffix=".tmp")
     except OSError as exc:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import shlex
 from typing import TYPE_CHECKING
 
@@ -86,6 +85,8 @@ def plan(profile_path: str | None, rank: int | None, as_json: bool, strict: bool
     if rank is not None and not 0 <= rank < len(result.nodes):
         raise InvalidInput(f"--rank {rank}: the line has ranks 0..{len(result.nodes) - 1}")
     if as_json:
+        import json
+
         data = result.to_json()
         if rank is not None:
             data["nodes"] = [n for n in result.to_json()["nodes"] if isinstance(n, dict) and n["rank"] == rank]  # type: ignore[union-attr]

@@ -6,7 +6,6 @@ the one it `extends`) is merged bottom-up, tables key by key, arrays and values 
 
 from __future__ import annotations
 
-import difflib
 import re
 import tomllib
 from dataclasses import dataclass, field
@@ -60,6 +59,8 @@ def preset_layers(name: str) -> list[tuple[str, Doc]]:
         seen.add(current)
         # a name, never a path: `../registry` must not read another data file as a preset
         if current not in preset_names():
+            import difflib
+
             hint = difflib.get_close_matches(current, preset_names(), n=1)
             problem = (f"preset: unknown preset {current!r}; fix: use one of {', '.join(preset_names())}"
                        + (f" (did you mean {hint[0]!r}?)" if hint else ""))
@@ -130,6 +131,8 @@ def _pydantic_problems(exc: ValidationError, doc: Doc) -> list[Problem]:
         loc = _clean_loc(err["loc"])
         where = _loc(loc)
         if err["type"] == "extra_forbidden":
+            import difflib
+
             known = _known_fields(models.Profile, loc[:-1])
             hint = difflib.get_close_matches(str(loc[-1]), known, n=1)
             fix = f"did you mean {hint[0]!r}?" if hint else (

@@ -5,9 +5,12 @@ variable is unset), or the TP4 example's value (upstream `.env.tp4.example`) whe
 default is not known (docs/upstream.md). Presets (tp4/data/presets/*.toml) are layers on top of
 these defaults. Each field's description names the upstream variable it replaces, so the profile reference in
 README.md is generated from this module.
-"""
 
-from __future__ import annotations
+Two things here keep `tp4 plan` fast (bench/bench_plan.py): no `from __future__ import
+annotations` (pydantic would evaluate every annotation string again, ~2 ms), and default
+factories that are lambdas, never the builtins `list`/`dict` (pydantic reads each factory's
+signature, and the signature of a builtin costs ~1.7 ms the first time).
+"""
 
 import re
 from typing import Annotated, Literal
@@ -214,7 +217,7 @@ class Cluster(Section):
     head: Node = Field(
         default_factory=lambda: Node(name="head", ip="10.0.0.1"),
         description="The head: rank 0, serves the API, hosts dist init and the NFS export.")
-    workers: list[Node] = Field(default_factory=list, max_length=MAX_NODES - 1, description="Workers in rank order (rank = index + 1).")
+    workers: list[Node] = Field(default_factory=lambda: [], max_length=MAX_NODES - 1, description="Workers in rank order (rank = index + 1).")
     user: str = Field("zurih", description="Default ssh user of every node (WORKER_USER).")
     identity: str = Field("~/.ssh/id_ed25519_shared", description="Default ssh identity (SSH_IDENTITY).")
     port: Int = Field(8888, ge=1, le=65535, description="OpenAI API port on the head (PORT / SERVER_PORT).")
@@ -368,7 +371,7 @@ class Engine(Section):
     use_sts_table: bool = Field(False, description="The STS confidence table file is present, so boot.py passes it.")
     offload_mode: Literal["nvme", "ram"] = Field("nvme", description="Engram offload (OFFLOAD_MODE); ram (~189 GiB pinned) never fits on a Spark.")
     host: Annotated[str, Form(r"[0-9A-Fa-f.:]+", 'an IPv4 or IPv6 address', '0.0.0.0')] = Field("0.0.0.0", description="Bind address of the API (HOST).")
-    extra_args: list[str] = Field(default_factory=list, description="Extra engine arguments, one word per item (EXTRA_SGLANG_ARGS).")
+    extra_args: list[str] = Field(default_factory=lambda: [], description="Extra engine arguments, one word per item (EXTRA_SGLANG_ARGS).")
 
     @field_validator("mem_fraction_static", "head_mem_fraction_static")
     @classmethod
@@ -446,8 +449,8 @@ class Profile(Section):
     engram: Engram = Field(default_factory=Engram)
     runtime: Runtime = Field(default_factory=Runtime)
     api: Api = Field(default_factory=Api)
-    gates: dict[EnvKey, EnvValue] = Field(default_factory=dict, description="Adapter gates (adapters/registry.toml), e.g. DSV41_MOE_B12X_NEXT = \"1\"; \"0\" turns a preset's gate off.")
-    env: dict[EnvKey, EnvValue] = Field(default_factory=dict, description="Extra container environment that is not an adapter gate (e.g. SGLANG_RUST_BUILD_MODE, dual-plane NCCL flags).")
+    gates: dict[EnvKey, EnvValue] = Field(default_factory=lambda: {}, description="Adapter gates (adapters/registry.toml), e.g. DSV41_MOE_B12X_NEXT = \"1\"; \"0\" turns a preset's gate off.")
+    env: dict[EnvKey, EnvValue] = Field(default_factory=lambda: {}, description="Extra container environment that is not an adapter gate (e.g. SGLANG_RUST_BUILD_MODE, dual-plane NCCL flags).")
 
     @property
     def nodes(self) -> list[Node]:
