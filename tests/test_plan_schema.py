@@ -4,7 +4,6 @@ env keys, owned flags and fixed container paths."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import re
 from pathlib import Path
@@ -93,9 +92,9 @@ def test_the_validator_catches_a_wrong_plan():
 
 def test_plan_is_frozen():
     plan = build_plan(load_default())
-    with pytest.raises(dataclasses.FrozenInstanceError):
+    with pytest.raises(AttributeError):
         plan.nodes[0].rank = 5  # type: ignore[misc]
-    with pytest.raises(dataclasses.FrozenInstanceError):
+    with pytest.raises(AttributeError):
         plan.nodes[0].run.mounts[0].source = "/x"  # type: ignore[misc]
     assert isinstance(plan.nodes, tuple) and isinstance(plan.nodes[0].argv, tuple)
 
@@ -103,8 +102,8 @@ def test_plan_is_frozen():
 def test_gid_index_says_where_it_comes_from():
     plan = build_plan(parse_document(RING, "ring"))
     head, worker = plan.nodes[0].gid, plan.nodes[1].gid
-    assert (head.index, head.pinned_by, head.lookup_by) == (5, "cluster.head.gid_index", ())
-    assert (worker.index, worker.pinned_by) == (3, None) and worker.lookup_by == ("tp4 serve", "tp4 doctor")
+    assert (head.value, head.pinned_by, head.lookup_by) == (5, "cluster.head.gid_index", ())
+    assert (worker.value, worker.pinned_by) == (3, None) and worker.lookup_by == ("tp4 serve", "tp4 doctor")
     assert plan.nodes[0].env["NCCL_IB_GID_INDEX"] == "5" and plan.nodes[1].env["NCCL_IB_GID_INDEX"] == "3"
     assert worker.hcas == tuple(parse_document(RING, "ring").profile.fabric.hcas) and worker.hcas
 

@@ -4,14 +4,13 @@ they are written (pkgs/image.nix and pkgs/default.nix read the same file)."""
 from __future__ import annotations
 
 import tomllib
-from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 PATH = Path(__file__).resolve().parent / "data" / "container.toml"
 
 
-@dataclass(frozen=True)
-class Mounts:
+class Mounts(NamedTuple):
     """Mount targets of the container run spec."""
 
     model: str
@@ -21,8 +20,7 @@ class Mounts:
     cache: str
 
 
-@dataclass(frozen=True)
-class ImagePaths:
+class ImagePaths(NamedTuple):
     """Where the image holds its trees."""
 
     runtime: str
@@ -37,7 +35,7 @@ class ImagePaths:
 def _load() -> tuple[Mounts, ImagePaths]:
     with open(PATH, "rb") as fh:
         data = tomllib.load(fh)
-    # the dataclasses take exactly the file's keys: a missing or extra key fails here, at import
+    # the tuples take exactly the file's keys: a missing or extra key fails here, at import
     return Mounts(**data["mounts"]), ImagePaths(**data["image"])
 
 

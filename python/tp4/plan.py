@@ -3,18 +3,16 @@ environment (upstream start.sh's `docker run -e`), the engine argv boot.py runs,
 spec, plus the image and the boot-log lines the armed gates print.
 
 serve, doctor, the NixOS unit and the boot-log check read a Plan; none of them derives a flag.
-The Plan is frozen, typed dataclasses; its JSON (`tp4 plan --json`) is generated from them and
+The Plan is typed, immutable NamedTuples (cheap to define: `tp4 plan` starts fast); its JSON (`tp4 plan --json`) is generated from them and
 so is docs/plan-schema.md (tp4.planschema). Which env key comes from which field is the knob
 table (tp4.knobs); adapter gates come from adapters/registry.toml.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import re
-from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Annotated, Literal, NamedTuple
 
 from tp4.container import MOUNTS
 from tp4.knobs import BY_ENV, FIELD_KEYS, KNOBS, Knob
@@ -40,131 +38,114 @@ Fabric = Literal["switched", "ring"]
 MountType = Literal["bind", "volume"]
 
 
-def doc(text: str) -> dict[str, str]:
-    """A field's meaning, for docs/plan-schema.md."""
-    return {"doc": text}
-
-
-@dataclass(frozen=True)
-class SshTarget:
+class SshTarget(NamedTuple):
     """How tp4 reaches the node."""
 
-    host: str = field(metadata=doc("ssh address (the node's `ssh`, default its fabric IP)"))
-    user: str = field(metadata=doc("ssh user"))
-    identity: str = field(metadata=doc("ssh identity file on the machine running tp4"))
-    port: int = field(metadata=doc("ssh port"))
+    host: Annotated[str, "ssh address (the node's `ssh`, default its fabric IP)"]
+    user: Annotated[str, "ssh user"]
+    identity: Annotated[str, "ssh identity file on the machine running tp4"]
+    port: Annotated[int, "ssh port"]
 
 
-@dataclass(frozen=True)
-class Mount:
+class Mount(NamedTuple):
     """One mount of the container."""
 
-    type: MountType = field(metadata=doc("a host directory (bind) or a named volume (the workers' NFS weights)"))
-    source: str = field(metadata=doc("host path or volume name"))
-    target: str = field(metadata=doc("path in the container (tp4/data/container.toml)"))
-    read_only: bool = field(metadata=doc("mounted read-only"))
+    type: Annotated[MountType, "a host directory (bind) or a named volume (the workers' NFS weights)"]
+    source: Annotated[str, "host path or volume name"]
+    target: Annotated[str, "path in the container (tp4/data/container.toml)"]
+    read_only: Annotated[bool, "mounted read-only"]
 
 
-@dataclass(frozen=True)
-class Ulimits:
-    memlock: str = field(metadata=doc("locked memory, soft:hard (-1 = unlimited: RDMA registers the KV pool)"))
-    stack: str = field(metadata=doc("stack size in bytes"))
+class Ulimits(NamedTuple):
+    memlock: Annotated[str, "locked memory, soft:hard (-1 = unlimited: RDMA registers the KV pool)"]
+    stack: Annotated[str, "stack size in bytes"]
 
 
-@dataclass(frozen=True)
-class RunSpec:
+class RunSpec(NamedTuple):
     """The container run spec of one rank (upstream start.sh's `docker run` flags)."""
 
-    container: str = field(metadata=doc("container name"))
-    image: str = field(metadata=doc("image reference run on the node"))
-    command: tuple[str, ...] = field(metadata=doc("arguments to the image's entrypoint (boot.py)"))
-    network: Literal["host"] = field(metadata=doc("host networking (RoCE and the dist init port)"))
-    ipc: Literal["host"] = field(metadata=doc("host IPC namespace"))
-    privileged: bool = field(metadata=doc("privileged (the RDMA devices and GPU clocks)"))
-    cap_add: tuple[str, ...] = field(metadata=doc("added capabilities"))
-    gpus: Literal["all"] = field(metadata=doc("GPUs given to the container"))
-    shm_size: str = field(metadata=doc("size of /dev/shm"))
-    ulimits: Ulimits = field(metadata=doc("resource limits"))
-    devices: tuple[str, ...] = field(metadata=doc("devices, host:container"))
-    mounts: tuple[Mount, ...] = field(metadata=doc("model, state, cache, engram, then the host NCCL if any"))
-    restart: Literal["no"] = field(metadata=doc("restart policy: never (a failed rank fails the line)"))
-    workdir: str = field(metadata=doc("the node's working directory on the host (upstream's checkout)"))
+    container: Annotated[str, "container name"]
+    image: Annotated[str, "image reference run on the node"]
+    command: Annotated[tuple[str, ...], "arguments to the image's entrypoint (boot.py)"]
+    network: Annotated[Literal["host"], "host networking (RoCE and the dist init port)"]
+    ipc: Annotated[Literal["host"], "host IPC namespace"]
+    privileged: Annotated[bool, "privileged (the RDMA devices and GPU clocks)"]
+    cap_add: Annotated[tuple[str, ...], "added capabilities"]
+    gpus: Annotated[Literal["all"], "GPUs given to the container"]
+    shm_size: Annotated[str, "size of /dev/shm"]
+    ulimits: Annotated[Ulimits, "resource limits"]
+    devices: Annotated[tuple[str, ...], "devices, host:container"]
+    mounts: Annotated[tuple[Mount, ...], "model, state, cache, engram, then the host NCCL if any"]
+    restart: Annotated[Literal["no"], "restart policy: never (a failed rank fails the line)"]
+    workdir: Annotated[str, "the node's working directory on the host (upstream's checkout)"]
 
 
-@dataclass(frozen=True)
-class GidIndex:
+class GidIndex(NamedTuple):
     """The RoCE v2 GID index NCCL uses on this node (NCCL_IB_GID_INDEX)."""
 
-    index: int = field(metadata=doc("the index rendered into env (the node's pin, else fabric.gid_index)"))
-    pinned_by: str | None = field(metadata=doc("the profile field that pins it for this node; null when not pinned"))
-    lookup_by: tuple[str, ...] = field(metadata=doc(
-        "the commands that look the index up on the node at start (the RoCE v2 IPv4 GID of `hcas` for the "
-        "node's fabric IP) and use it in place of `index`; empty when pinned"))
-    hcas: tuple[str, ...] = field(metadata=doc("the RDMA devices whose GID table is read"))
+    # `value`, not `index`: a NamedTuple field must not shadow tuple.index
+    value: Annotated[int, "the index rendered into env (the node's pin, else fabric.gid_index)"]
+    pinned_by: Annotated[str | None, "the profile field that pins it for this node; null when not pinned"]
+    lookup_by: Annotated[tuple[str, ...], ("the commands that look the index up on the node at start (the RoCE v2 IPv4 GID "
+                                           "of `hcas` for the node's fabric IP) and use it in place of `value`; empty when pinned")]
+    hcas: Annotated[tuple[str, ...], "the RDMA devices whose GID table is read"]
 
 
-@dataclass(frozen=True)
-class RankPlan:
+class RankPlan(NamedTuple):
     """One rank: one Spark, one container."""
 
-    rank: int = field(metadata=doc("rank; 0 is the head"))
-    role: Role = field(metadata=doc("head (serves the API, hosts dist init and NFS) or worker"))
-    name: str = field(metadata=doc("node name"))
-    host: str = field(metadata=doc("the node's fabric IP"))
-    ssh: SshTarget = field(metadata=doc("how tp4 reaches the node"))
-    env: dict[str, str] = field(metadata=doc("the container environment, one value per key (see Environment keys)"))
-    argv: tuple[str, ...] = field(metadata=doc("the engine command boot.py runs, without --api-key"))
-    run: RunSpec = field(metadata=doc("the container run spec"))
-    gid: GidIndex = field(metadata=doc("where NCCL_IB_GID_INDEX comes from"))
+    rank: Annotated[int, "rank; 0 is the head"]
+    role: Annotated[Role, "head (serves the API, hosts dist init and NFS) or worker"]
+    name: Annotated[str, "node name"]
+    host: Annotated[str, "the node's fabric IP"]
+    ssh: Annotated[SshTarget, "how tp4 reaches the node"]
+    env: Annotated[dict[str, str], "the container environment, one value per key (see Environment keys)"]
+    argv: Annotated[tuple[str, ...], "the engine command boot.py runs, without --api-key"]
+    run: Annotated[RunSpec, "the container run spec"]
+    gid: Annotated[GidIndex, "where NCCL_IB_GID_INDEX comes from"]
 
 
-@dataclass(frozen=True)
-class ImageRef:
-    tag: str = field(metadata=doc("image reference every node runs"))
-    variant: Variant = field(metadata=doc("which image: base, canary or canary-roce"))
-    base: str = field(metadata=doc("base image, pinned by digest"))
+class ImageRef(NamedTuple):
+    tag: Annotated[str, "image reference every node runs"]
+    variant: Annotated[Variant, "which image: base, canary or canary-roce"]
+    base: Annotated[str, "base image, pinned by digest"]
 
 
-@dataclass(frozen=True)
-class LineFacts:
-    nnodes: int = field(metadata=doc("nodes in the line (one rank each)"))
-    tp: int = field(metadata=doc("tensor parallel size"))
-    ep: int = field(metadata=doc("expert parallel size"))
-    fabric: Fabric = field(metadata=doc("switched RoCE fabric or a switchless ring"))
-    dist_init_addr: str = field(metadata=doc("torch distributed init address (head IP:port)"))
-    api: str = field(metadata=doc("the OpenAI API URL on the head"))
+class LineFacts(NamedTuple):
+    nnodes: Annotated[int, "nodes in the line (one rank each)"]
+    tp: Annotated[int, "tensor parallel size"]
+    ep: Annotated[int, "expert parallel size"]
+    fabric: Annotated[Fabric, "switched RoCE fabric or a switchless ring"]
+    dist_init_addr: Annotated[str, "torch distributed init address (head IP:port)"]
+    api: Annotated[str, "the OpenAI API URL on the head"]
 
 
-@dataclass(frozen=True)
-class BootLine:
+class BootLine(NamedTuple):
     """A line rank 0's boot log prints when the line is armed as planned."""
 
-    adapter: str = field(metadata=doc("the adapter (registry entry) that prints it"))
-    text: str = field(metadata=doc("the line, '...' where anything may stand"))
-    pattern: str = field(metadata=doc("a Python regular expression for the line ('...' became '.*')"))
-    required: bool = field(metadata=doc("false: useful evidence, not a gate of the line's health"))
+    adapter: Annotated[str, "the adapter (registry entry) that prints it"]
+    text: Annotated[str, "the line, '...' where anything may stand"]
+    pattern: Annotated[str, "a Python regular expression for the line ('...' became '.*')"]
+    required: Annotated[bool, "false: useful evidence, not a gate of the line's health"]
 
 
-@dataclass(frozen=True)
-class SecretRef:
-    file: str = field(metadata=doc("the file holding the secret, on the machine running tp4; read only at serve time"))
+class SecretRef(NamedTuple):
+    file: Annotated[str, "the file holding the secret, on the machine running tp4; read only at serve time"]
 
 
-@dataclass(frozen=True)
-class Plan:
+class Plan(NamedTuple):
     """The plan of the line: what every rank runs."""
 
-    preset: str = field(metadata=doc("the profile's top preset layer"))
-    source: str = field(metadata=doc("the profile path, or 'embedded default profile'"))
-    image: ImageRef = field(metadata=doc("the image"))
-    line: LineFacts = field(metadata=doc("facts of the whole line"))
-    nodes: tuple[RankPlan, ...] = field(metadata=doc("ranks in order; rank 0 is the head"))
-    boot_lines: tuple[BootLine, ...] = field(metadata=doc("lines rank 0's boot log prints for the armed gates"))
-    forbidden_lines: tuple[str, ...] = field(metadata=doc("text that must never appear in any rank's log"))
-    secrets: dict[str, SecretRef] = field(metadata=doc("references to secrets (never their values); {} when the API is open"))
-    warnings: tuple[str, ...] = field(default=(), metadata=doc("validation warnings (the plan is still valid)"))
-    notes: tuple[str, ...] = field(default=(), metadata=doc(
-        "where the plan renders a gate differently from the profile as written, and why"))
+    preset: Annotated[str, "the profile's top preset layer"]
+    source: Annotated[str, "the profile path, or 'embedded default profile'"]
+    image: Annotated[ImageRef, "the image"]
+    line: Annotated[LineFacts, "facts of the whole line"]
+    nodes: Annotated[tuple[RankPlan, ...], "ranks in order; rank 0 is the head"]
+    boot_lines: Annotated[tuple[BootLine, ...], "lines rank 0's boot log prints for the armed gates"]
+    forbidden_lines: Annotated[tuple[str, ...], "text that must never appear in any rank's log"]
+    secrets: Annotated[dict[str, SecretRef], "references to secrets (never their values); {} when the API is open"]
+    warnings: Annotated[tuple[str, ...], "validation warnings (the plan is still valid)"] = ()
+    notes: Annotated[tuple[str, ...], "where the plan renders a gate differently from the profile as written, and why"] = ()
 
     def to_json(self) -> dict[str, Json]:
         """The plan as JSON values (objects, arrays, strings, numbers, booleans, null), under its schema."""
@@ -177,9 +158,10 @@ Json = None | bool | int | str | list["Json"] | dict[str, "Json"]
 
 
 def _json(value: object) -> Json:
-    """A plan part as JSON values: a dataclass becomes an object of its fields in order, a tuple an array."""
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {f.name: _json(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    """A plan part as JSON values: a part becomes an object of its fields in order, a tuple an array."""
+    names: tuple[str, ...] | None = getattr(type(value), "_fields", None)
+    if isinstance(value, tuple) and names is not None:  # a plan part (a NamedTuple)
+        return {name: _json(getattr(value, name)) for name in names}
     if isinstance(value, tuple | list):
         return [_json(v) for v in value]
     if isinstance(value, dict):
@@ -434,7 +416,7 @@ def gid_index(p: Profile, rank: int) -> GidIndex:
     node = p.nodes[rank]
     where = "cluster.head" if rank == 0 else f"cluster.workers[{rank - 1}]"
     pinned = node.gid_index is not None
-    return GidIndex(index=node.gid_index if node.gid_index is not None else p.fabric.gid_index,
+    return GidIndex(value=node.gid_index if node.gid_index is not None else p.fabric.gid_index,
                     pinned_by=f"{where}.gid_index" if pinned else None,
                     lookup_by=() if pinned else GID_LOOKUP_BY, hcas=tuple(p.fabric.hcas))
 

@@ -5,12 +5,11 @@ file equal to `python -m tp4.planschema`.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import sys
 import types
 import typing
-from typing import Literal, Union, get_args, get_origin, get_type_hints
+from typing import Annotated, Literal, Union, get_args, get_origin, get_type_hints
 
 from tp4 import plan as planmod
 from tp4.knobs import KNOBS, LAUNCHER_VARS, Knob
@@ -19,16 +18,34 @@ from tp4.plan import SCHEMA, Plan
 JsonSchema = dict[str, object]
 
 
+def _is_part(tp: object) -> bool:
+    """A plan part: a NamedTuple class of tp4.plan."""
+    return isinstance(tp, type) and issubclass(tp, tuple) and hasattr(tp, "_fields")
+
+
+def _fields(tp: type) -> list[tuple[str, object, str]]:
+    """A part's fields: name, type, meaning (the string in its Annotated type)."""
+    out = []
+    for name, hint in get_type_hints(tp, vars(planmod), include_extras=True).items():
+        meaning = ""
+        if get_origin(hint) is Annotated:
+            hint, *extras = get_args(hint)
+            meaning = " ".join(str(e) for e in extras)
+        out.append((name, hint, meaning))
+    return out
+
+
 def _parts(root: type) -> list[type]:
-    """The dataclasses of the plan, each once, in the order they are first reached from root."""
+    """The parts of the plan, each once, in the order they are first reached from root."""
     out: list[type] = []
 
     def visit(tp: object) -> None:
-        if isinstance(tp, type) and dataclasses.is_dataclass(tp):
+        if _is_part(tp):
+            assert isinstance(tp, type)
             if tp in out:
                 return
             out.append(tp)
-            for hint in get_type_hints(tp, vars(planmod)).values():
+            for _, hint, _ in _fields(tp):
                 visit(hint)
         for arg in get_args(tp):
             visit(arg)
@@ -55,23 +72,22 @@ def _schema(tp: object) -> JsonSchema:
         return {"type": "object", "additionalProperties": _schema(args[1])}
     if origin in (Union, types.UnionType):
         return {"anyOf": [_schema(a) for a in args]}
-    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
+    if _is_part(tp):
+        assert isinstance(tp, type)
         return {"$ref": f"#/$defs/{tp.__name__}"}
     raise TypeError(f"no JSON Schema for {tp!r}: give the plan part a plain type")
 
 
 def _object(tp: type) -> JsonSchema:
-    hints = get_type_hints(tp, vars(planmod))
-    props: dict[str, JsonSchema] = {}
-    for f in dataclasses.fields(tp):
-        props[f.name] = {**_schema(hints[f.name]), "description": str(f.metadata.get("doc", ""))}
+    fields = _fields(tp)
+    props: dict[str, JsonSchema] = {name: {**_schema(hint), "description": meaning} for name, hint, meaning in fields}
     return {"type": "object", "description": _doc(tp), "properties": props,
-            "required": [f.name for f in dataclasses.fields(tp)], "additionalProperties": False}
+            "required": [name for name, _, _ in fields], "additionalProperties": False}
 
 
 def _doc(tp: type) -> str:
     text = tp.__doc__ or ""
-    # a dataclass without a docstring gets its signature as __doc__
+    # a NamedTuple without a docstring gets its signature as __doc__
     return "" if text.startswith(tp.__name__ + "(") else " ".join(text.split())
 
 
@@ -97,7 +113,8 @@ def _type_words(tp: object) -> str:
         return " or ".join(_type_words(a) for a in args)
     if tp is type(None):
         return "null"
-    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
+    if _is_part(tp):
+        assert isinstance(tp, type)
         return f"[{tp.__name__}](#{tp.__name__.lower()})"
     names: dict[object, str] = {str: "string", int: "integer", bool: "boolean"}
     return names.get(tp, str(tp))
@@ -133,7 +150,7 @@ INTRO = """\
 
 The plan is the one rendering of a profile. Everything that starts, checks or describes the line
 (serve, doctor, the NixOS rank unit, the boot-log check, bench) reads it; none re-derives a flag.
-Its parts are frozen, typed dataclasses (python/tp4/plan.py) and this page and the JSON Schema
+Its parts are typed, immutable NamedTuples (python/tp4/plan.py) and this page and the JSON Schema
 below are generated from them. Fields are only added under a new minor version, never renamed or
 removed within `tp4.plan/1`:
 
@@ -163,16 +180,14 @@ Rules the types do not show:
 def generate() -> str:
     out = [INTRO.format(schema=SCHEMA)]
     for tp in _parts(Plan):
-        hints = get_type_hints(tp, vars(planmod))
         out += [f"## {tp.__name__}", ""]
         if _doc(tp):
             out += [_doc(tp), ""]
         out += ["| field | type | meaning |", "|---|---|---|"]
         if tp is Plan:
             out.append(f"| `schema` | `\"{SCHEMA}\"` | this schema's version |")
-        for f in dataclasses.fields(tp):
-            meaning = str(f.metadata.get("doc", "")).replace("|", "\\|")
-            out.append(f"| `{f.name}` | {_type_words(hints[f.name])} | {meaning} |")
+        for name, hint, meaning in _fields(tp):
+            out.append(f"| `{name}` | {_type_words(hint)} | {meaning.replace('|', chr(92) + '|')} |")
         out.append("")
     out += ["## Environment keys", "",
             "Every key the renderer puts into a rank's container environment besides the adapter gates "

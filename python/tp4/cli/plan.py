@@ -51,7 +51,7 @@ def _human(plan: Plan, rank: int | None) -> str:
                 "  mounts:"]
         for m in run.mounts:
             out.append(f"    {m.source} -> {m.target}" + (" (ro)" if m.read_only else "") + (" [volume]" if m.type == "volume" else ""))
-        out.append(f"  gid index {gid.index}: " + (f"pinned by {gid.pinned_by}" if gid.pinned_by else
+        out.append(f"  gid index {gid.value}: " + (f"pinned by {gid.pinned_by}" if gid.pinned_by else
                    f"looked up on the node by {' and '.join(gid.lookup_by)} at start ({', '.join(gid.hcas)})"))
         out.append(f"  env ({len(node.env)}):")
         out += [f"    {k}={v}" for k, v in node.env.items()]
