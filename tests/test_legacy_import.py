@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from tp4.errors import InvalidInput
 from tp4.plan import build_plan
-from tp4.profile.legacy import HOME, import_env_text, parse_env_text
+from tp4.profile.legacy import import_env_text, parse_env_text
 from tp4.profile.load import load_text
 from upstream_oracle import bash_source, upstream_argv, upstream_env
 
@@ -20,8 +20,8 @@ pytestmark = pytest.mark.unit
 FIXTURE = Path(__file__).parent / "fixtures" / "env.tp4.production"
 
 
-def render_import(text: str, source: str = "t.env"):
-    result = import_env_text(text, source)
+def render_import(text: str, source: str = "t.env", **kw):
+    result = import_env_text(text, source, **kw)
     return result, build_plan(load_text(result.toml, "imported"))
 
 
@@ -43,7 +43,7 @@ def test_production_env_file_imports_to_the_upstream_line():
 def test_production_env_file_equals_the_production_preset():
     from tp4.profile import load_default
 
-    _, imported = render_import(FIXTURE.read_text())
+    _, imported = render_import(FIXTURE.read_text(), head_checkout="/home/zurih/dsv41-4x-spark")
     default = build_plan(load_default())
     for a, b in zip(imported.nodes, default.nodes, strict=True):
         assert (a.env, a.argv, a.run) == (b.env, b.argv, b.run)
@@ -51,9 +51,7 @@ def test_production_env_file_equals_the_production_preset():
 
 def test_parser_agrees_with_bash_on_the_fixture():
     assignments, _ = parse_env_text(FIXTURE.read_text())
-    ours = {}
-    for a in assignments:
-        ours[a.name] = a.value.replace(HOME, "/home/zurih")
+    ours = {a.name: a.value for a in assignments}
     assert ours == {k: v for k, v in bash_source(str(FIXTURE)).items() if k in ours}
     assert set(bash_source(str(FIXTURE))) - {"HOME", "PWD", "SHLVL", "_", "OLDPWD"} <= set(ours)
 
@@ -153,7 +151,9 @@ def test_invalid_imported_line_names_the_legacy_variable():
     text = FIXTURE.read_text().replace("EP_SIZE=1   # production", "EP_SIZE=3   # production")
     with pytest.raises(InvalidInput) as exc:
         import_env_text(text, "p.env")
-    assert "engine.ep" in str(exc.value) and "EP_SIZE (line" in str(exc.value)
+    # in the file's terms (the variable, its value and line), and the profile field
+    line = next(i for i, t in enumerate(text.splitlines(), 1) if t.startswith("EP_SIZE=3"))
+    assert f"p.env line {line}: EP_SIZE=3: " in str(exc.value) and "(profile field engine.ep)" in str(exc.value)
 
 
 def test_api_key_is_never_written_or_printed(tp4_cli, tmp_path):
