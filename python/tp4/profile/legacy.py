@@ -160,24 +160,38 @@ class _Parser:
         start_line = self.line
         start = self.pos
         word = self._name()
-        if word == "export" and self.peek() in _BLANKS:
+        exported = word == "export" and self.peek() in _BLANKS
+        if exported:
             self.skip_blanks()
             start = self.pos
             word = self._name()
         if not word or not (self.peek() == "=" or (self.peek() == "+" and self.peek(1) == "=")):
             self.pos = start
             self._not_assignment(start_line, self.rest_of_line())
+        done: list[Assignment] = []
+        try:
+            self._assignments(word, exported, done)
+        finally:
+            # `export` expands all its arguments before it assigns any (`export A= B=$A` sees the old A)
+            for a in done:
+                self.vars[a.name] = a.value
+            self.out.extend(done)
+
+    def _assignments(self, word: str, exported: bool, done: list[Assignment]) -> None:
         while True:
             line = self.line
             append = self.peek() == "+"
+            if append and exported:
+                self.fail(line, "`export NAME+=value` is not read; fix: write NAME+=value without export")
             self.advance()
             if append:
                 self.advance()
             value = self._value(line)
             if append:
                 value = self.vars.get(word, "") + value
-            self.vars[word] = value
-            self.out.append(Assignment(word, value, line))
+            done.append(Assignment(word, value, line))
+            if not exported:
+                self.vars[word] = value
             blanks = self.skip_blanks()
             ch = self.peek()
             if ch in ("", "\n"):
@@ -194,7 +208,6 @@ class _Parser:
             if ch == "\r":
                 self.fail(self.line, _CR)
             if blanks and _is_name_start(ch):
-                start = self.pos
                 word = self._name()
                 if not (self.peek() == "=" or (self.peek() == "+" and self.peek(1) == "=")):
                     self.fail(line, f"a value with spaces must be quoted: bash would run {word!r} as a command, with the "
