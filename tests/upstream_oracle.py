@@ -95,6 +95,14 @@ def upstream_env(v: dict[str, str], rank: int) -> dict[str, str]:
     return env
 
 
+def upstream_state_dir(v: dict[str, str], rank: int, checkout: str) -> str:
+    """The host directory mounted at /state (§1.1, §1.5): start-tp4.sh runs from the checkout that
+    holds .env.tp4 with STATE_DIR=state-tp4/; a worker mounts $WORKER_DIR/state."""
+    if rank == 0:
+        return f"{checkout}/state-tp4"
+    return f"{v['WORKER_DIR']}/state"
+
+
 def upstream_argv(env: dict[str, str]) -> list[str]:
     """boot.py's engine command for a rank's env (§1.8), no SPS/STS table files present."""
     argv = ["python", "-m", "sglang.launch_server", "--model-path", env["MODEL_PATH"],

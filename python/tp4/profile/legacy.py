@@ -153,7 +153,13 @@ class _Parser:
         return self.text[start:self.pos]
 
     def _not_assignment(self, line: int, text: str) -> NoReturn:
-        self.fail(line, f"not a KEY=VALUE assignment: {_shown(text.strip())!r}; only assignments (and comments) are read")
+        from tp4.profile.models import looks_like_secret
+
+        shown = _shown(text.strip())
+        secret = next((m for m in re.finditer(r"[A-Za-z_][A-Za-z0-9_]*", shown) if looks_like_secret(m.group(0))), None)
+        if secret is not None:  # HF_TOKEN hf_...: the rest may be the secret itself
+            shown = shown[:secret.end()] + " <rest hidden>"
+        self.fail(line, f"not a KEY=VALUE assignment: {shown!r}; only assignments (and comments) are read")
 
     def _command(self) -> None:
         """One simple command made only of assignments (bash performs them left to right)."""
@@ -796,12 +802,12 @@ def import_assignments(assignments: list[Assignment], source: str, parse_notes: 
         errors.append(f"{source}: WORKER_IPS has {len(ips)} entries but WORKER_HOSTS has {len(hosts)}; fix: give one host name per IP, in rank order")
     if not ips:
         errors.append(f"{source}: no workers; fix: set WORKER_IPS and WORKER_HOSTS (rank order)")
-    workers = []
+    workers: list[dict[str, Any]] = []
     for i, (ip, host) in enumerate(zip(ips, hosts, strict=False)):  # unequal lengths were reported above
         w: dict[str, Any] = {"name": host, "ssh": host, "ip": ip}
-        for attr, at in (("name", host_at), ("ssh", host_at), ("ip", ip_at)):
-            if at is not None:
-                origin[f"cluster.workers[{i}].{attr}"] = setting(at)
+        for attr, src in (("name", host_at), ("ssh", host_at), ("ip", ip_at)):
+            if src is not None:
+                origin[f"cluster.workers[{i}].{attr}"] = setting(src)
         for var, attr in (("WORKER_DIR", "workdir"), ("WORKER_ENGRAM_DIR", "engram_dir")):
             if var in final:
                 w[attr] = _home_rel(final[var].value, home)
@@ -823,18 +829,21 @@ def import_assignments(assignments: list[Assignment], source: str, parse_notes: 
 
     # The head's checkout: upstream runs from the checkout holding the file; its state-tp4/ is the head's /state.
     told = head_checkout is not None
+    if head_checkout is not None and not head_checkout.strip():
+        raise InvalidInput("--head-checkout: the path is empty; fix: name the head's checkout (e.g. ~/dsv41-4x-spark), "
+                           "or leave the option out to use the directory of the imported file")
     checkout = head_checkout if head_checkout is not None else os.path.dirname(os.path.abspath(source))
     if not checkout.startswith("~"):
         checkout = os.path.abspath(checkout)
     workdir = _home_rel(checkout, home)
     head["workdir"] = workdir
     how = "from --head-checkout" if told else f"the directory of {Path(source).name}"
-    origin["cluster.head.workdir"] = _Origin(None, f"the head's checkout {_shown(workdir)} ({how}); fix: pass --head-checkout DIR")
+    origin["cluster.head.workdir"] = _Origin(None, f"the head's checkout {_shown(workdir, 1000)} ({how}); fix: pass --head-checkout DIR")
     elsewhere = "" if workdir.startswith("~") else (
         f"; it is not under {home}, the home of WORKER_USER as whom tp4 runs the head: if the head's user differs, "
         "set cluster.head.user and cluster.head.home")
-    notes.append(f"the head's checkout is {_shown(workdir)} ({how}; --head-checkout DIR names another): upstream runs from the "
-                 f"checkout that holds the file, so the head's /state is {_shown(workdir)}/state-tp4 (API key, DSpark tables, "
+    notes.append(f"the head's checkout is {_shown(workdir, 1000)} ({how}; --head-checkout DIR names another): upstream runs from the "
+                 f"checkout that holds the file, so the head's /state is {_shown(workdir, 1000)}/state-tp4 (API key, DSpark tables, "
                  f"b12x caches){elsewhere}")
 
     gloo, nsock = get("GLOO_SOCKET_IFNAME"), get("NCCL_SOCKET_IFNAME")
@@ -880,8 +889,8 @@ def import_assignments(assignments: list[Assignment], source: str, parse_notes: 
     if get("NFS_SERVER_IPS") is None:
         per: list[str] = []
         n = 1
-        while (ip := get(f"NFS_SERVER_IP_{n}")) is not None:
-            per.append(ip)
+        while (server := get(f"NFS_SERVER_IP_{n}")) is not None:
+            per.append(server)
             n += 1
         if per:
             _set(doc, ("nfs", "server_ips"), per)
