@@ -52,7 +52,7 @@ DEFAULT_USER = "zurih"
 _BLANKS = " \t"
 _WORD_END = ("", "\n", ";", " ", "\t")
 _CR = ("a carriage return (a Windows line ending): bash keeps it in the value (TP_SIZE=4\\r is not 4); "
-       "fix: convert the file to Unix line endings (dos2unix FILE)")
+       "fix: convert the file to Unix line endings (dos2unix {file})")
 _ANSI = {"a": "\a", "b": "\b", "e": "\x1b", "E": "\x1b", "f": "\f", "n": "\n", "r": "\r", "t": "\t", "v": "\v",
          "\\": "\\", "'": "'", '"': '"', "?": "?"}
 
@@ -101,6 +101,9 @@ class _Parser:
     def fail(self, line: int, msg: str) -> NoReturn:
         raise InvalidInput(f"{self.source} line {line}: {msg}")
 
+    def cr(self) -> NoReturn:
+        self.fail(self.line, _CR.format(file=self.source))
+
     def peek(self, n: int = 0) -> str:
         i = self.pos + n
         return self.text[i] if i < len(self.text) else ""
@@ -138,7 +141,7 @@ class _Parser:
             elif ch == "#":
                 self.skip_comment()
             elif ch == "\r":
-                self.fail(self.line, _CR)
+                self.cr()
             elif ch == ";":
                 self.fail(self.line, "a ';' with no command before it is a bash syntax error; fix: remove it")
             else:
@@ -212,7 +215,7 @@ class _Parser:
                     self.fail(self.line, "';;' is a bash syntax error here; fix: remove one ';'")
                 return
             if ch == "\r":
-                self.fail(self.line, _CR)
+                self.cr()
             if blanks and _is_name_start(ch):
                 word = self._name()
                 if not (self.peek() == "=" or (self.peek() == "+" and self.peek(1) == "=")):
@@ -231,7 +234,7 @@ class _Parser:
             if ch in _WORD_END:
                 break
             if ch == "\r":
-                self.fail(self.line, _CR)
+                self.cr()
             if tilde_here and ch == "~":
                 nxt = self.peek(1)
                 self.advance()
@@ -262,7 +265,7 @@ class _Parser:
                 if nxt == "":
                     parts.append("\\")  # bash keeps a backslash at the very end of the file
                 elif nxt == "\r":
-                    self.fail(self.line, _CR)
+                    self.cr()
                 else:
                     parts.append(self.advance())
             elif ch == "$":
@@ -283,7 +286,7 @@ class _Parser:
             if self.peek() == "":
                 self.fail(line, "unterminated single quote")
             if self.peek() == "\r":
-                self.fail(self.line, _CR)
+                self.cr()
             self.advance()
         text = self.text[start:self.pos]
         self.advance()
@@ -296,7 +299,7 @@ class _Parser:
             if ch == "":
                 self.fail(line, "unterminated double quote")
             if ch == "\r":
-                self.fail(self.line, _CR)
+                self.cr()
             if ch == '"':
                 self.advance()
                 return "".join(parts)
@@ -306,7 +309,7 @@ class _Parser:
                 if nxt == "":
                     self.fail(line, "unterminated double quote")
                 if nxt == "\r":
-                    self.fail(self.line, _CR)
+                    self.cr()
                 self.advance()
                 if nxt in '$`"\\':
                     parts.append(nxt)
@@ -393,7 +396,7 @@ class _Parser:
             if ch in ("", "\n"):
                 self.fail(line, "unterminated ${...}")
             if ch == "\r":
-                self.fail(self.line, _CR)
+                self.cr()
             if ch == "$":
                 if self.peek(1) in ("'", '"'):
                     self.fail(line, "quotes inside ${...:-...} are not read; fix: write the default without quotes")
@@ -411,7 +414,7 @@ class _Parser:
             if ch == "":
                 self.fail(line, "unterminated $'...'")
             if ch == "\r":
-                self.fail(self.line, _CR)
+                self.cr()
             if ch == "'":
                 self.advance()
                 return "".join(parts)
