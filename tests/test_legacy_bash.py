@@ -27,7 +27,7 @@ def bash_values(path: Path, user: str = "zurih") -> tuple[bool, dict[str, str]]:
     script = ('set -euo pipefail; set -a; source "$1"; '
               'for n in A B C Z; do if [ -n "${!n+x}" ]; then printf "%s=%s\\0" "$n" "${!n}"; fi; done')
     home = "/root" if user == "root" else f"/home/{user}"
-    env = {"HOME": home, "USER": user, "PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LC_ALL": "C.UTF-8"}
+    env = {"HOME": home, "USER": user, "PATH": os.environ.get("PATH", "/usr/bin:/bin")}
     run = subprocess.run(["bash", "-c", script, "bash", str(path)], env=env, cwd=path.parent, capture_output=True, timeout=20)
     values = {}
     for item in run.stdout.split(b"\0"):

@@ -445,3 +445,10 @@ def test_secrets_are_hidden_in_refusals():
         with pytest.raises(InvalidInput) as exc:
             import_env_text("WORKER_IPS=10.0.0.2\n" + text, "p.env")
         assert "topsecret" not in str(exc.value)
+
+
+def test_a_near_miss_of_a_gate_in_extra_container_env_is_pointed_out():
+    text = FIXTURE.read_text() + 'EXTRA_CONTAINER_ENV="DSV41_INDEXER_CHUNKED=1 DSV41_MOE_B12X_NEXT=1 DSV41_ENGRAM_PREFECH=1"\n'
+    result, plan = render_import(text)
+    assert result.document["env"] == {"DSV41_ENGRAM_PREFECH": "1"}  # upstream passes it, and so does tp4
+    assert any("DSV41_ENGRAM_PREFECH is not an adapter gate" in n and "did you mean DSV41_ENGRAM_PREFETCH?" in n for n in result.notes)

@@ -946,6 +946,10 @@ def import_assignments(assignments: list[Assignment], source: str, parse_notes: 
             else:
                 doc.setdefault("env", {})[key] = value
                 origin[f"env.{key}"] = at
+                hint = difflib.get_close_matches(key, list(reg.gates), n=1, cutoff=0.85)
+                if hint:
+                    notes.append(f"{where(extra)}: EXTRA_CONTAINER_ENV item {key} is not an adapter gate, so it is imported "
+                                 f"into [env] as it is; did you mean {hint[0]}?")
     args = doc.get("engine", {}).get("extra_args")
     if args:
         kept, dropped = _without_api_key(args)
