@@ -106,6 +106,10 @@ def lines(draw: st.DrawFn) -> str:
 @example("A=1 B=$A\n")
 @example("A=a\nexport A= A=$A\n")  # export expands every argument before it assigns
 @example("A=x\r\n")
+@example("A=a\nA=~\\\n\n")  # a continuation is removed before bash reads words: ~ ends the word
+@example("B=q\nA=$\\\nB\n")
+@example("# comment \\\nA=1\n")  # no continuation in a comment
+@example("A=\\\\\nB=2\n")
 def test_the_parser_gives_the_value_bash_gives_or_refuses_with_the_line(tmp_path, text):
     check_against_bash(tmp_path / "gen.env", text)
 

@@ -88,12 +88,69 @@ def _shown(value: str, limit: int = 60) -> str:
     return text if len(text) <= limit else text[:limit] + "..."
 
 
+def _join_lines(text: str) -> tuple[str, list[int]]:
+    """The text with bash's line continuations (a backslash before a newline) removed, as bash
+    removes them before it reads words (a continuation between `$` and `A` still gives `$A`), and
+    the line of each character left. Not in single quotes, $'...' or comments; an escaped
+    backslash (two of them) is no continuation."""
+    out: list[str] = []
+    lines: list[int] = []
+    line = 1
+    state = "plain"  # plain | double | single | ansi | comment
+    i = 0
+
+    def put(ch: str) -> None:
+        nonlocal line
+        out.append(ch)
+        lines.append(line)
+        if ch == "\n":
+            line += 1
+
+    while i < len(text):
+        ch = text[i]
+        nxt = text[i + 1] if i + 1 < len(text) else ""
+        if state in ("plain", "double") and ch == "\\":
+            if nxt == "\n":
+                line += 1
+                i += 2
+                continue
+            put(ch)
+            if nxt:
+                put(nxt)
+            i += 2
+            continue
+        if state == "ansi" and ch == "\\":
+            put(ch)
+            if nxt:
+                put(nxt)
+            i += 2
+            continue
+        if state == "plain":
+            if ch == "'":
+                state = "single"
+            elif ch == '"':
+                state = "double"
+            elif ch == "$" and nxt == "'":
+                put(ch)
+                ch, i, state = nxt, i + 1, "ansi"
+            elif ch == "#" and (not out or out[-1] in " \t\n;&|()<>"):
+                state = "comment"
+        elif (state == "double" and ch == '"') or (state in ("single", "ansi") and ch == "'") or (state == "comment" and ch == "\n"):
+            state = "plain"
+        put(ch)
+        i += 1
+    return "".join(out), lines
+
+
 class _Parser:
     def __init__(self, text: str, source: str) -> None:
-        self.text = text
+        nul = text.find("\x00")
+        if nul >= 0:
+            raise InvalidInput(f"{source} line {text.count(chr(10), 0, nul) + 1}: a NUL byte; bash drops it, so the value "
+                               "would differ; fix: remove it")
+        self.text, self.lines = _join_lines(text)
         self.source = source
         self.pos = 0
-        self.line = 1
         self.vars: dict[str, str] = {}
         self.out: list[Assignment] = []
         self.home_lines: list[int] = []
@@ -108,11 +165,15 @@ class _Parser:
         i = self.pos + n
         return self.text[i] if i < len(self.text) else ""
 
+    @property
+    def line(self) -> int:
+        if self.pos < len(self.lines):
+            return self.lines[self.pos]
+        return self.lines[-1] if self.lines else 1
+
     def advance(self) -> str:
         ch = self.text[self.pos]
         self.pos += 1
-        if ch == "\n":
-            self.line += 1
         return ch
 
     def skip_blanks(self) -> int:
@@ -131,9 +192,6 @@ class _Parser:
         return self.text[self.pos:end if end >= 0 else len(self.text)]
 
     def parse(self) -> list[Assignment]:
-        nul = self.text.find("\x00")
-        if nul >= 0:
-            self.fail(self.text.count("\n", 0, nul) + 1, "a NUL byte; bash drops it, so the value would differ; fix: remove it")
         while self.pos < len(self.text):
             ch = self.peek()
             if ch in _BLANKS or ch == "\n":
@@ -248,10 +306,6 @@ class _Parser:
                     self.fail(line, f"'~{_shown(nxt)}...': bash would expand ~user, ~+ or ~- from the launcher's system; "
                                     "fix: write the path literally (~/ is read as the home of WORKER_USER)")
                 continue
-            if ch == "\\" and self.peek(1) == "\n":  # a line continuation is removed before words are read
-                self.advance()
-                self.advance()
-                continue
             tilde_here = False
             if ch == "'":
                 self.advance()
@@ -311,10 +365,7 @@ class _Parser:
                 if nxt == "\r":
                     self.cr()
                 self.advance()
-                if nxt in '$`"\\':
-                    parts.append(nxt)
-                elif nxt != "\n":
-                    parts.append("\\" + nxt)
+                parts.append(nxt if nxt in '$`"\\' else "\\" + nxt)
             elif ch == "$":
                 parts.append(self._dollar(line, quoted=True))
             elif ch == "`":
