@@ -118,7 +118,8 @@ def test_the_parser_gives_the_value_bash_gives_or_refuses_with_the_line(tmp_path
 @given(user=st.sampled_from(["root", "bob", "zurih"]), value=VALUE)
 def test_home_and_user_are_those_of_worker_user(tmp_path, user, value):
     # WORKER_USER set after its first use still decides $HOME (the launcher runs as that user)
-    check_against_bash(tmp_path / "gen.env", f"A={value}\nWORKER_USER={user}\n", user)
+    # (a blank line between: a continuation at the end of the value must not swallow WORKER_USER)
+    check_against_bash(tmp_path / "gen.env", f"A={value}\n\nWORKER_USER={user}\n", user)
 
 
 @pytest.mark.parametrize("text,value", [

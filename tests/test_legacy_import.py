@@ -452,3 +452,16 @@ def test_a_near_miss_of_a_gate_in_extra_container_env_is_pointed_out():
     result, plan = render_import(text)
     assert result.document["env"] == {"DSV41_ENGRAM_PREFECH": "1"}  # upstream passes it, and so does tp4
     assert any("DSV41_ENGRAM_PREFECH is not an adapter gate" in n and "did you mean DSV41_ENGRAM_PREFETCH?" in n for n in result.notes)
+
+
+@pytest.mark.parametrize("line,needle", [
+    ('TP_SIZE=" 4"', "TP_SIZE=' 4' is not a whole number"), ("TP_SIZE=$'4\\n'", "TP_SIZE='4\\\\n' is not a whole number"),
+    ("TP_SIZE=+4", "TP_SIZE='+4' is not a whole number"), ('MEM_FRACTION_STATIC="0.80 "', "MEM_FRACTION_STATIC='0.80 ' is not a number"),
+    ('IB_HCA="rocep1s0f0, rocep1s0f1"', "IB_HCA='rocep1s0f0, rocep1s0f1': write the RDMA device names"),
+])
+def test_a_value_python_would_read_loosely_is_refused_not_trimmed(line, needle):
+    # int(" 4") is 4, but upstream passes " 4" on as it is: the import must not make it 4 silently
+    text = FIXTURE.read_text() + line + "\n"
+    with pytest.raises(InvalidInput) as exc:
+        import_env_text(text, "p.env")
+    assert f"p.env line {fixture_line(text, line.split('=')[0] + '=')}: {needle}" in str(exc.value), str(exc.value)

@@ -561,12 +561,14 @@ def _bit(var: str) -> Callable[[str], int]:
     return conv
 
 
-def _fraction(v: str) -> Any:
-    if not re.fullmatch(r"[0-9]*\.?[0-9]+|[0-9]+\.", v):
-        raise ValueError(f"MEM_FRACTION_STATIC/HEAD_MEM_FRACTION_STATIC={_shown(v)!r} is not a number")
-    f = float(v)
-    whole, _, frac = repr(f).partition(".")
-    return f if f"{whole}.{frac.ljust(2, '0')}" == v else v
+def _fraction(var: str) -> Callable[[str], Any]:
+    def conv(v: str) -> Any:
+        if not re.fullmatch(r"[0-9]*\.?[0-9]+|[0-9]+\.", v):
+            raise ValueError(f"{var}={_shown(v)!r} is not a number")
+        f = float(v)
+        whole, _, frac = repr(f).partition(".")
+        return f if f"{whole}.{frac.ljust(2, '0')}" == v else v
+    return conv
 
 
 def _hcas(v: str) -> list[str]:
@@ -633,8 +635,8 @@ TYPED: dict[str, tuple[tuple[str, ...], Callable[[str], Any]]] = {
     "TP_SIZE": (("engine", "tp"), _int("TP_SIZE")),
     "EP_SIZE": (("engine", "ep"), _int("EP_SIZE")),
     "CONTEXT_LENGTH": (("engine", "context_length"), _int("CONTEXT_LENGTH")),
-    "MEM_FRACTION_STATIC": (("engine", "mem_fraction_static"), _fraction),
-    "HEAD_MEM_FRACTION_STATIC": (("engine", "head_mem_fraction_static"), _fraction),
+    "MEM_FRACTION_STATIC": (("engine", "mem_fraction_static"), _fraction("MEM_FRACTION_STATIC")),
+    "HEAD_MEM_FRACTION_STATIC": (("engine", "head_mem_fraction_static"), _fraction("HEAD_MEM_FRACTION_STATIC")),
     "MAX_RUNNING_REQUESTS": (("engine", "max_running_requests"), _int("MAX_RUNNING_REQUESTS")),
     "CHUNKED_PREFILL_SIZE": (("engine", "chunked_prefill_size"), _int("CHUNKED_PREFILL_SIZE")),
     "MAX_TOTAL_TOKENS": (("engine", "max_total_tokens"), lambda v: _strict_int("MAX_TOTAL_TOKENS", v) if v else 0),
@@ -1022,10 +1024,10 @@ def import_assignments(assignments: list[Assignment], source: str, parse_notes: 
     try:
         loaded = parse_document(doc, source)
     except InvalidInput as exc:
-        problems = [terms(p) for p in exc.problems] or [str(exc)]
+        problems = [terms(str(p)) for p in exc.problems] or [str(exc)]
         raise ImportFailed(f"{source}: the imported profile is not valid ({len(problems)} problem(s)); nothing was written",
                            problems, unknown_text) from None
-    warnings = [terms(w) for w in loaded.warnings]
+    warnings = [terms(str(w)) for w in loaded.warnings]  # each `field: reason; fix: ...`
     if strict and warnings:
         raise ImportFailed(f"{source}: {len(warnings)} warning(s), which --strict makes errors; nothing was written",
                            warnings, unknown_text)
