@@ -441,7 +441,8 @@ def test_secrets_are_dropped_with_a_note_and_never_printed(tp4_cli, tmp_path):
 
 
 def test_secrets_are_hidden_in_refusals():
-    for text in ("HF_TOKEN hf_topsecret\n", 'EXTRA_CONTAINER_ENV="DSV41_INDEXER_CHUNKED=1 9X=1 HF_TOKEN=hf_topsecret"\n'):
+    for text in ("HF_TOKEN hf_topsecret\n", 'EXTRA_CONTAINER_ENV="DSV41_INDEXER_CHUNKED=1 9X=1 HF_TOKEN=hf_topsecret"\n',
+                 "HF_TOKEN=hf_a topsecret\n", "MY_API_KEY=sk-topsecret $1\n"):
         with pytest.raises(InvalidInput) as exc:
             import_env_text("WORKER_IPS=10.0.0.2\n" + text, "p.env")
         assert "topsecret" not in str(exc.value)

@@ -277,7 +277,10 @@ class _Parser:
             if blanks and _is_name_start(ch):
                 word = self._name()
                 if not (self.peek() == "=" or (self.peek() == "+" and self.peek(1) == "=")):
-                    self.fail(line, f"a value with spaces must be quoted: bash would run {word!r} as a command, with the "
+                    from tp4.profile.models import looks_like_secret
+
+                    shown = "the next word" if looks_like_secret(done[-1].name) else repr(word)
+                    self.fail(line, f"a value with spaces must be quoted: bash would run {shown} as a command, with the "
                                     "assignments in its environment only; fix: quote the value, or put each assignment on its own line")
                 continue
             if blanks:
