@@ -153,7 +153,7 @@ def test_bash_values(tmp_path, text, value):
     ("A=$'\\0'\n", "NUL"), ("A=$'\\u00e9'\n", "locale"), ("A=$'\\cA'\n", "locale"), ("A=$'\\xff'\n", "0x7f"),
     ("A=$UNSET\n", "set -u"), ("A=${UNSET}\n", "set -u"), ("A=${Z:=1}\n", "side effect"), ("A=${#B}\n", "not read"),
     ("A=~bob/x\n", "~user"), ("A=$\"t\"\n", "translated"), ("A=1;;\n", "syntax error"), ("; A=1\n", "syntax error"),
-    ("A=1 echo\n", "as a command"), ("A=$[1]\n", "arithmetic"), ("A=$((1))\n", "not supported"),
+    ("A=1 echo\n", "as a command"), ("HOME=/x\n", "change what $HOME"), ("export USER=x\n", "change what $HOME"), ("A=$[1]\n", "arithmetic"), ("A=$((1))\n", "not supported"),
 ])
 def test_what_bash_would_read_differently_is_refused_with_the_line(text, needle):
     with pytest.raises(InvalidInput) as exc:

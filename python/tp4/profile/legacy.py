@@ -250,6 +250,9 @@ class _Parser:
             append = self.peek() == "+"
             if append and exported:
                 self.fail(line, "`export NAME+=value` is not read; fix: write NAME+=value without export")
+            if word in ("HOME", "USER"):
+                self.fail(line, f"{word}=...: it would change what $HOME, ~ and $USER mean for the rest of the file; tp4 reads "
+                                "them as the home and name of WORKER_USER; fix: remove the line (set WORKER_USER)")
             self.advance()
             if append:
                 self.advance()
