@@ -108,7 +108,7 @@ def test_unknown_keys_are_reported_not_dropped_silently(tp4_cli, tmp_path):
 
 
 def test_loop_abort_values_keep_the_names_the_adapter_reads(tmp_path):
-    # upstream forwards DSV41_LOOP_NGRAM/_REPEATS/_LINE_REPEATS (§1.6); a non-default value must
+    # upstream start.sh forwards DSV41_LOOP_NGRAM/_REPEATS/_LINE_REPEATS; a non-default value must
     # reach the container under that name
     env = tmp_path / "loop.env"
     env.write_text(FIXTURE.read_text().replace("DSV41_LOOP_NGRAM=32", "DSV41_LOOP_NGRAM=16")
@@ -179,7 +179,7 @@ def test_failed_import_writes_nothing(tp4_cli, tmp_path):
 # --- generated legacy profiles: import + render == bash + upstream rules ---------------------------
 
 EXTRA_LINES = {
-    # (image tag, BUILD_DOCKERFILE, EP): EXTRA_CONTAINER_ENV lines of §2.4 valid for that image
+    # (image tag, BUILD_DOCKERFILE, EP): EXTRA_CONTAINER_ENV lines of upstream's .env.tp4.example valid for that image
     ("dsv41-4x-spark:local", "Dockerfile", "2"): ["DSV41_INDEXER_CHUNKED=1"],
     ("dsv41-4x-spark:canary", "Dockerfile.canary", "2"): [
         "DSV41_INDEXER_CHUNKED=1 SGLANG_DSPARK_FOLDED_SAMPLING=2 SGLANG_RUST_BUILD_MODE=never"],
