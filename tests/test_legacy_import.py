@@ -384,7 +384,7 @@ def test_head_checkout_option(tp4_cli, tmp_path):
     assert code == 0, stderr
     assert 'workdir = "~/dsv41-4x-spark"' in out.read_text() and "from --head-checkout" in stderr
     code, stdout, stderr = tp4_cli("profile", "import", env, "-o", tmp_path / "q.toml", "--head-checkout", "/srv/a:b")
-    assert code == 2 and "the head's checkout /srv/a:b (from --head-checkout)" in stderr and "--head-checkout DIR" in stderr
+    assert code == 2 and "the head's checkout /srv/a:b (from --head-checkout DIR): must be" in stderr and "--head-checkout DIR" in stderr
     code, stdout, stderr = tp4_cli("profile", "import", env, "-o", tmp_path / "q.toml", "--head-checkout", "")
     assert code == 2 and "--head-checkout: the path is empty" in stderr and not (tmp_path / "q.toml").exists()
 
@@ -466,3 +466,10 @@ def test_a_value_python_would_read_loosely_is_refused_not_trimmed(line, needle):
     with pytest.raises(InvalidInput) as exc:
         import_env_text(text, "p.env")
     assert f"p.env line {fixture_line(text, line.split('=')[0] + '=')}: {needle}" in str(exc.value), str(exc.value)
+
+
+def test_messages_keep_the_validators_words():
+    # a KV pin warning names `full_token=<N>`: TOKEN in a word of the message is no secret to hide
+    text = FIXTURE.read_text().replace("MAX_TOTAL_TOKENS=8000000", "MAX_TOTAL_TOKENS=9000000")
+    result = import_env_text(text, "p.env")
+    assert any("full_token=<N>` from a boot" in w for w in result.warnings), result.warnings

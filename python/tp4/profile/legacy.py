@@ -899,12 +899,12 @@ def import_assignments(assignments: list[Assignment], source: str, parse_notes: 
         checkout = os.path.abspath(checkout)
     workdir = _home_rel(checkout, home)
     head["workdir"] = workdir
-    how = "from --head-checkout" if told else f"the directory of {Path(source).name}"
-    origin["cluster.head.workdir"] = _Origin(None, f"the head's checkout {_shown(workdir, 1000)} ({how}); fix: pass --head-checkout DIR")
+    how = "from --head-checkout DIR" if told else f"the directory of {Path(source).name}; --head-checkout DIR names another"
+    origin["cluster.head.workdir"] = _Origin(None, f"the head's checkout {_shown(workdir, 1000)} ({how})")
     elsewhere = "" if workdir.startswith("~") else (
         f"; it is not under {home}, the home of WORKER_USER as whom tp4 runs the head: if the head's user differs, "
         "set cluster.head.user and cluster.head.home")
-    notes.append(f"the head's checkout is {_shown(workdir, 1000)} ({how}; --head-checkout DIR names another): upstream runs from the "
+    notes.append(f"the head's checkout is {_shown(workdir, 1000)} ({how}): upstream runs from the "
                  f"checkout that holds the file, so the head's /state is {_shown(workdir, 1000)}/state-tp4 (API key, DSpark tables, "
                  f"b12x caches){elsewhere}")
 
@@ -1100,7 +1100,7 @@ def _in_file_terms(problem: str, origin: dict[str, _Origin], source: str, gates:
     reason; fix: ... (profile field engine.chunked_prefill_size)`."""
     fieldname, sep, rest = problem.partition(": ")
     if not sep:
-        return f"{source}: {redact(problem)}"
+        return f"{source}: {problem}"
     reason, _, fix = rest.partition("; fix: ")
     key = fieldname
     at = origin.get(key)
@@ -1116,7 +1116,8 @@ def _in_file_terms(problem: str, origin: dict[str, _Origin], source: str, gates:
     out = f"{prefix}: {_translate(reason, gates)}"
     if fix:
         out += f"; fix: {_translate(fix, gates)}"
-    return redact(out) + f" (profile field {fieldname})"
+    # values from the file are shown through _shown (secrets hidden); secrets never reach the validator
+    return out + f" (profile field {fieldname})"
 
 
 def _home_rel(path: str, home: str) -> str:
