@@ -13,7 +13,8 @@ or refused with the line and the reason (tests/test_legacy_bash.py compares agai
   `$?`, `$!`, `$-`, `$_`, `$0`, ...), `${VAR:=...}`/`${VAR:?...}` and the other `${...}` forms,
   `$"..."`, `~user`/`~+`/`~-`, a variable that is not set earlier in the file (the launcher runs
   under `set -u` and stops there), carriage returns (a Windows line ending: bash keeps the `\\r`
-  in the value) and NUL bytes, and anything that is not an assignment.
+  in the value) and NUL bytes, `HOME=`/`USER=` (they would change what `~` means), and anything
+  that is not an assignment.
 
 `$HOME` and `~` are the home of the user running the launcher, and `$USER` that user. tp4 runs
 every node as `cluster.user` (WORKER_USER), so they read as WORKER_USER's home (`/home/<user>`,
@@ -25,6 +26,11 @@ literal path, as upstream passes it.
 The variables are then mapped onto the profile fields that render the same container env and
 engine argv (upstream `start.sh`, `files/nccl.sh`, `boot.py`). The result sits on the
 `launcher-defaults` preset, so every value comes from the file or from the launcher's defaults.
+The head's working directory is the checkout holding the file (its state-tp4/ is the head's
+/state), unless told otherwise. Anything that looks like a credential (API_KEY, SGLANG_API_KEY,
+HF_TOKEN, *_SECRET, *_PASSWORD, --api-key in EXTRA_SGLANG_ARGS, also as EXTRA_CONTAINER_ENV
+items) is dropped with a note saying where it goes instead; it never reaches the profile, a
+message or a plan. Messages name the file's variable, value and line, and the profile field.
 """
 
 from __future__ import annotations
