@@ -1,4 +1,5 @@
-"""An independent statement of the upstream launcher's rules (upstream-line.md §1.6, §1.8), used
+"""An independent statement of the upstream launcher's rules (upstream `start.sh`: docker_common_args and
+worker_env_lines; `boot.py`: the engine command line), used
 only by tests: given the variables a real `bash -c 'set -a; source .env.tp4'` produces, what
 container env and engine argv does start.sh (TP4 launcher) give each rank?"""
 
@@ -64,7 +65,7 @@ def upstream_env(v: dict[str, str], rank: int) -> dict[str, str]:
         "SGLANG_FLASHINFER_MOE_FUSED_FINALIZE": g("SGLANG_FLASHINFER_MOE_FUSED_FINALIZE", "1"),
         "SGLANG_DSV41_REASONING_EFFORT": g("SGLANG_DSV41_REASONING_EFFORT", "75"),
         "DSV41_MAX_NEW_TOKENS": g("DSV41_MAX_NEW_TOKENS", "32768"), "DSV41_LOOP_ABORT": g("DSV41_LOOP_ABORT", "1"),
-        # the names the loop_abort adapter reads (§1.6): DSV41_LOOP_NGRAM, not DSV41_LOOP_ABORT_NGRAM
+        # the names the loop_abort adapter reads (start.sh forwards them): DSV41_LOOP_NGRAM, not DSV41_LOOP_ABORT_NGRAM
         "DSV41_LOOP_NGRAM": g("DSV41_LOOP_NGRAM", "32"), "DSV41_LOOP_REPEATS": g("DSV41_LOOP_REPEATS", "4"),
         "DSV41_LOOP_LINE_REPEATS": g("DSV41_LOOP_LINE_REPEATS", "8"),
         "PYTORCH_CUDA_ALLOC_CONF": g("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:False"),
@@ -95,8 +96,16 @@ def upstream_env(v: dict[str, str], rank: int) -> dict[str, str]:
     return env
 
 
+def upstream_state_dir(v: dict[str, str], rank: int, checkout: str) -> str:
+    """The host directory mounted at /state (`start-tp4.sh`, `start.sh`): start-tp4.sh runs from the checkout that
+    holds .env.tp4 with STATE_DIR=state-tp4/; a worker mounts $WORKER_DIR/state."""
+    if rank == 0:
+        return f"{checkout}/state-tp4"
+    return f"{v['WORKER_DIR']}/state"
+
+
 def upstream_argv(env: dict[str, str]) -> list[str]:
-    """boot.py's engine command for a rank's env (§1.8), no SPS/STS table files present."""
+    """boot.py's engine command for a rank's env, no SPS/STS table files present."""
     argv = ["python", "-m", "sglang.launch_server", "--model-path", env["MODEL_PATH"],
             "--served-model-name", env["SERVED_MODEL_NAME"], "--trust-remote-code", "--load-format", "safetensors",
             "--tp", env["TP_SIZE"], "--ep-size", env["EP_SIZE"], "--attention-backend", env.get("ATTENTION_BACKEND", "dsv4"),

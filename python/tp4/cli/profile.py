@@ -50,25 +50,33 @@ def show_preset(name: str, merged: bool) -> None:
 @click.argument("env_file", type=click.Path(dir_okay=False))
 @click.option("-o", "--output", type=click.Path(dir_okay=False), required=True, help="Profile TOML to write.")
 @click.option("--force", is_flag=True, help="Overwrite OUTPUT if it exists.")
-def import_(env_file: str, output: str, force: bool) -> None:
+@click.option("--head-checkout", metavar="DIR",
+              help="The head's checkout of the upstream repository (its state-tp4/ is the head's /state); "
+                   "default: the directory of ENV_FILE.")
+@click.option("--strict", is_flag=True, help="Treat warnings as errors: nothing is written if there is one.")
+def import_(env_file: str, output: str, force: bool, head_checkout: str | None, strict: bool) -> None:
     """Import a bash-syntax upstream profile (.env.tp4) into a tp4 profile.
 
+    The file is read as bash reads it (`set -a; source`), without running it: a construct whose
+    value could differ from bash's is refused with its line. $HOME, ~ and $USER are the home and
+    name of WORKER_USER, as whom tp4 runs the line; host paths under that home are written ~/...
     The result renders the same container env and engine argv as the upstream launcher would
-    for ENV_FILE. Unknown variables are reported; nothing is written unless the result is valid.
+    for ENV_FILE. Secrets are never imported; unknown variables are reported; warnings are shown
+    (errors with --strict); nothing is written unless the result is valid.
     """
     from tp4.profile.legacy import import_env_file
     from tp4.userfiles import check_output, write_output
 
     check_output(output, "profile", force=force)
-    result = import_env_file(env_file)
+    result = import_env_file(env_file, head_checkout=head_checkout, strict=strict)
     out = write_output(output, result.toml, "profile", force=force)
     click.echo(f"wrote {out}: {result.summary}")
     for note in result.notes:
         click.echo(f"note: {note}", err=True)
-    for key in result.unknown:
-        click.echo(f"unknown: {key} is not a variable the TP4 launcher reads; not imported", err=True)
-
-
+    for warning in result.warnings:
+        click.echo(f"warning: {warning}", err=True)
+    for text in result.unknown_text:
+        click.echo(f"unknown: {text}", err=True)
 
 
 @profile.command()

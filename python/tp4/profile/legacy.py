@@ -1,26 +1,66 @@
 """Import of an upstream bash-syntax profile (.env.tp4) into a tp4 profile.
 
-The upstream launcher does `set -a; source .env.tp4`, so the file is bash: quotes, `$VAR` and
-`${VAR:-default}` expansion, `~`, comments, and later assignments overriding earlier ones (the
-last active EXTRA_CONTAINER_ENV line wins). We read the assignments without running bash, then
-map each variable onto the profile fields that render the same container env and engine argv
-(upstream-line.md §1.6, §1.8). The result sits on the `launcher-defaults` preset, so every value
-comes from the file or from the launcher's own defaults.
+The upstream launcher runs `set -euo pipefail; set -a; source .env.tp4`, so the file is bash. We
+read its assignments without running bash, and every value is either exactly the value bash gives
+or refused with the line and the reason (tests/test_legacy_bash.py compares against real bash):
+
+- read: `NAME=value` and `NAME+=value` (several on one line, optionally after `export`), `;`,
+  comments, single and double quotes, backslash escapes and line continuations, `$'...'` (ANSI-C:
+  the escapes of printable ASCII and the usual control letters), `$VAR`, `${VAR}`,
+  `${VAR:-word}`, `${VAR-word}`, `${VAR:+word}`, `${VAR+word}`, and `~` where bash expands it
+  (at the start of a value and after an unquoted `:`);
+- refused: command and arithmetic substitution, the special parameters (`$1`, `$$`, `$@`, `$#`,
+  `$?`, `$!`, `$-`, `$_`, `$0`, ...), `${VAR:=...}`/`${VAR:?...}` and the other `${...}` forms,
+  `$"..."`, `~user`/`~+`/`~-`, a variable that is not set earlier in the file (the launcher runs
+  under `set -u` and stops there), carriage returns (a Windows line ending: bash keeps the `\\r`
+  in the value) and NUL bytes, `HOME=`/`USER=` (they would change what `~` means), and anything
+  that is not an assignment.
+
+`$HOME` and `~` are the home of the user running the launcher, and `$USER` that user. tp4 runs
+every node as `cluster.user` (WORKER_USER), so they read as WORKER_USER's home (`/home/<user>`,
+`/root` for root) and name, exactly as bash gives them when the launcher runs as that user, and
+the importer says so in a note. Host paths under that home are then written `~/...`, which tp4
+expands to each node's own home; anything else (container env, engine arguments) keeps the
+literal path, as upstream passes it.
+
+The variables are then mapped onto the profile fields that render the same container env and
+engine argv (upstream `start.sh`, `files/nccl.sh`, `boot.py`). The result sits on the
+`launcher-defaults` preset, so every value comes from the file or from the launcher's defaults.
+The head's working directory is the checkout holding the file (its state-tp4/ is the head's
+/state), unless told otherwise. Anything that looks like a credential (API_KEY, SGLANG_API_KEY,
+HF_TOKEN, *_SECRET, *_PASSWORD, --api-key in EXTRA_SGLANG_ARGS, also as EXTRA_CONTAINER_ENV
+items) is dropped with a note saying where it goes instead; it never reaches the profile, a
+message or a plan. Messages name the file's variable, value and line, and the profile field.
 """
 
 from __future__ import annotations
 
+import difflib
+import os
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, NoReturn
 
 from tp4.errors import InvalidInput
 
-HOME = "\x00HOME\x00"
+# Internal markers for $HOME / ~ and $USER while the file is read: replaced by the home and the
+# name of WORKER_USER before parse_env_text returns (WORKER_USER may be set after its first use).
+# A file never holds NUL (refused), so a marker cannot be confused with text.
+_HOME = "\x00HOME\x00"
+_USER = "\x00USER\x00"
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _EXTRA_ITEM = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
 OFF_KEYS = ("", "none", "off", "dummy", "0")
+DEFAULT_USER = "zurih"
+# bash's blanks: only space and tab separate words (a form feed or \v is part of a word)
+_BLANKS = " \t"
+_WORD_END = ("", "\n", ";", " ", "\t")
+_CR = ("a carriage return (a Windows line ending): bash keeps it in the value (TP_SIZE=4\\r is not 4); "
+       "fix: convert the file to Unix line endings (dos2unix {file})")
+_ANSI = {"a": "\a", "b": "\b", "e": "\x1b", "E": "\x1b", "f": "\f", "n": "\n", "r": "\r", "t": "\t", "v": "\v",
+         "\\": "\\", "'": "'", '"': '"', "?": "?"}
 
 
 @dataclass
@@ -30,230 +70,525 @@ class Assignment:
     line: int
 
 
+def _is_name_start(ch: str) -> bool:
+    return ch == "_" or ("a" <= ch <= "z") or ("A" <= ch <= "Z")
+
+
+def _is_name_char(ch: str) -> bool:
+    return _is_name_start(ch) or ("0" <= ch <= "9")
+
+
+def redact(text: str) -> str:
+    """Text shown in a message, with anything that looks like a credential's value hidden."""
+    from tp4.profile.models import looks_like_secret
+
+    text = re.sub(r"(--api-key[= ]+)\S+", r"\1<hidden>", text)
+    return re.sub(r"\b([A-Za-z_][A-Za-z0-9_]*)=(\S*)",
+                  lambda m: f"{m.group(1)}=<hidden>" if looks_like_secret(m.group(1)) else m.group(0), text)
+
+
+def _shown(value: str, limit: int = 60) -> str:
+    """A value as a message shows it: control characters escaped, secrets hidden, cut short."""
+    text = value if value.isprintable() else repr(value)[1:-1]
+    text = redact(text)
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def _join_lines(text: str) -> tuple[str, list[int]]:
+    """The text with bash's line continuations (a backslash before a newline) removed, as bash
+    removes them before it reads words (a continuation between `$` and `A` still gives `$A`), and
+    the line of each character left. Not in single quotes, $'...' or comments; an escaped
+    backslash (two of them) is no continuation."""
+    out: list[str] = []
+    lines: list[int] = []
+    line = 1
+    state = "plain"  # plain | double | single | ansi | comment
+    i = 0
+
+    def put(ch: str) -> None:
+        nonlocal line
+        out.append(ch)
+        lines.append(line)
+        if ch == "\n":
+            line += 1
+
+    while i < len(text):
+        ch = text[i]
+        nxt = text[i + 1] if i + 1 < len(text) else ""
+        if state in ("plain", "double") and ch == "\\":
+            if nxt == "\n":
+                line += 1
+                i += 2
+                continue
+            put(ch)
+            if nxt:
+                put(nxt)
+            i += 2
+            continue
+        if state == "ansi" and ch == "\\":
+            put(ch)
+            if nxt:
+                put(nxt)
+            i += 2
+            continue
+        if state == "plain":
+            if ch == "'":
+                state = "single"
+            elif ch == '"':
+                state = "double"
+            elif ch == "$" and nxt == "'":
+                put(ch)
+                ch, i, state = nxt, i + 1, "ansi"
+            elif ch == "#" and (not out or out[-1] in " \t\n;&|()<>"):
+                state = "comment"
+        elif (state == "double" and ch == '"') or (state in ("single", "ansi") and ch == "'") or (state == "comment" and ch == "\n"):
+            state = "plain"
+        put(ch)
+        i += 1
+    return "".join(out), lines
+
+
 class _Parser:
     def __init__(self, text: str, source: str) -> None:
-        self.text = text
+        nul = text.find("\x00")
+        if nul >= 0:
+            raise InvalidInput(f"{source} line {text.count(chr(10), 0, nul) + 1}: a NUL byte; bash drops it, so the value "
+                               "would differ; fix: remove it")
+        self.text, self.lines = _join_lines(text)
         self.source = source
         self.pos = 0
-        self.line = 1
         self.vars: dict[str, str] = {}
-        self.notes: list[str] = []
-        self.errors: list[str] = []
+        self.out: list[Assignment] = []
+        self.home_lines: list[int] = []
 
-    def fail(self, line: int, msg: str) -> None:
-        raise InvalidInput(f"{self.source}: line {line}: {msg}")
+    def fail(self, line: int, msg: str) -> NoReturn:
+        raise InvalidInput(f"{self.source} line {line}: {msg}")
+
+    def cr(self) -> NoReturn:
+        self.fail(self.line, _CR.format(file=self.source))
 
     def peek(self, n: int = 0) -> str:
         i = self.pos + n
         return self.text[i] if i < len(self.text) else ""
 
+    @property
+    def line(self) -> int:
+        if self.pos < len(self.lines):
+            return self.lines[self.pos]
+        return self.lines[-1] if self.lines else 1
+
     def advance(self) -> str:
         ch = self.text[self.pos]
         self.pos += 1
-        if ch == "\n":
-            self.line += 1
         return ch
 
-    def skip_line(self) -> None:
+    def skip_blanks(self) -> int:
+        n = 0
+        while self.peek() and self.peek() in _BLANKS:
+            self.advance()
+            n += 1
+        return n
+
+    def skip_comment(self) -> None:
         while self.peek() and self.peek() != "\n":
             self.advance()
 
+    def rest_of_line(self) -> str:
+        end = self.text.find("\n", self.pos)
+        return self.text[self.pos:end if end >= 0 else len(self.text)]
+
     def parse(self) -> list[Assignment]:
-        out: list[Assignment] = []
         while self.pos < len(self.text):
             ch = self.peek()
-            if ch in " \t\r\n;":
+            if ch in _BLANKS or ch == "\n":
                 self.advance()
-                continue
-            if ch == "#":
-                self.skip_line()
-                continue
-            start_line = self.line
-            word = self._bare_word()
-            if word == "export":
-                while self.peek() in " \t":
-                    self.advance()
-                word = self._bare_word()
-            if not word or self.peek() != "=" or not _NAME.fullmatch(word):
-                rest = self.text[self.pos:self.text.find("\n", self.pos) if "\n" in self.text[self.pos:] else len(self.text)]
-                self.fail(start_line, f"not a KEY=VALUE assignment: {(word + rest).strip()[:60]!r}; only assignments (and comments) are read")
-            self.advance()  # '='
-            value = self._value(start_line)
-            self.vars[word] = value
-            out.append(Assignment(word, value, start_line))
-        return out
+            elif ch == "#":
+                self.skip_comment()
+            elif ch == "\r":
+                self.cr()
+            elif ch == ";":
+                self.fail(self.line, "a ';' with no command before it is a bash syntax error; fix: remove it")
+            else:
+                self._command()
+        return self.out
 
-    def _bare_word(self) -> str:
+    def _name(self) -> str:
         start = self.pos
-        while self.peek() and (self.peek().isalnum() or self.peek() == "_"):
-            self.advance()
+        if _is_name_start(self.peek()):
+            while _is_name_char(self.peek()):
+                self.advance()
         return self.text[start:self.pos]
+
+    def _not_assignment(self, line: int, text: str) -> NoReturn:
+        from tp4.profile.models import looks_like_secret
+
+        shown = _shown(text.strip())
+        secret = next((m for m in re.finditer(r"[A-Za-z_][A-Za-z0-9_]*", shown) if looks_like_secret(m.group(0))), None)
+        if secret is not None:  # HF_TOKEN hf_...: the rest may be the secret itself
+            shown = shown[:secret.end()] + " <rest hidden>"
+        self.fail(line, f"not a KEY=VALUE assignment: {shown!r}; only assignments (and comments) are read")
+
+    def _command(self) -> None:
+        """One simple command made only of assignments (bash performs them left to right)."""
+        start_line = self.line
+        start = self.pos
+        word = self._name()
+        exported = word == "export" and self.peek() in _BLANKS
+        if exported:
+            self.skip_blanks()
+            start = self.pos
+            word = self._name()
+        if not word or not (self.peek() == "=" or (self.peek() == "+" and self.peek(1) == "=")):
+            self.pos = start
+            self._not_assignment(start_line, self.rest_of_line())
+        done: list[Assignment] = []
+        try:
+            self._assignments(word, exported, done)
+        finally:
+            # `export` expands all its arguments before it assigns any (`export A= B=$A` sees the old A)
+            for a in done:
+                self.vars[a.name] = a.value
+            self.out.extend(done)
+
+    def _assignments(self, word: str, exported: bool, done: list[Assignment]) -> None:
+        while True:
+            line = self.line
+            append = self.peek() == "+"
+            if append and exported:
+                self.fail(line, "`export NAME+=value` is not read; fix: write NAME+=value without export")
+            if word in ("HOME", "USER"):
+                self.fail(line, f"{word}=...: it would change what $HOME, ~ and $USER mean for the rest of the file; tp4 reads "
+                                "them as the home and name of WORKER_USER; fix: remove the line (set WORKER_USER)")
+            self.advance()
+            if append:
+                self.advance()
+            value = self._value(line)
+            if append:
+                value = self.vars.get(word, "") + value
+            done.append(Assignment(word, value, line))
+            if not exported:
+                self.vars[word] = value
+            blanks = self.skip_blanks()
+            ch = self.peek()
+            if ch in ("", "\n"):
+                return
+            if ch == "#":  # a value ends only at a blank, ';' or a line end, so this '#' starts a word
+                self.skip_comment()
+                return
+            if ch == ";":
+                self.advance()
+                self.skip_blanks()
+                if self.peek() == ";":
+                    self.fail(self.line, "';;' is a bash syntax error here; fix: remove one ';'")
+                return
+            if ch == "\r":
+                self.cr()
+            if blanks and _is_name_start(ch):
+                word = self._name()
+                if not (self.peek() == "=" or (self.peek() == "+" and self.peek(1) == "=")):
+                    from tp4.profile.models import looks_like_secret
+
+                    shown = "the next word" if looks_like_secret(done[-1].name) else repr(word)
+                    self.fail(line, f"a value with spaces must be quoted: bash would run {shown} as a command, with the "
+                                    "assignments in its environment only; fix: quote the value, or put each assignment on its own line")
+                continue
+            if blanks:
+                self.fail(line, "a value with spaces must be quoted (bash would run the rest as a command); fix: quote the value")
+            self.fail(line, f"unexpected {ch!r}; only plain assignments are read")
 
     def _value(self, line: int) -> str:
         parts: list[str] = []
-        at_start = True
+        tilde_here = True  # bash expands ~ at the start of an assignment's value and after an unquoted ':'
         while True:
             ch = self.peek()
-            if ch == "" or ch in "\n;":
+            if ch in _WORD_END:
                 break
-            if ch in " \t\r":
-                # whitespace ends the value; what follows must be a comment or the line's end
-                while self.peek() in " \t\r":
-                    self.advance()
-                if self.peek() in ("", "\n", ";"):
-                    break
-                if self.peek() == "#":
-                    self.skip_line()
-                    break
-                self.fail(line, "a value with spaces must be quoted (bash would run the rest as a command)")
+            if ch == "\r":
+                self.cr()
+            if tilde_here and ch == "~":
+                nxt = self.peek(1)
+                self.advance()
+                tilde_here = False
+                if nxt in _WORD_END or nxt in "/:":
+                    parts.append(_HOME)
+                    self.home_lines.append(line)
+                elif nxt in "\"'\\":
+                    parts.append("~")  # a quoted character in the tilde-prefix: bash leaves it as it is
+                else:
+                    self.fail(line, f"'~{_shown(nxt)}...': bash would expand ~user, ~+ or ~- from the launcher's system; "
+                                    "fix: write the path literally (~/ is read as the home of WORKER_USER)")
+                continue
+            tilde_here = False
             if ch == "'":
                 self.advance()
-                start = self.pos
-                while self.peek() != "'":
-                    if self.peek() == "":
-                        self.fail(line, "unterminated single quote")
-                    self.advance()
-                parts.append(self.text[start:self.pos])
-                self.advance()
+                parts.append(self._single(line))
             elif ch == '"':
                 self.advance()
-                parts.append(self._double_quoted(line))
+                parts.append(self._double(line))
             elif ch == "\\":
                 self.advance()
-                nxt = self.advance() if self.peek() else ""
-                if nxt != "\n":
-                    parts.append(nxt)
+                nxt = self.peek()
+                if nxt == "":
+                    parts.append("\\")  # bash keeps a backslash at the very end of the file
+                elif nxt == "\r":
+                    self.cr()
+                else:
+                    parts.append(self.advance())
             elif ch == "$":
-                parts.append(self._expansion(line))
+                parts.append(self._dollar(line, quoted=False))
             elif ch == "`":
                 self.fail(line, "command substitution is not supported; write the value literally")
-            elif ch == "~" and at_start and self.peek(1) in ("/", "", " ", "\n", "\t", ":"):
-                self.advance()
-                parts.append(HOME)
             elif ch in "()<>|&":
                 self.fail(line, f"unexpected {ch!r}; only plain assignments are read")
             else:
+                if ch == ":":
+                    tilde_here = True
                 parts.append(self.advance())
-            at_start = False
         return "".join(parts)
 
-    def _double_quoted(self, line: int) -> str:
-        parts = []
+    def _single(self, line: int) -> str:
+        start = self.pos
+        while self.peek() != "'":
+            if self.peek() == "":
+                self.fail(line, "unterminated single quote")
+            if self.peek() == "\r":
+                self.cr()
+            self.advance()
+        text = self.text[start:self.pos]
+        self.advance()
+        return text
+
+    def _double(self, line: int) -> str:
+        parts: list[str] = []
         while True:
             ch = self.peek()
             if ch == "":
                 self.fail(line, "unterminated double quote")
+            if ch == "\r":
+                self.cr()
             if ch == '"':
                 self.advance()
                 return "".join(parts)
             if ch == "\\":
                 self.advance()
-                nxt = self.advance() if self.peek() else ""
-                if nxt in '$`"\\':
-                    parts.append(nxt)
-                elif nxt != "\n":
-                    parts.append("\\" + nxt)
+                nxt = self.peek()
+                if nxt == "":
+                    self.fail(line, "unterminated double quote")
+                if nxt == "\r":
+                    self.cr()
+                self.advance()
+                parts.append(nxt if nxt in '$`"\\' else "\\" + nxt)
             elif ch == "$":
-                parts.append(self._expansion(line))
+                parts.append(self._dollar(line, quoted=True))
             elif ch == "`":
                 self.fail(line, "command substitution is not supported; write the value literally")
             else:
                 parts.append(self.advance())
 
-    def _expansion(self, line: int) -> str:
-        self.advance()  # '$'
-        if self.peek() == "(":
-            self.fail(line, "command substitution is not supported; write the value literally")
-        if self.peek() == "{":
-            self.advance()
-            name = self._bare_word()
-            default = None
-            if self.peek() == ":" and self.peek(1) in "-=":
-                self.advance()
-                self.advance()
-                default = self._until_brace(line)
-                use_default_if_empty = True
-            elif self.peek() in "-=":
-                self.advance()
-                default = self._until_brace(line)
-                use_default_if_empty = False
-            if self.peek() != "}":
-                self.fail(line, "unsupported ${...} expansion; use $VAR, ${VAR} or ${VAR:-default}")
-            self.advance()
-            value = self._lookup(name, line)
-            if default is not None:
-                if value is None or (use_default_if_empty and value == ""):
-                    return default
-            return value or ""
-        name = self._bare_word()
-        if not name:
-            return "$"
-        return self._lookup(name, line) or ""
+    def _special(self, line: int, shown: str) -> NoReturn:
+        self.fail(line, f"{shown} is a special parameter of the shell running the launcher (its arguments, process ids, "
+                        "last status or flags), so its value depends on how the launcher is run; fix: write the value literally")
 
-    def _until_brace(self, line: int) -> str:
-        parts = []
-        while self.peek() != "}":
-            if self.peek() in ("", "\n"):
+    def _dollar(self, line: int, *, quoted: bool) -> str:
+        self.advance()  # '$'
+        ch = self.peek()
+        if ch == "(":
+            self.fail(line, "command substitution and $((...)) are not supported; write the value literally")
+        if ch == "[":
+            self.fail(line, "$[...] arithmetic is not supported; write the number literally")
+        if ch == "{":
+            self.advance()
+            return self._braced(line)
+        if ch == "'" and not quoted:
+            self.advance()
+            return self._ansi_c(line)
+        if ch == '"' and not quoted:
+            self.fail(line, '$"..." (a translated string) is not read; fix: use plain double quotes')
+        if ch and (ch.isdigit() or ch in "@*#?-$!"):
+            self._special(line, f"${ch}")
+        if _is_name_start(ch):
+            name = self._name()
+            if name == "_":
+                self._special(line, "$_")
+            return self._lookup(name, line)
+        return "$"
+
+    def _braced(self, line: int) -> str:
+        ch = self.peek()
+        if ch in ("#", "!"):
+            self.fail(line, f"${{{ch}...}} is not read; use $VAR, ${{VAR}} or ${{VAR:-default}}")
+        name = self._name()
+        if not name or name == "_":
+            if ch and (ch.isdigit() or ch in "@*#?-$!_"):
+                self._special(line, f"${{{ch}...}}")
+            self.fail(line, "unsupported ${...} expansion; use $VAR, ${VAR} or ${VAR:-default}")
+        if self.peek() == "}":
+            self.advance()
+            return self._lookup(name, line)
+        op = self.peek()
+        if op == ":" and self.peek(1) in ("-", "+"):
+            op = ":" + self.peek(1)
+            self.advance()
+            self.advance()
+        elif op in ("-", "+"):
+            self.advance()
+        elif op in ("=", "?") or (op == ":" and self.peek(1) in ("=", "?")):
+            self.fail(line, f"${{{name}{op}...}} assigns {name} or stops the launcher as a side effect; "
+                            f"fix: set {name} on its own line")
+        else:
+            self.fail(line, "unsupported ${...} expansion; use $VAR, ${VAR}, ${VAR:-default}, ${VAR-default}, "
+                            "${VAR:+word} or ${VAR+word}")
+        word = self._brace_word(line)
+        self.advance()  # '}'
+        is_set = name in self.vars or name in ("HOME", "USER")
+        value = self._lookup(name, line) if is_set else ""
+        if op == ":-":
+            return word if value == "" else value
+        if op == "-":
+            return value if is_set else word
+        if op == ":+":
+            return word if value != "" else ""
+        return word if is_set else ""
+
+    def _brace_word(self, line: int) -> str:
+        parts: list[str] = []
+        while True:
+            ch = self.peek()
+            if ch == "}":
+                return "".join(parts)
+            if ch in ("", "\n"):
                 self.fail(line, "unterminated ${...}")
-            if self.peek() == "$":
-                parts.append(self._expansion(line))
+            if ch == "\r":
+                self.cr()
+            if ch == "$":
+                if self.peek(1) in ("'", '"'):
+                    self.fail(line, "quotes inside ${...:-...} are not read; fix: write the default without quotes")
+                parts.append(self._dollar(line, quoted=True))
+            elif ch in "\"'\\`~{;&|<>()":
+                self.fail(line, f"{ch!r} inside ${{...:-...}} is not read; fix: write the default without quotes, "
+                                "escapes, ~ or shell operators")
             else:
                 parts.append(self.advance())
-        return "".join(parts)
 
-    def _lookup(self, name: str, line: int) -> str | None:
+    def _ansi_c(self, line: int) -> str:
+        parts: list[str] = []
+        while True:
+            ch = self.peek()
+            if ch == "":
+                self.fail(line, "unterminated $'...'")
+            if ch == "\r":
+                self.cr()
+            if ch == "'":
+                self.advance()
+                return "".join(parts)
+            if ch != "\\":
+                parts.append(self.advance())
+                continue
+            self.advance()
+            esc = self.peek()
+            if esc in _ANSI:
+                self.advance()
+                parts.append(_ANSI[esc])
+            elif esc in "01234567" and esc:
+                digits = ""
+                while len(digits) < 3 and self.peek() and self.peek() in "01234567":
+                    digits += self.advance()
+                parts.append(self._ansi_code(line, int(digits, 8), f"\\{digits}"))
+            elif esc == "x":
+                self.advance()
+                digits = ""
+                while len(digits) < 2 and self.peek() and self.peek() in "0123456789abcdefABCDEF":
+                    digits += self.advance()
+                parts.append(self._ansi_code(line, int(digits, 16), f"\\x{digits}") if digits else "\\x")
+            elif esc and esc.isascii() and esc.isprintable() and esc not in "uUc":
+                self.advance()
+                parts.append("\\" + esc)  # bash keeps an escape it does not know
+            else:
+                self.fail(line, f"the escape \\{_shown(esc)} in $'...' is not read (\\u, \\U and \\c depend on the locale); "
+                                "fix: write the character itself")
+
+    def _ansi_code(self, line: int, code: int, shown: str) -> str:
+        if code == 0 or code > 0x7F:
+            self.fail(line, f"{shown} in $'...': bash cuts the value at a NUL byte and keeps bytes above 0x7f raw; "
+                            "fix: write the character itself")
+        return chr(code)
+
+    def _lookup(self, name: str, line: int) -> str:
         if name == "HOME":
-            return HOME
+            self.home_lines.append(line)
+            return _HOME
+        if name == "USER":
+            self.home_lines.append(line)
+            return _USER
         if name in self.vars:
             return self.vars[name]
-        if name == "USER":
-            return self.vars.get("WORKER_USER")
-        self.notes.append(f"line {line}: ${name} is not set in the file; it expands to an empty string")
-        return None
+        self.fail(line, f"${name} is not set earlier in the file: the launcher sources it under `set -u` and stops there "
+                        f"({name}: unbound variable), and tp4 reads the file alone, not the launcher's environment; "
+                        f"fix: set {name} above this line, use ${{{name}:-default}}, or write the value")
 
 
 def parse_env_text(text: str, source: str = "<env>") -> tuple[list[Assignment], list[str]]:
+    """The assignments of a bash-syntax profile, each with the value bash gives it, and notes."""
     parser = _Parser(text, source)
-    return parser.parse(), parser.notes
+    assignments = parser.parse()
+    notes: list[str] = []
+    user_lines = [a for a in assignments if a.name == "WORKER_USER"]
+    user = user_lines[-1].value if user_lines else DEFAULT_USER
+    if _HOME in user or _USER in user:
+        parser.fail(user_lines[-1].line, "WORKER_USER: the user name cannot come from $HOME, $USER or ~ (tp4 reads them as "
+                                         "WORKER_USER's own home and name); fix: write the name")
+    home = "/root" if user == "root" else f"/home/{user}"
+    if parser.home_lines:
+        lines = ", ".join(str(n) for n in sorted(set(parser.home_lines)))
+        notes.append(f"{source} line {lines}: $HOME and ~ read as {home} and $USER as {user}: the home and name of WORKER_USER"
+                     f"{'' if user_lines else ' (not set: the launcher default)'}, as bash gives them when the launcher runs "
+                     "as that user; host paths under it are written ~/... (each node's own home)")
+    out = [Assignment(a.name, a.value.replace(_HOME, home).replace(_USER, user), a.line) for a in assignments]
+    return out, notes
 
 
 # --- mapping onto the profile --------------------------------------------------------------------
 
 
 def _words(v: str) -> list[str]:
-    return [w for w in re.split(r"[\s,]+", v) if w]
+    return [w for w in re.split(r"[ \t\n,]+", v) if w]
+
+
+def _strict_int(var: str, v: str) -> int:
+    # Python's int() would take " 4", "4\n", "+4", "4_0" and other digits; upstream passes the text as it is
+    if not re.fullmatch(r"-?[0-9]{1,19}", v):
+        raise ValueError(f"{var}={_shown(v)!r} is not a whole number")
+    return int(v)
 
 
 def _int(var: str) -> Callable[[str], int]:
-    def conv(v: str) -> int:
-        try:
-            return int(v)
-        except ValueError:
-            raise ValueError(f"{var}={v!r} is not an integer") from None
-    return conv
+    return lambda v: _strict_int(var, v)
 
 
 def _bit(var: str) -> Callable[[str], int]:
     def conv(v: str) -> int:
         if v not in ("0", "1"):
-            raise ValueError(f"{var} must be 0 or 1, got {v!r}")
+            raise ValueError(f"{var} must be 0 or 1, got {_shown(v)!r}")
         return int(v)
     return conv
 
 
-def _fraction(v: str) -> Any:
-    try:
+def _fraction(var: str) -> Callable[[str], Any]:
+    def conv(v: str) -> Any:
+        if not re.fullmatch(r"[0-9]*\.?[0-9]+|[0-9]+\.", v):
+            raise ValueError(f"{var}={_shown(v)!r} is not a number")
         f = float(v)
-    except ValueError:
-        return v
-    whole, _, frac = repr(f).partition(".")
-    return f if f"{whole}.{frac.ljust(2, '0')}" == v else v
+        whole, _, frac = repr(f).partition(".")
+        return f if f"{whole}.{frac.ljust(2, '0')}" == v else v
+    return conv
 
 
-def _path(v: str) -> str:
-    if v.startswith(HOME):
-        return "~" + v[len(HOME):]
-    return v.replace(HOME, "~")
+def _hcas(v: str) -> list[str]:
+    # upstream passes IB_HCA verbatim as NCCL_IB_HCA; tp4 renders the names joined by ','
+    items = v.split(",")
+    if not v or any(not item or item != item.strip() for item in items):
+        raise ValueError(f"IB_HCA={_shown(v)!r}: write the RDMA device names separated by ',' without spaces")
+    return items
 
 
 def _spec(v: str) -> str:
@@ -264,7 +599,7 @@ def _spec(v: str) -> str:
 TYPED: dict[str, tuple[tuple[str, ...], Callable[[str], Any]]] = {
     "HEAD_IP": (("cluster", "head", "ip"), str),
     "WORKER_USER": (("cluster", "user"), str),
-    "SSH_IDENTITY": (("cluster", "identity"), _path),
+    "SSH_IDENTITY": (("cluster", "identity"), str),
     "PORT": (("cluster", "port"), _int("PORT")),
     "SERVER_PORT": (("cluster", "port"), _int("SERVER_PORT")),
     "DIST_PORT": (("cluster", "dist_port"), _int("DIST_PORT")),
@@ -272,8 +607,8 @@ TYPED: dict[str, tuple[tuple[str, ...], Callable[[str], Any]]] = {
     "WORKER_CTN": (("cluster", "worker_container"), str),
     "SHM_SIZE": (("cluster", "shm_size"), str),
     "FABRIC_IFACE": (("fabric", "iface"), str),
-    "IB_HCA": (("fabric", "hcas"), _words),
-    "NCCL_IB_HCA": (("fabric", "hcas"), _words),
+    "IB_HCA": (("fabric", "hcas"), _hcas),
+    "NCCL_IB_HCA": (("fabric", "hcas"), _hcas),
     "NCCL_IB_GID_INDEX": (("fabric", "gid_index"), _int("NCCL_IB_GID_INDEX")),
     "NCCL_NET": (("fabric", "nccl", "net"), str),
     "NCCL_IB_DISABLE": (("fabric", "nccl", "ib_disable"), _bit("NCCL_IB_DISABLE")),
@@ -293,11 +628,12 @@ TYPED: dict[str, tuple[tuple[str, ...], Callable[[str], Any]]] = {
     "NCCL_SKIP_TREE_CONNECT": (("fabric", "nccl", "skip_tree_connect"), _bit("NCCL_SKIP_TREE_CONNECT")),
     "NCCL_IB_SUBNET_PREFIX_LEN": (("fabric", "nccl", "ib_subnet_prefix_len"), _int("NCCL_IB_SUBNET_PREFIX_LEN")),
     "NCCL_P2P_LEVEL": (("fabric", "nccl", "p2p_level"), str),
-    "NCCL_HOST_DIR": (("fabric", "nccl", "host_dir"), _path),
-    "NCCL_WORKER_DIR": (("fabric", "nccl", "worker_dir"), _path),
+    "NCCL_HOST_DIR": (("fabric", "nccl", "host_dir"), str),
+    # absolute on the workers as upstream requires; a $HOME in it was the head's, so it stays literal
+    "NCCL_WORKER_DIR": (("fabric", "nccl", "worker_dir"), str),
     "NCCL_PIP_SO": (("fabric", "nccl", "pip_so"), str),
-    "MODEL_DIR": (("model", "dir"), _path),
-    "COMMON_MODEL": (("model", "common_link"), _path),
+    "MODEL_DIR": (("model", "dir"), str),
+    "COMMON_MODEL": (("model", "common_link"), str),
     "HF_REPO": (("model", "hf_repo"), str),
     "HF_REVISION": (("model", "hf_revision"), str),
     "EXPECTED_SHARDS": (("model", "expected_shards"), _int("EXPECTED_SHARDS")),
@@ -311,11 +647,11 @@ TYPED: dict[str, tuple[tuple[str, ...], Callable[[str], Any]]] = {
     "TP_SIZE": (("engine", "tp"), _int("TP_SIZE")),
     "EP_SIZE": (("engine", "ep"), _int("EP_SIZE")),
     "CONTEXT_LENGTH": (("engine", "context_length"), _int("CONTEXT_LENGTH")),
-    "MEM_FRACTION_STATIC": (("engine", "mem_fraction_static"), _fraction),
-    "HEAD_MEM_FRACTION_STATIC": (("engine", "head_mem_fraction_static"), _fraction),
+    "MEM_FRACTION_STATIC": (("engine", "mem_fraction_static"), _fraction("MEM_FRACTION_STATIC")),
+    "HEAD_MEM_FRACTION_STATIC": (("engine", "head_mem_fraction_static"), _fraction("HEAD_MEM_FRACTION_STATIC")),
     "MAX_RUNNING_REQUESTS": (("engine", "max_running_requests"), _int("MAX_RUNNING_REQUESTS")),
     "CHUNKED_PREFILL_SIZE": (("engine", "chunked_prefill_size"), _int("CHUNKED_PREFILL_SIZE")),
-    "MAX_TOTAL_TOKENS": (("engine", "max_total_tokens"), lambda v: int(v) if v else 0),
+    "MAX_TOTAL_TOKENS": (("engine", "max_total_tokens"), lambda v: _strict_int("MAX_TOTAL_TOKENS", v) if v else 0),
     "SPEC_ALGO": (("engine", "spec_algo"), _spec),
     "DSPARK_BLOCK_SIZE": (("engine", "dspark_block_size"), _int("DSPARK_BLOCK_SIZE")),
     "DSPARK_SPS_TABLE": (("engine", "sps_table"), str),
@@ -324,7 +660,7 @@ TYPED: dict[str, tuple[tuple[str, ...], Callable[[str], Any]]] = {
     "HOST": (("engine", "host"), str),
     "ATTENTION_BACKEND": (("engine", "attention_backend"), str),
     "MOE_RUNNER_BACKEND": (("engine", "moe_runner_backend"), str),
-    "EXTRA_SGLANG_ARGS": (("engine", "extra_args"), lambda v: v.split()),
+    "EXTRA_SGLANG_ARGS": (("engine", "extra_args"), lambda v: re.split(r"[ \t\n]+", v.strip(" \t\n")) if v.strip(" \t\n") else []),
     "DSV41_CACHE_GIB": (("engram", "cache_gib"), _int("DSV41_CACHE_GIB")),
     "DSV41_CACHE_WAYS": (("engram", "cache_ways"), _int("DSV41_CACHE_WAYS")),
     "DSV41_IO_THREADS": (("engram", "io_threads"), _int("DSV41_IO_THREADS")),
@@ -336,10 +672,12 @@ TYPED: dict[str, tuple[tuple[str, ...], Callable[[str], Any]]] = {
     "SKIP_SMOKE": (("runtime", "skip_smoke"), _bit("SKIP_SMOKE")),
     "SMOKE_QUICK": (("runtime", "smoke_quick"), _bit("SMOKE_QUICK")),
     "WARMUP": (("runtime", "warmup"), _bit("WARMUP")),
-    "READY_TIMEOUT": (("runtime", "ready_timeout"), lambda v: int(v) * 10),
+    "READY_TIMEOUT": (("runtime", "ready_timeout"), lambda v: _strict_int("READY_TIMEOUT", v) * 10),
     "SGLANG_FLASHINFER_MOE_FUSED_FINALIZE": (("runtime", "moe_fused_finalize"), _bit("SGLANG_FLASHINFER_MOE_FUSED_FINALIZE")),
     "PYTORCH_CUDA_ALLOC_CONF": (("runtime", "pytorch_cuda_alloc_conf"), str),
 }
+# Host paths: under WORKER_USER's home they are written ~/..., which tp4 expands to each node's home.
+HOME_RELATIVE = ("SSH_IDENTITY", "NCCL_HOST_DIR", "MODEL_DIR", "COMMON_MODEL")
 # Values the launcher fixes; EXTRA_CONTAINER_ENV may only repeat them.
 FIXED = {"DSV41_SOURCE": "/models/DeepSeek-V4.1-Flash", "MODEL_PATH": "/models/DeepSeek-V4.1-Flash",
          "STATE_PATH": "/state", "CUDA_DEVICE_ORDER": "PCI_BUS_ID", "NCCL_CUMEM_ENABLE": "0",
@@ -369,25 +707,85 @@ LAUNCHER_ONLY = {
     "DSV41_PREFILL_EMPTY_CACHE_TOKENS": "the launcher never forwards this line; it only acts inside EXTRA_CONTAINER_ENV",
 }
 RANK_KEYS = ("NODE_RANK", "HOST_IP", "VLLM_HOST_IP", "DIST_INIT_ADDR", "NNODES")
+# TYPED variables that act on the host (ssh, mounts, image, download): inside EXTRA_CONTAINER_ENV
+# they are plain container env, not the knob
+_HOST_SIDE = ("HEAD_IP", "WORKER_USER", "SSH_IDENTITY", "PORT", "DIST_PORT", "HEAD_CTN", "WORKER_CTN", "SHM_SIZE",
+              "FABRIC_IFACE", "IB_HCA", "MODEL_DIR", "COMMON_MODEL", "HF_REPO", "HF_REVISION", "EXPECTED_SHARDS",
+              "NFS_VOLUME", "NFS_EXPORT_NAME", "NFS_SERVER_IPS", "NFS_CLIENTS", "IMAGE", "BASE_IMAGE", "READY_TIMEOUT",
+              "NCCL_HOST_DIR", "NCCL_WORKER_DIR", "NCCL_PIP_SO", "NCCL_IB_GID_INDEX")
+# the variables that hold the serving API key (the launcher's own, and SGLang's)
+API_KEY_NAMES = ("API_KEY", "SGLANG_API_KEY")
+_VARIANTS = {"Dockerfile": "base", "Dockerfile.canary": "canary", "Dockerfile.canary-roce": "canary-roce"}
 
 
 @dataclass
 class ImportResult:
     toml: str
-    document: dict
+    document: dict[str, Any]
     summary: str
     notes: list[str] = field(default_factory=list)
     unknown: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    # one line per unknown variable: its line and, when one is close, the name it may mean
+    unknown_text: list[str] = field(default_factory=list)
 
 
-def _set(doc: dict, path: tuple[str, ...], value: Any) -> None:
+class ImportFailed(InvalidInput):
+    """An import that gives no valid profile: the problems in the file's terms, and the
+    variables it did not know (one of them may be the setting a problem says is missing)."""
+
+    def __init__(self, message: str, problems: list[str], unknown: list[str]) -> None:
+        super().__init__(message, problems)
+        self.unknown = list(unknown)
+        if self.unknown:
+            self.message += ("\nnot imported (variables the TP4 launcher does not read, so nothing above counts them):\n"
+                             + "\n".join(f"  - {u}" for u in self.unknown))
+            self.args = (self.message,)
+
+
+@dataclass(frozen=True)
+class _Origin:
+    line: int | None  # None: not a line of the file (the head's checkout)
+    text: str  # the setting as the file has it, e.g. CHUNKED_PREFILL_SIZE=8192
+
+
+def _set(doc: dict[str, Any], path: tuple[str, ...], value: Any) -> None:
     cur = doc
     for part in path[:-1]:
         cur = cur.setdefault(part, {})
     cur[path[-1]] = value
 
 
-def import_assignments(assignments: list[Assignment], source: str, parse_notes: list[str] | None = None) -> ImportResult:
+def _secret_note(where: str, name: str, inside: str = "") -> str:
+    if name in API_KEY_NAMES:
+        fix = "write the key to a file (mode 600) and set api.key_file"
+    else:
+        fix = ("keep it in a file (mode 600) outside the profile; tp4 takes credentials only from files "
+               "(the serving API key: api.key_file)")
+    return f"{where}: {inside}{name} looks like a secret: not imported, and never written to a profile, a message or a plan; fix: {fix}"
+
+
+def _without_api_key(args: list[str]) -> tuple[list[str], bool]:
+    out: list[str] = []
+    dropped = False
+    skip = False
+    for arg in args:
+        if skip:
+            skip = False
+        elif arg == "--api-key":
+            dropped = skip = True
+        elif arg.startswith("--api-key="):
+            dropped = True
+        else:
+            out.append(arg)
+    return out, dropped
+
+
+def import_assignments(assignments: list[Assignment], source: str, parse_notes: list[str] | None = None, *,
+                       head_checkout: str | None = None, strict: bool = False) -> ImportResult:
+    """Map the assignments of an upstream profile onto a tp4 profile. head_checkout: the head's
+    checkout (cluster.head.workdir); default the directory of `source`. strict: warnings are errors."""
+    from tp4.profile.models import looks_like_secret
     from tp4.registry import load_registry
 
     reg = load_registry()
@@ -397,173 +795,335 @@ def import_assignments(assignments: list[Assignment], source: str, parse_notes: 
     errors: list[str] = []
     notes = list(parse_notes or [])
     unknown: list[str] = []
+    unknown_text: list[str] = []
     doc: dict[str, Any] = {"preset": "launcher-defaults"}
-    origin: dict[str, str] = {}
+    origin: dict[str, _Origin] = {}
+    user = final["WORKER_USER"].value if "WORKER_USER" in final and final["WORKER_USER"].value else DEFAULT_USER
+    home = "/root" if user == "root" else f"/home/{user}"
 
-    def at(a: Assignment) -> str:
-        return f"{a.name} (line {a.line})"
+    def where(a: Assignment) -> str:
+        return f"{source} line {a.line}"
 
-    def apply_typed(key: str, value: str, a: Assignment) -> None:
+    def setting(a: Assignment) -> _Origin:
+        return _Origin(a.line, f"{a.name}={_shown(a.value)}")
+
+    def apply_typed(key: str, value: str, a: Assignment, at: _Origin) -> None:
         path, conv = TYPED[key]
         try:
-            _set(doc, path, conv(value))
+            converted = conv(value)
         except ValueError as exc:
-            errors.append(f"line {a.line}: {exc}")
-        origin[".".join(path)] = at(a)
+            errors.append(f"{source} line {a.line}: {exc}")
+            return
+        if key in HOME_RELATIVE and isinstance(converted, str):
+            converted = _home_rel(converted, home)
+        _set(doc, path, converted)
+        origin[".".join(path)] = at
 
     def get(name: str) -> str | None:
         a = final.get(name)
         return a.value if a else None
 
+    known = [*TYPED, *LAUNCHER_ONLY, *reg.gates]
     for name, a in final.items():
         value = a.value
         if name in TYPED:
-            apply_typed(name, value, a)
+            apply_typed(name, value, a, setting(a))
         elif name in LAUNCHER_ONLY or name in RANK_KEYS or re.fullmatch(r"WORKER\d+_(IP|HOST)|NFS_SERVER_IP_\d+", name):
             reason = LAUNCHER_ONLY.get(name, "")
-            if not reason.startswith("imported as") and name not in ("BUILD_DOCKERFILE", "NNODES", "EXTRA_CONTAINER_ENV", "API_KEY"):
-                if reason and not name.startswith("WORKER") and name not in RANK_KEYS:
-                    notes.append(f"line {a.line}: {name} not imported: {reason}")
-            continue
+            if reason and not reason.startswith("imported as") and name not in ("BUILD_DOCKERFILE", "NNODES", "EXTRA_CONTAINER_ENV", "API_KEY"):
+                notes.append(f"{where(a)}: {name} not imported: {reason}")
         elif reg.gate(name) is not None:
-            if reg.gate(name).forwarded or name == "SGLANG_DSPARK_FOLDED_SAMPLING":
+            gate = reg.gate(name)
+            if (gate is not None and gate.forwarded) or name == "SGLANG_DSPARK_FOLDED_SAMPLING":
                 doc.setdefault("gates", {})[name] = value
-                origin[f"gates.{name}"] = at(a)
+                origin[f"gates.{name}"] = setting(a)
             else:
-                notes.append(f"line {a.line}: {name} is an adapter gate the launcher only passes through EXTRA_CONTAINER_ENV; not imported")
+                notes.append(f"{where(a)}: {name} is an adapter gate the launcher only passes through EXTRA_CONTAINER_ENV; "
+                             f"not imported (fix: move it into EXTRA_CONTAINER_ENV if it is meant)")
         elif name in FIXED:
             continue
+        elif looks_like_secret(name):
+            notes.append(_secret_note(where(a), name))
         else:
             unknown.append(name)
+            hint = difflib.get_close_matches(name, known, n=1, cutoff=0.7)
+            unknown_text.append(f"{name} ({where(a)}) is not a variable the TP4 launcher reads; not imported"
+                                + (f" (did you mean {hint[0]}?)" if hint else ""))
 
     # Workers: WORKER_IPS/WORKER_HOSTS, or the legacy WORKERn_IP/WORKERn_HOST pairs.
     ips = _words(get("WORKER_IPS") or "")
     hosts = _words(get("WORKER_HOSTS") or "")
+    ip_at = final.get("WORKER_IPS")
+    host_at = final.get("WORKER_HOSTS")
     if not ips:
         n = 1
         while get(f"WORKER{n}_IP") is not None:
             ips.append(get(f"WORKER{n}_IP") or "")
             hosts.append(get(f"WORKER{n}_HOST") or get(f"WORKER{n}_IP") or "")
+            ip_at = ip_at or final[f"WORKER{n}_IP"]
+            host_at = host_at or final.get(f"WORKER{n}_HOST")
             n += 1
     if not hosts:
         hosts = list(ips)
+        host_at = ip_at
     if len(ips) != len(hosts):
-        errors.append(f"WORKER_IPS has {len(ips)} entries but WORKER_HOSTS has {len(hosts)}; give one host name per IP, in rank order")
+        errors.append(f"{source}: WORKER_IPS has {len(ips)} entries but WORKER_HOSTS has {len(hosts)}; fix: give one host name per IP, in rank order")
     if not ips:
-        errors.append("no workers: set WORKER_IPS and WORKER_HOSTS (rank order)")
-    user = get("WORKER_USER") or "zurih"
-    home = "/root" if user == "root" else f"/home/{user}"
-    workers = []
-    for ip, host in zip(ips, hosts, strict=False):  # unequal lengths were reported above
+        errors.append(f"{source}: no workers; fix: set WORKER_IPS and WORKER_HOSTS (rank order)")
+    workers: list[dict[str, Any]] = []
+    for i, (ip, host) in enumerate(zip(ips, hosts, strict=False)):  # unequal lengths were reported above
         w: dict[str, Any] = {"name": host, "ssh": host, "ip": ip}
-        if get("WORKER_DIR") is not None:
-            w["workdir"] = _home_rel(_path(get("WORKER_DIR")), home)
-        if get("WORKER_ENGRAM_DIR") is not None:
-            w["engram_dir"] = _home_rel(_path(get("WORKER_ENGRAM_DIR")), home)
+        for attr, src in (("name", host_at), ("ssh", host_at), ("ip", ip_at)):
+            if src is not None:
+                origin[f"cluster.workers[{i}].{attr}"] = setting(src)
+        for var, attr in (("WORKER_DIR", "workdir"), ("WORKER_ENGRAM_DIR", "engram_dir")):
+            if var in final:
+                w[attr] = _home_rel(final[var].value, home)
+                origin[f"cluster.workers[{i}].{attr}"] = setting(final[var])
         workers.append(w)
     if workers:
         doc.setdefault("cluster", {})["workers"] = workers
+        if ip_at is not None:
+            origin["cluster.workers"] = setting(ip_at)
     head = doc.setdefault("cluster", {}).setdefault("head", {})
     head.setdefault("ip", "10.0.0.1")
     head["name"] = "head" if "head" not in hosts else "rank0"
-    if get("ENGRAM_DIR") is not None:
-        head["engram_dir"] = _path(get("ENGRAM_DIR"))
+    if "ENGRAM_DIR" in final:
+        head["engram_dir"] = _home_rel(final["ENGRAM_DIR"].value, home)
+        origin["cluster.head.engram_dir"] = setting(final["ENGRAM_DIR"])
     nnodes = get("NNODES")
     if nnodes is not None and nnodes != str(len(ips) + 1):
-        errors.append(f"NNODES={nnodes} but there are {len(ips)} workers; NNODES must be workers + 1")
+        errors.append(f"{where(final['NNODES'])}: NNODES={_shown(nnodes)} but there are {len(ips)} workers; fix: NNODES must be workers + 1 (or remove it)")
+
+    # The head's checkout: upstream runs from the checkout holding the file; its state-tp4/ is the head's /state.
+    told = head_checkout is not None
+    if head_checkout is not None and not head_checkout.strip():
+        raise InvalidInput("--head-checkout: the path is empty; fix: name the head's checkout (e.g. ~/dsv41-4x-spark), "
+                           "or leave the option out to use the directory of the imported file")
+    checkout = head_checkout if head_checkout is not None else os.path.dirname(os.path.abspath(source))
+    if not checkout.startswith("~"):
+        checkout = os.path.abspath(checkout)
+    workdir = _home_rel(checkout, home)
+    head["workdir"] = workdir
+    how = "from --head-checkout DIR" if told else f"the directory of {Path(source).name}; --head-checkout DIR names another"
+    origin["cluster.head.workdir"] = _Origin(None, f"the head's checkout {_shown(workdir, 1000)} ({how})")
+    elsewhere = "" if workdir.startswith("~") else (
+        f"; it is not under {home}, the home of WORKER_USER as whom tp4 runs the head: if the head's user differs, "
+        "set cluster.head.user and cluster.head.home")
+    notes.append(f"the head's checkout is {_shown(workdir, 1000)} ({how}): upstream runs from the "
+                 f"checkout that holds the file, so the head's /state is {_shown(workdir, 1000)}/state-tp4 (API key, DSpark tables, "
+                 f"b12x caches){elsewhere}")
 
     gloo, nsock = get("GLOO_SOCKET_IFNAME"), get("NCCL_SOCKET_IFNAME")
     if gloo is not None and nsock is not None and gloo != nsock:
-        errors.append(f"GLOO_SOCKET_IFNAME={gloo} and NCCL_SOCKET_IFNAME={nsock} differ; tp4 bootstraps both on fabric.socket_ifname")
+        errors.append(f"{source}: GLOO_SOCKET_IFNAME={_shown(gloo)} and NCCL_SOCKET_IFNAME={_shown(nsock)} differ; "
+                      "fix: give both the same interface (tp4 bootstraps both on fabric.socket_ifname)")
     if gloo or nsock:
         _set(doc, ("fabric", "socket_ifname"), gloo or nsock)
+        origin["fabric.socket_ifname"] = setting(final["GLOO_SOCKET_IFNAME" if gloo else "NCCL_SOCKET_IFNAME"])
 
-    for var, path, conv in (("NCCL_SWITCHLESS_RING_ONLY", ("fabric", "mode"), lambda v: "ring" if v == "1" else "switched"),
-                            ("NCCL_OVERLAY_PIP", ("fabric", "nccl", "mount"), lambda v: "overlay" if v == "1" else "none"),
-                            ("NFS_SHARE", ("nfs", "share"), lambda v: v == "1"),
-                            ("DSV41_SERIAL_WEIGHT_LOAD", None, None)):
+    # Launcher switches, 0 or 1 (files/nccl.sh); empty is the launcher's default, like unset.
+    switch: dict[str, str] = {}
+    for var in ("NCCL_SWITCHLESS_RING_ONLY", "NCCL_OVERLAY_PIP", "NFS_SHARE", "DSV41_SERIAL_WEIGHT_LOAD"):
         v = get(var)
-        if v is None:
+        if v is None or v == "":
             continue
         if v not in ("0", "1"):
-            errors.append(f"line {final[var].line}: {var} must be 0 or 1, got {v!r}")
-        elif path is not None:
-            _set(doc, path, conv(v))
-    if get("NCCL_WORKER_DIR") and not _path(get("NCCL_WORKER_DIR")).startswith("/"):
-        errors.append(f"line {final['NCCL_WORKER_DIR'].line}: NCCL_WORKER_DIR must be absolute")
-    if get("NCCL_OVERLAY_PIP") != "1" and get("NCCL_HOST_DIR"):
+            errors.append(f"{where(final[var])}: {var} must be 0 or 1, got {_shown(v)!r}")
+        else:
+            switch[var] = v
+    if "NCCL_SWITCHLESS_RING_ONLY" in switch:
+        _set(doc, ("fabric", "mode"), "ring" if switch["NCCL_SWITCHLESS_RING_ONLY"] == "1" else "switched")
+        origin["fabric.mode"] = setting(final["NCCL_SWITCHLESS_RING_ONLY"])
+    # upstream: NCCL_OVERLAY_PIP defaults to the value of NCCL_SWITCHLESS_RING_ONLY (a ring needs the overlay)
+    overlay_var = "NCCL_OVERLAY_PIP" if "NCCL_OVERLAY_PIP" in switch else "NCCL_SWITCHLESS_RING_ONLY"
+    overlay = switch.get(overlay_var)
+    if overlay is not None:
+        _set(doc, ("fabric", "nccl", "mount"), "overlay" if overlay == "1" else "none")
+        origin["fabric.nccl.mount"] = setting(final[overlay_var])
+        if overlay_var != "NCCL_OVERLAY_PIP" and overlay == "1":
+            notes.append(f"{where(final[overlay_var])}: NCCL_OVERLAY_PIP is not set, and upstream defaults it to "
+                         "NCCL_SWITCHLESS_RING_ONLY (1): the patched NCCL is bound over the image's pip NCCL "
+                         '(fabric.nccl.mount = "overlay")')
+    if "NFS_SHARE" in switch:
+        _set(doc, ("nfs", "share"), switch["NFS_SHARE"] == "1")
+        origin["nfs.share"] = setting(final["NFS_SHARE"])
+    worker_dir = get("NCCL_WORKER_DIR")
+    if worker_dir and not worker_dir.startswith("/"):
+        errors.append(f"{where(final['NCCL_WORKER_DIR'])}: NCCL_WORKER_DIR={_shown(worker_dir)} must be absolute; fix: give an absolute path")
+    if overlay != "1" and get("NCCL_HOST_DIR"):
         notes.append("NCCL_HOST_DIR: upstream mounts it at /nccl only when a library exists there; "
                      'tp4 makes that explicit: set fabric.nccl.mount = "dir" if the host has one')
     if get("NFS_SERVER_IPS") is None:
-        per = []
+        per: list[str] = []
         n = 1
-        while get(f"NFS_SERVER_IP_{n}") is not None:
-            per.append(get(f"NFS_SERVER_IP_{n}"))
+        while (server := get(f"NFS_SERVER_IP_{n}")) is not None:
+            per.append(server)
             n += 1
         if per:
             _set(doc, ("nfs", "server_ips"), per)
+            origin["nfs.server_ips"] = setting(final["NFS_SERVER_IP_1"])
         elif get("NFS_SERVER_IP"):
             _set(doc, ("nfs", "server_ips"), [get("NFS_SERVER_IP")])
+            origin["nfs.server_ips"] = setting(final["NFS_SERVER_IP"])
 
     dockerfile = get("BUILD_DOCKERFILE")
     tag = get("IMAGE") or ""
-    variants = {"Dockerfile": "base", "Dockerfile.canary": "canary", "Dockerfile.canary-roce": "canary-roce"}
     if dockerfile is not None:
-        if dockerfile not in variants:
-            errors.append(f"line {final['BUILD_DOCKERFILE'].line}: BUILD_DOCKERFILE={dockerfile!r} is not one of {', '.join(variants)}")
+        if dockerfile not in _VARIANTS:
+            errors.append(f"{where(final['BUILD_DOCKERFILE'])}: BUILD_DOCKERFILE={_shown(dockerfile)!r} is not one of {', '.join(_VARIANTS)}")
         else:
-            _set(doc, ("image", "variant"), variants[dockerfile])
+            _set(doc, ("image", "variant"), _VARIANTS[dockerfile])
+            origin["image.variant"] = setting(final["BUILD_DOCKERFILE"])
     else:
         _set(doc, ("image", "variant"), "canary-roce" if tag.endswith(":canary-roce") else "canary" if tag.endswith(":canary") else "base")
+        if "IMAGE" in final:
+            origin["image.variant"] = _Origin(final["IMAGE"].line, f"IMAGE={_shown(tag)} (no BUILD_DOCKERFILE: the variant is read from the tag)")
 
     api = get("API_KEY")
     if api is not None and api.strip().lower() not in OFF_KEYS:
-        notes.append("API_KEY: the key was not imported; write it to a file (mode 600) and set api.key_file")
+        notes.append(f"{where(final['API_KEY'])}: API_KEY: the key was not imported, and is never written to a profile, a message "
+                     "or a plan; fix: write it to a file (mode 600) and set api.key_file")
 
     extra = final.get("EXTRA_CONTAINER_ENV")
     if extra is not None:
-        for item in extra.value.split():
+        for item in re.split(r"[ \t\n]+", extra.value.strip(" \t\n")):
+            if not item:
+                continue
             if not _EXTRA_ITEM.match(item):
-                errors.append(f"line {extra.line}: EXTRA_CONTAINER_ENV item {item!r} is not KEY=VALUE")
+                errors.append(f"{where(extra)}: EXTRA_CONTAINER_ENV item {_shown(item)!r} is not KEY=VALUE (the launcher "
+                              "stops on it); fix: write NAME=value with a name of letters, digits and '_', not starting with a digit")
                 continue
             key, value = item.split("=", 1)
-            if key in RANK_KEYS or key in ("API_KEY", "NCCL_IB_GID_INDEX"):
-                errors.append(f"line {extra.line}: EXTRA_CONTAINER_ENV sets {key}, which tp4 renders per rank")
+            at = _Origin(extra.line, f"EXTRA_CONTAINER_ENV item {key}={_shown(value)}")
+            if key in API_KEY_NAMES or looks_like_secret(key):
+                notes.append(_secret_note(where(extra), key, "EXTRA_CONTAINER_ENV item "))
+            elif key in RANK_KEYS or key == "NCCL_IB_GID_INDEX":
+                errors.append(f"{where(extra)}: EXTRA_CONTAINER_ENV sets {key}, which tp4 renders per rank; fix: remove it")
             elif key in FIXED:
                 if value != FIXED[key]:
-                    errors.append(f"line {extra.line}: EXTRA_CONTAINER_ENV sets {key}={value}; tp4 fixes it to {FIXED[key]}")
+                    errors.append(f"{where(extra)}: EXTRA_CONTAINER_ENV sets {key}={_shown(value)}; tp4 fixes it to {FIXED[key]}; fix: remove it")
             elif reg.gate(key) is not None:
                 doc.setdefault("gates", {})[key] = value
-                origin[f"gates.{key}"] = f"EXTRA_CONTAINER_ENV (line {extra.line})"
-            elif key in TYPED and key not in ("HEAD_IP", "WORKER_USER", "SSH_IDENTITY", "PORT", "DIST_PORT", "HEAD_CTN",
-                                               "WORKER_CTN", "SHM_SIZE", "FABRIC_IFACE", "IB_HCA", "MODEL_DIR", "COMMON_MODEL",
-                                               "HF_REPO", "HF_REVISION", "EXPECTED_SHARDS", "NFS_VOLUME", "NFS_EXPORT_NAME",
-                                               "NFS_SERVER_IPS", "NFS_CLIENTS", "IMAGE", "BASE_IMAGE", "READY_TIMEOUT",
-                                               "NCCL_HOST_DIR", "NCCL_WORKER_DIR", "NCCL_PIP_SO", "NCCL_IB_GID_INDEX"):
-                apply_typed(key, value, extra)
+                origin[f"gates.{key}"] = at
+            elif key in TYPED and key not in _HOST_SIDE:
+                apply_typed(key, value, extra, at)
             else:
                 doc.setdefault("env", {})[key] = value
+                origin[f"env.{key}"] = at
+                hint = difflib.get_close_matches(key, list(reg.gates), n=1, cutoff=0.85)
+                if hint:
+                    notes.append(f"{where(extra)}: EXTRA_CONTAINER_ENV item {key} is not an adapter gate, so it is imported "
+                                 f"into [env] as it is; did you mean {hint[0]}?")
+    args = doc.get("engine", {}).get("extra_args")
+    if args:
+        kept, dropped = _without_api_key(args)
+        if dropped:
+            doc["engine"]["extra_args"] = kept
+            notes.append(_secret_note(where(final["EXTRA_SGLANG_ARGS"]), "--api-key", "EXTRA_SGLANG_ARGS ")
+                         .replace("--api-key looks like a secret", "--api-key carries the API key")
+                         .replace("fix: keep it in a file (mode 600) outside the profile; tp4 takes credentials only from files "
+                                  "(the serving API key: api.key_file)", "fix: write the key to a file (mode 600) and set api.key_file"))
     if errors:
-        raise InvalidInput(f"{source}: {len(errors)} problem(s)", errors)
+        raise ImportFailed(f"{source}: {len(errors)} problem(s); nothing was imported", errors, unknown_text)
 
     from tp4.profile.load import parse_document
     from tp4.profile.toml import dumps
 
+    def terms(problem: str) -> str:
+        return _in_file_terms(problem, origin, source, reg.gates)
+
     try:
         loaded = parse_document(doc, source)
     except InvalidInput as exc:
-        problems = [p + _origin_hint(p, origin) for p in exc.problems]
-        raise InvalidInput(f"{source}: the imported profile is not valid ({len(problems)} problem(s))", problems) from None
+        problems = [terms(str(p)) for p in exc.problems] or [str(exc)]
+        raise ImportFailed(f"{source}: the imported profile is not valid ({len(problems)} problem(s)); nothing was written",
+                           problems, unknown_text) from None
+    warnings = [terms(str(w)) for w in loaded.warnings]  # each `field: reason; fix: ...`
+    if strict and warnings:
+        raise ImportFailed(f"{source}: {len(warnings)} warning(s), which --strict makes errors; nothing was written",
+                           warnings, unknown_text)
     p = loaded.profile
     header = (f"# Imported by `tp4 profile import` from {Path(source).name}.\n"
               "# On the launcher-defaults preset: every value below comes from that file.\n")
     summary = f"{len(p.nodes)} nodes, TP {p.engine.tp}, EP {p.ep}, image {p.image.tag} ({p.image.variant})"
-    return ImportResult(header + dumps(doc), doc, summary, notes + [str(w) for w in loaded.warnings], unknown)
+    return ImportResult(header + dumps(doc), doc, summary, notes, unknown, warnings, unknown_text)
 
 
-def _origin_hint(problem: str, origin: dict[str, str]) -> str:
-    fieldname = problem.split(":", 1)[0]
-    return f" (from {origin[fieldname]})" if fieldname in origin else ""
+# --- messages in the terms of the imported file ------------------------------------------------------
+
+# profile field -> the variable of the upstream profile that sets it (beyond TYPED's own rows)
+_FIELD_VARS_EXTRA = {"fabric.mode": "NCCL_SWITCHLESS_RING_ONLY", "fabric.nccl.mount": "NCCL_OVERLAY_PIP",
+                     "nfs.share": "NFS_SHARE", "fabric.socket_ifname": "NCCL_SOCKET_IFNAME", "cluster.workers": "WORKER_IPS",
+                     "image.variant": "BUILD_DOCKERFILE", "cluster.head.engram_dir": "ENGRAM_DIR"}
+_SECTIONS = r"(?:cluster|fabric|model|nfs|image|engine|engram|runtime|api)"
+
+
+def _field_vars() -> dict[str, str]:
+    out: dict[str, str] = {}
+    for var, (path, _) in TYPED.items():
+        out.setdefault(".".join(path), var)  # the first row is the name the example profile uses (PORT, IB_HCA)
+    out.update(_FIELD_VARS_EXTRA)
+    return out
+
+
+def _legacy_value(path: str, text: str) -> str:
+    v = text[1:-1] if len(text) >= 2 and text[0] == text[-1] == '"' else text
+    if path == "fabric.mode":
+        return "1" if v == "ring" else "0"
+    if path == "fabric.nccl.mount":
+        return "1" if v == "overlay" else "0"
+    if path == "nfs.share":
+        return "1" if v == "true" else "0"
+    if path == "image.variant":
+        return {variant: name for name, variant in _VARIANTS.items()}.get(v, v)
+    if path == "runtime.ready_timeout" and v.isdigit():
+        return str(int(v) // 10)
+    return v
+
+
+def _translate(text: str, gates: Any) -> str:
+    """Profile terms (gates.X = "1", engine.chunked_prefill_size = 1024) in the upstream profile's."""
+    fields = _field_vars()
+    text = re.sub(r'add "([^"]*)", "([^"]*)" to engine\.extra_args', r"add \1 \2 to EXTRA_SGLANG_ARGS", text)
+    text = re.sub(r'gates\.(\w+) = "([^"]*)" or more', r"\1=\2 (or more) in EXTRA_CONTAINER_ENV", text)
+    text = re.sub(r'gates\.(\w+) to a list containing "([^"]*)"', r"\1 to a list containing \2 in EXTRA_CONTAINER_ENV", text)
+    text = re.sub(r'gates\.(\w+) = "([^"]*)"', r"\1=\2 in EXTRA_CONTAINER_ENV", text)
+    text = re.sub(r'\b([A-Z][A-Z0-9_]+) = "([^"]*)"',
+                  lambda m: f"{m.group(1)}={m.group(2)} in EXTRA_CONTAINER_ENV" if m.group(1) in gates else m.group(0), text)
+    text = re.sub(r"\bgates\.(\w+)", r"\1 (in EXTRA_CONTAINER_ENV)", text)
+
+    def assign(m: re.Match[str]) -> str:
+        var = fields.get(m.group(1))
+        return f"{var}={_legacy_value(m.group(1), m.group(2))}" if var else m.group(0)
+
+    text = re.sub(rf'\b({_SECTIONS}(?:\.[a-z_0-9]+)+) = ("[^"]*"|[-\w.]+)', assign, text)
+    return re.sub(rf"\b({_SECTIONS}(?:\.[a-z_0-9]+)+)", lambda m: fields.get(m.group(1), m.group(0)), text)
+
+
+def _in_file_terms(problem: str, origin: dict[str, _Origin], source: str, gates: Any) -> str:
+    """`engine.chunked_prefill_size: reason; fix: ...` as `FILE line 71: CHUNKED_PREFILL_SIZE=8192:
+    reason; fix: ... (profile field engine.chunked_prefill_size)`."""
+    fieldname, sep, rest = problem.partition(": ")
+    if not sep:
+        return f"{source}: {problem}"
+    reason, _, fix = rest.partition("; fix: ")
+    key = fieldname
+    at = origin.get(key)
+    while at is None and re.search(r"(\[\d+\]|\.[A-Za-z0-9_]+)$", key):
+        key = re.sub(r"(\[\d+\]|\.[A-Za-z0-9_]+)$", "", key)
+        at = origin.get(key)
+    if at is not None:
+        prefix = f"{source} line {at.line}: {at.text}" if at.line is not None else f"{source}: {at.text}"
+    elif fieldname in _field_vars():
+        prefix = f"{source}: {_field_vars()[fieldname]} (not set: the launcher's default)"
+    else:
+        prefix = f"{source}: {fieldname}"
+    out = f"{prefix}: {_translate(reason, gates)}"
+    if fix:
+        out += f"; fix: {_translate(fix, gates)}"
+    # values from the file are shown through _shown (secrets hidden); secrets never reach the validator
+    return out + f" (profile field {fieldname})"
 
 
 def _home_rel(path: str, home: str) -> str:
@@ -572,12 +1132,12 @@ def _home_rel(path: str, home: str) -> str:
     return path
 
 
-def import_env_text(text: str, source: str) -> ImportResult:
+def import_env_text(text: str, source: str, *, head_checkout: str | None = None, strict: bool = False) -> ImportResult:
     assignments, notes = parse_env_text(text, source)
-    return import_assignments(assignments, source, notes)
+    return import_assignments(assignments, source, notes, head_checkout=head_checkout, strict=strict)
 
 
-def import_env_file(path: str) -> ImportResult:
-    from tp4.profile.load import read_input
+def import_env_file(path: str, *, head_checkout: str | None = None, strict: bool = False) -> ImportResult:
+    from tp4.userfiles import read_input
 
-    return import_env_text(read_input(path, "env file"), str(path))
+    return import_env_text(read_input(path, "env file"), str(path), head_checkout=head_checkout, strict=strict)
