@@ -157,7 +157,9 @@ def test_import_of_an_upstream_profile_with_only_warnings_succeeds_and_reports_t
     env.write_text((repo / "tests/fixtures/env.tp4.production").read_text().replace(" --min-free-slots-delay 1", ""))
     code, out, err = tp4_cli("profile", "import", env, "-o", tmp_path / "p.toml")
     assert code == 0 and out.startswith("wrote "), err
-    assert "engine.extra_args: max_running_requests = 16 without --min-free-slots-delay 1" in err
+    # in the terms of the imported file (its line, the .env variables)
+    assert "EXTRA_SGLANG_ARGS=" in err and "max_running_requests = 16 without --min-free-slots-delay 1" in err
+    assert "fix: add --min-free-slots-delay 1 to EXTRA_SGLANG_ARGS, or lower MAX_RUNNING_REQUESTS below 8" in err
     code, _, err = tp4_cli("profile", "check", "--strict", tmp_path / "p.toml")
     assert code == 2 and "errors under --strict" in err
 

@@ -254,10 +254,13 @@ def fixture_line(text: str, prefix: str) -> int:
 
 
 def test_warnings_do_not_block_and_strict_makes_them_errors(tp4_cli, tmp_path):
-    # a measured caveat (a KV pin above the measured 8M; same container names): the import succeeds
-    # and reports it in the file's terms; --strict refuses it and writes nothing
+    # measured caveats (a KV pin above the measured 8M; 16 slots without --min-free-slots-delay 1, as
+    # an older upstream profile has them): the import succeeds and reports them in the file's terms;
+    # --strict refuses it and writes nothing
     env = tmp_path / ".env.tp4"
-    text = FIXTURE.read_text().replace("MAX_TOTAL_TOKENS=8000000", "MAX_TOTAL_TOKENS=9000000") + "HEAD_CTN=dsv41\nWORKER_CTN=dsv41\n"
+    text = (FIXTURE.read_text().replace("MAX_TOTAL_TOKENS=8000000", "MAX_TOTAL_TOKENS=9000000")
+            .replace(" --min-free-slots-delay 1", ""))
+    assert "MAX_RUNNING_REQUESTS=16" in text
     env.write_text(text)
     result = import_env_text(text, str(env))
     assert len(result.warnings) == 2, result.warnings
@@ -270,7 +273,7 @@ def test_warnings_do_not_block_and_strict_makes_them_errors(tp4_cli, tmp_path):
     strict_out = tmp_path / "strict.toml"
     code, stdout, stderr = tp4_cli("profile", "import", env, "-o", strict_out, "--strict")
     assert code == 2 and not strict_out.exists()
-    assert "2 warning(s), which --strict makes errors" in stderr and "WORKER_CTN=dsv41" in stderr, stderr
+    assert "2 warning(s), which --strict makes errors" in stderr and "max_running_requests = 16 without --min-free-slots-delay 1" in stderr, stderr
 
 
 def test_messages_say_the_fix_in_the_terms_of_the_imported_file(tp4_cli, tmp_path):
@@ -367,13 +370,13 @@ def test_the_head_checkout_is_the_directory_of_the_imported_file(tmp_path):
     assert result.document["cluster"]["head"]["workdir"] == str(checkout)
     variables = bash_source(str(env))
     for node in plan.nodes:
-        state = next(m["source"] for m in node.run["mounts"] if m["target"] == "/state")
+        state = next(m.source for m in node.run.mounts if m.target == "/state")
         assert state == upstream_state_dir(variables, node.rank, str(checkout))
     assert any(n.startswith(f"the head's checkout is {checkout} (the directory of .env.tp4") for n in result.notes)
     # told otherwise; a checkout under WORKER_USER's home is written ~/...
     result, plan = render_import(env.read_text(), str(env), head_checkout="/home/zurih/src/dsv41")
     assert result.document["cluster"]["head"]["workdir"] == "~/src/dsv41"
-    assert next(m["source"] for m in plan.nodes[0].run["mounts"] if m["target"] == "/state") == "/home/zurih/src/dsv41/state-tp4"
+    assert next(m.source for m in plan.nodes[0].run.mounts if m.target == "/state") == "/home/zurih/src/dsv41/state-tp4"
 
 
 def test_head_checkout_option(tp4_cli, tmp_path):
@@ -384,7 +387,7 @@ def test_head_checkout_option(tp4_cli, tmp_path):
     assert code == 0, stderr
     assert 'workdir = "~/dsv41-4x-spark"' in out.read_text() and "from --head-checkout" in stderr
     code, stdout, stderr = tp4_cli("profile", "import", env, "-o", tmp_path / "q.toml", "--head-checkout", "/srv/a:b")
-    assert code == 2 and "the head's checkout /srv/a:b (from --head-checkout DIR): must be" in stderr and "--head-checkout DIR" in stderr
+    assert code == 2 and "the head's checkout /srv/a:b (from --head-checkout DIR): " in stderr and "not a usable path" in stderr and "--head-checkout DIR" in stderr
     code, stdout, stderr = tp4_cli("profile", "import", env, "-o", tmp_path / "q.toml", "--head-checkout", "")
     assert code == 2 and "--head-checkout: the path is empty" in stderr and not (tmp_path / "q.toml").exists()
 
@@ -407,7 +410,7 @@ def test_a_ring_profile_gets_the_overlay_by_default_like_upstream(tmp_path):
     assert result.document["fabric"]["mode"] == "ring" and result.document["fabric"]["nccl"]["mount"] == "overlay"
     assert any("NCCL_OVERLAY_PIP is not set, and upstream defaults it to NCCL_SWITCHLESS_RING_ONLY" in n for n in result.notes)
     for node in plan.nodes:
-        assert any(m["target"].endswith("/nvidia/nccl/lib/libnccl.so.2") for m in node.run["mounts"])
+        assert any(m.target.endswith("/nvidia/nccl/lib/libnccl.so.2") for m in node.run.mounts)
     assert_same_as_upstream(env, plan)
     # an explicit NCCL_OVERLAY_PIP=0 still wins, and a ring refuses it as upstream's check does
     with pytest.raises(InvalidInput, match=r"NCCL_OVERLAY_PIP=0: a ring needs the patched NCCL"):

@@ -26,9 +26,10 @@ Form = Literal["text", "comma", "words", "fixed"]
 # place), or the rank (after them: never settable), or nowhere tp4 renders (a reserved key).
 Source = Literal["field", "rank", "reserved"]
 # The importer's conversion of an upstream value (tp4.profile.legacy maps each name to a
-# function: "ticks" is upstream's count of 10-second waits); None: the importer does not take
+# function: "path" is a host path written ~/... under WORKER_USER's home, "hcas" RDMA device names
+# separated by ',', "ticks" upstream's count of 10-second waits); None: the importer does not take
 # the key as a field value.
-Imports = Literal["text", "int", "bit", "fraction", "path", "words", "args", "spec", "tokens", "ticks", "fixed"]
+Imports = Literal["text", "int", "bit", "fraction", "path", "words", "hcas", "args", "spec", "tokens", "ticks", "fixed"]
 # The rank-derived values the renderer computes.
 RankValue = Literal["node_rank", "node_ip", "gid_index", "nnodes", "dist_init_addr"]
 
@@ -110,9 +111,10 @@ KNOBS: tuple[Knob, ...] = (
     Knob("HOST", "engine.host", flag="--host"),
     Knob("NCCL_NET", "fabric.nccl.net"),
     Knob("NCCL_IB_DISABLE", "fabric.nccl.ib_disable", imports="bit"),
-    Knob("NCCL_IB_HCA", "fabric.hcas", form="comma", imports="words"),
-    Knob("NCCL_SOCKET_IFNAME", "fabric.socket_ifname"),
-    Knob("GLOO_SOCKET_IFNAME", "fabric.socket_ifname"),
+    Knob("NCCL_IB_HCA", "fabric.hcas", form="comma", imports="hcas"),
+    # the importer takes fabric.socket_ifname from these two together (tp4.profile.legacy)
+    Knob("NCCL_SOCKET_IFNAME", "fabric.socket_ifname", imports=None),
+    Knob("GLOO_SOCKET_IFNAME", "fabric.socket_ifname", imports=None),
     Knob("NCCL_P2P_DISABLE", "fabric.nccl.p2p_disable", imports="bit"),
     Knob("NCCL_SHM_DISABLE", "fabric.nccl.shm_disable", imports="bit"),
     Knob("NCCL_CROSS_NIC", "fabric.nccl.cross_nic", imports="int"),
@@ -198,9 +200,9 @@ LAUNCHER_VARS: tuple[LauncherVar, ...] = (
     LauncherVar("WORKER_CTN", "cluster.worker_container"),
     LauncherVar("SHM_SIZE", "cluster.shm_size"),
     LauncherVar("FABRIC_IFACE", "fabric.iface"),
-    LauncherVar("IB_HCA", "fabric.hcas", "words"),
+    LauncherVar("IB_HCA", "fabric.hcas", "hcas"),
     LauncherVar("NCCL_HOST_DIR", "fabric.nccl.host_dir", "path"),
-    LauncherVar("NCCL_WORKER_DIR", "fabric.nccl.worker_dir", "path"),
+    LauncherVar("NCCL_WORKER_DIR", "fabric.nccl.worker_dir"),  # absolute on the workers: stays literal
     LauncherVar("NCCL_PIP_SO", "fabric.nccl.pip_so"),
     LauncherVar("MODEL_DIR", "model.dir", "path"),
     LauncherVar("COMMON_MODEL", "model.common_link", "path"),

@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from tp4.errors import InvalidInput
+from tp4.knobs import KNOBS, LAUNCHER_VARS, Imports
 
 # Internal markers for $HOME / ~ and $USER while the file is read: replaced by the home and the
 # name of WORKER_USER before parse_env_text returns (WORKER_USER may be set after its first use).
@@ -595,93 +596,43 @@ def _spec(v: str) -> str:
     return "none" if v.lower() in ("off", "none", "0", "") else v
 
 
-# legacy variable (or container env key set through EXTRA_CONTAINER_ENV) -> (profile path, converter)
+def _converter(kind: Imports, var: str) -> Callable[[str], Any]:
+    """The importer's conversion of an upstream value, by the knob table's `imports` name."""
+    match kind:
+        case "int":
+            return _int(var)
+        case "bit":
+            return _bit(var)
+        case "fraction":
+            return _fraction(var)
+        case "words":
+            return _words
+        case "hcas":
+            return _hcas
+        case "spec":
+            return _spec
+        case "args":
+            return lambda v: re.split(r"[ \t\n]+", v.strip(" \t\n")) if v.strip(" \t\n") else []
+        case "tokens":
+            return lambda v: _strict_int(var, v) if v else 0
+        case "ticks":
+            return lambda v: _strict_int(var, v) * 10
+        case "text" | "path":
+            return str
+    raise AssertionError(f"{var}: the importer has no conversion {kind!r}")
+
+
+# legacy variable (or container env key set through EXTRA_CONTAINER_ENV) -> (profile path, converter):
+# the knob table's container keys and the launcher's own variables (tp4.knobs)
 TYPED: dict[str, tuple[tuple[str, ...], Callable[[str], Any]]] = {
-    "HEAD_IP": (("cluster", "head", "ip"), str),
-    "WORKER_USER": (("cluster", "user"), str),
-    "SSH_IDENTITY": (("cluster", "identity"), str),
-    "PORT": (("cluster", "port"), _int("PORT")),
-    "SERVER_PORT": (("cluster", "port"), _int("SERVER_PORT")),
-    "DIST_PORT": (("cluster", "dist_port"), _int("DIST_PORT")),
-    "HEAD_CTN": (("cluster", "head_container"), str),
-    "WORKER_CTN": (("cluster", "worker_container"), str),
-    "SHM_SIZE": (("cluster", "shm_size"), str),
-    "FABRIC_IFACE": (("fabric", "iface"), str),
-    "IB_HCA": (("fabric", "hcas"), _hcas),
-    "NCCL_IB_HCA": (("fabric", "hcas"), _hcas),
-    "NCCL_IB_GID_INDEX": (("fabric", "gid_index"), _int("NCCL_IB_GID_INDEX")),
-    "NCCL_NET": (("fabric", "nccl", "net"), str),
-    "NCCL_IB_DISABLE": (("fabric", "nccl", "ib_disable"), _bit("NCCL_IB_DISABLE")),
-    "NCCL_P2P_DISABLE": (("fabric", "nccl", "p2p_disable"), _bit("NCCL_P2P_DISABLE")),
-    "NCCL_SHM_DISABLE": (("fabric", "nccl", "shm_disable"), _bit("NCCL_SHM_DISABLE")),
-    "NCCL_DEBUG": (("fabric", "nccl", "debug"), str),
-    "NCCL_DEBUG_SUBSYS": (("fabric", "nccl", "debug_subsys"), str),
-    "NCCL_BUFFSIZE": (("fabric", "nccl", "buffsize"), _int("NCCL_BUFFSIZE")),
-    "NCCL_LL128_BUFFSIZE": (("fabric", "nccl", "ll128_buffsize"), _int("NCCL_LL128_BUFFSIZE")),
-    "NCCL_PROTO": (("fabric", "nccl", "proto"), str),
-    "NCCL_MAX_NCHANNELS": (("fabric", "nccl", "max_nchannels"), _int("NCCL_MAX_NCHANNELS")),
-    "NCCL_MIN_NCHANNELS": (("fabric", "nccl", "min_nchannels"), _int("NCCL_MIN_NCHANNELS")),
-    "NCCL_CROSS_NIC": (("fabric", "nccl", "cross_nic"), _int("NCCL_CROSS_NIC")),
-    "NCCL_IB_MERGE_NICS": (("fabric", "nccl", "ib_merge_nics"), _bit("NCCL_IB_MERGE_NICS")),
-    "NCCL_IB_SUBNET_AWARE_ROUTING": (("fabric", "nccl", "ib_subnet_aware_routing"), _bit("NCCL_IB_SUBNET_AWARE_ROUTING")),
-    "NCCL_ALGO": (("fabric", "nccl", "algo"), str),
-    "NCCL_SKIP_TREE_CONNECT": (("fabric", "nccl", "skip_tree_connect"), _bit("NCCL_SKIP_TREE_CONNECT")),
-    "NCCL_IB_SUBNET_PREFIX_LEN": (("fabric", "nccl", "ib_subnet_prefix_len"), _int("NCCL_IB_SUBNET_PREFIX_LEN")),
-    "NCCL_P2P_LEVEL": (("fabric", "nccl", "p2p_level"), str),
-    "NCCL_HOST_DIR": (("fabric", "nccl", "host_dir"), str),
-    # absolute on the workers as upstream requires; a $HOME in it was the head's, so it stays literal
-    "NCCL_WORKER_DIR": (("fabric", "nccl", "worker_dir"), str),
-    "NCCL_PIP_SO": (("fabric", "nccl", "pip_so"), str),
-    "MODEL_DIR": (("model", "dir"), str),
-    "COMMON_MODEL": (("model", "common_link"), str),
-    "HF_REPO": (("model", "hf_repo"), str),
-    "HF_REVISION": (("model", "hf_revision"), str),
-    "EXPECTED_SHARDS": (("model", "expected_shards"), _int("EXPECTED_SHARDS")),
-    "SERVED_MODEL_NAME": (("model", "served_name"), str),
-    "NFS_VOLUME": (("nfs", "volume"), str),
-    "NFS_EXPORT_NAME": (("nfs", "export_name"), str),
-    "NFS_SERVER_IPS": (("nfs", "server_ips"), _words),
-    "NFS_CLIENTS": (("nfs", "clients"), _words),
-    "IMAGE": (("image", "tag"), str),
-    "BASE_IMAGE": (("image", "base"), str),
-    "TP_SIZE": (("engine", "tp"), _int("TP_SIZE")),
-    "EP_SIZE": (("engine", "ep"), _int("EP_SIZE")),
-    "CONTEXT_LENGTH": (("engine", "context_length"), _int("CONTEXT_LENGTH")),
-    "MEM_FRACTION_STATIC": (("engine", "mem_fraction_static"), _fraction("MEM_FRACTION_STATIC")),
-    "HEAD_MEM_FRACTION_STATIC": (("engine", "head_mem_fraction_static"), _fraction("HEAD_MEM_FRACTION_STATIC")),
-    "MAX_RUNNING_REQUESTS": (("engine", "max_running_requests"), _int("MAX_RUNNING_REQUESTS")),
-    "CHUNKED_PREFILL_SIZE": (("engine", "chunked_prefill_size"), _int("CHUNKED_PREFILL_SIZE")),
-    "MAX_TOTAL_TOKENS": (("engine", "max_total_tokens"), lambda v: _strict_int("MAX_TOTAL_TOKENS", v) if v else 0),
-    "SPEC_ALGO": (("engine", "spec_algo"), _spec),
-    "DSPARK_BLOCK_SIZE": (("engine", "dspark_block_size"), _int("DSPARK_BLOCK_SIZE")),
-    "DSPARK_SPS_TABLE": (("engine", "sps_table"), str),
-    "DSPARK_STS_TABLE": (("engine", "sts_table"), str),
-    "OFFLOAD_MODE": (("engine", "offload_mode"), str),
-    "HOST": (("engine", "host"), str),
-    "ATTENTION_BACKEND": (("engine", "attention_backend"), str),
-    "MOE_RUNNER_BACKEND": (("engine", "moe_runner_backend"), str),
-    "EXTRA_SGLANG_ARGS": (("engine", "extra_args"), lambda v: re.split(r"[ \t\n]+", v.strip(" \t\n")) if v.strip(" \t\n") else []),
-    "DSV41_CACHE_GIB": (("engram", "cache_gib"), _int("DSV41_CACHE_GIB")),
-    "DSV41_CACHE_WAYS": (("engram", "cache_ways"), _int("DSV41_CACHE_WAYS")),
-    "DSV41_IO_THREADS": (("engram", "io_threads"), _int("DSV41_IO_THREADS")),
-    "DSV41_RESIDENT_SCALES": (("engram", "resident_scales"), _bit("DSV41_RESIDENT_SCALES")),
-    "DSV41_STATS_SECONDS": (("engram", "stats_seconds"), _int("DSV41_STATS_SECONDS")),
-    "DSV41_PACKED_DIR": (("engram", "packed_dir"), str),
-    "SKIP_PREPARE": (("runtime", "skip_prepare"), _bit("SKIP_PREPARE")),
-    "SKIP_VERIFY": (("runtime", "skip_verify"), _bit("SKIP_VERIFY")),
-    "SKIP_SMOKE": (("runtime", "skip_smoke"), _bit("SKIP_SMOKE")),
-    "SMOKE_QUICK": (("runtime", "smoke_quick"), _bit("SMOKE_QUICK")),
-    "WARMUP": (("runtime", "warmup"), _bit("WARMUP")),
-    "READY_TIMEOUT": (("runtime", "ready_timeout"), lambda v: _strict_int("READY_TIMEOUT", v) * 10),
-    "SGLANG_FLASHINFER_MOE_FUSED_FINALIZE": (("runtime", "moe_fused_finalize"), _bit("SGLANG_FLASHINFER_MOE_FUSED_FINALIZE")),
-    "PYTORCH_CUDA_ALLOC_CONF": (("runtime", "pytorch_cuda_alloc_conf"), str),
+    **{v.var: (tuple(v.field.split(".")), _converter(v.imports, v.var)) for v in LAUNCHER_VARS},
+    **{k.env: (tuple(k.field.split(".")), _converter(k.imports, k.env)) for k in KNOBS
+       if k.imports is not None and k.imports != "fixed"},
 }
 # Host paths: under WORKER_USER's home they are written ~/..., which tp4 expands to each node's home.
-HOME_RELATIVE = ("SSH_IDENTITY", "NCCL_HOST_DIR", "MODEL_DIR", "COMMON_MODEL")
+HOME_RELATIVE = tuple(v.var for v in LAUNCHER_VARS if v.imports == "path")
 # Values the launcher fixes; EXTRA_CONTAINER_ENV may only repeat them.
-FIXED = {"DSV41_SOURCE": "/models/DeepSeek-V4.1-Flash", "MODEL_PATH": "/models/DeepSeek-V4.1-Flash",
-         "STATE_PATH": "/state", "CUDA_DEVICE_ORDER": "PCI_BUS_ID", "NCCL_CUMEM_ENABLE": "0",
-         "DSV41_LAUNCHER": "tp4"}
+FIXED = {k.env: k.value for k in KNOBS if k.imports == "fixed" and k.value is not None}
 # Read by the launcher itself, with no place in a tp4 profile.
 LAUNCHER_ONLY = {
     "BUILD_DOCKERFILE": "the image variant is taken from it",
@@ -706,13 +657,11 @@ LAUNCHER_ONLY = {
     "SGLANG_RUST_BUILD_MODE": "the launcher never forwards this line; it only acts inside EXTRA_CONTAINER_ENV",
     "DSV41_PREFILL_EMPTY_CACHE_TOKENS": "the launcher never forwards this line; it only acts inside EXTRA_CONTAINER_ENV",
 }
-RANK_KEYS = ("NODE_RANK", "HOST_IP", "VLLM_HOST_IP", "DIST_INIT_ADDR", "NNODES")
+# rendered per rank by tp4 from the cluster, never imported as values
+RANK_KEYS = tuple(k.env for k in KNOBS if k.source == "rank" and k.imports is None)
 # TYPED variables that act on the host (ssh, mounts, image, download): inside EXTRA_CONTAINER_ENV
 # they are plain container env, not the knob
-_HOST_SIDE = ("HEAD_IP", "WORKER_USER", "SSH_IDENTITY", "PORT", "DIST_PORT", "HEAD_CTN", "WORKER_CTN", "SHM_SIZE",
-              "FABRIC_IFACE", "IB_HCA", "MODEL_DIR", "COMMON_MODEL", "HF_REPO", "HF_REVISION", "EXPECTED_SHARDS",
-              "NFS_VOLUME", "NFS_EXPORT_NAME", "NFS_SERVER_IPS", "NFS_CLIENTS", "IMAGE", "BASE_IMAGE", "READY_TIMEOUT",
-              "NCCL_HOST_DIR", "NCCL_WORKER_DIR", "NCCL_PIP_SO", "NCCL_IB_GID_INDEX")
+_HOST_SIDE = (*(v.var for v in LAUNCHER_VARS if v.var != "HEAD_MEM_FRACTION_STATIC"), "NCCL_IB_GID_INDEX")
 # the variables that hold the serving API key (the launcher's own, and SGLang's)
 API_KEY_NAMES = ("API_KEY", "SGLANG_API_KEY")
 _VARIANTS = {"Dockerfile": "base", "Dockerfile.canary": "canary", "Dockerfile.canary-roce": "canary-roce"}
