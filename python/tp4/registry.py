@@ -503,7 +503,7 @@ def _entry(data: object, loc: tuple[int | str, ...]) -> tuple[str, str, tuple[in
 
 def _rule_name(index: int, raw: Mapping[str, object]) -> str:
     when = raw.get("when")
-    shown = f" (when {', '.join(when)})" if isinstance(when, list) and all(isinstance(c, str) for c in when) else ""
+    shown = f" (when {', '.join(when)})" if isinstance(when, list) and when and all(isinstance(c, str) for c in when) else ""
     return f"rule {index + 1}{shown}"
 
 
@@ -624,8 +624,8 @@ def _cross_check(reg: "Registry", data: Mapping[str, typing.Any]) -> list[str]:
                 known(rule.field.removeprefix("gates."), where, family_ok=True)
             elif rule.follow is not None:
                 problems.append(f"{where}: follow is only for a rule on a gate (field = \"gates.NAME\"); fix: remove follow")
-            if "fix" not in raw_adapter["rules"][i] and _cond_var(rule.needs) not in reg.gates:
-                problems.append(f"{where}: needs {rule.needs!r} is not a gate, so no fix can be generated; fix: give fix")
+            if "fix" not in raw_adapter["rules"][i] and _cond_var(rule.needs) in reg.facts:
+                problems.append(f"{where}: needs {rule.needs!r} names a fact, not a gate, so no fix can be generated; fix: give fix")
         for i, line in enumerate(a.boot):
             where = f"adapter {a.name}, boot line {i + 1}"
             for cond in line.when:
