@@ -241,3 +241,54 @@ def test_the_parsed_gate_is_what_the_file_says():
     assert isinstance(g, Gate)
     assert (g.kind, g.min, g.max, g.off, g.default, g.forwarded) == ("float", 0.01, 1.0, ("", "1", "1.0"), "1", True)
     assert g.check("0.7") is None and g.check("2") == "must be at most 1" and g.is_on("0.7") and not g.is_on("1")
+
+
+# --- the JSON twin (read in place of the TOML while it is the same document) ---------------------
+
+def test_the_json_twin_is_the_shipped_registry():
+    import hashlib
+    import json
+
+    from tp4.registry import JSON_TWIN
+
+    twin = json.loads(JSON_TWIN.read_text())
+    fix = "registry.toml changed: run `python -m tp4.registry --write-json` (it parses it strictly first)"
+    assert twin["source_sha256"] == hashlib.sha256(REGISTRY_PATH.read_bytes()).hexdigest(), fix
+    # the same document, types included (1.0 stays a float, 1 an int)
+    assert json.dumps(twin["document"], sort_keys=True) == json.dumps(SHIPPED, sort_keys=True), fix
+
+
+def test_a_twin_of_other_text_is_not_read(tmp_path, monkeypatch):
+    import json
+
+    from tp4 import registry
+
+    twin = tmp_path / "registry.json"
+    twin.write_text(json.dumps({"source_sha256": "0" * 64, "document": {"schema": 2}}))
+    monkeypatch.setattr(registry, "JSON_TWIN", twin)
+    load_registry.cache_clear()
+    try:
+        assert load_registry() == parse_registry(SHIPPED)  # read from the TOML
+    finally:
+        load_registry.cache_clear()
+
+
+def test_an_edited_registry_is_parsed_strictly(tmp_path):
+    same = tmp_path / "same.toml"
+    same.write_bytes(REGISTRY_PATH.read_bytes())
+    assert load_registry(str(same)) == load_registry()
+    edited = tmp_path / "edited.toml"
+    edited.write_text(REGISTRY_PATH.read_text().replace('{ var = "DSV41_FAST_LOAD", kind = "switch" }', '{ var = "DSV41_FAST_LOAD", kind = "swtich" }'))
+    with pytest.raises(InvalidInput) as exc:
+        load_registry(str(edited))
+    assert exc.value.problems == ["adapter fast_load, gate DSV41_FAST_LOAD: kind 'swtich' is not one of switch, int, float, enum, list, text, path; fix: did you mean 'switch'?"]
+    assert str(exc.value).startswith(f"adapter registry {edited} is not valid")
+
+
+def test_an_unreadable_or_broken_registry_is_a_user_error(tmp_path):
+    with pytest.raises(InvalidInput, match="cannot read the adapter registry"):
+        load_registry(str(tmp_path / "missing.toml"))
+    broken = tmp_path / "broken.toml"
+    broken.write_text("schema = \n")
+    with pytest.raises(InvalidInput, match=f"adapter registry {broken}: "):
+        load_registry(str(broken))

@@ -13,7 +13,7 @@ import typing
 from collections.abc import Iterable, Iterator, Mapping
 from functools import cached_property, lru_cache
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Literal, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -162,28 +162,6 @@ class Rule(BaseModel):
     level: Level = "error"
     follow: str | None = None
 
-    @model_validator(mode="before")
-    @classmethod
-    def _defaults(cls, data: object) -> object:
-        if not isinstance(data, dict):
-            return data
-        when, needs = data.get("when"), data.get("needs")
-        if not (isinstance(when, list) and when and all(isinstance(c, str) and _COND.match(c.removeprefix("!")) for c in when)
-                and isinstance(needs, str)):
-            return {"field": "", "reason": "", "fix": "", **data}  # only the real problem is reported
-        first = _cond_var(when[0])
-        field = data.get("field", f"gates.{first}")
-        simple = when == [first] and field == f"gates.{first}"
-        reason = f"needs {describe_condition(needs)}" if simple else \
-            f"{' and '.join(describe_condition(c) for c in when)} needs {describe_condition(needs)}"
-        fix = f"set gates.{cond_fix(needs)}"
-        if simple:
-            fix += f", or turn {first} off"
-        elif len(when) == 1 and "~" in when[0]:
-            var, item = when[0].split("~", 1)
-            fix += f", or leave {item} out of gates.{var}"
-        return {"field": field, "reason": reason, "fix": fix, **data}
-
     @property
     def dependent(self) -> str | None:
         """The gate this rule is a plain dependency of ("K needs ...": `when` is just K on, and a
@@ -228,28 +206,6 @@ class Adapter(BaseModel):
     gates: Seq[Gate] = ()
     rules: Seq[Rule] = ()
     boot: Seq[BootLine] = ()
-
-    @model_validator(mode="before")
-    @classmethod
-    def _inherit(cls, data: object) -> object:
-        """Each entry gets its adapter's name (gates also its launcher and, unless set, image)."""
-        if not isinstance(data, dict):
-            return data
-        name = data.get("name") if isinstance(data.get("name"), str) else "?"
-        out = dict(data)
-        for key in ("gates", "rules", "boot"):
-            entries = data.get(key)
-            if not isinstance(entries, list):
-                continue
-            copied: list[object] = []
-            for entry in entries:
-                if isinstance(entry, dict):
-                    entry = {**entry, _ADAPTER: name}
-                    if key == "gates":
-                        entry = {"image": data.get("image", "base"), **entry, _LAUNCHER: data.get("launcher") if data.get("launcher") == "tp4" else None}
-                copied.append(entry)
-            out[key] = copied
-        return out
 
     @property
     def prefixes(self) -> tuple[Gate, ...]:
@@ -370,17 +326,6 @@ class Registry(BaseModel):
     adapters: Seq[Adapter] = Field(alias="adapter")
     image_checks: tuple[ImageCheck, ...] = Field(default=(), alias="image_check")
 
-    @model_validator(mode="before")
-    @classmethod
-    def _off_default(cls, data: object) -> object:
-        """A gate without `off` takes the registry's off_values."""
-        if not isinstance(data, dict) or not isinstance(data.get("adapter"), list):
-            return data
-        off = data.get("off_values", ("", "0", "off", "false"))
-        adapters = [{**a, "gates": [{"off": off, **g} if isinstance(g, dict) else g for g in a["gates"]]}
-                    if isinstance(a, dict) and isinstance(a.get("gates"), list) else a for a in data["adapter"]]
-        return {**data, "adapter": adapters}
-
     @cached_property
     def gates(self) -> dict[str, Gate]:
         """Every gate by var (a family under its var, DSV41_AB_V<n>)."""
@@ -453,6 +398,63 @@ def _cond_var(cond: str) -> str:
 
 
 # --- reading and checking the file ---------------------------------------------------------------
+
+def _rule_defaults(data: dict[str, Any]) -> dict[str, Any]:
+    """A rule entry with its generated field, reason and fix (where it does not give them)."""
+    when, needs = data.get("when"), data.get("needs")
+    if not (isinstance(when, list) and when and all(isinstance(c, str) and _COND.match(c.removeprefix("!")) for c in when)
+            and isinstance(needs, str)):
+        return {"field": "", "reason": "", "fix": "", **data}  # only the real problem is reported
+    first = _cond_var(when[0])
+    field = data.get("field", f"gates.{first}")
+    simple = when == [first] and field == f"gates.{first}"
+    reason = f"needs {describe_condition(needs)}" if simple else \
+        f"{' and '.join(describe_condition(c) for c in when)} needs {describe_condition(needs)}"
+    fix = f"set gates.{cond_fix(needs)}"
+    if simple:
+        fix += f", or turn {first} off"
+    elif len(when) == 1 and "~" in when[0]:
+        var, item = when[0].split("~", 1)
+        fix += f", or leave {item} out of gates.{var}"
+    return {"field": field, "reason": reason, "fix": fix, **data}
+
+
+def _prepare(data: Mapping[str, Any]) -> dict[str, Any]:
+    """The document with what its entries inherit filled in: each entry its adapter's name, a gate
+    its adapter's launcher and (unless set) image and the registry's off_values, a rule its
+    generated field, reason and fix. Malformed parts are left for the models to report."""
+    out = dict(data)
+    adapters = data.get("adapter")
+    if not isinstance(adapters, list):
+        return out
+    off = data.get("off_values", ("", "0", "off", "false"))
+    prepared: list[object] = []
+    for raw in adapters:
+        if not isinstance(raw, dict):
+            prepared.append(raw)
+            continue
+        name = raw["name"] if isinstance(raw.get("name"), str) else "?"
+        launcher = "tp4" if raw.get("launcher") == "tp4" else None
+        image = raw.get("image", "base")
+        adapter = dict(raw)
+        for key in ("gates", "rules", "boot"):
+            entries = raw.get(key)
+            if not isinstance(entries, list):
+                continue
+            filled: list[object] = []
+            for entry in entries:
+                if isinstance(entry, dict):
+                    entry = {**entry, _ADAPTER: name}
+                    if key == "gates":
+                        entry = {"image": image, "off": off, **entry, _LAUNCHER: launcher}
+                    elif key == "rules":
+                        entry = _rule_defaults(entry)
+                filled.append(entry)
+            adapter[key] = filled
+        prepared.append(adapter)
+    out["adapter"] = prepared
+    return out
+
 
 # The keys an entry may set (what the error for an unknown key suggests from); derived keys are
 # not among them.
@@ -546,7 +548,7 @@ def _message(data: object, err: "ErrorDetails") -> str:
     return f"{where}: {key} has a bad value {value!r}; fix: see the registry's header"
 
 
-def _cross_check(reg: "Registry", data: Mapping[str, typing.Any]) -> list[str]:
+def _cross_check(reg: "Registry", data: Mapping[str, Any]) -> list[str]:
     """What the models alone cannot see: duplicates, and every condition and `{VAR}` against the
     gates and facts."""
     problems: list[str] = []
@@ -634,11 +636,12 @@ def _cross_check(reg: "Registry", data: Mapping[str, typing.Any]) -> list[str]:
     return problems
 
 
-def parse_registry(data: Mapping[str, typing.Any], source: str = "adapter registry") -> Registry:
+def parse_registry(data: Mapping[str, Any], source: str = "adapter registry") -> Registry:
+    """The registry from its TOML document, strictly: every problem, named, in one InvalidInput."""
     raw = dict(data)
     checks = parse_image_checks(raw.pop("image_check", []), source)
     try:
-        reg = Registry.model_validate({**raw, "image_check": checks})
+        reg = Registry.model_validate({**_prepare(raw), "image_check": checks})
     except ValidationError as exc:
         raise InvalidInput(f"{source} is not valid", [_message(raw, e) for e in exc.errors()]) from None
     problems = _cross_check(reg, raw)
@@ -647,17 +650,54 @@ def parse_registry(data: Mapping[str, typing.Any], source: str = "adapter regist
     return reg
 
 
+# registry.toml as JSON, read in its place while its source_sha256 is the TOML text's
+# (`python -m tp4.registry --write-json` writes it; a test keeps it current). `tp4 plan` reads the
+# registry on every run: tomllib takes ~4 ms over this file, the JSON parser ~0.1 ms, which pays
+# for the strict models. Either way the document is parsed strictly; an edited registry.toml
+# (another digest) is read as TOML, so a stale twin only makes a run slower, never different.
+JSON_TWIN = DATA / "registry.json"
+
+
+def _digest(text: bytes) -> str:
+    import hashlib
+
+    return hashlib.sha256(text).hexdigest()
+
+
+def _document(text: bytes) -> dict[str, Any]:
+    import json
+
+    try:
+        twin = json.loads(JSON_TWIN.read_bytes())
+    except (OSError, ValueError):
+        twin = None
+    if isinstance(twin, dict) and twin.get("source_sha256") == _digest(text) and isinstance(twin.get("document"), dict):
+        return twin["document"]
+    return tomllib.loads(text.decode())
+
+
 @lru_cache(maxsize=None)
 def load_registry(path: str | None = None) -> Registry:
     p = Path(path) if path else REGISTRY_PATH
     try:
-        with open(p, "rb") as fh:
-            data = tomllib.load(fh)
+        data = _document(p.read_bytes())
     except OSError as exc:
         raise InvalidInput(f"cannot read the adapter registry {p}: {exc.strerror}") from exc
-    except tomllib.TOMLDecodeError as exc:
+    except (UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
         raise InvalidInput(f"adapter registry {p}: {exc}") from exc
     return parse_registry(data, f"adapter registry {p}")
+
+
+def write_json_twin(path: Path = REGISTRY_PATH) -> None:
+    """Parse the registry strictly and write its JSON twin."""
+    import json
+
+    text = path.read_bytes()
+    document = tomllib.loads(text.decode())
+    parse_registry(document, f"adapter registry {path}")
+    twin = {"generated": f"from {path.name} by `python -m tp4.registry --write-json`; read only while source_sha256 is its digest",
+            "source_sha256": _digest(text), "document": document}
+    JSON_TWIN.write_text(json.dumps(twin, indent=1, ensure_ascii=False) + "\n")
 
 
 # --- conditions over an environment ------------------------------------------------------------
@@ -745,3 +785,16 @@ def fill_line(line: str, env: Mapping[str, str]) -> str:
 def line_pattern(text: str) -> str:
     """A boot line as written in the registry (`...` = anything) to a regular expression."""
     return ".*".join(re.escape(part) for part in text.split("..."))
+
+
+
+if __name__ == "__main__":
+    import sys
+
+    if sys.argv[1:] != ["--write-json"]:
+        sys.exit("usage: python -m tp4.registry --write-json  (parse adapters/registry.toml strictly and write its JSON twin)")
+    try:
+        write_json_twin()
+    except InvalidInput as exc:
+        sys.exit(f"error: {exc}")
+    print(f"wrote {JSON_TWIN}")
