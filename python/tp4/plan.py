@@ -208,7 +208,7 @@ def resolve_gates(p: Any, reg: Registry) -> tuple[dict[str, str], list[str]]:
         key = rule.field.removeprefix("gates.")
         if rule.follow is None or key not in from_preset or key not in gates:
             continue
-        if all(condition_holds(c, env, reg) for c in rule.when) and not condition_holds(rule.needs, env, reg):
+        if rule.fails(env, reg):
             value = fill_line(rule.follow, env)
             notes.append(f"gates.{key}: the preset's {key}={gates[key]} {fill_line(rule.reason, env)}; the plan sets {value}")
             gates[key] = value

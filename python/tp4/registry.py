@@ -172,12 +172,14 @@ class Rule(BaseModel):
     def fails(self, env: Mapping[str, str], registry: "Registry") -> bool:
         return all(condition_holds(c, env, registry) for c in self.when) and not condition_holds(self.needs, env, registry)
 
-    def _family_var(self) -> str | None:
+    @property
+    def family_var(self) -> str | None:
+        """The family (DSV41_AB_V<n>) the rule's `when` names, if any."""
         return next((v for v in (_cond_var(c) for c in self.when) if v.endswith(FAMILY)), None)
 
     def for_member(self, key: str) -> "Rule":
         """A family's rule for one member: DSV41_AB_V<n> replaced by key (DSV41_AB_V1)."""
-        var = self._family_var()
+        var = self.family_var
         assert var is not None
 
         def sub(text: str) -> str:
@@ -355,7 +357,7 @@ class Registry(BaseModel):
         """Every rule, a family's once per member among keys (the gates set)."""
         keys = list(keys)
         for rule in self.rules:
-            var = rule._family_var()
+            var = rule.family_var
             if var is None:
                 yield rule
                 continue
