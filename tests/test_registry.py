@@ -228,6 +228,21 @@ def test_a_variable_that_is_no_gate_is_named_with_the_gate_it_meant():
     assert problems == ["adapter fast_load, rule 4 (when DSV41_FAST_LOAD): needs 'EP_SIZE=1' names a fact, not a gate, so no fix can be generated; fix: give fix"]
 
 
+def test_a_family_is_named_only_where_it_stands_for_each_member():
+    problems = refused(lambda d: adapter(d, "engine")["boot"][1].update(when=["DSV41_AB_V<n>"]))
+    assert problems == ["adapter engine, boot line 2: names the family DSV41_AB_V<n>, which only a rule's when may name (the rule then holds for each member set); fix: name a member, e.g. DSV41_AB_V1"]
+    problems = refused(lambda d: adapter(d, "ab_variant")["rules"][0].update(field="gates.DSV41_AB_V<n>"))
+    assert problems == ["adapter ab_variant, rule 1 (when DSV41_AB_ALLOW_AA): field gates.DSV41_AB_V<n> names a family its when does not; fix: start when with DSV41_AB_V<n>"]
+
+
+def test_a_misplaced_table_or_moe_key_is_named():
+    assert refused(lambda d: d["moe"].update(alig=64)) == ["moe: unknown key 'alig'; fix: did you mean 'align'?"]
+    assert refused(lambda d: d["moe"].update(experts=0)) == ["moe: experts must be greater than 0 (got 0); fix: give a positive number"]
+    assert refused(lambda d: d["adapter"].append("hc_fused")) == [f"adapter #{len(SHIPPED['adapter']) + 1}: must be a table (got 'hc_fused'); fix: write {{ key = value, ... }}"]
+    assert refused(lambda d: adapter(d, "hc_fused").update(gates={"var": "X"})) == \
+        ["adapter hc_fused: gates must be a list (got {'var': 'X'}); fix: write [ ... ]"]
+
+
 def test_several_mistakes_are_reported_at_once():
     def many(d: dict[str, Any]) -> None:
         gate(d, "DSV41_FAST_LOAD").update(kind="swtich")

@@ -540,7 +540,7 @@ def _message(data: object, err: "ErrorDetails") -> str:
         return f"{where}: {key} {value!r} is not allowed; fix: use {ctx.get('expected', 'an allowed value')}"
     if kind_of in _TYPES:
         what, fix = _TYPES[kind_of]
-        return f"{where}: {key} must be {what} (got {value!r}); fix: {fix}"
+        return f"{where}: {key + ' ' if key else ''}must be {what} (got {value!r}); fix: {fix}"
     if kind_of == "too_short":
         return f"{where}: {key} must not be empty; fix: give at least one"
     if kind_of == "greater_than":
@@ -581,6 +581,10 @@ def _cross_check(reg: "Registry", data: Mapping[str, Any]) -> list[str]:
     def known(var: str, where: str, family_ok: bool = False) -> bool:
         if var in reg.facts or (var in reg.gates and (family_ok or not var.endswith(FAMILY))):
             return True
+        if var in reg.gates:
+            problems.append(f"{where}: names the family {var}, which only a rule's when may name (the rule then holds for each member set); "
+                            f"fix: name a member, e.g. {reg.gates[var].prefix}1")
+            return False
         import difflib
 
         close = difflib.get_close_matches(var, [*reg.gates, *reg.facts], n=1)
@@ -625,7 +629,9 @@ def _cross_check(reg: "Registry", data: Mapping[str, Any]) -> list[str]:
             for text in (rule.reason, rule.fix, rule.follow or ""):
                 placeholders(text, where)
             if rule.field.startswith("gates."):
-                known(rule.field.removeprefix("gates."), where, family_ok=True)
+                target = rule.field.removeprefix("gates.")
+                if known(target, where, family_ok=True) and target.endswith(FAMILY) and target != rule.family_var:
+                    problems.append(f"{where}: field {rule.field} names a family its when does not; fix: start when with {target}")
             elif rule.follow is not None:
                 problems.append(f"{where}: follow is only for a rule on a gate (field = \"gates.NAME\"); fix: remove follow")
             if "fix" not in raw_adapter["rules"][i] and _cond_var(rule.needs) in reg.facts:
