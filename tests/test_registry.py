@@ -258,7 +258,7 @@ def test_the_parsed_gate_is_what_the_file_says():
     assert g.check("0.7") is None and g.check("2") == "must be at most 1" and g.is_on("0.7") and not g.is_on("1")
 
 
-# --- the JSON twin (read in place of the TOML while it is the same document) ---------------------
+# --- the JSON twin: the accepted document, read in place of the TOML while it is the same text ----
 
 def test_the_json_twin_is_the_shipped_registry():
     import hashlib
@@ -273,13 +273,21 @@ def test_the_json_twin_is_the_shipped_registry():
     assert json.dumps(twin["document"], sort_keys=True) == json.dumps(SHIPPED, sort_keys=True), fix
 
 
+def test_the_accepted_registry_is_built_as_the_strict_parse_builds_it():
+    from tp4.registry import _construct
+
+    fast, strict = _construct(SHIPPED), parse_registry(SHIPPED)
+    assert fast == strict and repr(fast) == repr(strict)  # repr: also the types (1.0, not 1; tuples, not lists)
+    assert fast.gates == strict.gates and fast.rules == strict.rules and fast.image_checks == strict.image_checks
+
+
 def test_a_twin_of_other_text_is_not_read(tmp_path, monkeypatch):
     import json
 
     from tp4 import registry
 
     twin = tmp_path / "registry.json"
-    twin.write_text(json.dumps({"source_sha256": "0" * 64, "document": {"schema": 2}}))
+    twin.write_text(json.dumps({"source_sha256": "0" * 64, "document": {"schema": 2, "adapter": []}}))
     monkeypatch.setattr(registry, "JSON_TWIN", twin)
     load_registry.cache_clear()
     try:
