@@ -323,7 +323,8 @@ def _violate(cond: str) -> tuple[str, str]:
     return cond, "0"
 
 
-NEEDS = [(g, cond) for a in REG.adapters for g in a.gates for cond in g.needs]
+# (a rule whose condition names another setting, {EP_SIZE}, has its own test)
+NEEDS = [(g, cond) for a in REG.adapters for g in a.gates if not g.family for cond in REG.needs_of(g.var) if "{" not in cond]
 
 
 @settings(max_examples=40, deadline=None)

@@ -250,18 +250,18 @@ def resolve_gates(p: Profile, reg: Registry) -> tuple[dict[str, str], list[str]]
             gate = reg.gate(key)
             if gate is None or not gate.is_on(gates[key]):
                 continue
-            cause = next((c for c in gate.needs if c in turned_off or c in dropped), None)
+            cause = next((c for c in reg.needs_of(key) if c in turned_off or c in dropped), None)
             if cause is not None:
                 why = "the profile turns it off" if cause in turned_off else "it is dropped too"
                 notes.append(f"gates.{key}: the preset's {key}={gates.pop(key)} is dropped: it needs {cause}, and {why}")
                 dropped.add(key)
                 changed = True
     env = _render_env(p, 0, reg, gates)
-    for rule in reg.rules:
+    for rule in reg.rules_for(gates):
         key = rule.field.removeprefix("gates.")
         if rule.follow is None or key not in from_preset or key not in gates:
             continue
-        if all(condition_holds(c, env, reg) for c in rule.when) and not condition_holds(rule.needs, env, reg):
+        if rule.fails(env, reg):
             value = fill_line(rule.follow, env)
             notes.append(f"gates.{key}: the preset's {key}={gates[key]} {fill_line(rule.reason, env)}; the plan sets {value}")
             gates[key] = value

@@ -71,19 +71,24 @@ def generate() -> str:
            "Node tables (`cluster.head`, each `[[cluster.workers]]`) take the fields of `cluster.head`."]
     _section(models.Profile, "", out)
     out += ["", "#### Adapter gates (`[gates]`, from adapters/registry.toml)", "",
-            "| adapter | image | gate | values | launcher passes |", "|---|---|---|---|---|"]
+            "A gate written `NAME<n>` is a family: set it as NAME0, NAME1, … (n = 0, 1, …).", "",
+            "| adapter | image | gate | values | launcher passes | needs (when on) |", "|---|---|---|---|---|---|"]
     reg = load_registry()
+    plain = [r for r in reg.rules if r.dependent is not None and r.level == "error"]
     for adapter in reg.adapters:
-        for g in (*adapter.gates, *adapter.prefixes):
+        for g in adapter.gates:
             values = {"switch": "0 / 1", "enum": " / ".join(g.values), "list": "comma list of " + ", ".join(g.values)}.get(g.kind, g.kind)
             if g.kind in ("int", "float") and (g.min is not None or g.max is not None):
                 values += f" {'' if g.min is None else f'>= {g.min:g}'}{'' if g.max is None else f' <= {g.max:g}'}"
-            name = g.var + ("N" if g in adapter.prefixes else "")
+            if g.family:
+                values += ", one gate per n = 0, 1, …"
             passes = f"`{g.default}`" if g.forwarded else "when set"
-            out.append(f"| {adapter.name} | {g.image} | `{name}` | {values} | {passes} |")
-    out += ["", "#### Rules between settings (adapters/registry.toml `rule`, plus each gate's `needs`)", "",
+            needs = ", ".join(f"`{r.needs}`" for r in plain if r.dependent == g.var)
+            out.append(f"| {adapter.name} | {g.image} | `{g.var}` | {values} | {passes} | {needs} |")
+    out += ["", "#### Rules between settings (each adapter's `rules` in adapters/registry.toml; a gate's plain needs are in the table above)", "",
             "| field | when | needs | level |", "|---|---|---|---|"]
     for r in reg.rules:
-        out.append(f"| `{r.field}` | {', '.join(f'`{c}`' for c in r.when)} | `{r.needs}` | {r.level} |")
+        if r not in plain:
+            out.append(f"| `{r.field}` | {', '.join(f'`{c}`' for c in r.when)} | `{r.needs}` | {r.level} |")
     out += ["", END]
     return "\n".join(out)

@@ -69,22 +69,23 @@ def validate(profile: Profile, registry: Registry | None = None) -> tuple[list[P
     if not CONTEXT_MIN <= eng.context_length <= CONTEXT_MAX:
         err("engine.context_length", f"{eng.context_length} is outside {CONTEXT_MIN}..{CONTEXT_MAX} (boot.py refuses it)",
             f"set a value from {CONTEXT_MIN} to {CONTEXT_MAX} (the model maximum)")
-    if tp % ep != 0 or reg.moe["experts"] % ep != 0:
-        err("engine.ep", f"EP {ep} must divide engine.tp ({tp}) and the {reg.moe['experts']} experts", "use 1, 2 or 4 at TP4")
+    if tp % ep != 0 or reg.moe.experts % ep != 0:
+        err("engine.ep", f"EP {ep} must divide engine.tp ({tp}) and the {reg.moe.experts} experts", "use 1, 2 or 4 at TP4")
     else:
         moe = reg.moe
-        width = moe["expert_width"] * ep // tp
+        width = moe.expert_width * ep // tp
         runner = next((a for a in reg.adapters if a.moe_align and a.gates[0].is_on(env0.get(a.gates[0].var))), None)
         if runner is not None:
             if width % runner.moe_align:
                 err("engine.ep", f"EP {ep} at TP {tp} gives {width}-wide experts per rank; {runner.name} needs a multiple of {runner.moe_align}",
                     "raise engine.ep (at TP8 use 2)")
-        elif width % moe["align"]:
+        elif width % moe.align:
             alternatives = [a for a in reg.adapters if a.moe_align and width % a.moe_align == 0]
             fix = " or ".join(f'set gates.{a.gates[0].var} = "1" (needs image.variant = "{a.image}")' for a in alternatives)
-            fix = (fix + ", or " if fix else "") + f"raise engine.ep so {moe['expert_width']} * ep / tp is a multiple of {moe['align']}"
-            err("engine.ep", f"EP {ep} at TP {tp} gives {width}-wide experts per rank; {moe['runner']} needs a multiple of {moe['align']}", fix)
-    for rule in reg.rules:
+            fix = (fix + ", or " if fix else "") + f"raise engine.ep so {moe.expert_width} * ep / tp is a multiple of {moe.align}"
+            err("engine.ep", f"EP {ep} at TP {tp} gives {width}-wide experts per rank; {moe.runner} needs a multiple of {moe.align}", fix)
+    # every "X needs Y" of the registry (its rules; a family's once per member set)
+    for rule in reg.rules_for(gates):
         if all(condition_holds(c, env0, reg) for c in rule.when) and not condition_holds(rule.needs, env0, reg):
             report = err if rule.level == "error" else warn
             report(rule.field, fill_line(rule.reason, env0) or f"needs {describe_condition(rule.needs)}", fill_line(rule.fix, env0))
@@ -113,7 +114,7 @@ def validate(profile: Profile, registry: Registry | None = None) -> tuple[list[P
             err(field, "is rendered per rank by tp4", RANK_KEYS[key])
             continue
         if gate is None:
-            fix = f"set {typed[key]} instead" if key in typed else _gate_hint(key, reg)
+            fix = f"set {typed[key]} instead" if key in typed else reg.hint(key)
             err(field, "is not an adapter gate in adapters/registry.toml", fix)
             continue
         reason = gate.check(value)
@@ -130,19 +131,6 @@ def validate(profile: Profile, registry: Registry | None = None) -> tuple[list[P
             err(field, f"is a gate of adapter {reg.gate(key).adapter}", "move it to [gates] so it is validated")
         elif key in typed:
             err(field, f"is rendered from {typed[key]}", f"set {typed[key]} instead")
-
-    for key, value in gates.items():
-        gate = reg.gate(key)
-        if gate is None or not gate.is_on(value):
-            continue
-        for cond in gate.needs:
-            if not condition_holds(cond, env0, reg):
-                err(f"gates.{key}", f"needs {describe_condition(cond)}", f"set gates.{_cond_fix(cond)} or turn {key} off")
-    for adapter in reg.adapters:
-        for when, needs in adapter.rules:
-            if condition_holds(when, env0, reg) and not condition_holds(needs, env0, reg):
-                var = when.split("~")[0].split("=")[0]
-                err(f"gates.{var}", f"{describe_condition(when)} needs {describe_condition(needs)}", f"set gates.{_cond_fix(needs)}")
 
     # --- fabric (files/nccl.sh rules) ---
     if nccl.worker_dir is not None and not nccl.worker_dir.startswith("/"):
@@ -174,28 +162,6 @@ def _has_flag_value(args: list[str], flag: str, value: str) -> bool:
         if arg == f"{flag}={value}" or (arg == flag and i + 1 < len(args) and args[i + 1] == value):
             return True
     return False
-
-
-def _cond_fix(cond: str) -> str:
-    if "~" in cond:
-        var, item = cond.split("~", 1)
-        return f'{var} to a list containing "{item}"'
-    if ">=" in cond:
-        var, n = cond.split(">=", 1)
-        return f'{var} = "{n}" or more'
-    if "=" in cond:
-        var, value = cond.split("=", 1)
-        return f'{var} = "{value}"'
-    return f'{cond} = "1"'
-
-
-def _gate_hint(key: str, reg: Registry) -> str:
-    import difflib
-
-    hint = difflib.get_close_matches(key, list(reg.gates), n=1)
-    if hint:
-        return f"did you mean {hint[0]}?"
-    return "check the spelling, or put a non-adapter variable in [env]"
 
 
 def local_file_warnings(profile: Profile) -> list[Problem]:
