@@ -9,7 +9,6 @@ import dataclasses
 import json
 import sys
 import types
-import typing
 from typing import Literal, Union, get_args, get_origin, get_type_hints
 
 from tp4 import plan as planmod
@@ -60,13 +59,14 @@ def _schema(tp: object) -> JsonSchema:
     raise TypeError(f"no JSON Schema for {tp!r}: give the plan part a plain type")
 
 
-def _object(tp: type) -> JsonSchema:
+def _object(tp: type, first: dict[str, JsonSchema] | None = None) -> JsonSchema:
+    """The schema of a plan part: every field required; ``first`` are properties before its fields."""
     hints = get_type_hints(tp, vars(planmod))
-    props: dict[str, JsonSchema] = {}
+    props: dict[str, JsonSchema] = dict(first or {})
     for f in dataclasses.fields(tp):
         props[f.name] = {**_schema(hints[f.name]), "description": str(f.metadata.get("doc", ""))}
     return {"type": "object", "description": _doc(tp), "properties": props,
-            "required": [f.name for f in dataclasses.fields(tp)], "additionalProperties": False}
+            "required": list(props), "additionalProperties": False}
 
 
 def _doc(tp: type) -> str:
@@ -77,10 +77,7 @@ def _doc(tp: type) -> str:
 
 def json_schema() -> JsonSchema:
     """The JSON Schema (draft 2020-12) of `tp4 plan --json`."""
-    root = _object(Plan)
-    props = typing.cast(dict[str, JsonSchema], root["properties"])
-    root["properties"] = {"schema": {"const": SCHEMA, "description": "this schema's version"}, **props}
-    root["required"] = ["schema", *typing.cast(list[str], root["required"])]
+    root = _object(Plan, {"schema": {"const": SCHEMA, "description": "this schema's version"}})
     return {"$schema": "https://json-schema.org/draft/2020-12/schema", "title": f"tp4 plan ({SCHEMA})", **root,
             "$defs": {tp.__name__: _object(tp) for tp in _parts(Plan) if tp is not Plan}}
 
