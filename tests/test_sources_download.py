@@ -160,6 +160,19 @@ def test_lock_of_a_bad_download_changes_no_pin(server: FileServer, tmp_path: Pat
     assert code == 1 and "HTTP 422" in err and manifest.read_text() == before
 
 
+@pytest.mark.parametrize("sha", [5, ["a" * 40], {"sha": "a" * 40}, "main"], ids=["number", "list", "object", "branch-name"])
+def test_lock_refuses_a_github_answer_that_is_no_commit(server: FileServer, tmp_path: Path, tp4_cli, monkeypatch,
+                                                        sha: object) -> None:
+    monkeypatch.setenv("TP4_SOURCES_MIRROR", server.url("/m"))
+    monkeypatch.setenv("TP4_GITHUB_API", server.url(""))
+    server.add_ref("o", "r", "main", sha)  # answered as {"sha": <sha>}
+    manifest = make_manifest(server, tmp_path)
+    before = manifest.read_text()
+    code, _, err = tp4_cli("sources", "lock", "r", "--ref", "main", "--manifest", manifest)
+    assert code == 1 and "GitHub API: " in err and "is not a commit" in err and "Traceback" not in err, err
+    assert manifest.read_text() == before
+
+
 def test_lock_of_a_git_source(tmp_path: Path, tp4_cli) -> None:
     import git
     origin = tmp_path / "origin"

@@ -66,7 +66,7 @@ def load(out_path: str, runtime: str, *, echo: process.Echo | None = None) -> st
 
 def loaded_ref(output: str) -> str:
     """The image named in `podman load` / `docker load` output."""
-    refs = re.findall(r"Loaded image(?:\(s\))?(?: ID)?:\s*(\S+)", output)
+    refs: list[str] = re.findall(r"Loaded image(?:\(s\))?(?: ID)?:\s*(\S+)", output)
     if not refs:
         raise Tp4Error(f"could not find the loaded image in the runtime's output:\n{output.strip()}")
     return refs[-1].split(",")[0]

@@ -20,7 +20,7 @@ import re
 import shutil
 import socket
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -89,7 +89,7 @@ def locked_inputs(flake: Path) -> list[LockedInput]:
     return found
 
 
-def _fetch_url(locked: dict) -> str | None:
+def _fetch_url(locked: Mapping[str, object]) -> str | None:
     kind = locked.get("type")
     if kind == "github":
         host = locked.get("host", "github.com")
@@ -103,7 +103,7 @@ def _fetch_url(locked: dict) -> str | None:
     return None
 
 
-def _store_path(locked: dict) -> str | None:
+def _store_path(locked: Mapping[str, object]) -> str | None:
     """Where nix keeps an input once fetched: fetchTree's `source` path of its narHash."""
     from tp4.sources import nar
 
@@ -265,7 +265,10 @@ def build(target: str, out_link: Path, *, echo: Callable[[str], None]) -> str:
         raise
     if proc.returncode != 0:
         raise Tp4Error(f"`nix build {target}` failed with exit code {proc.returncode}\n" + "\n".join(tail))
-    return json.loads(out)[0]["outputs"]["out"]
+    path = json.loads(out)[0]["outputs"]["out"]
+    if not isinstance(path, str):
+        raise Tp4Error(f"`nix build {target}` printed no output path: {out.strip()[:200]}")
+    return path
 
 
 def log_event(line: str) -> tuple[str, str] | None:

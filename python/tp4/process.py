@@ -38,7 +38,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import FrameType
-from typing import IO, Any
+from typing import IO, Any, AnyStr, Literal, overload
 
 from tp4.errors import Tp4Error
 
@@ -292,6 +292,42 @@ def _tail(err: str | bytes | None, secrets: Sequence[str], lines: int = 15) -> s
 # --- the three ways to run ------------------------------------------------------------------------
 
 
+@overload
+def run(
+    argv: Sequence[str],
+    *,
+    remote: Remote | None = None,
+    check: bool = True,
+    capture: bool = True,
+    input: str | bytes | None = None,
+    stdin: IO[bytes] | None = None,
+    env: Mapping[str, str] | None = None,
+    cwd: str | os.PathLike[str] | None = None,
+    timeout: float | None = None,
+    secrets: Iterable[str] = (),
+    text: Literal[True] = True,
+    echo: Echo | None = None,
+) -> subprocess.CompletedProcess[str]: ...
+
+
+@overload
+def run(
+    argv: Sequence[str],
+    *,
+    remote: Remote | None = None,
+    check: bool = True,
+    capture: bool = True,
+    input: str | bytes | None = None,
+    stdin: IO[bytes] | None = None,
+    env: Mapping[str, str] | None = None,
+    cwd: str | os.PathLike[str] | None = None,
+    timeout: float | None = None,
+    secrets: Iterable[str] = (),
+    text: Literal[False],
+    echo: Echo | None = None,
+) -> subprocess.CompletedProcess[bytes]: ...
+
+
 def run(
     argv: Sequence[str],
     *,
@@ -306,7 +342,7 @@ def run(
     secrets: Iterable[str] = (),
     text: bool = True,
     echo: Echo | None = None,
-) -> subprocess.CompletedProcess[Any]:
+) -> subprocess.CompletedProcess[str] | subprocess.CompletedProcess[bytes]:
     """Run one command to completion and return its CompletedProcess.
 
     ``stdin`` is an open file the command reads (``$ … < file`` in the log); ``input`` is data
@@ -345,8 +381,8 @@ def _finish(child: _Child, what: str, *, input: str | bytes | None, timeout: flo
     return proc
 
 
-def wait_for(popen: subprocess.Popen[Any], what: str, *, timeout: float | None = None, check: bool = True,
-             secrets: Iterable[str] = ()) -> subprocess.CompletedProcess[Any]:
+def wait_for(popen: subprocess.Popen[AnyStr], what: str, *, timeout: float | None = None, check: bool = True,
+             secrets: Iterable[str] = ()) -> subprocess.CompletedProcess[AnyStr]:
     """Wait for a child another library started (GitPython's), as run() waits for its own: a
     timeout, Ctrl-C or :func:`stop_all` stops it; with ``check`` a non-zero exit raises
     :class:`Tp4Error` naming ``what`` (already redacted; logged by the caller as ``$ …``) and
@@ -365,6 +401,30 @@ def _broken_pipe(code: int) -> bool:
     return code in (-signal.SIGPIPE, 128 + signal.SIGPIPE)
 
 
+@overload
+def pipe(
+    steps: Sequence[Step | Sequence[str]],
+    *,
+    stdin: IO[bytes] | None = None,
+    timeout: float | None = None,
+    secrets: Iterable[str] = (),
+    text: Literal[True] = True,
+    echo: Echo | None = None,
+) -> subprocess.CompletedProcess[str]: ...
+
+
+@overload
+def pipe(
+    steps: Sequence[Step | Sequence[str]],
+    *,
+    stdin: IO[bytes] | None = None,
+    timeout: float | None = None,
+    secrets: Iterable[str] = (),
+    text: Literal[False],
+    echo: Echo | None = None,
+) -> subprocess.CompletedProcess[bytes]: ...
+
+
 def pipe(
     steps: Sequence[Step | Sequence[str]],
     *,
@@ -373,7 +433,7 @@ def pipe(
     secrets: Iterable[str] = (),
     text: bool = True,
     echo: Echo | None = None,
-) -> subprocess.CompletedProcess[Any]:
+) -> subprocess.CompletedProcess[str] | subprocess.CompletedProcess[bytes]:
     """Run ``a | b | …``: each step's stdout is the next one's stdin; returns the last step's
     output. Logged once as ``$ a | b``; every step is waited for; when one fails the others are
     stopped and the error names the failing step (a producer killed by SIGPIPE because its
@@ -399,8 +459,9 @@ def pipe(
                 child = _spawn(step.argv, step.remote, step.env, None,
                                {"stdin": upstream, "stdout": out if last else subprocess.PIPE, "stderr": err})
                 children.append(child)
-                if i and children[i - 1].popen.stdout is not None:
-                    children[i - 1].popen.stdout.close()  # only the next step holds the read end
+                previous = children[i - 1].popen.stdout if i else None
+                if previous is not None:
+                    previous.close()  # only the next step holds the read end
                 upstream = child.popen.stdout
             deadline = None if timeout is None else time.monotonic() + timeout
             failed = _wait_all(children, deadline)
@@ -430,9 +491,13 @@ def pipe(
             )
         out.seek(0)
         data = out.read()
-    stdout: str | bytes = data.decode(errors="replace") if text else data
-    stderr: str | bytes = tails[-1].decode(errors="replace") if text else tails[-1]
-    return subprocess.CompletedProcess([list(s.argv) for s in plan], 0, stdout, stderr)
+    done: subprocess.CompletedProcess[str] | subprocess.CompletedProcess[bytes]
+    if text:
+        done = subprocess.CompletedProcess(plan[-1].argv, 0, data.decode(errors="replace"), tails[-1].decode(errors="replace"))
+    else:
+        done = subprocess.CompletedProcess(plan[-1].argv, 0, data, tails[-1])
+    done.args = [list(s.argv) for s in plan]  # one argv per step, which __init__'s type (one command) cannot say
+    return done
 
 
 def _joined(plan: Sequence[Step]) -> str:

@@ -35,7 +35,7 @@ class Served:
 class FileServer:
     def __init__(self) -> None:
         self.files: dict[str, Served] = {}
-        self.refs: dict[tuple[str, str, str], str] = {}
+        self.refs: dict[tuple[str, str, str], object] = {}  # the "sha" answered: a str, or junk
         self.hits: Counter[str] = Counter()
         self._server: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
@@ -49,7 +49,7 @@ class FileServer:
         self.files[path] = Served(path=Path(file))
         return self.url(path)
 
-    def add_ref(self, owner: str, repo: str, ref: str, sha: str) -> None:
+    def add_ref(self, owner: str, repo: str, ref: str, sha: object) -> None:
         self.refs[(owner, repo, ref)] = sha
 
     # lifecycle -------------------------------------------------------------------------------

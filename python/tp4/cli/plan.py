@@ -88,8 +88,9 @@ def plan(profile_path: str | None, rank: int | None, as_json: bool, strict: bool
         import json
 
         data = result.to_json()
-        if rank is not None:
-            data["nodes"] = [n for n in result.to_json()["nodes"] if isinstance(n, dict) and n["rank"] == rank]  # type: ignore[union-attr]
+        nodes = data["nodes"]
+        if rank is not None and isinstance(nodes, list):
+            data["nodes"] = [n for n in nodes if isinstance(n, dict) and n["rank"] == rank]
         click.echo(json.dumps(data, indent=2))
     else:
         click.echo(_human(result, rank))

@@ -171,7 +171,7 @@ _TOML_KINDS = {"model_type": "a table", "dict_type": "a table", "model_attribute
                "bool_type": "true or false", "float_type": "a number"}
 
 
-def _kind_fix(kind: str, value: Any) -> str:
+def _kind_fix(kind: str, value: object) -> str:
     """How to write a value of the right TOML kind, from what was written."""
     if kind == "string_type":
         text = str(value).lower() if isinstance(value, bool) else str(value) if isinstance(value, int | float) else "..."
@@ -187,7 +187,7 @@ def _kind_fix(kind: str, value: Any) -> str:
     return "see `tp4 profile reference` for the field"
 
 
-def _shown(value: Any) -> str:
+def _shown(value: object) -> str:
     """A value as the user wrote it in TOML (true, not True), cut short."""
     if isinstance(value, bool):
         return str(value).lower()

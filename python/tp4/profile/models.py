@@ -13,7 +13,7 @@ signature, and the signature of a builtin costs ~1.7 ms the first time).
 """
 
 import re
-from typing import Annotated, Literal
+from typing import Annotated, Literal, TypeVar
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr, field_validator
 
@@ -84,21 +84,25 @@ def Form(regex: str, words: str, example: str) -> AfterValidator:  # noqa: N802 
     return AfterValidator(check)
 
 
-def _check_host(v: str | None) -> str | None:
+# the field checks keep an optional field's None and a required field's str
+_MaybeStr = TypeVar("_MaybeStr", bound=str | None)
+
+
+def _check_host(v: _MaybeStr) -> _MaybeStr:
     if v is not None and not _HOST.fullmatch(v):
         raise ValueError(f"{v[:80]!r} is not a host name or IP address; fix: use letters, digits, '.', '-' or ':' "
                          "(an IPv6 address), not starting with '-'")
     return v
 
 
-def _check_user(v: str | None) -> str | None:
+def _check_user(v: _MaybeStr) -> _MaybeStr:
     if v is not None and not _USER.fullmatch(v):
         raise ValueError(f"{v[:40]!r} is not a valid user name; fix: 1-32 lower-case letters, digits, '_', '.' or '-', "
                          "starting with a letter or '_'")
     return v
 
 
-def _check_identity(v: str | None) -> str | None:
+def _check_identity(v: _MaybeStr) -> _MaybeStr:
     v = _check_path(v)
     if v is not None and any(c in v for c in "'\"$`\\"):
         raise ValueError(f"{v[:80]!r}: an ssh identity path must not contain quotes, '$', '`' or '\\'; fix: move the key "
@@ -203,7 +207,7 @@ class Node(Section):
         return _check_path(v)
 
 
-def _check_path(v: str | None) -> str | None:
+def _check_path(v: _MaybeStr) -> _MaybeStr:
     if v is None:
         return v
     if not v or has_unsafe_chars(v) or any(c in v for c in ":,"):
@@ -236,12 +240,12 @@ class Cluster(Section):
     @field_validator("user")
     @classmethod
     def _user(cls, v: str) -> str:
-        return _check_user(v)  # type: ignore[return-value]
+        return _check_user(v)
 
     @field_validator("identity")
     @classmethod
     def _identity(cls, v: str) -> str:
-        return _check_identity(v)  # type: ignore[return-value]
+        return _check_identity(v)
 
     @field_validator("shm_size")
     @classmethod

@@ -18,9 +18,12 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import IO
+from typing import IO, TYPE_CHECKING
 
 from tp4.errors import Tp4Error
+
+if TYPE_CHECKING:
+    import requests
 
 CHUNK = 1 << 20
 RETRY_STATUS = frozenset({408, 425, 429, 500, 502, 503, 504})
@@ -141,7 +144,7 @@ def _reason(exc: BaseException, url: str) -> str:
     return f"{type(exc).__name__}: {text[:200]}"
 
 
-def _session():
+def _session() -> requests.Session:
     import requests
 
     session = requests.Session()

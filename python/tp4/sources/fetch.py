@@ -177,13 +177,13 @@ def obtain(row: Row, inputs: Mapping[str, Path], *, offline: bool, quiet: bool =
             got.replace(cached)
         return cached
     if row.kind == "git":
-        tmp = Path(tempfile.mkdtemp(prefix=".git-", dir=cache))
+        work = Path(tempfile.mkdtemp(prefix=".git-", dir=cache))
         try:
-            git_checkout(row.url, row.commit, tmp / "tree")
-            check_bytes(row, tmp / "tree", "git clone")
-            (tmp / "tree").rename(cached)
+            git_checkout(row.url, row.commit, work / "tree")
+            check_bytes(row, work / "tree", "git clone")
+            (work / "tree").rename(cached)
         finally:
-            shutil.rmtree(tmp, ignore_errors=True)
+            shutil.rmtree(work, ignore_errors=True)
         return cached
     download.download(row.url, cached, row.sha256, label=row.name, quiet=quiet)
     return cached

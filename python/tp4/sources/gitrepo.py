@@ -49,6 +49,8 @@ def git(args: Sequence[str], *, cwd: Path | None = None, timeout: float) -> str:
     except gitpython.GitCommandNotFound as exc:
         raise Tp4Error("`git` is not installed or not on PATH; install it and retry") from exc
     popen = handle.proc
+    if popen is None:  # GitPython clears it only once it has waited for the process itself
+        raise Tp4Error(f"`{shown}`: GitPython returned no process to wait for")
     try:
         done = process.wait_for(popen, f"`{shown}`", timeout=timeout)
     finally:

@@ -84,7 +84,7 @@ def resolve_github(owner: str, repo: str, ref: str) -> str:
         sha = resp.json()["sha"]
     except (ValueError, KeyError, TypeError) as exc:
         raise Tp4Error(f"GitHub API: unexpected answer for {owner}/{repo}@{ref}") from exc
-    if not _HEX40.fullmatch(sha):
+    if not isinstance(sha, str) or not _HEX40.fullmatch(sha):
         raise Tp4Error(f"GitHub API: {sha!r} is not a commit")
     return sha
 
