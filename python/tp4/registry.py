@@ -43,6 +43,8 @@ _COND = re.compile(r"^(?P<var>[A-Za-z_][A-Za-z0-9_]*(?:<n>)?)(?:(?P<op>>=|<=|!=|
 _PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)(\+1)?\}")
 # Keys the parser fills from an entry's adapter: never keys of the file (an entry that writes
 # `adapter = ...` gets "unknown key").
+# the keys under which an entry gets its adapter's name and launcher (the Field aliases below
+# spell them out: the pydantic mypy plugin needs literal aliases)
 _ADAPTER, _LAUNCHER = "(adapter)", "(launcher)"
 _CONDITION_FORMS = 'VAR, !VAR, VAR=value, VAR!=value, VAR~item, VAR>=N or VAR<=N'
 
@@ -53,7 +55,7 @@ class Gate(BaseModel):
 
     model_config = _MODEL
     var: str
-    adapter: str = Field(alias=_ADAPTER)
+    adapter: str = Field(alias="(adapter)")
     kind: Kind = "text"
     image: str
     values: Seq[str] = ()
@@ -63,7 +65,7 @@ class Gate(BaseModel):
     off: Seq[str]
     default: str | None = None
     forwarded: bool = False
-    launcher: Literal["tp4"] | None = Field(default=None, alias=_LAUNCHER)
+    launcher: Literal["tp4"] | None = Field(default=None, alias="(launcher)")
 
     @model_validator(mode="after")
     def _consistent(self) -> "Gate":
@@ -155,7 +157,7 @@ class Rule(BaseModel):
     preset sets for that gate that fails the rule is replaced by this one (the plan notes it)."""
 
     model_config = _MODEL
-    adapter: str = Field(alias=_ADAPTER)
+    adapter: str = Field(alias="(adapter)")
     when: Annotated[tuple[str, ...], Field(strict=False, min_length=1)]
     needs: str
     field: str
@@ -194,7 +196,7 @@ class Rule(BaseModel):
 
 class BootLine(BaseModel):
     model_config = _MODEL
-    adapter: str = Field(alias=_ADAPTER)
+    adapter: str = Field(alias="(adapter)")
     line: str
     when: Seq[str] = ()
     required: bool = True
@@ -297,7 +299,7 @@ def _image_check(raw: object, where: str, problems: list[str]) -> ImageCheck | N
         problems.append(f"{where}: summary must be a string")
     if len(problems) > before:
         return None
-    command = ["python3", f"{RUNTIME_DIR}/{file}", *(args or [])] if file is not None else list(argv)
+    command = ["python3", f"{RUNTIME_DIR}/{file}", *(args or [])] if file is not None else list(argv or ())
     # checked above, field by field: built without validating again
     return ImageCheck.model_construct(name=name, argv=tuple(command), env=tuple(sorted(env.items())), workdir=workdir,
                                       gpu=gpu, timeout=timeout, summary=summary)
@@ -714,9 +716,10 @@ def _accepted(text: bytes) -> dict[str, Any] | None:
         twin = json.loads(JSON_TWIN.read_bytes())
     except (OSError, ValueError):
         return None
-    if isinstance(twin, dict) and twin.get("source_sha256") == _digest(text) and isinstance(twin.get("document"), dict):
-        return twin["document"]
-    return None
+    if not isinstance(twin, dict) or twin.get("source_sha256") != _digest(text):
+        return None
+    document = twin.get("document")
+    return document if isinstance(document, dict) else None
 
 
 @lru_cache(maxsize=None)

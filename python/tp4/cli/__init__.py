@@ -79,7 +79,7 @@ _verbose = False
 
 
 # the signals that stop tp4 (Ctrl-C, `kill`, the terminal closing): what it says, its exit code
-STOPPING = {signal.SIGINT: ("interrupted", 130), signal.SIGTERM: ("terminated", 143), signal.SIGHUP: ("hung up", 129)}
+STOPPING: dict[int, tuple[str, int]] = {signal.SIGINT: ("interrupted", 130), signal.SIGTERM: ("terminated", 143), signal.SIGHUP: ("hung up", 129)}
 _received: list[int] = []
 
 

@@ -31,8 +31,12 @@ def validate(profile: Profile, registry: Registry | None = None) -> tuple[list[P
     reg = registry or load_registry()
     errors: list[Problem] = []
     warnings: list[Problem] = []
-    err = lambda f, r, x="": errors.append(Problem(f, r, x))  # noqa: E731
-    warn = lambda f, r, x="": warnings.append(Problem(f, r, x))  # noqa: E731
+
+    def err(field: str, reason: str, fix: str = "") -> None:
+        errors.append(Problem(field, reason, fix))
+
+    def warn(field: str, reason: str, fix: str = "") -> None:
+        warnings.append(Problem(field, reason, fix))
 
     eng, cl, fab, nccl = profile.engine, profile.cluster, profile.fabric, profile.fabric.nccl
     tp, ep = eng.tp, profile.ep
@@ -75,7 +79,7 @@ def validate(profile: Profile, registry: Registry | None = None) -> tuple[list[P
         moe = reg.moe
         width = moe.expert_width * ep // tp
         runner = next((a for a in reg.adapters if a.moe_align and a.gates[0].is_on(env0.get(a.gates[0].var))), None)
-        if runner is not None:
+        if runner is not None and runner.moe_align:
             if width % runner.moe_align:
                 err("engine.ep", f"EP {ep} at TP {tp} gives {width}-wide experts per rank; {runner.name} needs a multiple of {runner.moe_align}",
                     "raise engine.ep (at TP8 use 2)")
@@ -127,8 +131,8 @@ def validate(profile: Profile, registry: Registry | None = None) -> tuple[list[P
         field = f"env.{key}"
         if key in RANK_KEYS:
             err(field, "is rendered per rank by tp4", RANK_KEYS[key])
-        elif reg.gate(key) is not None:
-            err(field, f"is a gate of adapter {reg.gate(key).adapter}", "move it to [gates] so it is validated")
+        elif (gate := reg.gate(key)) is not None:
+            err(field, f"is a gate of adapter {gate.adapter}", "move it to [gates] so it is validated")
         elif key in typed:
             err(field, f"is rendered from {typed[key]}", f"set {typed[key]} instead")
 
