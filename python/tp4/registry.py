@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from tp4.container import IMAGE
 from tp4.errors import InvalidInput
 
 if TYPE_CHECKING:
@@ -120,7 +121,7 @@ class Gate(BaseModel):
         """None if value is allowed, else the reason it is not."""
         kind = self.kind
         if kind in ("int", "float") and not self.forwarded and value.strip().lower() in self.off:
-            return None  # the launcher passes it only when set: an off value turns the gate off (§4)
+            return None  # the launcher passes it only when set: an off value turns the gate off (upstream `start.sh`)
         if kind == "switch":
             if value not in ("0", "1"):
                 return "must be 0 or 1"
@@ -231,7 +232,7 @@ class Moe(BaseModel):
 
 
 # The runtime tree (adapters, boot.py, tests) in the image; an image check's `file` is relative to it.
-RUNTIME_DIR = "/opt/dsv41"
+RUNTIME_DIR = IMAGE.runtime  # tp4/data/container.toml
 CHECK_KEYS = ("name", "summary", "file", "args", "argv", "env", "workdir", "gpu", "timeout")
 _CHECK_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
