@@ -139,7 +139,7 @@ def test_an_unknown_key_elsewhere_is_named_too():
     assert refused(lambda d: d.update(forbiden_lines=[])) == ["top level: unknown key 'forbiden_lines'; fix: did you mean 'forbidden_lines'?"]
     # keys tp4 fills from the adapter are not keys of a gate
     assert refused(lambda d: gate(d, "DSV41_FAST_LOAD").update(adapter="other")) == \
-        ["adapter fast_load, gate DSV41_FAST_LOAD: unknown key 'adapter'; fix: remove it (allowed: var, kind, image, values, pattern, min, max, off, default, forwarded)"]
+        ["adapter fast_load, gate DSV41_FAST_LOAD: unknown key 'adapter'; fix: remove it (allowed: var, kind, image, values, pattern, form, min, max, off, default, forwarded)"]
 
 
 def test_the_old_layout_gets_the_new_form_as_its_fix():
@@ -315,3 +315,24 @@ def test_an_unreadable_or_broken_registry_is_a_user_error(tmp_path):
     broken.write_text("schema = \n")
     with pytest.raises(InvalidInput, match=f"adapter registry {broken}: "):
         load_registry(str(broken))
+
+
+def test_a_pattern_gate_says_its_form_in_words():
+    """A refused value of a pattern gate is told the form in words with an example that the
+    pattern itself accepts; a pattern without form is a registry error."""
+    import re as _re
+
+    reg = load_registry()
+    pattern_gates = [g for g in reg.gates.values() if g.pattern is not None]
+    assert pattern_gates
+    for g in pattern_gates:
+        assert g.form, g.var
+        example = _re.search(r'e\.g\. "([^"]*)"', g.form)
+        assert example and _re.fullmatch(g.pattern, example.group(1)), (g.var, g.form)
+        reason = g.check("\u00e9 bad value")
+        assert reason is not None and g.pattern not in reason and g.form in reason
+
+
+def test_a_pattern_without_its_form_is_refused():
+    problems = refused(lambda d: gate(d, "DSV41_CERT_HEAD_M").pop("form"))
+    assert any("DSV41_CERT_HEAD_M" in p and "pattern and form go together" in p for p in problems), problems

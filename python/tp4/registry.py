@@ -61,6 +61,8 @@ class Gate(BaseModel):
     image: str
     values: Seq[str] = ()
     pattern: str | None = None
+    # the pattern in words, with an example: what a refused value is told (never the regex alone)
+    form: str | None = None
     min: float | None = None
     max: float | None = None
     off: Seq[str]
@@ -91,6 +93,8 @@ class Gate(BaseModel):
                 re.compile(self.pattern)
             except re.error as exc:
                 return f"pattern {self.pattern!r} is not a regular expression ({exc}); fix: correct it"
+        if (self.pattern is None) != (self.form is None):
+            return "pattern and form go together; fix: give form, the allowed values in words with an example, beside pattern"
         if self.family and (self.forwarded or self.default is not None):
             return f"a family ({self.var}) is never forwarded and has no default; fix: remove forwarded and default"
         if self.forwarded and self.default is None:
@@ -146,7 +150,7 @@ class Gate(BaseModel):
             if not value.startswith("/"):
                 return "must be an absolute path inside the container"
         if self.pattern and not re.fullmatch(self.pattern, value):
-            return f"must match {self.pattern}"
+            return f"must be {self.form}"
         return None
 
 
@@ -671,7 +675,7 @@ def _construct(data: Mapping[str, Any]) -> Registry:
     def gate(g: dict[str, Any]) -> Gate:
         return Gate.model_construct(
             var=g["var"], adapter=g[_ADAPTER], kind=g.get("kind", "text"), image=g["image"], values=tuple(g.get("values", ())),
-            pattern=g.get("pattern"), min=None if g.get("min") is None else float(g["min"]),
+            pattern=g.get("pattern"), form=g.get("form"), min=None if g.get("min") is None else float(g["min"]),
             max=None if g.get("max") is None else float(g["max"]), off=tuple(g["off"]), default=g.get("default"),
             forwarded=g.get("forwarded", False), launcher=g[_LAUNCHER])
 
