@@ -36,7 +36,7 @@ python3Packages.buildPythonApplication {
   # the unit tests run in checks.unit; the rest needs netns hosts, sshd and a nix daemon (CI)
   doCheck = false;
   # the Python the tests run with (the unit check, the dev shell): tp4's dependencies and its
-  # Poetry dev group (pytest, hypothesis, ruff, installer)
+  # Poetry dev group (pytest, hypothesis, ruff, mypy, installer)
   passthru.testPython = pkgs.python3.withPackages (
     _: dependencies ++ packagesOf pyproject.tool.poetry.group.dev.dependencies
   );
