@@ -186,6 +186,20 @@ def test_a_type_error_hides_nothing_and_is_reported_once():
                      "engine.context_length: -1 is below the minimum 1; fix: use a value of at least 1"]
 
 
+def test_a_required_field_with_a_bad_value_still_lets_the_rest_be_checked():
+    """A bad node name or IP is left out and a stand-in takes its place while the other rules run:
+    the bad gate, the rule error and the duplicate name are still reported, the stand-in never."""
+    cluster = copy.deepcopy(CLUSTER)
+    cluster["head"]["name"] = 5
+    cluster["workers"][0]["ip"] = "-Jevil.example.com"
+    cluster["workers"][2]["name"] = cluster["workers"][1]["name"]
+    found = problems(doc(cluster=cluster, gates={"DSV41_VERIFY_CAP": "zz"}))
+    fields = [p.split(":", 1)[0] for p in found]
+    assert fields[:2] == ["cluster.head.name", "cluster.workers[0].ip"], found
+    assert "gates.DSV41_VERIFY_CAP" in fields and "cluster.workers[2].name" in fields, found
+    assert not any("stand-in" in p or "192.0.2." in p for p in found), found
+
+
 @pytest.mark.parametrize("gate", ["DSV41_MOE_B12X_NEXT", "DSV41_INDEXER_CHUNKED", "DSV41_VERIFY_CAP"])
 def test_a_control_character_in_one_gate_value_is_the_only_problem(gate):
     found = problems(doc(gates={gate: "1\x01"}))

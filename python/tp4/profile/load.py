@@ -247,8 +247,16 @@ def parse_document(doc: Doc, source: str) -> Loaded:
             locs = [_clean_loc(e["loc"]) for e in exc.errors()]
             pruned = _drop(candidate, locs)
             if pruned is None:
-                break
-            bad += locs
+                # a required field without a value (missing, or its bad value left out): a
+                # stand-in, so that the rest of the profile is still checked (what names the field
+                # is not reported, below)
+                missing = [loc for loc, e in zip(locs, exc.errors(), strict=True) if e["type"] == "missing"]
+                pruned = _stand_in(candidate, missing)
+                if pruned is None:
+                    break
+                bad += [loc for loc in missing if loc not in bad]
+            else:
+                bad += locs
             candidate = pruned
     warnings: list[Problem] = []
     if profile is not None:
@@ -260,7 +268,9 @@ def parse_document(doc: Doc, source: str) -> Loaded:
             # keep what fails both with the model's defaults (above) and with the presets' values
             # standing in for the bad ones.
             try:
-                stand_in = Profile.model_validate(merged_document(own))
+                preset_doc = merged_document(own)
+                missing = [loc for loc in bad if _value_at(preset_doc, loc) is None]
+                stand_in = Profile.model_validate(_stand_in(preset_doc, missing) if missing else preset_doc)
             except (ValidationError, InvalidInput):
                 stand_in = None
             if stand_in is not None:
@@ -301,6 +311,37 @@ def strict(loaded: Loaded) -> Loaded:
         raise InvalidInput(f"{loaded.source}: {len(loaded.warnings)} warning(s), errors under --strict; "
                            "fix: address each, or drop --strict", loaded.warnings)
     return loaded
+
+
+# Stand-ins for the required fields (a node's name and fabric IP) while the rest is checked:
+# unique, and of a form no real line uses (the IPs are TEST-NET-1, RFC 5737).
+_STAND_INS = {"name": "tp4-stand-in-{n}", "ip": "192.0.2.{n}"}
+
+
+def _value_at(doc: Doc, loc: Loc) -> object:
+    cur: Any = doc
+    for part in loc:
+        try:
+            cur = cur[part]
+        except (KeyError, IndexError, TypeError):
+            return None
+    return cur
+
+
+def _stand_in(doc: Doc, locs: list[Loc]) -> Doc | None:
+    """A copy of doc with a stand-in at each of locs (required fields left without a value), or
+    None when one of them has no stand-in."""
+    import copy
+
+    if not locs or any(not loc or loc[-1] not in _STAND_INS for loc in locs):
+        return None
+    out = copy.deepcopy(doc)
+    for n, loc in enumerate(locs, start=1):
+        parent = _value_at(out, loc[:-1])
+        if not isinstance(parent, dict):
+            return None
+        parent[str(loc[-1])] = _STAND_INS[str(loc[-1])].format(n=n)
+    return out
 
 
 def _drop(doc: Doc, locs: list[Loc]) -> Doc | None:

@@ -52,7 +52,7 @@ def validate(profile: Profile, registry: Registry | None = None) -> tuple[list[P
     # --- cluster: one Spark per rank, unique names and addresses ---
     nnodes = len(profile.nodes)
     if nnodes != tp:
-        err("cluster.workers", f"{nnodes} nodes (head + {len(cl.workers)} workers) for engine.tp = {tp}; every Spark runs one rank",
+        err("cluster.workers", f"{nnodes} node{'s' if nnodes != 1 else ''} (head + {len(cl.workers)} worker{'s' if len(cl.workers) != 1 else ''}) for engine.tp = {tp}; every Spark runs one rank",
             f"list {tp - 1} workers, or set engine.tp = {nnodes}")
     for attr, label in (("name", "name"), ("ip", "fabric IP"), ("ssh", "ssh address")):
         seen: dict[str, str] = {}
