@@ -216,3 +216,59 @@ def test_a_bad_keep_is_refused_before_any_node_is_asked(value, said, tp4_cli):
     assert code == 2
     assert f"Invalid value for '--keep': {said}; fix: pass how many of the newest builds to keep, 0 to 1000" in err
     assert "Traceback" not in err and out == ""
+
+
+def distinct_tarball(tmp_path: Path, name: str) -> Path:
+    """A tarball of its own random bytes, so its image's layer is a blob of its own."""
+    root = tmp_path / f"root-{name}"
+    (root / "opt").mkdir(parents=True)
+    (root / "opt" / "data").write_bytes(os.urandom(512 * 1024))
+    tarball = tmp_path / f"{name}.tar"
+    with tarfile.open(tarball, "w") as tar:
+        tar.add(root / "opt", arcname="opt")
+    return tarball
+
+
+def test_registry_prune_deletes_the_manifests_no_node_keeps_and_collects_their_blobs(hosts, head, tp4_cli, tmp_path):
+    """The head's registry (the real docker-registry, tp4.imagestore) holds three builds: the one
+    the head's line tag names, one a worker still has as its line image, and an old one. Prune
+    deletes only the old one's manifest and garbage-collects its blobs; the listing shows the
+    digest of each pushed image."""
+    imagestore = pytest.importorskip("tp4.imagestore", reason="the head's registry (tp4.imagestore) is another branch of issue 9")
+    old = make_image(distinct_tarball(tmp_path, "old"), "r-old", "tp4-img:old")
+    worker_line = make_image(distinct_tarball(tmp_path, "worker"), "r-worker", "tp4-img:prev")
+    line = make_image(distinct_tarball(tmp_path, "line"), "r-line", LINE)
+    copy_to(hosts[0], worker_line, tmp_path)
+    store = imagestore.start()
+    try:
+        digests = {i: imagestore.push("podman", i, store) for i in (old, worker_line, line)}
+        assert sorted(imagestore.manifests(store, "dsv41-4x-spark")) == sorted(digests.values())
+
+        code, out, err = tp4_cli("images", *node_args(hosts, [hosts[0]]))
+        assert code == 0, err
+        for image_id, digest in digests.items():
+            assert re.search(rf"^  {image_id[:12]} .*  digest {digest}$", out, re.M), out
+
+        code, out, err = tp4_cli("images", "prune", "--keep", "0", "--dry-run", *node_args(hosts, [hosts[0]]))
+        assert code == 0, err
+        assert f"registry: would remove 1 manifests; kept 2\n  would remove {digests[old]}\n" in out
+        assert len(imagestore.manifests(store, "dsv41-4x-spark")) == 3
+
+        blob = next(d for d in manifest_layer_digests(store, digests[old]))
+        assert imagestore.blob_path(store, blob).exists()
+        code, out, err = tp4_cli("images", "prune", "--keep", "0", *node_args(hosts, [hosts[0]]))
+        assert code == 0, err
+        assert not exists(old) and not exists(worker_line) and exists(line) and exists(worker_line, hosts[0])
+        assert sorted(imagestore.manifests(store, "dsv41-4x-spark")) == sorted([digests[line], digests[worker_line]])
+        m = re.search(r"^registry: removed 1 manifests, freed ([0-9.]+) MiB; kept 2$", out, re.M)
+        assert m and float(m.group(1)) >= 0.4, out  # the old build's 512 KiB layer (gzip cannot shrink random bytes)
+        assert not imagestore.blob_path(store, blob).exists()
+        for digest in (digests[line], digests[worker_line]):  # what is kept still pulls
+            process.run(["skopeo", "inspect", "--tls-verify=false", f"docker://{store.url}/dsv41-4x-spark@{digest}"])
+    finally:
+        imagestore.stop(store.root)
+
+
+def manifest_layer_digests(store, digest: str) -> list[str]:
+    raw = process.run(["skopeo", "inspect", "--raw", "--tls-verify=false", f"docker://{store.url}/dsv41-4x-spark@{digest}"]).stdout
+    return [layer["digest"] for layer in json.loads(raw)["layers"]]
