@@ -272,3 +272,24 @@ def test_registry_prune_deletes_the_manifests_no_node_keeps_and_collects_their_b
 def manifest_layer_digests(store, digest: str) -> list[str]:
     raw = process.run(["skopeo", "inspect", "--raw", "--tls-verify=false", f"docker://{store.url}/dsv41-4x-spark@{digest}"]).stdout
     return [layer["digest"] for layer in json.loads(raw)["layers"]]
+
+
+def test_a_worker_that_pulled_from_the_registry_shows_the_heads_digest(hosts, head, tp4_cli, tmp_path):
+    """After `tp4 distribute --method registry` the worker's image carries the manifest digest
+    it was pulled by, the one the head's registry lists for the head's image."""
+    imagestore = pytest.importorskip("tp4.imagestore", reason="the head's registry (tp4.imagestore) is another branch of issue 9")
+    line = make_image(distinct_tarball(tmp_path, "line"), "r-line", LINE)
+    try:
+        code, out, err = tp4_cli("distribute", "--method", "registry", "--image", LINE, *node_args(hosts, [hosts[0]]))
+        assert code == 0, err
+        store = imagestore.running()
+        assert store is not None
+        (digest,) = imagestore.manifests(store, "dsv41-4x-spark")
+        code, out, err = tp4_cli("images", "--json", *node_args(hosts, [hosts[0]]))
+        assert code == 0, err
+        nodes = {n["node"]: n for n in json.loads(out)["nodes"]}
+        assert [(i["id"], i["digest"]) for i in nodes["head"]["images"]] == [(line, digest)]
+        assert [(i["id"], i["digest"]) for i in nodes[hosts[0].address]["images"]] == [(line, digest)]
+        assert nodes[hosts[0].address]["differs"] == []
+    finally:
+        imagestore.stop()
