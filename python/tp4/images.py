@@ -375,17 +375,18 @@ def manifest_image_id(store: Store, repo: str, digest: str) -> str | None:
     return containers.normalize_id(value) if isinstance(value, str) else None
 
 
-def store_digests(store: Store, repo: str = STORE_REPO) -> dict[str, str]:
-    """Image id -> manifest digest, for every manifest of ``repo`` in the store."""
+def store_manifests(store: Store, repo: str = STORE_REPO) -> dict[str, str | None]:
+    """Manifest digest -> the image id it names (None: unreadable, or an index), for every
+    manifest of ``repo`` in the store."""
     imagestore = _imagestore()
     if imagestore is None:
         return {}
-    out: dict[str, str] = {}
-    for digest in imagestore.manifests(store, repo):
-        image_id = manifest_image_id(store, repo, str(digest))
-        if image_id:
-            out[image_id] = str(digest)
-    return out
+    return {str(d): manifest_image_id(store, repo, str(d)) for d in imagestore.manifests(store, repo)}
+
+
+def store_digests(store: Store, repo: str = STORE_REPO) -> dict[str, str]:
+    """Image id -> a manifest digest of it in the store."""
+    return {image_id: digest for digest, image_id in sorted(store_manifests(store, repo).items()) if image_id}
 
 
 def running_store() -> tuple[Store | None, str]:
@@ -411,11 +412,11 @@ def prune_store(kept_ids: set[str], *, dry_run: bool = False, repo: str = STORE_
     if store is None or imagestore is None:
         return StorePruned(note=why + "; registry clean-up skipped")
     try:
-        images = store_digests(store, repo)
+        found = store_manifests(store, repo)
     except Tp4Error as exc:
         return StorePruned(errors=(exc.message,))
-    doomed = sorted(d for i, d in images.items() if i not in kept_ids)
-    kept = tuple(sorted(d for i, d in images.items() if i in kept_ids))
+    doomed = sorted(d for d, i in found.items() if i is not None and i not in kept_ids)
+    kept = tuple(sorted(d for d in found if d not in doomed))
     if dry_run or not doomed:
         return StorePruned(deleted=tuple(doomed), kept=kept, freed=None if dry_run else 0)
     before = _tree_bytes(store.root / "data")
