@@ -18,3 +18,33 @@ def test_bench_distribute_names_what_is_missing_and_how_to_set_up(repo, tmp_path
     assert "Traceback" not in proc.stderr
     assert "no-busybox" in proc.stderr and "podman" in proc.stderr
     assert "bash python/setup.sh --test" in proc.stderr
+
+
+def test_bench_distribute_registry_part_names_its_own_tools(repo, tmp_path):
+    bare = tmp_path / "bin"
+    bare.mkdir()
+    (bare / "python3").symlink_to(sys.executable)
+    env = {**os.environ, "PATH": str(bare)}
+    proc = subprocess.run([sys.executable, str(repo / "bench" / "bench_distribute.py"), "--parts", "registry"],
+                          env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2, proc.stderr
+    assert "skopeo" in proc.stderr and "docker-registry" in proc.stderr and "Traceback" not in proc.stderr
+    proc = subprocess.run([sys.executable, str(repo / "bench" / "bench_distribute.py"), "--parts", "archive"],
+                          env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "skopeo" not in proc.stderr, proc.stderr
+
+
+def test_bench_distribute_judges_each_binding_goal(repo, monkeypatch):
+    """Every measurement is printed with its goal; a missed binding goal is exit 1, one that
+    does not apply (a base under 1 GB) is printed and not judged."""
+    monkeypatch.syspath_prepend(str(repo / "bench"))
+    import bench_distribute as bench
+
+    lines: list[str] = []
+    met = [bench.Goal("bytes/layer", 1.04, 1.1), bench.Goal("update/archive", 0.3, 0.1, binding=False, note="base 0.01 GB")]
+    assert bench.report(met, lines.append) == 0
+    assert lines[0].split() == ["bytes/layer", "1.040", "goal", "<=", "1.1", "ok"]
+    assert "not judged" in lines[1] and "(base 0.01 GB)" in lines[1]
+    lines.clear()
+    assert bench.report([*met, bench.Goal("no change", 2.5, 2.0, " s")], lines.append) == 1
+    assert "no change" in lines[2] and "MISSED" in lines[2] and lines[-1] == "missed: no change"

@@ -1,0 +1,197 @@
+"""`tp4 images` (the tp4 images of every node and their provenance) and `tp4 images prune`."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import click
+
+from tp4 import containers
+from tp4 import images as images_mod
+from tp4.build import pin_summary
+from tp4.cli.build import _nodes
+from tp4.errors import Tp4Error
+from tp4.process import Remote
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+# the largest --keep: more builds than any node's disk holds (the image is ~50 GB)
+MAX_KEEP = 1000
+
+
+class KeepCount(click.ParamType[int]):
+    """--keep: a whole number 0..MAX_KEEP, refused with what to pass instead."""
+
+    name = "N"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            number = value
+        else:
+            try:
+                number = int(str(value).strip(), 10)
+            except ValueError:
+                self.fail(f"{str(value)!r} is not a whole number; fix: pass how many of the newest builds to keep, "
+                          f"0 to {MAX_KEEP}", param, ctx)
+        if not 0 <= number <= MAX_KEEP:
+            self.fail(f"{number} is out of range; fix: pass how many of the newest builds to keep, 0 to {MAX_KEEP}",
+                      param, ctx)
+        return number
+
+
+def node_options(f: F) -> F:
+    """The nodes (head and workers) and their runtime, as `tp4 distribute` takes them."""
+    for option in reversed([
+        click.option("--runtime", type=click.Choice(["docker", "podman"]), default=None,
+                     help="Container runtime on the nodes (default: docker if installed on the head, else podman)."),
+        click.option("--profile", "-p", "profile_path", type=click.Path(dir_okay=False),
+                     help="Profile whose workers (ssh host, user, identity, port) are asked; default: the embedded one."),
+        click.option("--worker", "workers", multiple=True, metavar="HOST",
+                     help="A worker's ssh name or address instead of the profile's; repeat, or give a comma/space list."),
+        click.option("--user", default=None, help="ssh user on the workers."),
+        click.option("--identity", default=None, help="ssh private key."),
+        click.option("--port", type=int, default=None, help="ssh port."),
+        click.option("--ssh-option", "ssh_options", multiple=True, metavar="OPT", help="Extra `ssh -o` option; repeatable."),
+        click.option("--strict", is_flag=True, help="Treat the profile's warnings (performance caveats) as errors (exit 2)."),
+    ]):
+        f = option(f)
+    return f
+
+
+NODE_KEYS = ("runtime", "profile_path", "workers", "user", "identity", "port", "ssh_options", "strict")
+
+
+def _resolve(opts: dict[str, Any]) -> tuple[str, list[Remote]]:
+    runtime = containers.detect(opts["runtime"])
+    workers = _nodes(opts["workers"], opts["profile_path"], opts["user"], opts["identity"], opts["port"],
+                     opts["ssh_options"], opts["strict"])
+    return runtime, workers
+
+
+def _mib(n: int | None) -> str:
+    return "?" if n is None else f"{n / 2**20:.1f} MiB"
+
+
+def _when(image: images_mod.Image) -> str:
+    return image.created.strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+@click.group("images", invoke_without_command=True)
+@node_options
+@click.option("--json", "as_json", is_flag=True, help="The listing as JSON.")
+@click.pass_context
+def images(ctx: click.Context, /, as_json: bool, **opts: Any) -> None:
+    """The tp4 images (label tp4.line.ref) on the head and every worker.
+
+    Per node and image: id, tags, created time, the manifest digest of the head's registry
+    (when pushed or pulled by digest), the flake revision and pins from its labels, and the
+    containers (running or stopped) that use it. A worker whose line image is not the head's is
+    marked DIFFERS. Exit 1 when a node cannot be asked.
+    """
+    ctx.obj = opts
+    if ctx.invoked_subcommand is not None:
+        return
+    runtime, workers = _resolve(opts)
+    nodes = images_mod.inventory(runtime, workers)
+    store, _ = images_mod.running_store()
+    store_ids = images_mod.store_digests(store) if store is not None else {}
+    head = nodes[0]
+
+    def digest(node: images_mod.Node, image: images_mod.Image) -> str | None:
+        return (store_ids.get(image.id) if node is head else None) or image.digest()
+
+    if as_json:
+        click.echo(json.dumps({"runtime": runtime, "nodes": [{
+            "node": n.name, "host": n.remote.host if n.remote else None, "error": n.error,
+            "line": n.line_ids(), "differs": images_mod.differences(head, n),
+            "images": [{"id": i.id, "tags": list(i.tags), "created": i.created.isoformat(), "size": i.size,
+                        "line_ref": i.line_ref, "line": i.is_line, "digest": digest(n, i), "flake_rev": i.flake_rev,
+                        "pins": i.pins, "containers": list(i.containers), "layers": list(i.layers)} for i in n.images],
+        } for n in nodes]}, indent=2))
+    else:
+        for n in nodes:
+            _print_node(n, head, digest)
+    failed = [n for n in nodes if n.error]
+    if failed:
+        raise Tp4Error("could not list the images of " + ", ".join(n.name for n in failed) + ": see above; "
+                       "check the ssh settings (--user, --identity, --ssh-option) and that the node is up")
+
+
+def _print_node(node: images_mod.Node, head: images_mod.Node,
+                digest: Callable[[images_mod.Node, images_mod.Image], str | None]) -> None:
+    if node.error:
+        click.echo(f"{node.name}: cannot list its images: {node.error}")
+        click.echo()
+        return
+    lines = ", ".join(f"{ref} is {i[:12]}" for ref, i in sorted(node.line_ids().items())) or "no line image"
+    differs = images_mod.differences(head, node)
+    mark = f"  DIFFERS from the head: {'; '.join(differs)}" if differs else ""
+    click.echo(f"{node.name}: {len(node.images)} tp4 images; {lines}{mark}")
+    for i in node.images:
+        tags = ", ".join(i.tags) or "<untagged>"
+        used = f"  used by {', '.join(i.containers)}" if i.containers else ""
+        d = digest(node, i)
+        click.echo(f"  {i.id[:12]}  {_when(i)}  {_mib(i.size):>10}  {tags}" + (f"  digest {d}" if d else "") + used)
+        for pin in pin_summary(dict(i.labels)):
+            click.echo(f"      {pin}")
+    click.echo()
+
+
+@images.command("prune")
+@node_options
+@click.option("--keep", type=KeepCount(), default=2, show_default=True, metavar="N",
+              help=f"How many of the newest builds (by created time) each node keeps besides the line's image and those containers use (0-{MAX_KEEP}).")
+@click.option("--dry-run", is_flag=True, help="Say what would be removed; remove nothing.")
+@click.pass_context
+def prune(ctx: click.Context, /, keep: int, dry_run: bool, **opts: Any) -> None:
+    """Remove the tp4 images of old builds on every node, and their manifests and blobs in the
+    head's registry.
+
+    Each node keeps the images its containers (running or stopped) use, the image the line's
+    tag names and the newest N; images without the tp4.line.ref label are never touched. The
+    registry keeps the manifests of every image a node keeps; the others are deleted and its
+    blobs garbage-collected (skipped with a note when the registry does not run).
+    """
+    parent: dict[str, Any] = ctx.obj or {}
+    merged = {k: opts[k] if opts[k] not in (None, (), False) else parent.get(k, opts[k]) for k in NODE_KEYS}
+    runtime, workers = _resolve(merged)
+    results = images_mod.prune(runtime, workers, keep, dry_run=dry_run)
+    verb = "would remove" if dry_run else "removed"
+    for r in results:
+        if r.error:
+            click.echo(f"{r.node}: cannot prune: {r.error}")
+            continue
+        gone = [d.image for d in r.decisions if d.remove] if dry_run else list(r.removed)
+        freed = "" if dry_run else f", freed {_mib(r.freed)}"
+        click.echo(f"{r.node}: {verb} {len(gone)} images{freed}; kept {len(r.kept)}")
+        for i in gone:
+            click.echo(f"  {verb} {i.id[:12]}  {_when(i)}  {_mib(i.size):>10}  {', '.join(i.tags) or '<untagged>'}")
+        for image, complaint in r.failed:
+            click.echo(f"  could not remove {image.id[:12]}: {complaint}")
+        for d in r.kept:
+            click.echo(f"  kept    {d.image.id[:12]}  {_when(d.image)}  {_mib(d.image.size):>10}  {d.reason}")
+    store_result = None
+    if all(r.error is None for r in results):
+        kept_ids = {d.image.id for r in results for d in r.kept} | {i.id for r in results for i, _ in r.failed}
+        store_result = images_mod.prune_store(kept_ids, dry_run=dry_run, progress=lambda s: click.echo(s, err=True))
+        _print_store(store_result, verb, dry_run)
+    else:
+        click.echo("registry: skipped, as not every node could be asked which images it keeps")
+    bad = [r for r in results if not r.ok]
+    if bad or (store_result is not None and store_result.errors):
+        names = [r.node for r in bad] + (["registry"] if store_result is not None and store_result.errors else [])
+        raise Tp4Error("prune did not finish on " + ", ".join(names) + ": see above; fix the cause and run it again")
+
+
+def _print_store(r: images_mod.StorePruned, verb: str, dry_run: bool) -> None:
+    if r.note:
+        click.echo(f"registry: {r.note}")
+        return
+    freed = "" if dry_run else f", freed {_mib(r.freed)}"
+    click.echo(f"registry: {verb} {len(r.deleted)} manifests{freed}; kept {len(r.kept)}")
+    for d in r.deleted:
+        click.echo(f"  {verb} {d}")
+    for e in r.errors:
+        click.echo(f"  error: {e}")
