@@ -1,4 +1,8 @@
-"""`tp4 distribute` to three netns hosts with real sshd, each with its own podman image store."""
+"""`tp4 distribute` to three netns hosts with real sshd, each with its own podman image store.
+
+The default method pulls from the head's image store (a real `docker-registry` on the head's
+127.0.0.1, under the test's XDG_STATE_HOME) through reverse ssh tunnels; the workers' network
+namespaces have no route to the head's loopback, so the tunnel is their only way to it."""
 
 from __future__ import annotations
 
@@ -13,7 +17,7 @@ import pytest
 
 from netns_hosts import NetnsHosts, storage_conf
 from nix_env import image_flake, nix_config
-from tp4 import containers, process
+from tp4 import build, containers, imagestore, process
 
 REF = "tp4-test:dist"
 PYTHON = Path(__file__).resolve().parent.parent / "python"
@@ -25,21 +29,31 @@ def hosts(tmp_path_factory):
         yield hosts
 
 
+# below the image's own layer (busybox, its tree, the label: ~1 MiB): a large base and a small one
+BASE_LAYERS_MB = (24, 1)
+
+
 @pytest.fixture
 def head(tmp_path, monkeypatch, tp4_cli):
-    """A head with the image built by `tp4 build` from a busybox image flake (2 MiB of data)."""
+    """A head with the image built by `tp4 build` from a busybox image flake (2 MiB of data on
+    top of BASE_LAYERS_MB), pushed into its image store (stopped at the end)."""
     monkeypatch.setenv("NIX_CONFIG", nix_config(tmp_path / "nix"))
     monkeypatch.setenv("CONTAINERS_STORAGE_CONF", str(storage_conf(tmp_path / "head")))
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-    flake = image_flake(tmp_path / "flake", ref=REF, label=f"dist-{tmp_path.name}", size_mb=2)
-    code, out, err = tp4_cli("build", "--flake", flake, "--runtime", "podman")
-    assert code == 0, err
-    return flake
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    flake = image_flake(tmp_path / "flake", ref=REF, label=f"dist-{tmp_path.name}", size_mb=2,
+                        base_layers_mb=BASE_LAYERS_MB)
+    try:
+        code, out, err = tp4_cli("build", "--flake", flake, "--runtime", "podman")
+        assert code == 0, err
+        yield flake
+    finally:
+        imagestore.stop()
 
 
-def worker_args(hosts, flake, workers=None):
+def worker_args(hosts, flake, workers=None, method="registry"):
     args = ["distribute", "--flake", flake, "--runtime", "podman", "--user", "root",
-            "--identity", hosts.key]
+            "--identity", hosts.key, "--method", method]
     for opt in hosts[0].remote.options:
         args += ["--ssh-option", opt]
     for h in workers or hosts:
@@ -57,17 +71,19 @@ def reset(hosts):
         h.run("podman", "rmi", "-f", REF, check=False)
 
 
-def test_copies_to_every_worker_then_skips(hosts, head, tp4_cli):
+@pytest.mark.parametrize("method", ["registry", "archive"])
+def test_copies_to_every_worker_then_skips(hosts, head, tp4_cli, method):
     reset(hosts)
     head_id = containers.inspect("podman", REF)[0]
 
-    code, out, err = tp4_cli(*worker_args(hosts, head))
+    code, out, err = tp4_cli(*worker_args(hosts, head, method=method))
     assert code == 0, err
     assert all(node_id(h) == head_id for h in hosts)
     assert out.count(": copied: ") == 3
     assert f"all 3 workers have {head_id[:12]}" in out
+    assert all(containers.layers("podman", REF, remote=h.remote) == containers.layers("podman", REF) for h in hosts)
 
-    code, out, err = tp4_cli(*worker_args(hosts, head))
+    code, out, err = tp4_cli(*worker_args(hosts, head, method=method))
     assert code == 0, err
     assert out.count("skipped") == 3 and "copying" not in out
 
@@ -159,7 +175,8 @@ def test_ctrl_c_during_the_copies_stops_them_on_every_worker(hosts, head):
     slow = hosts[:2]
     hosts.rate_limit("1mbit")  # the 2 MiB image takes ~16 s per worker
     try:
-        tp4 = subprocess.Popen([sys.executable, "-c", "from tp4.cli import main; main()", *worker_args(hosts, head, slow)],
+        tp4 = subprocess.Popen([sys.executable, "-c", "from tp4.cli import main; main()",
+                                *worker_args(hosts, head, slow, method="archive")],
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
                                env={**os.environ, "PYTHONPATH": str(PYTHON)})
         try:

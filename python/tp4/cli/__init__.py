@@ -34,6 +34,7 @@ SUBCOMMANDS: dict[str, tuple[str, str, str]] = {
     "sources": ("tp4.cli.sources", "sources", "Pinned sources: list, verify, lock, fetch, diff, hash."),
     "build": ("tp4.cli.build", "build", "Build the OCI image with nix and load it on the head."),
     "distribute": ("tp4.cli.build", "distribute", "Copy the built image to the workers."),
+    "image-store": ("tp4.cli.build", "image_store", "The head's image store (registry) the workers pull from."),
 }
 
 
