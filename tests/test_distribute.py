@@ -67,8 +67,9 @@ def node_id(host):
 
 
 def reset(hosts):
+    """No image at all on these hosts (a pulled image also keeps its `localhost:<port>/…@digest` name)."""
     for h in hosts:
-        h.run("podman", "rmi", "-f", REF, check=False)
+        h.run("podman", "rmi", "-a", "-f", check=False)
 
 
 @pytest.mark.parametrize("method", ["registry", "archive"])
@@ -203,3 +204,173 @@ def test_ctrl_c_during_the_copies_stops_them_on_every_worker(hosts, head):
     assert tp4.returncode == 130, err
     assert "interrupted" in err and "Traceback" not in err and "internal error" not in err
     assert ": copied: " not in out
+
+
+# --- the registry method: what moves, and failures ------------------------------------------------
+
+
+def store_and_digest(flake):
+    store = imagestore.running()
+    assert store is not None, "tp4 build did not start the image store"
+    pushed = build.Pushed.load(build.store_record_path(flake, "image"))
+    assert pushed is not None, "tp4 build recorded no manifest digest"
+    assert pushed.id == containers.inspect("podman", REF)[0]
+    assert pushed.digest in imagestore.manifests(store, imagestore.DEFAULT_REPO)
+    return store, pushed.digest
+
+
+def blob_sizes(store, digest):
+    """(layer sizes base first, config size) of a manifest in the store."""
+    manifest = imagestore.manifest(store, imagestore.DEFAULT_REPO, digest)
+    return [layer["size"] for layer in manifest["layers"]], manifest["config"]["size"]
+
+
+def uploads(store) -> int:
+    """Blob uploads the store has started (one POST per blob pushed)."""
+    return store.access_log.read_text().count(f'"POST /v2/{imagestore.DEFAULT_REPO}/blobs/uploads/ ')
+
+
+def assert_like_the_head(hosts):
+    head_id, head_layers = containers.inspect("podman", REF)[0], containers.layers("podman", REF)
+    for h in hosts:
+        assert node_id(h) == head_id, h.name
+        assert containers.layers("podman", REF, remote=h.remote) == head_layers, h.name
+
+
+def test_by_digest_a_one_layer_change_moves_only_that_layer_and_no_change_moves_nothing(hosts, head, tp4_cli, tmp_path):
+    reset(hosts)
+    store, digest = store_and_digest(head)
+    sizes, config = blob_sizes(store, digest)
+    assert len(sizes) == 1 + len(BASE_LAYERS_MB) and sizes[0] > 20 * 2**20
+
+    # first distribution: every blob once per worker, in parallel
+    served = imagestore.served_bytes(store)
+    code, out, err = tp4_cli(*worker_args(hosts, head))
+    assert code == 0, err
+    assert out.count(": copied: pulled ") == 3 and "3 of 3 layers" in out
+    assert_like_the_head(hosts)
+    assert imagestore.served_bytes(store) - served == 3 * (sum(sizes) + config)
+
+    # a rebuild that changes the top layer only: the push uploads it and the config, the
+    # workers fetch it and the config, not the base layers
+    before = containers.layers("podman", REF)
+    posts = uploads(store)
+    image_flake(head, ref=REF, label=f"changed-{tmp_path.name}", size_mb=2, base_layers_mb=BASE_LAYERS_MB)
+    code, _, err = tp4_cli("build", "--flake", head, "--runtime", "podman")
+    assert code == 0, err
+    assert uploads(store) - posts == 2
+    store, changed = store_and_digest(head)
+    assert changed != digest
+    after = containers.layers("podman", REF)
+    assert after[:-1] == before[:-1] and after[-1] != before[-1]
+    new_sizes, new_config = blob_sizes(store, changed)
+    served = imagestore.served_bytes(store)
+    code, out, err = tp4_cli(*worker_args(hosts, head))
+    assert code == 0, err
+    assert out.count(": copied: pulled ") == 3 and "1 of 3 layers" in out
+    assert_like_the_head(hosts)
+    moved = imagestore.served_bytes(store) - served
+    assert moved <= 3 * (1.1 * new_sizes[-1] + new_config), (moved, new_sizes)
+    assert moved >= 3 * new_sizes[-1]
+
+    # nothing changed: nothing moves, quickly
+    served = imagestore.served_bytes(store)
+    started = time.monotonic()
+    code, out, err = tp4_cli(*worker_args(hosts, head))
+    seconds = time.monotonic() - started
+    assert code == 0, err
+    assert out.count("skipped") == 3 and "pulling" not in out
+    assert imagestore.served_bytes(store) == served
+    assert seconds < 3, seconds
+
+
+def _local_tunnels(host) -> list[int]:
+    """The head's ssh processes that hold a reverse tunnel to this host."""
+    found = []
+    for entry in os.listdir("/proc"):
+        try:
+            args = open(f"/proc/{entry}/cmdline", "rb").read().split(b"\0")
+        except OSError:
+            continue
+        if args and args[0] == b"ssh" and any(a.startswith(b"RemoteForward=") for a in args) \
+                and f"root@{host.address}".encode() in args:
+            found.append(int(entry))
+    return found
+
+
+def _pulls_on(host) -> list[int]:
+    conf = f"CONTAINERS_STORAGE_CONF={host.env['CONTAINERS_STORAGE_CONF']}".encode()
+    found = []
+    for entry in os.listdir("/proc"):
+        try:
+            if entry.isdigit() and open(f"/proc/{entry}/cmdline", "rb").read().startswith(b"podman\0pull\0") \
+                    and conf in open(f"/proc/{entry}/environ", "rb").read().split(b"\0"):
+                found.append(int(entry))
+        except OSError:
+            continue
+    return found
+
+
+def test_a_pull_broken_mid_way_is_reported_and_the_next_run_completes_it(hosts, head, tp4_cli):
+    reset(hosts)
+    store, _ = store_and_digest(head)
+    broken, fine = hosts[0], hosts[1]
+    hosts.rate_limit("16mbit")  # ~30 MiB: ~15 s per worker
+    try:
+        tp4 = subprocess.Popen([sys.executable, "-c", "from tp4.cli import main; main()",
+                                *worker_args(hosts, head, [broken, fine])],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                               env={**os.environ, "PYTHONPATH": str(PYTHON)})
+        try:
+            deadline = time.monotonic() + 60
+            while not _pulls_on(broken) and time.monotonic() < deadline and tp4.poll() is None:
+                time.sleep(0.1)
+            assert _pulls_on(broken), tp4.stderr.read() if tp4.poll() is not None else "no pull started"
+            time.sleep(2)
+            served = imagestore.served_bytes(store)
+            tunnels = _local_tunnels(broken)
+            assert len(tunnels) == 1
+            os.kill(tunnels[0], signal.SIGKILL)  # the tunnel (and the ssh running the pull) dies
+            _unlimit(hosts)
+            out, err = tp4.communicate(timeout=120)
+        finally:
+            if tp4.poll() is None:
+                tp4.kill()
+    finally:
+        _unlimit(hosts)
+    assert tp4.returncode == 1, err
+    assert f"{broken.address}: failed" in err and f"{fine.address}: copied" in out
+    assert "Traceback" not in err
+    assert node_id(broken) is None
+    assert node_id(fine) == containers.inspect("podman", REF)[0]
+    assert served < 2 * 30 * 2**20  # the broken pull had not finished
+
+    code, out, err = tp4_cli(*worker_args(hosts, head, [broken, fine]))
+    assert code == 0, err
+    assert f"{broken.address}: copied" in out and f"{fine.address}: has" in out
+    assert_like_the_head([broken, fine])
+
+
+def test_a_corrupted_blob_is_refused_by_digest(hosts, head, tp4_cli):
+    reset(hosts)
+    store, digest = store_and_digest(head)
+    manifest = imagestore.manifest(store, imagestore.DEFAULT_REPO, digest)
+    top = manifest["layers"][-1]["digest"]
+    path = imagestore.blob_path(store, top)
+    data = bytearray(path.read_bytes())
+    original = bytes(data)
+    middle = len(data) // 2
+    data[middle:middle + 16] = bytes(b ^ 0xFF for b in data[middle:middle + 16])
+    path.write_bytes(bytes(data))
+    try:
+        code, out, err = tp4_cli(*worker_args(hosts, head, [hosts[2]]))
+    finally:
+        path.write_bytes(original)
+    assert code == 1
+    assert f"{hosts[2].address}: failed" in err
+    assert "digest" in err.lower() and top.removeprefix("sha256:")[:12] in err
+    assert node_id(hosts[2]) is None
+
+    code, out, err = tp4_cli(*worker_args(hosts, head, [hosts[2]]))
+    assert code == 0, err
+    assert_like_the_head([hosts[2]])
