@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -242,6 +243,9 @@ def test_by_digest_a_one_layer_change_moves_only_that_layer_and_no_change_moves_
     store, digest = store_and_digest(head)
     sizes, config = blob_sizes(store, digest)
     assert len(sizes) == 1 + len(BASE_LAYERS_MB) and sizes[0] > 20 * 2**20
+    # bound to the head's loopback: not even the head's own bridge address reaches it
+    with socket.socket() as sock, pytest.raises(ConnectionRefusedError):
+        sock.connect((hosts.head_address, store.port))
 
     # first distribution: every blob once per worker, in parallel
     served = imagestore.served_bytes(store)
