@@ -29,6 +29,7 @@ import dataclasses
 import json
 import os
 import random
+import re
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -233,9 +234,31 @@ def pull(runtime: str, remote: process.Remote, store: imagestore.Store, repo: st
             return
         taken = proc.returncode == 255 and "remote port forwarding failed" in proc.stderr
         if not taken or n == len(ports) - 1:
-            tail = "\n".join(proc.stderr.strip().splitlines()[-8:])
-            raise Tp4Error(f"`{runtime} pull` of {repo}@{digest[:19]} through the ssh tunnel failed "
-                           f"(exit code {proc.returncode}):\n{tail}")
+            raise Tp4Error(pull_failure(runtime, remote, store, repo, digest, proc.returncode, proc.stderr))
+
+
+_MISMATCH = re.compile(r"[Dd]igest did not match, expected (sha256:[0-9a-f]{64}), got (sha256:[0-9a-f]{64})")
+
+
+def pull_failure(runtime: str, remote: process.Remote, store: imagestore.Store, repo: str, digest: str,
+                 code: int, stderr: str) -> str:
+    """Why a pull failed, from its exit and output, and what to do."""
+    lines = [line for line in stderr.strip().splitlines() if line.strip()]
+    errors = [line for line in lines if line.startswith(("Error", "error"))]
+    shown = "\n".join(errors[-3:] or lines[-6:])
+    what = f"`{runtime} pull` of {repo}@{digest[:19]} through the ssh tunnel"
+    mismatch = _MISMATCH.search(stderr)
+    if mismatch:
+        blob = mismatch.group(1)
+        return (f"{what} refused the blob {blob[:19]}: its bytes do not match its digest (got {mismatch.group(2)[:19]}), "
+                f"so the image store's copy is damaged:\n{shown}\n"
+                f"fix: remove {imagestore.blob_path(store, blob)} and run `tp4 build` again (it uploads what the store "
+                "lacks), then `tp4 distribute`")
+    if code < 0 or code == 255:
+        how = f"killed by signal {-code}" if code < 0 else "exit code 255"
+        return (f"{what} broke: the ssh connection to {remote.destination} (and so its tunnel) ended ({how}):\n"
+                f"{shown}\nfix: run `tp4 distribute` again; the layers the node already has are not fetched again")
+    return f"{what} failed with exit code {code}:\n{shown}"
 
 
 def _by_registry(ref: str, image_id: str, todo: Sequence[process.Remote], runtime: str, echo: Echo,
