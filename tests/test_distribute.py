@@ -380,3 +380,23 @@ def test_a_corrupted_blob_is_refused_by_digest(hosts, head, tp4_cli):
     code, out, err = tp4_cli(*worker_args(hosts, head, [hosts[2]]))
     assert code == 0, err
     assert_like_the_head([hosts[2]])
+
+
+def test_a_build_the_store_could_not_take_is_pushed_by_distribute(hosts, head, tp4_cli, tmp_path, monkeypatch):
+    reset(hosts[:1])
+    record = build.store_record_path(head, "image")
+    blocked = tmp_path / "not-a-dir"
+    blocked.write_text("")
+    monkeypatch.setenv("XDG_STATE_HOME", str(blocked))  # no image store can start there
+    image_flake(head, ref=REF, label=f"unpushed-{tmp_path.name}", size_mb=2, base_layers_mb=BASE_LAYERS_MB)
+    code, out, err = tp4_cli("build", "--flake", head, "--runtime", "podman")
+    assert code == 0, err
+    assert "warning: the image is not in the head's image store" in err and "--method archive" in err
+    assert "digest" not in out and not record.exists()
+
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    code, out, err = tp4_cli(*worker_args(hosts, head, hosts[:1]))
+    assert code == 0, err
+    head_id = containers.inspect("podman", REF)[0]
+    assert f"pushing {head_id[:12]} to the image store" in out
+    assert_like_the_head(hosts[:1])

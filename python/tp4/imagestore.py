@@ -178,12 +178,17 @@ def start(root: Path | None = None, port: int | None = None) -> Store:
                            "stop it first (`tp4 image-store stop`), or leave the port out")
         return current
     port = port or _configured_port(root) or _free_port()
-    (root / "data").mkdir(parents=True, exist_ok=True)
     store = Store(root, port)
-    tmp = store.config.with_name("config.yml.tmp")
-    tmp.write_text(config_text(root, port))
-    tmp.replace(store.config)
-    with open(store.access_log, "ab") as log:
+    try:
+        (root / "data").mkdir(parents=True, exist_ok=True)
+        tmp = store.config.with_name("config.yml.tmp")
+        tmp.write_text(config_text(root, port))
+        tmp.replace(store.config)
+        log = open(store.access_log, "ab")
+    except OSError as exc:
+        raise Tp4Error(f"the image store's directory {root}: {exc.strerror or exc}; fix: make it writable, "
+                       "or set XDG_STATE_HOME to a writable directory") from None
+    with log:
         child = process.start([REGISTRY, "serve", str(store.config)], stdout=log, stderr=process.STDOUT)
     _pidfile(root).write_text(f"{child.pid} {port}\n")
     deadline = time.monotonic() + START_TIMEOUT
