@@ -148,7 +148,7 @@ def test_a_profile_without_workers_is_invalid_input(head, tp4_cli, tmp_path):
     assert code == 2 and "cluster.workers" in err
 
 
-def _loads_on(hosts) -> list[int]:
+def _archive_loads_on(hosts) -> list[int]:
     """`podman load` processes run over ssh on these hosts (each host's sessions name its store)."""
     confs = {f"CONTAINERS_STORAGE_CONF={h.env['CONTAINERS_STORAGE_CONF']}".encode() for h in hosts}
     found = []
@@ -170,15 +170,20 @@ def _unlimit(hosts) -> None:
                     check=False)
 
 
-def test_ctrl_c_during_the_copies_stops_them_on_every_worker(hosts, head):
+@pytest.mark.parametrize("method", ["archive", "registry"])
+def test_ctrl_c_during_the_copies_stops_them_on_every_worker(hosts, head, method):
     """SIGINT to `tp4 distribute` while slow copies run in its worker threads: exit 130 with
-    `interrupted`, no traceback, no `podman load` left on a worker."""
+    `interrupted`, no traceback, no `podman load` (`podman pull`) left on a worker."""
     reset(hosts)
     slow = hosts[:2]
-    hosts.rate_limit("1mbit")  # the 2 MiB image takes ~16 s per worker
+
+    def _loads_on(hosts):
+        return _archive_loads_on(hosts) if method == "archive" else [p for h in hosts for p in _pulls_on(h)]
+
+    hosts.rate_limit("1mbit")  # the ~28 MiB image would take minutes per worker
     try:
         tp4 = subprocess.Popen([sys.executable, "-c", "from tp4.cli import main; main()",
-                                *worker_args(hosts, head, slow, method="archive")],
+                                *worker_args(hosts, head, slow, method=method)],
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
                                env={**os.environ, "PYTHONPATH": str(PYTHON)})
         try:
