@@ -22,6 +22,7 @@ if [ "$want_test" = 1 ]; then
   need podman podman
   need runc runc
   need skopeo skopeo
+  need docker-registry docker-registry
   need umoci umoci
   need git git
   need g++ g++

@@ -40,3 +40,22 @@ def tp4_cli(capsys):
         return code, captured.out, captured.err
 
     return invoke
+
+
+@pytest.fixture(scope="session", autouse=True)
+def image_store_state(tmp_path_factory):
+    """`tp4 build` pushes into the head's image store under $XDG_STATE_HOME (tp4.imagestore):
+    the session gets its own, stopped at the end, never the user's."""
+    import os
+
+    state = tmp_path_factory.mktemp("state")
+    old = os.environ.get("XDG_STATE_HOME")
+    os.environ["XDG_STATE_HOME"] = str(state)
+    yield state
+    from tp4 import imagestore
+
+    imagestore.stop(state / "tp4" / "registry")
+    if old is None:
+        os.environ.pop("XDG_STATE_HOME", None)
+    else:
+        os.environ["XDG_STATE_HOME"] = old

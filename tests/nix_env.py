@@ -109,7 +109,14 @@ IMAGE_FLAKE = r"""{
       labelsJSON = builtins.toJSON labels;
       # like nixpkgs' tag = null: a tag derived from the image's content
       tag = builtins.substring 0 32 (builtins.hashString "sha256"
-        (builtins.unsafeDiscardStringContext "${labelsJSON} ${./dsv41} @size_mb@"));
+        (builtins.unsafeDiscardStringContext "${labelsJSON} ${./dsv41} @size_mb@ @base_layers@"));
+      # layers below the image's own one: /opt/base<i>/blob of <mb> MiB of random bytes each
+      baseLayers = builtins.genList (i: let mb = builtins.elemAt @base_layers@ i; in mk "tp4-test-layer-${toString i}-${toString mb}mb" ''
+        busybox --install -s "$PWD/tools"; export PATH="$PWD/tools:$PATH"
+        mkdir -p root/opt/base${toString i}
+        head -c $((${toString mb} * 1048576)) /dev/urandom > root/opt/base${toString i}/blob
+        (cd root && tar -cf "$out" opt)
+      '') (builtins.length @base_layers@);
       archive = mk "tp4-test-image.tar" ''
         busybox --install -s "$PWD/tools"; export PATH="$PWD/tools:$PATH"
         mkdir -p root/bin root/opt/data layer
@@ -124,11 +131,17 @@ IMAGE_FLAKE = r"""{
         (cd root && tar -cf ../layer.tar bin opt)
         diff=$(sha256sum layer.tar | cut -d' ' -f1)
         mkdir "$diff"; mv layer.tar "$diff/layer.tar"
-        printf '{"architecture":"@arch@","os":"linux","config":{"Entrypoint":["/bin/sh","-c","echo entrypoint not overridden; exit 97"],"Cmd":["run"],"WorkingDir":"/opt/dsv41","Labels":%s},"rootfs":{"type":"layers","diff_ids":["sha256:%s"]}}' "$(cat ${builtins.toFile "labels.json" labelsJSON})" "$diff" > config.json
+        # the base layers first (each its own derivation: the same bytes in every build)
+        ids=""; tars=""; dirs=""
+        for l in ${toString baseLayers}; do
+          d=$(sha256sum "$l" | cut -d' ' -f1); mkdir -p "$d"; cp "$l" "$d/layer.tar"
+          ids="$ids\"sha256:$d\","; tars="$tars\"$d/layer.tar\","; dirs="$dirs $d"
+        done
+        printf '{"architecture":"@arch@","os":"linux","config":{"Entrypoint":["/bin/sh","-c","echo entrypoint not overridden; exit 97"],"Cmd":["run"],"WorkingDir":"/opt/dsv41","Labels":%s},"rootfs":{"type":"layers","diff_ids":[%s"sha256:%s"]}}' "$(cat ${builtins.toFile "labels.json" labelsJSON})" "$ids" "$diff" > config.json
         cfg=$(sha256sum config.json | cut -d' ' -f1)
         mv config.json "$cfg.json"
-        printf '[{"Config":"%s.json","RepoTags":["@name@:${tag}"],"Layers":["%s/layer.tar"]}]' "$cfg" "$diff" > manifest.json
-        tar -cf "$out" manifest.json "$cfg.json" "$diff"
+        printf '[{"Config":"%s.json","RepoTags":["@name@:${tag}"],"Layers":[%s"%s/layer.tar"]}]' "$cfg" "$tars" "$diff" > manifest.json
+        tar -cf "$out" manifest.json "$cfg.json" $dirs "$diff"
       '';
       image = mk "stream-tp4-test" ''
         printf '#!%s/bin/sh\nexec %s cat %s\n' ${bb} ${sh} ${archive} > "$out"
@@ -151,10 +164,14 @@ TEST_FILES = {
 
 
 def image_flake(dest: Path, *, ref: str | None = "tp4-test:latest", label: str = "v1", size_mb: int = 0,
-                checks: str | None = "", files: dict[str, str] | None = None) -> Path:
+                checks: str | None = "", files: dict[str, str] | None = None, base_layers_mb: tuple[int, ...] = ()) -> Path:
     """A flake whose ``image`` streams a one-layer docker-archive (busybox, ``python3`` = sh, a
     runtime tree at /opt/dsv41 with ``TEST_FILES`` plus ``files``, a label file and size_mb of
     random bytes); a different ``label`` gives a different image id.
+
+    ``base_layers_mb`` puts layers below that one, each of that many MiB of random bytes, built
+    once per (position, size) by a derivation of their own: images that differ in their label
+    (the top layer) share them byte for byte, as a rebuild of the line shares its base.
 
     It is loaded under a content-derived tag of ``ref``'s repository; ``ref`` itself is the line's
     reference (label tp4.line.ref; None: no such label). ``checks`` is TOML with
@@ -171,7 +188,8 @@ def image_flake(dest: Path, *, ref: str | None = "tp4-test:latest", label: str =
     name = ref.rsplit(":", 1)[0] if ref else "tp4-test"
     arch = {"x86_64": "amd64", "aarch64": "arm64"}.get(os.uname().machine, os.uname().machine)
     text = (IMAGE_FLAKE.replace("@line_ref@", ref or "").replace("@name@", name).replace("@label@", label)
-            .replace("@system@", SYSTEM).replace("@size_mb@", str(size_mb)).replace("@arch@", arch))
+            .replace("@system@", SYSTEM).replace("@size_mb@", str(size_mb)).replace("@arch@", arch)
+            .replace("@base_layers@", "[ " + " ".join(str(int(mb)) for mb in base_layers_mb) + " ]"))
     (dest / "flake.nix").write_text(text)
     return dest
 

@@ -7,6 +7,9 @@ checks it carries (label ``tp4.checks``, the registry's ``[[image_check]]`` list
 throwaway container of it, and only when all pass does it get the line's reference (label
 ``tp4.line.ref``) and is recorded next to the out-link (``result-image.json``) for
 `tp4 distribute`. A failure removes the candidate and leaves the line's image and record as they were.
+A tagged image is then pushed into the head's image store (:mod:`tp4.imagestore`; only blobs it
+lacks are uploaded) and its manifest digest recorded next to the build record
+(``result-image.store.json``), which `tp4 distribute` pulls by.
 """
 
 from __future__ import annotations
@@ -53,6 +56,52 @@ class Built:
             raise Tp4Error(f"{path} does not exist: run `tp4 build` first, or pass --image") from None
         except (ValueError, KeyError) as exc:
             raise Tp4Error(f"{path} is not a tp4 build record ({exc}): run `tp4 build` again") from None
+
+
+@dataclass(frozen=True)
+class Pushed:
+    """The build's image in the head's image store: manifest ``repo@digest`` of image ``id``."""
+
+    id: str
+    repo: str
+    digest: str
+
+    def save(self, path: Path) -> None:
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(json.dumps(asdict(self), indent=2) + "\n")
+        tmp.replace(path)
+
+    @classmethod
+    def load(cls, path: Path) -> Pushed | None:
+        """The record, or None when there is none (or an unreadable one: distribute pushes again)."""
+        try:
+            data = json.loads(path.read_text())
+            return cls(id=str(data["id"]), repo=str(data["repo"]), digest=str(data["digest"]))
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+
+
+def store_record_path(flake: Path, attr: str) -> Path:
+    return out_link(flake, attr).with_name(out_link(flake, attr).name + ".store.json")
+
+
+def push_to_store(runtime: str, built: Built, record: Path, progress: Echo) -> Pushed | None:
+    """Push the image into the head's image store and record its digest; a store that cannot
+    be started or pushed to is a warning (`tp4 distribute` pushes then, or --method archive)."""
+    from tp4 import imagestore
+
+    record.unlink(missing_ok=True)
+    try:
+        store = imagestore.start()
+        progress(f"pushing {built.id[:12]} to the image store {store.url}/{imagestore.DEFAULT_REPO}")
+        digest = imagestore.push(runtime, built.id, store)
+    except Tp4Error as exc:
+        progress(f"warning: the image is not in the head's image store ({exc}); `tp4 distribute` pushes it, "
+                 "or use `tp4 distribute --method archive`")
+        return None
+    pushed = Pushed(id=built.id, repo=imagestore.DEFAULT_REPO, digest=digest)
+    pushed.save(record)
+    return pushed
 
 
 def pin_summary(labels: dict[str, str]) -> list[str]:
@@ -263,8 +312,11 @@ def build(flake: Path, attr: str, runtime: str, out: Echo, progress: Echo, *, sy
     _discard(runtime, candidate, progress)
     built = Built(out_path=out_path, ref=line, id=image_id)
     built.save(record)
+    pushed = push_to_store(runtime, built, store_record_path(flake, attr), progress)
     out(f"image {line}")
     out(f"id    {image_id}")
+    if pushed is not None:
+        out(f"digest {pushed.digest}")
     pins = pin_summary(labels)
     if pins:
         out("pins:")

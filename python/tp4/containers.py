@@ -84,6 +84,18 @@ def inspect(runtime: str, ref: str, *, remote: process.Remote | None = None) -> 
     return normalize_id(image_id), json.loads(labels or "null") or {}
 
 
+def layers(runtime: str, ref: str, *, remote: process.Remote | None = None) -> tuple[str, ...]:
+    """The image's RootFS layers (diff ids, ``sha256:<hex>``, base first); () when the runtime
+    has no such image."""
+    proc = process.run([runtime, "image", "inspect", "--format", "{{json .RootFS.Layers}}", ref],
+                       remote=remote, check=False)
+    if proc.returncode != 0:
+        if remote is not None and proc.returncode == 255:
+            raise Tp4Error(f"cannot reach {remote.destination} over ssh:\n{proc.stderr.strip()}")
+        return ()
+    return tuple(json.loads(proc.stdout.strip() or "null") or ())
+
+
 def normalize_id(image_id: str) -> str:
     return image_id.removeprefix("sha256:")
 

@@ -35,6 +35,7 @@ SUBCOMMANDS: dict[str, tuple[str, str, str]] = {
     "build": ("tp4.cli.build", "build", "Build the OCI image with nix and load it on the head."),
     "distribute": ("tp4.cli.build", "distribute", "Copy the built image to the workers."),
     "images": ("tp4.cli.images", "images", "The tp4 images on every node (id, digest, pins); prune old builds."),
+    "image-store": ("tp4.cli.build", "image_store", "The head's image store (registry) the workers pull from."),
 }
 
 

@@ -94,22 +94,37 @@ def _nodes(hosts: tuple[str, ...], profile_path: str | None, user: str | None, i
 @click.option("--image", "image_ref", default=None,
               help="Image reference on the head (default: the one `tp4 build` loaded).")
 @click.option("--check", "check_only", is_flag=True, help="Only report which workers have the head's image.")
+@click.option("--method", type=click.Choice(distribute_mod.METHODS), default="registry", show_default=True,
+              help="registry: workers pull by digest from the head's image store through a reverse ssh tunnel, "
+                   "moving only the layers they lack; archive: stream the whole image into `<runtime> load` "
+                   "(for a head without the image store).")
 @click.option("--strict", is_flag=True, help="Treat the profile's warnings (performance caveats) as errors (exit 2).")
 def distribute(flake_dir: Path | None, attr: str, runtime: str | None, profile_path: str | None, workers: tuple[str, ...],
                user: str | None, identity: str | None, port: int | None, ssh_options: tuple[str, ...],
-               image_ref: str | None, check_only: bool, strict: bool) -> None:
+               image_ref: str | None, check_only: bool, method: str, strict: bool) -> None:
     """Copy the head's image to the workers in parallel; skip workers that already have it.
 
-    Every worker must end with the head's image id, or the command fails naming the worker.
+    By default each worker pulls the image by its manifest digest from the head's image store
+    (`tp4 image-store`, bound to 127.0.0.1) through a reverse tunnel of its ssh connection, so
+    only the layers it lacks move and no port opens on the network; podman pulls with
+    --tls-verify=false, as the store is plain HTTP reachable only through the tunnel.
+    Every worker must end with the head's image id and RootFS layers, or the command fails
+    naming the worker.
     """
     runtime = containers.detect(runtime)
+    digest = None
     if image_ref is None:
         flake = nix.find_flake(flake_dir)
         image_ref = build_mod.Built.load(build_mod.record_path(flake, attr)).ref
+        pushed = build_mod.Pushed.load(build_mod.store_record_path(flake, attr))
+    else:
+        pushed = None
     found = containers.inspect(runtime, image_ref)
     if found is None:
         raise Tp4Error(f"the head has no image {image_ref}: run `tp4 build` first")
     image_id = found[0]
+    if pushed is not None and pushed.id == image_id:
+        digest = pushed.digest
     nodes = _nodes(workers, profile_path, user, identity, port, ssh_options, strict)
     click.echo(f"image {image_ref} {image_id[:12]}")
     if check_only:
@@ -117,8 +132,54 @@ def distribute(flake_dir: Path | None, attr: str, runtime: str | None, profile_p
         for o in outcomes:
             click.echo(f"{o.node}: {o.status}{': ' + o.detail if o.detail and o.status != 'present' else ''}")
     else:
-        outcomes = distribute_mod.distribute(image_ref, image_id, nodes, runtime, _echo)
+        outcomes = distribute_mod.distribute(image_ref, image_id, nodes, runtime, _echo, method=method, digest=digest)
     bad = [o for o in outcomes if not o.ok]
     if bad:
         raise Tp4Error("; ".join(f"{o.node}: {o.status} ({o.detail})" for o in bad))
     click.echo(f"all {len(outcomes)} workers have {image_id[:12]}")
+
+
+@click.group("image-store")
+def image_store() -> None:
+    """The head's image store: an OCI registry (docker-registry) on 127.0.0.1 that the workers
+    pull from through reverse ssh tunnels (`tp4 distribute`). `tp4 build` starts it when needed."""
+
+
+root_option = click.option("--root", type=click.Path(file_okay=False, path_type=Path), default=None,
+                           help="State directory (default: $XDG_STATE_HOME/tp4/registry).")
+
+
+@image_store.command("start")
+@root_option
+@click.option("--port", type=click.IntRange(1, 65535), default=None,
+              help="Port on 127.0.0.1 (default: the last one used, else a free one).")
+def image_store_start(root: Path | None, port: int | None) -> None:
+    """Start the image store (a running one is reused)."""
+    from tp4 import imagestore
+
+    store = imagestore.start(root, port)
+    click.echo(f"image store {store.url} ({store.root})")
+
+
+@image_store.command("stop")
+@root_option
+def image_store_stop(root: Path | None) -> None:
+    """Stop the image store."""
+    from tp4 import imagestore
+
+    click.echo("stopped" if imagestore.stop(root) else "not running")
+
+
+@image_store.command("status")
+@root_option
+def image_store_status(root: Path | None) -> None:
+    """Whether the image store runs, where, and the manifests it holds."""
+    from tp4 import imagestore
+
+    store = imagestore.running(root)
+    if store is None:
+        raise Tp4Error(f"the image store under {root or imagestore.default_root()} is not running: "
+                       "start it with `tp4 image-store start`")
+    click.echo(f"image store {store.url} ({store.root})")
+    for digest in imagestore.manifests(store, imagestore.DEFAULT_REPO):
+        click.echo(f"  {imagestore.DEFAULT_REPO}@{digest}")

@@ -1,0 +1,176 @@
+"""The head's image store (tp4.imagestore) with the real `docker-registry`, skopeo and podman:
+start/stop, push (blobs the store has are not uploaded again), manifests, delete and garbage
+collection, the bytes it serves."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import socket
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from netns_hosts import storage_conf
+from tp4 import containers, imagestore, process
+from tp4.errors import Tp4Error
+
+REPO = imagestore.DEFAULT_REPO
+
+
+def _tar(files: dict[str, bytes]) -> bytes:
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w") as tar:
+        for name, data in files.items():
+            info = tarfile.TarInfo(name)
+            info.size, info.mtime = len(data), 1
+            tar.addfile(info, io.BytesIO(data))
+    return out.getvalue()
+
+
+def docker_archive(path: Path, tag: str, layers: list[bytes], label: str) -> str:
+    """A docker-archive of these layer tarballs; returns the image id (its config's digest)."""
+    diffs = [hashlib.sha256(layer).hexdigest() for layer in layers]
+    config = json.dumps({"architecture": "amd64", "os": "linux", "config": {"Labels": {"v": label}},
+                         "rootfs": {"type": "layers", "diff_ids": [f"sha256:{d}" for d in diffs]}}).encode()
+    image_id = hashlib.sha256(config).hexdigest()
+    manifest = [{"Config": f"{image_id}.json", "RepoTags": [tag], "Layers": [f"{d}/layer.tar" for d in diffs]}]
+    path.write_bytes(_tar({**{f"{d}/layer.tar": layer for d, layer in zip(diffs, layers, strict=True)},
+                           f"{image_id}.json": config, "manifest.json": json.dumps(manifest).encode()}))
+    return image_id
+
+
+@pytest.fixture
+def podman_store(tmp_path, monkeypatch):
+    monkeypatch.setenv("CONTAINERS_STORAGE_CONF", str(storage_conf(tmp_path / "podman")))
+
+
+@pytest.fixture
+def store(tmp_path):
+    started = imagestore.start(tmp_path / "registry")
+    yield started
+    imagestore.stop(started.root)
+
+
+@pytest.fixture
+def images(tmp_path, podman_store):
+    """Two images in the head's podman store sharing a 4 MiB base layer; their ids."""
+    base = _tar({"base": os.urandom(4 << 20)})
+    ids = []
+    for name in ("one", "two"):
+        path = tmp_path / f"{name}.tar"
+        ids.append(docker_archive(path, f"localhost/tp4-store:{name}", [base, _tar({"top": name.encode() * 1000})], name))
+        process.run(["podman", "load", "-i", str(path)])
+    return ids
+
+
+def uploads(store: imagestore.Store) -> int:
+    return store.access_log.read_text().count(f'"POST /v2/{REPO}/blobs/uploads/ ')
+
+
+def test_start_is_idempotent_binds_loopback_and_stop_stops_it(tmp_path):
+    root = tmp_path / "registry"
+    store = imagestore.start(root)
+    try:
+        assert imagestore.start(root) == store
+        assert imagestore.running(root) == store
+        assert f"addr: 127.0.0.1:{store.port}" in store.config.read_text()
+        with socket.socket() as sock:
+            sock.connect(("127.0.0.1", store.port))
+        with pytest.raises(Tp4Error, match="already runs on port"):
+            imagestore.start(root, store.port + 1)
+    finally:
+        assert imagestore.stop(root) is True
+    assert imagestore.running(root) is None
+    assert imagestore.stop(root) is False
+    # a restart keeps the port of the last start
+    again = imagestore.start(root)
+    try:
+        assert again.port == store.port
+    finally:
+        imagestore.stop(root)
+
+
+def test_a_taken_port_is_a_clear_error(tmp_path):
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        port = sock.getsockname()[1]
+        with pytest.raises(Tp4Error, match="did not answer") as exc:
+            imagestore.start(tmp_path / "registry", port)
+    assert "address already in use" in str(exc.value) and "--port" in str(exc.value)
+    assert imagestore.running(tmp_path / "registry") is None
+
+
+def test_push_keeps_the_image_id_and_uploads_only_missing_blobs(store, images):
+    one, two = images
+    digest = imagestore.push("podman", one, store)
+    assert digest.startswith("sha256:") and imagestore.manifests(store, REPO) == [digest]
+    manifest = imagestore.manifest(store, REPO, digest)
+    assert manifest["config"]["digest"] == f"sha256:{one}"  # the id the workers will report
+    assert len(manifest["layers"]) == 2
+    assert uploads(store) == 3  # two layers and the config
+
+    assert imagestore.push("podman", one, store) == digest  # again: the same manifest, nothing uploaded
+    assert uploads(store) == 3
+    assert imagestore.has_manifest(store, REPO, digest)
+
+    other = imagestore.push("podman", two, store)
+    assert other != digest
+    assert uploads(store) == 5  # its top layer and its config; the shared base is not sent again
+    assert imagestore.manifest(store, REPO, other)["layers"][0] == manifest["layers"][0]
+    assert sorted(imagestore.manifests(store, REPO)) == sorted([digest, other])
+
+
+def test_push_of_a_missing_image_names_it(store, podman_store):
+    with pytest.raises(Tp4Error, match="has no image nothing:here"):
+        imagestore.push("podman", "nothing:here", store)
+
+
+def test_served_bytes_count_the_blobs_pulled(store, images, tmp_path, monkeypatch):
+    digest = imagestore.push("podman", images[0], store)
+    manifest = imagestore.manifest(store, REPO, digest)
+    assert imagestore.served_bytes(store) == 0
+    monkeypatch.setenv("CONTAINERS_STORAGE_CONF", str(storage_conf(tmp_path / "puller")))
+    process.run(["podman", "pull", "--tls-verify=false", f"localhost:{store.port}/{REPO}@{digest}"])
+    assert containers.inspect("podman", images[0]) is not None
+    blobs = sum(layer["size"] for layer in manifest["layers"]) + manifest["config"]["size"]
+    assert imagestore.served_bytes(store) == blobs
+
+
+def test_delete_and_garbage_collect_remove_the_blobs_of_a_deleted_manifest_only(store, images):
+    one, two = images
+    first = imagestore.push("podman", one, store)
+    second = imagestore.push("podman", two, store)
+    top = imagestore.manifest(store, REPO, first)["layers"][1]["digest"]
+    base = imagestore.manifest(store, REPO, first)["layers"][0]["digest"]
+    assert imagestore.blob_path(store, top).exists()
+    imagestore.delete(store, REPO, first)
+    assert imagestore.manifests(store, REPO) == [second]
+    assert not imagestore.has_manifest(store, REPO, first)
+    imagestore.garbage_collect(store)
+    assert not imagestore.blob_path(store, top).exists()
+    assert not imagestore.blob_path(store, f"sha256:{one}").exists()  # its config
+    assert imagestore.blob_path(store, base).exists()  # still the second one's
+    assert imagestore.has_manifest(store, REPO, second)
+
+
+def test_the_cli_starts_reports_and_stops_the_store(tmp_path, tp4_cli, images):
+    root = tmp_path / "cli-registry"
+    code, out, err = tp4_cli("image-store", "status", "--root", root)
+    assert code == 1 and "not running" in err and "tp4 image-store start" in err
+    code, out, err = tp4_cli("image-store", "start", "--root", root)
+    assert code == 0, err
+    store = imagestore.running(root)
+    try:
+        assert store is not None and f"image store {store.url}" in out
+        digest = imagestore.push("podman", images[0], store)
+        code, out, err = tp4_cli("image-store", "status", "--root", root)
+        assert code == 0 and f"{REPO}@{digest}" in out
+    finally:
+        code, out, err = tp4_cli("image-store", "stop", "--root", root)
+    assert code == 0 and "stopped" in out
+    assert imagestore.running(root) is None
