@@ -33,9 +33,10 @@ from typing import Protocol
 from tp4 import containers, process
 from tp4.build import FLAKE_REV_LABEL, LINE_REF_LABEL, PIN_PREFIX
 from tp4.errors import Tp4Error
+from tp4.imagestore import DEFAULT_REPO
 
-# the repository the head's registry holds the line's images in (tp4.imagestore.push's default)
-STORE_REPO = "dsv41-4x-spark"
+# the repository the head's registry holds the line's images in
+STORE_REPO = DEFAULT_REPO
 HEAD = "head"
 _EPOCH = datetime.fromtimestamp(0, timezone.utc)
 
