@@ -9,7 +9,10 @@ import io
 import json
 import os
 import socket
+import subprocess
+import sys
 import tarfile
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -90,6 +93,63 @@ def test_start_is_idempotent_binds_loopback_and_stop_stops_it(tmp_path):
     again = imagestore.start(root)
     try:
         assert again.port == store.port
+    finally:
+        imagestore.stop(root)
+
+
+def test_the_store_outlives_ctrl_c_of_the_command_that_started_it(tmp_path):
+    """Started detached: what Ctrl-C does to tp4's children (process.stop_all) leaves it serving,
+    and a tp4 process that starts it and is then interrupted leaves it running too."""
+    root = tmp_path / "registry"
+    store = imagestore.start(root)
+    try:
+        process.stop_all()
+        assert imagestore.running(root) == store
+    finally:
+        imagestore.stop(root)
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent / "python")}
+    proc = subprocess.Popen([sys.executable, "-m", "tp4", "image-store", "start", "--root", str(root)], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    try:
+        found = imagestore.running(root)
+        assert found is not None
+        pid = int((root / "pid").read_text().split()[0])
+        assert os.getsid(pid) == pid  # its own session: the terminal's Ctrl-C never reaches it
+    finally:
+        imagestore.stop(root)
+
+
+def test_concurrent_starts_make_one_store(tmp_path):
+    root = tmp_path / "registry"
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        stores = list(pool.map(lambda _: imagestore.start(root), range(4)))
+    try:
+        assert len(set(stores)) == 1
+        pids = [p for p in os.listdir("/proc") if p.isdigit()]
+        serving = []
+        for p in pids:
+            try:
+                cmdline = Path(f"/proc/{p}/cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if str(stores[0].config).encode() in cmdline:
+                serving.append(p)
+        assert len(serving) == 1, serving
+    finally:
+        imagestore.stop(root)
+
+
+def test_a_start_moves_a_large_access_log_aside(tmp_path):
+    root = tmp_path / "registry"
+    root.mkdir()
+    with open(root / "access.log", "wb") as fh:
+        fh.truncate(imagestore.ACCESS_LOG_MAX + 1)  # sparse: no disk used
+    imagestore.start(root)
+    try:
+        assert (root / "access.log.1").stat().st_size == imagestore.ACCESS_LOG_MAX + 1
+        assert (root / "access.log").stat().st_size < 2**20
     finally:
         imagestore.stop(root)
 

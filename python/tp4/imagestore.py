@@ -18,6 +18,7 @@ on 127.0.0.1 (no proxy).
 
 from __future__ import annotations
 
+import fcntl
 import os
 import re
 import signal
@@ -35,6 +36,8 @@ from tp4.errors import Tp4Error
 REGISTRY = "docker-registry"
 DEFAULT_REPO = "dsv41-4x-spark"
 START_TIMEOUT = 15.0
+# a start moves a larger access log aside to access.log.1 (served_bytes reads the current one)
+ACCESS_LOG_MAX = 64 * 2**20
 # an access line of a blob served: "GET /v2/<repo>/blobs/sha256:<hex> HTTP/1.1" 200 <bytes>
 _BLOB_GET = re.compile(r'"GET /v2/\S+/blobs/sha256:[0-9a-f]{64} HTTP/[0-9.]+" (?:200|206) (\d+)')
 _DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
@@ -171,6 +174,19 @@ def start(root: Path | None = None, port: int | None = None) -> Store:
     """Start the registry under ``root`` on 127.0.0.1:``port`` (default: the port of its last
     start, else a free one) and wait until it answers; a running one is reused."""
     root = (root or default_root()).absolute()
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        lock = open(root / "lock", "a")
+    except OSError as exc:
+        raise Tp4Error(f"the image store's directory {root}: {exc.strerror or exc}; fix: make it writable, "
+                       "or set XDG_STATE_HOME to a writable directory") from None
+    with lock:
+        # two tp4 commands starting the store at once: the second waits, then finds it running
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return _start_locked(root, port)
+
+
+def _start_locked(root: Path, port: int | None) -> Store:
     current = running(root)
     if current is not None:
         if port is not None and port != current.port:
@@ -184,12 +200,16 @@ def start(root: Path | None = None, port: int | None = None) -> Store:
         tmp = store.config.with_name("config.yml.tmp")
         tmp.write_text(config_text(root, port))
         tmp.replace(store.config)
+        # the access log grows with every pull: a start keeps one older generation
+        if store.access_log.exists() and store.access_log.stat().st_size > ACCESS_LOG_MAX:
+            store.access_log.replace(store.access_log.with_name("access.log.1"))
         log = open(store.access_log, "ab")
     except OSError as exc:
         raise Tp4Error(f"the image store's directory {root}: {exc.strerror or exc}; fix: make it writable, "
                        "or set XDG_STATE_HOME to a writable directory") from None
     with log:
-        child = process.start([REGISTRY, "serve", str(store.config)], stdout=log, stderr=process.STDOUT)
+        # detached: the store outlives the command that started it, Ctrl-C of that command included
+        child = process.start([REGISTRY, "serve", str(store.config)], stdout=log, stderr=process.STDOUT, detached=True)
     _pidfile(root).write_text(f"{child.pid} {port}\n")
     deadline = time.monotonic() + START_TIMEOUT
     while not _answers(store):

@@ -173,7 +173,9 @@ def _spawn(argv: Sequence[str], remote: Remote | None, env: Mapping[str, str] | 
         local_env = None
     # its own process group, stopped with all it started; never the terminal's stdin: a child in
     # a background group that read it would stop (SIGTTIN), and ssh would forward keystrokes
-    popen_kwargs = {**popen_kwargs, "process_group": None if foreground else 0}
+    # a new session (detached) is a process group of its own already
+    own = not foreground and not popen_kwargs.get("start_new_session")
+    popen_kwargs = {**popen_kwargs, "process_group": 0 if own else None}
     if popen_kwargs.get("stdin") is None:
         popen_kwargs["stdin"] = subprocess.DEVNULL
     if _interrupted_at and threading.current_thread() is not threading.main_thread():
@@ -527,14 +529,24 @@ def start(
     secrets: Iterable[str] = (),
     echo: Echo | None = None,
     foreground: bool = False,
+    detached: bool = False,
     **popen_kwargs: Any,
 ) -> subprocess.Popen[Any]:
     """Start a command without waiting (a stream read as it comes); same logging, quoting and
     Ctrl-C handling as run(). The caller waits for it, and calls :func:`stop` when it gives up.
-    ``foreground`` keeps it in tp4's process group (a viewer that draws on the terminal)."""
+    ``foreground`` keeps it in tp4's process group (a viewer that draws on the terminal);
+    ``detached`` (local only) starts a service that outlives tp4: in its own session, and not
+    stopped by Ctrl-C or :func:`stop_all` (the image store's registry)."""
     secrets = tuple(s for s in secrets if s)
+    if detached and (remote is not None or foreground):
+        raise ValueError("detached: a local command in its own session only")
     _announce(shlex.join(full_argv(argv, remote, env)), secrets, echo)
-    return _spawn(argv, remote, env, cwd, popen_kwargs, foreground=foreground).popen
+    if detached:
+        popen_kwargs = {**popen_kwargs, "start_new_session": True}
+    child = _spawn(argv, remote, env, cwd, popen_kwargs, foreground=foreground)
+    if detached:
+        _forget(child)
+    return child.popen
 
 
 def stop(popen: subprocess.Popen[Any]) -> None:
