@@ -53,7 +53,7 @@ sys.path[:0] = [str(REPO / "python"), str(REPO / "tests")]
 import shutil  # noqa: E402
 
 from netns_hosts import SSHD, Host, NetnsHosts, storage_conf  # noqa: E402
-from nix_env import BUSYBOX, image_flake, nix_config  # noqa: E402
+from nix_env import BUSYBOX, image_flake, image_nix_config  # noqa: E402
 from tp4 import build, distribute, process  # noqa: E402
 
 REF = "tp4-bench:latest"
@@ -262,7 +262,7 @@ def main() -> None:
     goals: list[Goal] = []
     with tempfile.TemporaryDirectory(prefix="tp4-bench-") as tmp_name:
         tmp = Path(tmp_name)
-        os.environ["NIX_CONFIG"] = nix_config(tmp / "nix")
+        os.environ["NIX_CONFIG"] = image_nix_config(tmp / "nix")
         os.environ["CONTAINERS_STORAGE_CONF"] = str(use_driver(storage_conf(tmp / "head"), opts.storage_driver))
         os.environ["XDG_CACHE_HOME"] = str(tmp / "cache")
         os.environ["XDG_STATE_HOME"] = str(tmp / "state")  # the head's registry lives here

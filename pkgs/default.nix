@@ -59,9 +59,11 @@ let
   paths = container.image;
   image = import ./image.nix {
     inherit pkgs container;
+    inherit (src) oci;
     base = sources.src.${line.base};
     baseRow = sources.byName.${line.base};
     labels = line.labels flakeRev;
+    created = self.lastModified or 1;
     # bottom to top: least to most often changed
     layers = [
       {

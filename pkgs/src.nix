@@ -62,5 +62,11 @@ in
     "python/tp4/sources"
     "python/tp4/data/sources.manifest"
   ];
+  # the code `python -m tp4.oci` runs to assemble the image (the standard library only), so an
+  # edit to the CLI does not rebuild a layer
+  oci = pick "tp4-oci" [
+    "python/tp4/__init__.py"
+    "python/tp4/oci.py"
+  ];
   inherit wanted hasSuffix;
 }

@@ -18,6 +18,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 from sources_helpers.build import nix_env as sources_nix_env
@@ -27,6 +28,7 @@ from tp4 import process
 # would shadow iproute2 and GNU patch); elsewhere the one on PATH (Debian's busybox-static)
 BUSYBOX = os.environ.get("TP4_TEST_BUSYBOX") or shutil.which("busybox") or "/bin/busybox"
 SYSTEM = f"{os.uname().machine}-linux"
+REPO = Path(__file__).resolve().parent.parent
 FLAKE_FILES = ("flake.nix", "flake.lock", "pkgs", "sources.manifest", "adapters", "python")
 IGNORE = shutil.ignore_patterns("__pycache__", "*.pyc", ".pytest_cache", "*.egg-info", ".hypothesis")
 
@@ -34,6 +36,17 @@ IGNORE = shutil.ignore_patterns("__pycache__", "*.pyc", ".pytest_cache", "*.egg-
 def nix_config(workdir: Path) -> str:
     workdir.mkdir(parents=True, exist_ok=True)
     return sources_nix_env(workdir)["NIX_CONFIG"]
+
+
+def image_nix_config(workdir: Path) -> str:
+    """nix_config for building image_flake's layouts: their tp4.oci steps run the host's python3,
+    which a sandboxed build cannot see."""
+    return nix_config(workdir) + "sandbox = false\n"
+
+
+# the host's python3 for the layout steps: Debian's, which every build user can run (the test
+# venv's may live under a directory only root can enter)
+HOST_PYTHON = shutil.which("python3", path="/usr/bin:/bin") or os.path.realpath(sys.executable)
 
 
 def flake_copy(repo: Path, dest: Path) -> Path:
@@ -153,25 +166,127 @@ IMAGE_FLAKE = r"""{
 }
 """
 
+LAYOUT_FLAKE = r"""{
+  outputs = { self }:
+    let
+      system = "@system@";
+      bb = ./bb;
+      sh = "${bb}/bin/busybox";
+      mk = name: script: derivation {
+        inherit name system;
+        builder = sh;
+        args = [ "sh" "-euc" script ];
+        PATH = "${bb}/bin";
+      };
+      # pkgs/oci.nix's `mk`: its steps run tp4.oci with the host's python3 (so these builds need
+      # sandbox = false), where the flake has pkgs.runCommand and nixpkgs' python3; passthru is
+      # kept out of the derivation and put on its value, as stdenv.mkDerivation does
+      mkPy = name: attrs: script: derivation ({
+        inherit name system;
+        builder = sh;
+        args = [ "sh" "-euc" script ];
+        PATH = "${bb}/bin:@python_dir@";
+        PYTHONPATH = "${./oci}/python";
+      } // builtins.removeAttrs attrs [ "passthru" ]) // (attrs.passthru or { });
+      checks = if builtins.pathExists ./checks.toml
+        then [ (builtins.fromTOML (builtins.readFile ./checks.toml)).image_check or [ ] ] else [ ];
+      lineRef = if "@line_ref@" == "" then [ ] else [ "@line_ref@" ];
+      labels = {
+        "tp4.flake.rev" = "@label@";
+        "tp4.pin.demo" = "0123456789abcdef0123456789abcdef01234567";
+      }
+      // builtins.listToAttrs (map (c: { name = "tp4.checks"; value = builtins.toJSON c; }) checks)
+      // builtins.listToAttrs (map (r: { name = "tp4.line.ref"; value = r; }) lineRef);
+      # the base: a docker-archive (as dockerTools.pullImage fetches one) of layers of <mb> MiB of
+      # random bytes each at /opt/base<i>/blob, each built once per (position, size)
+      baseLayers = builtins.genList (i: let mb = builtins.elemAt @base_layers@ i; in mk "tp4-test-layer-${toString i}-${toString mb}mb" ''
+        busybox mkdir tools; busybox --install -s "$PWD/tools"; export PATH="$PWD/tools:$PATH"
+        mkdir -p root/opt/base${toString i}
+        head -c $((${toString mb} * 1048576)) /dev/urandom > root/opt/base${toString i}/blob
+        (cd root && tar -cf "$out" opt)
+      '') (builtins.length @base_layers@);
+      base = if baseLayers == [ ] then null else mk "tp4-test-base.tar" ''
+        busybox mkdir tools; busybox --install -s "$PWD/tools"; export PATH="$PWD/tools:$PATH"
+        ids=""; names=""; files=""
+        for l in ${toString baseLayers}; do
+          d=$(sha256sum "$l" | cut -d' ' -f1); cp "$l" "$d.tar"
+          ids="$ids\"sha256:$d\","; names="$names\"$d.tar\","; files="$files $d.tar"
+        done
+        printf '{"architecture":"@arch@","os":"linux","config":{"Env":["TP4_TEST_BASE=1","PATH=/usr/bin"]},"rootfs":{"type":"layers","diff_ids":[%s]}}' "''${ids%,}" > config.json
+        cfg=$(sha256sum config.json | cut -d' ' -f1); mv config.json "$cfg.json"
+        printf '[{"Config":"%s.json","RepoTags":["tp4-test-base:1"],"Layers":[%s]}]' "$cfg" "''${names%,}" > manifest.json
+        tar -cf "$out" manifest.json "$cfg.json" $files
+      '';
+      # the trees, each its own layer: busybox with `python3` = sh; the runtime tree, whose
+      # tests/*.py are shell scripts; the label and size_mb of random bytes (what changes)
+      tools = mk "tp4-test-tools" ''
+        ${sh} mkdir -p "$out/bin"
+        ${sh} cp ${bb}/bin/busybox "$out/bin/busybox"
+        ${sh} ln -s busybox "$out/bin/sh"
+        printf '#!/bin/sh\nexec /bin/sh "$@"\n' > "$out/bin/python3"
+        ${sh} chmod +x "$out/bin/python3"
+      '';
+      runtime = mk "tp4-test-dsv41" ''
+        ${sh} cp -r ${./dsv41} "$out"
+      '';
+      data = mk "tp4-test-data" ''
+        ${sh} mkdir -p "$out"
+        echo @label@ > "$out/label"
+        if [ @size_mb@ -gt 0 ]; then ${sh} head -c $((@size_mb@ * 1048576)) /dev/urandom > "$out/blob"; fi
+      '';
+      image = import ./oci.nix {
+        mk = mkPy;
+        name = "@name@";
+        inherit base;
+        layers = [
+          { path = "/bin"; tree = tools; subdir = "/bin"; }
+          { path = "/opt/dsv41"; tree = runtime; }
+          { path = "/opt/data"; tree = data; }
+        ];
+        spec = {
+          architecture = "@arch@";
+          config = {
+            Entrypoint = [ "/bin/sh" "-c" "echo entrypoint not overridden; exit 97" ];
+            Cmd = [ "run" ];
+            WorkingDir = "/opt/dsv41";
+            Env = [ "PATH=/bin" ];
+            Labels = labels;
+          };
+        };
+      };
+    in {
+      packages.${system} = { inherit image; default = image; };
+    };
+}
+"""
+
 # The test image's runtime tree (/opt/dsv41): "Python" tests that are shell scripts.
 TEST_FILES = {
     "tests/test_pass.py": 'echo "checking something"\necho "3/3 PASS"\n',
     "tests/test_fail.py": 'echo "checking something"\necho "AssertionError: failing on purpose" >&2\nexit 1\n',
     # what the container saw: working directory, arguments, network interfaces, environment
-    "tests/test_env.py": ('echo "cwd=$(pwd) args=$* net=$(ls /sys/class/net | tr \'\\n\' \' \')'
+    # (cwd: /opt/dsv41/tests when it is that directory, which in a layout image is a link away)
+    "tests/test_env.py": ('d=$(pwd -P); [ "$d" = "$(cd /opt/dsv41/tests 2>/dev/null && pwd -P)" ] && d=/opt/dsv41/tests\n'
+                          'echo "cwd=$d args=$* net=$(ls /sys/class/net | tr \'\\n\' \' \')'
                           'CVD=[${CUDA_VISIBLE_DEVICES-unset}] BV_TEST_N=${BV_TEST_N-unset}"\n'),
 }
 
 
 def image_flake(dest: Path, *, ref: str | None = "tp4-test:latest", label: str = "v1", size_mb: int = 0,
-                checks: str | None = "", files: dict[str, str] | None = None, base_layers_mb: tuple[int, ...] = ()) -> Path:
-    """A flake whose ``image`` streams a one-layer docker-archive (busybox, ``python3`` = sh, a
-    runtime tree at /opt/dsv41 with ``TEST_FILES`` plus ``files``, a label file and size_mb of
-    random bytes); a different ``label`` gives a different image id.
+                checks: str | None = "", files: dict[str, str] | None = None, base_layers_mb: tuple[int, ...] = (),
+                stream: bool = False) -> Path:
+    """A flake whose ``image`` is an OCI layout made by the repository's pkgs/oci.nix and
+    tp4.oci, as the line's image is (build it with :func:`image_nix_config`): busybox at /bin
+    with ``python3`` = sh, a runtime tree at /opt/dsv41 with ``TEST_FILES`` plus ``files``, and
+    /opt/data with a label file and size_mb of random bytes, each a layer of its own; a different
+    ``label`` gives a different image id and changes only the /opt/data layer (and the links).
 
-    ``base_layers_mb`` puts layers below that one, each of that many MiB of random bytes, built
-    once per (position, size) by a derivation of their own: images that differ in their label
-    (the top layer) share them byte for byte, as a rebuild of the line shares its base.
+    ``base_layers_mb`` gives it a base image (a docker-archive, as dockerTools.pullImage fetches)
+    of layers of that many MiB of random bytes each, built once per (position, size): images that
+    differ in their label share them byte for byte, as a rebuild of the line shares its base.
+
+    ``stream``: instead, a stream script (like dockerTools.streamLayeredImage's) writing a
+    one-layer docker-archive on top of the base layers, built with busybox only.
 
     It is loaded under a content-derived tag of ``ref``'s repository; ``ref`` itself is the line's
     reference (label tp4.line.ref; None: no such label). ``checks`` is TOML with
@@ -187,7 +302,13 @@ def image_flake(dest: Path, *, ref: str | None = "tp4-test:latest", label: str =
         (dest / "checks.toml").unlink()
     name = ref.rsplit(":", 1)[0] if ref else "tp4-test"
     arch = {"x86_64": "amd64", "aarch64": "arm64"}.get(os.uname().machine, os.uname().machine)
-    text = (IMAGE_FLAKE.replace("@line_ref@", ref or "").replace("@name@", name).replace("@label@", label)
+    if not stream:
+        shutil.copy2(REPO / "pkgs" / "oci.nix", dest / "oci.nix")
+        (dest / "oci" / "python" / "tp4").mkdir(parents=True, exist_ok=True)
+        for module in ("__init__.py", "oci.py"):
+            shutil.copy2(REPO / "python" / "tp4" / module, dest / "oci" / "python" / "tp4" / module)
+    template = IMAGE_FLAKE if stream else LAYOUT_FLAKE.replace("@python_dir@", os.path.dirname(HOST_PYTHON))
+    text = (template.replace("@line_ref@", ref or "").replace("@name@", name).replace("@label@", label)
             .replace("@system@", SYSTEM).replace("@size_mb@", str(size_mb)).replace("@arch@", arch)
             .replace("@base_layers@", "[ " + " ".join(str(int(mb)) for mb in base_layers_mb) + " ]"))
     (dest / "flake.nix").write_text(text)

@@ -15,11 +15,12 @@ from pathlib import Path
 
 import pytest
 
-from nix_env import image_flake, nix, nix_config
+from nix_env import image_flake, nix, image_nix_config
 from netns_hosts import storage_conf
 from tp4 import build as build_mod
 from tp4 import containers
 from tp4 import nix as nix_mod
+from tp4 import oci as tp4_oci
 from tp4 import process
 from tp4.errors import InvalidInput, Tp4Error
 from tp4.registry import RUNTIME_DIR, ImageCheck, load_registry, parse_image_checks
@@ -33,7 +34,7 @@ def env(tmp_path, monkeypatch):
     runroot (pytest's tmp_path) every `podman run --rm` waits 20 s for its cleanup. This
     sandbox's hard limits are below podman's default nofile/nproc for a container, so
     containers.conf sets them (tp4's argv stays what the registry says)."""
-    monkeypatch.setenv("NIX_CONFIG", nix_config(tmp_path / "nix"))
+    monkeypatch.setenv("NIX_CONFIG", image_nix_config(tmp_path / "nix"))
     store = Path(tempfile.mkdtemp(prefix="tp4b-", dir="/tmp"))
     monkeypatch.setenv("CONTAINERS_STORAGE_CONF", str(storage_conf(store)))
     conf = tmp_path / "containers.conf"
@@ -110,7 +111,8 @@ def test_dry_run_prints_commands_and_store_paths_without_building(env, tp4_cli):
                             f"{flake}#image", "--json", "--out-link", str(flake / "result-image"),
                             "--log-format", "internal-json", "-v"])
     assert f"$ {build_cmd}" in stdout
-    assert f"$ {out} | podman load" in stdout
+    # the layout goes in with skopeo (its reference is known once it is built)
+    assert f"$ skopeo copy --quiet 'oci:{out}:<ref>' 'containers-storage:localhost/<ref>'" in stdout
     assert "$ podman run --rm --network none -e CUDA_VISIBLE_DEVICES= " in stdout
     assert "$ podman tag '<image id>' '<tp4.line.ref label>'" in stdout
     assert "nvidia.com/gpu=all" not in stdout
@@ -147,10 +149,12 @@ def test_passing_checks_tag_the_image_for_the_line_and_record_it(env, tp4_cli, c
     # progress on stderr: nix's builds, which check runs
     assert "building" in stderr and "building" not in stdout
     assert "check 1/2: pass" in stderr and "check 2/2: env" in stderr
-    # the stream piped into the runtime, shown once (progress), not again in the debug log
+    # the layout copied into podman's store by skopeo, shown once (progress), not again in the debug log
     out_path = os.path.realpath(flake / "result-image")
-    assert stderr.count(f"$ {out_path} | podman load\n") == 1
-    assert not [c for c in commands() if "podman load" in c]
+    ref = tp4_oci.read_layout(out_path).ref
+    copy = shlex.join(["skopeo", "copy", "--quiet", f"oci:{out_path}:{ref}", f"containers-storage:localhost/{ref}"])
+    assert stderr.count(f"$ {copy}\n") == 1
+    assert not [c for c in commands() if c == f"$ {copy}"]
     runs = [c for c in commands() if c.startswith("$ podman run ")]
     assert [shlex.split(c)[1:] for c in runs] == [
         ["podman", "run", "--rm", "--network", "none", "--name", f"tp4-check-{os.getpid()}-pass",
@@ -274,7 +278,8 @@ def test_a_check_that_outlives_its_timeout_fails_and_its_container_goes(env, tp4
 def test_an_image_loaded_under_the_lines_own_tag_is_refused_and_the_line_put_back(env, tp4_cli):
     flake, first_id = build_line(env, tp4_cli)
     label = f"sametag-{os.urandom(4).hex()}"
-    bad = image_flake(env / "first", ref=LINE, label=label, checks=PASS)  # same flake dir: its record
+    # a stream (a layout's name always carries its own tag); the same flake dir: its record
+    bad = image_flake(env / "first", ref=LINE, label=label, checks=PASS, stream=True)
     text = (bad / "flake.nix").read_text()
     assert '"RepoTags":["tp4-test:${tag}"]' in text
     (bad / "flake.nix").write_text(text.replace('"RepoTags":["tp4-test:${tag}"]', f'"RepoTags":["{LINE}"]'))
@@ -439,7 +444,7 @@ def test_log_event_reads_internal_json():
 
 def test_a_failing_build_shows_nix_errors(env, tp4_cli):
     flake = image_flake(env / "flake", label=f"fail-{os.urandom(4).hex()}")
-    text = (flake / "flake.nix").read_text().replace('tar -cf "$out"', 'echo broken-on-purpose >&2; exit 3; tar -cf "$out"')
+    text = (flake / "flake.nix").read_text().replace('> "$out/label"', '> "$out/label"; echo broken-on-purpose >&2; exit 3')
     (flake / "flake.nix").write_text(text)
     code, _, stderr = tp4_cli("build", "--flake", flake, "--runtime", "podman")
     assert code == 1

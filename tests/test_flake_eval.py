@@ -44,9 +44,16 @@ def evaluate(work: Path, flake: Path, attr: str, apply: str | None = None, *, ok
 
 
 # What a test reads back from the stand-in's records (derivations print as their outPath).
-IMAGE = """img: {
-  args = builtins.removeAttrs img.stub.args [ "passthru" ];
-  base = img.stub.args.fromImage.stub;
+IMAGE = """img: let step = d: { inherit (d) name; out = d.outPath; inherit (d.stub) builder; script = d.stub.args.buildCommand;
+    graph = d.stub.args.exportReferencesGraph or [ ]; path = d.stub.args.PYTHONPATH; }; in {
+  inherit (img) name;
+  image = step img;
+  spec = builtins.fromJSON img.stub.args.TP4_OCI_CONFIG;
+  base = img.passthru.base.stub;
+  baseOut = "${img.passthru.base.outPath}";
+  baseLayers = step img.passthru.baseLayers;
+  storeLayers = map step img.passthru.storeLayers;
+  links = step img.passthru.links;
   layers = map (l: { inherit (l) path; tree = l.tree.name; out = l.tree.outPath; subdir = l.subdir or ""; }) img.passthru.layers;
   ref = img.passthru.lineRef;
 }"""
@@ -69,6 +76,8 @@ def test_image_base_is_the_pinned_digest(image, manifest):
     assert args["imageDigest"] == base_row.image()["digest"]
     assert args["imageName"] == "lmsysorg/sglang"
     assert args["arch"] == "arm64"
+    # its docker-archive becomes one blob per layer, once (a derivation of its own)
+    assert f"python3 -m tp4.oci 'base' '--archive' '{image['baseOut']}'" in image["baseLayers"]["script"]
 
 
 def test_image_layers_in_order_of_change(image):
@@ -79,15 +88,22 @@ def test_image_layers_in_order_of_change(image):
         ("/opt/b12x_next", "b12x-next"),
         ("/opt/dsv41", "tp4-runtime-519a3988"),
     ]
-    # the layering pipeline peels the trees off bottom first, one layer each
-    pipeline, peeled = image["args"]["layeringPipeline"], []
-    while pipeline:
-        assert pipeline[0][0] == "split_paths"
-        peeled += pipeline[0][1]
-        pipeline = pipeline[1][2][1] if len(pipeline) > 1 else []
-    assert peeled == [layer["out"] for layer in image["layers"]]
+    # one derivation per tree, bottom first: the closure of its tree (graph-i) less the closures
+    # of the trees below it, so an unchanged tree keeps its layer's store path and digest
+    outs = [layer["out"] for layer in image["layers"]]
+    for i, layer in enumerate(image["storeLayers"]):
+        assert layer["builder"] == "runCommand"
+        assert layer["graph"] == [x for j in range(i + 1) for x in (f"graph-{j}", outs[j])]
+        below = "".join(f" '--below' 'graph-{j}'" for j in range(i))
+        assert f"python3 -m tp4.oci 'layer' '--graph' 'graph-{i}'{below} --out \"$out\"" in layer["script"]
+        assert layer["path"].endswith("-tp4-oci/python")
+    # the top layer links each path to its tree
     for layer in image["layers"]:
-        assert f"ln -s {layer['out']}{layer['subdir']} \".{layer['path']}\"" in image["args"]["extraCommands"]
+        assert f"'--link' '{layer['path']}={layer['out']}{layer['subdir']}'" in image["links"]["script"]
+    # the layout: the base's layers, then each tree's, then the links
+    layers = "".join(f" '--layer' '{d['out']}'" for d in [*image["storeLayers"], image["links"]])
+    assert (f"python3 -m tp4.oci 'image' '--name' 'dsv41-4x-spark' '--base' '{image['baseLayers']['out']}'"
+            f"{layers} --out \"$out\"") in image["image"]["script"]
 
 
 def test_each_path_points_at_what_upstream_copies_there(image, manifest):
@@ -102,7 +118,7 @@ def test_each_path_points_at_what_upstream_copies_there(image, manifest):
 
 
 def test_image_config_as_upstream(image):
-    config = image["args"]["config"]
+    config = image["spec"]["config"]
     assert config["Entrypoint"] == ["python3", "-u", "/opt/dsv41/boot.py"]
     assert config["Cmd"] == ["run"]
     assert config["WorkingDir"] == "/opt/dsv41"
@@ -116,22 +132,23 @@ def test_image_config_as_upstream(image):
     assert health["Test"] == ["CMD", "python3", "-S", "/opt/dsv41/boot.py", "health"]
     assert (health["Interval"], health["Timeout"], health["StartPeriod"], health["Retries"]) == (
         30 * 10**9, 30 * 10**9, 1800 * 10**9, 3)
-    assert image["args"]["architecture"] == "arm64"
+    assert image["spec"]["architecture"] == "arm64"
 
 
 def test_image_is_loaded_under_a_content_tag_and_names_the_line_reference(image):
-    """tag = null: nixpkgs tags the image with its config's hash, so loading it never moves the
-    line's tag; `tp4 build` tags it dsv41-4x-spark:canary-roce after its checks pass."""
-    assert image["args"]["name"] == "dsv41-4x-spark"
-    assert image["args"]["tag"] is None
+    """The layout names the image dsv41-4x-spark:<tag from its config's hash> (python -m tp4.oci,
+    tests/test_oci.py), so loading it never moves the line's tag; `tp4 build` tags it
+    dsv41-4x-spark:canary-roce after its checks pass."""
+    assert image["name"] == "dsv41-4x-spark"
+    assert "'--name' 'dsv41-4x-spark'" in image["image"]["script"] and "tag" not in image["spec"]
     assert image["ref"] == "dsv41-4x-spark:canary-roce"
-    assert image["args"]["config"]["Labels"]["tp4.line.ref"] == image["ref"]
+    assert image["spec"]["config"]["Labels"]["tp4.line.ref"] == image["ref"]
 
 
 def test_image_carries_the_registry_checks(image):
     """Label tp4.checks is the registry's [[image_check]] list as JSON, which tp4 build parses
     with the same strict parser as the registry."""
-    checks = json.loads(image["args"]["config"]["Labels"]["tp4.checks"])
+    checks = json.loads(image["spec"]["config"]["Labels"]["tp4.checks"])
     registry_toml = tomllib.loads((REPO / "python" / "tp4" / "data" / "registry.toml").read_text())
     assert checks == registry_toml["image_check"]
     parsed = registry.parse_image_checks(checks, "label")
@@ -143,7 +160,7 @@ def test_image_carries_the_registry_checks(image):
 
 
 def test_image_labels_carry_every_pin_and_the_flake_revision(image, manifest):
-    labels = image["args"]["config"]["Labels"]
+    labels = image["spec"]["config"]["Labels"]
     for row in manifest.rows:
         assert labels[f"tp4.pin.{row.name}"] == row.commit
     assert labels["tp4.flake.rev"] == labels["org.opencontainers.image.revision"]
@@ -263,7 +280,7 @@ def test_dev_shell_builds_from_the_package_and_keeps_busybox_off_path(work, flak
 
 def test_unlocked_rows_are_refused_with_the_lock_command(work):
     real = flake_copy(REPO, work / "real")
-    err = evaluate(work, real, "packages.aarch64-linux.image.stub.args.fromImage.outPath", ok=False)
+    err = evaluate(work, real, "packages.aarch64-linux.image.passthru.base.outPath", ok=False)
     assert "base-image" in err and "tp4 sources lock base-image" in err
 
 

@@ -111,7 +111,8 @@ def test_stub_records_accepted_calls(tmp_path):
 
 
 @pytest.mark.parametrize("file,good,bad,complaint", [
-    ("image.nix", "layeringPipeline =", "layeringPipline =", "does not accept layeringPipline"),
+    ("image.nix", "nativeBuildInputs =", "nativeBuildInput =", "does not accept nativeBuildInput"),
+    ("oci.nix", "exportReferencesGraph =", "exportReferenceGraph =", "does not accept exportReferenceGraph"),
     ("tree.nix", "pkgs.gnupatch", "pkgs.gnupach", "attribute 'gnupach' missing"),
     ("tp4.nix", "build-system =", "buildSystem =", "does not accept buildSystem"),
     ("runtime.nix", "dontPatchShebangs =", "dontPatchShebang =", "does not accept dontPatchShebang"),

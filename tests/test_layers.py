@@ -20,6 +20,8 @@ PACKAGE = Path(__file__).resolve().parent.parent / "python" / "tp4"
 # module prefix -> the tp4 modules it must never import
 FORBIDDEN = {
     "tp4.errors": ("tp4.",),
+    # the image steps run inside Nix builds with the standard library alone (pkgs/src.nix `oci`)
+    "tp4.oci": ("tp4.",),
     "tp4.process": ("tp4.cli", "tp4.build", "tp4.distribute", "tp4.containers", "tp4.nix", "tp4.profile",
                     "tp4.plan", "tp4.sources", "tp4.registry"),
     "tp4.containers": ("tp4.cli", "tp4.build", "tp4.distribute", "tp4.profile", "tp4.plan"),

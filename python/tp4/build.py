@@ -254,7 +254,8 @@ def _dry_run(target: str, flake: Path, attr: str, runtime: str, echo: Echo, gpu_
            "--entrypoint", "<command>", "<image id>", "<args>"]
     echo("commands:")
     echo(f"  $ {shlex.join(nix.build_argv(target, link))}")
-    echo(f"  $ {containers.describe_load(out_path, runtime)}")
+    for line in describe_load_image(out_path, runtime):
+        echo(f"  $ {line}")
     echo(f"  $ {shlex.join([runtime, 'image', 'inspect', '--format', '{{.Id}} {{json .Config.Labels}}', '<loaded image>'])}")
     echo(f"  $ {shlex.join(run)}    # each CPU check of the image's {CHECKS_LABEL} label")
     if gpu_tests:
@@ -289,7 +290,7 @@ def build(flake: Path, attr: str, runtime: str, out: Echo, progress: Echo, *, sy
     except Tp4Error as exc:
         raise _missing_output_hint(exc, system) from None
     progress(f"built {out_path}")
-    candidate = containers.load(out_path, runtime, echo=progress)
+    candidate = load_image(out_path, runtime, progress)
     found = containers.inspect(runtime, candidate)
     if found is None:
         raise Tp4Error(f"{runtime} loaded {candidate} but cannot inspect it")
@@ -323,6 +324,39 @@ def build(flake: Path, attr: str, runtime: str, out: Echo, progress: Echo, *, sy
         for pin in pins:
             out(f"  {pin}")
     return built
+
+
+def load_image(out_path: str, runtime: str, progress: Echo) -> str:
+    """Load the built image into the head's runtime; its reference there.
+
+    An OCI layout (the line's image) is copied by skopeo, which skips every layer the runtime
+    already has by its digest without reading it: into podman's store directly; into docker
+    through the head's image store (:func:`tp4.imagestore.load_layout_into_docker`), since
+    docker's daemon takes only whole archives. When the store cannot start, docker gets the
+    whole image through its daemon (a warning says so)."""
+    if runtime == "docker" and containers.image_kind(out_path) == "oci":
+        from tp4 import imagestore
+
+        try:
+            return imagestore.load_layout_into_docker(out_path, imagestore.start(), echo=progress)
+        except Tp4Error as exc:
+            progress(f"warning: the image store cannot take the image ({exc}); docker gets the whole image "
+                     "through its daemon instead")
+    return containers.load(out_path, runtime, echo=progress)
+
+
+def describe_load_image(out_path: str, runtime: str) -> list[str]:
+    """The commands :func:`load_image` runs (a layout not built yet is named ``<ref>``)."""
+    if runtime == "docker" and containers.image_kind(out_path) == "oci":
+        from tp4 import imagestore
+
+        ref = containers.layout_ref(out_path) if os.path.exists(out_path) else "<ref>"
+        store = f"127.0.0.1:<port>/{imagestore.DEFAULT_REPO}"
+        return [shlex.join(["skopeo", "copy", "--quiet", "--dest-tls-verify=false", containers.oci_source(out_path, ref),
+                            f"docker://{store}:<tag>"]) + "    # into the head's image store",
+                shlex.join(["docker", "pull", "--quiet", f"{store}@<digest>"]),
+                shlex.join(["docker", "tag", f"{store}@<digest>", ref])]
+    return [containers.describe_load(out_path, runtime)]
 
 
 def _verify(runtime: str, image_id: str, candidate: str, labels: dict[str, str], out: Echo, progress: Echo, *,

@@ -10,8 +10,9 @@ import re
 import shlex
 import shutil
 from pathlib import Path
+from typing import Literal
 
-from tp4 import process
+from tp4 import oci, process
 from tp4.errors import Tp4Error
 
 # how each runtime hands the node's GPUs to a container (podman through CDI)
@@ -33,29 +34,76 @@ def detect(preferred: str | None = None, *, required: bool = True) -> str:
     raise Tp4Error("neither docker nor podman is installed on this host: install one, or pass --runtime")
 
 
-def is_stream(out_path: str) -> bool:
-    """A dockerTools stream script (executable, `stream-<name>`), not an image tarball; decided by
-    name for a path that is not built yet (a dry run)."""
+ImageKind = Literal["oci", "stream", "archive"]
+
+
+def image_kind(out_path: str) -> ImageKind:
+    """What a built image is: an OCI layout (pkgs/oci.nix, the line's image), a dockerTools stream
+    script (executable, `stream-<name>`) or an image tarball. A path that is not built yet (a dry
+    run) is judged by its name: `stream-*` a stream, `*.tar`/`*.tar.gz` a tarball, else a layout."""
     if os.path.exists(out_path):
-        return os.access(out_path, os.X_OK) and not os.path.isdir(out_path)
-    return Path(out_path).name.split("-", 1)[-1].startswith("stream-")
+        if oci.is_layout(out_path):
+            return "oci"
+        return "stream" if os.access(out_path, os.X_OK) and not os.path.isdir(out_path) else "archive"
+    name = Path(out_path).name.split("-", 1)[-1]
+    if name.startswith("stream-"):
+        return "stream"
+    return "archive" if name.endswith((".tar", ".tar.gz", ".tgz")) else "oci"
 
 
-def load_argv(out_path: str, runtime: str) -> tuple[list[str] | None, list[str]]:
-    """(producer, loader): a stream script is piped into `<runtime> load`, a tarball loaded with -i."""
-    if is_stream(out_path):
+def layout_ref(out_path: str) -> str:
+    """The reference an OCI layout names its image by (``name:<tag from its config>``)."""
+    try:
+        return oci.read_layout(out_path).ref
+    except oci.OciError as exc:
+        raise Tp4Error(f"the built image is not a readable OCI layout: {exc}") from None
+
+
+def oci_source(out_path: str, ref: str) -> str:
+    """skopeo's name for the image ``ref`` of the layout at ``out_path`` (a store path: no colon)."""
+    if ":" in out_path:
+        raise Tp4Error(f"{out_path}: skopeo cannot read an OCI layout whose path has a colon in it")
+    return f"oci:{out_path}:{ref}"
+
+
+def load_argv(out_path: str, runtime: str, ref: str = "<ref>") -> tuple[list[str] | None, list[str]]:
+    """(producer, loader): a layout is copied by skopeo (layers the runtime has are skipped by
+    digest, unread), a stream script piped into `<runtime> load`, a tarball loaded with -i."""
+    kind = image_kind(out_path)
+    if kind == "oci":
+        dest = f"containers-storage:{local_ref(runtime, ref)}" if runtime == "podman" else f"docker-daemon:{ref}"
+        return None, ["skopeo", "copy", "--quiet", oci_source(out_path, ref), dest]
+    if kind == "stream":
         return [out_path], [runtime, "load"]
     return None, [runtime, "load", "-i", out_path]
 
 
+def local_ref(runtime: str, ref: str) -> str:
+    """``ref`` as the runtime names a local image: podman's ``localhost/<name>`` (what its `load`
+    gives; skopeo would otherwise file a bare name under docker.io/library/), docker's bare name."""
+    first = ref.split("/", 1)[0]
+    has_domain = "/" in ref and ("." in first or ":" in first or first == "localhost")
+    return f"localhost/{ref}" if runtime == "podman" and not has_domain else ref
+
+
 def describe_load(out_path: str, runtime: str) -> str:
-    producer, loader = load_argv(out_path, runtime)
+    ref = layout_ref(out_path) if image_kind(out_path) == "oci" and os.path.exists(out_path) else "<ref>"
+    producer, loader = load_argv(out_path, runtime, ref)
     return f"{shlex.join(producer)} | {shlex.join(loader)}" if producer else shlex.join(loader)
 
 
 def load(out_path: str, runtime: str, *, echo: process.Echo | None = None) -> str:
-    """Load the image into the runtime; returns the reference the runtime printed. ``echo``
-    shows the command (`$ stream | <runtime> load`) as progress."""
+    """Load the image into the runtime; returns its reference there. ``echo`` shows the command
+    (`$ skopeo copy ...`, `$ stream | <runtime> load`) as progress.
+
+    A layout goes in with skopeo: into podman's store directly, into docker through its daemon
+    (which takes a whole archive: :func:`tp4.build.load_image` routes docker through the head's
+    image store instead, where it can)."""
+    if image_kind(out_path) == "oci":
+        ref = layout_ref(out_path)
+        _, loader = load_argv(out_path, runtime, ref)
+        process.run(loader, echo=echo)
+        return local_ref(runtime, ref)
     producer, loader = load_argv(out_path, runtime)
     if producer is None:
         out = process.run(loader, echo=echo).stdout

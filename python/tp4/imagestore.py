@@ -275,15 +275,40 @@ def push(runtime: str, ref: str, store: Store, repo: str = DEFAULT_REPO, *, tag:
         if not digests:
             raise Tp4Error(f"`docker push {dest}` printed no digest:\n{out.strip()}")
         return str(digests[-1])
+    return _skopeo_copy(f"containers-storage:{image_id}", dest)
+
+
+def _skopeo_copy(source: str, dest: str, *, echo: process.Echo | None = None) -> str:
+    """``skopeo copy`` into the store as ``dest`` (``127.0.0.1:<port>/<repo>:<tag>``); returns the
+    manifest digest it wrote. Blobs the store has are not uploaded (nor read from the source)."""
     with tempfile.TemporaryDirectory(prefix="tp4-push-") as tmp:
         digestfile = Path(tmp) / "digest"
         # the store listens on 127.0.0.1 without TLS (never on the fabric): hence --dest-tls-verify=false
         process.run(["skopeo", "copy", "--quiet", "--dest-tls-verify=false", "--digestfile", str(digestfile),
-                     f"containers-storage:{image_id}", f"docker://{dest}"])
+                     source, f"docker://{dest}"], echo=echo)
         digest = digestfile.read_text().strip()
     if not _DIGEST.fullmatch(digest):
         raise Tp4Error(f"skopeo wrote no manifest digest for {dest} (got {digest!r})")
     return digest
+
+
+def load_layout_into_docker(layout: str, store: Store, repo: str = DEFAULT_REPO, *,
+                            echo: process.Echo | None = None) -> str:
+    """Load an OCI layout (pkgs/oci.nix) into the head's docker without re-reading the layers it
+    has: skopeo pushes the layout into the store (the store's blobs are skipped, unread), docker
+    pulls it back by digest (docker's layers are skipped), and it is tagged with the layout's
+    own reference, which is returned. docker's daemon API (`docker load`, skopeo's docker-daemon:)
+    takes only a whole archive, so this is the route that moves only what changed."""
+    from tp4 import containers
+
+    ref = containers.layout_ref(layout)
+    digest = _skopeo_copy(containers.oci_source(layout, ref), f"{store.url}/{repo}:{ref.rsplit(':', 1)[1]}", echo=echo)
+    pulled = f"{store.url}/{repo}@{digest}"
+    # docker allows a registry on 127.0.0.0/8 without TLS
+    process.run(["docker", "pull", "--quiet", pulled], echo=echo)
+    process.run(["docker", "tag", pulled, ref])
+    process.run(["docker", "rmi", pulled], check=False)
+    return ref
 
 
 def has_manifest(store: Store, repo: str, digest: str) -> bool:

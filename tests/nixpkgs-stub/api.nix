@@ -59,6 +59,9 @@
       "srcs"
       "unpackPhase"
     ];
+    # read by Nix itself (the manual's "Advanced Attributes"); closureInfo passes it through
+    # stdenv.mkDerivation
+    "pkgs/build-support/closure-info.nix" = [ "exportReferencesGraph" ];
     "pkgs/build-support/setup-hooks/strip.sh" = [ "dontStrip" ];
     "pkgs/build-support/setup-hooks/patch-shebangs.sh" = [ "dontPatchShebangs" ];
     "pkgs/development/interpreters/python/hooks/python-imports-check-hook.sh" = [

@@ -1,0 +1,452 @@
+"""The line's image as an OCI image layout whose layers are store paths of their own.
+
+dockerTools.streamLayeredImage writes every layer into one stream on every build, so loading a
+rebuild re-reads and re-tars the whole closure (the ~33 GB base included). Here each layer is a
+derivation of its own, so Nix keeps an unchanged layer between builds, and the image is a small
+OCI layout (https://github.com/opencontainers/image-spec/blob/main/image-layout.md) whose blobs
+are links to those layers. ``skopeo copy oci:<layout>:<ref> containers-storage:<ref>`` (or into
+the head's image store) then skips every layer the destination has by its digest, without
+reading it.
+
+The steps run inside Nix builds (pkgs/oci.nix) as ``python3 -m tp4.oci <step>``, so this module
+uses the standard library only:
+
+``base --archive A --out D``
+    a docker-archive (what dockerTools.pullImage fetches) as one blob per layer
+    (``D/blobs/sha256/<diff id>``, each checked against the archive's config), its config
+    (``D/config.json``) and its layer list (``D/layers.json``).
+``layer --graph G [--below G ...] --out D``
+    the store paths of the closure in ``G`` (an ``exportReferencesGraph`` file), less those of
+    the closures ``--below`` (the layers under it), as one tar: ``D/layer.tar``, ``D/layer.json``.
+``links --link PATH=TARGET ... --out D``
+    the top layer: a symlink at each PATH to TARGET (a store path), with its parent directories.
+``image --base D --layer D ... --name N --out D``
+    the OCI layout: the config (``$TP4_OCI_CONFIG``: architecture, config, and created: an ISO
+    time or seconds since the epoch, the flake's commit time, so that builds sort by it; the base's
+    Env stays under the image's, as streamLayeredImage keeps it), the manifest and an index
+    whose one entry is named ``N:<tag>``, the tag derived from the config (so two different
+    images never share a reference, and loading one never moves the line's tag).
+
+Every tar is written the way stream_layered_image.py writes its layers: ``/nix`` and
+``/nix/store`` first, then each store path and everything below it in sorted order, owner
+root:root (0:0), mtime 1, hard links stored as files.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import sys
+import tarfile
+from datetime import datetime, timezone
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+from typing import IO, BinaryIO, NamedTuple, cast
+
+MTIME = 1
+CREATED = "1970-01-01T00:00:01+00:00"
+STORE = "/nix/store"
+LAYER_TYPE = "application/vnd.oci.image.layer.v1.tar"
+CONFIG_TYPE = "application/vnd.oci.image.config.v1+json"
+MANIFEST_TYPE = "application/vnd.oci.image.manifest.v1+json"
+INDEX_TYPE = "application/vnd.oci.image.index.v1+json"
+REF_NAME = "org.opencontainers.image.ref.name"
+CHUNK = 1 << 20
+
+
+class OciError(Exception):
+    """A step cannot produce its output; the message says which input is wrong."""
+
+
+class Blob(NamedTuple):
+    digest: str  # sha256:<hex>
+    size: int
+
+
+class Layout(NamedTuple):
+    """What tp4 needs of a built image layout."""
+
+    path: str
+    ref: str  # name:tag, the index entry's reference
+    manifest: Blob
+    config: Blob  # its digest is the image id
+    diff_ids: tuple[str, ...]
+    labels: dict[str, str]
+
+
+# --- reading ----------------------------------------------------------------------------------
+
+
+def is_layout(path: str | os.PathLike[str]) -> bool:
+    return os.path.isfile(os.path.join(path, "oci-layout")) and os.path.isfile(os.path.join(path, "index.json"))
+
+
+def blob_path(layout: str | os.PathLike[str], digest: str) -> Path:
+    algo, _, hexdigest = digest.partition(":")
+    if algo != "sha256" or len(hexdigest) != 64 or not all(c in "0123456789abcdef" for c in hexdigest):
+        raise OciError(f"{layout}: {digest!r} is not a sha256 digest")
+    return Path(layout) / "blobs" / "sha256" / hexdigest
+
+
+def _json_blob(layout: str | os.PathLike[str], digest: str) -> object:
+    path = blob_path(layout, digest)
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise OciError(f"{layout}: blob {digest} cannot be read ({exc.strerror})") from None
+    if "sha256:" + hashlib.sha256(data).hexdigest() != digest:
+        raise OciError(f"{layout}: blob {digest} does not match its digest")
+    try:
+        return json.loads(data)
+    except ValueError as exc:
+        raise OciError(f"{layout}: blob {digest} is not JSON ({exc})") from None
+
+
+def _obj(value: object, what: str) -> dict[str, object]:
+    if not isinstance(value, dict):
+        raise OciError(f"{what} is not a JSON object")
+    return {str(k): v for k, v in value.items()}
+
+
+def read_layout(path: str | os.PathLike[str]) -> Layout:
+    """The one image of a layout this module wrote: its reference, manifest, config and layers."""
+    try:
+        index = _obj(json.loads(Path(path, "index.json").read_text()), f"{path}/index.json")
+    except (OSError, ValueError) as exc:
+        raise OciError(f"{path}/index.json cannot be read ({exc})") from None
+    entries = index.get("manifests")
+    if not isinstance(entries, list) or len(entries) != 1:
+        raise OciError(f"{path}/index.json must list exactly one manifest")
+    entry = _obj(entries[0], f"{path}/index.json manifests[0]")
+    annotations = _obj(entry.get("annotations", {}), "the index entry's annotations")
+    ref = annotations.get(REF_NAME)
+    digest, size = entry.get("digest"), entry.get("size")
+    if not isinstance(ref, str) or not isinstance(digest, str) or not isinstance(size, int):
+        raise OciError(f"{path}/index.json: the manifest entry needs digest, size and {REF_NAME}")
+    manifest = _obj(_json_blob(path, digest), f"manifest {digest}")
+    config_entry = _obj(manifest.get("config"), "the manifest's config")
+    config_digest, config_size = config_entry.get("digest"), config_entry.get("size")
+    if not isinstance(config_digest, str) or not isinstance(config_size, int):
+        raise OciError(f"{path}: manifest {digest} has no config digest")
+    config = _obj(_json_blob(path, config_digest), f"config {config_digest}")
+    rootfs = _obj(config.get("rootfs"), "the config's rootfs")
+    diff_ids = rootfs.get("diff_ids")
+    if not isinstance(diff_ids, list) or not all(isinstance(d, str) for d in diff_ids):
+        raise OciError(f"{path}: config {config_digest} has no rootfs.diff_ids")
+    labels = _obj(_obj(config.get("config", {}), "the image config").get("Labels") or {}, "Labels")
+    return Layout(str(path), ref, Blob(digest, size), Blob(config_digest, config_size),
+                  tuple(str(d) for d in diff_ids), {k: str(v) for k, v in labels.items()})
+
+
+# --- writing ----------------------------------------------------------------------------------
+
+
+class _Hashing:
+    """A write-only stream that hashes and counts what goes through it into ``out``."""
+
+    def __init__(self, out: BinaryIO) -> None:
+        self.out = out
+        self.hash = hashlib.sha256()
+        self.size = 0
+
+    def write(self, data: bytes) -> int:
+        self.hash.update(data)
+        self.size += len(data)
+        return self.out.write(data)
+
+    def blob(self) -> Blob:
+        return Blob("sha256:" + self.hash.hexdigest(), self.size)
+
+
+def _root_entry(info: tarfile.TarInfo) -> tarfile.TarInfo:
+    info.mtime = MTIME
+    info.uid = info.gid = 0
+    info.uname = info.gname = "root"
+    return info
+
+
+def _directory(name: str) -> tarfile.TarInfo:
+    info = tarfile.TarInfo(name)
+    info.type = tarfile.DIRTYPE
+    info.mode = 0o755
+    return _root_entry(info)
+
+
+def _files(path: Path) -> list[Path]:
+    if path.is_symlink() or not path.is_dir():
+        return [path]
+    return sorted([path, *path.rglob("*")])
+
+
+def write_store_tar(out: BinaryIO, paths: Iterable[str]) -> None:
+    """The store paths as a tar, in the order and with the attributes streamLayeredImage uses."""
+    with tarfile.open(fileobj=out, mode="w|", format=tarfile.PAX_FORMAT) as tar:
+        tar.addfile(_directory("/nix"))
+        tar.addfile(_directory(STORE))
+        for store_path in paths:
+            for name in _files(Path(store_path)):
+                info = tar.gettarinfo(str(name))
+                info.name = "/" + info.name
+                if info.islnk():  # a hard link is stored as the file it links
+                    info.type = tarfile.REGTYPE
+                    info.linkname = ""
+                    info.size = name.stat().st_size
+                _root_entry(info)
+                if info.isfile():
+                    with open(name, "rb") as f:
+                        tar.addfile(info, f)
+                else:
+                    tar.addfile(info)
+
+
+def write_links_tar(out: BinaryIO, links: Sequence[tuple[str, str]]) -> None:
+    """A tar of symlinks (path -> target), each after its parent directories (mode 0755)."""
+    seen: set[str] = set()
+    with tarfile.open(fileobj=out, mode="w|", format=tarfile.PAX_FORMAT) as tar:
+        for path, target in sorted(links):
+            parts = Path(path).parts[1:-1]
+            for i in range(len(parts)):
+                parent = "/" + "/".join(parts[: i + 1])
+                if parent not in seen:
+                    seen.add(parent)
+                    tar.addfile(_directory(parent))
+            info = tarfile.TarInfo(path)
+            info.type = tarfile.SYMTYPE
+            info.linkname = target
+            info.mode = 0o777
+            tar.addfile(_root_entry(info))
+
+
+def read_graph(path: str | os.PathLike[str]) -> list[str]:
+    """The store paths of an ``exportReferencesGraph`` file (per path: the path, its deriver
+    line, the number of references, then that many references), sorted."""
+    lines = Path(path).read_text().split("\n")
+    paths, i = [], 0
+    while i < len(lines) and lines[i]:
+        if i + 2 >= len(lines) or not lines[i].startswith(STORE + "/") or not lines[i + 2].isdigit():
+            raise OciError(f"{path}: line {i + 1} is not a reference graph entry")
+        refs = lines[i + 3: i + 3 + int(lines[i + 2])]
+        if len(refs) != int(lines[i + 2]) or not all(r.startswith(STORE + "/") for r in refs):
+            raise OciError(f"{path}: line {i + 1}: the entry's references are cut short")
+        paths.append(lines[i])
+        i += 3 + len(refs)
+    if not paths:
+        raise OciError(f"{path}: the reference graph is empty")
+    return sorted(set(paths))
+
+
+def _write_tar_blob(out: Path, write: Callable[[BinaryIO], None], meta: dict[str, object]) -> Blob:
+    out.mkdir(parents=True, exist_ok=True)
+    with open(out / "layer.tar", "wb") as f:
+        hashing = _Hashing(f)
+        write(cast(BinaryIO, hashing))
+    blob = hashing.blob()
+    (out / "layer.json").write_text(json.dumps({"digest": blob.digest, "size": blob.size, **meta}, indent=1) + "\n")
+    return blob
+
+
+def store_layer(graph: str, below: Sequence[str], out: Path) -> Blob:
+    lower: set[str] = set()
+    for g in below:
+        lower |= set(read_graph(g))
+    paths = [p for p in read_graph(graph) if p not in lower]
+    return _write_tar_blob(out, lambda f: write_store_tar(f, paths), {"paths": paths})
+
+
+def links_layer(links: Sequence[str], out: Path) -> Blob:
+    pairs = []
+    for link in links:
+        path, sep, target = link.partition("=")
+        if not sep or not path.startswith("/") or not target:
+            raise OciError(f"--link {link!r}: expected /PATH=TARGET")
+        pairs.append((os.path.normpath(path), target))
+    return _write_tar_blob(out, lambda f: write_links_tar(f, pairs), {"links": dict(pairs)})
+
+
+def base_layers(archive: str, out: Path) -> list[Blob]:
+    """A docker-archive's layers as blobs named by their digest, each checked against the
+    archive's config (its diff ids), and the config itself."""
+    blobs_dir = out / "blobs" / "sha256"
+    blobs_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        tar = tarfile.open(archive)
+    except (OSError, tarfile.TarError) as exc:
+        raise OciError(f"{archive} is not a readable docker-archive ({exc})") from None
+    with tar:
+        def member(name: str) -> IO[bytes]:
+            try:
+                f = tar.extractfile(name)
+            except KeyError:
+                f = None
+            if f is None:
+                raise OciError(f"{archive}: {name} is missing from the archive")
+            return f
+
+        with member("manifest.json") as f:
+            items = json.load(f)
+        if not isinstance(items, list) or len(items) != 1:
+            raise OciError(f"{archive}: manifest.json must describe exactly one image")
+        item = _obj(items[0], f"{archive}: manifest.json[0]")
+        config_name, layer_names = item.get("Config"), item.get("Layers")
+        if not isinstance(config_name, str) or not isinstance(layer_names, list):
+            raise OciError(f"{archive}: manifest.json has no Config and Layers")
+        with member(config_name) as f:
+            config_bytes = f.read()
+        config = _obj(json.loads(config_bytes), f"{archive}: {config_name}")
+        diff_ids = _obj(config.get("rootfs"), "rootfs").get("diff_ids")
+        if not isinstance(diff_ids, list) or len(diff_ids) != len(layer_names):
+            count = len(diff_ids) if isinstance(diff_ids, list) else 0
+            raise OciError(f"{archive}: its config lists {count} layers, its manifest {len(layer_names)}")
+        blobs = []
+        for name, diff_id in zip(layer_names, diff_ids, strict=True):
+            tmp = blobs_dir / ".partial"
+            with member(str(name)) as src, open(tmp, "wb") as dst:
+                hashing = _Hashing(dst)
+                while chunk := src.read(CHUNK):
+                    hashing.write(chunk)
+            blob = hashing.blob()
+            if blob.digest != diff_id:
+                raise OciError(f"{archive}: layer {name} has digest {blob.digest}, its config says {diff_id} "
+                               "(a compressed or corrupt layer)")
+            tmp.replace(blobs_dir / blob.digest.removeprefix("sha256:"))
+            blobs.append(blob)
+    (out / "config.json").write_bytes(config_bytes)
+    (out / "layers.json").write_text(json.dumps([b._asdict() for b in blobs], indent=1) + "\n")
+    return blobs
+
+
+def overlay_env(base: Sequence[str], own: Sequence[str]) -> list[str]:
+    """The base image's Env, then the image's own; a later KEY=... replaces an earlier one in
+    place (streamLayeredImage's overlay_base_config)."""
+    resolved: dict[str, str] = {}
+    for entry in [*base, *own]:
+        resolved[entry.split("=", 1)[0]] = entry
+    return list(resolved.values())
+
+
+def _created(value: object) -> str:
+    """An ISO 8601 time: as given, or from seconds since the epoch (a flake's lastModified)."""
+    if isinstance(value, bool) or not isinstance(value, (int, str)):
+        raise OciError(f"created: {value!r} is neither seconds since the epoch nor an ISO 8601 time")
+    if isinstance(value, int):
+        return datetime.fromtimestamp(value, tz=timezone.utc).isoformat()
+    return value
+
+
+def _canonical(value: object) -> bytes:
+    return json.dumps(value, sort_keys=True, separators=(",", ":")).encode()
+
+
+def _put(blobs_dir: Path, data: bytes) -> Blob:
+    blob = Blob("sha256:" + hashlib.sha256(data).hexdigest(), len(data))
+    (blobs_dir / blob.digest.removeprefix("sha256:")).write_bytes(data)
+    return blob
+
+
+def image_layout(base: Path | None, layers: Sequence[Path], spec: dict[str, object], name: str, out: Path) -> Layout:
+    """Assemble the layout: base layers, then ``layers`` (each a directory with layer.tar and
+    layer.json), the config from ``spec`` and the base's, one manifest, an index naming it."""
+    blobs_dir = out / "blobs" / "sha256"
+    blobs_dir.mkdir(parents=True, exist_ok=True)
+    entries: list[tuple[Blob, Path, str]] = []  # blob, file it is, what it is (history)
+    base_env: list[str] = []
+    if base is not None:
+        base_config = _obj(json.loads((base / "config.json").read_bytes()), f"{base}/config.json")
+        env_list = _obj(base_config.get("config") or {}, "the base's config").get("Env") or []
+        base_env = [str(e) for e in env_list] if isinstance(env_list, list) else []
+        items = json.loads((base / "layers.json").read_text())
+        for item in items if isinstance(items, list) else []:
+            blob = Blob(str(item["digest"]), int(item["size"]))
+            entries.append((blob, base / "blobs" / "sha256" / blob.digest.removeprefix("sha256:"), "base image layer"))
+    for layer in layers:
+        meta = _obj(json.loads((layer / "layer.json").read_text()), f"{layer}/layer.json")
+        blob = Blob(str(meta["digest"]), int(str(meta["size"])))
+        what = f"store paths: {meta['paths']}" if "paths" in meta else f"links: {meta.get('links')}"
+        entries.append((blob, layer / "layer.tar", what))
+    for blob, file, _ in entries:
+        target = blobs_dir / blob.digest.removeprefix("sha256:")
+        if not target.exists():
+            os.symlink(os.path.abspath(file), target)
+    config = dict(_obj(spec.get("config", {}), "TP4_OCI_CONFIG config"))
+    own_env = config.get("Env") or []
+    env = overlay_env(base_env, [str(e) for e in own_env] if isinstance(own_env, list) else [])
+    if env:
+        config["Env"] = env
+    created = _created(spec.get("created", CREATED))
+    image = {
+        "created": created,
+        "architecture": spec["architecture"],
+        "os": "linux",
+        "config": config,
+        "rootfs": {"type": "layers", "diff_ids": [b.digest for b, _, _ in entries]},
+        "history": [{"created": created, "comment": what} for _, _, what in entries],
+    }
+    config_blob = _put(blobs_dir, _canonical(image))
+    manifest = {
+        "schemaVersion": 2,
+        "mediaType": MANIFEST_TYPE,
+        "config": {"mediaType": CONFIG_TYPE, **config_blob._asdict()},
+        "layers": [{"mediaType": LAYER_TYPE, **b._asdict()} for b, _, _ in entries],
+    }
+    manifest_blob = _put(blobs_dir, _canonical(manifest))
+    ref = f"{name}:{config_blob.digest.removeprefix('sha256:')[:32]}"
+    index = {
+        "schemaVersion": 2,
+        "mediaType": INDEX_TYPE,
+        "manifests": [{"mediaType": MANIFEST_TYPE, **manifest_blob._asdict(), "annotations": {REF_NAME: ref}}],
+    }
+    (out / "oci-layout").write_text('{"imageLayoutVersion":"1.0.0"}')
+    (out / "index.json").write_bytes(_canonical(index))
+    return read_layout(out)
+
+
+# --- the steps (python3 -m tp4.oci) -------------------------------------------------------------
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python3 -m tp4.oci", description=__doc__.split("\n\n")[0])
+    sub = p.add_subparsers(dest="step", required=True)
+    s = sub.add_parser("base", help="a docker-archive as one blob per layer")
+    s.add_argument("--archive", required=True)
+    s.add_argument("--out", required=True, type=Path)
+    s = sub.add_parser("layer", help="store paths of a closure as one layer")
+    s.add_argument("--graph", required=True)
+    s.add_argument("--below", action="append", default=[])
+    s.add_argument("--out", required=True, type=Path)
+    s = sub.add_parser("links", help="the top layer of symlinks")
+    s.add_argument("--link", action="append", default=[], required=True)
+    s.add_argument("--out", required=True, type=Path)
+    s = sub.add_parser("image", help="the OCI layout")
+    s.add_argument("--base", type=Path)
+    s.add_argument("--layer", action="append", default=[], type=Path)
+    s.add_argument("--name", required=True)
+    s.add_argument("--out", required=True, type=Path)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        if args.step == "base":
+            blobs = base_layers(args.archive, args.out)
+            print(f"base: {len(blobs)} layers, {sum(b.size for b in blobs)} bytes", file=sys.stderr)
+        elif args.step == "layer":
+            blob = store_layer(args.graph, args.below, args.out)
+            print(f"layer {blob.digest}: {blob.size} bytes", file=sys.stderr)
+        elif args.step == "links":
+            blob = links_layer(args.link, args.out)
+            print(f"links layer {blob.digest}", file=sys.stderr)
+        else:
+            spec = _obj(json.loads(os.environ["TP4_OCI_CONFIG"]), "TP4_OCI_CONFIG")
+            layout = image_layout(args.base, args.layer, spec, args.name, args.out)
+            print(f"image {layout.ref}: config {layout.config.digest}, {len(layout.diff_ids)} layers", file=sys.stderr)
+    except (OciError, OSError, ValueError, KeyError) as exc:
+        print(f"tp4.oci {args.step}: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
