@@ -2,7 +2,7 @@
 default profile's rendered plan, its env and argv verbatim. The four ranks run on this host in a
 network namespace whose loopback holds the head's fabric IP (10.0.0.1: the dist init address and
 the API port are the plan's, and nothing collides with the host's ports); one test runs rank 0 in
-podman from the stand-in test image (tests/standin/image.py) with --network host in that namespace.
+podman from the stand-in test image (tests/standin/image.py) in that namespace's network.
 Needs root and iproute2 (and podman, runc for the image test)."""
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 from netns_hosts import storage_conf
 from standin import image
-from standin.engine import FAULTS, QUESTION
+from standin.engine import B12X_NEXT, FAULTS, QUESTION
 
 from tp4 import process
 from tp4.container import IMAGE, MOUNTS
@@ -296,6 +296,13 @@ def test_usage_of_the_entrypoint() -> None:
 # --- fault modes ------------------------------------------------------------------------------------
 
 
+def test_the_engine_reads_the_image_paths_of_the_line() -> None:
+    assert B12X_NEXT == IMAGE.b12x_next
+    files = image._files()
+    assert files[IMAGE.boot] == ENGINE and IMAGE.boot.startswith(IMAGE.runtime + "/")
+    assert f"{IMAGE.b12x_next}/b12x_next/SOURCE_COMMIT" in files
+
+
 def test_faults_are_documented() -> None:
     doc = ENGINE.read_text().split('"""')[1]
     for fault in FAULTS:
@@ -412,7 +419,9 @@ def test_in_podman_from_the_test_image(plan: Plan, line: Line, tmp_path: Path) -
         os.chmod(tmp_path / "rank0.env", 0o600)
         model = line.root / MOUNTS.model.lstrip("/")
         log = open(tmp_path / "podman.log", "wb")
-        proc = subprocess.Popen(["ip", "netns", "exec", line.ns, "podman", "run", "--rm", "--name", name, "--network", "host",
+        # the namespace's network as the container's (the line's --network host, on this test's
+        # host): `ip netns exec podman` would remount /sys, where runc finds the cgroups
+        proc = subprocess.Popen(["podman", "run", "--rm", "--name", name, "--network", f"ns:/run/netns/{line.ns}",
                                  "--env-file", str(tmp_path / "rank0.env"), "-v", f"{model}:{MOUNTS.model}:ro",
                                  "-v", f"{state}:{MOUNTS.state}", ref, *plan.nodes[0].run.command],
                                 env={**os.environ, **env}, stdout=log, stderr=subprocess.STDOUT)

@@ -103,6 +103,8 @@ WARMUP_TOKENS = 24
 # the header boot.py's own requests carry (the wedge starts after them)
 BOOT_HEADER = "X-Tp4-Standin-Boot"
 ENGINE = ("python", "-m", "sglang.launch_server")
+# tp4/data/container.toml `image.b12x_next` (tests/test_standin.py keeps them equal)
+B12X_NEXT = "/opt/b12x_next"
 
 
 _OUT = threading.Lock()
@@ -261,7 +263,7 @@ def armed_lines(env: dict[str, str], kv: dict[str, int]) -> list[tuple[str, bool
 
 def stamps(commit_fault: bool) -> tuple[str, str] | None:
     """The b12x_next tree's SOURCE_COMMIT and SOURCE_PATCH (tp4/data/container.toml's b12x_next)."""
-    tree = at_root("/opt/b12x_next/b12x_next")
+    tree = at_root(B12X_NEXT) / "b12x_next"
     try:
         commit = (tree / "SOURCE_COMMIT").read_text().strip()
         patch = (tree / "SOURCE_PATCH").read_text().strip()

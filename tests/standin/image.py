@@ -80,7 +80,8 @@ def _files() -> dict[str, Path | bytes | str]:
     if PYTHON.name != python.name:
         files[str(PYTHON)] = python.name
     for dirpath, dirnames, filenames in os.walk(stdlib):
-        dirnames[:] = sorted(d for d in dirnames if d not in SKIP_DIRS)
+        # config-3.X-<triplet> holds the static libpython of python3-dev
+        dirnames[:] = sorted(d for d in dirnames if d not in SKIP_DIRS and not d.startswith("config-"))
         for name in sorted(filenames):
             src = Path(dirpath) / name
             if name.startswith(("_test", "xxlimited")) or not src.exists():  # a dangling link (Debian's sitecustomize)
