@@ -52,6 +52,10 @@ Test controls (environment of the container; they are not engine settings):
   TP4_STANDIN_SLOW_FACTOR  `slow`: the warm-up throughput divisor (default 20)
   TP4_STANDIN_BUSY_SECONDS `busy`: how long each completion takes (default 5)
 
+boot.py hands the engine the API key in TP4_STANDIN_API_KEY (upstream appends --api-key to the
+argv, which the host's process table would show) and its pid in TP4_STANDIN_BOOT_PID (the engine
+dies with it, as a container's processes die with its pid 1).
+
 Fault modes:
 
   omit-line    the rank does not print the first required adapter line its env arms
@@ -197,8 +201,8 @@ class Gates:
         self.gates = {g["var"]: g for a in reg["adapter"] for g in a.get("gates", [])}
 
     def value(self, var: str) -> str | None:
-        gate = self.gates.get(var, {})
-        return self.env.get(var, gate.get("default"))
+        default = self.gates.get(var, {}).get("default")
+        return self.env.get(var, None if default is None else str(default))
 
     def on(self, var: str) -> bool:
         value = self.value(var)
@@ -229,11 +233,11 @@ class Gates:
             return False
 
 
-def filler(before: str, kv: dict[str, int]) -> str:
+def filler(before: str, kv: dict[str, str]) -> str:
     """What stands for one `...` of a registry line, given the text before it."""
     for key, value in kv.items():
         if before.endswith(f"{key}="):
-            return str(value)
+            return value
     if before.endswith("="):
         return "True"
     if before.endswith("("):
@@ -241,7 +245,7 @@ def filler(before: str, kv: dict[str, int]) -> str:
     return "stand-in" if before.endswith(" ") or not before else " (stand-in)"
 
 
-def armed_lines(env: dict[str, str], kv: dict[str, int]) -> list[tuple[str, bool]]:
+def armed_lines(env: dict[str, str], kv: dict[str, str]) -> list[tuple[str, bool]]:
     """(line, required) for every registry boot line this env arms, `...` filled in."""
     reg = registry()
     gates = Gates(reg, env)
