@@ -1,0 +1,832 @@
+#!/usr/bin/env python3
+"""The stand-in engine of the serve tests: the one test double of the suite. Standard library only.
+
+It stands where the line image's entrypoint stands (`python3 -u /opt/dsv41/boot.py run`, the
+container run spec's command) and behaves like boot.py and SGLang at their boundary, from the env
+the rank's container receives and nothing else (it never sees the plan):
+
+* ``boot.py run`` (the boot role): checks the env as boot.py does (OFFLOAD_MODE, CONTEXT_LENGTH,
+  NNODES/NODE_RANK/DIST_INIT_ADDR, the checkpoint's config.json under MODEL_PATH), builds the
+  engine argv from the env as boot.py does (docs/upstream.md), writes ``<STATE_PATH>/launch.json``
+  (its ``args`` are that argv: a test compares them with the plan's), starts the engine (this file
+  again, with that argv: ``... engine.py python -m sglang.launch_server ...``, so `pkill -f
+  sglang.launch_server` finds it) in its own session and waits on it. Rank 0 then waits for
+  ``/health``, runs the smoke (`What is 19 + 23? ...` must answer ``42`` with finish_reason stop,
+  unless SKIP_SMOKE=1) and the warm-up (WARMUP != 0: four prompts and one batch of
+  MAX_RUNNING_REQUESTS), prints ``Warm-up done in <N>s`` and ``Ready: API on port <PORT> (rank 0).
+  Key is in /state/api-key.`` (or ``..., no API key.``). TERM stops the engine's process group.
+  ``boot.py health`` probes ``/health`` as the image's HEALTHCHECK does.
+* the engine role (``engine.py python -m sglang.launch_server <argv>``): parses the argv like
+  SGLang's argparse (an unknown flag or a bad value: usage and exit 2), joins the dist group (rank
+  0 listens on DIST_INIT_ADDR's port, the others connect; a member that goes away takes the others
+  down with a Traceback, as NCCL does), prints the boot log, and on rank 0 serves the API on
+  ``--host``/``--port``: ``/health`` and ``/health_generate``, ``/get_load`` and ``/v1/loads``
+  (running and waiting requests), ``/v1/models``, ``/v1/chat/completions`` (plain and streamed
+  as SSE ``data:`` chunks ending in ``data: [DONE]``). With an API key every path but the health
+  probes needs ``Authorization: Bearer <key>`` (401 otherwise). Workers print their lines and
+  wait in the dist group until TERM.
+
+The boot log of every rank, in order: the source stamps of the image (``SOURCE_COMMIT b12x_next
+<40 hex>`` and ``SOURCE_PATCH b12x_next <16 hex>``, read from ``/opt/b12x_next/b12x_next/``),
+dist init, ``Load weight begin``, the lines of every adapter whose gates are armed in the env it
+received (the registry's ``boot`` entries: ``when`` evaluated here over this rank's env, ``{VAR}``
+from it, ``...`` filled in; an adapter with launcher = "tp4" only when DSV41_LAUNCHER=tp4), ``Load
+weight end``, ``DSV4 memory calculation: ... full_token=<pool>``, the CUDA graph capture with its
+time, ``max_total_num_tokens=<min(pin, pool)>, ...``; rank 0 then ``The server is fired up and
+ready to roll!``, one ``Prefill batch. ... input throughput (token/s): <X>`` and one ``Decode
+batch. ...`` line per warm-up request. The registry is read from ``registry.toml`` beside this
+file (the test image puts it there) or else from the repository's python/tp4/data/registry.toml.
+A plan that arms a gate wrongly (a key missing from a rank's env, a wrong value) thus shows up as
+a missing line, because the line is printed only when this rank's env arms it.
+
+Test controls (environment of the container; they are not engine settings):
+
+  TP4_STANDIN_FAULT        comma-separated fault modes (below); empty: a healthy rank
+  TP4_STANDIN_FAULT_RANK   the rank the faults apply to: a number or "all" (default 0; for
+                           `commit` the last rank)
+  TP4_STANDIN_ROOT         where the container's root is (default /): MODEL_PATH, STATE_PATH and
+                           the image trees are looked up under it, so a host run keeps the
+                           plan's env verbatim
+  TP4_STANDIN_PACE         seconds each boot phase takes (default 0.2)
+  TP4_STANDIN_KV_POOL      the KV pool (tokens) the memory calculation arrives at (default 9000000)
+  TP4_STANDIN_SLOW_FACTOR  `slow`: the warm-up throughput divisor (default 20)
+  TP4_STANDIN_BUSY_SECONDS `busy`: how long each completion takes (default 5)
+
+boot.py hands the engine the API key in TP4_STANDIN_API_KEY (upstream appends --api-key to the
+argv, which the host's process table would show) and its pid in TP4_STANDIN_BOOT_PID (the engine
+dies with it, as a container's processes die with its pid 1).
+
+Fault modes:
+
+  omit-line    the rank does not print the first required adapter line its env arms
+               (TP4_STANDIN_OMIT=<text> picks the first armed line containing <text>)
+  forbidden    the rank prints a forbidden line after the adapter lines:
+               `[l2_prefetch] plan MISMATCH at layer 3` (TP4_STANDIN_FORBIDDEN=<text> replaces it)
+  crash        Traceback during the weight load, exit 1 (boot.py exits 1 with it)
+  hang         stops after the CUDA graph capture: no API, never Ready (TERM still stops it)
+  wedge        after boot.py's own smoke and warm-up, every completion hangs while /health
+               answers 200 and the load endpoints report nothing running or waiting
+  busy         completions take TP4_STANDIN_BUSY_SECONDS; the load endpoints report them running
+               plus three more running and one waiting (foreign traffic)
+  slow         the warm-up input throughput is divided by TP4_STANDIN_SLOW_FACTOR
+  retune       the autotune cache is redrawn: prints `tuning from scratch` during the warm-up
+  commit       the rank prints a different b12x_next commit (its SOURCE_COMMIT line and the
+               moe_b12x_next armed line)
+  ignore-term  boot.py and the engine ignore SIGTERM (only SIGKILL stops them)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import tomllib
+import urllib.error
+import urllib.request
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any, NoReturn
+
+HERE = Path(__file__).resolve().parent
+FAULTS = ("omit-line", "forbidden", "crash", "hang", "wedge", "busy", "slow", "retune", "commit", "ignore-term")
+NO_AUTH = ("", "none", "off", "dummy", "0")
+QUESTION = "What is 19 + 23? Reply only with the number."
+PROSE = ("Lorem ipsum dolor sit amet, consectetur adipiscing elit, sed do eiusmod tempor incididunt ut labore et "
+         "dolore magna aliqua. Ut enim ad minim veniam, quis nostrud exercitation ullamco laboris nisi ut aliquip "
+         "ex ea commodo consequat.").split()
+# boot.py's warm-up prompts (words each) and the tokens it asks for
+WARMUP_WORDS = (12, 200, 900, 3600)
+WARMUP_TOKENS = 24
+# the header boot.py's own requests carry (the wedge starts after them)
+BOOT_HEADER = "X-Tp4-Standin-Boot"
+ENGINE = ("python", "-m", "sglang.launch_server")
+# tp4/data/container.toml `image.b12x_next` (tests/test_standin.py keeps them equal)
+B12X_NEXT = "/opt/b12x_next"
+
+
+_OUT = threading.Lock()
+
+
+def log(text: str) -> None:
+    with _OUT:  # one write per line: request threads print too
+        sys.stdout.write(text + "\n")
+        sys.stdout.flush()
+
+
+def engine_log(rank: int, text: str) -> None:
+    log(f"[{time.strftime('%Y-%m-%d %H:%M:%S')} TP{rank}] {text}")
+
+
+def die(text: str, code: int = 1) -> NoReturn:
+    print(text, file=sys.stderr, flush=True)
+    sys.exit(code)
+
+
+# --- test controls ---------------------------------------------------------------------------------
+
+
+def root() -> Path:
+    return Path(os.environ.get("TP4_STANDIN_ROOT") or "/")
+
+
+def at_root(path: str) -> Path:
+    return root() / path.lstrip("/")
+
+
+def faults(rank: int, nnodes: int) -> set[str]:
+    names = {f.strip() for f in os.environ.get("TP4_STANDIN_FAULT", "").split(",") if f.strip()}
+    unknown = names - set(FAULTS)
+    if unknown:
+        die(f"TP4_STANDIN_FAULT: unknown fault {', '.join(sorted(unknown))}; fix: use {', '.join(FAULTS)}", 2)
+    where = os.environ.get("TP4_STANDIN_FAULT_RANK", "")
+    out = set()
+    for name in names:
+        target = where or (str(nnodes - 1) if name == "commit" else "0")
+        if target == "all" or target == str(rank):
+            out.add(name)
+    return out
+
+
+def number(name: str, default: float) -> float:
+    try:
+        return float(os.environ.get(name) or default)
+    except ValueError:
+        die(f"{name}: must be a number", 2)
+
+
+def pace(factor: float = 1.0) -> None:
+    time.sleep(number("TP4_STANDIN_PACE", 0.2) * factor)
+
+
+# --- the registry's boot lines, evaluated over this rank's env ---------------------------------------
+
+_COND = re.compile(r"^(?P<var>[A-Za-z_][A-Za-z0-9_]*)(?:(?P<op>>=|<=|!=|=|~)(?P<arg>.*))?$")
+_PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)(\+1)?\}")
+
+
+def registry() -> dict[str, Any]:
+    for path in (HERE / "registry.toml", HERE.parent.parent / "python" / "tp4" / "data" / "registry.toml"):
+        if path.exists():
+            with open(path, "rb") as fh:
+                return tomllib.load(fh)
+    die("stand-in: no registry.toml beside the engine or in the repository")
+
+
+def fill(text: str, env: dict[str, str]) -> str:
+    def sub(m: re.Match[str]) -> str:
+        value = env.get(m[1], "")
+        if m[2]:
+            try:
+                return str(int(value) + 1)
+            except ValueError:
+                return "?"
+        return value
+
+    return _PLACEHOLDER.sub(sub, text)
+
+
+class Gates:
+    """The adapters' view of the env: a gate is off when its value is one of its off values."""
+
+    def __init__(self, reg: dict[str, Any], env: dict[str, str]) -> None:
+        self.env = env
+        self.off_default = [str(v) for v in reg.get("off_values", ["", "0", "off", "false"])]
+        self.gates = {g["var"]: g for a in reg["adapter"] for g in a.get("gates", [])}
+
+    def value(self, var: str) -> str | None:
+        default = self.gates.get(var, {}).get("default")
+        return self.env.get(var, None if default is None else str(default))
+
+    def on(self, var: str) -> bool:
+        value = self.value(var)
+        off = self.gates[var].get("off", self.off_default) if var in self.gates else self.off_default
+        return value is not None and value.strip().lower() not in off
+
+    def holds(self, cond: str) -> bool:
+        if cond.startswith("!"):
+            return not self.holds(cond[1:])
+        m = _COND.match(cond)
+        if not m:
+            die(f"stand-in: bad registry condition {cond!r}")
+        var, op = m["var"], m["op"]
+        if op is None:
+            return self.on(var)
+        arg, value = fill(m["arg"], self.env), self.value(var)
+        if op == "!=":
+            return value != arg
+        if value is None:
+            return False
+        if op == "=":
+            return value == arg
+        if op == "~":
+            return arg in value.split(",") or "all" in value.split(",")
+        try:
+            return float(value) >= float(arg) if op == ">=" else float(value) <= float(arg)
+        except ValueError:
+            return False
+
+
+def filler(before: str, kv: dict[str, str]) -> str:
+    """What stands for one `...` of a registry line, given the text before it."""
+    for key, value in kv.items():
+        if before.endswith(f"{key}="):
+            return value
+    if before.endswith("="):
+        return "True"
+    if before.endswith("("):
+        return "6.0 MB"
+    return "stand-in" if before.endswith(" ") or not before else " (stand-in)"
+
+
+def armed_lines(env: dict[str, str], kv: dict[str, str]) -> list[tuple[str, bool]]:
+    """(line, required) for every registry boot line this env arms, `...` filled in."""
+    reg = registry()
+    gates = Gates(reg, env)
+    out = []
+    for adapter in reg["adapter"]:
+        if adapter["name"] == "engine":
+            continue  # SGLang's own lines: the engine prints them from its argv (engine_main)
+        if adapter.get("launcher") == "tp4" and env.get("DSV41_LAUNCHER") != "tp4":
+            continue  # M's sitecustomize installs these only under the TP4 launcher
+        for boot in adapter.get("boot", []):
+            if all(gates.holds(c) for c in boot.get("when", [])):
+                parts = fill(boot["line"], env).split("...")
+                text = parts[0]
+                for part in parts[1:]:
+                    text += filler(text, kv) + part
+                out.append((text, boot.get("required", True)))
+    return out
+
+
+def stamps(commit_fault: bool) -> tuple[str, str] | None:
+    """The b12x_next tree's SOURCE_COMMIT and SOURCE_PATCH (tp4/data/container.toml's b12x_next)."""
+    tree = at_root(B12X_NEXT) / "b12x_next"
+    try:
+        commit = (tree / "SOURCE_COMMIT").read_text().strip()
+        patch = (tree / "SOURCE_PATCH").read_text().strip()
+    except OSError:
+        return None
+    if commit_fault:
+        commit = "f" * 8 + commit[8:]
+    return commit, patch
+
+
+# --- the engine argv, as boot.py builds it from the env ---------------------------------------------
+
+
+def boot_argv(env: dict[str, str]) -> list[str]:
+    g = env.get
+    argv = [*ENGINE,
+            "--model-path", g("MODEL_PATH", "/models/DeepSeek-V4.1-Flash"),
+            "--served-model-name", g("SERVED_MODEL_NAME", "deepseek-v4.1-flash"),
+            "--trust-remote-code", "--load-format", "safetensors",
+            "--tp", g("TP_SIZE", "4"), "--ep-size", g("EP_SIZE", g("TP_SIZE", "4")),
+            "--attention-backend", g("ATTENTION_BACKEND", "dsv4"),
+            "--moe-runner-backend", g("MOE_RUNNER_BACKEND", "flashinfer_mxfp4"),
+            "--mem-fraction-static", g("MEM_FRACTION_STATIC", ""),
+            "--chunked-prefill-size", g("CHUNKED_PREFILL_SIZE", ""),
+            "--context-length", g("CONTEXT_LENGTH", ""),
+            "--max-running-requests", g("MAX_RUNNING_REQUESTS", ""),
+            "--cuda-graph-max-bs-decode", g("CUDA_GRAPH_MAX_BS_DECODE", ""),
+            "--random-seed", "0", "--enable-decoder-swa-bounded-replay",
+            "--tool-call-parser", "deepseekv41", "--reasoning-parser", "deepseek-v41",
+            "--host", g("HOST", "0.0.0.0"), "--port", g("SERVER_PORT", "8888")]
+    if g("SPEC_ALGO", "").lower() not in ("off", "none", "0", ""):
+        argv += ["--speculative-algorithm", "DSPARK", "--speculative-dspark-block-size", g("DSPARK_BLOCK_SIZE", "")]
+        sps, sts = g("DSPARK_SPS_TABLE", ""), g("DSPARK_STS_TABLE", "")
+        if sps and at_root(sps).is_file():
+            argv += ["--speculative-dspark-sps-table-path", sps, "--speculative-dspark-align-verify-tokens-to-graph-tier"]
+        if sts and at_root(sts).is_file():
+            argv += ["--speculative-dspark-confidence-sts-path", sts]
+    if int(g("NNODES", "1") or "1") > 1:
+        argv += ["--nnodes", g("NNODES", ""), "--node-rank", g("NODE_RANK", "0"), "--dist-init-addr", g("DIST_INIT_ADDR", "")]
+    if g("MAX_TOTAL_TOKENS", "") not in ("", "0"):
+        argv += ["--max-total-tokens", g("MAX_TOTAL_TOKENS", "")]
+    argv += g("EXTRA_SGLANG_ARGS", "").split()
+    return argv
+
+
+def api_key(env: dict[str, str]) -> str:
+    """boot.py's key: API_KEY unless it means "no auth", else the key file in the state dir."""
+    key = env.get("API_KEY", "")
+    if key.strip().lower() not in NO_AUTH:
+        return key
+    path = at_root(env.get("STATE_PATH", "/state")) / "api-key"
+    try:
+        return path.read_text().strip()
+    except OSError:
+        return ""
+
+
+def int_env(env: dict[str, str], key: str, default: str) -> int:
+    try:
+        return int(env.get(key, default))
+    except ValueError:
+        die(f"boot: {key}={env.get(key)!r} is not an integer")
+
+
+def check_boot_env(env: dict[str, str]) -> tuple[int, int]:
+    """boot.py's own checks before it starts the engine; returns (rank, nnodes)."""
+    mode = env.get("OFFLOAD_MODE", "nvme")
+    if mode not in ("nvme", "ram"):
+        die(f"boot: OFFLOAD_MODE={mode!r} is not nvme or ram")
+    if mode == "ram" and env.get("ALLOW_RAM_OFFLOAD") != "1":
+        die("boot: OFFLOAD_MODE=ram pins ~189 GiB and does not fit; set ALLOW_RAM_OFFLOAD=1 to force it")
+    context = int_env(env, "CONTEXT_LENGTH", "1048576")
+    if not 4096 <= context <= 1048576:
+        die(f"boot: CONTEXT_LENGTH={context} is outside 4096..1048576")
+    nnodes, rank = int_env(env, "NNODES", "1"), int_env(env, "NODE_RANK", "0")
+    if not 0 <= rank < max(nnodes, 1):
+        die(f"boot: NODE_RANK={rank} is not a rank of NNODES={nnodes}")
+    if nnodes > 1 and not env.get("DIST_INIT_ADDR"):
+        die(f"boot: NNODES={nnodes} needs DIST_INIT_ADDR (host:port of rank 0)")
+    model = env.get("MODEL_PATH", "/models/DeepSeek-V4.1-Flash")
+    if not at_root(model).joinpath("config.json").is_file():
+        if env.get("SKIP_PREPARE") == "1" or rank > 0:
+            die(f"boot: prepare: {model}/config.json not found (SKIP_PREPARE=1: the checkpoint must be in place)")
+        die(f"boot: prepare: {model}/config.json not found, and the stand-in cannot download the checkpoint")
+    return rank, nnodes
+
+
+# --- the boot role (boot.py) ------------------------------------------------------------------------
+
+
+def http(method: str, url: str, body: dict[str, Any] | None, key: str, timeout: float) -> tuple[int, dict[str, Any]]:
+    headers = {"Content-Type": "application/json", BOOT_HEADER: "1"}
+    if key:
+        headers["Authorization"] = f"Bearer {key}"
+    data = json.dumps(body).encode() if body is not None else None
+    req = urllib.request.Request(url, data=data, headers=headers, method=method)
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            return resp.status, json.loads(resp.read() or b"{}")
+    except urllib.error.HTTPError as exc:
+        return exc.code, {}
+
+
+def chat(base: str, key: str, text: str, max_tokens: int) -> dict[str, Any]:
+    body = {"model": "default", "messages": [{"role": "user", "content": text}], "temperature": 0,
+            "max_tokens": max_tokens, "chat_template_kwargs": {"thinking": False}}
+    status, out = http("POST", f"{base}/v1/chat/completions", body, key, 180)
+    if status != 200:
+        raise RuntimeError(f"HTTP {status}")
+    return out
+
+
+def boot_main(argv: list[str]) -> int:
+    sub = argv[0] if argv else "run"
+    env = dict(os.environ)
+    if sub == "health":
+        port = env.get("SERVER_PORT", "8888")
+        try:
+            status, _ = http("GET", f"http://127.0.0.1:{port}/health", None, "", 30)
+        except OSError:
+            return 1
+        return 0 if status == 200 else 1
+    if sub not in ("run", "serve"):
+        die("usage: boot.py {run,prepare,health,smoke}\nboot.py: error: unknown command " + repr(sub), 2)
+    rank, nnodes = check_boot_env(env)
+    mine = faults(rank, nnodes)
+    key = api_key(env)
+    args = boot_argv(env)
+    state = at_root(env.get("STATE_PATH", "/state"))
+    try:
+        state.mkdir(parents=True, exist_ok=True)
+        (state / "launch.json").write_text(json.dumps({
+            "mode": env.get("OFFLOAD_MODE", "nvme"), "args": args, "nnodes": nnodes, "rank": rank,
+            "tp": env.get("TP_SIZE", "4"), "ep": env.get("EP_SIZE", env.get("TP_SIZE", "4"))}, indent=1) + "\n")
+    except OSError as exc:
+        log(f"boot: WARNING: cannot write {state}/launch.json: {exc.strerror}")
+    # the stand-in passes the key in the engine's env, not its argv (upstream boot.py appends
+    # --api-key): the host's process table shows a container's argv
+    child_env = {**env, "DSV41_SOURCE": env.get("MODEL_PATH", "/models/DeepSeek-V4.1-Flash"), "TP4_STANDIN_API_KEY": key,
+                 "TP4_STANDIN_BOOT_PID": str(os.getpid())}
+    log(f"boot: rank {rank}/{nnodes} starting {' '.join(args[:3])} ({len(args) - 3} arguments)")
+    child = subprocess.Popen([sys.executable, "-u", str(Path(__file__).resolve()), *args], env=child_env,
+                             start_new_session=True)
+
+    def stop(signum: int, _frame: object) -> None:
+        # reaped with os.waitpid: the main thread may be inside child.wait(), holding its lock
+        try:
+            os.killpg(child.pid, signal.SIGTERM)
+            deadline = time.monotonic() + 10
+            while os.waitpid(child.pid, os.WNOHANG) == (0, 0):
+                if time.monotonic() > deadline:
+                    os.killpg(child.pid, signal.SIGKILL)
+                    break
+                time.sleep(0.02)
+        except (ProcessLookupError, ChildProcessError):
+            pass
+        os._exit(128 + signum)
+
+    signal.signal(signal.SIGTERM, signal.SIG_IGN if "ignore-term" in mine else stop)
+    signal.signal(signal.SIGINT, stop)
+    if rank > 0:
+        return child.wait()
+    port = env.get("SERVER_PORT", "8888")
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + number("READY_TIMEOUT_S", 3600)
+    while True:
+        if child.poll() is not None:
+            log(f"boot: the engine exited with code {child.returncode} before /health answered")
+            return child.returncode or 1
+        try:
+            if http("GET", f"{base}/health", None, "", 3)[0] == 200:
+                break
+        except OSError:
+            pass
+        if time.monotonic() > deadline:
+            log("boot: /health did not answer in READY_TIMEOUT_S")
+            return 1
+        time.sleep(0.1)
+    if env.get("SKIP_SMOKE") != "1":
+        out = chat(base, key, QUESTION, 32)
+        choice = out["choices"][0]
+        if choice["message"]["content"].strip() != "42" or choice["finish_reason"] != "stop":
+            log(f"boot: SMOKE FAILED: {choice!r}")
+            return 1
+        (state / "smoke.json").write_text(json.dumps(out) + "\n")
+        log("boot: smoke ok: 42 (finish_reason stop)")
+    if env.get("WARMUP", "1") != "0":
+        started = time.monotonic()
+        for words in WARMUP_WORDS:
+            chat(base, key, " ".join((PROSE * (words // len(PROSE) + 1))[:words]), WARMUP_TOKENS)
+        batch = int_env(env, "MAX_RUNNING_REQUESTS", "16")
+
+        def one() -> None:
+            try:
+                chat(base, key, "Write one sentence in Latin.", WARMUP_TOKENS)
+            except (OSError, RuntimeError) as exc:  # boot.py: warm-up failures only warn
+                log(f"boot: WARNING: warm-up request failed: {exc}")
+
+        threads = [threading.Thread(target=one) for _ in range(batch)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        log(f"Warm-up done in {time.monotonic() - started:.0f}s")
+    state_shown = env.get("STATE_PATH", "/state")
+    log(f"Ready: API on port {port} (rank 0). Key is in {state_shown}/api-key." if key
+        else f"Ready: API on port {port} (rank 0), no API key.")
+    return child.wait()
+
+
+# --- the engine role (sglang.launch_server) ---------------------------------------------------------
+
+
+def engine_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="launch_server.py", allow_abbrev=False)
+    text = ("--model-path", "--served-model-name", "--load-format", "--attention-backend", "--moe-runner-backend",
+            "--tool-call-parser", "--reasoning-parser", "--host", "--speculative-algorithm",
+            "--speculative-dspark-sps-table-path", "--speculative-dspark-confidence-sts-path", "--dist-init-addr",
+            "--api-key", "--fp8-gemm-backend")
+    ints = ("--tp", "--ep-size", "--chunked-prefill-size", "--context-length", "--max-running-requests",
+            "--cuda-graph-max-bs-decode", "--random-seed", "--port", "--speculative-dspark-block-size", "--nnodes",
+            "--node-rank", "--max-total-tokens", "--min-free-slots-delay")
+    floats = ("--mem-fraction-static", "--watchdog-timeout")
+    switches = ("--trust-remote-code", "--enable-decoder-swa-bounded-replay",
+                "--speculative-dspark-align-verify-tokens-to-graph-tier", "--enable-deepseek-v4-fp4-indexer",
+                "--enable-cache-report", "--sleep-on-idle", "--enable-metrics")
+    for flag in text:
+        p.add_argument(flag)
+    for flag in ints:
+        p.add_argument(flag, type=int)
+    for flag in floats:
+        p.add_argument(flag, type=float)
+    for flag in switches:
+        p.add_argument(flag, action="store_true")
+    p.set_defaults(model_path=None, tp=1, ep_size=1, nnodes=1, node_rank=0, host="127.0.0.1", port=30000,
+                   served_model_name=None, max_running_requests=16, chunked_prefill_size=8192, context_length=None)
+    return p
+
+
+class DistGroup:
+    """The torch dist group over TCP: rank 0 listens on DIST_INIT_ADDR's port, the others connect.
+    A member that goes away aborts the others (as an NCCL communicator does)."""
+
+    def __init__(self, rank: int, nnodes: int, addr: str | None, on_abort: Any) -> None:
+        self.rank, self.nnodes, self.addr, self.on_abort = rank, nnodes, addr, on_abort
+        self.peers: list[socket.socket] = []
+
+    def join(self) -> None:
+        if self.nnodes <= 1:
+            return
+        assert self.addr is not None
+        host, _, port = self.addr.rpartition(":")
+        if self.rank == 0:
+            srv = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            srv.bind(("0.0.0.0", int(port)))
+            srv.listen(self.nnodes)
+            while len(self.peers) < self.nnodes - 1:
+                conn, _ = srv.accept()
+                peer = conn.recv(16).decode().strip()
+                engine_log(0, f"dist group: rank {peer} joined")
+                self.peers.append(conn)
+            srv.close()
+            for conn in self.peers:
+                conn.sendall(b"go\n")
+        else:
+            while True:
+                try:
+                    conn = socket.create_connection((host, int(port)), timeout=5)
+                    break
+                except OSError:
+                    time.sleep(0.2)
+            conn.settimeout(None)
+            conn.sendall(f"{self.rank}\n".encode())
+            if conn.recv(3) != b"go\n":
+                self.on_abort(0)
+            self.peers.append(conn)
+        for conn in self.peers:
+            threading.Thread(target=self._watch, args=(conn,), daemon=True).start()
+
+    def _watch(self, conn: socket.socket) -> None:
+        try:
+            data = conn.recv(1)
+        except OSError:
+            data = b""
+        if not data:
+            self.on_abort(None)
+
+
+class Engine:
+    def __init__(self, args: argparse.Namespace, env: dict[str, str], mine: set[str]) -> None:
+        self.args, self.env, self.faults = args, env, mine
+        self.key = env.get("TP4_STANDIN_API_KEY") or args.api_key or ""
+        self.lock = threading.Lock()
+        self.running = 0
+        self.stopping = threading.Event()
+        self.served_name = args.served_model_name or args.model_path
+        self.slow = number("TP4_STANDIN_SLOW_FACTOR", 20) if "slow" in mine else 1.0
+        self.prefill_seen = 0
+
+    def load(self) -> dict[str, Any]:
+        with self.lock:
+            running = self.running
+        extra_running, waiting = (3, 1) if "busy" in self.faults else (0, 0)
+        if "wedge" in self.faults:
+            running = 0
+        return {"running": running + extra_running, "waiting": waiting}
+
+
+class Server(ThreadingHTTPServer):
+    daemon_threads = True
+    request_queue_size = 256  # the warm-up batch connects at once
+
+    def handle_error(self, request: object, client_address: tuple[str, int]) -> None:
+        # a client that went away (a probe's timeout) is no engine error: no Traceback in the log
+        engine_log(0, f"HTTP: connection from {client_address[0]} ended early: {sys.exc_info()[1]!r}")
+
+
+def handler(engine: Engine) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, format: str, *args: Any) -> None:
+            del format, args  # SGLang logs no access lines by default
+
+        def send_json(self, status: int, body: object) -> None:
+            data = json.dumps(body).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def authorized(self) -> bool:
+            if not engine.key or self.path.split("?")[0] in ("/health", "/health_generate"):
+                return True
+            if self.headers.get("Authorization", "") == f"Bearer {engine.key}":
+                return True
+            self.send_json(401, {"error": "Unauthorized"})
+            return False
+
+        def do_GET(self) -> None:
+            if not self.authorized():
+                return
+            path = self.path.split("?")[0]
+            load = engine.load()
+            if path in ("/health", "/health_generate"):
+                self.send_response(200)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+            elif path == "/get_load":
+                self.send_json(200, [{"dp_rank": 0, "num_reqs": load["running"] + load["waiting"],
+                                      "num_waiting_reqs": load["waiting"], "num_tokens": 0}])
+            elif path == "/v1/loads":
+                self.send_json(200, {"timestamp": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "dp_rank_count": 1,
+                                     "loads": [{"dp_rank": 0, "num_running_reqs": load["running"],
+                                                "num_waiting_reqs": load["waiting"], "num_total_reqs": load["running"] + load["waiting"],
+                                                "max_running_requests": engine.args.max_running_requests}]})
+            elif path == "/v1/models":
+                self.send_json(200, {"object": "list", "data": [{"id": engine.served_name, "object": "model",
+                                                                 "owned_by": "sglang", "root": engine.served_name}]})
+            else:
+                self.send_json(404, {"detail": "Not Found"})
+
+        def do_POST(self) -> None:
+            if not self.authorized():
+                return
+            if self.path.split("?")[0] != "/v1/chat/completions":
+                self.send_json(404, {"detail": "Not Found"})
+                return
+            try:
+                body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"{}")
+                messages = body["messages"]
+                prompt = " ".join(str(m.get("content", "")) for m in messages)
+                max_tokens = int(body.get("max_tokens") or 256)
+            except (ValueError, KeyError, TypeError, AttributeError):
+                self.send_json(400, {"object": "error", "message": "invalid request body", "code": 400})
+                return
+            boot = self.headers.get(BOOT_HEADER) == "1"
+            with engine.lock:
+                engine.running += 1
+            try:
+                if "wedge" in engine.faults and not boot:
+                    engine.stopping.wait()  # a wedged rank: the request never finishes
+                    return
+                if "busy" in engine.faults and not boot:
+                    time.sleep(number("TP4_STANDIN_BUSY_SECONDS", 5))
+                self.complete(prompt, max_tokens, bool(body.get("stream")))
+            finally:
+                with engine.lock:
+                    engine.running -= 1
+
+        def complete(self, prompt: str, max_tokens: int, stream: bool) -> None:
+            answer = ["42"] if QUESTION in prompt else [w + " " for w in PROSE]
+            # the EOS token counts against max_tokens: "42" then EOS needs two
+            tokens = answer[:max_tokens]
+            finish = "stop" if len(answer) < max_tokens else "length"
+            prompt_tokens = len(prompt.split())
+            completion_tokens = len(tokens) + (1 if finish == "stop" else 0)
+            with engine.lock:
+                engine.prefill_seen += 1
+                seen, running = engine.prefill_seen, engine.running
+            tps = (4200.0 + 137 * (seen % 5)) / 8 / engine.slow
+            engine_log(0, f"Prefill batch. #new-seq: 1, #new-token: {prompt_tokens}, #cached-token: 0, token usage: 0.00, "
+                          f"#running-req: {running - 1}, #queue-req: 0, input throughput (token/s): {tps:.2f}")
+            engine_log(0, f"Decode batch. #running-req: {running}, #token: {prompt_tokens + completion_tokens}, "
+                          f"token usage: 0.00, accept len: 3.10, cuda graph: True, gen throughput (token/s): {89.7 / engine.slow:.2f}, #queue-req: 0")
+            if "retune" in engine.faults and seen == 1:
+                engine_log(0, "flashinfer autotune: cache digest changed, tuning from scratch")
+            ident = f"chatcmpl-{os.getpid()}-{time.monotonic_ns()}"
+            usage = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+                     "total_tokens": prompt_tokens + completion_tokens}
+            if not stream:
+                self.send_json(200, {"id": ident, "object": "chat.completion", "created": int(time.time()),
+                                     "model": engine.served_name, "usage": usage,
+                                     "choices": [{"index": 0, "message": {"role": "assistant", "content": "".join(tokens).strip()},
+                                                  "finish_reason": finish}]})
+                return
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.send_header("Cache-Control", "no-cache")
+            self.send_header("Connection", "close")
+            self.end_headers()
+
+            def chunk(delta: dict[str, str], finish_reason: str | None, **extra: object) -> None:
+                data = {"id": ident, "object": "chat.completion.chunk", "created": int(time.time()), "model": engine.served_name,
+                        "choices": [{"index": 0, "delta": delta, "finish_reason": finish_reason}], **extra}
+                self.wfile.write(f"data: {json.dumps(data)}\n\n".encode())
+                self.wfile.flush()
+
+            chunk({"role": "assistant", "content": ""}, None)
+            for i, token in enumerate(tokens):
+                chunk({"content": token.rstrip() if i == len(tokens) - 1 else token}, None)
+            chunk({}, finish, usage=usage)
+            self.wfile.write(b"data: [DONE]\n\n")
+            self.wfile.flush()
+            self.close_connection = True
+
+    return Handler
+
+
+def die_with_boot() -> None:
+    """Go when boot.py goes, as every process of a container goes with its pid 1 (a host run has
+    no container around the two)."""
+    boot = os.environ.get("TP4_STANDIN_BOOT_PID")
+    if boot:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+        if str(os.getppid()) != boot:
+            os._exit(1)
+
+
+def engine_main(argv: list[str]) -> int:
+    die_with_boot()
+    parser = engine_parser()
+    args = parser.parse_args(argv)  # exit 2 with usage on an unknown flag or a bad value
+    env = dict(os.environ)
+    rank, nnodes = args.node_rank, args.nnodes
+    if args.model_path is None:
+        parser.error("the following arguments are required: --model-path")
+    if nnodes > 1 and not args.dist_init_addr:
+        parser.error("--nnodes > 1 needs --dist-init-addr")
+    if not 0 <= rank < nnodes:
+        parser.error(f"--node-rank {rank} is not below --nnodes {nnodes}")
+    if args.tp % nnodes or (args.ep_size and args.tp % args.ep_size):
+        parser.error(f"--tp {args.tp} must be a multiple of --nnodes {nnodes} and of --ep-size {args.ep_size}")
+    for flag, path in (("--speculative-dspark-sps-table-path", args.speculative_dspark_sps_table_path),
+                       ("--speculative-dspark-confidence-sts-path", args.speculative_dspark_confidence_sts_path)):
+        if path and not at_root(path).is_file():
+            parser.error(f"{flag} {path}: no such file")
+    mine = faults(rank, nnodes)
+    engine = Engine(args, env, mine)
+
+    def abort(peer: int | None) -> None:
+        if engine.stopping.is_set():
+            return
+        who = f"rank {peer}" if peer is not None else "a peer"
+        log("Traceback (most recent call last):")
+        log('  File "/sgl-workspace/sglang/python/sglang/srt/managers/scheduler.py", line 2904, in run_scheduler_process')
+        log(f"torch.distributed.DistBackendError: NCCL communicator was aborted on rank {rank}: {who} left the group")
+        os._exit(1)
+
+    def on_term(signum: int, _frame: object) -> None:
+        engine.stopping.set()
+        engine_log(rank, f"Received sig {signum}, exiting.")
+        os._exit(0)
+
+    signal.signal(signal.SIGTERM, signal.SIG_IGN if "ignore-term" in mine else on_term)
+    pool = int(number("TP4_STANDIN_KV_POOL", 9_000_000))
+    total = min(args.max_total_tokens, pool) if args.max_total_tokens else pool
+    engine_log(rank, f"server_args=ServerArgs(model_path='{args.model_path}', served_model_name='{engine.served_name}', "
+                     f"tp_size={args.tp}, ep_size={args.ep_size}, nnodes={nnodes}, node_rank={rank}, host='{args.host}', "
+                     f"port={args.port}, api_key={'***' if engine.key else None})")
+    found = stamps("commit" in mine)
+    if found:
+        engine_log(rank, f"SOURCE_COMMIT b12x_next {found[0]}")
+        engine_log(rank, f"SOURCE_PATCH b12x_next {found[1]}")
+    engine_log(rank, "Init torch distributed begin.")
+    DistGroup(rank, nnodes, args.dist_init_addr, abort).join()
+    engine_log(rank, "Init torch distributed ends. mem usage=0.00 GB")
+    engine_log(rank, "Load weight begin. avail mem=112.40 GB")
+    pace()
+    if "crash" in mine:
+        log("Traceback (most recent call last):")
+        log('  File "/sgl-workspace/sglang/python/sglang/srt/model_loader/loader.py", line 412, in load_weights_and_postprocess')
+        log("RuntimeError: CUDA error: an illegal memory access was encountered (stand-in fault: crash)")
+        return 1
+    if env.get("NCCL_SWITCHLESS_RING_ONLY") == "1":
+        engine_log(rank, "NCCL INFO NCCL_SWITCHLESS_RING_ONLY set by environment to 1")
+    lines = armed_lines(env, {"hcas": env.get("B12X_ROCE_HCA", "")})
+    omit = os.environ.get("TP4_STANDIN_OMIT", "")
+    if "omit-line" in mine:
+        target = next((t for t, req in lines if (omit in t if omit else req)), None)
+        lines = [(t, r) for t, r in lines if t != target]
+    commit8 = found[0][:8] if found else None
+    for text, _required in lines:
+        if commit8 and "on b12x_next " in text:
+            text = re.sub(r"on b12x_next [0-9a-f]{8}", f"on b12x_next {commit8}", text)
+        elif not found and text.startswith("[moe_b12x_next]"):
+            log("Traceback (most recent call last):")
+            log("ModuleNotFoundError: No module named 'b12x_next' (no /opt/b12x_next/b12x_next/SOURCE_COMMIT in the image)")
+            return 1
+        engine_log(rank, text)
+    if "forbidden" in mine:
+        engine_log(rank, os.environ.get("TP4_STANDIN_FORBIDDEN") or "[l2_prefetch] plan MISMATCH at layer 3")
+    engine_log(rank, "Load weight end. type=DeepseekV4ForCausalLM, dtype=torch.bfloat16, avail mem=41.20 GB, mem usage=71.20 GB.")
+    engine_log(rank, f"DSV4 memory calculation: bytes_per_full_token=1670.75, available_bytes={pool * 1670.75:.0f}, full_token={pool}")
+    engine_log(rank, f"KV Cache is allocated. #tokens: {total}")
+    if args.speculative_algorithm == "DSPARK":
+        gamma = args.speculative_dspark_block_size
+        engine_log(rank, f"Initialized DSpark draft runner. draft_model=dspark, gamma={gamma}, verify_num_draft_tokens={(gamma or 0) + 1}")
+    engine_log(rank, "Capture cuda graph begin. This can take up to several minutes. avail mem=12.10 GB")
+    started = time.monotonic()
+    pace()
+    engine_log(rank, f"Capture cuda graph end. Time elapsed: {time.monotonic() - started + 11.0:.2f} s. mem usage=1.10 GB. avail mem=11.00 GB.")
+    engine_log(rank, f"Capture target verify CUDA graph end. elapsed={time.monotonic() - started + 7.5:.2f}s")
+    engine_log(rank, f"max_total_num_tokens={total}, chunked_prefill_size={args.chunked_prefill_size}, max_prefill_tokens=16384, "
+                     f"max_running_requests={args.max_running_requests}, context_len={args.context_length}, available_gpu_mem=11.00 GB")
+    if "hang" in mine:
+        engine_log(rank, "Scheduler: waiting for the first batch")
+        while True:
+            time.sleep(3600)
+    if rank > 0:
+        engine_log(rank, "Scheduler ready: waiting on rank 0 in the dist group")
+        while True:
+            time.sleep(3600)
+    server = Server((args.host, args.port), handler(engine))
+    engine_log(rank, f"Uvicorn running on http://{args.host}:{args.port} (Press CTRL+C to quit)")
+    engine_log(rank, "The server is fired up and ready to roll!")
+    server.serve_forever()
+    return 0
+
+
+def main(argv: list[str]) -> int:
+    if tuple(argv[:3]) == ENGINE:
+        return engine_main(argv[3:])
+    return boot_main(argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
