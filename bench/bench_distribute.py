@@ -30,6 +30,17 @@ changes (a new build), and
                 (goal: <= 0.1; it applies with a base of at least 1 GB, else it is only printed)
   no-change     `--method registry` again with all three workers up to date (goal: <= 2 s)
 
+Head part (`tp4 build`'s load into the head's runtime, no workers): the test image flake with a
+base of --base-mb random bytes (a docker-archive, as dockerTools.pullImage fetches) and a data
+tree of --layer-mb, built by nix twice (the second build changes the data tree only); each build
+is loaded into the head's podman store, once as the OCI layout of pkgs/oci.nix (skopeo, the
+route `tp4 build` takes) and once as a stream script like streamLayeredImage's (`stream | podman
+load`, the route before it), each into a store that has the first build:
+
+  rebuild/stream  the layout's rebuild load over the stream's rebuild load (goal: <= 0.1 with a
+                  base of at least 1 GB, else only printed)
+  rebuild/first   the layout's rebuild load over its first load (printed)
+
 Prints every measurement with its goal; exits 1 when a goal is missed, 2 when the machine lacks
 something. Needs root, nix, podman, skopeo, sshd, tc, and for the registry part tp4.imagestore
 and Debian's docker-registry.
@@ -170,6 +181,53 @@ def archive_part(opts: argparse.Namespace, tmp: Path, hosts: NetnsHosts, common:
     return [Goal("parallel/single", parallel / single, 1.3), Goal("archive no-op", noop, 2.0, " s")]
 
 
+def _nix_build(flake: Path) -> str:
+    proc = process.run(["nix", "build", "--json", "--no-link", f"path:{flake}#image"])
+    return str(json.loads(proc.stdout)[0]["outputs"]["out"])
+
+
+def _timed_load(out_path: str, store: Path) -> float:
+    from tp4 import containers
+
+    os.environ["CONTAINERS_STORAGE_CONF"] = str(store)
+    start = time.monotonic()
+    containers.load(out_path, "podman")
+    return time.monotonic() - start
+
+
+def head_part(opts: argparse.Namespace, tmp: Path) -> list[Goal]:
+    """The head's load of a rebuild: the layout (skopeo, unchanged layers skipped unread) against
+    the stream (every layer regenerated and read again), each into a store with the first build."""
+    head_conf = os.environ["CONTAINERS_STORAGE_CONF"]
+    print(f"building a {opts.base_mb} MiB base and a {opts.layer_mb} MiB tree, twice, as a layout and as a stream ...",
+          flush=True)
+    outs: dict[tuple[bool, str], str] = {}
+    for stream in (False, True):
+        for label in ("one", "two"):
+            flake = image_flake(tmp / ("stream" if stream else "layout"), ref=REF, label=f"head-{label}",
+                                size_mb=opts.layer_mb, base_layers_mb=(opts.base_mb,), stream=stream)
+            outs[stream, label] = _nix_build(flake)
+    times: dict[tuple[bool, str], float] = {}
+    try:
+        for stream in (False, True):
+            store = use_driver(storage_conf(tmp / ("store-stream" if stream else "store-layout")), opts.storage_driver)
+            for label in ("one", "two"):
+                times[stream, label] = _timed_load(outs[stream, label], store)
+            podman("rmi", "-a", "-f")
+    finally:
+        os.environ["CONTAINERS_STORAGE_CONF"] = head_conf
+    print(f"\nhead load: base {opts.base_mb} MiB, changed tree {opts.layer_mb} MiB, {opts.storage_driver} store")
+    print(f"layout  first {times[False, 'one']:6.2f} s   rebuild {times[False, 'two']:6.2f} s   (skopeo copy oci: containers-storage:)")
+    print(f"stream  first {times[True, 'one']:6.2f} s   rebuild {times[True, 'two']:6.2f} s   (stream | podman load)")
+    big = opts.base_mb * MiB >= GB
+    return [
+        Goal("rebuild/stream", times[False, "two"] / times[True, "two"], 0.1, binding=big,
+             note="head load of a one-tree rebuild, layout over stream" + ("" if big else "; the goal applies with >= 1 GB")),
+        Goal("rebuild/first", times[False, "two"] / times[False, "one"], 1.0, binding=False,
+             note="the layout's rebuild load over its first load"),
+    ]
+
+
 def build_upper(tmp: Path, label: str, layer_mb: int) -> str:
     """REG_REF: the base and an upper layer of ``layer_mb`` fresh random bytes; its image id."""
     ctx = tmp / f"ctx-{label}"
@@ -249,7 +307,7 @@ def main() -> None:
     parser.add_argument("--base-mb", type=int, default=1024, help="base layer of the registry part")
     parser.add_argument("--layer-mb", type=int, default=8, help="the upper layer that changes in the registry part")
     parser.add_argument("--rate", default="200mbit", help="tc tbf rate of each worker's link")
-    parser.add_argument("--parts", choices=("all", "archive", "registry"), default="all")
+    parser.add_argument("--parts", choices=("all", "archive", "registry", "head"), default="all")
     parser.add_argument("--storage-driver", choices=("overlay", "vfs"), default="overlay",
                         help="containers-storage driver of every node's store")
     opts = parser.parse_args()
@@ -269,6 +327,11 @@ def main() -> None:
         # `python -m tp4` runs this checkout's tp4, not an installed one
         os.environ["PYTHONPATH"] = os.pathsep.join([str(REPO / "python"), *filter(None, [os.environ.get("PYTHONPATH")])])
         try:
+            if opts.parts in ("all", "head"):
+                goals += head_part(opts, tmp / "head-part")
+            if opts.parts == "head":
+                print()
+                sys.exit(report(goals))
             with NetnsHosts(tmp / "hosts", count=3) as hosts:
                 for h in hosts:
                     use_driver(Path(h.env["CONTAINERS_STORAGE_CONF"]), opts.storage_driver)
