@@ -217,9 +217,10 @@ def pull_argv(runtime: str, source: str) -> list[str]:
 
 def tunneled(remote: process.Remote, port: int, store: imagestore.Store) -> process.Remote:
     """The node's ssh with a reverse tunnel: its 127.0.0.1:<port> reaches the store on the head;
-    the connection fails when the port cannot be forwarded."""
-    return dataclasses.replace(remote, options=(*remote.options, f"RemoteForward={port} {store.url}",
-                                                "ExitOnForwardFailure=yes"))
+    the connection fails when the port cannot be forwarded. A connection of its own, not the
+    shared one: a forward asked through that would stay open as long as it does."""
+    return dataclasses.replace(remote, share_connection=False,
+                               options=(*remote.options, f"RemoteForward={port} {store.url}", "ExitOnForwardFailure=yes"))
 
 
 def pull(runtime: str, remote: process.Remote, store: imagestore.Store, repo: str, digest: str) -> None:
