@@ -133,6 +133,13 @@ class NetnsHosts:
                     raise RuntimeError(f"sshd on {host.address} did not come up")
                 time.sleep(0.1)
 
+    def unreachable(self) -> str:
+        """An address on the bridge where no host answers, trusted as if its node had been up
+        once (its key recorded): what a node that is down looks like to tp4."""
+        address = f"{self.subnet}.250"
+        knownhosts.update([address], [(address, *self.host_key(self.hosts[0]))], self.known_hosts)
+        return address
+
     def host_key(self, host: Host) -> tuple[str, str]:
         """The host's public key: (type, base64)."""
         keytype, key = (host.dir / "host_key.pub").read_text().split()[:2]

@@ -79,9 +79,10 @@ def remote_id(runtime: str, ref: str, remote: process.Remote) -> str | None:
 
 
 def send(path: Path, runtime: str, remote: process.Remote) -> None:
-    """Stream the archive into `<runtime> load` on the node."""
+    """Stream the archive into `<runtime> load` on the node, over a connection of its own: the
+    shared one would make every other command to the node wait behind the image's bytes."""
     with open(path, "rb") as stream:
-        process.run([runtime, "load"], remote=remote, stdin=stream)
+        process.run([runtime, "load"], remote=dataclasses.replace(remote, share_connection=False), stdin=stream)
 
 
 def check(ref: str, image_id: str, nodes: Sequence[process.Remote], runtime: str) -> list[Outcome]:

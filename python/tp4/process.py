@@ -38,6 +38,7 @@ that message even when a caller reported the node as failed and went on.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import shlex
@@ -376,7 +377,10 @@ def _forget(child: _Child) -> None:
 def _kill_remote(child: _Child) -> None:
     if child.remote is None or child.pidfile is None:
         return
-    argv = [*child.remote.ssh_argv(), shlex.join(["sh", "-c", _REMOTE_KILL, "tp4", child.pidfile])]
+    # a connection of its own: the shared one may be full of the stopped command's data (a stream
+    # into `podman load`), and this would wait behind it
+    own = dataclasses.replace(child.remote, share_connection=False)
+    argv = [*own.ssh_argv(), shlex.join(["sh", "-c", _REMOTE_KILL, "tp4", child.pidfile])]
     log.debug("$ %s", shlex.join(argv))
     try:
         subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, timeout=CLEANUP_TIMEOUT, check=False)
