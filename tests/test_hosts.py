@@ -321,3 +321,9 @@ def test_hashed_and_wildcard_lines_are_read_as_openssh_reads_them(tmp_path):
     assert knownhosts.update(["spark2"], [], file) == 1
     assert not knownhosts.trusted("spark2", file) and knownhosts.trusted("[spark3]:2222", file)
     assert knownhosts.fingerprint(key) == process.run(["ssh-keygen", "-lf", "-"], input=f"x ssh-ed25519 {key}\n").stdout.split()[1]
+
+
+def test_the_profile_and_the_funnel_take_the_same_host_names():
+    from tp4.profile import models
+
+    assert models._HOST.pattern == knownhosts.HOST.pattern

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from tp4 import knownhosts, process
-from tp4.errors import HostKeyError, Tp4Error
+from tp4.errors import HostKeyError, InvalidInput, Tp4Error
 
 SCAN_TIMEOUT = 10  # seconds ssh-keyscan waits for a host
 
@@ -51,6 +51,10 @@ class Verdict:
 def scan(remote: process.Remote) -> tuple[str, tuple[Key, ...]]:
     """The name the node's key is looked up by and the keys ssh-keyscan fetched from it."""
     where = process.endpoint(remote)
+    if knownhosts.host_problem(where.hostname) or any(c.isspace() or c in "#,|" for c in where.key_name):
+        raise InvalidInput(f"{remote.host}: ssh's configuration makes it HostName {where.hostname[:80]!r}, its key "
+                           f"recorded as {where.key_name[:80]!r}, which is not a host name; fix: correct the Host block "
+                           "of ~/.ssh/config for it")
     proc = process.run(["ssh-keyscan", "-T", str(SCAN_TIMEOUT), "-p", str(where.port), "--", where.hostname],
                        check=False, timeout=SCAN_TIMEOUT * 3, purpose=f"fetching the host keys of {where.key_name}")
     keys = []

@@ -47,19 +47,24 @@ def host_name(host: str, port: int | None) -> str:
     return f"[{host}]:{port}" if port and port != 22 else host
 
 
+# a host name, an IPv4 or an IPv6 address: the profile's rule (tp4.profile.models._HOST, which
+# tests/test_hosts.py holds equal to this; the profile does not import this module, for start-up time)
+HOST = re.compile(r"[A-Za-z0-9:][A-Za-z0-9._:-]{0,252}")
+
+
 def host_problem(host: str) -> str | None:
     """Why ``host`` cannot be an ssh host name or address (None: it can). Checked before any ssh
     or ssh-keyscan runs, and before a name is written into the file (a newline would add a line)."""
+    if HOST.fullmatch(host):
+        return None
     if not host:
         return "it is empty"
     if host.startswith("-"):
         return "it starts with '-', so ssh would read it as an option"
-    bad = next((c for c in host if ord(c) < 0x21 or ord(c) == 0x7F or c in ",#|\"'\\[]*?!@/"), None)
-    if bad is not None:
-        return f"it contains {bad!r}, which no host name or address has"
     if len(host) > 253:
         return "it is longer than a host name can be (253 characters)"
-    return None
+    bad = next((c for c in host if not (c.isascii() and (c.isalnum() or c in "._:-"))), host[0])
+    return f"it contains {bad!r}; a host name or address has only letters, digits, '.', '-' and ':'"
 
 
 def check_host(host: str, field: str) -> str:
