@@ -178,6 +178,8 @@ def test_a_changed_host_key_is_refused_naming_the_host_and_replace_accepts_it(ho
         with pytest.raises(HostKeyError, match=re.escape(f"the host key of {host.address} changed")) as refused:
             process.run(["true"], remote=host.remote, check=False)
         assert refused.value.changed and refused.value.host == host.address
+        with pytest.raises(HostKeyError, match=re.escape(f"the host key of {host.address} changed")):
+            process.pipe([["echo", "x"], process.Step(["cat"], remote=host.remote)])
         assert f"run `tp4 hosts trust --replace --host {host.address}`" in refused.value.message
 
         code, out, err = tp4_cli("images", *node_args(hosts, host))
@@ -327,3 +329,24 @@ def test_the_profile_and_the_funnel_take_the_same_host_names():
     from tp4.profile import models
 
     assert models._HOST.pattern == knownhosts.HOST.pattern
+
+
+@pytest.mark.parametrize("answer,code", [("n", 2), ("y", 0)])
+def test_trust_on_a_terminal_asks_before_recording(hosts, empty, answer, code):
+    main, terminal = os.openpty()
+    try:
+        tp4 = subprocess.Popen([sys.executable, "-m", "tp4", "hosts", "trust", "--host", hosts[0].address],
+                               stdin=terminal, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               env={**os.environ, "PYTHONPATH": str(PYTHON)})
+        os.write(main, f"{answer}\n".encode())
+        out, err = tp4.communicate(timeout=60)
+    finally:
+        os.close(main)
+        os.close(terminal)
+    assert tp4.returncode == code, err
+    assert f"record the keys of {hosts[0].address} in {empty}? [y/N]" in err
+    if answer == "y":
+        assert empty.read_text() == f"{hosts[0].address} {' '.join(hosts.host_key(hosts[0]))}\n"
+        assert "recorded 1 host in" in out
+    else:
+        assert "not recorded: you declined; nothing was written" in err and not empty.exists()
