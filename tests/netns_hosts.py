@@ -13,6 +13,12 @@ Each host's sshd sets ``CONTAINERS_STORAGE_CONF`` in its sessions, so ``podman``
 that host uses the host's own image store (``<dir>/storage``): the hosts share one filesystem but
 not images. ``env=`` adds environment to every session (``SetEnv``); ``Host.run`` runs a command
 on a host over ssh.
+
+tp4 trusts only the host keys in its own known_hosts (tp4.knownhosts): the hosts' keys are
+recorded in ``<workdir>/known_hosts`` and ``TP4_KNOWN_HOSTS`` points at it while the hosts are up
+(for the test process and the tp4 commands it starts), as `tp4 hosts trust` would have.
+``new_host_key(i)`` gives a host a new key (a reinstalled node), and ``close`` ends tp4's shared
+ssh connections to the hosts and every process left in their namespaces.
 Needs root, iproute2 and openssh-server.
 """
 
@@ -25,7 +31,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tp4 import process
+from tp4 import knownhosts, process
 from tp4.process import Remote
 
 SSHD = shutil.which("sshd") or "/usr/sbin/sshd"
@@ -70,6 +76,9 @@ class NetnsHosts:
         self.hosts: list[Host] = []
         self.extra_env = dict(env or {})
         self.key = self.workdir / "id_ed25519"
+        self.known_hosts = self.workdir / "known_hosts"
+        self._old_known_hosts: str | None = None
+        self._set_known_hosts = False
 
     def __enter__(self) -> NetnsHosts:
         try:
@@ -107,12 +116,16 @@ class NetnsHosts:
         self.workdir.mkdir(parents=True, exist_ok=True)
         Path("/run/sshd").mkdir(exist_ok=True)
         process.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(self.key)])
-        known_hosts = self.workdir / "known_hosts"
+        self._old_known_hosts = os.environ.get(knownhosts.ENV)
+        os.environ[knownhosts.ENV] = str(self.known_hosts)
+        self._set_known_hosts = True
+        self.known_hosts.unlink(missing_ok=True)
         self._ip("link", "add", self.bridge, "type", "bridge")
         self._ip("addr", "add", f"{self.subnet}.1/24", "dev", self.bridge)
         self._ip("link", "set", self.bridge, "up")
         for i in range(self.count):
-            self.hosts.append(self._host(i, known_hosts))
+            self.hosts.append(self._host(i))
+        knownhosts.update([], [(h.address, *self.host_key(h)) for h in self.hosts], self.known_hosts)
         deadline = time.monotonic() + 20
         for host in self.hosts:
             while process.run(["true"], remote=host.remote, check=False).returncode != 0:
@@ -120,7 +133,19 @@ class NetnsHosts:
                     raise RuntimeError(f"sshd on {host.address} did not come up")
                 time.sleep(0.1)
 
-    def _host(self, i: int, known_hosts: Path) -> Host:
+    def unreachable(self) -> str:
+        """An address on the bridge where no host answers, trusted as if its node had been up
+        once (its key recorded): what a node that is down looks like to tp4."""
+        address = f"{self.subnet}.250"
+        knownhosts.update([address], [(address, *self.host_key(self.hosts[0]))], self.known_hosts)
+        return address
+
+    def host_key(self, host: Host) -> tuple[str, str]:
+        """The host's public key: (type, base64)."""
+        keytype, key = (host.dir / "host_key.pub").read_text().split()[:2]
+        return keytype, key
+
+    def _host(self, i: int) -> Host:
         name, ns, addr = f"node{i + 1}", f"{self.prefix}h{i}", f"{self.subnet}.{2 + i}"
         hdir = self.workdir / name
         hdir.mkdir(parents=True, exist_ok=True)
@@ -143,11 +168,57 @@ class NetnsHosts:
             "UsePAM no\nMaxStartups 100\nMaxSessions 100\n"
             f"SetEnv {' '.join(f'{k}={v}' for k, v in env.items())}\n"
         )
-        sshd = process.start(["ip", "netns", "exec", ns, SSHD, "-D", "-e", "-f", str(hdir / "sshd_config")],
-                             stdout=subprocess.DEVNULL, stderr=open(hdir / "sshd.log", "wb"))
-        remote = Remote(host=addr, user="root", identity=str(self.key), options=(
-            f"UserKnownHostsFile={known_hosts}", "StrictHostKeyChecking=no", "LogLevel=ERROR"))
-        return Host(name=name, namespace=ns, address=addr, dir=hdir, remote=remote, sshd=sshd, env=env)
+        remote = Remote(host=addr, user="root", identity=str(self.key), options=("LogLevel=ERROR",))
+        host = Host(name=name, namespace=ns, address=addr, dir=hdir, remote=remote, env=env)
+        self._start_sshd(host)
+        return host
+
+    def _start_sshd(self, host: Host) -> None:
+        # its log is appended to: a test counts the connections it accepted (LogLevel VERBOSE
+        # says "Connection from ..." for each)
+        host.sshd = process.start(["ip", "netns", "exec", host.namespace, SSHD, "-D", "-e", "-o", "LogLevel=VERBOSE",
+                                   "-f", str(host.dir / "sshd_config")],
+                                  stdout=subprocess.DEVNULL, stderr=open(host.dir / "sshd.log", "ab"))
+
+    def _stop_sshd(self, host: Host) -> None:
+        """Stop the host's sshd and every session it started (they outlive the listener)."""
+        if host.sshd is not None and host.sshd.poll() is None:
+            host.sshd.terminate()
+            try:
+                host.sshd.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                host.sshd.kill()
+                host.sshd.wait()
+        pids = process.run(["ip", "netns", "pids", host.namespace], check=False).stdout.split()
+        for pid in pids:
+            try:
+                os.kill(int(pid), 9)
+            except (ProcessLookupError, ValueError):
+                pass
+
+    def close_connections(self) -> None:
+        """End tp4's shared ssh connections to the hosts (their masters, ControlMaster)."""
+        for host in self.hosts:
+            subprocess.run([*host.remote.ssh_argv()[:-2], "-O", "exit", "--", host.remote.destination],
+                           stdin=subprocess.DEVNULL, capture_output=True, timeout=15, check=False)
+
+    def new_host_key(self, i: int) -> None:
+        """A new host key for host i (its sshd restarted with it, its sessions gone): what a
+        reinstalled node, or someone in the middle, offers. tp4's known_hosts keeps the old one."""
+        host = self.hosts[i]
+        self._stop_sshd(host)
+        for f in (host.dir / "host_key", host.dir / "host_key.pub"):
+            f.unlink()
+        process.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(host.dir / "host_key")])
+        self._start_sshd(host)
+        self.wait_for_sshd(host)
+
+    def wait_for_sshd(self, host: Host, seconds: float = 20) -> None:
+        deadline = time.monotonic() + seconds
+        while process.run(["ssh-keyscan", "-T", "2", "--", host.address], check=False).stdout.count(" ") < 2:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"sshd on {host.address} did not come up")
+            time.sleep(0.1)
 
     def rate_limit(self, rate: str, burst: str = "256kb", latency: str = "50ms") -> None:
         """Limit each host's link (both directions) with a tbf qdisc, like a slower network."""
@@ -158,14 +229,16 @@ class NetnsHosts:
                          f"{self.prefix}p{i}", "root", "tbf", "rate", rate, "burst", burst, "latency", latency])
 
     def close(self) -> None:
+        self.close_connections()
         for i, host in enumerate(self.hosts):
-            if host.sshd is not None and host.sshd.poll() is None:
-                host.sshd.terminate()
-                try:
-                    host.sshd.wait(timeout=5)
-                except subprocess.TimeoutExpired:
-                    host.sshd.kill()
+            self._stop_sshd(host)
             process.run(["ip", "netns", "del", host.namespace], check=False)
             process.run(["ip", "link", "del", f"{self.prefix}v{i}"], check=False)
         process.run(["ip", "link", "del", self.bridge], check=False)
         self.hosts = []
+        if self._set_known_hosts:
+            self._set_known_hosts = False
+            if self._old_known_hosts is None:
+                os.environ.pop(knownhosts.ENV, None)
+            else:
+                os.environ[knownhosts.ENV] = self._old_known_hosts

@@ -121,7 +121,7 @@ def test_detects_a_worker_whose_image_differs_and_recopies_only_it(hosts, head, 
 
 
 def test_unreachable_worker_fails_naming_it(hosts, head, tp4_cli):
-    nobody = f"{hosts.subnet}.250"
+    nobody = hosts.unreachable()
     code, out, err = tp4_cli(*worker_args(hosts, head), "--worker", nobody)
     assert code == 1
     assert f"{nobody}: failed" in err

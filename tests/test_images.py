@@ -137,7 +137,7 @@ def test_listing_shows_provenance_and_marks_the_worker_whose_line_image_differs(
 
 def test_a_worker_that_cannot_be_reached_is_named_and_the_others_still_listed(hosts, head, tp4_cli):
     line_id = make_image(head, "rev-line", LINE)
-    nobody = f"{hosts.subnet}.250"
+    nobody = hosts.unreachable()
     code, out, err = tp4_cli("images", *node_args(hosts, [hosts[0]]), "--worker", nobody, "--ssh-option", "ConnectTimeout=3")
     assert code == 1
     assert f"{nobody}: cannot list its images: cannot reach" in out

@@ -18,7 +18,7 @@ import pytest
 
 from netns_hosts import NetnsHosts
 from tp4 import process
-from tp4.errors import Tp4Error
+from tp4.errors import InvalidInput, Tp4Error
 from tp4.process import Remote, full_argv
 
 PYTHON = Path(__file__).resolve().parent.parent / "python"
@@ -42,18 +42,25 @@ def test_a_host_that_reads_as_an_option_is_after_the_double_dash(host):
 
 
 def test_a_hostile_destination_never_runs_as_an_ssh_option(tmp_path):
-    """Real ssh: without `--` before it, `-oProxyCommand=...` would be an option and run."""
+    """The funnel refuses such a host before ssh runs; and real ssh given the argv it would
+    build (`--` before the destination) does not read `-oProxyCommand=...` as an option."""
     marker = tmp_path / "pwned"
     remote = Remote(host=f"-oProxyCommand=touch {marker}", connect_timeout=5)
-    proc = process.run(["true"], remote=remote, check=False, timeout=30)
+    with pytest.raises(InvalidInput, match="starts with '-', so ssh would read it as an option"):
+        process.run(["true"], remote=remote, check=False, timeout=30)
+    proc = subprocess.run([*remote.ssh_argv(), "true"], stdin=subprocess.DEVNULL, capture_output=True, timeout=30)
     assert proc.returncode != 0
     assert not marker.exists()
 
 
-def test_a_hostile_user_never_runs_as_an_ssh_option(tmp_path):
+def test_a_hostile_user_never_runs_as_an_ssh_option(tmp_path, monkeypatch):
     marker = tmp_path / "pwned"
+    known = tmp_path / "known_hosts"  # localhost "trusted", so that ssh really runs
+    known.write_text("localhost ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIEo2XX3SLbi8YUkyB4dxDXOILfw8PDxBcTbpfS04WNZq\n")
+    monkeypatch.setenv("TP4_KNOWN_HOSTS", str(known))
     remote = Remote(host="localhost", user=f"-oProxyCommand=touch {marker} #", connect_timeout=5)
-    process.run(["true"], remote=remote, check=False, timeout=30)
+    proc = process.run(["true"], remote=remote, check=False, timeout=30)
+    assert proc.returncode == 255
     assert not marker.exists()
 
 

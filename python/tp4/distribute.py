@@ -79,9 +79,10 @@ def remote_id(runtime: str, ref: str, remote: process.Remote) -> str | None:
 
 
 def send(path: Path, runtime: str, remote: process.Remote) -> None:
-    """Stream the archive into `<runtime> load` on the node."""
+    """Stream the archive into `<runtime> load` on the node, over a connection of its own: the
+    shared one would make every other command to the node wait behind the image's bytes."""
     with open(path, "rb") as stream:
-        process.run([runtime, "load"], remote=remote, stdin=stream)
+        process.run([runtime, "load"], remote=dataclasses.replace(remote, share_connection=False), stdin=stream)
 
 
 def check(ref: str, image_id: str, nodes: Sequence[process.Remote], runtime: str) -> list[Outcome]:
@@ -217,9 +218,10 @@ def pull_argv(runtime: str, source: str) -> list[str]:
 
 def tunneled(remote: process.Remote, port: int, store: imagestore.Store) -> process.Remote:
     """The node's ssh with a reverse tunnel: its 127.0.0.1:<port> reaches the store on the head;
-    the connection fails when the port cannot be forwarded."""
-    return dataclasses.replace(remote, options=(*remote.options, f"RemoteForward={port} {store.url}",
-                                                "ExitOnForwardFailure=yes"))
+    the connection fails when the port cannot be forwarded. A connection of its own, not the
+    shared one: a forward asked through that would stay open as long as it does."""
+    return dataclasses.replace(remote, share_connection=False,
+                               options=(*remote.options, f"RemoteForward={port} {store.url}", "ExitOnForwardFailure=yes"))
 
 
 def pull(runtime: str, remote: process.Remote, store: imagestore.Store, repo: str, digest: str) -> None:

@@ -36,3 +36,16 @@ class InvalidInput(Tp4Error):
         if self.problems:
             message = message + "\n" + "\n".join(f"  - {p}" for p in self.problems)
         super().__init__(message)
+
+
+class HostKeyError(Tp4Error):
+    """ssh refused a host because tp4's known_hosts lacks its key, or has another one (exit code 2:
+    the user decides, with `tp4 hosts trust`). ``host`` is the name looked up (``[host]:port``
+    for a port other than 22)."""
+
+    exit_code = EXIT_INVALID
+
+    def __init__(self, message: str, *, host: str, changed: bool) -> None:
+        super().__init__(message)
+        self.host = host
+        self.changed = changed

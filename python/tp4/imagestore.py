@@ -30,7 +30,7 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from tp4 import process
+from tp4 import dirs, process
 from tp4.errors import Tp4Error
 
 REGISTRY = "docker-registry"
@@ -68,8 +68,7 @@ class Store:
 
 
 def default_root() -> Path:
-    base = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
-    return Path(base) / "tp4" / "registry"
+    return dirs.state_dir() / "registry"
 
 
 def _pidfile(root: Path) -> Path:

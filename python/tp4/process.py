@@ -24,23 +24,37 @@ still running, from any thread, before ``KeyboardInterrupt`` reaches the code wa
 without it (``python -m tp4.sources``) a KeyboardInterrupt in the main thread still stops the
 child it was waiting for. As the children are in
 their own process groups, a terminal's Ctrl-C reaches only tp4, which stops them itself.
+
+ssh. Every ssh tp4 starts comes from :meth:`Remote.ssh_argv`: key authentication only
+(``BatchMode``), host keys checked strictly against tp4's own known_hosts
+(:mod:`tp4.knownhosts`; neither the user's nor the system's file can vouch for a host), and one
+connection per host reused by the commands that follow (``ControlMaster=auto``, its socket in a
+private directory, kept :data:`CONTROL_PERSIST` seconds after the last command). A host whose
+key tp4 does not know is refused before ssh runs; a refusal by ssh (unknown or changed key) is a
+:class:`~tp4.errors.HostKeyError` naming the host and the `tp4 hosts trust` that fixes it, also
+for ``check=False``, and is remembered (:data:`host_key_failures`) so that the CLI exits 2 with
+that message even when a caller reported the node as failed and went on.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import shlex
 import signal
+import stat
 import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from types import FrameType
 from typing import IO, Any, AnyStr, Literal, overload
 
-from tp4.errors import Tp4Error
+from tp4 import dirs, knownhosts
+from tp4.errors import HostKeyError, Tp4Error
 
 log = logging.getLogger("tp4.process")
 
@@ -75,9 +89,60 @@ _REMOTE_KILL = (
 )
 
 
+# seconds an idle shared ssh connection stays open after its last command (`tp4 status`, then
+# `tp4 logs`, reuse it); short, so that a forgotten host is not reachable through it for long
+CONTROL_PERSIST = 60
+# the longest Unix socket path (sun_path is 108 bytes on Linux, 104 on the BSDs), with room for
+# ssh's temporary suffix while it binds
+_SOCKET_PATH_MAX = 100
+_CONTROL_NAME_LEN = 40  # %C: a SHA1 in hex
+
+
+def _ssh_path(path: str, what: str) -> str:
+    """A path as the value of an ssh ``-o`` option: ``%`` doubled (ssh expands %-tokens in these),
+    quoted when it has a space; a quote or a control character cannot be passed at all."""
+    if any(c in path for c in '"\'') or any(ord(c) < 0x20 for c in path):
+        raise Tp4Error(f"{what} {path!r}: ssh cannot take a path with quotes or control characters; "
+                       "fix: use another directory")
+    path = path.replace("%", "%%")
+    return f'"{path}"' if any(c.isspace() for c in path) else path
+
+
+_private_dirs: set[str] = set()
+
+
+def control_dir() -> Path:
+    """The private directory (mode 0700, owned by this user) of the ssh control sockets:
+    ``$XDG_RUNTIME_DIR/tp4-ssh`` when that path is short enough for a socket, else
+    ``/tmp/tp4-ssh-<uid>``. One owned by someone else, or not a directory, is refused."""
+    uid = os.getuid()
+    runtime = dirs.runtime_base() / "tp4-ssh"
+    fits = len(os.fsencode(str(runtime))) + 1 + _CONTROL_NAME_LEN <= _SOCKET_PATH_MAX
+    path = runtime if fits and str(runtime) != "/tmp/tp4-ssh" else Path(f"/tmp/tp4-ssh-{uid}")
+    key = str(path)
+    if key in _private_dirs:
+        return path
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        pass
+    except OSError as exc:
+        raise Tp4Error(f"cannot create {path} for tp4's ssh connections: {exc.strerror}; "
+                       "fix: set XDG_RUNTIME_DIR to a private, writable directory") from None
+    st = os.lstat(path)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != uid:
+        raise Tp4Error(f"{path} (where tp4 keeps its ssh connections) is not a directory of yours; "
+                       "fix: remove it, or set XDG_RUNTIME_DIR to a private directory")
+    if stat.S_IMODE(st.st_mode) != 0o700:
+        os.chmod(path, 0o700)
+    _private_dirs.add(key)
+    return path
+
+
 @dataclass(frozen=True)
 class Remote:
-    """A host reached over ssh with key authentication only (BatchMode, no password prompts)."""
+    """A host reached over ssh with key authentication only (BatchMode, no password prompts),
+    its host key checked against tp4's known_hosts (module doc)."""
 
     host: str
     user: str | None = None
@@ -85,18 +150,35 @@ class Remote:
     port: int | None = None
     options: tuple[str, ...] = field(default_factory=tuple)
     connect_timeout: int = 15
+    # False: a connection of its own, not the shared one; for a command whose forwarding must end
+    # with it (a forward asked through the shared connection stays open as long as that does)
+    share_connection: bool = True
 
     @property
     def destination(self) -> str:
         return f"{self.user}@{self.host}" if self.user else self.host
 
     def ssh_argv(self) -> list[str]:
+        # ssh takes the first value given for an option: these come before self.options, so an
+        # extra option (--ssh-option) can add to them but not loosen the host key checking
         argv = [
             "ssh",
             "-o", "BatchMode=yes",
-            "-o", "StrictHostKeyChecking=accept-new",
+            "-o", "StrictHostKeyChecking=yes",
+            "-o", f"UserKnownHostsFile={_ssh_path(str(knownhosts.path().absolute()), 'tp4 known_hosts')}",
+            "-o", "GlobalKnownHostsFile=/dev/null",
+            "-o", "UpdateHostKeys=no",
+            "-o", "CheckHostIP=no",
             "-o", f"ConnectTimeout={self.connect_timeout}",
         ]
+        if self.share_connection:
+            argv += [
+                "-o", "ControlMaster=auto",
+                "-o", f"ControlPath={_ssh_path(str(control_dir()), 'the ssh control directory')}/%C",
+                "-o", f"ControlPersist={CONTROL_PERSIST}",
+            ]
+        else:
+            argv += ["-o", "ControlMaster=no", "-o", "ControlPath=none"]
         if self.identity:
             argv += ["-i", os.path.expanduser(self.identity), "-o", "IdentitiesOnly=yes"]
         if self.port:
@@ -145,6 +227,101 @@ def _describe(argv: Sequence[str], remote: Remote | None) -> str:
     return f"`{shlex.join([str(a) for a in argv])}`{where}"
 
 
+# --- host keys ------------------------------------------------------------------------------------
+
+# the host-key refusals of this run, by known_hosts name; the CLI exits 2 with them (module doc)
+host_key_failures: dict[str, HostKeyError] = {}
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """Where ssh really connects for a Remote (after the user's ssh configuration) and the name
+    it looks the host key up by in known_hosts."""
+
+    hostname: str
+    port: int
+    key_name: str  # HostKeyAlias, else hostname; as ``[name]:port`` for a port other than 22
+
+
+_endpoints: dict[Remote, Endpoint] = {}
+
+
+def endpoint(remote: Remote) -> Endpoint:
+    """The remote's :class:`Endpoint`, from `ssh -G` (once per remote in a run)."""
+    found = _endpoints.get(remote)
+    if found is not None:
+        return found
+    argv = [*remote.ssh_argv()[:-2], "-G", "--", remote.destination]
+    log.debug("$ %s", shlex.join(argv))
+    settings: dict[str, str] = {}
+    try:
+        proc = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=10, check=False)
+        if proc.returncode == 0:
+            settings = dict(line.split(" ", 1) for line in proc.stdout.splitlines() if " " in line)
+    except (OSError, subprocess.TimeoutExpired):
+        pass
+    hostname = settings.get("hostname", remote.host)
+    text = settings.get("port", "")
+    port = int(text) if text.isdigit() else remote.port or 22
+    alias = settings.get("hostkeyalias", "none")
+    found = Endpoint(hostname, port, knownhosts.host_name(alias if alias != "none" else hostname, port))
+    _endpoints[remote] = found
+    return found
+
+
+def key_name(remote: Remote) -> str:
+    """The name ssh looks the remote's host key up by (:class:`Endpoint`)."""
+    return endpoint(remote).key_name
+
+
+def trust_command(remote: Remote, *, replace: bool = False) -> str:
+    """The `tp4 hosts trust` that records this remote's key."""
+    argv = ["tp4", "hosts", "trust", *(["--replace"] if replace else []), "--host", remote.host]
+    return shlex.join(argv + (["--port", str(remote.port)] if remote.port and remote.port != 22 else []))
+
+
+def _refused(remote: Remote, name: str, *, changed: bool) -> HostKeyError:
+    file = knownhosts.path()
+    if changed:
+        error = HostKeyError(
+            f"the host key of {name} changed: ssh was offered another key than the one tp4 recorded in {file} "
+            f"(REMOTE HOST IDENTIFICATION HAS CHANGED); if that is expected (the host was reinstalled), run "
+            f"`{trust_command(remote, replace=True)}` and check the fingerprints it shows; if not, someone may be "
+            "intercepting the connection", host=name, changed=True)
+    else:
+        error = HostKeyError(
+            f"{name} is not a host tp4 trusts yet: its key is not in {file}; fix: run `tp4 hosts trust --profile FILE` "
+            f"(every node of the line) or `{trust_command(remote)}`, check the fingerprints it shows, and retry",
+            host=name, changed=False)
+    host_key_failures.setdefault(name, error)
+    return error
+
+
+def _check_host(remote: Remote) -> None:
+    """Before ssh runs: a host name that is no host is refused; so is a host tp4 does not know
+    (also when a shared connection to it is still open: ssh would not check the key again)."""
+    from tp4.errors import InvalidInput
+
+    problem = knownhosts.host_problem(remote.host)
+    if problem:
+        raise InvalidInput(f"ssh host {remote.host[:80]!r}: not a host name or address: {problem}; "
+                           "fix: pass the node's ssh name or address")
+    name = key_name(remote)
+    if not knownhosts.trusted(name):
+        raise _refused(remote, name, changed=False)
+
+
+def _host_key_refusal(remote: Remote | None, code: int | None, err: str | bytes | None) -> HostKeyError | None:
+    """The HostKeyError of an ssh that exited 255 because it refused the host's key, else None."""
+    if remote is None or code != 255 or not err:
+        return None
+    text = err if isinstance(err, str) else err.decode(errors="replace")
+    changed = "REMOTE HOST IDENTIFICATION HAS CHANGED" in text or "has changed and you have requested strict" in text
+    if not changed and "Host key verification failed" not in text:
+        return None
+    return _refused(remote, key_name(remote), changed=changed)
+
+
 # --- children -------------------------------------------------------------------------------------
 
 
@@ -167,6 +344,7 @@ def _spawn(argv: Sequence[str], remote: Remote | None, env: Mapping[str, str] | 
         cmd = [str(a) for a in argv]
         local_env = {**os.environ, **env} if env else None
     else:
+        _check_host(remote)
         pidfile = f"/tmp/tp4-{os.urandom(8).hex()}.pid"
         wrapped = ["sh", "-c", _REMOTE_WRAPPER, "tp4", pidfile, *_remote_command(argv, env)]
         cmd = [*remote.ssh_argv(), shlex.join(wrapped)]
@@ -199,7 +377,10 @@ def _forget(child: _Child) -> None:
 def _kill_remote(child: _Child) -> None:
     if child.remote is None or child.pidfile is None:
         return
-    argv = [*child.remote.ssh_argv(), shlex.join(["sh", "-c", _REMOTE_KILL, "tp4", child.pidfile])]
+    # a connection of its own: the shared one may be full of the stopped command's data (a stream
+    # into `podman load`), and this would wait behind it
+    own = dataclasses.replace(child.remote, share_connection=False)
+    argv = [*own.ssh_argv(), shlex.join(["sh", "-c", _REMOTE_KILL, "tp4", child.pidfile])]
     log.debug("$ %s", shlex.join(argv))
     try:
         subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, timeout=CLEANUP_TIMEOUT, check=False)
@@ -306,6 +487,7 @@ def run(
     env: Mapping[str, str] | None = None,
     cwd: str | os.PathLike[str] | None = None,
     timeout: float | None = None,
+    purpose: str | None = None,
     secrets: Iterable[str] = (),
     text: Literal[True] = True,
     echo: Echo | None = None,
@@ -324,6 +506,7 @@ def run(
     env: Mapping[str, str] | None = None,
     cwd: str | os.PathLike[str] | None = None,
     timeout: float | None = None,
+    purpose: str | None = None,
     secrets: Iterable[str] = (),
     text: Literal[False],
     echo: Echo | None = None,
@@ -341,6 +524,7 @@ def run(
     env: Mapping[str, str] | None = None,
     cwd: str | os.PathLike[str] | None = None,
     timeout: float | None = None,
+    purpose: str | None = None,
     secrets: Iterable[str] = (),
     text: bool = True,
     echo: Echo | None = None,
@@ -350,7 +534,9 @@ def run(
     ``stdin`` is an open file the command reads (``$ … < file`` in the log); ``input`` is data
     written to it. With ``check`` a non-zero exit raises :class:`Tp4Error` naming the command
     (secrets redacted) and the tail of its stderr. ``echo`` (a callable) shows the ``$ …`` line
-    as progress instead of the debug log.
+    as progress instead of the debug log. ``timeout`` (seconds) stops the command, on its host
+    too, and raises a Tp4Error naming the command, its host and ``purpose`` (what it was for,
+    e.g. "listing the images of spark2"), which also heads the error of a failed command.
     """
     secrets = tuple(s for s in secrets if s)
     _announce(shlex.join(full_argv(argv, remote, env)) + _from_file(stdin), secrets, echo)
@@ -361,7 +547,8 @@ def run(
         "stdin": subprocess.PIPE if input is not None else stdin,
         "stdout": out_err, "stderr": out_err, "text": text,
     })
-    return _finish(child, redact(_describe(argv, remote), secrets), input=input, timeout=timeout, check=check,
+    what = redact(_describe(argv, remote), secrets)
+    return _finish(child, f"{purpose} ({what})" if purpose else what, input=input, timeout=timeout, check=check,
                    secrets=secrets, capture=capture)
 
 
@@ -378,6 +565,9 @@ def _finish(child: _Child, what: str, *, input: str | bytes | None, timeout: flo
     finally:
         _forget(child)
     proc = subprocess.CompletedProcess(child.popen.args, child.popen.returncode, out, err)
+    refusal = _host_key_refusal(child.remote, proc.returncode, err if capture else None)
+    if refusal is not None:
+        raise refusal
     if check and proc.returncode != 0:
         raise Tp4Error(f"{what} failed with exit code {proc.returncode}" + (_tail(err, secrets) if capture else ""))
     return proc
@@ -409,6 +599,7 @@ def pipe(
     *,
     stdin: IO[bytes] | None = None,
     timeout: float | None = None,
+    purpose: str | None = None,
     secrets: Iterable[str] = (),
     text: Literal[True] = True,
     echo: Echo | None = None,
@@ -421,6 +612,7 @@ def pipe(
     *,
     stdin: IO[bytes] | None = None,
     timeout: float | None = None,
+    purpose: str | None = None,
     secrets: Iterable[str] = (),
     text: Literal[False],
     echo: Echo | None = None,
@@ -432,6 +624,7 @@ def pipe(
     *,
     stdin: IO[bytes] | None = None,
     timeout: float | None = None,
+    purpose: str | None = None,
     secrets: Iterable[str] = (),
     text: bool = True,
     echo: Echo | None = None,
@@ -469,7 +662,8 @@ def pipe(
             failed = _wait_all(children, deadline)
             if failed is None:
                 _stop(children)
-                raise Tp4Error(f"`{redact(_joined(plan), secrets)}` did not finish within {timeout:g} s")
+                raise Tp4Error(f"{purpose + ': ' if purpose else ''}`{redact(_joined(plan), secrets)}`"
+                               f"{_hosts_of(plan)} did not finish within {timeout:g} s")
             if any(code != 0 for code in failed):
                 _stop(children)  # the others are stopped: their exit codes say nothing
         except BaseException:
@@ -484,10 +678,15 @@ def pipe(
                 tails.append(e.read())
                 e.close()
         bad = [i for i, code in enumerate(failed) if code not in (None, 0)]
+        for i in bad:
+            refusal = _host_key_refusal(plan[i].remote, failed[i], tails[i])
+            if refusal is not None:
+                raise refusal
         if bad:
             culprit = next((i for i in bad if not _broken_pipe(failed[i] or 0)), bad[0])
             step = plan[culprit]
             raise Tp4Error(
+                f"{purpose + ': ' if purpose else ''}"
                 f"{redact(_describe(step.argv, step.remote), secrets)} failed with exit code {failed[culprit]} "
                 f"(in `{redact(_joined(plan), secrets)}`)" + _tail(tails[culprit], secrets)
             )
@@ -500,6 +699,11 @@ def pipe(
         done = subprocess.CompletedProcess(plan[-1].argv, 0, data, tails[-1])
     done.args = [list(s.argv) for s in plan]  # one argv per step, which __init__'s type (one command) cannot say
     return done
+
+
+def _hosts_of(plan: Sequence[Step]) -> str:
+    hosts = list(dict.fromkeys(s.remote.destination for s in plan if s.remote is not None))
+    return f" (on {', '.join(hosts)})" if hosts else ""
 
 
 def _joined(plan: Sequence[Step]) -> str:

@@ -36,6 +36,7 @@ SUBCOMMANDS: dict[str, tuple[str, str, str]] = {
     "distribute": ("tp4.cli.build", "distribute", "Copy the built image to the workers."),
     "images": ("tp4.cli.images", "images", "The tp4 images on every node (id, digest, pins); prune old builds."),
     "image-store": ("tp4.cli.build", "image_store", "The head's image store (registry) the workers pull from."),
+    "hosts": ("tp4.cli.hosts", "hosts", "The ssh host keys tp4 trusts: trust (after showing fingerprints), list, forget."),
 }
 
 
@@ -124,11 +125,33 @@ def main(argv: list[str] | None = None) -> None:
                 signal.signal(sig, handler)
 
 
+def _host_key_refusals() -> list[Tp4Error]:
+    """What ssh refused in this run for a host key (tp4.process, when a command loaded it)."""
+    process = sys.modules.get("tp4.process")
+    return list(process.host_key_failures.values()) if process is not None else []
+
+
+def _exit_for_refusals(shown: str = "") -> None:
+    """A host-key refusal decides the exit (2, the user must act) and is said once, even when the
+    command only reported its node as failed."""
+    refusals = _host_key_refusals()
+    if not refusals:
+        return
+    for refusal in refusals:
+        if refusal.message not in shown:
+            click.echo(f"error: {refusal.message}", err=True)
+    sys.exit(refusals[0].exit_code)
+
+
 def _main(argv: list[str] | None) -> None:
+    process = sys.modules.get("tp4.process")
+    if process is not None:  # an earlier run in this interpreter (tests, an embedding program)
+        process.host_key_failures.clear()
     try:
         rv = cli.main(args=argv, prog_name="tp4", standalone_mode=False)
     except Tp4Error as exc:
         click.echo(f"error: {exc.message}", err=True)
+        _exit_for_refusals(exc.message)
         sys.exit(exc.exit_code)
     except click.exceptions.Abort as exc:  # click turns KeyboardInterrupt into Abort
         if isinstance(exc.__cause__, KeyboardInterrupt):
@@ -150,4 +173,5 @@ def _main(argv: list[str] | None) -> None:
         click.echo(f"error: internal error ({type(exc).__name__}: {exc}); rerun with -v for the traceback "
                    "and report it", err=True)
         sys.exit(70)
+    _exit_for_refusals()
     sys.exit(rv if isinstance(rv, int) else 0)

@@ -63,8 +63,9 @@ def build(flake_dir: Path | None, attr: str, runtime: str | None, system: str | 
 
 
 def _nodes(hosts: tuple[str, ...], profile_path: str | None, user: str | None, identity: str | None,
-           port: int | None, ssh_options: tuple[str, ...], strict: bool = False) -> list[Remote]:
-    """The workers: the --worker hosts, else the workers (ranks 1..) of the profile's plan."""
+           port: int | None, ssh_options: tuple[str, ...], strict: bool = False, *, head: bool = False) -> list[Remote]:
+    """The workers: the --worker hosts, else the workers (ranks 1..) of the profile's plan; with
+    ``head``, the plan's head (rank 0) too."""
     names = [h for item in hosts for h in item.replace(",", " ").split()]
     if names:
         return [Remote(host=h, user=user, identity=identity, port=port, options=ssh_options) for h in names]
@@ -73,7 +74,7 @@ def _nodes(hosts: tuple[str, ...], profile_path: str | None, user: str | None, i
 
     plan = build_plan(load_profile(profile_path, strict))
     nodes = [Remote(host=n.ssh.host, user=user or n.ssh.user, identity=identity or n.ssh.identity,
-                    port=port or n.ssh.port, options=ssh_options) for n in plan.nodes if n.rank > 0]
+                    port=port or n.ssh.port, options=ssh_options) for n in plan.nodes if n.rank > 0 or head]
     if not nodes:
         raise InvalidInput("the profile has no workers: add [[cluster.workers]], or pass --worker HOST")
     return nodes

@@ -1,0 +1,101 @@
+"""`tp4 hosts trust | list | forget`: the host keys tp4's ssh trusts (tp4.knownhosts)."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from tp4 import hosts as hosts_mod
+from tp4 import knownhosts
+from tp4.errors import InvalidInput
+from tp4.process import Remote
+
+
+@click.group("hosts")
+def hosts() -> None:
+    """The ssh host keys tp4 trusts, in its own known_hosts file ($TP4_KNOWN_HOSTS, default
+    $XDG_STATE_HOME/tp4/known_hosts). Every ssh tp4 runs checks host keys strictly against this
+    file only: record a node's keys once with `tp4 hosts trust` after checking the fingerprints
+    it shows (e.g. against `ssh-keygen -lf /etc/ssh/ssh_host_ed25519_key.pub` on the node)."""
+
+
+def _port(value: int | None) -> int | None:
+    return None if value in (None, 22) else value
+
+
+def _remotes(profile_path: str | None, names: tuple[str, ...], port: int | None) -> list[Remote]:
+    if profile_path and names:
+        raise InvalidInput("--profile and --host contradict each other: pass the profile (all its nodes) or the hosts")
+    if names:
+        return [Remote(host=knownhosts.check_host(h, "--host"), port=_port(port)) for h in names]
+    from tp4.cli.build import _nodes
+
+    return _nodes((), profile_path, None, None, port, (), head=True)
+
+
+@hosts.command("trust")
+@click.option("--profile", "-p", "profile_path", type=click.Path(dir_okay=False),
+              help="Profile whose nodes (head and workers, their ssh address and port) to trust; default: the embedded one.")
+@click.option("--host", "names", multiple=True, metavar="HOST", help="A host's ssh name or address instead of the profile's nodes; repeatable.")
+@click.option("--port", type=click.IntRange(1, 65535), default=None, help="ssh port (default: the node's, else 22).")
+@click.option("--yes", "-y", is_flag=True, help="Record the keys shown without asking (needed when stdin is not a terminal).")
+@click.option("--replace", is_flag=True, help="Accept a node whose key changed: its recorded keys are replaced by those it offers now.")
+def trust(profile_path: str | None, names: tuple[str, ...], port: int | None, yes: bool, replace: bool) -> None:
+    """Fetch each node's host keys (ssh-keyscan), show their fingerprints and record them.
+
+    A node already recorded with the keys it offers is `already trusted`. A node offering another
+    key than the recorded one is refused, naming it and both fingerprints, and nothing is
+    written, unless --replace. Without --yes the keys are recorded only after a `y` on the
+    terminal.
+    """
+    verdicts = hosts_mod.examine(_remotes(profile_path, names, port))
+    for v in verdicts:
+        if v.status == "trusted":
+            click.echo(f"{v.name}: already trusted ({', '.join(k.shown() for k in v.recorded)})")
+            continue
+        click.echo(f"{v.name}: {'new' if v.status == 'new' else 'CHANGED'}")
+        if v.status == "changed":
+            for k in v.recorded:
+                click.echo(f"  recorded {k.shown()}")
+        for k in v.offered:
+            click.echo(f"  {'offered  ' if v.status == 'changed' else ''}{k.shown()}")
+    if not replace:
+        hosts_mod.refuse_changed(verdicts)
+    todo = [v for v in verdicts if v.status != "trusted"]
+    if not todo:
+        return
+    file = knownhosts.path()
+    if not yes:
+        if not sys.stdin.isatty():
+            raise InvalidInput("not recording the keys above: stdin is not a terminal to confirm on; fix: check the "
+                               "fingerprints against the nodes and rerun with --yes")
+        if not click.confirm(f"record the keys of {', '.join(v.name for v in todo)} in {file}?", err=True):
+            raise InvalidInput("not recorded: you declined; nothing was written")
+    count = hosts_mod.record(todo)
+    click.echo(f"recorded {count} host{'s' if count != 1 else ''} in {file}")
+
+
+@hosts.command("list")
+def list_() -> None:
+    """The recorded keys: name, key type and fingerprint, one a line."""
+    entries = knownhosts.read()
+    if not entries:
+        click.echo(f"no host keys recorded in {knownhosts.path()}: run `tp4 hosts trust`", err=True)
+        return
+    for e in entries:
+        name = "(hashed name)" if e.hashed else e.names
+        marker = f"  {e.marker}" if e.marker else ""
+        click.echo(f"{name}  {knownhosts.kind(e.keytype)} {e.fingerprint}{marker}")
+
+
+@hosts.command("forget")
+@click.argument("host")
+@click.option("--port", type=click.IntRange(1, 65535), default=None, help="ssh port the key was recorded for (default 22).")
+def forget(host: str, port: int | None) -> None:
+    """Remove the recorded keys of HOST: tp4 refuses to connect to it until it is trusted again."""
+    name, removed = hosts_mod.forget(Remote(host=knownhosts.check_host(host, "HOST"), port=_port(port)))
+    if removed:
+        click.echo(f"{name}: forgot {removed} key{'s' if removed != 1 else ''}")
+    else:
+        click.echo(f"{name}: not recorded in {knownhosts.path()}, nothing to forget")
