@@ -2,7 +2,7 @@
 # Set up tp4 on a fresh Debian 12 machine: a virtualenv at <repo>/.venv with the tp4 CLI.
 #   bash python/setup.sh          the CLI only (enough for `tp4 plan`, `tp4 profile`)
 #   bash python/setup.sh --test   also the system tools and Python packages the tests use
-#                                 (nix, busybox, sshd, podman, skopeo, umoci, iproute2, g++, binutils)
+#                                 (nix, busybox, sshd, podman, docker, skopeo, umoci, iproute2, g++, binutils)
 set -euo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 want_test=0
@@ -23,6 +23,7 @@ if [ "$want_test" = 1 ]; then
   need runc runc
   need skopeo skopeo
   need docker-registry docker-registry
+  need dockerd docker.io
   need umoci umoci
   need git git
   need g++ g++

@@ -71,8 +71,11 @@ def load_argv(out_path: str, runtime: str, ref: str = "<ref>") -> tuple[list[str
     digest, unread), a stream script piped into `<runtime> load`, a tarball loaded with -i."""
     kind = image_kind(out_path)
     if kind == "oci":
-        dest = f"containers-storage:{local_ref(runtime, ref)}" if runtime == "podman" else f"docker-daemon:{ref}"
-        return None, ["skopeo", "copy", "--quiet", oci_source(out_path, ref), dest]
+        if runtime == "podman":
+            return None, ["skopeo", "copy", "--quiet", oci_source(out_path, ref), f"containers-storage:{local_ref(runtime, ref)}"]
+        # skopeo does not read DOCKER_HOST (a rootless or remote docker): pass it on
+        daemon = ["--dest-daemon-host", os.environ["DOCKER_HOST"]] if os.environ.get("DOCKER_HOST") else []
+        return None, ["skopeo", "copy", "--quiet", *daemon, oci_source(out_path, ref), f"docker-daemon:{ref}"]
     if kind == "stream":
         return [out_path], [runtime, "load"]
     return None, [runtime, "load", "-i", out_path]
