@@ -53,7 +53,6 @@ from pathlib import Path
 from types import FrameType
 from typing import IO, Any, AnyStr, Literal, overload
 
-from tp4 import dirs, knownhosts
 from tp4.errors import HostKeyError, Tp4Error
 
 log = logging.getLogger("tp4.process")
@@ -115,6 +114,7 @@ def control_dir() -> Path:
     """The private directory (mode 0700, owned by this user) of the ssh control sockets:
     ``$XDG_RUNTIME_DIR/tp4-ssh`` when that path is short enough for a socket, else
     ``/tmp/tp4-ssh-<uid>``. One owned by someone else, or not a directory, is refused."""
+    from tp4 import dirs  # not at import: tp4.sources (pkgs/src.nix) runs without them
     uid = os.getuid()
     runtime = dirs.runtime_base() / "tp4-ssh"
     fits = len(os.fsencode(str(runtime))) + 1 + _CONTROL_NAME_LEN <= _SOCKET_PATH_MAX
@@ -159,6 +159,7 @@ class Remote:
         return f"{self.user}@{self.host}" if self.user else self.host
 
     def ssh_argv(self) -> list[str]:
+        from tp4 import knownhosts  # not at import: tp4.sources (pkgs/src.nix) runs without them
         # ssh takes the first value given for an option: these come before self.options, so an
         # extra option (--ssh-option) can add to them but not loosen the host key checking
         argv = [
@@ -248,6 +249,7 @@ _endpoints: dict[Remote, Endpoint] = {}
 
 def endpoint(remote: Remote) -> Endpoint:
     """The remote's :class:`Endpoint`, from `ssh -G` (once per remote in a run)."""
+    from tp4 import knownhosts  # not at import: tp4.sources (pkgs/src.nix) runs without them
     found = _endpoints.get(remote)
     if found is not None:
         return found
@@ -281,6 +283,7 @@ def trust_command(remote: Remote, *, replace: bool = False) -> str:
 
 
 def _refused(remote: Remote, name: str, *, changed: bool) -> HostKeyError:
+    from tp4 import knownhosts  # not at import: tp4.sources (pkgs/src.nix) runs without them
     file = knownhosts.path()
     if changed:
         error = HostKeyError(
@@ -300,6 +303,7 @@ def _refused(remote: Remote, name: str, *, changed: bool) -> HostKeyError:
 def _check_host(remote: Remote) -> None:
     """Before ssh runs: a host name that is no host is refused; so is a host tp4 does not know
     (also when a shared connection to it is still open: ssh would not check the key again)."""
+    from tp4 import knownhosts  # not at import: tp4.sources (pkgs/src.nix) runs without them
     from tp4.errors import InvalidInput
 
     problem = knownhosts.host_problem(remote.host)
