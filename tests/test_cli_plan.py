@@ -12,7 +12,7 @@ from tp4.plan import SCHEMA
 
 pytestmark = pytest.mark.unit
 
-NODE_KEYS = {"rank", "role", "name", "host", "ssh", "env", "argv", "run", "gid"}
+NODE_KEYS = {"rank", "role", "name", "host", "ssh", "env", "argv", "run", "gid", "service"}
 TOP_KEYS = {"schema", "preset", "source", "image", "line", "nodes", "boot_lines", "forbidden_lines", "secrets", "warnings", "notes"}
 
 
@@ -25,6 +25,10 @@ def test_plan_default_is_the_full_production_line(tp4_cli):
     assert [n["rank"] for n in plan["nodes"]] == [0, 1, 2, 3]
     assert [n["host"] for n in plan["nodes"]] == ["10.0.0.1", "10.0.0.2", "10.0.0.3", "10.0.0.4"]
     assert all(set(n) == NODE_KEYS for n in plan["nodes"])
+    # DGX OS hosts: docker runs each rank's container, its env in a file beside the checkout
+    assert plan["nodes"][0]["service"] == {"kind": "plain", "runtime": "docker", "unit": None,
+                                           "env_file": "/home/zurih/dsv41-4x-spark/dsv41-head.env"}
+    assert plan["nodes"][1]["service"]["env_file"] == "/home/zurih/dsv41-4x-spark/dsv41-worker.env"
     assert plan["image"]["tag"] == "dsv41-4x-spark:canary-roce"
     assert plan["image"]["base"].endswith("@sha256:3dbc313030a6ef2c5d7de8ecf48e9aece722694a82182cb618cc82b588816349")
     assert plan["line"] == {"nnodes": 4, "tp": 4, "ep": 1, "fabric": "switched", "dist_init_addr": "10.0.0.1:20000", "api": "http://10.0.0.1:8888"}

@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from tp4.profile.load import Loaded
     from tp4.profile.models import Cluster, Node, Profile
 
-SCHEMA = "tp4.plan/1.2"
+SCHEMA = "tp4.plan/1.3"
 # kept for the callers that name a mount target; the values live in tp4/data/container.toml
 MODEL_MOUNT = MOUNTS.model
 STATE_MOUNT = MOUNTS.state
@@ -36,6 +36,8 @@ Role = Literal["head", "worker"]
 Variant = Literal["base", "canary", "canary-roce"]
 Fabric = Literal["switched", "ring"]
 MountType = Literal["bind", "volume"]
+HostKind = Literal["plain", "nixos"]
+Runtime = Literal["docker", "podman"]
 
 
 class SshTarget(NamedTuple):
@@ -91,6 +93,16 @@ class GidIndex(NamedTuple):
     hcas: Annotated[tuple[str, ...], "the RDMA devices whose GID table is read"]
 
 
+class Service(NamedTuple):
+    """How the node runs its rank: tp4 runs the container over ssh (plain), or the NixOS module's
+    unit does and tp4 starts and stops it (nixos)."""
+
+    kind: Annotated[HostKind, "plain (tp4 runs the container) or nixos (the module's unit runs it)"]
+    runtime: Annotated[Runtime, "the node's container runtime"]
+    unit: Annotated[str | None, "the systemd unit of the rank (nixos), else null"]
+    env_file: Annotated[str, "where serve writes the rank's environment (mode 0600; the container reads it, it never goes into argv)"]
+
+
 class RankPlan(NamedTuple):
     """One rank: one Spark, one container."""
 
@@ -103,6 +115,7 @@ class RankPlan(NamedTuple):
     argv: Annotated[tuple[str, ...], "the engine command boot.py runs, without --api-key"]
     run: Annotated[RunSpec, "the container run spec"]
     gid: Annotated[GidIndex, "where NCCL_IB_GID_INDEX comes from"]
+    service: Annotated[Service, "how the node runs the rank"]
 
 
 class ImageRef(NamedTuple):
@@ -400,12 +413,28 @@ def run_spec(p: Profile, rank: int) -> RunSpec:
         cap_add=("IPC_LOCK",),
         gpus="all",
         shm_size=cl.shm_size,
-        ulimits=Ulimits(memlock="-1:-1", stack="67108864"),
+        ulimits=Ulimits(memlock=cl.memlock, stack="67108864"),
         devices=("/dev/infiniband:/dev/infiniband",),
         mounts=tuple(mounts),
         restart="no",
         workdir=workdir,
     )
+
+
+# where a NixOS host's rank unit reads its environment (the NixOS module's oci-containers
+# environmentFiles): a tmpfs only root reads
+NIXOS_ENV_DIR = "/run/tp4"
+
+
+def service(p: Profile, rank: int) -> Service:
+    node = p.nodes[rank]
+    container = p.cluster.head_container if rank == 0 else p.cluster.worker_container
+    if node.kind == "nixos":
+        # virtualisation.oci-containers names the unit of container C `<backend>-C.service`
+        return Service(kind="nixos", runtime=node.runtime, unit=f"{node.runtime}-{container}.service",
+                       env_file=f"{NIXOS_ENV_DIR}/{container}.env")
+    workdir = expand(node.workdir, home_of(node, p.cluster))
+    return Service(kind="plain", runtime=node.runtime, unit=None, env_file=f"{workdir}/{container}.env")
 
 
 # The commands that look a node's RoCE v2 GID index up at start when the profile does not pin it.
@@ -449,6 +478,7 @@ def build_plan(loaded: Loaded, registry: Registry | None = None) -> Plan:
             argv=engine_argv(env, sps=p.engine.use_sps_table, sts=p.engine.use_sts_table),
             run=run_spec(p, rank),
             gid=gid_index(p, rank),
+            service=service(p, rank),
         ))
     head_env = nodes[0].env
     return Plan(

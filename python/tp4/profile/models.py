@@ -177,6 +177,9 @@ class Node(Section):
     engram_dir: str | None = Field(
         None, description="Packed Engram shards, mounted at /engram; default ~/dsv41-engram on the head (ENGRAM_DIR), `<workdir>/engram` on workers (WORKER_ENGRAM_DIR).")
     gid_index: Int | None = Field(None, ge=0, le=255, description="This node's NCCL_IB_GID_INDEX; default `fabric.gid_index`.")
+    kind: Literal["plain", "nixos"] = Field(
+        "plain", description="plain: a DGX OS / Ubuntu host where tp4 runs the rank's container over ssh; nixos: a host of the NixOS module, whose unit runs the rank (serve starts and stops it).")
+    runtime: Literal["docker", "podman"] = Field("docker", description="Container runtime of the node (docker on DGX OS).")
 
     @field_validator("name")
     @classmethod
@@ -229,6 +232,8 @@ class Cluster(Section):
     head_container: str = Field("dsv41-head", description="Container name on the head (HEAD_CTN).")
     worker_container: str = Field("dsv41-worker", description="Container name on workers (WORKER_CTN).")
     shm_size: str = Field("32g", description="Container /dev/shm size (SHM_SIZE).")
+    memlock: Annotated[str, Form(r"(-1|[0-9]{1,19}):(-1|[0-9]{1,19})", "soft:hard locked-memory limits in bytes, -1 for unlimited", '-1:-1')] = Field(
+        "-1:-1", description="Locked-memory limit of every rank's container (soft:hard, -1 = unlimited). RDMA registers the KV pool: anything but -1:-1 is for hosts without RDMA (tests).")
 
     @field_validator("head_container", "worker_container")
     @classmethod

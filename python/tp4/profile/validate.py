@@ -105,6 +105,9 @@ def validate(profile: Profile, registry: Registry | None = None) -> tuple[list[P
         err("engine.use_sps_table", "with the SPS table the first mixed batch dies in the Engram target-verify path", "set it to false (production does)")
     if profile.engine.offload_mode == "ram":
         err("engine.offload_mode", "ram offload pins ~189 GiB, which never fits on a Spark", 'use "nvme"')
+    if cl.memlock != "-1:-1":
+        warn("cluster.memlock", f"{cl.memlock} limits locked memory: RDMA registers the KV pool and NCCL's buffers, which needs it unlimited",
+             'keep "-1:-1" on Sparks; a limit is for hosts without RDMA')
     if eng.max_total_tokens > 8_000_000:
         warn("engine.max_total_tokens", f"{eng.max_total_tokens} is above the measured 8M pin; a pin above the smallest KV budget a boot computes kills the boot or is clamped",
              "read `DSV4 memory calculation: ... full_token=<N>` from a boot and stay under it")
