@@ -14,9 +14,11 @@ what they must contain. No process, no file, no clock.
   (`[moe_b12x_next] armed: routed MoE on b12x_next <commit8> ...`, what upstream's line prints).
   `review_boot_logs` gives the problems and, apart, the notes (a line the registry marks
   `required = false` that is missing: evidence, not a gate).
-* `phase_of` / `ready_port`: which boot phase a line begins. boot.py (upstream, rank 0) runs its
-  smoke as soon as `/health` answers, then its warm-up, then prints `Ready: API on port <PORT>`.
-* `boot_signature` / `judge`: the boot-state check of the LuZ ring repo (`scripts/boot-signature.sh`):
+* `phase_of` / `ready_port`: which boot phase a line begins. boot.py (rank 0; its lines as the
+  fork copy of docs/upstream.md prints them) runs its smoke as soon as `/health` answers, then its
+  warm-up, then prints `Ready: API on port <PORT>`.
+* `boot_signature` / `judge`: the boot-state check of the LuZ ring repository (L in docs/upstream.md,
+  `scripts/boot-signature.sh`):
   the median per-batch `input throughput (token/s)` between `The server is fired up and ready to
   roll` and `Warm-up done in` (healthy 388-709, a slow boot ~55 with a byte-identical config),
   `tuning from scratch` (the autotune was redrawn), the target-verify CUDA graph capture (> 10 s is
