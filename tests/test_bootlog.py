@@ -20,7 +20,6 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
-from standin import image
 
 from tp4.bootlog import (
     PHASES,
@@ -45,12 +44,23 @@ from tp4.profile.load import load_default
 pytestmark = pytest.mark.unit
 
 ENGINE = Path(__file__).resolve().parent / "standin" / "engine.py"
+MANIFEST = Path(__file__).resolve().parent.parent / "python" / "tp4" / "data" / "sources.manifest"
 TPS = re.compile(r"input throughput \(token/s\): ([0-9.]+)")
 
 
 @pytest.fixture(scope="module")
 def plan() -> Plan:
     return build_plan(load_default())
+
+
+def b12x_next_stamps() -> tuple[str, str]:
+    """(SOURCE_COMMIT, SOURCE_PATCH) of the b12x_next tree as sources.manifest pins them (what
+    tests/standin/image.py puts in the test image; that module pulls in the nix test helpers)."""
+    text = MANIFEST.read_text()
+    commit = re.search(r"^b12x-main\s+([0-9a-f]{40})\s", text, re.M)
+    patch = re.search(r"^tree b12x-next\s.*?expect-patch=([0-9a-f]{16})", text, re.M | re.S)
+    assert commit and patch, "sources.manifest: no b12x-main row or b12x-next tree"
+    return commit[1], patch[1]
 
 
 def free_port() -> int:
@@ -74,7 +84,7 @@ def run_line(plan: Plan, root: Path, controls: dict[str, str], timeout: float = 
     model = root / MOUNTS.model.lstrip("/")
     model.mkdir(parents=True)
     (model / "config.json").write_text("{}\n")
-    commit, patch = image.b12x_next_stamps()
+    commit, patch = b12x_next_stamps()
     stamps = root / IMAGE.b12x_next.lstrip("/") / "b12x_next"
     stamps.mkdir(parents=True)
     (stamps / "SOURCE_COMMIT").write_text(commit + "\n")
@@ -145,7 +155,7 @@ def test_a_clean_boot_passes(plan: Plan, boots: Callable[[str], Boot]) -> None:
     assert review.problems == () and review.notes == ()
     assert check_boot_logs(plan, boots("clean").logs) == []
     # the stamps were there to compare: both files and the adapter's commit, on every rank
-    commit, patch = image.b12x_next_stamps()
+    commit, patch = b12x_next_stamps()
     for log in boots("clean").logs.values():
         found = {k: s.value for k, s in source_stamps(log_lines(log)).items()}
         assert found == {"SOURCE_COMMIT b12x_next": commit, "SOURCE_PATCH b12x_next": patch,
@@ -176,7 +186,7 @@ def test_a_forbidden_line_names_the_rank_node_and_line(plan: Plan, boots: Callab
 
 
 def test_a_rank_with_another_commit_is_named_with_both_values(plan: Plan, boots: Callable[[str], Boot]) -> None:
-    commit, _ = image.b12x_next_stamps()
+    commit, _ = b12x_next_stamps()
     other = "f" * 8 + commit[8:]
     problems = check_boot_logs(plan, boots("commit").logs)
     assert {(p.rank, p.node, p.check) for p in problems} == {(3, "spark4", "source-differs")}
@@ -187,7 +197,7 @@ def test_a_rank_with_another_commit_is_named_with_both_values(plan: Plan, boots:
 
 
 def test_the_odd_rank_is_named_even_when_it_is_rank_0(plan: Plan, boots: Callable[[str], Boot]) -> None:
-    _, patch = image.b12x_next_stamps()
+    _, patch = b12x_next_stamps()
     logs = dict(boots("clean").logs)
     logs[0] = logs[0].replace(f"SOURCE_PATCH b12x_next {patch}", "SOURCE_PATCH b12x_next 0123456789abcdef")
     p = only(check_boot_logs(plan, logs))
@@ -207,7 +217,7 @@ def test_a_rank_without_stamps_or_log(plan: Plan, boots: Callable[[str], Boot]) 
 
 
 def test_the_armed_commit_must_be_the_images(plan: Plan, boots: Callable[[str], Boot]) -> None:
-    commit, _ = image.b12x_next_stamps()
+    commit, _ = b12x_next_stamps()
     logs = {r: log.replace(f"on b12x_next {commit[:8]}", "on b12x_next 00000000") for r, log in boots("clean").logs.items()}
     problems = check_boot_logs(plan, logs)
     # rank 0 also lacks the registry's line (it names the pinned commit); every rank is inconsistent in itself
