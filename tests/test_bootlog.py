@@ -294,7 +294,8 @@ def test_signature_numbers_are_what_the_engine_printed(plan: Plan, boots: Callab
     assert sig.warmup_tps_median == statistics.median(rates) and 500 < sig.warmup_tps_median < 600
     assert sig.graph_capture_s == float(printed(r"Capture cuda graph end\. Time elapsed: ([0-9.]+) s", head))
     assert sig.verify_graph_capture_s == float(printed(r"Capture target verify CUDA graph end\. elapsed=([0-9.]+)s", head))
-    assert 11 <= sig.graph_capture_s < 12 and 7.5 <= sig.verify_graph_capture_s < 8.5
+    # the stand-in adds 11 s and 7.5 s to the time its (paced) capture took
+    assert 11 <= sig.graph_capture_s < 14 and 7.5 <= sig.verify_graph_capture_s < 10
     assert (sig.kv_pool, sig.max_total_num_tokens, sig.pin) == (9_000_000, 8_000_000, 8_000_000)
     assert pin_of(plan) == int(plan.nodes[0].env["MAX_TOTAL_TOKENS"])
     assert (sig.retuned, sig.ready_seconds, sig.ready_port) == (False, 12.5, boots("clean").port)
