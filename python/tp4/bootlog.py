@@ -152,7 +152,7 @@ class BootLogReview(NamedTuple):
     notes: tuple[LogProblem, ...]  # evidence that is missing, not a failure (registry `required = false`)
 
 
-class _Stamp(NamedTuple):
+class SourceStamp(NamedTuple):
     label: str  # what the value is, as a reader sees it in the log
     value: str
     line: str
@@ -162,17 +162,17 @@ _SOURCE = re.compile(r"\bSOURCE_(?P<kind>COMMIT|PATCH)\b[:=]?\s+(?:(?P<tree>[A-Z
 _ARMED = re.compile(r"\[(?P<adapter>\w+)\] armed: .*? on (?P<tree>b12x_next) (?P<value>[0-9a-fA-F]{7,40})\b")
 
 
-def source_stamps(lines: Iterable[str]) -> dict[str, _Stamp]:
+def source_stamps(lines: Iterable[str]) -> dict[str, SourceStamp]:
     """The source stamps a rank's log prints, by what they stamp (the first of each)."""
-    out: dict[str, _Stamp] = {}
+    out: dict[str, SourceStamp] = {}
     for line in lines:
         for m in _SOURCE.finditer(line):
             label = f"SOURCE_{m['kind']} {m['tree']}" if m["tree"] else f"SOURCE_{m['kind']}"
-            out.setdefault(label, _Stamp(label, m["value"].lower(), line))
+            out.setdefault(label, SourceStamp(label, m["value"].lower(), line))
         m2 = _ARMED.search(line)
         if m2:
             label = f"[{m2['adapter']}] armed commit of {m2['tree']}"
-            out.setdefault(label, _Stamp(label, m2["value"].lower(), line))
+            out.setdefault(label, SourceStamp(label, m2["value"].lower(), line))
     return out
 
 
