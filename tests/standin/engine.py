@@ -74,6 +74,7 @@ Fault modes:
                moe_b12x_next armed line)
   ignore-term  boot.py and the engine ignore SIGTERM (only SIGKILL stops them)
   wrong-answer after boot.py's own smoke, 19 + 23 is answered 41 (also under a JSON schema)
+  stall        a streamed completion stops after its first chunk, the connection left open
 
 Beyond plain text, completions answer as an OpenAI-compatible server does (for `tp4 smoke
 --full`), with no model behind them: under ``response_format`` ``json_schema`` the content is one
@@ -105,7 +106,7 @@ from typing import Any, NoReturn
 
 HERE = Path(__file__).resolve().parent
 FAULTS = ("omit-line", "forbidden", "crash", "hang", "wedge", "busy", "slow", "retune", "commit", "ignore-term",
-          "wrong-answer")
+          "wrong-answer", "stall")
 NO_AUTH = ("", "none", "off", "dummy", "0")
 QUESTION = "What is 19 + 23? Reply only with the number."
 PROSE = ("Lorem ipsum dolor sit amet, consectetur adipiscing elit, sed do eiusmod tempor incididunt ut labore et "
@@ -711,6 +712,9 @@ def handler(engine: Engine) -> type[BaseHTTPRequestHandler]:
                 self.wfile.flush()
 
             chunk({"role": "assistant", "content": ""}, None)
+            if "stall" in engine.faults:
+                engine.stopping.wait()
+                return
             if calls:
                 chunk({"tool_calls": [{"index": i, **c} for i, c in enumerate(calls)]}, None)
             for i, token in enumerate([] if calls else tokens):
