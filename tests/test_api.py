@@ -441,3 +441,13 @@ def test_a_stream_that_stalls(start: Callable[..., Head]) -> None:
     assert time.monotonic() - started < 2
     out = {r.name: r for r in api.smoke(head.ep, full=False, timeout=0.5)}
     assert out["arithmetic"].ok and not out["stream"].ok and "the stream stalled" in out["stream"].detail
+
+
+def test_no_proxy_is_consulted(healthy: Head, monkeypatch: pytest.MonkeyPatch) -> None:
+    # a proxy that would refuse everything: requests go to the head's address all the same
+    for name in ("http_proxy", "HTTP_PROXY", "all_proxy", "ALL_PROXY"):
+        monkeypatch.setenv(name, "http://127.0.0.1:9")
+    monkeypatch.delenv("no_proxy", raising=False)
+    monkeypatch.delenv("NO_PROXY", raising=False)
+    assert api.complete(healthy.ep, api.QUESTION, max_tokens=32, timeout=10).content == "42"
+    assert api.probe(healthy.ep, timeout=5).state == "alive"
