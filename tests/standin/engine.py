@@ -73,6 +73,16 @@ Fault modes:
   commit       the rank prints a different b12x_next commit (its SOURCE_COMMIT line and the
                moe_b12x_next armed line)
   ignore-term  boot.py and the engine ignore SIGTERM (only SIGKILL stops them)
+  wrong-answer after boot.py's own smoke, 19 + 23 is answered 41 (also under a JSON schema)
+  stall        a streamed completion stops after its first chunk, the connection left open
+
+Beyond plain text, completions answer as an OpenAI-compatible server does (for `tp4 smoke
+--full`), with no model behind them: under ``response_format`` ``json_schema`` the content is one
+JSON object of the schema's properties (numbers 42 for the 19 + 23 question, else 0; strings "");
+with ``tools`` offered and the last message the user's, a prompt that names a tool (or a
+``tool_choice`` that requires one) gets a call of it (finish_reason ``tool_calls``; a required
+string argument is the prompt's first quoted word); after a ``tool`` message the answer is that
+tool's result (its ``value`` when it is a JSON object with one).
 """
 
 from __future__ import annotations
@@ -95,7 +105,8 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 HERE = Path(__file__).resolve().parent
-FAULTS = ("omit-line", "forbidden", "crash", "hang", "wedge", "busy", "slow", "retune", "commit", "ignore-term")
+FAULTS = ("omit-line", "forbidden", "crash", "hang", "wedge", "busy", "slow", "retune", "commit", "ignore-term",
+          "wrong-answer", "stall")
 NO_AUTH = ("", "none", "off", "dummy", "0")
 QUESTION = "What is 19 + 23? Reply only with the number."
 PROSE = ("Lorem ipsum dolor sit amet, consectetur adipiscing elit, sed do eiusmod tempor incididunt ut labore et "
@@ -641,8 +652,10 @@ def handler(engine: Engine) -> type[BaseHTTPRequestHandler]:
             try:
                 body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"{}")
                 messages = body["messages"]
-                prompt = " ".join(str(m.get("content", "")) for m in messages)
+                prompt = " ".join(str(m.get("content", "")) for m in messages if m.get("role") != "tool")
                 max_tokens = int(body.get("max_tokens") or 256)
+                wrong = "wrong-answer" in engine.faults and self.headers.get(BOOT_HEADER) != "1"
+                answer, calls = reply(body, prompt, wrong)
             except (ValueError, KeyError, TypeError, AttributeError):
                 self.send_json(400, {"object": "error", "message": "invalid request body", "code": 400})
                 return
@@ -655,16 +668,15 @@ def handler(engine: Engine) -> type[BaseHTTPRequestHandler]:
                     return
                 if "busy" in engine.faults and not boot:
                     time.sleep(number("TP4_STANDIN_BUSY_SECONDS", 5))
-                self.complete(prompt, max_tokens, bool(body.get("stream")))
+                self.complete(prompt, max_tokens, bool(body.get("stream")), answer, calls)
             finally:
                 with engine.lock:
                     engine.running -= 1
 
-        def complete(self, prompt: str, max_tokens: int, stream: bool) -> None:
-            answer = ["42"] if QUESTION in prompt else [w + " " for w in PROSE]
+        def complete(self, prompt: str, max_tokens: int, stream: bool, answer: list[str], calls: list[dict[str, Any]]) -> None:
             # the EOS token counts against max_tokens: "42" then EOS needs two
             tokens = answer[:max_tokens]
-            finish = "stop" if len(answer) < max_tokens else "length"
+            finish = "tool_calls" if calls else "stop" if len(answer) < max_tokens else "length"
             prompt_tokens = len(prompt.split())
             completion_tokens = len(tokens) + (1 if finish == "stop" else 0)
             with engine.lock:
@@ -683,7 +695,8 @@ def handler(engine: Engine) -> type[BaseHTTPRequestHandler]:
             if not stream:
                 self.send_json(200, {"id": ident, "object": "chat.completion", "created": int(time.time()),
                                      "model": engine.served_name, "usage": usage,
-                                     "choices": [{"index": 0, "message": {"role": "assistant", "content": "".join(tokens).strip()},
+                                     "choices": [{"index": 0, "message": {"role": "assistant", "content": "".join(tokens).strip() if not calls else None,
+                                                                          **({"tool_calls": calls} if calls else {})},
                                                   "finish_reason": finish}]})
                 return
             self.send_response(200)
@@ -692,14 +705,19 @@ def handler(engine: Engine) -> type[BaseHTTPRequestHandler]:
             self.send_header("Connection", "close")
             self.end_headers()
 
-            def chunk(delta: dict[str, str], finish_reason: str | None, **extra: object) -> None:
+            def chunk(delta: dict[str, Any], finish_reason: str | None, **extra: object) -> None:
                 data = {"id": ident, "object": "chat.completion.chunk", "created": int(time.time()), "model": engine.served_name,
                         "choices": [{"index": 0, "delta": delta, "finish_reason": finish_reason}], **extra}
                 self.wfile.write(f"data: {json.dumps(data)}\n\n".encode())
                 self.wfile.flush()
 
             chunk({"role": "assistant", "content": ""}, None)
-            for i, token in enumerate(tokens):
+            if "stall" in engine.faults:
+                engine.stopping.wait()
+                return
+            if calls:
+                chunk({"tool_calls": [{"index": i, **c} for i, c in enumerate(calls)]}, None)
+            for i, token in enumerate([] if calls else tokens):
                 chunk({"content": token.rstrip() if i == len(tokens) - 1 else token}, None)
             chunk({}, finish, usage=usage)
             self.wfile.write(b"data: [DONE]\n\n")
@@ -707,6 +725,44 @@ def handler(engine: Engine) -> type[BaseHTTPRequestHandler]:
             self.close_connection = True
 
     return Handler
+
+
+def reply(body: dict[str, Any], prompt: str, wrong: bool) -> tuple[list[str], list[dict[str, Any]]]:
+    """The answer's tokens and tool calls for a request (the module docstring says how)."""
+    messages = body["messages"]
+    last = messages[-1] if messages else {}
+    sum_asked = "19 + 23" in prompt
+    if last.get("role") == "tool":
+        try:
+            result = json.loads(last.get("content") or "")
+        except ValueError:
+            result = last.get("content")
+        if isinstance(result, dict) and "value" in result:
+            result = result["value"]
+        return [str(result)], []
+    tools = [t["function"] for t in body.get("tools") or [] if t.get("type") == "function"]
+    choice = body.get("tool_choice") or "auto"
+    forced = choice["function"]["name"] if isinstance(choice, dict) else None
+    wanted = [t for t in tools if t["name"] == forced or (choice == "required" and not forced) or
+              (choice == "auto" and t["name"] in prompt)]
+    if wanted and last.get("role") == "user":
+        tool = wanted[0]
+        quoted = re.findall("['\"]([^'\"]+)['\"]", prompt)
+        params = tool.get("parameters") or {}
+        args = {name: (quoted[0] if quoted else "") if spec.get("type") == "string" else 0
+                for name, spec in (params.get("properties") or {}).items() if name in (params.get("required") or [])}
+        return [], [{"id": f"call_{time.monotonic_ns()}", "type": "function",
+                     "function": {"name": tool["name"], "arguments": json.dumps(args)}}]
+    fmt = body.get("response_format") or {}
+    if fmt.get("type") == "json_schema":
+        schema = (fmt.get("json_schema") or {}).get("schema") or {}
+        number_ = (41 if wrong else 42) if sum_asked else 0
+        obj = {name: number_ if spec.get("type") in ("integer", "number") else "" if spec.get("type") == "string" else None
+               for name, spec in (schema.get("properties") or {}).items()}
+        return [json.dumps(obj)], []
+    if QUESTION in prompt:
+        return ["41" if wrong else "42"], []
+    return [w + " " for w in PROSE], []
 
 
 def die_with_boot() -> None:
