@@ -1,0 +1,664 @@
+"""Serving the line from its Plan: start every rank, prove the line ready, stop it, report it.
+
+Everything here is driven by :class:`tp4.plan.Plan`: the container flags come from each rank's
+``run`` spec, its environment from ``env`` (written to the node as an env file of mode 0600, so
+neither argv nor a log ever holds it), where it runs from ``service`` (a plain host: tp4 runs the
+container with the node's runtime; a NixOS host: tp4 writes the env file and starts the module's
+unit). Every command goes through :mod:`tp4.process` (one ssh connection per node, reused).
+
+* :func:`serve` checks the nodes, writes the env files, pushes the speculative tables, starts the
+  workers in parallel and then the head, follows the head's log through the boot phases, and
+  calls the line ready only when the head printed ``Ready: API on port <PORT>``, a real
+  one-token completion answers, and the boot log of every rank passes the registry's checks. On
+  any failure (or Ctrl-C) it stops every rank it started and says which node failed which check,
+  with that rank's last log lines.
+* :func:`stop` stops every rank of the line, also what a crashed serve left, and checks that the
+  API is down and no container of the line is left.
+* :func:`status` reports each node and the line (a real completion, the engine's load, the boot
+  signature of the current boot).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+import queue
+import re
+import shlex
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, NamedTuple
+
+from tp4 import containers, process
+from tp4.errors import InvalidInput, Tp4Error
+from tp4.plan import Plan, RankPlan
+
+if TYPE_CHECKING:
+    from tp4.api import Endpoint as api_Endpoint
+
+Echo = Callable[[str], None]
+
+# what `tp4 stop` sends first, inside the container (upstream's stop.sh), before the runtime's stop
+ENGINE_PATTERNS = ("sglang.launch_server", "sglang.srt")
+STOP_GRACE = 10  # seconds between TERM and KILL
+REMOVE_TIMEOUT = 30
+LOG_TAIL = 20
+# the boot phases of the head, in order, and how long each may take by default (seconds)
+PHASES = ("start", "weights", "graphs", "smoke", "warmup", "ready")  # "start": before the head's first phase line
+DEFAULT_TIMEOUTS = {"start": 600.0, "weights": 3600.0, "graphs": 1800.0, "smoke": 600.0, "warmup": 1800.0,
+                    "ready": 600.0, "completion": 180.0}
+LINE_LABEL = "tp4.line"
+RANK_LABEL = "tp4.rank"
+
+
+class NodeFailure(Tp4Error):
+    """A rank failed a check: the node, the check and the rank's last log lines."""
+
+    def __init__(self, node: str, check: str, detail: str, log_tail: Sequence[str] = ()):
+        text = f"{node}: {check}: {detail}"
+        if log_tail:
+            text += f"\nlast log lines of {node}:\n" + "\n".join(f"  | {line}" for line in log_tail)
+        super().__init__(text)
+        self.node, self.check = node, check
+
+
+# --- nodes ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Node:
+    """One rank's host, as tp4 reaches it."""
+
+    rank: RankPlan
+    remote: process.Remote | None  # None: this machine (tests and a single-host head)
+
+    @property
+    def name(self) -> str:
+        return self.rank.name
+
+    @property
+    def runtime(self) -> str:
+        return self.rank.service.runtime
+
+    @property
+    def container(self) -> str:
+        return self.rank.run.container
+
+    def run(self, argv: Sequence[str], *, check: bool = True, timeout: float | None = 60, purpose: str | None = None,
+            input: str | None = None) -> subprocess.CompletedProcess[str]:
+        proc = process.run(list(argv), remote=self.remote, check=check, timeout=timeout,
+                           purpose=purpose or f"on {self.name}", input=input)
+        assert isinstance(proc.stdout, str)
+        return proc
+
+    def privileged(self, argv: Sequence[str]) -> list[str]:
+        """``argv`` as root: NixOS units and /run/tp4 need it (sudo -n: never a password prompt)."""
+        user = self.rank.ssh.user if self.remote is not None else None
+        return list(argv) if user in (None, "root") else ["sudo", "-n", *argv]
+
+
+def nodes_of(plan: Plan, *, ssh_options: Sequence[str] = (), local_head: bool = False) -> list[Node]:
+    out = []
+    for rank in plan.nodes:
+        remote = None if (local_head and rank.rank == 0) else process.Remote(
+            host=rank.ssh.host, user=rank.ssh.user, identity=rank.ssh.identity, port=rank.ssh.port,
+            options=tuple(ssh_options))
+        out.append(Node(rank, remote))
+    return out
+
+
+def parallel(nodes: Sequence[Node], fn: Callable[[Node], object]) -> dict[str, object | BaseException]:
+    """``fn`` on every node at once; node name -> result or the exception it raised."""
+    results: dict[str, object | BaseException] = {}
+    if not nodes:
+        return results
+    with ThreadPoolExecutor(max_workers=len(nodes)) as pool:
+        futures = {n.name: pool.submit(fn, n) for n in nodes}
+        for name, future in futures.items():
+            try:
+                results[name] = future.result()
+            except BaseException as exc:  # noqa: BLE001 - reported per node by the caller
+                results[name] = exc
+    return results
+
+
+def _raise_first(results: dict[str, object | BaseException]) -> None:
+    for value in results.values():
+        if isinstance(value, BaseException):
+            raise value
+
+
+# --- the container of a rank ----------------------------------------------------------------------
+
+
+def run_argv(rank: RankPlan, *, line: str) -> list[str]:
+    """`<runtime> run -d` of the rank, exactly as its run spec says (upstream start.sh's flags),
+    its environment from the env file."""
+    spec = rank.run
+    runtime = rank.service.runtime
+    argv = [runtime, "run", "-d", "--name", spec.container, "--label", f"{LINE_LABEL}={line}",
+            "--label", f"{RANK_LABEL}={rank.rank}", "--network", spec.network, "--ipc", spec.ipc]
+    if spec.privileged:
+        argv.append("--privileged")
+    for cap in spec.cap_add:
+        argv += ["--cap-add", cap]
+    argv += containers.GPU_FLAGS[runtime]
+    # podman refuses --shm-size with the host's IPC namespace (the host's /dev/shm is used)
+    if not (runtime == "podman" and spec.ipc == "host"):
+        argv += ["--shm-size", spec.shm_size]
+    argv += ["--ulimit", f"memlock={spec.ulimits.memlock}", "--ulimit", f"stack={spec.ulimits.stack}"]
+    for device in spec.devices:
+        argv += ["--device", device]
+    for m in spec.mounts:
+        argv += ["-v", f"{m.source}:{m.target}" + (":ro" if m.read_only else "")]
+    argv += ["--restart", spec.restart, "--env-file", rank.service.env_file, spec.image, *spec.command]
+    return argv
+
+
+def env_file_text(rank: RankPlan, secrets: dict[str, str]) -> str:
+    """The rank's environment as an env file (KEY=VALUE per line, taken literally by docker and
+    podman); the head also gets the secrets (API_KEY)."""
+    env = dict(rank.env)
+    if rank.rank == 0:
+        env.update(secrets)
+    lines = []
+    for key in sorted(env):
+        value = env[key]
+        if "\n" in value or "\r" in value or "\0" in value:
+            raise InvalidInput(f"{rank.name}: the value of {key} holds a line break or NUL, which an env file cannot carry; "
+                               "fix: remove it from the profile")
+        lines.append(f"{key}={value}")
+    return "\n".join(lines) + "\n"
+
+
+# one constant script; the file's path is its argument (never part of the script)
+_WRITE_PRIVATE = 'umask 077 && mkdir -p -- "$(dirname -- "$1")" && cat > "$1.tmp" && chmod 600 "$1.tmp" && mv -f -- "$1.tmp" "$1"'
+
+
+def write_private(node: Node, path: str, text: str) -> None:
+    """Write ``text`` to ``path`` on the node, mode 0600, through stdin (never argv)."""
+    node.run(node.privileged(["sh", "-c", _WRITE_PRIVATE, "sh", path]), input=text,
+             purpose=f"writing {path} on {node.name}")
+
+
+def container_state(node: Node) -> str | None:
+    """The state of the rank's container (running, exited, created...), None when there is none."""
+    proc = node.run([node.runtime, "inspect", "--format", "{{.State.Status}}", node.container], check=False,
+                    purpose=f"reading the state of {node.container} on {node.name}")
+    if proc.returncode != 0:
+        return None
+    return proc.stdout.strip() or None
+
+
+def log_tail(node: Node, lines: int = LOG_TAIL) -> list[str]:
+    proc = node.run([node.runtime, "logs", "--tail", str(lines), node.container], check=False, timeout=30)
+    text = (proc.stdout or "") + (proc.stderr or "")
+    return [line for line in text.splitlines() if line.strip()][-lines:]
+
+
+def full_log(node: Node) -> str:
+    proc = node.run([node.runtime, "logs", node.container], check=False, timeout=120)
+    return (proc.stdout or "") + (proc.stderr or "")
+
+
+# --- the lock -------------------------------------------------------------------------------------
+
+
+def _state_dir() -> Path:
+    from tp4 import dirs
+
+    return dirs.state_dir()
+
+
+def line_id(plan: Plan) -> str:
+    """A name for the line: its head and API (two profiles of one head share the line)."""
+    return re.sub(r"[^A-Za-z0-9._-]", "_", f"{plan.nodes[0].ssh.host}-{plan.line.api.rsplit(':', 1)[-1]}")
+
+
+@contextmanager
+def line_lock(plan: Plan, what: str) -> Iterator[None]:
+    """One serve or stop of a line at a time (a lock on the head, where tp4 runs): the second is
+    refused naming the holder's pid and start time. The lock is an flock, so a holder that died
+    releases it and the next run takes it over."""
+    path = _state_dir() / "lines" / f"{line_id(plan)}.lock"
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    except OSError as exc:
+        raise Tp4Error(f"cannot create the line's lock {path}: {exc.strerror}") from None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "another tp4"
+            raise Tp4Error(f"the line {line_id(plan)} is busy: {holder} holds {path}; wait for it, or stop it "
+                           "(Ctrl-C in its terminal)") from None
+        stale = os.pread(fd, 200, 0).decode(errors="replace").strip()
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"tp4 {what} (pid {os.getpid()}, started {time.strftime('%Y-%m-%d %H:%M:%S')})\n".encode(), 0)
+        if stale:
+            process.log.debug("took over the line's lock from a process that is gone: %s", stale)
+        yield
+    finally:
+        os.close(fd)
+
+
+# --- what a boot left: the run record -------------------------------------------------------------
+
+
+def runs_dir(plan: Plan) -> Path:
+    return _state_dir() / "runs" / line_id(plan)
+
+
+def save_run(plan: Plan, record: dict[str, object]) -> Path:
+    d = runs_dir(plan)
+    d.mkdir(parents=True, exist_ok=True)
+    path = d / "current.json"
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
+    tmp.replace(path)
+    if record.get("ok"):
+        (d / "last-good.json").write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
+    return path
+
+
+def load_run(plan: Plan, which: str = "current") -> dict[str, object] | None:
+    try:
+        data = json.loads((runs_dir(plan) / f"{which}.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+# --- spec tables --------------------------------------------------------------------------------
+
+
+class SpecTable(NamedTuple):
+    name: str  # dspark_sps.json
+    host_path_of: dict[str, str]  # node name -> path on the host (the node's state dir)
+
+
+def spec_tables(plan: Plan) -> list[str]:
+    """The DSpark tables the plan's engine argv reads (file names under /state)."""
+    names = []
+    for arg in plan.nodes[0].argv:
+        if arg.startswith("/state/") and arg.endswith(".json"):
+            names.append(arg.removeprefix("/state/"))
+    return names
+
+
+def _state_host_dir(rank: RankPlan) -> str:
+    for m in rank.run.mounts:
+        if m.target == "/state":
+            return m.source
+    raise Tp4Error(f"{rank.name}: the run spec mounts no /state")
+
+
+def push_spec_tables(nodes: Sequence[Node], names: Sequence[str], echo: Echo) -> None:
+    """Copy each table from the head's state dir to every worker's, then check by hash that every
+    node holds the same bytes: ranks with different tables build different verify schedules and
+    hang. A node that differs fails serve, named."""
+    head = nodes[0]
+    for name in names:
+        src = f"{_state_host_dir(head.rank)}/{name}"
+        proc = head.run(["cat", "--", src], check=False, purpose=f"reading {src} on {head.name}")
+        if proc.returncode != 0:
+            raise NodeFailure(head.name, "spec table", f"{src} cannot be read: {proc.stderr.strip()}; "
+                              "fix: put the table in the head's state dir, or turn engine.use_*_table off")
+        data = proc.stdout
+        want = hashlib.sha256(data.encode()).hexdigest()
+        echo(f"spec table {name}: {want[:16]} from {head.name}")
+
+        def copy(node: Node, data: str = data, name: str = name) -> str:
+            path = f"{_state_host_dir(node.rank)}/{name}"
+            if node is not head:
+                node.run(["sh", "-c", 'cat > "$1.tmp" && mv -f -- "$1.tmp" "$1"', "sh", path], input=data, check=False,
+                         purpose=f"copying {name} to {node.name}")
+            got = node.run(["sha256sum", "--", path], check=False, purpose=f"hashing {path} on {node.name}")
+            return got.stdout.split()[0] if got.returncode == 0 and got.stdout.split() else f"unreadable ({got.stderr.strip()})"
+
+        results = parallel(nodes, copy)
+        for node in nodes:
+            got = results[node.name]
+            if isinstance(got, BaseException):
+                raise NodeFailure(node.name, "spec table", f"{name}: {got}")
+            if got != want:
+                raise NodeFailure(node.name, "spec table", f"{name} there is {str(got)[:16]}, the head's is {want[:16]}: "
+                                  "ranks would build different verify schedules and hang; fix the node's state dir")
+
+
+# --- starting and stopping ------------------------------------------------------------------------
+
+
+def start_rank(node: Node, *, line: str) -> None:
+    if node.rank.service.kind == "nixos":
+        unit = node.rank.service.unit
+        assert unit is not None
+        node.run(node.privileged(["systemctl", "start", unit]), timeout=120, purpose=f"starting {unit} on {node.name}")
+        return
+    node.run(run_argv(node.rank, line=line), timeout=300, purpose=f"starting {node.container} on {node.name}")
+
+
+def stop_rank(node: Node, *, grace: int = STOP_GRACE) -> str | None:
+    """Stop the rank: TERM to the engine inside, the runtime's stop (TERM to boot.py, KILL after
+    ``grace``), then the container removed (a NixOS unit: stopped). Idempotent; returns what
+    could not be done, or None."""
+    if node.rank.service.kind == "nixos":
+        unit = node.rank.service.unit
+        assert unit is not None
+        proc = node.run(node.privileged(["systemctl", "stop", unit]), check=False, timeout=grace + REMOVE_TIMEOUT)
+        return None if proc.returncode == 0 else f"systemctl stop {unit}: {proc.stderr.strip()}"
+    state = container_state(node)
+    if state is None:
+        return None
+    if state == "running":
+        for pattern in ENGINE_PATTERNS:
+            node.run([node.runtime, "exec", node.container, "pkill", "-TERM", "-f", pattern], check=False, timeout=30)
+        node.run([node.runtime, "stop", "-t", str(grace), node.container], check=False, timeout=grace + REMOVE_TIMEOUT)
+    proc = node.run([node.runtime, "rm", "-f", node.container], check=False, timeout=REMOVE_TIMEOUT)
+    if proc.returncode != 0 and container_state(node) is not None:
+        return f"`{node.runtime} rm -f {node.container}` failed: {proc.stderr.strip()}"
+    return None
+
+
+def stop_nodes(nodes: Sequence[Node], echo: Echo, *, grace: int = STOP_GRACE) -> list[str]:
+    """Stop every node's rank in parallel; the problems, one per node that could not be stopped."""
+    results = parallel(nodes, lambda n: stop_rank(n, grace=grace))
+    problems = []
+    for node in nodes:
+        got = results[node.name]
+        if isinstance(got, BaseException):
+            why = getattr(got, "message", str(got))
+            unreachable = "cannot reach" in why or "ssh" in why.split("\n", 1)[0]
+            problems.append(f"{node.name}: could not stop its rank ({why.splitlines()[0] if why else got!r})"
+                            + ("; the node is unreachable: the GPU there may still be busy" if unreachable else ""))
+        elif got:
+            problems.append(f"{node.name}: {got}")
+        else:
+            echo(f"{node.name}: stopped")
+    return problems
+
+
+# --- following the head's boot -------------------------------------------------------------------
+
+
+@dataclass
+class Follower:
+    """Reads a log stream (`<runtime> logs -f`) in a thread; lines arrive on a queue."""
+
+    proc: subprocess.Popen[str]
+    lines: queue.Queue[str | None] = field(default_factory=queue.Queue)
+    thread: threading.Thread | None = None
+
+    def start(self) -> Follower:
+        def pump() -> None:
+            assert self.proc.stdout is not None
+            for line in self.proc.stdout:
+                self.lines.put(line.rstrip("\n"))
+            self.lines.put(None)
+
+        self.thread = threading.Thread(target=pump, daemon=True)
+        self.thread.start()
+        return self
+
+    def stop(self) -> None:
+        process.stop(self.proc)
+
+
+def follow(node: Node, *, since: str | None = None) -> Follower:
+    argv = [node.runtime, "logs", "-f"]
+    if since:
+        argv += ["--since", since]
+    proc = process.start([*argv, node.container], remote=node.remote, stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, text=True, errors="replace")
+    return Follower(proc).start()
+
+
+def phase_of(line: str) -> str | None:
+    from tp4 import bootlog
+
+    return bootlog.phase_of(line)
+
+
+def quote(argv: Sequence[str]) -> str:
+    return shlex.join(argv)
+
+
+# --- serve ----------------------------------------------------------------------------------------
+
+
+@dataclass
+class Options:
+    force: bool = False  # start although the head's GPU has compute apps
+    timeouts: dict[str, float] = field(default_factory=lambda: dict(DEFAULT_TIMEOUTS))
+    on_slow_boot: str = "report"  # or "restart" (once)
+    slow_floor: float | None = None  # warm-up input throughput (token/s) below which a boot is slow
+    tty: bool = False
+
+
+# constant probe scripts (no user data in them; paths are arguments)
+_GPU_APPS = "command -v nvidia-smi >/dev/null 2>&1 || exit 3; nvidia-smi --query-compute-apps=pid,process_name --format=csv,noheader"
+_LISTENING = "command -v ss >/dev/null 2>&1 || exit 3; ss -Hltn"
+
+
+def _node_checks(node: Node, plan: Plan, opts: Options) -> str | None:
+    """The minimal doctor of one node (until `tp4 doctor`): reachable, image present, no rank
+    already running, the host paths the container mounts, devices, (head) ports and GPU.
+    Returns the image id; raises NodeFailure."""
+    try:
+        node.run(["true"], timeout=20, purpose=f"reaching {node.name}")
+    except Tp4Error as exc:
+        raise NodeFailure(node.name, "reachable", exc.message.splitlines()[0]) from None
+    found = containers.inspect(node.runtime, node.rank.run.image, remote=node.remote)
+    if found is None:
+        raise NodeFailure(node.name, "image", f"{node.runtime} there has no image {node.rank.run.image}; "
+                          "fix: tp4 build, then tp4 distribute")
+    state = container_state(node)
+    if state == "running":
+        raise NodeFailure(node.name, "already running", f"{node.container} is running there; fix: tp4 stop first")
+    if state is not None:  # what a crashed run left
+        node.run([node.runtime, "rm", "-f", node.container], timeout=REMOVE_TIMEOUT, purpose=f"removing the stale {node.container}")
+    binds = [m.source for m in node.rank.run.mounts if m.type == "bind" and m.target not in ("/models/DeepSeek-V4.1-Flash",)]
+    if node.rank.service.kind == "plain" and binds:
+        node.run(["mkdir", "-p", "--", *binds], purpose=f"creating the mounted directories on {node.name}")
+    for m in node.rank.run.mounts:
+        if m.type == "volume":
+            if node.run([node.runtime, "volume", "inspect", m.source], check=False).returncode != 0:
+                raise NodeFailure(node.name, "weights", f"the volume {m.source} (mounted at {m.target}) does not exist; "
+                                  "fix: tp4 share (it creates the workers' NFS volume)")
+        elif m.target.startswith("/models/") and node.run(["test", "-e", f"{m.source}/config.json"], check=False).returncode != 0:
+            raise NodeFailure(node.name, "weights", f"{m.source}/config.json does not exist (the checkpoint); fix: tp4 download")
+    for device in node.rank.run.devices:
+        path = device.split(":", 1)[0]
+        if node.run(["test", "-e", path], check=False).returncode != 0:
+            raise NodeFailure(node.name, "devices", f"{path} does not exist (the RDMA devices); fix: load the mlx5 modules "
+                              "and rdma-core (tp4 doctor)")
+    if node.rank.rank == 0:
+        listening = node.run(["sh", "-c", _LISTENING], check=False)
+        if listening.returncode == 0:
+            ports = {int(m) for m in re.findall(r":(\d+)\s", listening.stdout)}
+            for what, port in (("API", int(plan.line.api.rsplit(":", 1)[1])),
+                               ("dist init", int(plan.line.dist_init_addr.rsplit(":", 1)[1]))):
+                if port in ports:
+                    raise NodeFailure(node.name, "ports", f"the {what} port {port} is in use there; fix: stop what listens on it")
+        apps = node.run(["sh", "-c", _GPU_APPS], check=False)
+        if apps.returncode == 0 and apps.stdout.strip() and not opts.force:
+            raise NodeFailure(node.name, "GPU", f"the GPU has compute apps ({apps.stdout.strip().splitlines()[0]}, ...): "
+                              "another stack runs there; fix: stop it, or pass --force")
+    return found[0]
+
+
+def preflight(nodes: Sequence[Node], plan: Plan, opts: Options, echo: Echo) -> None:
+    results = parallel(nodes, lambda n: _node_checks(n, plan, opts))
+    _raise_first(results)
+    ids = {n.name: str(results[n.name]) for n in nodes}
+    head_id = ids[nodes[0].name]
+    differ = [f"{name} has {i[:12]}" for name, i in ids.items() if i != head_id]
+    if differ:
+        raise NodeFailure(differ[0].split()[0], "image", f"the image differs from the head's {head_id[:12]}: "
+                          + ", ".join(differ) + "; fix: tp4 distribute")
+    echo(f"checks: {len(nodes)} nodes reachable, image {head_id[:12]} on every node")
+
+
+class Ready(NamedTuple):
+    seconds: float
+    signature: dict[str, object]
+    warnings: list[str]
+
+
+def serve(plan: Plan, nodes: Sequence[Node], secrets: dict[str, str], opts: Options, out: Echo, progress: Echo) -> Ready:
+    """Bring the line up, verified, or leave nothing running (module docstring)."""
+    with line_lock(plan, "serve"):
+        preflight(nodes, plan, opts, progress)
+        for attempt in (1, 2):
+            ready = _boot(plan, nodes, secrets, opts, out, progress)
+            slow = [w for w in ready.warnings if w.startswith("slow boot")]
+            if slow and opts.on_slow_boot == "restart" and attempt == 1:
+                progress("slow boot: restarting it once (--on-slow-boot restart)")
+                stop_nodes(nodes, progress)
+                continue
+            return ready
+    raise AssertionError("unreachable")
+
+
+def _boot(plan: Plan, nodes: Sequence[Node], secrets: dict[str, str], opts: Options, out: Echo, progress: Echo) -> Ready:
+    line = line_id(plan)
+    started: list[Node] = []
+    follower: Follower | None = None
+    try:
+        results = parallel(nodes, lambda n: write_private(n, n.rank.service.env_file, env_file_text(n.rank, secrets)))
+        _raise_first(results)
+        tables = spec_tables(plan)
+        if tables:
+            push_spec_tables(nodes, tables, progress)
+        workers, head = list(nodes[1:]), nodes[0]
+        results = parallel(workers, lambda n: start_rank(n, line=line))
+        started += [n for n in workers if not isinstance(results[n.name], BaseException)]
+        for n in workers:
+            if isinstance(results[n.name], BaseException):
+                exc = results[n.name]
+                raise NodeFailure(n.name, "start", getattr(exc, "message", str(exc)))
+        progress(f"started {len(workers)} workers: " + ", ".join(n.name for n in workers) if workers else "no workers")
+        try:
+            start_rank(head, line=line)
+        except Tp4Error as exc:
+            raise NodeFailure(head.name, "start", exc.message) from None
+        started.append(head)
+        progress(f"started the head {head.name}; following its log")
+        follower = follow(head)
+        seconds = _wait_ready(plan, nodes, follower, opts, progress)
+        follower.stop()
+        follower = None
+        return _verify_ready(plan, nodes, secrets, opts, seconds, out, progress)
+    except BaseException:
+        if follower is not None:
+            follower.stop()
+        if started:
+            progress(f"stopping the {len(started)} ranks this serve started ...")
+            for problem in stop_nodes(started, lambda _: None):
+                progress(f"warning: {problem}")
+        raise
+
+
+def _wait_ready(plan: Plan, nodes: Sequence[Node], follower: Follower, opts: Options, progress: Echo) -> float:
+    """Follow the head's log until `Ready: API on port <PORT>`; a phase over its timeout, a rank
+    whose container stops, or the log ending first fail, naming the node."""
+    port = int(plan.line.api.rsplit(":", 1)[1])
+    began = phase_began = time.monotonic()
+    phase = "start"
+    last_poll = 0.0
+    tails: dict[str, list[str]] = {}
+    while True:
+        now = time.monotonic()
+        limit = opts.timeouts.get(phase, DEFAULT_TIMEOUTS.get(phase, 3600.0))
+        if now - phase_began > limit:
+            head = nodes[0]
+            raise NodeFailure(head.name, f"boot phase {phase}", f"did not finish within {limit:g} s", log_tail(head))
+        if now - last_poll > 2.0:
+            last_poll = now
+            states = parallel(nodes, container_state)
+            for node in nodes:
+                state = states[node.name]
+                if isinstance(state, BaseException):
+                    raise NodeFailure(node.name, "reachable", getattr(state, "message", str(state)).splitlines()[0])
+                if state != "running":
+                    tails[node.name] = log_tail(node)
+                    code = node.run([node.runtime, "inspect", "--format", "{{.State.ExitCode}}", node.container],
+                                    check=False).stdout.strip()
+                    raise NodeFailure(node.name, "rank exited", f"its container is {state or 'gone'}"
+                                      + (f" (exit code {code})" if code else "") + f" during the boot phase {phase}",
+                                      tails[node.name])
+        try:
+            line = follower.lines.get(timeout=0.5)
+        except queue.Empty:
+            continue
+        if line is None:
+            head = nodes[0]
+            raise NodeFailure(head.name, "log", "the head's log ended before Ready", log_tail(head))
+        progress(f"head| {line}")
+        got = phase_of(line)
+        if got == "ready":
+            from tp4 import bootlog
+
+            ready_on = bootlog.ready_port(line)
+            if ready_on != port:
+                raise NodeFailure(nodes[0].name, "ready", f"the head is ready on port {ready_on}, the plan's API is {port}")
+            return time.monotonic() - began
+        if got and got != phase and got in PHASES and PHASES.index(got) > PHASES.index(phase):
+            progress(f"phase: {got} (after {time.monotonic() - began:.0f} s)")
+            phase, phase_began = got, time.monotonic()
+
+
+def _verify_ready(plan: Plan, nodes: Sequence[Node], secrets: dict[str, str], opts: Options, seconds: float,
+                  out: Echo, progress: Echo) -> Ready:
+    from tp4 import api, bootlog
+
+    head = nodes[0]
+    ep = endpoint(plan, secrets)
+    try:
+        api.complete(ep, "Reply with one word.", max_tokens=1, timeout=opts.timeouts["completion"])
+    except Tp4Error as exc:
+        raise NodeFailure(head.name, "completion", f"Ready was printed, but a one-token completion failed: {exc.message}",
+                          log_tail(head)) from None
+    logs = parallel(nodes, full_log)
+    texts: dict[int, str] = {}
+    for node in nodes:
+        got = logs[node.name]
+        texts[node.rank.rank] = got if isinstance(got, str) else ""
+    problems = bootlog.check_boot_logs(plan, texts)
+    if problems:
+        first = problems[0]
+        more = "".join(f"\n  {p.text()}" for p in problems[1:])
+        raise NodeFailure(first.node, first.check, first.detail + more)
+    sig = bootlog.boot_signature(texts[0], pin=bootlog.pin_of(plan), ready_seconds=seconds)
+    last = load_run(plan, "last-good")
+    last_sig = None
+    if last and isinstance(last.get("signature"), dict):
+        try:
+            last_sig = bootlog.BootSignature.from_json(last["signature"])
+        except ValueError:
+            last_sig = None
+    verdict = bootlog.judge(sig, last_good=last_sig, floor=opts.slow_floor)
+    warnings = [("slow boot: " if f.check == "slow-boot" else "") + f.text for f in verdict.findings if f.level != "note"]
+    record: dict[str, object] = {"ok": not verdict.slow, "ready_seconds": round(seconds, 2), "signature": sig.to_json(),
+                                 "warnings": warnings, "when": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    save_run(plan, record)
+    out(f"ready: {plan.line.api} after {seconds:.1f} s (Ready, a one-token completion, {len(nodes)} boot logs checked)")
+    for w in warnings:
+        out(f"warning: {w}")
+    return Ready(seconds, dict(sig.to_json()), warnings)
+
+
+def endpoint(plan: Plan, secrets: dict[str, str], *, url: str | None = None) -> api_Endpoint:
+    from tp4 import api
+
+    key = secrets.get("API_KEY")
+    return api.Endpoint.from_plan(url or plan.line.api, plan.nodes[0].env, api.Secret(key) if key else None)
