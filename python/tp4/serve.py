@@ -27,7 +27,6 @@ import os
 import queue
 import re
 import shlex
-import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -93,7 +92,7 @@ class Node:
         return self.rank.run.container
 
     def run(self, argv: Sequence[str], *, check: bool = True, timeout: float | None = 60, purpose: str | None = None,
-            input: str | None = None) -> subprocess.CompletedProcess[str]:
+            input: str | None = None) -> process.CompletedProcess[str]:
         proc = process.run(list(argv), remote=self.remote, check=check, timeout=timeout,
                            purpose=purpose or f"on {self.name}", input=input)
         assert isinstance(proc.stdout, str)
@@ -394,7 +393,7 @@ def stop_nodes(nodes: Sequence[Node], echo: Echo, *, grace: int = STOP_GRACE) ->
 class Follower:
     """Reads a log stream (`<runtime> logs -f`) in a thread; lines arrive on a queue."""
 
-    proc: subprocess.Popen[str]
+    proc: process.Popen[str]
     lines: queue.Queue[str | None] = field(default_factory=queue.Queue)
     thread: threading.Thread | None = None
 
@@ -417,8 +416,8 @@ def follow(node: Node, *, since: str | None = None) -> Follower:
     argv = [node.runtime, "logs", "-f"]
     if since:
         argv += ["--since", since]
-    proc = process.start([*argv, node.container], remote=node.remote, stdout=subprocess.PIPE,
-                         stderr=subprocess.STDOUT, text=True, errors="replace")
+    proc = process.start([*argv, node.container], remote=node.remote, stdout=process.PIPE,
+                         stderr=process.STDOUT, text=True, errors="replace")
     return Follower(proc).start()
 
 
@@ -662,3 +661,106 @@ def endpoint(plan: Plan, secrets: dict[str, str], *, url: str | None = None) -> 
 
     key = secrets.get("API_KEY")
     return api.Endpoint.from_plan(url or plan.line.api, plan.nodes[0].env, api.Secret(key) if key else None)
+
+
+# --- stop -----------------------------------------------------------------------------------------
+
+
+def line_containers(node: Node) -> list[str]:
+    """Containers of the line on the node (any state): the plan's name, and any labelled for a line."""
+    proc = node.run([node.runtime, "ps", "-a", "--filter", f"label={LINE_LABEL}", "--format", "{{.Names}}"],
+                    purpose=f"listing the line's containers on {node.name}")
+    names = set(proc.stdout.split())
+    if container_state(node) is not None:
+        names.add(node.container)
+    return sorted(names)
+
+
+def stop(plan: Plan, nodes: Sequence[Node], secrets: dict[str, str], out: Echo, progress: Echo, *,
+         grace: int = STOP_GRACE) -> list[str]:
+    """Stop every rank of the line (what a crashed serve left too), then check the API is down and
+    no container of the line is left. Returns the problems (empty: stopped)."""
+    from tp4 import api
+
+    with line_lock(plan, "stop"):
+        problems = stop_nodes(nodes, progress, grace=grace)
+
+        def leftovers(node: Node) -> list[str]:
+            left = line_containers(node)
+            for name in left:  # a labelled container of another name (an older profile's)
+                node.run([node.runtime, "rm", "-f", name], check=False, timeout=REMOVE_TIMEOUT)
+            return line_containers(node)
+
+        results = parallel(nodes, leftovers)
+        for node in nodes:
+            got = results[node.name]
+            if isinstance(got, BaseException):
+                if not any(p.startswith(f"{node.name}:") for p in problems):
+                    problems.append(f"{node.name}: cannot check it ({getattr(got, 'message', got)}); the GPU there may still be busy")
+            elif isinstance(got, list) and got:
+                problems.append(f"{node.name}: still has {', '.join(str(g) for g in got)}")
+        ep = endpoint(plan, secrets)
+        if api.health(ep, 3) is not None:
+            problems.append(f"{nodes[0].name}: the API {plan.line.api} still answers")
+    if not problems:
+        out(f"stopped: no rank of the line runs on {len(nodes)} nodes, the API is down")
+    return problems
+
+
+# --- status ---------------------------------------------------------------------------------------
+
+
+def _node_status(node: Node) -> dict[str, object]:
+    fmt = "{{.State.Status}}|{{.State.StartedAt}}|{{.Image}}"
+    proc = node.run([node.runtime, "inspect", "--format", fmt, node.container], check=False, timeout=20)
+    if proc.returncode != 0:
+        return {"node": node.name, "rank": node.rank.rank, "container": node.container, "state": "absent"}
+    state, started, image = (proc.stdout.strip().split("|") + ["", "", ""])[:3]
+    info: dict[str, object] = {"node": node.name, "rank": node.rank.rank, "container": node.container, "state": state,
+                               "started": started, "image": containers.normalize_id(image)}
+    last = node.run([node.runtime, "logs", "--tail", "1", "--timestamps", node.container], check=False, timeout=20)
+    text = ((last.stdout or "") + (last.stderr or "")).strip().splitlines()
+    if text:
+        stamp = text[-1].split(" ", 1)[0]
+        age = _age(stamp)
+        info["last_log_line"] = text[-1].split(" ", 1)[1] if " " in text[-1] else ""
+        info["last_log_age_s"] = age
+    return info
+
+
+def _age(stamp: str) -> float | None:
+    from datetime import datetime, timezone
+
+    m = re.match(r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(\.\d+)?(Z|[+-]\d\d:?\d\d)?", stamp)
+    if not m:
+        return None
+    try:
+        when = datetime.fromisoformat(m.group(1) + (m.group(2) or "")[:7] + ("+00:00" if m.group(3) in (None, "Z") else m.group(3)))
+    except ValueError:
+        return None
+    return round((datetime.now(timezone.utc) - when).total_seconds(), 1)
+
+
+def status(plan: Plan, nodes: Sequence[Node], secrets: dict[str, str], *, probe_timeout: float = 10.0) -> dict[str, object]:
+    """Each node's rank and the line's liveness, as JSON values."""
+    from tp4 import api
+
+    results = parallel(nodes, _node_status)
+    node_info: list[object] = []
+    for node in nodes:
+        got = results[node.name]
+        if isinstance(got, BaseException):
+            node_info.append({"node": node.name, "rank": node.rank.rank, "state": "unreachable",
+                              "error": getattr(got, "message", str(got)).splitlines()[0]})
+        else:
+            node_info.append(got)
+    ep = endpoint(plan, secrets)
+    live = api.probe(ep, probe_timeout)
+    record = load_run(plan)
+    return {
+        "line": line_id(plan), "api": plan.line.api, "nodes": node_info,
+        "liveness": {"state": live.state, "detail": live.detail,
+                     "running": live.load.running if live.load else None,
+                     "waiting": live.load.waiting if live.load else None},
+        "boot": record,
+    }

@@ -36,6 +36,11 @@ SUBCOMMANDS: dict[str, tuple[str, str, str]] = {
     "distribute": ("tp4.cli.build", "distribute", "Copy the built image to the workers."),
     "images": ("tp4.cli.images", "images", "The tp4 images on every node (id, digest, pins); prune old builds."),
     "image-store": ("tp4.cli.build", "image_store", "The head's image store (registry) the workers pull from."),
+    "serve": ("tp4.cli.serve", "serve", "Start the line and prove it ready (Ready, a completion, every boot log), or leave nothing running."),
+    "stop": ("tp4.cli.serve", "stop", "Stop every rank of the line and check that nothing is left."),
+    "status": ("tp4.cli.serve", "status", "Each node's rank and the line's liveness (a real completion; busy is not wedged)."),
+    "logs": ("tp4.cli.serve", "logs", "A rank's log."),
+    "smoke": ("tp4.cli.serve", "smoke", "Upstream's arithmetic check and a streamed completion against the API."),
     "hosts": ("tp4.cli.hosts", "hosts", "The ssh host keys tp4 trusts: trust (after showing fingerprints), list, forget."),
 }
 

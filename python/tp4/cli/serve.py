@@ -1,0 +1,234 @@
+"""`tp4 serve`, `tp4 stop`, `tp4 status`, `tp4 logs`, `tp4 smoke`: the line, from its profile."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import click
+
+from tp4.errors import InvalidInput, Tp4Error
+
+if TYPE_CHECKING:
+    from tp4.plan import Plan
+    from tp4.serve import Node
+
+DEFAULT_PROFILE = "profile.toml"
+
+profile_option = click.option(
+    "--profile", "-p", "profile_path", type=click.Path(dir_okay=False), default=None,
+    help=f"The line's profile (default: ./{DEFAULT_PROFILE} when it exists, else the embedded default).")
+ssh_option = click.option("--ssh-option", "ssh_options", multiple=True, metavar="OPT", help="Extra `ssh -o` option; repeatable.")
+strict_option = click.option("--strict", is_flag=True, help="Treat the profile's warnings as errors (exit 2).")
+
+
+def _out(line: str) -> None:
+    click.echo(line)
+
+
+def _err(line: str) -> None:
+    click.echo(line, err=True)
+
+
+def _line(profile_path: str | None, strict: bool, ssh_options: tuple[str, ...]) -> tuple[Plan, list[Node], dict[str, str]]:
+    """(plan, nodes, secrets) of the profile."""
+    from tp4 import serve
+    from tp4.cli.plan import load_profile
+    from tp4.plan import build_plan
+
+    if profile_path is None and Path(DEFAULT_PROFILE).is_file():
+        profile_path = DEFAULT_PROFILE
+    plan = build_plan(load_profile(profile_path, strict))
+    secrets: dict[str, str] = {}
+    if "API_KEY" in plan.secrets:
+        from tp4 import api
+
+        secrets["API_KEY"] = api.read_key(os.path.expanduser(plan.secrets["API_KEY"].file)).reveal()
+    return plan, serve.nodes_of(plan, ssh_options=ssh_options), secrets
+
+
+def _timeouts(items: tuple[str, ...]) -> dict[str, float]:
+    from tp4 import serve
+
+    out = dict(serve.DEFAULT_TIMEOUTS)
+    for item in items:
+        phase, sep, value = item.partition("=")
+        if not sep:
+            phase, value = "", item
+        try:
+            seconds = float(value)
+        except ValueError:
+            seconds = -1.0
+        if not (0 < seconds <= 7 * 86400) or seconds != seconds:
+            raise InvalidInput(f"--timeout {item!r}: expected PHASE=SECONDS or SECONDS, seconds between 0 and 604800")
+        if not phase:
+            out = {k: seconds for k in out}
+        elif phase in out:
+            out[phase] = seconds
+        else:
+            raise InvalidInput(f"--timeout {item!r}: unknown phase {phase!r}; fix: one of {', '.join(out)}")
+    return out
+
+
+@click.command("serve")
+@profile_option
+@click.option("--force", is_flag=True, help="Start although the head's GPU has compute apps.")
+@click.option("--timeout", "timeouts", multiple=True, metavar="[PHASE=]SECONDS",
+              help="Bound a boot phase (start, weights, graphs, smoke, warmup, ready, completion), or all; repeatable.")
+@click.option("--on-slow-boot", type=click.Choice(["report", "restart"]), default="report", show_default=True,
+              help="A boot whose warm-up throughput is below the threshold: report it, or restart it once.")
+@click.option("--slow-floor", type=click.FloatRange(min=0, min_open=True, max=1e9), default=None, metavar="TOKENS/S",
+              help="Warm-up input throughput below which a boot is slow (default: half the last good boot's).")
+@ssh_option
+@strict_option
+def serve(profile_path: str | None, force: bool, timeouts: tuple[str, ...], on_slow_boot: str, slow_floor: float | None,
+          ssh_options: tuple[str, ...], strict: bool) -> None:
+    """Start the line and prove it ready, or leave nothing running.
+
+    Checks every node (reachable, the same image, no rank running, ports, GPU), writes each rank's
+    environment to its node as a file of mode 0600, starts the workers in parallel and then the
+    head, and follows the head's boot. Ready means: the head printed `Ready: API on port <PORT>`,
+    a one-token completion answered, and every rank's boot log passed the registry's checks. On
+    any failure, or Ctrl-C, every rank started is stopped and the node and check that failed
+    are named with that rank's last log lines.
+    """
+    from tp4 import serve as serve_mod
+
+    plan, nodes, secrets = _line(profile_path, strict, ssh_options)
+    opts = serve_mod.Options(force=force, timeouts=_timeouts(timeouts), on_slow_boot=on_slow_boot,
+                             slow_floor=slow_floor, tty=sys.stderr.isatty())
+    serve_mod.serve(plan, nodes, secrets, opts, _out, _err)
+
+
+@click.command("stop")
+@profile_option
+@click.option("--grace", type=click.IntRange(0, 3600), default=10, show_default=True,
+              help="Seconds between TERM and KILL.")
+@ssh_option
+@strict_option
+def stop(profile_path: str | None, grace: int, ssh_options: tuple[str, ...], strict: bool) -> None:
+    """Stop every rank of the line (also what a crashed serve left) and check that the API is down
+    and no container of the line remains. Idempotent."""
+    from tp4 import serve as serve_mod
+
+    plan, nodes, secrets = _line(profile_path, strict, ssh_options)
+    problems = serve_mod.stop(plan, nodes, secrets, _out, _err, grace=grace)
+    if problems:
+        raise Tp4Error("not everything stopped:\n" + "\n".join(f"  {p}" for p in problems))
+
+
+def _render_status(data: dict[str, object]) -> list[str]:
+    lines = []
+    nodes = data.get("nodes")
+    for n in nodes if isinstance(nodes, list) else []:
+        if not isinstance(n, dict):
+            continue
+        age = n.get("last_log_age_s")
+        extra = f"  last log line {age:.0f} s ago" if isinstance(age, (int, float)) else ""
+        image = str(n.get("image") or "")[:12]
+        lines.append(f"{n.get('node')} (rank {n.get('rank')}): {n.get('state')}"
+                     + (f" since {n.get('started')}" if n.get("started") else "") + (f"  image {image}" if image else "")
+                     + extra + (f"  {n.get('error')}" if n.get("error") else ""))
+    live = data.get("liveness")
+    if isinstance(live, dict):
+        load = "" if live.get("running") is None else f" (running {live.get('running')}, waiting {live.get('waiting')})"
+        lines.append(f"line {data.get('api')}: {live.get('state')}{load}: {live.get('detail')}")
+    boot = data.get("boot")
+    if isinstance(boot, dict):
+        sig = boot.get("signature") if isinstance(boot.get("signature"), dict) else {}
+        assert isinstance(sig, dict)
+        lines.append(f"boot: ready after {boot.get('ready_seconds')} s, warm-up {sig.get('warmup_tps_median')} token/s, "
+                     f"KV pool {sig.get('kv_pool')}, pin {sig.get('pin')}" + ("" if boot.get("ok") else " (slow)"))
+        warnings = boot.get("warnings")
+        for w in warnings if isinstance(warnings, list) else []:
+            lines.append(f"  warning: {w}")
+    return lines
+
+
+@click.command("status")
+@profile_option
+@click.option("--json", "as_json", is_flag=True, help="One JSON object.")
+@click.option("--watch", is_flag=True, help="Refresh until Ctrl-C.")
+@click.option("--interval", type=click.FloatRange(1, 3600), default=10, show_default=True,
+              help="Seconds between refreshes with --watch (the GPU tools are never polled more often than every 10 s).")
+@click.option("--probe-timeout", type=click.FloatRange(0.1, 600), default=10, show_default=True,
+              help="Seconds the one-token completion may take before the line is busy or wedged.")
+@ssh_option
+@strict_option
+def status(profile_path: str | None, as_json: bool, watch: bool, interval: float, probe_timeout: float,
+           ssh_options: tuple[str, ...], strict: bool) -> None:
+    """Each node's rank (state, uptime, image, last log line) and the line: a real one-token
+    completion, running and waiting requests (busy is not wedged), the current boot's signature."""
+    from tp4 import serve as serve_mod
+
+    plan, nodes, secrets = _line(profile_path, strict, ssh_options)
+    while True:
+        data = serve_mod.status(plan, nodes, secrets, probe_timeout=probe_timeout)
+        if as_json:
+            click.echo(json.dumps(data, indent=None if watch else 2, sort_keys=True))
+        else:
+            for line in _render_status(data):
+                click.echo(line)
+        if not watch:
+            live = data.get("liveness")
+            if isinstance(live, dict) and live.get("state") not in ("alive", "busy"):
+                raise SystemExit(1)
+            return
+        time.sleep(max(interval, 10.0))
+        if not as_json:
+            click.echo("")
+
+
+@click.command("logs")
+@profile_option
+@click.option("--rank", type=click.IntRange(0, 255), default=0, show_default=True, help="Whose log.")
+@click.option("-f", "--follow", is_flag=True, help="Follow it.")
+@click.option("--since", default=None, metavar="T", help="Only lines since T (e.g. 10m, 2026-12-01T10:00:00).")
+@click.option("--tail", "tail", type=click.IntRange(1, 1_000_000), default=None, help="Only the last N lines.")
+@ssh_option
+@strict_option
+def logs(profile_path: str | None, rank: int, follow: bool, since: str | None, tail: int | None,
+         ssh_options: tuple[str, ...], strict: bool) -> None:
+    """A rank's log (its container's output)."""
+    import re
+
+    from tp4 import process
+
+    plan, nodes, _ = _line(profile_path, strict, ssh_options)
+    if rank >= len(nodes):
+        raise InvalidInput(f"--rank {rank}: the line has ranks 0..{len(nodes) - 1}")
+    node = nodes[rank]
+    argv = [node.runtime, "logs"]
+    if since is not None:
+        if not re.fullmatch(r"[0-9]+[smh]|[0-9]{4}-[0-9]{2}-[0-9]{2}(T[0-9:.]+(Z|[+-][0-9:]+)?)?", since):
+            raise InvalidInput(f"--since {since!r}: expected a duration (30s, 10m, 2h) or a time (2026-12-01T10:00:00)")
+        argv += ["--since", since]
+    if tail is not None:
+        argv += ["--tail", str(tail)]
+    if follow:
+        argv.append("-f")
+    process.run([*argv, node.container], remote=node.remote, capture=False, purpose=f"the log of {node.name}")
+
+
+@click.command("smoke")
+@profile_option
+@click.option("--full", is_flag=True, help="Also upstream's JSON-schema and tool-call checks.")
+@ssh_option
+@strict_option
+def smoke(profile_path: str | None, full: bool, ssh_options: tuple[str, ...], strict: bool) -> None:
+    """Upstream's arithmetic check (19 + 23 must be 42, finish reason stop) and a streamed
+    completion against the line's API; --full adds the JSON-schema and tool-call checks."""
+    from tp4 import api
+    from tp4 import serve as serve_mod
+
+    plan, _, secrets = _line(profile_path, strict, ssh_options)
+    results = api.smoke(serve_mod.endpoint(plan, secrets), full=full)
+    for r in results:
+        click.echo(f"{'ok' if r.ok else 'FAIL':<4} {r.name:<12} {r.seconds:5.1f} s  {r.detail}")
+    failed = [r.name for r in results if not r.ok]
+    if failed:
+        raise Tp4Error(f"smoke failed: {', '.join(failed)}")
