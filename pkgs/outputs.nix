@@ -45,13 +45,26 @@ let
 
   legacyPackages = forAll (system: pkgs: { inherit (lineFor.${system}) sources; });
 
+  # `nix run .#serve -- [--profile FILE]` (default ./profile.toml) and the same for stop and status
   apps = forAll (
-    system: pkgs: {
+    system: pkgs:
+    let
+      tp4 = "${lineFor.${system}.tp4}/bin/tp4";
+      command = name: description: {
+        type = "app";
+        program = "${pkgs.writeShellScript "tp4-${name}" ''exec ${tp4} ${name} "$@"''}";
+        meta.description = description;
+      };
+    in
+    {
       default = {
         type = "app";
-        program = "${lineFor.${system}.tp4}/bin/tp4";
+        program = tp4;
         meta.description = "The tp4 CLI: build, deploy and serve the TP4 line";
       };
+      serve = command "serve" "Start the TP4 line and prove it ready, or leave nothing running";
+      stop = command "stop" "Stop every rank of the TP4 line";
+      status = command "status" "The TP4 line's nodes and liveness";
     }
   );
 

@@ -244,6 +244,8 @@ lib.genAttrs [
     name: env: script:
     fake "runCommand" name (checkDrv "runCommand" (env // { buildCommand = script; })) { };
   writeText = name: text: fake "writeText" name { inherit text; } { };
+  # pkgs/build-support/trivial-builders: an executable #!runtimeShell script
+  writeShellScript = name: text: fake "writeShellScript" name { inherit text; } { };
   mkShell = args: call "mkShell" (args.name or "nix-shell") args { };
   dockerTools = {
     pullImage =
