@@ -567,6 +567,14 @@ def _boot(plan: Plan, nodes: Sequence[Node], secrets: dict[str, str], opts: Opti
         raise
 
 
+def _redraw(text: str) -> None:
+    """One status line on the terminal, redrawn in place."""
+    import sys
+
+    sys.stderr.write("\r\033[K" + text)
+    sys.stderr.flush()
+
+
 def _wait_ready(plan: Plan, nodes: Sequence[Node], follower: Follower, opts: Options, progress: Echo) -> float:
     """Follow the head's log until `Ready: API on port <PORT>`; a phase over its timeout, a rank
     whose container stops, or the log ending first fail, naming the node."""
@@ -602,16 +610,25 @@ def _wait_ready(plan: Plan, nodes: Sequence[Node], follower: Follower, opts: Opt
         if line is None:
             head = nodes[0]
             raise NodeFailure(head.name, "log", "the head's log ended before Ready", log_tail(head))
-        progress(f"head| {line}")
+        if opts.tty:
+            shown = f"[{phase} {time.monotonic() - began:5.0f} s] {line}"[:100]
+            _redraw(shown)
+        else:
+            progress(f"head| {line}")
         got = phase_of(line)
         if got == "ready":
             from tp4 import bootlog
 
             ready_on = bootlog.ready_port(line)
+            if opts.tty:
+                _redraw("")
             if ready_on != port:
                 raise NodeFailure(nodes[0].name, "ready", f"the head is ready on port {ready_on}, the plan's API is {port}")
+            progress(f"phase: ready (after {time.monotonic() - began:.0f} s): {line}")
             return time.monotonic() - began
         if got and got != phase and got in PHASES and PHASES.index(got) > PHASES.index(phase):
+            if opts.tty:
+                _redraw("")
             progress(f"phase: {got} (after {time.monotonic() - began:.0f} s)")
             phase, phase_began = got, time.monotonic()
 

@@ -1,0 +1,102 @@
+"""What `tp4 serve` runs on each node, from the plan alone: the container's argv (upstream's
+docker run flags), the env file (the only place the environment and the API key go), and that no
+profile value changes the shape of a remote command."""
+
+from __future__ import annotations
+
+import shlex
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tp4 import process, serve
+from tp4.errors import InvalidInput
+from tp4.plan import build_plan
+from tp4.profile import load_default, load_text
+
+pytestmark = pytest.mark.unit
+
+
+@pytest.fixture(scope="module")
+def plan():
+    return build_plan(load_default())
+
+
+def test_the_head_runs_with_upstreams_flags_and_its_env_from_the_file(plan):
+    head = plan.nodes[0]
+    argv = serve.run_argv(head, line="L")
+    assert argv[:5] == ["docker", "run", "-d", "--name", "dsv41-head"]
+    joined = shlex.join(argv)
+    for flags in (["--network", "host"], ["--ipc", "host"], ["--privileged"], ["--cap-add", "IPC_LOCK"],
+                  ["--gpus", "all"], ["--shm-size", "32g"], ["--ulimit", "memlock=-1:-1"],
+                  ["--ulimit", "stack=67108864"], ["--device", "/dev/infiniband:/dev/infiniband"], ["--restart", "no"],
+                  ["--env-file", head.service.env_file]):
+        assert shlex.join(flags) in joined, flags
+    assert argv[-2:] == [head.run.image, "run"]
+    # every mount of the run spec, read-only where it says so
+    for m in head.run.mounts:
+        assert f"-v {shlex.quote(m.source + ':' + m.target + (':ro' if m.read_only else ''))}" in joined
+    # the environment never reaches argv
+    assert not any(f"{k}=" in a for a in argv for k in head.env if k not in ("memlock", "stack"))
+
+
+def test_podman_gets_the_gpus_by_cdi_and_no_shm_size_beside_the_hosts_ipc():
+    text = '[cluster]\n[cluster.head]\nname = "h"\nip = "10.0.0.1"\nruntime = "podman"\n' \
+           '[[cluster.workers]]\nname = "w1"\nip = "10.0.0.2"\n[[cluster.workers]]\nname = "w2"\nip = "10.0.0.3"\n' \
+           '[[cluster.workers]]\nname = "w3"\nip = "10.0.0.4"\n'
+    p = build_plan(load_text(text, "t"))
+    head, worker = serve.run_argv(p.nodes[0], line="L"), serve.run_argv(p.nodes[1], line="L")
+    assert head[0] == "podman" and "nvidia.com/gpu=all" in head and "--shm-size" not in head
+    assert worker[0] == "docker" and "--shm-size" in worker and ["--gpus", "all"] == worker[worker.index("--gpus"):][:2]
+
+
+def test_the_env_file_holds_the_env_and_only_the_head_gets_the_key(plan):
+    secret = {"API_KEY": "sk-very-secret"}
+    head = serve.env_file_text(plan.nodes[0], secret)
+    worker = serve.env_file_text(plan.nodes[1], secret)
+    assert "API_KEY=sk-very-secret\n" in head and "sk-very-secret" not in worker
+    assert head.splitlines() == sorted(head.splitlines())
+    assert {line.split("=", 1)[0] for line in worker.splitlines()} == set(plan.nodes[1].env)
+
+
+def test_a_value_an_env_file_cannot_carry_is_refused_naming_the_key(plan):
+    node = plan.nodes[0]._replace(env={**plan.nodes[0].env, "X": "a\nb"})
+    with pytest.raises(InvalidInput, match="the value of X holds a line break"):
+        serve.env_file_text(node, {})
+
+
+@pytest.mark.parametrize("spec, complaint", [
+    ("nope=3", "unknown phase 'nope'"), ("weights=-1", "seconds between"), ("weights=abc", "seconds between"),
+    ("nan", "seconds between"), ("1e9", "seconds between"), ("warmup=", "seconds between"),
+])
+def test_bad_timeouts_are_refused(spec, complaint):
+    from tp4.cli.serve import _timeouts
+
+    with pytest.raises(InvalidInput, match=complaint):
+        _timeouts((spec,))
+
+
+def test_timeouts_set_one_phase_or_all():
+    from tp4.cli.serve import _timeouts
+
+    assert _timeouts(("weights=5",))["weights"] == 5 and _timeouts(("weights=5",))["graphs"] == serve.DEFAULT_TIMEOUTS["graphs"]
+    assert set(_timeouts(("7",)).values()) == {7.0}
+
+
+hostile = st.text(alphabet=st.sampled_from(list("ab -$()'\";|&`\\\n*~")), min_size=1, max_size=12)
+
+
+@settings(max_examples=60, deadline=None)
+@given(value=hostile)
+def test_no_env_value_changes_a_command_and_the_remote_quoting_gives_the_argv_back(value, plan):
+    """An env value (quotes, spaces, $(), newlines, leading dashes) reaches the env file only; a
+    remote command's one quoted word splits back into exactly the argv."""
+    node = plan.nodes[1]
+    changed = node._replace(env={**node.env, "DSV41_STATS_SECONDS": value})
+    assert serve.run_argv(changed, line="L") == serve.run_argv(node, line="L")
+    remote = process.Remote(host="10.0.0.2", user="zurih")
+    for argv in (serve.run_argv(node, line=value), ["sh", "-c", serve._WRITE_PRIVATE, "sh", f"/x/{value}"]):
+        full = process.full_argv(argv, remote)
+        assert full[-2] == "zurih@10.0.0.2" and full[-3] == "--"
+        assert shlex.split(full[-1]) == argv
