@@ -6,6 +6,7 @@ each) whose real podman (runc) runs each rank's container with exactly the flags
         cluster.profile        # the profile TOML of this cluster (head + 3 workers)
         cluster.plan           # tp4.plan.build_plan of it
         cluster.hosts, cluster.head
+        cluster.nodes()        # tp4.serve.nodes_of(cluster.plan)
         cluster.podman_ps()    # `podman ps -a` on every host
         cluster.leftovers()    # every container and every stand-in process left on any host
 
@@ -29,7 +30,12 @@ never in what tp4 renders):
    default nofile and nproc limits exceed the hard limits too: every host's sessions get a
    containers.conf (CONTAINERS_CONF, by sshd's SetEnv like CONTAINERS_STORAGE_CONF) whose
    ``default_ulimits`` stay within them (nofile at most 65536; nproc 4096, since podman runs
-   conmon, and so runc, with RLIMIT_NPROC lowered to 32768 and refuses anything above). It also gives each host its own ``tmp_dir`` with
+   conmon, and so runc, with RLIMIT_NPROC lowered to 32768 here). podman 4.3 applies those only
+   to a run without any ``--ulimit``, though, and the plan's run sets memlock and stack: then it
+   gives nofile and nproc 1048576, which runc cannot set. So the hosts' OCI runtime is
+   tests/runc_rlimits.py (containers.conf ``[engine] runtime``): runc, with those two limits, and
+   only those (the plan never sets them), lowered to its hard limits before ``runc create`` and ``runc exec``; the
+   plan's memlock and stack reach runc as podman wrote them. It also gives each host its own ``tmp_dir`` with
    ``lock_type = "file"`` (the locks in it): with podman's shared-memory locks, one segment for
    every store on the machine, a store's first podman would free the locks of the others.
 3. ``--device nvidia.com/gpu=all`` is a CDI device and there is no GPU. podman 4.3 (Debian 12) has
@@ -51,6 +57,7 @@ from __future__ import annotations
 import json
 import os
 import resource
+import shutil
 import stat
 from pathlib import Path
 from types import TracebackType
@@ -58,7 +65,7 @@ from types import TracebackType
 from netns_hosts import Host, NetnsHosts
 from standin import image
 
-from tp4 import process
+from tp4 import process, serve
 from tp4.plan import Plan, build_plan
 from tp4.profile import load_file
 from tp4.profile.load import Loaded
@@ -180,6 +187,11 @@ class LineCluster:
             if host.sshd is not None and host.sshd.poll() is None:
                 process.run(["podman", "rm", "-f", "-a", "-t", "0"], remote=host.remote, check=False, timeout=60)
         self.hosts.close()
+        for host in self._host_dirs():
+            shutil.rmtree(host / "storage", ignore_errors=True)  # the image, 4 copies (vfs)
+
+    def _host_dirs(self) -> list[Path]:
+        return sorted(p.parent for p in (self.workdir / "hosts").glob("node*/storage.conf"))
 
     # --- what tests use --------------------------------------------------------------------
 
@@ -191,6 +203,10 @@ class LineCluster:
     @property
     def head(self) -> Host:
         return self.hosts[0]
+
+    def nodes(self) -> list[serve.Node]:
+        """The plan's nodes as tp4.serve reaches them (over ssh, as the profile says)."""
+        return serve.nodes_of(self.plan)
 
     def podman_ps(self) -> dict[str, str]:
         """`podman ps -a` on every host: host name -> its output."""

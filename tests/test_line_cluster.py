@@ -63,7 +63,7 @@ def test_the_profile_is_the_clusters(cluster: LineCluster) -> None:
 
 def test_every_rank_runs_the_plans_podman_run_and_the_line_boots(cluster: LineCluster) -> None:
     plan = cluster.plan
-    nodes = serve.nodes_of(plan)
+    nodes = cluster.nodes()
     assert cluster.leftovers() == []
     serve.preflight(nodes, plan, serve.Options(), lambda line: None)  # the minimal doctor passes on every host
     started = time.monotonic()
@@ -81,6 +81,13 @@ def test_every_rank_runs_the_plans_podman_run_and_the_line_boots(cluster: LineCl
             log = wait_for(node, "Scheduler ready", 10)
             assert "Scheduler ready" in log and "Traceback" not in log, (node.name, log[-2000:])
             assert serve.container_state(node) == "running"
+        # what the plan's flags gave the rank (boot.py, pid 1): the RDMA device, the CDI GPU's
+        # edits (in its environment; `podman exec` does not get them), memlock
+        inside = nodes[1].run(["podman", "exec", nodes[1].container, "sh", "-c",
+                               "test -c /dev/infiniband/uverbs0 && echo ib=yes; cat /proc/1/limits /proc/1/environ"]).stdout
+        assert "ib=yes" in inside and "NVIDIA_VISIBLE_DEVICES=void" in inside.replace("\0", "\n").splitlines(), inside
+        soft, hard = memlock().replace("-1", "unlimited").split(":")
+        assert re.search(rf"^Max locked memory\s+{soft}\s+{hard}\s", inside, re.M), inside
         out = completion(plan.line.api)
         assert out["choices"][0]["finish_reason"] == "length"  # type: ignore[index]
         ps = cluster.podman_ps()
