@@ -26,18 +26,20 @@ never in what tp4 renders):
    namespace of its own (``unshare --mount``).
 2. No CAP_SYS_RESOURCE: memlock cannot be raised above the hard limit, so the plan's
    ``--ulimit memlock=-1:-1`` fails. The profile's ``cluster.memlock`` is the hard limit of this
-   process (``resource.getrlimit``; "-1:-1" where it is unlimited), and tp4 warns about it. podman's
-   default nofile and nproc limits exceed the hard limits too: every host's sessions get a
-   containers.conf (CONTAINERS_CONF, by sshd's SetEnv like CONTAINERS_STORAGE_CONF) whose
-   ``default_ulimits`` stay within them (nofile at most 65536; nproc 4096, since podman runs
-   conmon, and so runc, with RLIMIT_NPROC lowered to 32768 here). podman 4.3 applies those only
-   to a run without any ``--ulimit``, though, and the plan's run sets memlock and stack: then it
-   gives nofile and nproc 1048576, which runc cannot set. So the hosts' OCI runtime is
-   tests/runc_rlimits.py (containers.conf ``[engine] runtime``): runc, with those two limits, and
-   only those (the plan never sets them), lowered to its hard limits before ``runc create`` and ``runc exec``; the
-   plan's memlock and stack reach runc as podman wrote them. It also gives each host its own ``tmp_dir`` with
-   ``lock_type = "file"`` (the locks in it): with podman's shared-memory locks, one segment for
-   every store on the machine, a store's first podman would free the locks of the others.
+   process as soft and hard (``resource.getrlimit``; "-1:-1" where it is unlimited); tp4 warns
+   about it. podman's default nofile and nproc limits exceed the hard limits too: every host's
+   sessions get a containers.conf (CONTAINERS_CONF, by sshd's SetEnv like
+   CONTAINERS_STORAGE_CONF) whose ``default_ulimits`` stay within them (nofile at most 65536,
+   nproc 4096: podman runs conmon, and so runc, with RLIMIT_NPROC lowered to 32768 here). podman
+   4.3 applies those only to a run without any ``--ulimit``, though, and the plan's run sets
+   memlock and stack: then it gives nofile and nproc 1048576, which runc cannot set. So the
+   hosts' OCI runtime is tests/runc_rlimits.py (containers.conf ``[engine] runtime``): runc, with
+   those two limits (and only those: the plan never sets them) lowered to its hard limits before
+   ``runc create`` and ``runc exec``; the plan's memlock and stack reach runc as podman wrote
+   them. The same containers.conf gives each host its own ``tmp_dir`` and ``lock_type = "file"``
+   (the locks in that dir): podman's shared-memory locks are one segment for every store on the
+   machine, and the refresh a store's first podman does (an empty tmp_dir looks like a reboot)
+   frees every lock in it.
 3. ``--device nvidia.com/gpu=all`` is a CDI device and there is no GPU. podman 4.3 (Debian 12) has
    no ``cdi_spec_dirs`` setting (it reads /etc/cdi and /var/run/cdi only), so each host's /etc/cdi
    holds ``nvidia.com-gpu.json``: kind nvidia.com/gpu, device ``all``, whose containerEdits only
