@@ -19,7 +19,16 @@ recorded in ``<workdir>/known_hosts`` and ``TP4_KNOWN_HOSTS`` points at it while
 (for the test process and the tp4 commands it starts), as `tp4 hosts trust` would have.
 ``new_host_key(i)`` gives a host a new key (a reinstalled node), and ``close`` ends tp4's shared
 ssh connections to the hosts and every process left in their namespaces.
-Needs root, iproute2 and openssh-server.
+
+Each sshd runs in the host's network namespace only (``nsenter --net``), not under ``ip netns
+exec``: that one also enters a new mount namespace and remounts /sys there, where runc then finds
+no cgroups, so ``podman run`` in a session would fail. sshd gets a private mount namespace of its
+own (``unshare --mount``), shared by its sessions: ``prepare(host)`` (called before the host's
+sshd starts; it may add to ``host.env``) can put files under ``host.root`` (``<dir>/root``), and
+each of its top directories ``dev`` and ``etc`` is laid over the machine's /dev or /etc in that
+namespace (an overlay whose upper layer is a tmpfs holding a copy of the tree): the host's
+sessions see them, the machine does not, and they go with the namespace.
+Needs root, iproute2, util-linux (nsenter, unshare) and openssh-server.
 """
 
 from __future__ import annotations
@@ -28,6 +37,7 @@ import os
 import shutil
 import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -35,6 +45,28 @@ from tp4 import knownhosts, process
 from tp4.process import Remote
 
 SSHD = shutil.which("sshd") or "/usr/sbin/sshd"
+# the top directories of host.root that are laid over the machine's (in sshd's mount namespace)
+OVERLAID = ("dev", "etc")
+# run as `sh -c SETUP sh <host dir> <sshd argv...>` in sshd's new mount namespace: each
+# <host dir>/root/<top> over /<top> (an overlay on a tmpfs copy; the submounts of /<top>, such as
+# /dev/shm and /dev/pts, bound back), then sshd
+_SETUP = r"""set -e
+mount --make-rprivate /
+dir=$1; shift
+mnt=$dir/mnt
+mkdir -p "$mnt"
+mount -t tmpfs tp4-netns "$mnt"
+for top in dev etc; do
+  [ -d "$dir/root/$top" ] || continue
+  mkdir -p "$mnt/$top.lower" "$mnt/$top.work"
+  cp -a "$dir/root/$top" "$mnt/$top.upper"
+  mount --rbind "/$top" "$mnt/$top.lower"
+  mount -t overlay overlay -o "lowerdir=$mnt/$top.lower,upperdir=$mnt/$top.upper,workdir=$mnt/$top.work" "/$top"
+  awk -v p="$mnt/$top.lower/" 'index($5, p) == 1 { s = substr($5, length(p) + 1); sub("/.*", "", s); print s }' \
+      /proc/self/mountinfo | sort -u | while read -r sub; do mount --rbind "$mnt/$top.lower/$sub" "/$top/$sub"; done
+done
+exec "$@"
+"""
 
 
 def storage_conf(root: Path) -> Path:
@@ -60,6 +92,11 @@ class Host:
     sshd: subprocess.Popen | None = None
     env: dict[str, str] = field(default_factory=dict)
 
+    @property
+    def root(self) -> Path:
+        """Files the host's sessions see over the machine's /dev and /etc (see the module doc)."""
+        return self.dir / "root"
+
     def run(self, *argv: str, check: bool = True) -> subprocess.CompletedProcess:
         """Run a command on the host over ssh (as tp4 would)."""
         return process.run(list(argv), remote=self.remote, check=check)
@@ -67,7 +104,7 @@ class Host:
 
 class NetnsHosts:
     def __init__(self, workdir: Path, count: int = 3, *, env: dict[str, str] | None = None,
-                 subnet: str | None = None) -> None:
+                 subnet: str | None = None, prepare: Callable[[Host], None] | None = None) -> None:
         self.workdir = Path(workdir)
         self.count = count
         self.prefix = f"tp4t{os.getpid() % 100000}"
@@ -75,6 +112,7 @@ class NetnsHosts:
         self.bridge = self.prefix
         self.hosts: list[Host] = []
         self.extra_env = dict(env or {})
+        self.prepare = prepare
         self.key = self.workdir / "id_ed25519"
         self.known_hosts = self.workdir / "known_hosts"
         self._old_known_hosts: str | None = None
@@ -161,23 +199,27 @@ class NetnsHosts:
         process.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(hdir / "host_key")])
         shutil.copy(f"{self.key}.pub", hdir / "authorized_keys")
         env = {"CONTAINERS_STORAGE_CONF": str(storage_conf(hdir)), **self.extra_env}
+        remote = Remote(host=addr, user="root", identity=str(self.key), options=("LogLevel=ERROR",))
+        host = Host(name=name, namespace=ns, address=addr, dir=hdir, remote=remote, env=env)
+        if self.prepare is not None:
+            self.prepare(host)
         (hdir / "sshd_config").write_text(
             f"ListenAddress {addr}\nPort 22\nHostKey {hdir / 'host_key'}\n"
             f"PidFile {hdir / 'sshd.pid'}\nAuthorizedKeysFile {hdir / 'authorized_keys'}\n"
             "PermitRootLogin prohibit-password\nPasswordAuthentication no\nStrictModes no\n"
             "UsePAM no\nMaxStartups 100\nMaxSessions 100\n"
-            f"SetEnv {' '.join(f'{k}={v}' for k, v in env.items())}\n"
+            f"SetEnv {' '.join(f'{k}={v}' for k, v in host.env.items())}\n"
         )
-        remote = Remote(host=addr, user="root", identity=str(self.key), options=("LogLevel=ERROR",))
-        host = Host(name=name, namespace=ns, address=addr, dir=hdir, remote=remote, env=env)
         self._start_sshd(host)
         return host
 
     def _start_sshd(self, host: Host) -> None:
         # its log is appended to: a test counts the connections it accepted (LogLevel VERBOSE
         # says "Connection from ..." for each)
-        host.sshd = process.start(["ip", "netns", "exec", host.namespace, SSHD, "-D", "-e", "-o", "LogLevel=VERBOSE",
-                                   "-f", str(host.dir / "sshd_config")],
+        # the network namespace only, and a mount namespace of its own (see the module doc)
+        host.sshd = process.start(["nsenter", f"--net=/run/netns/{host.namespace}", "unshare", "--mount", "--propagation",
+                                   "private", "sh", "-c", _SETUP, "sh", str(host.dir),
+                                   SSHD, "-D", "-e", "-o", "LogLevel=VERBOSE", "-f", str(host.dir / "sshd_config")],
                                   stdout=subprocess.DEVNULL, stderr=open(host.dir / "sshd.log", "ab"))
 
     def _stop_sshd(self, host: Host) -> None:

@@ -1,0 +1,71 @@
+#!/usr/bin/python3
+"""The OCI runtime of tests/line_cluster.py's hosts: runc, with the container's RLIMIT_NOFILE and
+RLIMIT_NPROC lowered to what this process may set (its hard limits) before ``runc create``.
+
+Why: rootful podman 4.3 gives a container nofile and nproc limits of 1048576 unless the command
+line sets them (containers.conf ``default_ulimits`` apply only when it sets no ``--ulimit`` at
+all, and the plan's run sets memlock and stack), and a sandbox without CAP_SYS_RESOURCE cannot
+raise a hard limit. Only those two limits, which the plan never sets, are touched; every other
+limit (the plan's memlock and stack) goes to runc as podman wrote it, so a plan value the host
+cannot take still fails. The same for ``runc exec`` (``podman exec``: its process file). Usage (containers.conf): ``[engine] runtime = "tp4-runc"`` and
+``[engine.runtimes] tp4-runc = ["<this file>"]``; TP4_TEST_RUNC names runc (default: on PATH).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import shutil
+import sys
+
+CLAMPED = {"RLIMIT_NOFILE": resource.RLIMIT_NOFILE, "RLIMIT_NPROC": resource.RLIMIT_NPROC}
+
+
+def clamp(path: str, process_file: bool) -> None:
+    """Lower nofile and nproc in a bundle's config.json (its `process`) or an exec's process file."""
+    with open(path) as fh:
+        spec = json.load(fh)
+    proc = spec if process_file else spec.get("process", {})
+    changed = False
+    for limit in proc.get("rlimits") or []:
+        which = CLAMPED.get(limit.get("type"))
+        if which is None:
+            continue
+        hard = resource.getrlimit(which)[1]
+        if hard == resource.RLIM_INFINITY:
+            continue
+        for key in ("hard", "soft"):
+            if limit.get(key, 0) > hard:
+                limit[key], changed = hard, True
+    if changed:
+        with open(path + ".tmp", "w") as fh:
+            json.dump(spec, fh)
+        os.replace(path + ".tmp", path)
+
+
+def _value(argv: list[str], *flags: str) -> str | None:
+    for i, arg in enumerate(argv):
+        if arg in flags and i + 1 < len(argv):
+            return argv[i + 1]
+        for flag in flags:
+            if flag.startswith("--") and arg.startswith(flag + "="):
+                return arg.split("=", 1)[1]
+    return None
+
+
+def main(argv: list[str]) -> None:
+    runc = os.environ.get("TP4_TEST_RUNC") or shutil.which("runc") or "/usr/bin/runc"
+    if "create" in argv or "run" in argv:
+        bundle = _value(argv, "--bundle", "-b")
+        if bundle:
+            clamp(os.path.join(bundle, "config.json"), process_file=False)
+    elif "exec" in argv:  # `podman exec`: runc exec --process <file>
+        process = _value(argv, "--process", "-p")
+        if process:
+            clamp(process, process_file=True)
+    os.execv(runc, [runc, *argv])
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
