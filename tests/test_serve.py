@@ -1,0 +1,240 @@
+"""`tp4 serve | stop | status | logs | smoke` on four netns hosts (real sshd, real podman running
+each rank's plan argv, the stand-in engine in the image; tests/line_cluster.py). Each scenario
+asserts the exit code, the message (node and cause) and that nothing of the line is left on any
+host afterwards."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from line_cluster import LineCluster
+
+from tp4 import serve
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LineCluster]:
+    with LineCluster(tmp_path_factory.mktemp("serve")) as c:
+        yield c
+
+
+@pytest.fixture
+def line(cluster: LineCluster, tmp_path: Path) -> Iterator[LineCluster]:
+    """The cluster, clean before and after each scenario (what a failed assertion left goes too)."""
+    yield cluster
+    for host in cluster.hosts:
+        host.run("podman", "rm", "-f", "-a", "-t", "0", check=False)
+
+
+def tp4(*args: str, env: dict[str, str] | None = None, timeout: float = 240) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "tp4", *args], capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, "PYTHONPATH": str(REPO / "python"), **(env or {})})
+
+
+def profile_with(cluster: LineCluster, tmp_path: Path, extra: str) -> str:
+    path = tmp_path / "profile.toml"
+    path.write_text(cluster.profile.read_text() + "\n" + extra)
+    return str(path)
+
+
+def fault(cluster: LineCluster, tmp_path: Path, mode: str, rank: int | str = 0, **more: str) -> str:
+    env = {"TP4_STANDIN_FAULT": mode, "TP4_STANDIN_FAULT_RANK": str(rank), **more}
+    return profile_with(cluster, tmp_path, "[env]\n" + "".join(f'{k} = "{v}"\n' for k, v in env.items()))
+
+
+def assert_nothing_left(cluster: LineCluster) -> None:
+    deadline = time.monotonic() + 10
+    left = cluster.leftovers()
+    while left and time.monotonic() < deadline:
+        time.sleep(0.5)
+        left = cluster.leftovers()
+    assert left == []
+
+
+def test_a_clean_serve_is_ready_and_a_clean_stop_leaves_nothing(line: LineCluster, tmp_path: Path) -> None:
+    profile = str(line.profile)
+    proc = tp4("serve", "--profile", profile)
+    assert proc.returncode == 0, proc.stderr
+    assert f"ready: {line.api()} after " in proc.stdout and "4 boot logs checked" in proc.stdout
+    assert "phase: weights" in proc.stderr and "phase: ready" in proc.stderr
+    # every rank runs, from the env file of mode 0600 (never argv)
+    for node, host in zip(line.nodes(), line.hosts, strict=True):
+        mode = host.run("stat", "-c", "%a", node.rank.service.env_file).stdout.strip()
+        assert mode == "600"
+        assert serve.container_state(node) == "running"
+
+    status = tp4("status", "--profile", profile, "--json")
+    assert status.returncode == 0, status.stderr
+    data = json.loads(status.stdout)
+    assert data["liveness"]["state"] == "alive"
+    assert [n["state"] for n in data["nodes"]] == ["running"] * 4
+    assert data["boot"]["ok"] is True and data["boot"]["signature"]["warmup_tps_median"] > 0
+
+    human = tp4("status", "--profile", profile)
+    assert human.returncode == 0 and "line http://" in human.stdout and ": alive" in human.stdout
+
+    logs = tp4("logs", "--profile", profile, "--rank", "2", "--tail", "5")
+    assert logs.returncode == 0 and logs.stdout.strip()
+
+    smoke = tp4("smoke", "--profile", profile, "--full")
+    assert smoke.returncode == 0, smoke.stdout + smoke.stderr
+    assert "ok   arithmetic" in smoke.stdout and "ok   tool_call" in smoke.stdout
+
+    stop = tp4("stop", "--profile", profile)
+    assert stop.returncode == 0, stop.stderr
+    assert "stopped: no rank of the line runs on 4 nodes, the API is down" in stop.stdout
+    assert_nothing_left(line)
+    # idempotent
+    again = tp4("stop", "--profile", profile)
+    assert again.returncode == 0, again.stderr
+    down = tp4("status", "--profile", profile)
+    assert down.returncode == 1 and ": down" in down.stdout
+
+
+def test_an_unreachable_worker_fails_the_checks_and_nothing_starts(line: LineCluster, tmp_path: Path) -> None:
+    gone = line.hosts.unreachable()
+    text = line.profile.read_text()
+    worker = line.hosts[2].address
+    path = tmp_path / "profile.toml"
+    path.write_text(text.replace(f'ssh = "{worker}"', f'ssh = "{gone}"'))
+    proc = tp4("serve", "--profile", str(path))
+    assert proc.returncode == 1
+    assert f"{line.plan.nodes[2].name}: reachable:" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert_nothing_left(line)
+
+
+def test_a_rank_that_crashes_during_boot_is_named_and_every_rank_stopped(line: LineCluster, tmp_path: Path) -> None:
+    proc = tp4("serve", "--profile", fault(line, tmp_path, "crash", 2))
+    assert proc.returncode == 1
+    name = line.plan.nodes[2].name
+    assert f"{name}: rank exited: its container is exited" in proc.stderr
+    assert f"last log lines of {name}:" in proc.stderr and "Traceback" in proc.stderr.split("last log lines")[1]
+    assert "stopping the" in proc.stderr
+    assert_nothing_left(line)
+
+
+@pytest.mark.parametrize("mode, check", [("omit-line", "missing-line"), ("forbidden", "forbidden-line")])
+def test_a_boot_log_that_fails_the_registry_fails_serve(line: LineCluster, tmp_path: Path, mode: str, check: str) -> None:
+    rank = 0 if mode == "omit-line" else 1
+    proc = tp4("serve", "--profile", fault(line, tmp_path, mode, rank))
+    assert proc.returncode == 1
+    assert f"{line.plan.nodes[rank].name}: {check}:" in proc.stderr
+    assert_nothing_left(line)
+
+
+def test_a_head_that_never_gets_ready_times_out_in_its_phase(line: LineCluster, tmp_path: Path) -> None:
+    proc = tp4("serve", "--profile", fault(line, tmp_path, "hang", 0), "--timeout", "smoke=4", "--timeout", "graphs=8")
+    assert proc.returncode == 1
+    assert f"{line.plan.nodes[0].name}: boot phase " in proc.stderr and "did not finish within" in proc.stderr
+    assert_nothing_left(line)
+
+
+def test_the_wedge_is_found_by_status_not_by_health(line: LineCluster, tmp_path: Path) -> None:
+    profile = fault(line, tmp_path, "wedge", 0)
+    proc = tp4("serve", "--profile", profile, "--timeout", "completion=3")
+    # the wedge begins after boot.py's own smoke: serve's own completion finds it already
+    assert proc.returncode == 1 and "completion" in proc.stderr
+    assert_nothing_left(line)
+
+
+def test_a_slow_boot_is_reported_and_restarted_once_when_asked(line: LineCluster, tmp_path: Path) -> None:
+    profile = fault(line, tmp_path, "slow", 0)
+    proc = tp4("serve", "--profile", profile, "--slow-floor", "1000000")
+    assert proc.returncode == 0, proc.stderr
+    assert "warning: slow boot:" in proc.stdout
+    again = tp4("serve", "--profile", profile, "--slow-floor", "1000000", "--on-slow-boot", "restart")
+    assert again.returncode == 1 and "already running" in again.stderr  # it runs: stop first
+    tp4("stop", "--profile", profile)
+    again = tp4("serve", "--profile", profile, "--slow-floor", "1000000", "--on-slow-boot", "restart")
+    assert again.returncode == 0, again.stderr
+    assert "restarting it once" in again.stderr and "warning: slow boot:" in again.stdout
+    assert tp4("stop", "--profile", profile).returncode == 0
+    assert_nothing_left(line)
+
+
+def test_ctrl_c_mid_boot_stops_every_rank(line: LineCluster, tmp_path: Path) -> None:
+    profile = fault(line, tmp_path, "hang", 0)
+    child = subprocess.Popen([sys.executable, "-m", "tp4", "serve", "--profile", profile], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(REPO / "python")})
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if serve.container_state(line.nodes()[0]) == "running":
+                break
+            time.sleep(0.3)
+        time.sleep(1)
+        child.send_signal(signal.SIGINT)
+        out, err = child.communicate(timeout=90)
+    finally:
+        if child.poll() is None:
+            child.kill()
+    assert child.returncode == 130, err
+    assert "interrupted" in err and "Traceback" not in err
+    assert_nothing_left(line)
+
+
+def test_a_second_serve_is_refused_while_one_holds_the_line_and_a_stale_lock_is_taken_over(line: LineCluster,
+                                                                                          tmp_path: Path) -> None:
+    profile = fault(line, tmp_path, "hang", 0)
+    first = subprocess.Popen([sys.executable, "-m", "tp4", "serve", "--profile", profile, "--timeout", "graphs=20"],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             env={**os.environ, "PYTHONPATH": str(REPO / "python")})
+    try:
+        time.sleep(2)
+        second = tp4("serve", "--profile", str(line.profile))
+        assert second.returncode == 1
+        assert "is busy: tp4 serve (pid " in second.stderr and str(first.pid) in second.stderr
+    finally:
+        first.send_signal(signal.SIGINT)
+        first.communicate(timeout=90)
+    assert_nothing_left(line)
+    # a lock whose holder died: its content says so, the flock is free, the next serve goes on
+    lock = Path(os.environ["XDG_STATE_HOME"]) / "tp4" / "lines" / f"{serve.line_id(line.plan)}.lock"
+    lock.write_text("tp4 serve (pid 999999, started 2026-01-01 00:00:00)\n")
+    proc = tp4("serve", "--profile", str(line.profile))
+    assert proc.returncode == 0, proc.stderr
+    assert tp4("stop", "--profile", str(line.profile)).returncode == 0
+    assert_nothing_left(line)
+
+
+def test_a_changed_host_key_is_refused_naming_the_host(line: LineCluster, tmp_path: Path) -> None:
+    line.hosts.new_host_key(3)
+    try:
+        proc = tp4("serve", "--profile", str(line.profile))
+        assert proc.returncode == 2
+        assert line.hosts[3].address in proc.stderr and "tp4 hosts trust" in proc.stderr
+    finally:
+        line.hosts.trust_again(3) if hasattr(line.hosts, "trust_again") else None
+    assert_nothing_left(line)
+
+
+def test_spec_tables_that_cannot_be_the_same_on_a_node_refuse_serve(line: LineCluster, tmp_path: Path) -> None:
+    profile = profile_with(line, tmp_path, "")
+    text = Path(profile).read_text().replace('preset = "production"', 'preset = "production"\n[engine]\nuse_sts_table = true\n', 1)
+    Path(profile).write_text(text)
+    plan_head = line.plan.nodes[0]
+    state = next(m.source for m in plan_head.run.mounts if m.target == "/state")
+    line.head.run("mkdir", "-p", state)
+    line.head.run("sh", "-c", 'echo \'{"t": 1}\' > "$1"', "sh", f"{state}/dspark_sts.json")
+    worker = line.plan.nodes[1]
+    wstate = next(m.source for m in worker.run.mounts if m.target == "/state")
+    line.hosts[1].run("mkdir", "-p", f"{wstate}/dspark_sts.json")  # a directory where the table goes
+    try:
+        proc = tp4("serve", "--profile", profile)
+        assert proc.returncode == 1
+        assert f"{worker.name}: spec table: dspark_sts.json" in proc.stderr
+    finally:
+        line.hosts[1].run("rm", "-rf", f"{wstate}/dspark_sts.json")
+        line.head.run("rm", "-f", f"{state}/dspark_sts.json")
+    assert_nothing_left(line)
