@@ -47,7 +47,8 @@ import stat
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
@@ -339,6 +340,19 @@ class _Child:
 
 _live: dict[int, _Child] = {}  # id(popen) -> child; plain dict operations, safe from a signal handler
 _interrupted_at = 0.0  # when Ctrl-C came (on_interrupt), 0 before
+_cleaning = False  # inside cleanup(): worker threads may start commands again
+
+
+@contextmanager
+def cleanup() -> Iterator[None]:
+    """A cleanup that runs commands from worker threads after Ctrl-C (stopping every rank of a
+    line in parallel): inside it they may start commands again. A second Ctrl-C still stops them."""
+    global _cleaning
+    _cleaning = True
+    try:
+        yield
+    finally:
+        _cleaning = False
 
 
 def _spawn(argv: Sequence[str], remote: Remote | None, env: Mapping[str, str] | None,
@@ -360,7 +374,7 @@ def _spawn(argv: Sequence[str], remote: Remote | None, env: Mapping[str, str] | 
     popen_kwargs = {**popen_kwargs, "process_group": 0 if own else None}
     if popen_kwargs.get("stdin") is None:
         popen_kwargs["stdin"] = subprocess.DEVNULL
-    if _interrupted_at and threading.current_thread() is not threading.main_thread():
+    if _interrupted_at and not _cleaning and threading.current_thread() is not threading.main_thread():
         raise Tp4Error("interrupted (Ctrl-C): not starting " + _describe(argv, remote))
     try:
         popen = subprocess.Popen(cmd, env=local_env, cwd=cwd, **popen_kwargs)

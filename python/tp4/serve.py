@@ -54,6 +54,8 @@ LOG_TAIL = 20
 PHASES = ("start", "weights", "graphs", "smoke", "warmup", "ready")  # "start": before the head's first phase line
 DEFAULT_TIMEOUTS = {"start": 600.0, "weights": 3600.0, "graphs": 1800.0, "smoke": 600.0, "warmup": 1800.0,
                     "ready": 600.0, "completion": 180.0}
+# what a rank prints when it goes down because another did (torch's NCCL process group)
+FOLLOWER_MARKS = ("communicator was aborted", "a peer left the group")
 LINE_LABEL = "tp4.line"
 RANK_LABEL = "tp4.rank"
 
@@ -562,9 +564,33 @@ def _boot(plan: Plan, nodes: Sequence[Node], secrets: dict[str, str], opts: Opti
             follower.stop()
         if started:
             progress(f"stopping the {len(started)} ranks this serve started ...")
-            for problem in stop_nodes(started, lambda _: None):
-                progress(f"warning: {problem}")
+            with process.cleanup():
+                for problem in stop_nodes(started, lambda _: None):
+                    progress(f"warning: {problem}")
         raise
+
+
+def _first_exit(stopped: Sequence[Node], states: dict[str, object | BaseException], phase: str) -> NodeFailure:
+    """The rank that stopped first (the others often follow it: a peer that leaves the dist group
+    takes the rest down), named with its exit code and last log lines; the others are listed."""
+    finished: dict[str, tuple[str, str]] = {}
+    for node in stopped:
+        got = node.run([node.runtime, "inspect", "--format", "{{.State.FinishedAt}}|{{.State.ExitCode}}", node.container],
+                       check=False).stdout.strip()
+        when, _, code = got.partition("|")
+        finished[node.name] = (when or "~", code)
+    tails = {n.name: log_tail(n) for n in stopped}
+
+    def follower(node: Node) -> bool:
+        """It went down because a peer did (NCCL aborts the communicator of every rank then)."""
+        return any(mark in line for line in tails[node.name] for mark in FOLLOWER_MARKS)
+
+    first = min(stopped, key=lambda n: (follower(n), finished[n.name][0], n.rank.rank))
+    code = finished[first.name][1]
+    others = [n.name for n in stopped if n is not first]
+    detail = (f"its container is {states[first.name] or 'gone'}" + (f" (exit code {code})" if code else "")
+              + f" during the boot phase {phase}" + (f"; then {', '.join(others)} stopped too" if others else ""))
+    return NodeFailure(first.name, "rank exited", detail, tails[first.name])
 
 
 def _redraw(text: str) -> None:
@@ -582,7 +608,6 @@ def _wait_ready(plan: Plan, nodes: Sequence[Node], follower: Follower, opts: Opt
     began = phase_began = time.monotonic()
     phase = "start"
     last_poll = 0.0
-    tails: dict[str, list[str]] = {}
     while True:
         now = time.monotonic()
         limit = opts.timeouts.get(phase, DEFAULT_TIMEOUTS.get(phase, 3600.0))
@@ -596,18 +621,19 @@ def _wait_ready(plan: Plan, nodes: Sequence[Node], follower: Follower, opts: Opt
                 state = states[node.name]
                 if isinstance(state, BaseException):
                     raise NodeFailure(node.name, "reachable", getattr(state, "message", str(state)).splitlines()[0])
-                if state != "running":
-                    tails[node.name] = log_tail(node)
-                    code = node.run([node.runtime, "inspect", "--format", "{{.State.ExitCode}}", node.container],
-                                    check=False).stdout.strip()
-                    raise NodeFailure(node.name, "rank exited", f"its container is {state or 'gone'}"
-                                      + (f" (exit code {code})" if code else "") + f" during the boot phase {phase}",
-                                      tails[node.name])
+            stopped = [n for n in nodes if states[n.name] != "running"]
+            if stopped:
+                raise _first_exit(stopped, states, phase)
         try:
             line = follower.lines.get(timeout=0.5)
         except queue.Empty:
             continue
-        if line is None:
+        if line is None:  # the head's container ended: which rank went first?
+            time.sleep(1.0)
+            states = parallel(nodes, container_state)
+            stopped = [n for n in nodes if states[n.name] != "running" and not isinstance(states[n.name], BaseException)]
+            if stopped:
+                raise _first_exit(stopped, states, phase)
             head = nodes[0]
             raise NodeFailure(head.name, "log", "the head's log ended before Ready", log_tail(head))
         if opts.tty:
