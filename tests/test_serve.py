@@ -143,7 +143,7 @@ def test_a_head_that_never_gets_ready_times_out_in_its_phase(line: LineCluster, 
     assert_nothing_left(line)
 
 
-def test_the_wedge_is_found_by_status_not_by_health(line: LineCluster, tmp_path: Path) -> None:
+def test_a_head_whose_completions_hang_fails_the_ready_check(line: LineCluster, tmp_path: Path) -> None:
     profile = fault(line, tmp_path, "wedge", 0)
     proc = tp4("serve", "--profile", profile, "--timeout", "completion=3")
     # the wedge begins after boot.py's own smoke: serve's own completion finds it already
@@ -242,4 +242,71 @@ def test_spec_tables_that_cannot_be_the_same_on_a_node_refuse_serve(line: LineCl
     finally:
         line.hosts[1].run("rm", "-rf", f"{wstate}/dspark_sts.json")
         line.head.run("rm", "-f", f"{state}/dspark_sts.json")
+    assert_nothing_left(line)
+
+
+def test_status_finds_the_wedge_and_tells_busy_from_wedged(line: LineCluster, tmp_path: Path) -> None:
+    """/health stays 200 on a wedged line; only a real completion finds it (and a line with
+    running requests and a slow probe is busy, not dead)."""
+    wedged = fault(line, tmp_path, "wedge", 0, TP4_STANDIN_WEDGE_AFTER="1")
+    proc = tp4("serve", "--profile", wedged)
+    assert proc.returncode == 0, proc.stderr
+    status = tp4("status", "--profile", wedged, "--json", "--probe-timeout", "2")
+    assert status.returncode == 1
+    live = json.loads(status.stdout)["liveness"]
+    assert live["state"] == "wedged" and "health 200" in live["detail"]
+    assert tp4("stop", "--profile", wedged).returncode == 0
+    assert_nothing_left(line)
+
+    (tmp_path / "busy").mkdir()
+    busy = fault(line, tmp_path / "busy", "busy", 0, TP4_STANDIN_BUSY_SECONDS="6")
+    proc = tp4("serve", "--profile", busy)
+    assert proc.returncode == 0, proc.stderr
+    status = tp4("status", "--profile", busy, "--probe-timeout", "2")
+    assert status.returncode == 0, status.stdout + status.stderr
+    assert ": busy (running " in status.stdout
+    assert tp4("stop", "--profile", busy).returncode == 0
+    assert_nothing_left(line)
+
+
+def test_stop_names_a_node_it_cannot_reach(line: LineCluster, tmp_path: Path) -> None:
+    profile = str(line.profile)
+    assert tp4("serve", "--profile", profile).returncode == 0
+    gone = line.hosts.unreachable()
+    worker = line.hosts[3].address
+    cut = tmp_path / "cut.toml"
+    cut.write_text(line.profile.read_text().replace(f'ssh = "{worker}"', f'ssh = "{gone}"'))
+    proc = tp4("stop", "--profile", str(cut))
+    assert proc.returncode == 1
+    assert f"{line.plan.nodes[3].name}: could not stop its rank" in proc.stderr
+    assert "the GPU there may still be busy" in proc.stderr
+    # the reachable ranks are gone; the real stop finishes the job
+    assert tp4("stop", "--profile", profile).returncode == 0
+    assert_nothing_left(line)
+
+
+def test_the_api_key_reaches_the_head_in_its_env_file_and_nowhere_else(line: LineCluster, tmp_path: Path) -> None:
+    key = "sk-tp4-" + os.urandom(12).hex()
+    key_file = tmp_path / "api.key"
+    key_file.write_text(key + "\n")
+    key_file.chmod(0o600)
+    profile = profile_with(line, tmp_path, f'[api]\nkey_file = "{key_file}"\n')
+    outputs = []
+    proc = tp4("-v", "serve", "--profile", profile)  # -v: every command tp4 runs, logged
+    outputs += [proc.stdout, proc.stderr]
+    assert proc.returncode == 0, proc.stderr
+    assert "$ ssh " in proc.stderr and "podman run -d" in proc.stderr
+    # the processes on the hosts, the containers' configs: no key in any argv
+    for host in line.hosts:
+        outputs += line.processes(host)
+        outputs.append(host.run("sh", "-c", "cat /proc/[0-9]*/cmdline 2>/dev/null | tr '\\0' ' '").stdout)
+    head_env = line.hosts[0].run("cat", line.plan.nodes[0].service.env_file).stdout
+    assert f"API_KEY={key}\n" in head_env
+    for node, host in zip(line.plan.nodes[1:], line.hosts[1:], strict=True):
+        assert key not in host.run("cat", node.service.env_file).stdout
+    for args in (("status", "--json"), ("smoke",), ("logs", "--tail", "50"), ("stop",)):
+        got = tp4("-v", *args, "--profile", profile)
+        assert got.returncode == 0, (args, got.stdout, got.stderr)
+        outputs += [got.stdout, got.stderr]
+    assert not [o for o in outputs if key in o]
     assert_nothing_left(line)

@@ -51,6 +51,8 @@ Test controls (environment of the container; they are not engine settings):
   TP4_STANDIN_KV_POOL      the KV pool (tokens) the memory calculation arrives at (default 9000000)
   TP4_STANDIN_SLOW_FACTOR  `slow`: the warm-up throughput divisor (default 20)
   TP4_STANDIN_BUSY_SECONDS `busy`: how long each completion takes (default 5)
+  TP4_STANDIN_WEDGE_AFTER  `wedge`: completions (beyond boot.py's) answered before it wedges
+                           (default 0; 1 lets `tp4 serve`'s own completion through)
 
 boot.py hands the engine the API key in TP4_STANDIN_API_KEY (upstream appends --api-key to the
 argv, which the host's process table would show) and its pid in TP4_STANDIN_BOOT_PID (the engine
@@ -578,6 +580,7 @@ class Engine:
         self.served_name = args.served_model_name or args.model_path
         self.slow = number("TP4_STANDIN_SLOW_FACTOR", 20) if "slow" in mine else 1.0
         self.prefill_seen = 0
+        self.answered = 0  # completions other than boot.py's, for TP4_STANDIN_WEDGE_AFTER
 
     def load(self) -> dict[str, Any]:
         with self.lock:
@@ -664,8 +667,12 @@ def handler(engine: Engine) -> type[BaseHTTPRequestHandler]:
                 engine.running += 1
             try:
                 if "wedge" in engine.faults and not boot:
-                    engine.stopping.wait()  # a wedged rank: the request never finishes
-                    return
+                    with engine.lock:
+                        engine.answered += 1
+                        wedged = engine.answered > number("TP4_STANDIN_WEDGE_AFTER", 0)
+                    if wedged:
+                        engine.stopping.wait()  # a wedged rank: the request never finishes
+                        return
                 if "busy" in engine.faults and not boot:
                     time.sleep(number("TP4_STANDIN_BUSY_SECONDS", 5))
                 self.complete(prompt, max_tokens, bool(body.get("stream")), answer, calls)

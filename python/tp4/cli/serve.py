@@ -154,7 +154,7 @@ def _render_status(data: dict[str, object]) -> list[str]:
 @click.option("--json", "as_json", is_flag=True, help="One JSON object.")
 @click.option("--watch", is_flag=True, help="Refresh until Ctrl-C.")
 @click.option("--interval", type=click.FloatRange(1, 3600), default=10, show_default=True,
-              help="Seconds between refreshes with --watch (the GPU tools are never polled more often than every 10 s).")
+              help="Seconds between refreshes with --watch (status reads no GPU tool: an nvidia-smi poll costs the decode steps).")
 @click.option("--probe-timeout", type=click.FloatRange(0.1, 600), default=10, show_default=True,
               help="Seconds the one-token completion may take before the line is busy or wedged.")
 @ssh_option
@@ -178,7 +178,7 @@ def status(profile_path: str | None, as_json: bool, watch: bool, interval: float
             if isinstance(live, dict) and live.get("state") not in ("alive", "busy"):
                 raise SystemExit(1)
             return
-        time.sleep(max(interval, 10.0))
+        time.sleep(interval)
         if not as_json:
             click.echo("")
 
