@@ -100,3 +100,21 @@ def test_no_env_value_changes_a_command_and_the_remote_quoting_gives_the_argv_ba
         full = process.full_argv(argv, remote)
         assert full[-2] == "zurih@10.0.0.2" and full[-3] == "--"
         assert shlex.split(full[-1]) == argv
+
+
+NIXOS = ('[cluster]\nuser = "tp4"\n[cluster.head]\nname = "h"\nip = "10.0.0.1"\nkind = "nixos"\nruntime = "podman"\n'
+         '[[cluster.workers]]\nname = "w1"\nip = "10.0.0.2"\nkind = "nixos"\nuser = "root"\n'
+         '[[cluster.workers]]\nname = "w2"\nip = "10.0.0.3"\n[[cluster.workers]]\nname = "w3"\nip = "10.0.0.4"\n')
+
+
+def test_a_nixos_node_runs_its_rank_as_the_modules_unit():
+    """On a NixOS host the module's oci-containers unit runs the container (`<backend>-<name>`);
+    serve writes its env file under /run/tp4 and starts and stops the unit, as root."""
+    p = build_plan(load_text(NIXOS, "t"))
+    head, w1, w2 = (serve.nodes_of(p)[i] for i in range(3))
+    assert head.rank.service == ("nixos", "podman", "podman-dsv41-head.service", "/run/tp4/dsv41-head.env")
+    assert w1.rank.service.unit == "docker-dsv41-worker.service"
+    assert serve.start_argv(head, line="L") == ["sudo", "-n", "systemctl", "start", "podman-dsv41-head.service"]
+    assert serve.start_argv(w1, line="L") == ["systemctl", "start", "docker-dsv41-worker.service"]  # root: no sudo
+    assert serve.start_argv(w2, line="L")[:2] == ["docker", "run"]  # a plain host beside them
+    assert w2.rank.service.env_file.endswith("/dsv41-4x-spark/dsv41-worker.env")

@@ -339,13 +339,18 @@ def push_spec_tables(nodes: Sequence[Node], names: Sequence[str], echo: Echo) ->
 # --- starting and stopping ------------------------------------------------------------------------
 
 
-def start_rank(node: Node, *, line: str) -> None:
+def start_argv(node: Node, *, line: str) -> list[str]:
+    """What starts the rank: its container (a plain host), or its NixOS unit, whose container
+    the module declares from the same plan and which reads the env file serve wrote."""
     if node.rank.service.kind == "nixos":
         unit = node.rank.service.unit
         assert unit is not None
-        node.run(node.privileged(["systemctl", "start", unit]), timeout=120, purpose=f"starting {unit} on {node.name}")
-        return
-    node.run(run_argv(node.rank, line=line), timeout=300, purpose=f"starting {node.container} on {node.name}")
+        return node.privileged(["systemctl", "start", unit])
+    return run_argv(node.rank, line=line)
+
+
+def start_rank(node: Node, *, line: str) -> None:
+    node.run(start_argv(node, line=line), timeout=300, purpose=f"starting the rank of {node.name}")
 
 
 def stop_rank(node: Node, *, grace: int = STOP_GRACE) -> str | None:
