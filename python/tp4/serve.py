@@ -539,6 +539,7 @@ def _boot(plan: Plan, nodes: Sequence[Node], secrets: dict[str, str], opts: Opti
     line = line_id(plan)
     started: list[Node] = []
     follower: Follower | None = None
+    began = time.monotonic()
     try:
         results = parallel(nodes, lambda n: write_private(n, n.rank.service.env_file, env_file_text(n.rank, secrets)))
         _raise_first(results)
@@ -560,7 +561,8 @@ def _boot(plan: Plan, nodes: Sequence[Node], secrets: dict[str, str], opts: Opti
         started.append(head)
         progress(f"started the head {head.name}; following its log")
         follower = follow(head)
-        seconds = _wait_ready(plan, nodes, follower, opts, progress)
+        _wait_ready(plan, nodes, follower, opts, progress)
+        seconds = time.monotonic() - began  # from the first rank's start
         follower.stop()
         follower = None
         return _verify_ready(plan, nodes, secrets, opts, seconds, out, progress)
