@@ -118,3 +118,28 @@ def test_a_nixos_node_runs_its_rank_as_the_modules_unit():
     assert serve.start_argv(w1, line="L") == ["systemctl", "start", "docker-dsv41-worker.service"]  # root: no sudo
     assert serve.start_argv(w2, line="L")[:2] == ["docker", "run"]  # a plain host beside them
     assert w2.rank.service.env_file.endswith("/dsv41-4x-spark/dsv41-worker.env")
+
+
+paths = st.text(alphabet=st.sampled_from(list("ab -$()'\";|&`*")), min_size=1, max_size=10).map(lambda s: "/srv/" + s)
+
+
+@settings(max_examples=40, deadline=None)
+@given(workdir=paths, user=st.sampled_from(["zurih", "root", "a-b", "_x"]))
+def test_no_path_or_user_changes_the_shape_of_a_remote_command(workdir, user):
+    """A workdir with spaces, quotes or $() is one argv word wherever it goes (the env file's
+    path, the mounts), and the remote command's one quoted word splits back into exactly it."""
+    text = (f'[cluster]\nuser = "{user}"\n[cluster.head]\nname = "h"\nip = "10.0.0.1"\n'
+            '[[cluster.workers]]\nname = "w1"\nip = "10.0.0.2"\nworkdir = ' + json_str(workdir) + '\n'
+            '[[cluster.workers]]\nname = "w2"\nip = "10.0.0.3"\n[[cluster.workers]]\nname = "w3"\nip = "10.0.0.4"\n')
+    p = build_plan(load_text(text, "t"))
+    node = serve.nodes_of(p)[1]
+    argv = serve.run_argv(node.rank, line="L")
+    assert node.rank.service.env_file == f"{workdir}/dsv41-worker.env" and node.rank.service.env_file in argv
+    full = process.full_argv(argv, node.remote)
+    assert full[-2] == f"{user}@10.0.0.2" and shlex.split(full[-1]) == argv
+
+
+def json_str(value: str) -> str:
+    import json
+
+    return json.dumps(value)
