@@ -6,6 +6,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 
 def test_bench_distribute_names_what_is_missing_and_how_to_set_up(repo, tmp_path):
     bare = tmp_path / "bin"
@@ -48,3 +50,38 @@ def test_bench_distribute_judges_each_binding_goal(repo, monkeypatch):
     lines.clear()
     assert bench.report([*met, bench.Goal("no change", 2.5, 2.0, " s")], lines.append) == 1
     assert "no change" in lines[2] and "MISSED" in lines[2] and lines[-1] == "missed: no change"
+
+
+def test_bench_serve_names_what_is_missing_and_how_to_set_up(repo, tmp_path):
+    bare = tmp_path / "bin"
+    bare.mkdir()
+    (bare / "python3").symlink_to(sys.executable)
+    env = {**os.environ, "PATH": str(bare), "TP4_TEST_BUSYBOX": str(tmp_path / "no-busybox")}
+    proc = subprocess.run([sys.executable, str(repo / "bench" / "bench_serve.py"), "--runs", "1"],
+                          env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert "no-busybox" in proc.stderr and "podman" in proc.stderr and "runc" in proc.stderr
+    assert "bash python/setup.sh --test" in proc.stderr
+
+
+def test_bench_serve_reads_the_runtimes_timestamps_and_judges_each_goal(repo, monkeypatch):
+    """podman's two time formats (inspect, logs -t) give the same instant; the engine's own boot
+    runs from the last rank's start to Ready; a missed goal is exit 1."""
+    monkeypatch.syspath_prepend(str(repo / "bench"))
+    import bench_serve as bench
+
+    inspect = bench.stamp("2026-01-02 03:04:05.123456789 +0000 UTC")
+    assert inspect == bench.stamp("2026-01-02T03:04:05.123456789Z") == bench.stamp("2026-01-02T04:04:05.123456+01:00")
+    assert bench.stamp("2026-01-02T03:04:06Z") - inspect == pytest.approx(0.876544)
+    boot = bench.Boot(started=(10.0, 10.5, 10.25, 11.0), ready=12.5)
+    assert boot.engine == pytest.approx(1.5) and boot.engine_from_first == pytest.approx(2.5)
+    with pytest.raises(ValueError, match="not a podman timestamp"):
+        bench.stamp("yesterday")
+
+    lines: list[str] = []
+    assert bench.report([bench.Goal("status", 1.2, 1.5, " s")], lines.append) == 0
+    assert lines[0].split()[:2] == ["status", "1.200"] and lines[0].endswith("ok")
+    lines.clear()
+    assert bench.report([bench.Goal("stop", 4.2, 3.0, " s"), bench.Goal("status", 1.2, 1.5, " s")], lines.append) == 1
+    assert "MISSED" in lines[0] and lines[-1] == "missed: stop"

@@ -116,10 +116,22 @@ def nodes_of(plan: Plan, *, ssh_options: Sequence[str] = (), local_head: bool = 
     return out
 
 
+# True: `parallel` runs fn on one node after another (bench/bench_serve.py's comparison)
+SEQUENTIAL = False
+
+
 def parallel(nodes: Sequence[Node], fn: Callable[[Node], object]) -> dict[str, object | BaseException]:
-    """``fn`` on every node at once; node name -> result or the exception it raised."""
+    """``fn`` on every node at once (one after another when SEQUENTIAL); node name -> result or
+    the exception it raised."""
     results: dict[str, object | BaseException] = {}
     if not nodes:
+        return results
+    if SEQUENTIAL:
+        for n in nodes:
+            try:
+                results[n.name] = fn(n)
+            except Exception as exc:  # noqa: BLE001 - Ctrl-C goes on, as it does from the pool's wait below
+                results[n.name] = exc
         return results
     with ThreadPoolExecutor(max_workers=len(nodes)) as pool:
         futures = {n.name: pool.submit(fn, n) for n in nodes}
