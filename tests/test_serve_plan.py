@@ -114,9 +114,15 @@ def test_a_nixos_node_runs_its_rank_as_the_modules_unit():
     head, w1, w2 = (serve.nodes_of(p)[i] for i in range(3))
     assert head.rank.service == ("nixos", "podman", "podman-dsv41-head.service", "/run/tp4/dsv41-head.env")
     assert w1.rank.service.unit == "docker-dsv41-worker.service"
-    assert serve.start_argv(head, line="L") == ["sudo", "-n", "systemctl", "start", "podman-dsv41-head.service"]
-    assert serve.start_argv(w1, line="L") == ["systemctl", "start", "docker-dsv41-worker.service"]  # root: no sudo
-    assert serve.start_argv(w2, line="L")[:2] == ["docker", "run"]  # a plain host beside them
+    # one command: the env file from stdin (mode 0600), then the start
+    wrap = ["sh", "-c", serve._WRITE_AND_RUN, "sh"]
+    assert serve.start_argv(head, line="L") == ["sudo", "-n", *wrap, "/run/tp4/dsv41-head.env",
+                                                "systemctl", "start", "podman-dsv41-head.service"]
+    assert serve.start_argv(w1, line="L") == [*wrap, "/run/tp4/dsv41-worker.env",
+                                              "systemctl", "start", "docker-dsv41-worker.service"]  # root: no sudo
+    assert serve.stop_argv(head) == ["sudo", "-n", "systemctl", "stop", "podman-dsv41-head.service"]
+    plain = serve.start_argv(w2, line="L")
+    assert plain[:5] == [*wrap, w2.rank.service.env_file] and plain[5:] == serve.run_argv(w2.rank, line="L")
     assert w2.rank.service.env_file.endswith("/dsv41-4x-spark/dsv41-worker.env")
 
 

@@ -351,39 +351,70 @@ def push_spec_tables(nodes: Sequence[Node], names: Sequence[str], echo: Echo) ->
 # --- starting and stopping ------------------------------------------------------------------------
 
 
+# writes stdin to the env file $1 (mode 0600), then runs the rest of its arguments: one command
+# per node starts the rank, its environment never on a command line
+_WRITE_AND_RUN = ('umask 077 && mkdir -p -- "$(dirname -- "$1")" && cat > "$1.tmp" && chmod 600 "$1.tmp" '
+                  '&& mv -f -- "$1.tmp" "$1" && shift && exec "$@"')
+
+
 def start_argv(node: Node, *, line: str) -> list[str]:
-    """What starts the rank: its container (a plain host), or its NixOS unit, whose container
-    the module declares from the same plan and which reads the env file serve wrote."""
+    """What starts the rank, after writing its env file from stdin: its container (a plain
+    host), or its NixOS unit, whose container the module declares from the same plan and which
+    reads the env file serve wrote."""
     if node.rank.service.kind == "nixos":
         unit = node.rank.service.unit
         assert unit is not None
-        return node.privileged(["systemctl", "start", unit])
-    return run_argv(node.rank, line=line)
+        start = ["systemctl", "start", unit]
+    else:
+        start = run_argv(node.rank, line=line)
+    argv = ["sh", "-c", _WRITE_AND_RUN, "sh", node.rank.service.env_file, *start]
+    return node.privileged(argv) if node.rank.service.kind == "nixos" else argv
 
 
-def start_rank(node: Node, *, line: str) -> None:
-    node.run(start_argv(node, line=line), timeout=300, purpose=f"starting the rank of {node.name}")
+def start_rank(node: Node, *, line: str, secrets: dict[str, str]) -> None:
+    node.run(start_argv(node, line=line), input=env_file_text(node.rank, secrets), timeout=300,
+             purpose=f"starting the rank of {node.name}")
+
+
+# stops the rank container $2 of runtime $1 (grace $3 s): TERM to the engine inside, the
+# runtime's stop (TERM, KILL after the grace), removal; then lists the line's containers left
+_STOP = r"""
+rt=$1 ctn=$2 grace=$3 label=$4
+state=$($rt container inspect --format '{{.State.Status}}' "$ctn" 2>/dev/null)
+if [ "$state" = running ]; then
+  $rt exec "$ctn" sh -c 'pkill -TERM -f sglang.launch_server; pkill -TERM -f sglang.srt' >/dev/null 2>&1
+  $rt stop -t "$grace" "$ctn" >/dev/null 2>&1
+fi
+if [ -n "$state" ]; then $rt rm -f "$ctn" >/dev/null 2>&1 || echo "rm-failed=$ctn"; fi
+for c in $($rt ps -a --filter "label=$label" --format '{{.Names}}'); do
+  $rt rm -f "$c" >/dev/null 2>&1
+done
+echo "left=$($rt ps -a --filter "label=$label" --format '{{.Names}}' | tr '
+' ' ')"
+"""
+
+
+def stop_argv(node: Node, *, grace: int = STOP_GRACE) -> list[str]:
+    if node.rank.service.kind == "nixos":
+        unit = node.rank.service.unit
+        assert unit is not None
+        return node.privileged(["systemctl", "stop", unit])
+    return ["sh", "-c", _STOP, "tp4-stop", node.runtime, node.container, str(grace), LINE_LABEL]
 
 
 def stop_rank(node: Node, *, grace: int = STOP_GRACE) -> str | None:
-    """Stop the rank: TERM to the engine inside, the runtime's stop (TERM to boot.py, KILL after
-    ``grace``), then the container removed (a NixOS unit: stopped). Idempotent; returns what
-    could not be done, or None."""
+    """Stop the rank in one command (:data:`_STOP`; a NixOS unit: stopped), also every other
+    container of a line on the node. Idempotent; returns what could not be done, or None."""
+    proc = node.run(stop_argv(node, grace=grace), check=False, timeout=grace + 2 * REMOVE_TIMEOUT,
+                    purpose=f"stopping the rank of {node.name}")
+    if proc.returncode == 255:
+        raise Tp4Error(f"cannot reach {node.name} over ssh: {proc.stderr.strip()}")
     if node.rank.service.kind == "nixos":
-        unit = node.rank.service.unit
-        assert unit is not None
-        proc = node.run(node.privileged(["systemctl", "stop", unit]), check=False, timeout=grace + REMOVE_TIMEOUT)
-        return None if proc.returncode == 0 else f"systemctl stop {unit}: {proc.stderr.strip()}"
-    state = container_state(node)
-    if state is None:
-        return None
-    if state == "running":
-        for pattern in ENGINE_PATTERNS:
-            node.run([node.runtime, "exec", node.container, "pkill", "-TERM", "-f", pattern], check=False, timeout=30)
-        node.run([node.runtime, "stop", "-t", str(grace), node.container], check=False, timeout=grace + REMOVE_TIMEOUT)
-    proc = node.run([node.runtime, "rm", "-f", node.container], check=False, timeout=REMOVE_TIMEOUT)
-    if proc.returncode != 0 and container_state(node) is not None:
-        return f"`{node.runtime} rm -f {node.container}` failed: {proc.stderr.strip()}"
+        return None if proc.returncode == 0 else f"systemctl stop {node.rank.service.unit}: {proc.stderr.strip()}"
+    left = [line.partition("=")[2].split() for line in proc.stdout.splitlines() if line.startswith("left=")]
+    failed = [line.partition("=")[2] for line in proc.stdout.splitlines() if line.startswith("rm-failed=")]
+    if failed or (left and left[0]):
+        return f"still has {', '.join(left[0] if left else failed)}"
     return None
 
 
@@ -462,56 +493,93 @@ class Options:
     tty: bool = False
 
 
-# constant probe scripts (no user data in them; paths are arguments)
-_GPU_APPS = "command -v nvidia-smi >/dev/null 2>&1 || exit 3; nvidia-smi --query-compute-apps=pid,process_name --format=csv,noheader"
-_LISTENING = "command -v ss >/dev/null 2>&1 || exit 3; ss -Hltn"
 
 
-def _node_checks(node: Node, plan: Plan, opts: Options) -> str | None:
-    """The minimal doctor of one node (until `tp4 doctor`): reachable, image present, no rank
-    already running, the host paths the container mounts, devices, (head) ports and GPU.
-    Returns the image id; raises NodeFailure."""
+# One command per node gathers what the checks need (every value an argument, never part of the
+# script): the image id, the rank container's state, then per request word: `mkdir DIR`,
+# `volume NAME`, `exists PATH`, `listening`, `gpu`. Output: one `key=value` line per item.
+_FACTS = r"""
+rt=$1 img=$2 ctn=$3; shift 3
+echo "image=$($rt image inspect --format '{{.Id}}' "$img" 2>/dev/null)"
+echo "state=$($rt container inspect --format '{{.State.Status}}' "$ctn" 2>/dev/null)"
+while [ $# -gt 0 ]; do
+  case $1 in
+    mkdir) if mkdir -p -- "$2" 2>/dev/null; then echo "mkdir=ok $2"; else echo "mkdir=fail $2"; fi; shift 2;;
+    volume) if $rt volume inspect "$2" >/dev/null 2>&1; then echo "volume=ok $2"; else echo "volume=missing $2"; fi; shift 2;;
+    exists) if [ -e "$2" ]; then echo "exists=ok $2"; else echo "exists=missing $2"; fi; shift 2;;
+    listening) if command -v ss >/dev/null 2>&1; then echo "listening=$(ss -Hltn | awk '{print $4}' | tr '\n' ' ')"; fi; shift;;
+    gpu) if command -v nvidia-smi >/dev/null 2>&1; then
+           echo "gpu=$(nvidia-smi --query-compute-apps=pid,process_name --format=csv,noheader 2>/dev/null | tr '\n' ';')"; fi; shift;;
+    *) echo "unknown=$1"; shift;;
+  esac
+done
+"""
+
+
+def facts_argv(node: Node) -> list[str]:
+    """The one command that gathers the node's facts for :func:`_node_checks`."""
+    spec = node.rank.run
+    asks: list[str] = []
+    if node.rank.service.kind == "plain":
+        for m in spec.mounts:
+            if m.type == "bind" and not m.target.startswith("/models/"):
+                asks += ["mkdir", m.source]
+    for m in spec.mounts:
+        if m.type == "volume":
+            asks += ["volume", m.source]
+        elif m.target.startswith("/models/"):
+            asks += ["exists", f"{m.source}/config.json"]
+    for device in spec.devices:
+        asks += ["exists", device.split(":", 1)[0]]
+    if node.rank.rank == 0:
+        asks += ["listening", "gpu"]
+    return ["sh", "-c", _FACTS, "tp4-facts", node.runtime, spec.image, node.container, *asks]
+
+
+def _node_checks(node: Node, plan: Plan, opts: Options) -> str:
+    """The minimal doctor of one node (until `tp4 doctor`), from one command: reachable, image
+    present, no rank already running, the host paths the container mounts, devices, (head) ports
+    and GPU. Removes what a crashed run left. Returns the image id; raises NodeFailure."""
     try:
-        node.run(["true"], timeout=20, purpose=f"reaching {node.name}")
+        out = node.run(facts_argv(node), timeout=60, purpose=f"checking {node.name}").stdout
     except Tp4Error as exc:
         raise NodeFailure(node.name, "reachable", exc.message.splitlines()[0]) from None
-    found = containers.inspect(node.runtime, node.rank.run.image, remote=node.remote)
-    if found is None:
+    facts: list[tuple[str, str]] = []
+    for line in out.splitlines():
+        key, _, value = line.partition("=")
+        facts.append((key, value))
+    one = dict(facts)
+    image_id = containers.normalize_id(one.get("image", "").strip())
+    if not image_id:
         raise NodeFailure(node.name, "image", f"{node.runtime} there has no image {node.rank.run.image}; "
                           "fix: tp4 build, then tp4 distribute")
-    state = container_state(node)
+    state = one.get("state", "").strip()
     if state == "running":
         raise NodeFailure(node.name, "already running", f"{node.container} is running there; fix: tp4 stop first")
-    if state is not None:  # what a crashed run left
+    if state:  # what a crashed run left
         node.run([node.runtime, "rm", "-f", node.container], timeout=REMOVE_TIMEOUT, purpose=f"removing the stale {node.container}")
-    binds = [m.source for m in node.rank.run.mounts if m.type == "bind" and m.target not in ("/models/DeepSeek-V4.1-Flash",)]
-    if node.rank.service.kind == "plain" and binds:
-        node.run(["mkdir", "-p", "--", *binds], purpose=f"creating the mounted directories on {node.name}")
-    for m in node.rank.run.mounts:
-        if m.type == "volume":
-            if node.run([node.runtime, "volume", "inspect", m.source], check=False).returncode != 0:
-                raise NodeFailure(node.name, "weights", f"the volume {m.source} (mounted at {m.target}) does not exist; "
-                                  "fix: tp4 share (it creates the workers' NFS volume)")
-        elif m.target.startswith("/models/") and node.run(["test", "-e", f"{m.source}/config.json"], check=False).returncode != 0:
-            raise NodeFailure(node.name, "weights", f"{m.source}/config.json does not exist (the checkpoint); fix: tp4 download")
-    for device in node.rank.run.devices:
-        path = device.split(":", 1)[0]
-        if node.run(["test", "-e", path], check=False).returncode != 0:
-            raise NodeFailure(node.name, "devices", f"{path} does not exist (the RDMA devices); fix: load the mlx5 modules "
+    for key, value in facts:
+        verdict, _, what = value.partition(" ")
+        if key == "mkdir" and verdict != "ok":
+            raise NodeFailure(node.name, "directories", f"cannot create {what} (mounted into the container)")
+        if key == "volume" and verdict != "ok":
+            raise NodeFailure(node.name, "weights", f"the volume {what} does not exist; fix: tp4 share (it creates the "
+                              "workers' NFS volume)")
+        if key == "exists" and verdict != "ok":
+            if what.endswith("/config.json"):
+                raise NodeFailure(node.name, "weights", f"{what} does not exist (the checkpoint); fix: tp4 download")
+            raise NodeFailure(node.name, "devices", f"{what} does not exist (the RDMA devices); fix: load the mlx5 modules "
                               "and rdma-core (tp4 doctor)")
-    if node.rank.rank == 0:
-        listening = node.run(["sh", "-c", _LISTENING], check=False)
-        if listening.returncode == 0:
-            ports = {int(m) for m in re.findall(r":(\d+)\s", listening.stdout)}
+        if key == "listening":
+            ports = {int(m) for m in re.findall(r":(\d+)(?:\s|$)", value)}
             for what, port in (("API", int(plan.line.api.rsplit(":", 1)[1])),
                                ("dist init", int(plan.line.dist_init_addr.rsplit(":", 1)[1]))):
                 if port in ports:
                     raise NodeFailure(node.name, "ports", f"the {what} port {port} is in use there; fix: stop what listens on it")
-        apps = node.run(["sh", "-c", _GPU_APPS], check=False)
-        if apps.returncode == 0 and apps.stdout.strip() and not opts.force:
-            raise NodeFailure(node.name, "GPU", f"the GPU has compute apps ({apps.stdout.strip().splitlines()[0]}, ...): "
+        if key == "gpu" and value.strip(" ;") and not opts.force:
+            raise NodeFailure(node.name, "GPU", f"the GPU has compute apps ({value.strip(' ;').split(';')[0]}, ...): "
                               "another stack runs there; fix: stop it, or pass --force")
-    return found[0]
+    return image_id
 
 
 def preflight(nodes: Sequence[Node], plan: Plan, opts: Options, echo: Echo) -> None:
@@ -553,13 +621,13 @@ def _boot(plan: Plan, nodes: Sequence[Node], secrets: dict[str, str], opts: Opti
     follower: Follower | None = None
     began = time.monotonic()
     try:
-        results = parallel(nodes, lambda n: write_private(n, n.rank.service.env_file, env_file_text(n.rank, secrets)))
-        _raise_first(results)
+        for n in nodes:  # refused before anything starts
+            env_file_text(n.rank, secrets)
         tables = spec_tables(plan)
         if tables:
             push_spec_tables(nodes, tables, progress)
         workers, head = list(nodes[1:]), nodes[0]
-        results = parallel(workers, lambda n: start_rank(n, line=line))
+        results = parallel(workers, lambda n: start_rank(n, line=line, secrets=secrets))
         started += [n for n in workers if not isinstance(results[n.name], BaseException)]
         for n in workers:
             if isinstance(results[n.name], BaseException):
@@ -567,7 +635,7 @@ def _boot(plan: Plan, nodes: Sequence[Node], secrets: dict[str, str], opts: Opti
                 raise NodeFailure(n.name, "start", getattr(exc, "message", str(exc)))
         progress(f"started {len(workers)} workers: " + ", ".join(n.name for n in workers) if workers else "no workers")
         try:
-            start_rank(head, line=line)
+            start_rank(head, line=line, secrets=secrets)
         except Tp4Error as exc:
             raise NodeFailure(head.name, "start", exc.message) from None
         started.append(head)
@@ -575,9 +643,14 @@ def _boot(plan: Plan, nodes: Sequence[Node], secrets: dict[str, str], opts: Opti
         follower = follow(head)
         _wait_ready(plan, nodes, follower, opts, progress)
         seconds = time.monotonic() - began  # from the first rank's start
-        follower.stop()
+        # the follower's stop (its remote process group over a second ssh) runs beside the checks
+        stopping = threading.Thread(target=follower.stop, daemon=True)
+        stopping.start()
         follower = None
-        return _verify_ready(plan, nodes, secrets, opts, seconds, out, progress)
+        try:
+            return _verify_ready(plan, nodes, secrets, opts, seconds, out, progress)
+        finally:
+            stopping.join(60)
     except BaseException:
         if follower is not None:
             follower.stop()
@@ -728,16 +801,6 @@ def endpoint(plan: Plan, secrets: dict[str, str], *, url: str | None = None) -> 
 # --- stop -----------------------------------------------------------------------------------------
 
 
-def line_containers(node: Node) -> list[str]:
-    """Containers of the line on the node (any state): the plan's name, and any labelled for a line."""
-    proc = node.run([node.runtime, "ps", "-a", "--filter", f"label={LINE_LABEL}", "--format", "{{.Names}}"],
-                    purpose=f"listing the line's containers on {node.name}")
-    names = set(proc.stdout.split())
-    if container_state(node) is not None:
-        names.add(node.container)
-    return sorted(names)
-
-
 def stop(plan: Plan, nodes: Sequence[Node], secrets: dict[str, str], out: Echo, progress: Echo, *,
          grace: int = STOP_GRACE) -> list[str]:
     """Stop every rank of the line (what a crashed serve left too), then check the API is down and
@@ -746,21 +809,6 @@ def stop(plan: Plan, nodes: Sequence[Node], secrets: dict[str, str], out: Echo, 
 
     with line_lock(plan, "stop"):
         problems = stop_nodes(nodes, progress, grace=grace)
-
-        def leftovers(node: Node) -> list[str]:
-            left = line_containers(node)
-            for name in left:  # a labelled container of another name (an older profile's)
-                node.run([node.runtime, "rm", "-f", name], check=False, timeout=REMOVE_TIMEOUT)
-            return line_containers(node)
-
-        results = parallel(nodes, leftovers)
-        for node in nodes:
-            got = results[node.name]
-            if isinstance(got, BaseException):
-                if not any(p.startswith(f"{node.name}:") for p in problems):
-                    problems.append(f"{node.name}: cannot check it ({getattr(got, 'message', got)}); the GPU there may still be busy")
-            elif isinstance(got, list) and got:
-                problems.append(f"{node.name}: still has {', '.join(str(g) for g in got)}")
         ep = endpoint(plan, secrets)
         if api.health(ep, 3) is not None:
             problems.append(f"{nodes[0].name}: the API {plan.line.api} still answers")
