@@ -284,6 +284,8 @@ def one_run(cluster: LineCluster, mode: str) -> Run:
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--runs", type=int, default=3, help="repetitions of each mode (medians are judged)")
+    parser.add_argument("--storage-driver", choices=("overlay", "vfs"), default="overlay",
+                        help="containers-storage driver of every host (overlay, as on the nodes; vfs copies the image per container)")
     opts = parser.parse_args()
     if opts.runs < 1:
         parser.error("--runs: at least 1")
@@ -301,7 +303,7 @@ def main() -> None:
         # `python -m tp4` runs this checkout's tp4, not an installed one
         os.environ["PYTHONPATH"] = os.pathsep.join([str(REPO / "python"), *filter(None, [os.environ.get("PYTHONPATH")])])
         print("starting the four netns hosts and loading the stand-in image ...", flush=True)
-        with LineCluster(tmp / "cluster") as cluster:
+        with LineCluster(tmp / "cluster", storage_driver=opts.storage_driver) as cluster:
             for i in range(opts.runs):
                 for mode in MODES:
                     run = one_run(cluster, mode)

@@ -129,10 +129,10 @@ def _q(value: str) -> str:
 
 
 class LineCluster:
-    def __init__(self, workdir: Path, *, key_file: str | None = None) -> None:
+    def __init__(self, workdir: Path, *, key_file: str | None = None, storage_driver: str = "vfs") -> None:
         self.workdir = Path(workdir)
         self.key_file = key_file
-        self.hosts = NetnsHosts(self.workdir / "hosts", count=COUNT, prepare=prepare)
+        self.hosts = NetnsHosts(self.workdir / "hosts", count=COUNT, prepare=prepare, storage_driver=storage_driver)
         self.profile = self.workdir / "profile.toml"
         self.model_dir = self.workdir / "model"
         self.loaded: Loaded | None = None

@@ -69,13 +69,14 @@ exec "$@"
 """
 
 
-def storage_conf(root: Path) -> Path:
-    """A containers-storage config for an isolated podman store under ``root`` (vfs driver)."""
+def storage_conf(root: Path, driver: str = "vfs") -> Path:
+    """A containers-storage config for an isolated podman store under ``root`` (vfs driver; the
+    benchmarks use overlay, as the nodes do: vfs copies the image's whole tree per container)."""
     (root / "storage").mkdir(parents=True, exist_ok=True)
     conf = root / "storage.conf"
     conf.write_text(
         "[storage]\n"
-        'driver = "vfs"\n'
+        f'driver = "{driver}"\n'
         f'graphroot = "{root}/storage/graph"\n'
         f'runroot = "{root}/storage/run"\n'
     )
@@ -104,7 +105,8 @@ class Host:
 
 class NetnsHosts:
     def __init__(self, workdir: Path, count: int = 3, *, env: dict[str, str] | None = None,
-                 subnet: str | None = None, prepare: Callable[[Host], None] | None = None) -> None:
+                 subnet: str | None = None, prepare: Callable[[Host], None] | None = None,
+                 storage_driver: str = "vfs") -> None:
         self.workdir = Path(workdir)
         self.count = count
         self.prefix = f"tp4t{os.getpid() % 100000}"
@@ -113,6 +115,7 @@ class NetnsHosts:
         self.hosts: list[Host] = []
         self.extra_env = dict(env or {})
         self.prepare = prepare
+        self.storage_driver = storage_driver
         self.key = self.workdir / "id_ed25519"
         self.known_hosts = self.workdir / "known_hosts"
         self._old_known_hosts: str | None = None
@@ -198,7 +201,7 @@ class NetnsHosts:
             process.run(["ip", "netns", "exec", ns, "ip", *args])
         process.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(hdir / "host_key")])
         shutil.copy(f"{self.key}.pub", hdir / "authorized_keys")
-        env = {"CONTAINERS_STORAGE_CONF": str(storage_conf(hdir)), **self.extra_env}
+        env = {"CONTAINERS_STORAGE_CONF": str(storage_conf(hdir, self.storage_driver)), **self.extra_env}
         remote = Remote(host=addr, user="root", identity=str(self.key), options=("LogLevel=ERROR",))
         host = Host(name=name, namespace=ns, address=addr, dir=hdir, remote=remote, env=env)
         if self.prepare is not None:

@@ -627,18 +627,20 @@ def _boot(plan: Plan, nodes: Sequence[Node], secrets: dict[str, str], opts: Opti
         if tables:
             push_spec_tables(nodes, tables, progress)
         workers, head = list(nodes[1:]), nodes[0]
+        # from here a failure (or Ctrl-C mid-start) stops every node: a start cut short can leave
+        # a created container, and the checks made sure none of the line ran before
+        started = list(workers)
         results = parallel(workers, lambda n: start_rank(n, line=line, secrets=secrets))
-        started += [n for n in workers if not isinstance(results[n.name], BaseException)]
         for n in workers:
             if isinstance(results[n.name], BaseException):
                 exc = results[n.name]
                 raise NodeFailure(n.name, "start", getattr(exc, "message", str(exc)))
         progress(f"started {len(workers)} workers: " + ", ".join(n.name for n in workers) if workers else "no workers")
+        started.append(head)
         try:
             start_rank(head, line=line, secrets=secrets)
         except Tp4Error as exc:
             raise NodeFailure(head.name, "start", exc.message) from None
-        started.append(head)
         progress(f"started the head {head.name}; following its log")
         follower = follow(head)
         _wait_ready(plan, nodes, follower, opts, progress)
