@@ -1,0 +1,22 @@
+"""`tp4 download`: the pinned checkpoint into the head's model.dir (tp4.download)."""
+
+from __future__ import annotations
+
+import click
+
+from tp4.cli.plan import load_profile
+
+
+@click.command()
+@click.option("--profile", "-p", "profile_path", type=click.Path(dir_okay=False),
+              help="Profile TOML (default: the embedded TP4 profile).")
+def download(profile_path: str | None) -> None:
+    """Download model.hf_repo at model.hf_revision into model.dir on the head (this machine),
+    verify every file against the Hub's hashes and link model.common_link to it.
+
+    Resumes partial files; skipped when the directory already holds the verified revision.
+    The endpoint is HF_ENDPOINT's (default: the Hub); a gated or private repository needs
+    HF_TOKEN or `hf auth login`."""
+    from tp4 import download as download_mod
+
+    download_mod.download(load_profile(profile_path).profile)
