@@ -118,7 +118,7 @@ def test_a_worker_removed_from_the_profile_loses_the_export(cluster: LineCluster
     last = text.rindex("[[cluster.workers]]")
     end = text.index("\n[model]", last)
     smaller = tmp_path / "three.toml"
-    smaller.write_text(text[:last] + text[end:])
+    smaller.write_text(text[:last] + text[end:] + "\n[engine]\ntp = 3\n")
     proc = tp4("share", "--profile", str(smaller))
     assert proc.returncode == 0, proc.stderr
     assert "(NFS-Ganesha): written, restarted" in proc.stdout
