@@ -190,3 +190,63 @@ def test_share_off_does_nothing(cluster: LineCluster, tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout == "share: nfs.share = false: the workers use their own weights volume; nothing to share\n"
     assert (ganesha_state(cluster), volumes(cluster)) == before
+
+
+def test_a_nixos_worker_is_only_checked(cluster: LineCluster, tmp_path: Path) -> None:
+    assert tp4("share", "--profile", str(cluster.profile)).returncode == 0
+    text = cluster.profile.read_text()
+    last = text.rindex('kind = "plain"')
+    nixos = tmp_path / "nixos.toml"
+    nixos.write_text(text[:last] + 'kind = "nixos"' + text[last + len('kind = "plain"'):])
+    proc = tp4("share", "--profile", str(nixos))
+    assert proc.returncode == 0, proc.stderr
+    assert "node4: volume dsv41-weights" in proc.stdout and "present (NixOS module)" in proc.stdout
+    w = cluster.hosts[3]
+    w.run("podman", "volume", "rm", "-f", "--", "dsv41-weights")
+    try:
+        proc = tp4("share", "--profile", str(nixos))
+        assert proc.returncode == 1
+        assert "node4: the NixOS host's volume dsv41-weights is missing" in proc.stderr and "fix: set the module's" in proc.stderr
+        # share made nothing on the NixOS host
+        assert w.run("podman", "volume", "inspect", "--", "dsv41-weights", check=False).returncode != 0
+    finally:
+        assert tp4("share", "--profile", str(cluster.profile)).returncode == 0
+
+
+RING = {"preset": "production", "fabric": {"mode": "ring", "nccl": {"mount": "overlay", "min_nchannels": 4, "max_nchannels": 4}},
+        "nfs": {"share": False}, "gates": {"DSV41_ROCE_RING": "1", "SGLANG_ROCE_MAX_SIZE": "262144", "DSV41_ROCE_GATHER": "262144"},
+        "cluster": {"head": {"name": "a", "ip": "10.0.0.1"},
+                    "workers": [{"name": "b", "ip": "10.0.0.2"}, {"name": "c", "ip": "10.0.0.3"}, {"name": "d", "ip": "10.0.0.4"}]}}
+
+
+def test_a_ring_has_nothing_to_share_and_reaches_no_node() -> None:
+    from tp4.profile.load import parse_document
+
+    loaded = parse_document(RING, "ring")
+    plan = build_plan(loaded)
+    said: list[str] = []
+    # the nodes' addresses do not exist here: any command on them would fail
+    share.share(loaded.profile, plan, nodes_of(plan), said.append)
+    assert said == ["share: ring fabric: every node holds its own copy of the checkpoint; nothing to share"]
+
+
+def test_export_lines_as_data() -> None:
+    text = share.kernel_exports_text("/srv/my model", ["10.0.22.2", "10.0.22.3"])
+    opts = "(ro,sync,no_subtree_check,no_root_squash,insecure)"
+    assert text.splitlines()[1] == f'"/srv/my model" 10.0.22.2{opts} 10.0.22.3{opts}'
+    assert share.kernel_exports_text("/srv/m", ["10.0.22.2"]).splitlines()[1] == f"/srv/m 10.0.22.2{opts}"
+    # exportfs -v writes a space as \040; a client missing from the listing is named
+    listing = "/srv/my\\040model\n\t\t10.0.22.2(sync,wdelay,hide,no_subtree_check,sec=sys,ro,secure,no_root_squash)\n"
+    assert share._exportfs_has(listing, "/srv/my model", ["10.0.22.2", "10.0.22.3"]) == ["10.0.22.3"]
+    conf = share.ganesha_config('/srv/my model', ["10.0.22.2", "10.0.22.3"], "/w/nfs-ganesha")
+    assert 'Path = "/srv/my model";' in conf and "CLIENT { Clients = 10.0.22.2, 10.0.22.3; Access_Type = RO; }" in conf
+    assert "Protocols = 4;" in conf and "Enable_UDP = false;" in conf
+    assert share.nfs_url("10.0.22.1", "/srv/my model/") == "nfs://10.0.22.1/srv/my model/config.json?version=4"
+
+
+@pytest.mark.parametrize("path", ['/srv/a"b', "/srv/a\\b", "/srv/a\tb"])
+def test_an_export_path_an_export_line_cannot_carry_is_refused(path: str) -> None:
+    from tp4.errors import InvalidInput
+
+    with pytest.raises(InvalidInput, match=r"^model\.dir: .* fix: move the checkpoint"):
+        share._check_export_path(path)

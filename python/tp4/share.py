@@ -11,9 +11,9 @@ each worker the weights volume the plan mounts (upstream `files/nfs-share.sh`).
   from: the source address of the worker's route to its server address (``ip route get``), so a
   worker that reaches the head over the fabric is allowed by its fabric address. Upstream's
   ``NFS_CLIENTS`` (``nfs.clients``) also lets a whole /24 in; share does not use it.
-* Server address per worker (upstream §"Worker volume"): ``nfs.server_ips``, one address for all
-  workers or one per worker; an empty list: the ``src`` of the head's ``ip route get`` toward the
-  worker's fabric IP.
+* Server address per worker (upstream's `NFS_SERVER_IPS`): ``nfs.server_ips``, one address for
+  all workers or one per worker. (Upstream's last fallback, the ``src`` of the head's ``ip route
+  get`` toward the worker, is not reachable: the profile always has at least one address.)
 * The server: the kernel's (``/etc/exports.d/tp4.exports`` + ``exportfs -ra``, the Sparks), or
   NFS-Ganesha where the head has no kernel server but ``ganesha.nfsd`` (tp4 writes its config
   under the head's workdir, ``nfs-ganesha/``, NFSv4 only, no rpcbind, and runs it detached).
@@ -126,16 +126,14 @@ def _src_of_route(node: Node, target: str) -> str:
     return words[words.index("src") + 1]
 
 
-def servers(profile: Profile, head: Node, workers: Sequence[Node]) -> list[str]:
+def servers(profile: Profile, workers: Sequence[Node]) -> list[str]:
     ips = profile.nfs.server_ips
     if len(ips) == 1:
         return [ips[0]] * len(workers)
     if len(ips) == len(workers):
         return list(ips)
-    if not ips:
-        return [_src_of_route(head, w.rank.host) for w in workers]
     raise InvalidInput(f"nfs.server_ips: {len(ips)} addresses for {len(workers)} workers; fix: one address for all "
-                       "workers, one per worker, or [] (the head's address toward each worker)")
+                       "workers, or one per worker in worker order")
 
 
 def _results(results: dict[str, object | BaseException]) -> None:
@@ -164,7 +162,7 @@ def share(profile: Profile, plan: Plan, nodes: Sequence[Node], out: Echo) -> Non
         raise Tp4Error(f"model.dir: {export} does not exist on {head.name}; fix: tp4 download, or set model.dir to the checkpoint")
     if state != "ok":
         raise Tp4Error(f"model.dir: {export} on {head.name} has no config.json; fix: tp4 download (the checkpoint is incomplete)")
-    addrs = servers(profile, head, workers)
+    addrs = servers(profile, workers)
     clients: dict[str, object | BaseException] = parallel(
         workers, lambda w: _src_of_route(w, addrs[workers.index(w)]))
     _results(clients)
