@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -86,6 +87,9 @@ def test_share_exports_to_exactly_the_workers_and_is_idempotent(cluster: LineClu
         driver, options = out.strip().split(" ", 1)
         assert driver == "local"
         assert json.loads(options) == {"type": "nfs", "o": f"addr={cluster.head.address},{OPTIONS}", "device": f":{export}"}
+    # a re-run never points a worker at an export the head does not have: the device is the export's path
+    pseudo = re.search(r'Pseudo = "([^"]*)";', conf)
+    assert pseudo is not None and pseudo.group(1) == export
     # every worker reads the checkpoint; the bridge address (not a worker) cannot; neither can the head itself
     for i in (1, 2, 3):
         got = read(cluster, i, export)

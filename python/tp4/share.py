@@ -292,7 +292,13 @@ def _inspect(node: Node, volume: str) -> tuple[str, dict[str, str]] | None:
     if proc.returncode != 0:
         return None
     driver, _, options = proc.stdout.strip().partition(" ")
-    parsed = json.loads(options or "null") or {}
+    try:
+        parsed = json.loads(options or "null") or {}
+    except ValueError:
+        parsed = None
+    if not isinstance(parsed, dict):
+        raise Tp4Error(f"{node.name}: {node.runtime} volume inspect {volume} gave {proc.stdout.strip()[:200]!r}, not a driver and "
+                       f"its options; fix: check the volume by hand ({node.runtime} volume inspect {volume})")
     return driver, {str(k): str(v) for k, v in parsed.items()}
 
 
