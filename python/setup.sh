@@ -2,7 +2,8 @@
 # Set up tp4 on a fresh Debian 12 machine: a virtualenv at <repo>/.venv with the tp4 CLI.
 #   bash python/setup.sh          the CLI only (enough for `tp4 plan`, `tp4 profile`)
 #   bash python/setup.sh --test   also the system tools and Python packages the tests use
-#                                 (nix, busybox, sshd, podman, docker, skopeo, umoci, iproute2, g++, binutils)
+#                                 (nix, busybox, sshd, podman, docker, skopeo, umoci, iproute2, g++, binutils,
+#                                 nfs-ganesha + its VFS backend, libnfs-utils)
 set -euo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 want_test=0
@@ -30,6 +31,11 @@ if [ "$want_test" = 1 ]; then
   need readelf binutils
   need objdump binutils
   need patch patch
+  # tp4 share's tests: a user-space NFS server (VFS backend) in the head's namespace, a user-space client
+  need ganesha.nfsd nfs-ganesha
+  [ -e /usr/lib/x86_64-linux-gnu/ganesha/libfsalvfs.so ] || [ -e /usr/lib/aarch64-linux-gnu/ganesha/libfsalvfs.so ] || apt_pkgs+=(nfs-ganesha-vfs)
+  need nfs-ls libnfs-utils
+  need nfs-cat libnfs-utils
 fi
 if [ ${#apt_pkgs[@]} -gt 0 ]; then
   sudo=""

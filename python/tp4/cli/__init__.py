@@ -42,6 +42,7 @@ SUBCOMMANDS: dict[str, tuple[str, str, str]] = {
     "logs": ("tp4.cli.serve", "logs", "A rank's log."),
     "smoke": ("tp4.cli.serve", "smoke", "Upstream's arithmetic check and a streamed completion against the API."),
     "download": ("tp4.cli.download", "download", "Download the pinned checkpoint into the head's model.dir, verified against the Hub's hashes."),
+    "share": ("tp4.cli.prepare", "share", "Export the checkpoint read-only to the workers (NFSv4) and make their weights volumes."),
     "hosts": ("tp4.cli.hosts", "hosts", "The ssh host keys tp4 trusts: trust (after showing fingerprints), list, forget."),
 }
 
