@@ -9,12 +9,10 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
 import signal
 import stat
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
@@ -330,30 +328,48 @@ def test_model_dir_that_is_a_file_is_refused(hub, setup):
     assert model.read_text() == "not a dir"
 
 
+FS_IOC_GETFLAGS, FS_IOC_SETFLAGS, FS_IMMUTABLE_FL = 0x80086601, 0x40086602, 0x10
+
+
+def _immutable(path: Path, on: bool) -> bool:
+    """chattr +i / -i (root writes into any mode-0555 directory, not into an immutable one)."""
+    import array
+    import fcntl
+
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        flags = array.array("l", [0])
+        fcntl.ioctl(fd, FS_IOC_GETFLAGS, flags, True)
+        flags[0] = flags[0] | FS_IMMUTABLE_FL if on else flags[0] & ~FS_IMMUTABLE_FL
+        fcntl.ioctl(fd, FS_IOC_SETFLAGS, flags, True)
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+
+
 def test_read_only_model_dir_is_refused(hub, setup):
     model, link, profile, env = setup
     argv = [sys.executable, "-c", PROBE, "download", "--profile", str(profile)]
-    if os.getuid() == 0:  # root writes anywhere: run as nobody, in a directory nobody can reach
-        base = Path(tempfile.mkdtemp(prefix="tp4-ro-"))
-        base.chmod(0o755)
-        model = base / "Tiny"
-        profile = base / "profile.toml"
-        profile.write_text(f'[engine]\ntp = 1\n[model]\ndir = "{model}"\ncommon_link = "{base / "common"}"\nhf_repo = "{REPO_ID}"\n'
-                           f'hf_revision = "{REV}"\nexpected_shards = 3\n')
-        argv = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable, "-c", PROBE,
-                "download", "--profile", str(profile)]
-        env = dict(env, HF_HOME=str(base / "hf-home"))
     model.mkdir(parents=True)
     model.chmod(0o555)
+    as_nobody: dict[str, object] = {}
+    # root writes anywhere: make the directory immutable, or (a filesystem without the flag) run
+    # as nobody, whose interpreter is then in the Nix store
+    locked = os.getuid() == 0 and _immutable(model, True)
+    if os.getuid() == 0 and not locked:
+        os.chmod(model.parent, 0o755)
+        as_nobody = {"user": 65534, "group": 65534, "extra_groups": []}
     try:
-        proc = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=120)
+        proc = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=120, **as_nobody)
         assert proc.returncode == 2, proc.stderr
         assert f"model.dir: cannot write into {model}" in proc.stderr and "fix:" in proc.stderr
         assert "Traceback" not in proc.stderr
         assert os.listdir(model) == []
     finally:
-        if os.getuid() == 0:
-            shutil.rmtree(model.parent)
+        if locked:
+            _immutable(model, False)
 
 
 def test_fifo_as_a_shard_is_refused_without_opening_it(hub, setup):

@@ -169,6 +169,7 @@ let
     "click"
     "requests"
     "gitpython"
+    "huggingface-hub"
     "installer"
     "pytest"
     "hypothesis"
