@@ -41,6 +41,7 @@ SUBCOMMANDS: dict[str, tuple[str, str, str]] = {
     "status": ("tp4.cli.serve", "status", "Each node's rank and the line's liveness (a real completion; busy is not wedged)."),
     "logs": ("tp4.cli.serve", "logs", "A rank's log."),
     "smoke": ("tp4.cli.serve", "smoke", "Upstream's arithmetic check and a streamed completion against the API."),
+    "doctor": ("tp4.cli.doctor", "doctor", "Check every host requirement of the line, read-only; a fix for each failure."),
     "hosts": ("tp4.cli.hosts", "hosts", "The ssh host keys tp4 trusts: trust (after showing fingerprints), list, forget."),
 }
 
