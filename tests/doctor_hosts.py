@@ -14,8 +14,9 @@ What each host gets (in the host's own view only; nothing on the machine changes
   for each HCA of the plan, and ``device/net/<the host's veth>``; the GID table is a ConnectX
   port's (index 0/1 link-local v1/v2, index 2/3 the IPv4-mapped GID v1/v2);
 * stub ``nvidia-smi`` (a GB10 on driver 580.95.05, the compute apps from a data file), ``uname``
-  (``-r`` from a data file when it exists) and ``date`` (an offset in seconds from a data file)
-  in ``<host dir>/bin``, first on the sessions' PATH (sshd SetEnv);
+  (``-r`` from a data file when it exists), ``date`` (an offset in seconds from a data file) and
+  ``systemctl`` (``is-active`` from a data file) in ``<host dir>/bin``, first on the sessions'
+  PATH (sshd SetEnv);
 * MTU 9000 on the bridge and every veth (reset), 48 empty shard files in ``model.dir``, the plan
   with ``nfs.share = false`` (the workers' volumes here are local podman volumes) and both
   packed Engram shards of each rank with a valid header.
@@ -57,6 +58,17 @@ fi
 exec {real} "$@"
 """
 
+SYSTEMCTL = """#!/bin/sh
+if [ "$1" = is-active ]; then
+  state=$(cat {fake}/unit-state 2>/dev/null || echo inactive)
+  echo "$state"
+  [ "$state" = active ]
+  exit
+fi
+echo "systemctl stub: $*" >&2
+exit 1
+"""
+
 
 def _doctor_prepare(host: Host) -> None:
     prepare(host)
@@ -69,7 +81,8 @@ def _doctor_prepare(host: Host) -> None:
     (etc / "tp4-sys").symlink_to(host.dir / "sys")
     stubs = {"nvidia-smi": NVIDIA_SMI.format(fake=fake),
              "uname": UNAME.format(fake=fake, real=shutil.which("uname")),
-             "date": DATE.format(fake=fake, real=shutil.which("date"))}
+             "date": DATE.format(fake=fake, real=shutil.which("date")),
+             "systemctl": SYSTEMCTL.format(fake=fake)}
     for name, text in stubs.items():
         (bin_dir / name).write_text(text)
         (bin_dir / name).chmod(0o755)
@@ -152,7 +165,7 @@ class DoctorCluster(LineCluster):
         for rank, host in enumerate(self.hosts):
             self.lay_sysfs(host)
             self.lay_engram(rank)
-            for name in ("kernel", "clock_offset"):
+            for name in ("kernel", "clock_offset", "unit-state"):
                 self.fake(host, name).unlink(missing_ok=True)
             self.fake(host, "gpus.csv").write_text("NVIDIA GB10, 580.95.05\n")
             self.fake(host, "apps.csv").write_text("")

@@ -464,9 +464,66 @@ def test_unreachable_node(good: DoctorCluster, tmp_path: Path) -> None:
     results = run(good, Limits(**{**LIMITS.__dict__, "timeout": 20}), plan=plan)
     r = results[("SSH.REACHABLE", "node4")]
     assert (r.status, r.blocking) == ("fail", True) and r.fix is not None and address in r.fix
+    assert results[("IMAGE.SAME", "node4")].status == "n/a"
     assert results[("IMAGE.SAME", "node4")].detail == "not checked: the node is unreachable"
+    assert [(r.check, r.node) for r in results.values() if r.status == "fail"] == [("SSH.REACHABLE", "node4")]
     assert results[("SSH.REACHABLE", "node1")].status == "ok"
     assert results[("RDMA.JUMBO_PING", "node3")].status == "ok"  # the fabric address still answers
+
+
+def test_changed_host_key(good: DoctorCluster) -> None:
+    from tp4 import knownhosts
+
+    good.hosts.new_host_key(1)
+    host = good.hosts[1]
+    try:
+        results = run(good)
+    finally:
+        knownhosts.update([host.address], [(host.address, *good.hosts.host_key(host))], good.hosts.known_hosts)
+        process.host_key_failures.clear()
+    r = results[("SSH.REACHABLE", "node2")]
+    assert r.status == "fail" and r.detail.startswith(f"the host key of {host.address} changed") and "tp4 hosts trust" in r.detail
+    assert r.fix is not None and "fingerprint" in r.fix
+    assert results[("SSH.REACHABLE", "node3")].status == "ok"
+
+
+RING = """
+[fabric]
+mode = "ring"
+[fabric.nccl]
+mount = "overlay"
+[gates]
+DSV41_ROCE_RING = "1"
+SGLANG_ROCE_MAX_SIZE = "262144"
+DSV41_ROCE_GATHER = "262144"
+"""
+
+
+def test_ring_nccl_and_mesh_unit(good: DoctorCluster, tmp_path: Path) -> None:
+    profile = tmp_path / "ring.toml"
+    profile.write_text(good.profile.read_text() + RING)
+    plan = build_plan(load_file(profile))
+    libs = [Path(next(m.source for m in r.run.mounts if m.source.endswith("/libnccl.so.2"))) for r in plan.nodes]
+    for rank, lib in enumerate(libs):
+        lib.parent.mkdir(parents=True, exist_ok=True)
+        lib.write_bytes(b"\x7fELF..." + (b"" if rank == 1 else b"NCCL_SWITCHLESS_RING_ONLY\0") + b"...")
+        if rank != 3:
+            good.fake(good.hosts[rank], "unit-state").write_text("active\n")
+    libs[2].unlink()
+    try:
+        results = run(good, plan=plan)
+    finally:
+        for lib in libs:
+            lib.unlink(missing_ok=True)
+    assert results[("RING.NCCL", "node1")].status == "ok"
+    assert results[("RING.NCCL", "node1")].detail == "patched NCCL, dsv41-mesh.service active"
+    stock = results[("RING.NCCL", "node2")]
+    assert stock.status == "fail" and "lacks SWITCHLESS_RING_ONLY" in stock.detail and stock.fix is not None
+    missing = results[("RING.NCCL", "node3")]
+    assert missing.status == "fail" and "the patched NCCL library is missing" in missing.detail
+    mesh = results[("RING.NCCL", "node4")]
+    assert mesh.status == "fail" and mesh.detail == "dsv41-mesh.service is inactive"
+    assert mesh.fix is not None and "systemctl start dsv41-mesh.service" in mesh.fix
 
 
 # --- the remote command is constant ----------------------------------------------------------------

@@ -272,6 +272,7 @@ class Facts:
     error: str | None = None
     received: float = 0.0  # this machine's clock when the facts arrived
     seconds: float = 0.0  # how long the node took
+    derived: dict[str, Json] = field(default_factory=dict)  # what the checks resolved (the GID index per HCA)
 
     def get(self, name: str) -> list[str]:
         return self.sections.get(name, [])
@@ -281,7 +282,7 @@ class Facts:
 
     def to_json(self) -> dict[str, Json]:
         return {"error": self.error, "seconds": round(self.seconds, 3), "received": self.received,
-                "sections": {k: list(v) for k, v in self.sections.items()}}
+                "derived": dict(self.derived), "sections": {k: list(v) for k, v in self.sections.items()}}
 
 
 def parse(text: str) -> dict[str, list[str]]:
@@ -507,12 +508,13 @@ def evaluate(plan: Plan, facts: dict[str, Facts], limits: Limits | None = None) 
     for r in ranks:
         f = facts[r.name]
         if f.error is not None:
-            ctx.add("SSH.REACHABLE", r.name, "fail", f.error,
-                    f"check that {r.ssh.user}@{r.ssh.host}:{r.ssh.port} answers with the key {r.ssh.identity}; "
-                    f"a changed host key: tp4 hosts trust {r.ssh.host} after checking its fingerprint")
+            fix = ("compare the key's fingerprint with the node's own (ssh-keygen -lf /etc/ssh/ssh_host_ed25519_key.pub on "
+                   "its console), then trust it as the detail says" if "host key" in f.error or "trusts" in f.error else
+                   f"check that {r.ssh.user}@{r.ssh.host}:{r.ssh.port} answers (the node is up, sshd runs) and takes the key "
+                   f"{r.ssh.identity}")
+            ctx.add("SSH.REACHABLE", r.name, "fail", f.error, fix)
             for spec in CHECKS[1:]:
-                ctx.add(spec.id, r.name, "fail" if spec.blocking else "warn", "not checked: the node is unreachable",
-                        "reach the node first (SSH.REACHABLE)")
+                ctx.add(spec.id, r.name, "n/a", "not checked: the node is unreachable")
         else:
             ctx.add("SSH.REACHABLE", r.name, "ok", f"{r.ssh.user}@{r.ssh.host} answered in {f.seconds:.2f} s")
     for r in up:
@@ -637,7 +639,7 @@ def _node_checks(ctx: Context, r: RankPlan, f: Facts) -> None:
         dev = _hca(f, h).get("netdev")
         ips = addrs.get(dev or "", (None, []))[1]
         found[h] = gid_index_of(f, h, [ip for ip in ips if ip in fabric_ips] + [ip for ip in ips if ip not in fabric_ips])
-    ctx.facts[n].sections["_gid_index"] = [f"{h} {i}" for h, i in found.items()]
+    f.derived["gid_index"] = {h: i for h, i in found.items()}
     bad = [h for h, i in found.items() if i is None]
     if not present:
         add("RDMA.GID", n, "fail", "no HCA of the plan to check", "see RDMA.DEVICES")
@@ -869,8 +871,8 @@ def _line_checks(ctx: Context, up: list[RankPlan]) -> None:
     # GID index the same on every node
     indices: dict[str, set[int]] = {}
     for r in up:
-        got = [x.split() for x in facts[r.name].get("_gid_index")]
-        indices[r.name] = {int(i) for _, i in got if i.isdigit()}
+        got = facts[r.name].derived.get("gid_index")
+        indices[r.name] = {i for i in got.values() if isinstance(i, int)} if isinstance(got, dict) else set()
     votes: dict[int, int] = {}
     for s in indices.values():
         for i in s:
