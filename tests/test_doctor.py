@@ -565,3 +565,9 @@ def test_facts_script_is_a_constant() -> None:
     assert scripts == {FACTS_SCRIPT}
     proc = subprocess.run(["sh", "-n", "-c", FACTS_SCRIPT], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
+
+
+def test_docs_list_every_check(repo: Path) -> None:
+    text = (repo / "docs" / "doctor.md").read_text()
+    section = text[text.index(doctor.REFERENCE_BEGIN): text.index(doctor.REFERENCE_END) + len(doctor.REFERENCE_END)]
+    assert section == doctor.reference(), "docs/doctor.md's check table is stale: paste tp4.doctor.reference()"
