@@ -571,3 +571,47 @@ def test_docs_list_every_check(repo: Path) -> None:
     text = (repo / "docs" / "doctor.md").read_text()
     section = text[text.index(doctor.REFERENCE_BEGIN): text.index(doctor.REFERENCE_END) + len(doctor.REFERENCE_END)]
     assert section == doctor.reference(), "docs/doctor.md's check table is stale: paste tp4.doctor.reference()"
+
+
+def test_memlock_of_a_unit_and_of_dockerd(good: DoctorCluster) -> None:
+    """The limit the container gets: a NixOS unit's LimitMEMLOCK, dockerd's own limit (facts as the
+    script prints them: `systemctl show -p LimitMEMLOCK --value`, /proc/<dockerd>/limits)."""
+    import copy
+
+    facts = doctor.gather(good.plan, good.nodes(), LIMITS)
+    unlimited = good.plan._replace(nodes=tuple(r._replace(run=r.run._replace(ulimits=r.run.ulimits._replace(memlock="-1:-1")))
+                                               for r in good.plan.nodes))
+    nixos = unlimited._replace(nodes=tuple(r._replace(service=r.service._replace(kind="nixos", unit=f"podman-{r.run.container}.service"))
+                                           for r in unlimited.nodes))
+    cases = {"8388608": "fail", "infinity": "ok"}
+    for value, status in cases.items():
+        f = copy.deepcopy(facts)
+        f["node2"].sections["memlock_unit"] = [value]
+        r = {(x.check, x.node): x for x in doctor.evaluate(nixos, f, LIMITS)}[("RDMA.MEMLOCK", "node2")]
+        assert r.status == status, r
+        if status == "fail":
+            assert "LimitMEMLOCK of podman-dsv41-worker.service is 8192 KiB" in r.detail
+            assert r.fix == "LimitMEMLOCK=infinity for podman-dsv41-worker.service"
+    docker = unlimited._replace(nodes=tuple(r._replace(service=r.service._replace(runtime="docker")) for r in unlimited.nodes))
+    f = copy.deepcopy(facts)
+    f["node3"].sections["memlock_runtime"] = ["Max locked memory         8388608              8388608              bytes"]
+    r = {(x.check, x.node): x for x in doctor.evaluate(docker, f, LIMITS)}[("RDMA.MEMLOCK", "node3")]
+    # dockerd runs as root: it gives the container the plan's --ulimit memlock=-1:-1 whatever its own limit
+    assert r.status == "ok" and "dockerd's limit: 8192 KiB, raised by the runtime" in r.detail
+    # unlimited in the plan and no limit in the way: ok
+    r = {(x.check, x.node): x for x in doctor.evaluate(unlimited, facts, LIMITS)}[("RDMA.MEMLOCK", "node1")]
+    assert r.status == "fail" and "the plan asks memlock unlimited" in r.detail  # the sessions' hard limit here is 8 MiB
+
+
+def test_parallel_is_faster_than_node_after_node(good: DoctorCluster) -> None:
+    nodes = good.nodes()
+    began = time.monotonic()
+    for node in nodes:
+        doctor.gather_one(good.plan, doctor._target(node), LIMITS)
+    sequential = time.monotonic() - began
+    began = time.monotonic()
+    doctor.gather(good.plan, nodes, LIMITS)
+    parallel = time.monotonic() - began
+    print(f"tp4 doctor facts of 4 nodes: {parallel:.2f} s in parallel, {sequential:.2f} s node after node "
+          f"({parallel / sequential:.2f}x)")
+    assert parallel < sequential
