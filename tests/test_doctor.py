@@ -615,3 +615,21 @@ def test_parallel_is_faster_than_node_after_node(good: DoctorCluster) -> None:
     print(f"tp4 doctor facts of 4 nodes: {parallel:.2f} s in parallel, {sequential:.2f} s node after node "
           f"({parallel / sequential:.2f}x)")
     assert parallel < sequential
+
+
+def test_facts_script_takes_its_arguments_as_data(tmp_path: Path) -> None:
+    """Run here with hostile arguments: an HCA list of `*` and `$(...)` is neither globbed nor run."""
+    sysfs = tmp_path / "sys"
+    (sysfs / "class" / "infiniband" / "decoy").mkdir(parents=True)
+    (tmp_path / "cwdfile").touch()
+    marker = tmp_path / "ran"
+    args = [str(sysfs), "0", "tp4-no-such-runtime", f"$(touch {marker})", f"* $(touch {marker})", "", "",
+            str(tmp_path / "engram"), "*", "", "", "", "", str(tmp_path)]
+    proc = subprocess.run(["sh", "-c", FACTS_SCRIPT, "tp4-doctor", *args], capture_output=True, text=True, cwd=tmp_path,
+                          timeout=60)
+    sections = doctor.parse(proc.stdout)
+    assert "date" in sections, proc.stderr
+    assert not marker.exists()
+    assert not any(name.startswith("hca ") for name in sections)  # `*` is no HCA, and not the decoy
+    assert sections["engram"] == ["* absent"]
+    assert sections["runtime"] == ["absent"]

@@ -146,7 +146,6 @@ if [ -n "$unit" ]; then s memlock_unit; systemctl show -p LimitMEMLOCK --value -
 s ip; ip -j addr show 2>&1
 s devinf; if [ -d /dev/infiniband ]; then echo present; ls /dev/infiniband; else echo absent; fi
 s ibdevs; ls "$sys/class/infiniband" 2>/dev/null
-set +f
 for h in $hcas; do
   d=$sys/class/infiniband/$h
   [ -d "$d" ] || continue
@@ -154,11 +153,12 @@ for h in $hcas; do
   s "hca $h"
   echo "state $(cat "$pd/state" 2>/dev/null)"
   echo "link_layer $(cat "$pd/link_layer" 2>/dev/null)"
+  set +f
   for n in "$d"/device/net/*; do [ -e "$n" ] && echo "netdev ${n##*/}"; done
   s "gids $h"; grep -H . "$pd"/gids/* 2>/dev/null | grep -v ':0000:0000:0000:0000:0000:0000:0000:0000$'
   s "gidtypes $h"; grep -H . "$pd"/gid_attrs/types/* 2>/dev/null
+  set -f
 done
-set -f
 s nvidia
 if command -v nvidia-smi >/dev/null 2>&1; then
   echo present
