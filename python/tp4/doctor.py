@@ -29,10 +29,13 @@ import tomllib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from importlib import resources
-from typing import Literal, NamedTuple
+from typing import TYPE_CHECKING, Literal, NamedTuple
 
 from tp4.errors import Tp4Error
 from tp4.plan import Plan, RankPlan
+
+if TYPE_CHECKING:  # tp4.serve imports this module to run the blocking checks
+    from tp4.serve import Node
 
 SCHEMA = "tp4.doctor/1"
 Status = Literal["ok", "warn", "fail", "n/a"]
@@ -304,11 +307,8 @@ class Target(NamedTuple):
     run: Callable[[Sequence[str], float], tuple[int, str, str]]  # argv, timeout -> rc, stdout, stderr
 
 
-def _target(node: object) -> Target:
+def _target(node: Node) -> Target:
     from tp4 import process
-    from tp4.serve import Node
-
-    assert isinstance(node, Node)
 
     def run(argv: Sequence[str], timeout: float) -> tuple[int, str, str]:
         proc = process.run(list(argv), remote=node.remote, check=False, timeout=timeout,
@@ -337,13 +337,12 @@ def gather_one(plan: Plan, target: Target, limits: Limits) -> Facts:
     return facts
 
 
-def gather(plan: Plan, nodes: Sequence[object], limits: Limits) -> dict[str, Facts]:
+def gather(plan: Plan, nodes: Sequence[Node], limits: Limits) -> dict[str, Facts]:
     """Every node's facts, in parallel (one ssh command each)."""
-    from tp4.serve import Node, parallel
+    from tp4.serve import parallel
 
     targets = {t.name: t for t in (_target(n) for n in nodes)}
-    typed = [n for n in nodes if isinstance(n, Node)]
-    results = parallel(typed, lambda n: gather_one(plan, targets[n.name], limits))
+    results = parallel(nodes, lambda n: gather_one(plan, targets[n.name], limits))
     out: dict[str, Facts] = {}
     for name, value in results.items():
         out[name] = value if isinstance(value, Facts) else Facts(error=str(value))
@@ -954,14 +953,14 @@ class Report(NamedTuple):
                 "checks": [x.to_json() for x in self.results]}
 
 
-def doctor(plan: Plan, nodes: Sequence[object], limits: Limits | None = None) -> Report:
+def doctor(plan: Plan, nodes: Sequence[Node], limits: Limits | None = None) -> Report:
     lim = limits or Limits()
     began = time.monotonic()
     facts = gather(plan, nodes, lim)
     return Report(facts, evaluate(plan, facts, lim), time.monotonic() - began)
 
 
-def blocking_failures(plan: Plan, nodes: Sequence[object], limits: Limits | None = None) -> list[Result]:
+def blocking_failures(plan: Plan, nodes: Sequence[Node], limits: Limits | None = None) -> list[Result]:
     """The blocking failures of the line (what serve refuses on), empty when it may start."""
     return doctor(plan, nodes, limits).blocking
 
