@@ -43,6 +43,7 @@ SUBCOMMANDS: dict[str, tuple[str, str, str]] = {
     "smoke": ("tp4.cli.serve", "smoke", "Upstream's arithmetic check and a streamed completion against the API."),
     "download": ("tp4.cli.download", "download", "Download the pinned checkpoint into the head's model.dir, verified against the Hub's hashes."),
     "share": ("tp4.cli.prepare", "share", "Export the checkpoint read-only to the workers (NFSv4) and make their weights volumes."),
+    "doctor": ("tp4.cli.doctor", "doctor", "Check every host requirement of the line, read-only; a fix for each failure."),
     "hosts": ("tp4.cli.hosts", "hosts", "The ssh host keys tp4 trusts: trust (after showing fingerprints), list, forget."),
 }
 

@@ -1,0 +1,60 @@
+"""`tp4 doctor`: every host requirement of the line, read-only, one table node x check with a fix
+for each failure (tp4.doctor)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import click
+
+from tp4.cli.serve import DEFAULT_PROFILE, profile_option, ssh_option, strict_option
+from tp4.errors import Tp4Error
+
+
+@click.command("doctor")
+@profile_option
+@click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None, metavar="FILE",
+              help="Write the evidence (tp4.doctor/1: every node's facts and every check) to FILE.")
+@click.option("--interval", type=click.FloatRange(min=0, max=60), default=2.0, show_default=True, metavar="SECONDS",
+              help="Seconds between the two reads of the RoCE error counters.")
+@click.option("--sysfs", default="/sys", show_default=True, hidden=True, help="The sysfs root read on every node.")
+@ssh_option
+@strict_option
+def doctor(profile_path: str | None, json_path: str | None, interval: float, sysfs: str, ssh_options: tuple[str, ...],
+           strict: bool) -> None:
+    """Check every node of the line, read-only and in parallel (one ssh session each): ssh, the
+    runtime, the GPU, RDMA (ports, link layer, IPv4, MTU, a jumbo ping, the RoCE v2 GID index,
+    memlock, error counters), the kernel, weights, Engram shards, the image, disk, ports, clocks
+    and memory. Prints one table (check x node) and a fix for each warning and failure; exits 1
+    on a blocking failure."""
+    from tp4 import doctor as doctor_mod
+    from tp4 import serve
+    from tp4.cli.plan import load_profile
+    from tp4.plan import build_plan
+
+    if not sysfs.startswith("/") or any(c in sysfs for c in "\n\r\0"):
+        raise Tp4Error(f"--sysfs {sysfs!r}: expected an absolute path", exit_code=2)
+    if profile_path is None and Path(DEFAULT_PROFILE).is_file():
+        profile_path = DEFAULT_PROFILE
+    loaded = load_profile(profile_path, strict)
+    plan = build_plan(loaded)
+    nodes = serve.nodes_of(plan, ssh_options=ssh_options)
+    limits = doctor_mod.Limits(sysfs=sysfs, interval=interval, volume_kind="nfs" if loaded.profile.nfs.share else "local")
+    report = doctor_mod.doctor(plan, nodes, limits)
+    for line in doctor_mod.table(plan, report.results):
+        click.echo(line)
+    if json_path is not None:
+        path = Path(json_path)
+        tmp = path.with_name(path.name + ".tmp")
+        try:
+            tmp.write_text(json.dumps(report.evidence(), indent=2) + "\n")
+            os.replace(tmp, path)
+        except OSError as exc:
+            raise Tp4Error(f"--json {json_path}: cannot write it: {exc.strerror}; fix: a writable path", exit_code=2) from None
+    blocking = report.blocking
+    click.echo(f"doctor: {len(plan.nodes)} nodes in {report.seconds:.2f} s: "
+               + (f"{len(blocking)} blocking failure(s)" if blocking else "ready"))
+    if blocking:
+        raise SystemExit(1)

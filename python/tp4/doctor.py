@@ -1,0 +1,1001 @@
+"""`tp4 doctor`: every host requirement of the line checked, read-only, with a fix for each failure.
+
+Two halves:
+
+* :func:`gather` reads each node's facts with ONE remote command per node, all nodes in parallel
+  (one ssh session each): the constant shell script :data:`FACTS_SCRIPT`, whose inputs (the sysfs
+  root, the HCAs, paths, the image, the peer's address) are its arguments, quoted once by
+  tp4.process. It prints sections (``== name`` then the section's lines) that :func:`parse`
+  turns into a :class:`Facts` per node. The host facts that need hardware come from files under
+  the sysfs root (``/sys`` by default: ``class/infiniband/<hca>/ports/1/{state,link_layer,gids,
+  gid_attrs/types,hw_counters,counters}``, ``class/infiniband/<hca>/device/net``) and commands
+  (``nvidia-smi``, ``uname``, ``ip``, ``ping``, ``ss``, ``df``, ``date``, the runtime), found on the
+  node's PATH.
+* :func:`evaluate` turns the facts of every node into checks, locally, each with a stable id
+  (:data:`CHECKS`), a status per node (ok, warn, fail, or n/a where it does not apply), a detail
+  and, for a warning or failure, a fix. A check is blocking or not: `tp4 doctor` exits 1 on a
+  blocking failure, and serve runs :func:`blocking_failures`.
+
+The evidence (``--json``) is ``{"schema": "tp4.doctor/1", "nodes": {name: facts}, "checks":
+[...]}``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+import tomllib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from importlib import resources
+from typing import TYPE_CHECKING, Literal, NamedTuple
+
+from tp4.errors import Tp4Error
+from tp4.plan import Plan, RankPlan
+
+if TYPE_CHECKING:  # tp4.serve imports this module to run the blocking checks
+    from tp4.serve import Node
+
+SCHEMA = "tp4.doctor/1"
+Status = Literal["ok", "warn", "fail", "n/a"]
+Json = None | bool | int | float | str | list["Json"] | dict[str, "Json"]
+
+# the RoCE error counters that rise with packet loss (MiaAI-Lab/GLM#115)
+COUNTERS = ("packet_seq_err", "roce_adp_retrans", "req_transport_retries_exceeded")
+# don't-fragment ICMP payload that fills an MTU of 9000 (20 bytes IP + 8 bytes ICMP)
+JUMBO_PAYLOAD = 8972
+FABRIC_MTU = 9000
+
+
+class CheckSpec(NamedTuple):
+    id: str
+    title: str
+    blocking: bool
+
+
+# every check, in the order of the table; the ids are stable (the evidence and serve name them)
+CHECKS: tuple[CheckSpec, ...] = tuple(CheckSpec(*c) for c in (
+    ("SSH.REACHABLE", "ssh reaches the node, its host key trusted", True),
+    ("RUNTIME.USABLE", "the container runtime works without sudo, with GPU access", True),
+    ("GPU.PRESENT", "nvidia-smi lists a GPU", True),
+    ("GPU.NO_FOREIGN_APPS", "no compute apps on the GPU", True),
+    ("GPU.DRIVER", "driver 580.x (the display reservation is qualified on it)", False),
+    ("RDMA.DEVICES", "/dev/infiniband and every HCA of the plan", True),
+    ("RDMA.PORT_ACTIVE", "every HCA port ACTIVE", True),
+    ("RDMA.LINK_LAYER", "link layer Ethernet (RoCE)", True),
+    ("RDMA.IPV4", "an IPv4 address on every HCA's netdev", True),
+    ("RDMA.MTU", f"Ethernet MTU {FABRIC_MTU}", False),
+    ("RDMA.MTU_SAME", "the same MTU on every node", True),
+    ("RDMA.JUMBO_PING", "a don't-fragment ping filling the MTU reaches the next node", False),
+    ("RDMA.GID", "a RoCE v2 IPv4-mapped GID of the port's address", True),
+    ("RDMA.GID_SAME_INDEX", "that GID at the same index on every node", True),
+    ("RDMA.MEMLOCK", "memlock unlimited for the runtime", True),
+    ("RDMA.COUNTERS", "RoCE error counters not rising", False),
+    ("KERNEL.KNOWN_BAD", "the kernel is not a known-bad one", True),
+    ("WEIGHTS.HEAD", "the checkpoint on the head: config.json and every shard", True),
+    ("WEIGHTS.WORKER", "the weights visible on the worker through the plan's volume", True),
+    ("ENGRAM.SHARDS", "both packed Engram shards of the rank, or disk to pack them", True),
+    ("IMAGE.SAME", "the image on every node, with the same id and layers", True),
+    ("DISK.FREE", "free disk for the next image", False),
+    ("PORTS.FREE", "the API and dist init ports free on the head", True),
+    ("CLOCK.SKEW", "clocks within a second of each other", False),
+    ("MEMORY.FREE", "free memory for the engine", False),
+    ("RING.NCCL", "ring: the patched NCCL, the mesh unit active", True),
+))
+BY_ID = {c.id: c for c in CHECKS}
+
+
+class Result(NamedTuple):
+    check: str  # a CHECKS id
+    node: str
+    status: Status
+    detail: str
+    fix: str | None
+    blocking: bool  # the check is blocking (a failure of it stops serve)
+
+    def to_json(self) -> dict[str, Json]:
+        return {"id": self.check, "node": self.node, "status": self.status, "detail": self.detail,
+                "fix": self.fix, "blocking": self.blocking}
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What doctor reads and its thresholds (none of them reaches the remote command but
+    ``sysfs`` and ``interval``, which are its arguments)."""
+
+    sysfs: str = "/sys"
+    interval: float = 2.0  # seconds between the two reads of the RoCE counters
+    image_free_gib: float = 50.0  # the next image (~49 GB)
+    engram_free_gib: float = 50.0  # packing both shards of a rank (~48 GiB)
+    memory_gib: float = 100.0  # MemAvailable before serving
+    clock_skew: float = 1.0  # seconds
+    timeout: float = 60.0
+    # the kind the workers' weights volume must be: "nfs" (nfs.share) or "local"; None: either
+    # (the Plan does not carry nfs.share; the CLI passes it from the profile)
+    volume_kind: Literal["nfs", "local"] | None = None
+
+
+# --- the remote half -------------------------------------------------------------------------------
+
+# One constant script, run as `sh -c FACTS_SCRIPT tp4-doctor ARGS...` (the arguments: see
+# remote_args). It changes nothing on the node. Each section is `== name` and its lines.
+FACTS_SCRIPT = r"""set -f
+sys=$1 interval=$2 rt=$3 image=$4 hcas=$5 model=$6 volume=$7 engram=$8 engram_files=$9
+shift 9
+peer=$1 unit=$2 ncclso=$3 mesh=$4
+shift 4
+s() { printf '== %s\n' "$*"; }
+counters() {
+  s "counters $1 $(date +%s.%N)"
+  for h in $hcas; do
+    for c in packet_seq_err roce_adp_retrans req_transport_retries_exceeded; do
+      for sub in hw_counters counters; do
+        f=$sys/class/infiniband/$h/ports/1/$sub/$c
+        if [ -r "$f" ]; then echo "$h $c $(cat "$f")"; break; fi
+      done
+    done
+  done
+}
+counters 1
+sleep "$interval" & sleeper=$!
+s uname; uname -r; uname -m
+s user; id -u; grep '^CapEff:' /proc/self/status
+s memlock; ulimit -S -l; ulimit -H -l
+case "$rt" in
+  *docker) p=$(pgrep -x dockerd | head -n 1); [ -n "$p" ] && { s memlock_runtime; grep 'locked memory' "/proc/$p/limits"; } ;;
+esac
+if [ -n "$unit" ]; then s memlock_unit; systemctl show -p LimitMEMLOCK --value -- "$unit" 2>&1; fi
+s ip; ip -j addr show 2>&1
+s devinf; if [ -d /dev/infiniband ]; then echo present; ls /dev/infiniband; else echo absent; fi
+s ibdevs; ls "$sys/class/infiniband" 2>/dev/null
+for h in $hcas; do
+  d=$sys/class/infiniband/$h
+  [ -d "$d" ] || continue
+  pd=$d/ports/1
+  s "hca $h"
+  echo "state $(cat "$pd/state" 2>/dev/null)"
+  echo "link_layer $(cat "$pd/link_layer" 2>/dev/null)"
+  set +f
+  for n in "$d"/device/net/*; do [ -e "$n" ] && echo "netdev ${n##*/}"; done
+  s "gids $h"; grep -H . "$pd"/gids/* 2>/dev/null | grep -v ':0000:0000:0000:0000:0000:0000:0000:0000$'
+  s "gidtypes $h"; grep -H . "$pd"/gid_attrs/types/* 2>/dev/null
+  set -f
+done
+s nvidia
+if command -v nvidia-smi >/dev/null 2>&1; then
+  echo present
+  s gpus; nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>&1
+  s gpu_apps; nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv,noheader 2>&1
+else
+  echo absent
+fi
+s runtime
+if command -v "$rt" >/dev/null 2>&1; then
+  echo present
+  s image; "$rt" image inspect --format '{{.Id}} {{json .RootFS.Layers}}' -- "$image" 2>&1; echo "rc $?"
+  case "$rt" in
+    *docker) store=$(docker info --format '{{.DockerRootDir}}' 2>&1)
+             s gpu_access; docker info --format '{{json .Runtimes}} {{json .CDISpecDirs}}' 2>&1 ;;
+    *) conf=${CONTAINERS_STORAGE_CONF:-}
+       if [ -z "$conf" ]; then
+         if [ "$(id -u)" = 0 ]; then conf=/etc/containers/storage.conf; else conf=${XDG_CONFIG_HOME:-$HOME/.config}/containers/storage.conf; fi
+       fi
+       store=$(sed -n 's/^[[:space:]]*graphroot[[:space:]]*=[[:space:]]*"\(.*\)".*/\1/p' "$conf" 2>/dev/null | sed -n 1p)
+       if [ -z "$store" ]; then
+         if [ "$(id -u)" = 0 ]; then store=/var/lib/containers/storage; else store=${XDG_DATA_HOME:-$HOME/.local/share}/containers/storage; fi
+       fi
+       s gpu_access; set +f; grep -ls 'nvidia.com/gpu' /etc/cdi/* /var/run/cdi/* 2>/dev/null; set -f ;;
+  esac
+  s store; echo "$store"
+  case "$store" in /*) set -- "$@" "$store" ;; esac
+  if [ -n "$volume" ]; then
+    s volume; "$rt" volume inspect --format '{{.Mountpoint}} {{.Driver}} {{json .Options}}' -- "$volume" 2>&1; echo "rc $?"
+  fi
+else
+  echo absent
+fi
+s weights
+weights=$model
+if [ -n "$volume" ]; then weights=$("$rt" volume inspect --format '{{.Mountpoint}}' -- "$volume" 2>/dev/null | sed -n 1p); fi
+if [ -n "$weights" ]; then
+  echo "dir $weights"
+  [ -f "$weights/config.json" ] && echo config
+  echo "shards $(ls -- "$weights" 2>/dev/null | grep -c '^model-.*-of-.*\.safetensors$')"
+fi
+s engram
+for f in $engram_files; do
+  if [ -f "$engram/$f" ]; then
+    echo "$f $(stat -c %s -- "$engram/$f") $(od -An -tu8 --endian=little -N48 -- "$engram/$f" | tr -s ' \n' '  ')"
+  else
+    echo "$f absent"
+  fi
+done
+s df
+for x in "$@"; do
+  d=$x
+  while [ ! -e "$d" ] && [ "$d" != / ]; do d=$(dirname -- "$d"); done
+  echo "$x $(df -Pk -- "$d" | sed -n '2p')"
+done
+s meminfo; grep -E '^(MemTotal|MemAvailable):' /proc/meminfo
+s listening; ss -Hltn 2>&1
+if [ -n "$peer" ]; then
+  s ping; ping -M do -s 8972 -c 1 -W 1 -- "$peer" 2>&1; echo "rc $?"
+fi
+if [ -n "$ncclso" ]; then
+  s nccl; if [ -f "$ncclso" ]; then echo present; grep -c SWITCHLESS_RING_ONLY -- "$ncclso"; else echo absent; fi
+fi
+if [ -n "$mesh" ]; then s mesh; systemctl is-active -- "$mesh" 2>&1; fi
+wait "$sleeper"
+counters 2
+s date; date +%s.%N
+"""
+
+MESH_UNIT = "dsv41-mesh.service"
+
+
+def _mount(rank: RankPlan, target: str) -> tuple[str, str] | None:
+    for m in rank.run.mounts:
+        if m.target == target:
+            return m.type, m.source
+    return None
+
+
+def engram_files(plan: Plan, rank: RankPlan) -> tuple[str, ...]:
+    """The two packed shards of the rank (upstream's `engram-l{1,14}-r<rank>of<tp>.bin`)."""
+    return tuple(f"engram-l{layer}-r{rank.rank}of{plan.line.tp}.bin" for layer in (1, 14))
+
+
+def remote_args(plan: Plan, rank: RankPlan, limits: Limits) -> list[str]:
+    """The arguments of FACTS_SCRIPT for one rank (each one argv word; tp4.process quotes them)."""
+    from tp4.plan import ENGRAM_MOUNT, MODEL_MOUNT, NCCL_MOUNT
+
+    model = _mount(rank, MODEL_MOUNT)
+    engram = _mount(rank, ENGRAM_MOUNT)
+    nccl = _mount(rank, NCCL_MOUNT) or next(((m.type, m.source) for m in rank.run.mounts if m.source.endswith("/libnccl.so.2")), None)
+    nodes = plan.nodes
+    peer = nodes[(rank.rank + 1) % len(nodes)].host if len(nodes) > 1 else ""
+    ring = plan.line.fabric == "ring"
+    ncclso = ""
+    if ring and nccl is not None:
+        ncclso = nccl[1] if nccl[1].endswith(".so.2") else f"{nccl[1]}/libnccl.so.2"
+    state = _mount(rank, "/state")
+    dfs = [d for d in (rank.run.workdir, engram[1] if engram else "", state[1] if state else "") if d]
+    return [limits.sysfs, f"{limits.interval:g}", rank.service.runtime, rank.run.image, " ".join(rank.gid.hcas),
+            model[1] if model and model[0] == "bind" else "", model[1] if model and model[0] == "volume" else "",
+            engram[1] if engram else "", " ".join(engram_files(plan, rank)),
+            peer, rank.service.unit or "", ncclso, MESH_UNIT if ring else "", *dfs]
+
+
+@dataclass
+class Facts:
+    """What one node said: its sections (name -> lines), or why it could not be read."""
+
+    sections: dict[str, list[str]] = field(default_factory=dict)
+    error: str | None = None
+    received: float = 0.0  # this machine's clock when the facts arrived
+    seconds: float = 0.0  # how long the node took
+    derived: dict[str, Json] = field(default_factory=dict)  # what the checks resolved (the GID index per HCA)
+
+    def get(self, name: str) -> list[str]:
+        return self.sections.get(name, [])
+
+    def has(self, name: str) -> bool:
+        return name in self.sections
+
+    def to_json(self) -> dict[str, Json]:
+        return {"error": self.error, "seconds": round(self.seconds, 3), "received": self.received,
+                "derived": dict(self.derived), "sections": {k: list(v) for k, v in self.sections.items()}}
+
+
+def parse(text: str) -> dict[str, list[str]]:
+    sections: dict[str, list[str]] = {}
+    current: list[str] | None = None
+    for line in text.splitlines():
+        if line.startswith("== "):
+            current = sections.setdefault(line[3:].strip(), [])
+        elif current is not None:
+            current.append(line)
+    return sections
+
+
+class Target(NamedTuple):
+    """What doctor runs on a node: how to reach it, and the rank it serves."""
+
+    name: str
+    rank: RankPlan
+    run: Callable[[Sequence[str], float], tuple[int, str, str]]  # argv, timeout -> rc, stdout, stderr
+
+
+def _target(node: Node) -> Target:
+    from tp4 import process
+
+    def run(argv: Sequence[str], timeout: float) -> tuple[int, str, str]:
+        proc = process.run(list(argv), remote=node.remote, check=False, timeout=timeout,
+                           purpose=f"reading the facts of {node.name}")
+        return proc.returncode, proc.stdout or "", proc.stderr or ""
+
+    return Target(node.name, node.rank, run)
+
+
+def facts_argv(plan: Plan, rank: RankPlan, limits: Limits) -> list[str]:
+    """The one command doctor runs on the node."""
+    return ["sh", "-c", FACTS_SCRIPT, "tp4-doctor", *remote_args(plan, rank, limits)]
+
+
+def gather_one(plan: Plan, target: Target, limits: Limits) -> Facts:
+    began = time.monotonic()
+    try:
+        rc, out, err = target.run(facts_argv(plan, target.rank, limits), limits.timeout + limits.interval)
+    except Tp4Error as exc:
+        return Facts(error=exc.message.splitlines()[0] if exc.message else "unreachable", seconds=time.monotonic() - began)
+    facts = Facts(sections=parse(out), received=time.time(), seconds=time.monotonic() - began)
+    if rc == 255 and not facts.sections:
+        facts.error = (err.strip().splitlines() or ["ssh failed"])[-1]
+    elif "date" not in facts.sections:
+        facts.error = f"the facts script stopped early (exit {rc}): {(err.strip().splitlines() or [''])[-1]}"
+    return facts
+
+
+def gather(plan: Plan, nodes: Sequence[Node], limits: Limits) -> dict[str, Facts]:
+    """Every node's facts, in parallel (one ssh command each)."""
+    from tp4.serve import parallel
+
+    targets = {t.name: t for t in (_target(n) for n in nodes)}
+    results = parallel(nodes, lambda n: gather_one(plan, targets[n.name], limits))
+    out: dict[str, Facts] = {}
+    for name, value in results.items():
+        out[name] = value if isinstance(value, Facts) else Facts(error=str(value))
+    return out
+
+
+# --- the local half: checks from facts ---------------------------------------------------------------
+
+
+@dataclass
+class Context:
+    plan: Plan
+    facts: dict[str, Facts]
+    limits: Limits
+    results: list[Result] = field(default_factory=list)
+
+    def add(self, check: str, node: str, status: Status, detail: str, fix: str | None = None) -> None:
+        spec = BY_ID[check]
+        self.results.append(Result(check, node, status, detail, fix if status in ("warn", "fail") else None, spec.blocking))
+
+
+def _kib(value: str) -> int | None:
+    """A `ulimit -l` value in KiB; -1 for unlimited."""
+    value = value.strip()
+    if value in ("unlimited", "infinity"):
+        return -1
+    return int(value) if value.isdigit() else None
+
+
+def _plan_memlock(rank: RankPlan) -> int | None:
+    """The plan's memlock soft limit in KiB (-1 unlimited)."""
+    soft = rank.run.ulimits.memlock.split(":", 1)[0].strip()
+    if soft in ("-1", "unlimited"):
+        return -1
+    return int(soft) // 1024 if soft.isdigit() else None
+
+
+def _fmt_kib(v: int) -> str:
+    return "unlimited" if v < 0 else f"{v} KiB"
+
+
+def _addresses(f: Facts) -> dict[str, tuple[int | None, list[str]]]:
+    """netdev -> (mtu, IPv4 addresses) from `ip -j addr`."""
+    text = "\n".join(f.get("ip"))
+    try:
+        data = json.loads(text) if text.strip() else []
+    except ValueError:
+        return {}
+    out: dict[str, tuple[int | None, list[str]]] = {}
+    for link in data if isinstance(data, list) else []:
+        if not isinstance(link, dict) or not isinstance(link.get("ifname"), str):
+            continue
+        mtu = link.get("mtu")
+        addrs = [a["local"] for a in link.get("addr_info", []) if isinstance(a, dict) and a.get("family") == "inet" and isinstance(a.get("local"), str)]
+        out[link["ifname"]] = (mtu if isinstance(mtu, int) else None, addrs)
+    return out
+
+
+def _hca(f: Facts, hca: str) -> dict[str, str]:
+    info: dict[str, str] = {}
+    for line in f.get(f"hca {hca}"):
+        key, _, value = line.partition(" ")
+        if key == "netdev":
+            info.setdefault("netdev", value.strip())
+        else:
+            info[key] = value.strip()
+    return info
+
+
+def mapped_gid(ip: str) -> str:
+    """The sysfs form of the RoCE v2 IPv4-mapped GID of ``ip``: ::ffff:a.b.c.d."""
+    a, b, c, d = (int(x) for x in ip.split("."))
+    return f"0000:0000:0000:0000:0000:ffff:{a:02x}{b:02x}:{c:02x}{d:02x}"
+
+
+def _gids(f: Facts, hca: str) -> dict[int, tuple[str, str]]:
+    """index -> (gid, type) of the non-zero GIDs of the HCA's port 1."""
+    types: dict[int, str] = {}
+    for line in f.get(f"gidtypes {hca}"):
+        path, _, value = line.partition(":")
+        idx = path.rsplit("/", 1)[-1]
+        if idx.isdigit():
+            types[int(idx)] = value.strip()
+    out: dict[int, tuple[str, str]] = {}
+    for line in f.get(f"gids {hca}"):
+        path, _, value = line.partition(":")
+        idx = path.rsplit("/", 1)[-1]
+        if idx.isdigit():
+            out[int(idx)] = (value.strip().lower(), types.get(int(idx), ""))
+    return out
+
+
+def gid_index_of(f: Facts, hca: str, ips: Sequence[str]) -> int | None:
+    """The index of the RoCE v2 GID mapping one of ``ips`` (the first found, lowest index)."""
+    want = {mapped_gid(ip) for ip in ips}
+    for idx, (gid, kind) in sorted(_gids(f, hca).items()):
+        if gid in want and kind.lower().replace("_", " ") == "roce v2":
+            return idx
+    return None
+
+
+def _counters(f: Facts, which: str) -> tuple[float | None, dict[tuple[str, str], int]]:
+    name = next((k for k in f.sections if k.startswith(f"counters {which} ")), None)
+    if name is None:
+        return None, {}
+    try:
+        t: float | None = float(name.split()[2])
+    except (IndexError, ValueError):
+        t = None
+    values: dict[tuple[str, str], int] = {}
+    for line in f.get(name):
+        parts = line.split()
+        if len(parts) == 3 and parts[2].isdigit():
+            values[(parts[0], parts[1])] = int(parts[2])
+    return t, values
+
+
+def _known_bad() -> list[dict[str, str]]:
+    text = resources.files("tp4.data").joinpath("known-bad-kernels.toml").read_text()
+    return [{k: str(v) for k, v in entry.items()} for entry in tomllib.loads(text).get("kernel", [])]
+
+
+def _df(f: Facts) -> dict[str, tuple[str, float]]:
+    """asked path -> (mount point, free GiB)."""
+    out: dict[str, tuple[str, float]] = {}
+    for line in f.get("df"):
+        parts = line.split()
+        if len(parts) >= 7 and parts[4].isdigit():
+            out[parts[0]] = (parts[6], int(parts[4]) / (1024 * 1024))
+    return out
+
+
+def _store_free(f: Facts) -> tuple[str, float] | None:
+    store = (f.get("store") or [""])[0].strip()
+    if not store:
+        return None
+    for line in f.get("df"):
+        parts = line.split()
+        if parts and parts[0] == store and len(parts) >= 7 and parts[4].isdigit():
+            return parts[6], int(parts[4]) / (1024 * 1024)
+    return None
+
+
+def _no_such_image(lines: list[str]) -> bool:
+    """The runtime answered, and has no such image (docker: "No such image", podman: "image not known")."""
+    text = " ".join(lines).lower()
+    return "no such image" in text or "not known" in text or "no such object" in text
+
+
+def _rc(lines: list[str]) -> tuple[int | None, list[str]]:
+    if lines and lines[-1].startswith("rc "):
+        tail = lines[-1][3:].strip()
+        return (int(tail) if tail.lstrip("-").isdigit() else None), lines[:-1]
+    return None, lines
+
+
+def evaluate(plan: Plan, facts: dict[str, Facts], limits: Limits | None = None) -> list[Result]:
+    """Every check of every node from the gathered facts (no remote command)."""
+    ctx = Context(plan, facts, limits or Limits())
+    ranks = [r for r in plan.nodes if r.name in facts]
+    up = [r for r in ranks if facts[r.name].error is None]
+    for r in ranks:
+        f = facts[r.name]
+        if f.error is not None:
+            fix = ("compare the key's fingerprint with the node's own (ssh-keygen -lf /etc/ssh/ssh_host_ed25519_key.pub on "
+                   "its console), then trust it as the detail says" if "host key" in f.error or "trusts" in f.error else
+                   f"check that {r.ssh.user}@{r.ssh.host}:{r.ssh.port} answers (the node is up, sshd runs) and takes the key "
+                   f"{r.ssh.identity}")
+            ctx.add("SSH.REACHABLE", r.name, "fail", f.error, fix)
+            for spec in CHECKS[1:]:
+                ctx.add(spec.id, r.name, "n/a", "not checked: the node is unreachable")
+        else:
+            ctx.add("SSH.REACHABLE", r.name, "ok", f"{r.ssh.user}@{r.ssh.host} answered in {f.seconds:.2f} s")
+    for r in up:
+        _node_checks(ctx, r, facts[r.name])
+    _line_checks(ctx, up)
+    order = {c.id: i for i, c in enumerate(CHECKS)}
+    names = [r.name for r in plan.nodes]
+    ctx.results.sort(key=lambda x: (order[x.check], names.index(x.node) if x.node in names else 99))
+    return ctx.results
+
+
+def _node_checks(ctx: Context, r: RankPlan, f: Facts) -> None:
+    n = r.name
+    add = ctx.add
+    rt = r.service.runtime
+    user = r.ssh.user
+    # --- runtime
+    if (f.get("runtime") or [""])[0] != "present":
+        add("RUNTIME.USABLE", n, "fail", f"{rt} is not installed (not on the PATH of {user})",
+            f"install {rt} on {n} (the plan's runtime: cluster node `runtime`)")
+    else:
+        rc, out = _rc(f.get("image"))
+        gpu = [x for x in f.get("gpu_access") if x.strip()]
+        gpu_ok = bool(gpu) and ("nvidia" in " ".join(gpu) if rt == "docker" else True)
+        if rc != 0 and not _no_such_image(out):
+            why = (out or ["no output"])[-1]
+            add("RUNTIME.USABLE", n, "fail", f"`{rt} image inspect` fails for {user}: {why}",
+                f"let {user} use {rt} without sudo (docker: usermod -aG docker {user}, then log in again)")
+        elif not gpu_ok:
+            add("RUNTIME.USABLE", n, "fail", f"{rt} has no GPU access: "
+                + ("no CDI spec for nvidia.com/gpu in /etc/cdi or /var/run/cdi" if rt == "podman" else "no nvidia runtime in `docker info`"),
+                "install nvidia-container-toolkit and generate the CDI spec: nvidia-ctk cdi generate --output=/etc/cdi/nvidia.yaml"
+                + (" (docker: nvidia-ctk runtime configure --runtime=docker, restart docker)" if rt == "docker" else ""))
+        else:
+            add("RUNTIME.USABLE", n, "ok", f"{rt} works for {user}; GPU access: {gpu[0].strip()[:80]}")
+    # --- GPU
+    if (f.get("nvidia") or [""])[0] != "present":
+        for check in ("GPU.PRESENT", "GPU.NO_FOREIGN_APPS", "GPU.DRIVER"):
+            add(check, n, "fail" if BY_ID[check].blocking else "warn", "nvidia-smi is not on the PATH",
+                "install the NVIDIA driver 580.x with nvidia-smi (DGX OS ships it)")
+    else:
+        gpus = [x.strip() for x in f.get("gpus") if x.strip()]
+        if not gpus or any("fail" in g.lower() or "error" in g.lower() for g in gpus):
+            add("GPU.PRESENT", n, "fail", f"nvidia-smi lists no GPU: {(gpus or ['no output'])[0]}",
+                "check the driver (nvidia-smi must list the GB10); reboot after a driver update")
+            add("GPU.DRIVER", n, "warn", "no driver version", "install the NVIDIA driver 580.x")
+        else:
+            name, _, driver = gpus[0].rpartition(",")
+            add("GPU.PRESENT", n, "ok", f"{len(gpus)} GPU: {name.strip()}")
+            driver = driver.strip()
+            if driver.startswith("580."):
+                add("GPU.DRIVER", n, "ok", f"driver {driver}")
+            else:
+                add("GPU.DRIVER", n, "warn", f"driver {driver}: the display reservation is qualified on 580.x only "
+                    "(reported not to work on 595.84)", "use driver 580.x, or leave DSV41_ENGRAM_DRM_NODE unset")
+        apps = [x.strip() for x in f.get("gpu_apps") if x.strip() and not x.lower().startswith("no running")]
+        if apps:
+            add("GPU.NO_FOREIGN_APPS", n, "fail", f"{len(apps)} compute app(s) on the GPU: {'; '.join(apps[:3])}",
+                "stop the other stack (its PIDs are listed) or `tp4 stop` a line left running; wait until "
+                "`nvidia-smi --query-compute-apps=pid --format=csv` lists nothing")
+        else:
+            add("GPU.NO_FOREIGN_APPS", n, "ok", "no compute apps")
+    # --- RDMA
+    devinf = f.get("devinf")
+    listed = set(f.get("ibdevs"))
+    missing = [h for h in r.gid.hcas if h not in listed]
+    if not devinf or devinf[0] != "present":
+        add("RDMA.DEVICES", n, "fail", "/dev/infiniband does not exist",
+            "load the RDMA modules and rdma-core (modprobe mlx5_ib ib_uverbs); the container gets --device /dev/infiniband")
+    elif missing:
+        add("RDMA.DEVICES", n, "fail", f"no RDMA device {', '.join(missing)} under {ctx.limits.sysfs}/class/infiniband "
+            f"(there: {', '.join(sorted(listed)) or 'none'})",
+            "fix fabric.hcas to the node's devices (names are case-sensitive; see `ibdev2netdev`), or load mlx5_ib")
+    else:
+        add("RDMA.DEVICES", n, "ok", f"/dev/infiniband, {', '.join(r.gid.hcas)}")
+    present = [h for h in r.gid.hcas if h in listed]
+    addrs = _addresses(f)
+    down = [f"{h} port 1 is {_hca(f, h).get('state') or 'unreadable'}" for h in present if "ACTIVE" not in _hca(f, h).get("state", "")]
+    if not present:
+        add("RDMA.PORT_ACTIVE", n, "fail", "no HCA of the plan to check", "see RDMA.DEVICES")
+    elif down:
+        add("RDMA.PORT_ACTIVE", n, "fail", "; ".join(down),
+            "cable the port and bring its netdev up (ip link set <netdev> up); check the switch port")
+    else:
+        add("RDMA.PORT_ACTIVE", n, "ok", ", ".join(f"{h} {_hca(f, h).get('state')}" for h in present))
+    wrong = [f"{h} is {_hca(f, h).get('link_layer') or 'unreadable'}" for h in present if _hca(f, h).get("link_layer") != "Ethernet"]
+    if not present:
+        add("RDMA.LINK_LAYER", n, "fail", "no HCA of the plan to check", "see RDMA.DEVICES")
+    elif wrong:
+        add("RDMA.LINK_LAYER", n, "fail", "; ".join(wrong) + " (RoCE needs Ethernet)",
+            "set the ConnectX port to Ethernet: mlxconfig -d <pci> set LINK_TYPE_P1=2 (then reboot)")
+    else:
+        add("RDMA.LINK_LAYER", n, "ok", "Ethernet")
+    noip, mtus, nodev = [], {}, []
+    for h in present:
+        dev = _hca(f, h).get("netdev")
+        if not dev or dev not in addrs:
+            nodev.append(f"{h} has no netdev" + (f" ({dev} not in `ip addr`)" if dev else ""))
+            continue
+        mtu, ips = addrs[dev]
+        mtus[f"{h}/{dev}"] = mtu
+        if not ips:
+            noip.append(f"{h} ({dev}) has no IPv4 address")
+    if nodev or noip or not present:
+        add("RDMA.IPV4", n, "fail", "; ".join(nodev + noip) or "no HCA of the plan to check",
+            "give every fabric netdev its IPv4 address (RoCE v2 derives its GIDs from it), netplan or NetworkManager")
+    else:
+        add("RDMA.IPV4", n, "ok", ", ".join(f"{h}: {','.join(addrs[_hca(f, h)['netdev']][1])}" for h in present))
+    small = {k: v for k, v in mtus.items() if v != FABRIC_MTU}
+    if not mtus:
+        add("RDMA.MTU", n, "warn", "no fabric netdev to read", "see RDMA.IPV4")
+    elif small:
+        add("RDMA.MTU", n, "fail", ", ".join(f"{k} has MTU {v}" for k, v in small.items())
+            + f" (not {FABRIC_MTU}: RoCE runs at a smaller MTU, prefill ~40 % slower at 1024)",
+            f"ip link set <netdev> mtu {FABRIC_MTU} (persist it in netplan/NetworkManager; the switch ports too)")
+    else:
+        add("RDMA.MTU", n, "ok", f"MTU {FABRIC_MTU}")
+    # GID
+    fabric_ips = [r.host]
+    found: dict[str, int | None] = {}
+    for h in present:
+        dev = _hca(f, h).get("netdev")
+        ips = addrs.get(dev or "", (None, []))[1]
+        found[h] = gid_index_of(f, h, [ip for ip in ips if ip in fabric_ips] + [ip for ip in ips if ip not in fabric_ips])
+    f.derived["gid_index"] = {h: i for h, i in found.items()}
+    bad = [h for h, i in found.items() if i is None]
+    if not present:
+        add("RDMA.GID", n, "fail", "no HCA of the plan to check", "see RDMA.DEVICES")
+    elif bad:
+        add("RDMA.GID", n, "fail", ", ".join(f"{h}: no RoCE v2 GID ::ffff:<its IPv4> in {ctx.limits.sysfs}/class/infiniband/{h}/ports/1/gids"
+                                             for h in bad),
+            "address the port's netdev (the GID table follows the IPv4 address), then check `show_gids`")
+    else:
+        add("RDMA.GID", n, "ok", ", ".join(f"{h} index {i}" for h, i in found.items()))
+    # memlock
+    soft_hard = f.get("memlock")
+    session_soft = _kib(soft_hard[0]) if soft_hard else None
+    session_hard = _kib(soft_hard[1]) if len(soft_hard) > 1 else None
+    cap = next((x.split()[1] for x in f.get("user") if x.startswith("CapEff:")), "0")
+    can_raise = (f.get("user") or [""])[0].strip() == "0" and int(cap, 16) & (1 << 24) != 0  # root with CAP_SYS_RESOURCE
+    want = _plan_memlock(r)
+    where, limit = f"the hard limit of {user}'s sessions ({rt} runs as {user})", session_hard
+    if f.has("memlock_runtime"):
+        parts = (f.get("memlock_runtime") or [""])[0].split()
+        limit, where, can_raise = (_kib(parts[3]) if len(parts) > 3 and parts[3].isdigit() else -1 if len(parts) > 3 else None), \
+            "dockerd's limit", True
+        if limit is not None and limit > 0:
+            limit //= 1024  # /proc limits are bytes
+    if f.has("memlock_unit"):
+        v = (f.get("memlock_unit") or [""])[0].strip()
+        limit, where, can_raise = (-1 if v == "infinity" else int(v) // 1024 if v.isdigit() else None), f"LimitMEMLOCK of {r.service.unit}", False
+    if want is None or limit is None:
+        add("RDMA.MEMLOCK", n, "fail", f"memlock unreadable ({where}: {soft_hard})", "check `ulimit -l` of the runtime")
+    elif not can_raise and limit >= 0 and (want < 0 or want > limit):
+        fix = (f"LimitMEMLOCK=infinity for {r.service.unit}" if f.has("memlock_unit") else
+               f"raise the memlock hard limit for {user} to unlimited (/etc/security/limits.d: `{user} - memlock unlimited`; "
+               "a systemd service: LimitMEMLOCK=infinity), then log in again")
+        add("RDMA.MEMLOCK", n, "fail", f"the plan asks memlock {_fmt_kib(want)}; {where} is {_fmt_kib(limit)}: the container cannot get it, "
+            "ibv_reg_mr of the KV pool fails", fix)
+    elif want >= 0:
+        add("RDMA.MEMLOCK", n, "warn", f"the plan limits memlock to {_fmt_kib(want)} (cluster.memlock), not unlimited "
+            f"({where}: {_fmt_kib(limit)}); RDMA registers the KV pool", 'set cluster.memlock = "-1:-1" where the hosts allow it')
+    else:
+        add("RDMA.MEMLOCK", n, "ok", f"unlimited ({where}: {_fmt_kib(limit)}{', raised by the runtime' if can_raise else ''}"
+            f"; session soft {_fmt_kib(session_soft) if session_soft is not None else '?'})")
+    # counters
+    t1, c1 = _counters(f, "1")
+    t2, c2 = _counters(f, "2")
+    rising = {k: c2[k] - c1[k] for k in c1 if k in c2 and c2[k] > c1[k]}
+    if not c1:
+        add("RDMA.COUNTERS", n, "warn", f"no RoCE counters ({', '.join(COUNTERS)}) under hw_counters or counters",
+            "load mlx5_ib (its hw_counters) to watch RoCE packet loss")
+    elif rising:
+        dt = f"{t2 - t1:.1f} s" if t1 is not None and t2 is not None else "the interval"
+        add("RDMA.COUNTERS", n, "warn", "rising in " + dt + ": " + ", ".join(f"{h} {c} +{d}" for (h, c), d in sorted(rising.items())),
+            "RoCE is losing packets: enable PFC/ECN (lossless) on the switch and the NICs, check cables and the MTU of every hop")
+    else:
+        add("RDMA.COUNTERS", n, "ok", f"{len(c1)} counters steady")
+    # kernel
+    release = (f.get("uname") or [""])[0].strip()
+    bad_k = next((k for k in _known_bad() if k.get("release") == release), None)
+    if bad_k:
+        add("KERNEL.KNOWN_BAD", n, "fail", f"kernel {release}: {bad_k['what']} ({bad_k['source']})", bad_k["fix"])
+    else:
+        add("KERNEL.KNOWN_BAD", n, "ok", f"kernel {release}")
+    # weights
+    _weights(ctx, r, f)
+    # engram
+    _engram(ctx, r, f)
+    # disk
+    store = _store_free(f)
+    if store is None:
+        add("DISK.FREE", n, "warn", "the image store's free space is unknown", f"check `{rt} info` on {n}")
+    elif store[1] < ctx.limits.image_free_gib:
+        add("DISK.FREE", n, "warn", f"{store[1]:.1f} GiB free on {store[0]} (the image store), less than {ctx.limits.image_free_gib:g} GiB "
+            "for the next image", f"{rt} image prune, or tp4 images --prune")
+    else:
+        add("DISK.FREE", n, "ok", f"{store[1]:.1f} GiB free on {store[0]}")
+    # ports (the head: API and dist init)
+    if r.rank == 0:
+        ports = {int(m) for m in re.findall(r":(\d+)\s", "\n".join(f.get("listening")) + "\n")}
+        used = [(what, port) for what, port in (("API", int(ctx.plan.line.api.rsplit(":", 1)[1])),
+                                                ("dist init", int(ctx.plan.line.dist_init_addr.rsplit(":", 1)[1]))) if port in ports]
+        if used:
+            add("PORTS.FREE", n, "fail", ", ".join(f"the {w} port {p} is in use" for w, p in used),
+                "stop what listens there (ss -ltnp), or `tp4 stop` a line left running, or change cluster.port / cluster.dist_port")
+        else:
+            add("PORTS.FREE", n, "ok", "API and dist init ports free")
+    else:
+        add("PORTS.FREE", n, "n/a", "the head's ports only")
+    # memory
+    mem = {x.split(":")[0]: int(x.split()[1]) for x in f.get("meminfo") if len(x.split()) >= 2 and x.split()[1].isdigit()}
+    avail = mem.get("MemAvailable")
+    if avail is None:
+        add("MEMORY.FREE", n, "warn", "MemAvailable unreadable", "check /proc/meminfo")
+    elif avail / (1024 * 1024) < ctx.limits.memory_gib:
+        add("MEMORY.FREE", n, "warn", f"{avail / 1048576:.1f} GiB available, less than {ctx.limits.memory_gib:g} GiB",
+            "stop what uses the memory (another stack, a desktop session: systemctl set-default multi-user.target)")
+    else:
+        add("MEMORY.FREE", n, "ok", f"{avail / 1048576:.1f} GiB available")
+    # ring
+    if ctx.plan.line.fabric != "ring":
+        add("RING.NCCL", n, "n/a", "switched fabric")
+    else:
+        nccl = f.get("nccl")
+        mesh = (f.get("mesh") or [""])[0].strip()
+        if not nccl or nccl[0] != "present":
+            add("RING.NCCL", n, "fail", "the patched NCCL library is missing (fabric.nccl.host_dir/libnccl.so.2)",
+                "build NCCL 2.30.7 with the switchless patch into fabric.nccl.host_dir on every node")
+        elif len(nccl) < 2 or not nccl[1].strip().isdigit() or int(nccl[1]) == 0:
+            add("RING.NCCL", n, "fail", "the NCCL library lacks SWITCHLESS_RING_ONLY (stock NCCL)",
+                "rebuild it with the switchless-ring patch")
+        elif mesh != "active":
+            add("RING.NCCL", n, "fail", f"{MESH_UNIT} is {mesh or 'unknown'}", f"systemctl start {MESH_UNIT} (the ring mesh) and check its log")
+        else:
+            add("RING.NCCL", n, "ok", f"patched NCCL, {MESH_UNIT} active")
+
+
+def _weights(ctx: Context, r: RankPlan, f: Facts) -> None:
+    n = r.name
+    lines = f.get("weights")
+    d = next((x[4:] for x in lines if x.startswith("dir ")), "")
+    shards = next((int(x.split()[1]) for x in lines if x.startswith("shards ") and x.split()[1].isdigit()), 0)
+    expected = int(r.env.get("EXPECTED_SHARDS", "48") or 48)
+    config = "config" in lines
+    if r.rank == 0:
+        ctx.add("WEIGHTS.WORKER", n, "n/a", "the head reads model.dir")
+        if not d:
+            ctx.add("WEIGHTS.HEAD", n, "fail", "the plan mounts no checkpoint directory on the head", "set model.dir")
+        elif not config or shards < expected:
+            ctx.add("WEIGHTS.HEAD", n, "fail", f"{d}: " + ("no config.json, " if not config else "") + f"{shards} of {expected} shards",
+                    "tp4 download (the pinned checkpoint), or point model.dir at it")
+        else:
+            ctx.add("WEIGHTS.HEAD", n, "ok", f"{d}: config.json, {shards} shards")
+        return
+    ctx.add("WEIGHTS.HEAD", n, "n/a", "workers read the volume")
+    rc, vol = _rc(f.get("volume"))
+    volume = next((m.source for m in r.run.mounts if m.type == "volume"), None)
+    if volume is None:
+        d2 = next((m.source for m in r.run.mounts if m.target.startswith("/models")), "?")
+        ctx.add("WEIGHTS.WORKER", n, "ok" if config else "fail", f"{d2}: " + ("config.json" if config else "no config.json"),
+                None if config else "copy the checkpoint to the node, or tp4 share")
+        return
+    if rc != 0 or not vol:
+        ctx.add("WEIGHTS.WORKER", n, "fail", f"the volume {volume} does not exist: {' '.join(vol)[:120]}",
+                "tp4 share (it creates the workers' weights volume)")
+        return
+    parts = vol[0].split(" ", 2)
+    opts = parts[2] if len(parts) > 2 else ""
+    kind = "nfs" if '"type":"nfs' in opts.replace(" ", "") else "local"
+    want = ctx.limits.volume_kind or kind
+    if kind != want:
+        ctx.add("WEIGHTS.WORKER", n, "fail", f"the volume {volume} is {kind}, the profile says {want} (nfs.share)",
+                "tp4 share (re-creates the volume as the profile says), or set nfs.share")
+    elif not config and kind == "nfs":
+        ctx.add("WEIGHTS.WORKER", n, "warn", f"the NFS volume {volume} ({opts[:120]}) is not mounted now: not verified",
+                "tp4 share checks that every worker sees the checkpoint")
+    elif not config:
+        ctx.add("WEIGHTS.WORKER", n, "fail", f"the volume {volume} ({d}) holds no config.json", "tp4 share, or fill the volume")
+    else:
+        ctx.add("WEIGHTS.WORKER", n, "ok", f"{kind} volume {volume}: config.json, {shards} shards")
+
+
+def _engram(ctx: Context, r: RankPlan, f: Facts) -> None:
+    n = r.name
+    problems, good = [], []
+    for line in f.get("engram"):
+        parts = line.split()
+        if len(parts) < 2:
+            continue
+        name = parts[0]
+        if parts[1] == "absent":
+            problems.append(f"{name} missing")
+            continue
+        header = [int(x) for x in parts[2:8] if x.isdigit()]
+        size = int(parts[1]) if parts[1].isdigit() else 0
+        if len(header) < 6:
+            problems.append(f"{name} has no header ({size} bytes)")
+            continue
+        need = 48 + header[4] * header[5]
+        if size < need:
+            problems.append(f"{name} is incomplete ({size} of {need} bytes)")
+        else:
+            good.append(name)
+    if not problems:
+        ctx.add("ENGRAM.SHARDS", n, "ok", ", ".join(good))
+        return
+    engram = _mount(r, "/engram")
+    free = _df(f).get(engram[1]) if engram else None
+    if free is not None and free[1] >= ctx.limits.engram_free_gib:
+        ctx.add("ENGRAM.SHARDS", n, "warn", "; ".join(problems) + f"; {free[1]:.0f} GiB free on {free[0]} to pack them", "tp4 pack")
+    else:
+        have = f"{free[1]:.1f} GiB free on {free[0]}" if free else "free space unknown"
+        ctx.add("ENGRAM.SHARDS", n, "fail", "; ".join(problems) + f"; {have}, less than {ctx.limits.engram_free_gib:g} GiB to pack them",
+                "free disk on the engram dir's filesystem, then tp4 pack")
+
+
+def _line_checks(ctx: Context, up: list[RankPlan]) -> None:
+    facts = ctx.facts
+    add = ctx.add
+    # MTU the same on every node
+    per_node: dict[str, set[int]] = {}
+    for r in up:
+        addrs = _addresses(facts[r.name])
+        per_node[r.name] = {m for h in r.gid.hcas if (dev := _hca(facts[r.name], h).get("netdev")) in addrs
+                            for m in [addrs[dev or ""][0]] if m is not None}
+    counts: dict[int, int] = {}
+    for mtus in per_node.values():
+        for m in mtus:
+            counts[m] = counts.get(m, 0) + 1
+    common = max(counts, key=lambda m: (counts[m], m)) if counts else None
+    for r in up:
+        mtus = per_node[r.name]
+        if common is None or not mtus:
+            add("RDMA.MTU_SAME", r.name, "fail", "no fabric MTU to compare", "see RDMA.IPV4")
+        elif mtus != {common}:
+            add("RDMA.MTU_SAME", r.name, "fail", f"MTU {', '.join(map(str, sorted(mtus)))} where the other nodes have {common}",
+                f"set the same MTU ({FABRIC_MTU}) on every fabric netdev of every node")
+        else:
+            add("RDMA.MTU_SAME", r.name, "ok", f"MTU {common} like the others")
+    # jumbo ping to the next node
+    for r in up:
+        rc, out = _rc(facts[r.name].get("ping"))
+        peer = ctx.plan.nodes[(r.rank + 1) % len(ctx.plan.nodes)]
+        if not facts[r.name].has("ping"):
+            add("RDMA.JUMBO_PING", r.name, "n/a", "a single node")
+        elif rc == 0:
+            add("RDMA.JUMBO_PING", r.name, "ok", f"{JUMBO_PAYLOAD}+28 bytes with don't-fragment reach {peer.name} ({peer.host})")
+        else:
+            lines = [x.strip() for x in out if x.strip()]
+            why = next((x for x in lines if "too long" in x.lower() or "mtu" in x.lower() or "unreachable" in x.lower()),
+                       "no reply within 1 s" if any(" 0 received" in x for x in lines) else (lines or ["no output"])[-1])
+            add("RDMA.JUMBO_PING", r.name, "fail", f"`ping -M do -s {JUMBO_PAYLOAD}` to {peer.name} ({peer.host}) fails: {why}",
+                f"MTU {FABRIC_MTU} on both nodes' fabric netdevs and on every switch port between them")
+    # GID index the same on every node
+    indices: dict[str, set[int]] = {}
+    for r in up:
+        got = facts[r.name].derived.get("gid_index")
+        indices[r.name] = {i for i in got.values() if isinstance(i, int)} if isinstance(got, dict) else set()
+    votes: dict[int, int] = {}
+    for s in indices.values():
+        for i in s:
+            votes[i] = votes.get(i, 0) + 1
+    common_gid = max(votes, key=lambda i: (votes[i], -i)) if votes else None
+    for r in up:
+        s = indices[r.name]
+        pinned = r.gid.pinned_by
+        if not s:
+            add("RDMA.GID_SAME_INDEX", r.name, "fail", "no RoCE v2 GID found", "see RDMA.GID")
+        elif pinned is not None and s != {r.gid.value}:
+            add("RDMA.GID_SAME_INDEX", r.name, "fail", f"{pinned} pins index {r.gid.value}, the GID is at {', '.join(map(str, sorted(s)))}",
+                f"remove {pinned} (serve looks the index up), or set it to {min(s)}")
+        elif len(s) > 1 or s != {common_gid}:
+            add("RDMA.GID_SAME_INDEX", r.name, "fail", f"index {', '.join(map(str, sorted(s)))} where the other nodes have {common_gid}",
+                f"every rank must use the same NCCL_IB_GID_INDEX: readdress this node so its RoCE v2 GID is at {common_gid} "
+                "(remove extra addresses of the fabric netdev; an IPv6 address moves it), or re-apply its netplan")
+        else:
+            add("RDMA.GID_SAME_INDEX", r.name, "ok", f"index {common_gid} on every node")
+    # image
+    images: dict[str, tuple[str, str]] = {}
+    for r in up:
+        f = facts[r.name]
+        if (f.get("runtime") or [""])[0] != "present":
+            continue
+        rc, out = _rc(f.get("image"))
+        if rc == 0 and out:
+            iid, _, layers = out[0].partition(" ")
+            images[r.name] = (iid.removeprefix("sha256:"), layers.strip())
+    head = ctx.plan.nodes[0].name
+    ref = images.get(head) or (next(iter(images.values())) if images else None)
+    for r in up:
+        img = images.get(r.name)
+        if img is None:
+            add("IMAGE.SAME", r.name, "fail", f"no image {r.run.image} in {r.service.runtime}", "tp4 build (head), then tp4 distribute")
+        elif ref is not None and img != ref:
+            what = "id" if img[0] != ref[0] else "layers"
+            add("IMAGE.SAME", r.name, "fail", f"{r.run.image} is {img[0][:12]}, the head's is {ref[0][:12]} (the {what} differ)",
+                "tp4 distribute (every node runs the head's image)")
+        else:
+            add("IMAGE.SAME", r.name, "ok", f"{img[0][:12]}, {len(json.loads(img[1] or '[]') or [])} layers")
+    # clocks
+    offsets: dict[str, float] = {}
+    for r in up:
+        f = facts[r.name]
+        try:
+            offsets[r.name] = float((f.get("date") or [""])[0]) - f.received
+        except ValueError:
+            pass
+    if offsets:
+        median = sorted(offsets.values())[len(offsets) // 2]
+        for r in up:
+            if r.name not in offsets:
+                add("CLOCK.SKEW", r.name, "warn", "the clock is unreadable", "check `date` on the node")
+                continue
+            skew = offsets[r.name] - median
+            if abs(skew) > ctx.limits.clock_skew:
+                add("CLOCK.SKEW", r.name, "warn", f"the clock is {skew:+.1f} s off the others", "enable NTP (timedatectl set-ntp true; chrony)")
+            else:
+                add("CLOCK.SKEW", r.name, "ok", f"{skew:+.2f} s")
+
+
+# --- entry points ------------------------------------------------------------------------------------
+
+
+class Report(NamedTuple):
+    facts: dict[str, Facts]
+    results: list[Result]
+    seconds: float
+
+    @property
+    def blocking(self) -> list[Result]:
+        return [x for x in self.results if x.blocking and x.status == "fail"]
+
+    def evidence(self) -> dict[str, Json]:
+        return {"schema": SCHEMA, "seconds": round(self.seconds, 3),
+                "nodes": {name: f.to_json() for name, f in self.facts.items()},
+                "checks": [x.to_json() for x in self.results]}
+
+
+def doctor(plan: Plan, nodes: Sequence[Node], limits: Limits | None = None) -> Report:
+    lim = limits or Limits()
+    began = time.monotonic()
+    facts = gather(plan, nodes, lim)
+    return Report(facts, evaluate(plan, facts, lim), time.monotonic() - began)
+
+
+def blocking_failures(plan: Plan, nodes: Sequence[Node], limits: Limits | None = None) -> list[Result]:
+    """The blocking failures of the line (what serve refuses on), empty when it may start."""
+    return doctor(plan, nodes, limits).blocking
+
+
+MARK = {"ok": "ok", "warn": "warn", "fail": "FAIL", "n/a": "-"}
+
+
+def table(plan: Plan, results: Sequence[Result]) -> list[str]:
+    """One row per check, one column per node, then a fix line per warning and failure."""
+    names = [r.name for r in plan.nodes]
+    cell = {(x.check, x.node): x for x in results}
+    width = max(len(c.id) for c in CHECKS)
+    cols = [max(len(n), 4) for n in names]
+    lines = ["check".ljust(width) + "  " + "  ".join(n.ljust(w) for n, w in zip(names, cols, strict=True))]
+    for spec in CHECKS:
+        row = [MARK[cell[(spec.id, n)].status] if (spec.id, n) in cell else "?" for n in names]
+        lines.append(spec.id.ljust(width) + "  " + "  ".join(v.ljust(w) for v, w in zip(row, cols, strict=True)).rstrip())
+    issues = [x for x in results if x.status in ("warn", "fail")]
+    if issues:
+        lines.append("")
+    for x in issues:
+        tag = "FAIL" if x.status == "fail" else "warn"
+        block = " (blocking)" if x.status == "fail" and x.blocking else ""
+        lines.append(f"{tag} {x.node} {x.check}{block}: {x.detail}")
+        if x.fix:
+            lines.append(f"     fix: {x.fix}")
+    return lines
+
+
+REFERENCE_BEGIN = "<!-- checks: generated by tp4.doctor.reference -->"
+REFERENCE_END = "<!-- end of checks -->"
+
+
+def reference() -> str:
+    """The checks as a Markdown table (docs/doctor.md holds it; a test keeps it current)."""
+    rows = [REFERENCE_BEGIN, "", "| id | blocking | passes when |", "|---|---|---|"]
+    rows += [f"| `{c.id}` | {'yes' if c.blocking else 'no'} | {c.title} |" for c in CHECKS]
+    return "\n".join([*rows, "", REFERENCE_END])

@@ -1,0 +1,635 @@
+"""`tp4 doctor` on the test cluster (tests/doctor_hosts.py: four hosts with real sshd, podman, ip,
+ping, ss; each host's RDMA sysfs tree and its nvidia-smi, uname and date are laid per host): every
+check passes on good hosts, and each check fails (or warns) with its fix when one host is broken
+the way real Sparks break. The evidence JSON, the CLI's exit codes, and that no profile value
+changes the remote command (one constant script, its arguments quoted once)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shlex
+import subprocess
+import sys
+import tarfile
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from doctor_hosts import SYSFS, ZERO_GID, DoctorCluster
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from tp4 import doctor, process, serve
+from tp4.doctor import CHECKS, FACTS_SCRIPT, Limits, Result
+from tp4.plan import Plan, build_plan
+from tp4.profile import load_file
+
+REPO = Path(__file__).resolve().parent.parent
+HCA0, HCA1 = "rocep1s0f0", "roceP2p1s0f0"  # the production preset's fabric.hcas
+# small thresholds: this machine has neither 50 GiB free per host nor 100 GiB of memory
+LIMITS = Limits(sysfs=SYSFS, interval=0.5, image_free_gib=1, engram_free_gib=1, memory_gib=0.5, volume_kind="local")
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DoctorCluster]:
+    with DoctorCluster(tmp_path_factory.mktemp("doctor")) as c:
+        yield c
+
+
+@pytest.fixture
+def good(cluster: DoctorCluster) -> DoctorCluster:
+    cluster.reset()
+    return cluster
+
+
+def run(cluster: DoctorCluster, limits: Limits = LIMITS, plan: Plan | None = None) -> dict[tuple[str, str], Result]:
+    p = plan or cluster.plan
+    report = doctor.doctor(p, serve.nodes_of(p), limits)
+    return {(r.check, r.node): r for r in report.results}
+
+
+def not_ok(results: dict[tuple[str, str], Result]) -> dict[tuple[str, str], str]:
+    return {k: r.status for k, r in results.items() if r.status not in ("ok", "n/a")}
+
+
+# the one warning of good hosts here: the plan's memlock is this machine's hard limit (not unlimited)
+MEMLOCK_WARN = {("RDMA.MEMLOCK", f"node{i}"): "warn" for i in range(1, 5)}
+
+
+def tp4(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "tp4", *args], capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, "PYTHONPATH": str(REPO / "python")})
+
+
+# --- good hosts ------------------------------------------------------------------------------------
+
+
+def test_good_hosts_pass_every_check_in_one_command_per_node(good: DoctorCluster, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.DEBUG, logger="tp4.process")
+    began = time.monotonic()
+    results = run(good)
+    wall = time.monotonic() - began
+    print(f"tp4 doctor on {len(good.plan.nodes)} nodes: {wall:.2f} s wall (counter interval {LIMITS.interval} s)")
+    assert not_ok(results) == MEMLOCK_WARN
+    assert {c.id for c in CHECKS} == {k[0] for k in results}
+    assert all((c.id, n.name) in results for c in CHECKS for n in good.plan.nodes)
+    assert results[("RDMA.GID_SAME_INDEX", "node2")].detail == "index 3 on every node"
+    assert results[("RDMA.GID", "node1")].detail == f"{HCA0} index 3, {HCA1} index 3"
+    assert results[("RDMA.JUMBO_PING", "node4")].detail.endswith(f"reach node1 ({good.hosts[0].address})")
+    assert results[("RING.NCCL", "node1")].status == "n/a"
+    # one remote command per node, the facts script, nothing else
+    logged = [r.getMessage() for r in caplog.records if r.getMessage().startswith("$ ")]
+    # besides the facts script only `ssh -G` (ssh's own configuration, read locally for the host key check)
+    commands = [c for c in logged if " -G -- " not in c]
+    assert len(commands) == 4 and all("tp4-doctor" in c for c in commands), commands
+    for host in good.hosts:
+        assert sum(f"-- root@{host.address} " in c for c in commands) == 1
+    assert doctor.blocking_failures(good.plan, good.nodes(), LIMITS) == []
+    assert wall < 10
+
+
+def test_cli_table_json_evidence_and_exit_codes(good: DoctorCluster, tmp_path: Path) -> None:
+    evidence = tmp_path / "doctor.json"
+    proc = tp4("doctor", "--profile", str(good.profile), "--json", str(evidence), "--sysfs", SYSFS, "--interval", "0.5")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[0].split() == ["check", "node1", "node2", "node3", "node4"]
+    assert lines[1].split() == ["SSH.REACHABLE", "ok", "ok", "ok", "ok"]
+    assert "warn node1 RDMA.MEMLOCK: the plan limits memlock" in proc.stdout
+    assert "     fix: set cluster.memlock" in proc.stdout
+    assert proc.stdout.splitlines()[-1].startswith("doctor: 4 nodes in ") and proc.stdout.rstrip().endswith("ready")
+    data = json.loads(evidence.read_text())
+    assert data["schema"] == "tp4.doctor/1"
+    assert sorted(data["nodes"]) == ["node1", "node2", "node3", "node4"]
+    node = data["nodes"]["node2"]
+    assert node["error"] is None and f"gids {HCA0}" in node["sections"] and "ip" in node["sections"]
+    assert {c["id"] for c in data["checks"]} == {c.id for c in CHECKS}
+    assert len(data["checks"]) == len(CHECKS) * 4
+    for c in data["checks"]:
+        assert set(c) == {"id", "node", "status", "detail", "fix", "blocking"}
+        assert c["status"] in ("ok", "warn", "fail", "n/a")
+        assert (c["fix"] is None) == (c["status"] in ("ok", "n/a"))
+    # a blocking failure: exit 1, the evidence still written
+    (good.port(good.hosts[1], HCA1) / "state").write_text("1: DOWN\n")
+    proc = tp4("doctor", "--profile", str(good.profile), "--json", str(evidence), "--sysfs", SYSFS, "--interval", "0.5")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert f"FAIL node2 RDMA.PORT_ACTIVE (blocking): {HCA1} port 1 is 1: DOWN" in proc.stdout
+    assert proc.stdout.rstrip().endswith("1 blocking failure(s)")
+    assert "Traceback" not in proc.stderr
+    failed = [c for c in json.loads(evidence.read_text())["checks"] if c["status"] == "fail"]
+    assert [(c["id"], c["node"]) for c in failed] == [("RDMA.PORT_ACTIVE", "node2")]
+
+
+def test_cli_bad_json_path_is_a_user_error(good: DoctorCluster, tmp_path: Path) -> None:
+    proc = tp4("doctor", "--profile", str(good.profile), "--json", str(tmp_path / "no" / "dir" / "x.json"), "--sysfs", SYSFS,
+               "--interval", "0")
+    assert proc.returncode == 2 and "--json" in proc.stderr and "fix:" in proc.stderr and "Traceback" not in proc.stderr
+
+
+# --- RDMA --------------------------------------------------------------------------------------------
+
+
+def test_port_down(good: DoctorCluster) -> None:
+    (good.port(good.hosts[1], HCA1) / "state").write_text("1: DOWN\n")
+    results = run(good)
+    r = results[("RDMA.PORT_ACTIVE", "node2")]
+    assert (r.status, r.blocking) == ("fail", True)
+    assert r.detail == f"{HCA1} port 1 is 1: DOWN"
+    assert r.fix is not None and "ip link set <netdev> up" in r.fix
+    assert not_ok(results) == {**MEMLOCK_WARN, ("RDMA.PORT_ACTIVE", "node2"): "fail"}
+
+
+def test_link_layer_infiniband(good: DoctorCluster) -> None:
+    (good.port(good.hosts[2], HCA0) / "link_layer").write_text("InfiniBand\n")
+    results = run(good)
+    r = results[("RDMA.LINK_LAYER", "node3")]
+    assert r.status == "fail" and r.detail == f"{HCA0} is InfiniBand (RoCE needs Ethernet)"
+    assert r.fix is not None and "LINK_TYPE_P1=2" in r.fix
+    assert not_ok(results) == {**MEMLOCK_WARN, ("RDMA.LINK_LAYER", "node3"): "fail"}
+
+
+def test_missing_hca_and_device_dir(good: DoctorCluster) -> None:
+    import shutil
+
+    shutil.rmtree(good.sysfs(good.hosts[3]) / "class" / "infiniband" / HCA1)
+    results = run(good)
+    r = results[("RDMA.DEVICES", "node4")]
+    assert r.status == "fail" and f"no RDMA device {HCA1} under {SYSFS}/class/infiniband (there: {HCA0})" in r.detail
+    assert r.fix is not None and "fabric.hcas" in r.fix
+
+
+def test_netdev_without_ipv4(good: DoctorCluster) -> None:
+    host = good.hosts[1]
+    process.run(["ip", "netns", "exec", host.namespace, "ip", "link", "add", "tp4dummy0", "type", "veth", "peer", "name", "tp4dummy1"])
+    try:
+        net = good.sysfs(host) / "class" / "infiniband" / HCA1 / "device" / "net"
+        (net / good.veth(host)).rmdir()
+        (net / "tp4dummy0").mkdir()
+        results = run(good)
+    finally:
+        process.run(["ip", "netns", "exec", host.namespace, "ip", "link", "del", "tp4dummy0"])
+    r = results[("RDMA.IPV4", "node2")]
+    assert r.status == "fail" and r.detail == f"{HCA1} (tp4dummy0) has no IPv4 address"
+    assert r.fix is not None and "IPv4 address" in r.fix
+    assert results[("RDMA.GID", "node2")].status == "fail"
+
+
+def test_mtu_1500_on_one_node(good: DoctorCluster) -> None:
+    good.set_mtu(1500, [good.hosts[3]])
+    results = run(good)
+    r = results[("RDMA.MTU", "node4")]
+    assert r.status == "fail" and r.blocking is False and f"{HCA0}/{good.veth(good.hosts[3])} has MTU 1500" in r.detail
+    assert r.fix is not None and "mtu 9000" in r.fix
+    same = results[("RDMA.MTU_SAME", "node4")]
+    assert same.status == "fail" and same.blocking and same.detail == "MTU 1500 where the other nodes have 9000"
+    assert results[("RDMA.MTU_SAME", "node1")].status == "ok"
+    ping = results[("RDMA.JUMBO_PING", "node4")]
+    assert ping.status == "fail" and "ping -M do -s 8972" in ping.detail and "node1" in ping.detail
+    assert ping.fix is not None and "MTU 9000 on both nodes" in ping.fix
+    assert results[("RDMA.JUMBO_PING", "node2")].status == "ok"
+
+
+def test_bridge_at_1500_fails_the_jumbo_ping_everywhere(good: DoctorCluster) -> None:
+    good.set_mtu(1500)
+    results = run(good)
+    for i in range(1, 5):
+        assert results[("RDMA.JUMBO_PING", f"node{i}")].status == "fail"
+        assert results[("RDMA.MTU", f"node{i}")].status == "fail"
+        assert results[("RDMA.MTU_SAME", f"node{i}")].status == "ok"  # the same (too small) MTU everywhere
+    assert "message too long" in results[("RDMA.JUMBO_PING", "node1")].detail.lower() or \
+        "mtu" in results[("RDMA.JUMBO_PING", "node1")].detail.lower()
+    assert doctor.blocking_failures(good.plan, good.nodes(), LIMITS) == []  # slower, not broken
+
+
+def test_gid_at_another_index_on_one_node(good: DoctorCluster) -> None:
+    host = good.hosts[1]
+    for hca in (HCA0, HCA1):
+        good.set_gid(host, hca, 3, ZERO_GID, "")
+        good.set_gid(host, hca, 5, doctor.mapped_gid(host.address), "RoCE v2")
+    results = run(good)
+    assert results[("RDMA.GID", "node2")].status == "ok"
+    assert results[("RDMA.GID", "node2")].detail == f"{HCA0} index 5, {HCA1} index 5"
+    r = results[("RDMA.GID_SAME_INDEX", "node2")]
+    assert r.status == "fail" and r.blocking and r.detail == "index 5 where the other nodes have 3"
+    assert r.fix is not None and "NCCL_IB_GID_INDEX" in r.fix
+    assert results[("RDMA.GID_SAME_INDEX", "node1")].detail == "index 3 on every node"
+    assert not_ok(results) == {**MEMLOCK_WARN, ("RDMA.GID_SAME_INDEX", "node2"): "fail"}
+
+
+def test_gid_only_roce_v1_fails(good: DoctorCluster) -> None:
+    host = good.hosts[2]
+    good.set_gid(host, HCA0, 3, ZERO_GID, "")  # index 2 (v1) remains
+    results = run(good)
+    r = results[("RDMA.GID", "node3")]
+    assert r.status == "fail" and f"{HCA0}: no RoCE v2 GID ::ffff:<its IPv4>" in r.detail
+    assert r.fix is not None and "show_gids" in r.fix
+
+
+def test_pinned_gid_index_that_does_not_match(good: DoctorCluster, tmp_path: Path) -> None:
+    text = good.profile.read_text().replace('name = "node3"', 'name = "node3"\ngid_index = 4', 1)
+    profile = tmp_path / "pinned.toml"
+    profile.write_text(text)
+    plan = build_plan(load_file(profile))
+    results = run(good, plan=plan)
+    r = results[("RDMA.GID_SAME_INDEX", "node3")]
+    assert r.status == "fail" and r.detail == "cluster.workers[1].gid_index pins index 4, the GID is at 3"
+    assert r.fix is not None and "set it to 3" in r.fix
+
+
+def test_memlock_limited_for_the_runtime(good: DoctorCluster) -> None:
+    host = good.hosts[2]
+    assert host.sshd is not None
+    process.run(["prlimit", "--pid", str(host.sshd.pid), "--memlock=4194304:4194304"])
+    try:
+        good.hosts.close_connections()  # new sessions, from the limited sshd
+        results = run(good)
+    finally:
+        good.hosts._stop_sshd(host)
+        good.hosts._start_sshd(host)
+        good.hosts.wait_for_sshd(host)
+        good.hosts.close_connections()
+    r = results[("RDMA.MEMLOCK", "node3")]
+    assert (r.status, r.blocking) == ("fail", True)
+    assert "the plan asks memlock 8192 KiB; the hard limit of root's sessions (podman runs as root) is 4096 KiB" in r.detail
+    assert r.fix is not None and "memlock unlimited" in r.fix
+    assert results[("RDMA.MEMLOCK", "node2")].status == "warn"
+
+
+def test_rising_counters_warn(good: DoctorCluster) -> None:
+    counter = good.port(good.hosts[3], HCA0) / "hw_counters" / "packet_seq_err"
+    stop = threading.Event()
+
+    def bump() -> None:
+        n = 7
+        while not stop.is_set():
+            n += 1
+            counter.write_text(f"{n}\n")
+            time.sleep(0.05)
+
+    t = threading.Thread(target=bump)
+    t.start()
+    try:
+        results = run(good)
+    finally:
+        stop.set()
+        t.join()
+    r = results[("RDMA.COUNTERS", "node4")]
+    assert r.status == "warn" and r.blocking is False and f"{HCA0} packet_seq_err +" in r.detail
+    assert r.fix is not None and "PFC/ECN" in r.fix
+    assert results[("RDMA.COUNTERS", "node1")].detail == "6 counters steady"
+
+
+def test_no_counters_warn(good: DoctorCluster) -> None:
+    import shutil
+
+    for hca in (HCA0, HCA1):
+        shutil.rmtree(good.port(good.hosts[0], hca) / "hw_counters")
+    r = run(good)[("RDMA.COUNTERS", "node1")]
+    assert r.status == "warn" and "no RoCE counters" in r.detail
+
+
+# --- kernel, GPU, runtime --------------------------------------------------------------------------
+
+
+def test_known_bad_kernel(good: DoctorCluster) -> None:
+    good.fake(good.hosts[0], "kernel").write_text("7.0.0-1019-nvidia\n")
+    results = run(good)
+    r = results[("KERNEL.KNOWN_BAD", "node1")]
+    assert (r.status, r.blocking) == ("fail", True)
+    assert r.detail == ("kernel 7.0.0-1019-nvidia: NCCL over RoCE fails to register memory: ibv_reg_mr iova2 ENOMEM "
+                        "(eugr/spark-vllm-docker#392)")
+    assert r.fix is not None and "6.17.0-1032-nvidia" in r.fix
+    assert results[("KERNEL.KNOWN_BAD", "node2")].status == "ok"
+    assert not_ok(results) == {**MEMLOCK_WARN, ("KERNEL.KNOWN_BAD", "node1"): "fail"}
+
+
+def test_foreign_gpu_apps_and_driver(good: DoctorCluster) -> None:
+    good.fake(good.hosts[1], "apps.csv").write_text("4242, python3, 20480 MiB\n")
+    good.fake(good.hosts[2], "gpus.csv").write_text("NVIDIA GB10, 595.84\n")
+    results = run(good)
+    r = results[("GPU.NO_FOREIGN_APPS", "node2")]
+    assert (r.status, r.blocking) == ("fail", True) and r.detail == "1 compute app(s) on the GPU: 4242, python3, 20480 MiB"
+    assert r.fix is not None and "stop the other stack" in r.fix
+    d = results[("GPU.DRIVER", "node3")]
+    assert (d.status, d.blocking) == ("warn", False) and d.detail.startswith("driver 595.84: the display reservation")
+    assert results[("GPU.PRESENT", "node3")].detail == "1 GPU: NVIDIA GB10"
+    assert not_ok(results) == {**MEMLOCK_WARN, ("GPU.NO_FOREIGN_APPS", "node2"): "fail", ("GPU.DRIVER", "node3"): "warn"}
+
+
+def test_no_nvidia_smi(good: DoctorCluster) -> None:
+    stub = good.hosts[3].dir / "bin" / "nvidia-smi"
+    stub.rename(stub.with_suffix(".off"))
+    try:
+        results = run(good)
+    finally:
+        stub.with_suffix(".off").rename(stub)
+    r = results[("GPU.PRESENT", "node4")]
+    assert r.status == "fail" and r.detail == "nvidia-smi is not on the PATH" and r.fix is not None and "580" in r.fix
+
+
+def test_runtime_without_gpu_access(good: DoctorCluster) -> None:
+    host = good.hosts[1]
+    spec = host.run("cat", "/etc/cdi/nvidia.com-gpu.json").stdout
+    host.run("rm", "/etc/cdi/nvidia.com-gpu.json")
+    try:
+        results = run(good)
+    finally:
+        process.run(["sh", "-c", "cat > /etc/cdi/nvidia.com-gpu.json"], remote=host.remote, input=spec)
+    r = results[("RUNTIME.USABLE", "node2")]
+    assert r.status == "fail" and "no CDI spec for nvidia.com/gpu" in r.detail
+    assert r.fix is not None and "nvidia-ctk cdi generate" in r.fix
+
+
+# --- weights, engram, image, disk, ports, clock, memory ----------------------------------------------
+
+
+def _volume_config(cluster: DoctorCluster, rank: int) -> Path:
+    host = cluster.hosts[rank]
+    mp = host.run("podman", "volume", "inspect", "--format", "{{.Mountpoint}}", "dsv41-weights").stdout.strip()
+    return Path(mp) / "config.json"
+
+
+def test_missing_weights(good: DoctorCluster) -> None:
+    (good.model_dir / "config.json").unlink()
+    (good.model_dir / "model-00048-of-00048.safetensors").unlink()
+    config = _volume_config(good, 2)
+    saved = config.read_text()
+    config.unlink()
+    try:
+        results = run(good)
+    finally:
+        config.write_text(saved)
+    h = results[("WEIGHTS.HEAD", "node1")]
+    assert (h.status, h.blocking) == ("fail", True) and h.detail == f"{good.model_dir}: no config.json, 47 of 48 shards"
+    assert h.fix is not None and "tp4 download" in h.fix
+    w = results[("WEIGHTS.WORKER", "node3")]
+    assert w.status == "fail" and "the volume dsv41-weights" in w.detail and "holds no config.json" in w.detail
+    assert w.fix is not None and "tp4 share" in w.fix
+    assert results[("WEIGHTS.WORKER", "node2")].status == "ok"
+
+
+def test_worker_volume_of_the_wrong_kind(good: DoctorCluster) -> None:
+    results = run(good, Limits(**{**LIMITS.__dict__, "volume_kind": "nfs"}))
+    r = results[("WEIGHTS.WORKER", "node2")]
+    assert r.status == "fail" and r.detail == "the volume dsv41-weights is local, the profile says nfs (nfs.share)"
+    assert r.fix is not None and "tp4 share" in r.fix
+
+
+def test_missing_worker_volume(good: DoctorCluster, tmp_path: Path) -> None:
+    profile = tmp_path / "vol.toml"
+    profile.write_text(good.profile.read_text().replace("share = false", 'share = false\nvolume = "tp4-no-such-volume"'))
+    r = run(good, plan=build_plan(load_file(profile)))[("WEIGHTS.WORKER", "node4")]
+    assert r.status == "fail" and r.detail.startswith("the volume tp4-no-such-volume does not exist")
+
+
+def test_engram_shards(good: DoctorCluster) -> None:
+    shard = good.engram_dir(1) / doctor.engram_files(good.plan, good.plan.nodes[1])[1]
+    with shard.open("r+b") as f:
+        f.truncate(60)
+    (good.engram_dir(2) / doctor.engram_files(good.plan, good.plan.nodes[2])[0]).unlink()
+    results = run(good)
+    r = results[("ENGRAM.SHARDS", "node2")]
+    assert r.status == "warn" and f"{shard.name} is incomplete (60 of 112 bytes)" in r.detail and r.fix == "tp4 pack"
+    assert "engram-l1-r2of4.bin missing" in results[("ENGRAM.SHARDS", "node3")].detail
+    assert results[("ENGRAM.SHARDS", "node1")].detail == "engram-l1-r0of4.bin, engram-l14-r0of4.bin"
+    no_room = run(good, Limits(**{**LIMITS.__dict__, "engram_free_gib": 1e9}))[("ENGRAM.SHARDS", "node2")]
+    assert (no_room.status, no_room.blocking) == ("fail", True) and "to pack them" in no_room.detail
+    assert no_room.fix is not None and no_room.fix.startswith("free disk")
+
+
+def test_image_differs(good: DoctorCluster, tmp_path: Path) -> None:
+    host = good.hosts[2]
+    tag = good.plan.image.tag
+    original = host.run("podman", "image", "inspect", "--format", "{{.Id}}", tag).stdout.strip()
+    (tmp_path / "hello").write_text("another image\n")
+    with tarfile.open(tmp_path / "other.tar", "w") as tar:
+        tar.add(tmp_path / "hello", arcname="hello")
+    host.run("podman", "import", "-q", str(tmp_path / "other.tar"), tag)
+    try:
+        results = run(good)
+    finally:
+        host.run("podman", "tag", original, tag)
+    r = results[("IMAGE.SAME", "node3")]
+    assert (r.status, r.blocking) == ("fail", True) and f"the head's is {original[:12]} (the id differ)" in r.detail
+    assert r.fix is not None and "tp4 distribute" in r.fix
+    assert results[("IMAGE.SAME", "node2")].status == "ok"
+    assert not_ok(results) == {**MEMLOCK_WARN, ("IMAGE.SAME", "node3"): "fail"}
+
+
+def test_thresholds_disk_and_memory(good: DoctorCluster) -> None:
+    results = run(good, Limits(**{**LIMITS.__dict__, "image_free_gib": 1e9, "memory_gib": 1e9}))
+    d = results[("DISK.FREE", "node2")]
+    assert d.status == "warn" and "(the image store)" in d.detail and d.fix is not None and "prune" in d.fix
+    m = results[("MEMORY.FREE", "node2")]
+    assert m.status == "warn" and "GiB available, less than" in m.detail
+
+
+def test_port_in_use(good: DoctorCluster) -> None:
+    head = good.hosts[0]
+    port = int(good.plan.line.api.rsplit(":", 1)[1])
+    code = ("import socket, time\ns = socket.socket()\ns.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n"
+            f"s.bind(('0.0.0.0', {port}))\ns.listen()\nprint('listening', flush=True)\ntime.sleep(60)\n")
+    listener = subprocess.Popen(["nsenter", f"--net=/run/netns/{head.namespace}", sys.executable, "-c", code],
+                                stdout=subprocess.PIPE, text=True)
+    try:
+        assert listener.stdout is not None and listener.stdout.readline().strip() == "listening"
+        results = run(good)
+    finally:
+        listener.kill()
+        listener.wait()
+    r = results[("PORTS.FREE", "node1")]
+    assert (r.status, r.blocking) == ("fail", True) and r.detail == f"the API port {port} is in use"
+    assert r.fix is not None and "ss -ltnp" in r.fix
+    assert results[("PORTS.FREE", "node2")].status == "n/a"
+
+
+def test_clock_skew(good: DoctorCluster) -> None:
+    good.fake(good.hosts[2], "clock_offset").write_text("5\n")
+    results = run(good)
+    r = results[("CLOCK.SKEW", "node3")]
+    assert (r.status, r.blocking) == ("warn", False) and r.detail.startswith("the clock is +")
+    assert r.fix is not None and "NTP" in r.fix
+    assert results[("CLOCK.SKEW", "node1")].status == "ok"
+
+
+def test_unreachable_node(good: DoctorCluster, tmp_path: Path) -> None:
+    address = good.hosts.unreachable()
+    profile = tmp_path / "down.toml"
+    profile.write_text(good.profile.read_text().replace(f'ssh = "{good.hosts[3].address}"', f'ssh = "{address}"'))
+    plan = build_plan(load_file(profile))
+    results = run(good, Limits(**{**LIMITS.__dict__, "timeout": 20}), plan=plan)
+    r = results[("SSH.REACHABLE", "node4")]
+    assert (r.status, r.blocking) == ("fail", True) and r.fix is not None and address in r.fix
+    assert results[("IMAGE.SAME", "node4")].status == "n/a"
+    assert results[("IMAGE.SAME", "node4")].detail == "not checked: the node is unreachable"
+    assert [(r.check, r.node) for r in results.values() if r.status == "fail"] == [("SSH.REACHABLE", "node4")]
+    assert results[("SSH.REACHABLE", "node1")].status == "ok"
+    assert results[("RDMA.JUMBO_PING", "node3")].status == "ok"  # the fabric address still answers
+
+
+def test_changed_host_key(good: DoctorCluster) -> None:
+    from tp4 import knownhosts
+
+    good.hosts.new_host_key(1)
+    host = good.hosts[1]
+    try:
+        results = run(good)
+    finally:
+        knownhosts.update([host.address], [(host.address, *good.hosts.host_key(host))], good.hosts.known_hosts)
+        process.host_key_failures.clear()
+    r = results[("SSH.REACHABLE", "node2")]
+    assert r.status == "fail" and r.detail.startswith(f"the host key of {host.address} changed") and "tp4 hosts trust" in r.detail
+    assert r.fix is not None and "fingerprint" in r.fix
+    assert results[("SSH.REACHABLE", "node3")].status == "ok"
+
+
+RING = """
+[fabric]
+mode = "ring"
+[fabric.nccl]
+mount = "overlay"
+[gates]
+DSV41_ROCE_RING = "1"
+SGLANG_ROCE_MAX_SIZE = "262144"
+DSV41_ROCE_GATHER = "262144"
+"""
+
+
+def test_ring_nccl_and_mesh_unit(good: DoctorCluster, tmp_path: Path) -> None:
+    profile = tmp_path / "ring.toml"
+    profile.write_text(good.profile.read_text() + RING)
+    plan = build_plan(load_file(profile))
+    libs = [Path(next(m.source for m in r.run.mounts if m.source.endswith("/libnccl.so.2"))) for r in plan.nodes]
+    for rank, lib in enumerate(libs):
+        lib.parent.mkdir(parents=True, exist_ok=True)
+        lib.write_bytes(b"\x7fELF..." + (b"" if rank == 1 else b"NCCL_SWITCHLESS_RING_ONLY\0") + b"...")
+        if rank != 3:
+            good.fake(good.hosts[rank], "unit-state").write_text("active\n")
+    libs[2].unlink()
+    try:
+        results = run(good, plan=plan)
+    finally:
+        for lib in libs:
+            lib.unlink(missing_ok=True)
+    assert results[("RING.NCCL", "node1")].status == "ok"
+    assert results[("RING.NCCL", "node1")].detail == "patched NCCL, dsv41-mesh.service active"
+    stock = results[("RING.NCCL", "node2")]
+    assert stock.status == "fail" and "lacks SWITCHLESS_RING_ONLY" in stock.detail and stock.fix is not None
+    missing = results[("RING.NCCL", "node3")]
+    assert missing.status == "fail" and "the patched NCCL library is missing" in missing.detail
+    mesh = results[("RING.NCCL", "node4")]
+    assert mesh.status == "fail" and mesh.detail == "dsv41-mesh.service is inactive"
+    assert mesh.fix is not None and "systemctl start dsv41-mesh.service" in mesh.fix
+
+
+# --- the remote command is constant ----------------------------------------------------------------
+
+HOSTILE = st.text(alphabet=st.characters(blacklist_categories=("Cs",), blacklist_characters="\0"), min_size=1, max_size=40)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(workdir=HOSTILE, image=HOSTILE, source=HOSTILE, host=HOSTILE, hca=HOSTILE, interval=st.floats(0, 60))
+def test_no_profile_value_changes_the_remote_command(workdir: str, image: str, source: str, host: str, hca: str,
+                                                     interval: float) -> None:
+    from tp4.profile import load_default
+
+    plan = build_plan(load_default())
+    rank = plan.nodes[1]
+    mounts = tuple(m._replace(source=source) for m in rank.run.mounts)
+    rank = rank._replace(host=host, run=rank.run._replace(workdir=workdir, image=image, mounts=mounts),
+                         gid=rank.gid._replace(hcas=(hca, "x")))
+    nodes = list(plan.nodes)
+    nodes[1] = rank
+    nodes[2] = nodes[2]._replace(host=host)
+    plan = plan._replace(nodes=tuple(nodes))
+    argv = doctor.facts_argv(plan, rank, Limits(interval=interval))
+    assert argv[:4] == ["sh", "-c", FACTS_SCRIPT, "tp4-doctor"]
+    assert len(argv) == 4 + 13 + 3  # the fixed arguments, then the directories df reads
+    for value in (workdir, image, source, host):
+        assert value in argv[4:]
+    # quoted once: the remote shell gets exactly these words back
+    remote = process.Remote(host="spark2", user="u")
+    command = process.full_argv(argv, remote)[-1]
+    assert shlex.split(command) == argv
+
+
+def test_facts_script_is_a_constant() -> None:
+    from tp4.profile import load_default
+
+    plan = build_plan(load_default())
+    scripts = {doctor.facts_argv(plan, r, Limits(sysfs=s))[2] for r in plan.nodes for s in ("/sys", "/x y")}
+    assert scripts == {FACTS_SCRIPT}
+    proc = subprocess.run(["sh", "-n", "-c", FACTS_SCRIPT], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_docs_list_every_check(repo: Path) -> None:
+    text = (repo / "docs" / "doctor.md").read_text()
+    section = text[text.index(doctor.REFERENCE_BEGIN): text.index(doctor.REFERENCE_END) + len(doctor.REFERENCE_END)]
+    assert section == doctor.reference(), "docs/doctor.md's check table is stale: paste tp4.doctor.reference()"
+
+
+def test_memlock_of_a_unit_and_of_dockerd(good: DoctorCluster) -> None:
+    """The limit the container gets: a NixOS unit's LimitMEMLOCK, dockerd's own limit (facts as the
+    script prints them: `systemctl show -p LimitMEMLOCK --value`, /proc/<dockerd>/limits)."""
+    import copy
+
+    facts = doctor.gather(good.plan, good.nodes(), LIMITS)
+    unlimited = good.plan._replace(nodes=tuple(r._replace(run=r.run._replace(ulimits=r.run.ulimits._replace(memlock="-1:-1")))
+                                               for r in good.plan.nodes))
+    nixos = unlimited._replace(nodes=tuple(r._replace(service=r.service._replace(kind="nixos", unit=f"podman-{r.run.container}.service"))
+                                           for r in unlimited.nodes))
+    cases = {"8388608": "fail", "infinity": "ok"}
+    for value, status in cases.items():
+        f = copy.deepcopy(facts)
+        f["node2"].sections["memlock_unit"] = [value]
+        r = {(x.check, x.node): x for x in doctor.evaluate(nixos, f, LIMITS)}[("RDMA.MEMLOCK", "node2")]
+        assert r.status == status, r
+        if status == "fail":
+            assert "LimitMEMLOCK of podman-dsv41-worker.service is 8192 KiB" in r.detail
+            assert r.fix == "LimitMEMLOCK=infinity for podman-dsv41-worker.service"
+    docker = unlimited._replace(nodes=tuple(r._replace(service=r.service._replace(runtime="docker")) for r in unlimited.nodes))
+    f = copy.deepcopy(facts)
+    f["node3"].sections["memlock_runtime"] = ["Max locked memory         8388608              8388608              bytes"]
+    r = {(x.check, x.node): x for x in doctor.evaluate(docker, f, LIMITS)}[("RDMA.MEMLOCK", "node3")]
+    # dockerd runs as root: it gives the container the plan's --ulimit memlock=-1:-1 whatever its own limit
+    assert r.status == "ok" and "dockerd's limit: 8192 KiB, raised by the runtime" in r.detail
+    # unlimited in the plan and no limit in the way: ok
+    r = {(x.check, x.node): x for x in doctor.evaluate(unlimited, facts, LIMITS)}[("RDMA.MEMLOCK", "node1")]
+    assert r.status == "fail" and "the plan asks memlock unlimited" in r.detail  # the sessions' hard limit here is 8 MiB
+
+
+def test_parallel_is_faster_than_node_after_node(good: DoctorCluster) -> None:
+    nodes = good.nodes()
+    began = time.monotonic()
+    for node in nodes:
+        doctor.gather_one(good.plan, doctor._target(node), LIMITS)
+    sequential = time.monotonic() - began
+    began = time.monotonic()
+    doctor.gather(good.plan, nodes, LIMITS)
+    parallel = time.monotonic() - began
+    print(f"tp4 doctor facts of 4 nodes: {parallel:.2f} s in parallel, {sequential:.2f} s node after node "
+          f"({parallel / sequential:.2f}x)")
+    assert parallel < sequential
+
+
+def test_facts_script_takes_its_arguments_as_data(tmp_path: Path) -> None:
+    """Run here with hostile arguments: an HCA list of `*` and `$(...)` is neither globbed nor run."""
+    sysfs = tmp_path / "sys"
+    (sysfs / "class" / "infiniband" / "decoy").mkdir(parents=True)
+    (tmp_path / "cwdfile").touch()
+    marker = tmp_path / "ran"
+    args = [str(sysfs), "0", "tp4-no-such-runtime", f"$(touch {marker})", f"* $(touch {marker})", "", "",
+            str(tmp_path / "engram"), "*", "", "", "", "", str(tmp_path)]
+    proc = subprocess.run(["sh", "-c", FACTS_SCRIPT, "tp4-doctor", *args], capture_output=True, text=True, cwd=tmp_path,
+                          timeout=60)
+    sections = doctor.parse(proc.stdout)
+    assert "date" in sections, proc.stderr
+    assert not marker.exists()
+    assert not any(name.startswith("hca ") for name in sections)  # `*` is no HCA, and not the decoy
+    assert sections["engram"] == ["* absent"]
+    assert sections["runtime"] == ["absent"]
