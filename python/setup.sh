@@ -20,6 +20,7 @@ if [ "$want_test" = 1 ]; then
   need ssh openssh-client
   need ip iproute2
   need tc iproute2
+  need ping iputils-ping
   need podman podman
   need runc runc
   need skopeo skopeo
