@@ -395,9 +395,10 @@ def _forget(child: _Child) -> None:
 def _kill_remote(child: _Child) -> None:
     if child.remote is None or child.pidfile is None:
         return
-    # a connection of its own: the shared one may be full of the stopped command's data (a stream
-    # into `podman load`), and this would wait behind it
-    own = dataclasses.replace(child.remote, share_connection=False)
+    # a command on the shared connection carries little (a log follower, a listing): the kill
+    # rides along it, without a handshake; one with a connection of its own may be a big stream
+    # (into `podman load`), which leaves the shared connection free for the kill as well
+    own = dataclasses.replace(child.remote, share_connection=True)
     argv = [*own.ssh_argv(), shlex.join(["sh", "-c", _REMOTE_KILL, "tp4", child.pidfile])]
     log.debug("$ %s", shlex.join(argv))
     try:
