@@ -22,7 +22,9 @@ import pytest
 from line_cluster import LineCluster, containers_conf
 
 from tp4.doctor import engram_files
-from tp4.pack import engram_dir
+from tp4.pack import Shard, engram_dir, line_problems, packer_argv, shard_problem
+from tp4.plan import Plan, build_plan
+from tp4.profile.load import load_default
 
 REPO = Path(__file__).resolve().parent.parent
 MAGIC = 0x4D41524745  # the stand-in packer's
@@ -156,6 +158,8 @@ def test_a_short_shard_under_its_complete_name_is_packed_again(line: LineCluster
 
 def test_pack_after_stop_works(line: LineCluster) -> None:
     # upstream MiaAI-Lab#24: `stop -> pack -> serve` broke; stop must leave what pack needs
+    served = tp4("serve", "--profile", str(line.profile))
+    assert served.returncode == 0, served.stdout + served.stderr
     s = tp4("stop", "--profile", str(line.profile))
     assert s.returncode == 0, s.stdout + s.stderr
     r = tp4("pack", "--profile", str(line.profile))
@@ -175,3 +179,55 @@ def test_prepare_stops_at_the_first_blocking_doctor_failure(line: LineCluster) -
     assert "fix: " in r.stderr and "Traceback" not in r.stderr
     for rank in line.plan.nodes:  # pack did not run
         assert not Path(engram_dir(rank)).exists() or not list(Path(engram_dir(rank)).iterdir())
+
+
+# --- the header checks, on headers as data -------------------------------------------------------
+
+
+def _shards(plan: Plan, headers: dict[int, tuple[tuple[int, ...], tuple[int, ...]]]) -> dict[str, list[Shard]]:
+    out = {}
+    for rank in plan.nodes:
+        pair = headers[rank.rank]
+        out[rank.name] = [Shard(name, layer, 48 + h[4] * h[5] if len(h) == 6 else 10, h)
+                          for name, layer, h in zip(engram_files(plan, rank), (1, 14), pair, strict=True)]
+    return out
+
+
+def _good(r: int, total: int = 1000, magic: int = MAGIC) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    lo, hi = total * r // 4, total * (r + 1) // 4
+    return (magic, 1, lo, hi, hi - lo, 64), (magic, 14, lo, hi, hi - lo, 64)
+
+
+def test_the_header_checks_of_a_shard_and_of_the_line() -> None:
+    plan = build_plan(load_default())
+    shards = _shards(plan, {r: _good(r) for r in range(4)})
+    assert all(shard_problem(plan, rank, s) is None for rank in plan.nodes for s in shards[rank.name])
+    assert line_problems(plan, shards) == {}
+    rank1 = plan.nodes[1]
+    s = shards[rank1.name][1]
+    assert shard_problem(plan, rank1, s._replace(size=s.size - 1)) == f"{s.name} is incomplete ({s.size - 1} of {s.size} bytes)"
+    assert shard_problem(plan, rank1, s._replace(size=None)) == f"{s.name} missing"
+    assert shard_problem(plan, rank1, s._replace(header=s.header[:3])) == f"{s.name} has no header ({s.size} bytes)"
+    assert "layer 1, not 14" in str(shard_problem(plan, rank1, s._replace(header=(MAGIC, 1, *s.header[2:]))))
+    assert "no magic" in str(shard_problem(plan, rank1, s._replace(header=(0, *s.header[1:]))))
+    assert "does not hold its" in str(shard_problem(plan, rank1, s._replace(header=(*s.header[:4], 7, 64))))
+    r0 = shards[plan.nodes[0].name][0]
+    assert "starts at row 250, not 0" in str(shard_problem(plan, plan.nodes[0], r0._replace(header=(MAGIC, 1, 250, 500, 250, 64))))
+    # a rank packed for another split (another tp, or another table), and another packer's magic
+    wrong = _shards(plan, {**{r: _good(r) for r in range(4)}, 2: _good(2, total=1200)})
+    assert list(line_problems(plan, wrong)) == [plan.nodes[2].name]
+    other = _shards(plan, {**{r: _good(r) for r in range(4)}, 3: _good(3, magic=MAGIC + 1)})
+    assert "another node's shards have" in line_problems(plan, other)[plan.nodes[3].name][0]
+
+
+def test_the_packer_runs_as_upstream_runs_it() -> None:
+    plan = build_plan(load_default())
+    head, worker = plan.nodes[0], plan.nodes[2]
+    model = next(m.source for m in head.run.mounts if m.target == "/models/DeepSeek-V4.1-Flash")
+    assert packer_argv(plan, head) == [
+        head.service.runtime, "run", "--rm", "--network", "host", "-v", f"{model}:/models/DeepSeek-V4.1-Flash:ro",
+        "-v", f"{engram_dir(head)}:/engram", "-e", "DSV41_SOURCE=/models/DeepSeek-V4.1-Flash", "--entrypoint", "python3",
+        head.run.image, "/opt/dsv41/scripts/pack_engram.py", "--rank", "0", "--tp", "4", "--out", "/engram"]
+    argv = packer_argv(plan, worker)
+    assert argv[argv.index("--rank") + 1] == "2" and f"{plan.nodes[2].run.mounts[0].source}:/models/DeepSeek-V4.1-Flash:ro" in argv
+    assert argv[6] == f"{worker.run.mounts[0].source}:/models/DeepSeek-V4.1-Flash:ro"
