@@ -5,7 +5,9 @@ lib-dynload modules, its standard library (/usr/lib/python3.X without test suite
 IDLE, tkinter and ensurepip), a static busybox with the applets a rank's stop needs (sh, pkill,
 ps, kill, ...), the stand-in engine at the line image's entrypoint path (tp4/data/container.toml
 `image.boot`, run as `python3 -u <boot> run`, as pkgs/image.nix does) with the registry beside it,
-and the b12x_next source stamps (SOURCE_COMMIT, SOURCE_PATCH) of sources.manifest.
+the stand-in Engram packer (tests/standin/pack_engram.py) at upstream's
+/opt/dsv41/scripts/pack_engram.py (what `tp4 pack` runs), and the b12x_next source stamps
+(SOURCE_COMMIT, SOURCE_PATCH) of sources.manifest.
 
 ``archive()`` builds it once per test session; ``load(env, tag)`` loads it into the podman store
 that env names (CONTAINERS_STORAGE_CONF), once per store, and returns the image reference.
@@ -29,9 +31,11 @@ from nix_env import BUSYBOX
 
 from tp4 import process
 from tp4.container import IMAGE
+from tp4.pack import PACKER as PACK_SCRIPT
 
 REPO = Path(__file__).resolve().parents[2]
 ENGINE = Path(__file__).resolve().parent / "engine.py"
+PACKER = Path(__file__).resolve().parent / "pack_engram.py"  # at upstream's path, /opt/dsv41/scripts/
 REGISTRY = REPO / "python" / "tp4" / "data" / "registry.toml"
 MANIFEST = REPO / "python" / "tp4" / "data" / "sources.manifest"
 PYTHON = Path("/usr/bin/python3")
@@ -95,6 +99,7 @@ def _files() -> dict[str, Path | bytes | str]:
         files[f"/bin/{applet}"] = "busybox"
     files[IMAGE.boot] = ENGINE
     files[str(Path(IMAGE.boot).parent / "registry.toml")] = REGISTRY
+    files[PACK_SCRIPT] = PACKER
     commit, patch = b12x_next_stamps()
     files[f"{IMAGE.b12x_next}/b12x_next/SOURCE_COMMIT"] = f"{commit}\n".encode()
     files[f"{IMAGE.b12x_next}/b12x_next/SOURCE_PATCH"] = f"{patch}\n".encode()

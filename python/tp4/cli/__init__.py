@@ -43,6 +43,8 @@ SUBCOMMANDS: dict[str, tuple[str, str, str]] = {
     "smoke": ("tp4.cli.serve", "smoke", "Upstream's arithmetic check and a streamed completion against the API."),
     "download": ("tp4.cli.download", "download", "Download the pinned checkpoint into the head's model.dir, verified against the Hub's hashes."),
     "share": ("tp4.cli.prepare", "share", "Export the checkpoint read-only to the workers (NFSv4) and make their weights volumes."),
+    "pack": ("tp4.cli.prepare", "pack", "Pack the Engram row shards of every rank on every node at once; check every shard's header."),
+    "prepare": ("tp4.cli.prepare", "prepare", "Prepare the nodes: doctor, download, share, pack; stops at the first blocking failure."),
     "doctor": ("tp4.cli.doctor", "doctor", "Check every host requirement of the line, read-only; a fix for each failure."),
     "hosts": ("tp4.cli.hosts", "hosts", "The ssh host keys tp4 trusts: trust (after showing fingerprints), list, forget."),
 }

@@ -1,24 +1,34 @@
-"""`tp4 share`: preparing the nodes for the line (issue 11)."""
+"""`tp4 share`, `tp4 pack` and `tp4 prepare`: preparing the nodes for the line (issue 11)."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
+from tp4.errors import Tp4Error
+
+if TYPE_CHECKING:
+    from tp4.plan import Plan
+    from tp4.profile.load import Loaded
+    from tp4.serve import Node
+
 DEFAULT_PROFILE = "profile.toml"
 
+profile_option = click.option(
+    "--profile", "-p", "profile_path", type=click.Path(dir_okay=False), default=None,
+    help=f"The line's profile (default: ./{DEFAULT_PROFILE} when it exists, else the embedded default).")
+ssh_option = click.option("--ssh-option", "ssh_options", multiple=True, metavar="OPT", help="Extra `ssh -o` option; repeatable.")
+strict_option = click.option("--strict", is_flag=True, help="Treat the profile's warnings as errors (exit 2).")
 
-@click.command("share")
-@click.option("--profile", "-p", "profile_path", type=click.Path(dir_okay=False), default=None,
-              help=f"The line's profile (default: ./{DEFAULT_PROFILE} when it exists, else the embedded default).")
-@click.option("--ssh-option", "ssh_options", multiple=True, metavar="OPT", help="Extra `ssh -o` option; repeatable.")
-@click.option("--strict", is_flag=True, help="Treat the profile's warnings as errors (exit 2).")
-def share(profile_path: str | None, ssh_options: tuple[str, ...], strict: bool) -> None:
-    """Export the head's checkpoint read-only to exactly the plan's workers (NFSv4) and make each
-    worker's weights volume, then check that every worker sees config.json. Idempotent: what
-    already matches is left alone. A ring, or nfs.share = false: nothing to do."""
-    from tp4 import share as share_mod
+# doctor's blocking checks that a later step of `tp4 prepare` makes pass: not a reason to stop
+# before that step (a fresh line has no checkpoint and no shards yet)
+MADE_BY = {"WEIGHTS.HEAD": "download", "WEIGHTS.WORKER": "share", "ENGRAM.SHARDS": "pack"}
+STEPS = ("doctor", "download", "share", "pack")
+
+
+def _line(profile_path: str | None, strict: bool, ssh_options: tuple[str, ...]) -> tuple[Loaded, Plan, list[Node]]:
     from tp4.cli.plan import load_profile
     from tp4.plan import build_plan
     from tp4.serve import nodes_of
@@ -27,4 +37,76 @@ def share(profile_path: str | None, ssh_options: tuple[str, ...], strict: bool) 
         profile_path = DEFAULT_PROFILE
     loaded = load_profile(profile_path, strict)
     plan = build_plan(loaded)
-    share_mod.share(loaded.profile, plan, nodes_of(plan, ssh_options=ssh_options), click.echo)
+    return loaded, plan, nodes_of(plan, ssh_options=ssh_options)
+
+
+@click.command("share")
+@profile_option
+@ssh_option
+@strict_option
+def share(profile_path: str | None, ssh_options: tuple[str, ...], strict: bool) -> None:
+    """Export the head's checkpoint read-only to exactly the plan's workers (NFSv4) and make each
+    worker's weights volume, then check that every worker sees config.json. Idempotent: what
+    already matches is left alone. A ring, or nfs.share = false: nothing to do."""
+    from tp4 import share as share_mod
+
+    loaded, plan, nodes = _line(profile_path, strict, ssh_options)
+    share_mod.share(loaded.profile, plan, nodes, click.echo)
+
+
+@click.command("pack")
+@profile_option
+@ssh_option
+@strict_option
+def pack(profile_path: str | None, ssh_options: tuple[str, ...], strict: bool) -> None:
+    """Pack the Engram row shards of every rank with the image's packer, on every node at once
+    (the checkpoint as the rank mounts it, into its engram dir), then check every shard's header.
+    A node whose two shards are complete is skipped; exit 1 naming each node that failed."""
+    from tp4 import pack as pack_mod
+
+    _, plan, nodes = _line(profile_path, strict, ssh_options)
+    pack_mod.pack(plan, nodes, click.echo)
+
+
+@click.command("prepare")
+@profile_option
+@ssh_option
+@strict_option
+def prepare(profile_path: str | None, ssh_options: tuple[str, ...], strict: bool) -> None:
+    """doctor, download, share, pack: everything the line needs before `tp4 serve`, stopping at
+    the first blocking failure. Every step is idempotent: rerun it after a fix and it goes on
+    where it stopped. doctor's checkpoint and Engram checks are left to the steps that make them."""
+    from tp4 import doctor as doctor_mod
+    from tp4 import download as download_mod
+    from tp4 import pack as pack_mod
+    from tp4 import share as share_mod
+
+    loaded, plan, nodes = _line(profile_path, strict, ssh_options)
+
+    def step(i: int) -> None:
+        click.echo(f"prepare: step {i + 1}/{len(STEPS)}: {STEPS[i]}")
+
+    def stopped(i: int, why: str, exit_code: int = 1) -> Tp4Error:
+        return Tp4Error(f"prepare: stopped at step {i + 1}/{len(STEPS)} ({STEPS[i]}): {why}\n"
+                        "fix: the fix above, then rerun `tp4 prepare` (the steps done are skipped)", exit_code=exit_code)
+
+    step(0)
+    limits = doctor_mod.Limits(volume_kind="nfs" if loaded.profile.nfs.share else "local")
+    report = doctor_mod.doctor(plan, nodes, limits)
+    for line in doctor_mod.table(plan, report.results):
+        click.echo(line)
+    blocking = [r for r in report.blocking if r.check not in MADE_BY]
+    if blocking:
+        raise stopped(0, f"{len(blocking)} blocking failure(s):\n"
+                      + "\n".join(f"  - {r.check} on {r.node}: {r.detail}" + (f"; fix: {r.fix}" if r.fix else "") for r in blocking))
+    later = sorted({f"{r.check} ({MADE_BY[r.check]})" for r in report.blocking})
+    click.echo("prepare: doctor: no blocking failure" + (f" but what the next steps make: {', '.join(later)}" if later else ""))
+    for i, run in ((1, lambda: download_mod.download(loaded.profile)),
+                   (2, lambda: share_mod.share(loaded.profile, plan, nodes, click.echo)),
+                   (3, lambda: pack_mod.pack(plan, nodes, click.echo))):
+        step(i)
+        try:
+            run()
+        except Tp4Error as exc:
+            raise stopped(i, exc.message, exc.exit_code) from None
+    click.echo("prepare: done: every step passed; next: tp4 serve")
