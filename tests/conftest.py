@@ -1,5 +1,5 @@
 """Shared fixtures. Tests run against the real tools of the machine (nix, ssh, podman);
-the only stand-in is the engine, used by the serving tests."""
+the only stand-in is the engine (and its packer), used by the serving and pack tests."""
 
 from __future__ import annotations
 
