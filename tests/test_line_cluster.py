@@ -83,7 +83,7 @@ def test_every_rank_runs_the_plans_podman_run_and_the_line_boots(cluster: LineCl
             assert serve.container_state(node) == "running"
         # what the plan's flags gave the rank (boot.py, pid 1): the RDMA device, the CDI GPU's
         # edits (in its environment; `podman exec` does not get them), memlock
-        inside = nodes[1].run(["podman", "exec", nodes[1].container, "sh", "-c",
+        inside = nodes[1].run(["podman", "exec", "-w", "/", nodes[1].container, "sh", "-c",
                                "test -c /dev/infiniband/uverbs0 && echo ib=yes; cat /proc/1/limits /proc/1/environ"]).stdout
         assert "ib=yes" in inside and "NVIDIA_VISIBLE_DEVICES=void" in inside.replace("\0", "\n").splitlines(), inside
         soft, hard = memlock().replace("-1", "unlimited").split(":")

@@ -382,7 +382,7 @@ _STOP = r"""
 rt=$1 ctn=$2 grace=$3 label=$4
 state=$($rt container inspect --format '{{.State.Status}}' "$ctn" 2>/dev/null)
 if [ "$state" = running ]; then
-  $rt exec "$ctn" sh -c 'pkill -TERM -f sglang.launch_server; pkill -TERM -f sglang.srt' >/dev/null 2>&1
+  $rt exec -w / "$ctn" sh -c 'pkill -TERM -f sglang.launch_server; pkill -TERM -f sglang.srt' >/dev/null 2>&1
   $rt stop -t "$grace" "$ctn" >/dev/null 2>&1
 fi
 if [ -n "$state" ]; then $rt rm -f "$ctn" >/dev/null 2>&1 || echo "rm-failed=$ctn"; fi
