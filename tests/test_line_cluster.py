@@ -81,10 +81,12 @@ def test_every_rank_runs_the_plans_podman_run_and_the_line_boots(cluster: LineCl
             log = wait_for(node, "Scheduler ready", 10)
             assert "Scheduler ready" in log and "Traceback" not in log, (node.name, log[-2000:])
             assert serve.container_state(node) == "running"
-        # what the plan's flags gave the rank (boot.py, pid 1): the RDMA device, the CDI GPU's
-        # edits (in its environment; `podman exec` does not get them), memlock
-        inside = nodes[1].run(["podman", "exec", "-w", "/", nodes[1].container, "sh", "-c",
-                               "test -c /dev/infiniband/uverbs0 && echo ib=yes; cat /proc/1/limits /proc/1/environ"]).stdout
+        # what the plan's flags gave the rank (boot.py, the container's pid 1), read from its host
+        # through /proc/<pid> (an exec into the container is not what is tested here): the RDMA
+        # device in its root, the CDI GPU's edits in its environment, memlock
+        pid = nodes[1].run(["podman", "inspect", "--format", "{{.State.Pid}}", nodes[1].container]).stdout.strip()
+        inside = nodes[1].run(["sh", "-c", 'test -c "/proc/$1/root/dev/infiniband/uverbs0" && echo ib=yes; '
+                               'cat "/proc/$1/limits" "/proc/$1/environ"', "sh", pid]).stdout
         assert "ib=yes" in inside and "NVIDIA_VISIBLE_DEVICES=void" in inside.replace("\0", "\n").splitlines(), inside
         soft, hard = memlock().replace("-1", "unlimited").split(":")
         assert re.search(rf"^Max locked memory\s+{soft}\s+{hard}\s", inside, re.M), inside
