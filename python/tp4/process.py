@@ -772,10 +772,20 @@ def start(
     return child.popen
 
 
-def stop(popen: subprocess.Popen[Any]) -> None:
-    """Stop a command from :func:`start` (its remote process group too) and wait for it."""
+def stop(popen: subprocess.Popen[Any], *, remote_first: bool = False) -> None:
+    """Stop a command from :func:`start` (its remote process group too) and wait for it.
+
+    ``remote_first``: end the remote command first (a follower such as `podman logs -f`), so that
+    its ssh, seeing the channel close, exits by itself, instead of a SIGTERM it may sit on."""
     child = _live.get(id(popen))
-    if child is not None:
+    if child is not None and remote_first and child.remote is not None and child.popen.poll() is None:
+        _kill_remote(child)
+        try:
+            child.popen.wait(timeout=GRACE)
+        except subprocess.TimeoutExpired:
+            pass
+        _stop([child])
+    elif child is not None:
         _stop([child])
     elif popen.poll() is None:
         popen.kill()

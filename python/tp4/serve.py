@@ -459,7 +459,7 @@ class Follower:
         return self
 
     def stop(self) -> None:
-        process.stop(self.proc)
+        process.stop(self.proc, remote_first=True)
 
 
 def follow(node: Node, *, since: str | None = None) -> Follower:
