@@ -28,6 +28,13 @@ sshd starts; it may add to ``host.env``) can put files under ``host.root`` (``<d
 each of its top directories ``dev`` and ``etc`` is laid over the machine's /dev or /etc in that
 namespace (an overlay whose upper layer is a tmpfs holding a copy of the tree): the host's
 sessions see them, the machine does not, and they go with the namespace.
+
+The sessions' shell (root's bash, which sshd runs with ``-c`` for every command and which then
+reads ``~/.bashrc``) reads a fresh account's ``.bashrc`` there (Debian's /etc/skel one, which
+returns at once when not interactive), bound over this machine's ``~/.bashrc`` in that mount
+namespace only: as on a freshly installed node. A development machine's root ``.bashrc`` may do
+much more (here it ran `pyenv init`: 80 ms of CPU per remote command), which every test and
+benchmark would otherwise count as tp4's.
 Needs root, iproute2, util-linux (nsenter, unshare) and openssh-server.
 """
 
@@ -47,6 +54,9 @@ from tp4.process import Remote
 SSHD = shutil.which("sshd") or "/usr/sbin/sshd"
 # the top directories of host.root that are laid over the machine's (in sshd's mount namespace)
 OVERLAID = ("dev", "etc")
+# the sessions' ~/.bashrc (module doc): a fresh account's
+FRESH_BASHRC = (Path("/etc/skel/.bashrc").read_text() if Path("/etc/skel/.bashrc").is_file()
+                else "case $- in *i*) ;; *) return;; esac\n")
 # run as `sh -c SETUP sh <host dir> <sshd argv...>` in sshd's new mount namespace: each
 # <host dir>/root/<top> over /<top> (an overlay on a tmpfs copy; the submounts of /<top>, such as
 # /dev/shm and /dev/pts, bound back), then sshd
@@ -65,6 +75,7 @@ for top in dev etc; do
   awk -v p="$mnt/$top.lower/" 'index($5, p) == 1 { s = substr($5, length(p) + 1); sub("/.*", "", s); print s }' \
       /proc/self/mountinfo | sort -u | while read -r sub; do mount --rbind "$mnt/$top.lower/$sub" "/$top/$sub"; done
 done
+if [ -f "$dir/bashrc" ] && [ -f "$HOME/.bashrc" ]; then mount --bind "$dir/bashrc" "$HOME/.bashrc"; fi
 exec "$@"
 """
 
@@ -201,6 +212,7 @@ class NetnsHosts:
             process.run(["ip", "netns", "exec", ns, "ip", *args])
         process.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(hdir / "host_key")])
         shutil.copy(f"{self.key}.pub", hdir / "authorized_keys")
+        (hdir / "bashrc").write_text(FRESH_BASHRC)
         env = {"CONTAINERS_STORAGE_CONF": str(storage_conf(hdir, self.storage_driver)), **self.extra_env}
         remote = Remote(host=addr, user="root", identity=str(self.key), options=("LogLevel=ERROR",))
         host = Host(name=name, namespace=ns, address=addr, dir=hdir, remote=remote, env=env)

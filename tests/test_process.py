@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+import netns_hosts
 from netns_hosts import NetnsHosts
 from tp4 import process
 from tp4.errors import InvalidInput, Tp4Error
@@ -187,6 +188,40 @@ def test_a_remote_timeout_kills_the_remote_command(hosts):
     with pytest.raises(Tp4Error, match=r"`sleep 43\.5` on root@.* did not finish within 1 s"):
         process.run(["sleep", "43.5"], remote=hosts[0].remote, timeout=1)
     assert _wait_until(lambda: not _running("sleep 43.5"), 5)
+
+
+def test_stopping_a_remote_command_reaps_it_before_the_wrapper_exits(hosts):
+    """The remote wrapper traps the group's TERM and runs the trap only once its command has
+    ended: it reaps the command and exits 143 itself. Its session then holds no process at all,
+    not even a zombie (one whose shell died first waits for the host's init, and the remote kill
+    would wait out its grace for it)."""
+    follower = process.start(["sleep", "41.25"], remote=hosts[0].remote, stdout=process.PIPE, text=True)
+    try:
+        assert _wait_until(lambda: bool(_running("sleep 41.25")), 10)
+        child = process._live[id(follower)]
+        group = process.run(["cat", child.pidfile], remote=hosts[0].remote).stdout.strip()
+        assert group.isdigit()
+        process.stop(follower, remote_first=True)
+        assert follower.returncode == 143  # the wrapper's trap, after the command ended
+        left = process.run(["sh", "-c", 'for p in /proc/[0-9]*; do read -r s < "$p/stat" 2>/dev/null && echo "$s"; done'],
+                           remote=hosts[0].remote).stdout
+        in_group = [line for line in left.splitlines() if line.rpartition(")")[2].split()[2:3] == [group]]
+        assert in_group == []
+    finally:
+        if follower.poll() is None:
+            follower.kill()
+
+
+def test_the_hosts_sessions_read_a_fresh_accounts_bashrc(hosts):
+    """tests/netns_hosts.py: the machine's own ~/.bashrc (which may run pyenv and the like on
+    every remote command) is not what the test hosts' sessions read."""
+    home_rc = Path(os.path.expanduser("~/.bashrc"))
+    if not home_rc.is_file():
+        pytest.fail(f"{home_rc} does not exist: the hosts bind their .bashrc over it")
+    machine = home_rc.read_text()
+    seen = process.run(["sh", "-c", 'cat "$HOME/.bashrc"'], remote=hosts[0].remote).stdout
+    assert seen == netns_hosts.FRESH_BASHRC
+    assert home_rc.read_text() == machine  # the machine's own file is untouched
 
 
 DRIVER = '''

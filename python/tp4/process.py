@@ -75,17 +75,23 @@ GRACE = 2.0
 CLEANUP_TIMEOUT = 15.0
 
 # writes the session's process group to $1, runs the command, removes $1 (see the module doc)
+# A signal trapped here reaches the command too (the kill is to the whole group), and the shell
+# runs the trap only once the command has ended, so it reaps the command before it exits: a
+# command whose shell died first would stay a zombie in the group until the host's init reaps
+# it, and the kill below would wait out its grace for it (a container's or sandbox's pid 1 may
+# take seconds).
 _REMOTE_WRAPPER = (
     'f=$1; shift; (umask 077; set -C; read -r _ _ _ _ g _ < /proc/$$/stat && echo "$g" > "$f") 2>/dev/null; '
+    'trap \'rm -f "$f"; exit 129\' HUP; trap \'rm -f "$f"; exit 130\' INT; trap \'rm -f "$f"; exit 143\' TERM; '
     '"$@"; s=$?; rm -f "$f"; exit $s'
 )
 # kills the process group named in $1: SIGTERM, then SIGKILL after GRACE seconds
 _REMOTE_KILL = (
-    'f=$1; n=0; while [ ! -f "$f" ] && [ $n -lt 4 ]; do sleep 0.25; n=$((n+1)); done; '  # just started
+    'f=$1; n=0; while [ ! -f "$f" ] && [ $n -lt 20 ]; do sleep 0.05; n=$((n+1)); done; '  # just started
     '[ -f "$f" ] || exit 0; read -r g < "$f"; rm -f "$f"; '
     'case $g in ""|*[!0-9]*|0|1) exit 0;; esac; '
-    f'kill -TERM -$g 2>/dev/null; n=0; while kill -0 -$g 2>/dev/null && [ $n -lt {int(GRACE * 4)} ]; '
-    'do sleep 0.25; n=$((n+1)); done; kill -KILL -$g 2>/dev/null; exit 0'
+    f'kill -TERM -$g 2>/dev/null; n=0; while kill -0 -$g 2>/dev/null && [ $n -lt {int(GRACE * 20)} ]; '
+    'do sleep 0.05; n=$((n+1)); done; kill -KILL -$g 2>/dev/null; exit 0'
 )
 
 
