@@ -124,6 +124,12 @@ def test_a_nixos_node_runs_its_rank_as_the_modules_unit():
     plain = serve.start_argv(w2, line="L")
     assert plain[:5] == [*wrap, w2.rank.service.env_file] and plain[5:] == serve.run_argv(w2.rank, line="L")
     assert w2.rank.service.env_file.endswith("/dsv41-4x-spark/dsv41-worker.env")
+    # a plain head's container is created beside the workers' starts (then `<runtime> start`):
+    # the same flags as its run
+    create = serve.create_argv(w2, line="L")
+    run = serve.run_argv(w2.rank, line="L")
+    assert create[:5] == plain[:5] and create[5:7] == [w2.runtime, "create"] and create[7:] == run[3:]
+    assert run[1:3] == ["run", "-d"]
 
 
 paths = st.text(alphabet=st.sampled_from(list("ab -$()'\";|&`*")), min_size=1, max_size=10).map(lambda s: "/srv/" + s)

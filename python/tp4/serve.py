@@ -7,7 +7,8 @@ container with the node's runtime; a NixOS host: tp4 writes the env file and sta
 unit). Every command goes through :mod:`tp4.process` (one ssh connection per node, reused).
 
 * :func:`serve` checks the nodes, writes the env files, pushes the speculative tables, starts the
-  workers in parallel and then the head, follows the head's log through the boot phases, and
+  workers in parallel (a plain head's container is created beside them) and then the head,
+  follows the head's log through the boot phases, and
   calls the line ready only when the head printed ``Ready: API on port <PORT>``, a real
   one-token completion answers, and the boot log of every rank passes the registry's checks. On
   any failure (or Ctrl-C) it stops every rank it started and says which node failed which check,
@@ -152,12 +153,12 @@ def _raise_first(results: dict[str, object | BaseException]) -> None:
 # --- the container of a rank ----------------------------------------------------------------------
 
 
-def run_argv(rank: RankPlan, *, line: str) -> list[str]:
+def run_argv(rank: RankPlan, *, line: str, create: bool = False) -> list[str]:
     """`<runtime> run -d` of the rank, exactly as its run spec says (upstream start.sh's flags),
-    its environment from the env file."""
+    its environment from the env file; ``create``: `<runtime> create` with the same flags."""
     spec = rank.run
     runtime = rank.service.runtime
-    argv = [runtime, "run", "-d", "--name", spec.container, "--label", f"{LINE_LABEL}={line}",
+    argv = [runtime, *(["create"] if create else ["run", "-d"]), "--name", spec.container, "--label", f"{LINE_LABEL}={line}",
             "--label", f"{RANK_LABEL}={rank.rank}", "--network", spec.network, "--ipc", spec.ipc]
     if spec.privileged:
         argv.append("--privileged")
@@ -374,6 +375,18 @@ def start_argv(node: Node, *, line: str) -> list[str]:
 def start_rank(node: Node, *, line: str, secrets: dict[str, str]) -> None:
     node.run(start_argv(node, line=line), input=env_file_text(node.rank, secrets), timeout=300,
              purpose=f"starting the rank of {node.name}")
+
+
+def create_argv(node: Node, *, line: str) -> list[str]:
+    """What creates a plain host's rank container (not started), after writing its env file from
+    stdin: `<runtime> create` with the flags of its run."""
+    assert node.rank.service.kind == "plain"
+    return ["sh", "-c", _WRITE_AND_RUN, "sh", node.rank.service.env_file, *run_argv(node.rank, line=line, create=True)]
+
+
+def create_rank(node: Node, *, line: str, secrets: dict[str, str]) -> None:
+    node.run(create_argv(node, line=line), input=env_file_text(node.rank, secrets), timeout=300,
+             purpose=f"creating the rank of {node.name}")
 
 
 # stops the rank container $2 of runtime $1 (grace $3 s): TERM to the engine inside, the
@@ -628,17 +641,27 @@ def _boot(plan: Plan, nodes: Sequence[Node], secrets: dict[str, str], opts: Opti
             push_spec_tables(nodes, tables, progress)
         workers, head = list(nodes[1:]), nodes[0]
         # from here a failure (or Ctrl-C mid-start) stops every node: a start cut short can leave
-        # a created container, and the checks made sure none of the line ran before
-        started = list(workers)
-        results = parallel(workers, lambda n: start_rank(n, line=line, secrets=secrets))
-        for n in workers:
+        # a created container, and the checks made sure none of the line ran before.
+        # The workers start in parallel, then the head; a plain head's container is created
+        # (env file written, image mounted) beside the workers' starts, so that only its start
+        # follows them.
+        started = list(nodes)
+        ahead = head.rank.service.kind == "plain"
+
+        def first(n: Node) -> None:
+            (create_rank if n is head else start_rank)(n, line=line, secrets=secrets)
+
+        results = parallel(nodes if ahead else workers, first)
+        for n in nodes if ahead else workers:
             if isinstance(results[n.name], BaseException):
                 exc = results[n.name]
-                raise NodeFailure(n.name, "start", getattr(exc, "message", str(exc)))
+                raise NodeFailure(n.name, "create" if n is head else "start", getattr(exc, "message", str(exc)))
         progress(f"started {len(workers)} workers: " + ", ".join(n.name for n in workers) if workers else "no workers")
-        started.append(head)
         try:
-            start_rank(head, line=line, secrets=secrets)
+            if ahead:
+                head.run([head.runtime, "start", head.container], timeout=300, purpose=f"starting the rank of {head.name}")
+            else:
+                start_rank(head, line=line, secrets=secrets)
         except Tp4Error as exc:
             raise NodeFailure(head.name, "start", exc.message) from None
         progress(f"started the head {head.name}; following its log")
@@ -759,12 +782,16 @@ def _verify_ready(plan: Plan, nodes: Sequence[Node], secrets: dict[str, str], op
 
     head = nodes[0]
     ep = endpoint(plan, secrets)
-    try:
-        api.complete(ep, "Reply with one word.", max_tokens=1, timeout=opts.timeouts["completion"])
-    except Tp4Error as exc:
-        raise NodeFailure(head.name, "completion", f"Ready was printed, but a one-token completion failed: {exc.message}",
-                          log_tail(head)) from None
-    logs = parallel(nodes, full_log)
+    # every rank's boot log is read while the completion runs (both after Ready)
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        reading = pool.submit(parallel, nodes, full_log)
+        try:
+            api.complete(ep, "Reply with one word.", max_tokens=1, timeout=opts.timeouts["completion"])
+        except Tp4Error as exc:
+            reading.result()
+            raise NodeFailure(head.name, "completion", f"Ready was printed, but a one-token completion failed: {exc.message}",
+                              log_tail(head)) from None
+        logs = reading.result()
     texts: dict[int, str] = {}
     for node in nodes:
         got = logs[node.name]
