@@ -1,5 +1,7 @@
 """Benchmark of `tp4 serve`, `tp4 status` and `tp4 stop` on the four netns hosts of
-tests/line_cluster.py (real sshd and podman on each, the stand-in engine in the image).
+tests/doctor_hosts.py (tests/line_cluster.py's: real sshd and podman on each, the stand-in engine
+in the image; each laid out as a good Spark for the doctor checks serve runs: an RDMA sysfs tree,
+a stub nvidia-smi).
 
     sudo .venv/bin/python bench/bench_serve.py [--runs 3]
 
@@ -28,7 +30,7 @@ before every rank has joined (the stand-in, like torch.distributed, waits in the
 the others), so the boot of the line cannot begin in earnest before the last container runs,
 and the time between the first and the last start is tp4's (it starts the workers, then the
 head; done one node after another it grows with the node count). Everything else in the wall
-time is tp4's: before the first start (interpreter, plan, the checks of every node, the env
+time is tp4's: before the first start (interpreter, plan, doctor's blocking checks of every node, the env
 files), the starts, and after Ready (the one-token completion, every rank's boot log fetched and
 checked, the run recorded). Each run prints that breakdown. The definition with the earliest
 StartedAt is printed too (engine*), for comparison.
@@ -67,6 +69,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(REPO / "python"), str(REPO / "tests")]
 
+from doctor_hosts import SYSFS, DoctorCluster  # noqa: E402
 from line_cluster import LineCluster  # noqa: E402
 from netns_hosts import SSHD  # noqa: E402
 from nix_env import BUSYBOX  # noqa: E402
@@ -208,7 +211,7 @@ def serve_cli(profile: str) -> tuple[float, list[tuple[float, str]]]:
     lines: list[tuple[float, str]] = []
     start = time.monotonic()
     with tempfile.TemporaryFile("w+") as out:
-        child = subprocess.Popen([sys.executable, "-m", "tp4", "serve", "--profile", profile], stdout=out,
+        child = subprocess.Popen([sys.executable, "-m", "tp4", "serve", "--profile", profile, "--sysfs", SYSFS], stdout=out,
                                  stderr=subprocess.PIPE, text=True)
         assert child.stderr is not None
         for line in child.stderr:
@@ -253,7 +256,8 @@ def serve_in_process(profile: str, sequential: bool) -> tuple[float, list[tuple[
             plan = build_plan(load_profile(profile, False))
         lines += [(0.0, w) for w in warnings.getvalue().splitlines()]
         secrets: dict[str, str] = {}  # the cluster's profile has no api.key_file
-        serve.serve(plan, serve.nodes_of(plan), secrets, serve.Options(), said, said)
+        opts = serve.Options(sysfs=SYSFS, volume_kind="local")  # the cluster's profile: nfs.share = false
+        serve.serve(plan, serve.nodes_of(plan), secrets, opts, said, said)
         return time.monotonic() - start, lines
     except Exception as exc:
         raise SystemExit(f"error: serve ({'sequential' if sequential else 'parallel'}) failed: {exc}\n"
@@ -303,7 +307,8 @@ def main() -> None:
         # `python -m tp4` runs this checkout's tp4, not an installed one
         os.environ["PYTHONPATH"] = os.pathsep.join([str(REPO / "python"), *filter(None, [os.environ.get("PYTHONPATH")])])
         print("starting the four netns hosts and loading the stand-in image ...", flush=True)
-        with LineCluster(tmp / "cluster", storage_driver=opts.storage_driver) as cluster:
+        with DoctorCluster(tmp / "cluster", storage_driver=opts.storage_driver) as cluster:
+            cluster.reset()
             for i in range(opts.runs):
                 for mode in MODES:
                     run = one_run(cluster, mode)

@@ -90,8 +90,8 @@ def _doctor_prepare(host: Host) -> None:
 
 
 class DoctorCluster(LineCluster):
-    def __init__(self, workdir: Path) -> None:
-        super().__init__(workdir)
+    def __init__(self, workdir: Path, *, key_file: str | None = None, storage_driver: str = "vfs") -> None:
+        super().__init__(workdir, key_file=key_file, storage_driver=storage_driver)
         self.hosts.prepare = _doctor_prepare
 
     def profile_text(self) -> str:

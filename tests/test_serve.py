@@ -1,7 +1,8 @@
 """`tp4 serve | stop | status | logs | smoke` on four netns hosts (real sshd, real podman running
-each rank's plan argv, the stand-in engine in the image; tests/line_cluster.py). Each scenario
-asserts the exit code, the message (node and cause) and that nothing of the line is left on any
-host afterwards."""
+each rank's plan argv, the stand-in engine in the image; tests/line_cluster.py), each host laid
+out as a good Spark for doctor's checks, which serve runs (tests/doctor_hosts.py: the RDMA sysfs
+tree at SYSFS, a stub nvidia-smi). Each scenario asserts the exit code, the message (node and
+cause) and that nothing of the line is left on any host afterwards."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from doctor_hosts import SYSFS, DoctorCluster
 from line_cluster import LineCluster
 
 from tp4 import serve
@@ -24,8 +26,9 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LineCluster]:
-    with LineCluster(tmp_path_factory.mktemp("serve")) as c:
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DoctorCluster]:
+    with DoctorCluster(tmp_path_factory.mktemp("serve")) as c:
+        c.reset()
         yield c
 
 
@@ -37,8 +40,13 @@ def line(cluster: LineCluster, tmp_path: Path) -> Iterator[LineCluster]:
         host.run("podman", "rm", "-f", "-a", "-t", "0", check=False)
 
 
+def argv(*args: str) -> list[str]:
+    """`python -m tp4 ARGS`; a serve reads the hosts' RDMA sysfs tree at SYSFS (doctor's checks)."""
+    return [sys.executable, "-m", "tp4", *args, *(["--sysfs", SYSFS] if "serve" in args else [])]
+
+
 def tp4(*args: str, env: dict[str, str] | None = None, timeout: float = 240) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "tp4", *args], capture_output=True, text=True, timeout=timeout,
+    return subprocess.run(argv(*args), capture_output=True, text=True, timeout=timeout,
                           env={**os.environ, "PYTHONPATH": str(REPO / "python"), **(env or {})})
 
 
@@ -110,8 +118,42 @@ def test_an_unreachable_worker_fails_the_checks_and_nothing_starts(line: LineClu
     path.write_text(text.replace(f'ssh = "{worker}"', f'ssh = "{gone}"'))
     proc = tp4("serve", "--profile", str(path))
     assert proc.returncode == 1
-    assert f"{line.plan.nodes[2].name}: reachable:" in proc.stderr
+    name = line.plan.nodes[2].name
+    assert f"serve refused: 1 blocking check(s) failed on {name}: SSH.REACHABLE; nothing was started" in proc.stderr
+    assert re.search(rf"^FAIL {name} SSH.REACHABLE \(blocking\): .*{re.escape(gone)}", proc.stderr, re.M), proc.stderr
+    assert re.search(r"^SSH\.REACHABLE +ok +ok +FAIL +ok$", proc.stderr, re.M), proc.stderr  # doctor's table
     assert "Traceback" not in proc.stderr
+    assert_nothing_left(line)
+
+
+def test_doctors_blocking_checks_refuse_serve_and_force_overrides_only_foreign_gpu_apps(line: DoctorCluster,
+                                                                                        tmp_path: Path) -> None:
+    """serve runs doctor's blocking checks: a port down on one worker refuses it with doctor's
+    table and its fix; another stack's compute apps on a GPU refuse it unless --force."""
+    worker = line.plan.nodes[3]
+    state = line.port(line.hosts[3], worker.gid.hcas[0]) / "state"
+    apps = line.fake(line.head, "apps.csv")
+    try:
+        state.write_text("1: DOWN\n")
+        apps.write_text("4242, python3, 9000 MiB\n")
+        proc = tp4("serve", "--profile", str(line.profile), "--force")
+        assert proc.returncode == 1
+        assert f"failed on {worker.name}: RDMA.PORT_ACTIVE; nothing was started" in proc.stderr, proc.stderr
+        assert f"FAIL {worker.name} RDMA.PORT_ACTIVE (blocking)" in proc.stderr and "     fix: " in proc.stderr
+        assert_nothing_left(line)
+        state.write_text("4: ACTIVE\n")
+        proc = tp4("serve", "--profile", str(line.profile))
+        assert proc.returncode == 1
+        assert f"failed on {line.plan.nodes[0].name}: GPU.NO_FOREIGN_APPS; nothing was started" in proc.stderr, proc.stderr
+        assert "4242" in proc.stderr
+        assert_nothing_left(line)
+        proc = tp4("serve", "--profile", str(line.profile), "--force")
+        assert proc.returncode == 0, proc.stderr
+        assert re.search(rf"^warning: {line.plan.nodes[0].name}: .*4242.* \(--force: serving anyway\)$", proc.stderr, re.M), proc.stderr
+        assert tp4("stop", "--profile", str(line.profile)).returncode == 0
+    finally:
+        state.write_text("4: ACTIVE\n")
+        apps.write_text("")
     assert_nothing_left(line)
 
 
@@ -168,7 +210,7 @@ def test_a_slow_boot_is_reported_and_restarted_once_when_asked(line: LineCluster
 
 def test_ctrl_c_mid_boot_stops_every_rank(line: LineCluster, tmp_path: Path) -> None:
     profile = fault(line, tmp_path, "hang", 0)
-    child = subprocess.Popen([sys.executable, "-m", "tp4", "serve", "--profile", profile], stdout=subprocess.PIPE,
+    child = subprocess.Popen(argv("serve", "--profile", profile), stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(REPO / "python")})
     try:
         deadline = time.monotonic() + 60
@@ -190,7 +232,7 @@ def test_ctrl_c_mid_boot_stops_every_rank(line: LineCluster, tmp_path: Path) -> 
 def test_a_second_serve_is_refused_while_one_holds_the_line_and_a_stale_lock_is_taken_over(line: LineCluster,
                                                                                           tmp_path: Path) -> None:
     profile = fault(line, tmp_path, "hang", 0)
-    first = subprocess.Popen([sys.executable, "-m", "tp4", "serve", "--profile", profile, "--timeout", "graphs=20"],
+    first = subprocess.Popen(argv("serve", "--profile", profile, "--timeout", "graphs=20"),
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                              env={**os.environ, "PYTHONPATH": str(REPO / "python")})
     try:

@@ -114,21 +114,26 @@ def test_a_nixos_node_runs_its_rank_as_the_modules_unit():
     head, w1, w2 = (serve.nodes_of(p)[i] for i in range(3))
     assert head.rank.service == ("nixos", "podman", "podman-dsv41-head.service", "/run/tp4/dsv41-head.env")
     assert w1.rank.service.unit == "docker-dsv41-worker.service"
-    # one command: the env file from stdin (mode 0600), then the start
+    # one command: the env file from stdin (mode 0600), then the start; the module makes a NixOS
+    # host's directories, serve a plain host's writable bind mounts
     wrap = ["sh", "-c", serve._WRITE_AND_RUN, "sh"]
-    assert serve.start_argv(head, line="L") == ["sudo", "-n", *wrap, "/run/tp4/dsv41-head.env",
+    assert serve.start_argv(head, line="L") == ["sudo", "-n", *wrap, "/run/tp4/dsv41-head.env", "0",
                                                 "systemctl", "start", "podman-dsv41-head.service"]
-    assert serve.start_argv(w1, line="L") == [*wrap, "/run/tp4/dsv41-worker.env",
+    assert serve.start_argv(w1, line="L") == [*wrap, "/run/tp4/dsv41-worker.env", "0",
                                               "systemctl", "start", "docker-dsv41-worker.service"]  # root: no sudo
     assert serve.stop_argv(head) == ["sudo", "-n", "systemctl", "stop", "podman-dsv41-head.service"]
     plain = serve.start_argv(w2, line="L")
-    assert plain[:5] == [*wrap, w2.rank.service.env_file] and plain[5:] == serve.run_argv(w2.rank, line="L")
+    dirs = serve.made_dirs(w2.rank)
+    assert [m.target for m in w2.rank.run.mounts if m.source in dirs] == ["/state", "/root/.cache", "/engram"]
+    assert plain[:6 + len(dirs)] == [*wrap, w2.rank.service.env_file, str(len(dirs)), *dirs]
+    assert plain[6 + len(dirs):] == serve.run_argv(w2.rank, line="L")
     assert w2.rank.service.env_file.endswith("/dsv41-4x-spark/dsv41-worker.env")
     # a plain head's container is created beside the workers' starts (then `<runtime> start`):
     # the same flags as its run
     create = serve.create_argv(w2, line="L")
     run = serve.run_argv(w2.rank, line="L")
-    assert create[:5] == plain[:5] and create[5:7] == [w2.runtime, "create"] and create[7:] == run[3:]
+    n = 6 + len(dirs)
+    assert create[:n] == plain[:n] and create[n:n + 2] == [w2.runtime, "create"] and create[n + 2:] == run[3:]
     assert run[1:3] == ["run", "-d"]
 
 

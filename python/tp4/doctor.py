@@ -114,6 +114,9 @@ class Limits:
     # the kind the workers' weights volume must be: "nfs" (nfs.share) or "local"; None: either
     # (the Plan does not carry nfs.share; the CLI passes it from the profile)
     volume_kind: Literal["nfs", "local"] | None = None
+    # False: no jumbo ping (a non-blocking check; serve, which only acts on the blocking ones,
+    # skips it and the counters' interval)
+    ping: bool = True
 
 
 # --- the remote half -------------------------------------------------------------------------------
@@ -254,7 +257,7 @@ def remote_args(plan: Plan, rank: RankPlan, limits: Limits) -> list[str]:
     engram = _mount(rank, ENGRAM_MOUNT)
     nccl = _mount(rank, NCCL_MOUNT) or next(((m.type, m.source) for m in rank.run.mounts if m.source.endswith("/libnccl.so.2")), None)
     nodes = plan.nodes
-    peer = nodes[(rank.rank + 1) % len(nodes)].host if len(nodes) > 1 else ""
+    peer = nodes[(rank.rank + 1) % len(nodes)].host if len(nodes) > 1 and limits.ping else ""
     ring = plan.line.fabric == "ring"
     ncclso = ""
     if ring and nccl is not None:
@@ -963,6 +966,14 @@ def doctor(plan: Plan, nodes: Sequence[Node], limits: Limits | None = None) -> R
 def blocking_failures(plan: Plan, nodes: Sequence[Node], limits: Limits | None = None) -> list[Result]:
     """The blocking failures of the line (what serve refuses on), empty when it may start."""
     return doctor(plan, nodes, limits).blocking
+
+
+def image_id(facts: Facts) -> str | None:
+    """The id of the plan's image on the node, from its facts (None: no such image)."""
+    rc, out = _rc(facts.get("image"))
+    if rc != 0 or not out or not out[0].strip():
+        return None
+    return out[0].split(" ", 1)[0].removeprefix("sha256:")
 
 
 MARK = {"ok": "ok", "warn": "warn", "fail": "FAIL", "n/a": "-"}

@@ -21,6 +21,7 @@ unit). Every command goes through :mod:`tp4.process` (one ssh connection per nod
 
 from __future__ import annotations
 
+import collections
 import fcntl
 import hashlib
 import json
@@ -35,7 +36,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, Literal, NamedTuple
 
 from tp4 import containers, process
 from tp4.errors import InvalidInput, Tp4Error
@@ -43,6 +44,7 @@ from tp4.plan import Plan, RankPlan
 
 if TYPE_CHECKING:
     from tp4.api import Endpoint as api_Endpoint
+    from tp4.doctor import Result as doctor_Result
 
 Echo = Callable[[str], None]
 
@@ -352,24 +354,39 @@ def push_spec_tables(nodes: Sequence[Node], names: Sequence[str], echo: Echo) ->
 # --- starting and stopping ------------------------------------------------------------------------
 
 
-# writes stdin to the env file $1 (mode 0600), then runs the rest of its arguments: one command
-# per node starts the rank, its environment never on a command line
-_WRITE_AND_RUN = ('umask 077 && mkdir -p -- "$(dirname -- "$1")" && cat > "$1.tmp" && chmod 600 "$1.tmp" '
-                  '&& mv -f -- "$1.tmp" "$1" && shift && exec "$@"')
+# makes the $2 directories that follow (a plain host's writable bind mounts), writes stdin to the
+# env file $1 (mode 0600), then runs the rest of its arguments: one command per node starts the
+# rank, its environment never on a command line
+_WRITE_AND_RUN = ('f=$1 n=$2; shift 2; while [ "$n" -gt 0 ]; do mkdir -p -- "$1" || exit 125; n=$((n-1)); shift; done; '
+                  'umask 077 && mkdir -p -- "$(dirname -- "$f")" && cat > "$f.tmp" && chmod 600 "$f.tmp" '
+                  '&& mv -f -- "$f.tmp" "$f" && exec "$@"')
+
+
+def made_dirs(rank: RankPlan) -> list[str]:
+    """The host directories serve creates before a plain host's run: its writable bind mounts
+    (state, cache, Engram), never the checkpoint (tp4 download makes it) nor a read-only mount
+    (the ring's NCCL library is a file). A NixOS host's come from the module."""
+    from tp4.plan import MODEL_MOUNT
+
+    if rank.service.kind != "plain":
+        return []
+    return [m.source for m in rank.run.mounts if m.type == "bind" and not m.read_only and m.target != MODEL_MOUNT]
+
+
+def _wrapped(node: Node, start: Sequence[str]) -> list[str]:
+    dirs = made_dirs(node.rank)
+    return ["sh", "-c", _WRITE_AND_RUN, "sh", node.rank.service.env_file, str(len(dirs)), *dirs, *start]
 
 
 def start_argv(node: Node, *, line: str) -> list[str]:
-    """What starts the rank, after writing its env file from stdin: its container (a plain
-    host), or its NixOS unit, whose container the module declares from the same plan and which
-    reads the env file serve wrote."""
+    """What starts the rank, after making its directories and writing its env file from stdin:
+    its container (a plain host), or its NixOS unit, whose container the module declares from
+    the same plan and which reads the env file serve wrote."""
     if node.rank.service.kind == "nixos":
         unit = node.rank.service.unit
         assert unit is not None
-        start = ["systemctl", "start", unit]
-    else:
-        start = run_argv(node.rank, line=line)
-    argv = ["sh", "-c", _WRITE_AND_RUN, "sh", node.rank.service.env_file, *start]
-    return node.privileged(argv) if node.rank.service.kind == "nixos" else argv
+        return node.privileged(_wrapped(node, ["systemctl", "start", unit]))
+    return _wrapped(node, run_argv(node.rank, line=line))
 
 
 def start_rank(node: Node, *, line: str, secrets: dict[str, str]) -> None:
@@ -381,7 +398,7 @@ def create_argv(node: Node, *, line: str) -> list[str]:
     """What creates a plain host's rank container (not started), after writing its env file from
     stdin: `<runtime> create` with the flags of its run."""
     assert node.rank.service.kind == "plain"
-    return ["sh", "-c", _WRITE_AND_RUN, "sh", node.rank.service.env_file, *run_argv(node.rank, line=line, create=True)]
+    return _wrapped(node, run_argv(node.rank, line=line, create=True))
 
 
 def create_rank(node: Node, *, line: str, secrets: dict[str, str]) -> None:
@@ -454,16 +471,19 @@ def stop_nodes(nodes: Sequence[Node], echo: Echo, *, grace: int = STOP_GRACE) ->
 
 @dataclass
 class Follower:
-    """Reads a log stream (`<runtime> logs -f`) in a thread; lines arrive on a queue."""
+    """Reads a log stream (`<runtime> logs -f`, or the output of `podman start --attach`) in a
+    thread; lines arrive on a queue, the last ones are kept in ``tail``."""
 
     proc: process.Popen[str]
     lines: queue.Queue[str | None] = field(default_factory=queue.Queue)
     thread: threading.Thread | None = None
+    tail: collections.deque[str] = field(default_factory=lambda: collections.deque(maxlen=LOG_TAIL))
 
     def start(self) -> Follower:
         def pump() -> None:
             assert self.proc.stdout is not None
             for line in self.proc.stdout:
+                self.tail.append(line.rstrip("\n"))
                 self.lines.put(line.rstrip("\n"))
             self.lines.put(None)
 
@@ -482,6 +502,17 @@ def follow(node: Node, *, since: str | None = None) -> Follower:
     proc = process.start([*argv, node.container], remote=node.remote, stdout=process.PIPE,
                          stderr=process.STDOUT, text=True, errors="replace")
     return Follower(proc).start()
+
+
+def start_attached(node: Node) -> Follower:
+    """Start the node's created container with its output attached (podman), as a Follower."""
+    argv = [node.runtime, "start", "--attach", "--sig-proxy=false", node.container]
+    proc = process.start(argv, remote=node.remote, stdout=process.PIPE, stderr=process.STDOUT, text=True, errors="replace")
+    return Follower(proc).start()
+
+
+# a container not started yet (`podman start --attach` is under way), not one that stopped
+NOT_STARTED = ("created", "configured", "initialized")
 
 
 def phase_of(line: str) -> str | None:
@@ -504,107 +535,80 @@ class Options:
     on_slow_boot: str = "report"  # or "restart" (once)
     slow_floor: float | None = None  # warm-up input throughput (token/s) below which a boot is slow
     tty: bool = False
+    sysfs: str = "/sys"  # the sysfs root doctor's checks read on every node
+    # the kind the workers' weights volume must be (the profile's nfs.share: "nfs", else "local")
+    volume_kind: Literal["nfs", "local"] | None = None
 
 
 
 
-# One command per node gathers what the checks need (every value an argument, never part of the
-# script): the image id, the rank container's state, then per request word: `mkdir DIR`,
-# `volume NAME`, `exists PATH`, `listening`, `gpu`. Output: one `key=value` line per item.
-_FACTS = r"""
-rt=$1 img=$2 ctn=$3; shift 3
-echo "image=$($rt image inspect --format '{{.Id}}' "$img" 2>/dev/null)"
-echo "state=$($rt container inspect --format '{{.State.Status}}' "$ctn" 2>/dev/null)"
-while [ $# -gt 0 ]; do
-  case $1 in
-    mkdir) if mkdir -p -- "$2" 2>/dev/null; then echo "mkdir=ok $2"; else echo "mkdir=fail $2"; fi; shift 2;;
-    volume) if $rt volume inspect "$2" >/dev/null 2>&1; then echo "volume=ok $2"; else echo "volume=missing $2"; fi; shift 2;;
-    exists) if [ -e "$2" ]; then echo "exists=ok $2"; else echo "exists=missing $2"; fi; shift 2;;
-    listening) if command -v ss >/dev/null 2>&1; then echo "listening=$(ss -Hltn | awk '{print $4}' | tr '\n' ' ')"; fi; shift;;
-    gpu) if command -v nvidia-smi >/dev/null 2>&1; then
-           echo "gpu=$(nvidia-smi --query-compute-apps=pid,process_name --format=csv,noheader 2>/dev/null | tr '\n' ';')"; fi; shift;;
-    *) echo "unknown=$1"; shift;;
-  esac
-done
-"""
+class Refused(Tp4Error):
+    """Doctor's blocking checks failed: serve starts nothing and shows doctor's table."""
+
+    def __init__(self, plan: Plan, results: Sequence[doctor_Result], blocking: Sequence[doctor_Result]):
+        from tp4 import doctor
+
+        nodes = sorted({r.node for r in blocking}, key=[n.name for n in plan.nodes].index)
+        head = (f"serve refused: {len(blocking)} blocking check(s) failed on {', '.join(nodes)}: "
+                + ", ".join(dict.fromkeys(r.check for r in blocking)) + "; nothing was started")
+        super().__init__("\n".join([head, *doctor.table(plan, results)]))
+        self.blocking = list(blocking)
 
 
-def facts_argv(node: Node) -> list[str]:
-    """The one command that gathers the node's facts for :func:`_node_checks`."""
-    spec = node.rank.run
-    asks: list[str] = []
-    if node.rank.service.kind == "plain":
-        for m in spec.mounts:
-            if m.type == "bind" and not m.target.startswith("/models/"):
-                asks += ["mkdir", m.source]
-    for m in spec.mounts:
-        if m.type == "volume":
-            asks += ["volume", m.source]
-        elif m.target.startswith("/models/"):
-            asks += ["exists", f"{m.source}/config.json"]
-    for device in spec.devices:
-        asks += ["exists", device.split(":", 1)[0]]
-    if node.rank.rank == 0:
-        asks += ["listening", "gpu"]
-    return ["sh", "-c", _FACTS, "tp4-facts", node.runtime, spec.image, node.container, *asks]
+# the check --force overrides (upstream's FORCE=1: another stack's compute apps on the GPU)
+FORCED_CHECK = "GPU.NO_FOREIGN_APPS"
 
 
-def _node_checks(node: Node, plan: Plan, opts: Options) -> str:
-    """The minimal doctor of one node (until `tp4 doctor`), from one command: reachable, image
-    present, no rank already running, the host paths the container mounts, devices, (head) ports
-    and GPU. Removes what a crashed run left. Returns the image id; raises NodeFailure."""
-    try:
-        out = node.run(facts_argv(node), timeout=60, purpose=f"checking {node.name}").stdout
-    except Tp4Error as exc:
-        raise NodeFailure(node.name, "reachable", exc.message.splitlines()[0]) from None
-    facts: list[tuple[str, str]] = []
-    for line in out.splitlines():
-        key, _, value = line.partition("=")
-        facts.append((key, value))
-    one = dict(facts)
-    image_id = containers.normalize_id(one.get("image", "").strip())
-    if not image_id:
-        raise NodeFailure(node.name, "image", f"{node.runtime} there has no image {node.rank.run.image}; "
-                          "fix: tp4 build, then tp4 distribute")
-    state = one.get("state", "").strip()
-    if state == "running":
-        raise NodeFailure(node.name, "already running", f"{node.container} is running there; fix: tp4 stop first")
-    if state:  # what a crashed run left
-        node.run([node.runtime, "rm", "-f", node.container], timeout=REMOVE_TIMEOUT, purpose=f"removing the stale {node.container}")
-    for key, value in facts:
-        verdict, _, what = value.partition(" ")
-        if key == "mkdir" and verdict != "ok":
-            raise NodeFailure(node.name, "directories", f"cannot create {what} (mounted into the container)")
-        if key == "volume" and verdict != "ok":
-            raise NodeFailure(node.name, "weights", f"the volume {what} does not exist; fix: tp4 share (it creates the "
-                              "workers' NFS volume)")
-        if key == "exists" and verdict != "ok":
-            if what.endswith("/config.json"):
-                raise NodeFailure(node.name, "weights", f"{what} does not exist (the checkpoint); fix: tp4 download")
-            raise NodeFailure(node.name, "devices", f"{what} does not exist (the RDMA devices); fix: load the mlx5 modules "
-                              "and rdma-core (tp4 doctor)")
-        if key == "listening":
-            ports = {int(m) for m in re.findall(r":(\d+)(?:\s|$)", value)}
-            for what, port in (("API", int(plan.line.api.rsplit(":", 1)[1])),
-                               ("dist init", int(plan.line.dist_init_addr.rsplit(":", 1)[1]))):
-                if port in ports:
-                    raise NodeFailure(node.name, "ports", f"the {what} port {port} is in use there; fix: stop what listens on it")
-        if key == "gpu" and value.strip(" ;") and not opts.force:
-            raise NodeFailure(node.name, "GPU", f"the GPU has compute apps ({value.strip(' ;').split(';')[0]}, ...): "
-                              "another stack runs there; fix: stop it, or pass --force")
-    return image_id
+def _state_of(node: Node) -> str:
+    """The rank container's state ('' when there is none); read-only."""
+    proc = node.run([node.runtime, "container", "inspect", "--format", "{{.State.Status}}", node.container], check=False,
+                    timeout=60, purpose=f"reading the state of {node.container} on {node.name}")
+    return proc.stdout.strip() if proc.returncode == 0 else ""
 
 
 def preflight(nodes: Sequence[Node], plan: Plan, opts: Options, echo: Echo) -> None:
-    results = parallel(nodes, lambda n: _node_checks(n, plan, opts))
-    _raise_first(results)
-    ids = {n.name: str(results[n.name]) for n in nodes}
-    head_id = ids[nodes[0].name]
-    differ = [f"{name} has {i[:12]}" for name, i in ids.items() if i != head_id]
-    if differ:
-        raise NodeFailure(differ[0].split()[0], "image", f"the image differs from the head's {head_id[:12]}: "
-                          + ", ".join(differ) + "; fix: tp4 distribute")
-    echo(f"checks: {len(nodes)} nodes reachable, image {head_id[:12]} on every node")
+    """Doctor's blocking checks on every node (tp4.doctor; one facts command per node, all in
+    parallel, without the non-blocking jumbo ping and counter interval), and no rank of the line
+    already running. Refuses (:class:`Refused`, with doctor's table) before anything changes on
+    any node; then removes what a crashed run left."""
+    from tp4 import doctor
+
+    limits = doctor.Limits(sysfs=opts.sysfs, interval=0.0, ping=False, volume_kind=opts.volume_kind)
+
+    def read(node: Node) -> tuple[doctor.Facts, str]:
+        facts = doctor.gather_one(plan, doctor._target(node), limits)
+        return facts, (_state_of(node) if facts.error is None else "")
+
+    got = parallel(nodes, read)
+    facts: dict[str, doctor.Facts] = {}
+    states: dict[str, str] = {}
+    for node in nodes:
+        value = got[node.name]
+        if isinstance(value, BaseException):
+            if not isinstance(value, Exception):
+                raise value
+            facts[node.name], states[node.name] = doctor.Facts(error=getattr(value, "message", str(value)).splitlines()[0]), ""
+        else:
+            assert isinstance(value, tuple)
+            facts[node.name], states[node.name] = value
+    for node in nodes:  # before the doctor's table: a running rank holds the ports and the GPU
+        if states[node.name] == "running":
+            raise NodeFailure(node.name, "already running", f"{node.container} is running there; fix: tp4 stop first")
+    results = doctor.evaluate(plan, facts, limits)
+    blocking = [r for r in results if r.blocking and r.status == "fail" and not (opts.force and r.check == FORCED_CHECK)]
+    if blocking:
+        raise Refused(plan, results, blocking)
+    stale = [n for n in nodes if states[n.name]]
+    if stale:  # what a crashed run left (created, exited): removed, now that serve goes on
+        _raise_first(parallel(stale, lambda n: n.run([n.runtime, "rm", "-f", n.container], timeout=REMOVE_TIMEOUT,
+                                                      purpose=f"removing the stale {n.container} on {n.name}")))
+    head_id = doctor.image_id(facts[nodes[0].name]) or "?"
+    forced = [r for r in results if r.check == FORCED_CHECK and r.status == "fail"]
+    for r in forced:
+        echo(f"warning: {r.node}: {r.detail} (--force: serving anyway)")
+    warned = sorted({r.check for r in results if r.status in ("warn", "fail") and not r.blocking})
+    echo(f"checks: doctor's blocking checks pass on {len(nodes)} nodes, image {head_id[:12]} on every node"
+         + (f"; warnings: {', '.join(warned)} (tp4 doctor shows them)" if warned else ""))
 
 
 class Ready(NamedTuple):
@@ -657,15 +661,21 @@ def _boot(plan: Plan, nodes: Sequence[Node], secrets: dict[str, str], opts: Opti
                 exc = results[n.name]
                 raise NodeFailure(n.name, "create" if n is head else "start", getattr(exc, "message", str(exc)))
         progress(f"started {len(workers)} workers: " + ", ".join(n.name for n in workers) if workers else "no workers")
-        try:
-            if ahead:
-                head.run([head.runtime, "start", head.container], timeout=300, purpose=f"starting the rank of {head.name}")
-            else:
-                start_rank(head, line=line, secrets=secrets)
-        except Tp4Error as exc:
-            raise NodeFailure(head.name, "start", exc.message) from None
+        if ahead and head.runtime == "podman":
+            # the start and the follower in one: `podman start --attach` streams the output from
+            # the first line on, as it is written (`podman logs -f` polls its file every 250 ms);
+            # without --sig-proxy, stopping the follower leaves the container running
+            follower = start_attached(head)
+        else:
+            try:
+                if ahead:
+                    head.run([head.runtime, "start", head.container], timeout=300, purpose=f"starting the rank of {head.name}")
+                else:
+                    start_rank(head, line=line, secrets=secrets)
+            except Tp4Error as exc:
+                raise NodeFailure(head.name, "start", exc.message) from None
+            follower = follow(head)
         progress(f"started the head {head.name}; following its log")
-        follower = follow(head)
         _wait_ready(plan, nodes, follower, opts, progress)
         seconds = time.monotonic() - began  # from the first rank's start
         # the follower's stop (its remote process group over a second ssh) runs beside the checks
@@ -738,7 +748,7 @@ def _wait_ready(plan: Plan, nodes: Sequence[Node], follower: Follower, opts: Opt
                 state = states[node.name]
                 if isinstance(state, BaseException):
                     raise NodeFailure(node.name, "reachable", getattr(state, "message", str(state)).splitlines()[0])
-            stopped = [n for n in nodes if states[n.name] != "running"]
+            stopped = [n for n in nodes if states[n.name] != "running" and states[n.name] not in NOT_STARTED]
             if stopped:
                 raise _first_exit(stopped, states, phase)
         try:
@@ -748,6 +758,10 @@ def _wait_ready(plan: Plan, nodes: Sequence[Node], follower: Follower, opts: Opt
         if line is None:  # the head's container ended: which rank went first?
             time.sleep(1.0)
             states = parallel(nodes, container_state)
+            head = nodes[0]
+            if states[head.name] in NOT_STARTED:  # its `start --attach` failed
+                raise NodeFailure(head.name, "start", f"its container did not start (it is {states[head.name]})",
+                                  list(follower.tail))
             stopped = [n for n in nodes if states[n.name] != "running" and not isinstance(states[n.name], BaseException)]
             if stopped:
                 raise _first_exit(stopped, states, phase)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import click
 
-from tp4.cli.serve import DEFAULT_PROFILE, profile_option, ssh_option, strict_option
+from tp4.cli.serve import DEFAULT_PROFILE, profile_option, ssh_option, strict_option, sysfs_option, sysfs_root
 from tp4.errors import Tp4Error
 
 
@@ -19,7 +19,7 @@ from tp4.errors import Tp4Error
               help="Write the evidence (tp4.doctor/1: every node's facts and every check) to FILE.")
 @click.option("--interval", type=click.FloatRange(min=0, max=60), default=2.0, show_default=True, metavar="SECONDS",
               help="Seconds between the two reads of the RoCE error counters.")
-@click.option("--sysfs", default="/sys", show_default=True, hidden=True, help="The sysfs root read on every node.")
+@sysfs_option
 @ssh_option
 @strict_option
 def doctor(profile_path: str | None, json_path: str | None, interval: float, sysfs: str, ssh_options: tuple[str, ...],
@@ -34,8 +34,7 @@ def doctor(profile_path: str | None, json_path: str | None, interval: float, sys
     from tp4.cli.plan import load_profile
     from tp4.plan import build_plan
 
-    if not sysfs.startswith("/") or any(c in sysfs for c in "\n\r\0"):
-        raise Tp4Error(f"--sysfs {sysfs!r}: expected an absolute path", exit_code=2)
+    sysfs = sysfs_root(sysfs)
     if profile_path is None and Path(DEFAULT_PROFILE).is_file():
         profile_path = DEFAULT_PROFILE
     loaded = load_profile(profile_path, strict)

@@ -15,6 +15,7 @@ from tp4.errors import InvalidInput, Tp4Error
 
 if TYPE_CHECKING:
     from tp4.plan import Plan
+    from tp4.profile.load import Loaded
     from tp4.serve import Node
 
 DEFAULT_PROFILE = "profile.toml"
@@ -36,19 +37,37 @@ def _err(line: str) -> None:
 
 def _line(profile_path: str | None, strict: bool, ssh_options: tuple[str, ...]) -> tuple[Plan, list[Node], dict[str, str]]:
     """(plan, nodes, secrets) of the profile."""
+    plan, nodes, secrets, _ = _line_loaded(profile_path, strict, ssh_options)
+    return plan, nodes, secrets
+
+
+def _line_loaded(profile_path: str | None, strict: bool,
+                 ssh_options: tuple[str, ...]) -> tuple[Plan, list[Node], dict[str, str], Loaded]:
+    """(plan, nodes, secrets, the loaded profile) of the profile."""
     from tp4 import serve
     from tp4.cli.plan import load_profile
     from tp4.plan import build_plan
 
     if profile_path is None and Path(DEFAULT_PROFILE).is_file():
         profile_path = DEFAULT_PROFILE
-    plan = build_plan(load_profile(profile_path, strict))
+    loaded = load_profile(profile_path, strict)
+    plan = build_plan(loaded)
     secrets: dict[str, str] = {}
     if "API_KEY" in plan.secrets:
         from tp4 import api
 
         secrets["API_KEY"] = api.read_key(os.path.expanduser(plan.secrets["API_KEY"].file)).reveal()
-    return plan, serve.nodes_of(plan, ssh_options=ssh_options), secrets
+    return plan, serve.nodes_of(plan, ssh_options=ssh_options), secrets, loaded
+
+
+def sysfs_root(value: str) -> str:
+    if not value.startswith("/") or any(c in value for c in "\n\r\0"):
+        raise InvalidInput(f"--sysfs {value[:80]!r}: expected an absolute path")
+    return value
+
+
+sysfs_option = click.option("--sysfs", default="/sys", show_default=True, hidden=True,
+                            help="The sysfs root doctor's checks read on every node.")
 
 
 def _timeouts(items: tuple[str, ...]) -> dict[str, float]:
@@ -76,31 +95,34 @@ def _timeouts(items: tuple[str, ...]) -> dict[str, float]:
 
 @click.command("serve")
 @profile_option
-@click.option("--force", is_flag=True, help="Start although the head's GPU has compute apps.")
+@click.option("--force", is_flag=True, help="Start although a node's GPU has compute apps (doctor's GPU.NO_FOREIGN_APPS).")
 @click.option("--timeout", "timeouts", multiple=True, metavar="[PHASE=]SECONDS",
               help="Bound a boot phase (start, weights, graphs, smoke, warmup, ready, completion), or all; repeatable.")
 @click.option("--on-slow-boot", type=click.Choice(["report", "restart"]), default="report", show_default=True,
               help="A boot whose warm-up throughput is below the threshold: report it, or restart it once.")
 @click.option("--slow-floor", type=click.FloatRange(min=0, min_open=True, max=1e9), default=None, metavar="TOKENS/S",
               help="Warm-up input throughput below which a boot is slow (default: half the last good boot's).")
+@sysfs_option
 @ssh_option
 @strict_option
 def serve(profile_path: str | None, force: bool, timeouts: tuple[str, ...], on_slow_boot: str, slow_floor: float | None,
-          ssh_options: tuple[str, ...], strict: bool) -> None:
+          sysfs: str, ssh_options: tuple[str, ...], strict: bool) -> None:
     """Start the line and prove it ready, or leave nothing running.
 
-    Checks every node (reachable, the same image, no rank running, ports, GPU), writes each rank's
-    environment to its node as a file of mode 0600, starts the workers in parallel and then the
-    head, and follows the head's boot. Ready means: the head printed `Ready: API on port <PORT>`,
+    Runs doctor's blocking checks on every node (refusing with doctor's table) and checks that no
+    rank runs yet, writes each rank's environment to its node as a file of mode 0600, starts the
+    workers in parallel and then the head, and follows the head's boot. Ready means: the head printed `Ready: API on port <PORT>`,
     a one-token completion answered, and every rank's boot log passed the registry's checks. On
     any failure, or Ctrl-C, every rank started is stopped and the node and check that failed
     are named with that rank's last log lines.
     """
     from tp4 import serve as serve_mod
 
-    plan, nodes, secrets = _line(profile_path, strict, ssh_options)
+    sysfs = sysfs_root(sysfs)
+    plan, nodes, secrets, loaded = _line_loaded(profile_path, strict, ssh_options)
     opts = serve_mod.Options(force=force, timeouts=_timeouts(timeouts), on_slow_boot=on_slow_boot,
-                             slow_floor=slow_floor, tty=sys.stderr.isatty())
+                             slow_floor=slow_floor, tty=sys.stderr.isatty(), sysfs=sysfs,
+                             volume_kind="nfs" if loaded.profile.nfs.share else "local")
     serve_mod.serve(plan, nodes, secrets, opts, _out, _err)
 
 
