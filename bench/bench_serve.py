@@ -42,6 +42,10 @@ Goals (medians over --runs):
   status                 `tp4 status` with the line up (goal: <= 1.5 s)
   stop                   `tp4 stop` (goal: <= 3 s)
 
+The four hosts share this machine's cores: on two cores, per-node work that is CPU-bound (ssh
+handshakes, doctor's facts script, podman) can at best halve when run in parallel, where four
+Sparks would each do their own. Each run prints how busy the machine was during serve.
+
 The machine runs other work too (the tests): timings may be noisy; medians of several runs help.
 Prints every measurement with its goal; exits 1 when a goal is missed, 2 when the machine lacks
 something. Needs root, podman with runc, sshd, ssh, ip, nsenter, unshare, a static busybox and
@@ -177,6 +181,7 @@ class Run:
     status: float
     stop: float
     lines: tuple[tuple[float, str], ...]  # serve's progress lines, seconds since it was called
+    cpu: float = 0.0  # CPU seconds the whole machine (the four hosts too) was busy during serve
 
     @property
     def overhead(self) -> float:
@@ -266,14 +271,22 @@ def serve_in_process(profile: str, sequential: bool) -> tuple[float, list[tuple[
         serve.SEQUENTIAL = False
 
 
+def cpu_busy() -> float:
+    """CPU seconds this machine has been busy (every core, /proc/stat), for the load of a run."""
+    fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    return (sum(fields) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")
+
+
 def one_run(cluster: LineCluster, mode: str) -> Run:
     profile = str(cluster.profile)
     cluster.hosts.close_connections()
     began = time.time()
+    busy = cpu_busy()
     if mode == "cli":
         wall, lines = serve_cli(profile)
     else:
         wall, lines = serve_in_process(profile, sequential=mode == "sequential")
+    busy = cpu_busy() - busy
     boot = boot_of(cluster)
     status, proc = tp4("status", "--profile", profile)
     _must("tp4 status", proc)
@@ -282,7 +295,7 @@ def one_run(cluster: LineCluster, mode: str) -> Run:
     left = cluster.leftovers()
     if left:
         raise SystemExit("error: tp4 stop left " + "; ".join(left))
-    return Run(mode, wall, began, boot, status, stop, tuple(lines))
+    return Run(mode, wall, began, boot, status, stop, tuple(lines), busy)
 
 
 def main() -> None:
@@ -317,6 +330,8 @@ def main() -> None:
                           f"status {run.status:4.2f} s  stop {run.stop:4.2f} s", flush=True)
                     print(f"    runtime: {run.breakdown()}", flush=True)
                     print(f"    serve's steps done at (s): {milestones(run.lines)}", flush=True)
+                    print(f"    machine busy {run.cpu / run.wall:4.2f} of {os.cpu_count()} cores during serve "
+                          "(the four hosts share them)", flush=True)
 
     def median(mode: str | None, value: Callable[[Run], float]) -> float:
         return statistics.median(value(r) for r in runs if mode is None or r.mode == mode)

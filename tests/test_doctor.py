@@ -283,6 +283,24 @@ def test_rising_counters_warn(good: DoctorCluster) -> None:
     assert results[("RDMA.COUNTERS", "node1")].detail == "6 counters steady"
 
 
+def test_servers_limits_skip_the_ping_and_the_counter_interval(good: DoctorCluster) -> None:
+    """serve acts on the blocking checks only: without the ping and the interval, those two
+    non-blocking checks are n/a (not "ok" from two reads 0 s apart) and every blocking one runs."""
+    import dataclasses
+
+    limits = dataclasses.replace(LIMITS, interval=0.0, ping=False)
+    peer = 9  # FACTS_SCRIPT's argument: the address the jumbo ping goes to ("": none)
+    assert doctor.remote_args(good.plan, good.plan.nodes[0], LIMITS)[peer] == good.plan.nodes[1].host
+    assert doctor.remote_args(good.plan, good.plan.nodes[0], limits)[peer] == ""
+    report = doctor.doctor(good.plan, good.nodes(), limits)
+    results = {(x.check, x.node): x for x in report.results}
+    for name in ("node1", "node4"):
+        assert results[("RDMA.JUMBO_PING", name)].status == "n/a"
+        assert results[("RDMA.COUNTERS", name)].status == "n/a"
+    assert {k for k, x in results.items() if x.status not in ("ok", "n/a")} == set(MEMLOCK_WARN)
+    assert report.blocking == []
+
+
 def test_no_counters_warn(good: DoctorCluster) -> None:
     import shutil
 

@@ -686,7 +686,9 @@ def _node_checks(ctx: Context, r: RankPlan, f: Facts) -> None:
     t1, c1 = _counters(f, "1")
     t2, c2 = _counters(f, "2")
     rising = {k: c2[k] - c1[k] for k in c1 if k in c2 and c2[k] > c1[k]}
-    if not c1:
+    if ctx.limits.interval <= 0:
+        add("RDMA.COUNTERS", n, "n/a", "not watched (no interval between the two reads)")
+    elif not c1:
         add("RDMA.COUNTERS", n, "warn", f"no RoCE counters ({', '.join(COUNTERS)}) under hw_counters or counters",
             "load mlx5_ib (its hw_counters) to watch RoCE packet loss")
     elif rising:
