@@ -29,12 +29,13 @@ import tomllib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from importlib import resources
-from typing import TYPE_CHECKING, Literal, NamedTuple
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 from tp4.errors import Tp4Error
 from tp4.plan import Plan, RankPlan
 
 if TYPE_CHECKING:  # tp4.serve imports this module to run the blocking checks
+    from tp4.profile.models import Profile
     from tp4.serve import Node
 
 SCHEMA = "tp4.doctor/1"
@@ -114,9 +115,18 @@ class Limits:
     # the kind the workers' weights volume must be: "nfs" (nfs.share) or "local"; None: either
     # (the Plan does not carry nfs.share; the CLI passes it from the profile)
     volume_kind: Literal["nfs", "local"] | None = None
+    # the shards of a complete checkpoint (the profile's model.expected_shards, which the Plan
+    # does not carry: it is the launcher's EXPECTED_SHARDS, not the container's)
+    expected_shards: int = 48
     # False: no jumbo ping (a non-blocking check; serve, which only acts on the blocking ones,
     # skips it and the counters' interval)
     ping: bool = True
+
+    @classmethod
+    def of_profile(cls, profile: Profile, **given: Any) -> Limits:
+        """The limits a profile implies (what its Plan does not carry), plus ``given``."""
+        return cls(volume_kind="nfs" if profile.nfs.share else "local", expected_shards=profile.model.expected_shards,
+                   **given)
 
 
 # --- the remote half -------------------------------------------------------------------------------
@@ -762,7 +772,7 @@ def _weights(ctx: Context, r: RankPlan, f: Facts) -> None:
     lines = f.get("weights")
     d = next((x[4:] for x in lines if x.startswith("dir ")), "")
     shards = next((int(x.split()[1]) for x in lines if x.startswith("shards ") and x.split()[1].isdigit()), 0)
-    expected = int(r.env.get("EXPECTED_SHARDS", "48") or 48)
+    expected = ctx.limits.expected_shards
     config = "config" in lines
     if r.rank == 0:
         ctx.add("WEIGHTS.WORKER", n, "n/a", "the head reads model.dir")

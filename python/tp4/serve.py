@@ -538,6 +538,7 @@ class Options:
     sysfs: str = "/sys"  # the sysfs root doctor's checks read on every node
     # the kind the workers' weights volume must be (the profile's nfs.share: "nfs", else "local")
     volume_kind: Literal["nfs", "local"] | None = None
+    expected_shards: int = 48  # the profile's model.expected_shards
 
 
 
@@ -573,7 +574,8 @@ def preflight(nodes: Sequence[Node], plan: Plan, opts: Options, echo: Echo) -> N
     any node; then removes what a crashed run left."""
     from tp4 import doctor
 
-    limits = doctor.Limits(sysfs=opts.sysfs, interval=0.0, ping=False, volume_kind=opts.volume_kind)
+    limits = doctor.Limits(sysfs=opts.sysfs, interval=0.0, ping=False, volume_kind=opts.volume_kind,
+                           expected_shards=opts.expected_shards)
 
     def read(node: Node) -> tuple[doctor.Facts, str]:
         facts = doctor.gather_one(plan, doctor._target(node), limits)

@@ -40,7 +40,7 @@ def doctor(profile_path: str | None, json_path: str | None, interval: float, sys
     loaded = load_profile(profile_path, strict)
     plan = build_plan(loaded)
     nodes = serve.nodes_of(plan, ssh_options=ssh_options)
-    limits = doctor_mod.Limits(sysfs=sysfs, interval=interval, volume_kind="nfs" if loaded.profile.nfs.share else "local")
+    limits = doctor_mod.Limits.of_profile(loaded.profile, sysfs=sysfs, interval=interval)
     report = doctor_mod.doctor(plan, nodes, limits)
     for line in doctor_mod.table(plan, report.results):
         click.echo(line)

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 import click
 
+from tp4.cli.serve import sysfs_option, sysfs_root
 from tp4.errors import Tp4Error
 
 if TYPE_CHECKING:
@@ -70,9 +71,10 @@ def pack(profile_path: str | None, ssh_options: tuple[str, ...], strict: bool) -
 
 @click.command("prepare")
 @profile_option
+@sysfs_option
 @ssh_option
 @strict_option
-def prepare(profile_path: str | None, ssh_options: tuple[str, ...], strict: bool) -> None:
+def prepare(profile_path: str | None, sysfs: str, ssh_options: tuple[str, ...], strict: bool) -> None:
     """doctor, download, share, pack: everything the line needs before `tp4 serve`, stopping at
     the first blocking failure. Every step is idempotent: rerun it after a fix and it goes on
     where it stopped. doctor's checkpoint and Engram checks are left to the steps that make them."""
@@ -81,6 +83,7 @@ def prepare(profile_path: str | None, ssh_options: tuple[str, ...], strict: bool
     from tp4 import pack as pack_mod
     from tp4 import share as share_mod
 
+    sysfs = sysfs_root(sysfs)
     loaded, plan, nodes = _line(profile_path, strict, ssh_options)
 
     def step(i: int) -> None:
@@ -91,7 +94,7 @@ def prepare(profile_path: str | None, ssh_options: tuple[str, ...], strict: bool
                         "fix: the fix above, then rerun `tp4 prepare` (the steps done are skipped)", exit_code=exit_code)
 
     step(0)
-    limits = doctor_mod.Limits(volume_kind="nfs" if loaded.profile.nfs.share else "local")
+    limits = doctor_mod.Limits.of_profile(loaded.profile, sysfs=sysfs)
     report = doctor_mod.doctor(plan, nodes, limits)
     for line in doctor_mod.table(plan, report.results):
         click.echo(line)

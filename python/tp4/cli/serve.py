@@ -122,7 +122,8 @@ def serve(profile_path: str | None, force: bool, timeouts: tuple[str, ...], on_s
     plan, nodes, secrets, loaded = _line_loaded(profile_path, strict, ssh_options)
     opts = serve_mod.Options(force=force, timeouts=_timeouts(timeouts), on_slow_boot=on_slow_boot,
                              slow_floor=slow_floor, tty=sys.stderr.isatty(), sysfs=sysfs,
-                             volume_kind="nfs" if loaded.profile.nfs.share else "local")
+                             volume_kind="nfs" if loaded.profile.nfs.share else "local",
+                             expected_shards=loaded.profile.model.expected_shards)
     serve_mod.serve(plan, nodes, secrets, opts, _out, _err)
 
 
