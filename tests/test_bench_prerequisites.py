@@ -85,3 +85,17 @@ def test_bench_serve_reads_the_runtimes_timestamps_and_judges_each_goal(repo, mo
     lines.clear()
     assert bench.report([bench.Goal("stop", 4.2, 3.0, " s"), bench.Goal("status", 1.2, 1.5, " s")], lines.append) == 1
     assert "MISSED" in lines[0] and lines[-1] == "missed: stop"
+
+
+@pytest.mark.parametrize("script", ["bench_doctor.py", "bench_pack.py"])
+def test_bench_doctor_and_pack_name_what_is_missing(repo, tmp_path, script):
+    bare = tmp_path / "bin"
+    bare.mkdir()
+    (bare / "python3").symlink_to(sys.executable)
+    env = {**os.environ, "PATH": str(bare), "TP4_TEST_BUSYBOX": str(tmp_path / "no-busybox")}
+    proc = subprocess.run([sys.executable, str(repo / "bench" / script), "--runs", "1"],
+                          env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert f"{script} needs" in proc.stderr and "podman" in proc.stderr
+    assert "bash python/setup.sh --test" in proc.stderr
