@@ -465,6 +465,36 @@ def test_port_in_use(good: DoctorCluster) -> None:
     assert results[("PORTS.FREE", "node2")].status == "n/a"
 
 
+def test_the_image_stores_port_taken_on_the_head(good: DoctorCluster, tmp_path: Path) -> None:
+    """The head's image store starts on its last port again (tp4.imagestore): something else
+    listening there fails PORTS.FREE; a store that runs, or never ran, has no port to check."""
+    import dataclasses
+
+    from tp4 import imagestore
+
+    root = tmp_path / "registry"
+    assert imagestore.port_in_waiting(root) is None  # never started: it takes a free port
+    root.mkdir()
+    (root / "config.yml").write_text(imagestore.config_text(root, 47123))
+    assert imagestore.port_in_waiting(root) == 47123  # not running: its last port
+    head = good.hosts[0]
+    code = ("import socket, time\ns = socket.socket()\ns.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n"
+            "s.bind(('127.0.0.1', 47123))\ns.listen()\nprint('listening', flush=True)\ntime.sleep(60)\n")
+    listener = subprocess.Popen(["nsenter", f"--net=/run/netns/{head.namespace}", sys.executable, "-c", code],
+                                stdout=subprocess.PIPE, text=True)
+    try:
+        assert listener.stdout is not None and listener.stdout.readline().strip() == "listening"
+        taken = run(good, dataclasses.replace(LIMITS, registry_port=47123))
+        free = run(good, dataclasses.replace(LIMITS, registry_port=47124))
+    finally:
+        listener.kill()
+        listener.wait()
+    r = taken[("PORTS.FREE", "node1")]
+    assert (r.status, r.detail) == ("fail", "the image store port 47123 is in use")
+    assert r.fix is not None and "tp4 image-store start --port N" in r.fix and "cluster.port" not in r.fix
+    assert free[("PORTS.FREE", "node1")].detail == "API, dist init and image store ports free"
+
+
 def test_clock_skew(good: DoctorCluster) -> None:
     good.fake(good.hosts[2], "clock_offset").write_text("5\n")
     results = run(good)

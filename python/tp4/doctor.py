@@ -79,7 +79,7 @@ CHECKS: tuple[CheckSpec, ...] = tuple(CheckSpec(*c) for c in (
     ("ENGRAM.SHARDS", "both packed Engram shards of the rank, or disk to pack them", True),
     ("IMAGE.SAME", "the image on every node, with the same id and layers", True),
     ("DISK.FREE", "free disk for the next image", False),
-    ("PORTS.FREE", "the API and dist init ports free on the head", True),
+    ("PORTS.FREE", "the API, dist init and image store ports free on the head", True),
     ("CLOCK.SKEW", "clocks within a second of each other", False),
     ("MEMORY.FREE", "free memory for the engine", False),
     ("RING.NCCL", "ring: the patched NCCL, the mesh unit active", True),
@@ -121,12 +121,18 @@ class Limits:
     # False: no jumbo ping (a non-blocking check; serve, which only acts on the blocking ones,
     # skips it and the counters' interval)
     ping: bool = True
+    # the head's image store (tp4 build, distribute) starts on this port again: it must be free
+    # on the head (tp4.imagestore.port_in_waiting; None: running, or it takes a free one)
+    registry_port: int | None = None
 
     @classmethod
     def of_profile(cls, profile: Profile, **given: Any) -> Limits:
-        """The limits a profile implies (what its Plan does not carry), plus ``given``."""
+        """The limits a profile implies (what its Plan does not carry) and the head's image
+        store's port, plus ``given``."""
+        from tp4 import imagestore
+
         return cls(volume_kind="nfs" if profile.nfs.share else "local", expected_shards=profile.model.expected_shards,
-                   **given)
+                   registry_port=imagestore.port_in_waiting(), **given)
 
 
 # --- the remote half -------------------------------------------------------------------------------
@@ -730,13 +736,21 @@ def _node_checks(ctx: Context, r: RankPlan, f: Facts) -> None:
     # ports (the head: API and dist init)
     if r.rank == 0:
         ports = {int(m) for m in re.findall(r":(\d+)\s", "\n".join(f.get("listening")) + "\n")}
-        used = [(what, port) for what, port in (("API", int(ctx.plan.line.api.rsplit(":", 1)[1])),
-                                                ("dist init", int(ctx.plan.line.dist_init_addr.rsplit(":", 1)[1]))) if port in ports]
+        wanted = [("API", int(ctx.plan.line.api.rsplit(":", 1)[1])), ("dist init", int(ctx.plan.line.dist_init_addr.rsplit(":", 1)[1]))]
+        if ctx.limits.registry_port is not None:
+            wanted.append(("image store", ctx.limits.registry_port))
+        used = [(what, port) for what, port in wanted if port in ports]
         if used:
-            add("PORTS.FREE", n, "fail", ", ".join(f"the {w} port {p} is in use" for w, p in used),
-                "stop what listens there (ss -ltnp), or `tp4 stop` a line left running, or change cluster.port / cluster.dist_port")
+            fixes = []
+            if any(w != "image store" for w, _ in used):
+                fixes.append("stop what listens there (ss -ltnp), or `tp4 stop` a line left running, or change cluster.port / "
+                             "cluster.dist_port")
+            if any(w == "image store" for w, _ in used):
+                fixes.append("the image store starts on its last port again: stop what took it, or start the store once "
+                             "on another (`tp4 image-store start --port N`)")
+            add("PORTS.FREE", n, "fail", ", ".join(f"the {w} port {p} is in use" for w, p in used), "; ".join(fixes))
         else:
-            add("PORTS.FREE", n, "ok", "API and dist init ports free")
+            add("PORTS.FREE", n, "ok", ", ".join(w for w, _ in wanted[:-1]) + f" and {wanted[-1][0]} ports free")
     else:
         add("PORTS.FREE", n, "n/a", "the head's ports only")
     # memory

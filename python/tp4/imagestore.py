@@ -109,6 +109,15 @@ def _configured_port(root: Path) -> int | None:
     return int(found.group(1)) if found else None
 
 
+def port_in_waiting(root: Path | None = None) -> int | None:
+    """The port the image store will start on (its last start's) while it is not running; None
+    when it runs (the port is its own) or has never started (it takes a free one)."""
+    root = root or default_root()
+    if running(root) is not None:
+        return None
+    return _configured_port(root)
+
+
 def _free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
