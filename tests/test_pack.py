@@ -1,4 +1,5 @@
-"""`tp4 pack` and `tp4 prepare` on four netns hosts (tests/line_cluster.py) whose real podman runs
+"""`tp4 pack` and `tp4 prepare` on four netns hosts (tests/doctor_hosts.py: tests/line_cluster.py's,
+laid out as good Sparks for the doctor checks serve and prepare run) whose real podman runs
 the stand-in image's packer (tests/standin/pack_engram.py at /opt/dsv41/scripts/pack_engram.py):
 every node packs at once, complete shards are skipped, a short one is packed again, a failing
 packer is named; the packer's controls (TP4_STANDIN_PACK_SECONDS, TP4_STANDIN_PACK_FAIL) reach
@@ -19,6 +20,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from doctor_hosts import SYSFS, DoctorCluster
 from line_cluster import LineCluster, containers_conf
 
 from tp4.doctor import engram_files
@@ -36,13 +38,14 @@ def tp4(*args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
 
 
 @pytest.fixture(scope="module")
-def cluster() -> Iterator[LineCluster]:
+def cluster() -> Iterator[DoctorCluster]:
     # overlay, as the nodes use (vfs copies the image's tree per container), and a short path: under
     # pytest's deep temporary directory every attached `podman run --rm` took 20 s more here (the
     # store's run root is in the hosts' dirs; a unix socket path has at most 107 bytes)
     work = Path(tempfile.mkdtemp(prefix="tp4-pack-", dir="/tmp"))
     try:
-        with LineCluster(work, storage_driver="overlay") as c:
+        with DoctorCluster(work, storage_driver="overlay") as c:
+            c.reset()
             yield c
     finally:
         shutil.rmtree(work, ignore_errors=True)
@@ -158,7 +161,7 @@ def test_a_short_shard_under_its_complete_name_is_packed_again(line: LineCluster
 
 def test_pack_after_stop_works(line: LineCluster) -> None:
     # upstream MiaAI-Lab#24: `stop -> pack -> serve` broke; stop must leave what pack needs
-    served = tp4("serve", "--profile", str(line.profile))
+    served = tp4("serve", "--profile", str(line.profile), "--sysfs", SYSFS)
     assert served.returncode == 0, served.stdout + served.stderr
     s = tp4("stop", "--profile", str(line.profile))
     assert s.returncode == 0, s.stdout + s.stderr
@@ -168,9 +171,14 @@ def test_pack_after_stop_works(line: LineCluster) -> None:
     assert_valid(line)
 
 
-def test_prepare_stops_at_the_first_blocking_doctor_failure(line: LineCluster) -> None:
-    # the plain cluster has no RDMA sysfs and no GPU: doctor fails, nothing after it runs
-    r = tp4("prepare", "--profile", str(line.profile))
+def test_prepare_stops_at_the_first_blocking_doctor_failure(line: DoctorCluster) -> None:
+    # no GPU on the head (its nvidia-smi lists none): doctor fails, nothing after it runs
+    gpus = line.fake(line.head, "gpus.csv")
+    gpus.write_text("")
+    try:
+        r = tp4("prepare", "--profile", str(line.profile), "--sysfs", SYSFS)
+    finally:
+        gpus.write_text("NVIDIA GB10, 580.95.05\n")
     assert r.returncode == 1, r.stdout + r.stderr
     assert "prepare: step 1/4: doctor" in r.stdout
     assert "step 2/4" not in r.stdout + r.stderr
