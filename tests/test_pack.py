@@ -161,10 +161,14 @@ def test_a_short_shard_under_its_complete_name_is_packed_again(line: LineCluster
 
 def test_pack_after_stop_works(line: LineCluster) -> None:
     # upstream MiaAI-Lab#24: `stop -> pack -> serve` broke; stop must leave what pack needs
+    for rank in range(len(line.plan.nodes)):  # a packed line serves (doctor's ENGRAM.SHARDS), whatever the disk
+        line.lay_engram(rank)
     served = tp4("serve", "--profile", str(line.profile), "--sysfs", SYSFS)
     assert served.returncode == 0, served.stdout + served.stderr
     s = tp4("stop", "--profile", str(line.profile))
     assert s.returncode == 0, s.stdout + s.stderr
+    for rank in line.plan.nodes:  # packed again from nothing
+        shutil.rmtree(engram_dir(rank))
     r = tp4("pack", "--profile", str(line.profile))
     assert r.returncode == 0, r.stdout + r.stderr
     assert "(4 packed, 0 skipped)" in r.stdout
