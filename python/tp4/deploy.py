@@ -269,6 +269,12 @@ def _message(exc: BaseException) -> str:
     return (getattr(exc, "message", None) or str(exc) or type(exc).__name__).strip()
 
 
+def _brief(exc: BaseException) -> str:
+    """An error in one line: its first, and the last line of the command's stderr after it."""
+    lines = [line.strip() for line in _message(exc).splitlines() if line.strip()]
+    return lines[0] + (f": {lines[-1]}" if len(lines) > 1 else "") if lines else type(exc).__name__
+
+
 def _run(node: Node, argv: Sequence[str], what: str, *, timeout: float = 120.0,
          check: bool = True) -> process.CompletedProcess[str]:
     try:
@@ -354,7 +360,7 @@ def _each(nodes: Sequence[Node], fn: Callable[[Node], object], states: dict[str,
         if isinstance(got, BaseException):
             if not isinstance(got, Exception):
                 raise got
-            states[n.name].detail = _message(got).splitlines()[0] if isinstance(got, HostFailed) else f"{step}: {_message(got)}"
+            states[n.name].detail = _brief(got) if isinstance(got, HostFailed) else f"{step}: {_brief(got)}"
             states[n.name].result = "failed"
             progress(f"{n.name}: FAILED: {states[n.name].detail}")
         else:
@@ -435,7 +441,7 @@ def deploy(plan: Plan, nodes: Sequence[Node], opts: Options, out: Echo, progress
             why = st.detail or f"rolled back with the others (--all-or-nothing; failed: {', '.join(f.name for f in failed)})"
             if isinstance(got, BaseException):
                 st.result = "rollback failed"
-                st.detail = (f"{why}; the rollback to generation {st.before} failed too: {_message(got).splitlines()[0]}; fix: "
+                st.detail = (f"{why}; the rollback to generation {st.before} failed too: {_brief(got)}; fix: "
                              f"on the host, nix-env -p {SYSTEM_PROFILE} --switch-generation {st.before} and "
                              f"{generation_link(st.before or 0)}/bin/switch-to-configuration switch, or boot generation "
                              f"{st.before} from the boot menu")
