@@ -26,14 +26,18 @@ sessions' PATH, like DoctorCluster's stubs; each keeps its records under the hos
   (``systemd-run.log``, one JSON object a line) and runs the command as a unit would: in a
   session of its own (the ssh session ending does not stop it), with a unit's environment (PATH
   and what ``--setenv`` gives, nothing of the caller's else); with ``--wait`` it exits with the
-  command's status, without ``--pipe`` the output goes to ``journal/<unit>``;
+  command's status, without ``--pipe`` the output goes to ``journal/<unit>``; the unit's state
+  (``units/<unit>``, what systemctl reads) is active while it runs, gone when it ended (failed
+  for a failed one without ``--collect``), also when the caller went first;
 * ``systemctl``: ``is-active [--] UNIT...`` from ``units/<unit>`` (what the last switch set;
   ``inactive`` without), ``show -p LimitMEMLOCK --value`` (``infinity``, what the host module
   sets); refuses the rest;
 * the systems' ``bin/switch-to-configuration`` (in the store paths the flake builds; the host's
   /bin/sh runs it, where a NixOS system's is a program of its closure): refuses an
   action other than switch, boot, test or dry-activate; records its path, action and start and
-  end times (``switch.log``); sleeps the system's ``seconds``; then sets each unit the system
+  end times (``switch.log``); for a system that says so, ends the ssh connection that started it
+  (TERM to the nearest sshd above it: what a restart of sshd or the network does); sleeps the
+  system's ``seconds``; then sets each unit the system
   lists to its state (``units/<unit>``: ``tp4-rdma-check.service`` active, or failed for a
   system whose RDMA check fails), and fails (exit 1) when the system says so;
 * ``nix-store``: the real one, its ``--serve`` sessions (what `nix copy --to ssh://` starts on
@@ -57,7 +61,7 @@ STATE = "/etc/tp4-deploy"
 
 SYSTEMD_RUN = r'''#!/usr/bin/python3
 """systemd-run, as far as tp4 deploy uses it (tests/deploy_hosts.py)."""
-import json, os, subprocess, sys, time
+import json, os, signal, subprocess, sys, time
 
 d = "@state@"
 UNIT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -113,6 +117,10 @@ except FileExistsError:
 os.close(fd)
 with open(os.path.join(d, "systemd-run.log"), "a") as log:
     log.write(json.dumps({"unit": unit, "options": seen, "argv": args, "time": time.time()}) + "\n")
+state = os.path.join(d, "units", unit)
+os.makedirs(os.path.dirname(state), exist_ok=True)
+with open(state, "w") as f:
+    f.write("active\n")
 env = {"PATH": UNIT_PATH}
 for item in opts["setenv"]:
     k, eq, v = item.partition("=")
@@ -125,13 +133,24 @@ if opts["pipe"]:
 else:
     os.makedirs(os.path.join(d, "journal"), exist_ok=True)
     out = err = open(os.path.join(d, "journal", unit), "ab")
-child = subprocess.Popen(args, env=env, cwd="/", stdin=None if opts["pipe"] else subprocess.DEVNULL,
-                         stdout=out, stderr=err, start_new_session=True)
-if not opts["wait"]:
-    sys.exit(0)
-code = child.wait()
-if code == 0 or opts["collect"]:
+manager = os.fork()
+if manager:  # the caller; the unit lives on in the manager below if the caller goes (its ssh ended)
+    if not opts["wait"]:
+        sys.exit(0)
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    _, status = os.waitpid(manager, 0)
+    sys.exit(os.waitstatus_to_exitcode(status))
+os.setsid()
+signal.signal(signal.SIGHUP, signal.SIG_IGN)
+# SIGPIPE stays ignored, as a unit's (IgnoreSIGPIPE=yes): a write to a dead ssh channel fails, it does not kill
+code = subprocess.call(args, env=env, cwd="/", stdin=None if opts["pipe"] else subprocess.DEVNULL, stdout=out, stderr=err,
+                       restore_signals=False)
+if code == 0 or opts["collect"]:  # a transient unit goes when it ends; a failed one stays without --collect
     os.unlink(loaded)
+    os.unlink(state)
+else:
+    with open(state, "w") as f:
+        f.write("failed\n")
 sys.exit(code if code >= 0 else 128 - code)
 '''
 
@@ -173,6 +192,15 @@ SYSTEMS_FLAKE = r"""{
         d=@state@
         self=$(cd "$(dirname "$0")/.." && pwd -P)
         echo "$(date +%s.%N) start $self $1" >> "$d/switch.log"
+        if [ "$(cat "$self/drop")" = 1 ]; then
+          # what a restart of sshd or the network does: the ssh connection that started the switch ends
+          p=$PPID
+          while [ "$p" -gt 1 ]; do
+            case "$(cat /proc/$p/comm)" in sshd*) kill -TERM "$p"; break;; esac
+            p=$(awk '{print $4}' /proc/$p/stat)
+          done
+          sleep 1
+        fi
         sleep "$(cat "$self/seconds")"
         mkdir -p "$d/units"
         while read -r unit state; do echo "$state" > "$d/units/$unit"; done < "$self/units"
@@ -188,6 +216,7 @@ SYSTEMS_FLAKE = r"""{
           echo "${s.label}" > "$out/nixos-version"
           echo "${toString s.seconds}" > "$out/seconds"
           echo "${if s.fail then "1" else "0"}" > "$out/fail"
+          echo "${if s.drop then "1" else "0"}" > "$out/drop"
           echo "@rdma_unit@ ${s.rdma}" > "$out/units"
           { echo "#!/bin/sh"; ${bb}/bin/busybox cat ${switch}; } > "$out/bin/switch-to-configuration"
           ${bb}/bin/busybox chmod +x "$out/bin/switch-to-configuration"
@@ -209,9 +238,10 @@ class System:
     rdma: str = "active"
     fail: bool = False
     seconds: float = 0.0
+    drop_ssh: bool = False  # the switch ends the ssh connection that started it (restarting sshd)
 
     def to_json(self) -> dict[str, object]:
-        return {"label": self.label, "rdma": self.rdma, "fail": self.fail, "seconds": self.seconds}
+        return {"label": self.label, "rdma": self.rdma, "fail": self.fail, "seconds": self.seconds, "drop": self.drop_ssh}
 
 
 def _deploy_prepare(host: Host) -> None:

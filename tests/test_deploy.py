@@ -202,3 +202,19 @@ def test_an_unreachable_host_is_reported_and_with_all_or_nothing_no_host_changes
     assert code == 1 and row(out, down.name)[-1] == "failed"
     for h in line.hosts[:3]:
         assert line.current(h) == newest(line, h) > before[h.name][0] and row(out, h.name)[-1] == "deployed"
+
+
+def test_a_switch_that_ends_its_ssh_connection_still_completes_and_is_checked(line, tp4_cli):
+    """What systemd-run is for: the switch restarts sshd (here: ends the connection that started
+    it), the activation goes on in its unit, tp4 waits for the unit on a new connection and the
+    post-check decides."""
+    cut = line.hosts[1]
+    paths = line.build({h.name: System("v7", drop_ssh=h is cut, seconds=1.0) for h in line.hosts})
+    before = state(line)
+    code, out, err = run(tp4_cli, line)
+    assert code == 0, out + err
+    assert f"{cut.name}: the ssh connection ended during the switch" in err
+    assert [(s[1], s[2]) for s in line.switches(cut)] == [("start", paths[cut.name]), ("end", paths[cut.name])]
+    assert state(line)[cut.name] == (newest(line, cut), paths[cut.name]) and newest(line, cut) > before[cut.name][0]
+    assert line.unit_state(cut, "tp4-deploy-switch.service") == "inactive"  # ended and collected
+

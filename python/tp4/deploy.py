@@ -24,6 +24,8 @@ them at once (:func:`tp4.serve.parallel`), every command through :mod:`tp4.proce
    nixpkgs PR #258571): a restart of sshd, the network or RDMA during the switch cannot kill the
    activation with the ssh session that started it. The fixed unit name also refuses a second
    switch while one still runs on the host (``--collect`` unloads a finished one);
+   When the switch's ssh connection ends (sshd or the network restarting), tp4 waits on a new
+   connection until the unit has finished and lets the post-check judge;
 4. the **post-check, from this machine**: ssh answers on a new connection (not the shared one,
    which outlives an sshd restart), :data:`RDMA_CHECK_UNIT` (the host module's oneshot check of the
    fabric ports and GIDs) is active, and doctor's blocking checks pass for the host
@@ -181,7 +183,7 @@ def ssh_check_argv() -> list[str]:
 
 
 def unit_argv() -> list[str]:
-    return ["systemctl", "is-active", "--", RDMA_CHECK_UNIT]
+    return unit_state_argv(RDMA_CHECK_UNIT)
 
 
 def fresh(node: Node) -> Node:
@@ -303,11 +305,42 @@ def copy(node: Node, toplevel: str) -> None:
         raise HostFailed(f"copy: {toplevel} is not a NixOS system on the host (no nixos-version) after nix copy")
 
 
-def switch(node: Node, toplevel: str, state: HostState) -> None:
+# the states of a unit that has not finished yet
+UNFINISHED = ("active", "activating", "deactivating", "reloading", "refreshing")
+
+
+def unit_state_argv(unit: str) -> list[str]:
+    return ["systemctl", "is-active", "--", unit]
+
+
+def switch(node: Node, toplevel: str, state: HostState, progress: Echo) -> None:
+    """Set the profile (a new generation) and switch to it in the transient unit. When the ssh
+    connection ends during the switch (it restarted sshd or the network: what the unit is for),
+    wait on a new connection until the unit has finished; the post-check judges the result."""
     _run(node, set_argv(node, toplevel), "setting the system profile")
     state.switched = True
     state.after = record(node)
-    _run(node, switch_argv(node, toplevel), "switch-to-configuration switch", timeout=SWITCH_TIMEOUT)
+    proc = _run(node, switch_argv(node, toplevel), "switch-to-configuration switch", timeout=SWITCH_TIMEOUT, check=False)
+    if proc.returncode == 0:
+        return
+    if proc.returncode != 255:
+        why = (proc.stderr.strip().splitlines() or [""])[-1]
+        raise HostFailed(f"switch-to-configuration switch failed with exit code {proc.returncode}" + (f": {why}" if why else ""))
+    unit = f"{SWITCH_UNIT}.service"
+    progress(f"{node.name}: the ssh connection ended during the switch (sshd or the network restarting); waiting for "
+             f"{unit} to finish, on a new connection")
+    own = fresh(node)
+    deadline = time.monotonic() + SWITCH_TIMEOUT
+    while True:
+        got = own.run(unit_state_argv(unit), check=False, timeout=30, purpose=f"the state of {unit} on {node.name}")
+        now = (got.stdout.strip().splitlines() or [""])[-1]
+        if got.returncode != 255 and now not in UNFINISHED:
+            if now == "failed":
+                raise HostFailed(f"switch-to-configuration switch failed ({unit} failed; journalctl -u {unit} on the host)")
+            return
+        if time.monotonic() > deadline:
+            raise HostFailed(f"{unit} did not finish within {SWITCH_TIMEOUT:g} s after the connection ended")
+        time.sleep(1.0)
 
 
 def post_check(node: Node, timeout: float) -> dict[str, str]:
@@ -399,7 +432,7 @@ def deploy(plan: Plan, nodes: Sequence[Node], opts: Options, out: Echo, progress
     def activate(n: Node) -> None:
         st = states[n.name]
         assert st.toplevel is not None
-        switch(n, st.toplevel, st)
+        switch(n, st.toplevel, st, progress)
         progress(f"{n.name}: switched to generation {st.after}; checking it from here")
         st.checks = post_check(n, opts.check_timeout)
 
