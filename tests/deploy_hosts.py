@@ -36,7 +36,8 @@ sessions' PATH, like DoctorCluster's stubs; each keeps its records under the hos
   /bin/sh runs it, where a NixOS system's is a program of its closure): refuses an
   action other than switch, boot, test or dry-activate; records its path, action and start and
   end times (``switch.log``); for a system that says so, ends the ssh connection that started it
-  (TERM to the nearest sshd above it: what a restart of sshd or the network does); sleeps the
+  (TERM to the nearest sshd above it: what a restart of sshd or the network does), or stops the
+  host's sshd listening (TERM to the listener; the connections open stay); sleeps the
   system's ``seconds``; then sets each unit the system
   lists to its state (``units/<unit>``: ``tp4-rdma-check.service`` active, or failed for a
   system whose RDMA check fails), and fails (exit 1) when the system says so;
@@ -201,6 +202,14 @@ SYSTEMS_FLAKE = r"""{
           done
           sleep 1
         fi
+        if [ "$(cat "$self/stop_sshd")" = 1 ]; then
+          # sshd stops listening (a broken sshd configuration): the connections open stay, new ones fail
+          p=$PPID
+          while [ "$p" -gt 1 ]; do
+            case " $(tr '\0' ' ' < /proc/$p/cmdline)" in *" -D "*sshd_config*) kill -TERM "$p"; break;; esac
+            p=$(awk '{print $4}' /proc/$p/stat)
+          done
+        fi
         sleep "$(cat "$self/seconds")"
         mkdir -p "$d/units"
         while read -r unit state; do echo "$state" > "$d/units/$unit"; done < "$self/units"
@@ -217,6 +226,7 @@ SYSTEMS_FLAKE = r"""{
           echo "${toString s.seconds}" > "$out/seconds"
           echo "${if s.fail then "1" else "0"}" > "$out/fail"
           echo "${if s.drop then "1" else "0"}" > "$out/drop"
+          echo "${if s.stop_sshd then "1" else "0"}" > "$out/stop_sshd"
           echo "@rdma_unit@ ${s.rdma}" > "$out/units"
           { echo "#!/bin/sh"; ${bb}/bin/busybox cat ${switch}; } > "$out/bin/switch-to-configuration"
           ${bb}/bin/busybox chmod +x "$out/bin/switch-to-configuration"
@@ -239,9 +249,11 @@ class System:
     fail: bool = False
     seconds: float = 0.0
     drop_ssh: bool = False  # the switch ends the ssh connection that started it (restarting sshd)
+    stop_sshd: bool = False  # the switch stops the host's sshd listening (open connections stay)
 
     def to_json(self) -> dict[str, object]:
-        return {"label": self.label, "rdma": self.rdma, "fail": self.fail, "seconds": self.seconds, "drop": self.drop_ssh}
+        return {"label": self.label, "rdma": self.rdma, "fail": self.fail, "seconds": self.seconds, "drop": self.drop_ssh,
+                "stop_sshd": self.stop_sshd}
 
 
 def _deploy_prepare(host: Host) -> None:

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from deploy_hosts import DeployCluster, System
 
-from tp4 import deploy
+from tp4 import deploy, process
 
 SYSFS = "/etc/tp4-sys"
 
@@ -217,4 +217,48 @@ def test_a_switch_that_ends_its_ssh_connection_still_completes_and_is_checked(li
     assert [(s[1], s[2]) for s in line.switches(cut)] == [("start", paths[cut.name]), ("end", paths[cut.name])]
     assert state(line)[cut.name] == (newest(line, cut), paths[cut.name]) and newest(line, cut) > before[cut.name][0]
     assert line.unit_state(cut, "tp4-deploy-switch.service") == "inactive"  # ended and collected
+
+
+def test_a_host_that_stops_taking_new_ssh_connections_fails_its_post_check(line, tp4_cli):
+    """sshd stops listening after the switch: the shared connection still works (a check over it
+    would pass), a new one does not; the host goes back to its generation over the shared one."""
+    mute = line.hosts[0]
+    line.systems({h.name: System("v8", stop_sshd=h is mute) for h in line.hosts})
+    before = state(line)
+    try:
+        code, out, err = run(tp4_cli, line, "--check-timeout", "2")
+        assert process.run(["true"], remote=mute.remote).returncode == 0  # the shared connection lives on
+    finally:
+        line.hosts._start_sshd(mute)
+        line.hosts.wait_for_sshd(mute)
+    assert code == 1, out + err
+    assert f"{mute.name}: post-check: ssh: a new ssh connection fails" in out
+    assert row(out, mute.name)[-4:] == ["rolled", "back", "to", str(before[mute.name][0])]
+    assert state(line)[mute.name] == before[mute.name]
+    assert all(row(out, h.name)[-1] == "deployed" for h in line.hosts[1:])
+
+
+def test_the_stand_ins_refuse_what_systemd_and_nix_env_refuse(line):
+    """The stand-ins are strict where tp4 could go wrong: an unknown option, a relative command, a
+    unit already loaded; nix-env (the real one) refuses an unknown generation (a path not in the
+    store it would try to substitute: not tried here, offline)."""
+    host = line.hosts[0]
+    for argv, message in ((["systemd-run", "--bogus", "/bin/true"], "unrecognized option '--bogus'"),
+                          (["systemd-run", "--wait", "true"], "Failed to find executable true"),
+                          (["systemd-run", "--unit=x", "--wait", "--service-type=nope", "/bin/true"], "Failed to parse service type"),
+                          (["systemd-run"], "Command line to execute required"),
+                          (["nix-env", "-p", deploy.SYSTEM_PROFILE, "--switch-generation", "9999"], "profile version 9999 does not exist")):
+        proc = host.run(*argv, check=False)
+        assert proc.returncode != 0 and message in proc.stderr, (argv, proc.stderr)
+    # a failed unit without --collect stays loaded, and the same name is refused then
+    assert host.run("systemd-run", "--unit=tp4-test-stays", "--wait", "/bin/false", check=False).returncode == 1
+    again = host.run("systemd-run", "--unit=tp4-test-stays", "--wait", "--collect", "/bin/true", check=False)
+    assert again.returncode == 1 and "tp4-test-stays.service was already loaded" in again.stderr
+    assert host.run("systemctl", "is-active", "--", "tp4-test-stays.service", check=False).stdout.strip() == "failed"
+    # with --collect a failed unit goes, and its exit status is systemd-run's
+    assert host.run("systemd-run", "--unit=tp4-test-goes", "--wait", "--collect", "/bin/false", check=False).returncode == 1
+    assert host.run("systemctl", "is-active", "--", "tp4-test-goes.service", check=False).stdout.strip() == "inactive"
+    # the unit's environment is a unit's, not the caller's
+    env = host.run("systemd-run", "--wait", "--pipe", "--collect", "--setenv=A=1", "/usr/bin/env").stdout.split()
+    assert sorted(env) == ["A=1", "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"]
 
