@@ -162,3 +162,17 @@ def test_no_node_name_host_or_user_changes_a_command(nodes, name, host, user):
     else:
         assert copy[-3:] == ["--to", f"ssh://{user}@{host}", top]
         assert not host.startswith("-") and not any(c.isspace() or c in "$`'\"();|&" for c in host + user)
+
+
+@pytest.mark.parametrize("old, field, value", [
+    ('name = "w1"', "name", "-oProxyCommand=x"), ('name = "w1"', "name", "spark 1"), ('ip = "10.0.0.2"', "ip", "-J evil"),
+    ('ip = "10.0.0.2"', "ssh", "$(reboot)"), ('user = "root"', "user", "-l"), ('ip = "10.0.0.2"', "ssh", "a b"),
+])
+def test_a_hostile_profile_value_is_refused_before_any_command(tmp_path, tp4_cli, old, field, value):
+    """The profile refuses what would become an option or a second word (exit 2, nothing run)."""
+    new = f"{field} = {json.dumps(value)}" if field != "ssh" else f"{old}\nssh = {json.dumps(value)}"
+    profile = tmp_path / "p.toml"
+    profile.write_text(NIXOS.replace(old, new, 1))
+    (tmp_path / "flake.nix").write_text("{ outputs = _: { }; }\n")
+    code, out, err = tp4_cli("deploy", "-p", str(profile), "--flake", str(tmp_path), "--dry-run")
+    assert code == 2 and value in err and "$ " not in out, err

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from tp4.cli.serve import _err, _line_loaded, _out, profile_option, ssh_option, strict_option, sysfs_option, sysfs_root
+from tp4.cli.serve import DEFAULT_PROFILE, _err, _out, profile_option, ssh_option, strict_option, sysfs_option, sysfs_root
 from tp4.errors import InvalidInput
 
 
@@ -36,13 +36,19 @@ def deploy(profile_path: str | None, flake_dir: Path | None, on: tuple[str, ...]
     the others stay (--all-or-nothing: all go back). Prints one line per host (from, to, result);
     exits 1 when a host failed."""
     from tp4 import deploy as deploy_mod
-    from tp4 import doctor, nix
+    from tp4 import doctor, nix, serve
+    from tp4.cli.plan import load_profile
+    from tp4.plan import build_plan
 
     sysfs = sysfs_root(sysfs)
     for check in skip_checks:
         if check not in doctor.BY_ID:
             raise InvalidInput(f"--skip-check {check!r}: no such doctor check; fix: one of {', '.join(doctor.BY_ID)}")
-    plan, nodes, _, loaded = _line_loaded(profile_path, strict, ssh_options)
+    if profile_path is None and Path(DEFAULT_PROFILE).is_file():
+        profile_path = DEFAULT_PROFILE
+    loaded = load_profile(profile_path, strict)  # no secret is read: deploy needs none
+    plan = build_plan(loaded)
+    nodes = serve.nodes_of(plan, ssh_options=ssh_options)
     flake = str(nix.find_flake(flake_dir))
     limits = doctor.Limits.of_profile(loaded.profile, sysfs=sysfs, interval=0.0, ping=False)
     opts = deploy_mod.Options(flake=flake, on=on, all_or_nothing=all_or_nothing, skip_checks=frozenset(skip_checks),
