@@ -221,6 +221,7 @@ SYSTEMS_FLAKE = r"""{
         inherit system;
         builder = sh;
         args = [ "-euc" ''
+          ${if s.broken then "echo 'this system does not build (on purpose)' >&2; exit 1" else ""}
           ${bb}/bin/busybox mkdir -p "$out/bin"
           echo "${s.label}" > "$out/nixos-version"
           echo "${toString s.seconds}" > "$out/seconds"
@@ -250,10 +251,11 @@ class System:
     seconds: float = 0.0
     drop_ssh: bool = False  # the switch ends the ssh connection that started it (restarting sshd)
     stop_sshd: bool = False  # the switch stops the host's sshd listening (open connections stay)
+    broken: bool = False  # it does not build
 
     def to_json(self) -> dict[str, object]:
         return {"label": self.label, "rdma": self.rdma, "fail": self.fail, "seconds": self.seconds, "drop": self.drop_ssh,
-                "stop_sshd": self.stop_sshd}
+                "stop_sshd": self.stop_sshd, "broken": self.broken}
 
 
 def _deploy_prepare(host: Host) -> None:

@@ -161,6 +161,15 @@ def test_all_or_nothing_takes_every_host_back(line, tp4_cli):
     assert "rolled back with the others (--all-or-nothing; failed: node2)" in out
 
 
+def test_a_system_that_does_not_build_changes_no_host(line, tp4_cli):
+    line.systems({h.name: System("v9", broken=h is line.hosts[3]) for h in line.hosts})
+    before = state(line)
+    code, out, err = run(tp4_cli, line)
+    assert code == 1 and "building the systems" in err and "this system does not build (on purpose)" in err, err
+    assert state(line) == before and not any(line.units(h) or line.serves(h) for h in line.hosts)
+    assert "nix: building '/nix/store/" in err  # nix's progress, one line per build
+
+
 def test_on_picks_the_hosts(line, tp4_cli):
     line.systems({h.name: System("v4") for h in line.hosts})
     before = state(line)

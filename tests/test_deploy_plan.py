@@ -34,6 +34,7 @@ def nodes() -> list[serve.Node]:
 def test_the_systems_are_built_once_here_with_quoted_attribute_names(nodes):
     argv = deploy.build_argv("/src/tp4", [n.name for n in deploy.hosts_of(nodes, ())])
     assert argv == ["nix", "--extra-experimental-features", "nix-command flakes", "build", "--no-link", "--json",
+                    "--log-format", "internal-json", "-v",
                     "/src/tp4#nixosConfigurations.h.config.system.build.toplevel",
                     "/src/tp4#nixosConfigurations.w1.config.system.build.toplevel",
                     '/src/tp4#nixosConfigurations."w.2".config.system.build.toplevel']
@@ -152,7 +153,7 @@ def test_no_node_name_host_or_user_changes_a_command(nodes, name, host, user):
     except InvalidInput:
         assert any(c in name for c in '"\\$')
     else:
-        assert len(build) == 7 and build[-1] in (f"/src#nixosConfigurations.{name}.config.system.build.toplevel",
+        assert len(build) == 10 and build[-1] in (f"/src#nixosConfigurations.{name}.config.system.build.toplevel",
                                                   f'/src#nixosConfigurations."{name}".config.system.build.toplevel')
         assert re.fullmatch(r"[A-Za-z_][A-Za-z0-9_'-]*", name) or f'"{name}"' in build[-1]
     try:

@@ -113,8 +113,35 @@ def installable(flake: str, node: str) -> str:
 
 
 def build_argv(flake: str, names: Sequence[str]) -> list[str]:
-    """The one nix invocation that builds every host's system here."""
-    return [*nix.base(), "build", "--no-link", "--json", *(installable(flake, n) for n in names)]
+    """The one nix invocation that builds every host's system here (its log as JSON events, each
+    build or download shown as a progress line)."""
+    return [*nix.base(), "build", "--no-link", "--json", "--log-format", "internal-json", "-v",
+            *(installable(flake, n) for n in names)]
+
+
+def build(flake: str, names: Sequence[str], progress: Echo) -> dict[str, str]:
+    """Build the systems; node -> its toplevel. Each build or download nix starts is a progress
+    line; a failure shows the end of nix's log."""
+    argv = build_argv(flake, names)
+    proc = process.start(argv, echo=progress, stdout=process.PIPE, stderr=process.PIPE, text=True, errors="replace")
+    tail: list[str] = []
+    try:
+        assert proc.stderr is not None and proc.stdout is not None
+        for line in proc.stderr:
+            event = nix.log_event(line)
+            if event is not None and event[0] == "progress":
+                progress(f"nix: {event[1]}")
+            elif event is not None:
+                tail = (tail + [event[1]])[-20:]
+        out = proc.stdout.read()
+        proc.wait()
+    except BaseException:  # Ctrl-C: nix goes with it
+        process.stop(proc)
+        raise
+    if proc.returncode != 0:
+        raise Tp4Error(f"building the systems (`nix build` of {', '.join(names)}) failed with exit code {proc.returncode}"
+                       + "".join(f"\n{line}" for line in tail))
+    return toplevels(out, names)
 
 
 def store_uri(node: Node) -> str:
@@ -409,9 +436,7 @@ def deploy(plan: Plan, nodes: Sequence[Node], opts: Options, out: Echo, progress
         copy_argv(n, toplevel_placeholder(n.name))
     states = {n.name: HostState(n.name) for n in hosts}
     progress(f"building {len(hosts)} systems here: {', '.join(names)}")
-    proc = process.run(build_argv(opts.flake, names), timeout=None, purpose="building the systems",
-                       echo=progress)
-    for name, path in toplevels(proc.stdout, names).items():
+    for name, path in build(opts.flake, names, progress).items():
         states[name].toplevel = path
         progress(f"{name}: {path}")
 
