@@ -27,7 +27,9 @@ own (``unshare --mount``), shared by its sessions: ``prepare(host)`` (called bef
 sshd starts; it may add to ``host.env``) can put files under ``host.root`` (``<dir>/root``), and
 each of its top directories ``dev`` and ``etc`` is laid over the machine's /dev or /etc in that
 namespace (an overlay whose upper layer is a tmpfs holding a copy of the tree): the host's
-sessions see them, the machine does not, and they go with the namespace.
+sessions see them, the machine does not, and they go with the namespace. ``host.bind(src,
+dst)`` (in ``prepare``) binds a directory of the host over one of the machine's there, e.g. a
+host-local /nix/var/nix/profiles (the hosts share this machine's /nix/store).
 
 The sessions' shell (root's bash, which sshd runs with ``-c`` for every command and which then
 reads ``~/.bashrc``) reads a fresh account's ``.bashrc`` there (Debian's /etc/skel one, which
@@ -76,6 +78,9 @@ for top in dev etc; do
       /proc/self/mountinfo | sort -u | while read -r sub; do mount --rbind "$mnt/$top.lower/$sub" "/$top/$sub"; done
 done
 if [ -f "$dir/bashrc" ] && [ -f "$HOME/.bashrc" ]; then mount --bind "$dir/bashrc" "$HOME/.bashrc"; fi
+if [ -f "$dir/binds" ]; then
+  while IFS='	' read -r src dst; do mount --bind "$src" "$dst"; done < "$dir/binds"
+fi
 exec "$@"
 """
 
@@ -108,6 +113,14 @@ class Host:
     def root(self) -> Path:
         """Files the host's sessions see over the machine's /dev and /etc (see the module doc)."""
         return self.dir / "root"
+
+    def bind(self, src: Path, dst: str) -> None:
+        """``src`` over the machine's directory ``dst`` in the host's sessions (call it in
+        ``prepare``, before its sshd starts; see the module doc)."""
+        if any(c in f"{src}{dst}" for c in "\t\n"):
+            raise ValueError(f"bind {src} {dst}: no tab or newline in either path")
+        with open(self.dir / "binds", "a") as f:
+            f.write(f"{src}\t{dst}\n")
 
     def run(self, *argv: str, check: bool = True) -> subprocess.CompletedProcess:
         """Run a command on the host over ssh (as tp4 would)."""
