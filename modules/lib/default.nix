@@ -55,11 +55,14 @@ in
       weightsMountPoint ? "/var/lib/tp4/weights",
       localWeights ? null,
     }:
-    assert samePlan profile plan;
     let
+      # the profile's own faults first (a missing or repeated address), then whether the plan is its
       ports = hosts.ports { inherit profile; hosts = hostsFile; };
+    in
+    assert builtins.seq ports (samePlan profile plan);
+    let
       nodePorts = ports.${name} or (fail "tp4.node" "${toJSON name} is not a node of the profile (${u.joinWords (map (n: n.name) (hosts.nodes profile))})" "set tp4.node to this host's name in the profile");
-      node = rank.planNode plan name;
+      node = builtins.seq nodePorts (rank.planNode plan name);
       isHead = node.rank == 0;
       nfs = weights.usesNfs { inherit profile plan; };
       servers = if nfs then weights.servers { inherit profile plan; } else [ ];
@@ -74,6 +77,7 @@ in
     {
       inherit name;
       inherit (node) rank role;
+      inherit (plan.line) fabric;
       interfaces = hosts.interfaces nodePorts;
       sysctl = hosts.sysctl nodePorts;
       kernelModules = kernel.rdmaModules;
