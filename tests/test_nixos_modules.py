@@ -1,0 +1,246 @@
+"""modules/*.nix: every module parses; every NixOS option they set or read is one that
+modules/options.toml lists with the nixpkgs file declaring it (nixpkgs cannot be evaluated here,
+so the list is the contract a host with network checks); the RDMA check unit's script fails
+loudly on a port that is down or lacks its RoCE v2 GID.
+
+How the option paths are found:
+* set: each module is called with `lib`'s markers and a fixture `config` (a head, a worker and a
+  ring worker of the example line, their settings computed by the real modules/lib) and its
+  `config` attrset is walked down to the data file's entries (tests/nixos-modules/walk.nix);
+* read: a regular expression over the module sources, every `config.<path>`.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from nixos_helpers import EXAMPLE, LIB, REPO, json_file, nix_eval, nix_path, plan_file, toml
+
+MODULES = REPO / "modules"
+OPTIONS = MODULES / "options.toml"
+WALK = REPO / "tests" / "nixos-modules" / "walk.nix"
+MODULE_FILES = ("spark-host.nix", "tp4-line.nix", "common.nix")
+RDMA_CHECK = MODULES / "rdma-check.sh"
+
+PKGS = ('{ rdma-core = "/nix/store/rdma-core"; coreutils = "/nix/store/coreutils"; runtimeShell = "/bin/sh"; '
+        'writeShellScript = name: text: "/nix/store/script-${name}"; runCommand = name: env: script: "/nix/store/${name}"; }')
+
+
+@pytest.fixture(scope="module")
+def work(tmp_path_factory):
+    return tmp_path_factory.mktemp("nixos-modules")
+
+
+@pytest.fixture(scope="module")
+def data():
+    return tomllib.loads(OPTIONS.read_text())
+
+
+@pytest.fixture(scope="module")
+def lines(work):
+    """(profile, plan) of the example line and of the same line as a ring."""
+    switched = EXAMPLE / "profile.toml"
+    text = switched.read_text().replace('hcas = ["rocep1s0f0", "roceP2p1s0f0"]', 'hcas = ["rocep1s0f0", "roceP2p1s0f0"]\nmode = "ring"\n\n[fabric.nccl]\nmount = "overlay"')
+    text = text.replace("[nfs]", "[nfs]\nshare = false") + '\n[gates]\nDSV41_ROCE_RING = "1"\nSGLANG_ROCE_MAX_SIZE = "262144"\nDSV41_ROCE_GATHER = "262144"\n'
+    ring = work / "ring.toml"
+    ring.write_text(text)
+    return {"switched": (switched, plan_file(switched, work / "switched.json")), "ring": (ring, plan_file(ring, work / "ring.json"))}
+
+
+def fixture_config(profile: Path, plan: Path, name: str, *, ring: bool) -> str:
+    hosts = EXAMPLE / "hosts.toml"
+    local = '"/var/lib/tp4/model"' if ring else "null"
+    mesh = '"/etc/tp4/mesh-up.sh"' if ring else "null"
+    settings = (f"(import {nix_path(LIB)}).host {{ profile = {toml(profile)}; plan = {json_file(plan)}; hostsFile = {toml(hosts)}; "
+                f"name = {json.dumps(name)}; localWeights = {local}; }}")
+    return f"""{{
+      tp4 = {{
+        settings = {settings};
+        planFile = {nix_path(plan)}; profile = {nix_path(profile)}; hostsFile = {nix_path(hosts)}; node = {json.dumps(name)}; package = null;
+        host = {{
+          enable = true; displayReservation.enable = true; firewall.enable = true;
+          weights = {{ mountPoint = "/var/lib/tp4/weights"; localDir = {local}; }};
+          ring = {{ meshUp = {mesh}; meshDown = {mesh}; }};
+          kernel = {{ version = "6.17.13"; allowOther = false; }};
+        }};
+        line = {{ enable = true; image = {{ stream = null; file = null; }}; autoStart = false; }};
+      }};
+      boot = {{ kernelParams = [ ]; kernelPackages.kernel.version = "6.17.13"; }};
+      services = {{ xserver.enable = false; displayManager = {{ enable = false; gdm.enable = false; }}; desktopManager.gnome.enable = false; }};
+      users.users.tp4 = {{ }};
+      virtualisation = {{ podman.package = "/nix/store/podman"; docker.package = "/nix/store/docker"; }};
+      networking.hostName = {json.dumps(name)};
+    }}"""
+
+
+def walk(module: Path, config: str, work: Path) -> dict:
+    expr = f"import {nix_path(WALK)} {{ module = {nix_path(module)}; optionsFile = {nix_path(OPTIONS)}; config = {config}; pkgs = {PKGS}; }}"
+    value, err = nix_eval(expr, work / "nix")
+    assert value is not None, err
+    assert isinstance(value, dict)
+    return value
+
+
+@pytest.fixture(scope="module")
+def walks(work, lines):
+    """Every module on a head, a worker and a ring worker: {(module, host): walk}."""
+    hosts = {"head": ("switched", "spark1"), "worker": ("switched", "spark2"), "ring worker": ("ring", "spark3")}
+    out = {}
+    for module in MODULE_FILES:
+        for host, (line, name) in hosts.items():
+            profile, plan = lines[line]
+            out[(module, host)] = walk(MODULES / module, fixture_config(profile, plan, name, ring=line == "ring"), work)
+    return out
+
+
+def test_every_module_and_lib_file_parses(work):
+    files = sorted(MODULES.glob("*.nix")) + sorted(LIB.glob("*.nix")) + [WALK]
+    assert {f.name for f in files} >= {*MODULE_FILES, "default.nix", "hosts.nix", "weights.nix", "rank.nix", "kernel.nix", "util.nix"}
+    for f in files:
+        proc = subprocess.run(["nix-instantiate", "--parse", str(f)], capture_output=True, text=True)
+        assert proc.returncode == 0, f"{f}: {proc.stderr}"
+
+
+def test_the_modules_set_only_options_the_data_file_lists(walks):
+    unknown = sorted({(module, s["path"]) for (module, _), w in walks.items() for s in w["set"] if s["entry"] is None})
+    assert unknown == []
+
+
+def test_every_listed_option_is_set_by_a_module(walks, data):
+    used = {s["entry"] for w in walks.values() for s in w["set"]}
+    assert sorted(set(data["set"]) - used) == []
+    assert sorted(set(data["own"]) - used - {"tp4.host", "tp4.line", "tp4.planFile", "tp4.hostsFile", "tp4.node", "tp4.package", "tp4.profile"}) == []
+
+
+def test_what_each_host_gets(walks):
+    def paths(module: str, host: str) -> set[str]:
+        return {s["path"] for s in walks[(module, host)]["set"]}
+
+    head, worker, ring = (paths("spark-host.nix", h) for h in ("head", "worker", "ring worker"))
+    assert {"services.nfs.server.exports", "networking.firewall.allowedTCPPorts", "systemd.settings.Manager",
+            "boot.kernelParams", "hardware.dgx-spark.enable"} <= head
+    assert not any(p.startswith("fileSystems.") for p in head)
+    assert {"fileSystems./var/lib/tp4/weights.options", "systemd.services.tp4-weights-volume.unitConfig"} <= worker
+    assert "services.nfs.server.exports" not in worker
+    assert "systemd.services.tp4-mesh.serviceConfig" in ring and not any(p.startswith("fileSystems.") for p in ring)
+    assert {"networking.interfaces.enp1s0f0np0.mtu", "networking.interfaces.enP2p1s0f0np0.ipv4.addresses",
+            "systemd.services.tp4-rdma-check.serviceConfig", "boot.kernelModules", "environment.systemPackages"} <= worker
+    line = paths("tp4-line.nix", "worker")
+    assert {"virtualisation.oci-containers.containers.dsv41-worker.image", "systemd.services.podman-dsv41-worker.serviceConfig",
+            "systemd.services.podman-dsv41-worker.requires", "systemd.tmpfiles.rules"} <= line
+    assert walks[("spark-host.nix", "head")]["imports"] == ["common.nix"] == walks[("tp4-line.nix", "head")]["imports"]
+
+
+def test_an_option_nixpkgs_does_not_declare_fails(work, lines):
+    module = work / "typo.nix"
+    module.write_text("{ config, lib, ... }: { config = lib.mkMerge [ { networking.interfaces.eth0.mtu = 9000; } "
+                      "(lib.mkIf true { services.nfs.server.export = \"/srv\"; }) ]; }\n")
+    profile, plan = lines["switched"]
+    got = walk(module, fixture_config(profile, plan, "spark1", ring=False), work)["set"]
+    assert got == [{"path": "networking.interfaces.eth0.mtu", "entry": "networking.interfaces.<name>.mtu"},
+                   {"path": "services.nfs.server.export", "entry": None}]
+
+
+_READ = re.compile(r"\bconfig\.([A-Za-z_][A-Za-z0-9_'-]*(?:\.[A-Za-z_][A-Za-z0-9_'-]*)*)")
+
+
+def _covered(path: str, entries: list[str]) -> bool:
+    parts = path.split(".")
+    for entry in entries:
+        want = entry.split(".")
+        if len(want) <= len(parts) and all(w in ("<name>", p) for w, p in zip(want, parts[:len(want)], strict=True)):
+            return True
+    return False
+
+
+def test_the_modules_read_only_options_the_data_file_lists(data):
+    entries = [*data["set"], *data["read"], *data["own"]]
+    reads = {(f, m) for f in MODULE_FILES for m in _READ.findall((MODULES / f).read_text())}
+    assert reads, "no config reads found: the expression is broken"
+    # our own namespace may be read whole (cfg = config.tp4)
+    own = [m for _, m in reads if any(e.startswith(m + ".") for e in data["own"])]
+    assert sorted((f, m) for f, m in reads if not _covered(m, entries) and m not in own) == []
+    assert ("spark-host.nix", "boot.kernelPackages.kernel.version") in reads
+
+
+def test_every_entry_names_the_file_that_declares_it(data):
+    assert data["schema"] == 1
+    for kind in ("set", "read"):
+        for path, file in data[kind].items():
+            assert re.fullmatch(r"nixos/(modules|lib)/[a-z0-9/_.-]+\.nix|[A-Za-z0-9-]+/[A-Za-z0-9._-]+:[A-Za-z0-9/_.-]+\.nix", file), (path, file)
+    for path, file in data["own"].items():
+        text = (REPO / file).read_text()
+        leaf = path.rsplit(".", 1)[-1]
+        assert f"options.{path} = " in text or f"{leaf} = mkOption" in text, (path, file)
+
+
+def test_every_option_of_the_modules_is_documented(walks):
+    declared = {o["path"]: o for (_, host), w in walks.items() if host == "head" for o in w["options"]}
+    assert {"tp4.host.enable", "tp4.host.displayReservation.enable", "tp4.host.weights.localDir", "tp4.line.enable",
+            "tp4.line.image.stream", "tp4.planFile", "tp4.node"} <= set(declared)
+    for path, o in declared.items():
+        assert o["hasType"] and o["description"], path
+
+
+# --- the RDMA check unit's script ------------------------------------------------------------
+
+
+def fake_sysfs(root: Path, hca: str, *, state: str = "4: ACTIVE", gids: dict[int, tuple[str, str]] | None = None) -> None:
+    port = root / "class" / "infiniband" / hca / "ports" / "1"
+    (port / "gids").mkdir(parents=True, exist_ok=True)
+    (port / "gid_attrs" / "types").mkdir(parents=True, exist_ok=True)
+    (port / "state").write_text(state + "\n")
+    for i, (gid, kind) in (gids or {}).items():
+        (port / "gids" / str(i)).write_text(gid + "\n")
+        (port / "gid_attrs" / "types" / str(i)).write_text(kind + "\n")
+
+
+MAPPED = "0000:0000:0000:0000:0000:ffff:0a00:0001"  # 10.0.0.1
+GIDS = {0: ("fe80:0000:0000:0000:0000:00ff:fe00:0001", "IB/RoCE v1"), 1: ("fe80:0000:0000:0000:0000:00ff:fe00:0001", "RoCE v2"),
+        2: (MAPPED, "IB/RoCE v1"), 3: (MAPPED, "RoCE v2")}
+
+
+def rdma_check(root: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["sh", str(RDMA_CHECK), str(root / "run" / "gid-index"), *args], capture_output=True, text=True,
+                          env={"TP4_SYSFS": str(root), "PATH": "/usr/bin:/bin"})
+
+
+def test_the_rdma_check_writes_the_roce_v2_gid_index(tmp_path):
+    fake_sysfs(tmp_path, "rocep1s0f0", gids=GIDS)
+    fake_sysfs(tmp_path, "roceP2p1s0f0", gids={5: ("0000:0000:0000:0000:0000:ffff:0a00:0101", "RoCE v2")})
+    proc = rdma_check(tmp_path, "-", "rocep1s0f0", "enp1s0f0np0", "10.0.0.1", "roceP2p1s0f0", "enP2p1s0f0np0", "10.0.1.1")
+    assert proc.returncode == 0, proc.stderr
+    assert (tmp_path / "run" / "gid-index").read_text() == "rocep1s0f0 3\nroceP2p1s0f0 5\n"
+    assert "rocep1s0f0 (enp1s0f0np0 10.0.0.1) ACTIVE, RoCE v2 GID index 3" in proc.stdout
+    assert rdma_check(tmp_path, "3", "rocep1s0f0", "enp1s0f0np0", "10.0.0.1").returncode == 0
+
+
+@pytest.mark.parametrize(("case", "message"), [
+    ("down", "tp4-rdma-check: rocep1s0f0 port 1 is '1: DOWN', not ACTIVE; fix: cable and link of enp1s0f0np0"),
+    ("no gid", "tp4-rdma-check: rocep1s0f0 has no RoCE v2 GID for 10.0.0.1 (0000:0000:0000:0000:0000:ffff:0a00:0001); fix: give enp1s0f0np0 the address 10.0.0.1"),
+    ("only v1", "tp4-rdma-check: rocep1s0f0 has no RoCE v2 GID for 10.0.0.1"),
+    ("no device", "tp4-rdma-check: rocep1s0f0: no such RDMA device (for enp1s0f0np0 10.0.0.1); fix: load mlx5_ib"),
+    ("pinned elsewhere", "tp4-rdma-check: rocep1s0f0: the RoCE v2 GID of 10.0.0.1 is at index 3, the profile pins 2; fix: set the node's gid_index = 3"),
+])
+def test_the_rdma_check_fails_loudly(tmp_path, case, message):
+    pinned = "-"
+    if case == "down":
+        fake_sysfs(tmp_path, "rocep1s0f0", state="1: DOWN", gids=GIDS)
+    elif case == "no gid":
+        fake_sysfs(tmp_path, "rocep1s0f0", gids={k: v for k, v in GIDS.items() if k < 2})
+    elif case == "only v1":
+        fake_sysfs(tmp_path, "rocep1s0f0", gids={k: v for k, v in GIDS.items() if k != 3})
+    elif case == "pinned elsewhere":
+        fake_sysfs(tmp_path, "rocep1s0f0", gids=GIDS)
+        pinned = "2"
+    (tmp_path / "class" / "infiniband").mkdir(parents=True, exist_ok=True)
+    proc = rdma_check(tmp_path, pinned, "rocep1s0f0", "enp1s0f0np0", "10.0.0.1")
+    assert proc.returncode == 1
+    assert message in proc.stderr
+    assert not (tmp_path / "run" / "gid-index").exists()
