@@ -244,3 +244,35 @@ def test_the_rdma_check_fails_loudly(tmp_path, case, message):
     assert proc.returncode == 1
     assert message in proc.stderr
     assert not (tmp_path / "run" / "gid-index").exists()
+
+
+# --- the flake's NixOS outputs (against the stand-in nixpkgs: NixOS cannot be evaluated here) ----
+
+
+def test_the_flake_has_the_modules_the_example_hosts_and_the_template(tmp_path):
+    from nix_env import empty_flake, locked_flake_copy, nix, stub_inputs
+
+    copy = locked_flake_copy(REPO, tmp_path / "flake")
+    inputs = stub_inputs(REPO, empty_flake(tmp_path / "empty"))
+
+    def evaluate(attr: str, apply: str):
+        proc = nix(["eval", "--json", f"path:{copy}#{attr}", "--apply", apply, *inputs], tmp_path)
+        assert proc.returncode == 0, proc.stderr
+        return json.loads(proc.stdout)
+
+    assert evaluate("nixosModules", "builtins.attrNames") == ["default", "spark-host", "tp4-line"]
+    assert evaluate("nixosModules.spark-host", "m: map (p: baseNameOf (toString p)) (builtins.filter (p: !builtins.isFunction p) m.imports)") == [
+        "dgx-spark.nix", "spark-host.nix"]
+    hosts = evaluate("nixosConfigurations", """cs: builtins.mapAttrs (n: c: let ms = c.stub.args.modules; in {
+      own = builtins.elemAt ms 1;
+      rest = map (p: baseNameOf (toString p)) (builtins.tail (builtins.tail ms));
+      toplevel = c.config.system.build.toplevel.type; }) cs""")
+    assert list(hosts) == ["spark1", "spark2", "spark3", "spark4"]
+    for name, h in hosts.items():
+        assert h["own"]["networking"] == {"hostName": name}
+        assert h["own"]["tp4"]["node"] == name and h["own"]["tp4"]["host"] == {"enable": True} and h["own"]["tp4"]["line"] == {"enable": True}
+        assert h["own"]["tp4"]["profile"].endswith("-profile.toml") and h["own"]["tp4"]["hostsFile"].endswith("-hosts.toml")
+        assert h["rest"] == ["configuration.nix"] and h["toplevel"] == "derivation"
+    template = evaluate("templates.spark-line", "t: { inherit (t) description; files = builtins.attrNames (builtins.readDir t.path); }")
+    assert template["files"] == ["configuration.nix", "flake.nix", "hosts.toml", "profile.toml"]
+    assert "TP4 line" in template["description"]
