@@ -216,14 +216,19 @@ in
         }
       ];
       systemd.services.tp4-mesh = mkIf (cfg.ring.meshUp != null && cfg.ring.meshDown != null) {
-        description = "tp4: the switchless ring's mesh (routes, tc rules, markers)";
+        description = "tp4: the switchless ring's mesh (hairpin queues, routes, tc rules, markers)";
         wantedBy = [ "multi-user.target" ];
         wants = [ "network-online.target" ];
         after = [ "network-online.target" ];
+        path = [ pkgs.iproute2 ];
+        # re-initialising a fabric function while the line serves breaks it: a switch leaves the
+        # mesh as it is
+        restartIfChanged = false;
         serviceConfig = {
           Type = "oneshot";
           RemainAfterExit = true;
           TimeoutStartSec = 300;
+          ExecStartPre = "${pkgs.runtimeShell} ${./ring-hairpin.sh} ${escapeShellArgs ([ (toString s.ring.size) ] ++ s.ring.functions)}";
           ExecStart = "${pkgs.runtimeShell} ${cfg.ring.meshUp}";
           ExecStop = "${pkgs.runtimeShell} ${cfg.ring.meshDown}";
         };

@@ -17,7 +17,7 @@ from nixos_helpers import EXAMPLE, LIB, REPO, hosts_expr, json_file, nix_eval, n
 from tp4 import containers, share
 from tp4.plan import build_plan
 from tp4.profile.load import load_file
-from tp4.profile.models import Nfs
+from tp4.profile.models import Fabric, Nfs
 from tp4.serve import line_id, run_argv
 
 GOLDEN = REPO / "tests" / "golden" / "nixos-spark-line.json"
@@ -89,6 +89,7 @@ def test_the_golden_holds_what_the_host_requirements_say(hosts):
     assert head["nfs"] == {"exports": f"/home/tp4/NewModels/DeepSeek-V4.1-Flash 10.0.0.2({opts}) 10.0.0.3({opts}) 10.0.0.4({opts})",
                            "mount": None}
     assert head["weightsVolume"] is None
+    assert all(h["ring"] is None for h in hosts.values())
     assert head["firewall"] == {"tcp": [8888, 20000, 2049], "trustedInterfaces": ["enP7s7"]}
     assert head["rankUnit"]["unit"] == "podman-dsv41-head.service"
     for w in workers:
@@ -197,6 +198,8 @@ def test_a_ring_keeps_local_weights_and_orders_the_rank_after_the_mesh(work):
     assert w["nfs"] == {"exports": None, "mount": None}
     assert w["weightsVolume"]["options"]["device"] == "/var/lib/tp4/model"
     assert w["rankUnit"]["ordering"]["requires"] == ["tp4-rdma-check.service", "tp4-weights-volume.service", "tp4-mesh.service"]
+    assert w["ring"] == {"size": 8192, "functions": ["0000:01:00.0", "0000:01:00.1", "0002:01:00.0", "0002:01:00.1"]}
+    assert Fabric().ring_hairpin_queue == 8192  # the profile default the lib assumes
     assert "/home/tp4/nccl-2.30.7/libnccl.so.2:/opt/sglang/lib/python3.12/site-packages/nvidia/nccl/lib/libnccl.so.2:ro" in w["rankUnit"]["container"]["volumes"]
 
 

@@ -28,7 +28,7 @@ WALK = REPO / "tests" / "nixos-modules" / "walk.nix"
 MODULE_FILES = ("spark-host.nix", "tp4-line.nix", "common.nix")
 RDMA_CHECK = MODULES / "rdma-check.sh"
 
-PKGS = ('{ rdma-core = "/nix/store/rdma-core"; coreutils = "/nix/store/coreutils"; runtimeShell = "/bin/sh"; '
+PKGS = ('{ rdma-core = "/nix/store/rdma-core"; coreutils = "/nix/store/coreutils"; iproute2 = "/nix/store/iproute2"; runtimeShell = "/bin/sh"; '
         'writeShellScript = name: text: "/nix/store/script-${name}"; runCommand = name: env: script: "/nix/store/${name}"; }')
 
 
@@ -276,3 +276,54 @@ def test_the_flake_has_the_modules_the_example_hosts_and_the_template(tmp_path):
     template = evaluate("templates.spark-line", "t: { inherit (t) description; files = builtins.attrNames (builtins.readDir t.path); }")
     assert template["files"] == ["configuration.nix", "flake.nix", "hosts.toml", "profile.toml"]
     assert "TP4 line" in template["description"]
+
+
+# --- the ring's hairpin queues --------------------------------------------------------------
+
+HAIRPIN = MODULES / "ring-hairpin.sh"
+
+# a devlink that keeps each function's driverinit hairpin_queue_size in a file and logs its calls
+FAKE_DEVLINK = r"""#!/bin/sh
+echo "$*" >> "$TP4_DEVLINK_LOG"
+f="$TP4_DEVLINK_STATE/$(echo "$4" | tr '/:' '__')"
+if [ "$1 $2 $3" = "dev param show" ]; then
+  [ -f "$f" ] || { echo "Error: No such device" >&2; exit 1; }
+  printf '%s:\n  name hairpin_queue_size type driver-specific\n    values:\n      cmode driverinit value %s\n' "$4" "$(cat "$f")"
+elif [ "$1 $2 $3" = "dev param set" ]; then
+  echo "$8" > "$f"
+fi
+"""
+
+
+def hairpin(tmp: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    bin_dir = tmp / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    (bin_dir / "devlink").write_text(FAKE_DEVLINK)
+    (bin_dir / "devlink").chmod(0o755)
+    return subprocess.run(["sh", str(HAIRPIN), *args], capture_output=True, text=True,
+                          env={"PATH": f"{bin_dir}:/usr/bin:/bin", "TP4_DEVLINK_LOG": str(tmp / "log"), "TP4_DEVLINK_STATE": str(tmp / "state")})
+
+
+def test_the_ring_sets_the_hairpin_queue_once(tmp_path):
+    (tmp_path / "state").mkdir()
+    (tmp_path / "state" / "pci_0000_01_00.0").write_text("1024\n")
+    (tmp_path / "state" / "pci_0000_01_00.1").write_text("8192\n")
+    proc = hairpin(tmp_path, "8192", "0000:01:00.0", "0000:01:00.1")
+    assert proc.returncode == 0, proc.stderr
+    calls = (tmp_path / "log").read_text().splitlines()
+    assert calls == ["dev param show pci/0000:01:00.0 name hairpin_queue_size",
+                     "dev param set pci/0000:01:00.0 name hairpin_queue_size value 8192 cmode driverinit",
+                     "dev reload pci/0000:01:00.0",
+                     "dev param show pci/0000:01:00.1 name hairpin_queue_size"]
+    assert "pci/0000:01:00.1 hairpin_queue_size is 8192 already" in proc.stdout
+    # a second run re-initialises nothing
+    (tmp_path / "log").unlink()
+    assert hairpin(tmp_path, "8192", "0000:01:00.0", "0000:01:00.1").returncode == 0
+    assert not any(c.startswith(("dev param set", "dev reload")) for c in (tmp_path / "log").read_text().splitlines())
+
+
+def test_the_ring_fails_on_a_missing_function(tmp_path):
+    (tmp_path / "state").mkdir()
+    proc = hairpin(tmp_path, "8192", "0002:01:00.0")
+    assert proc.returncode == 1
+    assert "tp4-mesh: pci/0002:01:00.0 has no hairpin_queue_size" in proc.stderr and "fix: check the function" in proc.stderr

@@ -105,6 +105,7 @@ in
         device = if nfs then weightsMountPoint else local;
       };
       firewall = rank.firewall { inherit plan node nfs; };
+      ring = if plan.line.fabric == "ring" then hosts.ringHairpin profile else null;
       rankUnit = unit // {
         ordering = rank.ordering { inherit plan node; weightsVolume = !isHead; };
         inherit (rank) serviceConfig unitConfig;

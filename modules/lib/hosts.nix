@@ -31,6 +31,14 @@ let
     roceP2p1s0f1 = "enP2p1s0f1np1";
   };
 
+  # and their PCI functions (the ring's devlink parameters are per function)
+  sparkFunctions = {
+    rocep1s0f0 = "0000:01:00.0";
+    rocep1s0f1 = "0000:01:00.1";
+    roceP2p1s0f0 = "0002:01:00.0";
+    roceP2p1s0f1 = "0002:01:00.1";
+  };
+
   # RoCE v2 needs jumbo frames on every fabric port (RoCE MTU 4096 inside Ethernet MTU 9000)
   fabricMtu = 9000;
 
@@ -48,7 +56,23 @@ let
     else fail where "${toJSON p} is not a prefix length" "a whole number from 1 to 32 (24: one /24 per cable)";
 in
 rec {
-  inherit sparkNetdevs fabricMtu;
+  inherit sparkNetdevs sparkFunctions fabricMtu;
+
+  # a ring's hairpin queue: devlink's driverinit hairpin_queue_size on the four fabric functions
+  # (RoCEnante's size cap follows it); the profile's fabric.ring_hairpin_queue, whose default
+  # (tp4.profile.models.Fabric) a test keeps equal to this one
+  ringHairpin =
+    profile:
+    let
+      size = (profile.fabric or { }).ring_hairpin_queue or 8192;
+    in
+    if !(isInt size) || size < 1 then
+      fail "fabric.ring_hairpin_queue" "${toJSON size} is not a queue size" "a whole number such as 8192"
+    else
+      {
+        inherit size;
+        functions = map (hca: sparkFunctions.${hca}) [ "rocep1s0f0" "rocep1s0f1" "roceP2p1s0f0" "roceP2p1s0f1" ];
+      };
 
   # the profile's nodes in rank order: [ { rank; role; where; name; ip; } ] (the head is rank 0)
   nodes =
