@@ -35,19 +35,6 @@ let
     ]
     ++ builtins.concatMap (p: [ p.hca p.netdev p.address ]) s.rdmaCheck.ports;
   volume = s.weightsVolume;
-  # creates the weights volume with the wanted options, or leaves it when it has them; a volume
-  # with other options is replaced only when no container uses it (the runtime refuses otherwise)
-  volumeScript = pkgs.writeShellScript "tp4-weights-volume" ''
-    set -eu
-    rt=$1 name=$2 device=$3
-    want="none bind $device"
-    have=$($rt volume inspect --format '{{index .Options "type"}} {{index .Options "o"}} {{index .Options "device"}}' -- "$name" 2>/dev/null || true)
-    [ "$have" = "$want" ] && exit 0
-    if [ -n "$have" ]; then
-      $rt volume rm -- "$name" || { echo "tp4-weights-volume: $name has options '$have' and is in use; fix: stop the rank (tp4 stop), then systemctl restart tp4-weights-volume" >&2; exit 1; }
-    fi
-    $rt volume create --driver local --opt type=none --opt o=bind --opt device="$device" -- "$name"
-  '';
 in
 {
   imports = [ ./common.nix ];
@@ -203,7 +190,7 @@ in
         serviceConfig = {
           Type = "oneshot";
           RemainAfterExit = true;
-          ExecStart = "${volumeScript} ${escapeShellArgs [ runtime volume.name volume.options.device ]}";
+          ExecStart = "${pkgs.runtimeShell} ${./weights-volume.sh} ${escapeShellArgs [ runtime volume.name volume.options.device ]}";
         };
       };
     })

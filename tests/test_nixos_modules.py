@@ -8,18 +8,24 @@ How the option paths are found:
   ring worker of the example line, their settings computed by the real modules/lib) and its
   `config` attrset is walked down to the data file's entries (tests/nixos-modules/walk.nix);
 * read: a regular expression over the module sources, every `config.<path>`.
+
+The scripts the units run (RDMA check, weights volume, ring hairpin) run here on a fake sysfs, real
+podman and a recording devlink.
 """
 
 from __future__ import annotations
 
 import json
 import re
+import shutil
 import subprocess
 import tomllib
+import uuid
 from pathlib import Path
 
 import pytest
 
+from nix_env import BUSYBOX, empty_flake, locked_flake_copy, nix, stub_inputs
 from nixos_helpers import EXAMPLE, LIB, REPO, json_file, nix_eval, nix_path, plan_file, toml
 
 MODULES = REPO / "modules"
@@ -250,8 +256,6 @@ def test_the_rdma_check_fails_loudly(tmp_path, case, message):
 
 
 def test_the_flake_has_the_modules_the_example_hosts_and_the_template(tmp_path):
-    from nix_env import empty_flake, locked_flake_copy, nix, stub_inputs
-
     copy = locked_flake_copy(REPO, tmp_path / "flake")
     inputs = stub_inputs(REPO, empty_flake(tmp_path / "empty"))
 
@@ -327,3 +331,46 @@ def test_the_ring_fails_on_a_missing_function(tmp_path):
     proc = hairpin(tmp_path, "8192", "0002:01:00.0")
     assert proc.returncode == 1
     assert "tp4-mesh: pci/0002:01:00.0 has no hairpin_queue_size" in proc.stderr and "fix: check the function" in proc.stderr
+
+
+# --- the weights volume (real podman) ---------------------------------------------------------
+
+WEIGHTS_VOLUME = MODULES / "weights-volume.sh"
+
+
+def weights_volume(name: str, device: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["sh", str(WEIGHTS_VOLUME), "podman", name, str(device)], capture_output=True, text=True)
+
+
+def volume_options(name: str) -> dict[str, str]:
+    proc = subprocess.run(["podman", "volume", "inspect", "--format", "{{json .Options}}", name], capture_output=True, text=True, check=True)
+    return json.loads(proc.stdout)
+
+
+def test_the_weights_volume_binds_the_mount_and_is_replaced_only_when_unused(tmp_path):
+    name = f"tp4-test-weights-{uuid.uuid4().hex[:8]}"
+    image = f"localhost/{name}:1"
+    a, b = tmp_path / "nfs", tmp_path / "local"
+    a.mkdir()
+    b.mkdir()
+    try:
+        assert weights_volume(name, a).stdout == f"tp4-weights-volume: {name} created, binding {a}\n"
+        assert volume_options(name) == {"type": "none", "o": "bind", "device": str(a)}
+        assert weights_volume(name, a).stdout == f"tp4-weights-volume: {name} binds {a}\n"
+        assert weights_volume(name, b).stdout == f"tp4-weights-volume: {name} recreated, binding {b}\n"
+        assert volume_options(name) == {"type": "none", "o": "bind", "device": str(b)}
+        # a container that uses it keeps it
+        root = tmp_path / "root" / "bin"
+        root.mkdir(parents=True)
+        shutil.copy2(BUSYBOX, root / "sh")
+        subprocess.run(["tar", "-C", str(tmp_path / "root"), "-cf", str(tmp_path / "root.tar"), "bin"], check=True)
+        subprocess.run(["podman", "import", str(tmp_path / "root.tar"), image], capture_output=True, check=True)
+        subprocess.run(["podman", "create", "--name", name, "-v", f"{name}:/w:ro", image, "/bin/sh"], capture_output=True, check=True)
+        proc = weights_volume(name, a)
+        assert proc.returncode == 1
+        assert f"tp4-weights-volume: {name} has the options 'none bind {b}', not 'none bind {a}', and a container uses it; fix: tp4 stop" in proc.stderr
+        assert volume_options(name)["device"] == str(b)
+    finally:
+        subprocess.run(["podman", "rm", "-f", name], capture_output=True)
+        subprocess.run(["podman", "volume", "rm", "-f", name], capture_output=True)
+        subprocess.run(["podman", "rmi", "-f", image], capture_output=True)
