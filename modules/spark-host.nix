@@ -20,7 +20,6 @@ let
     mkAfter
     mkDefault
     types
-    literalExpression
     escapeShellArgs
     ;
   cfg = config.tp4.host;

@@ -94,13 +94,14 @@ let
   formatter = forAll (system: pkgs: pkgs.nixfmt-tree);
 
   # NixOS: a DGX Spark host of the line (on nixos-dgx-spark's dgx-spark module) and its rank unit;
-  # both render the plan with this flake's tp4 at build time (tp4.planFile)
-  # (a key: both modules import it, and the module system then takes it once)
+  # both render the plan with this flake's tp4 at build time (tp4.planFile), the tp4 of the build
+  # platform (the plan is the same on every platform). The key: both modules import it, and the
+  # module system then takes it once.
   withTp4 =
     { lib, pkgs, ... }:
     {
       key = "tp4/with-tp4";
-      config.tp4.package = lib.mkDefault packages.${pkgs.stdenv.hostPlatform.system}.tp4;
+      config.tp4.package = lib.mkDefault packages.${pkgs.stdenv.buildPlatform.system}.tp4;
     };
   nixosModules = rec {
     spark-host = {

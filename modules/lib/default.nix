@@ -12,7 +12,6 @@ let
   inherit (builtins)
     elemAt
     length
-    listToAttrs
     map
     toJSON
     ;

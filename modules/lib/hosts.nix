@@ -6,7 +6,6 @@ let
   u = import ./util.nix;
   inherit (builtins)
     attrNames
-    concatLists
     concatMap
     elem
     filter

@@ -4,7 +4,6 @@ let
     elemAt
     filter
     foldl'
-    length
     match
     replaceStrings
     ;

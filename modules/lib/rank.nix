@@ -5,7 +5,6 @@
 let
   u = import ./util.nix;
   inherit (builtins)
-    attrNames
     concatMap
     dirOf
     elemAt

@@ -25,9 +25,6 @@ rec {
 
   unique = foldl' (acc: x: if elem x acc then acc else acc ++ [ x ]) [ ];
 
-  # [ { name; value; } ] in list order, for listToAttrs
-  pairs = f: list: map f list;
-
   imap0 = f: list: genList (i: f i (elemAt list i)) (length list);
 
   # "host:port" -> { host; port; } (the plan's dist_init_addr); "http://h:p" -> the same
