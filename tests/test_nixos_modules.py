@@ -19,6 +19,7 @@ import json
 import re
 import shutil
 import subprocess
+import sys
 import tomllib
 import uuid
 from pathlib import Path
@@ -31,6 +32,7 @@ from nixos_helpers import EXAMPLE, LIB, REPO, json_file, nix_eval, nix_path, pla
 MODULES = REPO / "modules"
 OPTIONS = MODULES / "options.toml"
 WALK = REPO / "tests" / "nixos-modules" / "walk.nix"
+STUB_LIB = REPO / "tests" / "nixos-modules" / "lib.nix"
 MODULE_FILES = ("spark-host.nix", "tp4-line.nix", "common.nix")
 RDMA_CHECK = MODULES / "rdma-check.sh"
 
@@ -374,3 +376,24 @@ def test_the_weights_volume_binds_the_mount_and_is_replaced_only_when_unused(tmp
         subprocess.run(["podman", "rm", "-f", name], capture_output=True)
         subprocess.run(["podman", "volume", "rm", "-f", name], capture_output=True)
         subprocess.run(["podman", "rmi", "-f", image], capture_output=True)
+
+
+def test_the_plan_a_host_runs_is_the_clis(tmp_path):
+    """tp4.planFile's default runs this flake's tp4 on the profile at build time: its build script,
+    run here with this checkout's CLI as the package, writes the plan `tp4 plan --json` prints."""
+    package = tmp_path / "tp4"
+    (package / "bin").mkdir(parents=True)
+    (package / "bin" / "tp4").write_text(f'#!/bin/sh\nPYTHONPATH={REPO / "python"} exec {sys.executable} -m tp4 "$@"\n')
+    (package / "bin" / "tp4").chmod(0o755)
+    profile = EXAMPLE / "profile.toml"
+    pkgs = PKGS.replace('runCommand = name: env: script: "/nix/store/${name}";', "runCommand = name: env: script: script;")
+    config = f'{{ tp4 = {{ package = {json.dumps(str(package))}; profile = {json.dumps(str(profile))}; }}; networking.hostName = "spark1"; }}'
+    expr = (f"(import {nix_path(MODULES / 'common.nix')} {{ pkgs = {pkgs}; lib = import {nix_path(STUB_LIB)}; config = {config}; }})"
+            ".options.tp4.planFile.default")
+    script, err = nix_eval(expr, tmp_path / "nix")
+    assert isinstance(script, str), err
+    assert f"{package}/bin/tp4 plan --json --profile {profile} > $out" in script
+    out = tmp_path / "plan.json"
+    proc = subprocess.run(["sh", "-euc", script], capture_output=True, text=True, env={"out": str(out), "TMPDIR": str(tmp_path), "PATH": "/usr/bin:/bin"})
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(out.read_text()) == json.loads(plan_file(profile, tmp_path / "cli.json").read_text())
