@@ -181,15 +181,15 @@ in
 
     (mkIf (volume != null) {
       systemd.services.tp4-weights-volume = {
-        description = "tp4: the plan's weights volume ${volume.name}, a bind of ${volume.options.device}";
+        description = "tp4: the plan's weights volume ${volume.name} (${volume.options.type} ${volume.options.device})";
         wants = [ "network-online.target" ];
         after = [ "network-online.target" ];
-        unitConfig.RequiresMountsFor = [ volume.options.device ];
+        unitConfig.RequiresMountsFor = [ volume.requiresMount ];
         path = [ (if runtime == "docker" then config.virtualisation.docker.package else config.virtualisation.podman.package) ];
         serviceConfig = {
           Type = "oneshot";
           RemainAfterExit = true;
-          ExecStart = "${pkgs.runtimeShell} ${./weights-volume.sh} ${escapeShellArgs [ runtime volume.name volume.options.device ]}";
+          ExecStart = "${pkgs.runtimeShell} ${./weights-volume.sh} ${escapeShellArgs [ runtime volume.name volume.options.type volume.options.o volume.options.device ]}";
         };
       };
     })

@@ -99,8 +99,11 @@ def test_the_golden_holds_what_the_host_requirements_say(hosts):
             "options": ["nfsvers=4.2", "ro", "nconnect=8", "rsize=1048576", "wsize=1048576", "hard", "timeo=600",
                         "_netdev", "x-systemd.automount", "x-systemd.after=network-online.target",
                         "x-systemd.requires=network-online.target", "x-systemd.mount-timeout=120s"]}
-        assert w["weightsVolume"] == {"name": "dsv41-weights", "driver": "local",
-                                      "options": {"type": "none", "o": "bind", "device": "/var/lib/tp4/weights"}}
+        # the volume tp4 share makes on a plain worker; the rank waits for the host's own mount
+        assert w["weightsVolume"] == {
+            "name": "dsv41-weights", "driver": "local", "requiresMount": "/var/lib/tp4/weights",
+            "options": {"type": "nfs", "o": "addr=10.0.0.1,nfsvers=4.2,ro,nconnect=8,rsize=1048576,wsize=1048576,hard,timeo=600",
+                        "device": ":/home/tp4/NewModels/DeepSeek-V4.1-Flash"}}
         assert w["firewall"] == {"tcp": [], "trustedInterfaces": ["enP7s7"]}
         assert w["rankUnit"]["unit"] == "podman-dsv41-worker.service"
         assert w["rankUnit"]["ordering"]["requires"] == ["tp4-rdma-check.service", "tp4-weights-volume.service"]
@@ -176,6 +179,9 @@ def test_the_weights_options_are_tp4_shares(work):
     for path in ("/srv/model", "/srv/my model"):
         line = evaluate(f"(import {nix_path(LIB)}).weights.exportsLine {{ path = {json.dumps(path)}; clients = [ {nix_clients} ]; }}", work)
         assert line == share.kernel_exports_text(path, clients).splitlines()[1]
+    # a worker's volume is the one tp4 share makes (and checks on a NixOS worker)
+    volume = evaluate(f"(import {nix_path(LIB)}).weights.volume {{ name = \"v\"; nfs = {{ server = \"10.0.0.1\"; path = \"/srv/model\"; }}; }}", work)
+    assert volume["options"] == share.WorkerShare(node=None, server="10.0.0.1", client="10.0.0.2").volume_options("/srv/model")
     # the profile default the lib assumes when nfs.share is not written
     assert Nfs().share is True
 
@@ -196,7 +202,8 @@ def test_a_ring_keeps_local_weights_and_orders_the_rank_after_the_mesh(work):
     assert hosts["spark1"]["firewall"]["tcp"] == [8888, 20000]
     w = hosts["spark3"]
     assert w["nfs"] == {"exports": None, "mount": None}
-    assert w["weightsVolume"]["options"]["device"] == "/var/lib/tp4/model"
+    assert w["weightsVolume"] == {"name": "dsv41-weights", "driver": "local", "requiresMount": "/var/lib/tp4/model",
+                                  "options": {"type": "none", "o": "bind", "device": "/var/lib/tp4/model"}}
     assert w["rankUnit"]["ordering"]["requires"] == ["tp4-rdma-check.service", "tp4-weights-volume.service", "tp4-mesh.service"]
     assert w["ring"] == {"size": 8192, "functions": ["0000:01:00.0", "0000:01:00.1", "0002:01:00.0", "0002:01:00.1"]}
     assert Fabric().ring_hairpin_queue == 8192  # the profile default the lib assumes

@@ -340,8 +340,8 @@ def test_the_ring_fails_on_a_missing_function(tmp_path):
 WEIGHTS_VOLUME = MODULES / "weights-volume.sh"
 
 
-def weights_volume(name: str, device: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(["sh", str(WEIGHTS_VOLUME), "podman", name, str(device)], capture_output=True, text=True)
+def weights_volume(name: str, *options: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["sh", str(WEIGHTS_VOLUME), "podman", name, *options], capture_output=True, text=True)
 
 
 def volume_options(name: str) -> dict[str, str]:
@@ -349,18 +349,19 @@ def volume_options(name: str) -> dict[str, str]:
     return json.loads(proc.stdout)
 
 
-def test_the_weights_volume_binds_the_mount_and_is_replaced_only_when_unused(tmp_path):
+def test_the_weights_volume_is_made_once_and_replaced_only_when_unused(tmp_path):
     name = f"tp4-test-weights-{uuid.uuid4().hex[:8]}"
     image = f"localhost/{name}:1"
-    a, b = tmp_path / "nfs", tmp_path / "local"
-    a.mkdir()
-    b.mkdir()
+    nfs = ("nfs", "addr=10.0.0.1,nfsvers=4.2,ro,nconnect=8,rsize=1048576,wsize=1048576,hard,timeo=600", ":/srv/model")
+    local = tmp_path / "model"
+    local.mkdir()
     try:
-        assert weights_volume(name, a).stdout == f"tp4-weights-volume: {name} created, binding {a}\n"
-        assert volume_options(name) == {"type": "none", "o": "bind", "device": str(a)}
-        assert weights_volume(name, a).stdout == f"tp4-weights-volume: {name} binds {a}\n"
-        assert weights_volume(name, b).stdout == f"tp4-weights-volume: {name} recreated, binding {b}\n"
-        assert volume_options(name) == {"type": "none", "o": "bind", "device": str(b)}
+        assert weights_volume(name, *nfs).stdout == f"tp4-weights-volume: {name} created: {' '.join(nfs)}\n"
+        assert volume_options(name) == dict(zip(("type", "o", "device"), nfs, strict=True))
+        assert weights_volume(name, *nfs).stdout == f"tp4-weights-volume: {name} is {' '.join(nfs)}\n"
+        bind = ("none", "bind", str(local))
+        assert weights_volume(name, *bind).stdout == f"tp4-weights-volume: {name} recreated: none bind {local}\n"
+        assert volume_options(name) == {"type": "none", "o": "bind", "device": str(local)}
         # a container that uses it keeps it
         root = tmp_path / "root" / "bin"
         root.mkdir(parents=True)
@@ -368,10 +369,10 @@ def test_the_weights_volume_binds_the_mount_and_is_replaced_only_when_unused(tmp
         subprocess.run(["tar", "-C", str(tmp_path / "root"), "-cf", str(tmp_path / "root.tar"), "bin"], check=True)
         subprocess.run(["podman", "import", str(tmp_path / "root.tar"), image], capture_output=True, check=True)
         subprocess.run(["podman", "create", "--name", name, "-v", f"{name}:/w:ro", image, "/bin/sh"], capture_output=True, check=True)
-        proc = weights_volume(name, a)
+        proc = weights_volume(name, *nfs)
         assert proc.returncode == 1
-        assert f"tp4-weights-volume: {name} has the options 'none bind {b}', not 'none bind {a}', and a container uses it; fix: tp4 stop" in proc.stderr
-        assert volume_options(name)["device"] == str(b)
+        assert f"tp4-weights-volume: {name} is 'none bind {local}', not '{' '.join(nfs)}', and a container uses it; fix: tp4 stop" in proc.stderr
+        assert volume_options(name)["device"] == str(local)
     finally:
         subprocess.run(["podman", "rm", "-f", name], capture_output=True)
         subprocess.run(["podman", "volume", "rm", "-f", name], capture_output=True)

@@ -101,7 +101,11 @@ in
       };
       weightsVolume = if isHead then null else weights.volume {
         name = volume.source;
-        device = if nfs then weightsMountPoint else local;
+        nfs = if nfs then { server = worker; path = export; } else null;
+        localDir = if nfs then null else local;
+      } // {
+        # what the volume's unit waits for: the host's NFS mount (a head that exports), else the copy
+        requiresMount = if nfs then weightsMountPoint else local;
       };
       firewall = rank.firewall { inherit plan node nfs; };
       ring = if plan.line.fabric == "ring" then hosts.ringHairpin profile else null;

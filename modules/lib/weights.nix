@@ -2,7 +2,7 @@
 # exactly the line's workers, and every worker mounts it (upstream files/nfs-share.sh, as tp4
 # share does it: python/tp4/share.py, whose options a test compares with these); on a ring, or
 # with nfs.share = false, every node holds its own copy. The rank's container mounts the plan's
-# weights volume; on a NixOS host that volume is a bind of the host's mount.
+# weights volume.
 let
   u = import ./util.nix;
   inherit (builtins)
@@ -120,17 +120,32 @@ rec {
       options = mountOptions ++ systemdMountOptions;
     };
 
-  # the plan's weights volume as a bind of a host directory (the NFS mount point, or the node's
-  # local copy): `<runtime> volume create --driver local` with these options
+  # the plan's weights volume, `<runtime> volume create --driver local` with these options. With
+  # NFS it is the volume tp4 share makes on a plain host (python/tp4/share.py WorkerShare: the
+  # same options, so share and doctor check a NixOS worker as any other); the host's own mount of
+  # the export (clientMount) is what orders the rank after a head that exports. Without NFS it
+  # binds the node's own copy.
   volume =
-    { name, device }:
+    {
+      name,
+      nfs ? null,
+      localDir ? null,
+    }:
     {
       inherit name;
       driver = "local";
-      options = {
-        type = "none";
-        o = "bind";
-        inherit device;
-      };
+      options =
+        if nfs != null then
+          {
+            type = "nfs";
+            o = concatStringsSep "," ([ "addr=${nfs.server}" ] ++ mountOptions);
+            device = ":${nfs.path}";
+          }
+        else
+          {
+            type = "none";
+            o = "bind";
+            device = localDir;
+          };
     };
 }
