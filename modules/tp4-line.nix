@@ -64,6 +64,10 @@ in
     {
       assertions = [
         {
+          assertion = config.tp4.host.enable or false;
+          message = "tp4.line: the rank unit waits for the host units of spark-host (${lib.concatStringsSep ", " r.ordering.requires}); fix: import nixosModules.spark-host (or nixosModules.default) and set tp4.host.enable = true";
+        }
+        {
           assertion = !(cfg.image.stream != null && cfg.image.file != null);
           message = "tp4.line.image: stream and file are both set; fix: set only one of them";
         }

@@ -35,6 +35,7 @@ rec {
     attrsOf = t: "attrsOf ${t}";
     enum = vs: "enum";
   };
+  inherit concatStringsSep;
   escapeShellArg = a: "'${replaceStrings [ "'" ] [ "'\\''" ] (toString a)}'";
   escapeShellArgs = args: concatStringsSep " " (map escapeShellArg args);
   removeSuffix = suffix: s:
