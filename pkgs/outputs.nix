@@ -93,6 +93,67 @@ let
 
   formatter = forAll (system: pkgs: pkgs.nixfmt-tree);
 
+  # NixOS: a DGX Spark host of the line (on nixos-dgx-spark's dgx-spark module) and its rank unit;
+  # both render the plan with this flake's tp4 at build time (tp4.planFile), the tp4 of the build
+  # platform (the plan is the same on every platform). The key: both modules import it, and the
+  # module system then takes it once.
+  withTp4 =
+    { lib, pkgs, ... }:
+    {
+      key = "tp4/with-tp4";
+      config.tp4.package = lib.mkDefault packages.${pkgs.stdenv.buildPlatform.system}.tp4;
+    };
+  nixosModules = rec {
+    spark-host = {
+      imports = [
+        "${nixos-dgx-spark}/modules/dgx-spark.nix"
+        ../modules/spark-host.nix
+        withTp4
+      ];
+    };
+    tp4-line = {
+      imports = [
+        ../modules/tp4-line.nix
+        withTp4
+      ];
+    };
+    default = {
+      imports = [
+        spark-host
+        tp4-line
+      ];
+    };
+  };
+
+  # one NixOS system per node of a profile: the hosts and their addresses are the profile's
+  # (builtins.fromTOML), each host's settings and rank unit come from modules/lib and the plan
+  lineConfigurations =
+    {
+      profile,
+      hostsFile ? null,
+      modules ? [ ],
+    }:
+    builtins.listToAttrs (
+      map (name: {
+        inherit name;
+        value = nixpkgs.lib.nixosSystem {
+          modules = [
+            nixosModules.default
+            {
+              networking.hostName = name;
+              tp4 = {
+                inherit profile hostsFile;
+                node = name;
+                host.enable = true;
+                line.enable = true;
+              };
+            }
+          ]
+          ++ modules;
+        };
+      }) ((import ../modules/lib).hostNames (builtins.fromTOML (builtins.readFile profile)))
+    );
+
   # every output a user builds or enters, as "<system>.<kind>.<name>" (for checks.eval); the
   # fetch of an unlocked source row throws, so this fails until every row is locked
   everything = builtins.listToAttrs (
@@ -123,7 +184,22 @@ in
     apps
     devShells
     formatter
+    nixosModules
     ;
+
+  lib = { inherit lineConfigurations; };
+
+  # the example line's four Sparks (examples/spark-line); `nix flake init -t .#spark-line` copies it
+  nixosConfigurations = lineConfigurations {
+    profile = ../examples/spark-line/profile.toml;
+    hostsFile = ../examples/spark-line/hosts.toml;
+    modules = [ ../examples/spark-line/configuration.nix ];
+  };
+
+  templates.spark-line = {
+    path = ../examples/spark-line;
+    description = "Four DGX Sparks on NixOS running the TP4 line from one tp4 profile";
+  };
 
   checks = forAll (
     system: pkgs:

@@ -29,7 +29,7 @@ from tp4 import process
 BUSYBOX = os.environ.get("TP4_TEST_BUSYBOX") or shutil.which("busybox") or "/bin/busybox"
 SYSTEM = f"{os.uname().machine}-linux"
 REPO = Path(__file__).resolve().parent.parent
-FLAKE_FILES = ("flake.nix", "flake.lock", "pkgs", "sources.manifest", "adapters", "python")
+FLAKE_FILES = ("flake.nix", "flake.lock", "pkgs", "sources.manifest", "adapters", "python", "modules", "examples")
 IGNORE = shutil.ignore_patterns("__pycache__", "*.pyc", ".pytest_cache", "*.egg-info", ".hypothesis")
 
 

@@ -1,0 +1,20 @@
+# A TP4 line of four DGX Sparks on NixOS, from one tp4 profile (`nix flake init -t <tp4>#spark-line`).
+# profile.toml is what tp4 plan/serve read; hosts.toml adds each node's second fabric port;
+# configuration.nix holds what the hosts share. `nixos-rebuild switch --flake .#spark1` (or tp4
+# deploy) sets a host up.
+{
+  description = "A TP4 line of four DGX Sparks on NixOS";
+
+  # the tp4 flake this was initialised from (`nix flake init -t <it>#spark-line`)
+  inputs.tp4.url = "github:OWNER/tp4";
+
+  outputs =
+    { self, tp4 }:
+    {
+      nixosConfigurations = tp4.lib.lineConfigurations {
+        profile = ./profile.toml;
+        hostsFile = ./hosts.toml;
+        modules = [ ./configuration.nix ];
+      };
+    };
+}

@@ -1,0 +1,158 @@
+# A node's rank as a NixOS unit, read from the plan (`tp4 plan --json`): the oci-containers
+# container is the plan's run spec flag for flag (python/tp4/serve.py run_argv renders the same
+# spec for a plain host; a test compares the two), the env file is the one tp4 serve writes, the
+# unit is the plan's service.unit. Nothing here derives an engine flag or an env value.
+let
+  u = import ./util.nix;
+  inherit (builtins)
+    concatMap
+    dirOf
+    elemAt
+    filter
+    isList
+    length
+    listToAttrs
+    split
+    toJSON
+    ;
+  inherit (u) fail optional optionals;
+in
+rec {
+  # what serve passes for the plan's `gpus = all` (python/tp4/containers.py GPU_FLAGS): podman
+  # through CDI, docker through its --gpus
+  gpuDevices = { podman = [ "nvidia.com/gpu=all" ]; docker = [ ]; };
+  gpuOptions = { podman = [ ]; docker = [ "--gpus=all" ]; };
+
+  # the units the rank waits for (the names spark-host gives them)
+  rdmaCheckUnit = "tp4-rdma-check.service";
+  weightsVolumeUnit = "tp4-weights-volume.service";
+  meshUnit = "tp4-mesh.service";
+
+  planNode =
+    plan: name:
+    let
+      found = filter (n: n.name == name) plan.nodes;
+    in
+    if length found != 1 then
+      fail "tp4.node" "${toJSON name} is not a node of the plan (${u.joinWords (map (n: n.name) plan.nodes)})" "set tp4.node to the name of this host in the profile"
+    else
+      elemAt found 0;
+
+  # serve's line label (python/tp4/serve.py line_id): the head's ssh host and the API port, every
+  # other character "_"
+  lineId =
+    plan:
+    let
+      text = "${(elemAt plan.nodes 0).ssh.host}-${toString (u.hostPort "plan: line.api" plan.line.api).port}";
+    in
+    builtins.concatStringsSep "" (map (p: if isList p then "_" else p) (split "[^A-Za-z0-9._-]" text));
+
+  # the rank's virtualisation.oci-containers entry: { backend; name; unit; container; }
+  container =
+    plan: node:
+    let
+      rank = node;
+      run = rank.run;
+      svc = rank.service;
+      where = "plan: nodes[${toString rank.rank}]";
+      runtime = svc.runtime;
+      unit = "${runtime}-${run.container}.service";
+    in
+    if svc.kind != "nixos" then
+      fail "${if rank.rank == 0 then "cluster.head" else "cluster.workers[${toString (rank.rank - 1)}]"}.kind" "${rank.name} is a ${toJSON svc.kind} host in the profile, so tp4 runs its container over ssh, not the NixOS unit" "set kind = \"nixos\" (and runtime) for this node and regenerate the plan"
+    else if svc.unit != unit then
+      fail "${where}.service.unit" "${toJSON svc.unit} is not oci-containers' ${unit}" "regenerate the plan with this tp4"
+    else
+      {
+        backend = runtime;
+        name = run.container;
+        inherit unit;
+        container = {
+          inherit (run) image;
+          cmd = run.command;
+          environmentFiles = [ svc.env_file ];
+          volumes = map (m: "${m.source}:${m.target}" + (if m.read_only then ":ro" else "")) run.mounts;
+          devices = run.devices ++ optionals (run.gpus == "all") gpuDevices.${runtime};
+          inherit (run) privileged;
+          capabilities = listToAttrs (map (c: { name = c; value = true; }) run.cap_add);
+          networks = [ run.network ];
+          labels = {
+            "tp4.line" = lineId plan;
+            "tp4.rank" = toString rank.rank;
+          };
+          extraOptions =
+            [ "--ipc=${run.ipc}" ]
+            ++ optionals (run.gpus == "all") gpuOptions.${runtime}
+            # podman refuses --shm-size with the host's IPC namespace (serve leaves it out too)
+            ++ optional (!(runtime == "podman" && run.ipc == "host")) "--shm-size=${run.shm_size}"
+            ++ [
+              "--ulimit=memlock=${run.ulimits.memlock}"
+              "--ulimit=stack=${run.ulimits.stack}"
+            ];
+          # the image is on the node (packages.image, or tp4's image store): never pulled
+          pull = "never";
+          # tp4 serve writes the env file, then starts the unit
+          autoStart = false;
+        };
+      };
+
+  # the host directories the rank's bind mounts need, owned by the node's user (serve makes them
+  # on a plain host: python/tp4/serve.py made_dirs), and the root-only directory of the env file
+  directories =
+    node:
+    let
+      user = node.ssh.user;
+      model = (elemAt node.run.mounts 0).target;
+      binds = filter (m: m.type == "bind" && !m.read_only && m.target != model) node.run.mounts;
+    in
+    map (m: { path = m.source; inherit user; mode = "0755"; }) binds
+    ++ [ { path = dirOf node.service.env_file; user = "root"; mode = "0700"; } ];
+
+  # the rank unit's ordering: after the network, the RDMA check, the weights volume (which waits
+  # for the weights mount) and on a ring the mesh
+  ordering =
+    { plan, node, weightsVolume }:
+    let
+      needs =
+        [ rdmaCheckUnit ]
+        ++ optional weightsVolume weightsVolumeUnit
+        ++ optional (plan.line.fabric == "ring") meshUnit;
+    in
+    {
+      wants = [ "network-online.target" ];
+      after = [ "network-online.target" ] ++ needs;
+      requires = needs;
+    };
+
+  # systemd limits of the rank unit: unlocked memory (RDMA registers the KV pool), and a restart
+  # that cannot loop on a broken line: growing delays, at most 3 starts an hour
+  serviceConfig = {
+    LimitMEMLOCK = "infinity";
+    Restart = "on-failure";
+    RestartSec = "10s";
+    RestartSteps = 5;
+    RestartMaxDelaySec = "5min";
+  };
+  unitConfig = {
+    StartLimitIntervalSec = 3600;
+    StartLimitBurst = 3;
+  };
+
+  # firewall: the head serves the API and the dist init port (and NFS when it exports); every
+  # node trusts the bootstrap interface, where NCCL and Gloo listen on ephemeral ports
+  firewall =
+    { plan, node, nfs }:
+    let
+      head = node.rank == 0;
+      env = node.env;
+    in
+    {
+      tcp =
+        optionals head [
+          (u.hostPort "plan: line.api" plan.line.api).port
+          (u.hostPort "plan: line.dist_init_addr" plan.line.dist_init_addr).port
+        ]
+        ++ optional (head && nfs) (import ./weights.nix).nfsPort;
+      trustedInterfaces = u.unique (concatMap (k: optional (env ? ${k}) env.${k}) [ "NCCL_SOCKET_IFNAME" "GLOO_SOCKET_IFNAME" ]);
+    };
+}

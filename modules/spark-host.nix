@@ -1,0 +1,229 @@
+# nixosModules.spark-host: a DGX Spark as a host of the TP4 line, on top of nixos-dgx-spark's
+# dgx-spark module (kernel, open driver, CDI, PAM memlock), which the flake imports with it.
+# This adds what the line needs from the host (upstream's host requirements): RoCE ports with
+# addresses, MTU 9000 and ARP settings, the mlx5 modules and rdma-core, a check that the RDMA
+# ports and their GIDs are there, memlock for services, the weights over NFS (or a local copy),
+# the display reservation, headless boot and the firewall. Every value comes from modules/lib
+# (tp4.settings); this file only declares options and wires.
+{
+  config,
+  lib,
+  pkgs,
+  ...
+}:
+let
+  inherit (lib)
+    mkEnableOption
+    mkOption
+    mkIf
+    mkMerge
+    mkAfter
+    mkDefault
+    types
+    escapeShellArgs
+    ;
+  cfg = config.tp4.host;
+  s = config.tp4.settings;
+  tp4lib = import ./lib;
+  ring = s.fabric == "ring";
+  runtime = s.rankUnit.backend;
+  rdmaArgs =
+    [
+      s.rdmaCheck.gidFile
+      (if s.rdmaCheck.gidIndex == null then "-" else toString s.rdmaCheck.gidIndex)
+    ]
+    ++ builtins.concatMap (p: [ p.hca p.netdev p.address ]) s.rdmaCheck.ports;
+  volume = s.weightsVolume;
+in
+{
+  imports = [ ./common.nix ];
+
+  options.tp4.host = {
+    enable = mkEnableOption "this DGX Spark as a host of the TP4 line (RoCE, weights, display reservation, headless boot)";
+
+    kernel = {
+      version = mkOption {
+        type = types.str;
+        default = "6.17.13";
+        description = ''
+          The kernel the line was validated on: nixos-dgx-spark's NVIDIA kernel at the pinned input.
+          A kernel change can break RDMA memory registration (a known DGX OS regression), so
+          another kernel is refused unless {option}`tp4.host.kernel.allowOther` is set.
+        '';
+      };
+      allowOther = mkOption {
+        type = types.bool;
+        default = false;
+        description = "Accept a kernel other than {option}`tp4.host.kernel.version` (validate RDMA on it first).";
+      };
+    };
+
+    displayReservation.enable = mkOption {
+      type = types.bool;
+      default = true;
+      description = ''
+        Keep the GB10 display reservation free for the line's Engram row cache (upstream's
+        `DSV41_ENGRAM_DRM_NODE`): `nvidia-drm.modeset=1` and `nvidia-drm.fbdev=0` on the kernel
+        command line (after the `nvidia-drm.fbdev=1` the nvidia module appends), no display
+        manager, boot to `multi-user.target`.
+      '';
+    };
+
+    weights = {
+      mountPoint = mkOption {
+        type = types.str;
+        default = "/var/lib/tp4/weights";
+        description = "Where a worker mounts the head's NFS export of the checkpoint (the plan's weights volume binds it).";
+      };
+      localDir = mkOption {
+        type = types.nullOr types.str;
+        default = null;
+        example = "/var/lib/tp4/DeepSeek-V4.1-Flash";
+        description = ''
+          A worker's own copy of the checkpoint, when the line has no NFS share (a ring, or
+          `nfs.share = false` in the profile): the plan's weights volume binds it.
+        '';
+      };
+    };
+
+    firewall.enable = mkOption {
+      type = types.bool;
+      default = true;
+      description = ''
+        Open what the line listens on: on the head the API and dist-init ports (and NFS when it
+        exports), on every node the bootstrap interface (`NCCL_SOCKET_IFNAME`/`GLOO_SOCKET_IFNAME`
+        of the plan), where NCCL and Gloo listen on ephemeral ports.
+      '';
+    };
+
+    ring = {
+      meshUp = mkOption {
+        type = types.nullOr types.path;
+        default = null;
+        description = "A ring's mesh-up script for this node (sparkring's planner writes `mesh-up-<host>.sh`); run by `tp4-mesh.service` before the rank.";
+      };
+      meshDown = mkOption {
+        type = types.nullOr types.path;
+        default = null;
+        description = "The matching mesh-down script, run when `tp4-mesh.service` stops.";
+      };
+    };
+  };
+
+  config = mkIf cfg.enable (mkMerge [
+    {
+      hardware.dgx-spark.enable = true;
+
+      assertions = [
+        {
+          assertion = cfg.kernel.allowOther || config.boot.kernelPackages.kernel.version == cfg.kernel.version;
+          message = "tp4.host: the kernel is ${config.boot.kernelPackages.kernel.version}, the line is validated on ${cfg.kernel.version} (nixos-dgx-spark's NVIDIA kernel); fix: keep hardware.dgx-spark.useNvidiaKernel = true and boot.kernelPackages unset, or set tp4.host.kernel.allowOther = true after checking RDMA on it";
+        }
+      ];
+
+      # RoCE: the ConnectX-7 driver with its RDMA half, the verbs tools, one address and MTU 9000
+      # per fabric port, ARP answered per port
+      boot.kernelModules = s.kernelModules;
+      environment.systemPackages = [ pkgs.rdma-core ];
+      networking.interfaces = builtins.mapAttrs (_: i: {
+        inherit (i) mtu;
+        ipv4.addresses = i.ipv4.addresses;
+      }) s.interfaces;
+      boot.kernel.sysctl = s.sysctl;
+
+      # memlock for services and the container runtime, not only login sessions (PAM)
+      systemd.settings.Manager.DefaultLimitMEMLOCK = "infinity";
+
+      # the container runtime of the plan, with NVIDIA CDI (nvidia.com/gpu=all)
+      hardware.nvidia-container-toolkit.enable = true;
+
+      systemd.services.tp4-rdma-check = {
+        description = "tp4: the RDMA ports of the line are ACTIVE with their RoCE v2 GIDs";
+        wantedBy = [ "multi-user.target" ];
+        wants = [ "network-online.target" ];
+        after = [ "network-online.target" ] ++ map (n: "network-addresses-${n}.service") (builtins.attrNames s.interfaces);
+        path = [ pkgs.coreutils ];
+        serviceConfig = {
+          Type = "oneshot";
+          RemainAfterExit = true;
+          ExecStart = "${pkgs.runtimeShell} ${./rdma-check.sh} ${escapeShellArgs rdmaArgs}";
+        };
+      };
+    }
+
+    (mkIf cfg.displayReservation.enable {
+      boot.kernelParams = mkAfter s.kernelParams;
+      services.xserver.enable = mkDefault false;
+      services.displayManager.enable = mkDefault false;
+      systemd.defaultUnit = "multi-user.target";
+      assertions = [
+        {
+          assertion = tp4lib.kernel.displayReservationProblem config.boot.kernelParams == null;
+          message = "tp4.host.displayReservation: ${toString (tp4lib.kernel.displayReservationProblem config.boot.kernelParams)} on the kernel command line; fix: remove the nvidia-drm parameters you add to boot.kernelParams (tp4 appends modeset=1 fbdev=0 last)";
+        }
+        {
+          assertion = !config.services.xserver.enable && !config.services.displayManager.enable && !config.services.displayManager.gdm.enable && !config.services.desktopManager.gnome.enable;
+          message = "tp4.host.displayReservation: a display server or desktop is enabled (nixos-dgx-spark's template turns on GNOME and GDM), and it would take the display reservation; fix: drop services.desktopManager.gnome, services.displayManager.gdm and services.xserver from the configuration, or set tp4.host.displayReservation.enable = false";
+        }
+      ];
+    })
+
+    (mkIf (s.nfs.exports != null) {
+      services.nfs.server.enable = true;
+      services.nfs.server.exports = s.nfs.exports + "\n";
+    })
+
+    (mkIf (s.nfs.mount != null) {
+      fileSystems.${s.nfs.mount.mountPoint} = {
+        inherit (s.nfs.mount) device fsType options;
+      };
+    })
+
+    (mkIf (volume != null) {
+      systemd.services.tp4-weights-volume = {
+        description = "tp4: the plan's weights volume ${volume.name} (${volume.options.type} ${volume.options.device})";
+        wants = [ "network-online.target" ];
+        after = [ "network-online.target" ];
+        unitConfig.RequiresMountsFor = [ volume.requiresMount ];
+        path = [ (if runtime == "docker" then config.virtualisation.docker.package else config.virtualisation.podman.package) ];
+        serviceConfig = {
+          Type = "oneshot";
+          RemainAfterExit = true;
+          ExecStart = "${pkgs.runtimeShell} ${./weights-volume.sh} ${escapeShellArgs [ runtime volume.name volume.options.type volume.options.o volume.options.device ]}";
+        };
+      };
+    })
+
+    (mkIf ring {
+      assertions = [
+        {
+          assertion = cfg.ring.meshUp != null && cfg.ring.meshDown != null;
+          message = "tp4.host.ring: the plan's fabric is a ring, whose mesh must be up before the rank; fix: set tp4.host.ring.meshUp and meshDown to this node's mesh-up/mesh-down scripts";
+        }
+      ];
+      systemd.services.tp4-mesh = mkIf (cfg.ring.meshUp != null && cfg.ring.meshDown != null) {
+        description = "tp4: the switchless ring's mesh (hairpin queues, routes, tc rules, markers)";
+        wantedBy = [ "multi-user.target" ];
+        wants = [ "network-online.target" ];
+        after = [ "network-online.target" ];
+        path = [ pkgs.iproute2 ];
+        # re-initialising a fabric function while the line serves breaks it: a switch leaves the
+        # mesh as it is
+        restartIfChanged = false;
+        serviceConfig = {
+          Type = "oneshot";
+          RemainAfterExit = true;
+          TimeoutStartSec = 300;
+          ExecStartPre = "${pkgs.runtimeShell} ${./ring-hairpin.sh} ${escapeShellArgs ([ (toString s.ring.size) ] ++ s.ring.functions)}";
+          ExecStart = "${pkgs.runtimeShell} ${cfg.ring.meshUp}";
+          ExecStop = "${pkgs.runtimeShell} ${cfg.ring.meshDown}";
+        };
+      };
+    })
+
+    (mkIf cfg.firewall.enable {
+      networking.firewall.allowedTCPPorts = s.firewall.tcp;
+      networking.firewall.trustedInterfaces = s.firewall.trustedInterfaces;
+    })
+  ]);
+}

@@ -1,0 +1,95 @@
+# nixosModules.tp4-line: this node's rank of the TP4 line as a systemd unit. The container is the
+# plan's (`tp4 plan --json` of the profile, rendered at build time by the one renderer): image,
+# command, mounts, devices and flags as python/tp4/serve.py runs them on a plain host, the
+# environment from the env file tp4 serve writes before it starts the unit. Ordered after the
+# network, the RDMA check, the weights volume and (ring) the mesh, with bounded restarts.
+{
+  config,
+  lib,
+  ...
+}:
+let
+  inherit (lib)
+    mkEnableOption
+    mkOption
+    mkIf
+    mkMerge
+    mkOverride
+    types
+    literalExpression
+    ;
+  cfg = config.tp4.line;
+  r = config.tp4.settings.rankUnit;
+  serviceName = lib.removeSuffix ".service" r.unit;
+  users = lib.unique (map (d: d.user) r.directories);
+  # above oci-containers' own unit settings (it sets Restart itself), below mkForce
+  strong = builtins.mapAttrs (_: mkOverride 90);
+in
+{
+  imports = [ ./common.nix ];
+
+  options.tp4.line = {
+    enable = mkEnableOption "this node's rank of the TP4 line as a systemd unit (started and stopped by tp4 serve and tp4 stop)";
+
+    image = {
+      stream = mkOption {
+        type = types.nullOr types.package;
+        default = null;
+        example = literalExpression "tp4.packages.aarch64-linux.image-stream";
+        description = ''
+          A `dockerTools.streamLayeredImage`-style script whose image is the plan's `run.image`,
+          loaded before the container starts. `null`: the image is already in the runtime's store
+          (`tp4 images push`, or the line's registry).
+        '';
+      };
+      file = mkOption {
+        type = types.nullOr types.package;
+        default = null;
+        description = "An image archive to load instead of {option}`tp4.line.image.stream`.";
+      };
+    };
+
+    autoStart = mkOption {
+      type = types.bool;
+      default = false;
+      description = ''
+        Start the rank at boot. Off by default: `tp4 serve` writes the rank's env file (its
+        environment and, on the head, the API key) and then starts the unit; at boot there is no
+        env file yet.
+      '';
+    };
+  };
+
+  config = mkIf cfg.enable (mkMerge [
+    {
+      assertions = [
+        {
+          assertion = config.tp4.host.enable or false;
+          message = "tp4.line: the rank unit waits for the host units of spark-host (${lib.concatStringsSep ", " r.ordering.requires}); fix: import nixosModules.spark-host (or nixosModules.default) and set tp4.host.enable = true";
+        }
+        {
+          assertion = !(cfg.image.stream != null && cfg.image.file != null);
+          message = "tp4.line.image: stream and file are both set; fix: set only one of them";
+        }
+      ] ++ map (u: {
+        assertion = u == "root" || config.users.users ? ${u};
+        message = "tp4.line: the plan's node user ${u} owns the rank's state, cache and Engram directories but is not a user of this host; fix: declare users.users.${u} (isNormalUser = true) or change cluster.user in the profile";
+      }) users;
+
+      virtualisation.oci-containers.backend = r.backend;
+      virtualisation.oci-containers.containers.${r.name} = r.container // {
+        inherit (cfg) autoStart;
+        imageStream = cfg.image.stream;
+        imageFile = cfg.image.file;
+      };
+
+      systemd.services.${serviceName} = {
+        inherit (r.ordering) wants after requires;
+        serviceConfig = strong r.serviceConfig;
+        unitConfig = r.unitConfig;
+      };
+
+      systemd.tmpfiles.rules = map (d: "d ${d.path} ${d.mode} ${d.user} - -") r.directories;
+    }
+  ]);
+}

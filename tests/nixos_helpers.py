@@ -1,0 +1,59 @@
+"""Helpers of the NixOS tests: the plan of a profile (the real CLI), and Nix evaluations of
+modules/lib with Debian's Nix, offline (tests/sources_helpers' NIX_CONFIG: no substituters, an
+empty local flake registry; --readonly-mode: nothing is written to the store)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from sources_helpers.build import nix_env
+
+REPO = Path(__file__).resolve().parent.parent
+LIB = REPO / "modules" / "lib"
+EXAMPLE = REPO / "examples" / "spark-line"
+
+
+def plan_file(profile: Path, dest: Path) -> Path:
+    """`tp4 plan --json --profile PROFILE` into dest (the CLI of this checkout)."""
+    proc = subprocess.run([sys.executable, "-m", "tp4", "plan", "--json", "--profile", str(profile)],
+                          capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPO / "python")})
+    assert proc.returncode == 0, proc.stderr
+    dest.write_text(proc.stdout)
+    return dest
+
+
+def nix_eval(expr: str, tmp: Path) -> tuple[object | None, str]:
+    """(the JSON value, "") when the expression evaluates, else (None, nix's error text)."""
+    tmp.mkdir(parents=True, exist_ok=True)
+    proc = subprocess.run(["nix-instantiate", "--eval", "--strict", "--json", "--readonly-mode", "-E", expr],
+                          capture_output=True, text=True, env={**nix_env(tmp), "PATH": os.environ.get("PATH", "/usr/bin:/bin")})
+    if proc.returncode != 0:
+        return None, proc.stderr
+    return json.loads(proc.stdout), ""
+
+
+def nix_path(p: Path) -> str:
+    """A Nix path literal (absolute; quoted through a string when it needs it)."""
+    return f"(/. + {json.dumps(str(p.resolve()))})"
+
+
+def toml(p: Path) -> str:
+    return f"(builtins.fromTOML (builtins.readFile {nix_path(p)}))"
+
+
+def json_file(p: Path) -> str:
+    return f"(builtins.fromJSON (builtins.readFile {nix_path(p)}))"
+
+
+def hosts_expr(profile: Path, plan: Path, hosts: Path | None, **extra: str) -> str:
+    """Every host of the line: { <name> = lib.host { ... }; }; ``extra`` are more arguments of
+    lib.host, as Nix expressions."""
+    args = " ".join(f"{k} = {v};" for k, v in extra.items())
+    hosts_arg = f"hostsFile = {toml(hosts)};" if hosts else ""
+    return (f"let l = import {nix_path(LIB)}; profile = {toml(profile)}; plan = {json_file(plan)}; in "
+            f"builtins.listToAttrs (map (name: {{ inherit name; value = l.host {{ inherit profile plan name; {hosts_arg} {args} }}; }}) "
+            "(l.hostNames profile))")

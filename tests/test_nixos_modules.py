@@ -1,0 +1,400 @@
+"""modules/*.nix: every module parses; every NixOS option they set or read is one that
+modules/options.toml lists with the nixpkgs file declaring it (nixpkgs cannot be evaluated here,
+so the list is the contract a host with network checks); the RDMA check unit's script fails
+loudly on a port that is down or lacks its RoCE v2 GID.
+
+How the option paths are found:
+* set: each module is called with `lib`'s markers and a fixture `config` (a head, a worker and a
+  ring worker of the example line, their settings computed by the real modules/lib) and its
+  `config` attrset is walked down to the data file's entries (tests/nixos-modules/walk.nix);
+* read: a regular expression over the module sources, every `config.<path>`.
+
+The scripts the units run (RDMA check, weights volume, ring hairpin) run here on a fake sysfs, real
+podman and a recording devlink.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+import tomllib
+import uuid
+from pathlib import Path
+
+import pytest
+
+from nix_env import BUSYBOX, empty_flake, locked_flake_copy, nix, stub_inputs
+from nixos_helpers import EXAMPLE, LIB, REPO, json_file, nix_eval, nix_path, plan_file, toml
+
+MODULES = REPO / "modules"
+OPTIONS = MODULES / "options.toml"
+WALK = REPO / "tests" / "nixos-modules" / "walk.nix"
+STUB_LIB = REPO / "tests" / "nixos-modules" / "lib.nix"
+MODULE_FILES = ("spark-host.nix", "tp4-line.nix", "common.nix")
+RDMA_CHECK = MODULES / "rdma-check.sh"
+
+PKGS = ('{ rdma-core = "/nix/store/rdma-core"; coreutils = "/nix/store/coreutils"; iproute2 = "/nix/store/iproute2"; runtimeShell = "/bin/sh"; '
+        'writeShellScript = name: text: "/nix/store/script-${name}"; runCommand = name: env: script: "/nix/store/${name}"; }')
+
+
+@pytest.fixture(scope="module")
+def work(tmp_path_factory):
+    return tmp_path_factory.mktemp("nixos-modules")
+
+
+@pytest.fixture(scope="module")
+def data():
+    return tomllib.loads(OPTIONS.read_text())
+
+
+@pytest.fixture(scope="module")
+def lines(work):
+    """(profile, plan) of the example line and of the same line as a ring."""
+    switched = EXAMPLE / "profile.toml"
+    text = switched.read_text().replace('hcas = ["rocep1s0f0", "roceP2p1s0f0"]', 'hcas = ["rocep1s0f0", "roceP2p1s0f0"]\nmode = "ring"\n\n[fabric.nccl]\nmount = "overlay"')
+    text = text.replace("[nfs]", "[nfs]\nshare = false") + '\n[gates]\nDSV41_ROCE_RING = "1"\nSGLANG_ROCE_MAX_SIZE = "262144"\nDSV41_ROCE_GATHER = "262144"\n'
+    ring = work / "ring.toml"
+    ring.write_text(text)
+    return {"switched": (switched, plan_file(switched, work / "switched.json")), "ring": (ring, plan_file(ring, work / "ring.json"))}
+
+
+def fixture_config(profile: Path, plan: Path, name: str, *, ring: bool) -> str:
+    hosts = EXAMPLE / "hosts.toml"
+    local = '"/var/lib/tp4/model"' if ring else "null"
+    mesh = '"/etc/tp4/mesh-up.sh"' if ring else "null"
+    settings = (f"(import {nix_path(LIB)}).host {{ profile = {toml(profile)}; plan = {json_file(plan)}; hostsFile = {toml(hosts)}; "
+                f"name = {json.dumps(name)}; localWeights = {local}; }}")
+    return f"""{{
+      tp4 = {{
+        settings = {settings};
+        planFile = {nix_path(plan)}; profile = {nix_path(profile)}; hostsFile = {nix_path(hosts)}; node = {json.dumps(name)}; package = null;
+        host = {{
+          enable = true; displayReservation.enable = true; firewall.enable = true;
+          weights = {{ mountPoint = "/var/lib/tp4/weights"; localDir = {local}; }};
+          ring = {{ meshUp = {mesh}; meshDown = {mesh}; }};
+          kernel = {{ version = "6.17.13"; allowOther = false; }};
+        }};
+        line = {{ enable = true; image = {{ stream = null; file = null; }}; autoStart = false; }};
+      }};
+      boot = {{ kernelParams = [ ]; kernelPackages.kernel.version = "6.17.13"; }};
+      services = {{ xserver.enable = false; displayManager = {{ enable = false; gdm.enable = false; }}; desktopManager.gnome.enable = false; }};
+      users.users.tp4 = {{ }};
+      virtualisation = {{ podman.package = "/nix/store/podman"; docker.package = "/nix/store/docker"; }};
+      networking.hostName = {json.dumps(name)};
+    }}"""
+
+
+def walk(module: Path, config: str, work: Path) -> dict:
+    expr = f"import {nix_path(WALK)} {{ module = {nix_path(module)}; optionsFile = {nix_path(OPTIONS)}; config = {config}; pkgs = {PKGS}; }}"
+    value, err = nix_eval(expr, work / "nix")
+    assert value is not None, err
+    assert isinstance(value, dict)
+    return value
+
+
+@pytest.fixture(scope="module")
+def walks(work, lines):
+    """Every module on a head, a worker and a ring worker: {(module, host): walk}."""
+    hosts = {"head": ("switched", "spark1"), "worker": ("switched", "spark2"), "ring worker": ("ring", "spark3")}
+    out = {}
+    for module in MODULE_FILES:
+        for host, (line, name) in hosts.items():
+            profile, plan = lines[line]
+            out[(module, host)] = walk(MODULES / module, fixture_config(profile, plan, name, ring=line == "ring"), work)
+    return out
+
+
+def test_every_module_and_lib_file_parses(work):
+    files = sorted(MODULES.glob("*.nix")) + sorted(LIB.glob("*.nix")) + [WALK]
+    assert {f.name for f in files} >= {*MODULE_FILES, "default.nix", "hosts.nix", "weights.nix", "rank.nix", "kernel.nix", "util.nix"}
+    for f in files:
+        proc = subprocess.run(["nix-instantiate", "--parse", str(f)], capture_output=True, text=True)
+        assert proc.returncode == 0, f"{f}: {proc.stderr}"
+
+
+def test_the_modules_set_only_options_the_data_file_lists(walks):
+    unknown = sorted({(module, s["path"]) for (module, _), w in walks.items() for s in w["set"] if s["entry"] is None})
+    assert unknown == []
+
+
+def test_every_listed_option_is_set_by_a_module(walks, data):
+    used = {s["entry"] for w in walks.values() for s in w["set"]}
+    assert sorted(set(data["set"]) - used) == []
+    assert sorted(set(data["own"]) - used - {"tp4.host", "tp4.line", "tp4.planFile", "tp4.hostsFile", "tp4.node", "tp4.package", "tp4.profile"}) == []
+
+
+def test_what_each_host_gets(walks):
+    def paths(module: str, host: str) -> set[str]:
+        return {s["path"] for s in walks[(module, host)]["set"]}
+
+    head, worker, ring = (paths("spark-host.nix", h) for h in ("head", "worker", "ring worker"))
+    assert {"services.nfs.server.exports", "networking.firewall.allowedTCPPorts", "systemd.settings.Manager",
+            "boot.kernelParams", "hardware.dgx-spark.enable"} <= head
+    assert not any(p.startswith("fileSystems.") for p in head)
+    assert {"fileSystems./var/lib/tp4/weights.options", "systemd.services.tp4-weights-volume.unitConfig"} <= worker
+    assert "services.nfs.server.exports" not in worker
+    assert "systemd.services.tp4-mesh.serviceConfig" in ring and not any(p.startswith("fileSystems.") for p in ring)
+    assert {"networking.interfaces.enp1s0f0np0.mtu", "networking.interfaces.enP2p1s0f0np0.ipv4.addresses",
+            "systemd.services.tp4-rdma-check.serviceConfig", "boot.kernelModules", "environment.systemPackages"} <= worker
+    line = paths("tp4-line.nix", "worker")
+    assert {"virtualisation.oci-containers.containers.dsv41-worker.image", "systemd.services.podman-dsv41-worker.serviceConfig",
+            "systemd.services.podman-dsv41-worker.requires", "systemd.tmpfiles.rules"} <= line
+    assert walks[("spark-host.nix", "head")]["imports"] == ["common.nix"] == walks[("tp4-line.nix", "head")]["imports"]
+
+
+def test_an_option_nixpkgs_does_not_declare_fails(work, lines):
+    module = work / "typo.nix"
+    module.write_text("{ config, lib, ... }: { config = lib.mkMerge [ { networking.interfaces.eth0.mtu = 9000; } "
+                      "(lib.mkIf true { services.nfs.server.export = \"/srv\"; }) ]; }\n")
+    profile, plan = lines["switched"]
+    got = walk(module, fixture_config(profile, plan, "spark1", ring=False), work)["set"]
+    assert got == [{"path": "networking.interfaces.eth0.mtu", "entry": "networking.interfaces.<name>.mtu"},
+                   {"path": "services.nfs.server.export", "entry": None}]
+
+
+_READ = re.compile(r"\bconfig\.([A-Za-z_][A-Za-z0-9_'-]*(?:\.[A-Za-z_][A-Za-z0-9_'-]*)*)")
+
+
+def _covered(path: str, entries: list[str]) -> bool:
+    parts = path.split(".")
+    for entry in entries:
+        want = entry.split(".")
+        if len(want) <= len(parts) and all(w in ("<name>", p) for w, p in zip(want, parts[:len(want)], strict=True)):
+            return True
+    return False
+
+
+def test_the_modules_read_only_options_the_data_file_lists(data):
+    entries = [*data["set"], *data["read"], *data["own"]]
+    reads = {(f, m) for f in MODULE_FILES for m in _READ.findall((MODULES / f).read_text())}
+    assert reads, "no config reads found: the expression is broken"
+    # our own namespace may be read whole (cfg = config.tp4)
+    own = [m for _, m in reads if any(e.startswith(m + ".") for e in data["own"])]
+    assert sorted((f, m) for f, m in reads if not _covered(m, entries) and m not in own) == []
+    assert ("spark-host.nix", "boot.kernelPackages.kernel.version") in reads
+
+
+def test_every_entry_names_the_file_that_declares_it(data):
+    assert data["schema"] == 1
+    for kind in ("set", "read"):
+        for path, file in data[kind].items():
+            assert re.fullmatch(r"nixos/(modules|lib)/[a-z0-9/_.-]+\.nix|[A-Za-z0-9-]+/[A-Za-z0-9._-]+:[A-Za-z0-9/_.-]+\.nix", file), (path, file)
+    for path, file in data["own"].items():
+        text = (REPO / file).read_text()
+        leaf = path.rsplit(".", 1)[-1]
+        assert f"options.{path} = " in text or f"{leaf} = mkOption" in text, (path, file)
+
+
+def test_every_option_of_the_modules_is_documented(walks):
+    declared = {o["path"]: o for (_, host), w in walks.items() if host == "head" for o in w["options"]}
+    assert {"tp4.host.enable", "tp4.host.displayReservation.enable", "tp4.host.weights.localDir", "tp4.line.enable",
+            "tp4.line.image.stream", "tp4.planFile", "tp4.node"} <= set(declared)
+    for path, o in declared.items():
+        assert o["hasType"] and o["description"], path
+
+
+# --- the RDMA check unit's script ------------------------------------------------------------
+
+
+def fake_sysfs(root: Path, hca: str, *, state: str = "4: ACTIVE", gids: dict[int, tuple[str, str]] | None = None) -> None:
+    port = root / "class" / "infiniband" / hca / "ports" / "1"
+    (port / "gids").mkdir(parents=True, exist_ok=True)
+    (port / "gid_attrs" / "types").mkdir(parents=True, exist_ok=True)
+    (port / "state").write_text(state + "\n")
+    for i, (gid, kind) in (gids or {}).items():
+        (port / "gids" / str(i)).write_text(gid + "\n")
+        (port / "gid_attrs" / "types" / str(i)).write_text(kind + "\n")
+
+
+MAPPED = "0000:0000:0000:0000:0000:ffff:0a00:0001"  # 10.0.0.1
+GIDS = {0: ("fe80:0000:0000:0000:0000:00ff:fe00:0001", "IB/RoCE v1"), 1: ("fe80:0000:0000:0000:0000:00ff:fe00:0001", "RoCE v2"),
+        2: (MAPPED, "IB/RoCE v1"), 3: (MAPPED, "RoCE v2")}
+
+
+def rdma_check(root: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["sh", str(RDMA_CHECK), str(root / "run" / "gid-index"), *args], capture_output=True, text=True,
+                          env={"TP4_SYSFS": str(root), "PATH": "/usr/bin:/bin"})
+
+
+def test_the_rdma_check_writes_the_roce_v2_gid_index(tmp_path):
+    fake_sysfs(tmp_path, "rocep1s0f0", gids=GIDS)
+    fake_sysfs(tmp_path, "roceP2p1s0f0", gids={5: ("0000:0000:0000:0000:0000:ffff:0a00:0101", "RoCE v2")})
+    proc = rdma_check(tmp_path, "-", "rocep1s0f0", "enp1s0f0np0", "10.0.0.1", "roceP2p1s0f0", "enP2p1s0f0np0", "10.0.1.1")
+    assert proc.returncode == 0, proc.stderr
+    assert (tmp_path / "run" / "gid-index").read_text() == "rocep1s0f0 3\nroceP2p1s0f0 5\n"
+    assert "rocep1s0f0 (enp1s0f0np0 10.0.0.1) ACTIVE, RoCE v2 GID index 3" in proc.stdout
+    assert rdma_check(tmp_path, "3", "rocep1s0f0", "enp1s0f0np0", "10.0.0.1").returncode == 0
+
+
+@pytest.mark.parametrize(("case", "message"), [
+    ("down", "tp4-rdma-check: rocep1s0f0 port 1 is '1: DOWN', not ACTIVE; fix: cable and link of enp1s0f0np0"),
+    ("no gid", "tp4-rdma-check: rocep1s0f0 has no RoCE v2 GID for 10.0.0.1 (0000:0000:0000:0000:0000:ffff:0a00:0001); fix: give enp1s0f0np0 the address 10.0.0.1"),
+    ("only v1", "tp4-rdma-check: rocep1s0f0 has no RoCE v2 GID for 10.0.0.1"),
+    ("no device", "tp4-rdma-check: rocep1s0f0: no such RDMA device (for enp1s0f0np0 10.0.0.1); fix: load mlx5_ib"),
+    ("pinned elsewhere", "tp4-rdma-check: rocep1s0f0: the RoCE v2 GID of 10.0.0.1 is at index 3, the profile pins 2; fix: set the node's gid_index = 3"),
+])
+def test_the_rdma_check_fails_loudly(tmp_path, case, message):
+    pinned = "-"
+    if case == "down":
+        fake_sysfs(tmp_path, "rocep1s0f0", state="1: DOWN", gids=GIDS)
+    elif case == "no gid":
+        fake_sysfs(tmp_path, "rocep1s0f0", gids={k: v for k, v in GIDS.items() if k < 2})
+    elif case == "only v1":
+        fake_sysfs(tmp_path, "rocep1s0f0", gids={k: v for k, v in GIDS.items() if k != 3})
+    elif case == "pinned elsewhere":
+        fake_sysfs(tmp_path, "rocep1s0f0", gids=GIDS)
+        pinned = "2"
+    (tmp_path / "class" / "infiniband").mkdir(parents=True, exist_ok=True)
+    proc = rdma_check(tmp_path, pinned, "rocep1s0f0", "enp1s0f0np0", "10.0.0.1")
+    assert proc.returncode == 1
+    assert message in proc.stderr
+    assert not (tmp_path / "run" / "gid-index").exists()
+
+
+# --- the flake's NixOS outputs (against the stand-in nixpkgs: NixOS cannot be evaluated here) ----
+
+
+def test_the_flake_has_the_modules_the_example_hosts_and_the_template(tmp_path):
+    copy = locked_flake_copy(REPO, tmp_path / "flake")
+    inputs = stub_inputs(REPO, empty_flake(tmp_path / "empty"))
+
+    def evaluate(attr: str, apply: str):
+        proc = nix(["eval", "--json", f"path:{copy}#{attr}", "--apply", apply, *inputs], tmp_path)
+        assert proc.returncode == 0, proc.stderr
+        return json.loads(proc.stdout)
+
+    assert evaluate("nixosModules", "builtins.attrNames") == ["default", "spark-host", "tp4-line"]
+    assert evaluate("nixosModules.spark-host", "m: map (p: baseNameOf (toString p)) (builtins.filter (p: !builtins.isFunction p) m.imports)") == [
+        "dgx-spark.nix", "spark-host.nix"]
+    hosts = evaluate("nixosConfigurations", """cs: builtins.mapAttrs (n: c: let ms = c.stub.args.modules; in {
+      own = builtins.elemAt ms 1;
+      rest = map (p: baseNameOf (toString p)) (builtins.tail (builtins.tail ms));
+      toplevel = c.config.system.build.toplevel.type; }) cs""")
+    assert list(hosts) == ["spark1", "spark2", "spark3", "spark4"]
+    for name, h in hosts.items():
+        assert h["own"]["networking"] == {"hostName": name}
+        assert h["own"]["tp4"]["node"] == name and h["own"]["tp4"]["host"] == {"enable": True} and h["own"]["tp4"]["line"] == {"enable": True}
+        assert h["own"]["tp4"]["profile"].endswith("-profile.toml") and h["own"]["tp4"]["hostsFile"].endswith("-hosts.toml")
+        assert h["rest"] == ["configuration.nix"] and h["toplevel"] == "derivation"
+    template = evaluate("templates.spark-line", "t: { inherit (t) description; files = builtins.attrNames (builtins.readDir t.path); }")
+    assert template["files"] == ["configuration.nix", "flake.nix", "hosts.toml", "profile.toml"]
+    assert "TP4 line" in template["description"]
+
+
+# --- the ring's hairpin queues --------------------------------------------------------------
+
+HAIRPIN = MODULES / "ring-hairpin.sh"
+
+# a devlink that keeps each function's driverinit hairpin_queue_size in a file and logs its calls
+FAKE_DEVLINK = r"""#!/bin/sh
+echo "$*" >> "$TP4_DEVLINK_LOG"
+f="$TP4_DEVLINK_STATE/$(echo "$4" | tr '/:' '__')"
+if [ "$1 $2 $3" = "dev param show" ]; then
+  [ -f "$f" ] || { echo "Error: No such device" >&2; exit 1; }
+  printf '%s:\n  name hairpin_queue_size type driver-specific\n    values:\n      cmode driverinit value %s\n' "$4" "$(cat "$f")"
+elif [ "$1 $2 $3" = "dev param set" ]; then
+  echo "$8" > "$f"
+fi
+"""
+
+
+def hairpin(tmp: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    bin_dir = tmp / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    (bin_dir / "devlink").write_text(FAKE_DEVLINK)
+    (bin_dir / "devlink").chmod(0o755)
+    return subprocess.run(["sh", str(HAIRPIN), *args], capture_output=True, text=True,
+                          env={"PATH": f"{bin_dir}:/usr/bin:/bin", "TP4_DEVLINK_LOG": str(tmp / "log"), "TP4_DEVLINK_STATE": str(tmp / "state")})
+
+
+def test_the_ring_sets_the_hairpin_queue_once(tmp_path):
+    (tmp_path / "state").mkdir()
+    (tmp_path / "state" / "pci_0000_01_00.0").write_text("1024\n")
+    (tmp_path / "state" / "pci_0000_01_00.1").write_text("8192\n")
+    proc = hairpin(tmp_path, "8192", "0000:01:00.0", "0000:01:00.1")
+    assert proc.returncode == 0, proc.stderr
+    calls = (tmp_path / "log").read_text().splitlines()
+    assert calls == ["dev param show pci/0000:01:00.0 name hairpin_queue_size",
+                     "dev param set pci/0000:01:00.0 name hairpin_queue_size value 8192 cmode driverinit",
+                     "dev reload pci/0000:01:00.0",
+                     "dev param show pci/0000:01:00.1 name hairpin_queue_size"]
+    assert "pci/0000:01:00.1 hairpin_queue_size is 8192 already" in proc.stdout
+    # a second run re-initialises nothing
+    (tmp_path / "log").unlink()
+    assert hairpin(tmp_path, "8192", "0000:01:00.0", "0000:01:00.1").returncode == 0
+    assert not any(c.startswith(("dev param set", "dev reload")) for c in (tmp_path / "log").read_text().splitlines())
+
+
+def test_the_ring_fails_on_a_missing_function(tmp_path):
+    (tmp_path / "state").mkdir()
+    proc = hairpin(tmp_path, "8192", "0002:01:00.0")
+    assert proc.returncode == 1
+    assert "tp4-mesh: pci/0002:01:00.0 has no hairpin_queue_size" in proc.stderr and "fix: check the function" in proc.stderr
+
+
+# --- the weights volume (real podman) ---------------------------------------------------------
+
+WEIGHTS_VOLUME = MODULES / "weights-volume.sh"
+
+
+def weights_volume(name: str, *options: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["sh", str(WEIGHTS_VOLUME), "podman", name, *options], capture_output=True, text=True)
+
+
+def volume_options(name: str) -> dict[str, str]:
+    proc = subprocess.run(["podman", "volume", "inspect", "--format", "{{json .Options}}", name], capture_output=True, text=True, check=True)
+    return json.loads(proc.stdout)
+
+
+def test_the_weights_volume_is_made_once_and_replaced_only_when_unused(tmp_path):
+    name = f"tp4-test-weights-{uuid.uuid4().hex[:8]}"
+    image = f"localhost/{name}:1"
+    nfs = ("nfs", "addr=10.0.0.1,nfsvers=4.2,ro,nconnect=8,rsize=1048576,wsize=1048576,hard,timeo=600", ":/srv/model")
+    local = tmp_path / "model"
+    local.mkdir()
+    try:
+        assert weights_volume(name, *nfs).stdout == f"tp4-weights-volume: {name} created: {' '.join(nfs)}\n"
+        assert volume_options(name) == dict(zip(("type", "o", "device"), nfs, strict=True))
+        assert weights_volume(name, *nfs).stdout == f"tp4-weights-volume: {name} is {' '.join(nfs)}\n"
+        bind = ("none", "bind", str(local))
+        assert weights_volume(name, *bind).stdout == f"tp4-weights-volume: {name} recreated: none bind {local}\n"
+        assert volume_options(name) == {"type": "none", "o": "bind", "device": str(local)}
+        # a container that uses it keeps it
+        root = tmp_path / "root" / "bin"
+        root.mkdir(parents=True)
+        shutil.copy2(BUSYBOX, root / "sh")
+        subprocess.run(["tar", "-C", str(tmp_path / "root"), "-cf", str(tmp_path / "root.tar"), "bin"], check=True)
+        subprocess.run(["podman", "import", str(tmp_path / "root.tar"), image], capture_output=True, check=True)
+        subprocess.run(["podman", "create", "--name", name, "-v", f"{name}:/w:ro", image, "/bin/sh"], capture_output=True, check=True)
+        proc = weights_volume(name, *nfs)
+        assert proc.returncode == 1
+        assert f"tp4-weights-volume: {name} is 'none bind {local}', not '{' '.join(nfs)}', and a container uses it; fix: tp4 stop" in proc.stderr
+        assert volume_options(name)["device"] == str(local)
+    finally:
+        subprocess.run(["podman", "rm", "-f", name], capture_output=True)
+        subprocess.run(["podman", "volume", "rm", "-f", name], capture_output=True)
+        subprocess.run(["podman", "rmi", "-f", image], capture_output=True)
+
+
+def test_the_plan_a_host_runs_is_the_clis(tmp_path):
+    """tp4.planFile's default runs this flake's tp4 on the profile at build time: its build script,
+    run here with this checkout's CLI as the package, writes the plan `tp4 plan --json` prints."""
+    package = tmp_path / "tp4"
+    (package / "bin").mkdir(parents=True)
+    (package / "bin" / "tp4").write_text(f'#!/bin/sh\nPYTHONPATH={REPO / "python"} exec {sys.executable} -m tp4 "$@"\n')
+    (package / "bin" / "tp4").chmod(0o755)
+    profile = EXAMPLE / "profile.toml"
+    pkgs = PKGS.replace('runCommand = name: env: script: "/nix/store/${name}";', "runCommand = name: env: script: script;")
+    config = f'{{ tp4 = {{ package = {json.dumps(str(package))}; profile = {json.dumps(str(profile))}; }}; networking.hostName = "spark1"; }}'
+    expr = (f"(import {nix_path(MODULES / 'common.nix')} {{ pkgs = {pkgs}; lib = import {nix_path(STUB_LIB)}; config = {config}; }})"
+            ".options.tp4.planFile.default")
+    script, err = nix_eval(expr, tmp_path / "nix")
+    assert isinstance(script, str), err
+    assert f"{package}/bin/tp4 plan --json --profile {profile} > $out" in script
+    out = tmp_path / "plan.json"
+    proc = subprocess.run(["sh", "-euc", script], capture_output=True, text=True, env={"out": str(out), "TMPDIR": str(tmp_path), "PATH": "/usr/bin:/bin"})
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(out.read_text()) == json.loads(plan_file(profile, tmp_path / "cli.json").read_text())
