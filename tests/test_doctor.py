@@ -267,7 +267,11 @@ def test_rising_counters_warn(good: DoctorCluster) -> None:
         n = 7
         while not stop.is_set():
             n += 1
-            counter.write_text(f"{n}\n")
+            # replaced whole, as a sysfs read never sees a counter half written (a truncated file
+            # read as empty made the first or second read miss the counter now and then)
+            tmp = counter.with_name(counter.name + ".tmp")
+            tmp.write_text(f"{n}\n")
+            tmp.replace(counter)
             time.sleep(0.05)
 
     t = threading.Thread(target=bump)
