@@ -41,13 +41,18 @@ sessions' PATH, like DoctorCluster's stubs; each keeps its records under the hos
   system's ``seconds``; then sets each unit the system
   lists to its state (``units/<unit>``: ``tp4-rdma-check.service`` active, or failed for a
   system whose RDMA check fails), and fails (exit 1) when the system says so;
-* ``nix-store``: the real one, its ``--serve`` sessions (what `nix copy --to ssh://` starts on
-  the host) recorded in ``nix-store.log``.
+* ``nix-store``: the real one on a store of the host's own (``NIX_REMOTE=local?root=<its state
+  dir>/store``: the hosts share this machine's /nix, so without it every path would be there
+  already and deploy's copy would never send one); its ``--check-validity`` and ``--import`` runs
+  (deploy's copy: which paths the host lacks, then those) are recorded in ``nix-store.log`` (the
+  first two words). nix-env and the systems' scripts use this machine's store, where the paths
+  built here are, as the host's own store holds them after the copy.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -175,8 +180,10 @@ exit 1
 '''
 
 NIX_STORE = r'''#!/bin/sh
-case " $* " in *" --serve "*) echo "$*" >> @state@/nix-store.log ;; esac
-exec @real@ "$@"
+case " $* " in
+  *" --check-validity "*|*" --import "*) echo "$1 $2" >> @state@/nix-store.log ;;
+esac
+NIX_REMOTE="local?root=@store@" exec @real@ "$@"
 '''
 
 # the systems: nixosConfigurations.<node>.config.system.build.toplevel of each entry of
@@ -269,7 +276,8 @@ def _deploy_prepare(host: Host) -> None:
     real_nix_store = shutil.which("nix-store") or "/usr/bin/nix-store"
     bin_dir = host.dir / "bin"
     for name, text in {"systemd-run": SYSTEMD_RUN, "systemctl": SYSTEMCTL, "nix-store": NIX_STORE}.items():
-        (bin_dir / name).write_text(text.replace("@state@", STATE).replace("@real@", real_nix_store))
+        own_store = os.path.realpath(state / "store")  # no symlink on the way (Nix refuses one)
+        (bin_dir / name).write_text(text.replace("@state@", STATE).replace("@real@", real_nix_store).replace("@store@", own_store))
         (bin_dir / name).chmod(0o755)
 
 
@@ -349,8 +357,15 @@ class DeployCluster(DoctorCluster):
         f = self.state(host) / "units" / unit
         return f.read_text().strip() if f.exists() else "inactive"
 
+    def has_path(self, host: Host, path: str) -> bool:
+        """``path`` is valid in the host's own store (what deploy's copy filled)."""
+        own_store = os.path.realpath(self.state(host) / "store")
+        proc = process.run(["nix-store", "--check-validity", path], env={"NIX_REMOTE": f"local?root={own_store}"},
+                           check=False)
+        return proc.returncode == 0
+
     def serves(self, host: Host) -> list[str]:
-        """The `nix-store --serve` sessions nix copy started on the host."""
+        """The host's `nix-store` runs of deploy's copy (the first two words of each)."""
         log = self.state(host) / "nix-store.log"
         return log.read_text().splitlines() if log.exists() else []
 

@@ -74,8 +74,9 @@ def test_the_dry_run_prints_the_commands_and_changes_nothing(line, tp4_cli):
     assert all(not line.switches(h) and not line.units(h) and not line.serves(h) for h in line.hosts)
     commands = [shlex.split(x[2:]) for x in out.splitlines() if x.startswith("$ ")]
     assert commands[0] == deploy.build_argv(str(line.flake), [h.name for h in line.hosts])
-    # per host: record, copy, check, set, record, switch, ssh, unit, then the rollback's three
-    assert len(commands) == 1 + 4 * 11
+    # per host: record, the closure, what the host lacks, check, set, record, switch, ssh, unit, then
+    # the rollback's three
+    assert len(commands) == 1 + 4 * 12
     assert sum(1 for c in commands if "--unit=tp4-deploy-switch" in shlex.split(c[-1])) == 4
 
 
@@ -100,8 +101,9 @@ def test_four_hosts_deploy_at_once_and_the_dry_run_showed_what_ran(line, tp4_cli
         [unit] = line.units(h)
         assert unit["unit"] == "tp4-deploy-switch.service" and unit["argv"] == [f"{path}/bin/switch-to-configuration", "switch"]
         assert unit["options"] == [*deploy.SYSTEMD_RUN[1:], "--unit=tp4-deploy-switch"]
-        # nix copy reached the host (its nix-store --serve --write session)
-        assert line.serves(h) == ["--serve --write"]
+        # the copy asked the host which paths it lacks and imported them into its own store
+        assert line.serves(h) == ["--check-validity --print-invalid", "--import "]
+        assert line.has_path(h, path)
     # at once: every switch started before any ended
     starts = [s[0] for h in line.hosts for s in line.switches(h) if s[1] == "start"]
     ends = [s[0] for h in line.hosts for s in line.switches(h) if s[1] == "end"]
@@ -116,7 +118,7 @@ def test_four_hosts_deploy_at_once_and_the_dry_run_showed_what_ran(line, tp4_cli
             in_rollback = "on a failed switch" in x
         elif x.startswith("$ "):
             (rollback if in_rollback else expected).append(words(x[2:], fills))
-    assert len(expected) == 1 + 4 * 8 and len(rollback) == 4 * 3
+    assert len(expected) == 1 + 4 * 9 and len(rollback) == 4 * 3
     missing = [c for c in expected if c not in ran]
     assert not missing, missing
     assert not [c for c in rollback if c in ran and "--list-generations" not in c]

@@ -58,13 +58,12 @@ def test_the_commands_on_a_host_and_sudo_for_a_user_other_than_root(nodes):
     assert deploy.rollback_argv(w1, 41) == [*SYSTEMD_RUN, "--unit=tp4-deploy-rollback",
                                             "/nix/var/nix/profiles/system-41-link/bin/switch-to-configuration", "switch"]
     assert deploy.unit_argv() == ["systemctl", "is-active", "--", "tp4-rdma-check.service"]
-    copy = deploy.copy_argv(w2, top)
-    assert copy[0] == "env" and copy[1].startswith("NIX_SSHOPTS=")
-    assert copy[2:] == ["nix", "--extra-experimental-features", "nix-command flakes", "copy", "--to", "ssh://tp4@10.0.0.3", top]
-    opts = copy[1].removeprefix("NIX_SSHOPTS=").split()
-    # tp4's host key checking, a connection of its own, the node's port; no destination in it
-    assert ["-o", "StrictHostKeyChecking=yes"] == opts[opts.index("StrictHostKeyChecking=yes") - 1:][:2]
-    assert "ControlPath=none" in opts and opts[opts.index("-p") + 1] == "2222" and "--" not in opts
+    # the copy: the closure here, what the host lacks (the paths on stdin), an export into its import
+    assert deploy.closure_argv(top) == ["nix-store", "--query", "--requisites", top]
+    assert deploy.missing_argv() == ["sh", "-c", "xargs -r nix-store --check-validity --print-invalid"]
+    assert deploy.export_argv(["/nix/store/a", "/nix/store/b"]) == ["nix-store", "--export", "/nix/store/a", "/nix/store/b"]
+    assert deploy.import_argv(w2) == ["sudo", "-n", "nix-store", "--import"] and deploy.import_argv(w1) == ["nix-store", "--import"]
+    assert deploy.store_uri(w2) == "ssh://tp4@10.0.0.3"
     # the post-check's connection is a new one
     fresh = deploy.fresh(w2)
     assert fresh.remote is not None and "ControlMaster=no" in fresh.remote.ssh_argv()
@@ -105,23 +104,14 @@ def test_the_dry_run_prints_the_commands_of_the_run_and_runs_nothing(nodes, monk
 
     assert commands == [
         deploy.build_argv("/src/tp4", ["w.2"]),
-        remote(deploy.generations_argv(w2)), deploy.copy_argv(w2, top), remote(deploy.is_system_argv(top)),
+        remote(deploy.generations_argv(w2)), deploy.closure_argv(top), remote(deploy.missing_argv()),
+        remote(deploy.is_system_argv(top)),
         remote(deploy.set_argv(w2, top)), remote(deploy.generations_argv(w2)), remote(deploy.switch_argv(w2, top)),
         remote(["true"], deploy.fresh(w2)), remote(deploy.unit_argv(), deploy.fresh(w2)),
         remote(deploy.switch_generation_argv(w2, gen)), remote(deploy.rollback_argv(w2, gen)),
         remote(deploy.generations_argv(w2)),
     ]
     assert any("doctor's blocking checks" in line for line in lines)
-
-
-def test_ssh_options_nix_cannot_carry_are_refused_before_anything_runs(nodes):
-    import dataclasses
-
-    w1 = nodes[1]
-    assert w1.remote is not None
-    spaced = serve.Node(w1.rank, dataclasses.replace(w1.remote, options=("ProxyCommand nc %h %p",)))
-    with pytest.raises(InvalidInput, match="cannot reach nix copy"):
-        deploy.copy_argv(spaced, "/nix/store/x")
 
 
 hostile = st.text(alphabet=st.sampled_from(list("ab -$()'\";|&`\\*~.")), min_size=1, max_size=12)
@@ -157,12 +147,15 @@ def test_no_node_name_host_or_user_changes_a_command(nodes, name, host, user):
                                                   f'/src#nixosConfigurations."{name}".config.system.build.toplevel')
         assert re.fullmatch(r"[A-Za-z_][A-Za-z0-9_'-]*", name) or f'"{name}"' in build[-1]
     try:
-        copy = deploy.copy_argv(node, top)
+        uri = deploy.store_uri(node)
     except InvalidInput:
         assert not (re.fullmatch(r"[A-Za-z0-9:][A-Za-z0-9._:-]*", host) and re.fullmatch(r"[a-z_][a-z0-9_.-]*", user))
     else:
-        assert copy[-3:] == ["--to", f"ssh://{user}@{host}", top]
+        assert uri == f"ssh://{user}@{host}"
         assert not host.startswith("-") and not any(c.isspace() or c in "$`'\"();|&" for c in host + user)
+    # the copy's commands hold no profile value but the store paths
+    assert deploy.closure_argv(top) == ["nix-store", "--query", "--requisites", top]
+    assert deploy.import_argv(node)[-2:] == ["nix-store", "--import"]
 
 
 @pytest.mark.parametrize("old, field, value", [

@@ -9,15 +9,17 @@ them at once (:func:`tp4.serve.parallel`), every command through :mod:`tp4.proce
    ``--print-out-paths``: that flag came after Nix 2.8, Debian 12's; the JSON lists the paths in
    the order of the installables);
 2. per host: **record** its current system generation (``nix-env --list-generations`` of
-   /nix/var/nix/profiles/system, the ``(current)`` line), **copy** the closure with
-   ``nix copy --to ssh://<user>@<host>``, and check it arrived as a NixOS system
-   (``<toplevel>/nixos-version``, as nixos-rebuild does). ``ssh://`` is the ``nix-store --serve``
-   protocol of nix-copy-closure and nixos-rebuild: any Nix on either side speaks it and the other
-   end needs no daemon; it asks the host which paths it lacks and sends only those. nix runs its
-   own ssh, given tp4's options (key only, tp4's known_hosts, no shared connection) in
-   NIX_SSHOPTS; the ssh user must be root or one of the host's ``nix.settings.trusted-users``
-   (the paths built here carry no signature the host trusts). With ``--all-or-nothing`` a host
-   that fails here stops the deploy before any host changes;
+   /nix/var/nix/profiles/system, the ``(current)`` line), **copy** the closure, and check it
+   arrived as a NixOS system (``<toplevel>/nixos-version``, as nixos-rebuild does). The copy is
+   what nix-copy-closure does, through tp4's own ssh (the one funnel, its options and its host
+   key check): the closure here (``nix-store --query --requisites``), the paths the host lacks
+   (``nix-store --check-validity --print-invalid`` there, the paths on its stdin), then
+   ``nix-store --export`` of those here piped into ``nix-store --import`` there (as root: an
+   import by root checks no signature, and the paths built here carry none the host trusts).
+   ``nix copy --to ssh://`` would start an ssh of its own, which Nix 2.8 run as root starts
+   after a setns() into its saved mount namespace: in a chroot that leaves the chroot, and the
+   ssh finds neither the key nor tp4's known_hosts. With ``--all-or-nothing`` a host that fails
+   here stops the deploy before any host changes;
 3. per host: **set** the system profile (``nix-env -p /nix/var/nix/profiles/system --set``, a new
    generation), then **switch** in a transient unit, ``systemd-run --unit=tp4-deploy-switch --wait
    --collect ... <toplevel>/bin/switch-to-configuration switch`` (as nixos-rebuild does since
@@ -77,8 +79,8 @@ CHECK_TIMEOUT = 60.0
 SWITCH_TIMEOUT = 1800.0
 COPY_TIMEOUT = 7200.0
 
-# what may stand in an ssh:// store URI and in NIX_SSHOPTS (nix splits NIX_SSHOPTS at white space
-# and puts the host before its options, so neither may start with '-' nor hold a space)
+# what may stand in a Nix store address ssh://<user>@<host> (neither may start with '-' nor hold a
+# space)
 _HOST = re.compile(r"[A-Za-z0-9:][A-Za-z0-9._:-]*")
 _USER = re.compile(r"[a-z_][a-z0-9_.-]*")
 _ATTR = re.compile(r"[A-Za-z_][A-Za-z0-9_'-]*")
@@ -145,7 +147,8 @@ def build(flake: str, names: Sequence[str], progress: Echo) -> dict[str, str]:
 
 
 def store_uri(node: Node) -> str:
-    """``ssh://<user>@<host>``: where nix copy sends the node's closure."""
+    """``ssh://<user>@<host>``: the node as a Nix store address (its nix-copy-closure name); refuses
+    a host or user no store address can hold, before anything runs."""
     ssh = node.rank.ssh
     if not _HOST.fullmatch(ssh.host):
         raise InvalidInput(f"{node.name}: ssh address {ssh.host[:80]!r} cannot be a nix store address; fix: a host name or "
@@ -156,24 +159,26 @@ def store_uri(node: Node) -> str:
     return f"ssh://{ssh.user}@{ssh.host}"
 
 
-def nix_sshopts(node: Node) -> str:
-    """tp4's ssh options for the ssh nix copy starts (NIX_SSHOPTS): key only, tp4's known_hosts,
-    a connection of its own; nix splits the value at white space, so no word may hold any."""
-    assert node.remote is not None
-    argv = dataclasses.replace(node.remote, share_connection=False).ssh_argv()
-    assert argv[0] == "ssh" and argv[-2] == "--"
-    words = argv[1:-2]
-    for w in words:
-        if not w or any(c.isspace() or c in "'\"\\" for c in w):
-            raise InvalidInput(f"{node.name}: the ssh option {w!r} cannot reach nix copy (NIX_SSHOPTS is split at white "
-                               "space); fix: paths without spaces or quotes (identity, TP4_KNOWN_HOSTS), --ssh-option "
-                               "values without spaces")
-    return " ".join(words)
+def closure_argv(toplevel: str) -> list[str]:
+    """The closure of the system here, dependencies first."""
+    return ["nix-store", "--query", "--requisites", toplevel]
 
 
-def copy_argv(node: Node, toplevel: str) -> list[str]:
-    """nix copy of the closure to the node, tp4's ssh options in NIX_SSHOPTS (`env`: one argv)."""
-    return ["env", f"NIX_SSHOPTS={nix_sshopts(node)}", *nix.base(), "copy", "--to", store_uri(node), toplevel]
+# the paths on stdin (one per line) that the host's store lacks; a constant script, the paths
+# never on a command line (a system's closure is too long for one)
+_MISSING = "xargs -r nix-store --check-validity --print-invalid"
+
+
+def missing_argv() -> list[str]:
+    return ["sh", "-c", _MISSING]
+
+
+def export_argv(paths: Sequence[str]) -> list[str]:
+    return ["nix-store", "--export", *paths]
+
+
+def import_argv(node: Node) -> list[str]:
+    return node.privileged(["nix-store", "--import"])
 
 
 def generations_argv(node: Node) -> list[str]:
@@ -305,9 +310,9 @@ def _brief(exc: BaseException) -> str:
 
 
 def _run(node: Node, argv: Sequence[str], what: str, *, timeout: float = 120.0,
-         check: bool = True) -> process.CompletedProcess[str]:
+         check: bool = True, input: str | None = None) -> process.CompletedProcess[str]:
     try:
-        return node.run(argv, timeout=timeout, purpose=f"{what} on {node.name}", check=check)
+        return node.run(argv, timeout=timeout, purpose=f"{what} on {node.name}", check=check, input=input)
     except Tp4Error as exc:
         raise HostFailed(f"{what}: {exc.message}") from None
 
@@ -322,14 +327,20 @@ def record(node: Node) -> int:
     return gen
 
 
-def copy(node: Node, toplevel: str) -> None:
-    argv = copy_argv(node, toplevel)
+def copy(node: Node, toplevel: str) -> int:
+    """Copy the closure of ``toplevel`` to the node (module doc); the number of paths sent."""
     try:
-        process.run(argv, timeout=COPY_TIMEOUT, purpose=f"copying the system to {node.name}")
+        closure = process.run(closure_argv(toplevel), timeout=COPY_TIMEOUT, purpose="the closure of the system here").stdout.split()
+        missing = set(_run(node, missing_argv(), "asking which paths the host lacks", input="\n".join(closure) + "\n").stdout.split())
+        todo = [p for p in closure if p in missing]
+        if todo:
+            process.pipe([export_argv(todo), process.Step(import_argv(node), remote=node.remote)], timeout=COPY_TIMEOUT,
+                         purpose=f"copying {len(todo)} paths to {node.name}")
     except Tp4Error as exc:
         raise HostFailed(f"copy: {exc.message}") from None
     if _run(node, is_system_argv(toplevel), "checking the copied system", check=False).returncode != 0:
-        raise HostFailed(f"copy: {toplevel} is not a NixOS system on the host (no nixos-version) after nix copy")
+        raise HostFailed(f"copy: {toplevel} is not a NixOS system on the host (no nixos-version) after the copy")
+    return len(todo)
 
 
 # the states of a unit that has not finished yet
@@ -433,7 +444,7 @@ def deploy(plan: Plan, nodes: Sequence[Node], opts: Options, out: Echo, progress
     hosts = hosts_of(nodes, opts.on)
     names = [n.name for n in hosts]
     for n in hosts:  # refused before anything runs
-        copy_argv(n, toplevel_placeholder(n.name))
+        store_uri(n)
     states = {n.name: HostState(n.name) for n in hosts}
     progress(f"building {len(hosts)} systems here: {', '.join(names)}")
     for name, path in build(opts.flake, names, progress).items():
@@ -551,7 +562,10 @@ def dry_run(plan: Plan, nodes: Sequence[Node], opts: Options, out: Echo) -> None
         gen = generation_placeholder(n.name)
         out(f"# {n.name} (in parallel with the other hosts): record the generation, copy, check the copy")
         show(generations_argv(n), n)
-        show(copy_argv(n, top))
+        show(closure_argv(top))
+        show(missing_argv(), n)
+        out(f"# {n.name}: (the closure on the last command's stdin) then, when the host lacks some of it: "
+            f"{shlex.join(export_argv(['<paths it lacks>']))} | {shlex.join(process.full_argv(import_argv(n), n.remote))}")
         show(is_system_argv(top), n)
         out(f"# {n.name}: set the profile and switch" + (" (once every host is copied)" if opts.all_or_nothing else ""))
         show(set_argv(n, top), n)
