@@ -36,7 +36,7 @@ STUB_LIB = REPO / "tests" / "nixos-modules" / "lib.nix"
 MODULE_FILES = ("spark-host.nix", "tp4-line.nix", "common.nix")
 RDMA_CHECK = MODULES / "rdma-check.sh"
 
-PKGS = ('{ rdma-core = "/nix/store/rdma-core"; coreutils = "/nix/store/coreutils"; iproute2 = "/nix/store/iproute2"; runtimeShell = "/bin/sh"; '
+PKGS = ('{ rdma-core = "/nix/store/rdma-core"; coreutils = "/nix/store/coreutils"; iproute2 = "/nix/store/iproute2"; runtimeShell = "/bin/sh"; gnugrep = "/nix/store/gnugrep"; gnused = "/nix/store/gnused"; '
         'writeShellScript = name: text: "/nix/store/script-${name}"; runCommand = name: env: script: "/nix/store/${name}"; }')
 
 
@@ -150,7 +150,7 @@ def test_an_option_nixpkgs_does_not_declare_fails(work, lines):
     module.write_text("{ config, lib, ... }: { config = lib.mkMerge [ { networking.interfaces.eth0.mtu = 9000; } "
                       "(lib.mkIf true { services.nfs.server.export = \"/srv\"; }) ]; }\n")
     profile, plan = lines["switched"]
-    got = walk(module, fixture_config(profile, plan, "spark1", ring=False), work)["set"]
+    got = [{k: s[k] for k in ("path", "entry")} for s in walk(module, fixture_config(profile, plan, "spark1", ring=False), work)["set"]]
     assert got == [{"path": "networking.interfaces.eth0.mtu", "entry": "networking.interfaces.<name>.mtu"},
                    {"path": "services.nfs.server.export", "entry": None}]
 
