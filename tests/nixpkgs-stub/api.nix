@@ -251,6 +251,49 @@
     };
   };
 
+  # pkgs/build-support/testers/default.nix: runNixOSTest passes its argument, a test module, to
+  # nixos/lib's runTest; these are the options of nixos/lib/testing/*.nix a test module may set.
+  # `name` (name.nix) and `testScript` (testScript.nix) have no default; `nodes` (nodes.nix)
+  # defaults to { }, which the stand-in refuses too: a VM test without a node tests nothing.
+  # `node` is a set of its own options (nodes.nix: pkgs, pkgsReadOnly, specialArgs).
+  "testers.runNixOSTest" = {
+    file = "pkgs/build-support/testers/default.nix";
+    read = "NixOS/nixpkgs nixos/lib/testing/{name,nodes,testScript,driver,meta,interactive}.nix";
+    required = [
+      "name"
+      "nodes"
+      "testScript"
+    ];
+    optional = [
+      "containers"
+      "defaults"
+      "enableOCR"
+      "extraBaseModules"
+      "extraBaseNodeModules"
+      "extraDriverArgs"
+      "extraPythonPackages"
+      "globalTimeout"
+      "imports"
+      "interactive"
+      "logLevel"
+      "meta"
+      "node"
+      "nodeDefaults"
+      "passthru"
+      "qemu"
+      "skipLint"
+      "skipTypeCheck"
+      "sshBackdoor"
+    ];
+    oneOf = [ ];
+    open = false;
+    node = [
+      "pkgs"
+      "pkgsReadOnly"
+      "specialArgs"
+    ];
+  };
+
   # lib.extendMkDerivation over stdenv.mkDerivation, `...`
   mkShell = {
     file = "pkgs/build-support/mkshell/default.nix";
