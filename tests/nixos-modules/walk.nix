@@ -99,5 +99,5 @@ in
 {
   set = walk [ ] (m.config or { });
   options = declared [ ] (m.options or { });
-  imports = map (p: baseNameOf (toString p)) (m.imports or [ ]);
+  imports = map (p: if isAttrs p then "<module>" else baseNameOf (toString p)) (m.imports or [ ]);
 }

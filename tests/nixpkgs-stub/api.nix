@@ -258,13 +258,19 @@
   # `node` is a set of its own options (nodes.nix: pkgs, pkgsReadOnly, specialArgs).
   "testers.runNixOSTest" = {
     file = "pkgs/build-support/testers/default.nix";
-    read = "NixOS/nixpkgs nixos/lib/testing/{name,nodes,testScript,driver,meta,interactive}.nix";
+    # runNixOSTest read at 7b46e394; the options in nixos/lib/testing/nodes.nix at 003d5816,
+    # name.nix at 127e5765, testScript.nix at 00f5ae06, driver.nix at 01fbdeef
+    read = "NixOS/nixpkgs@7b46e394";
     required = [
       "name"
       "nodes"
       "testScript"
     ];
+    # nodes.nix and driver.nix declare these; meta and passthru are the options driver.nix reads
+    # (config.meta, config.passthru) and nodes.nix sets (passthru.nodes); imports is the module
+    # system's
     optional = [
+      "containerDefaults"
       "containers"
       "defaults"
       "enableOCR"
@@ -273,8 +279,8 @@
       "extraDriverArgs"
       "extraPythonPackages"
       "globalTimeout"
+      "hostPkgs"
       "imports"
-      "interactive"
       "logLevel"
       "meta"
       "node"
