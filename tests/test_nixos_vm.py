@@ -18,6 +18,7 @@ import ast
 import json
 import re
 import subprocess
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -122,7 +123,7 @@ def walk_machine(work: Path, settings_expr: str, sections: str) -> dict:
 def test_the_node_sets_only_listed_options(work, settings_expr):
     w = walk_machine(work, settings_expr, '[ "set" "own" "vm-test" ]')
     assert [s["path"] for s in w["set"] if s["entry"] is None] == []
-    data = __import__("tomllib").loads(OPTIONS.read_text())
+    data = tomllib.loads(OPTIONS.read_text())
     assert sorted(set(data["vm-test"]) - {s["entry"] for s in w["set"]}) == []
     # without the [vm-test] entries the walk names them: the check has teeth
     bare = walk_machine(work, settings_expr, '[ "set" "own" ]')
