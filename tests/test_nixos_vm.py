@@ -77,7 +77,7 @@ def test_the_test_script_is_python_that_checks_the_heads_settings(script, settin
     by = {}
     for method, arg in calls:
         by.setdefault(method, []).append(arg)
-    assert by["wait_for_unit"] == ["multi-user.target", "podman-tp4-probe.service"]
+    assert by["wait_for_unit"] == ["multi-user.target", "nfs-server.service", "podman-tp4-probe.service"]
     assert "systemctl is-failed --quiet tp4-rdma-check.service" in by["wait_until_succeeds"]
     rank = settings["rankUnit"]["unit"]
     assert rank == "podman-dsv41-head.service"
@@ -90,6 +90,13 @@ def test_the_test_script_is_python_that_checks_the_heads_settings(script, settin
         a = i["ipv4"]["addresses"][0]
         assert f"ip -o link show {netdev} | grep -q ' mtu 9000 '" in by["succeed"]
         assert f"ip -o -4 addr show {netdev} | grep -q ' inet {a['address']}/{a['prefixLength']} '" in by["succeed"]
+    # the head's NFS export: the checkpoint, to each worker's address
+    path, *clients = settings["nfs"]["exports"].split(" ")
+    assert "nfs-server.service" in by["wait_for_unit"]
+    assert f"exportfs -v | grep -qF '{path}'" in by["succeed"]
+    assert [c.split("(")[0] for c in clients] == ["10.0.0.2", "10.0.0.3", "10.0.0.4"]
+    for c in clients:
+        assert f"exportfs -v | grep -qF '{c.split('(')[0]}('" in by["succeed"]
     for key, v in settings["sysctl"].items():
         assert f"test \"$(sysctl -n {key})\" = {v}" in by["succeed"]
 
@@ -140,6 +147,7 @@ def test_the_node_sets_only_listed_options(work, settings_expr):
     assert values["systemd.services.podman-tp4-probe.serviceConfig"] == hardening and hardening, err
     assert values["virtualisation.oci-containers.containers.tp4-probe.image"].startswith("tp4-probe:1")
     assert w["imports"][1] == "configuration.nix"
+    assert values["systemd.tmpfiles.rules"] == ["d /var/lib/tp4-probe 0755 root root - -", "d /home/tp4/NewModels/DeepSeek-V4.1-Flash 0755 tp4 - - -"]
 
 
 def test_the_flake_checks(tmp_path):

@@ -21,6 +21,8 @@ let
     inherit i;
     port = builtins.elemAt ports i;
   }) (builtins.length ports);
+  # the head's export: "<path> <client>(<options>) ..."
+  export = builtins.head (builtins.split " " s.nfs.exports);
   probe = pkgs.dockerTools.streamLayeredImage {
     name = "tp4-probe";
     tag = "1";
@@ -78,6 +80,10 @@ in
       volumes = [ "/var/lib/tp4-probe:/out" ];
     };
     systemd.services.podman-tp4-probe.serviceConfig = hardening;
-    systemd.tmpfiles.rules = [ "d /var/lib/tp4-probe 0755 root root - -" ];
+    # the checkpoint directory the head exports (empty here), so the NFS server starts
+    systemd.tmpfiles.rules = [
+      "d /var/lib/tp4-probe 0755 root root - -"
+      "d ${export} 0755 tp4 - - -"
+    ];
   };
 }

@@ -36,6 +36,14 @@ let
       ]
     ) (attrNames s.interfaces)
   );
+  # the head's export line: "<path> <client>(<options>) ..."
+  exportWords = builtins.filter builtins.isString (builtins.split " " s.nfs.exports);
+  exportPath = head exportWords;
+  exports = concatStringsSep "\n" (
+    [ "machine.wait_for_unit(\"nfs-server.service\")" ]
+    ++ map (w: succeed "exportfs -v | grep -qF ${sq (head (builtins.split "[(]" w) + "(")}") (builtins.tail exportWords)
+    ++ [ (succeed "exportfs -v | grep -qF ${sq exportPath}") ]
+  );
   sysctl = concatStringsSep "\n" (
     map (k: succeed "test \"$(sysctl -n ${k})\" = ${toString s.sysctl.${k}}") (attrNames s.sysctl)
   );
@@ -51,6 +59,9 @@ in
   # the fabric ports: address, MTU 9000, ARP answered per port
   ${fabric}
   ${sysctl}
+
+  # the head exports the checkpoint to the workers
+  ${exports}
 
   # no RDMA device in the VM: the check fails loudly, its message in the journal
   machine.wait_until_succeeds(${py "systemctl is-failed --quiet ${s.rdmaCheck.unit}"})
