@@ -175,7 +175,20 @@ rec {
   bootLineEre =
     text:
     let
-      specials = [ "\\" "." "[" "(" ")" "*" "+" "?" "{" "|" "^" "$" ];
+      specials = [
+        "\\"
+        "."
+        "["
+        "("
+        ")"
+        "*"
+        "+"
+        "?"
+        "{"
+        "|"
+        "^"
+        "$"
+      ];
       escape = builtins.replaceStrings specials (map (c: "\\" + c) specials);
     in
     builtins.concatStringsSep ".*" (map escape (filter builtins.isString (split "\\.\\.\\." text)));
