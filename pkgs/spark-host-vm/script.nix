@@ -69,7 +69,8 @@ in
   ${fail "test -e ${s.rdmaCheck.gidFile}"}
 
   # the rank requires the check: its start fails on the dependency, no container runs, and its
-  # readiness never starts
+  # readiness never starts (nothing started it at boot: tp4 serve starts it)
+  ${fail "systemctl is-active --quiet ${rank}"}
   ${fail "systemctl start ${rank}"}
   ${fail "systemctl is-active --quiet ${rank}"}
   ${succeed "journalctl -b -u ${rank} -o cat | grep -q 'Dependency failed for'"}
