@@ -2,10 +2,13 @@
 # plan's (`tp4 plan --json` of the profile, rendered at build time by the one renderer): image,
 # command, mounts, devices and flags as python/tp4/serve.py runs them on a plain host, the
 # environment from the env file tp4 serve writes before it starts the unit. Ordered after the
-# network, the RDMA check, the weights volume and (ring) the mesh, with bounded restarts.
+# network, the RDMA check, the weights volume and (ring) the mesh, with bounded restarts and the
+# hardening a container runtime can live with; tp4-rank-ready.service beside it is its readiness
+# (the boot-log check of tp4 serve, on this node's log).
 {
   config,
   lib,
+  pkgs,
   ...
 }:
 let
@@ -17,6 +20,7 @@ let
     mkOverride
     types
     literalExpression
+    escapeShellArgs
     ;
   cfg = config.tp4.line;
   r = config.tp4.settings.rankUnit;
@@ -87,6 +91,28 @@ in
         inherit (r.ordering) wants after requires;
         serviceConfig = strong r.serviceConfig;
         unitConfig = r.unitConfig;
+      };
+
+      # the readiness: started with the rank (wanted by it, after it) and stopped with it (bound
+      # to it); the rank's own start (tp4 serve's systemctl start) never waits for it
+      systemd.services.${lib.removeSuffix ".service" r.readiness.unit} = {
+        description = "tp4: the rank's boot log shows it ready (tp4 serve's boot-log check)";
+        wantedBy = [ r.unit ];
+        after = [ r.unit ];
+        bindsTo = [ r.unit ];
+        path = [
+          (if r.backend == "docker" then config.virtualisation.docker.package else config.virtualisation.podman.package)
+          pkgs.coreutils
+          pkgs.gnugrep
+          pkgs.gnused
+        ];
+        serviceConfig = {
+          Type = "oneshot";
+          RemainAfterExit = true;
+          # the script's own bound, plus a margin: a start that never ends is impossible
+          TimeoutStartSec = r.readiness.timeout + 60;
+          ExecStart = "${pkgs.runtimeShell} ${./rank-ready.sh} ${escapeShellArgs r.readiness.args}";
+        };
       };
 
       systemd.tmpfiles.rules = map (d: "d ${d.path} ${d.mode} ${d.user} - -") r.directories;

@@ -154,6 +154,32 @@ let
       }) ((import ../modules/lib).hostNames (builtins.fromTOML (builtins.readFile profile)))
     );
 
+  # the example line's four Sparks (examples/spark-line); `nix flake init -t .#spark-line` copies it
+  example = ../examples/spark-line;
+  nixosConfigurations = lineConfigurations {
+    profile = example + "/profile.toml";
+    hostsFile = example + "/hosts.toml";
+    modules = [ (example + "/configuration.nix") ];
+  };
+
+  # checks of the NixOS outputs (aarch64-linux: the Sparks' system), for users with network:
+  # nixos-<node> evaluates that node's whole system (its toplevel's .drv path, which renders the
+  # plan at evaluation time) without building it, as nixos-dgx-spark's dgx-spark-eval does;
+  # spark-host-vm boots spark-host in a VM (pkgs/spark-host-vm)
+  nixosChecks =
+    pkgs:
+    builtins.listToAttrs (
+      map (name: {
+        name = "nixos-${name}";
+        value = pkgs.writeText "tp4-nixos-${name}.drv-path" (
+          builtins.unsafeDiscardStringContext nixosConfigurations.${name}.config.system.build.toplevel.drvPath
+        );
+      }) (builtins.attrNames nixosConfigurations)
+    )
+    // {
+      spark-host-vm = import ./spark-host-vm { inherit pkgs nixosModules example; };
+    };
+
   # every output a user builds or enters, as "<system>.<kind>.<name>" (for checks.eval); the
   # fetch of an unlocked source row throws, so this fails until every row is locked
   everything = builtins.listToAttrs (
@@ -189,15 +215,10 @@ in
 
   lib = { inherit lineConfigurations; };
 
-  # the example line's four Sparks (examples/spark-line); `nix flake init -t .#spark-line` copies it
-  nixosConfigurations = lineConfigurations {
-    profile = ../examples/spark-line/profile.toml;
-    hostsFile = ../examples/spark-line/hosts.toml;
-    modules = [ ../examples/spark-line/configuration.nix ];
-  };
+  inherit nixosConfigurations;
 
   templates.spark-line = {
-    path = ../examples/spark-line;
+    path = example;
     description = "Four DGX Sparks on NixOS running the TP4 line from one tp4 profile";
   };
 
@@ -219,6 +240,6 @@ in
         b12x-next
         ;
     }
-    // sparkOnly system { inherit (l) image tp4-runtime; }
+    // sparkOnly system ({ inherit (l) image tp4-runtime; } // nixosChecks pkgs)
   );
 }

@@ -228,7 +228,9 @@ def test_flake_outputs(work, flake, manifest):
     assert sorted(sources) == sorted(r.name for r in manifest.rows)
     checks = evaluate(work, flake, "checks", "c: builtins.mapAttrs (s: builtins.attrNames) c")
     assert {"eval", "formatting", "unit", "tp4"} <= set(checks["x86_64-linux"])
-    assert set(checks["aarch64-linux"]) == set(checks["x86_64-linux"]) | {"image", "tp4-runtime"}
+    # the Sparks' own: the image, its runtime tree and the NixOS checks (tests/test_nixos_vm.py)
+    assert set(checks["aarch64-linux"]) == set(checks["x86_64-linux"]) | {"image", "tp4-runtime", "spark-host-vm"} | {
+        f"nixos-spark{i}" for i in range(1, 5)}
     assert evaluate(work, flake, "devShells.x86_64-linux.default.stub.builder") == "mkShell"
     assert evaluate(work, flake, "formatter.aarch64-linux.name") == "nixfmt-tree"
 

@@ -66,6 +66,17 @@ def stub_call(builder: str, args: str) -> str:
     ("stdenv.mkDerivation", '{ pname = "a"; version = "1"; dontPatchShebang = true; }', "does not accept dontPatchShebang"),
     ("runCommand", '"a" { nativeBuildInput = [ ]; } ""', "does not accept nativeBuildInput"),
     ("mkShell", "{ inputFrom = [ ]; }", "does not accept inputFrom"),
+    # nixos/lib/testing: name and testScript have no default; the stand-in wants a node too
+    ("testers.runNixOSTest", '{ nodes.machine = { }; testScript = ""; }', "requires name"),
+    ("testers.runNixOSTest", '{ name = "t"; nodes.machine = { }; }', "requires testScript"),
+    ("testers.runNixOSTest", '{ name = "t"; testScript = ""; }', "requires nodes"),
+    ("testers.runNixOSTest", '{ name = "t"; nodes = { }; testScript = ""; }', "nodes must name at least one NixOS module"),
+    ("testers.runNixOSTest", '{ name = "t"; nodes.machine = 1; testScript = ""; }', "nodes.machine is not a NixOS module"),
+    ("testers.runNixOSTest", '{ name = "t"; nodes.machine = { }; testScript = [ ]; }', "testScript must be a string or a function"),
+    ("testers.runNixOSTest", '{ name = "t"; machines.m = { }; nodes.machine = { }; testScript = ""; }', "does not accept machines"),
+    ("testers.runNixOSTest", '{ name = "t"; nodes.machine = { }; testScript = ""; node.pkgsReadonly = false; }',
+     "does not accept node.pkgsReadonly"),
+    ("testers.runNixOSTest", "(_: { })", "takes a test module as an attrset"),
 ])
 def test_stub_rejects_what_nixpkgs_rejects(builder, args, complaint, tmp_path):
     err = instantiate(stub_call(builder, args), tmp_path, ok=False)
@@ -79,6 +90,13 @@ def test_stub_accepts_environment_variables_and_the_attributes_stdenv_reads(tmp_
         (p.mkShell {{ inputsFrom = [ ]; packages = [ ]; env.TP4_X = "1"; }}).name
       ]""", tmp_path)
     assert got == ["runCommand", "a-1", "nix-shell"]
+
+
+def test_stub_accepts_a_vm_test_as_nixos_lib_testing_declares_it(tmp_path):
+    got = instantiate(f"""let p = import {STUB} {{ }}; t = p.testers.runNixOSTest {{
+        name = "t"; node.pkgsReadOnly = false; globalTimeout = 60; nodes.machine = {{ lib, ... }}: {{ }};
+        testScript = {{ nodes, ... }}: "machine.wait_for_unit('multi-user.target')"; }}; in [ t.name t.stub.builder t.type ]""", tmp_path)
+    assert got == ["vm-test-run-t", "testers.runNixOSTest", "derivation"]
 
 
 @pytest.mark.parametrize("call,name", [

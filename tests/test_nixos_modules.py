@@ -36,7 +36,7 @@ STUB_LIB = REPO / "tests" / "nixos-modules" / "lib.nix"
 MODULE_FILES = ("spark-host.nix", "tp4-line.nix", "common.nix")
 RDMA_CHECK = MODULES / "rdma-check.sh"
 
-PKGS = ('{ rdma-core = "/nix/store/rdma-core"; coreutils = "/nix/store/coreutils"; iproute2 = "/nix/store/iproute2"; runtimeShell = "/bin/sh"; '
+PKGS = ('{ rdma-core = "/nix/store/rdma-core"; coreutils = "/nix/store/coreutils"; iproute2 = "/nix/store/iproute2"; runtimeShell = "/bin/sh"; gnugrep = "/nix/store/gnugrep"; gnused = "/nix/store/gnused"; '
         'writeShellScript = name: text: "/nix/store/script-${name}"; runCommand = name: env: script: "/nix/store/${name}"; }')
 
 
@@ -150,7 +150,7 @@ def test_an_option_nixpkgs_does_not_declare_fails(work, lines):
     module.write_text("{ config, lib, ... }: { config = lib.mkMerge [ { networking.interfaces.eth0.mtu = 9000; } "
                       "(lib.mkIf true { services.nfs.server.export = \"/srv\"; }) ]; }\n")
     profile, plan = lines["switched"]
-    got = walk(module, fixture_config(profile, plan, "spark1", ring=False), work)["set"]
+    got = [{k: s[k] for k in ("path", "entry")} for s in walk(module, fixture_config(profile, plan, "spark1", ring=False), work)["set"]]
     assert got == [{"path": "networking.interfaces.eth0.mtu", "entry": "networking.interfaces.<name>.mtu"},
                    {"path": "services.nfs.server.export", "entry": None}]
 
@@ -179,7 +179,7 @@ def test_the_modules_read_only_options_the_data_file_lists(data):
 
 def test_every_entry_names_the_file_that_declares_it(data):
     assert data["schema"] == 1
-    for kind in ("set", "read"):
+    for kind in ("set", "read", "vm-test"):
         for path, file in data[kind].items():
             assert re.fullmatch(r"nixos/(modules|lib)/[a-z0-9/_.-]+\.nix|[A-Za-z0-9-]+/[A-Za-z0-9._-]+:[A-Za-z0-9/_.-]+\.nix", file), (path, file)
     for path, file in data["own"].items():
@@ -194,6 +194,52 @@ def test_every_option_of_the_modules_is_documented(walks):
             "tp4.line.image.stream", "tp4.planFile", "tp4.node"} <= set(declared)
     for path, o in declared.items():
         assert o["hasType"] and o["description"], path
+
+
+# --- the rank unit's hardening and readiness: the values the module sets ----------------------
+
+# the serviceConfig settings of nixpkgs' ollama module (nixos/modules/services/misc/ollama.nix),
+# which the rank unit is hardened after: each is applied or docs/nixos.md says why not
+OLLAMA = ("CapabilityBoundingSet", "DeviceAllow", "DevicePolicy", "DynamicUser", "LockPersonality", "MemoryDenyWriteExecute",
+          "NoNewPrivileges", "PrivateDevices", "PrivateTmp", "PrivateUsers", "ProcSubset", "ProtectClock", "ProtectControlGroups",
+          "ProtectHome", "ProtectHostname", "ProtectKernelLogs", "ProtectKernelModules", "ProtectKernelTunables", "ProtectProc",
+          "ProtectSystem", "ReadWritePaths", "RemoveIPC", "RestrictAddressFamilies", "RestrictNamespaces", "RestrictRealtime",
+          "RestrictSUIDSGID", "StateDirectory", "SupplementaryGroups", "SystemCallArchitectures", "SystemCallFilter", "UMask")
+HARDENING = {"NoNewPrivileges": True, "LockPersonality": True, "RestrictRealtime": True, "SystemCallArchitectures": "native",
+             "RestrictAddressFamilies": ["AF_UNIX", "AF_INET", "AF_INET6", "AF_NETLINK"]}
+LIMITS = {"LimitMEMLOCK": "infinity", "Restart": "on-failure", "RestartSec": "10s", "RestartSteps": 5, "RestartMaxDelaySec": "5min"}
+RANK_UNITS = {"head": "podman-dsv41-head", "worker": "podman-dsv41-worker", "ring worker": "podman-dsv41-worker"}
+
+
+def value(w: dict, path: str):
+    found = [s["value"] for s in w["set"] if s["path"] == path]
+    assert len(found) == 1, (path, [s["path"] for s in w["set"]])
+    return found[0]
+
+
+def test_the_rank_unit_is_hardened_as_far_as_its_runtime_allows(walks):
+    for host, unit in RANK_UNITS.items():
+        assert value(walks[("tp4-line.nix", host)], f"systemd.services.{unit}.serviceConfig") == {**HARDENING, **LIMITS}
+    assert set(HARDENING) <= set(OLLAMA)
+    # every other setting of ollama's is named in the docs with why the rank unit does without it
+    docs = (REPO / "docs" / "nixos.md").read_text()
+    section = docs.split("## Hardening of the rank unit", 1)[1].split("\n## ", 1)[0]
+    rows = {m.group(1): m.group(2) for m in re.finditer(r"^\| `([A-Za-z]+)` \| (applied|left out) \|", section, re.M)}
+    assert rows == {k: "applied" if k in HARDENING else "left out" for k in OLLAMA}
+
+
+def test_the_readiness_unit_runs_beside_the_rank_and_is_bounded(walks):
+    for host, unit in RANK_UNITS.items():
+        w = walks[("tp4-line.nix", host)]
+        ready = "systemd.services.tp4-rank-ready"
+        assert value(w, f"{ready}.wantedBy") == value(w, f"{ready}.after") == value(w, f"{ready}.bindsTo") == [f"{unit}.service"]
+        sc = value(w, f"{ready}.serviceConfig")
+        bound = 9000 if host == "head" else 4200
+        assert {k: sc[k] for k in ("Type", "RemainAfterExit", "TimeoutStartSec")} == {"Type": "oneshot", "RemainAfterExit": True, "TimeoutStartSec": bound + 60}
+        assert re.fullmatch(r"/bin/sh /nix/store/[a-z0-9]{32}-rank-ready\.sh 'podman' 'dsv41-(head|worker)' '%d' .*'forbid' 'Traceback'" % bound, sc["ExecStart"])
+        assert value(w, f"{ready}.path") == ["/nix/store/podman", "/nix/store/coreutils", "/nix/store/gnugrep", "/nix/store/gnused"]
+        # the rank's own start waits for nothing of it
+        assert "tp4-rank-ready.service" not in value(w, f"systemd.services.{unit}.after") + value(w, f"systemd.services.{unit}.requires")
 
 
 # --- the RDMA check unit's script ------------------------------------------------------------

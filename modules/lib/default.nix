@@ -113,6 +113,7 @@ in
         ordering = rank.ordering { inherit plan node; weightsVolume = !isHead; };
         inherit (rank) serviceConfig unitConfig;
         directories = rank.directories node;
+        readiness = rank.readiness { inherit plan node; };
       };
     };
 }

@@ -124,9 +124,29 @@ rec {
       requires = needs;
     };
 
+  # the hardening of the rank unit, from nixpkgs' ollama module's list: only what a root container
+  # runtime as the unit's ExecStart can live with. With podman the container's processes descend
+  # from the unit's (podman, conmon, crun), so a seccomp filter of the unit is theirs too; a
+  # mount namespace of the unit would hold the container's mounts. docs/nixos.md says why each
+  # other setting of ollama's is left out.
+  hardening = {
+    # root runtimes need no setuid helper (rootless podman's newuidmap would)
+    NoNewPrivileges = true;
+    LockPersonality = true;
+    RestrictRealtime = true;
+    SystemCallArchitectures = "native";
+    # AF_NETLINK: getifaddrs (NCCL, Gloo pick their interface) and rdma-core's device list
+    RestrictAddressFamilies = [
+      "AF_UNIX"
+      "AF_INET"
+      "AF_INET6"
+      "AF_NETLINK"
+    ];
+  };
+
   # systemd limits of the rank unit: unlocked memory (RDMA registers the KV pool), and a restart
   # that cannot loop on a broken line: growing delays, at most 3 starts an hour
-  serviceConfig = {
+  serviceConfig = hardening // {
     LimitMEMLOCK = "infinity";
     Restart = "on-failure";
     RestartSec = "10s";
@@ -137,6 +157,66 @@ rec {
     StartLimitIntervalSec = 3600;
     StartLimitBurst = 3;
   };
+
+  # the rank's readiness unit (modules/rank-ready.sh): beside the rank unit, wanted by it and bound
+  # to it, so the rank's start never waits on it
+  readyUnit = "tp4-rank-ready.service";
+
+  # how long a rank may take to show it is ready (seconds): the head, the sum of tp4 serve's boot
+  # phase timeouts (python/tp4/serve.py DEFAULT_TIMEOUTS, "start" to "ready"); a worker, its
+  # weight load ("start" and "weights")
+  readyTimeouts = {
+    head = 600 + 3600 + 1800 + 600 + 1800 + 600;
+    worker = 600 + 3600;
+  };
+
+  # a POSIX extended regular expression matching `text`, a registry boot line whose "..." stands
+  # for any text (python/tp4/registry.py line_pattern makes the Python one)
+  bootLineEre =
+    text:
+    let
+      specials = [
+        "\\"
+        "."
+        "["
+        "("
+        ")"
+        "*"
+        "+"
+        "?"
+        "{"
+        "|"
+        "^"
+        "$"
+      ];
+      escape = builtins.replaceStrings specials (map (c: "\\" + c) specials);
+    in
+    builtins.concatStringsSep ".*" (map escape (filter builtins.isString (split "\\.\\.\\." text)));
+
+  # the arguments of modules/rank-ready.sh for this node's rank: the head waits for boot.py's
+  # `Ready: API on port <the line's API port>` and checks the plan's required boot lines, a
+  # worker waits for SGLang's `Load weight end.` (it prints no Ready); both fail on a forbidden line
+  readiness =
+    { plan, node }:
+    let
+      head = node.rank == 0;
+      port = toString (u.hostPort "plan: line.api" plan.line.api).port;
+      required = filter (b: b.required) plan.boot_lines;
+      timeout = if head then readyTimeouts.head else readyTimeouts.worker;
+    in
+    {
+      unit = readyUnit;
+      inherit timeout;
+      args =
+        [
+          node.service.runtime
+          node.run.container
+          (toString timeout)
+          (if head then "^Ready: API on port ${port}([^0-9]|$)" else "Load weight end\\.")
+        ]
+        ++ optionals head (concatMap (b: [ "require" (bootLineEre b.text) b.text ]) required)
+        ++ concatMap (f: [ "forbid" f ]) plan.forbidden_lines;
+    };
 
   # firewall: the head serves the API and the dist init port (and NFS when it exports); every
   # node trusts the bootstrap interface, where NCCL and Gloo listen on ephemeral ports

@@ -251,6 +251,55 @@
     };
   };
 
+  # pkgs/build-support/testers/default.nix: runNixOSTest passes its argument, a test module, to
+  # nixos/lib's runTest; these are the options of nixos/lib/testing/*.nix a test module may set.
+  # `name` (name.nix) and `testScript` (testScript.nix) have no default; `nodes` (nodes.nix)
+  # defaults to { }, which the stand-in refuses too: a VM test without a node tests nothing.
+  # `node` is a set of its own options (nodes.nix: pkgs, pkgsReadOnly, specialArgs).
+  "testers.runNixOSTest" = {
+    file = "pkgs/build-support/testers/default.nix";
+    # runNixOSTest read at 7b46e394; the options in nixos/lib/testing/nodes.nix at 003d5816,
+    # name.nix at 127e5765, testScript.nix at 00f5ae06, driver.nix at 01fbdeef
+    read = "NixOS/nixpkgs@7b46e394";
+    required = [
+      "name"
+      "nodes"
+      "testScript"
+    ];
+    # nodes.nix and driver.nix declare these; meta and passthru are the options driver.nix reads
+    # (config.meta, config.passthru) and nodes.nix sets (passthru.nodes); imports is the module
+    # system's
+    optional = [
+      "containerDefaults"
+      "containers"
+      "defaults"
+      "enableOCR"
+      "extraBaseModules"
+      "extraBaseNodeModules"
+      "extraDriverArgs"
+      "extraPythonPackages"
+      "globalTimeout"
+      "hostPkgs"
+      "imports"
+      "logLevel"
+      "meta"
+      "node"
+      "nodeDefaults"
+      "passthru"
+      "qemu"
+      "skipLint"
+      "skipTypeCheck"
+      "sshBackdoor"
+    ];
+    oneOf = [ ];
+    open = false;
+    node = [
+      "pkgs"
+      "pkgsReadOnly"
+      "specialArgs"
+    ];
+  };
+
   # lib.extendMkDerivation over stdenv.mkDerivation, `...`
   mkShell = {
     file = "pkgs/build-support/mkshell/default.nix";

@@ -248,6 +248,34 @@ lib.genAttrs [
   # pkgs/build-support/trivial-builders: an executable #!runtimeShell script
   writeShellScript = name: text: fake "writeShellScript" name { inherit text; } { };
   mkShell = args: call "mkShell" (args.name or "nix-shell") args { };
+  # a test module (here: an attrset) checked against the test options; the nodes are NixOS
+  # modules (a function, an attrset or a path), the test script a string or a function of the
+  # nodes (nixos/lib/testing/testScript.nix: `either str (functionTo str)`)
+  testers.runNixOSTest =
+    test:
+    let
+      spec = api."testers.runNixOSTest";
+      t =
+        if builtins.isAttrs test then
+          check "testers.runNixOSTest" test
+        else
+          throw "nixpkgs stand-in: testers.runNixOSTest: the stand-in takes a test module as an attrset";
+      badNode = filter (n: !(elem n spec.node)) (attrNames (t.node or { }));
+      isModule = m: builtins.isFunction m || builtins.isAttrs m || builtins.isPath m;
+      badNodes = filter (n: !(isModule t.nodes.${n})) (attrNames t.nodes);
+    in
+    if !(builtins.isString t.name) then
+      throw "nixpkgs stand-in: testers.runNixOSTest: name must be a string"
+    else if !(builtins.isAttrs t.nodes) || t.nodes == { } then
+      throw "nixpkgs stand-in: testers.runNixOSTest: nodes must name at least one NixOS module"
+    else if badNodes != [ ] then
+      throw "nixpkgs stand-in: testers.runNixOSTest: nodes.${head badNodes} is not a NixOS module"
+    else if !(builtins.isString t.testScript || builtins.isFunction t.testScript) then
+      throw "nixpkgs stand-in: testers.runNixOSTest: testScript must be a string or a function of the nodes"
+    else if badNode != [ ] then
+      throw "nixpkgs stand-in: testers.runNixOSTest does not accept node.${concatStringsSep ", node." badNode}"
+    else
+      fake "testers.runNixOSTest" "vm-test-run-${t.name}" t { };
   dockerTools = {
     pullImage =
       args:
