@@ -58,6 +58,18 @@ in
       };
     };
 
+    gpuClock.maxMHz = mkOption {
+      type = types.nullOr types.ints.positive;
+      default = 2200;
+      example = null;
+      description = ''
+        Cap the GPU's SM clock at this many MHz (`nvidia-smi -lgc 0,<MHz>`): upstream measured
+        its published numbers with the clock capped at 2200 MHz and re-applied by a timer on each
+        node. `tp4-gpu-clock.timer` applies it at boot and again every 10 minutes (a driver
+        reload or a reset of the GPU drops the cap). `null` leaves the clock alone.
+      '';
+    };
+
     displayReservation.enable = mkOption {
       type = types.bool;
       default = true;
@@ -150,6 +162,23 @@ in
         };
       };
     }
+
+    (mkIf (cfg.gpuClock.maxMHz != null) {
+      systemd.services.tp4-gpu-clock = {
+        description = "tp4: the GPU's SM clock capped at ${toString cfg.gpuClock.maxMHz} MHz (nvidia-smi -lgc)";
+        serviceConfig = {
+          Type = "oneshot";
+          ExecStart = "${config.hardware.nvidia.package.bin}/bin/nvidia-smi -lgc 0,${toString cfg.gpuClock.maxMHz}";
+        };
+      };
+      systemd.timers.tp4-gpu-clock = {
+        wantedBy = [ "timers.target" ];
+        timerConfig = {
+          OnBootSec = "30s";
+          OnUnitActiveSec = "10min";
+        };
+      };
+    })
 
     (mkIf cfg.displayReservation.enable {
       boot.kernelParams = mkAfter s.kernelParams;

@@ -76,6 +76,7 @@ def fixture_config(profile: Path, plan: Path, name: str, *, ring: bool) -> str:
           weights = {{ mountPoint = "/var/lib/tp4/weights"; localDir = {local}; }};
           ring = {{ meshUp = {mesh}; meshDown = {mesh}; }};
           kernel = {{ version = "6.17.13"; allowOther = false; }};
+          gpuClock.maxMHz = 2200;
         }};
         line = {{ enable = true; image = {{ stream = null; file = null; }}; autoStart = false; }};
       }};
@@ -83,6 +84,7 @@ def fixture_config(profile: Path, plan: Path, name: str, *, ring: bool) -> str:
       services = {{ xserver.enable = false; displayManager = {{ enable = false; gdm.enable = false; }}; desktopManager.gnome.enable = false; }};
       users.users.tp4 = {{ }};
       virtualisation = {{ podman.package = "/nix/store/podman"; docker.package = "/nix/store/docker"; }};
+      hardware.nvidia.package.bin = "/nix/store/nvidia-bin";
       networking.hostName = {json.dumps(name)};
     }}"""
 
@@ -186,6 +188,16 @@ def test_every_entry_names_the_file_that_declares_it(data):
         text = (REPO / file).read_text()
         leaf = path.rsplit(".", 1)[-1]
         assert f"options.{path} = " in text or f"{leaf} = mkOption" in text, (path, file)
+
+
+def test_the_gpu_clock_is_capped_at_boot_and_again_by_a_timer(walks):
+    """Upstream's numbers were measured with the SM clock capped at 2200 MHz, re-applied by a timer."""
+    for host in ("head", "worker", "ring worker"):
+        w = walks[("spark-host.nix", host)]
+        service = value(w, "systemd.services.tp4-gpu-clock.serviceConfig")
+        assert service == {"Type": "oneshot", "ExecStart": "/nix/store/nvidia-bin/bin/nvidia-smi -lgc 0,2200"}
+        assert value(w, "systemd.timers.tp4-gpu-clock.wantedBy") == ["timers.target"]
+        assert value(w, "systemd.timers.tp4-gpu-clock.timerConfig") == {"OnBootSec": "30s", "OnUnitActiveSec": "10min"}
 
 
 def test_every_option_of_the_modules_is_documented(walks):
