@@ -243,7 +243,10 @@ in
           Type = "oneshot";
           RemainAfterExit = true;
           TimeoutStartSec = 300;
-          ExecStartPre = "${pkgs.runtimeShell} ${./ring-hairpin.sh} ${escapeShellArgs ([ (toString s.ring.size) ] ++ s.ring.functions)}";
+          ExecStartPre = [
+            "${pkgs.runtimeShell} ${./ring-links.sh} ${escapeShellArgs ([ (toString s.ring.linkTimeout) ] ++ s.ring.links)}"
+            "${pkgs.runtimeShell} ${./ring-hairpin.sh} ${escapeShellArgs ([ (toString s.ring.size) ] ++ s.ring.functions)}"
+          ];
           ExecStart = "${pkgs.runtimeShell} ${cfg.ring.meshUp}";
           ExecStop = "${pkgs.runtimeShell} ${cfg.ring.meshDown}";
         };

@@ -205,7 +205,8 @@ def test_a_ring_keeps_local_weights_and_orders_the_rank_after_the_mesh(work):
     assert w["weightsVolume"] == {"name": "dsv41-weights", "driver": "local", "requiresMount": "/var/lib/tp4/model",
                                   "options": {"type": "none", "o": "bind", "device": "/var/lib/tp4/model"}}
     assert w["rankUnit"]["ordering"]["requires"] == ["tp4-rdma-check.service", "tp4-weights-volume.service", "tp4-mesh.service"]
-    assert w["ring"] == {"size": 8192, "functions": ["0000:01:00.0", "0000:01:00.1", "0002:01:00.0", "0002:01:00.1"]}
+    assert w["ring"] == {"size": 8192, "functions": ["0000:01:00.0", "0000:01:00.1", "0002:01:00.0", "0002:01:00.1"],
+                         "links": ["enp1s0f0np0", "enp1s0f1np1", "enP2p1s0f0np0", "enP2p1s0f1np1"], "linkTimeout": 120}
     assert Fabric().ring_hairpin_queue == 8192  # the profile default the lib assumes
     assert "/home/tp4/nccl-2.30.7/libnccl.so.2:/opt/sglang/lib/python3.12/site-packages/nvidia/nccl/lib/libnccl.so.2:ro" in w["rankUnit"]["container"]["volumes"]
 

@@ -16,10 +16,12 @@ podman and a recording devlink.
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import subprocess
 import sys
+import time
 import tomllib
 import uuid
 from pathlib import Path
@@ -384,6 +386,39 @@ def test_the_ring_sets_the_hairpin_queue_once(tmp_path):
     (tmp_path / "log").unlink()
     assert hairpin(tmp_path, "8192", "0000:01:00.0", "0000:01:00.1").returncode == 0
     assert not any(c.startswith(("dev param set", "dev reload")) for c in (tmp_path / "log").read_text().splitlines())
+
+
+def links(tmp_path: Path, *argv: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["sh", str(MODULES / "ring-links.sh"), *argv], capture_output=True, text=True, timeout=30,
+                          env={**os.environ, "TP4_SYSFS": str(tmp_path / "sys")})
+
+
+def link(tmp_path: Path, dev: str, state: str, carrier: str) -> None:
+    d = tmp_path / "sys" / "class" / "net" / dev
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "operstate").write_text(state + "\n")
+    (d / "carrier").write_text(carrier + "\n")
+
+
+def test_the_ring_waits_for_its_fabric_links_and_names_those_that_stay_down(tmp_path):
+    for dev in ("enp1s0f0np0", "enp1s0f1np1"):
+        link(tmp_path, dev, "up", "1")
+    ok = links(tmp_path, "120", "enp1s0f0np0", "enp1s0f1np1")
+    assert ok.returncode == 0 and "the fabric links are up" in ok.stdout, ok.stderr
+    link(tmp_path, "enp1s0f1np1", "down", "0")
+    down = links(tmp_path, "1", "enp1s0f0np0", "enp1s0f1np1", "enP2p1s0f0np0")
+    assert down.returncode == 1
+    assert "fabric links not up after 1 s: enp1s0f1np1(down) enP2p1s0f0np0(absent); fix: check each DAC" in down.stderr
+    # a link that comes up while it waits
+    link(tmp_path, "enp1s0f1np1", "down", "0")
+    waiting = subprocess.Popen(["sh", str(MODULES / "ring-links.sh"), "20", "enp1s0f0np0", "enp1s0f1np1"], text=True,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={**os.environ, "TP4_SYSFS": str(tmp_path / "sys")})
+    time.sleep(1.5)
+    assert waiting.poll() is None
+    link(tmp_path, "enp1s0f1np1", "up", "1")
+    out, err = waiting.communicate(timeout=10)
+    assert waiting.returncode == 0, err
+    assert links(tmp_path, "x", "enp1s0f0np0").returncode == 1
 
 
 def test_the_ring_fails_on_a_missing_function(tmp_path):

@@ -71,6 +71,9 @@ rec {
       {
         inherit size;
         functions = map (hca: sparkFunctions.${hca}) [ "rocep1s0f0" "rocep1s0f1" "roceP2p1s0f0" "roceP2p1s0f1" ];
+        # the four fabric links (one DAC each), which tp4-mesh waits for before it sets them up
+        links = map (hca: sparkNetdevs.${hca}) [ "rocep1s0f0" "rocep1s0f1" "roceP2p1s0f0" "roceP2p1s0f1" ];
+        linkTimeout = 120;
       };
 
   # the profile's nodes in rank order: [ { rank; role; where; name; ip; } ] (the head is rank 0)
