@@ -54,11 +54,26 @@ def _value(argv: list[str], *flags: str) -> str | None:
     return None
 
 
+def refused(config: str) -> str | None:
+    """The test's fault: a container whose environment has TP4_TEST_RUNC_FAIL=create and the
+    NODE_RANK in TP4_TEST_RUNC_FAIL_RANK cannot be created (what a runtime error at start looks
+    like: the container was created by `podman create`, its start fails); the message, or None."""
+    with open(config) as fh:
+        env = dict(e.split("=", 1) for e in json.load(fh).get("process", {}).get("env", []) if "=" in e)
+    if env.get("TP4_TEST_RUNC_FAIL") == "create" and env.get("NODE_RANK") == env.get("TP4_TEST_RUNC_FAIL_RANK", "0"):
+        return f"runc create: refused for rank {env.get('NODE_RANK')} (TP4_TEST_RUNC_FAIL, a test's fault)"
+    return None
+
+
 def main(argv: list[str]) -> None:
     runc = os.environ.get("TP4_TEST_RUNC") or shutil.which("runc") or "/usr/bin/runc"
     if "create" in argv or "run" in argv:
         bundle = _value(argv, "--bundle", "-b")
         if bundle:
+            why = refused(os.path.join(bundle, "config.json"))
+            if why:
+                print(why, file=sys.stderr)
+                sys.exit(1)
             clamp(os.path.join(bundle, "config.json"), process_file=False)
     elif "exec" in argv:  # `podman exec`: runc exec --process <file>
         process = _value(argv, "--process", "-p")

@@ -157,6 +157,21 @@ def test_doctors_blocking_checks_refuse_serve_and_force_overrides_only_foreign_g
     assert_nothing_left(line)
 
 
+def test_a_head_whose_container_does_not_start_is_named_and_every_rank_stopped(line: LineCluster, tmp_path: Path) -> None:
+    """The head's container is created beside the workers' starts; its `podman start --attach`
+    (the start and the follower in one) fails in the OCI runtime (the hosts' runc wrapper refuses
+    it: tests/runc_rlimits.py), after every worker started."""
+    profile = profile_with(line, tmp_path, '[env]\nTP4_TEST_RUNC_FAIL = "create"\nTP4_TEST_RUNC_FAIL_RANK = "0"\n')
+    proc = tp4("serve", "--profile", profile, "--timeout", "start=60")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    head = line.plan.nodes[0].name
+    assert "started 3 workers" in proc.stderr
+    assert f"\nerror: {head}: start: its container did not start (it is created)\nlast log lines of {head}:\n" in proc.stderr, proc.stderr
+    assert "refused for rank 0 (TP4_TEST_RUNC_FAIL" in proc.stderr, proc.stderr
+    assert "stopping the 4 ranks this serve started" in proc.stderr and "Traceback" not in proc.stderr
+    assert_nothing_left(line)
+
+
 def test_a_rank_that_crashes_during_boot_is_named_and_every_rank_stopped(line: LineCluster, tmp_path: Path) -> None:
     proc = tp4("serve", "--profile", fault(line, tmp_path, "crash", 2))
     assert proc.returncode == 1
