@@ -53,6 +53,10 @@ Test controls (environment of the container; they are not engine settings):
   TP4_STANDIN_BUSY_SECONDS `busy`: how long each completion takes (default 5)
   TP4_STANDIN_WEDGE_AFTER  `wedge`: completions (beyond boot.py's) answered before it wedges
                            (default 0; 1 lets `tp4 serve`'s own completion through)
+  TP4_STANDIN_ANSWERS      a JSON file of scripted answers, `[{"contains": TEXT, "answer": TEXT}]`:
+                           a plain completion whose prompt contains TEXT (the first entry that
+                           matches) is answered with that answer, one token per word (so
+                           max_tokens cuts it, finish_reason length); `tp4 qeval`'s tests
 
 boot.py hands the engine the API key in TP4_STANDIN_API_KEY (upstream appends --api-key to the
 argv, which the host's process table would show) and its pid in TP4_STANDIN_BOOT_PID (the engine
@@ -736,6 +740,9 @@ def handler(engine: Engine) -> type[BaseHTTPRequestHandler]:
 
 def reply(body: dict[str, Any], prompt: str, wrong: bool) -> tuple[list[str], list[dict[str, Any]]]:
     """The answer's tokens and tool calls for a request (the module docstring says how)."""
+    scripted = scripted_answer(prompt)
+    if scripted is not None:
+        return scripted, []
     messages = body["messages"]
     last = messages[-1] if messages else {}
     sum_asked = "19 + 23" in prompt
@@ -770,6 +777,18 @@ def reply(body: dict[str, Any], prompt: str, wrong: bool) -> tuple[list[str], li
     if QUESTION in prompt:
         return ["41" if wrong else "42"], []
     return [w + " " for w in PROSE], []
+
+
+def scripted_answer(prompt: str) -> list[str] | None:
+    """TP4_STANDIN_ANSWERS: the tokens of the first scripted answer whose `contains` is in the
+    prompt (each word with the whitespace before it, so that the tokens join back to the answer)."""
+    path = os.environ.get("TP4_STANDIN_ANSWERS")
+    if not path:
+        return None
+    for entry in json.loads(Path(path).read_text()):
+        if entry["contains"] in prompt:
+            return re.findall(r"\s*\S+", entry["answer"]) or [""]
+    return None
 
 
 def die_with_boot() -> None:

@@ -47,6 +47,7 @@ SUBCOMMANDS: dict[str, tuple[str, str, str]] = {
     "prepare": ("tp4.cli.prepare", "prepare", "Prepare the nodes: doctor, download, share, pack; stops at the first blocking failure."),
     "doctor": ("tp4.cli.doctor", "doctor", "Check every host requirement of the line, read-only; a fix for each failure."),
     "deploy": ("tp4.cli.deploy", "deploy", "Switch the NixOS hosts to the flake's systems, check each from here, roll back by generation what fails."),
+    "qeval": ("tp4.cli.qeval", "qeval", "The quality suite: code (run in a sandbox on a worker), JSON, numeric, format and prose tasks; a score."),
     "hosts": ("tp4.cli.hosts", "hosts", "The ssh host keys tp4 trusts: trust (after showing fingerprints), list, forget."),
 }
 
