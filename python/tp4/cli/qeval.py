@@ -66,6 +66,7 @@ def _sandbox(plan: Plan | None, nodes: list[Node], ep: Endpoint, *, node_name: s
     if node_name is not None and plan is None:
         raise InvalidInput("--sandbox-node: names a worker of the profile, and --url was given without --profile; "
                            "fix: add --profile, or use --sandbox-host")
+    remote = sb.parse_host(host) if host not in (None, "local") else None
     image = sb.check_image(image) if image is not None else (plan.image.tag if plan is not None else None)
     heads = _head_names(plan, ep.url)
     if host is None and plan is None:
@@ -79,8 +80,7 @@ def _sandbox(plan: Plan | None, nodes: list[Node], ep: Endpoint, *, node_name: s
             raise InvalidInput(f"--sandbox-host local: this machine serves the API ({ep.url}), so it is the head; model-generated "
                                "code never runs on the head; fix: run tp4 qeval from a worker, or --sandbox-host a worker")
         return sb.Sandbox(image, "this machine", None, runtime, limits)
-    if host is not None:
-        remote = sb.parse_host(host)
+    if remote is not None:
         remote = replace(remote, options=tuple(ssh_options))
         sb.refuse_head(remote.host, heads, f"--sandbox-host {host}")
         return sb.Sandbox(image, remote.destination, remote, runtime, limits)

@@ -67,12 +67,14 @@ def extract_code(text: str) -> str:
 
 class Outcome(NamedTuple):
     """What a sandboxed run gave back: its exit code (None: stopped at the time limit), its
-    stdout, whether the time limit stopped it, and how long it took."""
+    stdout, whether the time limit stopped it, how long it took, and whether it was stopped for
+    writing more output than the sandbox reads."""
 
     exit_code: int | None
     stdout: str
     timed_out: bool
     seconds: float
+    too_much_output: bool = False
 
 
 # The program the sandbox runs (python3 -I reads it on stdin). The model's code and the hidden
@@ -155,6 +157,8 @@ class Code:
         if final:
             reason = final[-1].get("reason")
             return Verdict(final[-1]["passed"] is True, str(reason))
+        if outcome.too_much_output:
+            return Verdict(False, "stopped for writing more output than the sandbox reads: no verdict")
         if outcome.timed_out:
             return Verdict(False, f"stopped at the time limit ({seconds_limit:g} s): killed, no verdict")
         code = outcome.exit_code
@@ -238,11 +242,11 @@ class Numeric:
 
     def score(self, answer: Answer) -> Verdict:
         got = last_number(answer.text)
-        want = f"{self.value:g}" + (f" ± {self.tolerance:g}" if self.tolerance else "") + (f" (± {self.relative:.0e} relative)" if self.relative else "")
+        want = f"{self.value:.12g}" + (f" ± {self.tolerance:g}" if self.tolerance else "") + (f" (± {self.relative:.0e} relative)" if self.relative else "")
         if got is None:
             return _runaway(answer) or Verdict(False, f"no number in the answer {_shown(answer.text)}; expected {want}")
         ok = math.isclose(got, self.value, rel_tol=self.relative, abs_tol=self.tolerance) or got == self.value
-        return Verdict(ok, f"answered {got:g}" + ("" if ok else f"; expected {want}"))
+        return Verdict(ok, f"answered {got:.12g}" + ("" if ok else f"; expected {want}"))
 
 
 # --- format ----------------------------------------------------------------------------------------
@@ -263,7 +267,7 @@ class Lines:
     def check(self, text: str) -> str | None:
         lines = _lines(text)
         if len(lines) != self.count:
-            return f"{len(lines)} lines; expected exactly {self.count}"
+            return f"{len(lines)} line{'' if len(lines) == 1 else 's'}; expected exactly {self.count}"
         blank = [i + 1 for i, line in enumerate(lines) if not line.strip()]
         return f"line {blank[0]} is blank" if blank else None
 

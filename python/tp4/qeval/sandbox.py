@@ -9,11 +9,14 @@ through the one funnel (:mod:`tp4.process`; a remote command quoted once), the p
 * ``--network=none``: no interface but loopback; nothing can be reached, not even the host's sshd;
 * ``--read-only`` root, and (podman) ``--read-only-tmpfs=false``: the only writable path is the
   container's own ``/tmp``, a size-bounded tmpfs (``nosuid,nodev``) that goes with the container;
-  nothing is bind-mounted from the host, so nothing on the host can be written;
+  nothing is bind-mounted from the host, so nothing on the host can be written; ``--ipc=none``:
+  no /dev/shm either (the IPC namespace stays the container's own);
 * ``--cap-drop=all``, ``--security-opt no-new-privileges``, user 65534:65534 (nobody);
 * ``--cpus``, ``--memory`` (= ``--memory-swap``: no swap), ``--pids-limit`` (a fork bomb stops
   at it), the runner's RLIMIT_CPU, podman's ``--timeout`` and the funnel's wall-clock timeout;
   on a timeout the container is removed (``rm -f``) by its unique name;
+* its output is read up to 1 MiB (:data:`OUTPUT_CAP`; more stops it), so a flood cannot fill
+  the memory of the machine running tp4;
 * ``--rm``: gone afterwards, also when killed; :meth:`Sandbox.run` checks that and removes what
   is left.
 
@@ -23,14 +26,17 @@ The image is any image with ``python3`` (default: the line's image, which every 
 from __future__ import annotations
 
 import math
+import os
 import re
 import secrets
+import selectors
 import socket
+import threading
 import time
 from dataclasses import dataclass
 
 from tp4 import process
-from tp4.errors import HostKeyError, InvalidInput, Tp4Error
+from tp4.errors import InvalidInput, Tp4Error
 from tp4.qeval.checks import Outcome
 
 PREFIX = "tp4-qeval-"
@@ -39,6 +45,8 @@ STARTUP = 60.0
 # exit codes of podman/docker itself (the container did not run) and of ssh (no connection)
 _RUNTIME_FAILED = (125, 126, 127, 255)
 _STARTED = '"started": true'
+# what a program may write to the sandbox's stdout (the runner writes a line or two)
+OUTPUT_CAP = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -80,7 +88,7 @@ class Sandbox:
             "--cap-drop=all", "--security-opt", "no-new-privileges",
             "--user", "65534:65534", "--workdir", "/tmp",
             f"--cpus={lim.cpus:g}", f"--memory={lim.memory_mib}m", f"--memory-swap={lim.memory_mib}m",
-            f"--pids-limit={lim.pids}", "--shm-size=1m", "--log-driver=none",
+            f"--pids-limit={lim.pids}", "--ipc=none", "--log-driver=none",
             "--entrypoint", "python3", "--", self.image, "-I", "-B", "-",
         ]
         return argv
@@ -90,25 +98,23 @@ class Sandbox:
         of the sandbox itself (the runtime, the image, ssh) is a :class:`SandboxError`."""
         name = PREFIX + secrets.token_hex(6)
         started = time.monotonic()
-        timed_out = False
+        popen = process.start(self.argv(name), remote=self.remote, stdin=process.PIPE, stdout=process.PIPE, stderr=process.PIPE)
         try:
-            proc = process.run(self.argv(name), remote=self.remote, check=False, input=program,
-                               timeout=self.limits.seconds + STARTUP, purpose=f"running model-generated code on {self.where}")
-            code: int | None = proc.returncode
-            out, err = proc.stdout, proc.stderr
-        except HostKeyError:
-            raise
-        except Tp4Error:  # the funnel's timeout: it stopped the command; the container goes below
-            timed_out, code, out, err = True, None, "", ""
+            code, out, err, stopped = _collect(popen, program.encode(), started + self.limits.seconds + STARTUP)
+        finally:
+            if popen.poll() is None:
+                process.stop(popen)
         seconds = time.monotonic() - started
         self._remove(name)
-        if code in _RUNTIME_FAILED and _STARTED not in out:
+        text = out.decode(errors="replace")
+        if code in _RUNTIME_FAILED and _STARTED not in text:
             raise SandboxError(f"sandbox on {self.where}: `{self.runtime} run` of {self.image} failed (exit code {code}) "
                                f"before the program started; fix: check that {self.where} is reachable, runs {self.runtime} "
-                               f"and holds the image (--sandbox-image){_err_tail(err)}")
+                               f"and holds the image (--sandbox-image){_err_tail(err.decode(errors='replace'))}")
+        timed_out = stopped == "time"
         if code in (137, 255) and seconds >= self.limits.seconds:
             timed_out = True  # podman's --timeout: conmon killed it (podman run then exits 255)
-        return Outcome(code, out, timed_out, seconds)
+        return Outcome(code, text, timed_out, seconds, stopped == "output")
 
     def _remove(self, name: str) -> None:
         """The container is gone (--rm), or is removed now; left behind, it is an error."""
@@ -122,6 +128,44 @@ class Sandbox:
             time.sleep(0.5)
         raise SandboxError(f"sandbox on {self.where}: the container {name} is still there after `{self.runtime} rm -f`; "
                            f"fix: remove it by hand (`{self.runtime} rm -f {name}`) and check the runtime")
+
+
+def _collect(popen: process.Popen[bytes], program: bytes, deadline: float) -> tuple[int | None, bytes, bytes, str | None]:
+    """Feed the program, read stdout (at most OUTPUT_CAP bytes) and the tail of stderr until the
+    command ends; (exit code, stdout, stderr, why it was stopped: "time", "output" or None)."""
+    assert popen.stdin is not None and popen.stdout is not None and popen.stderr is not None
+    stdin = popen.stdin
+
+    def feed() -> None:
+        try:
+            stdin.write(program)
+            stdin.close()
+        except OSError:  # it ended before reading all of it
+            pass
+
+    threading.Thread(target=feed, daemon=True).start()
+    out, err = bytearray(), bytearray()
+    with selectors.DefaultSelector() as sel:
+        sel.register(popen.stdout, selectors.EVENT_READ, out)
+        sel.register(popen.stderr, selectors.EVENT_READ, err)
+        while sel.get_map():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return None, bytes(out), bytes(err), "time"
+            for key, _ in sel.select(timeout=min(left, 1.0)):
+                data = os.read(key.fd, 65536)
+                if not data:
+                    sel.unregister(key.fileobj)
+                    continue
+                buf: bytearray = key.data
+                buf += data
+                if len(out) > OUTPUT_CAP:
+                    return None, bytes(out[:OUTPUT_CAP]), bytes(err), "output"
+                del err[:-OUTPUT_CAP]
+    try:
+        return popen.wait(timeout=max(0.1, deadline - time.monotonic())), bytes(out), bytes(err), None
+    except process.TimeoutExpired:
+        return None, bytes(out), bytes(err), "time"
 
 
 def _err_tail(err: str | None) -> str:

@@ -68,7 +68,7 @@ CODE: tuple[Task, ...] = (
     _code("code_is_palindrome", "is_palindrome(s: str) -> bool",
           "tells whether s reads the same backwards, ignoring case and every character that is not a letter or a digit",
           ("assert is_palindrome('A man, a plan, a canal: Panama') is True", "assert is_palindrome('race a car') is False",
-           "assert is_palindrome('') is True", "assert is_palindrome('No 1 on') is False", "assert is_palindrome('Was it a car or a cat I saw?') is True")),
+           "assert is_palindrome('') is True", "assert is_palindrome('No 1 in') is False", "assert is_palindrome('Was it a car or a cat I saw?') is True")),
     _code("code_fizzbuzz", "fizzbuzz(n: int) -> list[str]",
           "returns the FizzBuzz sequence for 1..n: 'Fizz' for multiples of 3, 'Buzz' for multiples of 5, 'FizzBuzz' for both, else the number as a string",
           ("assert fizzbuzz(5) == ['1', '2', 'Fizz', '4', 'Buzz']", "assert fizzbuzz(15)[-1] == 'FizzBuzz'", "assert fizzbuzz(0) == []",
