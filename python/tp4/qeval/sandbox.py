@@ -100,7 +100,7 @@ class Sandbox:
         started = time.monotonic()
         popen = process.start(self.argv(name), remote=self.remote, stdin=process.PIPE, stdout=process.PIPE, stderr=process.PIPE)
         try:
-            code, out, err, stopped = _collect(popen, program.encode(), started + self.limits.seconds + STARTUP)
+            code, out, err, stopped, first = _collect(popen, program.encode(), started + self.limits.seconds + STARTUP)
         finally:
             if popen.poll() is None:
                 process.stop(popen)
@@ -112,8 +112,11 @@ class Sandbox:
                                f"before the program started; fix: check that {self.where} is reachable, runs {self.runtime} "
                                f"and holds the image (--sandbox-image){_err_tail(err.decode(errors='replace'))}")
         timed_out = stopped == "time"
-        if code in (137, 255) and seconds >= self.limits.seconds:
-            timed_out = True  # podman's --timeout: conmon killed it (podman run then exits 255)
+        # podman's --timeout (conmon kills it; podman run then exits 255): the program ran (from
+        # its first output, the runner's "started") up to the limit; a memory kill comes sooner
+        ran = time.monotonic() - first if first is not None else 0.0
+        if code in (137, 255) and ran >= self.limits.seconds - 0.5:
+            timed_out = True
         return Outcome(code, text, timed_out, seconds, stopped == "output")
 
     def _remove(self, name: str) -> None:
@@ -130,9 +133,11 @@ class Sandbox:
                            f"fix: remove it by hand (`{self.runtime} rm -f {name}`) and check the runtime")
 
 
-def _collect(popen: process.Popen[bytes], program: bytes, deadline: float) -> tuple[int | None, bytes, bytes, str | None]:
+def _collect(popen: process.Popen[bytes], program: bytes,
+             deadline: float) -> tuple[int | None, bytes, bytes, str | None, float | None]:
     """Feed the program, read stdout (at most OUTPUT_CAP bytes) and the tail of stderr until the
-    command ends; (exit code, stdout, stderr, why it was stopped: "time", "output" or None)."""
+    command ends; (exit code, stdout, stderr, why it was stopped: "time", "output" or None, when
+    the first stdout came)."""
     assert popen.stdin is not None and popen.stdout is not None and popen.stderr is not None
     stdin = popen.stdin
 
@@ -145,13 +150,14 @@ def _collect(popen: process.Popen[bytes], program: bytes, deadline: float) -> tu
 
     threading.Thread(target=feed, daemon=True).start()
     out, err = bytearray(), bytearray()
+    first: float | None = None
     with selectors.DefaultSelector() as sel:
         sel.register(popen.stdout, selectors.EVENT_READ, out)
         sel.register(popen.stderr, selectors.EVENT_READ, err)
         while sel.get_map():
             left = deadline - time.monotonic()
             if left <= 0:
-                return None, bytes(out), bytes(err), "time"
+                return None, bytes(out), bytes(err), "time", first
             for key, _ in sel.select(timeout=min(left, 1.0)):
                 data = os.read(key.fd, 65536)
                 if not data:
@@ -159,13 +165,15 @@ def _collect(popen: process.Popen[bytes], program: bytes, deadline: float) -> tu
                     continue
                 buf: bytearray = key.data
                 buf += data
+                if first is None and buf is out:
+                    first = time.monotonic()
                 if len(out) > OUTPUT_CAP:
-                    return None, bytes(out[:OUTPUT_CAP]), bytes(err), "output"
+                    return None, bytes(out[:OUTPUT_CAP]), bytes(err), "output", first
                 del err[:-OUTPUT_CAP]
     try:
-        return popen.wait(timeout=max(0.1, deadline - time.monotonic())), bytes(out), bytes(err), None
+        return popen.wait(timeout=max(0.1, deadline - time.monotonic())), bytes(out), bytes(err), None, first
     except process.TimeoutExpired:
-        return None, bytes(out), bytes(err), "time"
+        return None, bytes(out), bytes(err), "time", first
 
 
 def _err_tail(err: str | None) -> str:
