@@ -70,6 +70,14 @@ def test_the_suite_has_40_tasks_or_more_of_every_kind_each_with_good_and_bad_ans
         assert 0 < t.max_tokens <= 1024 and t.prompt.strip(), t.id
 
 
+def test_every_json_schema_is_a_valid_schema() -> None:
+    from jsonschema import Draft202012Validator
+
+    for t in TASKS:
+        if isinstance(t.scorer, checks.JsonAnswer):
+            Draft202012Validator.check_schema(t.scorer.schema)
+
+
 @pytest.mark.parametrize("task", OTHER_TASKS, ids=lambda t: t.id)
 def test_a_good_answer_passes_and_every_bad_one_fails(task: Task) -> None:
     assert not isinstance(task.scorer, Code)
@@ -427,3 +435,21 @@ def test_a_sandbox_that_cannot_run_stops_the_run(cluster: LineCluster, engine: t
     assert proc.returncode == 1, proc.stderr
     assert f"sandbox on {cluster.hosts[1].name}" in proc.stderr and "holds the image" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_any_endpoint_with_a_sandbox_host_over_ssh(cluster: LineCluster, engine: tuple[Head, Path], tmp_path: Path) -> None:
+    """--url without a profile: the sandbox is the ssh target named, the image named."""
+    head, answers = engine
+    script(answers, {"code_rle"})
+    key = tmp_path / "key"
+    key.write_text(head.ep.key.reveal() + "\n" if head.ep.key else "")
+    key.chmod(0o600)
+    worker = cluster.hosts[2]
+    proc = tp4("qeval", "--url", head.url, "--model", head.ep.model, "--api-key-file", str(key), "--only", "code_rle,code_fizzbuzz",
+               "--sandbox-host", f"root@{worker.address}", "--ssh-option", f"IdentityFile={cluster.hosts.key}",
+               "--sandbox-image", cluster.plan.image.tag, "--json")
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(proc.stdout)
+    assert doc["sandbox"]["node"] == f"root@{worker.address}"
+    assert {t["id"]: t["passed"] for t in doc["tasks"]} == {"code_fizzbuzz": True, "code_rle": False}
+    assert qeval_containers(cluster) == []
