@@ -82,7 +82,9 @@ def test_the_golden_holds_what_the_host_requirements_say(hosts):
         assert h["rdmaCheck"]["gidIndex"] is None  # not pinned: the check writes what it finds
         unit = h["rankUnit"]
         assert unit["serviceConfig"]["LimitMEMLOCK"] == "infinity"
-        assert unit["unitConfig"] == {"StartLimitIntervalSec": 3600, "StartLimitBurst": 3}
+        # a head's checkpoint directory is bound, not made: the unit asserts it is there
+        assert unit["unitConfig"] == {"StartLimitIntervalSec": 3600, "StartLimitBurst": 3,
+                                      **({"AssertPathExists": ["/home/tp4/NewModels/DeepSeek-V4.1-Flash"]} if h["rank"] == 0 else {})}
         assert unit["ordering"]["after"][:2] == ["network-online.target", "tp4-rdma-check.service"]
     head, workers = hosts["spark1"], [hosts[f"spark{i}"] for i in (2, 3, 4)]
     opts = "ro,sync,no_subtree_check,no_root_squash,insecure"
@@ -213,6 +215,9 @@ def test_a_ring_keeps_local_weights_and_orders_the_rank_after_the_mesh(work):
                                     "sourcePort": 65535, "etherType": "0x88b5"}}
     assert Fabric().ring_hairpin_queue == 8192  # the profile default the lib assumes
     assert "/home/tp4/nccl-2.30.7/libnccl.so.2:/opt/sglang/lib/python3.12/site-packages/nvidia/nccl/lib/libnccl.so.2:ro" in w["rankUnit"]["container"]["volumes"]
+    # the patched NCCL the ring's overlay binds must be there: the unit asserts it before the runtime runs
+    assert w["rankUnit"]["unitConfig"] == {"StartLimitIntervalSec": 3600, "StartLimitBurst": 3, "AssertPathExists": ["/home/tp4/nccl-2.30.7/libnccl.so.2"]}
+    assert hosts["spark1"]["rankUnit"]["unitConfig"]["AssertPathExists"][0] == "/home/tp4/NewModels/DeepSeek-V4.1-Flash"
 
 
 def test_clients_are_the_workers_addresses_on_the_servers_network(work):

@@ -112,7 +112,8 @@ in
       drmNode = rank.drmNode node;
       rankUnit = unit // {
         ordering = rank.ordering { inherit plan node; weightsVolume = !isHead; };
-        inherit (rank) serviceConfig unitConfig;
+        inherit (rank) serviceConfig;
+        unitConfig = rank.unitConfigOf node;
         directories = rank.directories node;
         readiness = rank.readiness { inherit plan node; };
       };

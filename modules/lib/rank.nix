@@ -197,6 +197,22 @@ rec {
     StartLimitBurst = 3;
   };
 
+  # the host files the rank only reads (a ring's patched NCCL in NCCL_HOST_DIR, a head's
+  # checkpoint directory): a start without one fails as an assertion naming the path, not inside
+  # the runtime; the writable ones are made by tmpfiles (directories)
+  readOnlyBinds =
+    node:
+    let
+      model = (elemAt node.run.mounts 0).target;
+    in
+    map (m: m.source) (filter (m: m.type == "bind" && (m.read_only || m.target == model)) node.run.mounts);
+  unitConfigOf =
+    node:
+    let
+      paths = readOnlyBinds node;
+    in
+    unitConfig // (if paths == [ ] then { } else { AssertPathExists = paths; });
+
   # the rank's readiness unit (modules/rank-ready.sh): beside the rank unit, wanted by it and bound
   # to it, so the rank's start never waits on it
   readyUnit = "tp4-rank-ready.service";
