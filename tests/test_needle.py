@@ -131,7 +131,7 @@ def test_pass_at_several_lengths_sized_from_usage(engine: Engine, key_file: str,
     assert doc["status"] == "PASS" and doc["config"]["lengths"] == [2000, 10000, 50000] and doc["config"]["seed"] == 11
     assert doc["tp4"]["kind"] == "needle" and doc["tp4"]["plan_digest"] is None
     # the stand-in's words: ~5.7 characters each, which calibration found (a fixed 4 would be 40 % off)
-    assert 5.0 < doc["calibration"]["chars_per_token"] < 6.5
+    assert 5.0 < doc["calibration"]["charsPerToken"] < 6.5
     for row, target in zip(doc["results"], (2000, 10000, 50000), strict=True):
         assert row["status"] == "PASS" and row["error"] is None
         assert row["targetTokens"] == target
@@ -258,7 +258,7 @@ def test_watch_memory_records_the_heads_low_water_mark(engine: Engine, start: Ca
     with open("/proc/meminfo") as fh:
         total = serve.meminfo(fh.read())["MemTotal"]
     assert 0 < mem.low_water < total
-    assert result.to_json()["memory"] == {"before_bytes": mem.before, "low_water_bytes": mem.low_water,
+    assert result.to_json()["memory"] == {"beforeBytes": mem.before, "lowWaterBytes": mem.low_water,
                                           "samples": mem.samples, "error": None}
 
 

@@ -74,7 +74,7 @@ def test_watch_memory_reads_the_head_over_ssh(head: tuple[NetnsHosts, int], tmp_
     assert doc["node"] == host.address and doc["tp4"]["plan_digest"].startswith("sha256:")
     memory = doc["results"][0]["memory"]
     assert memory["error"] is None and memory["samples"] >= 4  # 1.5 s at 0.25 s, the first and the last
-    assert 0 < memory["low_water_bytes"] <= memory["before_bytes"]  # the first read counts too
+    assert 0 < memory["lowWaterBytes"] <= memory["beforeBytes"]  # the first read counts too
     reads = [line for line in proc.stderr.splitlines() if line.startswith("$ ssh ") and line.endswith(" 'cat /proc/meminfo'")]
     assert len(reads) >= memory["samples"] + 1, proc.stderr[-3000:]  # the check before the run, then every sample
     assert all(f"root@{host.address} " in line for line in reads)  # over ssh to the head

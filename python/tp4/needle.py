@@ -243,7 +243,7 @@ class Memory:
         self.low_water = value if self.low_water is None else min(self.low_water, value)
 
     def to_json(self) -> dict[str, api.Json]:
-        return {"before_bytes": self.before, "low_water_bytes": self.low_water, "samples": self.samples,
+        return {"beforeBytes": self.before, "lowWaterBytes": self.low_water, "samples": self.samples,
                 "error": self.errors[0] if self.errors else None}
 
 
@@ -296,8 +296,8 @@ class Calibration:
         return max(0, round((tokens - self.fixed_tokens) / self.tokens_per_char))
 
     def to_json(self) -> dict[str, api.Json]:
-        return {"fixed_tokens": self.fixed_tokens, "chars_per_token": round(1 / self.tokens_per_char, 4),
-                "sample_chars": self.sample_chars, "sample_tokens": self.sample_tokens}
+        return {"fixedTokens": self.fixed_tokens, "charsPerToken": round(1 / self.tokens_per_char, 4),
+                "sampleChars": self.sample_chars, "sampleTokens": self.sample_tokens}
 
 
 @dataclass
@@ -435,6 +435,7 @@ def run(ep: api.Endpoint, lengths: Sequence[int], *, depth: float = DEFAULT_DEPT
         progress(f"needle: calibrating the prompt size at {ep.url} (2 short requests)")
         calibration = calibrate(ep, seed, min(timeout, 600.0))
     cal = out.calibration = calibration
+    progress(f"needle: seed {seed} (--seed {seed} gives the same filler and passphrases)")
     progress(f"needle: {1 / cal.tokens_per_char:.2f} characters per token of filler, {cal.fixed_tokens} tokens without filler")
     for i, target in enumerate(lengths):
         progress(f"needle: {target:,} tokens, the passphrase at {depth:.0%} depth ...")

@@ -145,7 +145,7 @@ def table(run: needle_mod.Run) -> list[str]:
 @click.option("--timeout", "timeout_text", default="1800", show_default=True, metavar="SECONDS",
               help="Seconds each length may take (the line's 1,011,084 tokens took 322-325 s).")
 @click.option("--max-tokens", "max_tokens_text", default="64", show_default=True, metavar="N", help="Tokens each answer may have.")
-@click.option("--watch-memory", is_flag=True, help="Poll the head's MemAvailable during each request and record the low-water mark (needs --profile).")
+@click.option("--watch-memory", is_flag=True, help="Poll the head's MemAvailable during each request and record the low-water mark (the profile's head; not with --url).")
 @click.option("--memory-interval", "interval_text", default="5", show_default=True, metavar="SECONDS", help="Seconds between two reads of MemAvailable.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as one JSON object instead of the table.")
 @click.option("--out", "out_file", default=None, metavar="FILE", help="Also write the result (JSON) to FILE.")
