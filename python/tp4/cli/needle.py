@@ -48,6 +48,8 @@ def _out_path(value: str | None) -> Path | None:
     parent = path.parent if str(path.parent) else Path(".")
     if path.is_dir():
         raise InvalidInput(f"--out {value}: is a directory; fix: name the JSON file to write")
+    if path.exists() and not path.is_file():  # the result replaces the file: never a device or a FIFO
+        raise InvalidInput(f"--out {value}: is not a regular file; fix: name the JSON file to write")
     if not parent.is_dir():
         raise InvalidInput(f"--out {value}: the directory {parent} does not exist; fix: create it or name another file")
     if not os.access(parent, os.W_OK):
