@@ -53,6 +53,11 @@ Test controls (environment of the container; they are not engine settings):
   TP4_STANDIN_BUSY_SECONDS `busy`: how long each completion takes (default 5)
   TP4_STANDIN_WEDGE_AFTER  `wedge`: completions (beyond boot.py's) answered before it wedges
                            (default 0; 1 lets `tp4 serve`'s own completion through)
+  TP4_STANDIN_CONTEXT_TOKENS      the context length: a prompt of this many tokens or more gets
+                           SGLang's HTTP 400 `The input (N tokens) is longer than the model's
+                           context length (M tokens).` (default: no limit)
+  TP4_STANDIN_NEEDLE_LOST_BEYOND  a needle question (below) in a prompt of more tokens than this
+                           is answered without the passphrase (default: always found)
 
 boot.py hands the engine the API key in TP4_STANDIN_API_KEY (upstream appends --api-key to the
 argv, which the host's process table would show) and its pid in TP4_STANDIN_BOOT_PID (the engine
@@ -84,7 +89,10 @@ JSON object of the schema's properties (numbers 42 for the 19 + 23 question, els
 with ``tools`` offered and the last message the user's, a prompt that names a tool (or a
 ``tool_choice`` that requires one) gets a call of it (finish_reason ``tool_calls``; a required
 string argument is the prompt's first quoted word); after a ``tool`` message the answer is that
-tool's result (its ``value`` when it is a JSON object with one).
+tool's result (its ``value`` when it is a JSON object with one). The needle question of `tp4
+bench needle` (tp4.needle: "What is the secret passphrase ...") is answered with the passphrase of
+the prompt's needle sentence (``The secret passphrase is <code>.``), as a model that read the
+whole prompt would. A prompt's tokens are its words (``len(prompt.split())``).
 """
 
 from __future__ import annotations
@@ -120,6 +128,9 @@ WARMUP_TOKENS = 24
 # the header boot.py's own requests carry (the wedge starts after them)
 BOOT_HEADER = "X-Tp4-Standin-Boot"
 ENGINE = ("python", "-m", "sglang.launch_server")
+# tp4.needle's protocol: the question, and the needle sentence holding the passphrase
+NEEDLE_QUESTION = "What is the secret passphrase"
+NEEDLE_SENTENCE = re.compile(r"The secret passphrase is ([A-Za-z0-9-]+)\.")
 # tp4/data/container.toml `image.b12x_next` (tests/test_standin.py keeps them equal)
 B12X_NEXT = "/opt/b12x_next"
 
@@ -662,6 +673,8 @@ def handler(engine: Engine) -> type[BaseHTTPRequestHandler]:
             except (ValueError, KeyError, TypeError, AttributeError):
                 self.send_json(400, {"object": "error", "message": "invalid request body", "code": 400})
                 return
+            if (refusal := context_refusal(prompt)) is not None:
+                return self.send_json(400, refusal)
             boot = self.headers.get(BOOT_HEADER) == "1"
             with engine.lock:
                 engine.running += 1
@@ -767,9 +780,36 @@ def reply(body: dict[str, Any], prompt: str, wrong: bool) -> tuple[list[str], li
         obj = {name: number_ if spec.get("type") in ("integer", "number") else "" if spec.get("type") == "string" else None
                for name, spec in (schema.get("properties") or {}).items()}
         return [json.dumps(obj)], []
+    if (passphrase := needle_reply(prompt)) is not None:
+        return passphrase, []
     if QUESTION in prompt:
         return ["41" if wrong else "42"], []
     return [w + " " for w in PROSE], []
+
+
+def needle_reply(prompt: str) -> list[str] | None:
+    """The answer to tp4 bench needle's question: the passphrase of the needle sentence in the
+    prompt; without it beyond TP4_STANDIN_NEEDLE_LOST_BEYOND tokens. None: not that question."""
+    if NEEDLE_QUESTION not in prompt:
+        return None
+    lost = os.environ.get("TP4_STANDIN_NEEDLE_LOST_BEYOND")
+    found = NEEDLE_SENTENCE.search(prompt)
+    if found is None or (lost and len(prompt.split()) > number("TP4_STANDIN_NEEDLE_LOST_BEYOND", 0)):
+        return [w + " " for w in "I could not find a passphrase in the notes.".split()]
+    return [found[1]]
+
+
+def context_refusal(prompt: str) -> dict[str, Any] | None:
+    """SGLang's refusal of a prompt at or beyond its context length (tokenizer_manager.py,
+    `_validate_one_request`: input tokens >= context length), under TP4_STANDIN_CONTEXT_TOKENS;
+    None: accepted."""
+    if not os.environ.get("TP4_STANDIN_CONTEXT_TOKENS"):
+        return None
+    limit, tokens = int(number("TP4_STANDIN_CONTEXT_TOKENS", 0)), len(prompt.split())
+    if tokens < limit:
+        return None
+    return {"object": "error", "message": f"The input ({tokens} tokens) is longer than the model's context length ({limit} tokens).",
+            "type": "BadRequestError", "param": None, "code": 400}
 
 
 def die_with_boot() -> None:
