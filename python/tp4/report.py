@@ -45,16 +45,17 @@ Kind = Literal["tp4", "sparkdash", "reference"]
 @dataclass(frozen=True)
 class TableSpec:
     key: str
+    short: str
     title: str
     unit: str
     higher_is_better: bool
 
 
 TABLES: tuple[TableSpec, ...] = (
-    TableSpec("decodeAggregate", "decode: aggregate tok/s", "tok/s", True),
-    TableSpec("decodePerStream", "decode: per-stream tok/s (the median stream)", "tok/s", True),
-    TableSpec("ttft", "TTFT: the median stream's ms (lower is better)", "ms", False),
-    TableSpec("prefill", "prefill: tok/s by prompt length", "tok/s", True),
+    TableSpec("decodeAggregate", "decode aggregate", "decode: aggregate tok/s", "tok/s", True),
+    TableSpec("decodePerStream", "decode per-stream", "decode: per-stream tok/s (the median stream)", "tok/s", True),
+    TableSpec("ttft", "TTFT", "TTFT: the median stream's ms (lower is better)", "ms", False),
+    TableSpec("prefill", "prefill", "prefill: tok/s by prompt length", "tok/s", True),
 )
 METRIC_OF_TABLE: dict[str, Metric] = {"decodeAggregate": "aggregate", "decodePerStream": "perStream", "ttft": "ttft"}
 
@@ -584,7 +585,7 @@ def compare(runs: Sequence[Measurements], reference: Measurements, tolerance: Fr
         for run, got in zip(runs, row.runs, strict=True):
             if got.regressed and got.cell is not None and got.cell.value is not None and row.reference is not None \
                     and row.reference.value is not None and got.diff_pct is not None:
-                regressions.append(Regression(spec.key, run.name, row.label, got.cell.value, row.reference.value, got.diff_pct))
+                regressions.append(Regression(spec.short, run.name, row.label, got.cell.value, row.reference.value, got.diff_pct))
 
     for spec in TABLES:
         if spec.key == "prefill":
@@ -699,6 +700,7 @@ def render_text(report: Report) -> str:
             lines.append(line)
         out += _align(lines, right)
         if spec.key == "prefill":
+            out.append("")
             if ref.kind == "reference" and any(r.reference for r in rows):
                 passes = ", ".join(f"{length_label(t, ref.prefill_labels)}: " + " / ".join(_num(v) for v in c.samples)
                                    for t, c in sorted(ref.prefill.items()))
@@ -709,7 +711,8 @@ def render_text(report: Report) -> str:
                 out.append("caveat: sparkDash 1.8.8's prefill filler is one repeated token, so every filler token hits the same "
                            "Engram row and the row cache inflates its numbers (MiaAI-Lab/DeepSeek-v4.1-Flash-DGX-Sparks#21); "
                            "prefill from a varied filler or real text is not comparable with them")
-    invalid = [(run.name, row.label, row.table, got.cell) for row in report.rows for run, got in zip(report.runs, row.runs, strict=True)
+    short = {spec.key: spec.short for spec in TABLES}
+    invalid = [(run.name, row.label, short[row.table], got.cell) for row in report.rows for run, got in zip(report.runs, row.runs, strict=True)
                if got.cell is not None and got.cell.status != "ok" and row.table != "decodePerStream" and row.table != "ttft"]
     if invalid:
         out.append("")
