@@ -605,3 +605,16 @@ def test_the_contract_fields_round_trip_through_the_reader(tmp_path):
     run = report.read_result(str(write(tmp_path, "c", doc)))
     assert set(run.decode["aggregate"]) == {("prose", c) for c in LEVELS}
     assert any("interrupted" in n for n in run.notes)
+
+
+def test_failed_levels_and_hostile_text_are_shown_safely(tmp_path, tp4_cli):
+    doc = json.loads(threshold_result("10"))  # far below the reference, but the level failed
+    doc["label"] = "run\x1b[31m\nred"
+    doc["decode"][0]["job"]["results"][0]["error"] = {"message": "HTTP 503\x1b[2J"}
+    path = write(tmp_path, "f", doc)
+    code, out, err = tp4_cli("report", path, path, "--no-charts", "--fail-on-regression", "5")
+    assert code == 0, err  # a failed level is shown, not judged
+    assert "\x1b" not in out and "run\\x1b[31m\\x0ared #1" in out and "run\\x1b[31m\\x0ared #2" in out
+    r = row_of(table(out, "decode: aggregate tok/s")[1:], "prose", "c1")
+    assert r[-1] == "failed" and r[3] == "10.0"
+    assert 'failed: run\\x1b[31m\\x0ared #1 decode aggregate prose c1: {"message": "HTTP 503\\u001b[2J"}' in out

@@ -19,7 +19,7 @@ import math
 import os
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from fractions import Fraction
 from importlib import resources
 from pathlib import Path
@@ -108,6 +108,8 @@ def _loads(text: str, file: str) -> object:
 
 
 def _describe(value: object) -> str:
+    if isinstance(value, _Bad):
+        return value.reason
     if value is None:
         return "null"
     if isinstance(value, bool):
@@ -254,6 +256,8 @@ def _result_path(arg: str) -> Path:
     if not arg:
         raise InvalidInput(f"RESULT: the path is empty; fix: {RESULT_FIX}")
     path = Path(arg)
+    if "\0" in arg:
+        raise InvalidInput(f"RESULT {arg!r}: a path cannot hold a NUL byte; fix: {RESULT_FIX}")
     try:
         if path.is_dir():
             inner = path / "result.json"
@@ -286,7 +290,8 @@ def _sparkdash_filler(source: Mapping[str, object]) -> str | None:
 def _levels(src: _Src, job: Mapping[str, object], where: str, notes: list[str]) -> list[_Level]:
     config = src.opt_obj(job, "config", where)
     prompt_type = src.text(config, "promptType", f"{where}.config")
-    if prompt_type is None:
+    prompt_type = None if prompt_type is None else printable(prompt_type, 40)
+    if not prompt_type:
         prompt_type = "prose"
         note = "a decode job without config.promptType is taken as prose (sparkDash run.mjs's decode job)"
         if note not in notes:
@@ -299,7 +304,8 @@ def _levels(src: _Src, job: Mapping[str, object], where: str, notes: list[str]) 
         assert concurrency is not None
         extra = src.opt_obj(level, "tp4", at)
         invalid = src.text(extra, "invalid", f"{at}.tp4")
-        error = src.text(level, "error", at)
+        invalid = None if invalid is None else printable(invalid) or "invalid"
+        error = _error(level.get("error"))
         streams_ok = src.num(level, "streamsOk", at)
         status: Status = "ok"
         reason = None
@@ -310,6 +316,29 @@ def _levels(src: _Src, job: Mapping[str, object], where: str, notes: list[str]) 
         levels.append(_Level(prompt_type, concurrency, src.num(level, "aggregateDecodeTps", at),
                              src.num(level, "medianDecodeTps", at), src.num(level, "medianTtftMs", at), status, reason))
     return levels
+
+
+def _error(value: object) -> str | None:
+    """sparkDash's `error`: null, a message, or (from some versions) an object; any of them
+    but null marks the level failed."""
+    if value is None or value == "":
+        return None
+    if isinstance(value, str):
+        return printable(value)
+    try:
+        return printable(json.dumps(value, default=str)[:200])
+    except (TypeError, ValueError, RecursionError):
+        return "an error"
+
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+def printable(text: str, limit: int = 300) -> str:
+    """Text from a result file as the report prints it: no control characters (a label with an
+    escape sequence cannot drive the terminal), bounded."""
+    clean = _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
+    return clean if len(clean) <= limit else clean[:limit] + "…"
 
 
 def _cell(samples: Sequence[tuple[Fraction | None, Status, str | None]]) -> Cell:
@@ -345,7 +374,6 @@ def _measurements(src: _Src, doc: object, arg: str) -> Measurements:
             src.fail("decode", "missing, and so is prefill: this is not a result.json of tp4 bench or sparkDash")
     for i, raw in enumerate(src.arr(top, "decode", "")):
         entry = src.obj(raw, f"decode[{i}]")
-        src.whole(entry, "trial", f"decode[{i}]", required=False)
         if entry.get("job") is None:
             src.fail(f"decode[{i}].job", "is missing")
         jobs.append((src.obj(entry["job"], f"decode[{i}].job"), f"decode[{i}].job"))
@@ -358,7 +386,7 @@ def _measurements(src: _Src, doc: object, arg: str) -> Measurements:
     corpus = src.text(extra, "corpus", "tp4")
     if kind == "tp4":
         stated = src.text(extra, "filler", "tp4")
-        filler = f"corpus:{corpus}" if corpus else stated or "tp4-bench"
+        filler = f"corpus:{printable(corpus, 80)}" if corpus else printable(stated, 80) if stated else "tp4-bench"
     else:
         filler = _sparkdash_filler(source)
     prefill_samples: dict[int, list[tuple[Fraction | None, Status, str | None]]] = {}
@@ -367,7 +395,6 @@ def _measurements(src: _Src, doc: object, arg: str) -> Measurements:
         row = src.obj(raw, at)
         tokens = src.whole(row, "targetTokens", at, required=True)
         assert tokens is not None
-        src.whole(row, "trial", at, required=False)
         request = src.opt_obj(row, "request", at)
         row_extra = src.opt_obj(row, "tp4", at)
         tps = src.num(request, "prefillTps", f"{at}.request")
@@ -375,9 +402,10 @@ def _measurements(src: _Src, doc: object, arg: str) -> Measurements:
             tps = src.num(row, "prefillTps", at)
         row_corpus = src.text(row_extra, "corpus", f"{at}.tp4")
         if row_corpus and kind == "tp4" and not corpus:
-            filler = f"corpus:{row_corpus}"
+            filler = f"corpus:{printable(row_corpus, 80)}"
         invalid = src.text(row_extra, "invalid", f"{at}.tp4")
-        error = src.text(request, "error", f"{at}.request") or src.text(row, "error", at)
+        invalid = None if invalid is None else printable(invalid) or "invalid"
+        error = _error(request.get("error")) or _error(row.get("error"))
         sample: tuple[Fraction | None, Status, str | None] = (tps, "ok", None)
         if invalid is not None:
             sample = (tps, "invalid", invalid)
@@ -394,13 +422,14 @@ def _measurements(src: _Src, doc: object, arg: str) -> Measurements:
         decode["perStream"][key] = _cell([(lv.per_stream, lv.status, lv.reason) for lv in group])
         decode["ttft"][key] = _cell([(lv.ttft, lv.status, lv.reason) for lv in group])
     status = src.text(top, "status", "")
+    status = None if status is None else printable(status, 20)
     if status is not None and status != "PASS":
         notes.append(f"the run's status is {status}" + (" (sparkDash: a stream lacked usage or its token count)"
                                                         if kind == "sparkdash" else ""))
     if extra.get("interrupted") is True:
         notes.append("the run was interrupted: only the levels it finished are shown")
     label = src.text(top, "label", "")
-    return Measurements(name=label or arg, path=src.file, kind=kind, decode=decode,
+    return Measurements(name=printable(label or arg, 80), path=src.file, kind=kind, decode=decode,
                         prefill={t: _cell(s) for t, s in prefill_samples.items()}, prefill_filler=filler,
                         status=status, notes=tuple(notes))
 
@@ -446,9 +475,10 @@ def _reference_data(src: _Src, doc: object, path: str) -> Measurements:
     for key in top:
         if key not in REFERENCE_KEYS:
             src.fail(key, "is not a field of a reference", fix)
-    name = src.text(top, "name", "") or Path(path).stem
-    source = src.opt_obj(top, "source", "")
-    notes = tuple(src.text_value(n, f"notes[{i}]") or "" for i, n in enumerate(src.arr(top, "notes", "")))
+    name = printable(src.text(top, "name", "") or Path(path).stem, 80)
+    source = {k: printable(v, 1000) if isinstance(v, str) else [printable(x, 1000) for x in v if isinstance(x, str)]
+              for k, v in src.opt_obj(top, "source", "").items() if isinstance(v, str | list)}
+    notes = tuple(printable(src.text_value(n, f"notes[{i}]") or "", 1000) for i, n in enumerate(src.arr(top, "notes", "")))
     decode: dict[Metric, dict[tuple[str, int], Cell]] = {"aggregate": {}, "perStream": {}, "ttft": {}}
     dec = src.opt_obj(top, "decode", "")
     for key in dec:
@@ -490,7 +520,7 @@ def _reference_data(src: _Src, doc: object, path: str) -> Measurements:
         if not values:
             src.fail(f"{at}.passes", "holds no value", fix)
         prefill[tokens] = Cell(median(values), samples=values)
-        labels[tokens] = src.text(row, "label", at) or str(tokens)
+        labels[tokens] = printable(src.text(row, "label", at) or str(tokens), 20)
     return Measurements(name=name, path=path, kind="reference", decode=decode, prefill=prefill,
                         prefill_filler=src.text(pre, "filler", "prefill"), prefill_labels=labels,
                         notes=notes, source=source)
@@ -579,6 +609,8 @@ def compare(runs: Sequence[Measurements], reference: Measurements, tolerance: Fr
     rows: list[Row] = []
     regressions: list[Regression] = []
     notes: list[str] = []
+    names = [run.name for run in runs]
+    runs = [replace(run, name=f"{run.name} #{i}") if names.count(run.name) > 1 else run for i, run in enumerate(runs, 1)]
 
     def add(spec: TableSpec, row: Row) -> None:
         rows.append(row)
@@ -633,7 +665,7 @@ def _pct(value: Fraction) -> str:
 
 def reference_source(reference: Measurements) -> str:
     if reference.kind != "reference":
-        return f"{reference.name} ({reference.path})"
+        return f"{reference.name} ({printable(reference.path)})"
     src = reference.source or {}
     parts = [str(src[k]) for k in ("document",) if isinstance(src.get(k), str)]
     if isinstance(src.get("repository"), str):
@@ -673,7 +705,7 @@ def render_text(report: Report) -> str:
     ref = report.reference
     out.append(f"reference {reference_source(ref)}")
     for i, run in enumerate(report.runs, 1):
-        out.append(f"run {i}: {run.name} ({run.path}, {'tp4 bench' if run.kind == 'tp4' else 'sparkDash'})")
+        out.append(f"run {i}: {run.name} ({printable(run.path)}, {'tp4 bench' if run.kind == 'tp4' else 'sparkDash'})")
     out.append(f"flagged (!): beyond ±{float(report.tolerance):g} % of the reference"
                + (f"; REGRESSED: worse than the reference by more than {float(report.fail_on):g} %" if report.fail_on is not None else "")
                + "; n/c: not comparable, not judged; invalid/failed levels are shown and not judged")
