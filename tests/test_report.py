@@ -291,6 +291,7 @@ def test_our_result_with_tp4_keys_and_an_invalid_level(tmp_path, tp4_cli):
     code, out, err = tp4_cli("report", path, "--no-charts", "--fail-on-regression", "10")
     assert code == 1, out + err
     want = expected(doc)
+    assert "left out" not in out  # every trial of the invalid level is invalid
     rows = table(out, "decode: aggregate tok/s")
     assert len(rows) == 20
     r = row_of(rows, "code", "c8")
@@ -313,6 +314,20 @@ def test_our_result_with_tp4_keys_and_an_invalid_level(tmp_path, tp4_cli):
     assert sorted(line.split(": ")[1] for line in regressed) == worse
     assert "prefill not judged" in out and "tp4 bench's default filler" in out
     assert f"regression: {len(worse)} value(s)" in err
+
+
+def test_an_invalid_trial_is_left_out_of_the_median(tmp_path, tp4_cli):
+    doc = tp4_result(invalid=None)
+    code_jobs = [e for e in doc["decode"] if e["job"]["config"]["promptType"] == "code"]
+    code_jobs[1]["job"]["results"][3]["tp4"]["invalid"] = "foreign traffic: 9 requests running at c8"
+    code_jobs[1]["job"]["results"][3]["aggregateDecodeTps"] = 1.0
+    path = write(tmp_path, "one", doc)
+    code, out, err = tp4_cli("report", path, "--no-charts")
+    assert code == 0, err
+    r = row_of(table(out, "decode: aggregate tok/s"), "code", "c8")
+    assert float(r[3]) == pytest.approx(code_jobs[0]["job"]["results"][3]["aggregateDecodeTps"], abs=0.051)
+    assert ("left out: tp4-x1.0 decode aggregate code c8: 1 trial(s) (invalid: foreign traffic: 9 requests running at c8); "
+            "the median of the 1 valid one(s) is shown") in out
 
 
 def test_a_real_text_corpus_is_never_judged_against_the_repeated_token_filler(tmp_path, tp4_cli):
@@ -618,3 +633,15 @@ def test_failed_levels_and_hostile_text_are_shown_safely(tmp_path, tp4_cli):
     r = row_of(table(out, "decode: aggregate tok/s")[1:], "prose", "c1")
     assert r[-1] == "failed" and r[3] == "10.0"
     assert 'failed: run\\x1b[31m\\x0ared #1 decode aggregate prose c1: {"message": "HTTP 503\\u001b[2J"}' in out
+
+
+def test_the_docs_sample_reads_and_its_charts_are_small_pngs(tmp_path, tp4_cli):
+    code, out, err = tp4_cli("report", REPO / "examples" / "report-sample", "--out", tmp_path)
+    assert code == 0, err
+    assert "invalid: sample (hand-made, not a measurement) decode aggregate code c8: foreign traffic" in out
+    for name, size in (("report-decode.png", (800, 600)), ("report-prefill.png", (800, 400))):
+        shipped = REPO / "docs" / "img" / name
+        assert shipped.stat().st_size < 100_000
+        assert png(shipped).size == size == png(tmp_path / name).size
+    text = (REPO / "docs" / "report.md").read_text()
+    assert "img/report-decode.png" in text and "tp4 report examples/report-sample --out docs/img" in text

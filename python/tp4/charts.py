@@ -89,31 +89,34 @@ def decode_chart(report: Report) -> bytes | None:
         fig = _figure(WIDTH_IN, PANEL_HEIGHT_IN * rows)
         axes = fig.subplots(rows, cols, squeeze=False)
         names = _run_names(report)
+        marked = False
         for i, prompt_type in enumerate(prompt_types):
             ax = axes[i // cols][i % cols]
             levels: set[int] = set()
-            marked = False
             ref_points = sorted((lv, float(c.value)) for (pt, lv), c in ref.decode["aggregate"].items()
                                 if pt == prompt_type and c.value is not None)
-            if ref_points:
-                ax.plot([p[0] for p in ref_points], [p[1] for p in ref_points], "k--o", markersize=4, linewidth=1.2,
-                        label=f"reference {ref.name}")
-                levels.update(p[0] for p in ref_points)
+            ax.plot([p[0] for p in ref_points], [p[1] for p in ref_points], "k--o", markersize=4, linewidth=1.2,
+                    label=f"reference {ref.name}")
+            levels.update(p[0] for p in ref_points)
             for j, run in enumerate(report.runs):
                 ok_x, ok_y, bad_x, bad_y = _points(run, prompt_type)
                 colour = f"C{j % 10}"
                 ax.plot(ok_x, ok_y, "-o", color=colour, markersize=5, linewidth=1.8, label=names[j])
                 if bad_x:
-                    ax.plot(bad_x, bad_y, "x", color=colour, markersize=9, markeredgewidth=2,
-                            label=f"{names[j]}: invalid or failed, not judged")
+                    ax.plot(bad_x, bad_y, "x", color=colour, markersize=9, markeredgewidth=2)
                     marked = True
                 levels.update(ok_x + bad_x)
             _log2_axis(ax, sorted(levels), "c")
             ax.set_title(prompt_type, fontsize=10)
             if i % cols == 0:
                 ax.set_ylabel("aggregate tok/s")
-            if i == 0 or marked:
-                ax.legend(fontsize=7, loc="upper left")
+        handles, labels = axes[0][0].get_legend_handles_labels()
+        if marked:
+            from matplotlib.lines import Line2D
+
+            handles.append(Line2D([], [], linestyle="none", marker="x", color="0.4", markersize=8, markeredgewidth=2))
+            labels.append("invalid or failed: not judged")
+        fig.legend(handles, labels, loc="outside lower center", ncols=min(len(labels), 3), fontsize=8, frameon=False)
         for k in range(len(prompt_types), rows * cols):
             axes[k // cols][k % cols].set_visible(False)
         fig.suptitle("decode: aggregate tok/s by concurrency", fontsize=11)
@@ -157,7 +160,7 @@ def prefill_chart(report: Report) -> bytes | None:
         ax.set_xlabel("prompt length (tokens)")
         ax.set_ylabel("prefill tok/s")
         ax.legend(fontsize=7, loc="lower right")
-        fig.suptitle("prefill: tok/s by prompt length (fillers differ: see the report)"
+        fig.suptitle("prefill: tok/s by prompt length (the fillers differ: not comparable, see the report)"
                      if len({ref.prefill_filler} | {r.prefill_filler for r in report.runs if r.prefill}) > 1
                      else "prefill: tok/s by prompt length", fontsize=11)
         return _png(fig)

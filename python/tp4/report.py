@@ -201,6 +201,7 @@ class Cell:
     status: Status = "ok"
     reason: str | None = None
     samples: tuple[Fraction, ...] = ()  # the values the median was taken over (prefill: the passes)
+    excluded: tuple[str, ...] = ()  # why trials were left out of a valid cell's median
 
 
 @dataclass(frozen=True)
@@ -348,7 +349,8 @@ def _cell(samples: Sequence[tuple[Fraction | None, Status, str | None]]) -> Cell
     values = tuple(v for v, _, _ in used if v is not None)
     value = median(values) if values else None
     if valid:
-        return Cell(value, "ok", None, values)
+        left_out = tuple(f"{st}: {r or 'no reason given'}" for _, st, r in samples if st != "ok")
+        return Cell(value, "ok", None, values, left_out)
     status: Status = "invalid" if any(s[1] == "invalid" for s in samples) else "failed"
     reasons = list(dict.fromkeys(r for _, st, r in samples if st == status and r))
     return Cell(value, status, "; ".join(reasons) or None, values)
@@ -746,10 +748,16 @@ def render_text(report: Report) -> str:
     short = {spec.key: spec.short for spec in TABLES}
     invalid = [(run.name, row.label, short[row.table], got.cell) for row in report.rows for run, got in zip(report.runs, row.runs, strict=True)
                if got.cell is not None and got.cell.status != "ok" and row.table != "decodePerStream" and row.table != "ttft"]
-    if invalid:
+    excluded = [(run.name, row.label, short[row.table], got.cell) for row in report.rows
+                for run, got in zip(report.runs, row.runs, strict=True)
+                if got.cell is not None and got.cell.excluded and row.table in ("decodeAggregate", "prefill")]
+    if invalid or excluded:
         out.append("")
         for name, label, table, cell in invalid:
             out.append(f"{cell.status}: {name} {table} {label}: {cell.reason or 'no reason given'}")
+        for name, label, table, cell in excluded:
+            out.append(f"left out: {name} {table} {label}: {len(cell.excluded)} trial(s) ({'; '.join(cell.excluded)}); "
+                       f"the median of the {len(cell.samples)} valid one(s) is shown")
     notes = list(report.notes) + [f"{run.name}: {n}" for run in report.runs for n in run.notes]
     shown = {spec.title.split(":")[0].split(" ")[0].lower() for spec in TABLES if any(r.table == spec.key for r in report.rows)}
     if ref.kind == "reference":  # its caveats for the tables shown; prefill's is said above
@@ -778,7 +786,8 @@ def _f(value: Fraction | None) -> float | None:
 def _cell_json(cell: Cell | None) -> dict[str, object] | None:
     if cell is None:
         return None
-    return {"value": _f(cell.value), "status": cell.status, "reason": cell.reason, "samples": [float(v) for v in cell.samples]}
+    return {"value": _f(cell.value), "status": cell.status, "reason": cell.reason, "samples": [float(v) for v in cell.samples],
+            "leftOut": list(cell.excluded)}
 
 
 def _run_json(run: Measurements) -> dict[str, object]:
