@@ -636,7 +636,7 @@ def test_failed_levels_and_hostile_text_are_shown_safely(tmp_path, tp4_cli):
 
 
 def test_the_docs_sample_reads_and_its_charts_are_small_pngs(tmp_path, tp4_cli):
-    code, out, err = tp4_cli("report", REPO / "examples" / "report-sample", "--out", tmp_path)
+    code, out, err = tp4_cli("report", REPO / "docs" / "report-sample", "--out", tmp_path)
     assert code == 0, err
     assert "invalid: sample (hand-made, not a measurement) decode aggregate code c8: foreign traffic" in out
     for name, size in (("report-decode.png", (800, 600)), ("report-prefill.png", (800, 400))):
@@ -644,4 +644,4 @@ def test_the_docs_sample_reads_and_its_charts_are_small_pngs(tmp_path, tp4_cli):
         assert shipped.stat().st_size < 100_000
         assert png(shipped).size == size == png(tmp_path / name).size
     text = (REPO / "docs" / "report.md").read_text()
-    assert "img/report-decode.png" in text and "tp4 report examples/report-sample --out docs/img" in text
+    assert "img/report-decode.png" in text and "tp4 report docs/report-sample --out docs/img" in text
