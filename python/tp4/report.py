@@ -322,7 +322,7 @@ def _levels(src: _Src, job: Mapping[str, object], where: str, notes: list[str]) 
 def _error(value: object) -> str | None:
     """sparkDash's `error`: null, a message, or (from some versions) an object; any of them
     but null marks the level failed."""
-    if value is None or value == "":
+    if value is None or value == "" or value is False:
         return None
     if isinstance(value, str):
         return printable(value)
@@ -457,6 +457,8 @@ def read_reference(arg: str) -> Measurements:
     if arg in shipped_references() and os.sep not in arg:
         text = resources.files("tp4.data").joinpath(f"reference-{arg}.json").read_text(encoding="utf-8")
         return _reference_data(_Src(f"reference {arg}"), _loads(text, f"reference {arg}"), f"reference-{arg}.json")
+    if "\0" in arg:
+        raise InvalidInput(f"--reference {arg!r}: a path cannot hold a NUL byte; fix: name a shipped reference or a file")
     if not arg:
         raise InvalidInput(f"--reference: the value is empty; fix: name a shipped reference ({', '.join(shipped_references())}) or a file")
     path = Path(arg)
