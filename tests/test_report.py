@@ -12,12 +12,16 @@ import re
 import statistics
 import subprocess
 import sys
+from fractions import Fraction
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from PIL import Image
 
 from tp4 import report
+from tp4.errors import InvalidInput
 
 pytestmark = pytest.mark.unit
 
@@ -645,3 +649,47 @@ def test_the_docs_sample_reads_and_its_charts_are_small_pngs(tmp_path, tp4_cli):
         assert png(shipped).size == size == png(tmp_path / name).size
     text = (REPO / "docs" / "report.md").read_text()
     assert "img/report-decode.png" in text and "tp4 report docs/report-sample --out docs/img" in text
+
+
+def _paths(doc: object, prefix: tuple = ()) -> list[tuple]:
+    """Every path into a JSON document (keys and indexes), to put a hostile value at."""
+    out = [prefix]
+    if isinstance(doc, dict):
+        for k, v in doc.items():
+            out += _paths(v, prefix + (k,))
+    elif isinstance(doc, list):
+        for i, v in enumerate(doc[:2]):
+            out += _paths(v, prefix + (i,))
+    return out
+
+
+SMALL = sparkdash_result()
+for _entry in SMALL["decode"]:
+    for _lv in _entry["job"]["results"]:
+        _lv["streams"] = _lv["streams"][:1]
+SMALL_PATHS = [p for p in _paths(SMALL) if p]
+JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers(min_value=-(2**70), max_value=2**70) | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=8) | st.sampled_from(["NaN", "Infinity", "-Infinity", "1e400", "-0.0", "1e-400"]),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3), max_leaves=6)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(path=st.sampled_from(SMALL_PATHS), value=JSON_VALUES)
+def test_any_value_anywhere_is_read_or_refused_never_a_crash(tmp_path, path, value):
+    doc = copy.deepcopy(SMALL)
+    cur = doc
+    for k in path[:-1]:
+        cur = cur[k]
+    cur[path[-1]] = "@X@"
+    raw = value if isinstance(value, str) and value in ("NaN", "Infinity", "-Infinity", "1e400", "-0.0", "1e-400") else json.dumps(value)
+    f = tmp_path / "result.json"
+    f.write_text(json.dumps(doc).replace('"@X@"', raw))
+    try:
+        run = report.read_result(str(f))
+    except InvalidInput as exc:
+        assert exc.exit_code == 2 and str(f) in exc.message and "; fix: " in exc.message
+        return
+    compared = report.compare([run], report.read_reference("v2.1"), Fraction(5), Fraction(5))
+    report.render_text(compared)
+    json.loads(report.render_json(compared, []))
