@@ -316,7 +316,7 @@ def test_our_result_with_tp4_keys_and_an_invalid_level(tmp_path, tp4_cli):
                    and pct(v, seed[m][pt][LEVELS.index(c)] or SEED_AGGREGATE[pt][0]) < -10)
     assert len(worse) > 30
     assert sorted(line.split(": ")[1] for line in regressed) == worse
-    assert "prefill not judged" in out and "tp4 bench's default filler" in out
+    assert "prefill not judged" in out and "varied words (tp4 bench's default filler)" in out
     assert f"regression: {len(worse)} value(s)" in err
 
 
@@ -627,16 +627,21 @@ def test_the_contract_fields_round_trip_through_the_reader(tmp_path):
 
 
 def test_failed_levels_and_hostile_text_are_shown_safely(tmp_path, tp4_cli):
-    doc = json.loads(threshold_result("10"))  # far below the reference, but the level failed
+    doc = json.loads(threshold_result("10"))
     doc["label"] = "run\x1b[31m\nred"
     doc["decode"][0]["job"]["results"][0]["error"] = {"message": "HTTP 503\x1b[2J"}
     path = write(tmp_path, "f", doc)
-    code, out, err = tp4_cli("report", path, path, "--no-charts", "--fail-on-regression", "5")
-    assert code == 0, err  # a failed level is shown, not judged
+    code, out, err = tp4_cli("report", path, path, "--no-charts")
+    assert code == 0, err
     assert "\x1b" not in out and "run\\x1b[31m\\x0ared #1" in out and "run\\x1b[31m\\x0ared #2" in out
     r = row_of(table(out, "decode: aggregate tok/s")[1:], "prose", "c1")
-    assert r[-1] == "failed" and r[3] == "10.0"
+    assert r[-1] == "failed" and r[3] == "10.0"  # shown, no difference computed
     assert 'failed: run\\x1b[31m\\x0ared #1 decode aggregate prose c1: {"message": "HTTP 503\\u001b[2J"}' in out
+    # a gate: a level the reference measured and this run could not is a regression
+    code, out, err = tp4_cli("report", path, "--no-charts", "--fail-on-regression", "50")
+    assert code == 1 and "regression: 2 value(s)" in err  # aggregate and per stream; TTFT has no reference
+    assert row_of(table(out, "decode: aggregate tok/s"), "prose", "c1")[-1] == "failed REGRESSED"
+    assert "  run\\x1b[31m\\x0ared: decode aggregate prose c1: 10.0 against 87.7 (failed)" in out
 
 
 def test_the_docs_sample_reads_and_its_charts_are_small_pngs(tmp_path, tp4_cli):

@@ -234,7 +234,7 @@ def filler_text(filler: str | None) -> str:
     if filler.startswith("corpus:"):
         return f"real text (corpus {filler.removeprefix('corpus:')})"
     if filler == "tp4-bench":
-        return "tp4 bench's default filler"
+        return "varied words (tp4 bench's default filler)"
     return filler
 
 
@@ -562,9 +562,9 @@ class Regression:
     table: str
     run: str
     label: str
-    value: Fraction
+    value: Fraction | None
     reference: Fraction
-    diff_pct: Fraction
+    diff_pct: Fraction | None  # None: the level failed
 
 
 @dataclass(frozen=True)
@@ -586,12 +586,14 @@ def _compare(spec: TableSpec, run: Cell | None, ref: Cell | None, tolerance: Fra
              not_comparable: str | None) -> Compared:
     if run is None:
         return Compared(None)
-    if run.status != "ok":
-        return Compared(run, why_not_judged=run.status)
     if ref is None or ref.value is None:
-        return Compared(run, why_not_judged="no reference")
+        return Compared(run, why_not_judged="no reference" if run.status == "ok" else run.status)
     if ref.status != "ok":
         return Compared(run, why_not_judged=f"reference {ref.status}")
+    if run.status == "failed":  # what the reference measured, this run could not: worse than any number
+        return Compared(run, regressed=fail_on is not None, why_not_judged="failed")
+    if run.status != "ok":
+        return Compared(run, why_not_judged=run.status)
     if run.value is None:
         return Compared(run, why_not_judged="no value")
     if ref.value == 0:
@@ -619,8 +621,7 @@ def compare(runs: Sequence[Measurements], reference: Measurements, tolerance: Fr
     def add(spec: TableSpec, row: Row) -> None:
         rows.append(row)
         for run, got in zip(runs, row.runs, strict=True):
-            if got.regressed and got.cell is not None and got.cell.value is not None and row.reference is not None \
-                    and row.reference.value is not None and got.diff_pct is not None:
+            if got.regressed and got.cell is not None and row.reference is not None and row.reference.value is not None:
                 regressions.append(Regression(spec.short, run.name, row.label, got.cell.value, row.reference.value, got.diff_pct))
 
     for spec in TABLES:
@@ -689,7 +690,7 @@ def _cell_text(got: Compared) -> tuple[str, str, str]:
     value = _num(got.cell.value)
     diff = "" if got.diff_pct is None else _pct(got.diff_pct)
     if got.cell.status != "ok":
-        return value, diff, got.cell.status
+        return value, diff, f"{got.cell.status} REGRESSED" if got.regressed else got.cell.status
     if got.diff_pct is not None and not got.judged:
         return value, diff, "n/c"
     return value, diff, "REGRESSED" if got.regressed else "!" if got.flagged else ""
@@ -712,7 +713,8 @@ def render_text(report: Report) -> str:
         out.append(f"run {i}: {run.name} ({printable(run.path)}, {'tp4 bench' if run.kind == 'tp4' else 'sparkDash'})")
     out.append(f"flagged (!): beyond ±{float(report.tolerance):g} % of the reference"
                + (f"; REGRESSED: worse than the reference by more than {float(report.fail_on):g} %" if report.fail_on is not None else "")
-               + "; n/c: not comparable, not judged; invalid/failed levels are shown and not judged")
+               + "; n/c: not comparable, not judged; invalid levels are shown, not judged"
+               + ("; a failed level the reference measured is a regression" if report.fail_on is not None else ""))
     for spec in TABLES:
         rows = [r for r in report.rows if r.table == spec.key]
         if not rows:
@@ -775,7 +777,8 @@ def render_text(report: Report) -> str:
         if report.regressions:
             out.append(f"regressions (worse than the reference by more than {float(report.fail_on):g} %): {len(report.regressions)}")
             for reg in report.regressions:
-                out.append(f"  {reg.run}: {reg.table} {reg.label}: {_num(reg.value)} against {_num(reg.reference)} ({_pct(reg.diff_pct)})")
+                how = "failed" if reg.diff_pct is None else _pct(reg.diff_pct)
+                out.append(f"  {reg.run}: {reg.table} {reg.label}: {_num(reg.value)} against {_num(reg.reference)} ({how})")
         else:
             out.append(f"no regression beyond {float(report.fail_on):g} %")
     return "\n".join(out) + "\n"
@@ -818,8 +821,8 @@ def render_json(report: Report, charts: Iterable[Path]) -> str:
         "tolerancePct": float(report.tolerance),
         "failOnRegressionPct": _f(report.fail_on),
         "tables": tables,
-        "regressions": [{"table": r.table, "run": r.run, "label": r.label, "value": float(r.value),
-                         "reference": float(r.reference), "diffPct": float(r.diff_pct)} for r in report.regressions],
+        "regressions": [{"table": r.table, "run": r.run, "label": r.label, "value": _f(r.value), "reference": float(r.reference),
+                         "diffPct": _f(r.diff_pct), "failed": r.diff_pct is None} for r in report.regressions],
         "notes": list(report.notes),
         "charts": [str(c) for c in charts],
     }
