@@ -740,8 +740,9 @@ def render_text(report: Report) -> str:
         if spec.key == "prefill":
             out.append("")
             if ref.kind == "reference" and any(r.reference for r in rows):
+                shown_lengths = {r.target_tokens for r in rows}
                 passes = ", ".join(f"{length_label(t, ref.prefill_labels)}: " + " / ".join(_num(v) for v in c.samples)
-                                   for t, c in sorted(ref.prefill.items()))
+                                   for t, c in sorted(ref.prefill.items()) if t in shown_lengths)
                 out.append(f"reference passes (ref is their median): {passes}")
             out.append(f"prefill filler: reference {filler_text(ref.prefill_filler)}; "
                        + "; ".join(f"{run.name} {filler_text(run.prefill_filler)}" for run in report.runs if run.prefill))

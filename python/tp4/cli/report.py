@@ -39,7 +39,7 @@ def report(results: tuple[str, ...], reference: str, tolerance: str, fail_on: st
         from tp4.charts import write_charts
 
         first = Path(runs[0].path).parent
-        charts = write_charts(compared, Path(out_dir) if out_dir is not None else first)
+        charts = write_charts(compared, Path(out_dir).expanduser() if out_dir is not None else first)
     if as_json:
         click.echo(report_mod.render_json(compared, charts), nl=False)
     else:
