@@ -543,3 +543,17 @@ def test_a_read_only_out_dir_exits_2(tmp_path: Path) -> None:
                               env=tp4_env(), capture_output=True, text=True, timeout=60)
         assert proc.returncode == 2, proc.stderr
         assert "--out:" in proc.stderr and "fix: choose a directory you can write to" in proc.stderr and "Traceback" not in proc.stderr
+
+
+# --- the load generator's own benchmark ---------------------------------------------------------------
+
+
+def test_bench_loadgen_prints_its_measurements_against_the_goals() -> None:
+    """A short run of bench/bench_loadgen.py (its numbers are the script's business, not this
+    test's: here it must run, check its counts and print each measurement with its goal)."""
+    proc = subprocess.run([sys.executable, str(REPO / "bench" / "bench_loadgen.py"), "--runs", "1", "--events", "300", "--paced", "0"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode in (0, 1), proc.stderr
+    assert re.search(r"^burst run 1: 4832 chunks at c16: \d+ chunks/s", proc.stdout, re.M), proc.stdout
+    assert re.search(r"^chunks/s +\d+\.\d  goal >= 5000  (ok|MISSED)", proc.stdout, re.M), proc.stdout
+    assert re.search(r"^x line c16 .* goal >= 1x  not judged .*= 220 events/s", proc.stdout, re.M), proc.stdout

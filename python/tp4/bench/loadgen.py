@@ -236,7 +236,7 @@ class Client:
         loads = json.loads
         r.t0 = clock()
         async with self.http.stream("POST", CHAT, content=payload, headers={"content-type": "application/json"},
-                                    timeout=httpx.Timeout(limit, connect=min(limit, 10.0))) as resp:
+                                    timeout=httpx.Timeout(None, connect=min(limit, 10.0), write=limit, pool=limit)) as resp:
             r.status = resp.status_code
             r.headers = {k: v for k, v in resp.headers.items() if k.lower() in _HEADERS_KEPT}
             if resp.status_code != 200:
