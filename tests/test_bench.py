@@ -459,7 +459,10 @@ BAD = [
     (("decode", "--levels", "-1"), "--levels: '-1' is not a whole number"),
     (("decode", "--levels", "1e30"), "--levels: '1e30' is not a whole number"),
     (("decode", "--levels", "true"), "--levels: 'true' is not a whole number"),
-    (("decode", "--levels", "18446744073709551617"), "--levels: '18446744073709551617' is not a whole number"),
+    (("decode", "--levels", "18446744073709551617"), "--levels: 18446744073709551617... (20 digits) is outside 1..1024"),
+    (("decode", "--trials", "9" * 5000), "--trials: 99999999999999999999... (5000 digits) is outside 1..1000"),
+    (("decode", "--levels", "1,4096"), "--levels: 4096 is outside 1..1024"),
+    (("decode", "--levels", "１"), "--levels: '１' is not a whole number"),
     (("decode", "--levels", "1,,2"), "--levels: '1,,2' is not a comma-separated list"),
     (("decode", "--levels", "2,2"), "--levels: 2 is given twice"),
     (("decode", "--levels", ""), "--levels: '' is not a comma-separated list"),
@@ -481,7 +484,7 @@ BAD = [
 ]
 
 
-@pytest.mark.parametrize(("args", "message"), BAD, ids=[" ".join(a) for a, _ in BAD])
+@pytest.mark.parametrize(("args", "message"), BAD, ids=[" ".join(a)[:40] for a, _ in BAD])
 def test_bad_values_exit_2_naming_the_field(args: tuple[str, ...], message: str, tmp_path: Path) -> None:
     proc = tp4("bench", *args, "--out", tmp_path / "out")
     assert proc.returncode == 2, proc.stderr
@@ -557,3 +560,71 @@ def test_bench_loadgen_prints_its_measurements_against_the_goals() -> None:
     assert re.search(r"^burst run 1: 4832 chunks at c16: \d+ chunks/s", proc.stdout, re.M), proc.stdout
     assert re.search(r"^chunks/s +\d+\.\d  goal >= 5000  (ok|MISSED)", proc.stdout, re.M), proc.stdout
     assert re.search(r"^x line c16 .* goal >= 1x  not judged .*= 220 events/s", proc.stdout, re.M), proc.stdout
+
+
+# --- the SSE splitter, the key ------------------------------------------------------------------------
+
+
+def test_the_sse_splitter_takes_events_cut_anywhere() -> None:
+    from tp4.bench.loadgen import SseSplitter
+
+    stream = (b'data: {"a": 1}\n\n: a comment\n\nevent: x\ndata: {"b":\ndata: 2}\n\ndata:{"c": 3}\r\n\r\n'
+              b"id: 7\r\ndata: [DONE]\r\n\r\n")
+    want = [b'{"a": 1}', b'{"b":\n2}', b'{"c": 3}', b"[DONE]"]
+    for cut in range(len(stream) + 1):
+        for second in range(cut, len(stream) + 1):
+            s = SseSplitter()
+            got = s.feed(stream[:cut]) + s.feed(stream[cut:second]) + s.feed(stream[second:])
+            assert got == want, (cut, second, got)
+    s = SseSplitter()
+    assert [e for b in stream for e in s.feed(bytes([b]))] == want  # one byte at a time
+
+
+def test_the_key_goes_in_the_header_only(standin: Callable[..., Standin], tmp_path: Path) -> None:
+    key = "sk-bench-7c1e0a9b55d24f3e"
+    s = standin(TP4_STANDIN_API_KEY=key)
+    key_file = tmp_path / "key"
+    key_file.write_text(key + "\n")
+    key_file.chmod(0o600)
+    out = tmp_path / "out"
+    args = ("bench", "decode", "--url", s.url + "/v1", "--levels", "1", "--max-tokens", "4", "--prompt-types", "prose", "--c1-runs", "1",
+            "--warmup", "1")
+    proc = tp4(*args, "--api-key-file", key_file, "--out", out)
+    assert proc.returncode == 0, proc.stderr
+    assert key not in (out / "result.json").read_text() + proc.stdout + proc.stderr
+    assert load(out)["config"]["base"] == s.url
+    (tmp_path / "wrong").write_text("sk-wrong-key\n")
+    (tmp_path / "wrong").chmod(0o600)
+    for extra in (("--api-key-file", tmp_path / "wrong"), ()):
+        proc = tp4(*args, *extra)
+        assert proc.returncode == 1 and "the API key was refused or is missing (HTTP 401)" in proc.stderr, proc.stderr
+        assert "Traceback" not in proc.stderr
+
+
+def test_progress_is_one_redrawn_line_on_a_terminal(standin: Callable[..., Standin], tmp_path: Path) -> None:
+    import pty
+
+    s = standin(TP4_STANDIN_DECODE_TPS="100")
+    master, slave = pty.openpty()
+    proc = subprocess.Popen(tp4_argv("bench", "decode", "--url", s.url, "--levels", "1,2", "--max-tokens", "61", "--prompt-types", "prose",
+                                     "--c1-runs", "1", "--warmup", "1"),
+                            env=tp4_env(), stdout=subprocess.PIPE, stderr=slave, text=True)
+    os.close(slave)
+    seen = b""
+    while True:
+        try:
+            part = os.read(master, 65536)
+        except OSError:  # the terminal's other side closed
+            break
+        if not part:
+            break
+        seen += part
+    os.close(master)
+    stdout, _ = proc.communicate(timeout=30)
+    assert proc.returncode == 0
+    text = seen.decode()
+    assert "\r\x1b[Kprose: warm-up 1/1" in text and "\r\x1b[K[1/2] prose trial 1 c1" in text
+    assert "reads, " in text  # the live line during a level
+    # each finished level is a line of its own, the live line cleared before it
+    assert "\r\x1b[K[1/2] prose trial 1 c1: aggregate" in text and "[2/2] prose trial 1 c2: aggregate" in text
+    assert "prose" in stdout and "\x1b" not in stdout

@@ -90,11 +90,11 @@ class SseSplitter:
 
     def feed(self, data: bytes) -> list[bytes]:
         buf = self._buf + data if self._buf else data
+        held = b""
         if b"\r" in buf:
+            if buf.endswith(b"\r"):  # perhaps a \r\n cut in two: the \r waits for the next piece
+                buf, held = buf[:-1], b"\r"
             buf = buf.replace(b"\r\n", b"\n")
-            if buf.endswith(b"\r"):  # a \r\n cut in two: keep the \r for the next piece
-                self._buf = buf
-                return []
         out: list[bytes] = []
         pos = 0
         while True:
@@ -109,7 +109,7 @@ class SseSplitter:
             lines = [line[6:] if line[5:6] == b" " else line[5:] for line in event.split(b"\n") if line.startswith(b"data:")]
             if lines:
                 out.append(b"\n".join(lines))
-        self._buf = buf[pos:] if pos else buf
+        self._buf = (buf[pos:] if pos else buf) + held
         return out
 
 
@@ -191,7 +191,8 @@ class Client:
         that does not answer, or refuses the key, is a Tp4Error (exit 1)."""
         status, doc = await self.get_json("/v1/models", timeout=min(self.timeout, 15.0))
         if status == 401:
-            raise Tp4Error(f"{self.url}/v1/models: the API key was refused or is missing (HTTP 401); fix: pass --api-key-file with the line's key")
+            raise Tp4Error(f"{self.url}/v1/models: the API key was refused or is missing (HTTP 401); "
+                           "fix: give the line's key (--api-key-file FILE with --url; the profile's api.key_file with --profile)")
         if status != 200 or not isinstance(doc, dict) or not isinstance(doc.get("data"), list):
             raise Tp4Error(f"{self.url}/v1/models: HTTP {status}, not an OpenAI-compatible model list; fix: point --url at the API (http://HOST:PORT)")
         ids = [m.get("id") for m in doc["data"] if isinstance(m, dict) and isinstance(m.get("id"), str)]

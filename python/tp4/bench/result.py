@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import statistics
 import tempfile
 from collections.abc import Sequence
@@ -218,11 +219,7 @@ def prepare_out(directory: str, *, create: bool = True) -> Path:
         raise InvalidInput(f"--out: {out} is not writable by this user; fix: choose a directory you can write to")
     target = out / RESULT
     try:
-        os.lstat(target)
-        import stat as stat_mod
-
-        mode = os.lstat(target).st_mode
-        if not stat_mod.S_ISREG(mode):
+        if not stat.S_ISREG(os.lstat(target).st_mode):
             raise InvalidInput(f"--out: {target} is not a regular file; fix: choose another --out directory")
     except FileNotFoundError:
         pass

@@ -30,7 +30,7 @@ SUBCOMMANDS: dict[str, tuple[str, str, str]] = {
 MAX_LEVEL = 1024
 MAX_TOKENS = 131072
 MAX_PREFILL = 1 << 21
-_COUNT = re.compile(r"[0-9]{1,12}")
+_COUNT = re.compile(r"[0-9]+")
 
 
 class BenchGroup(click.Group):
@@ -75,7 +75,9 @@ def count(field: str, text: str, low: int, high: int, fix: str) -> int:
     beyond 64 bits: InvalidInput naming the field)."""
     value = text.strip()
     if not _COUNT.fullmatch(value):
-        raise InvalidInput(f"{field}: {text!r} is not a whole number; fix: {fix}")
+        raise InvalidInput(f"{field}: {text[:40]!r} is not a whole number; fix: {fix}")
+    if len(value) > 12:  # digits only, but far beyond any bound (and beyond 64 bits, perhaps)
+        raise InvalidInput(f"{field}: {value[:20]}... ({len(value)} digits) is outside {low}..{high}; fix: {fix}")
     number = int(value)
     if not low <= number <= high:
         raise InvalidInput(f"{field}: {number} is outside {low}..{high}; fix: {fix}")
@@ -129,7 +131,9 @@ def target(profile_path: str | None, url: str | None, model: str | None, key_fil
             raise InvalidInput("--url: given with --profile; fix: use one of them (--profile for the line, --url for any endpoint)")
         from tp4 import api
 
-        ep = api.Endpoint.of(url, model or "")
+        # sparkDash's --base names the /v1 root: take that form too
+        base = url.rstrip("/")
+        ep = api.Endpoint.of(base[:-3] if base.endswith("/v1") else url, model or "")
         key = api.read_key(key_file) if key_file is not None else None
         return Target(ep.url, model or None, key)
     if model is not None or key_file is not None:
@@ -179,7 +183,7 @@ result_options: list[Callable[[F], F]] = [
     click.option("--out", default=None, metavar="DIR", help="Write DIR/result.json after every level; rerun on DIR to resume."),
     click.option("--force", is_flag=True, help="Start over in an --out DIR that holds a finished run or another configuration."),
     click.option("--allow-foreign", is_flag=True, help="Exit 0 even when foreign traffic made a level invalid."),
-    click.option("--label", default=None, help="The result's label."),
+    click.option("--label", default=None, metavar="TEXT", help="The result's label."),
 ]
 
 
@@ -213,15 +217,15 @@ def _done(outcome: Outcome, lines: list[str], allow_foreign: bool) -> None:
 
 @bench.command("decode")
 @_options(endpoint_options)
-@click.option("--levels", default="1,2,4,8,16", show_default=True, help="Concurrencies, comma-separated.")
-@click.option("--max-tokens", default="256", show_default=True, help="New tokens per stream (min_tokens = max_tokens).")
-@click.option("--prompt-types", default="structured,prose,code,json", show_default=True, help="Prompt types, comma-separated.")
-@click.option("--trials", default="1", show_default=True, help="Runs of each level above c1.")
-@click.option("--c1-runs", default="5", show_default=True, help="Runs of c1 (report their median).")
-@click.option("--warmup", default="2", show_default=True, help="Discarded warm-up requests per prompt type.")
+@click.option("--levels", metavar="LIST", default="1,2,4,8,16", show_default=True, help="Concurrencies, comma-separated.")
+@click.option("--max-tokens", metavar="N", default="256", show_default=True, help="New tokens per stream (min_tokens = max_tokens).")
+@click.option("--prompt-types", metavar="LIST", default="structured,prose,code,json", show_default=True, help="Prompt types, comma-separated.")
+@click.option("--trials", metavar="N", default="1", show_default=True, help="Runs of each level above c1.")
+@click.option("--c1-runs", metavar="N", default="5", show_default=True, help="Runs of c1 (report their median).")
+@click.option("--warmup", metavar="N", default="2", show_default=True, help="Discarded warm-up requests per prompt type.")
 @click.option("--same-prompts", is_flag=True, help="One prompt for every stream at every level (per-stream values compare across levels).")
 @click.option("--shared-prefix", is_flag=True, help="No salt line: streams share their prompt's prefix (sparkDash's behaviour).")
-@click.option("--timeout", default="360", show_default=True, help="Seconds one stream may take.")
+@click.option("--timeout", metavar="SECONDS", default="360", show_default=True, help="Seconds one stream may take.")
 @_options(result_options)
 def decode(profile_path: str | None, url: str | None, model: str | None, api_key_file: str | None, levels: str, max_tokens: str,
            prompt_types: str, trials: str, c1_runs: str, warmup: str, same_prompts: bool, shared_prefix: bool, timeout: str,
@@ -246,11 +250,11 @@ def decode(profile_path: str | None, url: str | None, model: str | None, api_key
 
 @bench.command("prefill")
 @_options(endpoint_options)
-@click.option("--sizes", default="4096,16384,32768,65536,131072,262144", show_default=True, help="Prompt lengths in tokens, comma-separated.")
-@click.option("--passes", default="2", show_default=True, help="Passes over the sizes.")
-@click.option("--max-tokens", default="8", show_default=True, help="New tokens per request.")
+@click.option("--sizes", metavar="LIST", default="4096,16384,32768,65536,131072,262144", show_default=True, help="Prompt lengths in tokens, comma-separated.")
+@click.option("--passes", metavar="N", default="2", show_default=True, help="Passes over the sizes.")
+@click.option("--max-tokens", metavar="N", default="8", show_default=True, help="New tokens per request.")
 @click.option("--corpus", default=None, metavar="DIR", help="Real documents: the text files under DIR, joined to each length.")
-@click.option("--timeout", default=None, help="Seconds one request may take (default: 60 + 8 ms per token, at least 90).")
+@click.option("--timeout", metavar="SECONDS", default=None, help="Seconds one request may take (default: 60 + 8 ms per token, at least 90).")
 @_options(result_options)
 def prefill(profile_path: str | None, url: str | None, model: str | None, api_key_file: str | None, sizes: str, passes: str,
             max_tokens: str, corpus: str | None, timeout: str | None, out: str | None, force: bool, allow_foreign: bool,
