@@ -455,13 +455,13 @@ def test_the_group_offers_needle_only_when_its_module_is_there() -> None:
 
 
 BAD = [
-    (("decode", "--levels", "0"), "--levels: 0 is outside 1..1024"),
+    (("decode", "--levels", "0"), "--levels: 0 is outside 1..256"),
     (("decode", "--levels", "-1"), "--levels: '-1' is not a whole number"),
     (("decode", "--levels", "1e30"), "--levels: '1e30' is not a whole number"),
     (("decode", "--levels", "true"), "--levels: 'true' is not a whole number"),
-    (("decode", "--levels", "18446744073709551617"), "--levels: 18446744073709551617... (20 digits) is outside 1..1024"),
+    (("decode", "--levels", "18446744073709551617"), "--levels: 18446744073709551617... (20 digits) is outside 1..256"),
     (("decode", "--trials", "9" * 5000), "--trials: 99999999999999999999... (5000 digits) is outside 1..1000"),
-    (("decode", "--levels", "1,4096"), "--levels: 4096 is outside 1..1024"),
+    (("decode", "--levels", "1,4096"), "--levels: 4096 is outside 1..256"),
     (("decode", "--levels", "１"), "--levels: '１' is not a whole number"),
     (("decode", "--levels", "1,,2"), "--levels: '1,,2' is not a comma-separated list"),
     (("decode", "--levels", "2,2"), "--levels: 2 is given twice"),

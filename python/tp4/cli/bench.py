@@ -27,7 +27,7 @@ SUBCOMMANDS: dict[str, tuple[str, str, str]] = {
     "needle": ("tp4.cli.needle", "needle", "Long-context retrieval: a phrase in filler at a set depth, at the seed's lengths."),
 }
 
-MAX_LEVEL = 1024
+MAX_LEVEL = 256  # streams at once: one connection each (sparkDash allows 32, 128 with rhys101's patch)
 MAX_TOKENS = 131072
 MAX_PREFILL = 1 << 21
 _COUNT = re.compile(r"[0-9]+")
