@@ -59,6 +59,21 @@ Test controls (environment of the container; they are not engine settings):
   TP4_STANDIN_NEEDLE_LOST_BEYOND  a needle question (below) in a prompt of more tokens than this
                            is answered without the passphrase (default: always found)
 
+Bench timing (`tp4 bench`; :func:`exact_length` and :class:`Pacing`). A request that asks for its
+length exactly (``ignore_eos`` or ``min_tokens``, as a benchmark does) gets exactly ``max_tokens``
+completion tokens (finish_reason ``length``), and a streamed answer is paced as below; any other
+request streams one token per event at once, as before (the serve tests' default):
+
+  TP4_STANDIN_DECODE_TPS        per-stream decode rate in tokens/s: the events of a stream are sent
+                                at first + j * tokens_per_event / rate (0, the default: as fast as it can)
+  TP4_STANDIN_TOKENS_PER_EVENT  completion tokens per SSE event (default 3 for such requests, as
+                                the line's speculative decoding sends; the last event may carry fewer)
+  TP4_STANDIN_PREFILL_TPS       prefill rate in tokens/s: the first content event comes
+                                prompt_tokens / rate after the request (0, the default: at once);
+                                prompt tokens are the prompt's words
+  TP4_STANDIN_NO_MIN_TOKENS     1: a request with min_tokens or ignore_eos is refused with HTTP 400
+                                (an engine without them; sparkDash retries without)
+
 boot.py hands the engine the API key in TP4_STANDIN_API_KEY (upstream appends --api-key to the
 argv, which the host's process table would show) and its pid in TP4_STANDIN_BOOT_PID (the engine
 dies with it, as a container's processes die with its pid 1).
@@ -110,6 +125,7 @@ import time
 import tomllib
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, NoReturn
@@ -670,12 +686,14 @@ def handler(engine: Engine) -> type[BaseHTTPRequestHandler]:
                 max_tokens = int(body.get("max_tokens") or 256)
                 wrong = "wrong-answer" in engine.faults and self.headers.get(BOOT_HEADER) != "1"
                 answer, calls = reply(body, prompt, wrong)
+                answer = exact_length(body, answer, max_tokens)
             except (ValueError, KeyError, TypeError, AttributeError):
                 self.send_json(400, {"object": "error", "message": "invalid request body", "code": 400})
                 return
             if (refusal := context_refusal(prompt)) is not None:
                 return self.send_json(400, refusal)
             boot = self.headers.get(BOOT_HEADER) == "1"
+            self.bench_request = bool(body.get("ignore_eos") or body.get("min_tokens"))
             with engine.lock:
                 engine.running += 1
             try:
@@ -731,14 +749,15 @@ def handler(engine: Engine) -> type[BaseHTTPRequestHandler]:
                 self.wfile.write(f"data: {json.dumps(data)}\n\n".encode())
                 self.wfile.flush()
 
+            pacing = Pacing.of(self.bench_request, prompt_tokens)
             chunk({"role": "assistant", "content": ""}, None)
             if "stall" in engine.faults:
                 engine.stopping.wait()
                 return
             if calls:
                 chunk({"tool_calls": [{"index": i, **c} for i, c in enumerate(calls)]}, None)
-            for i, token in enumerate([] if calls else tokens):
-                chunk({"content": token.rstrip() if i == len(tokens) - 1 else token}, None)
+            for text in pacing.events([] if calls else tokens):
+                chunk({"content": text}, None)
             chunk({}, finish, usage=usage)
             self.wfile.write(b"data: [DONE]\n\n")
             self.wfile.flush()
@@ -810,6 +829,50 @@ def context_refusal(prompt: str) -> dict[str, Any] | None:
         return None
     return {"object": "error", "message": f"The input ({tokens} tokens) is longer than the model's context length ({limit} tokens).",
             "type": "BadRequestError", "param": None, "code": 400}
+
+
+def exact_length(body: dict[str, Any], answer: list[str], max_tokens: int) -> list[str]:
+    """A request with ``ignore_eos`` or ``min_tokens`` gets exactly ``max_tokens`` tokens (the
+    answer, then prose words), as an engine that ignores EOS gives them; any other, the answer."""
+    if not (body.get("ignore_eos") or body.get("min_tokens")) or body.get("tools") or body.get("response_format"):
+        return answer
+    if os.environ.get("TP4_STANDIN_NO_MIN_TOKENS") == "1":
+        raise ValueError("min_tokens and ignore_eos are not supported")  # do_POST answers HTTP 400
+    words = [w + " " for w in PROSE]
+    out = list(answer)
+    while len(out) < max_tokens:
+        out.append(words[len(out) % len(words)])
+    return out[:max_tokens]
+
+
+class Pacing:
+    """How a streamed answer is timed and cut into SSE events (the module docstring's bench
+    timing): the first content event at prompt_tokens / TP4_STANDIN_PREFILL_TPS after the
+    request, event j at first + j * per_event / TP4_STANDIN_DECODE_TPS."""
+
+    def __init__(self, per_event: int, decode_tps: float, prefill_seconds: float) -> None:
+        self.per_event, self.decode_tps, self.prefill_seconds = max(1, per_event), decode_tps, prefill_seconds
+        self.started = time.monotonic()
+
+    @classmethod
+    def of(cls, bench: bool, prompt_tokens: int) -> Pacing:
+        if not bench:
+            return cls(1, 0.0, 0.0)
+        prefill = number("TP4_STANDIN_PREFILL_TPS", 0)
+        return cls(int(number("TP4_STANDIN_TOKENS_PER_EVENT", 3)), number("TP4_STANDIN_DECODE_TPS", 0),
+                   prompt_tokens / prefill if prefill > 0 else 0.0)
+
+    def events(self, tokens: list[str]) -> Iterator[str]:
+        """The content of each event, sent when its time has come (the last one's trailing space cut)."""
+        groups = [tokens[i:i + self.per_event] for i in range(0, len(tokens), self.per_event)]
+        first = self.started + self.prefill_seconds
+        for j, group in enumerate(groups):
+            due = first + (j * self.per_event / self.decode_tps if self.decode_tps > 0 else 0.0)
+            wait = due - time.monotonic()
+            if wait > 0:
+                time.sleep(wait)
+            text = "".join(group)
+            yield text.rstrip() if j == len(groups) - 1 else text
 
 
 def die_with_boot() -> None:
