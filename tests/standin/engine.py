@@ -53,11 +53,19 @@ Test controls (environment of the container; they are not engine settings):
   TP4_STANDIN_BUSY_SECONDS `busy`: how long each completion takes (default 5)
   TP4_STANDIN_WEDGE_AFTER  `wedge`: completions (beyond boot.py's) answered before it wedges
                            (default 0; 1 lets `tp4 serve`'s own completion through)
+  SGLANG_HEALTH_CHECK_TIMEOUT  SGLang's own: how long ``/health_generate`` of a wedged engine
+                           waits for its one-token request before it answers 503 (default 20)
   TP4_STANDIN_CONTEXT_TOKENS      the context length: a prompt of this many tokens or more gets
                            SGLang's HTTP 400 `The input (N tokens) is longer than the model's
                            context length (M tokens).` (default: no limit)
   TP4_STANDIN_NEEDLE_LOST_BEYOND  a needle question (below) in a prompt of more tokens than this
                            is answered without the passphrase (default: always found)
+
+While the engine serves, ``POST /standin/wedge`` with ``{"wedged": true}`` or ``{"wedged": false}``
+(a test control, no key needed; see :func:`wedge_control`) wedges it or lets it recover: its
+completions hang (those already hanging finish once it recovers) and ``/health_generate`` fails
+as SGLang's does, while ``/health`` stays 200; ``{"wedged": null}`` goes back to what the
+`wedge` fault says. Nothing changes until a test posts it.
 
 Bench timing (`tp4 bench`; :func:`exact_length` and :class:`Pacing`). A request that asks for its
 length exactly (``ignore_eos`` or ``min_tokens``, as a benchmark does) gets exactly ``max_tokens``
@@ -87,7 +95,9 @@ Fault modes:
   crash        Traceback during the weight load, exit 1 (boot.py exits 1 with it)
   hang         stops after the CUDA graph capture: no API, never Ready (TERM still stops it)
   wedge        after boot.py's own smoke and warm-up, every completion hangs while /health
-               answers 200 and the load endpoints report nothing running or waiting
+               answers 200 and the load endpoints report nothing running or waiting;
+               /health_generate (SGLang's generating probe) waits SGLANG_HEALTH_CHECK_TIMEOUT
+               seconds and answers 503 once a completion hung
   busy         completions take TP4_STANDIN_BUSY_SECONDS; the load endpoints report them running
                plus three more running and one waiting (foreign traffic)
   slow         the warm-up input throughput is divided by TP4_STANDIN_SLOW_FACTOR
@@ -608,6 +618,16 @@ class Engine:
         self.slow = number("TP4_STANDIN_SLOW_FACTOR", 20) if "slow" in mine else 1.0
         self.prefill_seen = 0
         self.answered = 0  # completions other than boot.py's, for TP4_STANDIN_WEDGE_AFTER
+        self.wedge_set: bool | None = None  # POST /standin/wedge; None: the `wedge` fault decides
+
+    def wedged(self, count: bool = False) -> bool:
+        """Whether completions hang now; ``count``: a completion (not boot.py's) arrives."""
+        with self.lock:
+            if count and "wedge" in self.faults:
+                self.answered += 1
+            if self.wedge_set is not None:
+                return self.wedge_set
+            return "wedge" in self.faults and self.answered > number("TP4_STANDIN_WEDGE_AFTER", 0)
 
     def load(self) -> dict[str, Any]:
         with self.lock:
@@ -656,7 +676,7 @@ def handler(engine: Engine) -> type[BaseHTTPRequestHandler]:
             path = self.path.split("?")[0]
             load = engine.load()
             if path in ("/health", "/health_generate"):
-                self.send_response(200)
+                self.send_response(generating_health(engine) if path == "/health_generate" else 200)
                 self.send_header("Content-Length", "0")
                 self.end_headers()
             elif path == "/get_load":
@@ -674,6 +694,9 @@ def handler(engine: Engine) -> type[BaseHTTPRequestHandler]:
                 self.send_json(404, {"detail": "Not Found"})
 
         def do_POST(self) -> None:
+            if self.path.split("?")[0] == "/standin/wedge":
+                self.send_json(*wedge_control(engine, self.rfile.read(int(self.headers.get("Content-Length") or 0))))
+                return
             if not self.authorized():
                 return
             if self.path.split("?")[0] != "/v1/chat/completions":
@@ -697,12 +720,11 @@ def handler(engine: Engine) -> type[BaseHTTPRequestHandler]:
             with engine.lock:
                 engine.running += 1
             try:
-                if "wedge" in engine.faults and not boot:
-                    with engine.lock:
-                        engine.answered += 1
-                        wedged = engine.answered > number("TP4_STANDIN_WEDGE_AFTER", 0)
-                    if wedged:
-                        engine.stopping.wait()  # a wedged rank: the request never finishes
+                if not boot and engine.wedged(count=True):
+                    # a wedged rank: the request finishes only if the engine recovers
+                    while engine.wedged() and not engine.stopping.wait(0.1):
+                        pass
+                    if engine.stopping.is_set():
                         return
                 if "busy" in engine.faults and not boot:
                     time.sleep(number("TP4_STANDIN_BUSY_SECONDS", 5))
@@ -764,6 +786,37 @@ def handler(engine: Engine) -> type[BaseHTTPRequestHandler]:
             self.close_connection = True
 
     return Handler
+
+
+def generating_health(engine: Engine) -> int:
+    """SGLang's ``/health_generate``: one token through the scheduler, 503 when none comes within
+    SGLANG_HEALTH_CHECK_TIMEOUT seconds (http_server.py's health handler). A wedged engine
+    generates nothing: the probe waits the timeout out (answering 200 as soon as it recovers)."""
+    deadline = time.monotonic() + number("SGLANG_HEALTH_CHECK_TIMEOUT", 20)
+    while engine.wedged():
+        if time.monotonic() > deadline or engine.stopping.wait(0.1):
+            engine_log(0, "Health check failed. Server couldn't get a response from detokenizer for last "
+                          f"{number('SGLANG_HEALTH_CHECK_TIMEOUT', 20):g} seconds.")
+            return 503
+    return 200
+
+
+def wedge_control(engine: Engine, raw: bytes) -> tuple[int, dict[str, Any]]:
+    """The test control ``POST /standin/wedge``: ``{"wedged": true}`` wedges the engine (its
+    completions hang, /health_generate fails, /health stays 200), ``{"wedged": false}`` lets it
+    recover (hanging completions finish), ``{"wedged": null}`` leaves it to the `wedge` fault.
+    Answers the state now."""
+    try:
+        body = json.loads(raw or b"{}")
+        value = body["wedged"]
+        if value is not None and not isinstance(value, bool):
+            raise ValueError(value)
+    except (ValueError, KeyError, TypeError):
+        return 400, {"error": 'expected {"wedged": true | false | null}'}
+    with engine.lock:
+        engine.wedge_set = value
+    engine_log(0, f"stand-in control: wedged = {value}")
+    return 200, {"wedged": engine.wedged()}
 
 
 def reply(body: dict[str, Any], prompt: str, wrong: bool) -> tuple[list[str], list[dict[str, Any]]]:
