@@ -26,13 +26,14 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Literal, NamedTuple
+from typing import TYPE_CHECKING, Literal, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
@@ -130,7 +131,7 @@ class Router(Section):
     user: str | None = Field(None, description="ssh user on the router's host (default: ssh's).")
     identity: str | None = Field(None, description="ssh identity for the router's host.")
     ssh_port: Int | None = Field(None, ge=1, le=65535, description="ssh port of the router's host.")
-    bind: Annotated[str, Field(pattern=r"[0-9A-Fa-f.:]+")] = Field("0.0.0.0", description="Address the router's API binds (--host).")
+    bind: str = Field("0.0.0.0", description="Address the router's API binds (--host): an IPv4 or IPv6 address.")
     port: Int = Field(30000, ge=1, le=65535, description="The router's OpenAI API port (--port).")
     policy: Literal["round_robin", "cache_aware", "power_of_two", "random"] = Field(
         "round_robin", description="How requests are spread (--policy); cache_aware may send all shared-prefix traffic to one line.")
@@ -145,6 +146,13 @@ class Router(Section):
     @classmethod
     def _host(cls, v: str) -> str:
         return v if v == "local" else _check_host(v)
+
+    @field_validator("bind")
+    @classmethod
+    def _bind(cls, v: str) -> str:
+        if not re.fullmatch(r"[0-9A-Fa-f.:]{2,45}", v):
+            raise ValueError(f"{v[:80]!r} is not an IP address; fix: an IPv4 or IPv6 address such as 0.0.0.0")
+        return v
 
     @field_validator("user")
     @classmethod
@@ -481,8 +489,6 @@ class RouterHost:
 
 def _plain(line: str) -> str:
     """A log line without its terminal colours."""
-    import re
-
     return re.sub(r"\x1b\[[0-9;]*m", "", line)
 
 
