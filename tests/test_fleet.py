@@ -18,6 +18,7 @@ import struct
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -49,7 +50,7 @@ def _router_installed() -> bool:
 # --- the two lines on the four hosts ------------------------------------------------------------
 
 
-def line_profile(cluster: DoctorCluster, hosts: list[Host], extra: str = "") -> str:
+def line_profile(cluster: DoctorCluster, hosts: list[Host], extra: str = "", key_file: Path | None = None) -> str:
     """A two-node line on ``hosts`` (head first), as tests/line_cluster.py writes its profile."""
     nodes = []
     for i, host in enumerate(hosts):
@@ -62,7 +63,8 @@ def line_profile(cluster: DoctorCluster, hosts: list[Host], extra: str = "") -> 
             f"[cluster]\nuser = \"root\"\nidentity = {_q(str(cluster.hosts.key))}\nmemlock = {_q(memlock())}\n\n"
             + "\n".join(nodes)
             + f"\n[model]\ndir = {_q(str(cluster.model_dir))}\n\n[nfs]\nshare = false\n\n[engine]\ntp = {len(hosts)}\n\n"
-            f"[env]\nSGLANG_HEALTH_CHECK_TIMEOUT = \"{OWN_PROBE}\"\n" + extra)
+            + (f"[api]\nkey_file = {_q(str(key_file))}\n\n" if key_file else "")
+            + f"[env]\nSGLANG_HEALTH_CHECK_TIMEOUT = \"{OWN_PROBE}\"\n" + extra)
 
 
 def lay_engram(plan: Plan) -> None:
@@ -89,11 +91,16 @@ def fleet_text(cluster: DoctorCluster, workdir: Path, **router: object) -> str:
 class Fleet:
     """The fleet's files in a directory: a.toml (nodes 1-2), b.toml (nodes 3-4), fleet.toml."""
 
-    def __init__(self, cluster: DoctorCluster, workdir: Path, *, b_extra: str = "", all_extra: str = "") -> None:
+    def __init__(self, cluster: DoctorCluster, workdir: Path, *, b_extra: str = "", key: str | None = None) -> None:
         self.cluster, self.dir = cluster, workdir
         hosts = list(cluster.hosts)
-        (workdir / "a.toml").write_text(line_profile(cluster, hosts[:2], all_extra))
-        (workdir / "b.toml").write_text(line_profile(cluster, hosts[2:], all_extra + b_extra))
+        key_file = None
+        if key is not None:
+            key_file = workdir / "api-key"
+            key_file.write_text(key + "\n")
+            key_file.chmod(0o600)
+        (workdir / "a.toml").write_text(line_profile(cluster, hosts[:2], key_file=key_file))
+        (workdir / "b.toml").write_text(line_profile(cluster, hosts[2:], b_extra, key_file=key_file))
         self.path = workdir / "fleet.toml"
         self.path.write_text(fleet_text(cluster, workdir))
         self.fleet = fleet.load(self.path)
@@ -118,9 +125,10 @@ def tp4(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
                           env={**os.environ, "PYTHONPATH": str(REPO / "python")})
 
 
-def ask(url: str, timeout: float = 15) -> str:
+def ask(url: str, timeout: float = 15, key: str | None = None) -> str:
     body = json.dumps({"model": "deepseek-v4.1-flash", "messages": [{"role": "user", "content": QUESTION}], "max_tokens": 4})
-    req = urllib.request.Request(f"{url}/v1/chat/completions", data=body.encode(), headers={"Content-Type": "application/json"})
+    headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {key}"} if key else {})}
+    req = urllib.request.Request(f"{url}/v1/chat/completions", data=body.encode(), headers=headers)
     with urllib.request.urlopen(req, timeout=timeout) as resp:
         return str(json.loads(resp.read())["choices"][0]["message"]["content"])
 
@@ -131,8 +139,8 @@ def set_wedged(line: fleet.Line, value: bool | None) -> None:
         assert json.loads(resp.read())["wedged"] is bool(value)
 
 
-def health_of(f: Fleet) -> dict[str, bool]:
-    seen = fleet.workers(f.fleet, None)
+def health_of(f: Fleet, key: str | None = None) -> dict[str, bool]:
+    seen = fleet.workers(f.fleet, key)
     assert seen is not None, "the router does not answer"
     return {w.url: w.healthy for w in seen}
 
@@ -249,9 +257,12 @@ def test_two_lines_behind_the_router_round_robin_a_wedged_line_out_and_back_and_
 
 
 def test_a_line_that_never_boots_leaves_the_fleet_serving_on_the_other(hosts: DoctorCluster, tmp_path: Path) -> None:
-    f = Fleet(hosts, tmp_path, b_extra='TP4_STANDIN_FAULT = "crash"\nTP4_STANDIN_FAULT_RANK = "1"\n')
+    """With an API key too: the router asks it of its clients and gives it to the lines; it is in
+    no argv, no log and no command tp4 ran."""
+    key = "sk-fleet-9f3c1d7e2b"
+    f = Fleet(hosts, tmp_path, b_extra='TP4_STANDIN_FAULT = "crash"\nTP4_STANDIN_FAULT_RANK = "1"\n', key=key)
     a, b = f.line("a"), f.line("b")
-    proc = tp4("fleet", "serve", "-f", str(f.path))
+    proc = tp4("-v", "fleet", "serve", "-f", str(f.path))
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert f"ready: {f.fleet.url} (sglang-router, round_robin) over 1 of 2 lines: a" in proc.stdout
     assert "error: 1 of 2 lines failed and are left out; the router serves a (`tp4 fleet stop` stops them):" in proc.stderr
@@ -259,8 +270,18 @@ def test_a_line_that_never_boots_leaves_the_fleet_serving_on_the_other(hosts: Do
     assert "internal error" not in proc.stderr
     # nothing of line b is left; the router serves line a
     assert [c for h in hosts.hosts[2:] for c in hosts.containers(h)] == []
-    assert health_of(f) == {a.api: True}
-    assert ask(f.fleet.url) == "42"
+    assert health_of(f, key) == {a.api: True}
+    assert ask(f.fleet.url, key=key) == "42"
+    with pytest.raises(urllib.error.HTTPError) as denied:
+        ask(f.fleet.url)
+    assert denied.value.code == 401
+    # the key: in the router's key file (mode 0600) only
+    state = Path(f.fleet.router.state_dir)
+    assert (state / fleet.KEY_FILE).stat().st_mode & 0o777 == 0o600
+    assert "$ ssh " in proc.stderr and key not in proc.stdout + proc.stderr
+    assert key not in (state / fleet.LOG_FILE).read_text()
+    assert router_pids(hosts) and all(key not in cmd and key not in Path(f"/proc/{pid}/cmdline").read_text(errors="replace")
+                                      for pid, cmd in router_pids(hosts).items())
     status = tp4("fleet", "status", "-f", str(f.path), "--json")
     data = json.loads(status.stdout)
     assert status.returncode == 1 and [line["in_router"] for line in data["lines"]] == [True, False]
@@ -268,6 +289,7 @@ def test_a_line_that_never_boots_leaves_the_fleet_serving_on_the_other(hosts: Do
     stop = tp4("fleet", "stop", "-f", str(f.path))
     assert stop.returncode == 0, stop.stdout + stop.stderr
     assert_nothing_left(f)
+    assert not (state / fleet.KEY_FILE).exists()
 
 
 def test_all_stops_every_line_when_one_fails(hosts: DoctorCluster, tmp_path: Path) -> None:
