@@ -218,6 +218,9 @@ def test_two_lines_behind_the_router_round_robin_a_wedged_line_out_and_back_and_
     data = json.loads(status.stdout)
     assert data["router"]["state"] == "running" and [line["router_health"] for line in data["lines"]] == ["healthy", "healthy"]
     assert [line["status"]["liveness"]["state"] for line in data["lines"]] == ["alive", "alive"]
+    # an OpenAI client finds the lines' model at the router
+    with urllib.request.urlopen(f"{f.fleet.url}/v1/models", timeout=10) as resp:
+        assert "deepseek-v4.1-flash" in [m["id"] for m in json.loads(resp.read())["data"]]
     # the router's metrics are on its host's loopback only
     host = fleet.RouterHost(f.fleet, fleet.router_remote(f.fleet))
     metrics = host.metrics()

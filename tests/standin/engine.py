@@ -21,7 +21,8 @@ the rank's container receives and nothing else (it never sees the plan):
   0 listens on DIST_INIT_ADDR's port, the others connect; a member that goes away takes the others
   down with a Traceback, as NCCL does), prints the boot log, and on rank 0 serves the API on
   ``--host``/``--port``: ``/health`` and ``/health_generate``, ``/get_load`` and ``/v1/loads``
-  (running and waiting requests), ``/v1/models``, ``/v1/chat/completions`` (plain and streamed
+  (running and waiting requests), ``/server_info`` and ``/model_info`` (also under their old
+  names ``/get_...``: what a router reads of a line), ``/v1/models``, ``/v1/chat/completions`` (plain and streamed
   as SSE ``data:`` chunks ending in ``data: [DONE]``). With an API key every path but the health
   probes needs ``Authorization: Bearer <key>`` (401 otherwise). Workers print their lines and
   wait in the dist group until TERM.
@@ -687,6 +688,8 @@ def handler(engine: Engine) -> type[BaseHTTPRequestHandler]:
                                      "loads": [{"dp_rank": 0, "num_running_reqs": load["running"],
                                                 "num_waiting_reqs": load["waiting"], "num_total_reqs": load["running"] + load["waiting"],
                                                 "max_running_requests": engine.args.max_running_requests}]})
+            elif path in ("/server_info", "/get_server_info", "/model_info", "/get_model_info"):
+                self.send_json(200, server_info(engine, path))
             elif path == "/v1/models":
                 self.send_json(200, {"object": "list", "data": [{"id": engine.served_name, "object": "model",
                                                                  "owned_by": "sglang", "root": engine.served_name}]})
@@ -786,6 +789,16 @@ def handler(engine: Engine) -> type[BaseHTTPRequestHandler]:
             self.close_connection = True
 
     return Handler
+
+
+def server_info(engine: Engine, path: str) -> dict[str, Any]:
+    """SGLang's ``/server_info`` (``/get_server_info``: some of its server args) and ``/model_info``
+    (``/get_model_info``), which a router reads when a line registers (its served model name)."""
+    if path.endswith("model_info"):
+        return {"model_path": engine.args.model_path, "tokenizer_path": engine.args.model_path, "is_generation": True}
+    a = engine.args
+    return {"model_path": a.model_path, "served_model_name": engine.served_name, "tp_size": a.tp, "dp_size": 1,
+            "max_running_requests": a.max_running_requests, "version": "stand-in"}
 
 
 def generating_health(engine: Engine) -> int:
