@@ -597,7 +597,7 @@ def serve(fleet: Fleet, opts: Options, out: Echo, progress: Echo, *, all_lines: 
         urls = [line.api for line in served.up]
         progress(f"starting the router ({fleet.router.kind}) on {host.where} over {', '.join(line.name for line in served.up)}")
         started_router = True
-        progress(host.start(urls, secrets.get("API_KEY")))
+        progress(f"router: {host.start(urls, secrets.get('API_KEY'))}")
         _wait_router(fleet, host, urls, secrets.get("API_KEY"), progress)
     except BaseException:
         with process.cleanup():
