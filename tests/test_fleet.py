@@ -305,6 +305,38 @@ def test_all_stops_every_line_when_one_fails(hosts: DoctorCluster, tmp_path: Pat
     assert_nothing_left(f)
 
 
+def test_a_router_that_does_not_start_stops_every_line(hosts: DoctorCluster, tmp_path: Path) -> None:
+    f = Fleet(hosts, tmp_path)
+    f.path.write_text(fleet_text(hosts, tmp_path, python=str(tmp_path / "no-such-python")))
+    proc = tp4("fleet", "serve", "-f", str(f.path))
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert f"error: the router on {hosts.hosts[0].address} exited before it was ready; its log:" in proc.stderr, proc.stderr
+    assert "no-such-python" in proc.stderr.split("exited before it was ready")[1]
+    assert "stopping the 2 lines this serve started" in proc.stderr
+    assert_nothing_left(f)
+
+
+def test_ctrl_c_mid_boot_stops_every_line(hosts: DoctorCluster, tmp_path: Path) -> None:
+    f = Fleet(hosts, tmp_path, b_extra='TP4_STANDIN_PACE = "3"\n')
+    argv = [sys.executable, "-m", "tp4", "fleet", "serve", "-f", str(f.path), "--sysfs", SYSFS]
+    child = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             env={**os.environ, "PYTHONPATH": str(REPO / "python")})
+    assert child.stderr is not None
+    seen = []
+    for text in child.stderr:  # line b is in its weight load (3 s a phase)
+        seen.append(text)
+        if "[b] phase: weights" in text:
+            break
+    else:
+        pytest.fail("".join(seen))
+    child.send_signal(2)
+    out, err = child.communicate(timeout=120)
+    assert child.returncode == 130, "".join(seen) + err
+    assert "interrupted" in err and "Traceback" not in err.replace("head| Traceback", "")
+    assert "ready: http" not in out.replace("[a] ready: ", "")
+    assert_nothing_left(f)
+
+
 # --- the fleet file -------------------------------------------------------------------------------
 
 

@@ -575,17 +575,24 @@ def serve(fleet: Fleet, opts: Options, out: Echo, progress: Echo, *, all_lines: 
     served = Served(fleet.url)
     started_router = False
     try:
-        def one(line: Line) -> LineResult:
+        done: dict[str, LineResult] = {}  # as each line finishes: what a Ctrl-C meanwhile must stop
+
+        def one(line: Line) -> None:
             nodes = line_nodes(line, ssh_options)
             try:
                 serve_mod.serve(line.plan, nodes, secrets, opts, _prefixed(line.name, out), _prefixed(line.name, progress))
             except Tp4Error as exc:
-                return LineResult(line, False, exc.message)
-            return LineResult(line, True, line.api)
+                done[line.name] = LineResult(line, False, exc.message)
+                return
+            done[line.name] = LineResult(line, True, line.api)
 
         progress(f"serving {len(fleet.lines)} lines in parallel: {', '.join(line.name for line in fleet.lines)}")
-        with ThreadPoolExecutor(max_workers=len(fleet.lines)) as pool:
-            served.lines = list(pool.map(one, fleet.lines))
+        try:
+            with ThreadPoolExecutor(max_workers=len(fleet.lines)) as pool:
+                for future in [pool.submit(one, line) for line in fleet.lines]:
+                    future.result()
+        finally:
+            served.lines = [done[line.name] for line in fleet.lines if line.name in done]
         for r in served.failed:
             progress(f"line {r.line.name} failed: {r.detail}")
         if not served.up:
