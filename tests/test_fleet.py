@@ -299,7 +299,8 @@ def test_all_stops_every_line_when_one_fails(hosts: DoctorCluster, tmp_path: Pat
     f = Fleet(hosts, tmp_path, b_extra='TP4_STANDIN_FAULT = "crash"\nTP4_STANDIN_FAULT_RANK = "0"\n')
     proc = tp4("fleet", "serve", "-f", str(f.path), "--all")
     assert proc.returncode == 1, proc.stdout + proc.stderr
-    assert "error: --all: 1 of 2 lines failed, so every line stops:" in proc.stderr and "line b: node3: rank exited" in proc.stderr
+    assert "error: --all: 1 of 2 lines failed, so every line stops:" in proc.stderr
+    assert re.search(r"^  line b: node[34]: ", proc.stderr, re.M), proc.stderr  # the head crashed: it, or the worker it took down
     assert "stopping the 1 lines this serve started" in proc.stderr
     assert "ready: " not in proc.stdout.replace("[a] ready: ", "")
     assert_nothing_left(f)
