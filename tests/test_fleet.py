@@ -306,6 +306,41 @@ def test_all_stops_every_line_when_one_fails(hosts: DoctorCluster, tmp_path: Pat
     assert_nothing_left(f)
 
 
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def test_the_router_on_this_machine(hosts: DoctorCluster, tmp_path: Path) -> None:
+    """router.host = "local": the router runs here (its own session), on loopback ports."""
+    f = Fleet(hosts, tmp_path)
+    port, metrics = free_port(), free_port()
+    f.path.write_text(fleet_text(hosts, tmp_path, host="local", bind="127.0.0.1", port=port).replace(
+        "[router.health]", f"[router.metrics]\nport = {metrics}\n\n[router.health]"))
+    f.fleet = fleet.load(f.path)
+    assert f.fleet.url == f"http://127.0.0.1:{port}" and fleet.router_remote(f.fleet) is None
+    proc = tp4("fleet", "serve", "-f", str(f.path))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    pid = fleet.RouterHost(f.fleet, None).pid()
+    assert pid is not None
+    try:
+        assert os.getsid(pid) == pid  # its own session: it outlives the serve
+        assert [ask(f.fleet.url) for _ in range(2)] == ["42"] * 2
+        with urllib.request.urlopen(f"http://127.0.0.1:{metrics}/metrics", timeout=10) as resp:
+            assert b"smg_worker_health" in resp.read()
+        stop = tp4("fleet", "stop", "-f", str(f.path))
+        assert stop.returncode == 0 and "stopped: the router on this machine and 2 lines (a, b)" in stop.stdout, stop.stderr
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+        assert_nothing_left(f)
+    finally:
+        if fleet.RouterHost(f.fleet, None).pid() == pid:  # a failed assertion left it: the router this test started
+            os.kill(pid, 9)
+
+
 def test_a_router_that_does_not_start_stops_every_line(hosts: DoctorCluster, tmp_path: Path) -> None:
     f = Fleet(hosts, tmp_path)
     f.path.write_text(fleet_text(hosts, tmp_path, python=str(tmp_path / "no-such-python")))
