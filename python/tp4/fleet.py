@@ -24,6 +24,7 @@ table shows, never in a log.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -560,7 +561,8 @@ def _prefixed(name: str, echo: Echo) -> Echo:
 
 def serve(fleet: Fleet, opts: Options, out: Echo, progress: Echo, *, all_lines: bool = False,
           ssh_options: Sequence[str] = ()) -> Served:
-    """Every line in parallel, each verified by tp4.serve; then the router over the lines that
+    """Every line in parallel, each verified by tp4.serve (``opts`` with each line's own
+    weights kind and shard count); then the router over the lines that
     came up, ready when it reports each of them healthy (module doc). Raises Tp4Error when no
     line came up, when the router does not get ready (then everything started is stopped), or
     with ``all_lines`` when any line failed (then every line stops)."""
@@ -579,8 +581,11 @@ def serve(fleet: Fleet, opts: Options, out: Echo, progress: Echo, *, all_lines: 
 
         def one(line: Line) -> None:
             nodes = line_nodes(line, ssh_options)
+            profile = line.loaded.profile  # what doctor expects of this line's weights
+            own = dataclasses.replace(opts, volume_kind="nfs" if profile.nfs.share else "local",
+                                      expected_shards=profile.model.expected_shards)
             try:
-                serve_mod.serve(line.plan, nodes, secrets, opts, _prefixed(line.name, out), _prefixed(line.name, progress))
+                serve_mod.serve(line.plan, nodes, secrets, own, _prefixed(line.name, out), _prefixed(line.name, progress))
             except Tp4Error as exc:
                 done[line.name] = LineResult(line, False, exc.message)
                 return

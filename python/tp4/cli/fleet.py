@@ -81,9 +81,7 @@ def serve(fleet_path: str, all_lines: bool, force: bool, timeouts: tuple[str, ..
 
     sysfs = sysfs_root(sysfs)
     loaded = _load(fleet_path, strict)
-    first = loaded.lines[0].loaded.profile
-    opts = serve_mod.Options(force=force, timeouts=_timeouts(timeouts), tty=False, sysfs=sysfs,
-                             volume_kind="nfs" if first.nfs.share else "local", expected_shards=first.model.expected_shards)
+    opts = serve_mod.Options(force=force, timeouts=_timeouts(timeouts), tty=False, sysfs=sysfs)
     served = fleet_mod.serve(loaded, opts, _out, _err, all_lines=all_lines, ssh_options=ssh_options)
     if served.failed:
         failed = "\n".join(f"  line {r.line.name}: {r.detail}" for r in served.failed)
