@@ -259,6 +259,37 @@ def test_two_lines_behind_the_router_round_robin_a_wedged_line_out_and_back_and_
     assert down.returncode == 1 and ": stopped" in down.stdout.splitlines()[0], down.stdout
 
 
+def test_a_line_wedged_by_the_fault_is_taken_out_by_the_generating_probe_and_comes_back(hosts: DoctorCluster,
+                                                                                       tmp_path: Path) -> None:
+    """The stand-in's `wedge` fault (after serve's own completion, every completion hangs while
+    /health stays 200): the router's /health_generate probe takes the line out; the stand-in's
+    control lets it recover, and the probe brings it back."""
+    f = Fleet(hosts, tmp_path, b_extra='TP4_STANDIN_FAULT = "wedge"\nTP4_STANDIN_WEDGE_AFTER = "1"\n')
+    a, b = f.line("a"), f.line("b")
+    proc = tp4("fleet", "serve", "-f", str(f.path))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    answers = []
+    for _ in range(4):  # round robin: one reaches line b and hangs there
+        try:
+            answers.append(ask(f.fleet.url, timeout=3))
+        except (TimeoutError, urllib.error.URLError):
+            answers.append("hung")
+    assert "hung" in answers and "42" in answers, answers
+    wait_for("the router takes line b out", lambda: health_of(f) == {a.api: True, b.api: False}, 40)
+    with urllib.request.urlopen(f"{b.api}/health", timeout=5) as resp:
+        assert resp.status == 200  # liveness says nothing: only the generating probe saw it
+    before = f.answered("a")
+    assert [ask(f.fleet.url) for _ in range(4)] == ["42"] * 4
+    assert f.answered("a") - before == 4
+    set_wedged(b, False)
+    wait_for("line b comes back", lambda: health_of(f) == {a.api: True, b.api: True}, 40)
+    before = f.answered("b")
+    assert [ask(f.fleet.url) for _ in range(4)] == ["42"] * 4
+    assert f.answered("b") - before >= 1
+    assert tp4("fleet", "stop", "-f", str(f.path)).returncode == 0
+    assert_nothing_left(f)
+
+
 def test_a_line_that_never_boots_leaves_the_fleet_serving_on_the_other(hosts: DoctorCluster, tmp_path: Path) -> None:
     """With an API key too: the router asks it of its clients and gives it to the lines; it is in
     no argv, no log and no command tp4 ran."""
