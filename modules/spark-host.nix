@@ -119,6 +119,27 @@ in
         default = null;
         description = "The matching mesh-down script, run when `tp4-mesh.service` stops.";
       };
+      marker = {
+        package = mkOption {
+          type = types.nullOr types.package;
+          default = null;
+          defaultText = lib.literalExpression "null";
+          example = lib.literalExpression "pkgs.callPackage ./mlx5-rdma-tx-rewrite-probe.nix { }";
+          description = ''
+            The RDMA packet marker of RoCEnante's opposite-node paths on a ring (sparkring's
+            `mlx5_rdma_tx_rewrite_probe.c`, built with `cc -libverbs -lmlx5`; upstream installs it as
+            `/opt/dsv41-mesh/bin/mlx5-rdma-tx-rewrite-probe`). Needed when the plan arms
+            `DSV41_ROCE_RING=1`: one `tp4-mesh-marker@<rdma-dev>.service` per fabric device keeps it
+            attached (`--attach --managed`) while the rank runs. tp4 does not package it: the
+            probe is research code of sparkring's `cx7_hairpin_diagonal` experiment.
+          '';
+        };
+        program = mkOption {
+          type = types.str;
+          default = "mlx5-rdma-tx-rewrite-probe";
+          description = "The marker's program in {option}`tp4.host.ring.marker.package`'s `bin`.";
+        };
+      };
     };
   };
 
@@ -231,7 +252,7 @@ in
         }
       ];
       systemd.services.tp4-mesh = mkIf (cfg.ring.meshUp != null && cfg.ring.meshDown != null) {
-        description = "tp4: the switchless ring's mesh (hairpin queues, routes, tc rules, markers)";
+        description = "tp4: the switchless ring's mesh (hairpin queues, routes, tc rules)";
         wantedBy = [ "multi-user.target" ];
         wants = [ "network-online.target" ];
         after = [ "network-online.target" ];
@@ -251,6 +272,64 @@ in
           ExecStop = "${pkgs.runtimeShell} ${cfg.ring.meshDown}";
         };
       };
+    })
+
+    (mkIf (ring && s.ring.marker != null) {
+      assertions = [
+        {
+          assertion = cfg.ring.marker.package != null;
+          message = "tp4.host.ring.marker.package: the plan arms DSV41_ROCE_RING=1 (RoCEnante's opposite-node paths on the ring), whose RDMA packets the marker must rewrite, and no marker is set; fix: build sparkring's spark_transport/experiments/cx7_hairpin_diagonal/native/mlx5_rdma_tx_rewrite_probe.c (cc -libverbs -lmlx5 against rdma-core) as a package with bin/${cfg.ring.marker.program} and set tp4.host.ring.marker.package, or set gates.DSV41_ROCE_RING = \"0\" in the profile";
+        }
+      ];
+      # the marker's packets leave with UDP source port 65535: no local socket may take it
+      boot.kernel.sysctl."net.ipv4.ip_local_reserved_ports" = toString s.ring.marker.sourcePort;
+      systemd.services = mkIf (cfg.ring.marker.package != null) (
+        builtins.listToAttrs (
+          map (dev: {
+            name = "tp4-mesh-marker@${dev}";
+            value = {
+              description = "tp4: RoCEnante's ring packet marker on ${dev} (UDP source port ${toString s.ring.marker.sourcePort}, EtherType ${s.ring.marker.etherType})";
+              # the marker acts on the mesh's paths: up after it, down with it
+              after = [ "tp4-mesh.service" ];
+              bindsTo = [ "tp4-mesh.service" ];
+              wantedBy = [ "multi-user.target" ];
+              # a switch must not detach the marker under a serving rank
+              restartIfChanged = false;
+              serviceConfig = {
+                Type = "simple";
+                ExecStart = escapeShellArgs [
+                  "${cfg.ring.marker.package}/bin/${cfg.ring.marker.program}"
+                  "--device"
+                  dev
+                  "--source-port"
+                  (toString s.ring.marker.sourcePort)
+                  "--replacement-ethertype"
+                  s.ring.marker.etherType
+                  "--attach"
+                  "--managed"
+                ];
+                Restart = "on-failure";
+                RestartSec = "2s";
+                LimitMEMLOCK = "infinity";
+              };
+            };
+          }) s.ring.marker.devices
+        )
+      );
+    })
+
+    (mkIf (s.drmNode != null) {
+      assertions = [
+        {
+          assertion = cfg.displayReservation.enable;
+          message = "tp4.host.displayReservation.enable: the plan hands the engine the display reservation's DRM node (DSV41_ENGRAM_DRM_NODE=${s.drmNode.path}), which is only free with the reservation kept; fix: set tp4.host.displayReservation.enable = true, or unset DSV41_ENGRAM_DRM_NODE in the profile";
+        }
+      ];
+      # a systemd device unit for the node, which the rank requires: the rank waits for the card
+      # and fails on the dependency (not inside the engine) when the driver never creates it
+      services.udev.extraRules = ''
+        SUBSYSTEM=="drm", KERNEL=="${s.drmNode.kernel}", TAG+="systemd"
+      '';
     })
 
     (mkIf cfg.firewall.enable {

@@ -3,7 +3,8 @@
 #   bash python/setup.sh          the CLI only (enough for `tp4 plan`, `tp4 profile`)
 #   bash python/setup.sh --test   also the system tools and Python packages the tests use
 #                                 (nix, busybox, sshd, podman, docker, skopeo, umoci, iproute2, g++, binutils,
-#                                 nfs-ganesha + its VFS backend, libnfs-utils)
+#                                 nfs-ganesha + its VFS backend, libnfs-utils; the dev group, and the router
+#                                 group: SGLang's router, which tp4 fleet runs)
 set -euo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 want_test=0
@@ -56,7 +57,7 @@ trap 'rm -f "$reqs"' EXIT
 "$repo/.venv/bin/python" - "$repo/python/poetry.lock" "$want_test" >"$reqs" <<'PY'
 import sys, tomllib
 lock = tomllib.load(open(sys.argv[1], "rb"))
-groups = {"main", "dev"} if sys.argv[2] == "1" else {"main"}
+groups = {"main", "dev", "router"} if sys.argv[2] == "1" else {"main"}
 for pkg in lock["package"]:
     if not groups & set(pkg.get("groups", ["main"])):
         continue

@@ -6,7 +6,12 @@ run, a clean deploy of all four at once, the post-check and rollback of exactly 
 from __future__ import annotations
 
 import logging
+import os
 import shlex
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -15,6 +20,7 @@ from deploy_hosts import DeployCluster, System
 from tp4 import deploy, process
 
 SYSFS = "/etc/tp4-sys"
+REPO = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(scope="module")
@@ -273,3 +279,39 @@ def test_the_stand_ins_refuse_what_systemd_and_nix_env_refuse(line):
     env = host.run("systemd-run", "--wait", "--pipe", "--collect", "--setenv=A=1", "/usr/bin/env").stdout.split()
     assert sorted(env) == ["A=1", "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"]
 
+
+
+def test_ctrl_c_during_the_switches_takes_every_switched_host_back(line, tmp_path):
+    """SIGINT while the four switches run (each takes 4 s in its unit, which outlives the
+    interrupted ssh command): tp4 waits for each switch to finish there, switches every host back
+    to its recorded generation, prints the table and exits 130."""
+    paths = line.build({h.name: System("v9", seconds=4.0) for h in line.hosts})
+    before = state(line)
+    child = subprocess.Popen([sys.executable, "-m", "tp4", "deploy", "-p", str(line.profile), "--flake", str(line.flake), "--sysfs", SYSFS],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             env={**os.environ, "PYTHONPATH": str(REPO / "python"), "NIX_CONFIG": line.nix_config})
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and child.poll() is None:
+            if all(any(s[1] == "start" for s in line.switches(h)) for h in line.hosts):
+                break
+            time.sleep(0.2)
+        assert child.poll() is None, child.communicate()
+        child.send_signal(signal.SIGINT)
+        out, err = child.communicate(timeout=120)
+    finally:
+        if child.poll() is None:
+            child.kill()
+    assert child.returncode == 130, out + err
+    assert "interrupted" in err and "Traceback" not in out + err
+    assert state(line) == before
+    for h in line.hosts:
+        starts = [s for s in line.switches(h) if s[1] == "start"]
+        ends = [s for s in line.switches(h) if s[1] == "end"]
+        # the new system's switch ran to its end before the rollback's began
+        assert [s[2] for s in starts] == [paths[h.name], before[h.name][1]], line.switches(h)
+        assert ends[0][0] <= starts[1][0]
+        assert [u["unit"] for u in line.units(h)] == ["tp4-deploy-switch.service", "tp4-deploy-rollback.service"]
+        assert row(out, h.name)[-4:] == ["rolled", "back", "to", str(before[h.name][0])]
+        assert newest(line, h) > before[h.name][0]  # the new generation stays in the list, not current
+    assert "interrupted (Ctrl-C) during the deploy" in out

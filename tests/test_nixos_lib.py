@@ -82,7 +82,9 @@ def test_the_golden_holds_what_the_host_requirements_say(hosts):
         assert h["rdmaCheck"]["gidIndex"] is None  # not pinned: the check writes what it finds
         unit = h["rankUnit"]
         assert unit["serviceConfig"]["LimitMEMLOCK"] == "infinity"
-        assert unit["unitConfig"] == {"StartLimitIntervalSec": 3600, "StartLimitBurst": 3}
+        # a head's checkpoint directory is bound, not made: the unit asserts it is there
+        assert unit["unitConfig"] == {"StartLimitIntervalSec": 3600, "StartLimitBurst": 3,
+                                      **({"AssertPathExists": ["/home/tp4/NewModels/DeepSeek-V4.1-Flash"]} if h["rank"] == 0 else {})}
         assert unit["ordering"]["after"][:2] == ["network-online.target", "tp4-rdma-check.service"]
     head, workers = hosts["spark1"], [hosts[f"spark{i}"] for i in (2, 3, 4)]
     opts = "ro,sync,no_subtree_check,no_root_squash,insecure"
@@ -204,11 +206,18 @@ def test_a_ring_keeps_local_weights_and_orders_the_rank_after_the_mesh(work):
     assert w["nfs"] == {"exports": None, "mount": None}
     assert w["weightsVolume"] == {"name": "dsv41-weights", "driver": "local", "requiresMount": "/var/lib/tp4/model",
                                   "options": {"type": "none", "o": "bind", "device": "/var/lib/tp4/model"}}
-    assert w["rankUnit"]["ordering"]["requires"] == ["tp4-rdma-check.service", "tp4-weights-volume.service", "tp4-mesh.service"]
+    markers = [f"tp4-mesh-marker@{d}.service" for d in ("rocep1s0f0", "rocep1s0f1", "roceP2p1s0f0", "roceP2p1s0f1")]
+    # RoCEnante's opposite-node paths (DSV41_ROCE_RING=1): the rank also waits for the four markers
+    assert w["rankUnit"]["ordering"]["requires"] == ["tp4-rdma-check.service", "tp4-weights-volume.service", "tp4-mesh.service", *markers]
     assert w["ring"] == {"size": 8192, "functions": ["0000:01:00.0", "0000:01:00.1", "0002:01:00.0", "0002:01:00.1"],
-                         "links": ["enp1s0f0np0", "enp1s0f1np1", "enP2p1s0f0np0", "enP2p1s0f1np1"], "linkTimeout": 120}
+                         "links": ["enp1s0f0np0", "enp1s0f1np1", "enP2p1s0f0np0", "enP2p1s0f1np1"], "linkTimeout": 120,
+                         "marker": {"devices": ["rocep1s0f0", "rocep1s0f1", "roceP2p1s0f0", "roceP2p1s0f1"], "units": markers,
+                                    "sourcePort": 65535, "etherType": "0x88b5"}}
     assert Fabric().ring_hairpin_queue == 8192  # the profile default the lib assumes
     assert "/home/tp4/nccl-2.30.7/libnccl.so.2:/opt/sglang/lib/python3.12/site-packages/nvidia/nccl/lib/libnccl.so.2:ro" in w["rankUnit"]["container"]["volumes"]
+    # the patched NCCL the ring's overlay binds must be there: the unit asserts it before the runtime runs
+    assert w["rankUnit"]["unitConfig"] == {"StartLimitIntervalSec": 3600, "StartLimitBurst": 3, "AssertPathExists": ["/home/tp4/nccl-2.30.7/libnccl.so.2"]}
+    assert hosts["spark1"]["rankUnit"]["unitConfig"]["AssertPathExists"][0] == "/home/tp4/NewModels/DeepSeek-V4.1-Flash"
 
 
 def test_clients_are_the_workers_addresses_on_the_servers_network(work):
@@ -319,3 +328,35 @@ def test_a_plain_node_gets_no_unit(work):
 def test_a_host_that_is_not_in_the_profile(work, plan):
     expr = f"(import {nix_path(LIB)}).host {{ profile = {toml(PROFILE)}; plan = {json_file(plan)}; hostsFile = {toml(HOSTS)}; name = \"spark7\"; }}"
     assert 'tp4.node: "spark7" is not a node of the profile (spark1 spark2 spark3 spark4); fix: set tp4.node' in failure(expr, work)
+
+
+def test_a_ring_over_nccl_has_no_markers(work):
+    """Without RoCEnante's opposite-node paths the collectives go through NCCL: no marker units."""
+    text = PROFILE.read_text().replace('hcas = ["rocep1s0f0", "roceP2p1s0f0"]', 'hcas = ["rocep1s0f0", "roceP2p1s0f0"]\nmode = "ring"\n\n[fabric.nccl]\nmount = "overlay"')
+    text = text.replace("[nfs]", "[nfs]\nshare = false") + '\n[gates]\nSGLANG_ROCE_ALLREDUCE = "0"\nDSV41_ROCE_GATHER = ""\nSGLANG_ROCE_MAX_SIZE = ""\n'
+    profile = work / "ring-nccl.toml"
+    profile.write_text(text)
+    plan = plan_file(profile, work / "ring-nccl.json")
+    w = evaluate(hosts_expr(profile, plan, HOSTS, localWeights='"/var/lib/tp4/model"'), work)["spark2"]
+    assert w["ring"]["marker"] is None
+    assert w["rankUnit"]["ordering"]["requires"] == ["tp4-rdma-check.service", "tp4-weights-volume.service", "tp4-mesh.service"]
+
+
+def test_the_drm_node_of_the_plan_is_handed_to_the_rank(work):
+    """DSV41_ENGRAM_DRM_NODE: the rank requires the node's device unit (spark-host tags the card
+    for systemd); a value that is no DRM card node names the plan's field."""
+    text = PROFILE.read_text() + '\n[gates]\nDSV41_ENGRAM_DRM_NODE = "/dev/dri/card0"\n'
+    profile = work / "drm.toml"
+    profile.write_text(text)
+    plan = plan_file(profile, work / "drm.json")
+    hosts = evaluate(hosts_expr(profile, plan, HOSTS), work)
+    for h in hosts.values():
+        assert h["drmNode"] == {"path": "/dev/dri/card0", "kernel": "card0", "unit": "dev-dri-card0.device"}
+        assert h["rankUnit"]["ordering"]["requires"][-1] == "dev-dri-card0.device"
+        assert "dev-dri-card0.device" in h["rankUnit"]["ordering"]["after"]
+    data = json.loads(plan.read_text())
+    data["nodes"][2]["env"]["DSV41_ENGRAM_DRM_NODE"] = "/dev/sda"
+    bad = work / "drm-bad.json"
+    bad.write_text(json.dumps(data))
+    err = failure(hosts_expr(profile, bad, HOSTS), work)
+    assert 'plan: nodes[2].env.DSV41_ENGRAM_DRM_NODE: "/dev/sda" is not a DRM card node' in err

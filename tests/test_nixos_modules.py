@@ -57,7 +57,7 @@ def lines(work):
     """(profile, plan) of the example line and of the same line as a ring."""
     switched = EXAMPLE / "profile.toml"
     text = switched.read_text().replace('hcas = ["rocep1s0f0", "roceP2p1s0f0"]', 'hcas = ["rocep1s0f0", "roceP2p1s0f0"]\nmode = "ring"\n\n[fabric.nccl]\nmount = "overlay"')
-    text = text.replace("[nfs]", "[nfs]\nshare = false") + '\n[gates]\nDSV41_ROCE_RING = "1"\nSGLANG_ROCE_MAX_SIZE = "262144"\nDSV41_ROCE_GATHER = "262144"\n'
+    text = text.replace("[nfs]", "[nfs]\nshare = false") + '\n[gates]\nDSV41_ROCE_RING = "1"\nSGLANG_ROCE_MAX_SIZE = "262144"\nDSV41_ROCE_GATHER = "262144"\nDSV41_ENGRAM_DRM_NODE = "/dev/dri/card0"\n'
     ring = work / "ring.toml"
     ring.write_text(text)
     return {"switched": (switched, plan_file(switched, work / "switched.json")), "ring": (ring, plan_file(ring, work / "ring.json"))}
@@ -67,6 +67,7 @@ def fixture_config(profile: Path, plan: Path, name: str, *, ring: bool) -> str:
     hosts = EXAMPLE / "hosts.toml"
     local = '"/var/lib/tp4/model"' if ring else "null"
     mesh = '"/etc/tp4/mesh-up.sh"' if ring else "null"
+    marker = '"/nix/store/marker"' if ring else "null"
     settings = (f"(import {nix_path(LIB)}).host {{ profile = {toml(profile)}; plan = {json_file(plan)}; hostsFile = {toml(hosts)}; "
                 f"name = {json.dumps(name)}; localWeights = {local}; }}")
     return f"""{{
@@ -76,7 +77,7 @@ def fixture_config(profile: Path, plan: Path, name: str, *, ring: bool) -> str:
         host = {{
           enable = true; displayReservation.enable = true; firewall.enable = true;
           weights = {{ mountPoint = "/var/lib/tp4/weights"; localDir = {local}; }};
-          ring = {{ meshUp = {mesh}; meshDown = {mesh}; }};
+          ring = {{ meshUp = {mesh}; meshDown = {mesh}; marker = {{ package = {marker}; program = "mlx5-rdma-tx-rewrite-probe"; }}; }};
           kernel = {{ version = "6.17.13"; allowOther = false; }};
           gpuClock.maxMHz = 2200;
         }};
@@ -491,3 +492,51 @@ def test_the_plan_a_host_runs_is_the_clis(tmp_path):
     proc = subprocess.run(["sh", "-euc", script], capture_output=True, text=True, env={"out": str(out), "TMPDIR": str(tmp_path), "PATH": "/usr/bin:/bin"})
     assert proc.returncode == 0, proc.stderr
     assert json.loads(out.read_text()) == json.loads(plan_file(profile, tmp_path / "cli.json").read_text())
+
+
+def _assertions(w: dict) -> list[dict]:
+    return [a for s in w["set"] if s["path"] == "assertions" for a in s["value"]]
+
+
+def test_a_ring_with_roce_paths_keeps_a_marker_on_every_fabric_device(walks, work, lines):
+    """The ring worker's plan arms DSV41_ROCE_RING=1: one marker unit per fabric RDMA device with
+    sparkring's probe argv, bound to the mesh, UDP port 65535 reserved; without the marker's
+    package the module asserts with the fix (build the probe, or DSV41_ROCE_RING=0)."""
+    w = walks[("spark-host.nix", "ring worker")]
+    devices = ("rocep1s0f0", "rocep1s0f1", "roceP2p1s0f0", "roceP2p1s0f1")
+    for dev in devices:
+        unit = f"systemd.services.tp4-mesh-marker@{dev}"
+        assert value(w, f"{unit}.serviceConfig") == {
+            "Type": "simple", "Restart": "on-failure", "RestartSec": "2s", "LimitMEMLOCK": "infinity",
+            "ExecStart": f"'/nix/store/marker/bin/mlx5-rdma-tx-rewrite-probe' '--device' '{dev}' '--source-port' '65535' "
+                         "'--replacement-ethertype' '0x88b5' '--attach' '--managed'"}
+        assert value(w, f"{unit}.bindsTo") == value(w, f"{unit}.after") == ["tp4-mesh.service"]
+        assert value(w, f"{unit}.restartIfChanged") is False
+    sysctls = [s["value"] for s in w["set"] if s["path"] == "boot.kernel.sysctl"]
+    assert {"net.ipv4.ip_local_reserved_ports": "65535"} in sysctls
+    # (the fixture's config is no merge: the kernel command line assertion reads an empty one)
+    marker_checks = [a for a in _assertions(w) if a["message"].startswith("tp4.host.ring.marker")]
+    assert len(marker_checks) == 1 and marker_checks[0]["assertion"]
+    assert not any(s["path"].startswith("systemd.services.tp4-mesh-marker") for h in ("head", "worker")
+                   for s in walks[("spark-host.nix", h)]["set"])
+    requires = value(walks[("tp4-line.nix", "ring worker")], "systemd.services.podman-dsv41-worker.requires")
+    assert [r for r in requires if r.startswith("tp4-mesh-marker@")] == [f"tp4-mesh-marker@{d}.service" for d in devices]
+
+    profile, plan = lines["ring"]
+    bare = walk(MODULES / "spark-host.nix", fixture_config(profile, plan, "spark3", ring=True).replace('"/nix/store/marker"', "null"), work)
+    failing = [a["message"] for a in _assertions(bare) if not a["assertion"] and a["message"].startswith("tp4.host.ring")]
+    assert len(failing) == 1 and failing[0].startswith("tp4.host.ring.marker.package: the plan arms DSV41_ROCE_RING=1")
+    assert "mlx5_rdma_tx_rewrite_probe.c" in failing[0] and 'gates.DSV41_ROCE_RING = "0"' in failing[0]
+    assert not any(s["path"].startswith("systemd.services.tp4-mesh-marker") for s in bare["set"])
+
+
+def test_the_drm_node_gets_a_device_unit_and_needs_the_reservation(walks, work, lines):
+    w = walks[("spark-host.nix", "ring worker")]
+    assert value(w, "services.udev.extraRules") == 'SUBSYSTEM=="drm", KERNEL=="card0", TAG+="systemd"\n'
+    assert "dev-dri-card0.device" in value(walks[("tp4-line.nix", "ring worker")], "systemd.services.podman-dsv41-worker.requires")
+    assert not any(s["path"] == "services.udev.extraRules" for s in walks[("spark-host.nix", "head")]["set"])
+    profile, plan = lines["ring"]
+    off = walk(MODULES / "spark-host.nix", fixture_config(profile, plan, "spark3", ring=True).replace("displayReservation.enable = true", "displayReservation.enable = false"), work)
+    failing = [a["message"] for a in _assertions(off) if not a["assertion"] and a["message"].startswith("tp4.host.displayReservation.enable")]
+    assert [a["message"] for a in _assertions(w) if a["message"].startswith("tp4.host.displayReservation.enable") and not a["assertion"]] == []
+    assert failing == ["tp4.host.displayReservation.enable: the plan hands the engine the display reservation's DRM node (DSV41_ENGRAM_DRM_NODE=/dev/dri/card0), which is only free with the reservation kept; fix: set tp4.host.displayReservation.enable = true, or unset DSV41_ENGRAM_DRM_NODE in the profile"]

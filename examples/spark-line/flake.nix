@@ -5,7 +5,9 @@
 {
   description = "A TP4 line of four DGX Sparks on NixOS";
 
-  # the tp4 flake this was initialised from (`nix flake init -t <it>#spark-line`)
+  # the tp4 flake this was initialised from (`nix flake init -t <it>#spark-line`): set it to that
+  # flake's reference (a git URL, `github:<owner>/tp4`, or `path:/srv/tp4`); `nix flake lock`
+  # then pins it
   inputs.tp4.url = "github:OWNER/tp4";
 
   outputs =

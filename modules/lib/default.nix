@@ -108,10 +108,12 @@ in
         requiresMount = if nfs then weightsMountPoint else local;
       };
       firewall = rank.firewall { inherit plan node nfs; };
-      ring = if plan.line.fabric == "ring" then hosts.ringHairpin profile else null;
+      ring = if plan.line.fabric == "ring" then hosts.ringHairpin profile // { marker = rank.marker plan node; } else null;
+      drmNode = rank.drmNode node;
       rankUnit = unit // {
         ordering = rank.ordering { inherit plan node; weightsVolume = !isHead; };
-        inherit (rank) serviceConfig unitConfig;
+        inherit (rank) serviceConfig;
+        unitConfig = rank.unitConfigOf node;
         directories = rank.directories node;
         readiness = rank.readiness { inherit plan node; };
       };

@@ -28,6 +28,41 @@ rec {
   weightsVolumeUnit = "tp4-weights-volume.service";
   meshUnit = "tp4-mesh.service";
 
+  # a ring with RoCEnante's opposite-node paths (the plan's DSV41_ROCE_RING=1) marks the RDMA
+  # packets of those paths on every fabric device (sparkring's RDMA-TX rewrite probe, upstream's
+  # dsv41-mesh-marker@<rdma-dev>): UDP source port 65535, EtherType rewritten to 0x88b5
+  markerDevices = [ "rocep1s0f0" "rocep1s0f1" "roceP2p1s0f0" "roceP2p1s0f1" ];
+  marker =
+    plan: node:
+    if plan.line.fabric == "ring" && (node.env.DSV41_ROCE_RING or "0") == "1" then
+      {
+        devices = markerDevices;
+        units = map (d: "tp4-mesh-marker@${d}.service") markerDevices;
+        sourcePort = 65535;
+        etherType = "0x88b5";
+      }
+    else
+      null;
+
+  # the display reservation's DRM node the plan hands the engine (DSV41_ENGRAM_DRM_NODE), and the
+  # systemd device unit the rank waits for (spark-host tags the node for systemd)
+  drmNode =
+    node:
+    let
+      path = node.env.DSV41_ENGRAM_DRM_NODE or null;
+      card = if path == null then null else builtins.match "/dev/dri/(card[0-9]{1,3})" path;
+    in
+    if path == null then
+      null
+    else if card == null then
+      fail "plan: nodes[${toString node.rank}].env.DSV41_ENGRAM_DRM_NODE" "${toJSON path} is not a DRM card node" "set it to the display reservation's node, e.g. /dev/dri/card0"
+    else
+      {
+        inherit path;
+        kernel = elemAt card 0;
+        unit = "dev-dri-${elemAt card 0}.device";
+      };
+
   planNode =
     plan: name:
     let
@@ -109,14 +144,18 @@ rec {
     ++ [ { path = dirOf node.service.env_file; user = "root"; mode = "0700"; } ];
 
   # the rank unit's ordering: after the network, the RDMA check, the weights volume (which waits
-  # for the weights mount) and on a ring the mesh
+  # for the weights mount), on a ring the mesh and its markers, and the DRM node the plan hands it
   ordering =
     { plan, node, weightsVolume }:
     let
+      mark = marker plan node;
+      drm = drmNode node;
       needs =
         [ rdmaCheckUnit ]
         ++ optional weightsVolume weightsVolumeUnit
-        ++ optional (plan.line.fabric == "ring") meshUnit;
+        ++ optional (plan.line.fabric == "ring") meshUnit
+        ++ optionals (mark != null) mark.units
+        ++ optional (drm != null) drm.unit;
     in
     {
       wants = [ "network-online.target" ];
@@ -157,6 +196,22 @@ rec {
     StartLimitIntervalSec = 3600;
     StartLimitBurst = 3;
   };
+
+  # the host files the rank only reads (a ring's patched NCCL in NCCL_HOST_DIR, a head's
+  # checkpoint directory): a start without one fails as an assertion naming the path, not inside
+  # the runtime; the writable ones are made by tmpfiles (directories)
+  readOnlyBinds =
+    node:
+    let
+      model = (elemAt node.run.mounts 0).target;
+    in
+    map (m: m.source) (filter (m: m.type == "bind" && (m.read_only || m.target == model)) node.run.mounts);
+  unitConfigOf =
+    node:
+    let
+      paths = readOnlyBinds node;
+    in
+    unitConfig // (if paths == [ ] then { } else { AssertPathExists = paths; });
 
   # the rank's readiness unit (modules/rank-ready.sh): beside the rank unit, wanted by it and bound
   # to it, so the rank's start never waits on it

@@ -369,6 +369,12 @@ def _get_json(ep: Endpoint, path: str, timeout: float) -> tuple[int, Json]:
         return 200, _parse(call.where, body)
 
 
+def get_json(ep: Endpoint, path: str, timeout: float) -> tuple[int, Json]:
+    """(status, JSON body) of a GET of ``path`` (e.g. a router's /workers); raises ApiError when
+    no usable answer comes."""
+    return _get_json(ep, path, timeout)
+
+
 def _parse(where: str, body: bytes) -> Json:
     try:
         out: Json = json.loads(body)

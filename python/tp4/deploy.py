@@ -37,7 +37,9 @@ them at once (:func:`tp4.serve.parallel`), every command through :mod:`tp4.proce
 5. a host whose switch or post-check fails is switched back **by generation number**:
    ``nix-env -p /nix/var/nix/profiles/system --switch-generation N``, then that generation's
    ``switch-to-configuration switch`` in the unit ``tp4-deploy-rollback``; the others stay, or with
-   ``--all-or-nothing`` every host switched goes back.
+   ``--all-or-nothing`` every host switched goes back;
+6. Ctrl-C (TERM, HUP) after the copies: every host whose profile changed goes back the same way,
+   once its switch unit has finished there (:func:`_interrupted`); then exit 130.
 
 ``--dry-run`` prints every command the run would run (the same argv lists, from the same
 functions), with ``<toplevel:NODE>`` and ``<generation:NODE>`` where the run uses what the build
@@ -472,6 +474,16 @@ def deploy(plan: Plan, nodes: Sequence[Node], opts: Options, out: Echo, progress
         progress(f"{n.name}: switched to generation {st.after}; checking it from here")
         st.checks = post_check(n, opts.check_timeout)
 
+    try:
+        return _activate_and_check(plan, nodes, hosts, ready, activate, states, opts, out, progress)
+    except KeyboardInterrupt:
+        _interrupted(hosts, ready, states, out, progress)
+        raise
+
+
+def _activate_and_check(plan: Plan, nodes: Sequence[Node], hosts: Sequence[Node], ready: Sequence[Node],
+                        activate: Callable[[Node], None], states: dict[str, HostState], opts: Options,
+                        out: Echo, progress: Echo) -> list[HostState]:
     switched = _each(ready, activate, states, progress, "switch")
     # doctor over every node of the line (some checks compare nodes), read once for all hosts
     reachable = [n for n in switched if states[n.name].checks.get("ssh") == "ok"]
@@ -519,6 +531,66 @@ def deploy(plan: Plan, nodes: Sequence[Node], opts: Options, out: Echo, progress
                 st.detail = why
             progress(f"{n.name}: {st.result} to generation {st.before}")
     return _finish(hosts, states, out)
+
+
+def wait_switch(node: Node, timeout: float = SWITCH_TIMEOUT) -> None:
+    """Until the switch unit has finished on the host (it outlives the ssh command that started
+    it: an interrupted deploy's switch goes on there), on a connection of its own."""
+    unit = f"{SWITCH_UNIT}.service"
+    own = fresh(node)
+    deadline = time.monotonic() + timeout
+    while True:
+        got = own.run(unit_state_argv(unit), check=False, timeout=30, purpose=f"the state of {unit} on {node.name}")
+        now = (got.stdout.strip().splitlines() or [""])[-1]
+        if got.returncode != 255 and now not in UNFINISHED:
+            return
+        if time.monotonic() > deadline:
+            raise HostFailed(f"{unit} did not finish within {timeout:g} s")
+        time.sleep(0.5)
+
+
+def _interrupted(hosts: Sequence[Node], ready: Sequence[Node], states: dict[str, HostState], out: Echo, progress: Echo) -> None:
+    """Ctrl-C (or TERM, HUP) after the copies: every host whose system profile changed goes back
+    to its recorded generation, once its switch has finished there (the switch unit outlives the
+    interrupted ssh command); the table says what each host is on. A second Ctrl-C gives the
+    rollback up, and the hosts it had not reached are named."""
+    def changed(n: Node) -> bool:
+        st = states[n.name]
+        if st.switched:
+            return True
+        # interrupted while the profile was being set: the generation tells
+        return st.before is not None and record(n) != st.before
+
+    def undo(n: Node) -> None:
+        if not changed(n):
+            states[n.name].result, states[n.name].detail = "unchanged", "not switched (interrupted before its switch)"
+            return
+        st = states[n.name]
+        st.switched = True
+        wait_switch(n)
+        rollback(n, st)
+        st.result, st.detail = "rolled back", "interrupted (Ctrl-C) during the deploy"
+        progress(f"{n.name}: rolled back to generation {st.before}")
+
+    progress(f"interrupted: taking {', '.join(n.name for n in ready)} back to their recorded generations")
+    with process.cleanup():
+        results = parallel(ready, undo)
+    if any(isinstance(r, BaseException) and not isinstance(r, Exception) for r in results.values()):
+        pending = [n.name for n in ready if states[n.name].result not in ("rolled back", "unchanged")]
+        progress(f"interrupted again: the rollback was given up; {', '.join(pending) or 'no host'} may be on the new "
+                 f"generation (fix: tp4 deploy again, or on the host nix-env -p {SYSTEM_PROFILE} --switch-generation N "
+                 f"and {generation_link('N')}/bin/switch-to-configuration switch)")
+        raise KeyboardInterrupt
+    for n in ready:
+        got = results[n.name]
+        st = states[n.name]
+        if isinstance(got, BaseException):
+            st.result = "rollback failed"
+            st.detail = (f"interrupted (Ctrl-C); the rollback to generation {st.before} failed: {_brief(got)}; fix: on "
+                         f"the host, nix-env -p {SYSTEM_PROFILE} --switch-generation {st.before} and "
+                         f"{generation_link(st.before or 0)}/bin/switch-to-configuration switch")
+            progress(f"{n.name}: {st.detail}")
+    _finish(hosts, states, out)
 
 
 def _finish(hosts: Sequence[Node], states: dict[str, HostState], out: Echo) -> list[HostState]:

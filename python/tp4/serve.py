@@ -883,6 +883,25 @@ def _node_status(node: Node) -> dict[str, object]:
     return info
 
 
+def meminfo(text: str) -> dict[str, int]:
+    """The fields of a /proc/meminfo text, in bytes (the kernel gives kB: KiB)."""
+    out: dict[str, int] = {}
+    for line in text.splitlines():
+        name, _, rest = line.partition(":")
+        parts = rest.split()
+        if parts and parts[0].isdigit():
+            out[name.strip()] = int(parts[0]) * (1024 if parts[1:] == ["kB"] else 1)
+    return out
+
+
+def mem_available(node: Node, *, timeout: float = 20) -> int | None:
+    """The node's ``MemAvailable`` in bytes (its /proc/meminfo, through :meth:`Node.run`); None
+    when it cannot be read. `tp4 bench needle --watch-memory` polls the head with it during a
+    long prefill (the seed's low-water mark at 1M tokens was 7 GiB)."""
+    proc = node.run(["cat", "/proc/meminfo"], check=False, timeout=timeout, purpose=f"the free memory of {node.name}")
+    return meminfo(proc.stdout).get("MemAvailable") if proc.returncode == 0 else None
+
+
 def _age(stamp: str) -> float | None:
     from datetime import datetime, timezone
 

@@ -21,7 +21,8 @@ the rank's container receives and nothing else (it never sees the plan):
   0 listens on DIST_INIT_ADDR's port, the others connect; a member that goes away takes the others
   down with a Traceback, as NCCL does), prints the boot log, and on rank 0 serves the API on
   ``--host``/``--port``: ``/health`` and ``/health_generate``, ``/get_load`` and ``/v1/loads``
-  (running and waiting requests), ``/v1/models``, ``/v1/chat/completions`` (plain and streamed
+  (running and waiting requests), ``/server_info`` and ``/model_info`` (also under their old
+  names ``/get_...``: what a router reads of a line), ``/v1/models``, ``/v1/chat/completions`` (plain and streamed
   as SSE ``data:`` chunks ending in ``data: [DONE]``). With an API key every path but the health
   probes needs ``Authorization: Bearer <key>`` (401 otherwise). Workers print their lines and
   wait in the dist group until TERM.
@@ -57,6 +58,34 @@ Test controls (environment of the container; they are not engine settings):
                            a plain completion whose prompt contains TEXT (the first entry that
                            matches) is answered with that answer, one token per word (so
                            max_tokens cuts it, finish_reason length); `tp4 qeval`'s tests
+  SGLANG_HEALTH_CHECK_TIMEOUT  SGLang's own: how long ``/health_generate`` of a wedged engine
+                           waits for its one-token request before it answers 503 (default 20)
+  TP4_STANDIN_CONTEXT_TOKENS      the context length: a prompt of this many tokens or more gets
+                           SGLang's HTTP 400 `The input (N tokens) is longer than the model's
+                           context length (M tokens).` (default: no limit)
+  TP4_STANDIN_NEEDLE_LOST_BEYOND  a needle question (below) in a prompt of more tokens than this
+                           is answered without the passphrase (default: always found)
+
+While the engine serves, ``POST /standin/wedge`` with ``{"wedged": true}`` or ``{"wedged": false}``
+(a test control, no key needed; see :func:`wedge_control`) wedges it or lets it recover: its
+completions hang (those already hanging finish once it recovers) and ``/health_generate`` fails
+as SGLang's does, while ``/health`` stays 200; ``{"wedged": null}`` goes back to what the
+`wedge` fault says. Nothing changes until a test posts it.
+
+Bench timing (`tp4 bench`; :func:`exact_length` and :class:`Pacing`). A request that asks for its
+length exactly (``ignore_eos`` or ``min_tokens``, as a benchmark does) gets exactly ``max_tokens``
+completion tokens (finish_reason ``length``), and a streamed answer is paced as below; any other
+request streams one token per event at once, as before (the serve tests' default):
+
+  TP4_STANDIN_DECODE_TPS        per-stream decode rate in tokens/s: the events of a stream are sent
+                                at first + j * tokens_per_event / rate (0, the default: as fast as it can)
+  TP4_STANDIN_TOKENS_PER_EVENT  completion tokens per SSE event (default 3 for such requests, as
+                                the line's speculative decoding sends; the last event may carry fewer)
+  TP4_STANDIN_PREFILL_TPS       prefill rate in tokens/s: the first content event comes
+                                prompt_tokens / rate after the request (0, the default: at once);
+                                prompt tokens are the prompt's words
+  TP4_STANDIN_NO_MIN_TOKENS     1: a request with min_tokens or ignore_eos is refused with HTTP 400
+                                (an engine without them; sparkDash retries without)
 
 boot.py hands the engine the API key in TP4_STANDIN_API_KEY (upstream appends --api-key to the
 argv, which the host's process table would show) and its pid in TP4_STANDIN_BOOT_PID (the engine
@@ -71,7 +100,9 @@ Fault modes:
   crash        Traceback during the weight load, exit 1 (boot.py exits 1 with it)
   hang         stops after the CUDA graph capture: no API, never Ready (TERM still stops it)
   wedge        after boot.py's own smoke and warm-up, every completion hangs while /health
-               answers 200 and the load endpoints report nothing running or waiting
+               answers 200 and the load endpoints report nothing running or waiting;
+               /health_generate (SGLang's generating probe) waits SGLANG_HEALTH_CHECK_TIMEOUT
+               seconds and answers 503 once a completion hung
   busy         completions take TP4_STANDIN_BUSY_SECONDS; the load endpoints report them running
                plus three more running and one waiting (foreign traffic)
   slow         the warm-up input throughput is divided by TP4_STANDIN_SLOW_FACTOR
@@ -88,7 +119,10 @@ JSON object of the schema's properties (numbers 42 for the 19 + 23 question, els
 with ``tools`` offered and the last message the user's, a prompt that names a tool (or a
 ``tool_choice`` that requires one) gets a call of it (finish_reason ``tool_calls``; a required
 string argument is the prompt's first quoted word); after a ``tool`` message the answer is that
-tool's result (its ``value`` when it is a JSON object with one).
+tool's result (its ``value`` when it is a JSON object with one). The needle question of `tp4
+bench needle` (tp4.needle: "What is the secret passphrase ...") is answered with the passphrase of
+the prompt's needle sentence (``The secret passphrase is <code>.``), as a model that read the
+whole prompt would. A prompt's tokens are its words (``len(prompt.split())``).
 """
 
 from __future__ import annotations
@@ -106,6 +140,7 @@ import time
 import tomllib
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, NoReturn
@@ -124,6 +159,9 @@ WARMUP_TOKENS = 24
 # the header boot.py's own requests carry (the wedge starts after them)
 BOOT_HEADER = "X-Tp4-Standin-Boot"
 ENGINE = ("python", "-m", "sglang.launch_server")
+# tp4.needle's protocol: the question, and the needle sentence holding the passphrase
+NEEDLE_QUESTION = "What is the secret passphrase"
+NEEDLE_SENTENCE = re.compile(r"The secret passphrase is ([A-Za-z0-9-]+)\.")
 # tp4/data/container.toml `image.b12x_next` (tests/test_standin.py keeps them equal)
 B12X_NEXT = "/opt/b12x_next"
 
@@ -585,6 +623,16 @@ class Engine:
         self.slow = number("TP4_STANDIN_SLOW_FACTOR", 20) if "slow" in mine else 1.0
         self.prefill_seen = 0
         self.answered = 0  # completions other than boot.py's, for TP4_STANDIN_WEDGE_AFTER
+        self.wedge_set: bool | None = None  # POST /standin/wedge; None: the `wedge` fault decides
+
+    def wedged(self, count: bool = False) -> bool:
+        """Whether completions hang now; ``count``: a completion (not boot.py's) arrives."""
+        with self.lock:
+            if count and "wedge" in self.faults:
+                self.answered += 1
+            if self.wedge_set is not None:
+                return self.wedge_set
+            return "wedge" in self.faults and self.answered > number("TP4_STANDIN_WEDGE_AFTER", 0)
 
     def load(self) -> dict[str, Any]:
         with self.lock:
@@ -633,7 +681,7 @@ def handler(engine: Engine) -> type[BaseHTTPRequestHandler]:
             path = self.path.split("?")[0]
             load = engine.load()
             if path in ("/health", "/health_generate"):
-                self.send_response(200)
+                self.send_response(generating_health(engine) if path == "/health_generate" else 200)
                 self.send_header("Content-Length", "0")
                 self.end_headers()
             elif path == "/get_load":
@@ -644,6 +692,8 @@ def handler(engine: Engine) -> type[BaseHTTPRequestHandler]:
                                      "loads": [{"dp_rank": 0, "num_running_reqs": load["running"],
                                                 "num_waiting_reqs": load["waiting"], "num_total_reqs": load["running"] + load["waiting"],
                                                 "max_running_requests": engine.args.max_running_requests}]})
+            elif path in ("/server_info", "/get_server_info", "/model_info", "/get_model_info"):
+                self.send_json(200, server_info(engine, path))
             elif path == "/v1/models":
                 self.send_json(200, {"object": "list", "data": [{"id": engine.served_name, "object": "model",
                                                                  "owned_by": "sglang", "root": engine.served_name}]})
@@ -651,6 +701,9 @@ def handler(engine: Engine) -> type[BaseHTTPRequestHandler]:
                 self.send_json(404, {"detail": "Not Found"})
 
         def do_POST(self) -> None:
+            if self.path.split("?")[0] == "/standin/wedge":
+                self.send_json(*wedge_control(engine, self.rfile.read(int(self.headers.get("Content-Length") or 0))))
+                return
             if not self.authorized():
                 return
             if self.path.split("?")[0] != "/v1/chat/completions":
@@ -663,19 +716,22 @@ def handler(engine: Engine) -> type[BaseHTTPRequestHandler]:
                 max_tokens = int(body.get("max_tokens") or 256)
                 wrong = "wrong-answer" in engine.faults and self.headers.get(BOOT_HEADER) != "1"
                 answer, calls = reply(body, prompt, wrong)
+                answer = exact_length(body, answer, max_tokens)
             except (ValueError, KeyError, TypeError, AttributeError):
                 self.send_json(400, {"object": "error", "message": "invalid request body", "code": 400})
                 return
+            if (refusal := context_refusal(prompt)) is not None:
+                return self.send_json(400, refusal)
             boot = self.headers.get(BOOT_HEADER) == "1"
+            self.bench_request = bool(body.get("ignore_eos") or body.get("min_tokens"))
             with engine.lock:
                 engine.running += 1
             try:
-                if "wedge" in engine.faults and not boot:
-                    with engine.lock:
-                        engine.answered += 1
-                        wedged = engine.answered > number("TP4_STANDIN_WEDGE_AFTER", 0)
-                    if wedged:
-                        engine.stopping.wait()  # a wedged rank: the request never finishes
+                if not boot and engine.wedged(count=True):
+                    # a wedged rank: the request finishes only if the engine recovers
+                    while engine.wedged() and not engine.stopping.wait(0.1):
+                        pass
+                    if engine.stopping.is_set():
                         return
                 if "busy" in engine.faults and not boot:
                     time.sleep(number("TP4_STANDIN_BUSY_SECONDS", 5))
@@ -722,20 +778,62 @@ def handler(engine: Engine) -> type[BaseHTTPRequestHandler]:
                 self.wfile.write(f"data: {json.dumps(data)}\n\n".encode())
                 self.wfile.flush()
 
+            pacing = Pacing.of(self.bench_request, prompt_tokens)
             chunk({"role": "assistant", "content": ""}, None)
             if "stall" in engine.faults:
                 engine.stopping.wait()
                 return
             if calls:
                 chunk({"tool_calls": [{"index": i, **c} for i, c in enumerate(calls)]}, None)
-            for i, token in enumerate([] if calls else tokens):
-                chunk({"content": token.rstrip() if i == len(tokens) - 1 else token}, None)
+            for text in pacing.events([] if calls else tokens):
+                chunk({"content": text}, None)
             chunk({}, finish, usage=usage)
             self.wfile.write(b"data: [DONE]\n\n")
             self.wfile.flush()
             self.close_connection = True
 
     return Handler
+
+
+def server_info(engine: Engine, path: str) -> dict[str, Any]:
+    """SGLang's ``/server_info`` (``/get_server_info``: some of its server args) and ``/model_info``
+    (``/get_model_info``), which a router reads when a line registers (its served model name)."""
+    if path.endswith("model_info"):
+        return {"model_path": engine.args.model_path, "tokenizer_path": engine.args.model_path, "is_generation": True}
+    a = engine.args
+    return {"model_path": a.model_path, "served_model_name": engine.served_name, "tp_size": a.tp, "dp_size": 1,
+            "max_running_requests": a.max_running_requests, "version": "stand-in"}
+
+
+def generating_health(engine: Engine) -> int:
+    """SGLang's ``/health_generate``: one token through the scheduler, 503 when none comes within
+    SGLANG_HEALTH_CHECK_TIMEOUT seconds (http_server.py's health handler). A wedged engine
+    generates nothing: the probe waits the timeout out (answering 200 as soon as it recovers)."""
+    deadline = time.monotonic() + number("SGLANG_HEALTH_CHECK_TIMEOUT", 20)
+    while engine.wedged():
+        if time.monotonic() > deadline or engine.stopping.wait(0.1):
+            engine_log(0, "Health check failed. Server couldn't get a response from detokenizer for last "
+                          f"{number('SGLANG_HEALTH_CHECK_TIMEOUT', 20):g} seconds.")
+            return 503
+    return 200
+
+
+def wedge_control(engine: Engine, raw: bytes) -> tuple[int, dict[str, Any]]:
+    """The test control ``POST /standin/wedge``: ``{"wedged": true}`` wedges the engine (its
+    completions hang, /health_generate fails, /health stays 200), ``{"wedged": false}`` lets it
+    recover (hanging completions finish), ``{"wedged": null}`` leaves it to the `wedge` fault.
+    Answers the state now."""
+    try:
+        body = json.loads(raw or b"{}")
+        value = body["wedged"]
+        if value is not None and not isinstance(value, bool):
+            raise ValueError(value)
+    except (ValueError, KeyError, TypeError):
+        return 400, {"error": 'expected {"wedged": true | false | null}'}
+    with engine.lock:
+        engine.wedge_set = value
+    engine_log(0, f"stand-in control: wedged = {value}")
+    return 200, {"wedged": engine.wedged()}
 
 
 def reply(body: dict[str, Any], prompt: str, wrong: bool) -> tuple[list[str], list[dict[str, Any]]]:
@@ -774,6 +872,8 @@ def reply(body: dict[str, Any], prompt: str, wrong: bool) -> tuple[list[str], li
         obj = {name: number_ if spec.get("type") in ("integer", "number") else "" if spec.get("type") == "string" else None
                for name, spec in (schema.get("properties") or {}).items()}
         return [json.dumps(obj)], []
+    if (passphrase := needle_reply(prompt)) is not None:
+        return passphrase, []
     if QUESTION in prompt:
         return ["41" if wrong else "42"], []
     return [w + " " for w in PROSE], []
@@ -789,6 +889,73 @@ def scripted_answer(prompt: str) -> list[str] | None:
         if entry["contains"] in prompt:
             return re.findall(r"\s*\S+", entry["answer"]) or [""]
     return None
+def needle_reply(prompt: str) -> list[str] | None:
+    """The answer to tp4 bench needle's question: the passphrase of the needle sentence in the
+    prompt; without it beyond TP4_STANDIN_NEEDLE_LOST_BEYOND tokens. None: not that question."""
+    if NEEDLE_QUESTION not in prompt:
+        return None
+    lost = os.environ.get("TP4_STANDIN_NEEDLE_LOST_BEYOND")
+    found = NEEDLE_SENTENCE.search(prompt)
+    if found is None or (lost and len(prompt.split()) > number("TP4_STANDIN_NEEDLE_LOST_BEYOND", 0)):
+        return [w + " " for w in "I could not find a passphrase in the notes.".split()]
+    return [found[1]]
+
+
+def context_refusal(prompt: str) -> dict[str, Any] | None:
+    """SGLang's refusal of a prompt at or beyond its context length (tokenizer_manager.py,
+    `_validate_one_request`: input tokens >= context length), under TP4_STANDIN_CONTEXT_TOKENS;
+    None: accepted."""
+    if not os.environ.get("TP4_STANDIN_CONTEXT_TOKENS"):
+        return None
+    limit, tokens = int(number("TP4_STANDIN_CONTEXT_TOKENS", 0)), len(prompt.split())
+    if tokens < limit:
+        return None
+    return {"object": "error", "message": f"The input ({tokens} tokens) is longer than the model's context length ({limit} tokens).",
+            "type": "BadRequestError", "param": None, "code": 400}
+
+
+def exact_length(body: dict[str, Any], answer: list[str], max_tokens: int) -> list[str]:
+    """A request with ``ignore_eos`` or ``min_tokens`` gets exactly ``max_tokens`` tokens (the
+    answer, then prose words), as an engine that ignores EOS gives them; any other, the answer."""
+    if not (body.get("ignore_eos") or body.get("min_tokens")) or body.get("tools") or body.get("response_format"):
+        return answer
+    if os.environ.get("TP4_STANDIN_NO_MIN_TOKENS") == "1":
+        raise ValueError("min_tokens and ignore_eos are not supported")  # do_POST answers HTTP 400
+    words = [w + " " for w in PROSE]
+    out = list(answer)
+    while len(out) < max_tokens:
+        out.append(words[len(out) % len(words)])
+    return out[:max_tokens]
+
+
+class Pacing:
+    """How a streamed answer is timed and cut into SSE events (the module docstring's bench
+    timing): the first content event at prompt_tokens / TP4_STANDIN_PREFILL_TPS after the
+    request, event j at first + j * per_event / TP4_STANDIN_DECODE_TPS."""
+
+    def __init__(self, per_event: int, decode_tps: float, prefill_seconds: float) -> None:
+        self.per_event, self.decode_tps, self.prefill_seconds = max(1, per_event), decode_tps, prefill_seconds
+        self.started = time.monotonic()
+
+    @classmethod
+    def of(cls, bench: bool, prompt_tokens: int) -> Pacing:
+        if not bench:
+            return cls(1, 0.0, 0.0)
+        prefill = number("TP4_STANDIN_PREFILL_TPS", 0)
+        return cls(int(number("TP4_STANDIN_TOKENS_PER_EVENT", 3)), number("TP4_STANDIN_DECODE_TPS", 0),
+                   prompt_tokens / prefill if prefill > 0 else 0.0)
+
+    def events(self, tokens: list[str]) -> Iterator[str]:
+        """The content of each event, sent when its time has come (the last one's trailing space cut)."""
+        groups = [tokens[i:i + self.per_event] for i in range(0, len(tokens), self.per_event)]
+        first = self.started + self.prefill_seconds
+        for j, group in enumerate(groups):
+            due = first + (j * self.per_event / self.decode_tps if self.decode_tps > 0 else 0.0)
+            wait = due - time.monotonic()
+            if wait > 0:
+                time.sleep(wait)
+            text = "".join(group)
+            yield text.rstrip() if j == len(groups) - 1 else text
 
 
 def die_with_boot() -> None:

@@ -48,7 +48,10 @@ SUBCOMMANDS: dict[str, tuple[str, str, str]] = {
     "doctor": ("tp4.cli.doctor", "doctor", "Check every host requirement of the line, read-only; a fix for each failure."),
     "deploy": ("tp4.cli.deploy", "deploy", "Switch the NixOS hosts to the flake's systems, check each from here, roll back by generation what fails."),
     "qeval": ("tp4.cli.qeval", "qeval", "The quality suite: code (run in a sandbox on a worker), JSON, numeric, format and prose tasks; a score."),
+    "fleet": ("tp4.cli.fleet", "fleet", "Several lines behind SGLang's router, from one fleet file: plan, serve, stop, status."),
     "hosts": ("tp4.cli.hosts", "hosts", "The ssh host keys tp4 trusts: trust (after showing fingerprints), list, forget."),
+    "bench": ("tp4.cli.bench", "bench", "Measure the line: decode and prefill tok/s (sparkDash's method and result.json), needle."),
+    "report": ("tp4.cli.report", "report", "Bench results against the published line (or another run): tables, PNG charts, regressions."),
 }
 
 

@@ -123,7 +123,9 @@ def toml_key(key: str) -> str:
     return f'"{escaped}"'
 
 
-def _pydantic_problems(exc: ValidationError, doc: Doc) -> list[Problem]:
+def _pydantic_problems(exc: ValidationError, doc: Doc, model: type[BaseModel] | None = None) -> list[Problem]:
+    """Each error of a validation as a Problem (field, reason, fix); ``model``: the model that was
+    validated (default: the profile), whose fields the hint for a misspelt key is taken from."""
     from tp4.profile import models
 
     problems = []
@@ -133,7 +135,7 @@ def _pydantic_problems(exc: ValidationError, doc: Doc) -> list[Problem]:
         if err["type"] == "extra_forbidden":
             import difflib
 
-            known = _known_fields(models.Profile, loc[:-1])
+            known = _known_fields(model or models.Profile, loc[:-1])
             hint = difflib.get_close_matches(str(loc[-1]), known, n=1)
             fix = f"did you mean {hint[0]!r}?" if hint else (
                 "remove it; known fields here: " + ", ".join(sorted(known)) if known else "remove it")
