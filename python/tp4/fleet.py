@@ -432,7 +432,8 @@ def plan_text(fleet: Fleet) -> list[str]:
                    f"api {p.line.api}, image {p.image.tag}, model {p.nodes[0].env.get('SERVED_MODEL_NAME')}, preset {p.preset}")
     r = fleet.router
     where = "this machine" if r.host == "local" else r.host
-    out.append(f"router: {r.kind} on {where}, policy {r.policy}, health {r.health.endpoint} every {r.health.interval} s "
+    how = "tp4-router.service (nixosModules.tp4-router)" if r.service == "unit" else "a process in its own session"
+    out.append(f"router: {r.kind} on {where} as {how}, policy {r.policy}, health {r.health.endpoint} every {r.health.interval} s "
                f"(timeout {r.health.timeout} s, out after {r.health.failure_threshold}, back after {r.health.success_threshold}), "
                f"metrics http://{METRICS_HOST}:{r.metrics.port}/metrics on its loopback")
     if fleet.key_file:
