@@ -542,6 +542,32 @@ class RouterHost:
         return proc.stdout if proc.returncode == 0 else None
 
 
+# the router's per-worker counters (Prometheus text): smg's circuit-breaker outcomes (one per
+# request a worker answered, whatever the outcome; sglang-router 0.3.2 and smg), and the older
+# sglang-router's processed requests
+_WORKER_COUNTER = re.compile(r'^(smg_worker_cb_outcomes_total|sgl_router_processed_requests_total)\{([^}]*)\}\s+([0-9.eE+]+)\s*$')
+_WORKER_LABEL = re.compile(r'(?:^|,)worker="([^"]*)"')
+
+
+def requests_per_line(metrics: str, lines: dict[str, str]) -> dict[str, int]:
+    """Each line's requests so far as the router counts them: ``lines`` maps a line's API URL to
+    its name; a worker the router does not list counts 0."""
+    got = {name: 0 for name in lines.values()}
+    by_url = {url.rstrip("/"): name for url, name in lines.items()}
+    for raw in metrics.splitlines():
+        m = _WORKER_COUNTER.match(raw.strip())
+        if m is None:
+            continue
+        worker = _WORKER_LABEL.search(m[2])
+        name = by_url.get(worker[1].rstrip("/")) if worker else None
+        if name is not None:
+            try:
+                got[name] += int(float(m[3]))
+            except (ValueError, OverflowError):
+                continue
+    return got
+
+
 def _plain(line: str) -> str:
     """A log line without its terminal colours."""
     return re.sub(r"\x1b\[[0-9;]*m", "", line)
