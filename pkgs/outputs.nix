@@ -123,6 +123,18 @@ let
         tp4-line
       ];
     };
+    # the fleet's router as tp4-router.service (a fleet file with router.service = "unit")
+    tp4-router = {
+      imports = [
+        ../modules/tp4-router.nix
+        (
+          { lib, pkgs, ... }:
+          {
+            config.tp4.router.package = lib.mkDefault packages.${pkgs.stdenv.buildPlatform.system}.tp4;
+          }
+        )
+      ];
+    };
   };
 
   # one NixOS system per node of a profile: the hosts and their addresses are the profile's

@@ -569,6 +569,35 @@ def test_plan_shows_no_key_and_json(tmp_path: Path) -> None:
     assert data["router"]["argv"][2] == "<launcher>"
 
 
+def test_the_router_as_the_nixos_unit_is_started_and_stopped_with_systemctl(tmp_path: Path) -> None:
+    """router.service = "unit": tp4 fleet serve and stop drive nixosModules.tp4-router's
+    tp4-router.service (its pid from systemd, its log from the journal), through sudo for a
+    user other than root; the plan carries the full command the unit runs, with no key."""
+    key = tmp_path / "key"
+    key.write_text("sk-unit-secret-9\n")
+    key.chmod(0o600)
+    path = fleet_of(tmp_path, router='service = "unit"\nhost = "10.0.0.1"\nuser = "ops"\npython = "/opt/r/bin/python"',
+                    base=BASE + f'[api]\nkey_file = "{key}"\n')
+    f = fleet.load(path)
+    assert f.router.service == "unit"
+    assert fleet.privileged(f, fleet.unit_start_argv()) == ["sudo", "-n", "systemctl", "start", "--", "tp4-router.service"]
+    assert fleet.unit_stop_argv() == ["systemctl", "stop", "--", "tp4-router.service"]
+    assert fleet.unit_pid_argv() == ["systemctl", "show", "--property=MainPID", "--value", "--", "tp4-router.service"]
+    assert fleet.unit_log_argv(20) == ["journalctl", "--unit", "tp4-router.service", "--lines", "20", "--no-pager", "--output", "cat"]
+    (tmp_path / "root").mkdir()
+    root = fleet.load(fleet_of(tmp_path / "root", router='service = "unit"'))
+    assert fleet.privileged(root, fleet.unit_stop_argv()) == fleet.unit_stop_argv()
+    data = fleet.plan_json(f)
+    router = data["router"]
+    assert isinstance(router, dict)
+    assert router["service"] == "unit" and router["python"] == "/opt/r/bin/python"
+    command = router["command"]
+    assert command == fleet.router_argv(f, [line.api for line in f.lines]) and command[:3] == ["/opt/r/bin/python", "-c", fleet.LAUNCHER]
+    assert command[3] == f"{f.router.state_dir}/{fleet.KEY_FILE}" and "sk-unit-secret" not in json.dumps(data)
+    with pytest.raises(InvalidInput):
+        fleet.load(fleet_of(tmp_path, router='service = "container"'))
+
+
 # --- the router's argv: a property ----------------------------------------------------------------
 
 WORDS = st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=30)

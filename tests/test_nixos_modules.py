@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -31,11 +32,13 @@ import pytest
 from nix_env import BUSYBOX, empty_flake, locked_flake_copy, nix, stub_inputs
 from nixos_helpers import EXAMPLE, LIB, REPO, json_file, nix_eval, nix_path, plan_file, toml
 
+from tp4 import fleet
+
 MODULES = REPO / "modules"
 OPTIONS = MODULES / "options.toml"
 WALK = REPO / "tests" / "nixos-modules" / "walk.nix"
 STUB_LIB = REPO / "tests" / "nixos-modules" / "lib.nix"
-MODULE_FILES = ("spark-host.nix", "tp4-line.nix", "common.nix")
+MODULE_FILES = ("spark-host.nix", "tp4-line.nix", "common.nix", "tp4-router.nix")
 RDMA_CHECK = MODULES / "rdma-check.sh"
 
 PKGS = ('{ rdma-core = "/nix/store/rdma-core"; coreutils = "/nix/store/coreutils"; iproute2 = "/nix/store/iproute2"; runtimeShell = "/bin/sh"; gnugrep = "/nix/store/gnugrep"; gnused = "/nix/store/gnused"; '
@@ -60,10 +63,26 @@ def lines(work):
     text = text.replace("[nfs]", "[nfs]\nshare = false") + '\n[gates]\nDSV41_ROCE_RING = "1"\nSGLANG_ROCE_MAX_SIZE = "262144"\nDSV41_ROCE_GATHER = "262144"\nDSV41_ENGRAM_DRM_NODE = "/dev/dri/card0"\n'
     ring = work / "ring.toml"
     ring.write_text(text)
-    return {"switched": (switched, plan_file(switched, work / "switched.json")), "ring": (ring, plan_file(ring, work / "ring.json"))}
+    return {"switched": (switched, plan_file(switched, work / "switched.json")), "ring": (ring, plan_file(ring, work / "ring.json")),
+            "fleet": fleet_plan(work, service="unit")}
 
 
-def fixture_config(profile: Path, plan: Path, name: str, *, ring: bool) -> str:
+def fleet_plan(work: Path, *, service: str, python: str = "/opt/tp4/.venv/bin/python") -> Path:
+    """`tp4 fleet plan --json` of the example fleet (examples/fleet), its router run as `service`."""
+    d = work / f"fleet-{service}"
+    d.mkdir(exist_ok=True)
+    shutil.copy(REPO / "examples" / "fleet" / "profile.toml", d / "profile.toml")
+    text = (REPO / "examples" / "fleet" / "fleet.toml").read_text()
+    text = text.replace('python = "/opt/tp4/.venv/bin/python"', f'python = "{python}"\nservice = "{service}"')
+    (d / "fleet.toml").write_text(text)
+    proc = subprocess.run([sys.executable, "-m", "tp4", "fleet", "plan", "--json", "-f", str(d / "fleet.toml")], capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(REPO / "python")})
+    assert proc.returncode == 0, proc.stderr
+    (d / "plan.json").write_text(proc.stdout)
+    return d / "plan.json"
+
+
+def fixture_config(profile: Path, plan: Path, name: str, *, ring: bool, router: Path | None = None) -> str:
     hosts = EXAMPLE / "hosts.toml"
     local = '"/var/lib/tp4/model"' if ring else "null"
     mesh = '"/etc/tp4/mesh-up.sh"' if ring else "null"
@@ -82,6 +101,7 @@ def fixture_config(profile: Path, plan: Path, name: str, *, ring: bool) -> str:
           gpuClock.maxMHz = 2200;
         }};
         line = {{ enable = true; image = {{ stream = null; file = null; }}; autoStart = false; }};
+        router = {{ enable = {"true" if router else "false"}; fleetPlan = {nix_path(router) if router else "null"}; fleet = null; package = null; python = null; openFirewall = true; }};
       }};
       boot = {{ kernelParams = [ ]; kernelPackages.kernel.version = "6.17.13"; }};
       services = {{ xserver.enable = false; displayManager = {{ enable = false; gdm.enable = false; }}; desktopManager.gnome.enable = false; }};
@@ -108,7 +128,7 @@ def walks(work, lines):
     for module in MODULE_FILES:
         for host, (line, name) in hosts.items():
             profile, plan = lines[line]
-            out[(module, host)] = walk(MODULES / module, fixture_config(profile, plan, name, ring=line == "ring"), work)
+            out[(module, host)] = walk(MODULES / module, fixture_config(profile, plan, name, ring=line == "ring", router=lines["fleet"]), work)
     return out
 
 
@@ -128,7 +148,7 @@ def test_the_modules_set_only_options_the_data_file_lists(walks):
 def test_every_listed_option_is_set_by_a_module(walks, data):
     used = {s["entry"] for w in walks.values() for s in w["set"]}
     assert sorted(set(data["set"]) - used) == []
-    assert sorted(set(data["own"]) - used - {"tp4.host", "tp4.line", "tp4.planFile", "tp4.hostsFile", "tp4.node", "tp4.package", "tp4.profile"}) == []
+    assert sorted(set(data["own"]) - used - {"tp4.host", "tp4.line", "tp4.planFile", "tp4.hostsFile", "tp4.node", "tp4.package", "tp4.profile", "tp4.router"}) == []
 
 
 def test_what_each_host_gets(walks):
@@ -327,7 +347,7 @@ def test_the_flake_has_the_modules_the_example_hosts_and_the_template(tmp_path):
         assert proc.returncode == 0, proc.stderr
         return json.loads(proc.stdout)
 
-    assert evaluate("nixosModules", "builtins.attrNames") == ["default", "spark-host", "tp4-line"]
+    assert evaluate("nixosModules", "builtins.attrNames") == ["default", "spark-host", "tp4-line", "tp4-router"]
     assert evaluate("nixosModules.spark-host", "m: map (p: baseNameOf (toString p)) (builtins.filter (p: !builtins.isFunction p) m.imports)") == [
         "dgx-spark.nix", "spark-host.nix"]
     hosts = evaluate("nixosConfigurations", """cs: builtins.mapAttrs (n: c: let ms = c.stub.args.modules; in {
@@ -540,3 +560,34 @@ def test_the_drm_node_gets_a_device_unit_and_needs_the_reservation(walks, work, 
     failing = [a["message"] for a in _assertions(off) if not a["assertion"] and a["message"].startswith("tp4.host.displayReservation.enable")]
     assert [a["message"] for a in _assertions(w) if a["message"].startswith("tp4.host.displayReservation.enable") and not a["assertion"]] == []
     assert failing == ["tp4.host.displayReservation.enable: the plan hands the engine the display reservation's DRM node (DSV41_ENGRAM_DRM_NODE=/dev/dri/card0), which is only free with the reservation kept; fix: set tp4.host.displayReservation.enable = true, or unset DSV41_ENGRAM_DRM_NODE in the profile"]
+
+
+def test_the_router_unit_runs_the_fleet_plans_command(walks, work, lines):
+    """nixosModules.tp4-router: tp4-router.service runs `tp4 fleet plan --json`'s router command
+    as it is (tp4's launcher, the router's arguments over every line), its Python first; not at
+    boot (tp4 fleet serve starts it); the API port open, metrics not; a fleet file that runs the
+    router as a process, a plan of something else, or no Python are assertions with their fix."""
+    w = walks[("tp4-router.nix", "head")]
+    doc = json.loads(lines["fleet"].read_text())
+    command = doc["router"]["command"]
+    assert command[1:3] == ["-c", fleet.LAUNCHER] and command[4] == "sglang_router.launch_router"
+    sc = value(w, "systemd.services.tp4-router.serviceConfig")
+    assert shlex.split(sc["ExecStart"]) == ["/opt/tp4/.venv/bin/python", *command[1:]]
+    assert "--worker-urls" in command and command[command.index("--worker-urls") + 1:][:2] == ["http://10.0.0.1:8888", "http://10.0.0.5:8888"]
+    assert {k: sc[k] for k in ("Type", "Restart", "NoNewPrivileges")} == {"Type": "simple", "Restart": "on-failure", "NoNewPrivileges": True}
+    assert value(w, "systemd.services.tp4-router.restartIfChanged") is False
+    assert not any(s["path"] == "systemd.services.tp4-router.wantedBy" for s in w["set"])
+    assert [30000] in [s["value"] for s in w["set"] if s["path"] == "networking.firewall.allowedTCPPorts"]
+    assert "d /var/tmp/tp4-router 0700 root root -" in value(w, "systemd.tmpfiles.rules")
+    assert all(a["assertion"] for a in _assertions(w)), [a["message"] for a in _assertions(w) if not a["assertion"]]
+
+    profile, plan = lines["switched"]
+    process = walk(MODULES / "tp4-router.nix", fixture_config(profile, plan, "spark1", ring=False, router=fleet_plan(work, service="process")), work)
+    failing = [a["message"] for a in _assertions(process) if not a["assertion"]]
+    assert failing == ['tp4.router: the fleet file runs its router as a plain process (router.service = "process"), so tp4 fleet serve would not start this unit; fix: set router.service = "unit" in the fleet file']
+    other = walk(MODULES / "tp4-router.nix", fixture_config(profile, plan, "spark1", ring=False, router=plan), work)
+    failing = [a["message"] for a in _assertions(other) if not a["assertion"]]
+    assert len(failing) == 3 and failing[0].startswith("tp4.router.fleetPlan: ") and "is not a tp4 fleet plan" in failing[0]
+    assert failing[2].startswith("tp4.router.python: no Python with the router: nixpkgs has no sglang-router package")
+    off = walk(MODULES / "tp4-router.nix", fixture_config(profile, plan, "spark1", ring=False), work)
+    assert off["set"] == [] or all(not s["path"].startswith("systemd.services.tp4-router") for s in off["set"])

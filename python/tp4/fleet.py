@@ -140,6 +140,8 @@ class Router(Section):
     state_dir: str = Field("/var/tmp/tp4-router", description="The router's pid file, log and key file on its host (absolute).")
     ready_timeout: Int = Field(300, ge=1, le=86400, description="Seconds serve waits for the router to report every line healthy.")
     stop_grace: Int = Field(10, ge=0, le=3600, description="Seconds between TERM and KILL when the router stops.")
+    service: Literal["process", "unit"] = Field(
+        "process", description="How the router runs on its host: a plain process in its own session (\"process\"), or the NixOS module's tp4-router.service (\"unit\": nixosModules.tp4-router), started and stopped with systemctl.")
     health: Health = Field(default_factory=Health)
     metrics: Metrics = Field(default_factory=Metrics)
 
@@ -414,7 +416,10 @@ def plan_json(fleet: Fleet) -> dict[str, object]:
                    "policy": fleet.router.policy, "metrics": f"http://{METRICS_HOST}:{fleet.router.metrics.port}/metrics",
                    "health": fleet.router.health.model_dump(), "state_dir": fleet.router.state_dir,
                    "api_key": f"read from {fleet.key_file} at serve time (never shown)" if fleet.key_file else None,
-                   "argv": argv[:2] + ["<launcher>"] + argv[3:]},
+                   "argv": argv[:2] + ["<launcher>"] + argv[3:],
+                   # what nixosModules.tp4-router runs (its Python first): the launcher and the
+                   # arguments over every line; the key is read from the file, never here
+                   "service": fleet.router.service, "python": fleet.router.python, "command": argv},
         "warnings": list(fleet.warnings),
     }
 
@@ -427,7 +432,8 @@ def plan_text(fleet: Fleet) -> list[str]:
                    f"api {p.line.api}, image {p.image.tag}, model {p.nodes[0].env.get('SERVED_MODEL_NAME')}, preset {p.preset}")
     r = fleet.router
     where = "this machine" if r.host == "local" else r.host
-    out.append(f"router: {r.kind} on {where}, policy {r.policy}, health {r.health.endpoint} every {r.health.interval} s "
+    how = "tp4-router.service (nixosModules.tp4-router)" if r.service == "unit" else "a process in its own session"
+    out.append(f"router: {r.kind} on {where} as {how}, policy {r.policy}, health {r.health.endpoint} every {r.health.interval} s "
                f"(timeout {r.health.timeout} s, out after {r.health.failure_threshold}, back after {r.health.success_threshold}), "
                f"metrics http://{METRICS_HOST}:{r.metrics.port}/metrics on its loopback")
     if fleet.key_file:
@@ -438,6 +444,32 @@ def plan_text(fleet: Fleet) -> list[str]:
 
 
 # --- the router on its host -----------------------------------------------------------------------
+
+
+# the router as the NixOS module's unit (router.service = "unit"): systemctl and journalctl
+ROUTER_UNIT = "tp4-router.service"
+
+
+def unit_start_argv() -> list[str]:
+    return ["systemctl", "start", "--", ROUTER_UNIT]
+
+
+def unit_stop_argv() -> list[str]:
+    return ["systemctl", "stop", "--", ROUTER_UNIT]
+
+
+def unit_pid_argv() -> list[str]:
+    return ["systemctl", "show", "--property=MainPID", "--value", "--", ROUTER_UNIT]
+
+
+def unit_log_argv(lines: int) -> list[str]:
+    return ["journalctl", "--unit", ROUTER_UNIT, "--lines", str(lines), "--no-pager", "--output", "cat"]
+
+
+def privileged(fleet: Fleet, argv: list[str]) -> list[str]:
+    """systemctl as a user other than root goes through ``sudo -n`` (as tp4 serve's for a rank)."""
+    user = fleet.router.user
+    return ["sudo", "-n", *argv] if user not in (None, "root") else argv
 
 
 @dataclass
@@ -455,7 +487,14 @@ class RouterHost:
 
         return process.run(list(argv), remote=self.remote, check=check, input=input, timeout=timeout, purpose=purpose)
 
+    @property
+    def unit(self) -> bool:
+        return self.fleet.router.service == "unit"
+
     def pid(self) -> int | None:
+        if self.unit:
+            out = self.run(privileged(self.fleet, unit_pid_argv()), check=False, purpose=f"{ROUTER_UNIT}'s pid on {self.where}").stdout.strip()
+            return int(out) if out.isdigit() and int(out) > 0 else None
         out = self.run(["sh", "-c", _PID, "sh", self.fleet.router.state_dir], purpose=f"the router's pid on {self.where}").stdout.strip()
         return int(out) if out.isdigit() else None
 
@@ -463,11 +502,23 @@ class RouterHost:
         d = self.fleet.router.state_dir
         if key is not None:
             self.run(["sh", "-c", _WRITE_PRIVATE, "sh", f"{d}/{KEY_FILE}"], input=key, purpose=f"writing the router's key file on {self.where}")
+        if self.unit:
+            # the unit's command is the fleet plan's (every line): a line that did not come up is
+            # one the router's health check keeps out
+            self.run(privileged(self.fleet, unit_start_argv()), purpose=f"starting {ROUTER_UNIT} on {self.where}")
+            return f"started {ROUTER_UNIT} (pid {self.pid() or '?'})"
         out = self.run(["sh", "-c", _START, "sh", d, *router_argv(self.fleet, urls)], purpose=f"starting the router on {self.where}")
         return out.stdout.strip()
 
     def stop(self) -> str | None:
         """Stop the router (TERM, KILL after the grace); a problem, or None when none runs."""
+        if self.unit:
+            proc = self.run(privileged(self.fleet, unit_stop_argv()), check=False, purpose=f"stopping {ROUTER_UNIT} on {self.where}",
+                            timeout=self.fleet.router.stop_grace + 60)
+            self.run(["rm", "-f", "--", f"{self.fleet.router.state_dir}/{KEY_FILE}"], check=False, purpose=f"removing the router's key file on {self.where}")
+            if proc.returncode != 0:
+                return f"router on {self.where}: systemctl stop {ROUTER_UNIT}: {(proc.stdout + proc.stderr).strip() or f'exit code {proc.returncode}'}"
+            return None
         proc = self.run(["sh", "-c", _STOP, "sh", self.fleet.router.state_dir, str(self.fleet.router.stop_grace)], check=False,
                         purpose=f"stopping the router on {self.where}", timeout=self.fleet.router.stop_grace + 60)
         if proc.returncode != 0:
@@ -475,6 +526,9 @@ class RouterHost:
         return None
 
     def log_tail(self, lines: int = LOG_TAIL) -> list[str]:
+        if self.unit:
+            proc = self.run(privileged(self.fleet, unit_log_argv(lines)), check=False, purpose=f"{ROUTER_UNIT}'s journal on {self.where}")
+            return [_plain(line) for line in proc.stdout.splitlines() if line.strip()]
         proc = self.run(["tail", "-n", str(lines), "--", f"{self.fleet.router.state_dir}/{LOG_FILE}"], check=False,
                         purpose=f"the router's log on {self.where}")
         return [_plain(line) for line in proc.stdout.splitlines() if line.strip()]
@@ -486,6 +540,32 @@ class RouterHost:
         url = f"http://{METRICS_HOST}:{self.fleet.router.metrics.port}/metrics"
         proc = self.run([python_of(self.fleet), "-c", script, url], check=False, purpose=f"the router's metrics on {self.where}")
         return proc.stdout if proc.returncode == 0 else None
+
+
+# the router's per-worker counters (Prometheus text): smg's circuit-breaker outcomes (one per
+# request a worker answered, whatever the outcome; sglang-router 0.3.2 and smg), and the older
+# sglang-router's processed requests
+_WORKER_COUNTER = re.compile(r'^(smg_worker_cb_outcomes_total|sgl_router_processed_requests_total)\{([^}]*)\}\s+([0-9.eE+]+)\s*$')
+_WORKER_LABEL = re.compile(r'(?:^|,)worker="([^"]*)"')
+
+
+def requests_per_line(metrics: str, lines: dict[str, str]) -> dict[str, int]:
+    """Each line's requests so far as the router counts them: ``lines`` maps a line's API URL to
+    its name; a worker the router does not list counts 0."""
+    got = {name: 0 for name in lines.values()}
+    by_url = {url.rstrip("/"): name for url, name in lines.items()}
+    for raw in metrics.splitlines():
+        m = _WORKER_COUNTER.match(raw.strip())
+        if m is None:
+            continue
+        worker = _WORKER_LABEL.search(m[2])
+        name = by_url.get(worker[1].rstrip("/")) if worker else None
+        if name is not None:
+            try:
+                got[name] += int(float(m[3]))
+            except (ValueError, OverflowError):
+                continue
+    return got
 
 
 def _plain(line: str) -> str:

@@ -218,6 +218,8 @@ class Measurements:
     status: str | None = None
     notes: tuple[str, ...] = ()
     source: Mapping[str, object] | None = None  # a shipped reference's source (where its numbers come from)
+    # behind a fleet's router: (prompt type, concurrency) -> line -> (median requests, median tok/s)
+    lines: Mapping[tuple[str, int], Mapping[str, tuple[Fraction | None, Fraction | None]]] = field(default_factory=dict)
 
 
 def median(values: Sequence[Fraction]) -> Fraction:
@@ -251,6 +253,8 @@ class _Level:
     ttft: Fraction | None
     status: Status
     reason: str | None
+    # behind a fleet's router (tp4 bench --fleet): line -> (requests, decode tok/s)
+    lines: Mapping[str, tuple[int | None, Fraction | None]] = field(default_factory=dict)
 
 
 def _result_path(arg: str) -> Path:
@@ -314,8 +318,16 @@ def _levels(src: _Src, job: Mapping[str, object], where: str, notes: list[str]) 
             status, reason = "invalid", invalid
         elif error is not None or streams_ok == 0:
             status, reason = "failed", error or "no stream finished"
+        per_line: dict[str, tuple[int | None, Fraction | None]] = {}
+        for name, raw_line in src.opt_obj(extra, "lines", f"{at}.tp4").items():
+            entry = src.obj(raw_line, f"{at}.tp4.lines.{printable(name, 40)}")
+            where_line = f"{at}.tp4.lines.{printable(name, 40)}"
+            requests = src.num(entry, "requests", where_line)
+            if requests is not None and requests.denominator != 1:
+                src.fail(f"{where_line}.requests", f"is {_describe(entry.get('requests'))}, not a whole number")
+            per_line[printable(name, 40)] = (None if requests is None else int(requests), src.num(entry, "decodeTps", where_line))
         levels.append(_Level(prompt_type, concurrency, src.num(level, "aggregateDecodeTps", at),
-                             src.num(level, "medianDecodeTps", at), src.num(level, "medianTtftMs", at), status, reason))
+                             src.num(level, "medianDecodeTps", at), src.num(level, "medianTtftMs", at), status, reason, per_line))
     return levels
 
 
@@ -423,6 +435,14 @@ def _measurements(src: _Src, doc: object, arg: str) -> Measurements:
         decode["aggregate"][key] = _cell([(lv.aggregate, lv.status, lv.reason) for lv in group])
         decode["perStream"][key] = _cell([(lv.per_stream, lv.status, lv.reason) for lv in group])
         decode["ttft"][key] = _cell([(lv.ttft, lv.status, lv.reason) for lv in group])
+    lines: dict[tuple[str, int], dict[str, tuple[Fraction | None, Fraction | None]]] = {}
+    for key, group in grouped.items():
+        names = [n for lv in group for n in lv.lines]
+        for name in dict.fromkeys(names):
+            got = [lv.lines[name] for lv in group if name in lv.lines and lv.status == "ok"]
+            counted = [Fraction(r) for r, _ in got if r is not None]
+            rates = [t for _, t in got if t is not None]
+            lines.setdefault(key, {})[name] = (median(counted) if counted else None, median(rates) if rates else None)
     status = src.text(top, "status", "")
     status = None if status is None else printable(status, 20)
     if status is not None and status != "PASS":
@@ -433,7 +453,7 @@ def _measurements(src: _Src, doc: object, arg: str) -> Measurements:
     label = src.text(top, "label", "")
     return Measurements(name=printable(label or arg, 80), path=src.file, kind=kind, decode=decode,
                         prefill={t: _cell(s) for t, s in prefill_samples.items()}, prefill_filler=filler,
-                        status=status, notes=tuple(notes))
+                        status=status, notes=tuple(notes), lines=lines)
 
 
 # --------------------------------------------------------------------------------------------
@@ -750,6 +770,7 @@ def render_text(report: Report) -> str:
                 out.append("caveat: sparkDash 1.8.8's prefill filler is one repeated token, so every filler token hits the same "
                            "Engram row and the row cache inflates its numbers (MiaAI-Lab/DeepSeek-v4.1-Flash-DGX-Sparks#21); "
                            "prefill from a varied filler or real text is not comparable with them")
+    out += _lines_text(report)
     short = {spec.key: spec.short for spec in TABLES}
     invalid = [(run.name, row.label, short[row.table], got.cell) for row in report.rows for run, got in zip(report.runs, row.runs, strict=True)
                if got.cell is not None and got.cell.status != "ok" and row.table != "decodePerStream" and row.table != "ttft"]
@@ -785,6 +806,28 @@ def render_text(report: Report) -> str:
     return "\n".join(out) + "\n"
 
 
+def _lines_text(report: Report) -> list[str]:
+    """Behind a fleet's router: each line's tok/s and requests per level, beside the aggregate
+    (tp4 bench --fleet: the router's per-worker request counts; invalid levels left out)."""
+    out: list[str] = []
+    for i, run in enumerate(report.runs, 1):
+        if not run.lines:
+            continue
+        names = list(dict.fromkeys(n for per in run.lines.values() for n in per))
+        aggregate = run.decode["aggregate"]
+        table = [["prompt", "c", "aggregate", *[h for n in names for h in (f"{n} tok/s", f"{n} req")]]]
+        for key in sorted(run.lines, key=lambda k: (_prompt_key(k[0]), k[1])):
+            cell = aggregate.get(key)
+            row = [key[0], f"c{key[1]}", _num(cell.value) if cell is not None and cell.status == "ok" else "-"]
+            for n in names:
+                reqs, tps = run.lines[key].get(n, (None, None))
+                row += [_num(tps) if tps is not None else "-", f"{float(reqs):g}" if reqs is not None else "-"]
+            table.append(row)
+        out += ["", f"decode behind the router, per line and aggregate (run {i}: {run.name}; each line's share from the router's per-worker request counts)"]
+        out += _align(table, set(range(1, len(table[0]))))
+    return out
+
+
 def _f(value: Fraction | None) -> float | None:
     return None if value is None else float(value)
 
@@ -797,8 +840,13 @@ def _cell_json(cell: Cell | None) -> dict[str, object] | None:
 
 
 def _run_json(run: Measurements) -> dict[str, object]:
-    return {"name": run.name, "path": run.path, "kind": run.kind, "status": run.status,
-            "prefillFiller": run.prefill_filler, "notes": list(run.notes)}
+    doc: dict[str, object] = {"name": run.name, "path": run.path, "kind": run.kind, "status": run.status,
+                              "prefillFiller": run.prefill_filler, "notes": list(run.notes)}
+    if run.lines:
+        doc["lines"] = [{"promptType": k[0], "concurrency": k[1],
+                         "lines": {n: {"requests": _f(r), "decodeTps": _f(t)} for n, (r, t) in per.items()}}
+                        for k, per in run.lines.items()]
+    return doc
 
 
 def render_json(report: Report, charts: Iterable[Path]) -> str:

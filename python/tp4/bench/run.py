@@ -33,6 +33,10 @@ class Target:
     image: str | None = None
     pins: dict[str, str] | None = None
     profile: str | None = None
+    # a fleet's router (--fleet): each line's requests so far, as the router counts them (its
+    # per-worker metrics, read on its host); the lines' names in the fleet's order
+    per_line: Callable[[], dict[str, int]] | None = None
+    lines: tuple[str, ...] = ()
 
     @property
     def node(self) -> str:
@@ -257,11 +261,14 @@ async def _decode(cfg: DecodeConfig, target: Target, out: str | None, force: boo
                 title = f"[{len(done) + 1}/{total}] {kind} trial {trial} c{c}"
                 progress.live(title)
                 ticker = Ticker(progress, title)
+                before = await _line_counts(target)
                 streams, watch, start, end = await wave(client, watcher, decode_prompts(cfg, kind, c), cfg.max_tokens, on_event=ticker.tick)
                 if _all_down(streams):
                     raise Tp4Error(f"{target.url}: the API went down during {kind} c{c} ({streams[0].error}); the finished levels are kept"
                                    f"{' in ' + str(path) if path else ''}; fix: check the line (`tp4 status`), then rerun the same command to resume")
                 level = R.level_json(c, streams, watch, target.url, model, start, end, same_prompts=cfg.same_prompts, salted=not cfg.shared_prefix)
+                if before is not None:
+                    await _per_line(target, level, before, c)
                 job["results"].append(level)
                 job["progress"].update(completedLevels=len(job["results"]), message=f"c{c} done")
                 if len(job["results"]) == job["progress"]["totalLevels"]:
@@ -281,6 +288,40 @@ async def _decode(cfg: DecodeConfig, target: Target, out: str | None, force: boo
                                    for e in doc["decode"] for lv in e["job"]["results"]])
     finally:
         await client.close()
+
+
+async def _line_counts(target: Target) -> dict[str, int] | None:
+    if target.per_line is None:
+        return None
+    return await asyncio.to_thread(target.per_line)
+
+
+async def _per_line(target: Target, level: dict[str, Any], before: dict[str, int], sent: int) -> None:
+    """The level's share of each line behind the router: the requests the router counted for it
+    during the level, and its decode tokens and tok/s, which are the level's in that proportion
+    (every stream of a level asks for the same tokens). More requests than the level sent is
+    foreign traffic through the router: the level is invalid."""
+    deadline = time.monotonic() + 3.0
+    while True:  # the router counts a request when it has ended: give its counters a moment
+        after = await _line_counts(target)
+        assert after is not None
+        got = {name: after.get(name, 0) - before.get(name, 0) for name in target.lines}
+        if sum(got.values()) >= sent or time.monotonic() > deadline:
+            break
+        await asyncio.sleep(0.1)
+    total = sum(got.values())
+    decode_tokens = level["totalDecodeTokens"]
+    aggregate = level["aggregateDecodeTps"]
+    lines = {}
+    for name in target.lines:
+        n = got[name]
+        share = n / total if total else 0.0
+        lines[name] = {"requests": n, "decodeTokens": round(decode_tokens * share),
+                       "decodeTps": None if aggregate is None else round(aggregate * share, 3)}
+    level["tp4"]["lines"] = lines
+    level["tp4"]["linesFrom"] = "the router's per-worker request counts"
+    if total > sent and level["tp4"]["invalid"] is None:
+        level["tp4"]["invalid"] = f"foreign traffic: the router counted {total} requests to the lines while this level sent {sent}"
 
 
 def _finish(doc: dict[str, Any], path: Path | None, levels: list[tuple[str, dict[str, Any]]]) -> Outcome:
@@ -315,7 +356,32 @@ def decode_summary(doc: dict[str, Any]) -> list[str]:
         note = note or ("failed streams" if any(lv["streamsFailed"] for lv in levels) else "")
         out.append(f"{kind:<12} {c:>4} {len(levels):>4} {_fmt(med(levels, 'aggregateDecodeTps')):>16} {_fmt(med(levels, 'medianDecodeTps')):>17} "
                    f"{_fmt(med(levels, 'medianTtftMs'), '.0f'):>9}  {note}")
-    return out
+    return out + lines_summary(rows)
+
+
+def lines_summary(rows: dict[tuple[str, int], list[dict[str, Any]]]) -> list[str]:
+    """Behind a fleet's router (--fleet): each line's requests and tok/s per level (medians over
+    the runs), from the router's per-worker counts; nothing when no level has them."""
+    names: list[str] = []
+    for levels in rows.values():
+        for lv in levels:
+            for name in (lv["tp4"].get("lines") or {}):
+                if name not in names:
+                    names.append(name)
+    if not names:
+        return []
+    table = [["prompt type", "conc", *[h for name in names for h in (f"{name} requests", f"{name} tok/s")]]]
+    for (kind, c), levels in rows.items():
+        row = [kind, str(c)]
+        for name in names:
+            got = [lv["tp4"]["lines"][name] for lv in levels if name in (lv["tp4"].get("lines") or {})]
+            reqs = [g["requests"] for g in got]
+            tps = [g["decodeTps"] for g in got if g["decodeTps"] is not None]
+            row += [_fmt(statistics.median(reqs) if reqs else None, ".0f"), _fmt(statistics.median(tps) if tps else None)]
+        table.append(row)
+    widths = [max(len(r[i]) for r in table) for i in range(len(table[0]))]
+    text = [" ".join(cell.ljust(w) if i == 0 else cell.rjust(w) for i, (cell, w) in enumerate(zip(r, widths, strict=True))) for r in table]
+    return ["", "per line (the router's per-worker request counts; tok/s: the level's aggregate in proportion)", *text]
 
 
 def run_decode(cfg: DecodeConfig, target: Target, *, out: str | None, force: bool, label: str | None, progress: Progress) -> Outcome:

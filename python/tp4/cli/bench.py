@@ -150,6 +150,35 @@ def target(profile_path: str | None, url: str | None, model: str | None, key_fil
     return Target(ep.url, ep.model, ep.key, plan_digest=digest, image=plan.image.tag, pins=_pins(), profile=plan.source)
 
 
+def fleet_target(fleet_path: str, profile_path: str | None, url: str | None, model: str | None, key_file: str | None) -> Target:
+    """--fleet: the fleet's router as the endpoint (its URL, the lines' model and key), and each
+    line's share of every level from the router's per-worker request counts (its metrics, read on
+    the router's host)."""
+    from tp4 import api
+    from tp4 import fleet as fleet_mod
+    from tp4.bench.run import Target
+
+    given = [name for name, v in (("--profile", profile_path), ("--url", url), ("--model", model), ("--api-key-file", key_file)) if v is not None]
+    if given:
+        raise InvalidInput(f"--fleet: given with {given[0]}; fix: use --fleet alone (the router's address, model and key come from the fleet file)")
+    f = fleet_mod.load(fleet_path)
+    secrets = fleet_mod.read_secrets(f)
+    host = fleet_mod.RouterHost(f, fleet_mod.router_remote(f))
+    lines = {line.api: line.name for line in f.lines}
+
+    def per_line() -> dict[str, int]:
+        text = host.metrics()
+        if text is None:
+            raise Tp4Error(f"--fleet: the router's metrics (http://127.0.0.1:{f.router.metrics.port}/metrics on {host.where}) could not be read; "
+                           "fix: check the router (`tp4 fleet status`), or bench its endpoint with --url instead")
+        return fleet_mod.requests_per_line(text, lines)
+
+    served = f.lines[0].plan.nodes[0].env.get("SERVED_MODEL_NAME")
+    key = api.Secret(secrets["API_KEY"]) if "API_KEY" in secrets else None
+    return Target(f.url, served, key, image=f.lines[0].plan.image.tag, pins=_pins(), profile=f.source,
+                  per_line=per_line, lines=tuple(line.name for line in f.lines))
+
+
 def _pins() -> dict[str, str] | None:
     """component -> commit of the source manifest the image is built from (None when unreadable)."""
     try:
@@ -226,10 +255,12 @@ def _done(outcome: Outcome, lines: list[str], allow_foreign: bool) -> None:
 @click.option("--same-prompts", is_flag=True, help="One prompt for every stream at every level (per-stream values compare across levels).")
 @click.option("--shared-prefix", is_flag=True, help="No salt line: streams share their prompt's prefix (sparkDash's behaviour).")
 @click.option("--timeout", metavar="SECONDS", default="360", show_default=True, help="Seconds one stream may take.")
+@click.option("--fleet", "fleet_path", default=None, metavar="FILE",
+              help="A fleet file (tp4 fleet): bench its router, and record each line's share of every level.")
 @_options(result_options)
 def decode(profile_path: str | None, url: str | None, model: str | None, api_key_file: str | None, levels: str, max_tokens: str,
            prompt_types: str, trials: str, c1_runs: str, warmup: str, same_prompts: bool, shared_prefix: bool, timeout: str,
-           out: str | None, force: bool, allow_foreign: bool, label: str | None) -> None:
+           fleet_path: str | None, out: str | None, force: bool, allow_foreign: bool, label: str | None) -> None:
     """Decode speed as sparkDash measures it: per prompt type and concurrency, aggregate and
     per-stream tok/s and TTFT; result.json in sparkDash's format with --out."""
     from tp4.bench.run import DecodeConfig, Progress, decode_summary, run_decode
@@ -243,7 +274,8 @@ def decode(profile_path: str | None, url: str | None, model: str | None, api_key
         warmup=count("--warmup", warmup, 0, 100, "give 0..100"),
         same_prompts=same_prompts, shared_prefix=shared_prefix, timeout=seconds("--timeout", timeout))
     _check_out(out)
-    where = target(profile_path, url, model, api_key_file)
+    where = (fleet_target(fleet_path, profile_path, url, model, api_key_file) if fleet_path is not None
+             else target(profile_path, url, model, api_key_file))
     outcome = run_decode(cfg, where, out=out, force=force, label=label, progress=Progress())
     _done(outcome, decode_summary(outcome.doc), allow_foreign)
 
