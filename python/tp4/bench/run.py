@@ -30,6 +30,7 @@ class Target:
     model: str | None
     key: Secret | None
     plan_digest: str | None = None
+    plan: dict[str, Any] | None = None  # the plan itself (`tp4 plan --json`: no secret, only the key file's path)
     image: str | None = None
     pins: dict[str, str] | None = None
     profile: str | None = None
@@ -151,7 +152,7 @@ def _new_doc(kind: str, config: dict[str, Any], target: Target, label: str | Non
         "status": "FAIL", "label": label or f"tp4 bench {kind}", "started": R.now_iso(), "finished": None,
         "source": {"repo": "tp4", "commit": version, "release": version}, "node": target.node, "config": config,
         "prefill": [], "decode": [], "method": method,
-        "tp4": {"version": version, "kind": kind, "plan_digest": target.plan_digest, "image": target.image, "pins": target.pins,
+        "tp4": {"version": version, "kind": kind, "plan_digest": target.plan_digest, "plan": target.plan, "image": target.image, "pins": target.pins,
                 "profile": target.profile, "levels_done": [], "interrupted": True, **extra},
     }
 

@@ -146,8 +146,9 @@ def target(profile_path: str | None, url: str | None, model: str | None, key_fil
 
     plan, _, secrets = _line(profile_path, False, ())
     ep = serve.endpoint(plan, secrets)
-    digest = hashlib.sha256(json.dumps(plan.to_json(), sort_keys=True, separators=(",", ":")).encode()).hexdigest()
-    return Target(ep.url, ep.model, ep.key, plan_digest=digest, image=plan.image.tag, pins=_pins(), profile=plan.source)
+    doc = plan.to_json()
+    digest = hashlib.sha256(json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+    return Target(ep.url, ep.model, ep.key, plan_digest=digest, plan=doc, image=plan.image.tag, pins=_pins(), profile=plan.source)
 
 
 def fleet_target(fleet_path: str, profile_path: str | None, url: str | None, model: str | None, key_file: str | None) -> Target:
