@@ -33,7 +33,8 @@ never in what tp4 renders):
    nproc 4096: podman runs conmon, and so runc, with RLIMIT_NPROC lowered to 32768 here). podman
    4.3 applies those only to a run without any ``--ulimit``, though, and the plan's run sets
    memlock and stack: then it gives nofile and nproc 1048576, which runc cannot set. So the
-   hosts' OCI runtime is tests/runc_rlimits.py (containers.conf ``[engine] runtime``): runc, with
+   hosts' OCI runtime is tests/runc_rlimits.sh (containers.conf ``[engine] runtime``; it calls
+   tests/runc_rlimits.py for create, run and exec, runc itself for the rest): runc, with
    those two limits (and only those: the plan never sets them) lowered to its hard limits before
    ``runc create`` and ``runc exec``; the plan's memlock and stack reach runc as podman wrote
    them. The same containers.conf gives each host its own ``tmp_dir`` and ``lock_type = "file"``
@@ -73,7 +74,7 @@ from tp4.profile import load_file
 from tp4.profile.load import Loaded
 
 COUNT = 4
-RUNC = Path(__file__).resolve().parent / "runc_rlimits.py"
+RUNC = Path(__file__).resolve().parent / "runc_rlimits.sh"
 # what a stand-in process's command line holds (boot.py, the engine it starts)
 STANDIN_MARKS = ("/opt/dsv41/boot.py", "sglang.launch_server", "standin/engine.py")
 CDI_SPEC = {"cdiVersion": "0.5.0", "kind": "nvidia.com/gpu",
