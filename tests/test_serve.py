@@ -157,16 +157,31 @@ def test_doctors_blocking_checks_refuse_serve_and_force_overrides_only_foreign_g
     assert_nothing_left(line)
 
 
-def test_a_head_whose_container_does_not_start_is_named_and_every_rank_stopped(line: LineCluster, tmp_path: Path) -> None:
-    """The head's container is created beside the workers' starts; its `podman start --attach`
-    (the start and the follower in one) fails in the OCI runtime (the hosts' runc wrapper refuses
-    it: tests/runc_rlimits.py), after every worker started."""
+def test_a_head_whose_container_cannot_be_created_is_named_and_every_rank_stopped(line: LineCluster, tmp_path: Path) -> None:
+    """The head's container is created and initialized (`podman container init`: the OCI
+    runtime's create) beside the workers' starts; the hosts' runc wrapper refuses that create
+    (tests/runc_rlimits.py): serve names the head and stops the workers it started."""
     profile = profile_with(line, tmp_path, '[env]\nTP4_TEST_RUNC_FAIL = "create"\nTP4_TEST_RUNC_FAIL_RANK = "0"\n')
     proc = tp4("serve", "--profile", profile, "--timeout", "start=60")
     assert proc.returncode == 1, proc.stdout + proc.stderr
     head = line.plan.nodes[0].name
+    assert f"\nerror: {head}: create: " in proc.stderr, proc.stderr
+    assert "refused for rank 0 (TP4_TEST_RUNC_FAIL" in proc.stderr, proc.stderr
+    assert "started 3 workers" not in proc.stderr and "started the head" not in proc.stderr
+    assert "stopping the 4 ranks this serve started" in proc.stderr and "Traceback" not in proc.stderr
+    assert_nothing_left(line)
+
+
+def test_a_head_whose_container_does_not_start_is_named_and_every_rank_stopped(line: LineCluster, tmp_path: Path) -> None:
+    """The head's `podman start --attach` (the start and the follower in one) fails in the OCI
+    runtime's start (the hosts' runc wrapper refuses it), after every worker started."""
+    profile = profile_with(line, tmp_path, '[env]\nTP4_TEST_RUNC_FAIL = "start"\nTP4_TEST_RUNC_FAIL_RANK = "0"\n')
+    proc = tp4("serve", "--profile", profile, "--timeout", "start=60")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    head = line.plan.nodes[0].name
     assert "started 3 workers" in proc.stderr
-    assert f"\nerror: {head}: start: its container did not start (it is created)\nlast log lines of {head}:\n" in proc.stderr, proc.stderr
+    assert re.search(rf"\nerror: {head}: start: its container did not start \(it is \w+\)\nlast log lines of {head}:\n",
+                     proc.stderr), proc.stderr
     assert "refused for rank 0 (TP4_TEST_RUNC_FAIL" in proc.stderr, proc.stderr
     assert "stopping the 4 ranks this serve started" in proc.stderr and "Traceback" not in proc.stderr
     assert_nothing_left(line)

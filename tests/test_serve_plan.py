@@ -133,8 +133,17 @@ def test_a_nixos_node_runs_its_rank_as_the_modules_unit():
     create = serve.create_argv(w2, line="L")
     run = serve.run_argv(w2.rank, line="L")
     n = 6 + len(dirs)
+    assert w2.runtime == "docker"
     assert create[:n] == plain[:n] and create[n:n + 2] == [w2.runtime, "create"] and create[n + 2:] == run[3:]
     assert run[1:3] == ["run", "-d"]
+    # podman's is initialized too (`podman container init`: the OCI runtime's create), so that
+    # its start after the workers' is the runtime's start alone
+    p2 = build_plan(load_text(NIXOS.replace('name = "w3"\nip = "10.0.0.4"\n', 'name = "w3"\nip = "10.0.0.4"\nruntime = "podman"\n'), "t"))
+    w3 = serve.nodes_of(p2)[3]
+    assert w3.runtime == "podman"
+    create, run = serve.create_argv(w3, line="L"), serve.run_argv(w3.rank, line="L")
+    assert create[n:n + 5] == ["sh", "-c", serve._THEN_INIT, "sh", w3.container]
+    assert create[n + 5:n + 7] == ["podman", "create"] and create[n + 7:] == run[3:]
 
 
 paths = st.text(alphabet=st.sampled_from(list("ab -$()'\";|&`*")), min_size=1, max_size=10).map(lambda s: "/srv/" + s)

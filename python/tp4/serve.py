@@ -7,7 +7,8 @@ container with the node's runtime; a NixOS host: tp4 writes the env file and sta
 unit). Every command goes through :mod:`tp4.process` (one ssh connection per node, reused).
 
 * :func:`serve` checks the nodes, writes the env files, pushes the speculative tables, starts the
-  workers in parallel (a plain head's container is created beside them) and then the head,
+  workers in parallel (a plain head's container is created beside them, podman's initialized
+  too) and then the head,
   follows the head's log through the boot phases, and
   calls the line ready only when the head printed ``Ready: API on port <PORT>``, a real
   one-token completion answers, and the boot log of every rank passes the registry's checks. On
@@ -394,11 +395,19 @@ def start_rank(node: Node, *, line: str, secrets: dict[str, str]) -> None:
              purpose=f"starting the rank of {node.name}")
 
 
+# runs the rest of its arguments (`podman create ...`), then `podman container init` of the
+# container $1: what `podman start` does before the OCI runtime's start, done ahead of it
+_THEN_INIT = 'ctn=$1; shift; "$@" >/dev/null && exec "$1" container init -- "$ctn"'
+
+
 def create_argv(node: Node, *, line: str) -> list[str]:
     """What creates a plain host's rank container (not started), after writing its env file from
-    stdin: `<runtime> create` with the flags of its run."""
+    stdin: `<runtime> create` with the flags of its run; podman's is initialized too."""
     assert node.rank.service.kind == "plain"
-    return _wrapped(node, run_argv(node.rank, line=line, create=True))
+    create = run_argv(node.rank, line=line, create=True)
+    if node.runtime == "podman":
+        create = ["sh", "-c", _THEN_INIT, "sh", node.container, *create]
+    return _wrapped(node, create)
 
 
 def create_rank(node: Node, *, line: str, secrets: dict[str, str]) -> None:
@@ -649,8 +658,8 @@ def _boot(plan: Plan, nodes: Sequence[Node], secrets: dict[str, str], opts: Opti
         # from here a failure (or Ctrl-C mid-start) stops every node: a start cut short can leave
         # a created container, and the checks made sure none of the line ran before.
         # The workers start in parallel, then the head; a plain head's container is created
-        # (env file written, image mounted) beside the workers' starts, so that only its start
-        # follows them.
+        # (env file written; podman's also initialized: storage mounted, the OCI runtime's
+        # create run) beside the workers' starts, so that only its start follows them.
         started = list(nodes)
         ahead = head.rank.service.kind == "plain"
 
@@ -736,7 +745,9 @@ def _wait_ready(plan: Plan, nodes: Sequence[Node], follower: Follower, opts: Opt
     port = int(plan.line.api.rsplit(":", 1)[1])
     began = phase_began = time.monotonic()
     phase = "start"
-    last_poll = 0.0
+    # the ranks' states are read every 2 s from 2 s on: the first read would find the containers
+    # just started, and its four runtime calls would slow the head's start (on shared cores)
+    last_poll = began
     while True:
         now = time.monotonic()
         limit = opts.timeouts.get(phase, DEFAULT_TIMEOUTS.get(phase, 3600.0))
