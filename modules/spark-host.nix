@@ -44,11 +44,17 @@ in
     kernel = {
       version = mkOption {
         type = types.str;
-        default = "6.17.13";
+        # nixos-dgx-spark (modules/dgx-spark.nix lines 30-33 at f1ebf94) builds its kernel with
+        # version = "${nvidiaKernelVersion}-nvidia" and modDirVersion = nvidiaKernelVersion
+        # ("6.17.13", kernel-configs/nvidia-kernel-source.nix line 4). The full version is
+        # compared: modDirVersion alone cannot tell the NVIDIA kernel from a stock 6.17.13.
+        default = "6.17.13-nvidia";
         description = ''
-          The kernel the line was validated on: nixos-dgx-spark's NVIDIA kernel at the pinned input.
-          A kernel change can break RDMA memory registration (a known DGX OS regression), so
-          another kernel is refused unless {option}`tp4.host.kernel.allowOther` is set.
+          The kernel the line was validated on: nixos-dgx-spark's NVIDIA kernel at the pinned input,
+          as its `version` attribute reads (`<release>-nvidia`; its `modDirVersion` is the bare
+          release). A kernel change can break RDMA memory registration (a known DGX OS
+          regression), so another kernel is refused unless {option}`tp4.host.kernel.allowOther`
+          is set.
         '';
       };
       allowOther = mkOption {
@@ -150,7 +156,7 @@ in
       assertions = [
         {
           assertion = cfg.kernel.allowOther || config.boot.kernelPackages.kernel.version == cfg.kernel.version;
-          message = "tp4.host: the kernel is ${config.boot.kernelPackages.kernel.version}, the line is validated on ${cfg.kernel.version} (nixos-dgx-spark's NVIDIA kernel); fix: keep hardware.dgx-spark.useNvidiaKernel = true and boot.kernelPackages unset, or set tp4.host.kernel.allowOther = true after checking RDMA on it";
+          message = "tp4.host: the kernel is ${config.boot.kernelPackages.kernel.version} (modDirVersion ${config.boot.kernelPackages.kernel.modDirVersion}), the line is validated on ${cfg.kernel.version} (nixos-dgx-spark's NVIDIA kernel); fix: keep hardware.dgx-spark.useNvidiaKernel = true and boot.kernelPackages unset, or set tp4.host.kernel.allowOther = true after checking RDMA on it";
         }
       ];
 

@@ -16,6 +16,12 @@ REPO = Path(__file__).resolve().parent.parent
 LIB = REPO / "modules" / "lib"
 EXAMPLE = REPO / "examples" / "spark-line"
 
+# boot.kernelPackages.kernel as nixos-dgx-spark builds it (hardware.dgx-spark.useNvidiaKernel, its
+# default): modules/dgx-spark.nix lines 28-35 at f1ebf94 override nixpkgs' linux_6_17 with
+# version = "${nvidiaKernelVersion}-nvidia" and modDirVersion = nvidiaKernelVersion, and
+# kernel-configs/nvidia-kernel-source.nix line 4 sets nvidiaKernelVersion = "6.17.13"
+NVIDIA_KERNEL = {"version": "6.17.13-nvidia", "modDirVersion": "6.17.13"}
+
 
 def plan_file(profile: Path, dest: Path) -> Path:
     """`tp4 plan --json --profile PROFILE` into dest (the CLI of this checkout)."""
@@ -57,3 +63,8 @@ def hosts_expr(profile: Path, plan: Path, hosts: Path | None, **extra: str) -> s
     return (f"let l = import {nix_path(LIB)}; profile = {toml(profile)}; plan = {json_file(plan)}; in "
             f"builtins.listToAttrs (map (name: {{ inherit name; value = l.host {{ inherit profile plan name; {hosts_arg} {args} }}; }}) "
             "(l.hostNames profile))")
+
+
+def nix_attrs(values: dict[str, str]) -> str:
+    """A flat attrset of strings as a Nix expression."""
+    return "{ " + " ".join(f"{k} = {json.dumps(v)};" for k, v in values.items()) + " }"

@@ -30,7 +30,7 @@ from pathlib import Path
 import pytest
 
 from nix_env import BUSYBOX, empty_flake, locked_flake_copy, nix, stub_inputs
-from nixos_helpers import EXAMPLE, LIB, REPO, json_file, nix_eval, nix_path, plan_file, toml
+from nixos_helpers import EXAMPLE, LIB, NVIDIA_KERNEL, REPO, json_file, nix_attrs, nix_eval, nix_path, plan_file, toml
 
 from tp4 import fleet
 
@@ -82,7 +82,17 @@ def fleet_plan(work: Path, *, service: str, python: str = "/opt/tp4/.venv/bin/py
     return d / "plan.json"
 
 
-def fixture_config(profile: Path, plan: Path, name: str, *, ring: bool, router: Path | None = None) -> str:
+def declared_default(module: Path, option: str) -> object:
+    """The default a module declares for one of its options (read from the module, not restated)."""
+    expr = (f"(import {nix_path(module)} {{ config = {{ }}; lib = import {nix_path(STUB_LIB)}; pkgs = {PKGS}; options = {{ }}; }})"
+            f".options.{option}.default")
+    value, err = nix_eval(expr, Path(os.environ.get("TMPDIR", "/tmp")) / f"tp4-default-{os.getpid()}")
+    assert err == "", err
+    return value
+
+
+def fixture_config(profile: Path, plan: Path, name: str, *, ring: bool, router: Path | None = None,
+                   kernel: dict[str, str] = NVIDIA_KERNEL) -> str:
     hosts = EXAMPLE / "hosts.toml"
     local = '"/var/lib/tp4/model"' if ring else "null"
     mesh = '"/etc/tp4/mesh-up.sh"' if ring else "null"
@@ -97,13 +107,13 @@ def fixture_config(profile: Path, plan: Path, name: str, *, ring: bool, router: 
           enable = true; displayReservation.enable = true; firewall.enable = true;
           weights = {{ mountPoint = "/var/lib/tp4/weights"; localDir = {local}; }};
           ring = {{ meshUp = {mesh}; meshDown = {mesh}; marker = {{ package = {marker}; program = "mlx5-rdma-tx-rewrite-probe"; }}; }};
-          kernel = {{ version = "6.17.13"; allowOther = false; }};
+          kernel = {{ version = {json.dumps(declared_default(MODULES / "spark-host.nix", "tp4.host.kernel.version"))}; allowOther = false; }};
           gpuClock.maxMHz = 2200;
         }};
         line = {{ enable = true; image = {{ stream = null; file = null; }}; autoStart = false; }};
         router = {{ enable = {"true" if router else "false"}; fleetPlan = {nix_path(router) if router else "null"}; fleet = null; package = null; python = null; openFirewall = true; }};
       }};
-      boot = {{ kernelParams = [ ]; kernelPackages.kernel.version = "6.17.13"; }};
+      boot = {{ kernelParams = [ ]; kernelPackages.kernel = {nix_attrs(kernel)}; }};
       services = {{ xserver.enable = false; displayManager = {{ enable = false; gdm.enable = false; }}; desktopManager.gnome.enable = false; }};
       users.users.tp4 = {{ }};
       virtualisation = {{ podman.package = "/nix/store/podman"; docker.package = "/nix/store/docker"; }};
@@ -591,3 +601,22 @@ def test_the_router_unit_runs_the_fleet_plans_command(walks, work, lines):
     assert failing[2].startswith("tp4.router.python: no Python with the router: nixpkgs has no sglang-router package")
     off = walk(MODULES / "tp4-router.nix", fixture_config(profile, plan, "spark1", ring=False), work)
     assert off["set"] == [] or all(not s["path"].startswith("systemd.services.tp4-router") for s in off["set"])
+
+
+def test_the_kernel_check_accepts_nixos_dgx_sparks_kernel_and_no_other(work, lines):
+    """With the modules' own default, the kernel nixos-dgx-spark builds passes the assertion; a
+    kernel of the same release without its `-nvidia` (a stock linux_6_17 at 6.17.13, what the
+    assertion once expected) fails it with the fix; tp4.host.kernel.allowOther lets it pass."""
+    profile, plan = lines["switched"]
+    kernel_checks = lambda w: [a for a in _assertions(w) if a["message"].startswith("tp4.host: the kernel is")]  # noqa: E731
+    nvidia = walk(MODULES / "spark-host.nix", fixture_config(profile, plan, "spark2", ring=False), work)
+    assert [a["assertion"] for a in kernel_checks(nvidia)] == [True]
+    stock = {"version": NVIDIA_KERNEL["modDirVersion"], "modDirVersion": NVIDIA_KERNEL["modDirVersion"]}
+    other = walk(MODULES / "spark-host.nix", fixture_config(profile, plan, "spark2", ring=False, kernel=stock), work)
+    [check] = kernel_checks(other)
+    assert check["assertion"] is False
+    assert check["message"].startswith("tp4.host: the kernel is 6.17.13 (modDirVersion 6.17.13), the line is validated on 6.17.13-nvidia")
+    assert "hardware.dgx-spark.useNvidiaKernel = true" in check["message"]
+    allowed = walk(MODULES / "spark-host.nix", fixture_config(profile, plan, "spark2", ring=False, kernel=stock)
+                   .replace("allowOther = false", "allowOther = true"), work)
+    assert [a["assertion"] for a in kernel_checks(allowed)] == [True]

@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 from nix_env import empty_flake, locked_flake_copy, nix, stub_inputs
-from nixos_helpers import EXAMPLE, LIB, REPO, json_file, nix_eval, nix_path, plan_file, toml
+from nixos_helpers import EXAMPLE, LIB, NVIDIA_KERNEL, REPO, json_file, nix_attrs, nix_eval, nix_path, plan_file, toml
 
 VM = REPO / "pkgs" / "spark-host-vm"
 WALK = REPO / "tests" / "nixos-modules" / "walk.nix"
@@ -56,7 +56,7 @@ def settings(work, settings_expr) -> dict:
 
 @pytest.fixture(scope="module")
 def script(work, settings_expr) -> str:
-    expr = f"import {nix_path(VM / 'script.nix')} {{ nodes.machine = {{ tp4.settings = {settings_expr}; tp4.host.kernel.version = \"6.17.13\"; }}; }}"
+    expr = f"import {nix_path(VM / 'script.nix')} {{ nodes.machine = {{ tp4.settings = {settings_expr}; boot.kernelPackages.kernel = {nix_attrs(NVIDIA_KERNEL)}; }}; }}"
     value, err = nix_eval(expr, work / "nix")
     assert isinstance(value, str), err
     return value
@@ -83,7 +83,7 @@ def test_the_test_script_is_python_that_checks_the_heads_settings(script, settin
     assert rank == "podman-dsv41-head.service"
     assert {f"systemctl start {rank}", f"systemctl is-active --quiet {rank}", "systemctl is-active --quiet tp4-rank-ready.service",
             "test -e /run/tp4/gid-index"} <= set(by["fail"])
-    assert "uname -r | grep -q '^6\\.17\\.13'" in by["succeed"]
+    assert 'test "$(uname -r)" = 6.17.13' in by["succeed"]
     assert "test -z \"$(podman ps --all --quiet --filter name=^dsv41-head$)\"" in by["succeed"]
     # every fabric port: its address and MTU; every ARP setting
     for netdev, i in settings["interfaces"].items():

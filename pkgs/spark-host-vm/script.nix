@@ -51,8 +51,9 @@ in
 ''
   machine.wait_for_unit("multi-user.target")
 
-  # the Spark's system: nixos-dgx-spark's kernel, headless, the display reservation on the command line
-  ${succeed "uname -r | grep -q '^${replaceStrings [ "." ] [ "\\." ] m.tp4.host.kernel.version}'"}
+  # the Spark's system: nixos-dgx-spark's kernel (the running release is its modDirVersion; its
+  # version attribute adds "-nvidia"), headless, the display reservation on the command line
+  ${succeed "test \"$(uname -r)\" = ${m.boot.kernelPackages.kernel.modDirVersion}"}
   ${succeed "test \"$(systemctl get-default)\" = multi-user.target"}
   ${succeed "grep -q 'nvidia-drm.modeset=1 nvidia-drm.fbdev=0' /proc/cmdline"}
 
