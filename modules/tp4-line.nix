@@ -101,7 +101,7 @@ in
         after = [ r.unit ];
         bindsTo = [ r.unit ];
         path = [
-          (if r.backend == "docker" then config.virtualisation.docker.package else config.virtualisation.podman.package)
+          config.virtualisation.podman.package
           pkgs.coreutils
           pkgs.gnugrep
           pkgs.gnused

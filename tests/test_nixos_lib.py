@@ -15,6 +15,7 @@ import pytest
 
 from nixos_helpers import EXAMPLE, LIB, REPO, hosts_expr, json_file, nix_eval, nix_path, plan_file, toml
 from tp4 import containers, share
+from tp4.errors import Tp4Error
 from tp4.plan import build_plan
 from tp4.profile.load import load_file
 from tp4.profile.models import Fabric, Nfs
@@ -149,10 +150,10 @@ def oci_flags(c: dict) -> list[str]:
     return sorted(words)
 
 
-@pytest.mark.parametrize("runtime", ["podman", "docker"])
-def test_the_rank_container_is_the_plan_serve_runs(work, runtime):
+def test_the_rank_container_is_the_plan_serve_runs(work):
+    runtime = "podman"
     profile = work / f"profile-{runtime}.toml"
-    profile.write_text(PROFILE.read_text().replace('runtime = "podman"', f'runtime = "{runtime}"'))
+    profile.write_text(PROFILE.read_text())
     planned = build_plan(load_file(profile))
     hosts = evaluate(hosts_expr(profile, plan_file(profile, work / f"plan-{runtime}.json"), HOSTS), work)
     for rank in planned.nodes:
@@ -166,10 +167,33 @@ def test_the_rank_container_is_the_plan_serve_runs(work, runtime):
 
 
 def test_the_gpu_flags_are_serves(work):
-    gpu = evaluate(f"let r = (import {nix_path(LIB)}).rank; in {{ inherit (r) gpuDevices gpuOptions; }}", work)
-    for runtime, flags in containers.GPU_FLAGS.items():
-        as_words = [f"{a}={b}" for a, b in zip(flags[::2], flags[1::2], strict=True)]
-        assert [f"--device={d}" for d in gpu["gpuDevices"][runtime]] + gpu["gpuOptions"][runtime] == as_words
+    devices = evaluate(f"(import {nix_path(LIB)}).rank.gpuDevices", work)
+    flags = containers.GPU_FLAGS["podman"]
+    assert [f"--device={d}" for d in devices] == [f"{a}={b}" for a, b in zip(flags[::2], flags[1::2], strict=True)]
+
+
+def test_a_nixos_node_runs_podman_only(work, tmp_path):
+    """nixos-dgx-spark enables podman with dockerCompat and dockerSocket, which nixpkgs' podman
+    module refuses beside virtualisation.docker.enable (what a docker rank unit turns on): a
+    NixOS node's runtime defaults to podman, docker is refused in the profile, and a plan that
+    still says docker (an older tp4's, or edited) fails evaluation with the fix."""
+    text = PROFILE.read_text()
+    unset = tmp_path / "unset.toml"
+    unset.write_text(text.replace('runtime = "podman"\n', ""))
+    assert {n.runtime for n in load_file(unset).profile.nodes} == {"podman"}
+    docker = tmp_path / "docker.toml"
+    docker.write_text(text.replace('runtime = "podman"', 'runtime = "docker"', 1))
+    with pytest.raises(Tp4Error, match=r"cluster\.head\.runtime: a NixOS node runs its rank with podman.*fix: set runtime = \"podman\""):
+        load_file(docker)
+    plan = plan_file(PROFILE, work / "plan-podman-only.json")
+    doc = json.loads(plan.read_text())
+    doc["nodes"][1]["service"]["runtime"] = "docker"
+    doc["nodes"][1]["service"]["unit"] = doc["nodes"][1]["service"]["unit"].replace("podman-", "docker-", 1)
+    edited = tmp_path / "docker-plan.json"
+    edited.write_text(json.dumps(doc))
+    err = failure(hosts_expr(PROFILE, edited, HOSTS), work)
+    assert 'cluster.workers[0].runtime: spark2 runs its rank with "docker", but a NixOS node runs podman' in err
+    assert 'set runtime = \\"podman\\" (or leave it out)' in err or 'set runtime = "podman" (or leave it out)' in err
 
 
 def test_the_weights_options_are_tp4_shares(work):

@@ -113,14 +113,15 @@ def test_a_nixos_node_runs_its_rank_as_the_modules_unit():
     p = build_plan(load_text(NIXOS, "t"))
     head, w1, w2 = (serve.nodes_of(p)[i] for i in range(3))
     assert head.rank.service == ("nixos", "podman", "podman-dsv41-head.service", "/run/tp4/dsv41-head.env")
-    assert w1.rank.service.unit == "docker-dsv41-worker.service"
+    # w1 sets no runtime: a NixOS node runs podman
+    assert w1.rank.service.unit == "podman-dsv41-worker.service"
     # one command: the env file from stdin (mode 0600), then the start; the module makes a NixOS
     # host's directories, serve a plain host's writable bind mounts
     wrap = ["sh", "-c", serve._WRITE_AND_RUN, "sh"]
     assert serve.start_argv(head, line="L") == ["sudo", "-n", *wrap, "/run/tp4/dsv41-head.env", "0",
                                                 "systemctl", "start", "podman-dsv41-head.service"]
     assert serve.start_argv(w1, line="L") == [*wrap, "/run/tp4/dsv41-worker.env", "0",
-                                              "systemctl", "start", "docker-dsv41-worker.service"]  # root: no sudo
+                                              "systemctl", "start", "podman-dsv41-worker.service"]  # root: no sudo
     assert serve.stop_argv(head) == ["sudo", "-n", "systemctl", "stop", "podman-dsv41-head.service"]
     plain = serve.start_argv(w2, line="L")
     dirs = serve.made_dirs(w2.rank)

@@ -18,10 +18,9 @@ let
   inherit (u) fail optional optionals;
 in
 rec {
-  # what serve passes for the plan's `gpus = all` (python/tp4/containers.py GPU_FLAGS): podman
-  # through CDI, docker through its --gpus
-  gpuDevices = { podman = [ "nvidia.com/gpu=all" ]; docker = [ ]; };
-  gpuOptions = { podman = [ ]; docker = [ "--gpus=all" ]; };
+  # what serve passes to podman for the plan's `gpus = all` (python/tp4/containers.py
+  # GPU_FLAGS): the GPU through CDI. A NixOS rank runs on podman only (see `container`).
+  gpuDevices = [ "nvidia.com/gpu=all" ];
 
   # the units the rank waits for (the names spark-host gives them)
   rdmaCheckUnit = "tp4-rdma-check.service";
@@ -95,6 +94,14 @@ rec {
     in
     if svc.kind != "nixos" then
       fail "${if rank.rank == 0 then "cluster.head" else "cluster.workers[${toString (rank.rank - 1)}]"}.kind" "${rank.name} is a ${toJSON svc.kind} host in the profile, so tp4 runs its container over ssh, not the NixOS unit" "set kind = \"nixos\" (and runtime) for this node and regenerate the plan"
+    else if runtime != "podman" then
+      # nixos-dgx-spark enables podman with dockerCompat and dockerSocket.enable
+      # (modules/dgx-spark.nix lines 182-187 at f1ebf94); nixpkgs' podman module asserts both
+      # are off when virtualisation.docker.enable is on (nixos/modules/virtualisation/podman/
+      # default.nix, its assertions), which oci-containers' docker backend turns on
+      fail "${
+        if rank.rank == 0 then "cluster.head" else "cluster.workers[${toString (rank.rank - 1)}]"
+      }.runtime" "${rank.name} runs its rank with ${toJSON runtime}, but a NixOS node runs podman: nixos-dgx-spark enables podman's docker compatibility, which nixpkgs refuses beside docker" "set runtime = \"podman\" (or leave it out) for this node and regenerate the plan"
     else if svc.unit != unit then
       fail "${where}.service.unit" "${toJSON svc.unit} is not oci-containers' ${unit}" "regenerate the plan with this tp4"
     else
@@ -107,7 +114,7 @@ rec {
           cmd = run.command;
           environmentFiles = [ svc.env_file ];
           volumes = map (m: "${m.source}:${m.target}" + (if m.read_only then ":ro" else "")) run.mounts;
-          devices = run.devices ++ optionals (run.gpus == "all") gpuDevices.${runtime};
+          devices = run.devices ++ optionals (run.gpus == "all") gpuDevices;
           inherit (run) privileged;
           capabilities = listToAttrs (map (c: { name = c; value = true; }) run.cap_add);
           networks = [ run.network ];
@@ -117,9 +124,8 @@ rec {
           };
           extraOptions =
             [ "--ipc=${run.ipc}" ]
-            ++ optionals (run.gpus == "all") gpuOptions.${runtime}
             # podman refuses --shm-size with the host's IPC namespace (serve leaves it out too)
-            ++ optional (!(runtime == "podman" && run.ipc == "host")) "--shm-size=${run.shm_size}"
+            ++ optional (run.ipc != "host") "--shm-size=${run.shm_size}"
             ++ [
               "--ulimit=memlock=${run.ulimits.memlock}"
               "--ulimit=stack=${run.ulimits.stack}"

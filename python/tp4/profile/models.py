@@ -15,7 +15,17 @@ signature, and the signature of a builtin costs ~1.7 ms the first time).
 import re
 from typing import Annotated, Literal, TypeVar
 
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr, field_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 # The line's hardware: one GPU per Spark, one rank per node; tp4 supports lines of up to 8 nodes.
 MAX_NODES = 8
@@ -179,7 +189,26 @@ class Node(Section):
     gid_index: Int | None = Field(None, ge=0, le=255, description="This node's NCCL_IB_GID_INDEX; default `fabric.gid_index`.")
     kind: Literal["plain", "nixos"] = Field(
         "plain", description="plain: a DGX OS / Ubuntu host where tp4 runs the rank's container over ssh; nixos: a host of the NixOS module, whose unit runs the rank (serve starts and stops it).")
-    runtime: Literal["docker", "podman"] = Field("docker", description="Container runtime of the node (docker on DGX OS).")
+    runtime: Literal["docker", "podman"] = Field(
+        "docker", description="Container runtime of the node: docker by default on a plain host (DGX OS); a NixOS node runs "
+        "podman (its default there), the runtime nixos-dgx-spark sets up.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _runtime_of_kind(cls, data: object) -> object:
+        # a NixOS node's default is podman: nixos-dgx-spark enables it (modules/dgx-spark.nix)
+        if isinstance(data, dict) and data.get("kind") == "nixos" and "runtime" not in data:
+            return {**data, "runtime": "podman"}
+        return data
+
+    @field_validator("runtime")
+    @classmethod
+    def _runtime(cls, v: str, info: ValidationInfo) -> str:
+        if v == "docker" and info.data.get("kind") == "nixos":
+            raise ValueError("a NixOS node runs its rank with podman: nixos-dgx-spark enables podman with dockerCompat "
+                             "and dockerSocket, which nixpkgs' podman module refuses beside virtualisation.docker.enable "
+                             "(what a docker rank unit needs); fix: set runtime = \"podman\" (or leave it out) for this node")
+        return v
 
     @field_validator("name")
     @classmethod
