@@ -9,6 +9,9 @@
   config,
   lib,
   pkgs,
+  # nixos/lib/utils.nix (a module argument): escapeSystemdExecArgs quotes Exec* lines the way
+  # systemd parses them (JSON-quoted, `%` and `$` doubled), which escapeShellArgs does not
+  utils,
   ...
 }:
 let
@@ -20,8 +23,8 @@ let
     mkAfter
     mkDefault
     types
-    escapeShellArgs
     ;
+  inherit (utils) escapeSystemdExecArgs;
   cfg = config.tp4.host;
   s = config.tp4.settings;
   tp4lib = import ./lib;
@@ -185,7 +188,11 @@ in
         serviceConfig = {
           Type = "oneshot";
           RemainAfterExit = true;
-          ExecStart = "${pkgs.runtimeShell} ${./rdma-check.sh} ${escapeShellArgs rdmaArgs}";
+          ExecStart = escapeSystemdExecArgs ([
+            pkgs.runtimeShell
+            ./rdma-check.sh
+          ]
+          ++ rdmaArgs);
         };
       };
     }
@@ -195,7 +202,11 @@ in
         description = "tp4: the GPU's SM clock capped at ${toString cfg.gpuClock.maxMHz} MHz (nvidia-smi -lgc)";
         serviceConfig = {
           Type = "oneshot";
-          ExecStart = "${config.hardware.nvidia.package.bin}/bin/nvidia-smi -lgc 0,${toString cfg.gpuClock.maxMHz}";
+          ExecStart = escapeSystemdExecArgs [
+            "${config.hardware.nvidia.package.bin}/bin/nvidia-smi"
+            "-lgc"
+            "0,${toString cfg.gpuClock.maxMHz}"
+          ];
         };
       };
       systemd.timers.tp4-gpu-clock = {
@@ -245,7 +256,15 @@ in
         serviceConfig = {
           Type = "oneshot";
           RemainAfterExit = true;
-          ExecStart = "${pkgs.runtimeShell} ${./weights-volume.sh} ${escapeShellArgs [ runtime volume.name volume.options.type volume.options.o volume.options.device ]}";
+          ExecStart = escapeSystemdExecArgs [
+            pkgs.runtimeShell
+            ./weights-volume.sh
+            runtime
+            volume.name
+            volume.options.type
+            volume.options.o
+            volume.options.device
+          ];
         };
       };
     })
@@ -271,11 +290,27 @@ in
           RemainAfterExit = true;
           TimeoutStartSec = 300;
           ExecStartPre = [
-            "${pkgs.runtimeShell} ${./ring-links.sh} ${escapeShellArgs ([ (toString s.ring.linkTimeout) ] ++ s.ring.links)}"
-            "${pkgs.runtimeShell} ${./ring-hairpin.sh} ${escapeShellArgs ([ (toString s.ring.size) ] ++ s.ring.functions)}"
+            (escapeSystemdExecArgs ([
+              pkgs.runtimeShell
+              ./ring-links.sh
+              (toString s.ring.linkTimeout)
+            ]
+            ++ s.ring.links))
+            (escapeSystemdExecArgs ([
+              pkgs.runtimeShell
+              ./ring-hairpin.sh
+              (toString s.ring.size)
+            ]
+            ++ s.ring.functions))
           ];
-          ExecStart = "${pkgs.runtimeShell} ${cfg.ring.meshUp}";
-          ExecStop = "${pkgs.runtimeShell} ${cfg.ring.meshDown}";
+          ExecStart = escapeSystemdExecArgs [
+            pkgs.runtimeShell
+            cfg.ring.meshUp
+          ];
+          ExecStop = escapeSystemdExecArgs [
+            pkgs.runtimeShell
+            cfg.ring.meshDown
+          ];
         };
       };
     })
@@ -303,7 +338,7 @@ in
               restartIfChanged = false;
               serviceConfig = {
                 Type = "simple";
-                ExecStart = escapeShellArgs [
+                ExecStart = escapeSystemdExecArgs [
                   "${cfg.ring.marker.package}/bin/${cfg.ring.marker.program}"
                   "--device"
                   dev

@@ -9,6 +9,9 @@
   config,
   lib,
   pkgs,
+  # nixos/lib/utils.nix (a module argument): escapeSystemdExecArgs quotes Exec* lines the way
+  # systemd parses them (JSON-quoted, `%` and `$` doubled), which escapeShellArgs does not
+  utils,
   ...
 }:
 let
@@ -20,8 +23,8 @@ let
     mkOverride
     types
     literalExpression
-    escapeShellArgs
     ;
+  inherit (utils) escapeSystemdExecArgs;
   cfg = config.tp4.line;
   r = config.tp4.settings.rankUnit;
   serviceName = lib.removeSuffix ".service" r.unit;
@@ -111,7 +114,13 @@ in
           RemainAfterExit = true;
           # the script's own bound, plus a margin: a start that never ends is impossible
           TimeoutStartSec = r.readiness.timeout + 60;
-          ExecStart = "${pkgs.runtimeShell} ${./rank-ready.sh} ${escapeShellArgs r.readiness.args}";
+          ExecStart = escapeSystemdExecArgs (
+            [
+              pkgs.runtimeShell
+              ./rank-ready.sh
+            ]
+            ++ r.readiness.args
+          );
         };
       };
 

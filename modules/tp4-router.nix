@@ -8,6 +8,9 @@
   config,
   lib,
   pkgs,
+  # nixos/lib/utils.nix (a module argument): escapeSystemdExecArgs quotes Exec* lines the way
+  # systemd parses them (JSON-quoted, `%` and `$` doubled), which escapeShellArgs does not
+  utils,
   ...
 }:
 let
@@ -17,8 +20,8 @@ let
     mkIf
     types
     literalExpression
-    escapeShellArgs
     ;
+  inherit (utils) escapeSystemdExecArgs;
   cfg = config.tp4.router;
   plan = builtins.fromJSON (builtins.readFile cfg.fleetPlan);
   r = plan.router or { };
@@ -103,7 +106,7 @@ in
       restartIfChanged = false;
       serviceConfig = {
         Type = "simple";
-        ExecStart = if command == [ ] || python == null then "" else escapeShellArgs ([ python ] ++ builtins.tail command);
+        ExecStart = if command == [ ] || python == null then "" else escapeSystemdExecArgs ([ python ] ++ builtins.tail command);
         Restart = "on-failure";
         RestartSec = "5s";
         RestartSteps = 5;

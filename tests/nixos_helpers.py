@@ -68,3 +68,30 @@ def hosts_expr(profile: Path, plan: Path, hosts: Path | None, **extra: str) -> s
 def nix_attrs(values: dict[str, str]) -> str:
     """A flat attrset of strings as a Nix expression."""
     return "{ " + " ".join(f"{k} = {json.dumps(v)};" for k, v in values.items()) + " }"
+
+
+def systemd_exec_argv(line: str) -> list[str]:
+    """The argv systemd runs for an Exec* line whose words are double-quoted with C escapes (what
+    nixpkgs' utils.escapeSystemdExecArgs writes: JSON strings, `%%` and `$$`), per
+    systemd.service(5) "Command lines" and systemd.syntax(7). A word that is not quoted, or a lone
+    `%` or `$` (a specifier or variable systemd would expand), is refused: the line was not
+    escaped for systemd."""
+    words, i = [], 0
+    while i < len(line):
+        if line[i] == " ":
+            i += 1
+            continue
+        if line[i] != '"':
+            raise ValueError(f"unquoted word at {i}: {line[i:i + 40]!r}")
+        j = i + 1
+        while line[j] != '"':
+            j += 2 if line[j] == "\\" else 1
+        raw = json.loads(line[i:j + 1])
+        for sign in "%$":
+            parts = raw.split(sign * 2)
+            if any(sign in part for part in parts):
+                raise ValueError(f"a lone {sign!r} systemd would expand in {raw!r}")
+            raw = sign.join(parts)
+        words.append(raw)
+        i = j + 1
+    return words

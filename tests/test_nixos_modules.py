@@ -18,7 +18,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shlex
 import shutil
 import subprocess
 import sys
@@ -30,7 +29,19 @@ from pathlib import Path
 import pytest
 
 from nix_env import BUSYBOX, empty_flake, locked_flake_copy, nix, stub_inputs
-from nixos_helpers import EXAMPLE, LIB, NVIDIA_KERNEL, REPO, json_file, nix_attrs, nix_eval, nix_path, plan_file, toml
+from nixos_helpers import (
+    EXAMPLE,
+    LIB,
+    NVIDIA_KERNEL,
+    REPO,
+    json_file,
+    nix_attrs,
+    nix_eval,
+    nix_path,
+    plan_file,
+    systemd_exec_argv,
+    toml,
+)
 
 from tp4 import fleet
 
@@ -38,6 +49,7 @@ MODULES = REPO / "modules"
 OPTIONS = MODULES / "options.toml"
 WALK = REPO / "tests" / "nixos-modules" / "walk.nix"
 STUB_LIB = REPO / "tests" / "nixos-modules" / "lib.nix"
+STUB_UTILS = REPO / "tests" / "nixos-modules" / "utils.nix"
 MODULE_FILES = ("spark-host.nix", "tp4-line.nix", "common.nix", "tp4-router.nix")
 RDMA_CHECK = MODULES / "rdma-check.sh"
 
@@ -84,7 +96,7 @@ def fleet_plan(work: Path, *, service: str, python: str = "/opt/tp4/.venv/bin/py
 
 def declared_default(module: Path, option: str) -> object:
     """The default a module declares for one of its options (read from the module, not restated)."""
-    expr = (f"(import {nix_path(module)} {{ config = {{ }}; lib = import {nix_path(STUB_LIB)}; pkgs = {PKGS}; options = {{ }}; }})"
+    expr = (f"(import {nix_path(module)} {{ config = {{ }}; lib = import {nix_path(STUB_LIB)}; utils = import {nix_path(STUB_UTILS)}; pkgs = {PKGS}; options = {{ }}; }})"
             f".options.{option}.default")
     value, err = nix_eval(expr, Path(os.environ.get("TMPDIR", "/tmp")) / f"tp4-default-{os.getpid()}")
     assert err == "", err
@@ -228,7 +240,8 @@ def test_the_gpu_clock_is_capped_at_boot_and_again_by_a_timer(walks):
     for host in ("head", "worker", "ring worker"):
         w = walks[("spark-host.nix", host)]
         service = value(w, "systemd.services.tp4-gpu-clock.serviceConfig")
-        assert service == {"Type": "oneshot", "ExecStart": "/nix/store/nvidia-bin/bin/nvidia-smi -lgc 0,2200"}
+        assert service["Type"] == "oneshot"
+        assert systemd_exec_argv(service["ExecStart"]) == ["/nix/store/nvidia-bin/bin/nvidia-smi", "-lgc", "0,2200"]
         assert value(w, "systemd.timers.tp4-gpu-clock.wantedBy") == ["timers.target"]
         assert value(w, "systemd.timers.tp4-gpu-clock.timerConfig") == {"OnBootSec": "30s", "OnUnitActiveSec": "10min"}
 
@@ -281,7 +294,10 @@ def test_the_readiness_unit_runs_beside_the_rank_and_is_bounded(walks):
         sc = value(w, f"{ready}.serviceConfig")
         bound = 9000 if host == "head" else 4200
         assert {k: sc[k] for k in ("Type", "RemainAfterExit", "TimeoutStartSec")} == {"Type": "oneshot", "RemainAfterExit": True, "TimeoutStartSec": bound + 60}
-        assert re.fullmatch(r"/bin/sh /nix/store/[a-z0-9]{32}-rank-ready\.sh 'podman' 'dsv41-(head|worker)' '%d' .*'forbid' 'Traceback'" % bound, sc["ExecStart"])
+        argv = systemd_exec_argv(sc["ExecStart"])
+        assert argv[0] == "/bin/sh" and re.fullmatch(r"/nix/store/[a-z0-9]{32}-rank-ready\.sh", argv[1])
+        assert argv[2:5] == ["podman", unit.removeprefix("podman-"), str(bound)] and argv[-2:] == ["forbid", "Traceback"]
+        assert argv[5] == ("^Ready: API on port 8888([^0-9]|$)" if host == "head" else "Load weight end\\.")
         assert value(w, f"{ready}.path") == ["/nix/store/podman", "/nix/store/coreutils", "/nix/store/gnugrep", "/nix/store/gnused"]
         # the rank's own start waits for nothing of it
         assert "tp4-rank-ready.service" not in value(w, f"systemd.services.{unit}.after") + value(w, f"systemd.services.{unit}.requires")
@@ -538,8 +554,8 @@ def test_a_ring_with_roce_paths_keeps_a_marker_on_every_fabric_device(walks, wor
         unit = f"systemd.services.tp4-mesh-marker@{dev}"
         assert value(w, f"{unit}.serviceConfig") == {
             "Type": "simple", "Restart": "on-failure", "RestartSec": "2s", "LimitMEMLOCK": "infinity",
-            "ExecStart": f"'/nix/store/marker/bin/mlx5-rdma-tx-rewrite-probe' '--device' '{dev}' '--source-port' '65535' "
-                         "'--replacement-ethertype' '0x88b5' '--attach' '--managed'"}
+            "ExecStart": f'"/nix/store/marker/bin/mlx5-rdma-tx-rewrite-probe" "--device" "{dev}" "--source-port" "65535" '
+                         '"--replacement-ethertype" "0x88b5" "--attach" "--managed"'}
         assert value(w, f"{unit}.bindsTo") == value(w, f"{unit}.after") == ["tp4-mesh.service"]
         assert value(w, f"{unit}.restartIfChanged") is False
     sysctls = [s["value"] for s in w["set"] if s["path"] == "boot.kernel.sysctl"]
@@ -582,7 +598,7 @@ def test_the_router_unit_runs_the_fleet_plans_command(walks, work, lines):
     command = doc["router"]["command"]
     assert command[1:3] == ["-c", fleet.LAUNCHER] and command[4] == "sglang_router.launch_router"
     sc = value(w, "systemd.services.tp4-router.serviceConfig")
-    assert shlex.split(sc["ExecStart"]) == ["/opt/tp4/.venv/bin/python", *command[1:]]
+    assert systemd_exec_argv(sc["ExecStart"]) == ["/opt/tp4/.venv/bin/python", *command[1:]]
     assert "--worker-urls" in command and command[command.index("--worker-urls") + 1:][:2] == ["http://10.0.0.1:8888", "http://10.0.0.5:8888"]
     assert {k: sc[k] for k in ("Type", "Restart", "NoNewPrivileges")} == {"Type": "simple", "Restart": "on-failure", "NoNewPrivileges": True}
     assert value(w, "systemd.services.tp4-router.restartIfChanged") is False
@@ -620,3 +636,29 @@ def test_the_kernel_check_accepts_nixos_dgx_sparks_kernel_and_no_other(work, lin
     allowed = walk(MODULES / "spark-host.nix", fixture_config(profile, plan, "spark2", ring=False, kernel=stock)
                    .replace("allowOther = false", "allowOther = true"), work)
     assert [a["assertion"] for a in kernel_checks(allowed)] == [True]
+
+
+def nix_string(s: str) -> str:
+    """A Nix string literal of s (JSON's escapes, and `${` kept from interpolating)."""
+    return json.dumps(s).replace("${", "\\${")
+
+
+@pytest.mark.parametrize("arg", ["50%", "%n", "$HOME", "${X}", "two words", "it's", 'say "hi"', "a\\b", "line\nbreak", "\t;", ""])
+def test_exec_lines_are_escaped_for_systemd_not_for_a_shell(work, arg):
+    """Every Exec* line of the modules goes through utils.escapeSystemdExecArgs (systemd expands
+    `%` specifiers and `$` variables in arguments and reads C escapes, not a shell's quotes): the
+    stand-in's escaping of a hostile argument comes back as that argument from systemd's
+    unquoting, and no module writes an Exec* line another way."""
+    line, err = nix_eval(f"(import {nix_path(STUB_UTILS)}).escapeSystemdExecArgs [ \"/bin/x\" {nix_string(arg)} ]", work / "nix")
+    assert err == "" and isinstance(line, str)
+    assert systemd_exec_argv(line) == ["/bin/x", arg]
+    if "%" in arg or "'" in arg:
+        shell_quoted, _ = nix_eval(f"(import {nix_path(STUB_LIB)}).escapeShellArgs [ {nix_string(arg)} ]", work / "nix")
+        with pytest.raises(ValueError):
+            systemd_exec_argv(str(shell_quoted))
+    for module in MODULE_FILES:
+        text = (MODULES / module).read_text()
+        assert "escapeShellArg" not in text.replace("which escapeShellArgs does not", ""), module
+        for m in re.finditer(r"\bExec(Start|StartPre|StartPost|Stop|StopPost|Reload)\s*=\s*(.*)", text):
+            value = m.group(2)
+            assert value.startswith(("escapeSystemdExecArgs", "[", "if ")), (module, m.group(0))

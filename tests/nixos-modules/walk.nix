@@ -93,6 +93,7 @@ let
 
   m = (if builtins.isFunction module then module else import module) {
     inherit config lib pkgs;
+    utils = import ./utils.nix;
     options = { };
   };
 in
