@@ -444,11 +444,15 @@ def png(path: Path) -> Image.Image:
     return Image.open(io.BytesIO(data)).convert("RGB")
 
 
-def test_charts_are_valid_pngs_of_the_expected_size_and_not_blank(tmp_path, tp4_cli):
+def test_charts_are_valid_pngs_of_the_expected_size_and_not_blank(tmp_path, tp4_cli, monkeypatch):
     path = write(tmp_path, "ours", tp4_result(scale=0.9))
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    monkeypatch.chdir(cwd)
     code, out, err = tp4_cli("report", path)
     assert code == 0, err
-    decode, prefill = path.parent / "report-decode.png", path.parent / "report-prefill.png"  # next to the result
+    decode, prefill = cwd / "report-decode.png", cwd / "report-prefill.png"  # the current directory
+    assert not list(path.parent.glob("*.png"))  # never beside the result (an archive, the checkout)
     assert f"chart: {decode}" in out and f"chart: {prefill}" in out
     img = png(decode)
     assert img.size == (800, 600)  # 2 x 2 panels, one per prompt type
@@ -603,7 +607,7 @@ def test_bad_options_are_refused(tmp_path, tp4_cli):
 def test_the_real_entry_point_says_error_and_exits_2(tmp_path):
     path = write(tmp_path, "bad", with_value(FIELD, "NaN"))
     env = dict(os.environ, PYTHONPATH=str(REPO / "python"))
-    proc = subprocess.run([sys.executable, "-m", "tp4", "report", str(path)], capture_output=True, text=True, env=env, timeout=120)
+    proc = subprocess.run([sys.executable, "-m", "tp4", "report", str(path)], capture_output=True, text=True, env=env, timeout=120, cwd=tmp_path)
     assert proc.returncode == 2 and proc.stdout == ""
     assert proc.stderr.startswith(f"error: {path}: decode[0].job.results[0].aggregateDecodeTps: NaN") and "Traceback" not in proc.stderr
     assert not list(path.parent.glob("*.png"))  # nothing written

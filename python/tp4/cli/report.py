@@ -19,7 +19,7 @@ from tp4.errors import InvalidInput
 @click.option("--fail-on-regression", "fail_on", default=None, metavar="PCT",
               help="Exit 1 when a judged value is worse than the reference by more than PCT percent (exactly PCT is not).")
 @click.option("--out", "out_dir", default=None, metavar="DIR",
-              help="Where the PNG charts go (default: the directory of the first RESULT).")
+              help="Where the PNG charts go (default: the current directory; never beside a RESULT, which may be an archive or the checkout).")
 @click.option("--no-charts", is_flag=True, help="Write no chart.")
 @click.option("--json", "as_json", is_flag=True, help="Print the comparison as JSON.")
 def report(results: tuple[str, ...], reference: str, tolerance: str, fail_on: str | None, out_dir: str | None,
@@ -38,8 +38,7 @@ def report(results: tuple[str, ...], reference: str, tolerance: str, fail_on: st
     if not no_charts:
         from tp4.charts import write_charts
 
-        first = Path(runs[0].path).parent
-        charts = write_charts(compared, Path(out_dir).expanduser() if out_dir is not None else first)
+        charts = write_charts(compared, Path(out_dir).expanduser() if out_dir is not None else Path.cwd())
     if as_json:
         click.echo(report_mod.render_json(compared, charts), nl=False)
     else:
