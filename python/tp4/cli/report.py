@@ -38,7 +38,7 @@ def report(results: tuple[str, ...], reference: str, tolerance: str, fail_on: st
     if not no_charts:
         from tp4.charts import write_charts
 
-        charts = write_charts(compared, Path(out_dir).expanduser() if out_dir is not None else Path.cwd())
+        charts = write_charts(compared, Path(out_dir).expanduser() if out_dir is not None else Path("."))
     if as_json:
         click.echo(report_mod.render_json(compared, charts), nl=False)
     else:
