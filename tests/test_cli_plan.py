@@ -179,3 +179,11 @@ def test_distribute_strict_refuses_a_profile_with_warnings(tmp_path, repo, capsy
     with pytest.raises(InvalidInput) as exc:
         _nodes((), str(prof), None, None, None, (), strict=True)
     assert "errors under --strict" in str(exc.value)
+
+
+def test_plan_help_names_the_schema_the_output_carries(tp4_cli):
+    code, help_text, _ = tp4_cli("plan", "--help")
+    code2, out, _ = tp4_cli("plan", "--json")
+    assert code == code2 == 0
+    schema = json.loads(out)["schema"]
+    assert f"schema {schema}," in " ".join(help_text.split())

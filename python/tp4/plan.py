@@ -14,6 +14,7 @@ import re
 from functools import lru_cache
 from typing import TYPE_CHECKING, Annotated, Literal, NamedTuple
 
+from tp4 import schemas
 from tp4.container import MOUNTS
 from tp4.knobs import BY_ENV, FIELD_KEYS, KNOBS, Knob
 from tp4.profile.models import has_unsafe_chars
@@ -23,7 +24,7 @@ if TYPE_CHECKING:
     from tp4.profile.load import Loaded
     from tp4.profile.models import Cluster, Node, Profile
 
-SCHEMA = "tp4.plan/1.3"
+SCHEMA = schemas.PLAN
 # kept for the callers that name a mount target; the values live in tp4/data/container.toml
 MODEL_MOUNT = MOUNTS.model
 STATE_MOUNT = MOUNTS.state

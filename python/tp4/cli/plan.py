@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 import click
 
+from tp4 import schemas
 from tp4.errors import InvalidInput
 
 if TYPE_CHECKING:
@@ -72,7 +73,7 @@ def _human(plan: Plan, rank: int | None) -> str:
 @click.command()
 @click.option("--profile", "-p", "profile_path", type=click.Path(), help="Profile TOML; default: the embedded production profile on the example cluster.")
 @click.option("--rank", type=int, default=None, help="Show only this rank.")
-@click.option("--json", "as_json", is_flag=True, help="Machine-readable plan (schema tp4.plan/1.2, see docs/plan-schema.md).")
+@click.option("--json", "as_json", is_flag=True, help=f"Machine-readable plan (schema {schemas.PLAN}, see docs/plan-schema.md).")
 @strict_option
 def plan(profile_path: str | None, rank: int | None, as_json: bool, strict: bool) -> None:
     """Show the rendered line: per rank the container env, the engine argv, the run spec, and the
