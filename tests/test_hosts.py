@@ -350,3 +350,17 @@ def test_trust_on_a_terminal_asks_before_recording(hosts, empty, answer, code):
         assert "recorded 1 host in" in out
     else:
         assert "not recorded: you declined; nothing was written" in err and not empty.exists()
+
+
+def test_trust_names_every_node_that_gave_no_key(tmp_path, monkeypatch, tp4_cli):
+    """Nodes scanned in parallel are all reported when several fail, not only the first; what
+    tp4 is doing is said on stderr before the scan (it can take the keyscan's timeout)."""
+    monkeypatch.setenv("TP4_KNOWN_HOSTS", str(tmp_path / "known_hosts"))
+    hosts = ["127.0.0.2", "127.0.0.3", "127.0.0.4"]
+    code, out, err = tp4_cli("hosts", "trust", *[a for h in hosts for a in ("--host", h)], "--port", "9", "--yes")
+    assert code == 1, err
+    assert err.startswith("fetching the host keys of 3 nodes")
+    assert "3 of 3 nodes gave no host key" in err
+    for h in hosts:
+        assert f"  - [{h}]:9: ssh-keyscan fetched no host key" in err, err
+    assert not (tmp_path / "known_hosts").exists() and "Traceback" not in err

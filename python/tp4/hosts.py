@@ -86,11 +86,27 @@ def judge(offered: Sequence[Key], recorded: Sequence[Key]) -> Status:
     return "trusted" if same and not other else "changed"
 
 
+def _scan_each(remote: process.Remote) -> tuple[str, tuple[Key, ...]] | Tp4Error:
+    try:
+        return scan(remote)
+    except Tp4Error as exc:
+        return exc
+
+
 def examine(remotes: Sequence[process.Remote]) -> list[Verdict]:
-    """Every node's verdict, the nodes scanned in parallel; one node per known_hosts name."""
+    """Every node's verdict, the nodes scanned in parallel; one node per known_hosts name. When
+    nodes cannot be scanned, one error names every one of them (invalid input first: exit 2)."""
     unique = list({process.key_name(r): r for r in reversed(remotes)}.values())[::-1]
     with ThreadPoolExecutor(max_workers=max(1, len(unique))) as pool:
-        scanned = list(pool.map(scan, unique))
+        results = list(pool.map(_scan_each, unique))
+    errors = [r for r in results if isinstance(r, Tp4Error)]
+    if len(errors) == 1:
+        raise errors[0]
+    if errors:
+        code = max(e.exit_code for e in errors)
+        raise Tp4Error(f"{len(errors)} of {len(unique)} nodes gave no host key:\n"
+                       + "\n".join(f"  - {e}" for e in errors), exit_code=code)
+    scanned = [r for r in results if not isinstance(r, Tp4Error)]
     entries = knownhosts.read()
     verdicts = []
     for remote, (name, offered) in zip(unique, scanned, strict=True):

@@ -49,7 +49,10 @@ def trust(profile_path: str | None, names: tuple[str, ...], port: int | None, ye
     written, unless --replace. Without --yes the keys are recorded only after a `y` on the
     terminal.
     """
-    verdicts = hosts_mod.examine(_remotes(profile_path, names, port))
+    remotes = _remotes(profile_path, names, port)
+    click.echo(f"fetching the host keys of {len(remotes)} node{'s' if len(remotes) != 1 else ''} "
+               f"(ssh-keyscan, at most {hosts_mod.SCAN_TIMEOUT} s)…", err=True)
+    verdicts = hosts_mod.examine(remotes)
     for v in verdicts:
         if v.status == "trusted":
             click.echo(f"{v.name}: already trusted ({', '.join(k.shown() for k in v.recorded)})")
