@@ -183,8 +183,9 @@ def _rename_patterns(old: str, new: str) -> list[tuple[re.Pattern[bytes], bytes]
     return [
         # whole word, not followed by '-' (b12x-source stays): b12x.comm -> b12x_next.comm
         (re.compile(rb"\b" + re.escape(lower_old) + rb"\b(?!-)"), lower_new),
-        # knobs: B12X_FOO -> B12X_NEXT_FOO, B12X_NEXT_FOO stays
-        (re.compile(re.escape(upper_old) + rb"(?!" + re.escape(upper_new[len(upper_old):]) + rb")"), upper_new),
+        # knobs at a word start: B12X_FOO -> B12X_NEXT_FOO; B12X_NEXT_FOO, _B12X_FOO and
+        # VLLM_B12X_FOO stay (upstream's perl: s/\bB12X_(?!NEXT_)/B12X_NEXT_/g)
+        (re.compile(rb"\b" + re.escape(upper_old) + rb"(?!" + re.escape(upper_new[len(upper_old):]) + rb")"), upper_new),
     ]
 
 
