@@ -26,6 +26,16 @@ def row(name: str, data: bytes, path: str, *attrs: str) -> str:
     return f"{name}  {C40}  {sha256(data)}  {BASE}/{path}" + ("\n    " + " ".join(attrs) if attrs else "")
 
 
+def _real_row_attrs(name: str) -> str:
+    """The attribute line of a row of the shipped manifest (python/tp4/data/sources.manifest)."""
+    lines = (Path(mf.__file__).parent.parent / "data" / "sources.manifest").read_text().splitlines()
+    i = next(i for i, line in enumerate(lines) if line.startswith(name + "  "))
+    return lines[i + 1].strip()
+
+
+REAL_RING_PATCH_ATTRS = _real_row_attrs("dsv41/scripts/roce_ring-sparkring-f16b5f4.patch")
+
+
 @pytest.fixture
 def b12x_case(tmp_path: Path):
     """Manifest + input files for a b12x_next-like tree (archive, two patches) and a b12x-like
@@ -36,7 +46,9 @@ def b12x_case(tmp_path: Path):
     files["p/one.patch"], files["p/two.patch"] = p1, p2
     files["ring/api.py"] = b"from .x import y\r\nROCE = 'roce'\r\n"
     files["ring/x.py"] = b"y = 1\r\n"
-    ring_patch = unified_diff("api.py", "from .x import y\nROCE = 'roce'\n", "from .x import y\nROCE = 'roce_ring'\n",
+    # upstream's patch names roce_ring/<file> (it runs from the directory holding roce_ring/);
+    # the row's p= and dir= are the real manifest's
+    ring_patch = unified_diff("roce_ring/api.py", "from .x import y\nROCE = 'roce'\n", "from .x import y\nROCE = 'roce_ring'\n",
                               prefix="ab").encode()
     files["p/ring.patch"] = ring_patch
     text = "\n".join([
@@ -45,7 +57,7 @@ def b12x_case(tmp_path: Path):
         row("p/two.patch", p2, "two.patch", "p=0"),
         row("ring/api.py", files["ring/api.py"], "api.py", "eol=lf"),
         row("ring/x.py", files["ring/x.py"], "x.py", "eol=lf"),
-        row("p/ring.patch", ring_patch, "ring.patch", "p=1 dir=b12x/comm/roce_ring"),
+        row("p/ring.patch", ring_patch, "ring.patch", REAL_RING_PATCH_ATTRS),
         "tree b12x-next  from=b12x-main  require=b12x,LICENSE  keep=b12x,LICENSE  rename=b12x:b12x_next",
         "    patches=p/one.patch,p/two.patch  drop=b12x_next/sequence/engram  stamp=b12x_next",
         f"    expect-patch={hashlib.sha256(p1 + p2).hexdigest()[:16]}",
