@@ -252,7 +252,7 @@ in
         wants = [ "network-online.target" ];
         after = [ "network-online.target" ];
         unitConfig.RequiresMountsFor = [ volume.requiresMount ];
-        path = [ (if runtime == "docker" then config.virtualisation.docker.package else config.virtualisation.podman.package) ];
+        path = [ config.virtualisation.podman.package ];
         serviceConfig = {
           Type = "oneshot";
           RemainAfterExit = true;

@@ -53,6 +53,10 @@ STUB_UTILS = REPO / "tests" / "nixos-modules" / "utils.nix"
 MODULE_FILES = ("spark-host.nix", "tp4-line.nix", "common.nix", "tp4-router.nix")
 RDMA_CHECK = MODULES / "rdma-check.sh"
 
+# pkgs as the modules use it: packages they only interpolate, as placeholder store paths; runtimeShell
+# is a string in nixpkgs ("${bash}/bin/bash", pkgs/top-level/all-packages.nix), here /bin/sh so the
+# scripts' argv can be run as it is; writeShellScript and runCommand return their output's path
+# (trivial-builders), here a name under /nix/store
 PKGS = ('{ rdma-core = "/nix/store/rdma-core"; coreutils = "/nix/store/coreutils"; iproute2 = "/nix/store/iproute2"; runtimeShell = "/bin/sh"; gnugrep = "/nix/store/gnugrep"; gnused = "/nix/store/gnused"; '
         'writeShellScript = name: text: "/nix/store/script-${name}"; runCommand = name: env: script: "/nix/store/${name}"; }')
 
@@ -103,8 +107,34 @@ def declared_default(module: Path, option: str) -> object:
     return value
 
 
+# The kernel command line a host of the line ends up with (boot.kernelParams is a list: the
+# definitions concatenated, ours last by mkAfter):
+# * nixos-dgx-spark: "console=tty1", "module_blacklist=algif_aead,esp4,esp6,rxrpc", and with
+#   useNvidiaKernel and cppcAutonomousMode (both default true) "cppc_cpufreq.auto_sel_mode=1"
+#   (modules/dgx-spark.nix lines 127-147 at f1ebf94);
+# * nixpkgs' nvidia module with hardware.nvidia.modesetting.enable and open = true (dgx-spark.nix
+#   lines 156-158): "nvidia-drm.modeset=1", "nvidia-drm.fbdev=1" for a driver >= 545, and
+#   "nvidia.NVreg_OpenRmEnableUnsupportedGpus=1" for the open modules (nixos/modules/hardware/video/
+#   nvidia.nix, `boot.kernelParams = lib.optional cfg.modesetting.enable "nvidia-drm.modeset=1" ++ ...`;
+#   read in a stored copy whose commit the index does not name); `ibt=off` is not added, as open
+#   modules count as IBT-capable there;
+# * modules/spark-host.nix: the display reservation's parameters (modules/lib/kernel.nix).
+DGX_SPARK_PARAMS = '[ "console=tty1" "module_blacklist=algif_aead,esp4,esp6,rxrpc" "cppc_cpufreq.auto_sel_mode=1" ]'
+NVIDIA_PARAMS = '[ "nvidia-drm.modeset=1" "nvidia-drm.fbdev=1" "nvidia.NVreg_OpenRmEnableUnsupportedGpus=1" ]'
+KERNEL_PARAMS = f"({DGX_SPARK_PARAMS} ++ {NVIDIA_PARAMS} ++ (import {nix_path(LIB)}).kernel.displayReservationParams)"
+
+
 def fixture_config(profile: Path, plan: Path, name: str, *, ring: bool, router: Path | None = None,
-                   kernel: dict[str, str] = NVIDIA_KERNEL) -> str:
+                   kernel: dict[str, str] = NVIDIA_KERNEL, kernel_params: str = KERNEL_PARAMS) -> str:
+    """The `config` a module reads on host `name`. tp4.* are the options as the example line sets
+    them (examples/spark-line) or the modules' own defaults; the NixOS values are the real ones
+    (sources beside NVIDIA_KERNEL and KERNEL_PARAMS). Store paths (/nix/store/podman, ...) stand
+    for packages whose path the modules only interpolate: virtualisation.podman.package
+    (podman/default.nix's internal option), hardware.nvidia.package (nixos-dgx-spark's
+    nvidiaPackages.production, dgx-spark.nix lines 165-173) and its `bin` output, where nvidia-smi
+    is. services.xserver, displayManager, gdm and gnome are off: their nixpkgs defaults, which the
+    example's configuration.nix leaves; users.users.tp4 is the example's cluster.user, which its
+    configuration.nix declares."""
     hosts = EXAMPLE / "hosts.toml"
     local = '"/var/lib/tp4/model"' if ring else "null"
     mesh = '"/etc/tp4/mesh-up.sh"' if ring else "null"
@@ -125,10 +155,10 @@ def fixture_config(profile: Path, plan: Path, name: str, *, ring: bool, router: 
         line = {{ enable = true; image = {{ stream = null; file = null; }}; autoStart = false; }};
         router = {{ enable = {"true" if router else "false"}; fleetPlan = {nix_path(router) if router else "null"}; fleet = null; package = null; python = null; openFirewall = true; }};
       }};
-      boot = {{ kernelParams = [ ]; kernelPackages.kernel = {nix_attrs(kernel)}; }};
+      boot = {{ kernelParams = {kernel_params}; kernelPackages.kernel = {nix_attrs(kernel)}; }};
       services = {{ xserver.enable = false; displayManager = {{ enable = false; gdm.enable = false; }}; desktopManager.gnome.enable = false; }};
       users.users.tp4 = {{ }};
-      virtualisation = {{ podman.package = "/nix/store/podman"; docker.package = "/nix/store/docker"; }};
+      virtualisation.podman.package = "/nix/store/podman";
       hardware.nvidia.package.bin = "/nix/store/nvidia-bin";
       networking.hostName = {json.dumps(name)};
     }}"""
@@ -560,7 +590,6 @@ def test_a_ring_with_roce_paths_keeps_a_marker_on_every_fabric_device(walks, wor
         assert value(w, f"{unit}.restartIfChanged") is False
     sysctls = [s["value"] for s in w["set"] if s["path"] == "boot.kernel.sysctl"]
     assert {"net.ipv4.ip_local_reserved_ports": "65535"} in sysctls
-    # (the fixture's config is no merge: the kernel command line assertion reads an empty one)
     marker_checks = [a for a in _assertions(w) if a["message"].startswith("tp4.host.ring.marker")]
     assert len(marker_checks) == 1 and marker_checks[0]["assertion"]
     assert not any(s["path"].startswith("systemd.services.tp4-mesh-marker") for h in ("head", "worker")
@@ -662,3 +691,17 @@ def test_exec_lines_are_escaped_for_systemd_not_for_a_shell(work, arg):
         for m in re.finditer(r"\bExec(Start|StartPre|StartPost|Stop|StopPost|Reload)\s*=\s*(.*)", text):
             value = m.group(2)
             assert value.startswith(("escapeSystemdExecArgs", "[", "if ")), (module, m.group(0))
+
+
+def test_the_display_reservation_holds_on_the_command_line_a_spark_host_gets(walks, work, lines):
+    """On nixos-dgx-spark's and the nvidia module's kernel command line plus ours, every assertion
+    of the host module holds; without our parameters the nvidia module's fbdev=1 is refused."""
+    for host in ("head", "worker", "ring worker"):
+        w = walks[("spark-host.nix", host)]
+        assert [a["message"] for a in _assertions(w) if not a["assertion"]] == []
+    profile, plan = lines["switched"]
+    theirs = walk(MODULES / "spark-host.nix", fixture_config(profile, plan, "spark1", ring=False,
+                                                            kernel_params=f"({DGX_SPARK_PARAMS} ++ {NVIDIA_PARAMS})"), work)
+    failing = [a["message"] for a in _assertions(theirs) if not a["assertion"]]
+    assert failing == ["tp4.host.displayReservation: nvidia-drm.fbdev is 1, not 0 (the nvidia module appends nvidia-drm.fbdev=1 for drivers >= 545) "
+                       "on the kernel command line; fix: remove the nvidia-drm parameters you add to boot.kernelParams (tp4 appends modeset=1 fbdev=0 last)"]
