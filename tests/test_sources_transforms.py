@@ -297,17 +297,21 @@ def test_fetch_refuses_a_non_empty_destination_before_any_work(tmp_path: Path, t
     assert code == 1 and "not an empty directory" in err and (tmp_path / "out" / "keep").read_text() == "mine"
 
 
-def _line_case(tmp_path: Path, script: bytes):
-    """An sglang-line-like tree: python/ subtree, one patch, then a pinned adaptation script."""
-    archive = tar_gz({"top/python/sglang/srt/pynccl.py": "WORLD = 8\nENV = 'SGLANG8_ROCE_ALLREDUCE'\n", "top/docs/x": "d"})
-    patch = unified_diff("python/sglang/srt/pynccl.py", "WORLD = 8\nENV = 'SGLANG8_ROCE_ALLREDUCE'\n",
+PYNCCL = "python/sglang/srt/distributed/device_communicators/pynccl.py"
+
+
+def _line_case(tmp_path: Path, script: bytes, *script_attrs: str):
+    """An sglang-line-like tree laid out as upstream's (python/sglang/srt/distributed/...), one
+    patch, then a pinned adaptation script (with the row's attributes)."""
+    archive = tar_gz({f"top/{PYNCCL}": "WORLD = 8\nENV = 'SGLANG8_ROCE_ALLREDUCE'\n", "top/docs/x": "d"})
+    patch = unified_diff(PYNCCL, "WORLD = 8\nENV = 'SGLANG8_ROCE_ALLREDUCE'\n",
                          "WORLD = 8\nENV = 'SGLANG8_ROCE_ALLREDUCE'\nROCE = True\n", prefix="ab").encode()
     files = {"src": archive, "p/overlay.patch": patch, "p/adapt.py": script}
     manifest = tmp_path / "m"
     manifest.write_text("\n".join([
         f"src  {C40}  {sha256(archive)}  https://github.com/o/s/archive/{C40}.tar.gz  strip=1",
         row("p/overlay.patch", patch, "overlay.patch", "p=1"),
-        row("p/adapt.py", script, "adapt.py"),
+        row("p/adapt.py", script, "adapt.py", *script_attrs),
         "tree line  from=src  keep=python  patches=p/overlay.patch  run=p/adapt.py",
         "",
     ]))
@@ -320,7 +324,7 @@ def _line_case(tmp_path: Path, script: bytes):
 
 
 ADAPT = b"""import pathlib
-p = pathlib.Path('python/sglang/srt/pynccl.py')
+p = pathlib.Path('python/sglang/srt/distributed/device_communicators/pynccl.py')
 text = p.read_text()
 assert text.count('WORLD = 8') == 1, 'anchor drifted'
 p.write_text(text.replace('WORLD = 8', 'WORLD = (4, 8)'))
@@ -331,9 +335,51 @@ def test_run_step_adapts_the_patched_tree(tmp_path: Path, tp4_cli) -> None:
     manifest, args = _line_case(tmp_path, ADAPT)
     code, _, err = tp4_cli("sources", "fetch", "line", "--to", tmp_path / "out", "--manifest", manifest, *args)
     assert code == 0, err
-    text = (tmp_path / "out/python/sglang/srt/pynccl.py").read_text()
+    text = (tmp_path / "out" / PYNCCL).read_text()
     assert text == "WORLD = (4, 8)\nENV = 'SGLANG8_ROCE_ALLREDUCE'\nROCE = True\n"
     assert mf.load(manifest).inputs("line")[-1].name == "p/adapt.py"
+
+
+# as upstream's roce_tp4_adapt.py does (K a7ca3117 line 5): the file by its absolute path in the image
+ABSOLUTE = b"""import pathlib
+P = '/sgl-workspace/sglang/python/sglang/srt/distributed/device_communicators/pynccl.py'
+p = pathlib.Path(P)
+text = p.read_text()
+assert text.count('WORLD = 8') == 1, 'anchor drifted'
+p.write_text(text.replace('WORLD = 8', 'WORLD = (4, 8)'))
+"""
+
+
+def test_run_step_with_the_images_absolute_root_adapts_the_tree(tmp_path: Path, tp4_cli) -> None:
+    """The row's root= (the shipped manifest's, for roce_tp4_adapt.py) points the script's absolute
+    paths at the tree; without it the script finds no /sgl-workspace and the tree fails."""
+    shipped = mf.load(Path(mf.__file__).parent.parent / "data" / "sources.manifest")
+    root = shipped.row("dsv41/runtime/roce_tp4_adapt.py").attrs["root"]
+    assert root == "/sgl-workspace/sglang"
+    manifest, args = _line_case(tmp_path, ABSOLUTE, f"root={root}")
+    code, _, err = tp4_cli("sources", "fetch", "line", "--to", tmp_path / "out", "--manifest", manifest, *args)
+    assert code == 0, err
+    assert (tmp_path / "out" / PYNCCL).read_text() == "WORLD = (4, 8)\nENV = 'SGLANG8_ROCE_ALLREDUCE'\nROCE = True\n"
+    assert not list((tmp_path / "out").rglob("adapt.py"))  # the rooted copy ran outside the tree
+    (tmp_path / "bare").mkdir()
+    bare, args = _line_case(tmp_path / "bare", ABSOLUTE)
+    code, _, err = tp4_cli("sources", "fetch", "line", "--to", tmp_path / "bare-out", "--manifest", bare, *args)
+    assert code == 1 and "FileNotFoundError" in err and "/sgl-workspace/sglang" in err
+
+
+def test_a_root_the_script_never_names_is_refused(tmp_path: Path, tp4_cli) -> None:
+    manifest, args = _line_case(tmp_path, ADAPT, "root=/sgl-workspace/sglang")
+    code, _, err = tp4_cli("sources", "fetch", "line", "--to", tmp_path / "out", "--manifest", manifest, *args)
+    assert code == 1 and "names no path under root=/sgl-workspace/sglang" in err
+    assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
+
+
+def test_root_rewrites_whole_path_components_only(tmp_path: Path) -> None:
+    work = tmp_path / "tree"
+    work.mkdir()
+    data = b"a = '/sgl-workspace/sglang/python'\nb = '/sgl-workspace/sglang2/x'\nc = \"/sgl-workspace/sglang\"\n"
+    out = transforms.rooted_script(data, "/sgl-workspace/sglang", work, name="s")
+    assert out == (f"a = '{work}/python'\nb = '/sgl-workspace/sglang2/x'\nc = \"{work}\"\n").encode()
 
 
 @pytest.mark.parametrize("script,needle", [

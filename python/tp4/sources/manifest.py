@@ -45,7 +45,7 @@ PATCH_SUFFIXES = (".patch", ".diff")
 KINDS = ("archive", "file", "patch", "wheel", "image", "git", "local")
 ROW_ATTRS: dict[str, frozenset[str]] = {
     "archive": frozenset({"kind", "strip"}),
-    "file": frozenset({"kind", "eol", "mode"}),
+    "file": frozenset({"kind", "eol", "mode", "root"}),
     "patch": frozenset({"kind", "p", "fuzz", "dir"}),
     "wheel": frozenset(),
     "image": frozenset({"arch", "glibc"}),
@@ -481,6 +481,9 @@ def _check_attrs(row: Row, problems: list[str]) -> None:
         problems.append(f"{row.where}: mode= is 644 or 755")
     if "dir" in row.attrs and not (row.attrs["dir"] == "." or _rel_path_ok(row.attrs["dir"])):
         problems.append(f"{row.where}: dir={row.attrs['dir']!r} is not a relative path inside the tree")
+    if "root" in row.attrs and not re.fullmatch(r"(/[A-Za-z0-9._-]+)+", row.attrs["root"]):
+        problems.append(f"{row.where}: root={row.attrs['root']!r} is not an absolute path (letters, digits, '.', '_', "
+                        "'-' between slashes): the tree root the script assumes, e.g. /sgl-workspace/sglang")
     if kind == "image" and not re.fullmatch(r"[0-9]+\.[0-9]+", row.attrs.get("glibc", "")):
         problems.append(f"{row.where}: an image row needs glibc=MAJOR.MINOR, the glibc of the image (what "
                         f"`ldd --version` prints in it; tp4-runtime's library is checked against it)")

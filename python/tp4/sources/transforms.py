@@ -334,7 +334,7 @@ def build_tree(manifest: Manifest, tree: Tree, inputs: Mapping[str, Path], work:
         patch_bytes.append(inputs[name].read_bytes())
     for name in tree.runs:
         say(f"{tree.name}: run {name}")
-        run_script(work, inputs[name], name=name)
+        run_script(work, inputs[name], name=name, root=manifest.row(name).attrs.get("root"))
     drop(work, split_list(tree.attrs.get("drop")))
     if stamp_dir and patch_bytes:
         value = patch_id(patch_bytes)
@@ -355,15 +355,40 @@ def build_tree(manifest: Manifest, tree: Tree, inputs: Mapping[str, Path], work:
     return stamps
 
 
-def run_script(work: Path, script: Path, *, name: str) -> None:
+def rooted_script(data: bytes, root: str, work: Path, *, name: str) -> bytes:
+    """The script with every use of the absolute tree root it assumes (``root``: upstream's image
+    runs it in /sgl-workspace/sglang and it opens files there by absolute path) pointed at ``work``.
+    Only whole path components are rewritten (``/sgl-workspace/sglang/python``, not
+    ``/sgl-workspace/sglang2``); a script that never names the root is refused, as the row then
+    no longer describes it."""
+    target = str(work.resolve()).encode()
+    if not re.fullmatch(rb"(/[A-Za-z0-9._+-]+)+", target):
+        raise Tp4Error(f"{name}: the build directory {target.decode(errors='replace')!r} cannot stand in for {root} "
+                       "in a Python string; fix: build in a directory whose path has no quotes, spaces or escapes")
+    pattern = re.compile(re.escape(root.encode()) + rb"(?![A-Za-z0-9._+-])")
+    rewritten, count = pattern.subn(lambda _m: target, data)
+    if count == 0:
+        raise Tp4Error(f"{name}: names no path under root={root}; the manifest row no longer matches the script: "
+                       "drop root= from the row, or check the pinned script")
+    return rewritten
+
+
+def run_script(work: Path, script: Path, *, name: str, root: str | None = None) -> None:
     """Run a pinned Python script with the tree as its working directory (as upstream's Dockerfile
-    runs `python3 runtime/roce_tp4_adapt.py` in /sgl-workspace/sglang); it must change the tree."""
+    runs `python3 runtime/roce_tp4_adapt.py` in /sgl-workspace/sglang); it must change the tree.
+    With ``root`` (the row's root=), a copy whose absolute paths under that root point at the tree
+    runs instead, kept outside the tree."""
     import sys
 
     from tp4 import process
 
     before = nar.nar_sha256(work)
-    proc = process.run([sys.executable, "-I", str(script)], cwd=work, check=False)
+    with tempfile.TemporaryDirectory(prefix="tp4-run-") as tmp:
+        if root is not None:
+            copy = Path(tmp) / script.name
+            copy.write_bytes(rooted_script(script.read_bytes(), root, work, name=name))
+            script = copy
+        proc = process.run([sys.executable, "-I", str(script)], cwd=work, check=False)
     if proc.returncode != 0:
         tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-10:])
         raise Tp4Error(f"{name} failed in the tree (exit code {proc.returncode}):\n{tail}")
