@@ -27,7 +27,7 @@ def test_plan_default_is_the_full_production_line(tp4_cli):
     assert all(set(n) == NODE_KEYS for n in plan["nodes"])
     # DGX OS hosts: docker runs each rank's container, its env in a file beside the checkout
     assert plan["nodes"][0]["service"] == {"kind": "plain", "runtime": "docker", "unit": None,
-                                           "env_file": "/home/zurih/dsv41-4x-spark/dsv41-head.env"}
+                                           "env_file": "/home/zurih/dsv41-4x-spark/dsv41-head.env", "mesh_unit": None}
     assert plan["nodes"][1]["service"]["env_file"] == "/home/zurih/dsv41-4x-spark/dsv41-worker.env"
     assert plan["image"]["tag"] == "dsv41-4x-spark:canary-roce"
     assert plan["image"]["base"].endswith("@sha256:3dbc313030a6ef2c5d7de8ecf48e9aece722694a82182cb618cc82b588816349")

@@ -578,6 +578,26 @@ def test_ring_nccl_and_mesh_unit(good: DoctorCluster, tmp_path: Path) -> None:
     assert mesh.fix is not None and "systemctl start dsv41-mesh.service" in mesh.fix
 
 
+def test_the_mesh_unit_is_the_plans_for_each_kind_of_host(tmp_path: Path) -> None:
+    """RING.NCCL asks for the unit the plan names: upstream's dsv41-mesh.service on a plain host,
+    spark-host's tp4-mesh.service on a NixOS one (a NixOS ring node once failed a blocking check
+    for a unit it does not have); a switched line names none."""
+    from tp4.profile import load_text
+
+    ring = ('preset = "production"\n[cluster]\nuser = "tp4"\n'
+            '[cluster.head]\nname = "h"\nip = "10.0.0.1"\nkind = "nixos"\n'
+            '[[cluster.workers]]\nname = "w1"\nip = "10.0.0.2"\n'
+            '[[cluster.workers]]\nname = "w2"\nip = "10.0.0.3"\n[[cluster.workers]]\nname = "w3"\nip = "10.0.0.4"\n'
+            + "[nfs]\nshare = false\n" + RING)
+    plan = build_plan(load_text(ring, "t"))
+    assert [r.service.mesh_unit for r in plan.nodes] == ["tp4-mesh.service"] + ["dsv41-mesh.service"] * 3
+    limits = Limits()
+    assert "tp4-mesh.service" in doctor.remote_args(plan, plan.nodes[0], limits)
+    assert "dsv41-mesh.service" in doctor.remote_args(plan, plan.nodes[1], limits)
+    switched = build_plan(load_text(ring.replace(RING, ""), "t"))
+    assert {r.service.mesh_unit for r in switched.nodes} == {None}
+
+
 # --- the remote command is constant ----------------------------------------------------------------
 
 HOSTILE = st.text(alphabet=st.characters(blacklist_categories=("Cs",), blacklist_characters="\0"), min_size=1, max_size=40)

@@ -25,6 +25,7 @@ rec {
   # the units the rank waits for (the names spark-host gives them)
   rdmaCheckUnit = "tp4-rdma-check.service";
   weightsVolumeUnit = "tp4-weights-volume.service";
+  # the unit spark-host declares for a ring's mesh; the plan names it (service.mesh_unit)
   meshUnit = "tp4-mesh.service";
 
   # a ring with RoCEnante's opposite-node paths (the plan's DSV41_ROCE_RING=1) marks the RDMA
@@ -159,7 +160,12 @@ rec {
       needs =
         [ rdmaCheckUnit ]
         ++ optional weightsVolume weightsVolumeUnit
-        ++ optional (plan.line.fabric == "ring") meshUnit
+        ++ optional (node.service.mesh_unit != null) (
+          if node.service.mesh_unit == meshUnit then
+            meshUnit
+          else
+            fail "plan: nodes[${toString node.rank}].service.mesh_unit" "${toJSON node.service.mesh_unit} is not spark-host's ${meshUnit}" "regenerate the plan with this tp4"
+        )
         ++ optionals (mark != null) mark.units
         ++ optional (drm != null) drm.unit;
     in

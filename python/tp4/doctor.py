@@ -250,9 +250,6 @@ counters 2
 s date; date +%s.%N
 """
 
-MESH_UNIT = "dsv41-mesh.service"
-
-
 def _mount(rank: RankPlan, target: str) -> tuple[str, str] | None:
     for m in rank.run.mounts:
         if m.target == target:
@@ -283,7 +280,7 @@ def remote_args(plan: Plan, rank: RankPlan, limits: Limits) -> list[str]:
     return [limits.sysfs, f"{limits.interval:g}", rank.service.runtime, rank.run.image, " ".join(rank.gid.hcas),
             model[1] if model and model[0] == "bind" else "", model[1] if model and model[0] == "volume" else "",
             engram[1] if engram else "", " ".join(engram_files(plan, rank)),
-            peer, rank.service.unit or "", ncclso, MESH_UNIT if ring else "", *dfs]
+            peer, rank.service.unit or "", ncclso, rank.service.mesh_unit or "", *dfs]
 
 
 @dataclass
@@ -776,9 +773,10 @@ def _node_checks(ctx: Context, r: RankPlan, f: Facts) -> None:
             add("RING.NCCL", n, "fail", "the NCCL library lacks SWITCHLESS_RING_ONLY (stock NCCL)",
                 "rebuild it with the switchless-ring patch")
         elif mesh != "active":
-            add("RING.NCCL", n, "fail", f"{MESH_UNIT} is {mesh or 'unknown'}", f"systemctl start {MESH_UNIT} (the ring mesh) and check its log")
+            unit = r.service.mesh_unit
+            add("RING.NCCL", n, "fail", f"{unit} is {mesh or 'unknown'}", f"systemctl start {unit} (the ring mesh) and check its log")
         else:
-            add("RING.NCCL", n, "ok", f"patched NCCL, {MESH_UNIT} active")
+            add("RING.NCCL", n, "ok", f"patched NCCL, {r.service.mesh_unit} active")
 
 
 def _weights(ctx: Context, r: RankPlan, f: Facts) -> None:

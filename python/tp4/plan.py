@@ -102,6 +102,8 @@ class Service(NamedTuple):
     runtime: Annotated[Runtime, "the node's container runtime"]
     unit: Annotated[str | None, "the systemd unit of the rank (nixos), else null"]
     env_file: Annotated[str, "where serve writes the rank's environment (mode 0600; the container reads it, it never goes into argv)"]
+    mesh_unit: Annotated[str | None, "the systemd unit that brings the ring's mesh up before the rank (a ring line), else "
+                         "null: upstream's dsv41-mesh.service on a plain host, the NixOS module's tp4-mesh.service"]
 
 
 class RankPlan(NamedTuple):
@@ -425,17 +427,21 @@ def run_spec(p: Profile, rank: int) -> RunSpec:
 # where a NixOS host's rank unit reads its environment (the NixOS module's oci-containers
 # environmentFiles): a tmpfs only root reads
 NIXOS_ENV_DIR = "/run/tp4"
+# the unit that brings a ring's mesh up, by kind of host: upstream's host setup (sparkring's
+# mesh-up script as dsv41-mesh.service) and modules/spark-host.nix's
+MESH_UNITS: dict[str, str] = {"plain": "dsv41-mesh.service", "nixos": "tp4-mesh.service"}
 
 
 def service(p: Profile, rank: int) -> Service:
     node = p.nodes[rank]
     container = p.cluster.head_container if rank == 0 else p.cluster.worker_container
+    mesh = MESH_UNITS[node.kind] if p.fabric.mode == "ring" else None
     if node.kind == "nixos":
         # virtualisation.oci-containers names the unit of container C `<backend>-C.service`
         return Service(kind="nixos", runtime=node.runtime, unit=f"{node.runtime}-{container}.service",
-                       env_file=f"{NIXOS_ENV_DIR}/{container}.env")
+                       env_file=f"{NIXOS_ENV_DIR}/{container}.env", mesh_unit=mesh)
     workdir = expand(node.workdir, home_of(node, p.cluster))
-    return Service(kind="plain", runtime=node.runtime, unit=None, env_file=f"{workdir}/{container}.env")
+    return Service(kind="plain", runtime=node.runtime, unit=None, env_file=f"{workdir}/{container}.env", mesh_unit=mesh)
 
 
 # The commands that look a node's RoCE v2 GID index up at start when the profile does not pin it.
