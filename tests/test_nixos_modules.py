@@ -82,7 +82,8 @@ def fleet_plan(work: Path, *, service: str, python: str = "/opt/tp4/.venv/bin/py
     return d / "plan.json"
 
 
-def fixture_config(profile: Path, plan: Path, name: str, *, ring: bool, router: Path | None = None) -> str:
+def fixture_config(profile: Path, plan: Path, name: str, *, ring: bool, router: Path | None = None,
+                   image: str = "{ stream = null; file = null; }") -> str:
     hosts = EXAMPLE / "hosts.toml"
     local = '"/var/lib/tp4/model"' if ring else "null"
     mesh = '"/etc/tp4/mesh-up.sh"' if ring else "null"
@@ -100,7 +101,7 @@ def fixture_config(profile: Path, plan: Path, name: str, *, ring: bool, router: 
           kernel = {{ version = "6.17.13"; allowOther = false; }};
           gpuClock.maxMHz = 2200;
         }};
-        line = {{ enable = true; image = {{ stream = null; file = null; }}; autoStart = false; }};
+        line = {{ enable = true; image = {image}; autoStart = false; }};
         router = {{ enable = {"true" if router else "false"}; fleetPlan = {nix_path(router) if router else "null"}; fleet = null; package = null; python = null; openFirewall = true; }};
       }};
       boot = {{ kernelParams = [ ]; kernelPackages.kernel.version = "6.17.13"; }};
@@ -112,8 +113,8 @@ def fixture_config(profile: Path, plan: Path, name: str, *, ring: bool, router: 
     }}"""
 
 
-def walk(module: Path, config: str, work: Path) -> dict:
-    expr = f"import {nix_path(WALK)} {{ module = {nix_path(module)}; optionsFile = {nix_path(OPTIONS)}; config = {config}; pkgs = {PKGS}; }}"
+def walk(module: Path, config: str, work: Path, pkgs: str = PKGS) -> dict:
+    expr = f"import {nix_path(WALK)} {{ module = {nix_path(module)}; optionsFile = {nix_path(OPTIONS)}; config = {config}; pkgs = {pkgs}; }}"
     value, err = nix_eval(expr, work / "nix")
     assert value is not None, err
     assert isinstance(value, dict)
@@ -350,6 +351,15 @@ def test_the_flake_has_the_modules_the_example_hosts_and_the_template(tmp_path):
     assert evaluate("nixosModules", "builtins.attrNames") == ["default", "spark-host", "tp4-line", "tp4-router"]
     assert evaluate("nixosModules.spark-host", "m: map (p: baseNameOf (toString p)) (builtins.filter (p: !builtins.isFunction p) m.imports)") == [
         "dgx-spark.nix", "spark-host.nix"]
+    template = evaluate("templates.spark-line", "t: { inherit (t) description; files = builtins.attrNames (builtins.readDir t.path); }")
+    assert template["files"] == ["configuration.nix", "flake.nix", "hosts.toml", "profile.toml"]
+    assert "TP4 line" in template["description"]
+    # each host's own hardware-configuration.nix (tests/test_nixos_example.py: without it, the
+    # host refuses to evaluate)
+    for i in range(1, 5):
+        hw = copy / "examples" / "spark-line" / "hardware" / f"spark{i}" / "hardware-configuration.nix"
+        hw.parent.mkdir(parents=True)
+        hw.write_text("{ }\n")
     hosts = evaluate("nixosConfigurations", """cs: builtins.mapAttrs (n: c: let ms = c.stub.args.modules; in {
       own = builtins.elemAt ms 1;
       rest = map (p: baseNameOf (toString p)) (builtins.tail (builtins.tail ms));
@@ -359,10 +369,7 @@ def test_the_flake_has_the_modules_the_example_hosts_and_the_template(tmp_path):
         assert h["own"]["networking"] == {"hostName": name}
         assert h["own"]["tp4"]["node"] == name and h["own"]["tp4"]["host"] == {"enable": True} and h["own"]["tp4"]["line"] == {"enable": True}
         assert h["own"]["tp4"]["profile"].endswith("-profile.toml") and h["own"]["tp4"]["hostsFile"].endswith("-hosts.toml")
-        assert h["rest"] == ["configuration.nix"] and h["toplevel"] == "derivation"
-    template = evaluate("templates.spark-line", "t: { inherit (t) description; files = builtins.attrNames (builtins.readDir t.path); }")
-    assert template["files"] == ["configuration.nix", "flake.nix", "hosts.toml", "profile.toml"]
-    assert "TP4 line" in template["description"]
+        assert h["rest"] == ["hardware-configuration.nix", "configuration.nix"] and h["toplevel"] == "derivation"
 
 
 # --- the ring's hairpin queues --------------------------------------------------------------
