@@ -83,7 +83,7 @@ def fleet_plan(work: Path, *, service: str, python: str = "/opt/tp4/.venv/bin/py
 
 
 def fixture_config(profile: Path, plan: Path, name: str, *, ring: bool, router: Path | None = None,
-                   image: str = "{ stream = null; file = null; }") -> str:
+                   image: str = "{ layout = null; stream = null; file = null; }") -> str:
     hosts = EXAMPLE / "hosts.toml"
     local = '"/var/lib/tp4/model"' if ring else "null"
     mesh = '"/etc/tp4/mesh-up.sh"' if ring else "null"
@@ -227,7 +227,7 @@ def test_the_gpu_clock_is_capped_at_boot_and_again_by_a_timer(walks):
 def test_every_option_of_the_modules_is_documented(walks):
     declared = {o["path"]: o for (_, host), w in walks.items() if host == "head" for o in w["options"]}
     assert {"tp4.host.enable", "tp4.host.displayReservation.enable", "tp4.host.weights.localDir", "tp4.line.enable",
-            "tp4.line.image.stream", "tp4.planFile", "tp4.node"} <= set(declared)
+            "tp4.line.image.stream", "tp4.line.image.layout", "tp4.planFile", "tp4.node"} <= set(declared)
     for path, o in declared.items():
         assert o["hasType"] and o["description"], path
 
