@@ -70,7 +70,7 @@ in
           plan's `run.image` (tagged with that name) to stdout, piped to the runtime's `load`
           before the container starts. `null` (and no {option}`tp4.line.image.layout` or
           {option}`tp4.line.image.file`): the image is already in the runtime's store
-          (`tp4 images push`, or the line's registry).
+          (`tp4 build` on the head, `tp4 distribute` to the workers).
         '';
       };
       file = mkOption {
