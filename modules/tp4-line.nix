@@ -23,6 +23,7 @@ let
     mkOverride
     types
     literalExpression
+    escapeShellArgs
     ;
   inherit (utils) escapeSystemdExecArgs;
   cfg = config.tp4.line;
@@ -31,6 +32,18 @@ let
   users = lib.unique (map (d: d.user) r.directories);
   # above oci-containers' own unit settings (it sets Restart itself), below mkForce
   strong = builtins.mapAttrs (_: mkOverride 90);
+  # the pre-start runs `${imageStream} | <runtime> load` (nixpkgs'
+  # nixos/modules/virtualisation/oci-containers.nix, mkService's preStartScript): the layout as a
+  # docker-archive on stdout, tagged with the name the container runs. --insecure-policy: the
+  # source is a store path nix built (no signature to check)
+  layoutStream = pkgs.writeShellScript "tp4-image-stream" ''
+    exec ${pkgs.skopeo}/bin/skopeo --insecure-policy copy --quiet ${
+      escapeShellArgs [
+        "oci:${cfg.image.layout}"
+        "docker-archive:/dev/stdout:${r.container.image}"
+      ]
+    }
+  '';
 in
 {
   imports = [ ./common.nix ];
@@ -39,20 +52,37 @@ in
     enable = mkEnableOption "this node's rank of the TP4 line as a systemd unit (started and stopped by tp4 serve and tp4 stop)";
 
     image = {
+      layout = mkOption {
+        type = types.nullOr types.package;
+        default = null;
+        example = literalExpression "tp4.packages.aarch64-linux.image";
+        description = ''
+          The line's image as the flake builds it (`.#image`: an OCI layout directory). The
+          unit's pre-start streams it as a docker-archive named by the plan's `run.image`
+          (`skopeo copy oci:<layout> docker-archive:/dev/stdout:<run.image>`) into the runtime's
+          `load`, so the container finds it under the name it runs (it never pulls). A layout
+          handed to `podman load -i` as {option}`tp4.line.image.file` would be loaded under its
+          store path's name instead, and the rank would not start.
+        '';
+      };
       stream = mkOption {
         type = types.nullOr types.package;
         default = null;
-        example = literalExpression "tp4.packages.aarch64-linux.image-stream";
         description = ''
-          A `dockerTools.streamLayeredImage`-style script whose image is the plan's `run.image`,
-          loaded before the container starts. `null`: the image is already in the runtime's store
-          (`tp4 images push`, or the line's registry).
+          A `dockerTools.streamLayeredImage`-style script that writes a docker-archive of the
+          plan's `run.image` (tagged with that name) to stdout, piped to the runtime's `load`
+          before the container starts. `null` (and no {option}`tp4.line.image.layout` or
+          {option}`tp4.line.image.file`): the image is already in the runtime's store
+          (`tp4 build` on the head, `tp4 distribute` to the workers).
         '';
       };
       file = mkOption {
         type = types.nullOr types.package;
         default = null;
-        description = "An image archive to load instead of {option}`tp4.line.image.stream`.";
+        description = ''
+          A docker-archive (or oci-archive) file of the plan's `run.image`, tagged with that name,
+          loaded with `<runtime> load -i` instead of {option}`tp4.line.image.stream`.
+        '';
       };
     };
 
@@ -75,8 +105,15 @@ in
           message = "tp4.line: the rank unit waits for the host units of spark-host (${lib.concatStringsSep ", " r.ordering.requires}); fix: import nixosModules.spark-host (or nixosModules.default) and set tp4.host.enable = true";
         }
         {
-          assertion = !(cfg.image.stream != null && cfg.image.file != null);
-          message = "tp4.line.image: stream and file are both set; fix: set only one of them";
+          assertion =
+            builtins.length (
+              builtins.filter (x: x != null) [
+                cfg.image.layout
+                cfg.image.stream
+                cfg.image.file
+              ]
+            ) <= 1;
+          message = "tp4.line.image: more than one of layout, stream and file is set; fix: set only one of them (layout = tp4.packages.aarch64-linux.image)";
         }
       ] ++ map (u: {
         assertion = u == "root" || config.users.users ? ${u};
@@ -86,7 +123,7 @@ in
       virtualisation.oci-containers.backend = r.backend;
       virtualisation.oci-containers.containers.${r.name} = r.container // {
         inherit (cfg) autoStart;
-        imageStream = cfg.image.stream;
+        imageStream = if cfg.image.layout != null then layoutStream else cfg.image.stream;
         imageFile = cfg.image.file;
       };
 

@@ -138,55 +138,118 @@ let
   };
 
   # one NixOS system per node of a profile: the hosts and their addresses are the profile's
-  # (builtins.fromTOML), each host's settings and rank unit come from modules/lib and the plan
+  # (builtins.fromTOML), each host's settings and rank unit come from modules/lib and the plan.
+  # `hardware`: the hosts' own hardware-configuration.nix (their disks and boot modules, as
+  # nixos-generate-config writes it; nixos-dgx-spark's templates/dgx-spark keeps one beside its
+  # configuration.nix): a directory holding <host>/hardware-configuration.nix, or one module for
+  # every host (the checks' test hardware). A host whose file is missing fails evaluation saying
+  # how to make it: a system without it would mount disks the Spark does not have.
+  hardwareOf =
+    hardware: name:
+    let
+      rel = "${baseNameOf (toString hardware)}/${name}/hardware-configuration.nix";
+      file = hardware + "/${name}/hardware-configuration.nix";
+    in
+    if hardware == null then
+      throw "tp4.lib.lineConfigurations: ${name}: hardware is not set; fix: pass hardware = ./hardware (a directory of <host>/hardware-configuration.nix, as nixos-generate-config writes them) or a module with the host's fileSystems and boot settings"
+    else if !(builtins.isPath hardware || builtins.isString hardware) then
+      hardware
+    else if builtins.pathExists file then
+      file
+    else
+      throw "${name}: ${rel} does not exist: it holds this Spark's disks and boot modules. Fix: on ${name}, booted into NixOS (or nixos-dgx-spark's installer with the new system mounted at /mnt, then add --root /mnt), run `nixos-generate-config --show-hardware-config > hardware-configuration.nix`; copy the file to ${rel} next to flake.nix and `git add` it (a flake sees only files git knows)";
   lineConfigurations =
     {
       profile,
       hostsFile ? null,
       modules ? [ ],
+      hardware ? null,
     }:
     builtins.listToAttrs (
-      map (name: {
-        inherit name;
-        value = nixpkgs.lib.nixosSystem {
-          modules = [
-            nixosModules.default
-            {
-              networking.hostName = name;
-              tp4 = {
-                inherit profile hostsFile;
-                node = name;
-                host.enable = true;
-                line.enable = true;
-              };
+      map (
+        name:
+        let
+          hw = hardwareOf hardware name;
+        in
+        {
+          inherit name;
+          value = builtins.seq hw (
+            nixpkgs.lib.nixosSystem {
+              modules = [
+                nixosModules.default
+                {
+                  networking.hostName = name;
+                  tp4 = {
+                    inherit profile hostsFile;
+                    node = name;
+                    host.enable = true;
+                    line.enable = true;
+                  };
+                }
+                hw
+              ]
+              ++ modules;
             }
-          ]
-          ++ modules;
-        };
-      }) ((import ../modules/lib).hostNames (builtins.fromTOML (builtins.readFile profile)))
+          );
+        }
+      ) ((import ../modules/lib).hostNames (builtins.fromTOML (builtins.readFile profile)))
     );
 
   # the example line's four Sparks (examples/spark-line); `nix flake init -t .#spark-line` copies it
   example = ../examples/spark-line;
-  nixosConfigurations = lineConfigurations {
+  exampleLine = {
     profile = example + "/profile.toml";
     hostsFile = example + "/hosts.toml";
     modules = [ (example + "/configuration.nix") ];
   };
+  nixosConfigurations = lineConfigurations (exampleLine // { hardware = example + "/hardware"; });
+
+  # what the checks evaluate instead: the same hosts on an explicit test hardware module (a disk
+  # by a label no Spark has: evaluation only, never to be deployed) and a test key for the node
+  # user (configuration.nix asks for the deploying user's key in authorized_keys)
+  checkHardware = {
+    fileSystems."/" = {
+      device = "/dev/disk/by-label/tp4-check-root";
+      fsType = "ext4";
+    };
+    fileSystems."/boot" = {
+      device = "/dev/disk/by-label/tp4-check-boot";
+      fsType = "vfat";
+    };
+    boot.initrd.availableKernelModules = [
+      "nvme"
+      "usb_storage"
+      "usbhid"
+    ];
+  };
+  checkKey =
+    { lib, ... }:
+    {
+      users.users.tp4.openssh.authorizedKeys.keys = lib.mkForce [
+        "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIHRwNC1jaGVjay1vbmx5LW5vdC1hLXJlYWwta2V5 tp4-check"
+      ];
+    };
+  checkConfigurations = lineConfigurations (
+    exampleLine
+    // {
+      hardware = checkHardware;
+      modules = exampleLine.modules ++ [ checkKey ];
+    }
+  );
 
   # checks of the NixOS outputs (aarch64-linux: the Sparks' system), for users with network:
-  # nixos-<node> evaluates that node's whole system (its toplevel's .drv path, which renders the
-  # plan at evaluation time) without building it, as nixos-dgx-spark's dgx-spark-eval does;
-  # spark-host-vm boots spark-host in a VM (pkgs/spark-host-vm)
+  # nixos-<node> evaluates that node's whole system on the test hardware (its toplevel's .drv
+  # path, which renders the plan at evaluation time) without building it, as nixos-dgx-spark's
+  # dgx-spark-eval does; spark-host-vm boots spark-host in a VM (pkgs/spark-host-vm)
   nixosChecks =
     pkgs:
     builtins.listToAttrs (
       map (name: {
         name = "nixos-${name}";
         value = pkgs.writeText "tp4-nixos-${name}.drv-path" (
-          builtins.unsafeDiscardStringContext nixosConfigurations.${name}.config.system.build.toplevel.drvPath
+          builtins.unsafeDiscardStringContext checkConfigurations.${name}.config.system.build.toplevel.drvPath
         );
-      }) (builtins.attrNames nixosConfigurations)
+      }) (builtins.attrNames checkConfigurations)
     )
     // {
       spark-host-vm = import ./spark-host-vm { inherit pkgs nixosModules example; };

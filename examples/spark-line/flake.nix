@@ -1,7 +1,9 @@
 # A TP4 line of four DGX Sparks on NixOS, from one tp4 profile (`nix flake init -t <tp4>#spark-line`).
 # profile.toml is what tp4 plan/serve read; hosts.toml adds each node's second fabric port;
-# configuration.nix holds what the hosts share. `nixos-rebuild switch --flake .#spark1` (or tp4
-# deploy) sets a host up.
+# configuration.nix holds what the hosts share; hardware/<host>/hardware-configuration.nix is each
+# Spark's own (nixos-generate-config's), and authorized_keys the deploying user's public key:
+# until they exist, evaluation stops and says how to make them (docs/nixos.md of tp4).
+# `nixos-rebuild switch --flake .#spark1` (or tp4 deploy) sets a host up.
 {
   description = "A TP4 line of four DGX Sparks on NixOS";
 
@@ -17,6 +19,7 @@
         profile = ./profile.toml;
         hostsFile = ./hosts.toml;
         modules = [ ./configuration.nix ];
+        hardware = ./hardware;
       };
     };
 }

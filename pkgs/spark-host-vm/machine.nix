@@ -12,7 +12,12 @@
   # this directory's probe of the hardening (modules/lib's rank.hardening)
   hardening,
 }:
-{ config, pkgs, ... }:
+{
+  config,
+  lib,
+  pkgs,
+  ...
+}:
 let
   s = config.tp4.settings;
   ports = s.rdmaCheck.ports;
@@ -49,6 +54,11 @@ in
     # services.xserver.videoDrivers, which trips the container toolkit's assertion; the VM has
     # no GPU anyway
     hardware.nvidia-container-toolkit.suppressNvidiaDriverAssertion = true;
+    # configuration.nix asks for the deploying user's key (its authorized_keys); the VM is
+    # driven from its console, so a key no one holds
+    users.users.tp4.openssh.authorizedKeys.keys = lib.mkForce [
+      "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIHRwNC1jaGVjay1vbmx5LW5vdC1hLXJlYWwta2V5 tp4-check"
+    ];
     virtualisation.memorySize = 4096;
     virtualisation.cores = 4;
 
