@@ -195,14 +195,16 @@ let
       ) ((import ../modules/lib).hostNames (builtins.fromTOML (builtins.readFile profile)))
     );
 
-  # the example line's four Sparks (examples/spark-line); `nix flake init -t .#spark-line` copies it
+  # the example line's four Sparks (examples/spark-line); `nix flake init -t .#spark-line` copies it.
+  # Its nixosConfigurations live in the line's own flake (the template's flake.nix), beside each
+  # Spark's generated hardware-configuration.nix: this flake has none of its own, so `nix flake
+  # check` of a fresh clone evaluates no host that lacks its hardware
   example = ../examples/spark-line;
   exampleLine = {
     profile = example + "/profile.toml";
     hostsFile = example + "/hosts.toml";
     modules = [ (example + "/configuration.nix") ];
   };
-  nixosConfigurations = lineConfigurations (exampleLine // { hardware = example + "/hardware"; });
 
   # what the checks evaluate instead: the same hosts on an explicit test hardware module (a disk
   # by a label no Spark has: evaluation only, never to be deployed) and a test key for the node
@@ -289,8 +291,6 @@ in
     ;
 
   lib = { inherit lineConfigurations; };
-
-  inherit nixosConfigurations;
 
   templates.spark-line = {
     path = example;

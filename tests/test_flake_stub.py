@@ -257,13 +257,9 @@ def test_nix_flake_check_accepts_the_outputs(tmp_path):
     are derivations, apps have type and program, devShells, formatter), on both systems."""
     copy = locked_flake_copy(REPO, tmp_path / "flake")
     check = ["flake", "check", "--no-build", f"path:{copy}", *stub_inputs(REPO, empty_flake(tmp_path / "empty"))]
-    # nixosConfigurations.<host> wants the host's generated hardware-configuration.nix (and says
-    # so: tests/test_nixos_example.py); a clone on the Sparks has them
-    proc = nix(check, tmp_path)
-    assert proc.returncode == 1 and "hardware/spark1/hardware-configuration.nix does not exist" in proc.stderr
-    for i in range(1, 5):
-        hw = copy / "examples" / "spark-line" / "hardware" / f"spark{i}" / "hardware-configuration.nix"
-        hw.parent.mkdir(parents=True)
-        hw.write_text("{ }\n")
+    # no nixosConfigurations of its own (the line's flake, from the template, holds them beside each
+    # Spark's generated hardware-configuration.nix: tests/test_nixos_example.py), so a clone
+    # without hardware files passes
+    assert not list((copy / "examples" / "spark-line").glob("hardware"))
     proc = nix(check, tmp_path)
     assert proc.returncode == 0, proc.stderr

@@ -1,5 +1,5 @@
-"""The example line (examples/spark-line: the flake's nixosConfigurations.spark1..4 and the
-spark-line template) cannot make a Spark unbootable or unreachable. As nixos-dgx-spark's
+"""The example line (examples/spark-line, the spark-line template: its flake's
+nixosConfigurations.spark1..4) cannot make a Spark unbootable or unreachable. As nixos-dgx-spark's
 templates/dgx-spark (at f1ebf94), each host's disks and boot modules come from its own
 hardware-configuration.nix, which nixos-generate-config writes on that Spark; until
 hardware/<host>/hardware-configuration.nix exists the host fails evaluation saying how to make
@@ -38,6 +38,17 @@ def evaluate(work: Path, flake: Path, attr: str, apply: str, extra: list[str] | 
     return nix(["eval", "--json", f"path:{flake}#{attr}", "--apply", apply, *inputs], work)
 
 
+def template_line(work: Path, copy: Path, dest: Path) -> tuple[Path, list[str]]:
+    """What `nix flake init -t <tp4>#spark-line` makes in dest, and the inputs that point its tp4
+    at this checkout (its nixpkgs at the stand-in)."""
+    dest.mkdir(parents=True)
+    for f in ("configuration.nix", "flake.nix", "hosts.toml", "profile.toml"):
+        shutil.copy(EXAMPLE / f, dest / f)
+    return dest, ["--override-input", "tp4", f"path:{copy}",
+                  "--override-input", "tp4/nixpkgs", f"path:{REPO / 'tests' / 'nixpkgs-stub'}",
+                  "--override-input", "tp4/nixos-dgx-spark", f"path:{empty_flake(work / 'empty')}", "--no-write-lock-file"]
+
+
 def test_the_example_does_not_mount_disks_of_its_own():
     """The by-label disks it used to mount (nixos, boot) are not what nixos-dgx-spark's installer
     layout makes: disks come only from each host's generated hardware-configuration.nix."""
@@ -47,8 +58,9 @@ def test_the_example_does_not_mount_disks_of_its_own():
 
 
 @pytest.mark.parametrize("host", HOSTS)
-def test_a_host_without_its_hardware_configuration_says_how_to_generate_it(work, copy, host):
-    proc = evaluate(work, copy, f"nixosConfigurations.{host}", "c: c.stub.args.modules")
+def test_a_host_without_its_hardware_configuration_says_how_to_generate_it(work, copy, host, tmp_path):
+    line, inputs = template_line(work, copy, tmp_path / "line")
+    proc = evaluate(work, line, f"nixosConfigurations.{host}", "c: c.stub.args.modules", inputs)
     assert proc.returncode != 0
     assert (f"error: {host}: hardware/{host}/hardware-configuration.nix does not exist: it holds this Spark's "
             "disks and boot modules.") in proc.stderr
@@ -56,15 +68,15 @@ def test_a_host_without_its_hardware_configuration_says_how_to_generate_it(work,
     assert f"copy the file to hardware/{host}/hardware-configuration.nix next to flake.nix and `git add` it" in proc.stderr
 
 
-def test_each_host_takes_its_own_hardware_configuration(work, tmp_path):
-    flake = locked_flake_copy(REPO, tmp_path / "flake")
+def test_each_host_takes_its_own_hardware_configuration(work, copy, tmp_path):
+    line, inputs = template_line(work, copy, tmp_path / "line")
     for host in HOSTS:
-        hw = flake / "examples" / "spark-line" / "hardware" / host / "hardware-configuration.nix"
+        hw = line / "hardware" / host / "hardware-configuration.nix"
         hw.parent.mkdir(parents=True)
         hw.write_text(f'{{ fileSystems."/".device = "/dev/disk/by-uuid/{host}"; }}\n')
-    proc = evaluate(work, flake, "nixosConfigurations", """cs: builtins.mapAttrs (n: c: let ms = c.stub.args.modules; in {
+    proc = evaluate(work, line, "nixosConfigurations", """cs: builtins.mapAttrs (n: c: let ms = c.stub.args.modules; in {
       hw = (import (builtins.elemAt ms 2)).fileSystems."/".device;
-      rest = map (p: baseNameOf (toString p)) (builtins.tail (builtins.tail ms)); }) cs""")
+      rest = map (p: baseNameOf (toString p)) (builtins.tail (builtins.tail ms)); }) cs""", inputs)
     assert proc.returncode == 0, proc.stderr
     got = json.loads(proc.stdout)
     assert got == {h: {"hw": f"/dev/disk/by-uuid/{h}", "rest": ["hardware-configuration.nix", "configuration.nix"]} for h in HOSTS}
@@ -102,7 +114,8 @@ def test_the_node_user_key_is_asked_for(work, tmp_path):
 
 
 def test_the_checks_evaluate_the_hosts_on_test_hardware(work, copy):
-    """checks.aarch64-linux.nixos-<host> evaluates where nixosConfigurations.<host> refuses."""
+    """checks.aarch64-linux.nixos-<host> evaluates where the line's nixosConfigurations.<host>
+    refuses (the flake itself has none: a fresh clone's `nix flake check` evaluates no host)."""
     proc = evaluate(work, copy, "checks.aarch64-linux", """c: map (n: c."nixos-${n}".stub.args.text) [ "spark1" "spark2" "spark3" "spark4" ]""")
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout) == ["/nix/store/0000000000000000000000000000000a-nixos-system-stand-in.drv"] * 4
@@ -117,13 +130,7 @@ def test_the_template_gives_the_same_hosts(work, copy, tmp_path):
     assert proc.returncode == 0, proc.stderr
     files = json.loads(proc.stdout)
     assert files == ["configuration.nix", "flake.nix", "hosts.toml", "profile.toml"]
-    line = tmp_path / "line"
-    line.mkdir()
-    for f in files:
-        shutil.copy(EXAMPLE / f, line / f)
-    inputs = ["--override-input", "tp4", f"path:{copy}",
-              "--override-input", "tp4/nixpkgs", f"path:{REPO / 'tests' / 'nixpkgs-stub'}",
-              "--override-input", "tp4/nixos-dgx-spark", f"path:{empty_flake(work / 'empty')}", "--no-write-lock-file"]
+    line, inputs = template_line(work, copy, tmp_path / "line")
     proc = evaluate(work, line, "nixosConfigurations.spark3", "c: c.stub.args.modules", inputs)
     assert proc.returncode != 0
     assert "error: spark3: hardware/spark3/hardware-configuration.nix does not exist" in proc.stderr

@@ -400,7 +400,7 @@ def test_the_flake_has_the_modules_the_example_hosts_and_the_template(tmp_path):
     inputs = stub_inputs(REPO, empty_flake(tmp_path / "empty"))
 
     def evaluate(attr: str, apply: str):
-        proc = nix(["eval", "--json", f"path:{copy}#{attr}", "--apply", apply, *inputs], tmp_path)
+        proc = nix(["eval", "--json", f"path:{copy}#{attr}", "--apply", apply, *inputs, "--impure"], tmp_path)
         assert proc.returncode == 0, proc.stderr
         return json.loads(proc.stdout)
 
@@ -410,16 +410,22 @@ def test_the_flake_has_the_modules_the_example_hosts_and_the_template(tmp_path):
     template = evaluate("templates.spark-line", "t: { inherit (t) description; files = builtins.attrNames (builtins.readDir t.path); }")
     assert template["files"] == ["configuration.nix", "flake.nix", "hosts.toml", "profile.toml"]
     assert "TP4 line" in template["description"]
-    # each host's own hardware-configuration.nix (tests/test_nixos_example.py: without it, the
-    # host refuses to evaluate)
+    # the flake's own outputs hold no host (the line's flake does, from the template); the hosts
+    # of lib.lineConfigurations on the example, each with its hardware (a directory of
+    # <host>/hardware-configuration.nix, as tests/test_nixos_example.py shows)
+    absent = nix(["eval", "--json", f"path:{copy}#nixosConfigurations", *inputs], tmp_path)
+    assert absent.returncode != 0 and "does not provide attribute" in absent.stderr, absent.stderr
+    hw = tmp_path / "hardware"
     for i in range(1, 5):
-        hw = copy / "examples" / "spark-line" / "hardware" / f"spark{i}" / "hardware-configuration.nix"
-        hw.parent.mkdir(parents=True)
-        hw.write_text("{ }\n")
-    hosts = evaluate("nixosConfigurations", """cs: builtins.mapAttrs (n: c: let ms = c.stub.args.modules; in {
+        (hw / f"spark{i}").mkdir(parents=True)
+        (hw / f"spark{i}" / "hardware-configuration.nix").write_text("{ }\n")
+    ex = copy / "examples" / "spark-line"
+    hosts = evaluate("lib", f"""l: builtins.mapAttrs (n: c: let ms = c.stub.args.modules; in {{
       own = builtins.elemAt ms 1;
       rest = map (p: baseNameOf (toString p)) (builtins.tail (builtins.tail ms));
-      toplevel = c.config.system.build.toplevel.type; }) cs""")
+      toplevel = c.config.system.build.toplevel.type; }}) (l.lineConfigurations {{
+        profile = {nix_path(ex / "profile.toml")}; hostsFile = {nix_path(ex / "hosts.toml")};
+        modules = [ {nix_path(ex / "configuration.nix")} ]; hardware = {nix_path(hw)}; }})""")
     assert list(hosts) == ["spark1", "spark2", "spark3", "spark4"]
     for name, h in hosts.items():
         assert h["own"]["networking"] == {"hostName": name}
