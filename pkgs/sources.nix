@@ -13,6 +13,8 @@
 #             `python -m tp4.sources fetch NAME --to $out <fetchArgs.NAME>` inside a derivation
 #   wheelFiles name -> the file name of a wheel row (its pypi:<file name>), which installers
 #             read the distribution's name and version from
+#   unlocked  the names of the rows whose sha256 is `unlocked`, in manifest order
+#   lockCommand  `tp4 sources lock <those names>`, the one command that locks them all
 {
   manifest,
   fetchurl,
@@ -210,10 +212,39 @@ let
   );
 
   # --- fixed-output fetches ---------------------------------------------------------------------
+  # What `tp4 sources lock` downloads for a row, and how large when the row says (size=)
+  downloads =
+    r:
+    let
+      size =
+        if r.attrs ? size then ", about ${r.attrs.size}" else " (size not recorded: size= in its row)";
+      what =
+        if r.kind == "image" then
+          "the whole base image ${r.url} (${r.attrs.arch or "arm64"}), pulled with skopeo by nixpkgs' nix-prefetch-docker"
+        else if r.kind == "archive" then
+          "the archive ${r.url}"
+        else if r.kind == "wheel" then
+          "the wheel ${substring 5 (stringLength r.url) r.url}"
+        else if r.kind == "git" then
+          "a checkout of ${r.url}"
+        else
+          "the file ${r.url}";
+    in
+    "  - ${r.name}: ${what}${size}";
+  unlockedRows = filter (r: !r.locked) rows;
+  unlocked = map (r: r.name) unlockedRows;
+  lockCommand = "tp4 sources lock ${builtins.concatStringsSep " " unlocked}";
+  # one message for every unlocked row: whatever output needs one, the fix is the same command
   unlockedMessage =
     r:
-    "source row '${r.name}' (line ${toString r.line}) is not locked: its sha256 is not known yet; "
-    + "run `tp4 sources lock ${r.name}` on a machine with network access and commit the manifest";
+    "source row '${r.name}' (line ${toString r.line}) is not locked: its sha256 is not known yet.\n"
+    + "${toString (length unlocked)} row(s) of sources.manifest are not locked (their hashes need the network). "
+    + "On a machine with network access, in the checkout, run once:\n\n"
+    + "  ${lockCommand}\n\n"
+    + "It downloads:\n"
+    + builtins.concatStringsSep "\n" (map downloads unlockedRows)
+    + "\nand rewrites those rows of sources.manifest; commit the change (git commit sources.manifest) "
+    + "so every clone builds from the same pins.";
   storeName = r: replaceStrings [ "/" ":" ] [ "-" "-" ] r.name;
   wheelOf =
     r:
@@ -379,6 +410,8 @@ in
     trees
     fetchArgs
     wheelFiles
+    unlocked
+    lockCommand
     ;
   treeNames = map (t: t.name) treeList;
 }

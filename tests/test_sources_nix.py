@@ -59,7 +59,12 @@ def test_src_of_an_unlocked_row_throws_naming_the_command(repo: Path, tmp_path: 
             '.src."base-image"')
     with pytest.raises(Tp4Error) as info:
         nix_eval_json(expr, tmp_path)
-    assert "source row 'base-image'" in str(info.value) and "tp4 sources lock base-image" in str(info.value)
+    message = " ".join(str(info.value).split())
+    assert "source row 'base-image'" in message
+    # one command for every unlocked row, what it downloads, and to commit the result
+    assert "tp4 sources lock dsv41 dsv41/runtime/roce_tp4_adapt.py base-image" in message
+    assert "- dsv41/runtime/roce_tp4_adapt.py: the file https://raw.githubusercontent.com/" in message
+    assert "git commit sources.manifest" in message
 
 
 def test_fetchers_get_the_right_arguments(repo: Path, tmp_path: Path) -> None:

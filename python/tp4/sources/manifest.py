@@ -43,7 +43,7 @@ ARCHIVE_SUFFIXES = (".tar.gz", ".tgz", ".tar.xz", ".tar.bz2", ".tar")
 PATCH_SUFFIXES = (".patch", ".diff")
 
 KINDS = ("archive", "file", "patch", "wheel", "image", "git", "local")
-ROW_ATTRS: dict[str, frozenset[str]] = {
+_ROW_ATTRS: dict[str, frozenset[str]] = {
     "archive": frozenset({"kind", "strip"}),
     "file": frozenset({"kind", "eol", "mode"}),
     "patch": frozenset({"kind", "p", "fuzz", "dir"}),
@@ -52,6 +52,9 @@ ROW_ATTRS: dict[str, frozenset[str]] = {
     "git": frozenset(),
     "local": frozenset(),
 }
+# size=: how much `tp4 sources lock` / the fetch downloads (informational, e.g. ~33GB), any kind
+ROW_ATTRS: dict[str, frozenset[str]] = {kind: attrs | {"size"} for kind, attrs in _ROW_ATTRS.items()}
+_SIZE = re.compile(r"~?[0-9]+(\.[0-9]+)?(kB|MB|GB)")
 TREE_ATTRS = frozenset({"from", "keep", "require", "add", "rename", "patches", "run", "drop", "stamp", "expect-patch"})
 INT_ATTRS = frozenset({"strip", "p", "fuzz"})
 
@@ -475,6 +478,8 @@ def _check_attrs(row: Row, problems: list[str]) -> None:
             problems.append(f"{row.where}: unknown attribute {key!r}{hint}")
         elif key in INT_ATTRS and not value.isdigit():
             problems.append(f"{row.where}: {key}={value!r} is not a non-negative integer")
+    if "size" in row.attrs and not _SIZE.fullmatch(row.attrs["size"]):
+        problems.append(f"{row.where}: size={row.attrs['size']!r} is a size such as ~33GB, 120MB or 8kB")
     if row.attrs.get("eol", "lf") != "lf":
         problems.append(f"{row.where}: eol= only takes lf (CRLF to LF)")
     if row.attrs.get("mode", "644") not in ("644", "755"):
