@@ -328,9 +328,13 @@ let
       in
       builtins.path {
         name = storeName r;
+        # allRefs: fetch every ref, not only the default branch, so a commit that is only on
+        # another branch (or a tag) is found (Nix >= 2.4, NixOS/nix#3814); without it a remote
+        # fetch asks for the default ref alone and fails with "couldn't find remote ref"
         path = builtins.fetchGit {
           url = elemAt parts 0;
           rev = r.commit;
+          allRefs = true;
         };
         inherit (r) sha256;
       }

@@ -150,6 +150,64 @@ def test_git_row_is_checked_by_its_nar_hash(tmp_path: Path, monkeypatch) -> None
         shutil.rmtree(shm, ignore_errors=True)
 
 
+def test_git_row_pinned_off_the_default_branch_is_fetched(tmp_path: Path, monkeypatch) -> None:
+    """builtins.fetchGit with a rev fetches only the default ref of a remote repository unless
+    allRefs = true: a commit that is only on another branch is then not found. The origin is a
+    real repository with a commit on `master` and one only on `side`, served over loopback HTTP
+    (git's dumb protocol): Nix 2.8 reads a file:// repository in place, with every object, so a
+    file:// URL finds both commits either way (checked here too) and cannot show the difference."""
+    import functools
+    import threading
+    from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+
+    import git
+
+    monkeypatch.setenv("GIT_CONFIG_GLOBAL", "/dev/null")
+    monkeypatch.setenv("GIT_CONFIG_NOSYSTEM", "1")
+    shm = Path(tempfile.mkdtemp(prefix="tp4-git-", dir="/dev/shm"))
+    who = git.Actor("t", "t@e.invalid")
+    try:
+        origin = shm / "origin"
+        repo = git.Repo.init(origin, initial_branch="master")
+        (origin / "a.py").write_text("a = 1\n")
+        repo.index.add(["a.py"])
+        on_master = repo.index.commit("one", author=who, committer=who).hexsha
+        repo.git.checkout("-b", "side")
+        (origin / "a.py").write_text("a = 2\n")
+        repo.index.add(["a.py"])
+        off_default = repo.index.commit("two", author=who, committer=who).hexsha
+        repo.git.checkout("master")
+        git.Repo.clone_from(origin, shm / "served" / "r.git", bare=True).git.update_server_info()
+        hashes = {}
+        for commit, text in ((on_master, "a = 1\n"), (off_default, "a = 2\n")):
+            tree = tmp_path / commit
+            tree.mkdir()
+            (tree / "a.py").write_text(text)
+            hashes[commit] = nar.nar_sha256(tree).hex()
+        class Quiet(SimpleHTTPRequestHandler):
+            def log_message(self, *args) -> None:
+                pass
+
+        handler = functools.partial(Quiet, directory=str(shm / "served"))
+        server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        try:
+            http = f"http://127.0.0.1:{server.server_address[1]}/r.git"
+            manifest = tmp_path / "m"
+            manifest.write_text(f"main  {on_master}  {hashes[on_master]}  git+{http}@{on_master}\n"
+                                f"side  {off_default}  {hashes[off_default]}  git+{http}@{off_default}\n"
+                                f"on-disk  {off_default}  {hashes[off_default]}  git+file://{origin}@{off_default}\n")
+            # a fresh cache of Nix's git fetcher for each run (it keeps its clones there)
+            monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+            assert builtins_fetch(manifest, "main", tmp_path) == nar.store_path("main", bytes.fromhex(hashes[on_master]))
+            assert builtins_fetch(manifest, "side", tmp_path) == nar.store_path("side", bytes.fromhex(hashes[off_default]))
+            assert builtins_fetch(manifest, "on-disk", tmp_path) == nar.store_path("on-disk", bytes.fromhex(hashes[off_default]))
+        finally:
+            server.shutdown()
+    finally:
+        shutil.rmtree(shm, ignore_errors=True)
+
+
 def test_upstream_manifest_parses_the_same(tmp_path: Path) -> None:
     from test_sources_manifest import upstream_text
 
