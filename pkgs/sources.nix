@@ -7,7 +7,8 @@
 # yields
 #   rows      [ { component commit sha256 url attrs name kind locked line } ]  in manifest order
 #   byName    name -> row
-#   src       name -> the fixed-output fetch of that row (throws for an unlocked row)
+#   src       name -> the fixed-output fetch of that row (throws for an unlocked row); an archive
+#             row with tree-sha256= is fetched by its unpacked tree (builtins.fetchTarball)
 #   trees     name -> { name attrs line inputs }  (inputs: the row names `fetch NAME` needs)
 #   fetchArgs name -> [ "--manifest" <file> "--input" "<row>=<src>" ... ] for
 #             `python -m tp4.sources fetch NAME --to $out <fetchArgs.NAME>` inside a derivation
@@ -337,6 +338,17 @@ let
           allRefs = true;
         };
         inherit (r) sha256;
+      }
+    else if r.kind == "archive" && r.attrs ? tree-sha256 then
+      # pinned by its unpacked tree (`tp4 sources lock --tree`): the NAR hash of the archive's one
+      # top directory, which is what nixpkgs' fetchzip (stripRoot = true, so fetchFromGitHub) checks
+      # too; GitHub does not promise stable archive bytes, only the files in them. builtins, not
+      # fetchzip: the very fetcher the tests run here, with no unzip or stdenv; it downloads at
+      # evaluation, once (the store path is known from the hash, so a later evaluation finds it)
+      builtins.fetchTarball {
+        url = r.url;
+        sha256 = r.attrs.tree-sha256;
+        name = storeName r;
       }
     else
       fetchurl {

@@ -208,6 +208,34 @@ def test_git_row_pinned_off_the_default_branch_is_fetched(tmp_path: Path, monkey
         shutil.rmtree(shm, ignore_errors=True)
 
 
+def test_archive_row_with_a_tree_hash_is_fetched_by_its_tree(tmp_path: Path) -> None:
+    """A row locked with --tree (tree-sha256=) is fetched with builtins.fetchTarball by that hash:
+    from a file:// tarball; from a re-compressed tarball of the same files (other bytes, so the
+    sha256 column no longer matches); and a tarball with other files fails with a hash mismatch."""
+    from sources_helpers.build import tar_gz
+    from test_sources_download import recompressed
+    from tp4.sources import lock
+
+    files = {"r-abc/python/a.py": "print('a')\n", "r-abc/bin/run": "#!/bin/sh\n", "r-abc/other": "o"}
+    served = tmp_path / "served"
+    served.mkdir()
+    (served / "a.tar.gz").write_bytes(tar_gz(files, modes={"r-abc/bin/run": 0o755}))
+    (served / "b.tar.gz").write_bytes(recompressed(files, {"r-abc/bin/run": 0o755}))
+    (served / "c.tar.gz").write_bytes(recompressed({**files, "r-abc/other": "changed"}, {"r-abc/bin/run": 0o755}))
+    assert (served / "a.tar.gz").read_bytes() != (served / "b.tar.gz").read_bytes()
+    tree = lock.tree_sha256(served / "a.tar.gz")
+    byte_hash = sha256((served / "a.tar.gz").read_bytes())
+    manifest = tmp_path / "m"
+    manifest.write_text("".join(
+        f"{name}  {'a' * 40}  {byte_hash}  file://{served}/{name}.tar.gz\n  strip=1 tree-sha256={tree}\n"
+        for name in ("a", "b", "c")))
+    assert builtins_fetch(manifest, "a", tmp_path) == nar.store_path("a", bytes.fromhex(tree))
+    stored = Path(builtins_fetch(manifest, "b", tmp_path))
+    assert stored.name.endswith("-b") and stored == Path(nar.store_path("b", bytes.fromhex(tree)))
+    with pytest.raises(Tp4Error, match="hash mismatch"):
+        builtins_fetch(manifest, "c", tmp_path)
+
+
 def test_upstream_manifest_parses_the_same(tmp_path: Path) -> None:
     from test_sources_manifest import upstream_text
 
