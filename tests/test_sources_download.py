@@ -204,11 +204,15 @@ def test_lock_tree_records_the_unpacked_tree_and_fetch_survives_new_archive_byte
     code, _, err = tp4_cli("sources", "fetch", "py", "--to", tmp_path / "out", "--manifest", manifest)
     assert code == 0, err
     assert (tmp_path / "out/python/a.py").read_text() == "print('a')\n"
+    code, out, err = tp4_cli("sources", "verify", "--download", "r", "--manifest", manifest)
+    assert code == 0 and "downloaded and hash-checked" in out, err
     # other files: refused, nothing left
     monkeypatch.setenv("TP4_SOURCES_CACHE", str(tmp_path / "cache2"))
     server.add(f"/m/github.com/o/r/archive/{C40}.tar.gz", recompressed({**files, "r-x/other": "changed"}))
     code, _, err = tp4_cli("sources", "fetch", "py", "--to", tmp_path / "out2", "--manifest", manifest)
     assert code == 1 and "expected tree-sha256 " + row.tree_sha256 in err
+    code, _, err = tp4_cli("sources", "verify", "--download", "r", "--manifest", manifest)
+    assert code == 1 and f"r: tree-sha256 mismatch: pinned {row.tree_sha256}" in err
     assert not (tmp_path / "out2").exists() and leftovers(tmp_path / "cache2") == []
 
 

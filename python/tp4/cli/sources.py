@@ -100,6 +100,17 @@ def _verify_downloads(rows: list[mf.Row]) -> None:
                 with tempfile.TemporaryDirectory(prefix="tp4-verify-") as tmp:
                     fetch.git_checkout(row.url, row.commit, Path(tmp) / "tree")
                     actual = nar.nar_sha256(Path(tmp) / "tree").hex()
+            elif row.kind == "archive" and row.tree_sha256:
+                # pinned by its tree: the archive's bytes may have changed, its files must not
+                from tp4.sources import lock as locking
+
+                with tempfile.TemporaryDirectory(prefix="tp4-verify-") as tmp:
+                    archive = Path(tmp) / row.file_name
+                    download.download(row.url, archive, None, label=row.name)
+                    tree = nar.nar_sha256(locking.tree_of_archive(archive, Path(tmp))).hex()
+                if tree != row.tree_sha256:
+                    failures.append(f"{row.name}: tree-sha256 mismatch: pinned {row.tree_sha256}, downloaded {tree}")
+                continue
             else:
                 actual, _ = download.hash_url(row.url, label=row.name)
         except Tp4Error as exc:
