@@ -7,8 +7,12 @@
   src,
   # python3 with tp4's dependencies and dev group (tp4.testPython)
   python,
-  # name -> derivation: every output of the flake, on every system
+  # name -> derivation: every output of the flake, on every system, that needs no unlocked row
   outputs,
+  # the names of the outputs left out of `outputs` because they need an unlocked row
+  leftOut ? [ ],
+  # the names of the unlocked rows of sources.manifest (pkgs/sources.nix `unlocked`)
+  unlocked ? [ ],
 }:
 let
   inherit (src) hasSuffix;
@@ -38,6 +42,16 @@ let
       ])
       && (type == "directory" || hasSuffix ".nix" path);
   };
+  lockCommand = "tp4 sources lock ${builtins.concatStringsSep " " unlocked}";
+  unlockedReport = ''
+    ${toString (builtins.length unlocked)} row(s) of sources.manifest are not locked (their hashes need the network):
+    ${builtins.concatStringsSep " " unlocked}.
+    These outputs need them and are not checked (nor in `packages`) until they are locked:
+    ${builtins.concatStringsSep "\n" (map (n: "  " + n) leftOut)}
+    On a machine with network access, in the checkout, run once
+      ${lockCommand}
+    (it prints what it downloads), commit sources.manifest, and run `nix flake check` again.
+  '';
 in
 {
   # instantiates every output (a throw, e.g. an unlocked source row, fails it) without building
@@ -71,3 +85,25 @@ in
         touch "$out"
       '';
 }
+# passes, and says which outputs were left out and the command that brings them back (a trace at
+# evaluation, so `nix flake check` and `nix flake show` print it without -L)
+// (
+  if unlocked == [ ] then
+    { }
+  else
+    {
+      sources-unlocked = builtins.trace "warning: ${unlockedReport}" (
+        pkgs.runCommand "tp4-sources-unlocked-${toString (builtins.length leftOut)}-outputs-not-checked"
+          {
+            passthru = { inherit unlocked leftOut lockCommand; };
+            meta.description = "Passes; ${toString (builtins.length leftOut)} outputs need unlocked rows: run `${lockCommand}` and commit sources.manifest";
+          }
+          ''
+            cat <<'EOF'
+            ${unlockedReport}
+            EOF
+            touch "$out"
+          ''
+      );
+    }
+)

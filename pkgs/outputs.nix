@@ -25,7 +25,7 @@ let
 
   # `packages` holds derivations only (what `nix flake check` wants); the per-component fetches
   # live in legacyPackages, which `nix build .#sources.<component>` finds the same way
-  packages = forAll (
+  allPackages = forAll (
     system: pkgs:
     let
       l = lineFor.${system};
@@ -43,7 +43,56 @@ let
     // sparkOnly system { inherit (l) image tp4-runtime; }
   );
 
-  legacyPackages = forAll (system: pkgs: { inherit (lineFor.${system}) sources; });
+  # Which rows of sources.manifest each output needs (builtins only, nothing fetched). A row whose
+  # sha256 needs the network stays `unlocked` until `tp4 sources lock` fills it in; an output that
+  # needs one cannot be evaluated (pkgs/sources.nix throws the lock command), so until then it is
+  # not in `packages` (which `nix flake check` evaluates) but in `legacyPackages` (which it skips,
+  # and where `nix build .#image` still finds it and fails at once with that message), and it is
+  # left out of `checks` (checks.sources-unlocked says so and prints the command).
+  manifest = import ./sources.nix {
+    manifest = ../python/tp4/data/sources.manifest;
+    fetchurl = null;
+  };
+  line = import ./line.nix { inherit (manifest) rows; };
+  treeRows = pkg: manifest.trees.${line.trees.${pkg}}.inputs;
+  imageRows = [
+    line.base
+  ]
+  ++ line.wheels
+  ++ builtins.concatMap treeRows (builtins.attrNames line.trees);
+  packageRows = {
+    tp4 = [ ];
+    default = [ ];
+    wheels = line.wheels;
+    sglang-tree = treeRows "sglang-tree";
+    b12x = treeRows "b12x";
+    b12x-next = treeRows "b12x-next";
+    # the base row's glibc= is read from the manifest, not from the fetched image
+    tp4-runtime = treeRows "runtime-tree";
+  };
+  # kind: packages, sources, devShells or formatter; a package not listed above (an image) needs
+  # every row of the image
+  needs =
+    kind: name:
+    if kind == "sources" then
+      [ name ]
+    else if kind == "packages" then
+      packageRows.${name} or imageRows
+    else
+      [ ];
+  isLocked = kind: name: builtins.all (r: manifest.byName.${r}.locked) (needs kind name);
+  onlyLocked =
+    kind: attrs:
+    builtins.removeAttrs attrs (builtins.filter (n: !isLocked kind n) (builtins.attrNames attrs));
+  onlyUnlocked =
+    kind: attrs:
+    builtins.removeAttrs attrs (builtins.filter (isLocked kind) (builtins.attrNames attrs));
+
+  packages = builtins.mapAttrs (_: onlyLocked "packages") allPackages;
+  legacyPackages = forAll (
+    system: pkgs:
+    { inherit (lineFor.${system}) sources; } // onlyUnlocked "packages" allPackages.${system}
+  );
 
   # `nix run .#serve -- [--profile FILE]` (default ./profile.toml) and the same for stop and status
   apps = forAll (
@@ -257,28 +306,29 @@ let
       spark-host-vm = import ./spark-host-vm { inherit pkgs nixosModules example; };
     };
 
-  # every output a user builds or enters, as "<system>.<kind>.<name>" (for checks.eval); the
-  # fetch of an unlocked source row throws, so this fails until every row is locked
-  everything = builtins.listToAttrs (
+  # every output a user builds or enters, as "<system>.<kind>.<name>" (for checks.eval), with the
+  # rows it needs; `checkable` holds those whose rows are all locked, `leftOut` the names of the rest
+  outputList = builtins.concatMap (
+    system:
+    let
+      kinds = {
+        packages = allPackages.${system};
+        devShells = devShells.${system};
+        sources = lineFor.${system}.sources;
+        formatter.default = formatter.${system};
+      };
+    in
     builtins.concatMap (
-      system:
-      let
-        kinds = {
-          packages = packages.${system};
-          devShells = devShells.${system};
-          sources = legacyPackages.${system}.sources;
-          formatter.default = formatter.${system};
-        };
-      in
-      builtins.concatMap (
-        kind:
-        map (name: {
-          name = "${system}.${kind}.${name}";
-          value = kinds.${kind}.${name};
-        }) (builtins.attrNames kinds.${kind})
-      ) (builtins.attrNames kinds)
-    ) systems
-  );
+      kind:
+      map (name: {
+        name = "${system}.${kind}.${name}";
+        value = kinds.${kind}.${name};
+        locked = isLocked kind name;
+      }) (builtins.attrNames kinds.${kind})
+    ) (builtins.attrNames kinds)
+  ) systems;
+  checkable = builtins.listToAttrs (builtins.filter (o: o.locked) outputList);
+  leftOut = map (o: o.name) (builtins.filter (o: !o.locked) outputList);
 in
 {
   inherit
@@ -303,18 +353,23 @@ in
       l = lineFor.${system};
     in
     import ./checks.nix {
-      inherit pkgs src;
+      inherit pkgs src leftOut;
       python = l.tp4.testPython;
-      outputs = everything;
+      outputs = checkable;
+      unlocked = manifest.unlocked;
     }
-    // {
-      inherit (l)
-        tp4
-        sglang-tree
-        b12x
-        b12x-next
-        ;
-    }
-    // sparkOnly system ({ inherit (l) image tp4-runtime; } // nixosChecks pkgs)
+    // onlyLocked "packages" (
+      {
+        inherit (l)
+          tp4
+          sglang-tree
+          b12x
+          b12x-next
+          wheels
+          ;
+      }
+      // sparkOnly system { inherit (l) image tp4-runtime; }
+    )
+    // sparkOnly system (nixosChecks pkgs)
   );
 }

@@ -7,12 +7,15 @@
 # yields
 #   rows      [ { component commit sha256 url attrs name kind locked line } ]  in manifest order
 #   byName    name -> row
-#   src       name -> the fixed-output fetch of that row (throws for an unlocked row)
+#   src       name -> the fixed-output fetch of that row (throws for an unlocked row); an archive
+#             row with tree-sha256= is fetched by its unpacked tree (builtins.fetchTarball)
 #   trees     name -> { name attrs line inputs }  (inputs: the row names `fetch NAME` needs)
 #   fetchArgs name -> [ "--manifest" <file> "--input" "<row>=<src>" ... ] for
 #             `python -m tp4.sources fetch NAME --to $out <fetchArgs.NAME>` inside a derivation
 #   wheelFiles name -> the file name of a wheel row (its pypi:<file name>), which installers
 #             read the distribution's name and version from
+#   unlocked  the names of the rows whose sha256 is `unlocked`, in manifest order
+#   lockCommand  `tp4 sources lock <those names>`, the one command that locks them all
 {
   manifest,
   fetchurl,
@@ -210,10 +213,39 @@ let
   );
 
   # --- fixed-output fetches ---------------------------------------------------------------------
+  # What `tp4 sources lock` downloads for a row, and how large when the row says (size=)
+  downloads =
+    r:
+    let
+      size =
+        if r.attrs ? size then ", about ${r.attrs.size}" else " (size not recorded: size= in its row)";
+      what =
+        if r.kind == "image" then
+          "the whole base image ${r.url} (${r.attrs.arch or "arm64"}), pulled with skopeo by nixpkgs' nix-prefetch-docker"
+        else if r.kind == "archive" then
+          "the archive ${r.url}"
+        else if r.kind == "wheel" then
+          "the wheel ${substring 5 (stringLength r.url) r.url}"
+        else if r.kind == "git" then
+          "a checkout of ${r.url}"
+        else
+          "the file ${r.url}";
+    in
+    "  - ${r.name}: ${what}${size}";
+  unlockedRows = filter (r: !r.locked) rows;
+  unlocked = map (r: r.name) unlockedRows;
+  lockCommand = "tp4 sources lock ${builtins.concatStringsSep " " unlocked}";
+  # one message for every unlocked row: whatever output needs one, the fix is the same command
   unlockedMessage =
     r:
-    "source row '${r.name}' (line ${toString r.line}) is not locked: its sha256 is not known yet; "
-    + "run `tp4 sources lock ${r.name}` on a machine with network access and commit the manifest";
+    "source row '${r.name}' (line ${toString r.line}) is not locked: its sha256 is not known yet.\n"
+    + "${toString (length unlocked)} row(s) of sources.manifest are not locked (their hashes need the network). "
+    + "On a machine with network access, in the checkout, run once:\n\n"
+    + "  ${lockCommand}\n\n"
+    + "It downloads:\n"
+    + builtins.concatStringsSep "\n" (map downloads unlockedRows)
+    + "\nand rewrites those rows of sources.manifest; commit the change (git commit sources.manifest) "
+    + "so every clone builds from the same pins.";
   storeName = r: replaceStrings [ "/" ":" ] [ "-" "-" ] r.name;
   wheelOf =
     r:
@@ -297,11 +329,26 @@ let
       in
       builtins.path {
         name = storeName r;
+        # allRefs: fetch every ref, not only the default branch, so a commit that is only on
+        # another branch (or a tag) is found (Nix >= 2.4, NixOS/nix#3814); without it a remote
+        # fetch asks for the default ref alone and fails with "couldn't find remote ref"
         path = builtins.fetchGit {
           url = elemAt parts 0;
           rev = r.commit;
+          allRefs = true;
         };
         inherit (r) sha256;
+      }
+    else if r.kind == "archive" && r.attrs ? tree-sha256 then
+      # pinned by its unpacked tree (`tp4 sources lock --tree`): the NAR hash of the archive's one
+      # top directory, which is what nixpkgs' fetchzip (stripRoot = true, so fetchFromGitHub) checks
+      # too; GitHub does not promise stable archive bytes, only the files in them. builtins, not
+      # fetchzip: the very fetcher the tests run here, with no unzip or stdenv; it downloads at
+      # evaluation, once (the store path is known from the hash, so a later evaluation finds it)
+      builtins.fetchTarball {
+        url = r.url;
+        sha256 = r.attrs.tree-sha256;
+        name = storeName r;
       }
     else
       fetchurl {
@@ -379,6 +426,8 @@ in
     trees
     fetchArgs
     wheelFiles
+    unlocked
+    lockCommand
     ;
   treeNames = map (t: t.name) treeList;
 }

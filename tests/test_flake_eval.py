@@ -60,6 +60,12 @@ IMAGE = """img: let step = d: { inherit (d) name; out = d.outPath; inherit (d.st
 
 
 @pytest.fixture(scope="module")
+def real(work):
+    """A copy of the flake as committed: three rows unlocked, as on every fresh clone."""
+    return flake_copy(REPO, work / "real")
+
+
+@pytest.fixture(scope="module")
 def image(work, flake):
     return evaluate(work, flake, "packages.aarch64-linux.image", IMAGE)
 
@@ -227,7 +233,8 @@ def test_flake_outputs(work, flake, manifest):
     sources = evaluate(work, flake, "legacyPackages.aarch64-linux.sources", "builtins.attrNames")
     assert sorted(sources) == sorted(r.name for r in manifest.rows)
     checks = evaluate(work, flake, "checks", "c: builtins.mapAttrs (s: builtins.attrNames) c")
-    assert {"eval", "formatting", "unit", "tp4"} <= set(checks["x86_64-linux"])
+    assert {"eval", "formatting", "unit", "tp4", "wheels"} <= set(checks["x86_64-linux"])
+    assert "sources-unlocked" not in checks["x86_64-linux"]
     # the Sparks' own: the image, its runtime tree and the NixOS checks (tests/test_nixos_vm.py)
     assert set(checks["aarch64-linux"]) == set(checks["x86_64-linux"]) | {"image", "tp4-runtime", "spark-host-vm"} | {
         f"nixos-spark{i}" for i in range(1, 5)}
@@ -286,10 +293,56 @@ def test_dev_shell_builds_from_the_package_and_keeps_busybox_off_path(work, flak
     assert shell["busybox"].startswith("/nix/store/") and shell["busybox"].endswith("-busybox-static-x86_64-unknown-linux-musl-1.37.0/bin/busybox")
 
 
-def test_unlocked_rows_are_refused_with_the_lock_command(work):
-    real = flake_copy(REPO, work / "real")
-    err = evaluate(work, real, "packages.aarch64-linux.image.passthru.base.outPath", ok=False)
-    assert "base-image" in err and "tp4 sources lock base-image" in err
+LOCK_ALL = "tp4 sources lock dsv41 dsv41/runtime/roce_tp4_adapt.py base-image"
+
+
+def test_unlocked_rows_are_refused_with_the_lock_command(work, real):
+    err = evaluate(work, real, "legacyPackages.aarch64-linux.image.passthru.base.outPath", ok=False)
+    assert "source row 'base-image'" in err and LOCK_ALL in err
+
+
+def test_a_fresh_clone_passes_flake_check_without_the_outputs_of_unlocked_rows(work, real):
+    """The committed manifest has three unlocked rows: `nix flake check` passes all the same;
+    what needs them is out of `packages` and `checks` (in legacyPackages, which flake check skips),
+    and checks.sources-unlocked passes, naming them and the command."""
+    proc = nix(["flake", "check", "--no-build", f"path:{real}", *stub_inputs(REPO, empty_flake(work / "empty"))], work)
+    assert proc.returncode == 0, proc.stderr
+    assert LOCK_ALL in proc.stderr and "aarch64-linux.packages.image" in proc.stderr
+    names = evaluate(work, real, "packages", "p: builtins.mapAttrs (s: builtins.attrNames) p")
+    assert set(names["aarch64-linux"]) == set(names["x86_64-linux"]) == {"tp4", "default", "b12x", "b12x-next", "wheels"}
+    legacy = evaluate(work, real, "legacyPackages", "p: builtins.mapAttrs (s: builtins.attrNames) p")
+    assert set(legacy["aarch64-linux"]) == {"sources", "image", "sglang-tree", "tp4-runtime"}
+    checks = evaluate(work, real, "checks", "c: builtins.mapAttrs (s: builtins.attrNames) c")
+    assert {"eval", "formatting", "unit", "tp4", "b12x", "b12x-next", "wheels", "sources-unlocked"} <= set(checks["x86_64-linux"])
+    assert not {"image", "tp4-runtime", "sglang-tree"} & set(checks["aarch64-linux"])
+    unlocked = evaluate(work, real, "checks.aarch64-linux.sources-unlocked", """c: {
+      inherit (c) unlocked leftOut lockCommand; script = c.stub.args.buildCommand; }""")
+    assert unlocked["unlocked"] == ["dsv41", "dsv41/runtime/roce_tp4_adapt.py", "base-image"]
+    assert unlocked["lockCommand"] == LOCK_ALL and LOCK_ALL in unlocked["script"] and 'touch "$out"' in unlocked["script"]
+    assert "aarch64-linux.packages.image" in unlocked["leftOut"] and "x86_64-linux.sources.dsv41" in unlocked["leftOut"]
+    listed = evaluate(work, real, "checks.x86_64-linux.eval", "e: builtins.fromJSON e.stub.args.text")
+    assert "aarch64-linux.packages.b12x" in listed and "x86_64-linux.sources.b12x-main" in listed
+    assert not set(unlocked["leftOut"]) & set(listed)
+
+
+def test_building_the_image_on_an_unlocked_clone_fails_at_evaluation_with_the_one_command(work, real):
+    proc = nix(["build", "--dry-run", "--option", "system", "aarch64-linux", f"path:{real}#image",
+                *stub_inputs(REPO, empty_flake(work / "empty"))], work)
+    assert proc.returncode != 0
+    err = " ".join(proc.stderr.split())
+    assert "is not locked" in err and LOCK_ALL in err
+    # what it downloads, how large, and that the change is to be committed
+    assert "It downloads:" in err and "- base-image: the whole base image docker://lmsysorg/sglang:dev-dsv41@" in err
+    assert "about ~33GB" in err and "- dsv41: the archive https://github.com/MiaAI-Lab/" in err
+    assert "git commit sources.manifest" in err
+
+
+def test_wheels_is_a_check_on_every_system(work, flake):
+    """What catches a wheel-name break on an x86_64 machine: the wheels package is built by
+    `nix flake check` there too."""
+    for system in ("x86_64-linux", "aarch64-linux"):
+        got = evaluate(work, flake, f"checks.{system}.wheels", "w: { inherit (w) name; b = w.stub.builder; }")
+        assert got == {"name": "dsv41-wheels", "b": "runCommand"}
 
 
 def test_runtime_library_is_compiled_as_upstream_and_self_contained(work, flake):

@@ -146,6 +146,100 @@ def test_lock_resolves_a_branch_and_fills_the_hash(server: FileServer, tmp_path:
     assert manifest.read_text().startswith("# keep this comment\n") and mf.validate(m).errors == []
 
 
+def recompressed(files: dict[str, str], modes: dict[str, int] | None = None) -> bytes:
+    """The same files as tar_gz(files), in other bytes: GNU tar format, gzip level 1, another
+    mtime in the gzip header (what a change on GitHub's side looks like)."""
+    import gzip
+    import io
+    import tarfile
+
+    raw = io.BytesIO()
+    with tarfile.open(fileobj=raw, mode="w", format=tarfile.GNU_FORMAT) as tar:
+        for d in sorted({str(p) for name in files for p in Path(name).parents if str(p) != "."}):
+            info = tarfile.TarInfo(d)
+            info.type, info.mode, info.mtime = tarfile.DIRTYPE, 0o755, 12345
+            tar.addfile(info)
+        for name, text in sorted(files.items()):
+            data = text.encode()
+            info = tarfile.TarInfo(name)
+            info.size, info.mode, info.mtime = len(data), (modes or {}).get(name, 0o644), 12345
+            tar.addfile(info, io.BytesIO(data))
+    return gzip.compress(raw.getvalue(), compresslevel=1, mtime=777)
+
+
+def test_lock_tree_records_the_unpacked_tree_and_fetch_survives_new_archive_bytes(
+        server: FileServer, tmp_path: Path, tp4_cli, monkeypatch) -> None:
+    """`lock --tree ROW` records tree-sha256= (the NAR hash of the archive's one top directory);
+    a fetch then accepts an archive in other bytes with the same files, and refuses other files."""
+    from tp4.sources import lock, nar
+
+    monkeypatch.setenv("TP4_SOURCES_MIRROR", server.url("/m"))
+    files = {"r-x/python/a.py": "print('a')\n", "r-x/other": "o"}
+    manifest = make_manifest(server, tmp_path)
+    archive = tmp_path / "a.tar.gz"
+    archive.write_bytes(tar_gz(files))
+    code, out, err = tp4_cli("sources", "lock", "--tree", "r", "--manifest", manifest)
+    assert code == 0, err
+    row = mf.load(manifest).by_name["r"]
+    expected = tmp_path / "expected"
+    (expected / "python").mkdir(parents=True)
+    (expected / "python" / "a.py").write_text("print('a')\n")
+    (expected / "other").write_text("o")
+    assert row.tree_sha256 == nar.nar_sha256(expected).hex() == lock.tree_sha256(archive)
+    assert row.sha256 == sha256(tar_gz(files)) and f"tree-sha256 (none) -> {row.tree_sha256}" in out
+    assert mf.validate(mf.load(manifest)).errors == []
+    # what the Nix tree derivation passes: the fetched tree itself (builtins.fetchTarball's output)
+    code, _, err = tp4_cli("sources", "fetch", "py", "--to", tmp_path / "from-nix", "--offline",
+                             "--input", f"r={expected}", "--manifest", manifest)
+    assert code == 0, err
+    assert (tmp_path / "from-nix/python/a.py").read_text() == "print('a')\n"
+    (expected / "other").write_text("not o")
+    code, _, err = tp4_cli("sources", "fetch", "py", "--to", tmp_path / "from-nix2", "--offline",
+                             "--input", f"r={expected}", "--manifest", manifest)
+    assert code == 1 and "expected tree-sha256" in err and not (tmp_path / "from-nix2").exists()
+    # GitHub re-compresses: other bytes, the same tree
+    other = recompressed(files)
+    assert other != tar_gz(files) and lock.tree_sha256_bytes(other, tmp_path) == row.tree_sha256
+    server.add(f"/m/github.com/o/r/archive/{C40}.tar.gz", other)
+    code, _, err = tp4_cli("sources", "fetch", "py", "--to", tmp_path / "out", "--manifest", manifest)
+    assert code == 0, err
+    assert (tmp_path / "out/python/a.py").read_text() == "print('a')\n"
+    code, out, err = tp4_cli("sources", "verify", "--download", "r", "--manifest", manifest)
+    assert code == 0 and "downloaded and hash-checked" in out, err
+    # other files: refused, nothing left
+    monkeypatch.setenv("TP4_SOURCES_CACHE", str(tmp_path / "cache2"))
+    server.add(f"/m/github.com/o/r/archive/{C40}.tar.gz", recompressed({**files, "r-x/other": "changed"}))
+    code, _, err = tp4_cli("sources", "fetch", "py", "--to", tmp_path / "out2", "--manifest", manifest)
+    assert code == 1 and "expected tree-sha256 " + row.tree_sha256 in err
+    code, _, err = tp4_cli("sources", "verify", "--download", "r", "--manifest", manifest)
+    assert code == 1 and f"r: tree-sha256 mismatch: pinned {row.tree_sha256}" in err
+    assert not (tmp_path / "out2").exists() and leftovers(tmp_path / "cache2") == []
+
+
+@pytest.mark.parametrize("args,complaint", [
+    (["--tree"], "--tree needs the rows it applies to: tp4 sources lock --tree ROW"),
+    (["--tree", "f"], "--tree f: it is a file row; --tree is for archive rows"),
+    (["--tree", "flat"], "--tree flat: the row has strip=0; a tree hash is of the archive's one top directory"),
+    (["--tree", "r", "nope"], "no row named 'nope'"),
+])
+def test_lock_tree_input_errors_exit_2_before_any_download(server: FileServer, tmp_path: Path, tp4_cli,
+                                                          monkeypatch, args, complaint) -> None:
+    monkeypatch.setenv("TP4_SOURCES_MIRROR", server.url("/m"))
+    manifest = make_manifest(server, tmp_path)
+    manifest.write_text(manifest.read_text() + f"f  {C40}  {'a' * 64}  https://github.com/o/r/raw/{C40}/f.txt\n"
+                        f"flat  {C40}  {'a' * 64}  https://github.com/o/r/archive/{C40}.tar.gz  strip=0\n")
+    before = manifest.read_text()
+    code, _, err = tp4_cli("sources", "lock", *args, "--manifest", manifest)
+    assert code == 2 and complaint in err and "Traceback" not in err, err
+    assert manifest.read_text() == before and sum(server.hits.values()) == 0
+
+
+def test_a_tree_hash_needs_strip_1_and_64_hex() -> None:
+    m = mf.parse(f"r  {C40}  {'a' * 64}  https://github.com/o/r/archive/{C40}.tar.gz\n  strip=0 tree-sha256=abc\n")
+    errors = " ".join(mf.validate(m).errors)
+    assert "tree-sha256= is 64 lowercase hex digits" in errors and "the row needs strip=1" in errors
+
+
 def test_lock_of_a_bad_download_changes_no_pin(server: FileServer, tmp_path: Path, tp4_cli, monkeypatch) -> None:
     monkeypatch.setenv("TP4_SOURCES_MIRROR", server.url("/m"))
     monkeypatch.setenv("TP4_GITHUB_API", server.url(""))

@@ -59,7 +59,12 @@ def test_src_of_an_unlocked_row_throws_naming_the_command(repo: Path, tmp_path: 
             '.src."base-image"')
     with pytest.raises(Tp4Error) as info:
         nix_eval_json(expr, tmp_path)
-    assert "source row 'base-image'" in str(info.value) and "tp4 sources lock base-image" in str(info.value)
+    message = " ".join(str(info.value).split())
+    assert "source row 'base-image'" in message
+    # one command for every unlocked row, what it downloads, and to commit the result
+    assert "tp4 sources lock dsv41 dsv41/runtime/roce_tp4_adapt.py base-image" in message
+    assert "- dsv41/runtime/roce_tp4_adapt.py: the file https://raw.githubusercontent.com/" in message
+    assert "git commit sources.manifest" in message
 
 
 def test_fetchers_get_the_right_arguments(repo: Path, tmp_path: Path) -> None:
@@ -143,6 +148,92 @@ def test_git_row_is_checked_by_its_nar_hash(tmp_path: Path, monkeypatch) -> None
             builtins_fetch(manifest, "h", tmp_path)
     finally:
         shutil.rmtree(shm, ignore_errors=True)
+
+
+def test_git_row_pinned_off_the_default_branch_is_fetched(tmp_path: Path, monkeypatch) -> None:
+    """builtins.fetchGit with a rev fetches only the default ref of a remote repository unless
+    allRefs = true: a commit that is only on another branch is then not found. The origin is a
+    real repository with a commit on `master` and one only on `side`, served over loopback HTTP
+    (git's dumb protocol): Nix 2.8 reads a file:// repository in place, with every object, so a
+    file:// URL finds both commits either way (checked here too) and cannot show the difference."""
+    import functools
+    import threading
+    from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+
+    import git
+
+    monkeypatch.setenv("GIT_CONFIG_GLOBAL", "/dev/null")
+    monkeypatch.setenv("GIT_CONFIG_NOSYSTEM", "1")
+    shm = Path(tempfile.mkdtemp(prefix="tp4-git-", dir="/dev/shm"))
+    who = git.Actor("t", "t@e.invalid")
+    try:
+        origin = shm / "origin"
+        repo = git.Repo.init(origin, initial_branch="master")
+        (origin / "a.py").write_text("a = 1\n")
+        repo.index.add(["a.py"])
+        on_master = repo.index.commit("one", author=who, committer=who).hexsha
+        repo.git.checkout("-b", "side")
+        (origin / "a.py").write_text("a = 2\n")
+        repo.index.add(["a.py"])
+        off_default = repo.index.commit("two", author=who, committer=who).hexsha
+        repo.git.checkout("master")
+        git.Repo.clone_from(origin, shm / "served" / "r.git", bare=True).git.update_server_info()
+        hashes = {}
+        for commit, text in ((on_master, "a = 1\n"), (off_default, "a = 2\n")):
+            tree = tmp_path / commit
+            tree.mkdir()
+            (tree / "a.py").write_text(text)
+            hashes[commit] = nar.nar_sha256(tree).hex()
+        class Quiet(SimpleHTTPRequestHandler):
+            def log_message(self, *args) -> None:
+                pass
+
+        handler = functools.partial(Quiet, directory=str(shm / "served"))
+        server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        try:
+            http = f"http://127.0.0.1:{server.server_address[1]}/r.git"
+            manifest = tmp_path / "m"
+            manifest.write_text(f"main  {on_master}  {hashes[on_master]}  git+{http}@{on_master}\n"
+                                f"side  {off_default}  {hashes[off_default]}  git+{http}@{off_default}\n"
+                                f"on-disk  {off_default}  {hashes[off_default]}  git+file://{origin}@{off_default}\n")
+            # a fresh cache of Nix's git fetcher for each run (it keeps its clones there)
+            monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+            assert builtins_fetch(manifest, "main", tmp_path) == nar.store_path("main", bytes.fromhex(hashes[on_master]))
+            assert builtins_fetch(manifest, "side", tmp_path) == nar.store_path("side", bytes.fromhex(hashes[off_default]))
+            assert builtins_fetch(manifest, "on-disk", tmp_path) == nar.store_path("on-disk", bytes.fromhex(hashes[off_default]))
+        finally:
+            server.shutdown()
+    finally:
+        shutil.rmtree(shm, ignore_errors=True)
+
+
+def test_archive_row_with_a_tree_hash_is_fetched_by_its_tree(tmp_path: Path) -> None:
+    """A row locked with --tree (tree-sha256=) is fetched with builtins.fetchTarball by that hash:
+    from a file:// tarball; from a re-compressed tarball of the same files (other bytes, so the
+    sha256 column no longer matches); and a tarball with other files fails with a hash mismatch."""
+    from sources_helpers.build import tar_gz
+    from test_sources_download import recompressed
+    from tp4.sources import lock
+
+    files = {"r-abc/python/a.py": "print('a')\n", "r-abc/bin/run": "#!/bin/sh\n", "r-abc/other": "o"}
+    served = tmp_path / "served"
+    served.mkdir()
+    (served / "a.tar.gz").write_bytes(tar_gz(files, modes={"r-abc/bin/run": 0o755}))
+    (served / "b.tar.gz").write_bytes(recompressed(files, {"r-abc/bin/run": 0o755}))
+    (served / "c.tar.gz").write_bytes(recompressed({**files, "r-abc/other": "changed"}, {"r-abc/bin/run": 0o755}))
+    assert (served / "a.tar.gz").read_bytes() != (served / "b.tar.gz").read_bytes()
+    tree = lock.tree_sha256(served / "a.tar.gz")
+    byte_hash = sha256((served / "a.tar.gz").read_bytes())
+    manifest = tmp_path / "m"
+    manifest.write_text("".join(
+        f"{name}  {'a' * 40}  {byte_hash}  file://{served}/{name}.tar.gz\n  strip=1 tree-sha256={tree}\n"
+        for name in ("a", "b", "c")))
+    assert builtins_fetch(manifest, "a", tmp_path) == nar.store_path("a", bytes.fromhex(tree))
+    stored = Path(builtins_fetch(manifest, "b", tmp_path))
+    assert stored.name.endswith("-b") and stored == Path(nar.store_path("b", bytes.fromhex(tree)))
+    with pytest.raises(Tp4Error, match="hash mismatch"):
+        builtins_fetch(manifest, "c", tmp_path)
 
 
 def test_upstream_manifest_parses_the_same(tmp_path: Path) -> None:

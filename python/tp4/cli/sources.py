@@ -100,6 +100,17 @@ def _verify_downloads(rows: list[mf.Row]) -> None:
                 with tempfile.TemporaryDirectory(prefix="tp4-verify-") as tmp:
                     fetch.git_checkout(row.url, row.commit, Path(tmp) / "tree")
                     actual = nar.nar_sha256(Path(tmp) / "tree").hex()
+            elif row.kind == "archive" and row.tree_sha256:
+                # pinned by its tree: the archive's bytes may have changed, its files must not
+                from tp4.sources import lock as locking
+
+                with tempfile.TemporaryDirectory(prefix="tp4-verify-") as tmp:
+                    archive = Path(tmp) / row.file_name
+                    download.download(row.url, archive, None, label=row.name)
+                    tree = nar.nar_sha256(locking.tree_of_archive(archive, Path(tmp))).hex()
+                if tree != row.tree_sha256:
+                    failures.append(f"{row.name}: tree-sha256 mismatch: pinned {row.tree_sha256}, downloaded {tree}")
+                continue
             else:
                 actual, _ = download.hash_url(row.url, label=row.name)
         except Tp4Error as exc:
@@ -114,8 +125,11 @@ def _verify_downloads(rows: list[mf.Row]) -> None:
 @sources.command()
 @manifest_option
 @click.option("--ref", help="Move the named row to the head of this branch or tag.")
+@click.option("--tree", is_flag=True,
+              help="Also record the hash of each named archive row's unpacked tree (tree-sha256=): Nix then "
+                   "fetches the row by its tree, so a re-compressed archive with the same files still fetches.")
 @click.argument("names", nargs=-1)
-def lock(manifest_file: str | None, ref: str | None, names: tuple[str, ...]) -> None:
+def lock(manifest_file: str | None, ref: str | None, tree: bool, names: tuple[str, ...]) -> None:
     """Fill in (or refresh) pins: every unlocked row, or the rows named.
 
     Branches and tags in the commit column (or --ref) are resolved to commits; the hash is taken
@@ -124,7 +138,7 @@ def lock(manifest_file: str | None, ref: str | None, names: tuple[str, ...]) -> 
     from tp4.sources import lock as locking
 
     m = _load(manifest_file, strict=False)
-    changes = locking.lock(m, list(names), ref=ref)
+    changes = locking.lock(m, list(names), ref=ref, tree=tree)
     if not changes:
         click.echo("nothing to lock: every row has its sha256")
     for change in changes:

@@ -51,6 +51,13 @@ def parse_inputs(values: list[str], manifest: Manifest) -> dict[str, Path]:
 def check_bytes(row: Row, path: Path, origin: str) -> None:
     """``path`` holds exactly the row's bytes (a file's sha256, a git checkout's NAR hash)."""
     row.require_locked()
+    if row.kind == "archive" and row.tree_sha256 and path.is_dir():
+        # the unpacked tree (Nix's builtins.fetchTarball of a row with tree-sha256=)
+        actual = nar.nar_sha256(path).hex()
+        if actual != row.tree_sha256:
+            raise Tp4Error(f"{origin} for {row.name}: {path} does not match the pin\n"
+                           f"  expected tree-sha256 {row.tree_sha256}\n  got                  {actual}")
+        return
     if row.kind == "git":
         actual = nar.nar_sha256(path).hex()
     elif path.is_dir():
@@ -185,7 +192,33 @@ def obtain(row: Row, inputs: Mapping[str, Path], *, offline: bool, quiet: bool =
         finally:
             shutil.rmtree(work, ignore_errors=True)
         return cached
+    if row.kind == "archive" and row.tree_sha256:
+        return _obtain_tree(row, cache, quiet=quiet)
     download.download(row.url, cached, row.sha256, label=row.name, quiet=quiet)
+    return cached
+
+
+def _obtain_tree(row: Row, cache: Path, *, quiet: bool) -> Path:
+    """An archive row pinned by its tree: the archive's bytes may differ from the sha256 column
+    (GitHub does not keep archive bytes stable); its unpacked tree must match tree-sha256."""
+    from tp4.sources import lock
+
+    cached = cache / f"tree-{(row.tree_sha256 or '')[:32]}-{_safe(row.component)}"
+    if os.path.lexists(cached):
+        try:
+            check_bytes(row, cached, "cache")
+            return cached
+        except Tp4Error:
+            transforms._remove(cached)
+    work = Path(tempfile.mkdtemp(prefix=".tree-", dir=cache))
+    try:
+        archive = work / row.file_name
+        download.download(row.url, archive, None, label=row.name, quiet=quiet)
+        tree = lock.tree_of_archive(archive, work)
+        check_bytes(row, tree, "download")
+        tree.rename(cached)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
     return cached
 
 

@@ -39,6 +39,8 @@ class Change:
             parts.append(f"commit {self.old.commit} -> {self.new.commit}")
         if self.old.sha256 != self.new.sha256:
             parts.append(f"sha256 {self.old.sha256} -> {self.new.sha256}")
+        if self.old.tree_sha256 != self.new.tree_sha256:
+            parts.append(f"tree-sha256 {self.old.tree_sha256 or '(none)'} -> {self.new.tree_sha256}")
         return f"{self.name}: " + ("; ".join(parts) if parts else "unchanged")
 
 
@@ -138,10 +140,53 @@ def _image_hash(row: Row, manifest_path: Path | None) -> str:
         raise Tp4Error(f"nix-prefetch-docker gave no usable hash for {row.name}: {proc.stdout[:200]!r}") from exc
 
 
-def lock_row(row: Row, ref: str | None = None, *, quiet: bool = False, manifest_path: Path | None = None) -> Row:
+def tree_of_archive(archive: Path, work: Path) -> Path:
+    """The unpacked tree of ``archive`` as nixpkgs' fetchzip (stripRoot = true) and
+    builtins.fetchTarball make it: the archive must hold exactly one top-level entry, a
+    directory, which becomes the root."""
+    from tp4.sources import transforms
+
+    unpacked = work / "unpacked"
+    transforms.unpack_archive(archive, unpacked, 0)
+    top = sorted(unpacked.iterdir())
+    if len(top) != 1 or not top[0].is_dir() or top[0].is_symlink():
+        names = ", ".join(p.name for p in top[:5]) or "nothing"
+        raise Tp4Error(f"{archive.name}: a tree hash needs one top-level directory (as fetchzip's stripRoot); "
+                       f"the archive holds {names}")
+    return top[0]
+
+
+def tree_sha256(archive: Path) -> str:
+    """The NAR hash (hex) of :func:`tree_of_archive`: what ``tree-sha256=`` records."""
+    with tempfile.TemporaryDirectory(prefix="tp4-tree-") as tmp:
+        return nar.nar_sha256(tree_of_archive(archive, Path(tmp))).hex()
+
+
+def tree_sha256_bytes(data: bytes, work: Path) -> str:
+    """:func:`tree_sha256` of an archive given as bytes (written under ``work``)."""
+    with tempfile.TemporaryDirectory(prefix="tp4-tree-", dir=work) as tmp:
+        archive = Path(tmp) / "archive.tar.gz"
+        archive.write_bytes(data)
+        return tree_sha256(archive)
+
+
+def check_tree_lockable(row: Row) -> None:
+    if row.kind != "archive":
+        raise InvalidInput(f"--tree {row.name}: it is a {row.kind} row; --tree is for archive rows "
+                           "(GitHub archive/*.tar.gz), fetched by the hash of their unpacked tree")
+    if row.attrs.get("strip") != "1":
+        raise InvalidInput(f"--tree {row.name}: the row has strip={row.attrs.get('strip', '0')}; a tree hash is of "
+                           "the archive's one top directory (fetchzip's stripRoot), so the row needs strip=1")
+
+
+def lock_row(row: Row, ref: str | None = None, *, quiet: bool = False, manifest_path: Path | None = None,
+             tree: bool = False) -> Row:
     """The row with its commit resolved (from ``ref``, or its own commit column if that is a ref)
-    and its sha256 computed from a fresh download."""
+    and its sha256 computed from a fresh download; with ``tree`` (archive rows) also the NAR hash
+    of the unpacked tree, as ``tree-sha256=``."""
     kind = row.kind
+    if tree:
+        check_tree_lockable(row)
     if kind == "local":
         raise Tp4Error(f"{row.name}: a local row names a file in upstream's repository; replace it with a URL row")
     if kind == "wheel":
@@ -167,20 +212,34 @@ def lock_row(row: Row, ref: str | None = None, *, quiet: bool = False, manifest_
         owner, repo, current = gh
         commit = resolve_github(owner, repo, wanted)
         url = with_ref(row.url, commit)
+    if tree or row.tree_sha256:
+        with tempfile.TemporaryDirectory(prefix="tp4-lock-") as tmp:
+            archive = Path(tmp) / row.file_name
+            sha = download.download(url, archive, None, label=row.name, quiet=quiet)
+            attrs = {**row.attrs, "tree-sha256": tree_sha256(archive)}
+        return replace(row, commit=commit, url=url, sha256=sha, attrs=attrs)
     sha, _ = download.hash_url(url, label=row.name, quiet=quiet)
     return replace(row, commit=commit, url=url, sha256=sha)
 
 
-def lock(manifest: Manifest, names: list[str], *, ref: str | None = None, quiet: bool = False) -> list[Change]:
-    """Lock ``names`` (default: every unlocked row) and rewrite the manifest file once at the end."""
+def lock(manifest: Manifest, names: list[str], *, ref: str | None = None, quiet: bool = False,
+         tree: bool = False) -> list[Change]:
+    """Lock ``names`` (default: every unlocked row) and rewrite the manifest file once at the end.
+    ``tree``: also record each named archive row's tree hash (``tree-sha256=``)."""
     if manifest.path is None:
         raise Tp4Error("lock needs a manifest file")
     if ref and len(names) != 1:
         raise InvalidInput("--ref moves one row: name it (tp4 sources lock NAME --ref BRANCH)")
+    if tree and not names:
+        raise InvalidInput("--tree needs the rows it applies to: tp4 sources lock --tree ROW [ROW...] "
+                           "(archive rows with strip=1, e.g. GitHub archive/*.tar.gz)")
     rows = [manifest.row(n) for n in names] if names else [r for r in manifest.rows if r.sha256 == UNLOCKED]
+    if tree:
+        for row in rows:  # every named row checked before anything is downloaded
+            check_tree_lockable(row)
     changes = []
     for row in rows:
-        new = lock_row(row, ref, quiet=quiet, manifest_path=manifest.path)
+        new = lock_row(row, ref, quiet=quiet, manifest_path=manifest.path, tree=tree)
         changes.append(Change(row.name, row, new))
     updated = {c.name: c.new for c in changes if c.new != c.old}
     if updated:

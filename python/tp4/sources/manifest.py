@@ -43,8 +43,8 @@ ARCHIVE_SUFFIXES = (".tar.gz", ".tgz", ".tar.xz", ".tar.bz2", ".tar")
 PATCH_SUFFIXES = (".patch", ".diff")
 
 KINDS = ("archive", "file", "patch", "wheel", "image", "git", "local")
-ROW_ATTRS: dict[str, frozenset[str]] = {
-    "archive": frozenset({"kind", "strip"}),
+_ROW_ATTRS: dict[str, frozenset[str]] = {
+    "archive": frozenset({"kind", "strip", "tree-sha256"}),
     "file": frozenset({"kind", "eol", "mode", "root"}),
     "patch": frozenset({"kind", "p", "fuzz", "dir"}),
     "wheel": frozenset(),
@@ -52,6 +52,9 @@ ROW_ATTRS: dict[str, frozenset[str]] = {
     "git": frozenset(),
     "local": frozenset(),
 }
+# size=: how much `tp4 sources lock` / the fetch downloads (informational, e.g. ~33GB), any kind
+ROW_ATTRS: dict[str, frozenset[str]] = {kind: attrs | {"size"} for kind, attrs in _ROW_ATTRS.items()}
+_SIZE = re.compile(r"~?[0-9]+(\.[0-9]+)?(kB|MB|GB)")
 TREE_ATTRS = frozenset({"from", "keep", "require", "add", "rename", "patches", "run", "drop", "stamp", "expect-patch"})
 INT_ATTRS = frozenset({"strip", "p", "fuzz"})
 
@@ -124,6 +127,13 @@ class Row(_Entry):
         if self.kind == "wheel":
             return self.url.split(":", 1)[1]
         return self.url.rstrip("/").rsplit("/", 1)[-1].split("?", 1)[0]
+
+    @property
+    def tree_sha256(self) -> str | None:
+        """``tree-sha256=`` of an archive row: the NAR hash (hex) of the unpacked tree, its one
+        top-level directory as the root (what nixpkgs' fetchzip with stripRoot checks, and
+        builtins.fetchTarball); the row is then fetched by its tree, whatever the archive's bytes."""
+        return self.attrs.get("tree-sha256")
 
     def int_attr(self, key: str, default: int) -> int:
         return int(self.attrs.get(key, default))
@@ -475,6 +485,13 @@ def _check_attrs(row: Row, problems: list[str]) -> None:
             problems.append(f"{row.where}: unknown attribute {key!r}{hint}")
         elif key in INT_ATTRS and not value.isdigit():
             problems.append(f"{row.where}: {key}={value!r} is not a non-negative integer")
+    if "size" in row.attrs and not _SIZE.fullmatch(row.attrs["size"]):
+        problems.append(f"{row.where}: size={row.attrs['size']!r} is a size such as ~33GB, 120MB or 8kB")
+    if "tree-sha256" in row.attrs:
+        if not _HEX64.fullmatch(row.attrs["tree-sha256"]):
+            problems.append(f"{row.where}: tree-sha256= is 64 lowercase hex digits (`tp4 sources lock --tree {row.name}`)")
+        if row.attrs.get("strip") != "1":
+            problems.append(f"{row.where}: tree-sha256= hashes the archive's one top directory, so the row needs strip=1")
     if row.attrs.get("eol", "lf") != "lf":
         problems.append(f"{row.where}: eol= only takes lf (CRLF to LF)")
     if row.attrs.get("mode", "644") not in ("644", "755"):

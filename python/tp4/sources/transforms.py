@@ -286,7 +286,10 @@ def patch_id(patches: Iterable[bytes]) -> str:
 
 
 def _place_source(row: Row, path: Path, work: Path) -> None:
-    if row.kind == "archive":
+    if row.kind == "archive" and path.is_dir():
+        # a row fetched by its tree: already unpacked, its top directory stripped
+        shutil.copytree(path, work, symlinks=True, dirs_exist_ok=True)
+    elif row.kind == "archive":
         unpack_archive(path, work, row.int_attr("strip", 0))
     elif row.kind == "git":
         shutil.copytree(path, work, symlinks=True, dirs_exist_ok=True)
