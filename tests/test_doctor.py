@@ -214,10 +214,30 @@ def test_gid_at_another_index_on_one_node(good: DoctorCluster) -> None:
     assert results[("RDMA.GID", "node2")].status == "ok"
     assert results[("RDMA.GID", "node2")].detail == f"{HCA0} index 5, {HCA1} index 5"
     r = results[("RDMA.GID_SAME_INDEX", "node2")]
-    assert r.status == "fail" and r.blocking and r.detail == "index 5 where the other nodes have 3"
-    assert r.fix is not None and "NCCL_IB_GID_INDEX" in r.fix
+    # serve (as upstream's launcher) gives each rank its own index: a warning, not a stop
+    assert r.status == "warn" and r.blocking and r.detail == "index 5 where the other nodes have 3"
+    assert r.fix is not None and "its own NCCL_IB_GID_INDEX (5)" in r.fix
     assert results[("RDMA.GID_SAME_INDEX", "node1")].detail == "index 3 on every node"
-    assert not_ok(results) == {**MEMLOCK_WARN, ("RDMA.GID_SAME_INDEX", "node2"): "fail"}
+    assert not_ok(results) == {**MEMLOCK_WARN, ("RDMA.GID_SAME_INDEX", "node2"): "warn"}
+    assert doctor.blocking_failures(good.plan, good.nodes(), LIMITS) == []
+
+
+def test_gid_at_another_index_where_the_plan_pins_one_index_blocks(good: DoctorCluster, tmp_path: Path) -> None:
+    host = good.hosts[1]
+    for hca in (HCA0, HCA1):
+        good.set_gid(host, hca, 3, ZERO_GID, "")
+        good.set_gid(host, hca, 5, doctor.mapped_gid(host.address), "RoCE v2")
+    text = good.profile.read_text()
+    for i in range(1, 5):  # one index pinned on every node
+        text = text.replace(f'name = "node{i}"', f'name = "node{i}"\ngid_index = 3', 1)
+    profile = tmp_path / "pinned.toml"
+    profile.write_text(text)
+    plan = build_plan(load_file(profile))
+    assert all(r.gid.pinned_by for r in plan.nodes)
+    results = run(good, plan=plan)
+    r = results[("RDMA.GID_SAME_INDEX", "node2")]
+    assert r.status == "fail" and r.blocking and r.detail == "cluster.workers[0].gid_index pins index 3, the GID is at 5"
+    assert [x.node for x in doctor.blocking_failures(plan, good.nodes(), LIMITS)] == ["node2"]
 
 
 def test_gid_only_roce_v1_fails(good: DoctorCluster) -> None:

@@ -70,7 +70,7 @@ CHECKS: tuple[CheckSpec, ...] = tuple(CheckSpec(*c) for c in (
     ("RDMA.MTU_SAME", "the same MTU on every node", True),
     ("RDMA.JUMBO_PING", "a don't-fragment ping filling the MTU reaches the next node", False),
     ("RDMA.GID", "a RoCE v2 IPv4-mapped GID of the port's address", True),
-    ("RDMA.GID_SAME_INDEX", "that GID at the same index on every node", True),
+    ("RDMA.GID_SAME_INDEX", "that GID at the same index on every node (a warning unless the plan pins every node's index)", True),
     ("RDMA.MEMLOCK", "memlock unlimited for the runtime", True),
     ("RDMA.COUNTERS", "RoCE error counters not rising", False),
     ("KERNEL.KNOWN_BAD", "the kernel is not a known-bad one", True),
@@ -914,9 +914,13 @@ def _line_checks(ctx: Context, up: list[RankPlan]) -> None:
             add("RDMA.GID_SAME_INDEX", r.name, "fail", f"{pinned} pins index {r.gid.value}, the GID is at {', '.join(map(str, sorted(s)))}",
                 f"remove {pinned} (serve looks the index up), or set it to {min(s)}")
         elif len(s) > 1 or s != {common_gid}:
-            add("RDMA.GID_SAME_INDEX", r.name, "fail", f"index {', '.join(map(str, sorted(s)))} where the other nodes have {common_gid}",
-                f"every rank must use the same NCCL_IB_GID_INDEX: readdress this node so its RoCE v2 GID is at {common_gid} "
-                "(remove extra addresses of the fabric netdev; an IPv6 address moves it), or re-apply its netplan")
+            # upstream's launcher resolves NCCL_IB_GID_INDEX per node (each rank its own), and so
+            # does serve for an unpinned node: a line with different indices starts. A plan that
+            # pins one index on every node fails above, on the node whose GID is elsewhere
+            add("RDMA.GID_SAME_INDEX", r.name, "warn", f"index {', '.join(map(str, sorted(s)))} where the other nodes have {common_gid}",
+                f"serve gives this rank its own NCCL_IB_GID_INDEX ({', '.join(map(str, sorted(s)))}), as upstream's "
+                "launcher does; to keep one index, readdress the node (extra addresses of the fabric netdev, an IPv6 "
+                "address, move the GID)")
         else:
             add("RDMA.GID_SAME_INDEX", r.name, "ok", f"index {common_gid} on every node")
     # image
