@@ -221,8 +221,8 @@ def test_flake_outputs(work, flake, manifest):
     text = (REPO / "pkgs" / "outputs.nix").read_text()
     assert '''writeShellScript "tp4-${name}" ''exec ${tp4} ${name} "$@"''''' in text
     names = evaluate(work, flake, "packages", "p: builtins.mapAttrs (s: builtins.attrNames) p")
-    assert set(names["aarch64-linux"]) == {"image", "tp4", "default", "sglang-tree", "b12x", "b12x-next",
-                                           "tp4-runtime", "wheels"}
+    assert set(names["aarch64-linux"]) == {"image", "image-canary", "image-local", "tp4", "default", "sglang-tree",
+                                           "b12x", "b12x-next", "tp4-runtime", "wheels"}
     assert "image" not in names["x86_64-linux"] and "tp4-runtime" not in names["x86_64-linux"]
     sources = evaluate(work, flake, "legacyPackages.aarch64-linux.sources", "builtins.attrNames")
     assert sorted(sources) == sorted(r.name for r in manifest.rows)

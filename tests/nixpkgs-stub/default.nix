@@ -77,6 +77,24 @@ let
   hash =
     s:
     builtins.replaceStrings [ "e" ] [ "z" ] (builtins.substring 0 32 (builtins.hashString "sha256" s));
+  # what a derivation's inputs are, as data: a dependency by its drvPath, a function by nothing
+  inputs =
+    v:
+    if builtins.isFunction v then
+      "<function>"
+    else if builtins.isList v then
+      map inputs v
+    else if builtins.isAttrs v then
+      (
+        if v ? drvPath then
+          v.drvPath
+        else if v ? outPath then
+          toString v.outPath
+        else
+          builtins.mapAttrs (_: inputs) v
+      )
+    else
+      v;
   fake =
     builder: name: args: extra:
     let
@@ -86,7 +104,9 @@ let
         # like a real derivation, its paths force every argument (a misspelt attribute deep in a
         # list fails when the derivation is instantiated, not only when that element is read)
         outPath = builtins.deepSeq args "/nix/store/${hash "${builder}|${name}|${builtins.toJSON (attrNames args)}"}-${name}";
-        drvPath = builtins.deepSeq args "/nix/store/${hash "drv|${builder}|${name}"}-${name}.drv";
+        # as a real .drv path, it changes with every input (a dependency by its own drvPath);
+        # passthru is not an input
+        drvPath = "/nix/store/${hash "drv|${builder}|${name}|${builtins.toJSON (inputs (removeAttrs args [ "passthru" ]))}"}-${name}.drv";
         outputs = [ "out" ];
         out = self;
         stub = { inherit builder args; };
