@@ -57,39 +57,79 @@ let
   # the fixed paths inside the container (python/tp4/data/container.toml, read by the renderer too)
   container = builtins.fromTOML (builtins.readFile ../python/tp4/data/container.toml);
   paths = container.image;
-  image = import ./image.nix {
-    inherit pkgs container;
-    inherit (src) oci;
-    base = sources.src.${line.base};
-    baseRow = sources.byName.${line.base};
-    labels = line.labels flakeRev;
-    created = self.lastModified or 1;
-    # bottom to top: least to most often changed
-    layers = [
-      {
-        path = paths.wheels;
-        tree = wheels;
-      }
-      # the tree holds python/ at its top, as upstream's /sgl-workspace/sglang does
-      {
-        path = paths.sglang;
-        tree = trees.sglang-tree;
-        subdir = "/python";
-      }
-      {
-        path = paths.b12x;
-        tree = trees.b12x;
-      }
-      {
-        path = paths.b12x_next;
-        tree = trees.b12x-next;
-      }
-      {
-        path = paths.runtime;
-        tree = tp4-runtime;
-      }
+  # the images the registry's `[images.<variant>]` names, each from the same trees: a tree two
+  # images hold at the same place in the same order above the same trees is one layer derivation
+  registry = builtins.fromTOML (builtins.readFile ../python/tp4/data/registry.toml);
+  layer = {
+    wheels = {
+      path = paths.wheels;
+      tree = wheels;
+    };
+    # the tree holds python/ at its top, as upstream's /sgl-workspace/sglang does
+    sglang-branch = {
+      path = paths.sglang;
+      tree = trees.sglang-branch-tree;
+      subdir = "/python";
+    };
+    sglang-line = {
+      path = paths.sglang;
+      tree = trees.sglang-tree;
+      subdir = "/python";
+    };
+    b12x = {
+      path = paths.b12x;
+      tree = trees.b12x;
+    };
+    b12x-next = {
+      path = paths.b12x_next;
+      tree = trees.b12x-next;
+    };
+    runtime = {
+      path = paths.runtime;
+      tree = tp4-runtime;
+    };
+  };
+  # bottom to top: least to most often changed (docs/build.md "Images for each preset")
+  layersOf = {
+    # upstream's Dockerfile: the stock image's SGLang and its adapters only
+    base = [ layer.runtime ];
+    # Dockerfile.canary: the dsv4.1 branch's python tree and the two wheels, without RoCEnante
+    canary = [
+      layer.wheels
+      layer.sglang-branch
+      layer.runtime
+    ];
+    # Dockerfile.canary-roce: the branch with RoCEnante, SG17 b12x and b12x_next
+    canary-roce = [
+      layer.wheels
+      layer.sglang-line
+      layer.b12x
+      layer.b12x-next
+      layer.runtime
     ];
   };
+  imageFor =
+    variant:
+    import ./image.nix {
+      inherit pkgs container variant;
+      inherit (src) oci;
+      lineRef = registry.images.${variant}.ref;
+      base = sources.src.${line.base};
+      baseRow = sources.byName.${line.base};
+      labels = line.labels flakeRev;
+      created = self.lastModified or 1;
+      layers =
+        layersOf.${variant}
+          or (throw "pkgs/default.nix: the registry's image variant '${variant}' has no layers here");
+    };
+  # flake attribute -> image
+  images = builtins.listToAttrs (
+    map (variant: {
+      name = registry.images.${variant}.attr;
+      value = imageFor variant;
+    }) registry.image_order
+  );
+  image = images.${registry.images.canary-roce.attr};
 in
 {
   inherit
@@ -97,8 +137,14 @@ in
     wheels
     tp4-runtime
     image
+    images
     line
     ;
-  inherit (trees) sglang-tree b12x b12x-next;
+  inherit (trees)
+    sglang-tree
+    sglang-branch-tree
+    b12x
+    b12x-next
+    ;
   sources = sources.src;
 }

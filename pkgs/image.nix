@@ -25,20 +25,36 @@
   registry ? ../python/tp4/data/registry.toml,
   # the fixed paths inside the container, shared with the renderer (python/tp4/container.py)
   container ? builtins.fromTOML (builtins.readFile ../python/tp4/data/container.toml),
-  name ? "dsv41-4x-spark",
-  # the line's reference is name:lineTag; the image itself is named name:<a tag derived from its
-  # config> and tagged for the line only after its checks pass
-  lineTag ? "canary-roce",
+  # the variant (the registry's image_order) this image is; it carries the checks for it
+  variant ? "canary-roce",
+  # the line's reference NAME:TAG (the registry's `[images.<variant>].ref`); the image itself is
+  # named NAME:<a tag derived from its config> and tagged for the line only after its checks pass
+  lineRef ? "dsv41-4x-spark:canary-roce",
 }:
 let
   seconds = s: s * 1000000000;
-  lineRef = "${name}:${lineTag}";
-  checks = (builtins.fromTOML (builtins.readFile registry)).image_check or [ ];
+  # every variant's image shares the layer derivations' names (so a layer they have in common is
+  # one derivation); only the image derivation itself is named after its variant
+  name = builtins.head (builtins.split ":" lineRef);
+  checks = builtins.filter (c: builtins.elem variant (c.images or [ variant ])) (
+    (builtins.fromTOML (builtins.readFile registry)).image_check or [ ]
+  );
   inherit (container) mounts;
   paths = container.image;
+  present = map (l: l.path) layers;
+  # upstream's PYTHONPATH, less the trees this image does not hold
+  pythonPath = [
+    paths.adapters
+  ]
+  ++ builtins.filter (p: builtins.elem p present) [
+    paths.b12x
+    paths.b12x_next
+    paths.wheels
+  ];
 in
 import ./oci.nix {
   inherit name layers base;
+  imageName = if variant == "canary-roce" then name else "${name}-${variant}";
   passthru = {
     inherit
       labels
@@ -46,6 +62,7 @@ import ./oci.nix {
       baseRow
       lineRef
       checks
+      variant
       ;
   };
   # each step in a plain runCommand with python3 (the standard library) and tp4.oci
@@ -70,7 +87,7 @@ import ./oci.nix {
       Cmd = [ "run" ];
       WorkingDir = paths.runtime;
       Env = [
-        "PYTHONPATH=${paths.adapters}:${paths.b12x}:${paths.b12x_next}:${paths.wheels}"
+        "PYTHONPATH=${builtins.concatStringsSep ":" pythonPath}"
         "MODEL_PATH=${mounts.model}"
         "STATE_PATH=${mounts.state}"
         "OFFLOAD_MODE=nvme"

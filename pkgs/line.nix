@@ -30,6 +30,8 @@ in
   # package name -> the `tree NAME` of sources.manifest it is built from
   trees = {
     sglang-tree = "sglang-line";
+    # the dsv4.1 branch without RoCEnante (the canary image)
+    sglang-branch-tree = "sglang-python";
     b12x = "b12x";
     b12x-next = "b12x-next";
     runtime-tree = "dsv41-runtime";

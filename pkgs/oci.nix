@@ -8,7 +8,11 @@
   # name: attrs: script: derivation; a build with python3 and tp4.oci on its PYTHONPATH
   # (pkgs.runCommand in the flake, a busybox derivation in the tests)
   mk,
+  # the prefix of every step's name (layers of images with the same name and trees below are the
+  # same derivations)
   name,
+  # the name of the image derivation itself
+  imageName ? name,
   # a docker-archive (dockerTools.pullImage), or null for an image without a base
   base ? null,
   # bottom to top: [ { path = "/opt/b12x"; tree = <drv>; subdir = "/x" (optional); } ... ]:
@@ -89,7 +93,7 @@ let
   );
 
   image =
-    mk name
+    mk imageName
       {
         TP4_OCI_CONFIG = builtins.toJSON spec;
         passthru = passthru // {

@@ -40,7 +40,8 @@ let
         ;
       default = l.tp4;
     }
-    // sparkOnly system { inherit (l) image tp4-runtime; }
+    # the images of the registry's `[images.<variant>]` (image, image-canary, image-local)
+    // sparkOnly system (l.images // { inherit (l) tp4-runtime; })
   );
 
   # Which rows of sources.manifest each output needs (builtins only, nothing fetched). A row whose

@@ -471,6 +471,24 @@ def test_loaded_ref_from_podman_and_docker_output():
         containers.loaded_ref("nothing")
 
 
+def test_build_image_option_builds_that_variants_attribute(env, tp4_cli):
+    from nix_env import SYSTEM
+    flake = image_flake(env / "flake", label=f"variant-{os.urandom(4).hex()}")
+    code, stdout, stderr = tp4_cli("build", "--dry-run", "--flake", flake, "--runtime", "podman", "--system", SYSTEM,
+                                   "--image", "canary")
+    # the test flake has no image-canary: nix is asked for exactly that attribute
+    assert code == 1 and f"packages.{SYSTEM}.image-canary" in stderr, stderr
+    code, _, stderr = tp4_cli("build", "--dry-run", "--flake", flake, "--runtime", "podman", "--image", "nope")
+    assert code == 2 and "--image: 'nope' is not an image variant" in stderr and "base, canary, canary-roce" in stderr
+    code, _, stderr = tp4_cli("build", "--dry-run", "--flake", flake, "--runtime", "podman", "--image", "base",
+                              "--attr", "other")
+    assert code == 2 and "--image and --attr" in stderr
+    code, stdout, stderr = tp4_cli("build", "--dry-run", "--flake", flake, "--runtime", "podman", "--system", SYSTEM,
+                                   "--image", "canary-roce")
+    assert code == 0, stderr
+    assert f"build {shlex.quote(f'{flake}#packages.{SYSTEM}.image')} --json" in stdout
+
+
 def test_pin_summary_lists_flake_first_then_components():
     lines = build_mod.pin_summary({"tp4.pin.b12x-main": "a7d7", "tp4.flake.rev": "abc", "tp4.pin.x": "1", "other": "y"})
     assert lines == ["flake      abc", "b12x-main  a7d7", "x          1"]

@@ -206,7 +206,7 @@ def test_cli_package_from_the_poetry_pyproject(work, flake):
     pyproject = tomllib.loads((REPO / "python" / "pyproject.toml").read_text())
     cli = evaluate(work, flake, "packages.x86_64-linux.tp4", """p: {
       inherit (p.stub) builder; args = builtins.removeAttrs p.stub.args [ "src" ];
-      deps = map (d: d.name) p.stub.args.dependencies; build = map (d: d.name) p.stub.args.build-system; }""")
+      deps = map (d: d.pname) p.stub.args.dependencies; build = map (d: d.pname) p.stub.args.build-system; }""")
     assert cli["builder"] == "python3Packages.buildPythonApplication"
     assert cli["args"]["pyproject"] is True
     assert cli["args"]["version"] == pyproject["tool"]["poetry"]["version"]
@@ -227,8 +227,8 @@ def test_flake_outputs(work, flake, manifest):
     text = (REPO / "pkgs" / "outputs.nix").read_text()
     assert '''writeShellScript "tp4-${name}" ''exec ${tp4} ${name} "$@"''''' in text
     names = evaluate(work, flake, "packages", "p: builtins.mapAttrs (s: builtins.attrNames) p")
-    assert set(names["aarch64-linux"]) == {"image", "tp4", "default", "sglang-tree", "b12x", "b12x-next",
-                                           "tp4-runtime", "wheels"}
+    assert set(names["aarch64-linux"]) == {"image", "image-canary", "image-local", "tp4", "default", "sglang-tree",
+                                           "b12x", "b12x-next", "tp4-runtime", "wheels"}
     assert "image" not in names["x86_64-linux"] and "tp4-runtime" not in names["x86_64-linux"]
     sources = evaluate(work, flake, "legacyPackages.aarch64-linux.sources", "builtins.attrNames")
     assert sorted(sources) == sorted(r.name for r in manifest.rows)
@@ -273,10 +273,10 @@ def test_unit_check_runs_the_unit_modules_with_the_test_python(work, flake):
     unit = evaluate(work, flake, "checks.x86_64-linux.unit", """u: {
       script = u.stub.args.buildCommand;
       inputs = map (p: p.name) u.stub.args.nativeBuildInputs;
-      python = map (p: p.name) (builtins.head u.stub.args.nativeBuildInputs).stub.args.packages; }""")
+      python = map (p: p.pname or p.name) (builtins.head u.stub.args.nativeBuildInputs).stub.args.packages; }""")
     assert "grep -l '^pytestmark = pytest.mark.unit$' tests/test_*.py" in unit["script"]
     assert "python3 -m pytest -q -p no:cacheprovider --hypothesis-seed=0 -m unit $modules" in unit["script"]
-    assert unit["inputs"] == ["python3-3.13-env", "git"]
+    assert unit["inputs"] == ["python3-3.13.14-env", "git"]
     pyproject = tomllib.loads((REPO / "python" / "pyproject.toml").read_text())["tool"]["poetry"]
     wanted = {d for d in pyproject["dependencies"] if d != "python"} | set(pyproject["group"]["dev"]["dependencies"])
     assert set(unit["python"]) == wanted and "installer" in wanted and "ruff" in wanted
@@ -289,7 +289,7 @@ def test_dev_shell_builds_from_the_package_and_keeps_busybox_off_path(work, flak
       busybox = s.stub.args.env.TP4_TEST_BUSYBOX; }""")
     assert shell["inputsFrom"] == ["tp4-0.1.0"]
     assert not any("busybox" in p for p in shell["packages"])
-    assert {"python3-3.13-env", "iproute2", "gnupatch", "nix", "git"} <= set(shell["packages"])
+    assert {"python3-3.13.14-env", "iproute2", "gnupatch", "nix", "git"} <= set(shell["packages"])
     assert shell["busybox"].startswith("/nix/store/") and shell["busybox"].endswith("-busybox-static-x86_64-unknown-linux-musl-1.37.0/bin/busybox")
 
 

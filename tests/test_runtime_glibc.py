@@ -89,7 +89,7 @@ def test_the_build_checks_the_library_against_the_manifests_glibc(tmp_path):
     assert m, rt["buildPhase"]
     pick, python, glibc = m.groups()
     assert glibc == mf.load(REPO / "sources.manifest").by_name["base-image"].attrs["glibc"]
-    assert python.endswith("-python3-3.13/bin/python3")
+    assert python.endswith("-python3-3.14.6/bin/python3")
     # after the compile and patchelf, so it checks the file that goes into the image
     assert rt["buildPhase"].index("patchelf --remove-rpath") < m.start()
     files = sorted(str(p.relative_to(pick)) for p in Path(pick).rglob("*") if p.is_file())

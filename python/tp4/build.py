@@ -112,6 +112,17 @@ def pin_summary(labels: dict[str, str]) -> list[str]:
     return [f"{name:<{width}}  {value}" for name, value in pins]
 
 
+def image_attr(variant: str) -> str:
+    """The flake attribute of a variant's image: the registry's `[images.<variant>].attr`, the
+    table pkgs/default.nix builds the images from."""
+    from tp4.registry import load_registry
+
+    images = load_registry().images
+    if variant not in images:
+        raise InvalidInput(f"--image: {variant!r} is not an image variant; fix: use one of {', '.join(images)}")
+    return images[variant].attr
+
+
 def out_link(flake: Path, attr: str) -> Path:
     return flake / f"result-{attr.replace('.', '-')}"
 

@@ -237,7 +237,7 @@ class Moe(BaseModel):
 
 # The runtime tree (adapters, boot.py, tests) in the image; an image check's `file` is relative to it.
 RUNTIME_DIR = IMAGE.runtime  # tp4/data/container.toml
-CHECK_KEYS = ("name", "summary", "file", "args", "argv", "env", "workdir", "gpu", "timeout")
+CHECK_KEYS = ("name", "summary", "file", "args", "argv", "env", "workdir", "gpu", "timeout", "images")
 _CHECK_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
@@ -255,6 +255,8 @@ class ImageCheck(BaseModel):
     gpu: bool = False
     timeout: int = 1800
     summary: str = ""
+    # the variants whose image carries the check (pkgs/image.nix); None: every image
+    images: tuple[str, ...] | None = None
 
 
 def _strings(value: object) -> bool:
@@ -302,12 +304,16 @@ def _image_check(raw: object, where: str, problems: list[str]) -> ImageCheck | N
     summary = raw.get("summary", "")
     if not isinstance(summary, str):
         problems.append(f"{where}: summary must be a string")
+    images = raw.get("images")
+    if images is not None and (not _strings(images) or not images):
+        problems.append(f"{where}: images must be a non-empty list of image variants (got {images!r})")
     if len(problems) > before:
         return None
     command = ["python3", f"{RUNTIME_DIR}/{file}", *(args or [])] if file is not None else list(argv or ())
     # checked above, field by field: built without validating again
     return ImageCheck.model_construct(name=name, argv=tuple(command), env=tuple(sorted(env.items())), workdir=workdir,
-                                      gpu=gpu, timeout=timeout, summary=summary)
+                                      gpu=gpu, timeout=timeout, summary=summary,
+                                      images=None if images is None else tuple(images))
 
 
 def parse_image_checks(raw: object, source: str) -> tuple[ImageCheck, ...]:
@@ -324,11 +330,22 @@ def parse_image_checks(raw: object, source: str) -> tuple[ImageCheck, ...]:
     return tuple(c for c in checks if c is not None)
 
 
+class ImageBuild(BaseModel):
+    """The image the flake builds for one variant (`[images.<variant>]`): pkgs/default.nix builds
+    it as packages.<system>.<attr> and tags it `ref` for the line; a preset's plan names `ref`."""
+
+    model_config = _MODEL
+    attr: Annotated[str, Field(pattern=r"^[a-z][a-z0-9-]*$")]
+    ref: Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9._/-]*:[A-Za-z0-9._-]+$")]
+
+
 class Registry(BaseModel):
     model_config = _MODEL
     schema_version: Literal[2] = Field(alias="schema")
     off_values: Seq[str] = ("", "0", "off", "false")
     image_order: Seq[str] = ("base", "canary", "canary-roce")
+    # one image the flake builds per variant of image_order
+    images: dict[str, ImageBuild] = Field(default_factory=dict)
     forbidden_lines: Seq[str] = ()
     # The variables besides gates that conditions and `{VAR}` may name: env keys tp4 renders from
     # typed profile fields, and line facts the validator adds (RING_ROCE_CAP).
@@ -563,6 +580,16 @@ def _cross_check(reg: "Registry", data: Mapping[str, Any]) -> list[str]:
     """What the models alone cannot see: duplicates, and every condition and `{VAR}` against the
     gates and facts."""
     problems: list[str] = []
+    if set(reg.images) != set(reg.image_order):
+        problems.append(f"images: has {', '.join(sorted(reg.images)) or 'none'}; fix: give one [images.<variant>] for each of "
+                        f"image_order ({', '.join(reg.image_order)})")
+    for check in reg.image_checks:
+        for variant in check.images or ():
+            if variant not in reg.image_order:
+                problems.append(f"image_check {check.name}: images names {variant!r}; fix: use one of {', '.join(reg.image_order)}")
+    for key in ("attr", "ref"):
+        values = [getattr(i, key) for i in reg.images.values()]
+        problems += [f"images: {key} {v!r} is given twice; fix: give every variant its own {key}" for v in sorted({v for v in values if values.count(v) > 1})]
     owner: dict[str, str] = {}
     seen_adapters: set[str] = set()
     for adapter in reg.adapters:
@@ -692,7 +719,8 @@ def _construct(data: Mapping[str, Any]) -> Registry:
         boot=tuple(boot(b) for b in a.get("boot", ()))) for a in raw["adapter"])
     return Registry.model_construct(
         schema_version=raw["schema"], off_values=tuple(raw.get("off_values", ("", "0", "off", "false"))),
-        image_order=tuple(raw.get("image_order", ("base", "canary", "canary-roce"))), forbidden_lines=tuple(raw.get("forbidden_lines", ())),
+        image_order=tuple(raw.get("image_order", ("base", "canary", "canary-roce"))),
+        images={k: ImageBuild.model_construct(**v) for k, v in raw.get("images", {}).items()}, forbidden_lines=tuple(raw.get("forbidden_lines", ())),
         facts=tuple(raw.get("facts", ())), moe=Moe.model_construct(**raw["moe"]), adapters=adapters,
         image_checks=parse_image_checks(data.get("image_check", []), "adapter registry"))
 

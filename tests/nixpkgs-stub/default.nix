@@ -77,6 +77,24 @@ let
   hash =
     s:
     builtins.replaceStrings [ "e" ] [ "z" ] (builtins.substring 0 32 (builtins.hashString "sha256" s));
+  # what a derivation's inputs are, as data: a dependency by its drvPath, a function by nothing
+  inputs =
+    v:
+    if builtins.isFunction v then
+      "<function>"
+    else if builtins.isList v then
+      map inputs v
+    else if builtins.isAttrs v then
+      (
+        if v ? drvPath then
+          v.drvPath
+        else if v ? outPath then
+          toString v.outPath
+        else
+          builtins.mapAttrs (_: inputs) v
+      )
+    else
+      v;
   fake =
     builder: name: args: extra:
     let
@@ -86,7 +104,9 @@ let
         # like a real derivation, its paths force every argument (a misspelt attribute deep in a
         # list fails when the derivation is instantiated, not only when that element is read)
         outPath = builtins.deepSeq args "/nix/store/${hash "${builder}|${name}|${builtins.toJSON (attrNames args)}"}-${name}";
-        drvPath = builtins.deepSeq args "/nix/store/${hash "drv|${builder}|${name}"}-${name}.drv";
+        # as a real .drv path, it changes with every input (a dependency by its own drvPath);
+        # passthru is not an input
+        drvPath = "/nix/store/${hash "drv|${builder}|${name}|${builtins.toJSON (inputs (removeAttrs args [ "passthru" ]))}"}-${name}.drv";
         outputs = [ "out" ];
         out = self;
         stub = { inherit builder args; };
@@ -158,21 +178,33 @@ let
     else
       call "python3Packages.fetchPypi" (pypiFile.${format} urlArgs) args { };
 
+  # a Python package of nixpkgs at the pin, with the version its file has
+  pyPkg =
+    pname: version:
+    fake "package" "python3.13-${pname}-${version}" { } {
+      inherit pname version;
+    };
   python3Packages = {
     inherit fetchPypi;
     buildPythonApplication =
       args: call "python3Packages.buildPythonApplication" "${args.pname}-${args.version}" args { };
   }
+  # the versions of tp4's dependencies at the pin: the `version` line of
+  # pkgs/development/python-modules/<name>/default.nix in Swarsel/nixpkgs@4aa6836a (a copy of the
+  # 26.05 cycle; efa48718 itself is not stored), docs/build.md "Python at the pin"
+  // builtins.mapAttrs pyPkg {
+    poetry-core = "2.4.0"; # poetry-core/default.nix
+    pydantic = "2.13.4"; # pydantic/default.nix
+    click = "8.3.3"; # click/default.nix
+    requests = "2.34.2"; # requests/default.nix
+    gitpython = "3.1.50"; # gitpython/default.nix
+    huggingface-hub = "1.10.2"; # huggingface-hub/default.nix
+    httpx = "0.28.1"; # httpx/default.nix
+    matplotlib = "3.11.0"; # matplotlib/default.nix
+    jsonschema = "4.26.0"; # jsonschema/default.nix
+  }
+  # the dev group (the test Python only; their versions are not checked)
   // lib.genAttrs [
-    "poetry-core"
-    "pydantic"
-    "click"
-    "requests"
-    "gitpython"
-    "huggingface-hub"
-    "httpx"
-    "matplotlib"
-    "jsonschema"
     "installer"
     "pytest"
     "hypothesis"
@@ -181,13 +213,24 @@ let
     "types-requests"
   ] pkg;
 
-  python3 = pkg "python3-3.13" // {
-    pkgs = python3Packages;
-    pythonVersion = "3.13";
-    interpreter = "/nix/store/${hash "python3"}-python3-3.13/bin/python3";
-    withPackages =
-      f: fake "python3.withPackages" "python3-3.13-env" { packages = f python3Packages; } { };
-  };
+  # CPython as pkgs/development/interpreters/python/default.nix (Swarsel/nixpkgs@4aa6836a) builds
+  # it: python313 is 3.13.14 (its sourceVersion); python3 is 3.14.6, the version of
+  # `sources.python314` that python3Minimal, the minimal python3, is built from
+  cpython =
+    version: short:
+    let
+      name = "python3-${version}";
+    in
+    pkg name
+    // {
+      inherit version;
+      pkgs = python3Packages;
+      pythonVersion = short;
+      interpreter = "/nix/store/${hash name}-${name}/bin/python3";
+      withPackages = f: fake "python3.withPackages" "${name}-env" { packages = f python3Packages; } { };
+    };
+  python3 = cpython "3.14.6" "3.14";
+  python313 = cpython "3.13.14" "3.13";
 
   mkDerivation =
     builder: args:
@@ -234,6 +277,7 @@ lib.genAttrs [
     stdenv
     fetchurl
     python3
+    python313
     python3Packages
     busybox
     nixfmt-tree

@@ -42,8 +42,11 @@ def _progress(line: str) -> None:
 @click.option("--skip-checks", is_flag=True,
               help="Tag the image for the line without running its in-image checks (says so on stderr).")
 @click.option("--dry-run", is_flag=True, help="Print the commands and store paths; build nothing.")
+@click.option("--image", "variant", default=None, metavar="VARIANT",
+              help="Build the image of this variant (base, canary, canary-roce: the registry's [images.<variant>], "
+                   "the image a preset's plan runs) instead of --attr.")
 def build(flake_dir: Path | None, attr: str, runtime: str | None, system: str | None, gpu_tests: bool,
-          skip_checks: bool, dry_run: bool) -> None:
+          skip_checks: bool, dry_run: bool, variant: str | None) -> None:
     """Build the image with nix (pinned inputs only), check it, and tag it for the line on the head.
 
     The image is loaded under its own tag and each of its in-image checks (import checks and
@@ -53,6 +56,10 @@ def build(flake_dir: Path | None, attr: str, runtime: str | None, system: str | 
     """
     if gpu_tests and skip_checks:
         raise InvalidInput("--gpu-tests and --skip-checks contradict each other: pass one")
+    if variant is not None:
+        if click.get_current_context().get_parameter_source("attr") is not click.core.ParameterSource.DEFAULT:
+            raise InvalidInput("--image and --attr both name what to build: pass one")
+        attr = build_mod.image_attr(variant)
     flake = nix.find_flake(flake_dir)
     runtime = containers.detect(runtime, required=not dry_run)
     if dry_run:

@@ -93,7 +93,20 @@ def merged_document(doc: Doc) -> Doc:
         result = merge(result, layer)
     result = merge(result, doc)
     result["preset"] = preset
-    return result
+    return _image_tag(result)
+
+
+def _image_tag(doc: Doc) -> Doc:
+    """The reference of the image the flake builds for the document's variant (the registry's
+    `[images.<variant>]`, which pkgs/default.nix builds), unless the profile names a tag itself."""
+    image = doc.get("image")
+    if isinstance(image, dict) and "tag" not in image and isinstance(image.get("variant"), str):
+        from tp4.registry import load_registry
+
+        built = load_registry().images.get(image["variant"])
+        if built is not None:
+            doc["image"] = {**image, "tag": built.ref}
+    return doc
 
 
 def _clean_loc(loc: Loc) -> Loc:
