@@ -369,7 +369,8 @@ in
           wheels
           ;
       }
-      // sparkOnly system { inherit (l) image tp4-runtime; }
+      # every image of the registry (image, image-canary, image-local): the rollback presets' too
+      // sparkOnly system (l.images // { inherit (l) tp4-runtime; })
     )
     // sparkOnly system (nixosChecks pkgs)
   );

@@ -236,7 +236,7 @@ def test_flake_outputs(work, flake, manifest):
     assert {"eval", "formatting", "unit", "tp4", "wheels"} <= set(checks["x86_64-linux"])
     assert "sources-unlocked" not in checks["x86_64-linux"]
     # the Sparks' own: the image, its runtime tree and the NixOS checks (tests/test_nixos_vm.py)
-    assert set(checks["aarch64-linux"]) == set(checks["x86_64-linux"]) | {"image", "tp4-runtime", "spark-host-vm"} | {
+    assert set(checks["aarch64-linux"]) == set(checks["x86_64-linux"]) | {"image", "image-canary", "image-local", "tp4-runtime", "spark-host-vm"} | {
         f"nixos-spark{i}" for i in range(1, 5)}
     assert evaluate(work, flake, "devShells.x86_64-linux.default.stub.builder") == "mkShell"
     assert evaluate(work, flake, "formatter.aarch64-linux.name") == "nixfmt-tree"
@@ -311,10 +311,10 @@ def test_a_fresh_clone_passes_flake_check_without_the_outputs_of_unlocked_rows(w
     names = evaluate(work, real, "packages", "p: builtins.mapAttrs (s: builtins.attrNames) p")
     assert set(names["aarch64-linux"]) == set(names["x86_64-linux"]) == {"tp4", "default", "b12x", "b12x-next", "wheels"}
     legacy = evaluate(work, real, "legacyPackages", "p: builtins.mapAttrs (s: builtins.attrNames) p")
-    assert set(legacy["aarch64-linux"]) == {"sources", "image", "sglang-tree", "tp4-runtime"}
+    assert set(legacy["aarch64-linux"]) == {"sources", "image", "image-canary", "image-local", "sglang-tree", "tp4-runtime"}
     checks = evaluate(work, real, "checks", "c: builtins.mapAttrs (s: builtins.attrNames) c")
     assert {"eval", "formatting", "unit", "tp4", "b12x", "b12x-next", "wheels", "sources-unlocked"} <= set(checks["x86_64-linux"])
-    assert not {"image", "tp4-runtime", "sglang-tree"} & set(checks["aarch64-linux"])
+    assert not {"image", "image-canary", "image-local", "tp4-runtime", "sglang-tree"} & set(checks["aarch64-linux"])
     unlocked = evaluate(work, real, "checks.aarch64-linux.sources-unlocked", """c: {
       inherit (c) unlocked leftOut lockCommand; script = c.stub.args.buildCommand; }""")
     assert unlocked["unlocked"] == ["dsv41", "dsv41/runtime/roce_tp4_adapt.py", "base-image"]
@@ -352,3 +352,12 @@ def test_runtime_library_is_compiled_as_upstream_and_self_contained(work, flake)
     assert "adapter/row_store.cpp -o adapter/librow_store.so" in rt["buildPhase"]
     assert rt["allowedReferences"] == [] and rt["dontPatchShebangs"] is True
     assert rt["src"] == "runtime-tree"
+
+
+def test_every_image_of_the_registry_is_a_check_on_a_locked_clone(work, flake):
+    """The rollback presets' images (image-canary, image-local) are built by `nix flake check`
+    like the line's own, once every row is locked; none is a check of x86_64."""
+    got = evaluate(work, flake, "checks.aarch64-linux", "c: builtins.filter (n: builtins.substring 0 5 n == \"image\") (builtins.attrNames c)")
+    assert got == ["image", "image-canary", "image-local"]
+    got = evaluate(work, flake, "checks.x86_64-linux", "c: builtins.filter (n: builtins.substring 0 5 n == \"image\") (builtins.attrNames c)")
+    assert got == []

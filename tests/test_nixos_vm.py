@@ -171,7 +171,7 @@ def test_the_flake_checks(tmp_path):
     # nixos-<node>: the .drv path of the node's toplevel, as text without its context
     got = evaluate("checks.aarch64-linux", """c: builtins.mapAttrs (n: d: { inherit (d) name; inherit (d.stub) builder;
       text = d.stub.args.text; context = builtins.hasContext d.stub.args.text; })
-      (builtins.removeAttrs c [ "b12x" "b12x-next" "eval" "formatting" "image" "sglang-tree" "spark-host-vm" "tp4" "tp4-runtime" "unit" "wheels" ])""")
+      (builtins.removeAttrs c [ "b12x" "b12x-next" "eval" "formatting" "image" "image-canary" "image-local" "sglang-tree" "spark-host-vm" "tp4" "tp4-runtime" "unit" "wheels" ])""")
     # they evaluate on a fresh clone (no hardware/<host>/hardware-configuration.nix, no
     # authorized_keys): the hosts on the checks' explicit test hardware and test key
     assert not (copy / "examples" / "spark-line" / "hardware").exists()
