@@ -718,3 +718,14 @@ def test_the_display_reservation_holds_on_the_command_line_a_spark_host_gets(wal
     failing = [a["message"] for a in _assertions(theirs) if not a["assertion"]]
     assert failing == ["tp4.host.displayReservation: nvidia-drm.fbdev is 1, not 0 (the nvidia module appends nvidia-drm.fbdev=1 for drivers >= 545) "
                        "on the kernel command line; fix: remove the nvidia-drm parameters you add to boot.kernelParams (tp4 appends modeset=1 fbdev=0 last)"]
+
+
+@pytest.mark.parametrize("stand_in", ["nixos-modules/lib.nix", "nixpkgs-stub/lib.nix"])
+def test_the_stand_ins_escape_shell_args_as_nixpkgs_does(work, stand_in):
+    """nixpkgs' escapeShellArg (lib/strings.nix lines 1200-1208, nixpkgs.lib @ de42d442) leaves a
+    string of safe characters ([[:alnum:],._+:@%/-]) as it is and single-quotes any other."""
+    lib = REPO / "tests" / stand_in
+    expr = f"(import {nix_path(lib)}).escapeShellArg"
+    got, err = nix_eval(f"map ({expr}) [ \"a/b:c\" \"50%\" \"it's\" \"two words\" \"x=1\" \"\" 3 ]", work / "nix")
+    assert err == "", err
+    assert got == ["a/b:c", "50%", "'it'\\''s'", "'two words'", "'x=1'", "''", "3"]

@@ -36,7 +36,14 @@ rec {
     enum = vs: "enum";
   };
   inherit concatStringsSep;
-  escapeShellArg = a: "'${replaceStrings [ "'" ] [ "'\\''" ] (toString a)}'";
+  # nixpkgs lib/strings.nix lines 1200-1208 (nixpkgs.lib @ de42d442): a string of only safe
+  # characters stays as it is, any other is single-quoted
+  escapeShellArg =
+    a:
+    let
+      s = toString a;
+    in
+    if builtins.match "[[:alnum:],._+:@%/-]+" s == null then "'${replaceStrings [ "'" ] [ "'\\''" ] s}'" else s;
   escapeShellArgs = args: concatStringsSep " " (map escapeShellArg args);
   removeSuffix = suffix: s:
     let

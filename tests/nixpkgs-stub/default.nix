@@ -337,7 +337,13 @@ lib.genAttrs [
       args:
       call "dockerTools.streamLayeredImage" "stream-${baseNameOf args.name}" args {
         imageName = args.name;
-        imageTag = if args.tag or null == null then "stub-tag" else args.tag;
+        # nixpkgs derives the tag of `tag = null` from the output hash of the image's config
+        # (pkgs/build-support/docker/default.nix), which a stand-in cannot compute: refused
+        imageTag =
+          if args.tag or null == null then
+            throw "stand-in: streamLayeredImage with tag = null derives its tag from a hash the stand-in cannot compute; pass a tag"
+          else
+            args.tag;
         isExe = true;
       };
   };

@@ -8,6 +8,8 @@
       nixosSystem =
         args:
         let
+          # nixos/lib/eval-config.nix lines 11-75 (read at NixOS/nixpkgs 02aa3c00); extraArgs, which
+          # it still takes with a deprecation warning, is refused here on purpose: tp4 must not use it
           known = [
             "baseModules"
             "check"
@@ -34,6 +36,7 @@
               builder = "nixosSystem";
               inherit args;
             };
+            # a marker, not a real store path: the all-zero hash says no system was built
             config.system.build.toplevel = {
               type = "derivation";
               inherit name;

@@ -20,7 +20,17 @@ rec {
       }) names
     );
   makeBinPath = ps: concatStringsSep ":" (map (p: "${p}/bin") ps);
-  escapeShellArg = s: "'" + builtins.replaceStrings [ "'" ] [ "'\\''" ] (toString s) + "'";
+  # nixpkgs lib/strings.nix lines 1200-1208 (nixpkgs.lib @ de42d442): a string of only safe
+  # characters stays as it is, any other is single-quoted
+  escapeShellArg =
+    arg:
+    let
+      s = toString arg;
+    in
+    if builtins.match "[[:alnum:],._+:@%/-]+" s == null then
+      "'" + builtins.replaceStrings [ "'" ] [ "'\\''" ] s + "'"
+    else
+      s;
   licenses.asl20 = {
     spdxId = "Apache-2.0";
   };
