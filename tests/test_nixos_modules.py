@@ -729,3 +729,37 @@ def test_the_stand_ins_escape_shell_args_as_nixpkgs_does(work, stand_in):
     got, err = nix_eval(f"map ({expr}) [ \"a/b:c\" \"50%\" \"it's\" \"two words\" \"x=1\" \"\" 3 ]", work / "nix")
     assert err == "", err
     assert got == ["a/b:c", "50%", "'it'\\''s'", "'two words'", "'x=1'", "''", "3"]
+
+
+# The types nixpkgs declares for the container options the modules set (nixos/modules/
+# virtualisation/oci-containers.nix, containerOptions, read at NixOS/nixpkgs 035a24e7): a value of
+# another type fails `nixos-rebuild` at evaluation, so the walk is held to them here.
+def _str_list(v: object) -> bool:
+    return isinstance(v, list) and all(isinstance(x, str) for x in v)
+
+
+OCI_CONTAINER_TYPES = {
+    "image": lambda v: isinstance(v, str),  # str
+    "imageFile": lambda v: v is None or isinstance(v, str),  # nullOr package (a store path here)
+    "imageStream": lambda v: v is None or isinstance(v, str),  # nullOr package
+    "cmd": _str_list,  # listOf str
+    "labels": lambda v: isinstance(v, dict) and all(isinstance(x, str) for x in v.values()),  # attrsOf str
+    "environmentFiles": lambda v: _str_list(v) and all(x.startswith("/") for x in v),  # listOf path
+    "volumes": _str_list, "devices": _str_list, "networks": _str_list, "extraOptions": _str_list,  # listOf str
+    "autoStart": lambda v: isinstance(v, bool), "privileged": lambda v: isinstance(v, bool),  # bool
+    "pull": lambda v: v in ("always", "missing", "never", "newer"),  # enum
+    "capabilities": lambda v: isinstance(v, dict) and all(x is None or isinstance(x, bool) for x in v.values()),
+}
+
+
+def test_the_rank_container_has_the_types_oci_containers_declares(walks):
+    for host, unit in RANK_UNITS.items():
+        w = walks[("tp4-line.nix", host)]
+        prefix = f"virtualisation.oci-containers.containers.{unit.removeprefix('podman-')}."
+        set_here = {s["path"].removeprefix(prefix): s["value"] for s in w["set"] if s["path"].startswith(prefix)}
+        assert set_here, [s["path"] for s in w["set"]]
+        assert set(set_here) <= set(OCI_CONTAINER_TYPES), set(set_here) - set(OCI_CONTAINER_TYPES)
+        bad = {k: v for k, v in set_here.items() if not OCI_CONTAINER_TYPES[k](v)}
+        assert bad == {}
+        # "You can only define one of imageFile and imageStream" (the module's assertion)
+        assert set_here.get("imageFile") is None or set_here.get("imageStream") is None
