@@ -76,7 +76,8 @@ in
   config.tp4.settings = tp4lib.host {
     profile = builtins.fromTOML (builtins.readFile cfg.profile);
     plan = builtins.fromJSON (builtins.readFile cfg.planFile);
-    hostsFile = if cfg.hostsFile == null then { } else builtins.fromTOML (builtins.readFile cfg.hostsFile);
+    hostsFile =
+      if cfg.hostsFile == null then { } else builtins.fromTOML (builtins.readFile cfg.hostsFile);
     name = cfg.node;
     displayReservation = config.tp4.host.displayReservation.enable or true;
     weightsMountPoint = config.tp4.host.weights.mountPoint or "/var/lib/tp4/weights";

@@ -30,12 +30,15 @@ let
   tp4lib = import ./lib;
   ring = s.fabric == "ring";
   runtime = s.rankUnit.backend;
-  rdmaArgs =
-    [
-      s.rdmaCheck.gidFile
-      (if s.rdmaCheck.gidIndex == null then "-" else toString s.rdmaCheck.gidIndex)
-    ]
-    ++ builtins.concatMap (p: [ p.hca p.netdev p.address ]) s.rdmaCheck.ports;
+  rdmaArgs = [
+    s.rdmaCheck.gidFile
+    (if s.rdmaCheck.gidIndex == null then "-" else toString s.rdmaCheck.gidIndex)
+  ]
+  ++ builtins.concatMap (p: [
+    p.hca
+    p.netdev
+    p.address
+  ]) s.rdmaCheck.ports;
   volume = s.weightsVolume;
 in
 {
@@ -158,7 +161,8 @@ in
 
       assertions = [
         {
-          assertion = cfg.kernel.allowOther || config.boot.kernelPackages.kernel.version == cfg.kernel.version;
+          assertion =
+            cfg.kernel.allowOther || config.boot.kernelPackages.kernel.version == cfg.kernel.version;
           message = "tp4.host: the kernel is ${config.boot.kernelPackages.kernel.version} (modDirVersion ${config.boot.kernelPackages.kernel.modDirVersion}), the line is validated on ${cfg.kernel.version} (nixos-dgx-spark's NVIDIA kernel); fix: keep hardware.dgx-spark.useNvidiaKernel = true and boot.kernelPackages unset, or set tp4.host.kernel.allowOther = true after checking RDMA on it";
         }
       ];
@@ -183,16 +187,21 @@ in
         description = "tp4: the RDMA ports of the line are ACTIVE with their RoCE v2 GIDs";
         wantedBy = [ "multi-user.target" ];
         wants = [ "network-online.target" ];
-        after = [ "network-online.target" ] ++ map (n: "network-addresses-${n}.service") (builtins.attrNames s.interfaces);
+        after = [
+          "network-online.target"
+        ]
+        ++ map (n: "network-addresses-${n}.service") (builtins.attrNames s.interfaces);
         path = [ pkgs.coreutils ];
         serviceConfig = {
           Type = "oneshot";
           RemainAfterExit = true;
-          ExecStart = escapeSystemdExecArgs ([
-            pkgs.runtimeShell
-            ./rdma-check.sh
-          ]
-          ++ rdmaArgs);
+          ExecStart = escapeSystemdExecArgs (
+            [
+              pkgs.runtimeShell
+              ./rdma-check.sh
+            ]
+            ++ rdmaArgs
+          );
         };
       };
     }
@@ -229,7 +238,11 @@ in
           message = "tp4.host.displayReservation: ${toString (tp4lib.kernel.displayReservationProblem config.boot.kernelParams)} on the kernel command line; fix: remove the nvidia-drm parameters you add to boot.kernelParams (tp4 appends modeset=1 fbdev=0 last)";
         }
         {
-          assertion = !config.services.xserver.enable && !config.services.displayManager.enable && !config.services.displayManager.gdm.enable && !config.services.desktopManager.gnome.enable;
+          assertion =
+            !config.services.xserver.enable
+            && !config.services.displayManager.enable
+            && !config.services.displayManager.gdm.enable
+            && !config.services.desktopManager.gnome.enable;
           message = "tp4.host.displayReservation: a display server or desktop is enabled (nixos-dgx-spark's template turns on GNOME and GDM), and it would take the display reservation; fix: drop services.desktopManager.gnome, services.displayManager.gdm and services.xserver from the configuration, or set tp4.host.displayReservation.enable = false";
         }
       ];
@@ -290,18 +303,22 @@ in
           RemainAfterExit = true;
           TimeoutStartSec = 300;
           ExecStartPre = [
-            (escapeSystemdExecArgs ([
-              pkgs.runtimeShell
-              ./ring-links.sh
-              (toString s.ring.linkTimeout)
-            ]
-            ++ s.ring.links))
-            (escapeSystemdExecArgs ([
-              pkgs.runtimeShell
-              ./ring-hairpin.sh
-              (toString s.ring.size)
-            ]
-            ++ s.ring.functions))
+            (escapeSystemdExecArgs (
+              [
+                pkgs.runtimeShell
+                ./ring-links.sh
+                (toString s.ring.linkTimeout)
+              ]
+              ++ s.ring.links
+            ))
+            (escapeSystemdExecArgs (
+              [
+                pkgs.runtimeShell
+                ./ring-hairpin.sh
+                (toString s.ring.size)
+              ]
+              ++ s.ring.functions
+            ))
           ];
           ExecStart = escapeSystemdExecArgs [
             pkgs.runtimeShell

@@ -115,7 +115,8 @@ in
             ) <= 1;
           message = "tp4.line.image: more than one of layout, stream and file is set; fix: set only one of them (layout = tp4.packages.aarch64-linux.image)";
         }
-      ] ++ map (u: {
+      ]
+      ++ map (u: {
         assertion = u == "root" || config.users.users ? ${u};
         message = "tp4.line: the plan's node user ${u} owns the rank's state, cache and Engram directories but is not a user of this host; fix: declare users.users.${u} (isNormalUser = true) or change cluster.user in the profile";
       }) users;

@@ -90,7 +90,9 @@ in
       }
       {
         assertion = (r.service or null) == "unit";
-        message = "tp4.router: the fleet file runs its router as a plain process (router.service = ${builtins.toJSON (r.service or null)}), so tp4 fleet serve would not start this unit; fix: set router.service = \"unit\" in the fleet file";
+        message = "tp4.router: the fleet file runs its router as a plain process (router.service = ${
+          builtins.toJSON (r.service or null)
+        }), so tp4 fleet serve would not start this unit; fix: set router.service = \"unit\" in the fleet file";
       }
       {
         assertion = python != null;
@@ -106,7 +108,11 @@ in
       restartIfChanged = false;
       serviceConfig = {
         Type = "simple";
-        ExecStart = if command == [ ] || python == null then "" else escapeSystemdExecArgs ([ python ] ++ builtins.tail command);
+        ExecStart =
+          if command == [ ] || python == null then
+            ""
+          else
+            escapeSystemdExecArgs ([ python ] ++ builtins.tail command);
         Restart = "on-failure";
         RestartSec = "5s";
         RestartSteps = 5;

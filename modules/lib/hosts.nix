@@ -41,18 +41,31 @@ let
   # RoCE v2 needs jumbo frames on every fabric port (RoCE MTU 4096 inside Ethernet MTU 9000)
   fabricMtu = 9000;
 
-  netdevName = where: n:
-    if isString n && builtins.match "[A-Za-z0-9_.@-]{1,15}" n != null then n
-    else fail where "${toJSON n} is not a network interface name" "1-15 letters, digits, '_', '.', '@' or '-' as `ip link` lists them (e.g. enp1s0f0np0)";
+  netdevName =
+    where: n:
+    if isString n && builtins.match "[A-Za-z0-9_.@-]{1,15}" n != null then
+      n
+    else
+      fail where "${toJSON n} is not a network interface name"
+        "1-15 letters, digits, '_', '.', '@' or '-' as `ip link` lists them (e.g. enp1s0f0np0)";
 
-  address = where: a:
-    if u.isIPv4 a then a
-    else if a == null then fail where "missing" "write the port's IPv4 address, e.g. address = \"10.0.1.1\""
-    else fail where "${toJSON a} is not an IPv4 address" "write four numbers 0-255 joined by '.', e.g. \"10.0.1.1\"";
+  address =
+    where: a:
+    if u.isIPv4 a then
+      a
+    else if a == null then
+      fail where "missing" "write the port's IPv4 address, e.g. address = \"10.0.1.1\""
+    else
+      fail where "${toJSON a} is not an IPv4 address"
+        "write four numbers 0-255 joined by '.', e.g. \"10.0.1.1\"";
 
-  prefix = where: p:
-    if isInt p && p >= 1 && p <= 32 then p
-    else fail where "${toJSON p} is not a prefix length" "a whole number from 1 to 32 (24: one /24 per cable)";
+  prefix =
+    where: p:
+    if isInt p && p >= 1 && p <= 32 then
+      p
+    else
+      fail where "${toJSON p} is not a prefix length"
+        "a whole number from 1 to 32 (24: one /24 per cable)";
 in
 rec {
   inherit sparkNetdevs sparkFunctions fabricMtu;
@@ -70,9 +83,19 @@ rec {
     else
       {
         inherit size;
-        functions = map (hca: sparkFunctions.${hca}) [ "rocep1s0f0" "rocep1s0f1" "roceP2p1s0f0" "roceP2p1s0f1" ];
+        functions = map (hca: sparkFunctions.${hca}) [
+          "rocep1s0f0"
+          "rocep1s0f1"
+          "roceP2p1s0f0"
+          "roceP2p1s0f1"
+        ];
         # the four fabric links (one DAC each), which tp4-mesh waits for before it sets them up
-        links = map (hca: sparkNetdevs.${hca}) [ "rocep1s0f0" "rocep1s0f1" "roceP2p1s0f0" "roceP2p1s0f1" ];
+        links = map (hca: sparkNetdevs.${hca}) [
+          "rocep1s0f0"
+          "rocep1s0f1"
+          "roceP2p1s0f0"
+          "roceP2p1s0f1"
+        ];
         linkTimeout = 120;
       };
 
@@ -81,12 +104,18 @@ rec {
     profile:
     let
       cluster = profile.cluster or { };
-      head' = cluster.head or (fail "cluster.head" "missing: the NixOS hosts are read from the profile" "add a [cluster.head] table with name and ip");
+      head' =
+        cluster.head or (fail "cluster.head" "missing: the NixOS hosts are read from the profile"
+          "add a [cluster.head] table with name and ip"
+        );
       workers = cluster.workers or [ ];
       node =
         rank: where: n:
         let
-          name = n.name or (fail "${where}.name" "missing" "give the node its host name, e.g. name = \"spark${toString (rank + 1)}\"");
+          name =
+            n.name or (fail "${where}.name" "missing"
+              "give the node its host name, e.g. name = \"spark${toString (rank + 1)}\""
+            );
         in
         if !isAttrs n then
           fail where "not a table" "write [[cluster.workers]] tables with name and ip"
@@ -95,15 +124,26 @@ rec {
             inherit rank where;
             role = if rank == 0 then "head" else "worker";
             name =
-              if isString name && builtins.match "[A-Za-z0-9][A-Za-z0-9._-]{0,62}" name != null then name
-              else fail "${where}.name" "${toJSON name} is not a node name" "1-63 letters, digits, '.', '_' or '-' (e.g. spark1)";
+              if isString name && builtins.match "[A-Za-z0-9][A-Za-z0-9._-]{0,62}" name != null then
+                name
+              else
+                fail "${where}.name" "${toJSON name} is not a node name"
+                  "1-63 letters, digits, '.', '_' or '-' (e.g. spark1)";
             ip =
               if !(n ? ip) then
-                fail "${where}.ip" "missing: the NixOS host needs the node's fabric address" "set ip = \"10.0.0.${toString (rank + 1)}\" (the address on the fabric port, as tp4 plan uses it)"
-              else address "${where}.ip" n.ip;
+                fail "${where}.ip" "missing: the NixOS host needs the node's fabric address"
+                  "set ip = \"10.0.0.${toString (rank + 1)}\" (the address on the fabric port, as tp4 plan uses it)"
+              else
+                address "${where}.ip" n.ip;
           };
-      list = [ (node 0 "cluster.head" head') ] ++ u.imap0 (i: w: node (i + 1) "cluster.workers[${toString i}]" w) (
-        if isList workers then workers else fail "cluster.workers" "not a list of tables" "write [[cluster.workers]] tables"
+      list = [
+        (node 0 "cluster.head" head')
+      ]
+      ++ u.imap0 (i: w: node (i + 1) "cluster.workers[${toString i}]" w) (
+        if isList workers then
+          workers
+        else
+          fail "cluster.workers" "not a list of tables" "write [[cluster.workers]] tables"
       );
       names = map (n: n.name) list;
       dup = u.duplicates names;
@@ -112,7 +152,8 @@ rec {
       let
         twice = filter (n: n.name == head dup) list;
       in
-      fail "${(builtins.elemAt twice 1).where}.name" "${head dup} is also ${(head twice).where}.name" "give every node its own name"
+      fail "${(builtins.elemAt twice 1).where}.name" "${head dup} is also ${(head twice).where}.name"
+        "give every node its own name"
     else
       list;
 
@@ -120,7 +161,10 @@ rec {
   # The node's profile `ip` sits on hosts.fabric.netdev (default the netdev of rocep1s0f0), the
   # hosts file adds [nodes.<node>.ports.<netdev>] tables. No address may appear twice in the line.
   ports =
-    { profile, hosts ? { } }:
+    {
+      profile,
+      hosts ? { },
+    }:
     let
       list = nodes profile;
       fabric = hosts.fabric or { };
@@ -132,16 +176,21 @@ rec {
         n:
         let
           own = (extra.${n.name} or { }).ports or { };
-          mk = netdev: p:
-            let where = "hosts: nodes.${n.name}.ports.${netdev}"; in
+          mk =
+            netdev: p:
+            let
+              where = "hosts: nodes.${n.name}.ports.${netdev}";
+            in
             if netdev == primary then
-              fail where "${netdev} already carries the profile's ip of ${n.name} (${n.where}.ip)" "remove this table, or name another port"
-            else {
-              netdev = netdevName where netdev;
-              address = address "${where}.address" (p.address or null);
-              prefixLength = prefix "${where}.prefix_length" (p.prefix_length or defaultPrefix);
-              inherit where;
-            };
+              fail where "${netdev} already carries the profile's ip of ${n.name} (${n.where}.ip)"
+                "remove this table, or name another port"
+            else
+              {
+                netdev = netdevName where netdev;
+                address = address "${where}.address" (p.address or null);
+                prefixLength = prefix "${where}.prefix_length" (p.prefix_length or defaultPrefix);
+                inherit where;
+              };
         in
         [
           {
@@ -152,45 +201,84 @@ rec {
           }
         ]
         ++ map (netdev: mk netdev own.${netdev}) (attrNames own);
-      all' = map (n: { inherit (n) name; ports = portsOf n; }) list;
+      all' = map (n: {
+        inherit (n) name;
+        ports = portsOf n;
+      }) list;
       flat = concatMap (x: x.ports) all';
       dup = u.duplicates (map (p: p.address) flat);
       twice = filter (p: p.address == head dup) flat;
     in
     if unknown != [ ] then
-      fail "hosts: nodes.${head unknown}" "not a node of the profile (${u.joinWords (map (x: x.name) list)})" "name a node of cluster.head or cluster.workers"
+      fail "hosts: nodes.${head unknown}" "not a node of the profile (${
+        u.joinWords (map (x: x.name) list)
+      })" "name a node of cluster.head or cluster.workers"
     else if dup != [ ] then
-      fail (builtins.elemAt twice 1).where "${head dup} is also ${(head twice).where}" "give every node and port its own address"
+      fail (builtins.elemAt twice 1).where "${head dup} is also ${(head twice).where}"
+        "give every node and port its own address"
     else
-      listToAttrs (map (x: {
-        inherit (x) name;
-        value = listToAttrs (map (p: { name = p.netdev; value = p; }) x.ports);
-      }) all');
+      listToAttrs (
+        map (x: {
+          inherit (x) name;
+          value = listToAttrs (
+            map (p: {
+              name = p.netdev;
+              value = p;
+            }) x.ports
+          );
+        }) all'
+      );
 
   # networking.interfaces of one node's ports: the address and MTU 9000
-  interfaces = nodePorts: mapAttrs (_: p: {
-    mtu = fabricMtu;
-    ipv4.addresses = [ { inherit (p) address prefixLength; } ];
-  }) nodePorts;
+  interfaces =
+    nodePorts:
+    mapAttrs (_: p: {
+      mtu = fabricMtu;
+      ipv4.addresses = [ { inherit (p) address prefixLength; } ];
+    }) nodePorts;
 
   # boot.kernel.sysctl of one node's ports: reply to ARP only for the port's own address and
   # announce it from that port (several ports of one host in one L2 domain; RoCE will not wait
   # for a wrong ARP answer to be corrected)
-  sysctl = nodePorts: listToAttrs (concatMap (netdev: [
-    { name = "net.ipv4.conf.${netdev}.arp_ignore"; value = 1; }
-    { name = "net.ipv4.conf.${netdev}.arp_announce"; value = 2; }
-  ]) (attrNames nodePorts));
+  sysctl =
+    nodePorts:
+    listToAttrs (
+      concatMap (netdev: [
+        {
+          name = "net.ipv4.conf.${netdev}.arp_ignore";
+          value = 1;
+        }
+        {
+          name = "net.ipv4.conf.${netdev}.arp_announce";
+          value = 2;
+        }
+      ]) (attrNames nodePorts)
+    );
 
   # the RDMA ports the rank uses on this node (the plan's gid.hcas), each with the netdev and the
   # address whose RoCE v2 IPv4-mapped GID the check unit must find
   rdmaPorts =
-    { hosts ? { }, nodePorts, node, planNode }:
+    {
+      hosts ? { },
+      nodePorts,
+      node,
+      planNode,
+    }:
     let
       table = sparkNetdevs // ((hosts.fabric or { }).rdma_netdevs or { });
-      one = hca:
+      one =
+        hca:
         let
-          netdev = table.${hca} or (fail "hosts: fabric.rdma_netdevs.${hca}" "the line uses ${hca} (fabric.hcas) but its netdev is not known" "add ${hca} = \"<netdev>\" (see ibdev2netdev)");
-          port = nodePorts.${netdev} or (fail "hosts: nodes.${node}.ports.${netdev}" "the line uses ${hca} (fabric.hcas), whose netdev ${netdev} has no address on ${node}" "add [nodes.${node}.ports.${netdev}] with address = \"...\" (RoCE v2 derives its GID from it)");
+          netdev =
+            table.${hca} or (fail "hosts: fabric.rdma_netdevs.${hca}"
+              "the line uses ${hca} (fabric.hcas) but its netdev is not known"
+              "add ${hca} = \"<netdev>\" (see ibdev2netdev)"
+            );
+          port =
+            nodePorts.${netdev} or (fail "hosts: nodes.${node}.ports.${netdev}"
+              "the line uses ${hca} (fabric.hcas), whose netdev ${netdev} has no address on ${node}"
+              "add [nodes.${node}.ports.${netdev}] with address = \"...\" (RoCE v2 derives its GID from it)"
+            );
         in
         {
           inherit hca netdev;

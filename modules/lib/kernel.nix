@@ -11,11 +11,17 @@ in
 rec {
   # the ConnectX-7 driver and its RDMA half (RoCE needs mlx5_ib; nothing loads it on a host
   # without a desktop's hardware probing of RDMA)
-  rdmaModules = [ "mlx5_core" "mlx5_ib" ];
+  rdmaModules = [
+    "mlx5_core"
+    "mlx5_ib"
+  ];
 
   # the GB10 display reservation kept for the line (upstream's DSV41_ENGRAM_DRM_NODE): nvidia-drm
   # with modeset=1 and fbdev=0, since no console framebuffer may claim the reservation
-  displayReservationParams = [ "nvidia-drm.modeset=1" "nvidia-drm.fbdev=0" ];
+  displayReservationParams = [
+    "nvidia-drm.modeset=1"
+    "nvidia-drm.fbdev=0"
+  ];
 
   # the value the kernel uses for module parameter `param` of `module` on a command line: the last
   # occurrence wins, and '-' and '_' are one character in module names (null when it is not set)
@@ -40,7 +46,9 @@ rec {
     if modeset != "1" then
       "nvidia-drm.modeset is ${if modeset == null then "unset" else modeset}, not 1"
     else if fbdev != "0" then
-      "nvidia-drm.fbdev is ${if fbdev == null then "unset" else fbdev}, not 0 (the nvidia module appends nvidia-drm.fbdev=1 for drivers >= 545)"
+      "nvidia-drm.fbdev is ${
+        if fbdev == null then "unset" else fbdev
+      }, not 0 (the nvidia module appends nvidia-drm.fbdev=1 for drivers >= 545)"
     else
       null;
 }

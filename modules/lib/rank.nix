@@ -31,7 +31,12 @@ rec {
   # a ring with RoCEnante's opposite-node paths (the plan's DSV41_ROCE_RING=1) marks the RDMA
   # packets of those paths on every fabric device (sparkring's RDMA-TX rewrite probe, upstream's
   # dsv41-mesh-marker@<rdma-dev>): UDP source port 65535, EtherType rewritten to 0x88b5
-  markerDevices = [ "rocep1s0f0" "rocep1s0f1" "roceP2p1s0f0" "roceP2p1s0f1" ];
+  markerDevices = [
+    "rocep1s0f0"
+    "rocep1s0f1"
+    "roceP2p1s0f0"
+    "roceP2p1s0f1"
+  ];
   marker =
     plan: node:
     if plan.line.fabric == "ring" && (node.env.DSV41_ROCE_RING or "0") == "1" then
@@ -55,7 +60,9 @@ rec {
     if path == null then
       null
     else if card == null then
-      fail "plan: nodes[${toString node.rank}].env.DSV41_ENGRAM_DRM_NODE" "${toJSON path} is not a DRM card node" "set it to the display reservation's node, e.g. /dev/dri/card0"
+      fail "plan: nodes[${toString node.rank}].env.DSV41_ENGRAM_DRM_NODE"
+        "${toJSON path} is not a DRM card node"
+        "set it to the display reservation's node, e.g. /dev/dri/card0"
     else
       {
         inherit path;
@@ -69,7 +76,9 @@ rec {
       found = filter (n: n.name == name) plan.nodes;
     in
     if length found != 1 then
-      fail "tp4.node" "${toJSON name} is not a node of the plan (${u.joinWords (map (n: n.name) plan.nodes)})" "set tp4.node to the name of this host in the profile"
+      fail "tp4.node" "${toJSON name} is not a node of the plan (${
+        u.joinWords (map (n: n.name) plan.nodes)
+      })" "set tp4.node to the name of this host in the profile"
     else
       elemAt found 0;
 
@@ -94,17 +103,24 @@ rec {
       unit = "${runtime}-${run.container}.service";
     in
     if svc.kind != "nixos" then
-      fail "${if rank.rank == 0 then "cluster.head" else "cluster.workers[${toString (rank.rank - 1)}]"}.kind" "${rank.name} is a ${toJSON svc.kind} host in the profile, so tp4 runs its container over ssh, not the NixOS unit" "set kind = \"nixos\" (and runtime) for this node and regenerate the plan"
+      fail
+        "${if rank.rank == 0 then "cluster.head" else "cluster.workers[${toString (rank.rank - 1)}]"}.kind"
+        "${rank.name} is a ${toJSON svc.kind} host in the profile, so tp4 runs its container over ssh, not the NixOS unit"
+        "set kind = \"nixos\" (and runtime) for this node and regenerate the plan"
     else if runtime != "podman" then
       # nixos-dgx-spark enables podman with dockerCompat and dockerSocket.enable
       # (modules/dgx-spark.nix lines 182-187 at f1ebf94); nixpkgs' podman module asserts both
       # are off when virtualisation.docker.enable is on (nixos/modules/virtualisation/podman/
       # default.nix, its assertions), which oci-containers' docker backend turns on
-      fail "${
-        if rank.rank == 0 then "cluster.head" else "cluster.workers[${toString (rank.rank - 1)}]"
-      }.runtime" "${rank.name} runs its rank with ${toJSON runtime}, but a NixOS node runs podman: nixos-dgx-spark enables podman's docker compatibility, which nixpkgs refuses beside docker" "set runtime = \"podman\" (or leave it out) for this node and regenerate the plan"
+      fail
+        "${
+          if rank.rank == 0 then "cluster.head" else "cluster.workers[${toString (rank.rank - 1)}]"
+        }.runtime"
+        "${rank.name} runs its rank with ${toJSON runtime}, but a NixOS node runs podman: nixos-dgx-spark enables podman's docker compatibility, which nixpkgs refuses beside docker"
+        "set runtime = \"podman\" (or leave it out) for this node and regenerate the plan"
     else if svc.unit != unit then
-      fail "${where}.service.unit" "${toJSON svc.unit} is not oci-containers' ${unit}" "regenerate the plan with this tp4"
+      fail "${where}.service.unit" "${toJSON svc.unit} is not oci-containers' ${unit}"
+        "regenerate the plan with this tp4"
     else
       {
         backend = runtime;
@@ -117,20 +133,26 @@ rec {
           volumes = map (m: "${m.source}:${m.target}" + (if m.read_only then ":ro" else "")) run.mounts;
           devices = run.devices ++ optionals (run.gpus == "all") gpuDevices;
           inherit (run) privileged;
-          capabilities = listToAttrs (map (c: { name = c; value = true; }) run.cap_add);
+          capabilities = listToAttrs (
+            map (c: {
+              name = c;
+              value = true;
+            }) run.cap_add
+          );
           networks = [ run.network ];
           labels = {
             "tp4.line" = lineId plan;
             "tp4.rank" = toString rank.rank;
           };
-          extraOptions =
-            [ "--ipc=${run.ipc}" ]
-            # podman refuses --shm-size with the host's IPC namespace (serve leaves it out too)
-            ++ optional (run.ipc != "host") "--shm-size=${run.shm_size}"
-            ++ [
-              "--ulimit=memlock=${run.ulimits.memlock}"
-              "--ulimit=stack=${run.ulimits.stack}"
-            ];
+          extraOptions = [
+            "--ipc=${run.ipc}"
+          ]
+          # podman refuses --shm-size with the host's IPC namespace (serve leaves it out too)
+          ++ optional (run.ipc != "host") "--shm-size=${run.shm_size}"
+          ++ [
+            "--ulimit=memlock=${run.ulimits.memlock}"
+            "--ulimit=stack=${run.ulimits.stack}"
+          ];
           # the image is on the node (packages.image, or tp4's image store): never pulled
           pull = "never";
           # tp4 serve writes the env file, then starts the unit
@@ -147,27 +169,44 @@ rec {
       model = (elemAt node.run.mounts 0).target;
       binds = filter (m: m.type == "bind" && !m.read_only && m.target != model) node.run.mounts;
     in
-    map (m: { path = m.source; inherit user; mode = "0755"; }) binds
-    ++ [ { path = dirOf node.service.env_file; user = "root"; mode = "0700"; } ];
+    map (m: {
+      path = m.source;
+      inherit user;
+      mode = "0755";
+    }) binds
+    ++ [
+      {
+        path = dirOf node.service.env_file;
+        user = "root";
+        mode = "0700";
+      }
+    ];
 
   # the rank unit's ordering: after the network, the RDMA check, the weights volume (which waits
   # for the weights mount), on a ring the mesh and its markers, and the DRM node the plan hands it
   ordering =
-    { plan, node, weightsVolume }:
+    {
+      plan,
+      node,
+      weightsVolume,
+    }:
     let
       mark = marker plan node;
       drm = drmNode node;
-      needs =
-        [ rdmaCheckUnit ]
-        ++ optional weightsVolume weightsVolumeUnit
-        ++ optional (node.service.mesh_unit != null) (
-          if node.service.mesh_unit == meshUnit then
-            meshUnit
-          else
-            fail "plan: nodes[${toString node.rank}].service.mesh_unit" "${toJSON node.service.mesh_unit} is not spark-host's ${meshUnit}" "regenerate the plan with this tp4"
-        )
-        ++ optionals (mark != null) mark.units
-        ++ optional (drm != null) drm.unit;
+      needs = [
+        rdmaCheckUnit
+      ]
+      ++ optional weightsVolume weightsVolumeUnit
+      ++ optional (node.service.mesh_unit != null) (
+        if node.service.mesh_unit == meshUnit then
+          meshUnit
+        else
+          fail "plan: nodes[${toString node.rank}].service.mesh_unit"
+            "${toJSON node.service.mesh_unit} is not spark-host's ${meshUnit}"
+            "regenerate the plan with this tp4"
+      )
+      ++ optionals (mark != null) mark.units
+      ++ optional (drm != null) drm.unit;
     in
     {
       wants = [ "network-online.target" ];
@@ -217,7 +256,9 @@ rec {
     let
       model = (elemAt node.run.mounts 0).target;
     in
-    map (m: m.source) (filter (m: m.type == "bind" && (m.read_only || m.target == model)) node.run.mounts);
+    map (m: m.source) (
+      filter (m: m.type == "bind" && (m.read_only || m.target == model)) node.run.mounts
+    );
   unitConfigOf =
     node:
     let
@@ -274,21 +315,33 @@ rec {
     {
       unit = readyUnit;
       inherit timeout;
-      args =
-        [
-          node.service.runtime
-          node.run.container
-          (toString timeout)
-          (if head then "^Ready: API on port ${port}([^0-9]|$)" else "Load weight end\\.")
-        ]
-        ++ optionals head (concatMap (b: [ "require" (bootLineEre b.text) b.text ]) required)
-        ++ concatMap (f: [ "forbid" f ]) plan.forbidden_lines;
+      args = [
+        node.service.runtime
+        node.run.container
+        (toString timeout)
+        (if head then "^Ready: API on port ${port}([^0-9]|$)" else "Load weight end\\.")
+      ]
+      ++ optionals head (
+        concatMap (b: [
+          "require"
+          (bootLineEre b.text)
+          b.text
+        ]) required
+      )
+      ++ concatMap (f: [
+        "forbid"
+        f
+      ]) plan.forbidden_lines;
     };
 
   # firewall: the head serves the API and the dist init port (and NFS when it exports); every
   # node trusts the bootstrap interface, where NCCL and Gloo listen on ephemeral ports
   firewall =
-    { plan, node, nfs }:
+    {
+      plan,
+      node,
+      nfs,
+    }:
     let
       head = node.rank == 0;
       env = node.env;
@@ -300,6 +353,11 @@ rec {
           (u.hostPort "plan: line.dist_init_addr" plan.line.dist_init_addr).port
         ]
         ++ optional (head && nfs) (import ./weights.nix).nfsPort;
-      trustedInterfaces = u.unique (concatMap (k: optional (env ? ${k}) env.${k}) [ "NCCL_SOCKET_IFNAME" "GLOO_SOCKET_IFNAME" ]);
+      trustedInterfaces = u.unique (
+        concatMap (k: optional (env ? ${k}) env.${k}) [
+          "NCCL_SOCKET_IFNAME"
+          "GLOO_SOCKET_IFNAME"
+        ]
+      );
     };
 }

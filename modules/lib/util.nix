@@ -76,9 +76,7 @@ rec {
     ipv4Int a / size == ipv4Int b / size;
 
   # the values that occur more than once, in first-seen order
-  duplicates =
-    list:
-    unique (filter (x: length (filter (y: y == x) list) > 1) list);
+  duplicates = list: unique (filter (x: length (filter (y: y == x) list) > 1) list);
 
   joinWords = concatStringsSep " ";
 }

@@ -19,9 +19,23 @@ let
 in
 rec {
   # exports(5) options of the checkpoint (tp4 share's, without fsid=0: the path itself is exported)
-  exportOptions = [ "ro" "sync" "no_subtree_check" "no_root_squash" "insecure" ];
+  exportOptions = [
+    "ro"
+    "sync"
+    "no_subtree_check"
+    "no_root_squash"
+    "insecure"
+  ];
   # the workers' client options (upstream files/nfs-share.sh)
-  mountOptions = [ "nfsvers=4.2" "ro" "nconnect=8" "rsize=1048576" "wsize=1048576" "hard" "timeo=600" ];
+  mountOptions = [
+    "nfsvers=4.2"
+    "ro"
+    "nconnect=8"
+    "rsize=1048576"
+    "wsize=1048576"
+    "hard"
+    "timeo=600"
+  ];
   # and how systemd orders it: mounted on first access (a head that boots later does not fail the
   # worker's boot), only once the network is online, never waited on forever
   systemdMountOptions = [
@@ -47,7 +61,9 @@ rec {
       vs = filter (m: m.type == "volume") planNode.run.mounts;
     in
     if length vs != 1 then
-      fail "plan: nodes[${toString planNode.rank}].run.mounts" "expected one volume (the weights), found ${toString (length vs)}" "regenerate the plan with tp4 plan --json"
+      fail "plan: nodes[${toString planNode.rank}].run.mounts"
+        "expected one volume (the weights), found ${toString (length vs)}"
+        "regenerate the plan with tp4 plan --json"
     else
       head vs;
 
@@ -61,7 +77,8 @@ rec {
     if ws == [ ] then
       null
     else if hs == [ ] || (head hs).type != "bind" then
-      fail "plan: nodes[0].run.mounts" "the head has no bind mount of the checkpoint at ${target}" "regenerate the plan with tp4 plan --json"
+      fail "plan: nodes[0].run.mounts" "the head has no bind mount of the checkpoint at ${target}"
+        "regenerate the plan with tp4 plan --json"
     else
       (head hs).source;
 
@@ -70,21 +87,37 @@ rec {
   servers =
     { profile, plan }:
     let
-      ips = (profile.nfs or { }).server_ips or (fail "nfs.server_ips" "not written in the profile; the NixOS hosts mount the weights from it (tp4's default is the upstream example's 10.0.22.1)" "set nfs.server_ips = [ \"<the head's fabric address>\" ]");
+      ips =
+        (profile.nfs or { }).server_ips or (fail "nfs.server_ips"
+          "not written in the profile; the NixOS hosts mount the weights from it (tp4's default is the upstream example's 10.0.22.1)"
+          "set nfs.server_ips = [ \"<the head's fabric address>\" ]"
+        );
       n = length (workers plan);
-      checked = u.imap0 (i: a: if u.isIPv4 a then a else fail "nfs.server_ips[${toString i}]" "${toJSON a} is not an IPv4 address" "write the head's fabric address, e.g. \"10.0.0.1\"") ips;
+      checked = u.imap0 (
+        i: a:
+        if u.isIPv4 a then
+          a
+        else
+          fail "nfs.server_ips[${toString i}]" "${toJSON a} is not an IPv4 address"
+            "write the head's fabric address, e.g. \"10.0.0.1\""
+      ) ips;
     in
     if length ips == 1 then
       map (_: head checked) (workers plan)
     else if length ips == n then
       checked
     else
-      fail "nfs.server_ips" "${toString (length ips)} addresses for ${toString n} workers" "give one address for all workers or one per worker";
+      fail "nfs.server_ips" "${toString (length ips)} addresses for ${toString n} workers"
+        "give one address for all workers or one per worker";
 
   # each worker as the head sees it: its port on the server address's network (what the kernel
   # picks as the source address toward the server), else its fabric ip
   clients =
-    { plan, ports, servers }:
+    {
+      plan,
+      ports,
+      servers,
+    }:
     u.imap0 (
       i: w:
       let
@@ -104,15 +137,21 @@ rec {
       bad = match ".*[\"\\\\].*" path != null;
     in
     if bad then
-      fail "model.dir" "${toJSON path} holds a quote or a backslash, which an exports line cannot carry" "move the checkpoint to a path without them"
+      fail "model.dir" "${toJSON path} holds a quote or a backslash, which an exports line cannot carry"
+        "move the checkpoint to a path without them"
     else if clients == [ ] then
-      fail "cluster.workers" "no workers to export the checkpoint to" "add the workers, or set nfs.share = false"
+      fail "cluster.workers" "no workers to export the checkpoint to"
+        "add the workers, or set nfs.share = false"
     else
       concatStringsSep " " ([ quoted ] ++ map (c: "${c}(${concatStringsSep "," exportOptions})") clients);
 
   # a worker's fileSystems entry for the head's export
   clientMount =
-    { server, path, mountPoint }:
+    {
+      server,
+      path,
+      mountPoint,
+    }:
     {
       inherit mountPoint;
       device = "${server}:${path}";

@@ -41,7 +41,9 @@ let
   exportPath = head exportWords;
   exports = concatStringsSep "\n" (
     [ "machine.wait_for_unit(\"nfs-server.service\")" ]
-    ++ map (w: succeed "exportfs -v | grep -qF ${sq (head (builtins.split "[(]" w) + "(")}") (builtins.tail exportWords)
+    ++ map (w: succeed "exportfs -v | grep -qF ${sq (head (builtins.split "[(]" w) + "(")}") (
+      builtins.tail exportWords
+    )
     ++ [ (succeed "exportfs -v | grep -qF ${sq exportPath}") ]
   );
   sysctl = concatStringsSep "\n" (

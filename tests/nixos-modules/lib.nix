@@ -8,21 +8,38 @@ let
     ;
 in
 rec {
-  mkIf = condition: content: { _type = "if"; inherit condition content; };
-  mkMerge = contents: { _type = "merge"; inherit contents; };
-  mkOverride = priority: content: { _type = "override"; inherit priority content; };
+  mkIf = condition: content: {
+    _type = "if";
+    inherit condition content;
+  };
+  mkMerge = contents: {
+    _type = "merge";
+    inherit contents;
+  };
+  mkOverride = priority: content: {
+    _type = "override";
+    inherit priority content;
+  };
   mkDefault = mkOverride 1000;
   mkForce = mkOverride 50;
-  mkOrder = priority: content: { _type = "order"; inherit priority content; };
+  mkOrder = priority: content: {
+    _type = "order";
+    inherit priority content;
+  };
   mkBefore = mkOrder 500;
   mkAfter = mkOrder 1500;
   mkOption = attrs: attrs // { _type = "option"; };
-  mkEnableOption = name: mkOption {
-    type = types.bool;
-    default = false;
-    description = "Whether to enable ${name}.";
+  mkEnableOption =
+    name:
+    mkOption {
+      type = types.bool;
+      default = false;
+      description = "Whether to enable ${name}.";
+    };
+  literalExpression = text: {
+    _type = "literalExpression";
+    inherit text;
   };
-  literalExpression = text: { _type = "literalExpression"; inherit text; };
   types = {
     bool = "bool";
     str = "str";
@@ -43,9 +60,13 @@ rec {
     let
       s = toString a;
     in
-    if builtins.match "[[:alnum:],._+:@%/-]+" s == null then "'${replaceStrings [ "'" ] [ "'\\''" ] s}'" else s;
+    if builtins.match "[[:alnum:],._+:@%/-]+" s == null then
+      "'${replaceStrings [ "'" ] [ "'\\''" ] s}'"
+    else
+      s;
   escapeShellArgs = args: concatStringsSep " " (map escapeShellArg args);
-  removeSuffix = suffix: s:
+  removeSuffix =
+    suffix: s:
     let
       n = builtins.stringLength s;
       k = builtins.stringLength suffix;

@@ -37,10 +37,17 @@ let
 
   options = builtins.fromTOML (builtins.readFile optionsFile);
   components = e: filter isString (split "\\." e);
-  entries = map (e: { name = e; parts = components e; }) (concatMap (s: attrNames options.${s}) sections);
-  same = path: parts: i: elemAt parts i == "<name>" || elemAt parts i == elemAt path i;
-  matches = path: e: length path == length e.parts && all (same path e.parts) (genList (i: i) (length path));
-  below = path: e: length path < length e.parts && all (same path e.parts) (genList (i: i) (length path));
+  entries = map (e: {
+    name = e;
+    parts = components e;
+  }) (concatMap (s: attrNames options.${s}) sections);
+  same =
+    path: parts: i:
+    elemAt parts i == "<name>" || elemAt parts i == elemAt path i;
+  matches =
+    path: e: length path == length e.parts && all (same path e.parts) (genList (i: i) (length path));
+  below =
+    path: e: length path < length e.parts && all (same path e.parts) (genList (i: i) (length path));
   marker = v: t: isAttrs v && (v._type or null) == t;
 
   walk =
@@ -56,11 +63,22 @@ let
         hit = filter (matches path) entries;
       in
       if hit != [ ] then
-        [ { path = concatStringsSep "." path; entry = (head hit).name; value = plain v; } ]
+        [
+          {
+            path = concatStringsSep "." path;
+            entry = (head hit).name;
+            value = plain v;
+          }
+        ]
       else if isAttrs v && any (below path) entries then
         concatMap (n: walk (path ++ [ n ]) v.${n}) (attrNames v)
       else
-        [ { path = concatStringsSep "." path; entry = null; } ];
+        [
+          {
+            path = concatStringsSep "." path;
+            entry = null;
+          }
+        ];
 
   # an option's value as data: lib's markers resolved as walk resolves them (a mkIf whose
   # condition fails is null), functions as "<function>"
@@ -85,7 +103,13 @@ let
   declared =
     path: v:
     if marker v "option" then
-      [ { path = concatStringsSep "." path; description = v.description or null; hasType = v ? type; } ]
+      [
+        {
+          path = concatStringsSep "." path;
+          description = v.description or null;
+          hasType = v ? type;
+        }
+      ]
     else if isAttrs v then
       concatMap (n: declared (path ++ [ n ]) v.${n}) (attrNames v)
     else
