@@ -31,6 +31,7 @@ let
   ring = s.fabric == "ring";
   runtime = s.rankUnit.backend;
   rdmaArgs = [
+    (toString s.rdmaCheck.timeout)
     s.rdmaCheck.gidFile
     (if s.rdmaCheck.gidIndex == null then "-" else toString s.rdmaCheck.gidIndex)
   ]
@@ -195,6 +196,8 @@ in
         serviceConfig = {
           Type = "oneshot";
           RemainAfterExit = true;
+          # the script's own wait for the ports, plus a margin: it fails itself, loudly, first
+          TimeoutStartSec = s.rdmaCheck.timeout + 30;
           ExecStart = escapeSystemdExecArgs (
             [
               pkgs.runtimeShell

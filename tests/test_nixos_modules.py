@@ -352,9 +352,9 @@ GIDS = {0: ("fe80:0000:0000:0000:0000:00ff:fe00:0001", "IB/RoCE v1"), 1: ("fe80:
         2: (MAPPED, "IB/RoCE v1"), 3: (MAPPED, "RoCE v2")}
 
 
-def rdma_check(root: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(["sh", str(RDMA_CHECK), str(root / "run" / "gid-index"), *args], capture_output=True, text=True,
-                          env={"TP4_SYSFS": str(root), "PATH": "/usr/bin:/bin"})
+def rdma_check(root: Path, *args: str, timeout: int = 0) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["sh", str(RDMA_CHECK), str(timeout), str(root / "run" / "gid-index"), *args], capture_output=True,
+                          text=True, env={"TP4_SYSFS": str(root), "PATH": "/usr/bin:/bin"})
 
 
 def test_the_rdma_check_writes_the_roce_v2_gid_index(tmp_path):
@@ -368,10 +368,10 @@ def test_the_rdma_check_writes_the_roce_v2_gid_index(tmp_path):
 
 
 @pytest.mark.parametrize(("case", "message"), [
-    ("down", "tp4-rdma-check: rocep1s0f0 port 1 is '1: DOWN', not ACTIVE; fix: cable and link of enp1s0f0np0"),
-    ("no gid", "tp4-rdma-check: rocep1s0f0 has no RoCE v2 GID for 10.0.0.1 (0000:0000:0000:0000:0000:ffff:0a00:0001); fix: give enp1s0f0np0 the address 10.0.0.1"),
-    ("only v1", "tp4-rdma-check: rocep1s0f0 has no RoCE v2 GID for 10.0.0.1"),
-    ("no device", "tp4-rdma-check: rocep1s0f0: no such RDMA device (for enp1s0f0np0 10.0.0.1); fix: load mlx5_ib"),
+    ("down", "tp4-rdma-check: after 0 s: rocep1s0f0 port 1 is '1: DOWN', not ACTIVE; fix: cable and link of enp1s0f0np0"),
+    ("no gid", "tp4-rdma-check: after 0 s: rocep1s0f0 has no RoCE v2 GID for 10.0.0.1 (0000:0000:0000:0000:0000:ffff:0a00:0001); fix: give enp1s0f0np0 the address 10.0.0.1"),
+    ("only v1", "tp4-rdma-check: after 0 s: rocep1s0f0 has no RoCE v2 GID for 10.0.0.1"),
+    ("no device", "tp4-rdma-check: after 0 s: rocep1s0f0: no such RDMA device (for enp1s0f0np0 10.0.0.1); fix: load mlx5_ib"),
     ("pinned elsewhere", "tp4-rdma-check: rocep1s0f0: the RoCE v2 GID of 10.0.0.1 is at index 3, the profile pins 2; fix: set the node's gid_index = 3"),
 ])
 def test_the_rdma_check_fails_loudly(tmp_path, case, message):
@@ -390,6 +390,33 @@ def test_the_rdma_check_fails_loudly(tmp_path, case, message):
     assert proc.returncode == 1
     assert message in proc.stderr
     assert not (tmp_path / "run" / "gid-index").exists()
+
+
+def test_the_rdma_check_waits_for_a_port_that_comes_up_and_gives_up_at_its_deadline(tmp_path):
+    """At boot a port becomes ACTIVE seconds after the driver loads: the check retries each second
+    until its deadline (the unit's TimeoutStartSec is above it) and passes once the port is up;
+    a port that stays down fails after the deadline, naming it; a wrong pin fails at once."""
+    fake_sysfs(tmp_path, "rocep1s0f0", state="1: DOWN", gids=GIDS)
+    state = tmp_path / "class" / "infiniband" / "rocep1s0f0" / "ports" / "1" / "state"
+    proc = subprocess.Popen(["sh", str(RDMA_CHECK), "10", str(tmp_path / "run" / "gid-index"), "-", "rocep1s0f0",
+                             "enp1s0f0np0", "10.0.0.1"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={"TP4_SYSFS": str(tmp_path), "PATH": "/usr/bin:/bin"})
+    time.sleep(2.5)
+    assert proc.poll() is None  # still waiting
+    state.write_text("4: ACTIVE\n")
+    out, err = proc.communicate(timeout=20)
+    assert proc.returncode == 0, err
+    assert "tp4-rdma-check: waiting up to 10 s: rocep1s0f0 port 1 is '1: DOWN'" in out
+    assert (tmp_path / "run" / "gid-index").read_text() == "rocep1s0f0 3\n"
+    state.write_text("1: DOWN\n")
+    began = time.monotonic()
+    down = rdma_check(tmp_path, "-", "rocep1s0f0", "enp1s0f0np0", "10.0.0.1", timeout=2)
+    assert down.returncode == 1 and time.monotonic() - began >= 2
+    assert "tp4-rdma-check: after 2 s: rocep1s0f0 port 1 is '1: DOWN', not ACTIVE" in down.stderr
+    state.write_text("4: ACTIVE\n")
+    began = time.monotonic()
+    pinned = rdma_check(tmp_path, "2", "rocep1s0f0", "enp1s0f0np0", "10.0.0.1", timeout=60)
+    assert pinned.returncode == 1 and time.monotonic() - began < 5 and "the profile pins 2" in pinned.stderr
 
 
 # --- the flake's NixOS outputs (against the stand-in nixpkgs: NixOS cannot be evaluated here) ----

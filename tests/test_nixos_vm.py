@@ -106,14 +106,16 @@ def test_the_journal_line_it_greps_for_is_what_the_rdma_check_prints(script, set
     greps = re.findall(r"journalctl -b -u tp4-rdma-check\.service -o cat \| grep -qF '([^']*)'", script)
     assert len(greps) == 1
     check = settings["rdmaCheck"]
-    args = [check["gidFile"].replace("/run/tp4", str(tmp_path / "run")), "-"]
+    # its deadline 0 here (the unit's is rdmaCheck.timeout): the first pass's message is the last
+    args = ["0", check["gidFile"].replace("/run/tp4", str(tmp_path / "run")), "-"]
     args += [x for p in check["ports"] for x in (p["hca"], p["netdev"], p["address"])]
     (tmp_path / "sys" / "class").mkdir(parents=True)  # a sysfs without infiniband devices
     proc = subprocess.run(["sh", str(RDMA_CHECK), *args], capture_output=True, text=True,
                           env={"TP4_SYSFS": str(tmp_path / "sys"), "PATH": "/usr/bin:/bin"})
     assert proc.returncode == 1
-    assert proc.stderr.splitlines()[0].startswith(greps[0])
-    assert greps[0] == "tp4-rdma-check: rocep1s0f0: no such RDMA device (for enp1s0f0np0 10.0.0.1); fix: load mlx5_ib"
+    assert proc.stderr.splitlines()[0].startswith(f"tp4-rdma-check: after 0 s: {greps[0]}")
+    assert greps[0] == "rocep1s0f0: no such RDMA device (for enp1s0f0np0 10.0.0.1); fix: load mlx5_ib"
+    assert check["timeout"] == 120
 
 
 def walk_machine(work: Path, settings_expr: str, sections: str) -> dict:

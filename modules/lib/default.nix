@@ -107,6 +107,9 @@ in
       kernelParams = optionals displayReservation kernel.displayReservationParams;
       rdmaCheck = {
         unit = rank.rdmaCheckUnit;
+        # how long the check waits at boot for the ports to be ACTIVE with their GIDs (the same
+        # bound as the ring's link wait, upstream's dsv41-mesh's 120 s)
+        timeout = 120;
         ports = hosts.rdmaPorts {
           hosts = hostsFile;
           inherit nodePorts;

@@ -21,8 +21,9 @@ let
   rank = s.rankUnit.unit;
   container = s.rankUnit.name;
   ready = s.rankUnit.readiness.unit;
-  # what modules/rdma-check.sh prints for a port whose RDMA device is missing (a VM has none)
-  message = "tp4-rdma-check: ${first.hca}: no such RDMA device (for ${first.netdev} ${first.address}); fix: load mlx5_ib";
+  # what modules/rdma-check.sh prints for a port whose RDMA device is missing (a VM has none),
+  # while it waits and when it gives up after its deadline
+  message = "${first.hca}: no such RDMA device (for ${first.netdev} ${first.address}); fix: load mlx5_ib";
   fabric = concatStringsSep "\n" (
     map (
       n:
