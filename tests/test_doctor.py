@@ -178,6 +178,23 @@ def test_netdev_without_ipv4(good: DoctorCluster) -> None:
     assert results[("RDMA.GID", "node2")].status == "fail"
 
 
+def test_a_second_ipv4_on_a_fabric_netdev_is_a_warning(good: DoctorCluster) -> None:
+    host = good.hosts[2]
+    dev = good.veth(host)
+    process.run(["ip", "netns", "exec", host.namespace, "ip", "addr", "add", "192.0.2.7/32", "dev", dev])
+    try:
+        results = run(good)
+    finally:
+        process.run(["ip", "netns", "exec", host.namespace, "ip", "addr", "del", "192.0.2.7/32", "dev", dev])
+    r = results[("RDMA.ONE_IPV4", "node3")]
+    assert r.status == "warn" and r.blocking is False
+    assert r.detail.startswith(f"{dev} has 2 IPv4 addresses ({host.address}, 192.0.2.7)") or \
+        r.detail.startswith(f"{dev} has 2 IPv4 addresses (192.0.2.7, {host.address})"), r.detail
+    assert r.fix is not None and "ip addr del" in r.fix
+    assert results[("RDMA.ONE_IPV4", "node2")].status == "ok"
+    assert results[("RDMA.IPV4", "node3")].status == "ok"
+
+
 def test_mtu_1500_on_one_node(good: DoctorCluster) -> None:
     good.set_mtu(1500, [good.hosts[3]])
     results = run(good)

@@ -66,6 +66,7 @@ CHECKS: tuple[CheckSpec, ...] = tuple(CheckSpec(*c) for c in (
     ("RDMA.PORT_ACTIVE", "every HCA port ACTIVE", True),
     ("RDMA.LINK_LAYER", "link layer Ethernet (RoCE)", True),
     ("RDMA.IPV4", "an IPv4 address on every HCA's netdev", True),
+    ("RDMA.ONE_IPV4", "exactly one IPv4 address on every HCA's netdev (another shifts the port's GID table)", False),
     ("RDMA.MTU", f"Ethernet MTU {FABRIC_MTU}", False),
     ("RDMA.MTU_SAME", "the same MTU on every node", True),
     ("RDMA.JUMBO_PING", "a don't-fragment ping filling the MTU reaches the next node", False),
@@ -638,6 +639,18 @@ def _node_checks(ctx: Context, r: RankPlan, f: Facts) -> None:
             "give every fabric netdev its IPv4 address (RoCE v2 derives its GIDs from it), netplan or NetworkManager")
     else:
         add("RDMA.IPV4", n, "ok", ", ".join(f"{h}: {','.join(addrs[_hca(f, h)['netdev']][1])}" for h in present))
+    # every IPv4 of a netdev adds RoCE GIDs, so an extra one moves the index NCCL_IB_GID_INDEX names
+    extra = {dev: addrs[dev][1] for dev in dict.fromkeys(_hca(f, h).get("netdev") for h in present)
+             if dev in addrs and len(addrs[dev][1]) > 1}
+    if not present or nodev or noip:
+        add("RDMA.ONE_IPV4", n, "n/a", "see RDMA.IPV4")
+    elif extra:
+        add("RDMA.ONE_IPV4", n, "warn", "; ".join(f"{dev} has {len(ips)} IPv4 addresses ({', '.join(ips)})" for dev, ips in extra.items())
+            + ": each adds RoCE GIDs, which can move the index of the fabric address's GID",
+            "keep only the fabric address on each fabric netdev (ip addr del <other>/<prefix> dev <netdev>; "
+            "persist it in netplan or NetworkManager)")
+    else:
+        add("RDMA.ONE_IPV4", n, "ok", "one IPv4 address per fabric netdev")
     small = {k: v for k, v in mtus.items() if v != FABRIC_MTU}
     if not mtus:
         add("RDMA.MTU", n, "warn", "no fabric netdev to read", "see RDMA.IPV4")
