@@ -34,6 +34,15 @@ def server():
         yield s
 
 
+def tree_sha256_of(data: bytes, work: Path) -> str:
+    """lock.tree_sha256 of an archive given as bytes (written under ``work``)."""
+    from tp4.sources import lock
+
+    archive = work / "tree-of.tar.gz"
+    archive.write_bytes(data)
+    return lock.tree_sha256(archive)
+
+
 def leftovers(directory: Path) -> list[str]:
     return sorted(p.name for p in directory.iterdir()) if directory.exists() else []
 
@@ -199,7 +208,7 @@ def test_lock_tree_records_the_unpacked_tree_and_fetch_survives_new_archive_byte
     assert code == 1 and "expected tree-sha256" in err and not (tmp_path / "from-nix2").exists()
     # GitHub re-compresses: other bytes, the same tree
     other = recompressed(files)
-    assert other != tar_gz(files) and lock.tree_sha256_bytes(other, tmp_path) == row.tree_sha256
+    assert other != tar_gz(files) and tree_sha256_of(other, tmp_path) == row.tree_sha256
     server.add(f"/m/github.com/o/r/archive/{C40}.tar.gz", other)
     code, _, err = tp4_cli("sources", "fetch", "py", "--to", tmp_path / "out", "--manifest", manifest)
     assert code == 0, err

@@ -105,9 +105,8 @@ def _verify_downloads(rows: list[mf.Row]) -> None:
                 from tp4.sources import lock as locking
 
                 with tempfile.TemporaryDirectory(prefix="tp4-verify-") as tmp:
-                    archive = Path(tmp) / row.file_name
-                    download.download(row.url, archive, None, label=row.name)
-                    tree = nar.nar_sha256(locking.tree_of_archive(archive, Path(tmp))).hex()
+                    _, unpacked = locking.download_tree(row, row.url, Path(tmp))
+                    tree = nar.nar_sha256(unpacked).hex()
                 if tree != row.tree_sha256:
                     failures.append(f"{row.name}: tree-sha256 mismatch: pinned {row.tree_sha256}, downloaded {tree}")
                 continue

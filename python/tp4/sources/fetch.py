@@ -171,12 +171,8 @@ def obtain(row: Row, inputs: Mapping[str, Path], *, offline: bool, quiet: bool =
     cache = cache_dir()
     cache.mkdir(parents=True, exist_ok=True)
     cached = cache / f"{row.sha256[:32]}-{_safe(row.file_name if row.kind != 'git' else row.component)}"
-    if os.path.lexists(cached):
-        try:
-            check_bytes(row, cached, "cache")
-            return cached
-        except Tp4Error:
-            transforms._remove(cached)
+    if _cached(row, cached):
+        return cached
     if row.kind == "wheel":
         with tempfile.TemporaryDirectory(prefix=".wheel-", dir=cache) as tmp:
             got = pip_download(row, Path(tmp), quiet=quiet)
@@ -198,23 +194,29 @@ def obtain(row: Row, inputs: Mapping[str, Path], *, offline: bool, quiet: bool =
     return cached
 
 
+def _cached(row: Row, cached: Path) -> bool:
+    """Whether the cache holds ``row`` at ``cached``, matching its pin (a mismatch is removed)."""
+    if not os.path.lexists(cached):
+        return False
+    try:
+        check_bytes(row, cached, "cache")
+        return True
+    except Tp4Error:
+        transforms._remove(cached)
+        return False
+
+
 def _obtain_tree(row: Row, cache: Path, *, quiet: bool) -> Path:
     """An archive row pinned by its tree: the archive's bytes may differ from the sha256 column
     (GitHub does not keep archive bytes stable); its unpacked tree must match tree-sha256."""
     from tp4.sources import lock
 
     cached = cache / f"tree-{(row.tree_sha256 or '')[:32]}-{_safe(row.component)}"
-    if os.path.lexists(cached):
-        try:
-            check_bytes(row, cached, "cache")
-            return cached
-        except Tp4Error:
-            transforms._remove(cached)
+    if _cached(row, cached):
+        return cached
     work = Path(tempfile.mkdtemp(prefix=".tree-", dir=cache))
     try:
-        archive = work / row.file_name
-        download.download(row.url, archive, None, label=row.name, quiet=quiet)
-        tree = lock.tree_of_archive(archive, work)
+        _, tree = lock.download_tree(row, row.url, work, quiet=quiet)
         check_bytes(row, tree, "download")
         tree.rename(cached)
     finally:

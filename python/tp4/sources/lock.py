@@ -156,18 +156,18 @@ def tree_of_archive(archive: Path, work: Path) -> Path:
     return top[0]
 
 
+def download_tree(row: Row, url: str, work: Path, *, quiet: bool = False) -> tuple[str, Path]:
+    """Download the archive row's ``url`` into ``work`` and unpack it as :func:`tree_of_archive`
+    does: (the sha256 of the archive's bytes, its tree)."""
+    archive = work / row.file_name
+    sha = download.download(url, archive, None, label=row.name, quiet=quiet)
+    return sha, tree_of_archive(archive, work)
+
+
 def tree_sha256(archive: Path) -> str:
     """The NAR hash (hex) of :func:`tree_of_archive`: what ``tree-sha256=`` records."""
     with tempfile.TemporaryDirectory(prefix="tp4-tree-") as tmp:
         return nar.nar_sha256(tree_of_archive(archive, Path(tmp))).hex()
-
-
-def tree_sha256_bytes(data: bytes, work: Path) -> str:
-    """:func:`tree_sha256` of an archive given as bytes (written under ``work``)."""
-    with tempfile.TemporaryDirectory(prefix="tp4-tree-", dir=work) as tmp:
-        archive = Path(tmp) / "archive.tar.gz"
-        archive.write_bytes(data)
-        return tree_sha256(archive)
 
 
 def check_tree_lockable(row: Row) -> None:
@@ -214,9 +214,8 @@ def lock_row(row: Row, ref: str | None = None, *, quiet: bool = False, manifest_
         url = with_ref(row.url, commit)
     if tree or row.tree_sha256:
         with tempfile.TemporaryDirectory(prefix="tp4-lock-") as tmp:
-            archive = Path(tmp) / row.file_name
-            sha = download.download(url, archive, None, label=row.name, quiet=quiet)
-            attrs = {**row.attrs, "tree-sha256": tree_sha256(archive)}
+            sha, unpacked = download_tree(row, url, Path(tmp), quiet=quiet)
+            attrs = {**row.attrs, "tree-sha256": nar.nar_sha256(unpacked).hex()}
         return replace(row, commit=commit, url=url, sha256=sha, attrs=attrs)
     sha, _ = download.hash_url(url, label=row.name, quiet=quiet)
     return replace(row, commit=commit, url=url, sha256=sha)
