@@ -359,19 +359,9 @@ in
       outputs = checkable;
       unlocked = manifest.unlocked;
     }
-    // onlyLocked "packages" (
-      {
-        inherit (l)
-          tp4
-          sglang-tree
-          b12x
-          b12x-next
-          wheels
-          ;
-      }
-      # every image of the registry (image, image-canary, image-local): the rollback presets' too
-      // sparkOnly system (l.images // { inherit (l) tp4-runtime; })
-    )
+    # every package that can be evaluated (the images of the registry included: the rollback
+    # presets' too), `default` being tp4 again
+    // builtins.removeAttrs packages.${system} [ "default" ]
     // sparkOnly system (nixosChecks pkgs)
   );
 }
