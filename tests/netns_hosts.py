@@ -45,8 +45,9 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -97,6 +98,16 @@ def storage_conf(root: Path, driver: str = "vfs") -> Path:
         f'runroot = "{root}/storage/run"\n'
     )
     return conf
+
+
+def podman_store(monkeypatch, prefix: str) -> Iterator[Path]:
+    """A pytest fixture's body: this machine's podman on a store of its own under a short /tmp
+    path (CONTAINERS_STORAGE_CONF), emptied and removed after the test."""
+    root = Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
+    monkeypatch.setenv("CONTAINERS_STORAGE_CONF", str(storage_conf(root)))
+    yield root
+    process.run(["podman", "rmi", "-a", "-f"], check=False)
+    shutil.rmtree(root, ignore_errors=True)
 
 
 @dataclass

@@ -11,12 +11,11 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
-import tempfile
 from pathlib import Path
 
 import pytest
 
-from netns_hosts import storage_conf
+from netns_hosts import podman_store
 from nix_env import image_flake, image_nix_config
 from nixos_helpers import EXAMPLE, plan_file
 from test_nixos_modules import MODULES, PKGS, _assertions, fixture_config, walk
@@ -31,11 +30,7 @@ PKGS_TEXT = f'({PKGS} // {{ skopeo = "{SKOPEO}"; writeShellScript = name: text: 
 
 @pytest.fixture
 def store(monkeypatch):
-    root = Path(tempfile.mkdtemp(prefix="tp4n-", dir="/tmp"))
-    monkeypatch.setenv("CONTAINERS_STORAGE_CONF", str(storage_conf(root)))
-    yield root
-    process.run(["podman", "rmi", "-a", "-f"], check=False)
-    shutil.rmtree(root, ignore_errors=True)
+    yield from podman_store(monkeypatch, "tp4n-")
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from netns_hosts import storage_conf
+from netns_hosts import podman_store, storage_conf
 from nix_env import image_flake, image_nix_config
 from tp4 import containers, oci, process
 from tp4.errors import Tp4Error
@@ -24,11 +24,7 @@ RUN = ["--ulimit", "nofile=1024:1024", "--ulimit", "nproc=4096:4096", "--network
 
 @pytest.fixture
 def store(monkeypatch):
-    root = Path(tempfile.mkdtemp(prefix="tp4o-", dir="/tmp"))
-    monkeypatch.setenv("CONTAINERS_STORAGE_CONF", str(storage_conf(root)))
-    yield root
-    process.run(["podman", "rmi", "-a", "-f"], check=False)
-    shutil.rmtree(root, ignore_errors=True)
+    yield from podman_store(monkeypatch, "tp4o-")
 
 
 def build(flake: Path, work: Path) -> str:
