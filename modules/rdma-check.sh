@@ -17,9 +17,10 @@ shift 3
 case $timeout in "" | *[!0-9]*) fail "TIMEOUT $timeout is not a number of seconds" ;; esac
 [ $(($# % 3)) -eq 0 ] && [ $# -gt 0 ] || fail "usage: TIMEOUT GID_FILE PINNED_INDEX|- HCA NETDEV ADDRESS..."
 
-# one pass over the ports: 0 with $out set, 1 with $problem set (worth waiting for), 2 for a pin
+# one pass over the ports: 0 with $table ("<hca> <index>" lines) and $said set, 1 with $problem
+# set (worth waiting for), 2 for a pin
 check() {
-  out="" problem=""
+  table="" said="" problem=""
   while [ $# -gt 0 ]; do
     hca=$1 netdev=$2 addr=$3
     shift 3
@@ -56,7 +57,9 @@ check() {
       problem="$hca: the RoCE v2 GID of $addr is at index $found, the profile pins $pinned; fix: set the node's gid_index = $found in the profile (every rank must use the same index)"
       return 2
     fi
-    out="$out$hca $found ($netdev $addr)
+    table="$table$hca $found
+"
+    said="${said}tp4-rdma-check: $hca ($netdev $addr) ACTIVE, RoCE v2 GID index $found
 "
   done
 }
@@ -72,16 +75,7 @@ while :; do
   sleep 1
   waited=$((waited + 1))
 done
-table=""
-while read -r hca index rest; do
-  if [ -n "$hca" ]; then
-    echo "tp4-rdma-check: $hca $rest ACTIVE, RoCE v2 GID index $index"
-    table="$table$hca $index
-"
-  fi
-done <<EOT
-$out
-EOT
+printf '%s' "$said"
 umask 022
 mkdir -p "$(dirname "$gid_file")"
 printf '%s' "$table" >"$gid_file.tmp"
