@@ -11,8 +11,10 @@
   outputs,
   # the names of the outputs left out of `outputs` because they need an unlocked row
   leftOut ? [ ],
-  # the names of the unlocked rows of sources.manifest (pkgs/sources.nix `unlocked`)
+  # the names of the unlocked rows of sources.manifest and the command that locks them
+  # (pkgs/sources.nix `unlocked`, `lockCommand`)
   unlocked ? [ ],
+  lockCommand ? "",
 }:
 let
   inherit (src) hasSuffix;
@@ -42,7 +44,6 @@ let
       ])
       && (type == "directory" || hasSuffix ".nix" path);
   };
-  lockCommand = "tp4 sources lock ${builtins.concatStringsSep " " unlocked}";
   unlockedReport = ''
     ${toString (builtins.length unlocked)} row(s) of sources.manifest are not locked (their hashes need the network):
     ${builtins.concatStringsSep " " unlocked}.
