@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import difflib
+import gzip
 import hashlib
 import io
 import os
@@ -21,10 +22,11 @@ def sha256(data: bytes) -> str:
 
 def tar_gz(files: dict[str, bytes | str], *, modes: dict[str, int] | None = None,
            symlinks: dict[str, str] | None = None) -> bytes:
-    """A .tar.gz with fixed metadata; values are bytes, or str (utf-8)."""
+    """A .tar.gz with fixed metadata, the gzip header's mtime included (tarfile's "w:gz" stamps
+    the current second, so two calls a second apart differ); values are bytes, or str (utf-8)."""
     buf = io.BytesIO()
     modes = modes or {}
-    with tarfile.open(fileobj=buf, mode="w:gz", format=tarfile.PAX_FORMAT) as tar:
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
         dirs = sorted({str(p) for name in files for p in Path(name).parents if str(p) != "."})
         for d in dirs:
             info = tarfile.TarInfo(d)
@@ -39,7 +41,7 @@ def tar_gz(files: dict[str, bytes | str], *, modes: dict[str, int] | None = None
             info = tarfile.TarInfo(name)
             info.type, info.linkname = tarfile.SYMTYPE, target
             tar.addfile(info)
-    return buf.getvalue()
+    return gzip.compress(buf.getvalue(), mtime=0)
 
 
 def unified_diff(path: str, before: str, after: str, *, prefix: str = "") -> str:
