@@ -39,7 +39,7 @@ let
   checks = builtins.filter (c: builtins.elem variant (c.images or [ variant ])) (
     (builtins.fromTOML (builtins.readFile registry)).image_check or [ ]
   );
-  inherit (container) mounts;
+  inherit (container) mounts health;
   paths = container.image;
   present = map (l: l.path) layers;
   # upstream's PYTHONPATH, less the trees this image does not hold
@@ -96,19 +96,14 @@ import ./oci.nix {
       ExposedPorts = {
         "8888/tcp" = { };
       };
-      # `-S` keeps the adapter's sitecustomize (and so the engine) out of the probe
+      # upstream's HEALTHCHECK, from container.toml's [health] (the plan carries the same table
+      # to podman as flags: podman reads no health check from an OCI image's config)
       Healthcheck = {
-        Test = [
-          "CMD"
-          "python3"
-          "-S"
-          paths.boot
-          "health"
-        ];
-        Interval = seconds 30;
-        Timeout = seconds 30;
-        StartPeriod = seconds 1800;
-        Retries = 3;
+        Test = [ "CMD" ] ++ health.cmd;
+        Interval = seconds health.interval;
+        Timeout = seconds health.timeout;
+        StartPeriod = seconds health.start_period;
+        Retries = health.retries;
       };
       Labels = labels // {
         "tp4.line.ref" = lineRef;

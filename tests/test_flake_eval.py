@@ -15,6 +15,7 @@ import pytest
 
 from nix_env import empty_flake, flake_copy, locked_flake_copy, nix, stub_inputs
 from tp4 import registry
+from tp4.container import HEALTH
 from tp4.sources import manifest as mf
 
 REPO = Path(__file__).resolve().parent.parent
@@ -138,6 +139,10 @@ def test_image_config_as_upstream(image):
     assert health["Test"] == ["CMD", "python3", "-S", "/opt/dsv41/boot.py", "health"]
     assert (health["Interval"], health["Timeout"], health["StartPeriod"], health["Retries"]) == (
         30 * 10**9, 30 * 10**9, 1800 * 10**9, 3)
+    # from the one table the plan also carries to podman (run.health; podman reads no health check
+    # from an OCI image's config)
+    assert health == {"Test": ["CMD", *HEALTH.cmd], "Interval": HEALTH.interval * 10**9, "Timeout": HEALTH.timeout * 10**9,
+                      "StartPeriod": HEALTH.start_period * 10**9, "Retries": HEALTH.retries}
     assert image["spec"]["architecture"] == "arm64"
 
 

@@ -15,7 +15,7 @@ from functools import lru_cache
 from typing import TYPE_CHECKING, Annotated, Literal, NamedTuple
 
 from tp4 import schemas
-from tp4.container import MOUNTS
+from tp4.container import HEALTH, MOUNTS, Health
 from tp4.knobs import BY_ENV, FIELD_KEYS, KNOBS, Knob
 from tp4.profile.models import has_unsafe_chars
 from tp4.registry import Registry, condition_holds, fill_line, line_pattern, load_registry
@@ -81,6 +81,7 @@ class RunSpec(NamedTuple):
     mounts: Annotated[tuple[Mount, ...], "model, state, cache, engram, then the host NCCL if any"]
     restart: Annotated[Literal["no"], "restart policy: never (a failed rank fails the line)"]
     workdir: Annotated[str, "the node's working directory on the host (upstream's checkout)"]
+    health: Annotated[Health, "the image's health check, passed to podman as flags (docker reads it from the image)"]
 
 
 class GidIndex(NamedTuple):
@@ -421,6 +422,7 @@ def run_spec(p: Profile, rank: int) -> RunSpec:
         mounts=tuple(mounts),
         restart="no",
         workdir=workdir,
+        health=HEALTH,
     )
 
 

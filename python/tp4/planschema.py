@@ -155,7 +155,10 @@ below are generated from them. Fields are only added under a new minor version, 
 removed within `tp4.plan/1`:
 
 - 1.1 added `notes`;
-- 1.2 added `nodes[].gid` (where each node's RoCE v2 GID index comes from).
+- 1.2 added `nodes[].gid` (where each node's RoCE v2 GID index comes from);
+- 1.3 added `nodes[].service` (how each node runs its rank);
+- 1.4 added `nodes[].service.mesh_unit`;
+- 1.5 added `nodes[].run.health` (the image's health check, which podman is given as flags).
 
 Rules the types do not show:
 - `env` holds every variable the upstream TP4 launcher passes, adapter gates with their launcher
