@@ -1,7 +1,7 @@
 """The serve scenarios' cluster (tests/line_cluster.py): every rank's container started over ssh
 with exactly the plan's `podman run` (tp4.serve.run_argv) from the stand-in image on four netns
-hosts boots the line (the head prints Ready and answers a completion), and removing them leaves
-nothing. Needs root, iproute2, util-linux, openssh-server, podman and runc."""
+hosts boots the line (the head prints Ready, answers a completion and passes its health check),
+and removing them leaves nothing. Needs root, iproute2, util-linux, openssh-server, podman and runc."""
 
 from __future__ import annotations
 
@@ -93,6 +93,10 @@ def test_every_rank_runs_the_plans_podman_run_and_the_line_boots(cluster: LineCl
         assert re.search(rf"^Max locked memory\s+{soft}\s+{hard}\s", inside, re.M), inside
         out = completion(plan.line.api)
         assert out["choices"][0]["finish_reason"] == "length"  # type: ignore[index]
+        # the image's health check, from the plan's flags (the stand-in image carries none, and
+        # podman reads none from the line's OCI image): it passes on the serving head
+        check = nodes[0].run(["podman", "healthcheck", "run", nodes[0].container], check=False)
+        assert check.returncode == 0, check.stdout + check.stderr
         ps = cluster.podman_ps()
         for node in nodes:
             assert node.container in ps[node.name] and " Up " in ps[node.name], ps[node.name]

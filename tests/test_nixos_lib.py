@@ -116,7 +116,8 @@ def test_the_golden_holds_what_the_host_requirements_say(hosts):
 
 # flags of `<runtime> run` that take their value as the next word (python/tp4/serve.py run_argv)
 _VALUE_FLAGS = {"--name", "--label", "--network", "--ipc", "--cap-add", "--shm-size", "--ulimit", "--device", "-v",
-                "--restart", "--env-file", "--gpus"}
+                "--restart", "--env-file", "--gpus", "--health-cmd", "--health-interval", "--health-timeout",
+                "--health-start-period", "--health-retries"}
 
 
 def serve_flags(argv: list[str], image: str) -> tuple[list[str], list[str]]:
@@ -161,6 +162,11 @@ def test_the_rank_container_is_the_plan_serve_runs(work):
         c = unit["container"]
         words, tail = serve_flags(run_argv(rank, line=line_id(planned)), rank.run.image)
         assert oci_flags(c) == words
+        # the image's health check, which podman reads from no OCI image: both give it as flags
+        h = rank.run.health
+        assert {f"--health-cmd={json.dumps(list(h.cmd), separators=(',', ':'))}", f"--health-interval={h.interval}s",
+                f"--health-timeout={h.timeout}s", f"--health-start-period={h.start_period}s",
+                f"--health-retries={h.retries}"} <= set(words)
         assert [c["image"], *c["cmd"]] == tail
         assert unit["backend"] == runtime and unit["unit"] == rank.service.unit == f"{runtime}-{unit['name']}.service"
         assert c["autoStart"] is False and c["pull"] == "never"
@@ -195,6 +201,18 @@ def test_a_nixos_node_runs_podman_only(work, tmp_path):
     assert 'cluster.workers[0].runtime: spark2 runs its rank with "docker", but a NixOS node runs podman' in err
     assert 'set runtime = \\"podman\\" (or leave it out)' in err or 'set runtime = "podman" (or leave it out)' in err
 
+
+
+def test_a_plan_without_the_health_check_is_refused(work, tmp_path):
+    """A plan of an older tp4 (before tp4.plan/1.5) has no run.health: the unit would run the rank
+    without the image's health check on podman, so evaluation fails with the fix instead."""
+    doc = json.loads(plan_file(PROFILE, work / "plan-health.json").read_text())
+    del doc["nodes"][1]["run"]["health"]
+    edited = tmp_path / "old-plan.json"
+    edited.write_text(json.dumps(doc))
+    err = failure(hosts_expr(PROFILE, edited, HOSTS), work)
+    assert ("plan: nodes[1].run.health: missing: the plan is older than tp4.plan/1.5; "
+            "fix: regenerate the plan with this tp4 (tp4 plan --json)") in err
 
 def test_the_weights_options_are_tp4_shares(work):
     w = evaluate(f"let w = (import {nix_path(LIB)}).weights; in {{ inherit (w) exportOptions mountOptions; }}", work)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -333,6 +334,31 @@ def test_the_readiness_unit_runs_beside_the_rank_and_is_bounded(walks):
         # the rank's own start waits for nothing of it
         assert "tp4-rank-ready.service" not in value(w, f"systemd.services.{unit}.after") + value(w, f"systemd.services.{unit}.requires")
 
+
+
+def test_the_rank_unit_gives_podman_the_images_health_check(walks, lines, work):
+    """podman reads no health check from the OCI image the rank runs, so the unit passes the plan's
+    run.health as flags: the container's extraOptions, which oci-containers.nix puts into the
+    unit's `podman run` each through escapeShellArg (nixos/modules/virtualisation/oci-containers.nix,
+    mkService's script, read at NixOS/nixpkgs 035a24e7); the shell hands podman these words back
+    unchanged, the command one JSON array (podman's exec form). podman.sdnotify is left at
+    oci-containers' default, conmon (docs/nixos.md says why)."""
+    ranks = {"head": ("switched", 0), "worker": ("switched", 1), "ring worker": ("ring", 2)}
+    for host, unit in RANK_UNITS.items():
+        w = walks[("tp4-line.nix", host)]
+        line, rank = ranks[host]
+        h = json.loads(lines[line][1].read_text())["nodes"][rank]["run"]["health"]
+        prefix = f"virtualisation.oci-containers.containers.{unit.removeprefix('podman-')}"
+        opts = value(w, f"{prefix}.extraOptions")
+        assert opts[-5:] == [f"--health-cmd={json.dumps(h['cmd'], separators=(',', ':'))}", f"--health-interval={h['interval']}s",
+                             f"--health-timeout={h['timeout']}s", f"--health-start-period={h['start_period']}s",
+                             f"--health-retries={h['retries']}"]
+        assert h["cmd"] == ["python3", "-S", "/opt/dsv41/boot.py", "health"]
+        escaped, err = nix_eval(f"map (import {nix_path(STUB_LIB)}).escapeShellArg (builtins.fromJSON {json.dumps(json.dumps(opts))})",
+                                work / "nix")
+        assert err == "", err
+        assert shlex.split(" ".join(escaped)) == opts
+        assert not any(s["path"].startswith(f"{prefix}.podman") for s in w["set"])
 
 # --- the RDMA check unit's script ------------------------------------------------------------
 

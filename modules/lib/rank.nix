@@ -91,6 +91,25 @@ rec {
     in
     builtins.concatStringsSep "" (map (p: if isList p then "_" else p) (split "[^A-Za-z0-9._-]" text));
 
+  # the plan's run.health as podman's flags, as serve passes them (python/tp4/serve.py
+  # health_flags): podman reads no health check from an OCI image's config, so the image's check is
+  # given explicitly; the command is a JSON array, podman's exec form (no shell)
+  healthOptions =
+    where: run:
+    let
+      h =
+        run.health or (fail "${where}.run.health" "missing: the plan is older than tp4.plan/1.5"
+          "regenerate the plan with this tp4 (tp4 plan --json)"
+        );
+    in
+    [
+      "--health-cmd=${toJSON h.cmd}"
+      "--health-interval=${toString h.interval}s"
+      "--health-timeout=${toString h.timeout}s"
+      "--health-start-period=${toString h.start_period}s"
+      "--health-retries=${toString h.retries}"
+    ];
+
   # the rank's virtualisation.oci-containers entry: { backend; name; unit; container; }
   container =
     plan: node:
@@ -152,7 +171,8 @@ rec {
           ++ [
             "--ulimit=memlock=${run.ulimits.memlock}"
             "--ulimit=stack=${run.ulimits.stack}"
-          ];
+          ]
+          ++ healthOptions where run;
           # the image is on the node (packages.image, or tp4's image store): never pulled
           pull = "never";
           # tp4 serve writes the env file, then starts the unit

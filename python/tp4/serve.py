@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING, Literal, NamedTuple
 
 from tp4 import containers, process
 from tp4.errors import InvalidInput, Tp4Error
+from tp4.container import Health
 from tp4.plan import Plan, RankPlan
 
 if TYPE_CHECKING:
@@ -176,8 +177,23 @@ def run_argv(rank: RankPlan, *, line: str, create: bool = False) -> list[str]:
         argv += ["--device", device]
     for m in spec.mounts:
         argv += ["-v", f"{m.source}:{m.target}" + (":ro" if m.read_only else "")]
+    # the image's health check (run.health): podman reads none from an OCI image's config, only
+    # from a Docker-format one (podman pull requests #4986, #6024; issue #5680), so it gets the
+    # check as flags. docker reads it from the image config (pkgs/image.nix writes it there from
+    # the same table); docker's --health-cmd would be a shell command (CMD-SHELL, docker/cli
+    # cli/command/container/opts.go), not the image's exec form, so docker gets no flags.
+    if runtime == "podman":
+        argv += health_flags(spec.health)
     argv += ["--restart", spec.restart, "--env-file", rank.service.env_file, spec.image, *spec.command]
     return argv
+
+
+def health_flags(health: Health) -> list[str]:
+    """podman's flags for a health check: the command as a JSON array (podman's exec form, run
+    without a shell), the durations in seconds (modules/lib/rank.nix renders the same)."""
+    return ["--health-cmd", json.dumps(list(health.cmd), separators=(",", ":"), ensure_ascii=False),
+            "--health-interval", f"{health.interval}s", "--health-timeout", f"{health.timeout}s",
+            "--health-start-period", f"{health.start_period}s", "--health-retries", str(health.retries)]
 
 
 def env_file_text(rank: RankPlan, secrets: dict[str, str]) -> str:
