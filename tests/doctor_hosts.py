@@ -13,11 +13,13 @@ What each host gets (in the host's own view only; nothing on the machine changes
   ``class/infiniband/<hca>/ports/1/{state,link_layer,gids/N,gid_attrs/types/N,hw_counters/*}``
   for each HCA of the plan, and ``device/net/<the host's veth>``; the GID table is a ConnectX
   port's (index 0/1 link-local v1/v2, index 2/3 the IPv4-mapped GID v1/v2);
-* stub ``nvidia-smi`` (a GB10 on driver 580.95.05, the compute apps from a data file), ``uname``
-  (``-r`` from a data file when it exists), ``date`` (an offset in seconds from a data file) and
-  ``systemctl`` (``is-active`` from a data file) in ``<host dir>/bin``, first on the sessions'
-  PATH (sshd SetEnv);
-* MTU 9000 on the bridge and every veth (reset), 48 empty shard files in ``model.dir``, the plan
+* ``module/nvidia_drm/parameters/{modeset,fbdev}`` in that tree (Y and N: the display reservation);
+* stub ``nvidia-smi`` (a GB10 on driver 580.95.05, the compute apps and the SM clocks from data
+  files), ``uname`` (``-r`` from a data file when it exists), ``date`` (an offset in seconds from a
+  data file) and ``systemctl`` (``get-default`` and ``is-active UNIT`` from data files:
+  ``default-target``, ``unit-state.UNIT``, and ``unit-state`` for a ``*-mesh.service``) in
+  ``<host dir>/bin``, first on the sessions' PATH (sshd SetEnv);
+* MTU 9000 on the bridge and every veth (reset), 48 small shard files (mode 644) in ``model.dir``, the plan
   with ``nfs.share = false`` (the workers' volumes here are local podman volumes) and both
   packed Engram shards of each rank with a valid header.
 
@@ -43,6 +45,7 @@ GOOD_KERNEL_NOTE = "the real uname"
 NVIDIA_SMI = """#!/bin/sh
 d={fake}
 case "$*" in
+  *--query-gpu=clocks*) cat "$d/clocks.csv" ;;
   *--query-gpu=*) cat "$d/gpus.csv" ;;
   *--query-compute-apps=*) cat "$d/apps.csv" ;;
   *) echo "NVIDIA-SMI stub" ;;
@@ -59,8 +62,19 @@ exec {real} "$@"
 """
 
 SYSTEMCTL = """#!/bin/sh
+if [ "$1" = get-default ]; then
+  cat {fake}/default-target 2>/dev/null || echo multi-user.target
+  exit
+fi
 if [ "$1" = is-active ]; then
-  state=$(cat {fake}/unit-state 2>/dev/null || echo inactive)
+  for unit; do :; done
+  if [ -f "{fake}/unit-state.$unit" ]; then state=$(cat "{fake}/unit-state.$unit")
+  else
+    case "$unit" in
+      *-mesh.service) state=$(cat {fake}/unit-state 2>/dev/null || echo inactive) ;;
+      *) state=inactive ;;
+    esac
+  fi
   echo "$state"
   [ "$state" = active ]
   exit
@@ -128,6 +142,14 @@ class DoctorCluster(LineCluster):
     def lay_sysfs(self, host: Host) -> None:
         root = self.sysfs(host)
         shutil.rmtree(root / "class", ignore_errors=True)
+        shutil.rmtree(root / "module", ignore_errors=True)
+        # nvidia_drm's parameters as the display reservation wants them; the driver declares both
+        # `bool` (sysfs prints Y/N), mode 0400 (open-gpu-kernel-modules
+        # kernel-open/nvidia-drm/nvidia-drm-linux.c, module_param_named(modeset|fbdev, ..., bool, 0400))
+        params = root / "module" / "nvidia_drm" / "parameters"
+        params.mkdir(parents=True)
+        (params / "modeset").write_text("Y\n")
+        (params / "fbdev").write_text("N\n")
         hcas = self.plan.nodes[0].gid.hcas
         for hca in hcas:
             dev = root / "class" / "infiniband" / hca
@@ -160,12 +182,21 @@ class DoctorCluster(LineCluster):
         """Every host as a good Spark (see the module doc)."""
         self.set_mtu(9000)
         (self.model_dir / "config.json").write_text('{"architectures": ["DeepseekV4ForCausalLM"]}\n')
+        for shard in self.model_dir.glob("model-*-of-*.safetensors"):
+            shard.unlink()
         for i in range(1, 49):
-            (self.model_dir / f"model-{i:05d}-of-00048.safetensors").touch()
+            shard = self.model_dir / f"model-{i:05d}-of-00048.safetensors"
+            shard.write_bytes(b"shard %d\n" % i)
+            shard.chmod(0o644)
         for rank, host in enumerate(self.hosts):
             self.lay_sysfs(host)
             self.lay_engram(rank)
-            for name in ("kernel", "clock_offset", "unit-state"):
+            for name in ("kernel", "clock_offset", "unit-state", "default-target"):
                 self.fake(host, name).unlink(missing_ok=True)
+            for state in self.fake(host, "x").parent.glob("unit-state.*"):
+                state.unlink()
             self.fake(host, "gpus.csv").write_text("NVIDIA GB10, 580.95.05\n")
+            # clocks.sm, clocks.max.sm, clocks_event_reasons.applications_clocks_setting (csv,
+            # noheader, nounits): test values of a capped GPU, not a GB10's reading
+            self.fake(host, "clocks.csv").write_text("1980, 3000, Active\n")
             self.fake(host, "apps.csv").write_text("")

@@ -6,10 +6,12 @@ changes the remote command (one constant script, its arguments quoted once)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
 import shlex
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -81,6 +83,10 @@ def test_good_hosts_pass_every_check_in_one_command_per_node(good: DoctorCluster
     assert results[("RDMA.GID", "node1")].detail == f"{HCA0} index 3, {HCA1} index 3"
     assert results[("RDMA.JUMBO_PING", "node4")].detail.endswith(f"reach node1 ({good.hosts[0].address})")
     assert results[("RING.NCCL", "node1")].status == "n/a"
+    assert results[("HOST.HEADLESS", "node3")].detail == "multi-user.target, display-manager.service inactive"
+    assert results[("WEIGHTS.SHARD_FILES", "node1")].detail.startswith("48 shards, ")
+    assert results[("IMAGE.ARCH", "node2")].status == "ok"
+    assert results[("GPU.CLOCK_CAP", "node4")].status == "ok"
     # one remote command per node, the facts script, nothing else
     logged = [r.getMessage() for r in caplog.records if r.getMessage().startswith("$ ")]
     # besides the facts script only `ssh -G` (ssh's own configuration, read locally for the host key check)
@@ -401,6 +407,246 @@ def test_runtime_without_gpu_access(good: DoctorCluster) -> None:
     r = results[("RUNTIME.USABLE", "node2")]
     assert r.status == "fail" and "no CDI spec for nvidia.com/gpu" in r.detail
     assert r.fix is not None and "nvidia-ctk cdi generate" in r.fix
+
+
+# --- the host state the NixOS module sets, the head's shard files, the image's arch and pin, the
+# ring's NCCL sha256 ---------------------------------------------------------------------------------
+
+DRM = '\n[gates]\nDSV41_ENGRAM_DRM_NODE = "/dev/dri/card0"\n'
+
+
+def test_nvidia_drm_parameters_where_the_plan_uses_the_display_reservation(good: DoctorCluster, tmp_path: Path) -> None:
+    profile = tmp_path / "drm.toml"
+    profile.write_text(good.profile.read_text() + DRM)
+    plan = build_plan(load_file(profile))
+    assert plan.nodes[1].env["DSV41_ENGRAM_DRM_NODE"] == "/dev/dri/card0"
+    params = [good.sysfs(h) / "module" / "nvidia_drm" / "parameters" for h in good.hosts]
+    (params[1] / "fbdev").write_text("Y\n")  # the nvidia module's nvidia-drm.fbdev=1 won
+    (params[2] / "modeset").write_text("N\n")
+    shutil.rmtree(good.sysfs(good.hosts[3]) / "module")  # nvidia_drm not loaded
+    results = run(good, plan=plan)
+    assert results[("GPU.NVIDIA_DRM", "node1")].status == "ok"
+    assert results[("GPU.NVIDIA_DRM", "node1")].detail == "nvidia_drm modeset=Y, fbdev=N"
+    fbdev = results[("GPU.NVIDIA_DRM", "node2")]
+    assert (fbdev.status, fbdev.blocking) == ("fail", True)
+    assert fbdev.detail == "nvidia_drm modeset=Y, fbdev=Y: the display reservation (/dev/dri/card0) is not free (it needs modeset=1 fbdev=0)"
+    assert fbdev.fix is not None and "nvidia-drm.fbdev=0" in fbdev.fix and "tp4.host.displayReservation.enable" in fbdev.fix
+    assert results[("GPU.NVIDIA_DRM", "node3")].status == "fail" and "modeset=N" in results[("GPU.NVIDIA_DRM", "node3")].detail
+    absent = results[("GPU.NVIDIA_DRM", "node4")]
+    assert absent.status == "fail" and absent.detail.startswith(f"nvidia_drm is not loaded ({SYSFS}/module/nvidia_drm is absent)")
+    # the parameters' files are root's only (mode 0400): a user's session reads /proc/cmdline instead
+    os.chmod(params[0] / "modeset", 0o400)
+    (params[0] / "modeset").unlink()
+    (params[0] / "fbdev").unlink()
+    results = run(good, plan=plan)
+    unknown = results[("GPU.NVIDIA_DRM", "node1")]
+    assert unknown.status == "warn" and "modeset unknown" in unknown.detail and "no fbdev parameter" in unknown.detail
+    # without the reservation in the plan the parameters do not matter
+    assert run(good)[("GPU.NVIDIA_DRM", "node2")].status == "n/a"
+
+
+def test_nvidia_drm_from_the_kernel_command_line() -> None:
+    """A user's session cannot read the 0400 parameter files: the command line's last word wins,
+    '-' and '_' alike (as modules/lib/kernel.nix's moduleParam)."""
+    line = "ro nvidia-drm.modeset=1 nvidia-drm.fbdev=1 quiet nvidia_drm.fbdev=0"
+    assert doctor.module_param(line, "nvidia-drm", "modeset") == "1"
+    assert doctor.module_param(line, "nvidia-drm", "fbdev") == "0"
+    assert doctor.module_param(line, "nvidia", "modeset") is None
+    assert doctor.module_param("nvidia-drm.modeset", "nvidia-drm", "modeset") is None
+
+
+def test_headless_boot(good: DoctorCluster, tmp_path: Path) -> None:
+    good.fake(good.hosts[0], "default-target").write_text("graphical.target\n")
+    good.fake(good.hosts[2], "unit-state.display-manager.service").write_text("active\n")
+    results = run(good)
+    r = results[("HOST.HEADLESS", "node1")]
+    assert (r.status, r.blocking) == ("fail", False)
+    assert r.detail == "boots to graphical.target: a desktop takes memory from the engine"
+    assert r.fix is not None and "systemctl set-default multi-user.target" in r.fix
+    dm = results[("HOST.HEADLESS", "node3")]
+    assert dm.status == "fail" and dm.detail.startswith("display-manager.service is active")
+    assert results[("HOST.HEADLESS", "node2")].detail == "multi-user.target, display-manager.service inactive"
+    assert not_ok(results) == {**MEMLOCK_WARN, ("HOST.HEADLESS", "node1"): "fail", ("HOST.HEADLESS", "node3"): "fail"}
+    profile = tmp_path / "drm.toml"
+    profile.write_text(good.profile.read_text() + DRM)
+    r = run(good, plan=build_plan(load_file(profile)))[("HOST.HEADLESS", "node1")]
+    assert r.detail == "boots to graphical.target: a desktop takes the display reservation /dev/dri/card0 and memory"
+
+
+def test_sm_clock_cap(good: DoctorCluster) -> None:
+    clocks = {0: "2600, 3000, Not Active\n", 1: "1000, 3000, Not Active\n", 2: "2100, 2200, Not Active\n"}
+    for i, text in clocks.items():
+        good.fake(good.hosts[i], "clocks.csv").write_text(text)
+    results = run(good)
+    over = results[("GPU.CLOCK_CAP", "node1")]
+    assert (over.status, over.blocking) == ("fail", False)
+    assert over.detail.startswith("the SM clock runs at 2600 MHz, above the cap of 2200 MHz")
+    assert over.fix is not None and "nvidia-smi -lgc 0,2200" in over.fix and "gpuClock.maxMHz" in over.fix
+    unseen = results[("GPU.CLOCK_CAP", "node2")]
+    assert unseen.status == "warn" and "nothing shows a cap" in unseen.detail
+    assert results[("GPU.CLOCK_CAP", "node3")].detail == "SM clock 2100 MHz, the GPU's maximum 2200 MHz is within 2200 MHz"
+    assert results[("GPU.CLOCK_CAP", "node4")].status == "ok"
+    assert "applications_clocks_setting Active" in results[("GPU.CLOCK_CAP", "node4")].detail
+    # a NixOS host: tp4-gpu-clock.timer (tp4.host.gpuClock.maxMHz) must be active
+    good.fake(good.hosts[1], "unit-state.tp4-gpu-clock.timer").write_text("active\n")
+    nixos = good.plan._replace(nodes=tuple(r._replace(service=r.service._replace(kind="nixos")) for r in good.plan.nodes))
+    results = {(x.check, x.node): x for x in doctor.evaluate(nixos, doctor.gather(good.plan, good.nodes(), LIMITS), LIMITS)}
+    assert results[("GPU.CLOCK_CAP", "node2")].detail == "SM clock 1000 MHz (max 3000); tp4-gpu-clock.timer is active"
+    stopped = results[("GPU.CLOCK_CAP", "node4")]
+    assert stopped.status == "fail" and stopped.detail.startswith("tp4-gpu-clock.timer is inactive: nothing caps the SM clock")
+    assert results[("GPU.CLOCK_CAP", "node3")].status == "ok"  # the GPU cannot pass the cap
+    assert run(good, dataclasses.replace(LIMITS, sm_clock_mhz=None))[("GPU.CLOCK_CAP", "node1")].status == "n/a"
+
+
+def test_shard_files_on_the_head(good: DoctorCluster) -> None:
+    results = run(good)
+    ok = results[("WEIGHTS.SHARD_FILES", "node1")]
+    assert ok.status == "ok" and ok.detail.startswith("48 shards, ") and ok.detail.endswith("each readable and non-empty")
+    assert results[("WEIGHTS.SHARD_FILES", "node2")].status == "n/a"
+    (good.model_dir / "model-00005-of-00048.safetensors").write_bytes(b"")
+    (good.model_dir / "model-00007-of-00048.safetensors").chmod(0)
+    results = run(good)
+    r = results[("WEIGHTS.SHARD_FILES", "node1")]
+    assert (r.status, r.blocking) == ("fail", True)
+    assert r.detail == ("model-00005-of-00048.safetensors is empty (0 bytes); "
+                        "model-00007-of-00048.safetensors is not readable (mode 0)")
+    assert r.fix is not None and "tp4 download" in r.fix and "chmod a+r" in r.fix
+    assert results[("WEIGHTS.HEAD", "node1")].status == "ok"  # it counts the names only
+    assert not_ok(results) == {**MEMLOCK_WARN, ("WEIGHTS.SHARD_FILES", "node1"): "fail"}
+    # a shard of another checkpoint, a dangling link and a directory
+    good.reset()
+    (good.model_dir / "model-00001-of-00049.safetensors").write_bytes(b"x")
+    (good.model_dir / "model-00002-of-00048.safetensors").unlink()
+    (good.model_dir / "model-00002-of-00048.safetensors").symlink_to(good.model_dir / "gone")
+    (good.model_dir / "model-00003-of-00048.safetensors").unlink()
+    (good.model_dir / "model-00003-of-00048.safetensors").mkdir()
+    try:
+        r = run(good)[("WEIGHTS.SHARD_FILES", "node1")]
+    finally:
+        (good.model_dir / "model-00003-of-00048.safetensors").rmdir()
+        (good.model_dir / "model-00002-of-00048.safetensors").unlink()
+    assert r.status == "fail"
+    assert r.detail == ("names say -of-49, not -of-48; 49 shard files, the checkpoint has 48 (model.expected_shards); "
+                        "model-00002-of-00048.safetensors is a dangling link; model-00003-of-00048.safetensors is a directory")
+
+
+def test_image_of_another_architecture(good: DoctorCluster, tmp_path: Path) -> None:
+    """An image whose config names another architecture than `uname -m` (podman holds it without
+    running it): IMAGE.ARCH fails on that node."""
+    machine = os.uname().machine
+    own = doctor.ARCH[machine]
+    other = "amd64" if own == "arm64" else "arm64"
+    host = good.hosts[2]
+    tag = good.plan.image.tag
+    original = host.run("podman", "image", "inspect", "--format", "{{.Id}}", tag).stdout.strip()
+    (tmp_path / "hello").write_text("an image of another architecture\n")
+    with tarfile.open(tmp_path / "other.tar", "w") as tar:
+        tar.add(tmp_path / "hello", arcname="hello")
+    host.run("podman", "import", "-q", "--arch", other, str(tmp_path / "other.tar"), tag)
+    try:
+        results = run(good)
+    finally:
+        host.run("podman", "tag", original, tag)
+    r = results[("IMAGE.ARCH", "node3")]
+    assert (r.status, r.blocking) == ("fail", True)
+    assert r.detail == f"{tag} is a {other} image, the host is {machine} ({own}): it cannot run here"
+    assert r.fix is not None and "aarch64-linux" in r.fix
+    assert results[("IMAGE.ARCH", "node2")].detail == f"{own} image on an {machine} host"
+    assert not_ok(results) == {**MEMLOCK_WARN, ("IMAGE.ARCH", "node3"): "fail", ("IMAGE.SAME", "node3"): "fail"}
+
+
+def test_image_against_the_recorded_build_and_the_tags_digest(good: DoctorCluster, tmp_path: Path) -> None:
+    import copy
+
+    tag = good.plan.image.tag
+    head_id = good.hosts[0].run("podman", "image", "inspect", "--format", "{{.Id}}", tag).stdout.strip()
+    assert run(good)[("IMAGE.DIGEST", "node1")].status == "n/a"  # nothing pins it
+    results = run(good, dataclasses.replace(LIMITS, image_id=head_id))
+    assert {results[("IMAGE.DIGEST", f"node{i}")].status for i in range(1, 5)} == {"ok"}
+    assert results[("IMAGE.DIGEST", "node2")].detail == f"id {head_id[:12]} as `tp4 build` recorded"
+    other = "1" * 64
+    r = run(good, dataclasses.replace(LIMITS, image_id=other))[("IMAGE.DIGEST", "node4")]
+    assert (r.status, r.blocking) == ("fail", True)
+    assert r.detail == f"{tag}: id {head_id[:12]}, `tp4 build` recorded {other[:12]} for {tag}"
+    assert r.fix is not None and "tp4 distribute" in r.fix
+    # a tag pinned by digest: the node's repo digests must hold it
+    facts = doctor.gather(good.plan, good.nodes(), LIMITS)
+    digest = "sha256:" + "ab" * 32
+    pinned = good.plan._replace(image=good.plan.image._replace(tag=f"{tag}@{digest}"))
+    f = copy.deepcopy(facts)
+    f["node2"].sections["image_config"] = [f'{own_arch()} ["localhost/x@{digest}"]', "rc 0"]
+    results = {(x.check, x.node): x for x in doctor.evaluate(pinned, f, LIMITS)}
+    assert results[("IMAGE.DIGEST", "node2")].detail == f"digest {digest[:19]}"
+    assert results[("IMAGE.DIGEST", "node3")].status == "fail"
+    assert "are not the tag's sha256:abababababab" in results[("IMAGE.DIGEST", "node3")].detail
+
+
+def own_arch() -> str:
+    return doctor.ARCH[os.uname().machine]
+
+
+def test_the_recorded_build_id(tmp_path: Path) -> None:
+    """Limits.of_profile takes the id `tp4 build` recorded next to the flake's out-link, for the
+    plan's tag only."""
+    from tp4 import build
+
+    (tmp_path / "flake.nix").write_text("{ }\n")
+    attr = build.image_attr("canary-roce")
+    build.Built("/nix/store/x", "dsv41-3x-spark:local", "sha256:" + "c" * 64).save(build.record_path(tmp_path, attr))
+    assert doctor.built_image_id("canary-roce", "dsv41-3x-spark:local", str(tmp_path)) == "c" * 64
+    assert doctor.built_image_id("canary-roce", "other:tag", str(tmp_path)) is None
+    assert doctor.built_image_id("base", "dsv41-3x-spark:local", str(tmp_path)) is None  # no record of that variant
+    empty = tmp_path / "empty"  # a flake without a build
+    empty.mkdir()
+    (empty / "flake.nix").write_text("{ }\n")
+    assert doctor.built_image_id("canary-roce", "dsv41-3x-spark:local", str(empty)) is None
+
+
+def test_ring_nccl_sha256_against_the_pin_and_the_head(good: DoctorCluster, tmp_path: Path) -> None:
+    import hashlib
+
+    profile = tmp_path / "ring.toml"
+    profile.write_text(good.profile.read_text() + RING)
+    plan = build_plan(load_file(profile))
+    libs = [Path(next(m.source for m in r.run.mounts if m.source.endswith("/libnccl.so.2"))) for r in plan.nodes]
+    build = b"\x7fELF...NCCL_SWITCHLESS_RING_ONLY\0..."
+    for rank, lib in enumerate(libs):
+        lib.parent.mkdir(parents=True, exist_ok=True)
+        lib.write_bytes(build + (b"another build" if rank == 2 else b""))
+        good.fake(good.hosts[rank], "unit-state").write_text("active\n")
+    sha = hashlib.sha256(build).hexdigest()
+    try:
+        unpinned = run(good, plan=plan)
+        pinned = run(good, dataclasses.replace(LIMITS, nccl_sha256=sha), plan=plan)
+        wrong = run(good, dataclasses.replace(LIMITS, nccl_sha256="0" * 64), plan=plan)
+    finally:
+        for lib in libs:
+            lib.unlink(missing_ok=True)
+    r = unpinned[("ARTIFACT.SHA256", "node1")]
+    assert r.status == "ok" and r.detail == f'{libs[0]}: sha256 {sha[:16]}..., the head\'s (not pinned: set fabric.nccl.sha256 = "{sha}")'
+    odd = unpinned[("ARTIFACT.SHA256", "node3")]
+    assert (odd.status, odd.blocking) == ("fail", True) and f"the head's is {sha[:16]}..." in odd.detail
+    assert odd.fix is not None and "fabric.nccl.sha256" in odd.fix
+    assert unpinned[("RING.NCCL", "node3")].status == "ok"  # the string is there: only the hash tells the builds apart
+    assert pinned[("ARTIFACT.SHA256", "node2")].detail == f"{libs[1]}: sha256 {sha[:16]}... as pinned"
+    assert pinned[("ARTIFACT.SHA256", "node3")].status == "fail"
+    assert {wrong[("ARTIFACT.SHA256", f"node{i}")].status for i in range(1, 5)} == {"fail"}
+    assert "fabric.nccl.sha256 pins 0000000000000000..." in wrong[("ARTIFACT.SHA256", "node1")].detail
+    assert run(good)[("ARTIFACT.SHA256", "node1")].detail == "no host NCCL on this rank"  # switched
+
+
+def test_the_nccl_pin_is_a_profile_field(tmp_path: Path) -> None:
+    from tp4.errors import Tp4Error
+    from tp4.profile import load_text
+
+    text = ('preset = "production"\n[cluster]\nuser = "tp4"\n[cluster.head]\nname = "h"\nip = "10.0.0.1"\n'
+            + "".join(f'[[cluster.workers]]\nname = "w{i}"\nip = "10.0.0.{i + 1}"\n' for i in (1, 2, 3))
+            + '[fabric.nccl]\nsha256 = "%s"\n')
+    loaded = load_text(text % ("e" * 64), "t")
+    assert Limits.of_profile(loaded.profile).nccl_sha256 == "e" * 64
+    with pytest.raises(Tp4Error) as exc:
+        load_text(text % "E0", "t")
+    assert "fabric.nccl.sha256" in exc.value.message and "64 lower-case hex digits" in exc.value.message
 
 
 # --- weights, engram, image, disk, ports, clock, memory ----------------------------------------------

@@ -98,7 +98,8 @@ def test_prepare_runs_every_step_from_nothing_then_skips_them_and_serve_finds_th
     # the missing shards pass as "disk to pack them" where a node has 50 GiB free)
     later = re.search(r"^prepare: doctor: no blocking failure but what the next steps make: (.*)$", r.stdout, re.M)
     assert later is not None, out
-    assert later[1] in ("WEIGHTS.HEAD (download)", "ENGRAM.SHARDS (pack), WEIGHTS.HEAD (download)"), out
+    assert later[1] in ("WEIGHTS.HEAD (download), WEIGHTS.SHARD_FILES (download)",
+                        "ENGRAM.SHARDS (pack), WEIGHTS.HEAD (download), WEIGHTS.SHARD_FILES (download)"), out
     assert sorted(p.name for p in cluster.model_dir.iterdir() if not p.name.startswith(".tp4-")) == sorted(hub.files)
     for name, data in hub.files.items():
         assert (cluster.model_dir / name).read_bytes() == data

@@ -75,7 +75,7 @@ SYSTEMD_RUN = ("systemd-run", "--wait", "--collect", "--pipe", "--quiet", "--no-
                "--setenv=LOCALE_ARCHIVE")
 TOPLEVEL = "config.system.build.toplevel"
 # doctor's checks whose result is the post-check's "weights" column
-WEIGHTS_CHECKS = ("WEIGHTS.HEAD", "WEIGHTS.WORKER")
+WEIGHTS_CHECKS = ("WEIGHTS.HEAD", "WEIGHTS.SHARD_FILES", "WEIGHTS.WORKER")
 # seconds the post-check waits for ssh to answer and the RDMA check to settle after a switch
 CHECK_TIMEOUT = 60.0
 SWITCH_TIMEOUT = 1800.0

@@ -8,9 +8,10 @@ Two halves:
   tp4.process. It prints sections (``== name`` then the section's lines) that :func:`parse`
   turns into a :class:`Facts` per node. The host facts that need hardware come from files under
   the sysfs root (``/sys`` by default: ``class/infiniband/<hca>/ports/1/{state,link_layer,gids,
-  gid_attrs/types,hw_counters,counters}``, ``class/infiniband/<hca>/device/net``) and commands
-  (``nvidia-smi``, ``uname``, ``ip``, ``ping``, ``ss``, ``df``, ``date``, the runtime), found on the
-  node's PATH.
+  gid_attrs/types,hw_counters,counters}``, ``class/infiniband/<hca>/device/net``,
+  ``module/nvidia_drm/parameters/{modeset,fbdev}``) and commands (``nvidia-smi``, ``uname``, ``ip``,
+  ``ping``, ``ss``, ``df``, ``date``, ``systemctl``, ``stat``, ``sha256sum``, the runtime), found on
+  the node's PATH.
 * :func:`evaluate` turns the facts of every node into checks, locally, each with a stable id
   (:data:`CHECKS`), a status per node (ok, warn, fail, or n/a where it does not apply), a detail
   and, for a warning or failure, a fix. A check is blocking or not: `tp4 doctor` exits 1 on a
@@ -62,6 +63,9 @@ CHECKS: tuple[CheckSpec, ...] = tuple(CheckSpec(*c) for c in (
     ("GPU.PRESENT", "nvidia-smi lists a GPU", True),
     ("GPU.NO_FOREIGN_APPS", "no compute apps on the GPU", True),
     ("GPU.DRIVER", "driver 580.x (the display reservation is qualified on it)", False),
+    ("GPU.NVIDIA_DRM", "nvidia_drm loaded with modeset=1 and fbdev=0 where the plan uses the display reservation", True),
+    ("HOST.HEADLESS", "boots to multi-user.target, no display manager running", False),
+    ("GPU.CLOCK_CAP", "the SM clock capped (upstream measured at `nvidia-smi -lgc 0,2200`)", False),
     ("RDMA.DEVICES", "/dev/infiniband and every HCA of the plan", True),
     ("RDMA.PORT_ACTIVE", "every HCA port ACTIVE", True),
     ("RDMA.LINK_LAYER", "link layer Ethernet (RoCE)", True),
@@ -76,14 +80,18 @@ CHECKS: tuple[CheckSpec, ...] = tuple(CheckSpec(*c) for c in (
     ("RDMA.COUNTERS", "RoCE error counters not rising", False),
     ("KERNEL.KNOWN_BAD", "the kernel is not a known-bad one", True),
     ("WEIGHTS.HEAD", "the checkpoint on the head: config.json and every shard", True),
+    ("WEIGHTS.SHARD_FILES", "every shard on the head a readable, non-empty regular file, as many as expected", True),
     ("WEIGHTS.WORKER", "the weights visible on the worker through the plan's volume", True),
     ("ENGRAM.SHARDS", "both packed Engram shards of the rank, or disk to pack them", True),
     ("IMAGE.SAME", "the image on every node, with the same id and layers", True),
+    ("IMAGE.ARCH", "the image's architecture is the host's", True),
+    ("IMAGE.DIGEST", "the image is the pinned one (the tag's @sha256 digest, the id `tp4 build` recorded)", True),
     ("DISK.FREE", "free disk for the next image", False),
     ("PORTS.FREE", "the API, dist init and image store ports free on the head", True),
     ("CLOCK.SKEW", "clocks within a second of each other", False),
     ("MEMORY.FREE", "free memory for the engine", False),
     ("RING.NCCL", "ring: the patched NCCL, the mesh unit active", True),
+    ("ARTIFACT.SHA256", "ring: the NCCL library's sha256 is the pinned one (fabric.nccl.sha256), else the same on every node", True),
 ))
 BY_ID = {c.id: c for c in CHECKS}
 
@@ -125,6 +133,13 @@ class Limits:
     # the head's image store (tp4 build, distribute) starts on this port again: it must be free
     # on the head (tp4.imagestore.port_in_waiting; None: running, or it takes a free one)
     registry_port: int | None = None
+    # the SM clock cap in MHz (upstream measured its numbers at `nvidia-smi -lgc 0,2200`; the NixOS
+    # module's tp4.host.gpuClock.maxMHz, default 2200); None: not checked
+    sm_clock_mhz: int | None = 2200
+    # the pinned sha256 of the ring's NCCL library (the profile's fabric.nccl.sha256); None: unpinned
+    nccl_sha256: str | None = None
+    # the image id `tp4 build` recorded for the plan's tag (result-<attr>.json); None: no record
+    image_id: str | None = None
 
     @classmethod
     def of_profile(cls, profile: Profile, **given: Any) -> Limits:
@@ -133,7 +148,20 @@ class Limits:
         from tp4 import imagestore
 
         return cls(volume_kind="nfs" if profile.nfs.share else "local", expected_shards=profile.model.expected_shards,
-                   registry_port=imagestore.port_in_waiting(), **given)
+                   registry_port=imagestore.port_in_waiting(), nccl_sha256=profile.fabric.nccl.sha256,
+                   image_id=built_image_id(profile.image.variant, profile.image.tag), **given)
+
+
+def built_image_id(variant: str, tag: str, flake: str | None = None) -> str | None:
+    """The id `tp4 build` recorded for ``tag`` (the build record next to the flake's out-link,
+    tp4.build.record_path), or None: no flake, no record, or a record of another tag."""
+    from tp4 import build, nix
+
+    try:
+        record = build.Built.load(build.record_path(nix.find_flake(flake), build.image_attr(variant)))
+    except (Tp4Error, OSError):
+        return None
+    return record.id.removeprefix("sha256:") if record.ref == tag else None
 
 
 # --- the remote half -------------------------------------------------------------------------------
@@ -187,13 +215,30 @@ if command -v nvidia-smi >/dev/null 2>&1; then
   echo present
   s gpus; nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>&1
   s gpu_apps; nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv,noheader 2>&1
+  s gpu_clock; nvidia-smi --query-gpu=clocks.sm,clocks.max.sm,clocks_event_reasons.applications_clocks_setting --format=csv,noheader,nounits 2>&1
 else
   echo absent
+fi
+s nvidia_drm
+if [ -d "$sys/module/nvidia_drm" ]; then
+  echo loaded
+  for p in modeset fbdev; do
+    f=$sys/module/nvidia_drm/parameters/$p
+    if [ -r "$f" ]; then echo "$p $(cat "$f")"; elif [ -e "$f" ]; then echo "$p unreadable"; fi
+  done
+fi
+s cmdline; cat /proc/cmdline
+s headless
+if command -v systemctl >/dev/null 2>&1; then
+  echo "default $(systemctl get-default 2>&1 | head -n 1)"
+  echo "display-manager.service $(systemctl is-active -- display-manager.service 2>&1 | head -n 1)"
+  echo "tp4-gpu-clock.timer $(systemctl is-active -- tp4-gpu-clock.timer 2>&1 | head -n 1)"
 fi
 s runtime
 if command -v "$rt" >/dev/null 2>&1; then
   echo present
   s image; "$rt" image inspect --format '{{.Id}} {{json .RootFS.Layers}}' -- "$image" 2>&1; echo "rc $?"
+  s image_config; "$rt" image inspect --format '{{.Architecture}} {{json .RepoDigests}}' -- "$image" 2>&1; echo "rc $?"
   case "$rt" in
     *docker) store=$(docker info --format '{{.DockerRootDir}}' 2>&1)
              s gpu_access; docker info --format '{{json .Runtimes}} {{json .CDISpecDirs}}' 2>&1 ;;
@@ -223,6 +268,14 @@ if [ -n "$weights" ]; then
   [ -f "$weights/config.json" ] && echo config
   echo "shards $(ls -- "$weights" 2>/dev/null | grep -c '^model-.*-of-.*\.safetensors$')"
 fi
+if [ -n "$model" ]; then
+  s shard_files
+  ls -- "$model" 2>/dev/null | grep '^model-.*-of-.*\.safetensors$' | while IFS= read -r x; do
+    if [ -r "$model/$x" ]; then r=r; else r=-; fi
+    st=$(stat -L -c '%s %a %F' -- "$model/$x" 2>/dev/null | tr ' ' _ | sed 's/_/ /; s/_/ /')
+    echo "$r ${st:-- - missing} $x"
+  done
+fi
 s engram
 for f in $engram_files; do
   if [ -f "$engram/$f" ]; then
@@ -244,6 +297,7 @@ if [ -n "$peer" ]; then
 fi
 if [ -n "$ncclso" ]; then
   s nccl; if [ -f "$ncclso" ]; then echo present; grep -c SWITCHLESS_RING_ONLY -- "$ncclso"; else echo absent; fi
+  s nccl_sha256; if [ -f "$ncclso" ]; then sha256sum -- "$ncclso" 2>&1; fi
 fi
 if [ -n "$mesh" ]; then s mesh; systemctl is-active -- "$mesh" 2>&1; fi
 wait "$sleeper"
@@ -536,6 +590,7 @@ def evaluate(plan: Plan, facts: dict[str, Facts], limits: Limits | None = None) 
     for r in up:
         _node_checks(ctx, r, facts[r.name])
     _line_checks(ctx, up)
+    _artifact_checks(ctx, up)
     order = {c.id: i for i, c in enumerate(CHECKS)}
     names = [r.name for r in plan.nodes]
     ctx.results.sort(key=lambda x: (order[x.check], names.index(x.node) if x.node in names else 99))
@@ -734,6 +789,7 @@ def _node_checks(ctx: Context, r: RankPlan, f: Facts) -> None:
     _weights(ctx, r, f)
     # engram
     _engram(ctx, r, f)
+    _host_state(ctx, r, f)
     # disk
     store = _store_free(f)
     if store is None:
@@ -977,6 +1033,271 @@ def _line_checks(ctx: Context, up: list[RankPlan]) -> None:
                 add("CLOCK.SKEW", r.name, "warn", f"the clock is {skew:+.1f} s off the others", "enable NTP (timedatectl set-ntp true; chrony)")
             else:
                 add("CLOCK.SKEW", r.name, "ok", f"{skew:+.2f} s")
+
+
+# --- the host state the NixOS module sets (display reservation, headless boot, SM clock cap), the
+# head's shard files, the image's architecture and pin, the deployed NCCL's sha256 ----------------
+
+# `uname -m` against the image config's GOARCH (the OCI image spec's `architecture`)
+ARCH = {"aarch64": "arm64", "arm64": "arm64", "x86_64": "amd64", "amd64": "amd64"}
+DRM_NODE = "DSV41_ENGRAM_DRM_NODE"  # the plan uses the display reservation when a rank's env sets it
+DISPLAY_FIX = ("nvidia-drm.modeset=1 nvidia-drm.fbdev=0 last on the kernel command line, then reboot (NixOS: "
+               "tp4.host.displayReservation.enable = true appends them), or unset DSV41_ENGRAM_DRM_NODE in the profile")
+HEADLESS_FIX = ("systemctl set-default multi-user.target; systemctl disable --now display-manager.service "
+                "(NixOS: tp4.host.displayReservation.enable = true sets both)")
+
+
+def module_param(cmdline: str, module: str, param: str) -> str | None:
+    """The value the kernel gives ``module``'s ``param`` from a command line: the last occurrence
+    wins, '-' and '_' are one character in module names (modules/lib/kernel.nix, moduleParam)."""
+    want = f"{module.replace('-', '_')}.{param}"
+    value = None
+    for word in cmdline.split():
+        key, eq, v = word.partition("=")
+        mod, dot, name = key.partition(".")
+        if eq and dot and f"{mod.replace('-', '_')}.{name}" == want:
+            value = v
+    return value
+
+
+def _flag(value: str | None) -> bool | None:
+    """A kernel bool parameter (sysfs prints Y/N; a command line may say 1/0, y/n, true/false)."""
+    v = (value or "").strip().lower()
+    return True if v in ("y", "1", "true", "on") else False if v in ("n", "0", "false", "off") else None
+
+
+def _host_state(ctx: Context, r: RankPlan, f: Facts) -> None:
+    _nvidia_drm(ctx, r, f)
+    _headless(ctx, r, f)
+    _clock_cap(ctx, r, f)
+    _shard_files(ctx, r, f)
+    _image_arch(ctx, r, f)
+    _image_digest(ctx, r, f)
+
+
+def _nvidia_drm(ctx: Context, r: RankPlan, f: Facts) -> None:
+    n, drm = r.name, r.env.get(DRM_NODE)
+    lines = f.get("nvidia_drm")
+    if not drm:
+        ctx.add("GPU.NVIDIA_DRM", n, "n/a", f"the plan does not use the display reservation ({DRM_NODE} unset)")
+        return
+    if not lines or lines[0] != "loaded":
+        ctx.add("GPU.NVIDIA_DRM", n, "fail", f"nvidia_drm is not loaded ({ctx.limits.sysfs}/module/nvidia_drm is absent): "
+                f"{drm} ({DRM_NODE}) does not exist", "load nvidia-drm with " + DISPLAY_FIX)
+        return
+    sysfs = dict(x.split(" ", 1) for x in lines[1:] if " " in x)
+    cmdline = " ".join(f.get("cmdline"))
+    got: dict[str, tuple[bool | None, str]] = {}
+    for p in ("modeset", "fbdev"):
+        if p in sysfs and sysfs[p] != "unreadable":
+            got[p] = (_flag(sysfs[p]), f"{p}={sysfs[p].strip()}")
+        elif (v := module_param(cmdline, "nvidia-drm", p)) is not None:
+            got[p] = (_flag(v), f"{p}={v} (/proc/cmdline; the sysfs file is root's only)")
+        elif p == "fbdev" and p not in sysfs:
+            got[p] = (False, "no fbdev parameter (this driver makes no framebuffer)")
+        else:
+            got[p] = (None, f"{p} unknown (the sysfs file is root's only and the command line does not set it)")
+    wrong = [why for p, (v, why) in got.items() if v is not None and v != (p == "modeset")]
+    unknown = [why for v, why in got.values() if v is None]
+    detail = ", ".join(why for _, why in got.values())
+    if wrong:
+        ctx.add("GPU.NVIDIA_DRM", n, "fail", f"nvidia_drm {detail}: the display reservation ({drm}) is not free "
+                "(it needs modeset=1 fbdev=0)", DISPLAY_FIX)
+    elif unknown:
+        ctx.add("GPU.NVIDIA_DRM", n, "warn", f"nvidia_drm {detail}", "run tp4 doctor as root, or set the parameters on the "
+                "kernel command line where they can be read: " + DISPLAY_FIX)
+    else:
+        ctx.add("GPU.NVIDIA_DRM", n, "ok", f"nvidia_drm {detail}")
+
+
+def _headless(ctx: Context, r: RankPlan, f: Facts) -> None:
+    n = r.name
+    state = dict(x.split(" ", 1) for x in f.get("headless") if " " in x)
+    if "default" not in state:
+        ctx.add("HOST.HEADLESS", n, "warn", "systemctl is not on the PATH: the boot target is unknown", HEADLESS_FIX)
+        return
+    problems = []
+    if state["default"] != "multi-user.target":
+        problems.append(f"boots to {state['default']}")
+    dm = state.get("display-manager.service", "")
+    if dm in ("active", "activating", "reloading", "deactivating"):
+        problems.append(f"display-manager.service is {dm}")
+    if problems:
+        why = (f"a desktop takes the display reservation {r.env[DRM_NODE]} and memory" if r.env.get(DRM_NODE)
+               else "a desktop takes memory from the engine")
+        ctx.add("HOST.HEADLESS", n, "fail", f"{'; '.join(problems)}: {why}", HEADLESS_FIX)
+    else:
+        ctx.add("HOST.HEADLESS", n, "ok", f"multi-user.target, display-manager.service {dm or 'absent'}")
+
+
+def _clock_cap(ctx: Context, r: RankPlan, f: Facts) -> None:
+    n, cap = r.name, ctx.limits.sm_clock_mhz
+    fix = (f"nvidia-smi -lgc 0,{cap} on a timer (a driver reload or a GPU reset drops it; NixOS: "
+           f"tp4.host.gpuClock.maxMHz = {cap} runs tp4-gpu-clock.timer)")
+    if cap is None:
+        ctx.add("GPU.CLOCK_CAP", n, "n/a", "no cap asked")
+        return
+    if (f.get("nvidia") or [""])[0] != "present":
+        ctx.add("GPU.CLOCK_CAP", n, "warn", "nvidia-smi is not on the PATH", fix)
+        return
+    line = (f.get("gpu_clock") or [""])[0]
+    parts = [x.strip() for x in line.split(",")]
+    if len(parts) < 3 or not parts[0].isdigit() or not parts[1].isdigit():
+        ctx.add("GPU.CLOCK_CAP", n, "warn", f"the SM clock is unreadable: {line[:120] or 'no output'}", fix)
+        return
+    sm, top, reason = int(parts[0]), int(parts[1]), parts[2]
+    timer = dict(x.split(" ", 1) for x in f.get("headless") if " " in x).get("tp4-gpu-clock.timer", "")
+    if sm > cap:
+        ctx.add("GPU.CLOCK_CAP", n, "fail", f"the SM clock runs at {sm} MHz, above the cap of {cap} MHz "
+                "(upstream's numbers were measured capped)", fix)
+    elif top <= cap:
+        ctx.add("GPU.CLOCK_CAP", n, "ok", f"SM clock {sm} MHz, the GPU's maximum {top} MHz is within {cap} MHz")
+    elif r.service.kind == "nixos":
+        if timer == "active":
+            ctx.add("GPU.CLOCK_CAP", n, "ok", f"SM clock {sm} MHz (max {top}); tp4-gpu-clock.timer is active")
+        else:
+            ctx.add("GPU.CLOCK_CAP", n, "fail", f"tp4-gpu-clock.timer is {timer or 'unknown'}: nothing caps the SM clock "
+                    f"(now {sm} MHz, the GPU's maximum {top} MHz)", fix)
+    elif reason.lower() == "active":
+        ctx.add("GPU.CLOCK_CAP", n, "ok", f"SM clock {sm} MHz (max {top}), held by a clock setting "
+                "(clocks_event_reasons.applications_clocks_setting Active)")
+    else:
+        ctx.add("GPU.CLOCK_CAP", n, "warn", f"SM clock {sm} MHz now, but nothing shows a cap (max {top} MHz, "
+                f"clocks_event_reasons.applications_clocks_setting {reason}): the GPU may boost past {cap} MHz", fix)
+
+
+def _shard_files(ctx: Context, r: RankPlan, f: Facts) -> None:
+    n = r.name
+    if r.rank != 0:
+        ctx.add("WEIGHTS.SHARD_FILES", n, "n/a", "the head's files only")
+        return
+    if not f.has("shard_files"):
+        ctx.add("WEIGHTS.SHARD_FILES", n, "n/a", "the plan mounts no checkpoint directory on the head: see WEIGHTS.HEAD")
+        return
+    expected = ctx.limits.expected_shards
+    bad, total, totals = [], 0, set()
+    rows = [x.split(" ", 4) for x in f.get("shard_files")]
+    for row in rows:
+        if len(row) < 5:
+            continue
+        readable, size, mode, kind, name = row
+        m = re.search(r"-of-0*(\d+)\.safetensors$", name)
+        if m:
+            totals.add(int(m.group(1)))
+        if kind == "missing":
+            bad.append(f"{name} is a dangling link")
+        elif not kind.startswith("regular"):
+            bad.append(f"{name} is a {kind.replace('_', ' ')}")
+        elif not size.isdigit() or int(size) == 0:
+            bad.append(f"{name} is empty (0 bytes)")
+        elif readable != "r" or not re.fullmatch(r"[0-7]+", mode) or int(mode, 8) & 0o444 == 0:
+            bad.append(f"{name} is not readable (mode {mode})")
+        else:
+            total += int(size)
+    count = len(rows)
+    if count != expected:
+        bad.insert(0, f"{count} shard files, the checkpoint has {expected} (model.expected_shards)")
+    if totals - {expected}:
+        bad.insert(0, "names say -of-" + ", -of-".join(map(str, sorted(totals - {expected}))) + f", not -of-{expected}")
+    if bad:
+        more = f"; and {len(bad) - 4} more" if len(bad) > 4 else ""
+        ctx.add("WEIGHTS.SHARD_FILES", n, "fail", "; ".join(bad[:4]) + more,
+                "tp4 download again (it fetches what is missing or broken), remove shards of another checkpoint, and "
+                "make every shard readable (chmod a+r)")
+    else:
+        ctx.add("WEIGHTS.SHARD_FILES", n, "ok", f"{count} shards, {total / 2**30:.1f} GiB, each readable and non-empty")
+
+
+def _image_config(f: Facts) -> tuple[str, list[str]] | None:
+    """(architecture, repo digests) of the plan's image on the node, None without it."""
+    rc, out = _rc(f.get("image_config"))
+    if (f.get("runtime") or [""])[0] != "present" or rc != 0 or not out or not out[0].strip():
+        return None
+    arch, _, digests = out[0].strip().partition(" ")
+    try:
+        repo = json.loads(digests or "[]")
+    except ValueError:
+        repo = []
+    return arch, [d for d in repo or [] if isinstance(d, str)]
+
+
+def _image_arch(ctx: Context, r: RankPlan, f: Facts) -> None:
+    n = r.name
+    machine = (f.get("uname") or ["", ""])[1:2]
+    machine_s = machine[0].strip() if machine else ""
+    config = _image_config(f)
+    if config is None:
+        ctx.add("IMAGE.ARCH", n, "n/a", f"no image {r.run.image}: see IMAGE.SAME")
+    elif not machine_s:
+        ctx.add("IMAGE.ARCH", n, "warn", "`uname -m` printed nothing", "check `uname -m` on the node")
+    elif ARCH.get(machine_s, machine_s) != ARCH.get(config[0], config[0]):
+        ctx.add("IMAGE.ARCH", n, "fail", f"{r.run.image} is a {config[0]} image, the host is {machine_s} "
+                f"({ARCH.get(machine_s, machine_s)}): it cannot run here",
+                "build the image for the Sparks (tp4 build on a Spark, or --system aarch64-linux), then tp4 distribute")
+    else:
+        ctx.add("IMAGE.ARCH", n, "ok", f"{config[0]} image on an {machine_s} host")
+
+
+def _image_digest(ctx: Context, r: RankPlan, f: Facts) -> None:
+    n = r.name
+    _, at, digest = ctx.plan.image.tag.partition("@")
+    recorded = ctx.limits.image_id
+    if not at and not recorded:
+        ctx.add("IMAGE.DIGEST", n, "n/a", "nothing pins the image: the tag has no @sha256 digest and no `tp4 build` record "
+                "names it")
+        return
+    config, iid = _image_config(f), image_id(f)
+    if config is None or iid is None:
+        ctx.add("IMAGE.DIGEST", n, "n/a", f"no image {r.run.image}: see IMAGE.SAME")
+        return
+    problems, good = [], []
+    if at:
+        if any(d.endswith("@" + digest) for d in config[1]):
+            good.append(f"digest {digest[:19]}")
+        else:
+            problems.append(f"its repo digests ({', '.join(d.rpartition('@')[2][:19] for d in config[1]) or 'none'}) "
+                            f"are not the tag's {digest[:19]}")
+    if recorded:
+        if iid == recorded:
+            good.append(f"id {iid[:12]} as `tp4 build` recorded")
+        else:
+            problems.append(f"id {iid[:12]}, `tp4 build` recorded {recorded[:12]} for {ctx.plan.image.tag}")
+    if problems:
+        ctx.add("IMAGE.DIGEST", n, "fail", f"{r.run.image}: " + "; ".join(problems),
+                "tp4 distribute (every node gets the recorded build), or tp4 build again")
+    else:
+        ctx.add("IMAGE.DIGEST", n, "ok", ", ".join(good))
+
+
+def _artifact_checks(ctx: Context, up: list[RankPlan]) -> None:
+    """ARTIFACT.SHA256: the ring's NCCL library against the pin, else against the head's."""
+    shas: dict[str, tuple[str, str]] = {}
+    for r in up:
+        line = (ctx.facts[r.name].get("nccl_sha256") or [""])[0].split(None, 1)
+        if len(line) == 2 and re.fullmatch(r"[0-9a-f]{64}", line[0]):
+            shas[r.name] = (line[0], line[1].strip())
+    pinned = ctx.limits.nccl_sha256
+    head = ctx.plan.nodes[0].name
+    ref = shas.get(head, (None, ""))[0]
+    fix = "copy one NCCL build (2.30.7 with the switchless patch) to every node, and pin its sha256 in fabric.nccl.sha256"
+    for r in up:
+        f = ctx.facts[r.name]
+        if ctx.plan.line.fabric != "ring" or not f.has("nccl"):
+            ctx.add("ARTIFACT.SHA256", r.name, "n/a", "no host NCCL on this rank")
+        elif r.name not in shas:
+            ctx.add("ARTIFACT.SHA256", r.name, "n/a", "no NCCL library to hash: see RING.NCCL")
+        else:
+            sha, path = shas[r.name]
+            if pinned and sha != pinned:
+                ctx.add("ARTIFACT.SHA256", r.name, "fail", f"{path}: sha256 {sha[:16]}..., fabric.nccl.sha256 pins "
+                        f"{pinned[:16]}...", fix)
+            elif pinned:
+                ctx.add("ARTIFACT.SHA256", r.name, "ok", f"{path}: sha256 {sha[:16]}... as pinned")
+            elif ref is not None and sha != ref:
+                ctx.add("ARTIFACT.SHA256", r.name, "fail", f"{path}: sha256 {sha[:16]}..., the head's is {ref[:16]}...", fix)
+            else:
+                ctx.add("ARTIFACT.SHA256", r.name, "ok", f"{path}: sha256 {sha[:16]}..., the head's (not pinned: set "
+                        f"fabric.nccl.sha256 = \"{sha}\")")
 
 
 # --- entry points ------------------------------------------------------------------------------------

@@ -25,7 +25,7 @@ strict_option = click.option("--strict", is_flag=True, help="Treat the profile's
 
 # doctor's blocking checks that a later step of `tp4 prepare` makes pass: not a reason to stop
 # before that step (a fresh line has no checkpoint and no shards yet)
-MADE_BY = {"WEIGHTS.HEAD": "download", "WEIGHTS.WORKER": "share", "ENGRAM.SHARDS": "pack"}
+MADE_BY = {"WEIGHTS.HEAD": "download", "WEIGHTS.SHARD_FILES": "download", "WEIGHTS.WORKER": "share", "ENGRAM.SHARDS": "pack"}
 STEPS = ("doctor", "download", "share", "pack")
 
 

@@ -318,6 +318,9 @@ class Nccl(Section):
     worker_dir: str | None = Field(None, description="NCCL build directory on workers if not the same home-relative path (NCCL_WORKER_DIR, absolute).")
     pip_so: str = Field("/opt/sglang/lib/python3.12/site-packages/nvidia/nccl/lib/libnccl.so.2",
                         description="The image's pip NCCL that 'overlay' replaces (NCCL_PIP_SO).")
+    sha256: Annotated[str, Form(r"[0-9a-f]{64}", "a sha256 digest (64 lower-case hex digits, as sha256sum prints it)",
+                                "<64 hex digits of sha256sum libnccl.so.2>")] | None = Field(
+        None, description="The sha256 of the host NCCL build's libnccl.so.2 every node must carry (tp4 doctor's ARTIFACT.SHA256); unset: the nodes are compared with the head.")
 
     @field_validator("host_dir", "worker_dir", "pip_so")
     @classmethod
