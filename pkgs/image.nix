@@ -57,6 +57,11 @@ import ./oci.nix {
   inherit name layers base;
   imageName = if variant == "canary-roce" then name else "${name}-${variant}";
   passthru = {
+    # what `tp4 build` reads from the base before building on it (python/tp4/baseimage.py)
+    baseFacts = {
+      row = baseRow.name;
+      inherit (baseRow) attrs;
+    };
     inherit
       labels
       layers

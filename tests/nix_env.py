@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -206,7 +207,7 @@ LAYOUT_FLAKE = r"""{
         (cd root && tar -cf "$out" opt)
       '') (builtins.length @base_layers@);
       # ./base.tar when the test gives one (a docker-archive it wrote), else the random layers
-      base = if builtins.pathExists ./base.tar then ./base.tar else if baseLayers == [ ] then null else mk "tp4-test-base.tar" ''
+      base = if builtins.pathExists ./base.tar then mk "tp4-test-given-base.tar" "${sh} cp ${./base.tar} $out" else if baseLayers == [ ] then null else mk "tp4-test-base.tar" ''
         busybox mkdir tools; busybox --install -s "$PWD/tools"; export PATH="$PWD/tools:$PATH"
         ids=""; names=""; files=""
         for l in ${toString baseLayers}; do
@@ -242,6 +243,9 @@ LAYOUT_FLAKE = r"""{
         mk = mkPy;
         name = "@name@";
         inherit base;
+        # what tp4 build reads from the base first (pkgs/image.nix's baseFacts), when the test gives it
+        passthru = if builtins.pathExists ./base-facts.json
+          then { baseFacts = builtins.fromJSON (builtins.readFile ./base-facts.json); } else { };
         # ./wheels (a tree laid out as site-packages), when the test gives one: installed into the
         # base's site-packages as pkgs/default.nix does, or (@wheels_at@ set) linked there instead
         layers = (if builtins.pathExists ./wheels then [
@@ -283,7 +287,7 @@ TEST_FILES = {
 def image_flake(dest: Path, *, ref: str | None = "tp4-test:latest", label: str = "v1", size_mb: int = 0,
                 checks: str | None = "", files: dict[str, str] | None = None, base_layers_mb: tuple[int, ...] = (),
                 stream: bool = False, base_archive: Path | None = None, wheels: dict[str, str] | None = None,
-                wheels_at: str = "", env: tuple[str, ...] = ("PATH=/bin",)) -> Path:
+                wheels_at: str = "", env: tuple[str, ...] = ("PATH=/bin",), base_facts: dict | None = None) -> Path:
     """A flake whose ``image`` is an OCI layout made by the repository's pkgs/oci.nix and
     tp4.oci, as the line's image is (build it with :func:`image_nix_config`): busybox at /bin
     with ``python3`` = sh, a runtime tree at /opt/dsv41 with ``TEST_FILES`` plus ``files``, and
@@ -297,7 +301,8 @@ def image_flake(dest: Path, *, ref: str | None = "tp4-test:latest", label: str =
     ``base_archive``: a docker-archive to use as the base instead. ``wheels``: files of a tree
     laid out as site-packages, installed into the base's site-packages as pkgs/default.nix
     installs the line's wheels (``sitePackages = true``), or linked at ``wheels_at`` when given.
-    ``env``: the image's own Env.
+    ``env``: the image's own Env. ``base_facts``: what `tp4 build` expects of the base
+    (``{"row": ..., "attrs": {...}}``, pkgs/image.nix's ``baseFacts``).
 
     ``stream``: instead, a stream script (like dockerTools.streamLayeredImage's) writing a
     one-layer docker-archive on top of the base layers, built with busybox only.
@@ -310,13 +315,15 @@ def image_flake(dest: Path, *, ref: str | None = "tp4-test:latest", label: str =
     for rel, text in {**TEST_FILES, **(files or {})}.items():
         (dest / "dsv41" / rel).parent.mkdir(parents=True, exist_ok=True)
         (dest / "dsv41" / rel).write_text(text)
-    for name in ("base.tar", "wheels"):
+    for name in ("base.tar", "wheels", "base-facts.json"):
         if (dest / name).is_dir():
             shutil.rmtree(dest / name)
         elif (dest / name).exists():
             (dest / name).unlink()
     if base_archive is not None:
         shutil.copy2(base_archive, dest / "base.tar")
+    if base_facts is not None:
+        (dest / "base-facts.json").write_text(json.dumps(base_facts))
     for rel, text in (wheels or {}).items():
         (dest / "wheels" / rel).parent.mkdir(parents=True, exist_ok=True)
         (dest / "wheels" / rel).write_text(text)

@@ -146,11 +146,13 @@ def test_a_base_without_a_place_for_the_wheels_is_an_error_naming_what_it_found(
 # --- end to end: tp4 build runs the registry's `wheels` check in podman ---------------------------
 
 
-def base_archive(dest: Path) -> Path:
+def base_archive(dest: Path, extra: dict[str, Path | bytes | str] | None = None) -> Path:
     """A docker-archive: Debian's python3 and its standard library (tests/standin/image.py), and
-    site-packages holding the older sglang-kernel (OLD), as the line's base holds its own."""
+    site-packages holding the older sglang-kernel (OLD), as the line's base holds its own;
+    ``extra`` files besides (path in the image -> host file, bytes, or a symlink's target)."""
     files: dict[str, Path | bytes | str] = {k: v for k, v in standin._files().items() if not k.startswith("/opt/")}
     files.update({k: v.encode() for k, v in OLD.items()})
+    files.update(extra or {})
     work = Path(tempfile.mkdtemp(prefix="tp4-sp-", dir=dest))
     layer = work / "layer.tar"
     standin._layer(files, layer)

@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from tp4 import containers, nix, process
+from tp4 import baseimage, containers, nix, process
 from tp4.errors import InvalidInput, Tp4Error
 from tp4.registry import ImageCheck, parse_image_checks
 
@@ -297,6 +297,8 @@ def build(flake: Path, attr: str, runtime: str, out: Echo, progress: Echo, *, sy
     nix.require(flake)
     target = nix.installable(str(flake), attr, system)
     try:
+        # the base first, read against its row: a difference stops the build before anything is built on it
+        baseimage.check(target, flake, runtime, progress)
         out_path = nix.build(target, out_link(flake, attr), echo=progress)
     except Tp4Error as exc:
         raise _missing_output_hint(exc, system) from None

@@ -217,7 +217,7 @@ def write_links_tar(out: BinaryIO, links: Sequence[tuple[str, str]], whiteouts: 
     """A tar of symlinks (path -> target) and OCI whiteouts (an empty file ``.wh.<name>`` beside
     each path to hide from the layers below), each after its parent directories (mode 0755)."""
     seen: set[str] = set()
-    entries = [(path, target) for path, target in links]
+    entries: list[tuple[str, str | None]] = [(path, target) for path, target in links]
     entries += [(posixpath.join(posixpath.dirname(p), ".wh." + posixpath.basename(p)), None) for p in whiteouts]
     with tarfile.open(fileobj=out, mode="w|", format=tarfile.PAX_FORMAT) as tar:
         for path, target in sorted(entries):
