@@ -10,6 +10,7 @@ but the base has been built.
 from __future__ import annotations
 
 import os
+import shlex
 import subprocess
 from pathlib import Path
 
@@ -100,3 +101,17 @@ def test_the_probe_output_is_compared_attribute_by_attribute():
     assert "the base holds torch 2.9.1" in bad[2] and "the base holds no triton" in bad[3]
     with pytest.raises(Tp4Error, match="stopped before it finished"):
         baseimage.parse("glibc=2.39\n")
+
+
+def test_dry_run_shows_the_base_read_first(env, tp4_cli):  # noqa: F811
+    flake = image_flake(env / "flake", ref="tp4-test:line", label=f"probe-dry-{os.urandom(4).hex()}", checks="",
+                        base_archive=base_archive(env), base_facts={"row": "base-image", "attrs": ROW})
+    code, stdout, stderr = tp4_cli("build", "--dry-run", "--flake", flake, "--runtime", "podman")
+    assert code == 0, stderr
+    lines = stdout.splitlines()
+    base = next(i for i, line in enumerate(lines) if f"build {shlex.quote(f'{flake}#image.base')} --json" in line)
+    probe = next(i for i, line in enumerate(lines) if "--name 'tp4-base-probe-<pid>' --entrypoint /bin/sh" in line)
+    image = next(i for i, line in enumerate(lines) if f"build {shlex.quote(f'{flake}#image')} --json" in line)
+    assert base < probe < image
+    assert "podman run --rm --network none" in lines[probe]
+    assert not (flake / "result-image-base").exists()

@@ -264,6 +264,11 @@ def _dry_run(target: str, flake: Path, attr: str, runtime: str, echo: Echo, gpu_
     run = [runtime, "run", "--rm", "--network", "none", "-e", "CUDA_VISIBLE_DEVICES=", "-e", "<env>",
            "--entrypoint", "<command>", "<image id>", "<args>"]
     echo("commands:")
+    if baseimage.expected(target) is not None:  # the base first, read against its row
+        echo(f"  $ {shlex.join(nix.build_argv(target + '.base', flake / 'result-image-base'))}")
+        echo(f"  $ {shlex.join([runtime, 'load', '-i', '<base archive>'])}    # unless {runtime} has its image id")
+        probe = baseimage.probe_argv(runtime, "<base image>", "tp4-base-probe-<pid>")
+        echo(f"  $ {shlex.join(probe[:-1])} <probe script>    # glibc, python, gcc, verbs, packages vs the base row")
     echo(f"  $ {shlex.join(nix.build_argv(target, link))}")
     for line in describe_load_image(out_path, runtime):
         echo(f"  $ {line}")
