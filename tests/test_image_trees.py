@@ -31,6 +31,7 @@ BROKEN = {
     # upstream's layout would put /opt/b12x beside /opt/dsv41; through the link it is /nix/store/b12x
     "adapter/walks_out.py": "from pathlib import Path\nB12X = Path(__file__).resolve().parents[2] / 'b12x'\n",
     "adapter/needs_missing.py": "import not_in_the_image\n",
+    "adapter/joins_out.py": "import os\nX = os.path.join(os.path.dirname(__file__), '../../sglang')\n",
 }
 
 
@@ -62,6 +63,7 @@ def test_the_adapter_and_tree_checks_run_in_the_linked_image(env, tp4_cli, broke
         assert not [line for line in lines if "FAIL needs_cwd" in line or "FAIL here" in line]
         walks = [line for line in lines if "FAIL /opt/dsv41/adapter/walks_out.py:2: goes 2 directories up" in line]
         assert walks and "past /opt/dsv41" in walks[0] and "copy that tree into its layer" in walks[0], stdout
+        assert [line for line in lines if "FAIL /opt/dsv41/adapter/joins_out.py:2: goes 2 directories up" in line]
         assert not [line for line in lines if "here.py" in line]
         assert "error: 2 of 2 in-image checks failed (import-adapters, tree-paths)" in stderr
         assert line_id() is None
