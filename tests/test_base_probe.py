@@ -115,3 +115,27 @@ def test_dry_run_shows_the_base_read_first(env, tp4_cli):  # noqa: F811
     assert base < probe < image
     assert "podman run --rm --network none" in lines[probe]
     assert not (flake / "result-image-base").exists()
+
+
+IMAGE_ROW = ("img  sha256:" + "3" * 64 + "  " + "a" * 64 + "  docker://lmsysorg/sglang:dev-dsv41@sha256:" + "3" * 64
+             + "\n    arch=arm64  glibc=2.39")
+
+
+@pytest.mark.parametrize(("attrs", "error"), [
+    ("  python=3.12  gcc=13  verbs=yes  packages=torch,flashinfer-python==0.6.18", None),
+    ("  python=3", "python= is MAJOR.MINOR"),
+    ("  gcc=thirteen", "gcc= is the image's gcc version"),
+    ("  verbs=maybe", "verbs= is yes"),
+    ("  packages=torch,,x", "packages= is a comma-separated list"),
+])
+def test_the_base_rows_attributes_are_validated(attrs, error):
+    from tp4.sources import manifest as mf
+    errors = mf.validate(mf.parse(IMAGE_ROW + attrs + "\n")).errors
+    assert errors == [] if error is None else (len(errors) == 1 and error in errors[0]), errors
+
+
+def test_the_committed_base_row_states_what_the_build_relies_on():
+    from tp4.sources import manifest as mf
+    row = mf.load(Path(__file__).resolve().parent.parent / "sources.manifest").by_name["base-image"]
+    assert {k: row.attrs[k] for k in baseimage.ATTRS} == {
+        "glibc": "2.39", "python": "3.12", "gcc": "13", "verbs": "yes", "packages": "torch,flashinfer-python==0.6.18"}
