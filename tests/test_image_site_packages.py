@@ -130,6 +130,27 @@ def test_the_install_links_every_entry_and_hides_what_pip_would_uninstall(tmp_pa
     assert json.loads((out / "layer.json").read_text())["whiteouts"] == hidden
 
 
+def test_a_site_packages_behind_a_symlink_is_refused(tmp_path):
+    """Linking into it would put a directory where the base has the link, hiding all it holds."""
+    layer = tmp_path / "0.tar"
+    buf = tar_of({"/opt/real/lib/python3.11/site-packages/torch/__init__.py": ""})
+    layer.write_bytes(buf)
+    link = tmp_path / "1.tar"
+    with tarfile.open(link, "w") as tar:
+        info = tarfile.TarInfo("usr/local/lib/python3.11")
+        info.type, info.linkname = tarfile.SYMTYPE, "/opt/real/lib/python3.11"
+        tar.addfile(info)
+        for name in ("usr/local/lib/python3.11/dist-packages/torch/__init__.py",):
+            data = tarfile.TarInfo(name)
+            tar.addfile(data, io.BytesIO(b""))
+    tree = tmp_path / "wheels"
+    (tree / "sgl_deep_gemm-0.2.0.dist-info").mkdir(parents=True)
+    index = oci.site_packages_index([layer, link])
+    assert index[SP]["links"] == ["/usr/local/lib/python3.11"]
+    with pytest.raises(oci.OciError, match="is reached through a symlink"):
+        oci.site_install(str(tree), {SP: index[SP]})
+
+
 def test_a_base_without_a_place_for_the_wheels_is_an_error_naming_what_it_found(tmp_path):
     layer = tmp_path / "0.tar"
     layer.write_bytes(tar_of({"/usr/lib/python3/dist-packages/apt/__init__.py": ""}))

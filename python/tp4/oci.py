@@ -341,6 +341,7 @@ def site_packages_index(layers: Sequence[Path]) -> dict[str, dict[str, object]]:
     names]}}}``. A layer's whiteouts and opaque markers hide what the layers below it hold
     (OCI image-spec, layer.md "Whiteouts"), never what it holds itself."""
     state: dict[str, dict[str, list[str] | None]] = {}  # dir -> entry -> RECORD tops of a dist-info
+    symlinks: set[str] = set()  # every symlink of the stacked layers (a site-packages behind one is refused)
 
     def hide(path: str, below_only: bool) -> None:
         for sp in list(state):
@@ -372,6 +373,10 @@ def site_packages_index(layers: Sequence[Path]) -> dict[str, dict[str, object]]:
             for member in tar:
                 path = posixpath.normpath("/" + member.name)
                 name, parent = posixpath.basename(path), posixpath.dirname(path)
+                if member.issym():
+                    symlinks.add(path)
+                else:
+                    symlinks.discard(path)
                 if name == OPAQUE:
                     hides.append((parent, True))
                     continue
@@ -399,8 +404,13 @@ def site_packages_index(layers: Sequence[Path]) -> dict[str, dict[str, object]]:
                 entries[top] = record_tops(record)
             elif top not in entries or entries[top] is None:
                 entries[top] = [] if top.endswith(".dist-info") else None
+    def behind_link(sp: str) -> list[str]:
+        parts = sp.split("/")
+        return [a for a in ("/".join(parts[:i]) for i in range(2, len(parts) + 1)) if a in symlinks]
+
     return {sp: {"entries": sorted(entries),
-                 "records": {e: tops for e, tops in sorted(entries.items()) if tops is not None}}
+                 "records": {e: tops for e, tops in sorted(entries.items()) if tops is not None},
+                 "links": behind_link(sp)}
             for sp, entries in sorted(state.items())}
 
 
@@ -429,6 +439,10 @@ def site_install(tree: str, index: dict[str, dict[str, object]]) -> tuple[list[t
                        f"{', '.join(sorted(dists))} into: {len(holding)} hold one of them, {len(torch)} hold torch "
                        f"(its site-packages directories: {found})")
     sp = candidates[0]
+    if index[sp].get("links"):
+        raise OciError(f"--install {tree}: the base's site-packages {sp} is reached through a symlink "
+                       f"({index[sp]['links']}): the links layer would put a directory in place of that link and hide "
+                       "all it points to, so tp4.oci cannot install into this base as it stands")
     entries = set(index[sp]["entries"])  # type: ignore[call-overload]
     infos = dist_infos(sp)
     replaced = set(own)
