@@ -61,8 +61,10 @@ let
   # images hold at the same place in the same order above the same trees is one layer derivation
   registry = builtins.fromTOML (builtins.readFile ../python/tp4/data/registry.toml);
   layer = {
+    # installed into the base image's site-packages, replacing its dist-info of the same
+    # distributions as upstream's `pip install` does (pkgs/oci.nix `sitePackages`)
     wheels = {
-      path = paths.wheels;
+      sitePackages = true;
       tree = wheels;
     };
     # the tree holds python/ at its top, as upstream's /sgl-workspace/sglang does

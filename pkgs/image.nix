@@ -13,7 +13,8 @@
   # the base row of the manifest (imageName, digest)
   baseRow,
   # in the image, bottom to top: [ { path = "/opt/b12x"; tree = <drv>; subdir = "/x" (optional); } ... ]
-  # `path` becomes a symlink to the tree (or to `subdir` inside it)
+  # `path` becomes a symlink to the tree (or to `subdir` inside it); `sitePackages = true`
+  # instead of `path`: installed wheels, put into the base's site-packages (pkgs/oci.nix)
   layers,
   # OCI labels (pins and flake revision)
   labels,
@@ -41,21 +42,26 @@ let
   );
   inherit (container) mounts health;
   paths = container.image;
-  present = map (l: l.path) layers;
-  # upstream's PYTHONPATH, less the trees this image does not hold
+  present = map (l: l.path or null) layers;
+  # upstream's PYTHONPATH, less the trees this image does not hold (the wheels are in
+  # site-packages, as upstream's pip install puts them)
   pythonPath = [
     paths.adapters
   ]
   ++ builtins.filter (p: builtins.elem p present) [
     paths.b12x
     paths.b12x_next
-    paths.wheels
   ];
 in
 import ./oci.nix {
   inherit name layers base;
   imageName = if variant == "canary-roce" then name else "${name}-${variant}";
   passthru = {
+    # what `tp4 build` reads from the base before building on it (python/tp4/baseimage.py)
+    baseFacts = {
+      row = baseRow.name;
+      inherit (baseRow) attrs;
+    };
     inherit
       labels
       layers

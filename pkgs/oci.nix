@@ -17,7 +17,10 @@
   base ? null,
   # bottom to top: [ { path = "/opt/b12x"; tree = <drv>; subdir = "/x" (optional); } ... ]:
   # one layer per tree (its closure, less the closures of the trees below), and a top layer
-  # where each `path` is a symlink to its tree (or to `subdir` inside it)
+  # where each `path` is a symlink to its tree (or to `subdir` inside it); a layer with
+  # `sitePackages = true` instead of `path` is a tree of installed wheels that goes into the
+  # base's site-packages as pip would put it there (a link per entry, whiteouts for the
+  # base's dist-info it replaces: `python3 -m tp4.oci links --install`)
   layers,
   # what the image config holds besides its layers: { architecture; config; created (optional) }
   spec,
@@ -80,6 +83,8 @@ let
       );
   storeLayers = genList storeLayer (length trees);
 
+  linked = builtins.filter (l: !(l.sitePackages or false)) layers;
+  installed = builtins.filter (l: l.sitePackages or false) layers;
   links = mk "${name}-links" { } (
     step (
       [ "links" ]
@@ -87,7 +92,24 @@ let
         map (l: [
           "--link"
           "${l.path}=${l.tree}${l.subdir or ""}"
-        ]) layers
+        ]) linked
+      )
+      ++ concatLists (
+        map (l: [
+          "--install"
+          "${l.tree}"
+        ]) installed
+      )
+      ++ (
+        if installed == [ ] then
+          [ ]
+        else if baseLayers == null then
+          throw "pkgs/oci.nix: a sitePackages layer needs a base image to install into"
+        else
+          [
+            "--base"
+            "${baseLayers}"
+          ]
       )
     )
   );

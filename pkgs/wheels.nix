@@ -1,7 +1,8 @@
 # The two wheels of the final stage (sglang-kernel, sgl-deep-gemm), fetched by hash through
-# pkgs/sources.nix and installed without network, --no-deps as upstream.  They go to their own
-# directory on PYTHONPATH (/opt/dsv41-wheels) instead of the base image's site-packages: a layer
-# cannot uninstall the base image's older dist-info, and a path entry wins over site-packages.
+# pkgs/sources.nix and installed without network, --no-deps as upstream, into a directory laid
+# out as site-packages.  The image puts its entries into the base image's site-packages and hides
+# the base's dist-info of the same distributions (whiteouts: pkgs/oci.nix `sitePackages`), so
+# `python3 -I` and importlib.metadata see the pinned versions, as after upstream's pip install.
 # installer reads the distribution's name and version from the wheel's file name, so each wheel
 # is installed under its real name, not as its store path <hash>-<name> (nixpkgs' own wheel hook
 # strips the hash the same way).

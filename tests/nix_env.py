@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -205,7 +206,8 @@ LAYOUT_FLAKE = r"""{
         head -c $((${toString mb} * 1048576)) /dev/urandom > root/opt/base${toString i}/blob
         (cd root && tar -cf "$out" opt)
       '') (builtins.length @base_layers@);
-      base = if baseLayers == [ ] then null else mk "tp4-test-base.tar" ''
+      # ./base.tar when the test gives one (a docker-archive it wrote), else the random layers
+      base = if builtins.pathExists ./base.tar then mk "tp4-test-given-base.tar" "${sh} cp ${./base.tar} $out" else if baseLayers == [ ] then null else mk "tp4-test-base.tar" ''
         busybox mkdir tools; busybox --install -s "$PWD/tools"; export PATH="$PWD/tools:$PATH"
         ids=""; names=""; files=""
         for l in ${toString baseLayers}; do
@@ -234,11 +236,21 @@ LAYOUT_FLAKE = r"""{
         echo @label@ > "$out/label"
         if [ @size_mb@ -gt 0 ]; then ${sh} head -c $((@size_mb@ * 1048576)) /dev/urandom > "$out/blob"; fi
       '';
+      wheels = mk "tp4-test-wheels" ''
+        ${sh} cp -r ${./wheels} "$out"
+      '';
       image = import ./oci.nix {
         mk = mkPy;
         name = "@name@";
         inherit base;
-        layers = [
+        # what tp4 build reads from the base first (pkgs/image.nix's baseFacts), when the test gives it
+        passthru = if builtins.pathExists ./base-facts.json
+          then { baseFacts = builtins.fromJSON (builtins.readFile ./base-facts.json); } else { };
+        # ./wheels (a tree laid out as site-packages), when the test gives one: installed into the
+        # base's site-packages as pkgs/default.nix does, or (@wheels_at@ set) linked there instead
+        layers = (if builtins.pathExists ./wheels then [
+          (if "@wheels_at@" == "" then { sitePackages = true; tree = wheels; } else { path = "@wheels_at@"; tree = wheels; })
+        ] else [ ]) ++ [
           { path = "/bin"; tree = tools; subdir = "/bin"; }
           { path = "/opt/dsv41"; tree = runtime; }
           { path = "/opt/data"; tree = data; }
@@ -249,7 +261,7 @@ LAYOUT_FLAKE = r"""{
             Entrypoint = [ "/bin/sh" "-c" "echo entrypoint not overridden; exit 97" ];
             Cmd = [ "run" ];
             WorkingDir = "/opt/dsv41";
-            Env = [ "PATH=/bin" ];
+            Env = [ @env@ ];
             Labels = labels;
           };
         };
@@ -274,7 +286,8 @@ TEST_FILES = {
 
 def image_flake(dest: Path, *, ref: str | None = "tp4-test:latest", label: str = "v1", size_mb: int = 0,
                 checks: str | None = "", files: dict[str, str] | None = None, base_layers_mb: tuple[int, ...] = (),
-                stream: bool = False) -> Path:
+                stream: bool = False, base_archive: Path | None = None, wheels: dict[str, str] | None = None,
+                wheels_at: str = "", env: tuple[str, ...] = ("PATH=/bin",), base_facts: dict | None = None) -> Path:
     """A flake whose ``image`` is an OCI layout made by the repository's pkgs/oci.nix and
     tp4.oci, as the line's image is (build it with :func:`image_nix_config`): busybox at /bin
     with ``python3`` = sh, a runtime tree at /opt/dsv41 with ``TEST_FILES`` plus ``files``, and
@@ -284,6 +297,12 @@ def image_flake(dest: Path, *, ref: str | None = "tp4-test:latest", label: str =
     ``base_layers_mb`` gives it a base image (a docker-archive, as dockerTools.pullImage fetches)
     of layers of that many MiB of random bytes each, built once per (position, size): images that
     differ in their label share them byte for byte, as a rebuild of the line shares its base.
+
+    ``base_archive``: a docker-archive to use as the base instead. ``wheels``: files of a tree
+    laid out as site-packages, installed into the base's site-packages as pkgs/default.nix
+    installs the line's wheels (``sitePackages = true``), or linked at ``wheels_at`` when given.
+    ``env``: the image's own Env. ``base_facts``: what `tp4 build` expects of the base
+    (``{"row": ..., "attrs": {...}}``, pkgs/image.nix's ``baseFacts``).
 
     ``stream``: instead, a stream script (like dockerTools.streamLayeredImage's) writing a
     one-layer docker-archive on top of the base layers, built with busybox only.
@@ -296,6 +315,18 @@ def image_flake(dest: Path, *, ref: str | None = "tp4-test:latest", label: str =
     for rel, text in {**TEST_FILES, **(files or {})}.items():
         (dest / "dsv41" / rel).parent.mkdir(parents=True, exist_ok=True)
         (dest / "dsv41" / rel).write_text(text)
+    for name in ("base.tar", "wheels", "base-facts.json"):
+        if (dest / name).is_dir():
+            shutil.rmtree(dest / name)
+        elif (dest / name).exists():
+            (dest / name).unlink()
+    if base_archive is not None:
+        shutil.copy2(base_archive, dest / "base.tar")
+    if base_facts is not None:
+        (dest / "base-facts.json").write_text(json.dumps(base_facts))
+    for rel, text in (wheels or {}).items():
+        (dest / "wheels" / rel).parent.mkdir(parents=True, exist_ok=True)
+        (dest / "wheels" / rel).write_text(text)
     if checks is not None:
         (dest / "checks.toml").write_text(checks)
     elif (dest / "checks.toml").exists():
@@ -310,7 +341,8 @@ def image_flake(dest: Path, *, ref: str | None = "tp4-test:latest", label: str =
     template = IMAGE_FLAKE if stream else LAYOUT_FLAKE.replace("@python_dir@", os.path.dirname(HOST_PYTHON))
     text = (template.replace("@line_ref@", ref or "").replace("@name@", name).replace("@label@", label)
             .replace("@system@", SYSTEM).replace("@size_mb@", str(size_mb)).replace("@arch@", arch)
-            .replace("@base_layers@", "[ " + " ".join(str(int(mb)) for mb in base_layers_mb) + " ]"))
+            .replace("@base_layers@", "[ " + " ".join(str(int(mb)) for mb in base_layers_mb) + " ]")
+            .replace("@wheels_at@", wheels_at).replace("@env@", " ".join(f'"{e}"' for e in env)))
     (dest / "flake.nix").write_text(text)
     return dest
 

@@ -363,9 +363,12 @@ def test_the_registry_lists_upstreams_in_image_checks():
     checks = load_registry().image_checks
     by_name = {c.name: c for c in checks}
     cpu = [c for c in checks if not c.gpu]
-    assert [c.name for c in cpu[:3]] == ["import-sglang", "import-b12x", "import-b12x_next"]
-    assert [c.name for c in cpu[3:]] == UPSTREAM_CPU_TESTS
-    for c in cpu[3:]:
+    # step 1's wheels as `python3 -I` sees them, steps 2, 4, 5 import checks, step 6's adapters
+    # and the linked trees, then step 8's tests
+    assert [c.name for c in cpu[:6]] == ["wheels", "import-sglang", "import-b12x", "import-b12x_next",
+                                         "import-adapters", "tree-paths"]
+    assert [c.name for c in cpu[6:]] == UPSTREAM_CPU_TESTS
+    for c in cpu[6:]:
         assert c.argv[:2] == ("python3", f"{RUNTIME_DIR}/tests/test_{c.name}.py")
     assert "import sglang, sglang.srt.models.deepseek_v4, sglang.srt.layers.attention.deepseek_v4_backend, " \
            "sglang.srt.models.deepseek_v4_dspark" in by_name["import-sglang"].argv[2]
@@ -376,12 +379,21 @@ def test_the_registry_lists_upstreams_in_image_checks():
     indexer = by_name["indexer_chunked_v3"]
     assert indexer.argv[2:] == ("/sgl-workspace/sglang/python/sglang/srt/layers/attention/deepseek_v4_backend.py",)
     assert indexer.workdir == "/opt/dsv41/tests"
-    for c in cpu[3:]:
+    for c in cpu[6:]:
         if c.name != "roce_ring":  # upstream gives that one no PYTHONPATH
             assert dict(c.env)["PYTHONPATH"].split(":")[0] == "/opt/dsv41/adapter"
-    # the wheels upstream pip-installs are on PYTHONPATH here (docs/build.md)
-    assert all(dict(c.env)["PYTHONPATH"].endswith(":/opt/dsv41-wheels") or
-               dict(c.env)["PYTHONPATH"] == "/opt/dsv41-wheels" for c in checks if "PYTHONPATH" in dict(c.env))
+    # the wheels upstream pip-installs are in site-packages here too: no check puts them on PYTHONPATH
+    assert not [c.name for c in checks if "wheels" in dict(c.env).get("PYTHONPATH", "")]
+    assert dict(by_name["import-sglang"].env)["PYTHONPATH"] == ""  # before step 9's ENV
+    # the wheels check runs with -I and checks the pins of sources.manifest's wheel rows
+    from tp4.sources import manifest as mf
+    rows = mf.load(Path(__file__).parent.parent / "sources.manifest").rows
+    pins = [f"{r.name}=={r.commit}" for r in rows if r.url.startswith("pypi:")]
+    assert pins == ["sglang-kernel==0.4.7", "sgl-deep-gemm==0.2.0"]
+    assert by_name["wheels"].argv[:3] == ("python3", "-I", "-c") and list(by_name["wheels"].argv[4:]) == pins
+    assert by_name["import-adapters"].argv[:3] == ("python3", "-I", "-c")
+    assert by_name["import-adapters"].argv[4:] == ("/opt/dsv41/adapter",)
+    assert by_name["tree-paths"].argv[4:] == ("/opt/dsv41", "/opt/b12x", "/opt/b12x_next", "/sgl-workspace/sglang/python")
     gpu = [c for c in checks if c.gpu]
     assert gpu and all(c.argv[1].startswith(f"{RUNTIME_DIR}/tests/") and c.argv[1].endswith("_gpu.py") for c in gpu)
     # the registry file is the TOML the parser read (no key silently dropped)

@@ -18,7 +18,7 @@ def test_nix_reads_the_container_paths():
     for name in ("image.nix", "default.nix"):
         text = (REPO / "pkgs" / name).read_text()
         code = "\n".join(line.split("#", 1)[0] for line in text.splitlines())
-        for path in (MOUNTS.model, MOUNTS.state, IMAGE.runtime, IMAGE.wheels, IMAGE.b12x, IMAGE.b12x_next, IMAGE.boot):
+        for path in (MOUNTS.model, MOUNTS.state, IMAGE.runtime, IMAGE.b12x, IMAGE.b12x_next, IMAGE.boot):
             assert not re.search(rf'"{re.escape(path)}[/"]', code), f"pkgs/{name} writes {path}: read container.toml"
         assert "container.toml" in code
 

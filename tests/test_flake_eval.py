@@ -55,7 +55,7 @@ IMAGE = """img: let step = d: { inherit (d) name; out = d.outPath; inherit (d.st
   baseLayers = step img.passthru.baseLayers;
   storeLayers = map step img.passthru.storeLayers;
   links = step img.passthru.links;
-  layers = map (l: { inherit (l) path; tree = l.tree.name; out = l.tree.outPath; subdir = l.subdir or ""; }) img.passthru.layers;
+  layers = map (l: { path = l.path or null; sitePackages = l.sitePackages or false; tree = l.tree.name; out = l.tree.outPath; subdir = l.subdir or ""; }) img.passthru.layers;
   ref = img.passthru.lineRef;
 }"""
 
@@ -89,7 +89,7 @@ def test_image_base_is_the_pinned_digest(image, manifest):
 
 def test_image_layers_in_order_of_change(image):
     assert [(layer["path"], layer["tree"]) for layer in image["layers"]] == [
-        ("/opt/dsv41-wheels", "dsv41-wheels"),
+        (None, "dsv41-wheels"),
         ("/sgl-workspace/sglang/python", "sglang-tree"),
         ("/opt/b12x", "b12x"),
         ("/opt/b12x_next", "b12x-next"),
@@ -104,9 +104,15 @@ def test_image_layers_in_order_of_change(image):
         below = "".join(f" '--below' 'graph-{j}'" for j in range(i))
         assert f"python3 -m tp4.oci 'layer' '--graph' 'graph-{i}'{below} --out \"$out\"" in layer["script"]
         assert layer["path"].endswith("-tp4-oci/python")
-    # the top layer links each path to its tree
-    for layer in image["layers"]:
+    # the top layer links each path to its tree; the wheels go into the base's site-packages, as
+    # upstream's pip install puts them (tp4.oci links --install, with what the base holds)
+    assert [layer["sitePackages"] for layer in image["layers"]] == [True, False, False, False, False]
+    for layer in image["layers"][1:]:
         assert f"'--link' '{layer['path']}={layer['out']}{layer['subdir']}'" in image["links"]["script"]
+    wheels = image["layers"][0]["out"]
+    assert (f"'--install' '{wheels}' '--base' '{image['baseLayers']['out']}' --out \"$out\""
+            in image["links"]["script"])
+    assert f"'--link' '{wheels}" not in image["links"]["script"] and "=" + wheels not in image["links"]["script"]
     # the layout: the base's layers, then each tree's, then the links
     layers = "".join(f" '--layer' '{d['out']}'" for d in [*image["storeLayers"], image["links"]])
     assert (f"python3 -m tp4.oci 'image' '--name' 'dsv41-4x-spark' '--base' '{image['baseLayers']['out']}'"
@@ -131,8 +137,8 @@ def test_image_config_as_upstream(image):
     assert config["WorkingDir"] == "/opt/dsv41"
     assert config["ExposedPorts"] == {"8888/tcp": {}}
     env = dict(e.split("=", 1) for e in config["Env"])
-    assert env["PYTHONPATH"].split(":")[:3] == ["/opt/dsv41/adapter", "/opt/b12x", "/opt/b12x_next"]
-    assert env["PYTHONPATH"].split(":")[3] == "/opt/dsv41-wheels"
+    # upstream's, exactly: the wheels are in site-packages
+    assert env["PYTHONPATH"] == "/opt/dsv41/adapter:/opt/b12x:/opt/b12x_next"
     assert env["MODEL_PATH"] == "/models/DeepSeek-V4.1-Flash"
     assert env["STATE_PATH"] == "/state" and env["OFFLOAD_MODE"] == "nvme"
     health = config["Healthcheck"]

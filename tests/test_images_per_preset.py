@@ -24,7 +24,7 @@ READ = """img: let drv = d: { inherit (d) name drvPath; args = builtins.removeAt
   base = drv img.passthru.baseLayers;
   layers = map drv img.passthru.storeLayers;
   links = drv img.passthru.links;
-  trees = map (l: { inherit (l) path; tree = l.tree.name; }) img.passthru.layers;
+  trees = map (l: { path = l.path or null; tree = l.tree.name; }) img.passthru.layers;
   ref = img.passthru.lineRef;
   inherit (img.passthru) variant;
   checks = map (c: c.name) img.passthru.checks;
@@ -62,8 +62,9 @@ def test_each_image_holds_the_trees_of_its_dockerfile(images):
     # Dockerfile: the stock image's SGLang, upstream's adapters and boot.py
     assert trees["base"] == ["tp4-runtime"]
     env = {v: next(e for e in img["env"] if e.startswith("PYTHONPATH=")) for v, img in images.items()}
-    assert env["canary-roce"] == "PYTHONPATH=/opt/dsv41/adapter:/opt/b12x:/opt/b12x_next:/opt/dsv41-wheels"
-    assert env["canary"] == "PYTHONPATH=/opt/dsv41/adapter:/opt/dsv41-wheels"
+    # upstream's ENV PYTHONPATH: the wheels are in the base's site-packages, not on it
+    assert env["canary-roce"] == "PYTHONPATH=/opt/dsv41/adapter:/opt/b12x:/opt/b12x_next"
+    assert env["canary"] == "PYTHONPATH=/opt/dsv41/adapter"
     assert env["base"] == "PYTHONPATH=/opt/dsv41/adapter"
 
 
@@ -84,7 +85,7 @@ def test_each_image_carries_the_checks_for_its_variant(images):
     roce = {c["name"] for c in REGISTRY["image_check"]}
     assert set(images["canary-roce"]["checks"]) == roce
     assert images["base"]["checks"] == ["thinking_alias", "max_new_tokens", "loop_abort"]
-    assert set(images["canary"]["checks"]) == {"import-sglang", "thinking_alias", "max_new_tokens", "loop_abort",
+    assert set(images["canary"]["checks"]) == {"wheels", "import-sglang", "thinking_alias", "max_new_tokens", "loop_abort",
                                                "indexer_chunked_v3"}
     assert load_registry().image_checks[0].images == ("canary", "canary-roce")
 

@@ -73,7 +73,7 @@ def evaluate(work: Path, flake: Path, *, ok: bool = True):
 def flake_with_base_attrs(work: Path, name: str, attrs: str) -> Path:
     flake = locked_flake_copy(REPO, work / name)
     manifest = (flake / "sources.manifest").resolve()
-    text, n = re.subn(r"(?m)^    arch=arm64  glibc=2\.39$", f"    {attrs}", manifest.read_text())
+    text, n = re.subn(r"(?m)^    arch=arm64  glibc=2\.39(?=  |$)", f"    {attrs}", manifest.read_text())
     assert n == 1
     manifest.write_text(text)
     return flake

@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from tp4 import containers, nix, process
+from tp4 import baseimage, containers, nix, process
 from tp4.errors import InvalidInput, Tp4Error
 from tp4.registry import ImageCheck, parse_image_checks
 
@@ -264,6 +264,11 @@ def _dry_run(target: str, flake: Path, attr: str, runtime: str, echo: Echo, gpu_
     run = [runtime, "run", "--rm", "--network", "none", "-e", "CUDA_VISIBLE_DEVICES=", "-e", "<env>",
            "--entrypoint", "<command>", "<image id>", "<args>"]
     echo("commands:")
+    if baseimage.expected(target) is not None:  # the base first, read against its row
+        echo(f"  $ {shlex.join(nix.build_argv(target + '.base', flake / 'result-image-base'))}")
+        echo(f"  $ {shlex.join([runtime, 'load', '-i', '<base archive>'])}    # unless {runtime} has its image id")
+        probe = baseimage.probe_argv(runtime, "<base image>", "tp4-base-probe-<pid>")
+        echo(f"  $ {shlex.join(probe[:-1])} <probe script>    # glibc, python, gcc, verbs, packages vs the base row")
     echo(f"  $ {shlex.join(nix.build_argv(target, link))}")
     for line in describe_load_image(out_path, runtime):
         echo(f"  $ {line}")
@@ -297,6 +302,8 @@ def build(flake: Path, attr: str, runtime: str, out: Echo, progress: Echo, *, sy
     nix.require(flake)
     target = nix.installable(str(flake), attr, system)
     try:
+        # the base first, read against its row: a difference stops the build before anything is built on it
+        baseimage.check(target, flake, runtime, progress)
         out_path = nix.build(target, out_link(flake, attr), echo=progress)
     except Tp4Error as exc:
         raise _missing_output_hint(exc, system) from None

@@ -26,7 +26,6 @@ class ImagePaths(NamedTuple):
 
     runtime: str
     adapters: str
-    wheels: str
     b12x: str
     b12x_next: str
     sglang: str

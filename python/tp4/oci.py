@@ -14,12 +14,20 @@ uses the standard library only:
 ``base --archive A --out D``
     a docker-archive (what dockerTools.pullImage fetches) as one blob per layer
     (``D/blobs/sha256/<diff id>``, each checked against the archive's config), its config
-    (``D/config.json``) and its layer list (``D/layers.json``).
+    (``D/config.json``), its layer list (``D/layers.json``) and what its site-packages
+    directories hold once its layers are stacked (``D/site-packages.json``: each directory's
+    top-level entries, and the top-level entries each ``*.dist-info``'s RECORD names).
 ``layer --graph G [--below G ...] --out D``
     the store paths of the closure in ``G`` (an ``exportReferencesGraph`` file), less those of
     the closures ``--below`` (the layers under it), as one tar: ``D/layer.tar``, ``D/layer.json``.
-``links --link PATH=TARGET ... --out D``
+``links --link PATH=TARGET ... [--install TREE --base D] --out D``
     the top layer: a symlink at each PATH to TARGET (a store path), with its parent directories.
+    ``--install TREE`` (a tree of wheels installed as a site-packages directory) installs it into
+    the base's site-packages as ``pip install`` would: a symlink there for each of the tree's
+    top-level entries, and a whiteout (``.wh.<name>``) for each dist-info of the base that
+    pip would uninstall (the same distribution, any version) or whose files the tree replaces,
+    with the top-level entries only that dist-info's RECORD names (``D`` is the base step's
+    output, whose ``site-packages.json`` says what the base holds).
 ``image --base D --layer D ... --name N --out D``
     the OCI layout: the config (``$TP4_OCI_CONFIG``: architecture, config, and created: an ISO
     time or seconds since the epoch, the flake's commit time, so that builds sort by it; the base's
@@ -35,9 +43,13 @@ root:root (0:0), mtime 1, hard links stored as files.
 from __future__ import annotations
 
 import argparse
+import csv
 import hashlib
+import io
 import json
 import os
+import posixpath
+import re
 import sys
 import tarfile
 from datetime import datetime, timezone
@@ -201,11 +213,14 @@ def write_store_tar(out: BinaryIO, paths: Iterable[str]) -> None:
                     tar.addfile(info)
 
 
-def write_links_tar(out: BinaryIO, links: Sequence[tuple[str, str]]) -> None:
-    """A tar of symlinks (path -> target), each after its parent directories (mode 0755)."""
+def write_links_tar(out: BinaryIO, links: Sequence[tuple[str, str]], whiteouts: Sequence[str] = ()) -> None:
+    """A tar of symlinks (path -> target) and OCI whiteouts (an empty file ``.wh.<name>`` beside
+    each path to hide from the layers below), each after its parent directories (mode 0755)."""
     seen: set[str] = set()
+    entries: list[tuple[str, str | None]] = [(path, target) for path, target in links]
+    entries += [(posixpath.join(posixpath.dirname(p), ".wh." + posixpath.basename(p)), None) for p in whiteouts]
     with tarfile.open(fileobj=out, mode="w|", format=tarfile.PAX_FORMAT) as tar:
-        for path, target in sorted(links):
+        for path, target in sorted(entries):
             parts = Path(path).parts[1:-1]
             for i in range(len(parts)):
                 parent = "/" + "/".join(parts[: i + 1])
@@ -213,9 +228,12 @@ def write_links_tar(out: BinaryIO, links: Sequence[tuple[str, str]]) -> None:
                     seen.add(parent)
                     tar.addfile(_directory(parent))
             info = tarfile.TarInfo(path)
-            info.type = tarfile.SYMTYPE
-            info.linkname = target
-            info.mode = 0o777
+            if target is None:
+                info.mode = 0o644
+            else:
+                info.type = tarfile.SYMTYPE
+                info.linkname = target
+                info.mode = 0o777
             tar.addfile(_root_entry(info))
 
 
@@ -255,14 +273,190 @@ def store_layer(graph: str, below: Sequence[str], out: Path) -> Blob:
     return _write_tar_blob(out, lambda f: write_store_tar(f, paths), {"paths": paths})
 
 
-def links_layer(links: Sequence[str], out: Path) -> Blob:
+def links_layer(links: Sequence[str], out: Path, installs: Sequence[str] = (), base: Path | None = None) -> Blob:
     pairs = []
     for link in links:
         path, sep, target = link.partition("=")
         if not sep or not path.startswith("/") or not target:
             raise OciError(f"--link {link!r}: expected /PATH=TARGET")
         pairs.append((os.path.normpath(path), target))
-    return _write_tar_blob(out, lambda f: write_links_tar(f, pairs), {"links": dict(pairs)})
+    whiteouts: list[str] = []
+    if installs:
+        if base is None:
+            raise OciError("--install needs --base: the tree goes into the base image's site-packages")
+        index = json.loads((base / SITE_INDEX).read_text())
+        for tree in installs:
+            more, hidden = site_install(tree, index)
+            pairs += more
+            whiteouts += hidden
+    paths = [p for p, _ in pairs]
+    if len(set(paths)) != len(paths) or set(paths) & set(whiteouts):
+        raise OciError(f"links: a path is linked twice or linked and hidden at once: {sorted(paths)}, {whiteouts}")
+    meta: dict[str, object] = {"links": dict(pairs)}
+    if whiteouts:
+        meta["whiteouts"] = sorted(whiteouts)
+    return _write_tar_blob(out, lambda f: write_links_tar(f, pairs, whiteouts), meta)
+
+
+# --- site-packages: what the base holds, and installing a tree of wheels into it ------------------
+
+SITE_INDEX = "site-packages.json"
+_SITE_DIR = re.compile(r"^(/(?:.+?/)?(?:site|dist)-packages)(?:/(.*))?$")
+WHITEOUT = ".wh."
+OPAQUE = ".wh..wh..opq"
+
+
+def normalize_dist(name: str) -> str:
+    """A distribution's name as PyPA compares them (PEP 503)."""
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def dist_info_name(entry: str) -> str | None:
+    """The distribution of a ``<name>-<version>.dist-info`` directory (normalized), or None."""
+    if not entry.endswith(".dist-info"):
+        return None
+    return normalize_dist(entry[: -len(".dist-info")].split("-", 1)[0])
+
+
+def record_tops(text: str) -> list[str]:
+    """The top-level entries (of its site-packages) a RECORD names: files outside it
+    (``../../bin/x``) are left out."""
+    tops = set()
+    for row in csv.reader(io.StringIO(text)):
+        if row and row[0] and not row[0].startswith(("/", "..")):
+            tops.add(row[0].split("/", 1)[0])
+    return sorted(tops)
+
+
+def _site_split(path: str) -> tuple[str, str] | None:
+    m = _SITE_DIR.match(path)
+    if not m:
+        return None
+    return m[1], m[2] or ""
+
+
+def site_packages_index(layers: Sequence[Path]) -> dict[str, dict[str, object]]:
+    """Every site-/dist-packages directory of the stacked layers (bottom to top, each a tar):
+    ``{dir: {"entries": [top-level names], "records": {dist-info: [top-level names its RECORD
+    names]}}}``. A layer's whiteouts and opaque markers hide what the layers below it hold
+    (OCI image-spec, layer.md "Whiteouts"), never what it holds itself."""
+    state: dict[str, dict[str, list[str] | None]] = {}  # dir -> entry -> RECORD tops of a dist-info
+    symlinks: set[str] = set()  # every symlink of the stacked layers (a site-packages behind one is refused)
+
+    def hide(path: str, below_only: bool) -> None:
+        for sp in list(state):
+            if sp == path or sp.startswith(path + "/"):
+                if below_only and sp == path:
+                    state[sp] = {}
+                else:
+                    del state[sp]
+            elif path.startswith(sp + "/"):
+                rel = path[len(sp) + 1:]
+                top, _, rest = rel.partition("/")
+                if not rest:
+                    if below_only:
+                        if state[sp].get(top) is not None:
+                            state[sp][top] = []
+                    else:
+                        state[sp].pop(top, None)
+                elif rest == "RECORD" and top in state[sp]:
+                    state[sp][top] = []
+
+    for layer in layers:
+        hides: list[tuple[str, bool]] = []
+        adds: list[tuple[str, str, str | None]] = []
+        try:
+            tar = tarfile.open(layer)
+        except (OSError, tarfile.TarError) as exc:
+            raise OciError(f"{layer} is not a readable layer ({exc})") from None
+        with tar:
+            for member in tar:
+                path = posixpath.normpath("/" + member.name)
+                name, parent = posixpath.basename(path), posixpath.dirname(path)
+                if member.issym():
+                    symlinks.add(path)
+                else:
+                    symlinks.discard(path)
+                if name == OPAQUE:
+                    hides.append((parent, True))
+                    continue
+                if name.startswith(WHITEOUT):
+                    hides.append((posixpath.join(parent, name[len(WHITEOUT):]), False))
+                    continue
+                split = _site_split(path)
+                if split is None:
+                    continue
+                sp, rel = split
+                record = None
+                top, _, rest = rel.partition("/")
+                if rest == "RECORD" and top.endswith(".dist-info") and member.isfile():
+                    f = tar.extractfile(member)
+                    record = f.read().decode("utf-8", "replace") if f else ""
+                adds.append((sp, rel, record))
+        for path, below_only in hides:
+            hide(path, below_only)
+        for sp, rel, record in adds:
+            entries = state.setdefault(sp, {})
+            if not rel:
+                continue
+            top = rel.split("/", 1)[0]
+            if record is not None:
+                entries[top] = record_tops(record)
+            elif top not in entries or entries[top] is None:
+                entries[top] = [] if top.endswith(".dist-info") else None
+    def behind_link(sp: str) -> list[str]:
+        parts = sp.split("/")
+        return [a for a in ("/".join(parts[:i]) for i in range(2, len(parts) + 1)) if a in symlinks]
+
+    return {sp: {"entries": sorted(entries),
+                 "records": {e: tops for e, tops in sorted(entries.items()) if tops is not None},
+                 "links": behind_link(sp)}
+            for sp, entries in sorted(state.items())}
+
+
+def site_install(tree: str, index: dict[str, dict[str, object]]) -> tuple[list[tuple[str, str]], list[str]]:
+    """Where ``tree`` (a site-packages directory of installed wheels) goes in the base, as pip
+    would install it there: (links, whiteouts). The directory is the one site-packages of the
+    base that already holds a distribution of the tree (pip would upgrade it there), else the one
+    that holds torch (the engine's); anything else is an error naming what was found."""
+    try:
+        own = sorted(e for e in os.listdir(tree) if e != "__pycache__")
+    except OSError as exc:
+        raise OciError(f"--install {tree}: {exc.strerror}") from None
+    dists = {d for d in map(dist_info_name, own) if d}
+    if not dists:
+        raise OciError(f"--install {tree}: no *.dist-info in it, so it holds no installed wheel")
+
+    def dist_infos(sp: str) -> dict[str, list[str]]:
+        return {str(k): [str(t) for t in v] for k, v in dict(index[sp]["records"]).items()}  # type: ignore[call-overload]
+
+    holding = [sp for sp in index if {dist_info_name(e) for e in dist_infos(sp)} & dists]
+    torch = [sp for sp in index if "torch" in list(index[sp]["entries"])]  # type: ignore[call-overload]
+    candidates = holding or torch
+    if len(candidates) != 1:
+        found = ", ".join(sorted(index)) or "none"
+        raise OciError(f"--install {tree}: cannot tell which site-packages of the base image to install "
+                       f"{', '.join(sorted(dists))} into: {len(holding)} hold one of them, {len(torch)} hold torch "
+                       f"(its site-packages directories: {found})")
+    sp = candidates[0]
+    if index[sp].get("links"):
+        raise OciError(f"--install {tree}: the base's site-packages {sp} is reached through a symlink "
+                       f"({index[sp]['links']}): the links layer would put a directory in place of that link and hide "
+                       "all it points to, so tp4.oci cannot install into this base as it stands")
+    entries = set(index[sp]["entries"])  # type: ignore[call-overload]
+    infos = dist_infos(sp)
+    replaced = set(own)
+    # pip uninstalls the installed versions of the same distributions; a dist-info whose files
+    # the tree replaces describes files that are gone: both are hidden, with what they own alone
+    gone = {e for e, tops in infos.items()
+            if e not in replaced and (dist_info_name(e) in dists or set(tops) & replaced)}
+    kept = {e: tops for e, tops in infos.items() if e not in gone}
+    claimed = {t for tops in kept.values() for t in tops}
+    hidden = set(gone)
+    for e in gone:
+        hidden |= {t for t in infos[e] if t in entries and t not in replaced and t not in claimed and t != e}
+    links = [(posixpath.join(sp, e), posixpath.join(tree, e)) for e in own]
+    return links, [posixpath.join(sp, e) for e in sorted(hidden)]
 
 
 def base_layers(archive: str, out: Path) -> list[Blob]:
@@ -314,6 +508,8 @@ def base_layers(archive: str, out: Path) -> list[Blob]:
             blobs.append(blob)
     (out / "config.json").write_bytes(config_bytes)
     (out / "layers.json").write_text(json.dumps([b._asdict() for b in blobs], indent=1) + "\n")
+    index = site_packages_index([blobs_dir / b.digest.removeprefix("sha256:") for b in blobs])
+    (out / SITE_INDEX).write_text(json.dumps(index, indent=1, sort_keys=True) + "\n")
     return blobs
 
 
@@ -364,6 +560,8 @@ def image_layout(base: Path | None, layers: Sequence[Path], spec: dict[str, obje
         meta = _obj(json.loads((layer / "layer.json").read_text()), f"{layer}/layer.json")
         blob = Blob(str(meta["digest"]), int(str(meta["size"])))
         what = f"store paths: {meta['paths']}" if "paths" in meta else f"links: {meta.get('links')}"
+        if meta.get("whiteouts"):
+            what += f", whiteouts: {meta['whiteouts']}"
         entries.append((blob, layer / "layer.tar", what))
     for blob, file, _ in entries:
         target = blobs_dir / blob.digest.removeprefix("sha256:")
@@ -416,7 +614,9 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--below", action="append", default=[])
     s.add_argument("--out", required=True, type=Path)
     s = sub.add_parser("links", help="the top layer of symlinks")
-    s.add_argument("--link", action="append", default=[], required=True)
+    s.add_argument("--link", action="append", default=[])
+    s.add_argument("--install", action="append", default=[])
+    s.add_argument("--base", type=Path)
     s.add_argument("--out", required=True, type=Path)
     s = sub.add_parser("image", help="the OCI layout")
     s.add_argument("--base", type=Path)
@@ -436,7 +636,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             blob = store_layer(args.graph, args.below, args.out)
             print(f"layer {blob.digest}: {blob.size} bytes", file=sys.stderr)
         elif args.step == "links":
-            blob = links_layer(args.link, args.out)
+            if not args.link and not args.install:
+                raise OciError("links: give at least one --link or --install")
+            blob = links_layer(args.link, args.out, args.install, args.base)
             print(f"links layer {blob.digest}", file=sys.stderr)
         else:
             spec = _obj(json.loads(os.environ["TP4_OCI_CONFIG"]), "TP4_OCI_CONFIG")

@@ -48,7 +48,7 @@ _ROW_ATTRS: dict[str, frozenset[str]] = {
     "file": frozenset({"kind", "eol", "mode", "root"}),
     "patch": frozenset({"kind", "p", "fuzz", "dir"}),
     "wheel": frozenset(),
-    "image": frozenset({"arch", "glibc"}),
+    "image": frozenset({"arch", "glibc", "python", "gcc", "verbs", "packages"}),
     "git": frozenset(),
     "local": frozenset(),
 }
@@ -501,6 +501,17 @@ def _check_attrs(row: Row, problems: list[str]) -> None:
     if "root" in row.attrs and not re.fullmatch(r"(/[A-Za-z0-9._-]+)+", row.attrs["root"]):
         problems.append(f"{row.where}: root={row.attrs['root']!r} is not an absolute path (letters, digits, '.', '_', "
                         "'-' between slashes): the tree root the script assumes, e.g. /sgl-workspace/sglang")
+    # what `tp4 build` reads from the image before building on it (tp4/baseimage.py)
+    if kind == "image" and "python" in row.attrs and not re.fullmatch(r"[0-9]+\.[0-9]+", row.attrs["python"]):
+        problems.append(f"{row.where}: python= is MAJOR.MINOR, the image's python3 (e.g. 3.12)")
+    if kind == "image" and "gcc" in row.attrs and not re.fullmatch(r"[0-9]+(\.[0-9]+){0,2}", row.attrs["gcc"]):
+        problems.append(f"{row.where}: gcc= is the image's gcc version or its leading part (e.g. 13 or 13.3)")
+    if kind == "image" and row.attrs.get("verbs", "yes") not in ("yes", "no"):
+        problems.append(f"{row.where}: verbs= is yes (the image has verbs.h and libibverbs.so) or no")
+    if kind == "image" and "packages" in row.attrs and not all(
+            re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*(==[A-Za-z0-9.+!_-]+)?", item)
+            for item in row.attrs["packages"].split(",")):
+        problems.append(f"{row.where}: packages= is a comma-separated list of NAME or NAME==VERSION (pip's names)")
     if kind == "image" and not re.fullmatch(r"[0-9]+\.[0-9]+", row.attrs.get("glibc", "")):
         problems.append(f"{row.where}: an image row needs glibc=MAJOR.MINOR, the glibc of the image (what "
                         f"`ldd --version` prints in it; tp4-runtime's library is checked against it)")
