@@ -98,7 +98,7 @@ def run_line(plan: Plan, root: Path, controls: dict[str, str], timeout: float = 
             for part in ("models", "opt"):
                 (rroot / part).symlink_to(root / part)
             env = {**node.env, "PATH": os.environ.get("PATH", "/usr/bin:/bin"), "TP4_STANDIN_ROOT": str(rroot),
-                   "TP4_STANDIN_PACE": "0.02", "DIST_INIT_ADDR": f"127.0.0.1:{dist}", "HOST": "127.0.0.1",
+                   "TP4_STANDIN_PACE": "0.02", "TP4_STANDIN_COLOCATED": "1", "DIST_INIT_ADDR": f"127.0.0.1:{dist}", "HOST": "127.0.0.1",
                    "SERVER_PORT": str(port), **controls}
             log = root / f"rank{node.rank}.log"
             with open(log, "wb") as out:

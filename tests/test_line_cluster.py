@@ -94,9 +94,11 @@ def test_every_rank_runs_the_plans_podman_run_and_the_line_boots(cluster: LineCl
         out = completion(plan.line.api)
         assert out["choices"][0]["finish_reason"] == "length"  # type: ignore[index]
         # the image's health check, from the plan's flags (the stand-in image carries none, and
-        # podman reads none from the line's OCI image): it passes on the serving head
-        check = nodes[0].run(["podman", "healthcheck", "run", nodes[0].container], check=False)
-        assert check.returncode == 0, check.stdout + check.stderr
+        # podman reads none from the line's OCI image): it passes on the serving head and on
+        # every worker (SGLang's ranks above 0 answer /health from a dummy server on --port)
+        for node in nodes:
+            check = node.run(["podman", "healthcheck", "run", node.container], check=False)
+            assert check.returncode == 0, (node.name, check.stdout + check.stderr)
         ps = cluster.podman_ps()
         for node in nodes:
             assert node.container in ps[node.name] and " Up " in ps[node.name], ps[node.name]

@@ -115,7 +115,8 @@ class Line:
         (stamps / "SOURCE_PATCH").write_text(patch + "\n")
 
     def controls(self, rank: int) -> dict[str, str]:
-        return {"PATH": "/usr/bin:/bin", "TP4_STANDIN_ROOT": str(self.root / f"rank{rank}"), "TP4_STANDIN_PACE": "0.05"}
+        return {"PATH": "/usr/bin:/bin", "TP4_STANDIN_ROOT": str(self.root / f"rank{rank}"), "TP4_STANDIN_PACE": "0.05",
+                "TP4_STANDIN_COLOCATED": "1"}
 
     def start(self, rank: int, extra: dict[str, str] | None = None, drop: tuple[str, ...] = ()) -> Rank:
         env = {**self.plan.nodes[rank].env, **self.controls(rank), **(extra or {})}

@@ -43,6 +43,9 @@ a missing line, because the line is printed only when this rank's env arms it.
 Test controls (environment of the container; they are not engine settings):
 
   TP4_STANDIN_FAULT        comma-separated fault modes (below); empty: a healthy rank
+  TP4_STANDIN_COLOCATED    1: the ranks run side by side on one machine, so ranks above 0 leave
+                           --port to rank 0 (on hosts of their own they answer /health there,
+                           as SGLang's dummy health check server does)
   TP4_STANDIN_FAULT_RANK   the rank the faults apply to: a number or "all" (default 0; for
                            `commit` the last rank)
   TP4_STANDIN_ROOT         where the container's root is (default /): MODEL_PATH, STATE_PATH and
@@ -652,6 +655,25 @@ class Server(ThreadingHTTPServer):
         engine_log(0, f"HTTP: connection from {client_address[0]} ended early: {sys.exc_info()[1]!r}")
 
 
+def dummy_health_handler() -> type[BaseHTTPRequestHandler]:
+    """What a rank above 0 answers (SGLang's launch_dummy_health_check_server): 200 on /ping,
+    /health and /health_generate, 404 on anything else."""
+
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, format: str, *args: Any) -> None:
+            del format, args
+
+        def do_GET(self) -> None:
+            found = self.path.split("?")[0] in ("/ping", "/health", "/health_generate")
+            self.send_response(200 if found else 404)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+    return Handler
+
+
 def handler(engine: Engine) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
@@ -1062,8 +1084,16 @@ def engine_main(argv: list[str]) -> int:
             time.sleep(3600)
     if rank > 0:
         engine_log(rank, "Scheduler ready: waiting on rank 0 in the dist group")
-        while True:
-            time.sleep(3600)
+        # SGLang's node_rank >= 1 serves launch_dummy_health_check_server on --host/--port: /ping,
+        # /health and /health_generate, each 200 with no body (sglang/srt/utils, at 18bfdd16)
+        # (TP4_STANDIN_COLOCATED=1: the ranks share one machine, and rank 0 keeps the port)
+        if os.environ.get("TP4_STANDIN_COLOCATED") == "1":
+            while True:
+                time.sleep(3600)
+        dummy = Server((args.host, args.port), dummy_health_handler())
+        engine_log(rank, f"Dummy health check server scheduled on existing loop at {args.host}:{args.port}")
+        dummy.serve_forever()
+        return 0
     server = Server((args.host, args.port), handler(engine))
     engine_log(rank, f"Uvicorn running on http://{args.host}:{args.port} (Press CTRL+C to quit)")
     engine_log(rank, "The server is fired up and ready to roll!")
