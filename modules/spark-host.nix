@@ -71,18 +71,6 @@ in
       };
     };
 
-    gpuClock.maxMHz = mkOption {
-      type = types.nullOr types.ints.positive;
-      default = 2200;
-      example = null;
-      description = ''
-        Cap the GPU's SM clock at this many MHz (`nvidia-smi -lgc 0,<MHz>`): upstream measured
-        its published numbers with the clock capped at 2200 MHz and re-applied by a timer on each
-        node. `tp4-gpu-clock.timer` applies it at boot and again every 10 minutes (a driver
-        reload or a reset of the GPU drops the cap). `null` leaves the clock alone.
-      '';
-    };
-
     displayReservation.enable = mkOption {
       type = types.bool;
       default = true;
@@ -209,15 +197,18 @@ in
       };
     }
 
-    (mkIf (cfg.gpuClock.maxMHz != null) {
+    # the SM clock cap of the plan (the profile's cluster.gpu_clock_mhz: upstream measured its
+    # numbers at `nvidia-smi -lgc 0,2200`, re-applied by a timer on each node; a driver reload or a
+    # GPU reset drops it), at boot and every 10 minutes; doctor's GPU.CLOCK_CAP reads the same field
+    (mkIf (s.gpuClockMHz != null) {
       systemd.services.tp4-gpu-clock = {
-        description = "tp4: the GPU's SM clock capped at ${toString cfg.gpuClock.maxMHz} MHz (nvidia-smi -lgc)";
+        description = "tp4: the GPU's SM clock capped at ${toString s.gpuClockMHz} MHz (nvidia-smi -lgc)";
         serviceConfig = {
           Type = "oneshot";
           ExecStart = escapeSystemdExecArgs [
             "${config.hardware.nvidia.package.bin}/bin/nvidia-smi"
             "-lgc"
-            "0,${toString cfg.gpuClock.maxMHz}"
+            "0,${toString s.gpuClockMHz}"
           ];
         };
       };

@@ -152,7 +152,6 @@ def fixture_config(profile: Path, plan: Path, name: str, *, ring: bool, router: 
           weights = {{ mountPoint = "/var/lib/tp4/weights"; localDir = {local}; }};
           ring = {{ meshUp = {mesh}; meshDown = {mesh}; marker = {{ package = {marker}; program = "mlx5-rdma-tx-rewrite-probe"; }}; }};
           kernel = {{ version = {json.dumps(declared_default(MODULES / "spark-host.nix", "tp4.host.kernel.version"))}; allowOther = false; }};
-          gpuClock.maxMHz = 2200;
         }};
         line = {{ enable = true; image = {image}; autoStart = false; }};
         router = {{ enable = {"true" if router else "false"}; fleetPlan = {nix_path(router) if router else "null"}; fleet = null; package = null; python = null; openFirewall = true; }};
@@ -276,6 +275,24 @@ def test_the_gpu_clock_is_capped_at_boot_and_again_by_a_timer(walks):
         assert systemd_exec_argv(service["ExecStart"]) == ["/nix/store/nvidia-bin/bin/nvidia-smi", "-lgc", "0,2200"]
         assert value(w, "systemd.timers.tp4-gpu-clock.wantedBy") == ["timers.target"]
         assert value(w, "systemd.timers.tp4-gpu-clock.timerConfig") == {"OnBootSec": "30s", "OnUnitActiveSec": "10min"}
+
+
+def test_the_gpu_clock_cap_is_the_plans(work, lines):
+    """The cap is the plan's line.gpu_clock_mhz (the profile's cluster.gpu_clock_mhz, which doctor
+    checks too): another value reaches nvidia-smi, 0 leaves the clock alone (no service, no timer)."""
+    profile, _ = lines["switched"]
+    for mhz, expected in ((1800, ["/nix/store/nvidia-bin/bin/nvidia-smi", "-lgc", "0,1800"]), (0, None)):
+        changed = work / f"clock-{mhz}.toml"
+        changed.write_text(profile.read_text().replace("[cluster]\n", f"[cluster]\ngpu_clock_mhz = {mhz}\n", 1))
+        plan = plan_file(changed, work / f"clock-{mhz}.json")
+        assert json.loads(plan.read_text())["line"]["gpu_clock_mhz"] == (mhz or None)
+        w = walk(MODULES / "spark-host.nix", fixture_config(changed, plan, "spark2", ring=False), work)
+        paths = {x["path"] for x in w["set"]}
+        if expected is None:
+            assert any(p.startswith("systemd.services.tp4-rdma-check") for p in paths), sorted(paths)
+            assert not any("tp4-gpu-clock" in p for p in paths), sorted(p for p in paths if "clock" in p)
+        else:
+            assert systemd_exec_argv(value(w, "systemd.services.tp4-gpu-clock.serviceConfig")["ExecStart"]) == expected
 
 
 def test_every_option_of_the_modules_is_documented(walks):

@@ -105,6 +105,12 @@ in
       sysctl = hosts.sysctl nodePorts;
       kernelModules = kernel.rdmaModules;
       kernelParams = optionals displayReservation kernel.displayReservationParams;
+      # the plan's SM clock cap (the profile's cluster.gpu_clock_mhz; null leaves the clock alone)
+      gpuClockMHz =
+        plan.line.gpu_clock_mhz
+          or (fail "plan: line.gpu_clock_mhz" "missing (a plan older than tp4.plan/1.6)"
+            "regenerate the plan with this tp4 (tp4 plan --json)"
+          );
       rdmaCheck = {
         unit = rank.rdmaCheckUnit;
         # how long the check waits at boot for the ports to be ACTIVE with their GIDs (the same

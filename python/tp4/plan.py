@@ -135,6 +135,10 @@ class LineFacts(NamedTuple):
     fabric: Annotated[Fabric, "switched RoCE fabric or a switchless ring"]
     dist_init_addr: Annotated[str, "torch distributed init address (head IP:port)"]
     api: Annotated[str, "the OpenAI API URL on the head"]
+    gpu_clock_mhz: Annotated[int | None, ("the SM clock cap of every node's GPU in MHz (nvidia-smi -lgc 0,<MHz>; the NixOS "
+                                          "module's tp4-gpu-clock.timer); null: the clock is left alone")]
+    nccl_sha256: Annotated[str | None, ("the sha256 of the host NCCL build's libnccl.so.2 every node must carry "
+                                        "(fabric.nccl.sha256); null: unpinned (doctor compares the nodes with the head)")]
 
 
 class BootLine(NamedTuple):
@@ -495,7 +499,8 @@ def build_plan(loaded: Loaded, registry: Registry | None = None) -> Plan:
         source=loaded.source,
         image=ImageRef(tag=p.image.tag, variant=p.image.variant, base=p.image.base),
         line=LineFacts(nnodes=len(p.nodes), tp=p.engine.tp, ep=p.ep, fabric=p.fabric.mode,
-                       dist_init_addr=head_env["DIST_INIT_ADDR"], api=f"http://{p.cluster.head.ip}:{p.cluster.port}"),
+                       dist_init_addr=head_env["DIST_INIT_ADDR"], api=f"http://{p.cluster.head.ip}:{p.cluster.port}",
+                       gpu_clock_mhz=p.cluster.gpu_clock_mhz or None, nccl_sha256=p.fabric.nccl.sha256),
         nodes=tuple(nodes),
         boot_lines=boot_lines(head_env, reg),
         forbidden_lines=tuple(reg.forbidden_lines),

@@ -159,6 +159,7 @@ removed within `tp4.plan/1`:
 - 1.3 added `nodes[].service` (how each node runs its rank);
 - 1.4 added `nodes[].service.mesh_unit`;
 - 1.5 added `nodes[].run.health` (the image's health check, which podman is given as flags).
+- 1.6 added `line.gpu_clock_mhz` and `line.nccl_sha256` (the SM clock cap and the host NCCL's pin, which doctor checks).
 
 Rules the types do not show:
 - `env` holds every variable the upstream TP4 launcher passes, adapter gates with their launcher

@@ -261,8 +261,18 @@ class Cluster(Section):
     head_container: str = Field("dsv41-head", description="Container name on the head (HEAD_CTN).")
     worker_container: str = Field("dsv41-worker", description="Container name on workers (WORKER_CTN).")
     shm_size: str = Field("32g", description="Container /dev/shm size (SHM_SIZE).")
+    gpu_clock_mhz: Int = Field(
+        2200, ge=0, le=10000, description="The SM clock cap of every node's GPU in MHz (`nvidia-smi -lgc 0,<MHz>`): upstream measured its published numbers at 2200, re-applied by a timer on each node. The NixOS module's tp4-gpu-clock.timer applies it; tp4 doctor's GPU.CLOCK_CAP checks it. 0: the clock is left alone and not checked.")
     memlock: Annotated[str, Form(r"(-1|[0-9]{1,19}):(-1|[0-9]{1,19})", "soft:hard locked-memory limits in bytes, -1 for unlimited", '-1:-1')] = Field(
         "-1:-1", description="Locked-memory limit of every rank's container (soft:hard, -1 = unlimited). RDMA registers the KV pool: anything but -1:-1 is for hosts without RDMA (tests).")
+
+    @field_validator("gpu_clock_mhz")
+    @classmethod
+    def _clock(cls, v: int) -> int:
+        if 0 < v < 300:
+            raise ValueError(f"{v} MHz would throttle the GPU to a crawl; fix: the cap in MHz (2200, as upstream measured) "
+                             "or 0 to leave the clock alone")
+        return v
 
     @field_validator("head_container", "worker_container")
     @classmethod
