@@ -838,6 +838,9 @@ def test_facts_script_is_a_constant() -> None:
     assert scripts == {FACTS_SCRIPT}
     proc = subprocess.run(["sh", "-n", "-c", FACTS_SCRIPT], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
+    # the figures the checks report are the ones the script uses
+    assert f"ping -M do -s {doctor.JUMBO_PAYLOAD} -c {doctor.PING_COUNT} -W {doctor.PING_WAIT} -I" in FACTS_SCRIPT
+    assert f"timeout {doctor.CONTROL_WAIT} bash" in FACTS_SCRIPT
 
 
 def test_docs_list_every_check(repo: Path) -> None:

@@ -4,13 +4,13 @@ Two halves:
 
 * :func:`gather` reads each node's facts with ONE remote command per node, all nodes in parallel
   (one ssh session each): the constant shell script :data:`FACTS_SCRIPT`, whose inputs (the sysfs
-  root, the HCAs, paths, the image, the peer's address) are its arguments, quoted once by
+  root, the HCAs, paths, the image, the peers' addresses) are its arguments, quoted once by
   tp4.process. It prints sections (``== name`` then the section's lines) that :func:`parse`
   turns into a :class:`Facts` per node. The host facts that need hardware come from files under
   the sysfs root (``/sys`` by default: ``class/infiniband/<hca>/ports/1/{state,link_layer,gids,
   gid_attrs/types,hw_counters,counters}``, ``class/infiniband/<hca>/device/net``) and commands
-  (``nvidia-smi``, ``uname``, ``ip``, ``ping``, ``ss``, ``df``, ``date``, the runtime), found on the
-  node's PATH.
+  (``nvidia-smi``, ``uname``, ``ip``, ``ping``, ``ss``, ``df``, ``date``, ``timeout``, ``bash`` for one
+  TCP connection, the runtime), found on the node's PATH.
 * :func:`evaluate` turns the facts of every node into checks, locally, each with a stable id
   (:data:`CHECKS`), a status per node (ok, warn, fail, or n/a where it does not apply), a detail
   and, for a warning or failure, a fix. A check is blocking or not: `tp4 doctor` exits 1 on a
