@@ -21,9 +21,14 @@ What each host gets (in the host's own view only; nothing on the machine changes
   ``<host dir>/bin``, first on the sessions' PATH (sshd SetEnv);
 * MTU 9000 on the bridge and every veth (reset), 48 small shard files (mode 644) in ``model.dir``, the plan
   with ``nfs.share = false`` (the workers' volumes here are local podman volumes) and both
-  packed Engram shards of each rank with a valid header.
+  packed Engram shards of each rank with a valid header;
+* ``class/net/<the host's veth>/speed`` in the sysfs tree: 200000 (a 200 GbE port);
+* the bootstrap interface the plan names (``fabric.socket_ifname = "tp4boot0"``): in each host's
+  network namespace a veth pair ``tp4boot0``/``tp4boot1``, up, ``tp4boot0`` with the address
+  ``198.18.0.<2+i>/24`` (a management LAN of its own: nothing else uses it).
 
-Everything else (ip, ping, ss, df, podman, /proc) is real.
+Everything else (ip, ping, ss, df, podman, /proc, the routes and ``net.ipv4.ip_forward`` of each
+host's network namespace) is real; ``cluster.netns(host, ...)`` runs a command there.
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ from tp4 import process
 from tp4.doctor import engram_files, mapped_gid
 
 SYSFS = "/etc/tp4-sys"
+BOOTSTRAP = "tp4boot0"  # the plan's NCCL_SOCKET_IFNAME and GLOO_SOCKET_IFNAME here
 ZERO_GID = "0000:0000:0000:0000:0000:0000:0000:0000"
 GOOD_KERNEL_NOTE = "the real uname"
 
@@ -109,7 +115,23 @@ class DoctorCluster(LineCluster):
         self.hosts.prepare = _doctor_prepare
 
     def profile_text(self) -> str:
-        return super().profile_text() + "\n[nfs]\nshare = false\n"
+        return super().profile_text() + f'\n[nfs]\nshare = false\n\n[fabric]\nsocket_ifname = "{BOOTSTRAP}"\n'
+
+    def netns(self, host: Host, *argv: str) -> str:
+        """Run a command in the host's network namespace (its routes, sysctls, links); its output."""
+        return process.run(["ip", "netns", "exec", host.namespace, *argv]).stdout
+
+    def set_bootstrap(self, host: Host, *, up: bool = True, address: bool = True) -> None:
+        """The host's bootstrap interface (see the module doc): up or down, with or without its address."""
+        i = self.hosts.hosts.index(host)
+        links = self.netns(host, "ip", "-o", "link", "show")
+        if f" {BOOTSTRAP}@" not in links:
+            self.netns(host, "ip", "link", "add", BOOTSTRAP, "type", "veth", "peer", "name", "tp4boot1")
+        self.netns(host, "ip", "addr", "flush", "dev", BOOTSTRAP)
+        if address:
+            self.netns(host, "ip", "addr", "add", f"198.18.0.{2 + i}/24", "dev", BOOTSTRAP)
+        for dev in ("tp4boot1", BOOTSTRAP):
+            self.netns(host, "ip", "link", "set", dev, "up" if up else "down")
 
     def veth(self, host: Host) -> str:
         return f"{self.hosts.prefix}p{self.hosts.hosts.index(host)}"
@@ -154,6 +176,8 @@ class DoctorCluster(LineCluster):
         for hca in hcas:
             dev = root / "class" / "infiniband" / hca
             (dev / "device" / "net" / self.veth(host)).mkdir(parents=True)
+            (root / "class" / "net" / self.veth(host)).mkdir(parents=True, exist_ok=True)
+            (root / "class" / "net" / self.veth(host) / "speed").write_text("200000\n")
             port = self.port(host, hca)
             for sub in ("gids", "gid_attrs/types", "gid_attrs/ndevs", "hw_counters"):
                 (port / sub).mkdir(parents=True)
@@ -190,6 +214,7 @@ class DoctorCluster(LineCluster):
             shard.chmod(0o644)
         for rank, host in enumerate(self.hosts):
             self.lay_sysfs(host)
+            self.set_bootstrap(host)
             self.lay_engram(rank)
             for name in ("kernel", "clock_offset", "unit-state", "default-target"):
                 self.fake(host, name).unlink(missing_ok=True)

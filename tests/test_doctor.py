@@ -10,6 +10,7 @@ import dataclasses
 import json
 import logging
 import os
+import re
 import shlex
 import shutil
 import subprocess
@@ -21,7 +22,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from doctor_hosts import SYSFS, ZERO_GID, DoctorCluster
+from doctor_hosts import BOOTSTRAP, SYSFS, ZERO_GID, DoctorCluster
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -81,7 +82,18 @@ def test_good_hosts_pass_every_check_in_one_command_per_node(good: DoctorCluster
     assert all((c.id, n.name) in results for c in CHECKS for n in good.plan.nodes)
     assert results[("RDMA.GID_SAME_INDEX", "node2")].detail == "index 3 on every node"
     assert results[("RDMA.GID", "node1")].detail == f"{HCA0} index 3, {HCA1} index 3"
-    assert results[("RDMA.JUMBO_PING", "node4")].detail.endswith(f"reach node1 ({good.hosts[0].address})")
+    # switched: every node pings every other node, through the fabric port its route leaves by
+    veth = good.veth(good.hosts[3])
+    assert results[("RDMA.JUMBO_PING", "node4")].detail == (
+        "8972+28 bytes with don't-fragment reach " + ", ".join(f"node{i} ({good.hosts[i - 1].address}) via {veth}" for i in (1, 2, 3)))
+    assert results[("RDMA.LINK_SPEED", "node2")].detail == f"{HCA0}/{good.veth(good.hosts[1])}, {HCA1}/{good.veth(good.hosts[1])} at 200000 Mb/s"
+    assert results[("NET.BOOTSTRAP_IFACE", "node3")].detail == "NCCL_SOCKET_IFNAME and GLOO_SOCKET_IFNAME=tp4boot0: tp4boot0 198.18.0.4"
+    head = good.hosts[0].address
+    assert results[("NET.RENDEZVOUS_ROUTE", "node1")].detail == f"the dist init address {head} is the head's own"
+    assert results[("NET.RENDEZVOUS_ROUTE", "node2")].detail == f"{head} via {good.veth(good.hosts[1])}"
+    assert results[("PEER.CONTROL_CHANNEL", "node2")].detail == f"{head}:20000 answers (connection refused: nothing listens before serve)"
+    assert results[("PEER.CONTROL_CHANNEL", "node1")].status == "n/a"
+    assert {results[(c, "node2")].status for c in ("RING.ROUTES", "RING.IP_FORWARD")} == {"n/a"}
     assert results[("RING.NCCL", "node1")].status == "n/a"
     assert results[("HOST.HEADLESS", "node3")].detail == "multi-user.target, display-manager.service inactive"
     assert results[("WEIGHTS.SHARD_FILES", "node1")].detail.startswith("48 shards, ")
@@ -211,9 +223,14 @@ def test_mtu_1500_on_one_node(good: DoctorCluster) -> None:
     assert same.status == "fail" and same.blocking and same.detail == "MTU 1500 where the other nodes have 9000"
     assert results[("RDMA.MTU_SAME", "node1")].status == "ok"
     ping = results[("RDMA.JUMBO_PING", "node4")]
-    assert ping.status == "fail" and "ping -M do -s 8972" in ping.detail and "node1" in ping.detail
+    assert ping.status == "fail" and "ping -M do -s 8972 -c 3 -W 2" in ping.detail
+    assert all(f"node{i} ({good.hosts[i - 1].address}) via {good.veth(good.hosts[3])}: ping: local error: message too long" in ping.detail
+               for i in (1, 2, 3)), ping.detail
     assert ping.fix is not None and "MTU 9000 on both nodes" in ping.fix
-    assert results[("RDMA.JUMBO_PING", "node2")].status == "ok"
+    # every other node pings node4 too: its reply does not fit node4's 1500 bytes
+    other = results[("RDMA.JUMBO_PING", "node2")]
+    assert other.status == "fail" and f"node4 ({good.hosts[3].address}) via {good.veth(good.hosts[1])}: no reply to 3 packets within 2 s" in other.detail
+    assert f"(reached: node1 ({good.hosts[0].address}) via {good.veth(good.hosts[1])}, node3" in other.detail
 
 
 def test_bridge_at_1500_fails_the_jumbo_ping_everywhere(good: DoctorCluster) -> None:
@@ -336,9 +353,9 @@ def test_servers_limits_skip_the_ping_and_the_counter_interval(good: DoctorClust
     import dataclasses
 
     limits = dataclasses.replace(LIMITS, interval=0.0, ping=False)
-    peer = 9  # FACTS_SCRIPT's argument: the address the jumbo ping goes to ("": none)
-    assert doctor.remote_args(good.plan, good.plan.nodes[0], LIMITS)[peer] == good.plan.nodes[1].host
-    assert doctor.remote_args(good.plan, good.plan.nodes[0], limits)[peer] == ""
+    peers = 9  # FACTS_SCRIPT's argument: the addresses the jumbo ping goes to ("": none)
+    assert doctor.remote_args(good.plan, good.plan.nodes[0], LIMITS)[peers] == " ".join(r.host for r in good.plan.nodes[1:])
+    assert doctor.remote_args(good.plan, good.plan.nodes[0], limits)[peers] == ""
     report = doctor.doctor(good.plan, good.nodes(), limits)
     results = {(x.check, x.node): x for x in report.results}
     for name in ("node1", "node4"):
@@ -481,13 +498,13 @@ def test_sm_clock_cap(good: DoctorCluster) -> None:
     over = results[("GPU.CLOCK_CAP", "node1")]
     assert (over.status, over.blocking) == ("fail", False)
     assert over.detail.startswith("the SM clock runs at 2600 MHz, above the cap of 2200 MHz")
-    assert over.fix is not None and "nvidia-smi -lgc 0,2200" in over.fix and "gpuClock.maxMHz" in over.fix
+    assert over.fix is not None and "nvidia-smi -lgc 0,2200" in over.fix and "cluster.gpu_clock_mhz" in over.fix
     unseen = results[("GPU.CLOCK_CAP", "node2")]
     assert unseen.status == "warn" and "nothing shows a cap" in unseen.detail
     assert results[("GPU.CLOCK_CAP", "node3")].detail == "SM clock 2100 MHz, the GPU's maximum 2200 MHz is within 2200 MHz"
     assert results[("GPU.CLOCK_CAP", "node4")].status == "ok"
     assert "applications_clocks_setting Active" in results[("GPU.CLOCK_CAP", "node4")].detail
-    # a NixOS host: tp4-gpu-clock.timer (tp4.host.gpuClock.maxMHz) must be active
+    # a NixOS host: tp4-gpu-clock.timer (the module applies the plan's line.gpu_clock_mhz) must be active
     good.fake(good.hosts[1], "unit-state.tp4-gpu-clock.timer").write_text("active\n")
     nixos = good.plan._replace(nodes=tuple(r._replace(service=r.service._replace(kind="nixos")) for r in good.plan.nodes))
     results = {(x.check, x.node): x for x in doctor.evaluate(nixos, doctor.gather(good.plan, good.nodes(), LIMITS), LIMITS)}
@@ -495,7 +512,11 @@ def test_sm_clock_cap(good: DoctorCluster) -> None:
     stopped = results[("GPU.CLOCK_CAP", "node4")]
     assert stopped.status == "fail" and stopped.detail.startswith("tp4-gpu-clock.timer is inactive: nothing caps the SM clock")
     assert results[("GPU.CLOCK_CAP", "node3")].status == "ok"  # the GPU cannot pass the cap
-    assert run(good, dataclasses.replace(LIMITS, sm_clock_mhz=None))[("GPU.CLOCK_CAP", "node1")].status == "n/a"
+    # the cap is the plan's (the profile's cluster.gpu_clock_mhz): 2000 fails node3's 2100 MHz, 0 asks for none
+    lower = run(good, plan=good.plan._replace(line=good.plan.line._replace(gpu_clock_mhz=2000)))
+    assert lower[("GPU.CLOCK_CAP", "node3")].detail.startswith("the SM clock runs at 2100 MHz, above the cap of 2000 MHz")
+    off = run(good, plan=good.plan._replace(line=good.plan.line._replace(gpu_clock_mhz=None)))[("GPU.CLOCK_CAP", "node1")]
+    assert (off.status, off.detail) == ("n/a", "no cap asked (cluster.gpu_clock_mhz = 0)")
 
 
 def test_shard_files_on_the_head(good: DoctorCluster) -> None:
@@ -605,9 +626,7 @@ def test_the_recorded_build_id(tmp_path: Path) -> None:
 def test_ring_nccl_sha256_against_the_pin_and_the_head(good: DoctorCluster, tmp_path: Path) -> None:
     import hashlib
 
-    profile = tmp_path / "ring.toml"
-    profile.write_text(good.profile.read_text() + RING)
-    plan = build_plan(load_file(profile))
+    plan = ring_plan(good, tmp_path)
     libs = [Path(next(m.source for m in r.run.mounts if m.source.endswith("/libnccl.so.2"))) for r in plan.nodes]
     build = b"\x7fELF...NCCL_SWITCHLESS_RING_ONLY\0..."
     for rank, lib in enumerate(libs):
@@ -617,8 +636,8 @@ def test_ring_nccl_sha256_against_the_pin_and_the_head(good: DoctorCluster, tmp_
     sha = hashlib.sha256(build).hexdigest()
     try:
         unpinned = run(good, plan=plan)
-        pinned = run(good, dataclasses.replace(LIMITS, nccl_sha256=sha), plan=plan)
-        wrong = run(good, dataclasses.replace(LIMITS, nccl_sha256="0" * 64), plan=plan)
+        pinned = run(good, plan=plan._replace(line=plan.line._replace(nccl_sha256=sha)))
+        wrong = run(good, plan=plan._replace(line=plan.line._replace(nccl_sha256="0" * 64)))
     finally:
         for lib in libs:
             lib.unlink(missing_ok=True)
@@ -643,7 +662,7 @@ def test_the_nccl_pin_is_a_profile_field(tmp_path: Path) -> None:
             + "".join(f'[[cluster.workers]]\nname = "w{i}"\nip = "10.0.0.{i + 1}"\n' for i in (1, 2, 3))
             + '[fabric.nccl]\nsha256 = "%s"\n')
     loaded = load_text(text % ("e" * 64), "t")
-    assert Limits.of_profile(loaded.profile).nccl_sha256 == "e" * 64
+    assert build_plan(loaded).line.nccl_sha256 == "e" * 64
     with pytest.raises(Tp4Error) as exc:
         load_text(text % "E0", "t")
     assert "fabric.nccl.sha256" in exc.value.message and "64 lower-case hex digits" in exc.value.message
@@ -835,9 +854,7 @@ DSV41_ROCE_GATHER = "262144"
 
 
 def test_ring_nccl_and_mesh_unit(good: DoctorCluster, tmp_path: Path) -> None:
-    profile = tmp_path / "ring.toml"
-    profile.write_text(good.profile.read_text() + RING)
-    plan = build_plan(load_file(profile))
+    plan = ring_plan(good, tmp_path)
     libs = [Path(next(m.source for m in r.run.mounts if m.source.endswith("/libnccl.so.2"))) for r in plan.nodes]
     for rank, lib in enumerate(libs):
         lib.parent.mkdir(parents=True, exist_ok=True)
@@ -881,6 +898,155 @@ def test_the_mesh_unit_is_the_plans_for_each_kind_of_host(tmp_path: Path) -> Non
     assert {r.service.mesh_unit for r in switched.nodes} == {None}
 
 
+def ring_plan(cluster: DoctorCluster, tmp_path: Path) -> Plan:
+    """The cluster's line as a ring (RING in the cluster profile's [fabric] table)."""
+    text = cluster.profile.read_text()
+    assert "\n[fabric]\n" in text
+    text = text.replace("\n[fabric]\n", '\n[fabric]\nmode = "ring"\n', 1) + RING.replace('\n[fabric]\nmode = "ring"\n', "\n", 1)
+    profile = tmp_path / "ring.toml"
+    profile.write_text(text)
+    plan = build_plan(load_file(profile))
+    assert plan.line.fabric == "ring"
+    return plan
+
+
+# --- the network: peers, link speed, routes, bootstrap interface, rendezvous ---------------------
+
+
+def test_a_route_to_a_peer_through_another_interface_fails_the_jumbo_ping(good: DoctorCluster) -> None:
+    """The ping goes out the netdev the node's route to the peer leaves by (-I), which must be an
+    RDMA device's: a route to node4 through another interface (a management LAN, a default route)
+    fails for that peer alone, though the ping itself gets through."""
+    host, peer = good.hosts[1], good.hosts[3]
+    good.netns(host, "ip", "link", "add", "tp4side0", "type", "veth", "peer", "name", "tp4side1")
+    try:
+        for dev in ("tp4side0", "tp4side1"):
+            good.netns(host, "ip", "link", "set", dev, "up", "mtu", "9000")
+        good.netns(host, "ip", "route", "add", f"{peer.address}/32", "dev", "tp4side0")
+        results = run(good)
+    finally:
+        good.netns(host, "ip", "link", "del", "tp4side0")
+    r = results[("RDMA.JUMBO_PING", "node2")]
+    assert (r.status, r.blocking) == ("fail", False)
+    assert f"node4 ({peer.address}): the route leaves through tp4side0, not a fabric port ({good.veth(host)})" in r.detail
+    assert f"(reached: node1 ({good.hosts[0].address}) via {good.veth(host)}, node3 ({good.hosts[2].address}) via" in r.detail
+    assert r.fix is not None and "through a fabric port" in r.fix
+    assert results[("RDMA.JUMBO_PING", "node1")].status == "ok"
+    # node4's pings reach node2, whose replies take that route: node4 hears nothing back
+    back = results[("RDMA.JUMBO_PING", "node4")]
+    assert f"node2 ({host.address}) via {good.veth(peer)}: no reply to 3 packets within 2 s" in back.detail
+    assert not_ok(results) == {**MEMLOCK_WARN, ("RDMA.JUMBO_PING", "node2"): "fail", ("RDMA.JUMBO_PING", "node4"): "fail"}
+
+
+def test_link_speed_below_200_gbe(good: DoctorCluster) -> None:
+    speed = good.sysfs(good.hosts[2]) / "class" / "net" / good.veth(good.hosts[2]) / "speed"
+    speed.write_text("100000\n")
+    (good.sysfs(good.hosts[3]) / "class" / "net" / good.veth(good.hosts[3]) / "speed").write_text("-1\n")
+    results = run(good)
+    r = results[("RDMA.LINK_SPEED", "node3")]
+    veth = good.veth(good.hosts[2])
+    assert (r.status, r.blocking) == ("fail", False)
+    assert r.detail == f"{HCA0}/{veth} at 100000 Mb/s, {HCA1}/{veth} at 100000 Mb/s, not 200000 Mb/s"
+    assert r.fix is not None and "ethtool" in r.fix
+    assert "speed unknown (-1: the link is down?)" in results[("RDMA.LINK_SPEED", "node4")].detail
+    assert not_ok(results) == {**MEMLOCK_WARN, ("RDMA.LINK_SPEED", "node3"): "fail", ("RDMA.LINK_SPEED", "node4"): "fail"}
+    assert doctor.blocking_failures(good.plan, good.nodes(), LIMITS) == []  # slower, not broken
+
+
+def test_bootstrap_interface_absent_unaddressed_or_down(good: DoctorCluster) -> None:
+    good.set_bootstrap(good.hosts[1], address=False)
+    good.set_bootstrap(good.hosts[2], up=False)
+    good.netns(good.hosts[3], "ip", "link", "del", BOOTSTRAP)
+    results = run(good)
+    what = "NCCL_SOCKET_IFNAME and GLOO_SOCKET_IFNAME=tp4boot0"
+    unaddressed = results[("NET.BOOTSTRAP_IFACE", "node2")]
+    assert (unaddressed.status, unaddressed.blocking) == ("fail", True)
+    assert unaddressed.detail == f"{what}: tp4boot0 has no IPv4 address" and unaddressed.fix is not None
+    assert results[("NET.BOOTSTRAP_IFACE", "node3")].detail == f"{what}: tp4boot0 is down"
+    absent = results[("NET.BOOTSTRAP_IFACE", "node4")]
+    assert absent.detail.startswith(f"{what}: no such interface (there: ") and good.veth(good.hosts[3]) in absent.detail
+    assert absent.fix is not None and "fabric.socket_ifname" in absent.fix
+    assert results[("NET.BOOTSTRAP_IFACE", "node1")].status == "ok"
+    assert sorted(x.node for x in doctor.blocking_failures(good.plan, good.nodes(), LIMITS)) == ["node2", "node3", "node4"]
+
+
+def test_a_worker_without_a_route_to_the_rendezvous(good: DoctorCluster) -> None:
+    host, head = good.hosts[2], good.hosts[0].address
+    good.netns(host, "ip", "route", "add", "unreachable", f"{head}/32")
+    try:
+        results = run(good)
+    finally:
+        good.netns(host, "ip", "route", "del", "unreachable", f"{head}/32")
+    r = results[("NET.RENDEZVOUS_ROUTE", "node3")]
+    assert (r.status, r.blocking) == ("fail", True) and r.detail == f"no route to the dist init address {head}: No route to host"
+    assert r.fix is not None and f"route the head's address {head}" in r.fix
+    c = results[("PEER.CONTROL_CHANNEL", "node3")]
+    assert c.status == "fail" and c.detail == f"TCP to the dist init port {head}:20000: No route to host"
+    assert results[("NET.RENDEZVOUS_ROUTE", "node2")].status == "ok"
+
+
+def test_a_firewall_dropping_the_dist_init_port_fails_the_control_channel(good: DoctorCluster) -> None:
+    """A worker's TCP connection to the head's dist init port must be answered: refused (nothing
+    listens before serve) passes, silence (a firewall drops it) fails, and blocks serve."""
+    head, worker = good.hosts[0], good.hosts[3]
+    rule = ["INPUT", "-p", "tcp", "--dport", "20000", "-s", worker.address, "-j", "DROP"]
+    good.netns(head, "iptables", "-A", *rule)
+    try:
+        results = run(good)
+    finally:
+        good.netns(head, "iptables", "-D", *rule)
+    r = results[("PEER.CONTROL_CHANNEL", "node4")]
+    assert (r.status, r.blocking) == ("fail", True)
+    assert r.detail == f"TCP to the dist init port {head.address}:20000: no answer within 3 s"
+    assert r.fix is not None and "let TCP port 20000 through to the head" in r.fix
+    assert results[("PEER.CONTROL_CHANNEL", "node2")].status == "ok"
+    assert results[("NET.RENDEZVOUS_ROUTE", "node4")].status == "ok"  # routed, but dropped
+    assert not_ok(results) == {**MEMLOCK_WARN, ("PEER.CONTROL_CHANNEL", "node4"): "fail"}
+
+
+def test_ring_pings_its_neighbours_and_checks_routes_and_relays(good: DoctorCluster, tmp_path: Path) -> None:
+    """On a ring a node pings its two neighbours only; every other node's fabric IP must be routed
+    through a fabric port, via another node's address where it is not adjacent, and a node such a
+    route goes through must forward IPv4 (net.ipv4.ip_forward is per network namespace)."""
+    plan = ring_plan(good, tmp_path)
+    h = good.hosts
+    relay = ["ip", "route", "add", f"{h[2].address}/32", "via", h[1].address, "dev", good.veth(h[0])]
+    missing = ["ip", "route", "add", "unreachable", f"{h[0].address}/32"]
+    stranger = ["ip", "route", "add", f"{h[1].address}/32", "via", f"{good.hosts.subnet}.99", "dev", good.veth(h[3])]
+    good.netns(h[0], *relay)
+    try:
+        for host in h:
+            good.netns(host, "sysctl", "-qw", "net.ipv4.ip_forward=1")
+        forwarding = run(good, plan=plan)
+        good.netns(h[1], "sysctl", "-qw", "net.ipv4.ip_forward=0")
+        good.netns(h[2], *missing)
+        good.netns(h[3], *stranger)
+        broken = run(good, plan=plan)
+    finally:
+        good.netns(h[0], "ip", "route", "del", f"{h[2].address}/32")
+        good.netns(h[2], "ip", "route", "del", "unreachable", f"{h[0].address}/32")
+        good.netns(h[3], "ip", "route", "del", f"{h[1].address}/32")
+        good.netns(h[1], "sysctl", "-qw", "net.ipv4.ip_forward=1")
+    ping = forwarding[("RDMA.JUMBO_PING", "node1")]
+    assert ping.status == "ok" and ping.detail == (f"8972+28 bytes with don't-fragment reach node2 ({h[1].address}) via "
+                                                   f"{good.veth(h[0])}, node4 ({h[3].address}) via {good.veth(h[0])}")
+    routes = forwarding[("RING.ROUTES", "node1")]
+    assert routes.status == "ok" and routes.detail == f"node2 on {good.veth(h[0])}, node3 via node2, node4 on {good.veth(h[0])}"
+    assert forwarding[("RING.IP_FORWARD", "node2")].detail == f"forwards the routes node1's to node3 ({h[2].address})"
+    assert forwarding[("RING.IP_FORWARD", "node3")].detail == "no node's route goes through it (net.ipv4.ip_forward=1)"
+    off = broken[("RING.IP_FORWARD", "node2")]
+    assert (off.status, off.blocking) == ("fail", True)
+    assert off.detail == f"net.ipv4.ip_forward is 0, and the routes node1's to node3 ({h[2].address}) go through it"
+    assert off.fix is not None and "sysctl -w net.ipv4.ip_forward=1" in off.fix
+    gone = broken[("RING.ROUTES", "node3")]
+    assert (gone.status, gone.blocking) == ("fail", True) and gone.detail == f"no route to node1 ({h[0].address}): No route to host"
+    assert gone.fix is not None and "mesh" in gone.fix
+    odd = broken[("RING.ROUTES", "node4")]
+    assert odd.status == "fail" and odd.detail == f"node2 ({h[1].address}) goes via {good.hosts.subnet}.99, no node's address"
+    assert broken[("RING.ROUTES", "node2")].status == "ok"
+    assert broken[("NET.RENDEZVOUS_ROUTE", "node3")].status == "fail"  # the head is node1
+
+
 # --- the remote command is constant ----------------------------------------------------------------
 
 HOSTILE = st.text(alphabet=st.characters(blacklist_categories=("Cs",), blacklist_characters="\0"), min_size=1, max_size=40)
@@ -903,9 +1069,10 @@ def test_no_profile_value_changes_the_remote_command(workdir: str, image: str, s
     plan = plan._replace(nodes=tuple(nodes))
     argv = doctor.facts_argv(plan, rank, Limits(interval=interval))
     assert argv[:4] == ["sh", "-c", FACTS_SCRIPT, "tp4-doctor"]
-    assert len(argv) == 4 + 13 + 3  # the fixed arguments, then the directories df reads
-    for value in (workdir, image, source, host):
+    assert len(argv) == 4 + 16 + 3  # the fixed arguments, then the directories df reads
+    for value in (workdir, image, source):
         assert value in argv[4:]
+    assert any(host in a for a in argv[4:])  # in the lists of peers and of route targets
     # quoted once: the remote shell gets exactly these words back
     remote = process.Remote(host="spark2", user="u")
     command = process.full_argv(argv, remote)[-1]
@@ -920,6 +1087,9 @@ def test_facts_script_is_a_constant() -> None:
     assert scripts == {FACTS_SCRIPT}
     proc = subprocess.run(["sh", "-n", "-c", FACTS_SCRIPT], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
+    # the figures the checks report are the ones the script uses
+    assert f"ping -M do -s {doctor.JUMBO_PAYLOAD} -c {doctor.PING_COUNT} -W {doctor.PING_WAIT} -I" in FACTS_SCRIPT
+    assert f"timeout {doctor.CONTROL_WAIT} bash" in FACTS_SCRIPT
 
 
 def test_docs_list_every_check(repo: Path) -> None:
@@ -979,7 +1149,8 @@ def test_facts_script_takes_its_arguments_as_data(tmp_path: Path) -> None:
     (tmp_path / "cwdfile").touch()
     marker = tmp_path / "ran"
     args = [str(sysfs), "0", "tp4-no-such-runtime", f"$(touch {marker})", f"* $(touch {marker})", "", "",
-            str(tmp_path / "engram"), "*", "", "", "", "", str(tmp_path)]
+            str(tmp_path / "engram"), "*", f"$(touch {marker})", "", "", "", f"* $(touch {marker})", f"$(touch {marker})", "1",
+            str(tmp_path)]
     proc = subprocess.run(["sh", "-c", FACTS_SCRIPT, "tp4-doctor", *args], capture_output=True, text=True, cwd=tmp_path,
                           timeout=60)
     sections = doctor.parse(proc.stdout)
@@ -988,3 +1159,26 @@ def test_facts_script_takes_its_arguments_as_data(tmp_path: Path) -> None:
     assert not any(name.startswith("hca ") for name in sections)  # `*` is no HCA, and not the decoy
     assert sections["engram"] == ["* absent"]
     assert sections["runtime"] == ["absent"]
+
+
+# sparkring's preflight ids (scripts/preflight.py at 4aa030a, CHECK_DESCRIPTIONS, lines 74-115)
+SPARKRING_IDS = ("SSH.REACHABLE", "MGMT.ADDRESS_PRESENT", "MGMT.INTERFACE_MATCH", "RING.LINK_UP", "RING.MTU",
+                 "RING.LINK_SPEED", "RING.ADDRESS", "RING.RDMA_PORT_ACTIVE", "RING.RDMA_LINK_LAYER", "RING.ROCE_GID",
+                 "RING.JUMBO_PING", "PEER.CONTROL_CHANNEL", "ARTIFACT.PRESENT", "ARTIFACT.SHA256", "ARTIFACT.EXECUTABLE",
+                 "PORT.FREE", "DISK.PATH_PRESENT", "DISK.FREE", "IMAGE.PRESENT", "IMAGE.DIGEST")
+
+
+def test_the_sparkring_parity_table_names_every_id_of_theirs_and_only_checks_of_ours(repo: Path) -> None:
+    text = (repo / "docs" / "doctor.md").read_text()
+    section = text[text.index("## Beside sparkring's preflight"):text.index("## Example")]
+    rows = [line.split(" | ") for line in section.splitlines() if line.startswith("| `")]
+    assert [r[0].strip("| `") for r in rows] == list(SPARKRING_IDS)
+    for r in rows:
+        ours = re.findall(r"`([A-Z]+\.[A-Z0-9_]+)`", r[2])
+        assert all(o in doctor.BY_ID for o in ours), r
+        assert ours or r[2] == "none", r
+    # every check of ours is either beside one of theirs or named as ours only
+    beside = {o for r in rows for o in re.findall(r"`([A-Z]+\.[A-Z0-9_]+)`", r[2])}
+    only = set(re.findall(r"`([A-Z]+\.[A-Z0-9_]+)`", section.split("without a sparkring preflight id", 1)[1]))
+    assert {c.id for c in CHECKS} <= beside | only, {c.id for c in CHECKS} - beside - only
+

@@ -256,6 +256,10 @@ def test_a_ring_keeps_local_weights_and_orders_the_rank_after_the_mesh(work):
                          "marker": {"devices": ["rocep1s0f0", "rocep1s0f1", "roceP2p1s0f0", "roceP2p1s0f1"], "units": markers,
                                     "sourcePort": 65535, "etherType": "0x88b5"}}
     assert Fabric().ring_hairpin_queue == 8192  # the profile default the lib assumes
+    # every node of a ring may relay another's route to the opposite node: IPv4 forwarding on all
+    # (tp4 doctor's RING.IP_FORWARD); a switched line's hosts keep the kernel's default
+    for h in hosts.values():
+        assert h["sysctl"]["net.ipv4.ip_forward"] == 1
     assert "/home/tp4/nccl-2.30.7/libnccl.so.2:/opt/sglang/lib/python3.12/site-packages/nvidia/nccl/lib/libnccl.so.2:ro" in w["rankUnit"]["container"]["volumes"]
     # the patched NCCL the ring's overlay binds must be there: the unit asserts it before the runtime runs
     assert w["rankUnit"]["unitConfig"] == {"StartLimitIntervalSec": 3600, "StartLimitBurst": 3, "AssertPathExists": ["/home/tp4/nccl-2.30.7/libnccl.so.2"]}

@@ -688,6 +688,18 @@ def test_a_ring_with_roce_paths_keeps_a_marker_on_every_fabric_device(walks, wor
     assert not any(s["path"].startswith("systemd.services.tp4-mesh-marker") for s in bare["set"])
 
 
+def test_every_node_of_a_ring_forwards_ipv4(walks):
+    """A ring's mesh routes a node's traffic to the opposite node via a neighbour, which forwards it
+    (tp4 doctor's RING.IP_FORWARD): spark-host sets net.ipv4.ip_forward on every node of a ring
+    (boot.kernel.sysctl takes an int; nixpkgs nixos/modules/config/sysctl.nix, read at 05924f71,
+    writes it to sysctl.d/60-nixos.conf), and leaves it alone on a switched line."""
+    def sysctl(host: str) -> dict:
+        return {k: v for s in walks[("spark-host.nix", host)]["set"] if s["path"] == "boot.kernel.sysctl" for k, v in s["value"].items()}
+
+    assert sysctl("ring worker")["net.ipv4.ip_forward"] == 1
+    assert "net.ipv4.ip_forward" not in sysctl("head") and "net.ipv4.ip_forward" not in sysctl("worker")
+
+
 def test_the_drm_node_gets_a_device_unit_and_needs_the_reservation(walks, work, lines):
     w = walks[("spark-host.nix", "ring worker")]
     assert value(w, "services.udev.extraRules") == 'SUBSYSTEM=="drm", KERNEL=="card0", TAG+="systemd"\n'

@@ -102,7 +102,7 @@ in
       inherit (node) rank role;
       inherit (plan.line) fabric;
       interfaces = hosts.interfaces nodePorts;
-      sysctl = hosts.sysctl nodePorts;
+      sysctl = hosts.sysctl nodePorts // (if plan.line.fabric == "ring" then hosts.ringSysctl else { });
       kernelModules = kernel.rdmaModules;
       kernelParams = optionals displayReservation kernel.displayReservationParams;
       # the plan's SM clock cap (the profile's cluster.gpu_clock_mhz; null leaves the clock alone)

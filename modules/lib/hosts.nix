@@ -255,6 +255,15 @@ rec {
       ]) (attrNames nodePorts)
     );
 
+  # boot.kernel.sysctl of every node of a ring: IPv4 forwarding. The mesh routes a node's traffic
+  # to the opposite node via a neighbour (its /32 routes), and that neighbour forwards it: any node
+  # of a four-node ring may be the relay of another's route (sparkring's ring_doctor finds
+  # `ip-forward-disabled` on such a relay and sets net.ipv4.ip_forward=1; tp4 doctor's
+  # RING.IP_FORWARD checks it)
+  ringSysctl = {
+    "net.ipv4.ip_forward" = 1;
+  };
+
   # the RDMA ports the rank uses on this node (the plan's gid.hcas), each with the netdev and the
   # address whose RoCE v2 IPv4-mapped GID the check unit must find
   rdmaPorts =

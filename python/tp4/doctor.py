@@ -4,14 +4,14 @@ Two halves:
 
 * :func:`gather` reads each node's facts with ONE remote command per node, all nodes in parallel
   (one ssh session each): the constant shell script :data:`FACTS_SCRIPT`, whose inputs (the sysfs
-  root, the HCAs, paths, the image, the peer's address) are its arguments, quoted once by
+  root, the HCAs, paths, the image, the peers' addresses) are its arguments, quoted once by
   tp4.process. It prints sections (``== name`` then the section's lines) that :func:`parse`
   turns into a :class:`Facts` per node. The host facts that need hardware come from files under
   the sysfs root (``/sys`` by default: ``class/infiniband/<hca>/ports/1/{state,link_layer,gids,
   gid_attrs/types,hw_counters,counters}``, ``class/infiniband/<hca>/device/net``,
   ``module/nvidia_drm/parameters/{modeset,fbdev}``) and commands (``nvidia-smi``, ``uname``, ``ip``,
-  ``ping``, ``ss``, ``df``, ``date``, ``systemctl``, ``stat``, ``sha256sum``, the runtime), found on
-  the node's PATH.
+  ``ping``, ``ss``, ``df``, ``date``, ``systemctl``, ``stat``, ``sha256sum``, ``timeout``, ``bash`` for
+  one TCP connection, the runtime), found on the node's PATH.
 * :func:`evaluate` turns the facts of every node into checks, locally, each with a stable id
   (:data:`CHECKS`), a status per node (ok, warn, fail, or n/a where it does not apply), a detail
   and, for a warning or failure, a fix. A check is blocking or not: `tp4 doctor` exits 1 on a
@@ -48,6 +48,15 @@ COUNTERS = ("packet_seq_err", "roce_adp_retrans", "req_transport_retries_exceede
 # don't-fragment ICMP payload that fills an MTU of 9000 (20 bytes IP + 8 bytes ICMP)
 JUMBO_PAYLOAD = 8972
 FABRIC_MTU = 9000
+# the jumbo ping: packets per peer and the wait for a reply (a cold ARP entry loses the first
+# packets: nixos-dgx-spark's two-Spark playbook pings `-c 4 -W 2 -I DEV`, sparkring's preflight
+# `-c 2 -W 2` each ring edge)
+PING_COUNT, PING_WAIT = 3, 2
+# a Spark's ConnectX-7 ports are 200 GbE (/sys/class/net/<netdev>/speed in Mb/s; sparkring's
+# site topology.link_speed_mbps: 200000, scripts/config/exl3-r7-site.example.yaml line 26 at 4aa030a)
+LINK_SPEED_MBPS = 200000
+# seconds a worker waits for the head's dist init port to answer a TCP connection
+CONTROL_WAIT = 3
 
 
 class CheckSpec(NamedTuple):
@@ -73,7 +82,17 @@ CHECKS: tuple[CheckSpec, ...] = tuple(CheckSpec(*c) for c in (
     ("RDMA.ONE_IPV4", "exactly one IPv4 address on every HCA's netdev (another shifts the port's GID table)", False),
     ("RDMA.MTU", f"Ethernet MTU {FABRIC_MTU}", False),
     ("RDMA.MTU_SAME", "the same MTU on every node", True),
-    ("RDMA.JUMBO_PING", "a don't-fragment ping filling the MTU reaches the next node", False),
+    ("RDMA.JUMBO_PING", "don't-fragment pings filling the MTU reach every peer through a fabric port (a ring: both "
+                        "neighbours; switched: every node)", False),
+    # the fabric's links and routes, the bootstrap interface and the rendezvous (docs/doctor.md: "Network")
+    ("RDMA.LINK_SPEED", f"every HCA's netdev at {LINK_SPEED_MBPS} Mb/s (a 200 GbE ConnectX-7 port of the Spark)", False),
+    ("NET.BOOTSTRAP_IFACE", "the bootstrap interface (NCCL_SOCKET_IFNAME, GLOO_SOCKET_IFNAME) present, up, with an IPv4 "
+                            "address", True),
+    ("NET.RENDEZVOUS_ROUTE", "the dist init address routable from every node (on the head: its own address)", True),
+    ("PEER.CONTROL_CHANNEL", "the head's dist init port answers TCP from every worker", True),
+    ("RING.ROUTES", "ring: every other node's fabric IP routed through a fabric port, via another node's address where "
+                    "not adjacent", True),
+    ("RING.IP_FORWARD", "ring: IPv4 forwarding on every node that another node's route goes through", True),
     ("RDMA.GID", "a RoCE v2 IPv4-mapped GID of the port's address", True),
     ("RDMA.GID_SAME_INDEX", "that GID at the same index on every node (a warning unless the plan pins every node's index)", True),
     ("RDMA.MEMLOCK", "memlock unlimited for the runtime", True),
@@ -133,11 +152,6 @@ class Limits:
     # the head's image store (tp4 build, distribute) starts on this port again: it must be free
     # on the head (tp4.imagestore.port_in_waiting; None: running, or it takes a free one)
     registry_port: int | None = None
-    # the SM clock cap in MHz (upstream measured its numbers at `nvidia-smi -lgc 0,2200`; the NixOS
-    # module's tp4.host.gpuClock.maxMHz, default 2200); None: not checked
-    sm_clock_mhz: int | None = 2200
-    # the pinned sha256 of the ring's NCCL library (the profile's fabric.nccl.sha256); None: unpinned
-    nccl_sha256: str | None = None
     # the image id `tp4 build` recorded for the plan's tag (result-<attr>.json); None: no record
     image_id: str | None = None
 
@@ -148,7 +162,7 @@ class Limits:
         from tp4 import imagestore
 
         return cls(volume_kind="nfs" if profile.nfs.share else "local", expected_shards=profile.model.expected_shards,
-                   registry_port=imagestore.port_in_waiting(), nccl_sha256=profile.fabric.nccl.sha256,
+                   registry_port=imagestore.port_in_waiting(),
                    image_id=built_image_id(profile.image.variant, profile.image.tag), **given)
 
 
@@ -171,8 +185,8 @@ def built_image_id(variant: str, tag: str, flake: str | None = None) -> str | No
 FACTS_SCRIPT = r"""set -f
 sys=$1 interval=$2 rt=$3 image=$4 hcas=$5 model=$6 volume=$7 engram=$8 engram_files=$9
 shift 9
-peer=$1 unit=$2 ncclso=$3 mesh=$4
-shift 4
+peers=$1 unit=$2 ncclso=$3 mesh=$4 targets=$5 rdvhost=$6 rdvport=$7
+shift 7
 s() { printf '== %s\n' "$*"; }
 counters() {
   s "counters $1 $(date +%s.%N)"
@@ -292,9 +306,51 @@ for x in "$@"; do
 done
 s meminfo; grep -E '^(MemTotal|MemAvailable):' /proc/meminfo
 s listening; ss -Hltn 2>&1
-if [ -n "$peer" ]; then
-  s ping; ping -M do -s 8972 -c 1 -W 1 -- "$peer" 2>&1; echo "rc $?"
+# the fabric: each HCA netdev's speed, every RDMA device's netdev, the routes to the other nodes
+# and to the rendezvous, IPv4 forwarding; then, at once, a jumbo ping to each peer through the
+# netdev its route leaves by, and (a worker) a TCP connection to the head's dist init port. Each
+# of those prints its whole section in one write, so they never interleave
+s speed
+for h in $hcas; do
+  set +f
+  for n in "$sys/class/infiniband/$h"/device/net/*; do
+    [ -e "$n" ] && echo "$h ${n##*/} $(cat "$sys/class/net/${n##*/}/speed" 2>/dev/null)"
+  done
+  set -f
+done
+s rdmanet
+set +f
+for n in "$sys"/class/infiniband/*/device/net/*; do
+  [ -e "$n" ] && { d=${n%/device/net/*}; echo "${d##*/} ${n##*/}"; }
+done
+set -f
+for t in $targets; do s "route $t"; ip -o route get to "$t" 2>&1; echo "rc $?"; done
+s ip_forward; cat /proc/sys/net/ipv4/ip_forward 2>&1
+waitfor=
+for p in $peers; do
+  (
+    dev=$(ip -o route get to "$p" 2>/dev/null | sed -n 's/.* dev \([^ ]*\).*/\1/p' | sed -n 1p)
+    if [ -n "$dev" ]; then
+      out=$(ping -M do -s 8972 -c 3 -W 2 -I "$dev" -- "$p" 2>&1; echo "rc $?")
+    else
+      out="no route to $p"
+    fi
+    printf '== ping %s\ndev %s\n%s\n' "$p" "$dev" "$out"
+  ) &
+  waitfor="$waitfor $!"
+done
+if [ -n "$rdvport" ]; then
+  (
+    if command -v bash >/dev/null 2>&1; then
+      out=$(timeout 3 bash -c 'exec 3<>"/dev/tcp/$1/$2"' tp4-doctor "$rdvhost" "$rdvport" 2>&1; echo "rc $?")
+    else
+      out="no bash"
+    fi
+    printf '== control %s %s\n%s\n' "$rdvhost" "$rdvport" "$out"
+  ) &
+  waitfor="$waitfor $!"
 fi
+for j in $waitfor; do wait "$j"; done
 if [ -n "$ncclso" ]; then
   s nccl; if [ -f "$ncclso" ]; then echo present; grep -c SWITCHLESS_RING_ONLY -- "$ncclso"; else echo absent; fi
   s nccl_sha256; if [ -f "$ncclso" ]; then sha256sum -- "$ncclso" 2>&1; fi
@@ -317,6 +373,24 @@ def engram_files(plan: Plan, rank: RankPlan) -> tuple[str, ...]:
     return tuple(f"engram-l{layer}-r{rank.rank}of{plan.line.tp}.bin" for layer in (1, 14))
 
 
+def ping_peers(plan: Plan, rank: RankPlan) -> list[RankPlan]:
+    """The nodes the rank's traffic goes to directly, which the jumbo ping reaches: on a ring its
+    two neighbours (the next rank's first), on a switched fabric every other node."""
+    n = len(plan.nodes)
+    if n < 2:
+        return []
+    if plan.line.fabric == "ring":
+        around = (plan.nodes[(rank.rank + 1) % n], plan.nodes[(rank.rank - 1) % n])
+        return list({r.rank: r for r in around}.values())
+    return [r for r in plan.nodes if r.rank != rank.rank]
+
+
+def rendezvous(plan: Plan) -> tuple[str, int]:
+    """The dist init address (host, port): the head's torch TCPStore every rank connects to."""
+    host, _, port = plan.line.dist_init_addr.rpartition(":")
+    return host, int(port) if port.isdigit() else 0
+
+
 def remote_args(plan: Plan, rank: RankPlan, limits: Limits) -> list[str]:
     """The arguments of FACTS_SCRIPT for one rank (each one argv word; tp4.process quotes them)."""
     from tp4.plan import ENGRAM_MOUNT, MODEL_MOUNT, NCCL_MOUNT
@@ -324,8 +398,9 @@ def remote_args(plan: Plan, rank: RankPlan, limits: Limits) -> list[str]:
     model = _mount(rank, MODEL_MOUNT)
     engram = _mount(rank, ENGRAM_MOUNT)
     nccl = _mount(rank, NCCL_MOUNT) or next(((m.type, m.source) for m in rank.run.mounts if m.source.endswith("/libnccl.so.2")), None)
-    nodes = plan.nodes
-    peer = nodes[(rank.rank + 1) % len(nodes)].host if len(nodes) > 1 and limits.ping else ""
+    peers = " ".join(r.host for r in ping_peers(plan, rank)) if limits.ping else ""
+    rdv_host, rdv_port = rendezvous(plan)
+    targets = " ".join(dict.fromkeys([*(r.host for r in plan.nodes if r.rank != rank.rank), rdv_host]))
     ring = plan.line.fabric == "ring"
     ncclso = ""
     if ring and nccl is not None:
@@ -335,7 +410,8 @@ def remote_args(plan: Plan, rank: RankPlan, limits: Limits) -> list[str]:
     return [limits.sysfs, f"{limits.interval:g}", rank.service.runtime, rank.run.image, " ".join(rank.gid.hcas),
             model[1] if model and model[0] == "bind" else "", model[1] if model and model[0] == "volume" else "",
             engram[1] if engram else "", " ".join(engram_files(plan, rank)),
-            peer, rank.service.unit or "", ncclso, rank.service.mesh_unit or "", *dfs]
+            peers, rank.service.unit or "", ncclso, rank.service.mesh_unit or "", targets, rdv_host,
+            str(rdv_port) if rank.rank != 0 else "", *dfs]
 
 
 @dataclass
@@ -591,6 +667,7 @@ def evaluate(plan: Plan, facts: dict[str, Facts], limits: Limits | None = None) 
         _node_checks(ctx, r, facts[r.name])
     _line_checks(ctx, up)
     _artifact_checks(ctx, up)
+    _net_checks(ctx, up)
     order = {c.id: i for i, c in enumerate(CHECKS)}
     names = [r.name for r in plan.nodes]
     ctx.results.sort(key=lambda x: (order[x.check], names.index(x.node) if x.node in names else 99))
@@ -950,20 +1027,6 @@ def _line_checks(ctx: Context, up: list[RankPlan]) -> None:
                 f"set the same MTU ({FABRIC_MTU}) on every fabric netdev of every node")
         else:
             add("RDMA.MTU_SAME", r.name, "ok", f"MTU {common} like the others")
-    # jumbo ping to the next node
-    for r in up:
-        rc, out = _rc(facts[r.name].get("ping"))
-        peer = ctx.plan.nodes[(r.rank + 1) % len(ctx.plan.nodes)]
-        if not facts[r.name].has("ping"):
-            add("RDMA.JUMBO_PING", r.name, "n/a", "a single node")
-        elif rc == 0:
-            add("RDMA.JUMBO_PING", r.name, "ok", f"{JUMBO_PAYLOAD}+28 bytes with don't-fragment reach {peer.name} ({peer.host})")
-        else:
-            lines = [x.strip() for x in out if x.strip()]
-            why = next((x for x in lines if "too long" in x.lower() or "mtu" in x.lower() or "unreachable" in x.lower()),
-                       "no reply within 1 s" if any(" 0 received" in x for x in lines) else (lines or ["no output"])[-1])
-            add("RDMA.JUMBO_PING", r.name, "fail", f"`ping -M do -s {JUMBO_PAYLOAD}` to {peer.name} ({peer.host}) fails: {why}",
-                f"MTU {FABRIC_MTU} on both nodes' fabric netdevs and on every switch port between them")
     # GID index the same on every node
     indices: dict[str, set[int]] = {}
     for r in up:
@@ -1131,11 +1194,11 @@ def _headless(ctx: Context, r: RankPlan, f: Facts) -> None:
 
 
 def _clock_cap(ctx: Context, r: RankPlan, f: Facts) -> None:
-    n, cap = r.name, ctx.limits.sm_clock_mhz
-    fix = (f"nvidia-smi -lgc 0,{cap} on a timer (a driver reload or a GPU reset drops it; NixOS: "
-           f"tp4.host.gpuClock.maxMHz = {cap} runs tp4-gpu-clock.timer)")
+    n, cap = r.name, ctx.plan.line.gpu_clock_mhz
+    fix = (f"nvidia-smi -lgc 0,{cap} on a timer (a driver reload or a GPU reset drops it; NixOS: the module's "
+           "tp4-gpu-clock.timer applies the plan's cap), or set cluster.gpu_clock_mhz in the profile")
     if cap is None:
-        ctx.add("GPU.CLOCK_CAP", n, "n/a", "no cap asked")
+        ctx.add("GPU.CLOCK_CAP", n, "n/a", "no cap asked (cluster.gpu_clock_mhz = 0)")
         return
     if (f.get("nvidia") or [""])[0] != "present":
         ctx.add("GPU.CLOCK_CAP", n, "warn", "nvidia-smi is not on the PATH", fix)
@@ -1276,7 +1339,7 @@ def _artifact_checks(ctx: Context, up: list[RankPlan]) -> None:
         line = (ctx.facts[r.name].get("nccl_sha256") or [""])[0].split(None, 1)
         if len(line) == 2 and re.fullmatch(r"[0-9a-f]{64}", line[0]):
             shas[r.name] = (line[0], line[1].strip())
-    pinned = ctx.limits.nccl_sha256
+    pinned = ctx.plan.line.nccl_sha256
     head = ctx.plan.nodes[0].name
     ref = shas.get(head, (None, ""))[0]
     fix = "copy one NCCL build (2.30.7 with the switchless patch) to every node, and pin its sha256 in fabric.nccl.sha256"
@@ -1298,6 +1361,269 @@ def _artifact_checks(ctx: Context, up: list[RankPlan]) -> None:
             else:
                 ctx.add("ARTIFACT.SHA256", r.name, "ok", f"{path}: sha256 {sha[:16]}..., the head's (not pinned: set "
                         f"fabric.nccl.sha256 = \"{sha}\")")
+# --- the network: the fabric's peers, links and routes, the bootstrap interface, the rendezvous ---------
+
+# `ip route get` types that carry no packet to the address (ip-route(8) ROUTE TYPES)
+NO_ROUTE = ("unreachable", "blackhole", "prohibit", "throw")
+ROUTE_TYPES = ("unicast", "local", "broadcast", "multicast", "anycast", "nat", *NO_ROUTE)
+
+
+class Route(NamedTuple):
+    kind: str  # the route's type: unicast, local, ...
+    dev: str | None
+    via: str | None
+    text: str  # what `ip -o route get` printed, on one line
+
+
+def _route(f: Facts, address: str) -> tuple[Route | None, str]:
+    """The node's route to ``address`` (None: it has none) and what ip said."""
+    rc, out = _rc(f.get(f"route {address}"))
+    text = " ".join(" ".join(out).replace("\\", " ").split()).removeprefix("RTNETLINK answers: ")
+    words = text.split()
+    if rc != 0 or not words or words[0] in NO_ROUTE:
+        return None, text or "no answer"
+
+    def after(key: str) -> str | None:
+        return words[words.index(key) + 1] if key in words[:-1] else None
+
+    return Route(words[0] if words[0] in ROUTE_TYPES else "unicast", after("dev"), after("via"), text), text
+
+
+class Link(NamedTuple):
+    up: bool  # administratively up with a carrier (flags UP and LOWER_UP)
+    ipv4: list[str]
+
+
+def _links(f: Facts) -> dict[str, Link]:
+    """Every interface of the node from `ip -j addr`."""
+    try:
+        data = json.loads("\n".join(f.get("ip")) or "[]")
+    except ValueError:
+        return {}
+    out: dict[str, Link] = {}
+    for link in data if isinstance(data, list) else []:
+        if isinstance(link, dict) and isinstance(link.get("ifname"), str):
+            flags = link["flags"] if isinstance(link.get("flags"), list) else []
+            addrs = [a["local"] for a in link.get("addr_info", []) if isinstance(a, dict) and a.get("family") == "inet"
+                     and isinstance(a.get("local"), str)]
+            out[link["ifname"]] = Link("UP" in flags and "LOWER_UP" in flags, addrs)
+    return out
+
+
+def _fabric_netdevs(f: Facts) -> dict[str, str]:
+    """netdev -> RDMA device, for every RDMA device of the node (its fabric ports)."""
+    out: dict[str, str] = {}
+    for line in f.get("rdmanet"):
+        parts = line.split()
+        if len(parts) == 2:
+            out.setdefault(parts[1], parts[0])
+    return out
+
+
+ROUTE_FIX = ("route every node's fabric IP through a fabric port: on a switch, the fabric ports of all nodes in one "
+             "subnet; on a ring, the mesh's routes via the neighbours (the mesh unit, sparkring's mesh-up)")
+
+
+def _net_checks(ctx: Context, up: list[RankPlan]) -> None:
+    plan, facts = ctx.plan, ctx.facts
+    ring = plan.line.fabric == "ring"
+    owners = {a: r.name for r in up for _, addrs in _addresses(facts[r.name]).values() for a in addrs
+              if not a.startswith("127.")}
+    relays: dict[str, list[tuple[str, RankPlan]]] = {}  # node -> (from, to) of the routes through it
+    for r in up:
+        f = facts[r.name]
+        fabric = _fabric_netdevs(f)
+        _jumbo_ping(ctx, r, f, fabric)
+        _link_speed(ctx, r, f)
+        _bootstrap_iface(ctx, r, f)
+        _rendezvous(ctx, r, f)
+        if ring:
+            _ring_routes(ctx, r, f, fabric, owners, relays)
+        else:
+            ctx.add("RING.ROUTES", r.name, "n/a", "switched fabric (RDMA.JUMBO_PING checks the route to every node)")
+    for r in up:
+        _ip_forward(ctx, r, facts[r.name], relays.get(r.name, []) if ring else None)
+
+
+def _jumbo_ping(ctx: Context, r: RankPlan, f: Facts, fabric: dict[str, str]) -> None:
+    peers = ping_peers(ctx.plan, r)
+    if not peers:
+        ctx.add("RDMA.JUMBO_PING", r.name, "n/a", "a single node")
+        return
+    if not ctx.limits.ping:
+        ctx.add("RDMA.JUMBO_PING", r.name, "n/a", "not run (serve leaves the non-blocking ping out)")
+        return
+    good, bad, fixes = [], [], []
+    for peer in peers:
+        who = f"{peer.name} ({peer.host})"
+        lines = f.get(f"ping {peer.host}")
+        dev = next((x[4:].strip() for x in lines if x.startswith("dev ")), "")
+        rc, out = _rc([x for x in lines if not x.startswith("dev ")])
+        text = [x.strip() for x in out if x.strip()]
+        sent = next((m for x in text if (m := re.search(r"(\d+) packets transmitted, (\d+) (?:packets )?received", x))), None)
+        if not f.has(f"ping {peer.host}") or not dev:
+            bad.append(f"{who}: no route")
+            fixes.append(ROUTE_FIX)
+        elif dev not in fabric:
+            bad.append(f"{who}: the route leaves through {dev}, not a fabric port ({', '.join(sorted(fabric)) or 'none'})")
+            fixes.append(ROUTE_FIX)
+        elif rc == 0:
+            good.append(f"{who} via {dev}" + (f" ({sent[2]} of {sent[1]} replies)" if sent and sent[1] != sent[2] else ""))
+        else:
+            why = next((x for x in text if "too long" in x.lower() or "mtu" in x.lower() or "unreachable" in x.lower()),
+                       f"no reply to {PING_COUNT} packets within {PING_WAIT} s" if sent else (text or ["no output"])[-1])
+            bad.append(f"{who} via {dev}: {why}")
+            fixes.append(f"MTU {FABRIC_MTU} on both nodes' fabric netdevs and on every switch port between them")
+    if bad:
+        ctx.add("RDMA.JUMBO_PING", r.name, "fail",
+                f"`ping -M do -s {JUMBO_PAYLOAD} -c {PING_COUNT} -W {PING_WAIT}` fails to " + "; ".join(bad)
+                + (f" (reached: {', '.join(good)})" if good else ""), "; ".join(dict.fromkeys(fixes)))
+    else:
+        ctx.add("RDMA.JUMBO_PING", r.name, "ok", f"{JUMBO_PAYLOAD}+28 bytes with don't-fragment reach " + ", ".join(good))
+
+
+def _link_speed(ctx: Context, r: RankPlan, f: Facts) -> None:
+    rows = [x.split() for x in f.get("speed") if x.strip()]
+    if not rows:
+        ctx.add("RDMA.LINK_SPEED", r.name, "fail", "no netdev of the plan's HCAs found", "see RDMA.DEVICES")
+        return
+    slow, good = [], []
+    for hca, netdev, *value in rows:
+        speed = value[0] if value else ""
+        if speed == str(LINK_SPEED_MBPS):
+            good.append(f"{hca}/{netdev}")
+        elif speed.isdigit():
+            slow.append(f"{hca}/{netdev} at {speed} Mb/s")
+        else:
+            slow.append(f"{hca}/{netdev} speed unknown ({speed or 'unreadable'}: the link is down?)")
+    if slow:
+        ctx.add("RDMA.LINK_SPEED", r.name, "fail", ", ".join(slow) + f", not {LINK_SPEED_MBPS} Mb/s",
+                f"reseat or replace the cable (DAC) and check the switch port: `ethtool <netdev>` must show Speed: "
+                f"{LINK_SPEED_MBPS}Mb/s; a port that trained lower carries the line at that speed")
+    else:
+        ctx.add("RDMA.LINK_SPEED", r.name, "ok", ", ".join(good) + f" at {LINK_SPEED_MBPS} Mb/s")
+
+
+def _bootstrap_iface(ctx: Context, r: RankPlan, f: Facts) -> None:
+    names: dict[str, list[str]] = {}  # the value -> the variables that name it
+    for var in ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME"):
+        if r.env.get(var):
+            names.setdefault(r.env[var], []).append(var)
+    if not names:
+        ctx.add("NET.BOOTSTRAP_IFACE", r.name, "n/a", "the plan names no bootstrap interface (NCCL and Gloo choose one)")
+        return
+    links = _links(f)
+    good, bad, fixes = [], [], []
+    for value, variables in names.items():
+        what = f"{' and '.join(variables)}={value}"
+        if value.startswith("^"):  # NCCL's exclusion list: any other interface
+            good.append(f"{what} (excludes, not checked)")
+            continue
+        # NCCL_SOCKET_IFNAME names prefixes ("=" before the list: exact names); Gloo's names are exact
+        exact = value.startswith("=") or "GLOO_SOCKET_IFNAME" in variables
+        wanted = [w for w in value.removeprefix("=").split(",") if w]
+        found = [n for n in links if any(n == w if exact else n.startswith(w) for w in wanted)]
+        usable = [n for n in found if links[n].up and links[n].ipv4]
+        if usable:
+            good.append(f"{what}: {usable[0]} {links[usable[0]].ipv4[0]}")
+        elif not found:
+            bad.append(f"{what}: no such interface (there: {', '.join(sorted(links)) or 'none'})")
+            fixes.append("set fabric.socket_ifname to the node's management LAN interface (`ip -br addr`), the same name on "
+                         "every node")
+        elif not any(links[n].ipv4 for n in found):
+            bad.append(f"{what}: {', '.join(found)} has no IPv4 address")
+            fixes.append(f"give {found[0]} its IPv4 address (NCCL and Gloo bind and advertise it)")
+        else:
+            bad.append(f"{what}: {', '.join(found)} is down")
+            fixes.append(f"ip link set {found[0]} up (and check its cable)")
+    if bad:
+        ctx.add("NET.BOOTSTRAP_IFACE", r.name, "fail", "; ".join(bad), "; ".join(fixes))
+    else:
+        ctx.add("NET.BOOTSTRAP_IFACE", r.name, "ok", "; ".join(good))
+
+
+def _rendezvous(ctx: Context, r: RankPlan, f: Facts) -> None:
+    host, port = rendezvous(ctx.plan)
+    route, text = _route(f, host)
+    if r.rank == 0:
+        if route is not None and route.kind == "local":
+            ctx.add("NET.RENDEZVOUS_ROUTE", r.name, "ok", f"the dist init address {host} is the head's own")
+        else:
+            ctx.add("NET.RENDEZVOUS_ROUTE", r.name, "fail", f"the dist init address {host} is not the head's ({text})",
+                    "cluster.head.ip must be an address of the head: its TCPStore listens there")
+        ctx.add("PEER.CONTROL_CHANNEL", r.name, "n/a", f"the head serves the dist init port {port}")
+        return
+    if route is None:
+        ctx.add("NET.RENDEZVOUS_ROUTE", r.name, "fail", f"no route to the dist init address {host}: {text}",
+                f"route the head's address {host} from this node (a ring: the mesh's route via a neighbour, see RING.ROUTES)")
+    elif route.kind == "local":
+        ctx.add("NET.RENDEZVOUS_ROUTE", r.name, "fail", f"the dist init address {host} is this node's own address",
+                "give every node its own fabric IP (cluster.*.ip)")
+    else:
+        ctx.add("NET.RENDEZVOUS_ROUTE", r.name, "ok", f"{host} via {route.dev}" + (f" and {route.via}" if route.via else ""))
+    rc, out = _rc(f.get(f"control {host} {port}"))
+    said = " ".join(x.strip() for x in out if x.strip())
+    if not f.has(f"control {host} {port}"):
+        ctx.add("PEER.CONTROL_CHANNEL", r.name, "n/a", "not checked")
+    elif said == "no bash":
+        ctx.add("PEER.CONTROL_CHANNEL", r.name, "warn", "not checked: no bash on the node (the TCP check uses its /dev/tcp)",
+                f"install bash, or check `nc -zv {host} {port}` from the node by hand")
+    elif rc == 0:
+        ctx.add("PEER.CONTROL_CHANNEL", r.name, "ok", f"{host}:{port} accepted a connection (something listens there now)")
+    elif "refused" in said.lower():
+        ctx.add("PEER.CONTROL_CHANNEL", r.name, "ok", f"{host}:{port} answers (connection refused: nothing listens before serve)")
+    else:
+        why = f"no answer within {CONTROL_WAIT} s" if rc == 124 else (said.rsplit(": ", 1)[-1] if said else f"exit {rc}")
+        ctx.add("PEER.CONTROL_CHANNEL", r.name, "fail", f"TCP to the dist init port {host}:{port}: {why}",
+                f"let TCP port {port} through to the head from every worker (a firewall that drops it stalls the line's "
+                "start until the rendezvous times out; a NixOS head opens it: tp4.host.firewall)")
+
+
+def _ring_routes(ctx: Context, r: RankPlan, f: Facts, fabric: dict[str, str], owners: dict[str, str],
+                 relays: dict[str, list[tuple[str, RankPlan]]]) -> None:
+    good, bad = [], []
+    for other in ctx.plan.nodes:
+        if other.rank == r.rank:
+            continue
+        who = f"{other.name} ({other.host})"
+        route, text = _route(f, other.host)
+        if route is None:
+            bad.append(f"no route to {who}: {text}")
+        elif route.kind == "local":
+            bad.append(f"{who} is this node's own address")
+        elif route.dev not in fabric:
+            bad.append(f"{who} leaves through {route.dev}, not a fabric port ({', '.join(sorted(fabric)) or 'none'})")
+        elif route.via is not None and route.via not in owners:
+            bad.append(f"{who} goes via {route.via}, no node's address")
+        elif route.via is not None:
+            good.append(f"{other.name} via {owners[route.via]}")
+            if owners[route.via] != other.name:
+                relays.setdefault(owners[route.via], []).append((r.name, other))
+        else:
+            good.append(f"{other.name} on {route.dev}")
+    if bad:
+        ctx.add("RING.ROUTES", r.name, "fail", "; ".join(bad), ROUTE_FIX)
+    else:
+        ctx.add("RING.ROUTES", r.name, "ok", ", ".join(good))
+
+
+def _ip_forward(ctx: Context, r: RankPlan, f: Facts, through: list[tuple[str, RankPlan]] | None) -> None:
+    if through is None:
+        ctx.add("RING.IP_FORWARD", r.name, "n/a", "switched fabric")
+        return
+    value = (f.get("ip_forward") or [""])[0].strip()
+    routes = ", ".join(f"{a}'s to {b.name} ({b.host})" for a, b in through)
+    fix = ("sysctl -w net.ipv4.ip_forward=1 and keep it across boots (/etc/sysctl.d/; spark-host sets it on every node "
+           "of a ring)")
+    if not through:
+        ctx.add("RING.IP_FORWARD", r.name, "ok", f"no node's route goes through it (net.ipv4.ip_forward={value or '?'})")
+    elif value == "1":
+        ctx.add("RING.IP_FORWARD", r.name, "ok", f"forwards the routes {routes}")
+    elif value == "0":
+        ctx.add("RING.IP_FORWARD", r.name, "fail", f"net.ipv4.ip_forward is 0, and the routes {routes} go through it", fix)
+    else:
+        ctx.add("RING.IP_FORWARD", r.name, "warn", f"net.ipv4.ip_forward unreadable ({value or 'no answer'}), and the routes "
+                f"{routes} go through it", fix)
 
 
 # --- entry points ------------------------------------------------------------------------------------
