@@ -2,7 +2,7 @@
 # Set up tp4 on a fresh Debian 12 machine: a virtualenv at <repo>/.venv with the tp4 CLI.
 #   bash python/setup.sh          the CLI only (enough for `tp4 plan`, `tp4 profile`)
 #   bash python/setup.sh --test   also the system tools and Python packages the tests use
-#                                 (nix, busybox, sshd, podman, docker, skopeo, umoci, iproute2, g++, binutils,
+#                                 (nix, busybox, sshd, podman, docker, skopeo, umoci, iproute2, iptables, g++, binutils,
 #                                 nfs-ganesha + its VFS backend, libnfs-utils; the dev group, and the router
 #                                 group: SGLang's router, which tp4 fleet runs)
 set -euo pipefail
@@ -21,6 +21,7 @@ if [ "$want_test" = 1 ]; then
   need ssh openssh-client
   need ip iproute2
   need tc iproute2
+  need iptables iptables
   need ping iputils-ping
   need podman podman
   need runc runc
