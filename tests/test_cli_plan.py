@@ -31,7 +31,8 @@ def test_plan_default_is_the_full_production_line(tp4_cli):
     assert plan["nodes"][1]["service"]["env_file"] == "/home/zurih/dsv41-4x-spark/dsv41-worker.env"
     assert plan["image"]["tag"] == "dsv41-4x-spark:canary-roce"
     assert plan["image"]["base"].endswith("@sha256:3dbc313030a6ef2c5d7de8ecf48e9aece722694a82182cb618cc82b588816349")
-    assert plan["line"] == {"nnodes": 4, "tp": 4, "ep": 1, "fabric": "switched", "dist_init_addr": "10.0.0.1:20000", "api": "http://10.0.0.1:8888"}
+    assert plan["line"] == {"nnodes": 4, "tp": 4, "ep": 1, "fabric": "switched", "dist_init_addr": "10.0.0.1:20000", "api": "http://10.0.0.1:8888",
+                            "gpu_clock_mhz": 2200, "nccl_sha256": None}
     assert sum(b["required"] for b in plan["boot_lines"]) == 12
 
 

@@ -24,7 +24,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from doctor_hosts import SYSFS, DoctorCluster
+from doctor_hosts import BOOTSTRAP, SYSFS, DoctorCluster
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from line_cluster import _q, memlock
@@ -63,6 +63,7 @@ def line_profile(cluster: DoctorCluster, hosts: list[Host], extra: str = "", key
             f"[cluster]\nuser = \"root\"\nidentity = {_q(str(cluster.hosts.key))}\nmemlock = {_q(memlock())}\n\n"
             + "\n".join(nodes)
             + f"\n[model]\ndir = {_q(str(cluster.model_dir))}\n\n[nfs]\nshare = false\n\n[engine]\ntp = {len(hosts)}\n\n"
+            + f"[fabric]\nsocket_ifname = {_q(BOOTSTRAP)}\n\n"
             + (f"[api]\nkey_file = {_q(str(key_file))}\n\n" if key_file else "")
             + f"[env]\nSGLANG_HEALTH_CHECK_TIMEOUT = \"{OWN_PROBE}\"\n" + extra)
 
