@@ -15,6 +15,8 @@
   # (pkgs/sources.nix `unlocked`, `lockCommand`)
   unlocked ? [ ],
   lockCommand ? "",
+  # `git commit` of the files the lock rewrites (pkgs/sources.nix `commitCommand`)
+  commitCommand ? "",
 }:
 let
   inherit (src) hasSuffix;
@@ -51,7 +53,7 @@ let
     ${builtins.concatStringsSep "\n" (map (n: "  " + n) leftOut)}
     On a machine with network access, in the checkout, run once
       ${lockCommand}
-    (it prints what it downloads), commit sources.manifest, and run `nix flake check` again.
+    (it prints what it downloads), commit the change (${commitCommand}), and run `nix flake check` again.
   '';
 in
 {
@@ -96,8 +98,15 @@ in
       sources-unlocked = builtins.trace "warning: ${unlockedReport}" (
         pkgs.runCommand "tp4-sources-unlocked-${toString (builtins.length leftOut)}-outputs-not-checked"
           {
-            passthru = { inherit unlocked leftOut lockCommand; };
-            meta.description = "Passes; ${toString (builtins.length leftOut)} outputs need unlocked rows: run `${lockCommand}` and commit sources.manifest";
+            passthru = {
+              inherit
+                unlocked
+                leftOut
+                lockCommand
+                commitCommand
+                ;
+            };
+            meta.description = "Passes; ${toString (builtins.length leftOut)} outputs need unlocked rows: run `${lockCommand}` and ${commitCommand}";
           }
           ''
             cat <<'EOF'

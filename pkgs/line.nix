@@ -1,4 +1,4 @@
-# What the image is made of, from the rows pkgs/sources.nix parses (builtins only): which
+# What the image is made of, from the rows pkgs/sources.nix reads (builtins only): which
 # manifest tree each package is, which row is the base image, which rows are the wheels, and
 # the OCI labels that carry every pin.
 { rows }:

@@ -357,7 +357,7 @@ in
       inherit pkgs src leftOut;
       python = l.tp4.testPython;
       outputs = checkable;
-      inherit (manifest) unlocked lockCommand;
+      inherit (manifest) unlocked lockCommand commitCommand;
     }
     # every package that can be evaluated (the images of the registry included: the rollback
     # presets' too), `default` being tp4 again

@@ -1,11 +1,14 @@
-# sources.manifest read with builtins only (the same grammar as python/tp4/sources/manifest.py;
-# tests evaluate both on the real manifest and on generated ones and compare).
+# The pinned sources as fixed-output fetches. Nix does not parse sources.manifest: it reads
+# sources.manifest.json beside it, the parse tp4 wrote (python/tp4/sources/manifest.py, the one
+# parser; `tp4 sources json` writes the copy, `tp4 sources lock` rewrites both), and refuses that
+# copy while its source_sha256 is not the sha256 of the manifest it is given.
 #
 #   import ./sources.nix { manifest = ../sources.manifest; inherit fetchurl;
 #                          fetchPypi = python3Packages.fetchPypi; pullImage = dockerTools.pullImage; }
 #
 # yields
-#   rows      [ { component commit sha256 url attrs name kind locked line } ]  in manifest order
+#   rows      the JSON's rows, in manifest order ({ component commit sha256 url attrs name kind
+#             locked line file_name wheel image git })
 #   byName    name -> row
 #   src       name -> the fixed-output fetch of that row (throws for an unlocked row); an archive
 #             row with tree-sha256= is fetched by its unpacked tree (builtins.fetchTarball)
@@ -16,195 +19,37 @@
 #             read the distribution's name and version from
 #   unlocked  the names of the rows whose sha256 is `unlocked`, in manifest order
 #   lockCommand  `tp4 sources lock <those names>`, the one command that locks them all
+#   commitCommand  `git commit` of the two files it rewrites
 {
   manifest,
+  # the parse of `manifest` (python/tp4/sources/companion.py)
+  parsed ? manifest + ".json",
   fetchurl,
   fetchPypi ? null,
   pullImage ? null,
 }:
 let
   inherit (builtins)
-    all
-    any
-    attrNames
     concatLists
-    elem
-    elemAt
+    concatStringsSep
     filter
-    foldl'
-    genList
-    hasAttr
-    head
-    isString
     length
     listToAttrs
     map
-    match
     replaceStrings
-    split
-    stringLength
-    substring
-    tail
     ;
 
-  hasPrefix = p: s: substring 0 (stringLength p) s == p;
-  hasSuffix =
-    x: s:
-    let
-      n = stringLength s;
-      l = stringLength x;
-    in
-    n >= l && substring (n - l) l s == x;
-  strings = xs: filter isString xs;
-  splitOn = sep: s: strings (split sep s);
-  init = xs: genList (elemAt xs) (length xs - 1);
-  last = xs: elemAt xs (length xs - 1);
-  drop = n: xs: genList (i: elemAt xs (i + n)) (length xs - n);
-
   label = toString manifest;
-  fail = line: msg: throw "${label}: line ${toString line}: ${msg}";
-
-  # --- lines -> entries ({ line; tokens; }) --------------------------------------------------
-  physical = splitOn "\n" (builtins.readFile manifest);
-  tokensOf = l: filter (t: t != "") (splitOn "[ \t\r]+" l);
-  step =
-    acc: l:
-    let
-      n = acc.n + 1;
-      toks = tokensOf l;
-      first = substring 0 1 l;
-    in
-    if toks == [ ] || hasPrefix "#" (head toks) then
-      acc // { inherit n; }
-    else if first == " " || first == "\t" then
-      (
-        if acc.entries == [ ] then
-          fail n "a continuation line (starting with a blank) with no entry above it"
-        else
-          acc
-          // {
-            inherit n;
-            entries = init acc.entries ++ [
-              (last acc.entries // { tokens = (last acc.entries).tokens ++ toks; })
-            ];
-          }
-      )
+  document = builtins.fromJSON (builtins.readFile parsed);
+  current =
+    if document.source_sha256 == builtins.hashFile "sha256" manifest then
+      document
     else
-      acc
-      // {
-        inherit n;
-        entries = acc.entries ++ [
-          {
-            line = n;
-            tokens = toks;
-          }
-        ];
-      };
-  entries =
-    (foldl' step {
-      n = 0;
-      entries = [ ];
-    } physical).entries;
-
-  parseAttrs =
-    line: toks:
-    let
-      pairs = map (
-        t:
-        let
-          m = match "([a-z][a-z0-9-]*)=(.+)" t;
-        in
-        if m == null then
-          fail line "'${t}' is not key=value (an extension attribute)"
-        else
-          {
-            name = elemAt m 0;
-            value = elemAt m 1;
-          }
-      ) toks;
-      add =
-        acc: p:
-        if hasAttr p.name acc then
-          fail line "attribute '${p.name}' given twice"
-        else
-          acc // { ${p.name} = p.value; };
-    in
-    foldl' add { } pairs;
-
-  archiveSuffixes = [
-    ".tar.gz"
-    ".tgz"
-    ".tar.xz"
-    ".tar.bz2"
-    ".tar"
-  ];
-  patchSuffixes = [
-    ".patch"
-    ".diff"
-  ];
-  kindOf =
-    component: url: attrs:
-    let
-      path = head (split "[?]" url);
-    in
-    if component == "local" then
-      "local"
-    else if hasPrefix "pypi:" url then
-      "wheel"
-    else if hasPrefix "docker://" url then
-      "image"
-    else if hasPrefix "git+" url then
-      "git"
-    else if attrs ? kind then
-      attrs.kind
-    else if any (s: hasSuffix s path) archiveSuffixes then
-      "archive"
-    else if any (s: hasSuffix s path) patchSuffixes then
-      "patch"
-    else
-      "file";
-
-  mkRow =
-    e:
-    let
-      t = e.tokens;
-      component = elemAt t 0;
-      commit = elemAt t 1;
-      url = elemAt t 3;
-      attrs = parseAttrs e.line (drop 4 t);
-      sha256 = elemAt t 2;
-    in
-    if length t < 4 then
-      fail e.line "a row needs four columns `component commit sha256 url`, got ${toString (length t)}"
-    else
-      {
-        inherit
-          component
-          commit
-          sha256
-          url
-          attrs
-          ;
-        inherit (e) line;
-        name = if component == "local" then "local:${commit}" else component;
-        kind = kindOf component url attrs;
-        locked = sha256 != "unlocked";
-      };
-
-  mkTree =
-    e:
-    if length e.tokens < 2 then
-      fail e.line "`tree` needs a name"
-    else
-      {
-        name = elemAt e.tokens 1;
-        attrs = parseAttrs e.line (drop 2 e.tokens);
-        inherit (e) line;
-      };
-
-  isTree = e: head e.tokens == "tree";
-  rows = map mkRow (filter (e: !isTree e) entries);
-  treeList = map mkTree (filter isTree entries);
+      throw (
+        "${toString parsed} is not the parse of ${label} (the manifest was edited after it was "
+        + "written): run `tp4 sources json` in the checkout and commit both files"
+      );
+  inherit (current) rows;
   byName = listToAttrs (
     map (r: {
       inherit (r) name;
@@ -221,11 +66,11 @@ let
         if r.attrs ? size then ", about ${r.attrs.size}" else " (size not recorded: size= in its row)";
       what =
         if r.kind == "image" then
-          "the whole base image ${r.url} (${r.attrs.arch or "arm64"}), pulled with skopeo by nixpkgs' nix-prefetch-docker"
+          "the whole base image ${r.url} (${r.image.arch}), pulled with skopeo by nixpkgs' nix-prefetch-docker"
         else if r.kind == "archive" then
           "the archive ${r.url}"
         else if r.kind == "wheel" then
-          "the wheel ${substring 5 (stringLength r.url) r.url}"
+          "the wheel ${r.file_name}"
         else if r.kind == "git" then
           "a checkout of ${r.url}"
         else
@@ -234,7 +79,10 @@ let
     "  - ${r.name}: ${what}${size}";
   unlockedRows = filter (r: !r.locked) rows;
   unlocked = map (r: r.name) unlockedRows;
-  lockCommand = "tp4 sources lock ${builtins.concatStringsSep " " unlocked}";
+  lockCommand = "tp4 sources lock ${concatStringsSep " " unlocked}";
+  # the files `tp4 sources lock` rewrites (the real files: the repository's sources.manifest and
+  # sources.manifest.json are links to them, and `git commit LINK` commits the link, not them)
+  commitCommand = "git commit python/tp4/data/sources.manifest python/tp4/data/sources.manifest.json";
   # one message for every unlocked row: whatever output needs one, the fix is the same command
   unlockedMessage =
     r:
@@ -243,40 +91,18 @@ let
     + "On a machine with network access, in the checkout, run once:\n\n"
     + "  ${lockCommand}\n\n"
     + "It downloads:\n"
-    + builtins.concatStringsSep "\n" (map downloads unlockedRows)
-    + "\nand rewrites those rows of sources.manifest; commit the change (git commit sources.manifest) "
+    + concatStringsSep "\n" (map downloads unlockedRows)
+    + "\nand rewrites those rows of sources.manifest (and its parse, sources.manifest.json); commit the change (${commitCommand}) "
     + "so every clone builds from the same pins.";
   storeName = r: replaceStrings [ "/" ":" ] [ "-" "-" ] r.name;
-  wheelOf =
-    r:
-    let
-      m = match "([A-Za-z0-9_.]+)-([^-]+)-([^-]+)-([^-]+)-([^-]+)[.]whl" (
-        substring 5 (stringLength r.url) r.url
-      );
-    in
-    if m == null then
-      throw "${label}: row '${r.name}': ${r.url} is not pypi:<wheel file name>"
+  # wheel, image and git are null on a row of that kind whose URL lacks the form (the parse keeps
+  # it; validation refuses it)
+  formed =
+    r: field: form:
+    if r.${field} == null then
+      throw "${label}: row '${r.name}': ${r.url} is not ${form} (`tp4 sources verify` says what is wrong)"
     else
-      {
-        pname = elemAt m 0;
-        version = elemAt m 1;
-        python = elemAt m 2;
-        abi = elemAt m 3;
-        platform = elemAt m 4;
-      };
-  imageOf =
-    r:
-    let
-      m = match "docker://([a-z0-9._/-]+)(:([A-Za-z0-9._-]+))?@(sha256:[0-9a-f]{64})" r.url;
-    in
-    if m == null then
-      throw "${label}: row '${r.name}': ${r.url} is not docker://NAME[:TAG]@sha256:DIGEST"
-    else
-      {
-        name = elemAt m 0;
-        tag = if elemAt m 2 == null then "latest" else elemAt m 2;
-        digest = elemAt m 3;
-      };
+      r.${field};
 
   fetchRow =
     r:
@@ -290,7 +116,7 @@ let
           throw "${label}: row '${r.name}' is a wheel: pass fetchPypi to sources.nix"
         else
           let
-            w = wheelOf r;
+            w = formed r "wheel" "pypi:<wheel file name>";
           in
           fetchPypi {
             inherit (w)
@@ -311,30 +137,25 @@ let
           throw "${label}: row '${r.name}' is an image: pass pullImage to sources.nix"
         else
           let
-            i = imageOf r;
+            i = formed r "image" "docker://NAME[:TAG]@sha256:DIGEST";
           in
           pullImage {
             imageName = i.name;
             imageDigest = i.digest;
             finalImageName = i.name;
             finalImageTag = i.tag;
-            arch = r.attrs.arch or "arm64";
+            inherit (i) arch;
             inherit (r) sha256;
           }
       )
     else if r.kind == "git" then
-      let
-        bare = substring 4 (stringLength r.url) r.url;
-        parts = match "(.*)@([^@]*)" bare;
-      in
       builtins.path {
         name = storeName r;
         # allRefs: fetch every ref, not only the default branch, so a commit that is only on
         # another branch (or a tag) is found (Nix >= 2.4, NixOS/nix#3814); without it a remote
         # fetch asks for the default ref alone and fails with "couldn't find remote ref"
         path = builtins.fetchGit {
-          url = elemAt parts 0;
-          rev = r.commit;
+          inherit (r.git) url rev;
           allRefs = true;
         };
         inherit (r) sha256;
@@ -366,40 +187,16 @@ let
   wheelFiles = listToAttrs (
     map (r: {
       inherit (r) name;
-      value = substring 5 (stringLength r.url) r.url;
+      value = r.file_name;
     }) (filter (r: r.kind == "wheel") rows)
   );
 
   # --- trees ------------------------------------------------------------------------------------
-  listOf = attrs: key: if attrs ? ${key} then splitOn "," attrs.${key} else [ ];
-  addSources = t: map (a: head (splitOn ":" a)) (listOf t.attrs "add");
-  expand =
-    s:
-    if hasSuffix "/*" s then
-      let
-        prefix = substring 0 (stringLength s - 1) s;
-      in
-      map (r: r.name) (filter (r: hasPrefix prefix r.component) rows)
-    else
-      [ s ];
-  treeInputs =
-    t:
-    let
-      wanted = [
-        (t.attrs.from or "")
-      ]
-      ++ listOf t.attrs "patches"
-      ++ listOf t.attrs "run"
-      ++ concatLists (map expand (addSources t));
-    in
-    map (r: r.name) (filter (r: elem r.name wanted) rows);
   trees = listToAttrs (
     map (t: {
       inherit (t) name;
-      value = t // {
-        inputs = treeInputs t;
-      };
-    }) treeList
+      value = t;
+    }) current.trees
   );
 
   fetchArgs = listToAttrs (
@@ -413,9 +210,9 @@ let
         map (n: [
           "--input"
           "${n}=${src.${n}}"
-        ]) trees.${t.name}.inputs
+        ]) t.inputs
       );
-    }) treeList
+    }) current.trees
   );
 in
 {
@@ -428,6 +225,7 @@ in
     wheelFiles
     unlocked
     lockCommand
+    commitCommand
     ;
-  treeNames = map (t: t.name) treeList;
+  treeNames = map (t: t.name) current.trees;
 }

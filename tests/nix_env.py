@@ -30,7 +30,7 @@ from tp4 import process
 BUSYBOX = os.environ.get("TP4_TEST_BUSYBOX") or shutil.which("busybox") or "/bin/busybox"
 SYSTEM = f"{os.uname().machine}-linux"
 REPO = Path(__file__).resolve().parent.parent
-FLAKE_FILES = ("flake.nix", "flake.lock", "pkgs", "sources.manifest", "adapters", "python", "modules", "examples")
+FLAKE_FILES = ("flake.nix", "flake.lock", "pkgs", "sources.manifest", "sources.manifest.json", "adapters", "python", "modules", "examples")
 IGNORE = shutil.ignore_patterns("__pycache__", "*.pyc", ".pytest_cache", "*.egg-info", ".hypothesis")
 
 
@@ -57,7 +57,7 @@ def flake_copy(repo: Path, dest: Path) -> Path:
         if src.is_dir():
             shutil.copytree(src, dest / name, symlinks=True, ignore=IGNORE)
         elif src.exists():
-            # sources.manifest is a link into python/tp4/data: keep it one
+            # sources.manifest(.json) are links into python/tp4/data: keep them links
             shutil.copy2(src, dest / name, follow_symlinks=False)
     return dest
 
@@ -68,9 +68,12 @@ def lock_all(text: str) -> str:
 
 
 def locked_flake_copy(repo: Path, dest: Path) -> Path:
-    """flake_copy with every manifest row locked, so every output evaluates."""
+    """flake_copy with every manifest row locked, so every output evaluates (the manifest and the
+    JSON copy Nix reads, both written as `tp4 sources lock` writes them)."""
+    from tp4.sources import companion
+
     copy = flake_copy(repo, dest)
-    (copy / "sources.manifest").write_text(lock_all((repo / "sources.manifest").read_text()))
+    companion.write(copy / "sources.manifest", lock_all((repo / "sources.manifest").read_text()))
     return copy
 
 

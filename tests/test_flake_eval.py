@@ -330,6 +330,8 @@ def test_a_fresh_clone_passes_flake_check_without_the_outputs_of_unlocked_rows(w
       inherit (c) unlocked leftOut lockCommand; script = c.stub.args.buildCommand; }""")
     assert unlocked["unlocked"] == ["dsv41", "dsv41/runtime/roce_tp4_adapt.py", "base-image"]
     assert unlocked["lockCommand"] == LOCK_ALL and LOCK_ALL in unlocked["script"] and 'touch "$out"' in unlocked["script"]
+    # the real files the lock rewrites, not the root's links (`git commit LINK` commits the link)
+    assert "(git commit python/tp4/data/sources.manifest python/tp4/data/sources.manifest.json)" in unlocked["script"]
     assert "aarch64-linux.packages.image" in unlocked["leftOut"] and "x86_64-linux.sources.dsv41" in unlocked["leftOut"]
     listed = evaluate(work, real, "checks.x86_64-linux.eval", "e: builtins.fromJSON e.stub.args.text")
     assert "aarch64-linux.packages.b12x" in listed and "x86_64-linux.sources.b12x-main" in listed
@@ -345,7 +347,7 @@ def test_building_the_image_on_an_unlocked_clone_fails_at_evaluation_with_the_on
     # what it downloads, how large, and that the change is to be committed
     assert "It downloads:" in err and "- base-image: the whole base image docker://lmsysorg/sglang:dev-dsv41@" in err
     assert "about ~33GB" in err and "- dsv41: the archive https://github.com/MiaAI-Lab/" in err
-    assert "git commit sources.manifest" in err
+    assert "commit the change (git commit python/tp4/data/sources.manifest python/tp4/data/sources.manifest.json)" in err
 
 
 def test_wheels_is_a_check_on_every_system(work, flake):

@@ -18,7 +18,7 @@ from pathlib import Path
 from nix_env import busybox_dir, nix_config
 from sources_helpers.build import b12x_next_patches, b12x_sources, sha256, tar_gz
 from tp4 import process
-from tp4.sources import nar
+from tp4.sources import companion, nar
 
 REPO = Path(__file__).resolve().parent.parent
 COMMIT = "a7d7d29b2ef8869086e0ceaa787321f17544e3c9"
@@ -40,7 +40,7 @@ def write_sources(tmp: Path) -> Path:
     rows.append("tree b12x-next  from=b12x-main  require=b12x,LICENSE  keep=b12x,LICENSE  rename=b12x:b12x_next\n"
                 "    patches=patch-0,patch-1  drop=b12x_next/sequence/engram  stamp=b12x_next")
     manifest = tmp / "sources.manifest"
-    manifest.write_text("\n".join(rows) + "\n")
+    companion.write(manifest, "\n".join(rows) + "\n")  # with the JSON copy pkgs/sources.nix reads
     return manifest
 
 

@@ -20,6 +20,7 @@ from pathlib import Path
 from nix_env import busybox_dir, nix_config
 from sources_helpers.build import sha256
 from tp4 import process
+from tp4.sources import companion
 
 REPO = Path(__file__).resolve().parent.parent
 ARCH = os.uname().machine
@@ -61,7 +62,7 @@ def write_root(tmp: Path) -> tuple[Path, dict[str, str]]:
     # where pkgs/default.nix reads it, and the repository's link
     for rel in ("python/tp4/data/sources.manifest", "sources.manifest"):
         (root / rel).parent.mkdir(parents=True, exist_ok=True)
-        (root / rel).write_text(text)
+        companion.write(root / rel, text)  # with the JSON copy pkgs/sources.nix reads
     return root, files
 
 

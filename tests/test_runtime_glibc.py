@@ -20,6 +20,7 @@ import pytest
 
 from nix_env import busybox_dir, empty_flake, locked_flake_copy, nix, nix_config, stub_inputs
 from tp4 import elf, process
+from tp4.sources import companion
 from tp4.sources import manifest as mf
 
 REPO = Path(__file__).resolve().parent.parent
@@ -75,7 +76,7 @@ def flake_with_base_attrs(work: Path, name: str, attrs: str) -> Path:
     manifest = (flake / "sources.manifest").resolve()
     text, n = re.subn(r"(?m)^    arch=arm64  glibc=2\.39(?=  |$)", f"    {attrs}", manifest.read_text())
     assert n == 1
-    manifest.write_text(text)
+    companion.write(manifest, text)  # and the JSON copy Nix reads
     return flake
 
 

@@ -11,6 +11,7 @@ from pathlib import Path
 from sources_helpers.build import sha256, write_tree
 from sources_helpers.server import FileServer
 from tp4 import process
+from tp4.sources import companion
 from tp4.sources import manifest as mf
 from tp4.sources import nar
 
@@ -177,6 +178,31 @@ def test_lock_writes_through_the_manifest_link(tp4_cli, tmp_path: Path, monkeypa
         code, _, err = tp4_cli("sources", "lock", "f", "--manifest", link)
     assert code == 0, err
     assert link.is_symlink() and mf.load(real).by_name["f"].sha256 == sha256(b"payload")
+    # the JSON copy goes beside the real file, and is its parse
+    assert companion.stale(link) is None and not (tmp_path / "sources.manifest.json").exists()
+    assert (tmp_path / "data" / "sources.manifest.json").is_file()
+
+
+def test_json_writes_the_parse_and_check_says_when_it_is_stale(tp4_cli, tmp_path: Path) -> None:
+    path = tmp_path / "sources.manifest"
+    path.write_text(f"f  {'a' * 40}  {'b' * 64}  https://example.invalid/{'a' * 40}/f\n")
+    twin = tmp_path / "sources.manifest.json"
+    code, _, err = tp4_cli("sources", "json", "--check", "--manifest", path)
+    assert code == 1 and f"{twin} does not exist; fix: run `tp4 sources json`" in err and not twin.exists()
+    code, out, err = tp4_cli("sources", "json", "--manifest", path)
+    assert code == 0 and out == f"wrote {twin}\n", err
+    assert json.loads(twin.read_text())["rows"] == mf.load(path).to_json()["rows"]
+    code, out, _ = tp4_cli("sources", "json", "--check", "--manifest", path)
+    assert code == 0 and out == f"{twin}: current\n"
+    path.write_text(path.read_text().replace("b" * 64, "c" * 64))
+    code, _, err = tp4_cli("sources", "json", "--check", "--manifest", path)
+    assert code == 1 and f"{twin} is not the parse of {path}; fix: run `tp4 sources json` and commit both" in err
+    # a manifest validation refuses gets no JSON copy: Nix reads only what tp4 accepts
+    before = twin.read_text()
+    path.write_text(f"f  {'a' * 40}  {'b' * 64}  http://example.invalid/{'a' * 40}/f\n")
+    code, _, err = tp4_cli("sources", "json", "--manifest", path)
+    assert code == 2 and "must start with https://" in err and "Traceback" not in err
+    assert twin.read_text() == before
 
 
 def test_module_hash_fast_path_equals_the_cli(tmp_path, tp4_cli) -> None:

@@ -3,6 +3,7 @@ verify --download end to end (GitHub API and mirror served locally)."""
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -10,7 +11,7 @@ import pytest
 from sources_helpers.build import sha256, tar_gz
 from sources_helpers.server import FileServer
 from tp4.errors import Tp4Error
-from tp4.sources import download
+from tp4.sources import companion, download
 from tp4.sources import manifest as mf
 
 pytestmark = pytest.mark.unit
@@ -153,6 +154,35 @@ def test_lock_resolves_a_branch_and_fills_the_hash(server: FileServer, tmp_path:
     row = m.by_name["r"]
     assert row.commit == C40 and row.url == f"https://github.com/o/r/archive/{C40}.tar.gz" and row.locked
     assert manifest.read_text().startswith("# keep this comment\n") and mf.validate(m).errors == []
+    # the JSON copy Nix reads is rewritten with the manifest, and is its parse
+    assert companion.stale(manifest) is None
+    assert json.loads((tmp_path / "sources.manifest.json").read_text())["rows"][0]["commit"] == C40
+
+
+def test_lock_writes_the_manifest_and_its_json_copy_or_neither(server: FileServer, tmp_path: Path, tp4_cli,
+                                                               monkeypatch) -> None:
+    """The manifest's rename fails after the JSON copy's: the copy is put back, so neither file
+    changes, and no temporary file is left."""
+    monkeypatch.setenv("TP4_SOURCES_MIRROR", server.url("/m"))
+    manifest = make_manifest(server, tmp_path, sha="unlocked")
+    companion.write(manifest, manifest.read_text())
+    twin = tmp_path / "sources.manifest.json"
+    before = (manifest.read_text(), twin.read_text())
+    real_replace = os.replace
+
+    def replace(src, dst):
+        if Path(dst) == manifest:
+            raise OSError(28, "No space left on device")
+        real_replace(src, dst)
+
+    monkeypatch.setattr(companion.os, "replace", replace)
+    code, _, err = tp4_cli("sources", "lock", "--manifest", manifest)
+    assert code == 1 and "No space left on device; neither was changed" in err and "Traceback" not in err, err
+    assert (manifest.read_text(), twin.read_text()) == before
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []
+    monkeypatch.setattr(companion.os, "replace", real_replace)
+    code, _, err = tp4_cli("sources", "lock", "--manifest", manifest)
+    assert code == 0 and companion.stale(manifest) is None and mf.load(manifest).by_name["r"].locked, err
 
 
 def recompressed(files: dict[str, str], modes: dict[str, int] | None = None) -> bytes:

@@ -9,6 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from sources_helpers.strategies import layouts, manifests
 from tp4.errors import InvalidInput
+from tp4.sources import companion
 from tp4.sources import manifest as mf
 
 UPSTREAM = Path(__file__).resolve().parents[2] / "shared" / "spec" / "upstream-sources.manifest"
@@ -74,6 +75,36 @@ def test_committed_manifest_covers_the_image(committed: mf.Manifest) -> None:
     ]
     assert trees["b12x-next"].attrs["expect-patch"] == "da662ccc7e2372b5"
     assert len(committed.inputs("b12x")) == 12
+
+
+def test_the_json_copy_nix_reads_is_current(repo: Path) -> None:
+    """pkgs/sources.nix reads sources.manifest.json, never the manifest's grammar: it must be the
+    parse of the committed manifest (fix: `tp4 sources json`, then commit both files)."""
+    why = companion.stale(repo / "sources.manifest")
+    assert why is None, why
+    link = repo / "sources.manifest.json"
+    assert link.is_symlink() and link.resolve() == companion.path_of(repo / "sources.manifest")
+
+
+def test_the_parse_carries_what_nix_would_otherwise_derive() -> None:
+    digest = "sha256:" + "3" * 64
+    m = mf.parse(f"w  0.4.7  unlocked  pypi:sglang_kernel-0.4.7-cp310-abi3-manylinux2014_aarch64.whl\n"
+                 f"img  {digest}  unlocked  docker://lmsysorg/sglang@{digest}\n"
+                 f"img2  {digest}  unlocked  docker://lmsysorg/sglang:t@{digest}\n  arch=amd64\n"
+                 f"g  {'a' * 40}  unlocked  git+https://example.invalid/o/r.git@{'a' * 40}\n"
+                 "bad  1  unlocked  pypi:not-a-wheel.zip\n"
+                 f"a  {'a' * 40}  unlocked  https://example.invalid/{'a' * 40}/x.tar.gz?raw=1\n"
+                 f"tree t  from=a  add=w:x/\n")
+    rows = {r["name"]: r for r in m.to_json()["rows"]}
+    assert rows["w"]["wheel"] == {"pname": "sglang_kernel", "version": "0.4.7", "python": "cp310", "abi": "abi3",
+                                  "platform": "manylinux2014_aarch64"}
+    assert rows["w"]["file_name"] == "sglang_kernel-0.4.7-cp310-abi3-manylinux2014_aarch64.whl"
+    assert rows["img"]["image"] == {"name": "lmsysorg/sglang", "tag": "latest", "digest": digest, "arch": "arm64"}
+    assert rows["img2"]["image"]["arch"] == "amd64" and rows["img2"]["image"]["tag"] == "t"
+    assert rows["g"]["git"] == {"url": "https://example.invalid/o/r.git", "rev": "a" * 40}
+    assert rows["bad"]["kind"] == "wheel" and rows["bad"]["wheel"] is None  # validation says why
+    assert rows["a"]["file_name"] == "x.tar.gz" and rows["a"]["wheel"] is rows["a"]["image"] is rows["a"]["git"] is None
+    assert m.to_json()["trees"] == [{"name": "t", "attrs": {"from": "a", "add": "w:x/"}, "line": 8, "inputs": ["w", "a"]}]
 
 
 def test_no_registry_host_in_the_repository(repo: Path) -> None:

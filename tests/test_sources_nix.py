@@ -1,5 +1,6 @@
-"""pkgs/sources.nix evaluated with the real Nix: its parse equals Python's (the committed manifest
-and generated ones), and its fixed-output fetches accept the right hash and reject a wrong one."""
+"""pkgs/sources.nix evaluated with the real Nix: it reads the JSON copy of the manifest's parse
+(sources.manifest.json, written by tp4) and refuses a stale one; its fixed-output fetches get the
+arguments nixpkgs' fetchers take, accept the right hash and reject a wrong one."""
 
 from __future__ import annotations
 
@@ -12,10 +13,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sources_helpers.build import have_nix, nix, nix_eval_json, sha256
-from sources_helpers.strategies import layouts, manifests
-from tp4.errors import InvalidInput, Tp4Error
+from tp4.errors import Tp4Error
+from tp4.sources import companion, nar
 from tp4.sources import manifest as mf
-from tp4.sources import nar
 
 # nix is required, never skipped: bash tests/run installs nix-bin
 assert have_nix(), "nix is not installed: run bash tests/run (python/setup.sh --test installs nix-bin)"
@@ -24,34 +24,51 @@ SOURCES_NIX = Path(__file__).resolve().parents[1] / "pkgs" / "sources.nix"
 FAKE_FETCHERS = "fetchurl = a: a // { outPath = \"/fake/${a.name}\"; }; fetchPypi = a: { pypi = a; }; pullImage = a: { image = a; };"
 
 
-def nix_parse(manifest: Path, tmp: Path) -> dict:
+# the real files the lock rewrote (the root's sources.manifest and .json are links: `git commit
+# LINK` would commit the link and leave the pins uncommitted)
+COMMIT = "git commit python/tp4/data/sources.manifest python/tp4/data/sources.manifest.json"
+
+
+def write(path: Path, text: str) -> Path:
+    """The manifest and its JSON copy, as `tp4 sources lock` writes them."""
+    companion.write(path, text)
+    return path
+
+
+def nix_view(manifest: Path, tmp: Path) -> dict:
     expr = (f"let s = import {SOURCES_NIX} {{ manifest = {manifest}; {FAKE_FETCHERS} }}; in "
             "{ inherit (s) rows; trees = map (n: s.trees.${n}) s.treeNames; }")
     return nix_eval_json(expr, tmp)
 
 
-def test_committed_manifest_parses_the_same(repo: Path, tmp_path: Path) -> None:
-    assert nix_parse(repo / "sources.manifest", tmp_path) == mf.load(repo / "sources.manifest").to_json()
+def test_nix_reads_the_committed_json_copy(repo: Path, tmp_path: Path) -> None:
+    """What Nix yields is the parse tp4 wrote, row for row (through the repository's links)."""
+    parsed = json.loads((repo / "sources.manifest.json").read_text())
+    assert nix_view(repo / "sources.manifest", tmp_path) == {"rows": parsed["rows"], "trees": parsed["trees"]}
+    assert parsed["rows"] == mf.load(repo / "sources.manifest").to_json()["rows"]
 
 
-@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(st.data())
-def test_generated_manifests_parse_the_same(tmp_path: Path, data) -> None:
-    m = data.draw(manifests())
-    text = data.draw(layouts(m))
-    path = Path(tempfile.mkdtemp(dir=tmp_path)) / "sources.manifest"
-    path.write_text(text)
-    assert nix_parse(path, tmp_path) == mf.parse(text).to_json()
+def test_a_stale_json_copy_is_refused_naming_the_command(tmp_path: Path) -> None:
+    """An edit to the manifest without `tp4 sources json` fails every evaluation, not a build
+    with the old pins."""
+    path = write(tmp_path / "sources.manifest", f"f  {'a' * 40}  {'b' * 64}  https://e.invalid/{'a' * 40}/f\n")
+    assert nix_view(path, tmp_path)["rows"][0]["sha256"] == "b" * 64
+    path.write_text(path.read_text().replace("b" * 64, "c" * 64))
+    with pytest.raises(Tp4Error) as info:
+        nix_view(path, tmp_path)
+    message = " ".join(str(info.value).split())
+    assert f"{path}.json is not the parse of {path}" in message and "run `tp4 sources json`" in message
+    companion.write(path, path.read_text())
+    assert nix_view(path, tmp_path)["rows"][0]["sha256"] == "c" * 64
 
 
 @pytest.mark.parametrize("text", ["  x y z w\n", "x y z\n", "x a b c notkeyvalue\n", "x a b c k=1\n  k=2\n", "tree\n"])
-def test_syntax_errors_throw_in_both(tmp_path: Path, text: str) -> None:
-    path = tmp_path / "m"
-    path.write_text(text)
-    with pytest.raises(InvalidInput):
-        mf.parse(text)
+def test_a_manifest_that_does_not_parse_is_not_written(tmp_path: Path, text: str) -> None:
+    """The one parser refuses it; neither the manifest nor its JSON copy changes."""
+    path = write(tmp_path / "m", "")
     with pytest.raises(Tp4Error, match="line 1"):
-        nix_parse(path, tmp_path)
+        companion.write(path, text)
+    assert path.read_text() == "" and companion.stale(path) is None
 
 
 def test_src_of_an_unlocked_row_throws_naming_the_command(repo: Path, tmp_path: Path) -> None:
@@ -64,7 +81,7 @@ def test_src_of_an_unlocked_row_throws_naming_the_command(repo: Path, tmp_path: 
     # one command for every unlocked row, what it downloads, and to commit the result
     assert "tp4 sources lock dsv41 dsv41/runtime/roce_tp4_adapt.py base-image" in message
     assert "- dsv41/runtime/roce_tp4_adapt.py: the file https://raw.githubusercontent.com/" in message
-    assert "git commit sources.manifest" in message
+    assert f"commit the change ({COMMIT})" in message
 
 
 def test_fetchers_get_the_right_arguments(repo: Path, tmp_path: Path) -> None:
@@ -85,12 +102,26 @@ def test_fetchers_get_the_right_arguments(repo: Path, tmp_path: Path) -> None:
 def test_image_row_goes_to_pull_image(tmp_path: Path) -> None:
     digest = "sha256:" + "3" * 64
     path = tmp_path / "m"
-    path.write_text(f"img  {digest}  {'a' * 64}  docker://lmsysorg/sglang:dev-dsv41@{digest}\n  arch=arm64\n")
+    write(path, f"img  {digest}  {'a' * 64}  docker://lmsysorg/sglang:dev-dsv41@{digest}\n  arch=arm64\n")
     expr = f"(import {SOURCES_NIX} {{ manifest = {path}; {FAKE_FETCHERS} }}).src.img"
     assert nix_eval_json(expr, tmp_path)["image"] == {
         "imageName": "lmsysorg/sglang", "imageDigest": digest, "finalImageName": "lmsysorg/sglang",
         "finalImageTag": "dev-dsv41", "arch": "arm64", "sha256": "a" * 64,
     }
+
+
+@pytest.mark.parametrize("kind,url,form", [
+    ("wheel", "pypi:not-a-wheel.zip", "pypi:<wheel file name>"),
+    ("image", "docker://lmsysorg/sglang:dev", "docker://NAME[:TAG]@sha256:DIGEST"),
+])
+def test_a_row_without_its_kinds_form_throws_naming_verify(tmp_path: Path, kind: str, url: str, form: str) -> None:
+    """The parse keeps such a row (validation refuses it); Nix says so instead of guessing."""
+    path = write(tmp_path / "m", f"x  1  {'a' * 64}  {url}\n")
+    assert json.loads((tmp_path / "m.json").read_text())["rows"][0][kind] is None
+    with pytest.raises(Tp4Error) as info:
+        nix_eval_json(f"(import {SOURCES_NIX} {{ manifest = {path}; {FAKE_FETCHERS} }}).src.x", tmp_path)
+    message = " ".join(str(info.value).split())
+    assert f"row 'x': {url} is not {form} (`tp4 sources verify` says what is wrong)" in message
 
 
 def builtins_fetch(manifest: Path, name: str, tmp: Path) -> str:
@@ -108,7 +139,7 @@ def test_builtins_fetchurl_accepts_the_right_hash_and_rejects_a_wrong_one(tmp_pa
         served.write_bytes(data)
         right, wrong = sha256(data), sha256(data + b"x")
         manifest = work / "m"
-        manifest.write_text(f"good  {'a' * 40}  {right}  file://{served}\nbad  {'a' * 40}  {wrong}  file://{served}\n")
+        write(manifest, f"good  {'a' * 40}  {right}  file://{served}\nbad  {'a' * 40}  {wrong}  file://{served}\n")
         stored = builtins_fetch(manifest, "good", work)
         assert Path(stored).name.endswith("-good") and stored == nar.store_path(
             "good", bytes.fromhex(right), recursive=False)
@@ -140,7 +171,7 @@ def test_git_row_is_checked_by_its_nar_hash(tmp_path: Path, monkeypatch) -> None
         (tree / "a.py").write_text("a = 1\n")
         right = nar.nar_sha256(tree).hex()
         manifest = tmp_path / "m"
-        manifest.write_text(f"g  {commit}  {right}  git+file://{origin}@{commit}\n"
+        write(manifest, f"g  {commit}  {right}  git+file://{origin}@{commit}\n"
                             f"h  {commit}  {'0' * 64}  git+file://{origin}@{commit}\n")
         stored = builtins_fetch(manifest, "g", tmp_path)
         assert stored == nar.store_path("g", bytes.fromhex(right))
@@ -194,7 +225,7 @@ def test_git_row_pinned_off_the_default_branch_is_fetched(tmp_path: Path, monkey
         try:
             http = f"http://127.0.0.1:{server.server_address[1]}/r.git"
             manifest = tmp_path / "m"
-            manifest.write_text(f"main  {on_master}  {hashes[on_master]}  git+{http}@{on_master}\n"
+            write(manifest, f"main  {on_master}  {hashes[on_master]}  git+{http}@{on_master}\n"
                                 f"side  {off_default}  {hashes[off_default]}  git+{http}@{off_default}\n"
                                 f"on-disk  {off_default}  {hashes[off_default]}  git+file://{origin}@{off_default}\n")
             # a fresh cache of Nix's git fetcher for each run (it keeps its clones there)
@@ -226,7 +257,7 @@ def test_archive_row_with_a_tree_hash_is_fetched_by_its_tree(tmp_path: Path) -> 
     tree = lock.tree_sha256(served / "a.tar.gz")
     byte_hash = sha256((served / "a.tar.gz").read_bytes())
     manifest = tmp_path / "m"
-    manifest.write_text("".join(
+    write(manifest, "".join(
         f"{name}  {'a' * 40}  {byte_hash}  file://{served}/{name}.tar.gz\n  strip=1 tree-sha256={tree}\n"
         for name in ("a", "b", "c")))
     assert builtins_fetch(manifest, "a", tmp_path) == nar.store_path("a", bytes.fromhex(tree))
@@ -234,13 +265,3 @@ def test_archive_row_with_a_tree_hash_is_fetched_by_its_tree(tmp_path: Path) -> 
     assert stored.name.endswith("-b") and stored == Path(nar.store_path("b", bytes.fromhex(tree)))
     with pytest.raises(Tp4Error, match="hash mismatch"):
         builtins_fetch(manifest, "c", tmp_path)
-
-
-def test_upstream_manifest_parses_the_same(tmp_path: Path) -> None:
-    from test_sources_manifest import upstream_text
-
-    path = tmp_path / "upstream.manifest"
-    path.write_text(upstream_text())
-    parsed = nix_parse(path, tmp_path)
-    assert parsed == mf.parse(upstream_text()).to_json()
-    assert any(r["kind"] == "local" and r["name"].startswith("local:") for r in parsed["rows"])

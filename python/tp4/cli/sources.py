@@ -39,7 +39,7 @@ def sources() -> None:
 
 @sources.command("list")
 @manifest_option
-@click.option("--json", "as_json", is_flag=True, help="The parse as JSON (what pkgs/sources.nix yields).")
+@click.option("--json", "as_json", is_flag=True, help="The parse as JSON (what sources.manifest.json holds).")
 def list_cmd(manifest_file: str | None, as_json: bool) -> None:
     """List rows (name, kind, lock state, commit) and trees (with the rows they need)."""
     m = _load(manifest_file, strict=False)
@@ -142,6 +142,25 @@ def lock(manifest_file: str | None, ref: str | None, tree: bool, names: tuple[st
         click.echo("nothing to lock: every row has its sha256")
     for change in changes:
         click.echo(change.describe())
+
+
+@sources.command("json")
+@manifest_option
+@click.option("--check", is_flag=True, help="Write nothing; fail if the JSON copy is not the manifest's parse.")
+def json_cmd(manifest_file: str | None, check: bool) -> None:
+    """Write sources.manifest.json beside the manifest: its parse, which pkgs/sources.nix reads
+    (run it after editing the manifest by hand and commit both; `tp4 sources lock` writes both)."""
+    from tp4.sources import companion
+
+    m = _load(manifest_file)
+    if check:
+        why = companion.stale(m.path or "")
+        if why:
+            raise Tp4Error(why)
+        click.echo(f"{companion.path_of(m.path or '')}: current")
+        return
+    companion.write(m.path or "", m.text)
+    click.echo(f"wrote {companion.path_of(m.path or '')}")
 
 
 @sources.command()

@@ -14,7 +14,7 @@ from pathlib import Path
 from tp4 import process
 from tp4.errors import InvalidInput, Tp4Error
 from tp4.sources import download, nar, transforms
-from tp4.sources.manifest import Manifest, Row
+from tp4.sources.manifest import Manifest, Row, git_remote
 
 
 def cache_dir() -> Path:
@@ -150,7 +150,7 @@ def git_checkout(url: str, commit: str, dest: Path) -> None:
     """Clone a git+ URL at ``commit`` into ``dest`` without .git (what Nix's fetchGit gives)."""
     from tp4.sources import gitrepo
 
-    gitrepo.checkout(url[len("git+"):].rsplit("@", 1)[0], commit, dest)
+    gitrepo.checkout(git_remote(url), commit, dest)
     shutil.rmtree(dest / ".git")
 
 

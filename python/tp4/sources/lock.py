@@ -1,6 +1,7 @@
 """``tp4 sources lock``: fill in or refresh pins. Resolves branches and tags to commits (GitHub API
 through requests; git+ URLs through GitPython), hashes what the new pin downloads, and rewrites only
-the rows it locked, in place. The manifest is written once, after every row succeeded.
+the rows it locked, in place. The manifest is written once, after every row succeeded, together
+with its JSON companion (:mod:`tp4.sources.companion`).
 
 ``TP4_GITHUB_API`` overrides the API base (default the public GitHub API); ``GITHUB_TOKEN``, when
 set, is sent as a bearer token and never logged.
@@ -11,15 +12,14 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import tempfile
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 from tp4 import process
 from tp4.errors import InvalidInput, Tp4Error
-from tp4.sources import download, fetch, nar
-from tp4.sources.manifest import UNLOCKED, Manifest, Row, replace_rows
+from tp4.sources import companion, download, fetch, nar
+from tp4.sources.manifest import UNLOCKED, Manifest, Row, git_remote, replace_rows
 
 GITHUB_API = "https://api.github.com"
 _HEX40 = re.compile(r"[0-9a-f]{40}")
@@ -95,7 +95,7 @@ def resolve_git(url: str, ref: str) -> str:
     """A ref of a git+ URL to a commit, with ``git ls-remote`` (:mod:`tp4.sources.gitrepo`)."""
     from tp4.sources import gitrepo
 
-    remote = url[len("git+"):].rsplit("@", 1)[0]
+    remote = git_remote(url)
     if _HEX40.fullmatch(ref):
         return ref
     out = gitrepo.ls_remote(remote, ref)
@@ -130,7 +130,7 @@ def _image_hash(row: Row, manifest_path: Path | None) -> str:
     proc = process.run([
         str(tool),
         "--json", "--image-name", img["name"], "--image-digest", img["digest"],
-        "--arch", row.attrs.get("arch", "arm64"), "--os", "linux", "--final-image-tag", img["tag"],
+        "--arch", row.arch, "--os", "linux", "--final-image-tag", img["tag"],
     ])
     try:
         answer = json.loads(proc.stdout)
@@ -242,19 +242,6 @@ def lock(manifest: Manifest, names: list[str], *, ref: str | None = None, quiet:
         changes.append(Change(row.name, row, new))
     updated = {c.name: c.new for c in changes if c.new != c.old}
     if updated:
-        write_atomic(manifest.path, replace_rows(manifest, updated))
+        # the manifest and its JSON companion (what Nix reads), together: both or neither
+        companion.write(manifest.path, replace_rows(manifest, updated))
     return changes
-
-
-def write_atomic(path: Path, text: str) -> None:
-    # the repository's sources.manifest is a link into the package: replace the file, not the link
-    path = path.resolve()
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        shutil.copymode(path, tmp)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)

@@ -1,6 +1,11 @@
 """``sources.manifest``: the pins (rows) and what they become (trees). Pure parsing and validation.
 
-Format (also read by ``pkgs/sources.nix``; the two parsers must agree, tests check it):
+This is the one parser of the manifest. Nix does not read the grammar: ``pkgs/sources.nix`` reads
+``sources.manifest.json``, the parse as JSON (:meth:`Manifest.to_json`), which
+:mod:`tp4.sources.companion` writes beside the manifest (``tp4 sources json``; ``tp4 sources lock``
+rewrites both) and Nix refuses while it is not the parse of the manifest's current bytes.
+
+Format:
 
 * Lines are split on ``\\n``; tokens are separated by spaces, tabs or ``\\r``.
 * A line whose first non-blank character is ``#`` is a comment; blank lines are ignored.
@@ -17,11 +22,11 @@ Format (also read by ``pkgs/sources.nix``; the two parsers must agree, tests che
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
-from typing import TypedDict
+from typing import Any, TypedDict
 
 from tp4.errors import InvalidInput, Tp4Error
 
@@ -57,10 +62,35 @@ ROW_ATTRS: dict[str, frozenset[str]] = {kind: attrs | {"size"} for kind, attrs i
 _SIZE = re.compile(r"~?[0-9]+(\.[0-9]+)?(kB|MB|GB)")
 TREE_ATTRS = frozenset({"from", "keep", "require", "add", "rename", "patches", "run", "drop", "stamp", "expect-patch"})
 INT_ATTRS = frozenset({"strip", "p", "fuzz"})
+DEFAULT_ARCH = "arm64"
+
+
+class WheelJson(TypedDict):
+    """A wheel file name's fields (what nixpkgs' fetchPypi takes)."""
+
+    pname: str
+    version: str
+    python: str
+    abi: str
+    platform: str
+
+
+class ImageJson(TypedDict):
+    name: str
+    tag: str
+    digest: str
+    arch: str
+
+
+class GitJson(TypedDict):
+    url: str
+    rev: str
 
 
 class RowJson(TypedDict):
-    """A row in :meth:`Manifest.to_json` (and in ``pkgs/sources.nix``'s ``rows``)."""
+    """A row in :meth:`Manifest.to_json` (and in ``pkgs/sources.nix``'s ``rows``). ``wheel``,
+    ``image`` and ``git`` are set on rows of that kind whose URL has the form (else null:
+    validation says why)."""
 
     component: str
     commit: str
@@ -71,6 +101,10 @@ class RowJson(TypedDict):
     kind: str
     locked: bool
     line: int
+    file_name: str
+    wheel: WheelJson | None
+    image: ImageJson | None
+    git: GitJson | None
 
 
 class TreeJson(TypedDict):
@@ -145,6 +179,16 @@ class Row(_Entry):
             raise InvalidInput(f"{self.where}: {self.file_name!r} is not a wheel file name")
         return m.groupdict()
 
+    @property
+    def arch(self) -> str:
+        """``arch=`` of an image row: the platform pulled (skopeo's --override-arch)."""
+        return self.attrs.get("arch", DEFAULT_ARCH)
+
+    @property
+    def git_remote(self) -> str:
+        """A git row's repository: its URL without ``git+`` and ``@<commit>``."""
+        return git_remote(self.url)
+
     def image(self) -> dict[str, str]:
         m = _IMAGE.fullmatch(self.url)
         if not m:
@@ -164,6 +208,11 @@ class Row(_Entry):
         if not self.attrs:
             return head
         return head + "\n    " + " ".join(f"{k}={v}" for k, v in self.attrs.items())
+
+
+def git_remote(url: str) -> str:
+    """``git+https://host/repo@ref`` -> ``https://host/repo`` (pip style)."""
+    return url.removeprefix("git+").rsplit("@", 1)[0]
 
 
 def unlocked_message(name: str, line: int = 0) -> str:
@@ -279,7 +328,8 @@ class Manifest:
         return [row for row in self.rows if row.name in wanted]
 
     def to_json(self) -> ManifestJson:
-        """The parse as plain data: what ``pkgs/sources.nix`` yields as ``rows`` and ``trees``."""
+        """The parse as plain data: what ``sources.manifest.json`` holds and ``pkgs/sources.nix``
+        yields as ``rows`` and ``trees``."""
         return {
             "rows": [
                 {
@@ -292,6 +342,10 @@ class Manifest:
                     "kind": r.kind,
                     "locked": r.locked,
                     "line": r.line,
+                    "file_name": r.file_name,
+                    "wheel": _or_none(r.wheel) if r.kind == "wheel" else None,
+                    "image": _image_json(r) if r.kind == "image" else None,
+                    "git": {"url": r.git_remote, "rev": r.commit} if r.kind == "git" else None,
                 }
                 for r in self.rows
             ],
@@ -305,6 +359,20 @@ class Manifest:
         """Canonical text: rows, then trees (comments are not kept; see :func:`replace_rows`)."""
         parts = [r.render() for r in self.rows] + [t.render() for t in self.trees]
         return "\n".join(parts) + ("\n" if parts else "")
+
+
+def _or_none(parse: Callable[[], dict[str, str]]) -> Any:
+    try:
+        return parse()
+    except InvalidInput:
+        return None
+
+
+def _image_json(row: Row) -> ImageJson | None:
+    image = _or_none(row.image)
+    if image is None:
+        return None
+    return {"name": image["name"], "tag": image["tag"], "digest": image["digest"], "arch": row.arch}
 
 
 def _suggest(name: str, names: Mapping[str, object]) -> str:
