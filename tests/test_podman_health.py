@@ -123,6 +123,17 @@ def container_healthcheck(name: str) -> object:
     return json.loads(podman("container", "inspect", "--format", "{{json .Config.Healthcheck}}", name).stdout)
 
 
+def health_log(name: str) -> str:
+    """What podman recorded of the container's checks (its State.Healthcheck in podman 4, State.Health
+    later): each run's exit code and output, for an assertion's message."""
+    proc = podman("container", "inspect", "--format", "{{json .State}}", name, check=False)
+    try:
+        state = json.loads(proc.stdout)
+    except ValueError:
+        return proc.stdout + proc.stderr
+    return json.dumps(state.get("Healthcheck") or state.get("Health"))
+
+
 def test_podman_reads_no_health_check_from_the_oci_image(loaded: str, plan: Plan) -> None:
     """Why the flags are needed: the image carries the check, a container podman makes of it
     without them has none."""
@@ -156,7 +167,7 @@ def test_healthcheck_run_passes_while_the_rank_serves_and_fails_while_it_does_no
         wait_for_log(names[0], "Ready: API on port 8888")
         assert container_healthcheck(names[0]) == image_healthcheck()
         ok = podman("healthcheck", "run", names[0], check=False)
-        assert ok.returncode == 0, ok.stdout + ok.stderr
+        assert ok.returncode == 0, ok.stdout + ok.stderr + health_log(names[0])
 
         # the `hang` fault: the engine stops after its CUDA graph capture, the rank runs and /health
         # never answers (the stand-in serves its API only once it gets past that point)
