@@ -445,8 +445,11 @@ def boot_main(argv: list[str]) -> int:
         port = env.get("SERVER_PORT", "8888")
         try:
             status, _ = http("GET", f"http://127.0.0.1:{port}/health", None, "", 30)
-        except OSError:
+        except OSError as exc:
+            print(f"health: 127.0.0.1:{port}: {exc}", file=sys.stderr)
             return 1
+        if status != 200:
+            print(f"health: 127.0.0.1:{port}/health answered {status}", file=sys.stderr)
         return 0 if status == 200 else 1
     if sub not in ("run", "serve"):
         die("usage: boot.py {run,prepare,health,smoke}\nboot.py: error: unknown command " + repr(sub), 2)
