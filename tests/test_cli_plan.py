@@ -13,7 +13,7 @@ from tp4.plan import SCHEMA
 pytestmark = pytest.mark.unit
 
 NODE_KEYS = {"rank", "role", "name", "host", "ssh", "env", "argv", "run", "gid", "service"}
-TOP_KEYS = {"schema", "preset", "source", "image", "line", "nodes", "boot_lines", "forbidden_lines", "secrets", "warnings", "notes"}
+TOP_KEYS = {"schema", "digest", "preset", "source", "image", "line", "nodes", "boot_lines", "forbidden_lines", "secrets", "warnings", "notes"}
 
 
 def test_plan_default_is_the_full_production_line(tp4_cli):
@@ -31,7 +31,8 @@ def test_plan_default_is_the_full_production_line(tp4_cli):
     assert plan["nodes"][1]["service"]["env_file"] == "/home/zurih/dsv41-4x-spark/dsv41-worker.env"
     assert plan["image"]["tag"] == "dsv41-4x-spark:canary-roce"
     assert plan["image"]["base"].endswith("@sha256:3dbc313030a6ef2c5d7de8ecf48e9aece722694a82182cb618cc82b588816349")
-    assert plan["line"] == {"nnodes": 4, "tp": 4, "ep": 1, "fabric": "switched", "dist_init_addr": "10.0.0.1:20000", "api": "http://10.0.0.1:8888"}
+    assert plan["line"] == {"nnodes": 4, "tp": 4, "ep": 1, "fabric": "switched", "dist_init_addr": "10.0.0.1:20000", "api": "http://10.0.0.1:8888",
+                            "gpu_clock_mhz": 2200, "nccl_sha256": None}
     assert sum(b["required"] for b in plan["boot_lines"]) == 12
 
 
@@ -170,7 +171,7 @@ def test_import_of_an_upstream_profile_with_only_warnings_succeeds_and_reports_t
 
 def test_distribute_strict_refuses_a_profile_with_warnings(tmp_path, repo, capsys):
     """`tp4 distribute --strict` reads its workers from the profile the same way (tp4 build reads none)."""
-    from tp4.cli.build import _nodes
+    from tp4.cli.common import profile_remotes as _nodes
     from tp4.errors import InvalidInput
 
     prof = _slots_profile(tmp_path, repo)
