@@ -170,6 +170,11 @@ removed within `tp4.plan/1`:
   container label `tp4.plan`).
 
 Rules the types do not show:
+- `digest` is computed over every other field except `source` (one profile, one digest, wherever
+  its file lies). Every rank `tp4 serve` starts carries it as the container label `tp4.plan` (a
+  NixOS rank's unit sets the same label from this JSON), and serve leaves this JSON beside the
+  rank's env file (`<env file without .env>.plan.json`, mode 0600): `tp4 status` and
+  `tp4 plan --against-running` name the fields in which the running plan differs from the current one.
 - `env` holds every variable the upstream TP4 launcher passes, adapter gates with their launcher
   defaults replaced in place by the profile's `[gates]` (EXTRA_CONTAINER_ENV semantics), then
   `[env]`, then the per-rank keys. Workers never carry head-only keys and always get the worker
