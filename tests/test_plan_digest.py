@@ -60,3 +60,30 @@ def test_the_digest_holds_no_secret(tmp_path: Path) -> None:
 def test_differences_name_lists_and_one_sided_fields() -> None:
     got = differences({"a": [1, 2], "b": {"x": 1}, "digest": "d1"}, {"a": [1], "b": {"y": 2}, "digest": "d2"})
     assert got == [("a[1]", 2, None), ("b.x", 1, None), ("b.y", None, 2)]
+
+
+def test_serve_leaves_the_plan_beside_each_env_file_and_reads_it_back(tmp_path: Path) -> None:
+    """On this machine (a Node without a remote): the plan JSON at <env file>.plan.json, mode 0600,
+    as the ssh user of a plain host (no sudo); compare_running names the fields of a changed plan."""
+    from tp4 import serve
+
+    text = DEFAULT.read_text().replace('[cluster.head]\n', f'[cluster.head]\nworkdir = "{tmp_path}/w0"\n', 1)
+    prof = tmp_path / "p.toml"
+    prof.write_text(text)
+    plan = build_plan(load_file(prof))
+    head = serve.Node(plan.nodes[0], None)
+    assert plan.nodes[0].service.kind == "plain"
+    serve.write_running_plans(plan, [head])
+    stored = Path(serve.running_plan_path(plan.nodes[0]))
+    assert stored == tmp_path / "w0" / "dsv41-head.plan.json" and stored.stat().st_mode & 0o777 == 0o600
+    assert serve.read_running_plan(head, plan.digest) == plan.to_json()
+    assert serve.read_running_plan(head, "sha256:" + "0" * 64) is None  # not the plan of that digest
+    prof.write_text(text + '\n[env]\nMY_NOTE = "x"\n')
+    changed = build_plan(load_file(prof))
+    got = serve.compare_running(changed, [head], {head.name: ("running", plan.digest)})
+    assert got["same"] is False and got["running"] == [plan.digest]
+    assert got["fields"] == ['nodes[0].env.MY_NOTE: running null, this plan "x"', 'nodes[1].env.MY_NOTE: running null, this plan "x"',
+                             'nodes[2].env.MY_NOTE: running null, this plan "x"', 'nodes[3].env.MY_NOTE: running null, this plan "x"']
+    assert serve.compare_running(plan, [head], {head.name: ("running", plan.digest)})["same"] is True
+    unknown = serve.compare_running(changed, [head], {head.name: ("running", "")})
+    assert unknown["same"] is False and "a plan without a digest" in str(unknown["summary"])

@@ -914,9 +914,20 @@ def running_plan_path(rank: RankPlan) -> str:
     return rank.service.env_file.removesuffix(".env") + ".plan.json"
 
 
+def _as_env_file(node: Node, argv: list[str]) -> list[str]:
+    """``argv`` with the rights serve writes the rank's env file with: root for a NixOS unit's
+    (/run/tp4), the ssh user for a plain host's (its workdir)."""
+    return node.privileged(argv) if node.rank.service.kind == "nixos" else argv
+
+
 def write_running_plans(plan: Plan, nodes: Sequence[Node]) -> None:
     text = json.dumps(plan.to_json(), indent=1, sort_keys=True) + "\n"
-    _raise_first(parallel(nodes, lambda n: write_private(n, running_plan_path(n.rank), text)))
+
+    def write(n: Node) -> None:
+        path = running_plan_path(n.rank)
+        n.run(_as_env_file(n, ["sh", "-c", _WRITE_PRIVATE, "sh", path]), input=text, purpose=f"writing {path} on {n.name}")
+
+    _raise_first(parallel(nodes, write))
 
 
 def _label_value(text: str) -> str:
@@ -941,7 +952,7 @@ def read_running_plan(node: Node, digest: str) -> dict[str, object] | None:
     ``digest``; None when it cannot be read or is not."""
     from tp4.plan import digest_of
 
-    proc = node.run(node.privileged(["cat", "--", running_plan_path(node.rank)]), check=False, timeout=30,
+    proc = node.run(_as_env_file(node, ["cat", "--", running_plan_path(node.rank)]), check=False, timeout=30,
                     purpose=f"reading the running plan on {node.name}")
     try:
         doc = json.loads(proc.stdout) if proc.returncode == 0 else None
