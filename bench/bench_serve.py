@@ -242,11 +242,11 @@ def _must(what: str, proc: subprocess.CompletedProcess[str]) -> None:
 
 
 def serve_in_process(profile: str, sequential: bool) -> tuple[float, list[tuple[float, str]]]:
-    """tp4.serve.serve as the CLI calls it (tp4.cli.serve `serve` and `_line`), timed from the
+    """tp4.serve.serve as the CLI calls it (tp4.cli.serve `serve` and tp4.cli.common `load_served`), timed from the
     profile's load to Ready, tp4.serve.SEQUENTIAL set for the call; its wall time and its lines
     (the profile's warnings too), each with the seconds since the call."""
     from tp4 import serve
-    from tp4.cli.plan import load_profile
+    from tp4.cli.common import load_profile
     from tp4.plan import build_plan
 
     lines: list[tuple[float, str]] = []

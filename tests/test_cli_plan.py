@@ -13,7 +13,7 @@ from tp4.plan import SCHEMA
 pytestmark = pytest.mark.unit
 
 NODE_KEYS = {"rank", "role", "name", "host", "ssh", "env", "argv", "run", "gid", "service"}
-TOP_KEYS = {"schema", "preset", "source", "image", "line", "nodes", "boot_lines", "forbidden_lines", "secrets", "warnings", "notes"}
+TOP_KEYS = {"schema", "digest", "preset", "source", "image", "line", "nodes", "boot_lines", "forbidden_lines", "secrets", "warnings", "notes"}
 
 
 def test_plan_default_is_the_full_production_line(tp4_cli):
@@ -171,7 +171,7 @@ def test_import_of_an_upstream_profile_with_only_warnings_succeeds_and_reports_t
 
 def test_distribute_strict_refuses_a_profile_with_warnings(tmp_path, repo, capsys):
     """`tp4 distribute --strict` reads its workers from the profile the same way (tp4 build reads none)."""
-    from tp4.cli.build import _nodes
+    from tp4.cli.common import profile_remotes as _nodes
     from tp4.errors import InvalidInput
 
     prof = _slots_profile(tmp_path, repo)

@@ -160,7 +160,7 @@ def test_the_rank_container_is_the_plan_serve_runs(work):
     for rank in planned.nodes:
         unit = hosts[rank.name]["rankUnit"]
         c = unit["container"]
-        words, tail = serve_flags(run_argv(rank, line=line_id(planned)), rank.run.image)
+        words, tail = serve_flags(run_argv(rank, line=line_id(planned), digest=planned.digest), rank.run.image)
         assert oci_flags(c) == words
         # the image's health check, which podman reads from no OCI image: both give it as flags
         h = rank.run.health
@@ -213,6 +213,17 @@ def test_a_plan_without_the_health_check_is_refused(work, tmp_path):
     err = failure(hosts_expr(PROFILE, edited, HOSTS), work)
     assert ("plan: nodes[1].run.health: missing: the plan is older than tp4.plan/1.5; "
             "fix: regenerate the plan with this tp4 (tp4 plan --json)") in err
+
+def test_a_plan_without_its_digest_is_refused(work, tmp_path):
+    """A plan of an older tp4 (before tp4.plan/1.7) has no digest: the rank's container would carry
+    no tp4.plan label for tp4 status to compare, so evaluation fails with the fix instead."""
+    doc = json.loads(plan_file(PROFILE, work / "plan-digest.json").read_text())
+    del doc["digest"]
+    edited = tmp_path / "undigested-plan.json"
+    edited.write_text(json.dumps(doc))
+    err = failure(hosts_expr(PROFILE, edited, HOSTS), work)
+    assert "plan: digest: missing: the plan is older than tp4.plan/1.7; fix: regenerate the plan with this tp4 (tp4 plan --json)" in err
+
 
 def test_the_weights_options_are_tp4_shares(work):
     w = evaluate(f"let w = (import {nix_path(LIB)}).weights; in {{ inherit (w) exportOptions mountOptions; }}", work)

@@ -382,3 +382,56 @@ def test_the_api_key_reaches_the_head_in_its_env_file_and_nowhere_else(line: Lin
         outputs += [got.stdout, got.stderr]
     assert not [o for o in outputs if key in o]
     assert_nothing_left(line)
+
+
+def test_the_plan_digest_goes_from_plan_to_status_and_another_plan_is_named_and_refused(line: LineCluster,
+                                                                                        tmp_path: Path) -> None:
+    """`tp4 plan`'s digest is the label of every rank serve starts and what status reports; a
+    changed profile is reported with the fields that differ, and serve refuses it unless --replace."""
+    profile = str(line.profile)
+    digest = json.loads(tp4("plan", "--profile", profile, "--json").stdout)["digest"]
+    assert f"digest: {digest}" in tp4("plan", "--profile", profile).stdout
+    proc = tp4("serve", "--profile", profile)
+    assert proc.returncode == 0, proc.stderr
+    said = proc.stderr.splitlines()
+    assert said.index(f"profile: {profile} (plan {digest})") < next(i for i, x in enumerate(said) if x.startswith("checks:"))
+    for node, host in zip(line.nodes(), line.hosts, strict=True):
+        assert host.run("podman", "inspect", "--format", '{{index .Config.Labels "tp4.plan"}}', node.container).stdout.strip() == digest
+        stored = serve.running_plan_path(node.rank)
+        assert host.run("stat", "-c", "%a", stored).stdout.strip() == "600"
+        assert json.loads(host.run("cat", stored).stdout)["digest"] == digest
+    status = tp4("status", "--profile", profile, "--json")
+    assert status.returncode == 0, status.stderr
+    data = json.loads(status.stdout)  # the profile line went to stderr, the JSON is whole
+    assert [n["plan"] for n in data["nodes"]] == [digest] * 4
+    assert data["plan"]["same"] is True and data["plan"]["fields"] == []
+    assert f"profile: {profile} (plan {digest})" in status.stderr.splitlines()
+    same = tp4("plan", "--profile", profile, "--against-running")
+    assert same.returncode == 0 and f"plan: the line runs this plan ({digest})" in same.stdout
+
+    changed = tmp_path / "changed.toml"
+    changed.write_text(line.profile.read_text() + '\n[env]\nTP4_STANDIN_NOTE = "changed"\n')
+    new = json.loads(tp4("plan", "--profile", str(changed), "--json").stdout)["digest"]
+    assert new != digest
+    human = tp4("status", "--profile", str(changed))
+    assert human.returncode == 0, human.stderr
+    assert f"plan {digest}" in human.stdout and f"from another plan ({digest}), not this plan ({new})" in human.stdout
+    assert 'nodes[0].env.TP4_STANDIN_NOTE: running null, this plan "changed"' in human.stdout
+    data = json.loads(tp4("status", "--profile", str(changed), "--json").stdout)["plan"]
+    assert data["same"] is False and data["running"] == [digest]
+    assert {f.split(":")[0] for f in data["fields"]} == {f"nodes[{r}].env.TP4_STANDIN_NOTE" for r in range(4)}
+    diff = tp4("plan", "--profile", str(changed), "--against-running")
+    assert diff.returncode == 1 and "4 field(s) differ: nodes[0].env.TP4_STANDIN_NOTE" in diff.stdout
+
+    refused = tp4("serve", "--profile", str(changed))
+    assert refused.returncode == 1 and "already running" in refused.stderr
+    assert f"from another plan ({digest}), not this plan ({new})" in refused.stderr and "--replace" in refused.stderr
+    assert [n["plan"] for n in json.loads(tp4("status", "--profile", profile, "--json").stdout)["nodes"]] == [digest] * 4
+
+    replaced = tp4("serve", "--profile", str(changed), "--replace")
+    assert replaced.returncode == 0, replaced.stderr
+    assert f"replacing the line's ranks (plan {digest}) with this plan ({new})" in replaced.stderr
+    data = json.loads(tp4("status", "--profile", str(changed), "--json").stdout)
+    assert [n["plan"] for n in data["nodes"]] == [new] * 4 and data["plan"]["same"] is True
+    assert tp4("stop", "--profile", str(changed)).returncode == 0
+    assert_nothing_left(line)

@@ -71,14 +71,14 @@ def test_a_value_an_env_file_cannot_carry_is_refused_naming_the_key(plan):
     ("nan", "seconds between"), ("1e9", "seconds between"), ("warmup=", "seconds between"),
 ])
 def test_bad_timeouts_are_refused(spec, complaint):
-    from tp4.cli.serve import _timeouts
+    from tp4.cli.common import timeouts as _timeouts
 
     with pytest.raises(InvalidInput, match=complaint):
         _timeouts((spec,))
 
 
 def test_timeouts_set_one_phase_or_all():
-    from tp4.cli.serve import _timeouts
+    from tp4.cli.common import timeouts as _timeouts
 
     assert _timeouts(("weights=5",))["weights"] == 5 and _timeouts(("weights=5",))["graphs"] == serve.DEFAULT_TIMEOUTS["graphs"]
     assert set(_timeouts(("7",)).values()) == {7.0}

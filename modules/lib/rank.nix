@@ -162,6 +162,12 @@ rec {
           labels = {
             "tp4.line" = lineId plan;
             "tp4.rank" = toString rank.rank;
+            # the digest of the plan the rank runs from, as serve labels it (python/tp4/serve.py
+            # PLAN_LABEL): tp4 status compares it with the current plan
+            "tp4.plan" =
+              plan.digest or (fail "plan: digest" "missing: the plan is older than tp4.plan/1.7"
+                "regenerate the plan with this tp4 (tp4 plan --json)"
+              );
           };
           extraOptions = [
             "--ipc=${run.ipc}"

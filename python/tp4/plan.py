@@ -10,6 +10,8 @@ table (tp4.knobs); adapter gates come from adapters/registry.toml.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import re
 from functools import lru_cache
 from typing import TYPE_CHECKING, Annotated, Literal, NamedTuple
@@ -169,10 +171,54 @@ class Plan(NamedTuple):
     notes: Annotated[tuple[str, ...], "where the plan renders a gate differently from the profile as written, and why"] = ()
 
     def to_json(self) -> dict[str, Json]:
-        """The plan as JSON values (objects, arrays, strings, numbers, booleans, null), under its schema."""
+        """The plan as JSON values (objects, arrays, strings, numbers, booleans, null), under its
+        schema, with its digest."""
         out = _json(self)
         assert isinstance(out, dict)
-        return {"schema": SCHEMA, **out}
+        doc: dict[str, Json] = {"schema": SCHEMA, **out}
+        return {"schema": SCHEMA, "digest": digest_of(doc), **out}
+
+    @property
+    def digest(self) -> str:
+        """The plan's digest (:func:`digest_of`): what every rank of a line started from it carries."""
+        return digest_of(self.to_json())
+
+
+# fields of the plan's JSON the digest leaves out: the digest itself, and where the profile was
+# read from (the same profile named by another path is the same line)
+DIGEST_EXCLUDES = ("digest", "source")
+
+
+def canonical_json(doc: object) -> bytes:
+    """The one canonical JSON of a document: keys sorted, no whitespace, UTF-8."""
+    return json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def digest_of(doc: dict[str, Json]) -> str:
+    """``sha256:<hex>`` of the canonical JSON of a plan document without DIGEST_EXCLUDES. Secrets
+    are file references in a plan, so the digest holds none."""
+    body = {k: v for k, v in doc.items() if k not in DIGEST_EXCLUDES}
+    return "sha256:" + hashlib.sha256(canonical_json(body)).hexdigest()
+
+
+def differences(running: Json, planned: Json, path: str = "") -> list[tuple[str, Json, Json]]:
+    """The fields where two plan documents differ, as (dotted path, running value, planned value);
+    list items by index (nodes[1].env.X), a field only one side has with None on the other.
+    The digest and the source are left out, as the digest leaves them out."""
+    if isinstance(running, dict) and isinstance(planned, dict):
+        out: list[tuple[str, Json, Json]] = []
+        for key in [*running, *(k for k in planned if k not in running)]:
+            if not path and key in DIGEST_EXCLUDES:
+                continue
+            out += differences(running.get(key), planned.get(key), f"{path}.{key}" if path else key)
+        return out
+    if isinstance(running, list) and isinstance(planned, list):
+        out = []
+        for i in range(max(len(running), len(planned))):
+            out += differences(running[i] if i < len(running) else None, planned[i] if i < len(planned) else None,
+                               f"{path}[{i}]")
+        return out
+    return [] if running == planned else [(path or "(plan)", running, planned)]
 
 
 Json = None | bool | int | str | list["Json"] | dict[str, "Json"]

@@ -91,12 +91,18 @@ def _doc(tp: type) -> str:
     return "" if text.startswith(tp.__name__ + "(") else " ".join(text.split())
 
 
+DIGEST_MEANING = ("`sha256:` and the SHA-256 of the plan's canonical JSON (keys sorted, no whitespace, UTF-8) "
+                  "without `digest` and `source` (python/tp4/plan.py digest_of); secrets are file references, so it holds none")
+
+
 def json_schema() -> JsonSchema:
     """The JSON Schema (draft 2020-12) of `tp4 plan --json`."""
     root = _object(Plan)
     props = typing.cast(dict[str, JsonSchema], root["properties"])
-    root["properties"] = {"schema": {"const": SCHEMA, "description": "this schema's version"}, **props}
-    root["required"] = ["schema", *typing.cast(list[str], root["required"])]
+    root["properties"] = {"schema": {"const": SCHEMA, "description": "this schema's version"},
+                          "digest": {"type": "string", "pattern": "^sha256:[0-9a-f]{64}$", "description": DIGEST_MEANING},
+                          **props}
+    root["required"] = ["schema", "digest", *typing.cast(list[str], root["required"])]
     return {"$schema": "https://json-schema.org/draft/2020-12/schema", "title": f"tp4 plan ({SCHEMA})", **root,
             "$defs": {tp.__name__: _object(tp) for tp in _parts(Plan) if tp is not Plan}}
 
@@ -160,8 +166,15 @@ removed within `tp4.plan/1`:
 - 1.4 added `nodes[].service.mesh_unit`;
 - 1.5 added `nodes[].run.health` (the image's health check, which podman is given as flags).
 - 1.6 added `line.gpu_clock_mhz` and `line.nccl_sha256` (the SM clock cap and the host NCCL's pin, which doctor checks).
+- 1.7 added `digest` (the plan's digest, which every rank of a line started from it carries as the
+  container label `tp4.plan`).
 
 Rules the types do not show:
+- `digest` is computed over every other field except `source` (one profile, one digest, wherever
+  its file lies). Every rank `tp4 serve` starts carries it as the container label `tp4.plan` (a
+  NixOS rank's unit sets the same label from this JSON), and serve leaves this JSON beside the
+  rank's env file (`<env file without .env>.plan.json`, mode 0600): `tp4 status` and
+  `tp4 plan --against-running` name the fields in which the running plan differs from the current one.
 - `env` holds every variable the upstream TP4 launcher passes, adapter gates with their launcher
   defaults replaced in place by the profile's `[gates]` (EXTRA_CONTAINER_ENV semantics), then
   `[env]`, then the per-rank keys. Workers never carry head-only keys and always get the worker
@@ -190,6 +203,7 @@ def generate() -> str:
         out += ["| field | type | meaning |", "|---|---|---|"]
         if tp is Plan:
             out.append(f"| `schema` | `\"{SCHEMA}\"` | this schema's version |")
+            out.append(f"| `digest` | string | {DIGEST_MEANING} |")
         for name, hint, meaning in _fields(tp):
             out.append(f"| `{name}` | {_type_words(hint)} | {meaning.replace('|', chr(92) + '|')} |")
         out.append("")

@@ -63,6 +63,8 @@ DEFAULT_TIMEOUTS = {"start": 600.0, "weights": 3600.0, "graphs": 1800.0, "smoke"
 FOLLOWER_MARKS = ("communicator was aborted", "a peer left the group")
 LINE_LABEL = "tp4.line"
 RANK_LABEL = "tp4.rank"
+# the digest of the plan the rank was started from (tp4.plan digest_of; modules/lib/rank.nix too)
+PLAN_LABEL = "tp4.plan"
 
 
 class NodeFailure(Tp4Error):
@@ -157,13 +159,15 @@ def _raise_first(results: dict[str, object | BaseException]) -> None:
 # --- the container of a rank ----------------------------------------------------------------------
 
 
-def run_argv(rank: RankPlan, *, line: str, create: bool = False) -> list[str]:
+def run_argv(rank: RankPlan, *, line: str, create: bool = False, digest: str = "") -> list[str]:
     """`<runtime> run -d` of the rank, exactly as its run spec says (upstream start.sh's flags),
-    its environment from the env file; ``create``: `<runtime> create` with the same flags."""
+    its environment from the env file; ``create``: `<runtime> create` with the same flags;
+    ``digest``: the plan's, as the label PLAN_LABEL."""
     spec = rank.run
     runtime = rank.service.runtime
     argv = [runtime, *(["create"] if create else ["run", "-d"]), "--name", spec.container, "--label", f"{LINE_LABEL}={line}",
-            "--label", f"{RANK_LABEL}={rank.rank}", "--network", spec.network, "--ipc", spec.ipc]
+            "--label", f"{RANK_LABEL}={rank.rank}", *(["--label", f"{PLAN_LABEL}={digest}"] if digest else []),
+            "--network", spec.network, "--ipc", spec.ipc]
     if spec.privileged:
         argv.append("--privileged")
     for cap in spec.cap_add:
@@ -395,7 +399,7 @@ def _wrapped(node: Node, start: Sequence[str]) -> list[str]:
     return ["sh", "-c", _WRITE_AND_RUN, "sh", node.rank.service.env_file, str(len(dirs)), *dirs, *start]
 
 
-def start_argv(node: Node, *, line: str) -> list[str]:
+def start_argv(node: Node, *, line: str, digest: str = "") -> list[str]:
     """What starts the rank, after making its directories and writing its env file from stdin:
     its container (a plain host), or its NixOS unit, whose container the module declares from
     the same plan and which reads the env file serve wrote."""
@@ -403,11 +407,11 @@ def start_argv(node: Node, *, line: str) -> list[str]:
         unit = node.rank.service.unit
         assert unit is not None
         return node.privileged(_wrapped(node, ["systemctl", "start", unit]))
-    return _wrapped(node, run_argv(node.rank, line=line))
+    return _wrapped(node, run_argv(node.rank, line=line, digest=digest))
 
 
-def start_rank(node: Node, *, line: str, secrets: dict[str, str]) -> None:
-    node.run(start_argv(node, line=line), input=env_file_text(node.rank, secrets), timeout=300,
+def start_rank(node: Node, *, line: str, secrets: dict[str, str], digest: str = "") -> None:
+    node.run(start_argv(node, line=line, digest=digest), input=env_file_text(node.rank, secrets), timeout=300,
              purpose=f"starting the rank of {node.name}")
 
 
@@ -416,18 +420,18 @@ def start_rank(node: Node, *, line: str, secrets: dict[str, str]) -> None:
 _THEN_INIT = 'ctn=$1; shift; "$@" >/dev/null && exec "$1" container init -- "$ctn"'
 
 
-def create_argv(node: Node, *, line: str) -> list[str]:
+def create_argv(node: Node, *, line: str, digest: str = "") -> list[str]:
     """What creates a plain host's rank container (not started), after writing its env file from
     stdin: `<runtime> create` with the flags of its run; podman's is initialized too."""
     assert node.rank.service.kind == "plain"
-    create = run_argv(node.rank, line=line, create=True)
+    create = run_argv(node.rank, line=line, create=True, digest=digest)
     if node.runtime == "podman":
         create = ["sh", "-c", _THEN_INIT, "sh", node.container, *create]
     return _wrapped(node, create)
 
 
-def create_rank(node: Node, *, line: str, secrets: dict[str, str]) -> None:
-    node.run(create_argv(node, line=line), input=env_file_text(node.rank, secrets), timeout=300,
+def create_rank(node: Node, *, line: str, secrets: dict[str, str], digest: str = "") -> None:
+    node.run(create_argv(node, line=line, digest=digest), input=env_file_text(node.rank, secrets), timeout=300,
              purpose=f"creating the rank of {node.name}")
 
 
@@ -564,6 +568,7 @@ class Options:
     # the kind the workers' weights volume must be (the profile's nfs.share: "nfs", else "local")
     volume_kind: Literal["nfs", "local"] | None = None
     expected_shards: int = 48  # the profile's model.expected_shards
+    replace: bool = False  # stop a line already running (from this plan or another) and serve this plan
 
 
 
@@ -586,10 +591,14 @@ FORCED_CHECK = "GPU.NO_FOREIGN_APPS"
 
 
 def _state_of(node: Node) -> str:
-    """The rank container's state ('' when there is none); read-only."""
-    proc = node.run([node.runtime, "container", "inspect", "--format", "{{.State.Status}}", node.container], check=False,
+    """The rank container's state ('' when there is none) and, after a space, the digest of the
+    plan it was started from (PLAN_LABEL; none on a container started before plans had one); read-only."""
+    proc = node.run([node.runtime, "container", "inspect", "--format", _STATE_AND_PLAN, node.container], check=False,
                     timeout=60, purpose=f"reading the state of {node.container} on {node.name}")
     return proc.stdout.strip() if proc.returncode == 0 else ""
+
+
+_STATE_AND_PLAN = "{{.State.Status}} {{index .Config.Labels \"" + PLAN_LABEL + "\"}}"
 
 
 def preflight(nodes: Sequence[Node], plan: Plan, opts: Options, echo: Echo) -> None:
@@ -619,8 +628,10 @@ def preflight(nodes: Sequence[Node], plan: Plan, opts: Options, echo: Echo) -> N
             assert isinstance(value, tuple)
             facts[node.name], states[node.name] = value
     for node in nodes:  # before the doctor's table: a running rank holds the ports and the GPU
-        if states[node.name] == "running":
-            raise NodeFailure(node.name, "already running", f"{node.container} is running there; fix: tp4 stop first")
+        state, _, running = states[node.name].partition(" ")
+        if state == "running":
+            raise NodeFailure(node.name, "already running", already_running(plan, node, _label_value(running)))
+        states[node.name] = state
     results = doctor.evaluate(plan, facts, limits)
     blocking = [r for r in results if r.blocking and r.status == "fail" and not (opts.force and r.check == FORCED_CHECK)]
     if blocking:
@@ -647,6 +658,8 @@ class Ready(NamedTuple):
 def serve(plan: Plan, nodes: Sequence[Node], secrets: dict[str, str], opts: Options, out: Echo, progress: Echo) -> Ready:
     """Bring the line up, verified, or leave nothing running (module docstring)."""
     with line_lock(plan, "serve"):
+        if opts.replace:
+            replace_running(plan, nodes, progress)
         preflight(nodes, plan, opts, progress)
         for attempt in (1, 2):
             ready = _boot(plan, nodes, secrets, opts, out, progress)
@@ -660,7 +673,7 @@ def serve(plan: Plan, nodes: Sequence[Node], secrets: dict[str, str], opts: Opti
 
 
 def _boot(plan: Plan, nodes: Sequence[Node], secrets: dict[str, str], opts: Options, out: Echo, progress: Echo) -> Ready:
-    line = line_id(plan)
+    line, digest = line_id(plan), plan.digest
     started: list[Node] = []
     follower: Follower | None = None
     began = time.monotonic()
@@ -670,6 +683,7 @@ def _boot(plan: Plan, nodes: Sequence[Node], secrets: dict[str, str], opts: Opti
         tables = spec_tables(plan)
         if tables:
             push_spec_tables(nodes, tables, progress)
+        write_running_plans(plan, nodes)
         workers, head = list(nodes[1:]), nodes[0]
         # from here a failure (or Ctrl-C mid-start) stops every node: a start cut short can leave
         # a created container, and the checks made sure none of the line ran before.
@@ -680,7 +694,7 @@ def _boot(plan: Plan, nodes: Sequence[Node], secrets: dict[str, str], opts: Opti
         ahead = head.rank.service.kind == "plain"
 
         def first(n: Node) -> None:
-            (create_rank if n is head else start_rank)(n, line=line, secrets=secrets)
+            (create_rank if n is head else start_rank)(n, line=line, secrets=secrets, digest=digest)
 
         results = parallel(nodes if ahead else workers, first)
         for n in nodes if ahead else workers:
@@ -698,7 +712,7 @@ def _boot(plan: Plan, nodes: Sequence[Node], secrets: dict[str, str], opts: Opti
                 if ahead:
                     head.run([head.runtime, "start", head.container], timeout=300, purpose=f"starting the rank of {head.name}")
                 else:
-                    start_rank(head, line=line, secrets=secrets)
+                    start_rank(head, line=line, secrets=secrets, digest=digest)
             except Tp4Error as exc:
                 raise NodeFailure(head.name, "start", exc.message) from None
             follower = follow(head)
@@ -889,17 +903,131 @@ def stop(plan: Plan, nodes: Sequence[Node], secrets: dict[str, str], out: Echo, 
     return problems
 
 
+# --- the plan the line runs -----------------------------------------------------------------------
+# Every rank's container carries the digest of the plan it was started from (PLAN_LABEL), and
+# serve leaves that plan (JSON, no secret in it) beside the rank's env file, mode 0600: status
+# and `tp4 plan --against-running` name the fields in which the running line differs.
+
+
+def running_plan_path(rank: RankPlan) -> str:
+    """Where serve leaves the plan it started the rank from: beside its env file."""
+    return rank.service.env_file.removesuffix(".env") + ".plan.json"
+
+
+def _as_env_file(node: Node, argv: list[str]) -> list[str]:
+    """``argv`` with the rights serve writes the rank's env file with: root for a NixOS unit's
+    (/run/tp4), the ssh user for a plain host's (its workdir)."""
+    return node.privileged(argv) if node.rank.service.kind == "nixos" else argv
+
+
+def write_running_plans(plan: Plan, nodes: Sequence[Node]) -> None:
+    text = json.dumps(plan.to_json(), indent=1, sort_keys=True) + "\n"
+
+    def write(n: Node) -> None:
+        path = running_plan_path(n.rank)
+        n.run(_as_env_file(n, ["sh", "-c", _WRITE_PRIVATE, "sh", path]), input=text, purpose=f"writing {path} on {n.name}")
+
+    _raise_first(parallel(nodes, write))
+
+
+def _label_value(text: str) -> str:
+    value = text.strip()
+    return "" if value in ("", "<no value>") else value  # docker prints <no value> for a missing label
+
+
+def running_digests(nodes: Sequence[Node]) -> dict[str, tuple[str, str]]:
+    """node name -> (its rank container's state: '' when there is none, `unreachable`; the plan
+    digest it carries, '' when none)."""
+    got = parallel(nodes, _state_of)
+    out: dict[str, tuple[str, str]] = {}
+    for node in nodes:
+        value = got[node.name]
+        state, _, digest = ("unreachable" if isinstance(value, BaseException) else str(value)).partition(" ")
+        out[node.name] = (state, _label_value(digest))
+    return out
+
+
+def read_running_plan(node: Node, digest: str) -> dict[str, object] | None:
+    """The plan the node's rank was started from, as serve left it, when it is the one of
+    ``digest``; None when it cannot be read or is not."""
+    from tp4.plan import digest_of
+
+    proc = node.run(_as_env_file(node, ["cat", "--", running_plan_path(node.rank)]), check=False, timeout=30,
+                    purpose=f"reading the running plan on {node.name}")
+    try:
+        doc = json.loads(proc.stdout) if proc.returncode == 0 else None
+    except ValueError:
+        return None
+    if not isinstance(doc, dict) or doc.get("digest") != digest or digest_of(doc) != digest:
+        return None
+    return doc
+
+
+def compare_running(plan: Plan, nodes: Sequence[Node], digests: dict[str, tuple[str, str]]) -> dict[str, object]:
+    """The running line against the plan: ``same`` (every running rank carries the plan's digest),
+    the digests that run, a ``summary`` line, and the ``fields`` that differ (from the first
+    differing rank whose plan serve left on its node)."""
+    from tp4.plan import differences
+
+    want = plan.digest
+    running = {name: d for name, (state, d) in digests.items() if state == "running"}
+    other = {name: d for name, d in running.items() if d != want}
+    result: dict[str, object] = {"digest": want, "running": sorted(set(running.values())), "same": not other,
+                                 "fields": [], "summary": ""}
+    if not running:
+        result["summary"] = f"no rank runs; this plan is {want}"
+        return result
+    if not other:
+        result["summary"] = f"the line runs this plan ({want})"
+        return result
+    name, theirs = next(iter(other.items()))
+    node = next(n for n in nodes if n.name == name)
+    doc = read_running_plan(node, theirs) if theirs else None
+    started = f"another plan ({theirs})" if theirs else "a plan without a digest"
+    ranks = ", ".join(other)
+    if doc is None:
+        result["summary"] = (f"{ranks} run(s) from {started}, not this plan ({want}); the fields cannot be named: "
+                             f"{node.name} holds no readable copy of that plan at {running_plan_path(node.rank)}")
+        return result
+    diffs = differences(doc, plan.to_json())  # type: ignore[arg-type]
+    result["fields"] = [f"{path}: running {json.dumps(a)}, this plan {json.dumps(b)}" for path, a, b in diffs]
+    result["summary"] = (f"{ranks} run(s) from {started}, not this plan ({want}); {len(diffs)} field(s) differ: "
+                         + ", ".join(path for path, _, _ in diffs[:8]) + (", ..." if len(diffs) > 8 else ""))
+    return result
+
+
+def already_running(plan: Plan, node: Node, digest: str) -> str:
+    """Why serve refuses a line whose rank already runs on ``node``, with its plan's difference."""
+    if digest == plan.digest:
+        return (f"{node.container} is running there from this plan ({digest}); fix: `tp4 status` shows it; "
+                "`tp4 stop` first, or `tp4 serve --replace` to restart it")
+    cmp = compare_running(plan, [node], {node.name: ("running", digest)})
+    return f"{cmp['summary']}; fix: `tp4 plan --against-running` shows the difference; `tp4 serve --replace` stops it and serves this plan"
+
+
+def replace_running(plan: Plan, nodes: Sequence[Node], progress: Echo) -> None:
+    """--replace: stop what of the line runs (from whichever plan) before serving this plan."""
+    digests = running_digests(nodes)
+    running = sorted({d or "no digest" for state, d in digests.values() if state not in ("", "unreachable")})
+    if not running:
+        return
+    progress(f"replacing the line's ranks (plan {', '.join(running)}) with this plan ({plan.digest})")
+    problems = stop_nodes(nodes, progress)
+    if problems:
+        raise Tp4Error("--replace: the running line did not stop:\n" + "\n".join(f"  {p}" for p in problems))
+
+
 # --- status ---------------------------------------------------------------------------------------
 
 
 def _node_status(node: Node) -> dict[str, object]:
-    fmt = "{{.State.Status}}|{{.State.StartedAt}}|{{.Image}}"
+    fmt = "{{.State.Status}}|{{.State.StartedAt}}|{{.Image}}|{{index .Config.Labels \"" + PLAN_LABEL + "\"}}"
     proc = node.run([node.runtime, "inspect", "--format", fmt, node.container], check=False, timeout=20)
     if proc.returncode != 0:
         return {"node": node.name, "rank": node.rank.rank, "container": node.container, "state": "absent"}
-    state, started, image = (proc.stdout.strip().split("|") + ["", "", ""])[:3]
+    state, started, image, digest = (proc.stdout.strip().split("|") + ["", "", "", ""])[:4]
     info: dict[str, object] = {"node": node.name, "rank": node.rank.rank, "container": node.container, "state": state,
-                               "started": started, "image": containers.normalize_id(image)}
+                               "started": started, "image": containers.normalize_id(image), "plan": _label_value(digest) or None}
     last = node.run([node.runtime, "logs", "--tail", "1", "--timestamps", node.container], check=False, timeout=20)
     text = ((last.stdout or "") + (last.stderr or "")).strip().splitlines()
     if text:
@@ -958,7 +1086,10 @@ def status(plan: Plan, nodes: Sequence[Node], secrets: dict[str, str], *, probe_
     ep = endpoint(plan, secrets)
     live = api.probe(ep, probe_timeout)
     record = load_run(plan)
+    digests = {str(i.get("node")): (str(i.get("state") or ""), str(i.get("plan") or ""))
+               for i in node_info if isinstance(i, dict) and i.get("state") not in ("absent", "unreachable")}
     return {
+        "plan": compare_running(plan, nodes, digests),
         "line": line_id(plan), "api": plan.line.api, "nodes": node_info,
         "liveness": {"state": live.state, "detail": live.detail,
                      "running": live.load.running if live.load else None,

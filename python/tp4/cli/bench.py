@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 import click
 
+from tp4.cli.common import profile_option
 from tp4.errors import InvalidInput, Tp4Error
 
 if TYPE_CHECKING:
@@ -138,17 +139,13 @@ def target(profile_path: str | None, url: str | None, model: str | None, key_fil
         return Target(ep.url, model or None, key)
     if model is not None or key_file is not None:
         raise InvalidInput(f"{'--model' if model is not None else '--api-key-file'}: needs --url; fix: pass --url http://HOST:PORT too, or only --profile")
-    import hashlib
-    import json
-
     from tp4 import serve
-    from tp4.cli.serve import _line
+    from tp4.cli.common import load_line, read_secrets
 
-    plan, _, secrets = _line(profile_path, False, ())
-    ep = serve.endpoint(plan, secrets)
+    plan = load_line(profile_path).plan
+    ep = serve.endpoint(plan, read_secrets(plan))
     doc = plan.to_json()
-    digest = hashlib.sha256(json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
-    return Target(ep.url, ep.model, ep.key, plan_digest=digest, plan=doc, image=plan.image.tag, pins=_pins(), profile=plan.source)
+    return Target(ep.url, ep.model, ep.key, plan_digest=plan.digest, plan=doc, image=plan.image.tag, pins=_pins(), profile=plan.source)
 
 
 def fleet_target(fleet_path: str, profile_path: str | None, url: str | None, model: str | None, key_file: str | None) -> Target:
@@ -203,8 +200,7 @@ def _options(options: list[Callable[[F], F]]) -> Callable[[F], F]:
 
 
 endpoint_options: list[Callable[[F], F]] = [
-    click.option("--profile", "-p", "profile_path", type=click.Path(dir_okay=False), default=None,
-                 help="The line's profile: its API address, model and key (default: ./profile.toml, else the embedded default)."),
+    profile_option,
     click.option("--url", default=None, metavar="http://HOST:PORT", help="Any OpenAI-compatible endpoint instead of the line's."),
     click.option("--model", default=None, help="The model name with --url (default: the first of /v1/models)."),
     click.option("--api-key-file", default=None, metavar="FILE", help="The file holding the API key, with --url."),

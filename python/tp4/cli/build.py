@@ -9,8 +9,8 @@ import click
 from tp4 import build as build_mod
 from tp4 import containers, nix
 from tp4 import distribute as distribute_mod
+from tp4.cli.common import dry_run_option, profile_option, profile_remotes, ssh_option, strict_option
 from tp4.errors import InvalidInput, Tp4Error
-from tp4.process import Remote
 
 flake_option = click.option(
     "--flake", "flake_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
@@ -41,7 +41,7 @@ def _progress(line: str) -> None:
               help="Also run the image's gpu checks (upstream's tests/*_gpu.py) with this node's GPU.")
 @click.option("--skip-checks", is_flag=True,
               help="Tag the image for the line without running its in-image checks (says so on stderr).")
-@click.option("--dry-run", is_flag=True, help="Print the commands and store paths; build nothing.")
+@dry_run_option
 @click.option("--image", "variant", default=None, metavar="VARIANT",
               help="Build the image of this variant (base, canary, canary-roce: the registry's [images.<variant>], "
                    "the image a preset's plan runs) instead of --attr.")
@@ -69,36 +69,17 @@ def build(flake_dir: Path | None, attr: str, runtime: str | None, system: str | 
                         skip_checks=skip_checks)
 
 
-def _nodes(hosts: tuple[str, ...], profile_path: str | None, user: str | None, identity: str | None,
-           port: int | None, ssh_options: tuple[str, ...], strict: bool = False, *, head: bool = False) -> list[Remote]:
-    """The workers: the --worker hosts, else the workers (ranks 1..) of the profile's plan; with
-    ``head``, the plan's head (rank 0) too."""
-    names = [h for item in hosts for h in item.replace(",", " ").split()]
-    if names:
-        return [Remote(host=h, user=user, identity=identity, port=port, options=ssh_options) for h in names]
-    from tp4.cli.plan import load_profile
-    from tp4.plan import build_plan
-
-    plan = build_plan(load_profile(profile_path, strict))
-    nodes = [Remote(host=n.ssh.host, user=user or n.ssh.user, identity=identity or n.ssh.identity,
-                    port=port or n.ssh.port, options=ssh_options) for n in plan.nodes if n.rank > 0 or head]
-    if not nodes:
-        raise InvalidInput("the profile has no workers: add [[cluster.workers]], or pass --worker HOST")
-    return nodes
-
-
 @click.command("distribute")
 @flake_option
 @attr_option
 @runtime_option
-@click.option("--profile", "-p", "profile_path", type=click.Path(dir_okay=False),
-              help="Profile whose workers (ssh host, user, identity, port) get the image; default: the embedded one.")
+@profile_option
 @click.option("--worker", "workers", multiple=True, metavar="HOST",
               help="A worker's ssh name or address instead of the profile's; repeat, or give a comma/space list.")
 @click.option("--user", default=None, help="ssh user on the workers.")
 @click.option("--identity", default=None, help="ssh private key.")
 @click.option("--port", type=int, default=None, help="ssh port.")
-@click.option("--ssh-option", "ssh_options", multiple=True, metavar="OPT", help="Extra `ssh -o` option; repeatable.")
+@ssh_option
 @click.option("--image", "image_ref", default=None,
               help="Image reference on the head (default: the one `tp4 build` loaded).")
 @click.option("--check", "check_only", is_flag=True, help="Only report which workers have the head's image.")
@@ -106,7 +87,7 @@ def _nodes(hosts: tuple[str, ...], profile_path: str | None, user: str | None, i
               help="registry: workers pull by digest from the head's image store through a reverse ssh tunnel, "
                    "moving only the layers they lack; archive: stream the whole image into `<runtime> load` "
                    "(for a head without the image store).")
-@click.option("--strict", is_flag=True, help="Treat the profile's warnings (performance caveats) as errors (exit 2).")
+@strict_option
 def distribute(flake_dir: Path | None, attr: str, runtime: str | None, profile_path: str | None, workers: tuple[str, ...],
                user: str | None, identity: str | None, port: int | None, ssh_options: tuple[str, ...],
                image_ref: str | None, check_only: bool, method: str, strict: bool) -> None:
@@ -133,7 +114,7 @@ def distribute(flake_dir: Path | None, attr: str, runtime: str | None, profile_p
     image_id = found[0]
     if pushed is not None and pushed.id == image_id:
         digest = pushed.digest
-    nodes = _nodes(workers, profile_path, user, identity, port, ssh_options, strict)
+    nodes = profile_remotes(workers, profile_path, user, identity, port, ssh_options, strict)
     click.echo(f"image {image_ref} {image_id[:12]}")
     if check_only:
         outcomes = distribute_mod.check(image_ref, image_id, nodes, runtime)

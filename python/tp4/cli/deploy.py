@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from tp4.cli.serve import DEFAULT_PROFILE, _err, _out, profile_option, ssh_option, strict_option, sysfs_option, sysfs_root
+from tp4.cli.common import dry_run_option, err as _err, load_line, out as _out, profile_option, ssh_option, strict_option, sysfs_option, sysfs_root
 from tp4.errors import InvalidInput
 
 
@@ -23,7 +23,7 @@ from tp4.errors import InvalidInput
               help="A doctor check not to hold against a host after its switch (e.g. PORTS.FREE while the line serves); repeatable.")
 @click.option("--check-timeout", type=click.FloatRange(min=1, max=3600), default=60, show_default=True, metavar="SECONDS",
               help="How long the post-check waits for ssh to answer and the RDMA check unit to settle after a switch.")
-@click.option("--dry-run", is_flag=True, help="Print the exact commands, run nothing.")
+@dry_run_option
 @sysfs_option
 @ssh_option
 @strict_option
@@ -37,17 +37,13 @@ def deploy(profile_path: str | None, flake_dir: Path | None, on: tuple[str, ...]
     exits 1 when a host failed."""
     from tp4 import deploy as deploy_mod
     from tp4 import doctor, nix, serve
-    from tp4.cli.plan import load_profile
-    from tp4.plan import build_plan
 
     sysfs = sysfs_root(sysfs)
     for check in skip_checks:
         if check not in doctor.BY_ID:
             raise InvalidInput(f"--skip-check {check!r}: no such doctor check; fix: one of {', '.join(doctor.BY_ID)}")
-    if profile_path is None and Path(DEFAULT_PROFILE).is_file():
-        profile_path = DEFAULT_PROFILE
-    loaded = load_profile(profile_path, strict)  # no secret is read: deploy needs none
-    plan = build_plan(loaded)
+    line = load_line(profile_path, strict)  # no secret is read: deploy needs none
+    loaded, plan = line.loaded, line.plan
     nodes = serve.nodes_of(plan, ssh_options=ssh_options)
     flake = str(nix.find_flake(flake_dir))
     limits = doctor.Limits.of_profile(loaded.profile, sysfs=sysfs, interval=0.0, ping=False)

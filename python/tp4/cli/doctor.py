@@ -9,7 +9,7 @@ from pathlib import Path
 
 import click
 
-from tp4.cli.serve import DEFAULT_PROFILE, profile_option, ssh_option, strict_option, sysfs_option, sysfs_root
+from tp4.cli.common import load_line, profile_option, ssh_option, strict_option, sysfs_option, sysfs_root
 from tp4.errors import Tp4Error
 
 
@@ -31,14 +31,10 @@ def doctor(profile_path: str | None, json_path: str | None, interval: float, sys
     on a blocking failure."""
     from tp4 import doctor as doctor_mod
     from tp4 import serve
-    from tp4.cli.plan import load_profile
-    from tp4.plan import build_plan
 
     sysfs = sysfs_root(sysfs)
-    if profile_path is None and Path(DEFAULT_PROFILE).is_file():
-        profile_path = DEFAULT_PROFILE
-    loaded = load_profile(profile_path, strict)
-    plan = build_plan(loaded)
+    chosen = load_line(profile_path, strict)
+    loaded, plan = chosen.loaded, chosen.plan
     nodes = serve.nodes_of(plan, ssh_options=ssh_options)
     limits = doctor_mod.Limits.of_profile(loaded.profile, sysfs=sysfs, interval=interval)
     report = doctor_mod.doctor(plan, nodes, limits)

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import click
 
-from tp4.cli.plan import load_profile
+from tp4.cli.common import load_line, profile_option, strict_option
 
 
 @click.command()
-@click.option("--profile", "-p", "profile_path", type=click.Path(dir_okay=False),
-              help="Profile TOML (default: the embedded TP4 profile).")
-def download(profile_path: str | None) -> None:
+@profile_option
+@strict_option
+def download(profile_path: str | None, strict: bool) -> None:
     """Download model.hf_repo at model.hf_revision into model.dir on the head (this machine),
     verify every file against the Hub's hashes and link model.common_link to it.
 
@@ -19,4 +19,4 @@ def download(profile_path: str | None) -> None:
     HF_TOKEN or `hf auth login`."""
     from tp4 import download as download_mod
 
-    download_mod.download(load_profile(profile_path).profile)
+    download_mod.download(load_line(profile_path, strict).loaded.profile)

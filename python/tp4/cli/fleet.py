@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 import click
 
-from tp4.cli.serve import _render_status, _timeouts, ssh_option, strict_option, sysfs_option, sysfs_root
+from tp4.cli.common import render_status, ssh_option, strict_option, sysfs_option, sysfs_root, timeouts as parse_timeouts
 from tp4.errors import InvalidInput, Tp4Error
 
 if TYPE_CHECKING:
@@ -81,7 +81,7 @@ def serve(fleet_path: str, all_lines: bool, force: bool, timeouts: tuple[str, ..
 
     sysfs = sysfs_root(sysfs)
     loaded = _load(fleet_path, strict)
-    opts = serve_mod.Options(force=force, timeouts=_timeouts(timeouts), tty=False, sysfs=sysfs)
+    opts = serve_mod.Options(force=force, timeouts=parse_timeouts(timeouts), tty=False, sysfs=sysfs)
     served = fleet_mod.serve(loaded, opts, _out, _err, all_lines=all_lines, ssh_options=ssh_options)
     if served.failed:
         failed = "\n".join(f"  line {r.line.name}: {r.detail}" for r in served.failed)
@@ -119,7 +119,7 @@ def render(data: dict[str, object]) -> list[str]:
         out.append(f"line {line.get('name')} {line.get('api')}: {line.get('router_health') or 'not in the router'}")
         sub = line.get("status")
         if isinstance(sub, dict):
-            out += [f"  {text}" for text in _render_status(sub)]
+            out += [f"  {text}" for text in render_status(sub)]
     return out
 
 

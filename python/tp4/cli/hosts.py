@@ -8,6 +8,7 @@ import click
 
 from tp4 import hosts as hosts_mod
 from tp4 import knownhosts
+from tp4.cli.common import profile_option, profile_remotes
 from tp4.errors import InvalidInput
 from tp4.process import Remote
 
@@ -29,14 +30,11 @@ def _remotes(profile_path: str | None, names: tuple[str, ...], port: int | None)
         raise InvalidInput("--profile and --host contradict each other: pass the profile (all its nodes) or the hosts")
     if names:
         return [Remote(host=knownhosts.check_host(h, "--host"), port=_port(port)) for h in names]
-    from tp4.cli.build import _nodes
-
-    return _nodes((), profile_path, None, None, port, (), head=True)
+    return profile_remotes((), profile_path, None, None, port, (), head=True)
 
 
 @hosts.command("trust")
-@click.option("--profile", "-p", "profile_path", type=click.Path(dir_okay=False),
-              help="Profile whose nodes (head and workers, their ssh address and port) to trust; default: the embedded one.")
+@profile_option
 @click.option("--host", "names", multiple=True, metavar="HOST", help="A host's ssh name or address instead of the profile's nodes; repeatable.")
 @click.option("--port", type=click.IntRange(1, 65535), default=None, help="ssh port (default: the node's, else 22).")
 @click.option("--yes", "-y", is_flag=True, help="Record the keys shown without asking (needed when stdin is not a terminal).")

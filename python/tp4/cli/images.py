@@ -11,7 +11,7 @@ import click
 from tp4 import containers
 from tp4 import images as images_mod
 from tp4.build import pin_summary
-from tp4.cli.build import _nodes
+from tp4.cli.common import profile_option, profile_remotes, ssh_option, strict_option
 from tp4.errors import Tp4Error
 from tp4.process import Remote
 
@@ -46,15 +46,14 @@ def node_options(f: F) -> F:
     for option in reversed([
         click.option("--runtime", type=click.Choice(["docker", "podman"]), default=None,
                      help="Container runtime on the nodes (default: docker if installed on the head, else podman)."),
-        click.option("--profile", "-p", "profile_path", type=click.Path(dir_okay=False),
-                     help="Profile whose workers (ssh host, user, identity, port) are asked; default: the embedded one."),
+        profile_option,
         click.option("--worker", "workers", multiple=True, metavar="HOST",
                      help="A worker's ssh name or address instead of the profile's; repeat, or give a comma/space list."),
         click.option("--user", default=None, help="ssh user on the workers."),
         click.option("--identity", default=None, help="ssh private key."),
         click.option("--port", type=int, default=None, help="ssh port."),
-        click.option("--ssh-option", "ssh_options", multiple=True, metavar="OPT", help="Extra `ssh -o` option; repeatable."),
-        click.option("--strict", is_flag=True, help="Treat the profile's warnings (performance caveats) as errors (exit 2)."),
+        ssh_option,
+        strict_option,
     ]):
         f = option(f)
     return f
@@ -65,7 +64,7 @@ NODE_KEYS = ("runtime", "profile_path", "workers", "user", "identity", "port", "
 
 def _resolve(opts: dict[str, Any]) -> tuple[str, list[Remote]]:
     runtime = containers.detect(opts["runtime"])
-    workers = _nodes(opts["workers"], opts["profile_path"], opts["user"], opts["identity"], opts["port"],
+    workers = profile_remotes(opts["workers"], opts["profile_path"], opts["user"], opts["identity"], opts["port"],
                      opts["ssh_options"], opts["strict"])
     return runtime, workers
 

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 import click
 
-from tp4.cli.serve import profile_option, ssh_option, strict_option
+from tp4.cli.common import load_served, profile_option, ssh_option, strict_option
 from tp4.errors import InvalidInput, Tp4Error
 
 if TYPE_CHECKING:
@@ -66,9 +66,9 @@ def _endpoint(url: str | None, model: str | None, key_file: str | None, profile_
             if given is not None:
                 raise InvalidInput(f"{name}: only with --url; fix: give --url too, or drop {name} to use the profile's API")
         from tp4 import serve
-        from tp4.cli.serve import _line
 
-        plan, nodes, secrets = _line(profile_path, strict, ssh_options)
+        served = load_served(profile_path, strict, ssh_options)
+        plan, nodes, secrets = served.plan, served.nodes, served.secrets
         return serve.endpoint(plan, secrets), plan, nodes[0] if watch_memory else None
     if profile_path is not None:
         raise InvalidInput("--url: with --profile too; fix: give either --url (any endpoint) or --profile (the line)")
@@ -85,9 +85,7 @@ def _endpoint(url: str | None, model: str | None, key_file: str | None, profile_
 
 
 def plan_digest(plan: Plan) -> str:
-    import hashlib
-
-    return "sha256:" + hashlib.sha256(json.dumps(plan.to_json(), sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+    return plan.digest
 
 
 def _version() -> str:

@@ -8,28 +8,11 @@ from typing import TYPE_CHECKING
 import click
 
 from tp4 import schemas
+from tp4.cli.common import json_option, load_line, profile_option, ssh_option, strict_option
 from tp4.errors import InvalidInput
 
 if TYPE_CHECKING:
     from tp4.plan import Plan
-    from tp4.profile.load import Loaded
-
-
-strict_option = click.option("--strict", is_flag=True, help="Treat the profile's warnings (performance caveats) as errors (exit 2).")
-
-
-def load_profile(path: str | None, strict: bool = False) -> Loaded:
-    """The profile a command names with --profile (the embedded default without); its warnings
-    go to stderr as `warning: ...`, or with strict fail the command."""
-    from tp4.profile import load_default, load_file
-    from tp4.profile import load as load_mod
-
-    loaded = load_default() if path is None else load_file(path, "pass an existing file, or omit --profile to use the embedded default")
-    if strict:
-        load_mod.strict(loaded)
-    for w in loaded.warnings:
-        click.echo(f"warning: {w}", err=True)
-    return loaded
 
 
 def _human(plan: Plan, rank: int | None) -> str:
@@ -38,6 +21,7 @@ def _human(plan: Plan, rank: int | None) -> str:
         f"line: {line.nnodes} nodes, TP {line.tp}, EP {line.ep}, {line.fabric} fabric, preset {plan.preset} ({plan.source})",
         f"image: {image.tag} ({image.variant}; base {image.base})",
         f"api: {line.api}  dist init: {line.dist_init_addr}",
+        f"digest: {plan.digest}",
     ]
     if "API_KEY" in plan.secrets:
         out.append("api key: read from " + plan.secrets["API_KEY"].file + " at serve time (never shown)")
@@ -71,20 +55,26 @@ def _human(plan: Plan, rank: int | None) -> str:
 
 
 @click.command()
-@click.option("--profile", "-p", "profile_path", type=click.Path(), help="Profile TOML; default: the embedded production profile on the example cluster.")
+@profile_option
 @click.option("--rank", type=int, default=None, help="Show only this rank.")
-@click.option("--json", "as_json", is_flag=True, help=f"Machine-readable plan (schema {schemas.PLAN}, see docs/plan-schema.md).")
+@json_option(f"Machine-readable plan (schema {schemas.PLAN}, see docs/plan-schema.md), with its digest.")
+@click.option("--against-running", is_flag=True,
+              help="Compare with the plan the running line was started from: exit 0 when it runs this plan, 1 when not (the fields that differ).")
+@ssh_option
 @strict_option
-def plan(profile_path: str | None, rank: int | None, as_json: bool, strict: bool) -> None:
+def plan(profile_path: str | None, rank: int | None, as_json: bool, against_running: bool, ssh_options: tuple[str, ...],
+         strict: bool) -> None:
     """Show the rendered line: per rank the container env, the engine argv, the run spec, and the
-    boot-log lines the armed gates must print. The profile's warnings go to stderr (and into the
-    JSON's `warnings`)."""
-    from tp4.plan import build_plan
-
-    loaded = load_profile(profile_path, strict)
-    result = build_plan(loaded)
+    boot-log lines the armed gates must print, and the plan's digest (the label every rank
+    started from it carries). The profile's warnings go to stderr (and into the JSON's
+    `warnings`). --against-running asks the nodes which plan runs and prints the difference."""
+    line = load_line(profile_path, strict, announce=against_running)
+    result = line.plan
     if rank is not None and not 0 <= rank < len(result.nodes):
         raise InvalidInput(f"--rank {rank}: the line has ranks 0..{len(result.nodes) - 1}")
+    if against_running:
+        _against_running(result, ssh_options, as_json)
+        return
     if as_json:
         import json
 
@@ -95,3 +85,29 @@ def plan(profile_path: str | None, rank: int | None, as_json: bool, strict: bool
         click.echo(json.dumps(data, indent=2))
     else:
         click.echo(_human(result, rank))
+
+
+def _against_running(plan: Plan, ssh_options: tuple[str, ...], as_json: bool) -> None:
+    """The plan against the one the line runs: per rank its state and digest, then the fields that
+    differ; exit 1 when a rank runs from another plan."""
+    from tp4 import serve
+
+    nodes = serve.nodes_of(plan, ssh_options=ssh_options)
+    digests = serve.running_digests(nodes)
+    result = serve.compare_running(plan, nodes, digests)
+    result["nodes"] = [{"node": n.name, "rank": n.rank.rank, "state": digests[n.name][0] or "absent",
+                        "plan": digests[n.name][1] or None} for n in nodes]
+    if as_json:
+        import json
+
+        click.echo(json.dumps(result, indent=2, sort_keys=True))
+    else:
+        for n in nodes:
+            state, digest = digests[n.name]
+            click.echo(f"{n.name} (rank {n.rank.rank}): {state or 'absent'}" + (f"  plan {digest}" if digest else ""))
+        click.echo(f"plan: {result['summary']}")
+        fields = result["fields"]
+        for f in fields if isinstance(fields, list) else []:
+            click.echo(f"  {f}")
+    if not result["same"]:
+        raise SystemExit(1)

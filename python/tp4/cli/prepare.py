@@ -2,26 +2,17 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import click
 
-from tp4.cli.serve import sysfs_option, sysfs_root
+from tp4.cli.common import load_line, profile_option, ssh_option, strict_option, sysfs_option, sysfs_root
 from tp4.errors import Tp4Error
 
 if TYPE_CHECKING:
     from tp4.plan import Plan
     from tp4.profile.load import Loaded
     from tp4.serve import Node
-
-DEFAULT_PROFILE = "profile.toml"
-
-profile_option = click.option(
-    "--profile", "-p", "profile_path", type=click.Path(dir_okay=False), default=None,
-    help=f"The line's profile (default: ./{DEFAULT_PROFILE} when it exists, else the embedded default).")
-ssh_option = click.option("--ssh-option", "ssh_options", multiple=True, metavar="OPT", help="Extra `ssh -o` option; repeatable.")
-strict_option = click.option("--strict", is_flag=True, help="Treat the profile's warnings as errors (exit 2).")
 
 # doctor's blocking checks that a later step of `tp4 prepare` makes pass: not a reason to stop
 # before that step (a fresh line has no checkpoint and no shards yet)
@@ -30,15 +21,10 @@ STEPS = ("doctor", "download", "share", "pack")
 
 
 def _line(profile_path: str | None, strict: bool, ssh_options: tuple[str, ...]) -> tuple[Loaded, Plan, list[Node]]:
-    from tp4.cli.plan import load_profile
-    from tp4.plan import build_plan
     from tp4.serve import nodes_of
 
-    if profile_path is None and Path(DEFAULT_PROFILE).is_file():
-        profile_path = DEFAULT_PROFILE
-    loaded = load_profile(profile_path, strict)
-    plan = build_plan(loaded)
-    return loaded, plan, nodes_of(plan, ssh_options=ssh_options)
+    line = load_line(profile_path, strict)
+    return line.loaded, line.plan, nodes_of(line.plan, ssh_options=ssh_options)
 
 
 @click.command("share")

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 import click
 
-from tp4.cli.serve import profile_option, ssh_option, strict_option
+from tp4.cli.common import load_served, profile_option, ssh_option, strict_option
 from tp4.errors import InvalidInput, Tp4Error
 
 if TYPE_CHECKING:
@@ -165,9 +165,8 @@ def qeval(profile_path: str | None, url: str | None, model: str | None, api_key_
     nodes: list[Node] = []
     secrets: dict[str, str] = {}
     if url is None or profile_path is not None:
-        from tp4.cli.serve import _line
-
-        plan, nodes, secrets = _line(profile_path, strict, ssh_options)
+        served = load_served(profile_path, strict, ssh_options)
+        plan, nodes, secrets = served.plan, served.nodes, served.secrets
     ep = _endpoint(plan, secrets, url, model, api_key_file)
     needs_code = any(isinstance(t.scorer, Code) for t in tasks)
     sandbox = _sandbox(plan, list(nodes), ep, node_name=sandbox_node, host=sandbox_host, image=sandbox_image, runtime=sandbox_runtime,

@@ -3,94 +3,25 @@
 from __future__ import annotations
 
 import json
-import os
 import sys
 import time
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import click
 
+from tp4.cli.common import (err, json_option, load_served, out, profile_option, render_status, ssh_option, strict_option,
+                            sysfs_option, sysfs_root, timeouts as parse_timeouts)
 from tp4.errors import InvalidInput, Tp4Error
 
 if TYPE_CHECKING:
     from tp4.plan import Plan
-    from tp4.profile.load import Loaded
     from tp4.serve import Node
-
-DEFAULT_PROFILE = "profile.toml"
-
-profile_option = click.option(
-    "--profile", "-p", "profile_path", type=click.Path(dir_okay=False), default=None,
-    help=f"The line's profile (default: ./{DEFAULT_PROFILE} when it exists, else the embedded default).")
-ssh_option = click.option("--ssh-option", "ssh_options", multiple=True, metavar="OPT", help="Extra `ssh -o` option; repeatable.")
-strict_option = click.option("--strict", is_flag=True, help="Treat the profile's warnings as errors (exit 2).")
-
-
-def _out(line: str) -> None:
-    click.echo(line)
-
-
-def _err(line: str) -> None:
-    click.echo(line, err=True)
 
 
 def _line(profile_path: str | None, strict: bool, ssh_options: tuple[str, ...]) -> tuple[Plan, list[Node], dict[str, str]]:
-    """(plan, nodes, secrets) of the profile."""
-    plan, nodes, secrets, _ = _line_loaded(profile_path, strict, ssh_options)
-    return plan, nodes, secrets
-
-
-def _line_loaded(profile_path: str | None, strict: bool,
-                 ssh_options: tuple[str, ...]) -> tuple[Plan, list[Node], dict[str, str], Loaded]:
-    """(plan, nodes, secrets, the loaded profile) of the profile."""
-    from tp4 import serve
-    from tp4.cli.plan import load_profile
-    from tp4.plan import build_plan
-
-    if profile_path is None and Path(DEFAULT_PROFILE).is_file():
-        profile_path = DEFAULT_PROFILE
-    loaded = load_profile(profile_path, strict)
-    plan = build_plan(loaded)
-    secrets: dict[str, str] = {}
-    if "API_KEY" in plan.secrets:
-        from tp4 import api
-
-        secrets["API_KEY"] = api.read_key(os.path.expanduser(plan.secrets["API_KEY"].file)).reveal()
-    return plan, serve.nodes_of(plan, ssh_options=ssh_options), secrets, loaded
-
-
-def sysfs_root(value: str) -> str:
-    if not value.startswith("/") or any(c in value for c in "\n\r\0"):
-        raise InvalidInput(f"--sysfs {value[:80]!r}: expected an absolute path")
-    return value
-
-
-sysfs_option = click.option("--sysfs", default="/sys", show_default=True, hidden=True,
-                            help="The sysfs root doctor's checks read on every node.")
-
-
-def _timeouts(items: tuple[str, ...]) -> dict[str, float]:
-    from tp4 import serve
-
-    out = dict(serve.DEFAULT_TIMEOUTS)
-    for item in items:
-        phase, sep, value = item.partition("=")
-        if not sep:
-            phase, value = "", item
-        try:
-            seconds = float(value)
-        except ValueError:
-            seconds = -1.0
-        if not (0 < seconds <= 7 * 86400) or seconds != seconds:
-            raise InvalidInput(f"--timeout {item!r}: expected PHASE=SECONDS or SECONDS, seconds between 0 and 604800")
-        if not phase:
-            out = {k: seconds for k in out}
-        elif phase in out:
-            out[phase] = seconds
-        else:
-            raise InvalidInput(f"--timeout {item!r}: unknown phase {phase!r}; fix: one of {', '.join(out)}")
-    return out
+    """(plan, nodes, secrets) of the profile the rule chooses (announced on stderr)."""
+    served = load_served(profile_path, strict, ssh_options)
+    return served.plan, served.nodes, served.secrets
 
 
 @click.command("serve")
@@ -102,11 +33,13 @@ def _timeouts(items: tuple[str, ...]) -> dict[str, float]:
               help="A boot whose warm-up throughput is below the threshold: report it, or restart it once.")
 @click.option("--slow-floor", type=click.FloatRange(min=0, min_open=True, max=1e9), default=None, metavar="TOKENS/S",
               help="Warm-up input throughput below which a boot is slow (default: half the last good boot's).")
+@click.option("--replace", is_flag=True,
+              help="The line already runs (from this plan or another): stop it and serve this plan instead of refusing.")
 @sysfs_option
 @ssh_option
 @strict_option
 def serve(profile_path: str | None, force: bool, timeouts: tuple[str, ...], on_slow_boot: str, slow_floor: float | None,
-          sysfs: str, ssh_options: tuple[str, ...], strict: bool) -> None:
+          replace: bool, sysfs: str, ssh_options: tuple[str, ...], strict: bool) -> None:
     """Start the line and prove it ready, or leave nothing running.
 
     Runs doctor's blocking checks on every node (refusing with doctor's table) and checks that no
@@ -114,17 +47,20 @@ def serve(profile_path: str | None, force: bool, timeouts: tuple[str, ...], on_s
     workers in parallel and then the head, and follows the head's boot. Ready means: the head printed `Ready: API on port <PORT>`,
     a one-token completion answered, and every rank's boot log passed the registry's checks. On
     any failure, or Ctrl-C, every rank started is stopped and the node and check that failed
-    are named with that rank's last log lines.
+    are named with that rank's last log lines. A line already running is refused, naming the
+    plan it runs from and the fields that differ from this one, unless --replace. Every rank's
+    container carries the plan's digest (label tp4.plan) and the plan is left beside its env file.
     """
     from tp4 import serve as serve_mod
 
     sysfs = sysfs_root(sysfs)
-    plan, nodes, secrets, loaded = _line_loaded(profile_path, strict, ssh_options)
-    opts = serve_mod.Options(force=force, timeouts=_timeouts(timeouts), on_slow_boot=on_slow_boot,
+    served = load_served(profile_path, strict, ssh_options)
+    loaded = served.line.loaded
+    opts = serve_mod.Options(force=force, timeouts=parse_timeouts(timeouts), on_slow_boot=on_slow_boot,
                              slow_floor=slow_floor, tty=sys.stderr.isatty(), sysfs=sysfs,
                              volume_kind="nfs" if loaded.profile.nfs.share else "local",
-                             expected_shards=loaded.profile.model.expected_shards)
-    serve_mod.serve(plan, nodes, secrets, opts, _out, _err)
+                             expected_shards=loaded.profile.model.expected_shards, replace=replace)
+    serve_mod.serve(served.plan, served.nodes, served.secrets, opts, out, err)
 
 
 @click.command("stop")
@@ -139,42 +75,14 @@ def stop(profile_path: str | None, grace: int, ssh_options: tuple[str, ...], str
     from tp4 import serve as serve_mod
 
     plan, nodes, secrets = _line(profile_path, strict, ssh_options)
-    problems = serve_mod.stop(plan, nodes, secrets, _out, _err, grace=grace)
+    problems = serve_mod.stop(plan, nodes, secrets, out, err, grace=grace)
     if problems:
         raise Tp4Error("not everything stopped:\n" + "\n".join(f"  {p}" for p in problems))
 
 
-def _render_status(data: dict[str, object]) -> list[str]:
-    lines = []
-    nodes = data.get("nodes")
-    for n in nodes if isinstance(nodes, list) else []:
-        if not isinstance(n, dict):
-            continue
-        age = n.get("last_log_age_s")
-        extra = f"  last log line {age:.0f} s ago" if isinstance(age, (int, float)) else ""
-        image = str(n.get("image") or "")[:12]
-        lines.append(f"{n.get('node')} (rank {n.get('rank')}): {n.get('state')}"
-                     + (f" since {n.get('started')}" if n.get("started") else "") + (f"  image {image}" if image else "")
-                     + extra + (f"  {n.get('error')}" if n.get("error") else ""))
-    live = data.get("liveness")
-    if isinstance(live, dict):
-        load = "" if live.get("running") is None else f" (running {live.get('running')}, waiting {live.get('waiting')})"
-        lines.append(f"line {data.get('api')}: {live.get('state')}{load}: {live.get('detail')}")
-    boot = data.get("boot")
-    if isinstance(boot, dict):
-        sig = boot.get("signature") if isinstance(boot.get("signature"), dict) else {}
-        assert isinstance(sig, dict)
-        lines.append(f"boot: ready after {boot.get('ready_seconds')} s, warm-up {sig.get('warmup_tps_median')} token/s, "
-                     f"KV pool {sig.get('kv_pool')}, pin {sig.get('pin')}" + ("" if boot.get("ok") else " (slow)"))
-        warnings = boot.get("warnings")
-        for w in warnings if isinstance(warnings, list) else []:
-            lines.append(f"  warning: {w}")
-    return lines
-
-
 @click.command("status")
 @profile_option
-@click.option("--json", "as_json", is_flag=True, help="One JSON object.")
+@json_option("One JSON object.")
 @click.option("--watch", is_flag=True, help="Refresh until Ctrl-C.")
 @click.option("--interval", type=click.FloatRange(1, 3600), default=10, show_default=True,
               help="Seconds between refreshes with --watch (status reads no GPU tool: an nvidia-smi poll costs the decode steps).")
@@ -184,8 +92,10 @@ def _render_status(data: dict[str, object]) -> list[str]:
 @strict_option
 def status(profile_path: str | None, as_json: bool, watch: bool, interval: float, probe_timeout: float,
            ssh_options: tuple[str, ...], strict: bool) -> None:
-    """Each node's rank (state, uptime, image, last log line) and the line: a real one-token
-    completion, running and waiting requests (busy is not wedged), the current boot's signature."""
+    """Each node's rank (state, uptime, image, the digest of the plan it runs from, last log line)
+    and the line: a real one-token completion, running and waiting requests (busy is not wedged),
+    the current boot's signature, and whether the line runs this plan (else the fields that
+    differ). Exit 1 when the line is neither alive nor busy."""
     from tp4 import serve as serve_mod
 
     plan, nodes, secrets = _line(profile_path, strict, ssh_options)
@@ -194,7 +104,7 @@ def status(profile_path: str | None, as_json: bool, watch: bool, interval: float
         if as_json:
             click.echo(json.dumps(data, indent=None if watch else 2, sort_keys=True))
         else:
-            for line in _render_status(data):
+            for line in render_status(data):
                 click.echo(line)
         if not watch:
             live = data.get("liveness")
