@@ -33,6 +33,7 @@ from netns_hosts import Host
 from tp4 import fleet, process, serve
 from tp4.doctor import engram_files
 from tp4.errors import InvalidInput
+from tp4.nodes import nodes_of
 from tp4.plan import Plan
 
 REPO = Path(__file__).resolve().parent.parent
@@ -112,7 +113,7 @@ class Fleet:
 
     def answered(self, name: str) -> int:
         """Completions the line's engine answered (its head's `Prefill batch.` log lines)."""
-        head = serve.nodes_of(self.line(name).plan)[0]
+        head = nodes_of(self.line(name).plan)[0]
         return serve.full_log(head).count("Prefill batch.")
 
     def router_processes(self) -> list[str]:

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from tp4 import process, serve
 from tp4.errors import InvalidInput
+from tp4.nodes import nodes_of
 from tp4.plan import build_plan
 from tp4.profile import load_default, load_text
 
@@ -111,7 +112,7 @@ def test_a_nixos_node_runs_its_rank_as_the_modules_unit():
     """On a NixOS host the module's oci-containers unit runs the container (`<backend>-<name>`);
     serve writes its env file under /run/tp4 and starts and stops the unit, as root."""
     p = build_plan(load_text(NIXOS, "t"))
-    head, w1, w2 = (serve.nodes_of(p)[i] for i in range(3))
+    head, w1, w2 = (nodes_of(p)[i] for i in range(3))
     assert head.rank.service == ("nixos", "podman", "podman-dsv41-head.service", "/run/tp4/dsv41-head.env", None)
     # w1 sets no runtime: a NixOS node runs podman
     assert w1.rank.service.unit == "podman-dsv41-worker.service"
@@ -140,7 +141,7 @@ def test_a_nixos_node_runs_its_rank_as_the_modules_unit():
     # podman's is initialized too (`podman container init`: the OCI runtime's create), so that
     # its start after the workers' is the runtime's start alone
     p2 = build_plan(load_text(NIXOS.replace('name = "w3"\nip = "10.0.0.4"\n', 'name = "w3"\nip = "10.0.0.4"\nruntime = "podman"\n'), "t"))
-    w3 = serve.nodes_of(p2)[3]
+    w3 = nodes_of(p2)[3]
     assert w3.runtime == "podman"
     create, run = serve.create_argv(w3, line="L"), serve.run_argv(w3.rank, line="L")
     assert create[n:n + 5] == ["sh", "-c", serve._THEN_INIT, "sh", w3.container]
@@ -159,7 +160,7 @@ def test_no_path_or_user_changes_the_shape_of_a_remote_command(workdir, user):
             '[[cluster.workers]]\nname = "w1"\nip = "10.0.0.2"\nworkdir = ' + json_str(workdir) + '\n'
             '[[cluster.workers]]\nname = "w2"\nip = "10.0.0.3"\n[[cluster.workers]]\nname = "w3"\nip = "10.0.0.4"\n')
     p = build_plan(load_text(text, "t"))
-    node = serve.nodes_of(p)[1]
+    node = nodes_of(p)[1]
     argv = serve.run_argv(node.rank, line="L")
     assert node.rank.service.env_file == f"{workdir}/dsv41-worker.env" and node.rank.service.env_file in argv
     full = process.full_argv(argv, node.remote)

@@ -46,7 +46,8 @@ if TYPE_CHECKING:
     from tp4 import process
     from tp4.plan import Plan
     from tp4.profile.load import Loaded
-    from tp4.serve import Node, Options
+    from tp4.nodes import Node
+    from tp4.serve import Options
 
 Echo = Callable[[str], None]
 
@@ -630,9 +631,9 @@ def read_secrets(fleet: Fleet) -> dict[str, str]:
 
 
 def line_nodes(line: Line, ssh_options: Sequence[str]) -> list[Node]:
-    from tp4 import serve
+    from tp4.nodes import nodes_of
 
-    return serve.nodes_of(line.plan, ssh_options=ssh_options)
+    return nodes_of(line.plan, ssh_options=ssh_options)
 
 
 def _prefixed(name: str, echo: Echo) -> Echo:

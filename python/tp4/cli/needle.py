@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from tp4 import needle as needle_mod
     from tp4.api import Endpoint, Json
     from tp4.plan import Plan
-    from tp4.serve import Node
+    from tp4.nodes import Node
 
 METHOD = ("One chat completion per length at temperature 0 with thinking off: an intro, varied filler made from a seed "
           "(sentence templates filled from word lists, names and numbers; never one repeated token), one sentence giving a "

@@ -13,7 +13,7 @@ from tp4.errors import Tp4Error
 if TYPE_CHECKING:
     from tp4.plan import Plan
     from tp4.profile.load import Loaded
-    from tp4.serve import Node
+    from tp4.nodes import Node
 
 DEFAULT_PROFILE = "profile.toml"
 
@@ -32,7 +32,7 @@ STEPS = ("doctor", "download", "share", "pack")
 def _line(profile_path: str | None, strict: bool, ssh_options: tuple[str, ...]) -> tuple[Loaded, Plan, list[Node]]:
     from tp4.cli.plan import load_profile
     from tp4.plan import build_plan
-    from tp4.serve import nodes_of
+    from tp4.nodes import nodes_of
 
     if profile_path is None and Path(DEFAULT_PROFILE).is_file():
         profile_path = DEFAULT_PROFILE

@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from tp4.plan import Plan
     from tp4.qeval.sandbox import Limits, Sandbox
     from tp4.qeval.suite import TaskResult
-    from tp4.serve import Node
+    from tp4.nodes import Node
 
 
 def _ids(value: str | None) -> list[str]:

@@ -16,7 +16,7 @@ from tp4.errors import InvalidInput, Tp4Error
 if TYPE_CHECKING:
     from tp4.plan import Plan
     from tp4.profile.load import Loaded
-    from tp4.serve import Node
+    from tp4.nodes import Node
 
 DEFAULT_PROFILE = "profile.toml"
 
@@ -44,8 +44,8 @@ def _line(profile_path: str | None, strict: bool, ssh_options: tuple[str, ...]) 
 def _line_loaded(profile_path: str | None, strict: bool,
                  ssh_options: tuple[str, ...]) -> tuple[Plan, list[Node], dict[str, str], Loaded]:
     """(plan, nodes, secrets, the loaded profile) of the profile."""
-    from tp4 import serve
     from tp4.cli.plan import load_profile
+    from tp4.nodes import nodes_of
     from tp4.plan import build_plan
 
     if profile_path is None and Path(DEFAULT_PROFILE).is_file():
@@ -57,7 +57,7 @@ def _line_loaded(profile_path: str | None, strict: bool,
         from tp4 import api
 
         secrets["API_KEY"] = api.read_key(os.path.expanduser(plan.secrets["API_KEY"].file)).reveal()
-    return plan, serve.nodes_of(plan, ssh_options=ssh_options), secrets, loaded
+    return plan, nodes_of(plan, ssh_options=ssh_options), secrets, loaded
 
 
 def sysfs_root(value: str) -> str:
