@@ -31,6 +31,7 @@ from line_cluster import _q, memlock
 from netns_hosts import Host
 
 from tp4 import fleet, process, serve
+from tp4.apikey import Secret
 from tp4.doctor import engram_files
 from tp4.errors import InvalidInput
 from tp4.nodes import nodes_of
@@ -141,7 +142,7 @@ def set_wedged(line: fleet.Line, value: bool | None) -> None:
 
 
 def health_of(f: Fleet, key: str | None = None) -> dict[str, bool]:
-    seen = fleet.workers(f.fleet, key)
+    seen = fleet.workers(f.fleet, Secret(key) if key else None)
     assert seen is not None, "the router does not answer"
     return {w.url: w.healthy for w in seen}
 

@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 import pytest
 
-from tp4 import api, needle, serve
+from tp4 import api, apikey, needle, serve
 from tp4.cli import SUBCOMMANDS
 from tp4.errors import Tp4Error
 from tp4.nodes import Node, nodes_of
@@ -70,7 +70,7 @@ class Engine:
         while api.health(api.Endpoint.of(self.url, MODEL), 1) != 200:
             assert self.proc.poll() is None and time.monotonic() < deadline, self.log.read_text()[-2000:]
             time.sleep(0.05)
-        self.ep = api.Endpoint.of(self.url, MODEL, api.Secret(KEY))
+        self.ep = api.Endpoint.of(self.url, MODEL, apikey.Secret(KEY))
 
     def stop(self) -> None:
         if self.proc.poll() is None:

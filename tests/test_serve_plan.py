@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tp4 import process, serve
+from tp4.apikey import Secret
 from tp4.errors import InvalidInput
 from tp4.nodes import nodes_of
 from tp4.plan import build_plan
@@ -53,7 +54,7 @@ def test_podman_gets_the_gpus_by_cdi_and_no_shm_size_beside_the_hosts_ipc():
 
 
 def test_the_env_file_holds_the_env_and_only_the_head_gets_the_key(plan):
-    secret = {"API_KEY": "sk-very-secret"}
+    secret = {"API_KEY": Secret("sk-very-secret")}
     head = serve.env_file_text(plan.nodes[0], secret)
     worker = serve.env_file_text(plan.nodes[1], secret)
     assert "API_KEY=sk-very-secret\n" in head and "sk-very-secret" not in worker
@@ -63,7 +64,7 @@ def test_the_env_file_holds_the_env_and_only_the_head_gets_the_key(plan):
 
 def test_a_value_an_env_file_cannot_carry_is_refused_naming_the_key(plan):
     node = plan.nodes[0]._replace(env={**plan.nodes[0].env, "X": "a\nb"})
-    with pytest.raises(InvalidInput, match="the value of X holds a line break"):
+    with pytest.raises(InvalidInput, match="the value of X holds a control character or a line break"):
         serve.env_file_text(node, {})
 
 

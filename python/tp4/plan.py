@@ -10,13 +10,11 @@ table (tp4.knobs); adapter gates come from adapters/registry.toml.
 
 from __future__ import annotations
 
-import re
 from typing import TYPE_CHECKING, Annotated, Literal, NamedTuple
 
 from tp4 import schemas
 from tp4.container import HEALTH, MOUNTS, Health
 from tp4.knobs import BY_ENV, KNOBS, Knob
-from tp4.profile.models import has_unsafe_chars
 from tp4.registry import Registry, condition_holds, fill_line, line_pattern, load_registry
 
 if TYPE_CHECKING:
@@ -506,17 +504,3 @@ def build_plan(loaded: Loaded, registry: Registry | None = None) -> Plan:
         warnings=tuple(loaded.warnings),
         notes=tuple(notes),
     )
-
-
-_ENV_LINE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
-
-
-def env_file_text(env: dict[str, str]) -> str:
-    """A container env file (`--env-file`): one KEY=VALUE per line, taken verbatim."""
-    lines = []
-    for key, value in env.items():
-        line = f"{key}={value}"
-        if not _ENV_LINE.match(line) or has_unsafe_chars(value):
-            raise ValueError(f"{key}: cannot be written to an env file")
-        lines.append(line)
-    return "\n".join(lines) + "\n"

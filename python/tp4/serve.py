@@ -32,7 +32,7 @@ import re
 import shlex
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -44,9 +44,11 @@ from tp4.errors import InvalidInput, Tp4Error
 from tp4.container import Health
 from tp4.nodes import Node, parallel
 from tp4.plan import Plan, RankPlan
+from tp4.profile.models import has_unsafe_chars
 
 if TYPE_CHECKING:
     from tp4.api import Endpoint as api_Endpoint
+    from tp4.apikey import Secret
     from tp4.doctor import Result as doctor_Result
 
 Echo = Callable[[str], None]
@@ -125,18 +127,31 @@ def health_flags(health: Health) -> list[str]:
             "--health-start-period", f"{health.start_period}s", "--health-retries", str(health.retries)]
 
 
-def env_file_text(rank: RankPlan, secrets: dict[str, str]) -> str:
-    """The rank's environment as an env file (KEY=VALUE per line, taken literally by docker and
-    podman); the head also gets the secrets (API_KEY)."""
+# an env file's key: what docker, podman and a shell accept as a variable name
+_ENV_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def env_file_text(rank: RankPlan, secrets: Mapping[str, Secret]) -> str:
+    """The rank's env file (docker's and podman's ``--env-file``; a NixOS unit's container reads
+    the same file): one KEY=VALUE a line, sorted by key, taken literally. The head's also
+    holds the secrets (API_KEY): the one place tp4 reveals the key, into the text that is written
+    to the node's file of mode 0600 through stdin, never an argv.
+
+    The one writer of an env file. A key that is not a variable name, or a value with a control
+    character or line separator (a line-based reader would split on it, or cut it at a NUL), is
+    refused with InvalidInput naming the rank and the key (never the value)."""
     env = dict(rank.env)
     if rank.rank == 0:
-        env.update(secrets)
+        env.update({key: secret.reveal() for key, secret in secrets.items()})
     lines = []
     for key in sorted(env):
         value = env[key]
-        if "\n" in value or "\r" in value or "\0" in value:
-            raise InvalidInput(f"{rank.name}: the value of {key} holds a line break or NUL, which an env file cannot carry; "
-                               "fix: remove it from the profile")
+        if not _ENV_KEY.fullmatch(key):
+            raise InvalidInput(f"{rank.name}: env key {key!r} is not a variable name, which an env file cannot carry; "
+                               "fix: use letters, digits and _ (not first a digit)")
+        if has_unsafe_chars(value):
+            raise InvalidInput(f"{rank.name}: the value of {key} holds a control character or a line break, which an env file "
+                               "cannot carry; fix: remove it from the profile")
         lines.append(f"{key}={value}")
     return "\n".join(lines) + "\n"
 
@@ -335,7 +350,7 @@ def start_argv(node: Node, *, line: str) -> list[str]:
     return _wrapped(node, run_argv(node.rank, line=line))
 
 
-def start_rank(node: Node, *, line: str, secrets: dict[str, str]) -> None:
+def start_rank(node: Node, *, line: str, secrets: Mapping[str, Secret]) -> None:
     node.run(start_argv(node, line=line), input=env_file_text(node.rank, secrets), timeout=300,
              purpose=f"starting the rank of {node.name}")
 
@@ -355,7 +370,7 @@ def create_argv(node: Node, *, line: str) -> list[str]:
     return _wrapped(node, create)
 
 
-def create_rank(node: Node, *, line: str, secrets: dict[str, str]) -> None:
+def create_rank(node: Node, *, line: str, secrets: Mapping[str, Secret]) -> None:
     node.run(create_argv(node, line=line), input=env_file_text(node.rank, secrets), timeout=300,
              purpose=f"creating the rank of {node.name}")
 
@@ -573,7 +588,7 @@ class Ready(NamedTuple):
     warnings: list[str]
 
 
-def serve(plan: Plan, nodes: Sequence[Node], secrets: dict[str, str], opts: Options, out: Echo, progress: Echo) -> Ready:
+def serve(plan: Plan, nodes: Sequence[Node], secrets: Mapping[str, Secret], opts: Options, out: Echo, progress: Echo) -> Ready:
     """Bring the line up, verified, or leave nothing running (module docstring)."""
     with line_lock(plan, "serve"):
         preflight(nodes, plan, opts, progress)
@@ -588,7 +603,7 @@ def serve(plan: Plan, nodes: Sequence[Node], secrets: dict[str, str], opts: Opti
     raise AssertionError("unreachable")
 
 
-def _boot(plan: Plan, nodes: Sequence[Node], secrets: dict[str, str], opts: Options, out: Echo, progress: Echo) -> Ready:
+def _boot(plan: Plan, nodes: Sequence[Node], secrets: Mapping[str, Secret], opts: Options, out: Echo, progress: Echo) -> Ready:
     line = line_id(plan)
     started: list[Node] = []
     follower: Follower | None = None
@@ -748,7 +763,7 @@ def _wait_ready(plan: Plan, nodes: Sequence[Node], follower: Follower, opts: Opt
             phase, phase_began = got, time.monotonic()
 
 
-def _verify_ready(plan: Plan, nodes: Sequence[Node], secrets: dict[str, str], opts: Options, seconds: float,
+def _verify_ready(plan: Plan, nodes: Sequence[Node], secrets: Mapping[str, Secret], opts: Options, seconds: float,
                   out: Echo, progress: Echo) -> Ready:
     from tp4 import api, bootlog
 
@@ -792,17 +807,16 @@ def _verify_ready(plan: Plan, nodes: Sequence[Node], secrets: dict[str, str], op
     return Ready(seconds, dict(sig.to_json()), warnings)
 
 
-def endpoint(plan: Plan, secrets: dict[str, str], *, url: str | None = None) -> api_Endpoint:
+def endpoint(plan: Plan, secrets: Mapping[str, Secret], *, url: str | None = None) -> api_Endpoint:
     from tp4 import api
 
-    key = secrets.get("API_KEY")
-    return api.Endpoint.from_plan(url or plan.line.api, plan.nodes[0].env, api.Secret(key) if key else None)
+    return api.Endpoint.from_plan(url or plan.line.api, plan.nodes[0].env, secrets.get("API_KEY"))
 
 
 # --- stop -----------------------------------------------------------------------------------------
 
 
-def stop(plan: Plan, nodes: Sequence[Node], secrets: dict[str, str], out: Echo, progress: Echo, *,
+def stop(plan: Plan, nodes: Sequence[Node], secrets: Mapping[str, Secret], out: Echo, progress: Echo, *,
          grace: int = STOP_GRACE) -> list[str]:
     """Stop every rank of the line (what a crashed serve left too), then check the API is down and
     no container of the line is left. Returns the problems (empty: stopped)."""
@@ -871,7 +885,7 @@ def _age(stamp: str) -> float | None:
     return round((datetime.now(timezone.utc) - when).total_seconds(), 1)
 
 
-def status(plan: Plan, nodes: Sequence[Node], secrets: dict[str, str], *, probe_timeout: float = 10.0) -> dict[str, object]:
+def status(plan: Plan, nodes: Sequence[Node], secrets: Mapping[str, Secret], *, probe_timeout: float = 10.0) -> dict[str, object]:
     """Each node's rank and the line's liveness, as JSON values."""
     from tp4 import api
 

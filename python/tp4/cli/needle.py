@@ -59,7 +59,7 @@ def _out_path(value: str | None) -> Path | None:
 
 def _endpoint(url: str | None, model: str | None, key_file: str | None, profile_path: str | None, strict: bool,
               ssh_options: tuple[str, ...], watch_memory: bool) -> tuple[Endpoint, Plan | None, Node | None]:
-    from tp4 import api
+    from tp4 import api, apikey
 
     if url is None:
         for name, given in (("--model", model), ("--api-key-file", key_file)):
@@ -81,7 +81,7 @@ def _endpoint(url: str | None, model: str | None, key_file: str | None, profile_
     except InvalidInput:
         raise InvalidInput(f"--url {url[:80]!r}: not an API address of the form http://HOST:PORT; "
                            "fix: give the endpoint's address and port, e.g. http://127.0.0.1:8888") from None
-    return ep._replace(key=api.read_key(key_file) if key_file else None), None, None
+    return ep._replace(key=apikey.read_key(key_file) if key_file else None), None, None
 
 
 def plan_digest(plan: Plan) -> str:

@@ -14,6 +14,7 @@ import click
 from tp4.errors import InvalidInput, Tp4Error
 
 if TYPE_CHECKING:
+    from tp4.apikey import Secret
     from tp4.plan import Plan
     from tp4.profile.load import Loaded
     from tp4.nodes import Node
@@ -35,15 +36,16 @@ def _err(line: str) -> None:
     click.echo(line, err=True)
 
 
-def _line(profile_path: str | None, strict: bool, ssh_options: tuple[str, ...]) -> tuple[Plan, list[Node], dict[str, str]]:
+def _line(profile_path: str | None, strict: bool, ssh_options: tuple[str, ...]) -> tuple[Plan, list[Node], dict[str, Secret]]:
     """(plan, nodes, secrets) of the profile."""
     plan, nodes, secrets, _ = _line_loaded(profile_path, strict, ssh_options)
     return plan, nodes, secrets
 
 
 def _line_loaded(profile_path: str | None, strict: bool,
-                 ssh_options: tuple[str, ...]) -> tuple[Plan, list[Node], dict[str, str], Loaded]:
-    """(plan, nodes, secrets, the loaded profile) of the profile."""
+                 ssh_options: tuple[str, ...]) -> tuple[Plan, list[Node], dict[str, Secret], Loaded]:
+    """(plan, nodes, secrets, the loaded profile) of the profile. The API key stays a Secret up to
+    the env file serve writes (tp4.serve.env_file_text)."""
     from tp4.cli.plan import load_profile
     from tp4.nodes import nodes_of
     from tp4.plan import build_plan
@@ -52,11 +54,11 @@ def _line_loaded(profile_path: str | None, strict: bool,
         profile_path = DEFAULT_PROFILE
     loaded = load_profile(profile_path, strict)
     plan = build_plan(loaded)
-    secrets: dict[str, str] = {}
+    secrets: dict[str, Secret] = {}
     if "API_KEY" in plan.secrets:
-        from tp4 import api
+        from tp4 import apikey
 
-        secrets["API_KEY"] = api.read_key(os.path.expanduser(plan.secrets["API_KEY"].file)).reveal()
+        secrets["API_KEY"] = apikey.read_key(os.path.expanduser(plan.secrets["API_KEY"].file))
     return plan, nodes_of(plan, ssh_options=ssh_options), secrets, loaded
 
 

@@ -174,29 +174,17 @@ def _has_flag_value(args: list[str], flag: str, value: str) -> bool:
 
 
 def local_file_warnings(profile: Profile) -> list[Problem]:
-    """Files the profile names on the machine running tp4, checked where they are: api.key_file
-    must exist and be readable by its owner only. Only its metadata is read, never the key.
-
-    A warning here, since plan and check only name the file; serve, which sends the key, will
-    make the same findings errors."""
-    import os
-    import shlex
-    import stat
-
+    """Files the profile names on the machine running tp4, checked where they are: api.key_file,
+    by the one check of the key file (tp4.apikey.key_file_problem: its metadata only, never the
+    key). A warning here, since plan and check only name the file; serve, which sends the key,
+    reads it through the same check."""
     path = profile.api.key_file
     if path is None:
         return []
+    import os
+
+    from tp4.apikey import key_file_problem
+
     where = os.path.expanduser(path)
-    try:
-        st = os.stat(where)
-    except FileNotFoundError:
-        return [Problem("api.key_file", f"{where} does not exist", f"write the API key to {where} and chmod 600 {shlex.quote(where)}")]
-    except OSError as exc:
-        return [Problem("api.key_file", f"{where} cannot be checked ({exc.strerror})", "name a file this user can read")]
-    if not stat.S_ISREG(st.st_mode):
-        return [Problem("api.key_file", f"{where} is not a regular file", "name the file holding the API key")]
-    mode = stat.S_IMODE(st.st_mode)
-    if mode & 0o077:
-        how = "readable" if mode & 0o044 else "writable" if mode & 0o022 else "usable"
-        return [Problem("api.key_file", f"{where} is {how} by others (mode {mode:04o})", f"chmod 600 {shlex.quote(where)}")]
-    return []
+    found = key_file_problem(where)
+    return [] if found is None else [Problem("api.key_file", f"{where} {found.reason}", found.fix)]
