@@ -9,7 +9,7 @@ Each run measures, one after the other:
   cli         `python -m tp4 doctor --profile <cluster profile>` as a user runs it, wall time from the
               command's start to its exit 0 (interpreter, imports, the plan, the table included)
   parallel    tp4.doctor.doctor(...) in this process: every node's facts at once (one ssh each)
-  sequential  the same call with tp4.serve.SEQUENTIAL = True: the same facts command on one node
+  sequential  the same call with tp4.nodes.SEQUENTIAL = True: the same facts command on one node
               after another
 
 Before each measurement the shared ssh connections (ControlMaster) are closed, so each pays its
@@ -55,17 +55,17 @@ def doctor_cli(profile: str, interval: float) -> float:
 
 
 def doctor_in_process(cluster: DoctorCluster, interval: float, sequential: bool) -> float:
-    from tp4 import doctor, serve
+    from tp4 import doctor, nodes
 
     assert cluster.loaded is not None
     limits = doctor.Limits.of_profile(cluster.loaded.profile, sysfs=SYSFS, interval=interval)
-    serve.SEQUENTIAL = sequential
+    nodes.SEQUENTIAL = sequential
     try:
         start = time.monotonic()
-        result = doctor.doctor(cluster.plan, serve.nodes_of(cluster.plan), limits)
+        result = doctor.doctor(cluster.plan, nodes.nodes_of(cluster.plan), limits)
         wall = time.monotonic() - start
     finally:
-        serve.SEQUENTIAL = False
+        nodes.SEQUENTIAL = False
     if result.blocking:
         raise SystemExit("error: doctor found blocking failures on the benchmark's hosts: "
                          + "; ".join(f"{r.node} {r.check}: {r.detail}" for r in result.blocking))

@@ -11,7 +11,7 @@ Each run brings the line up three ways, one after the other, and stops it after 
               the command's start to its exit 0 (interpreter, imports and the plan included)
   parallel    tp4.serve.serve(...) in this process (the plan, nodes and secrets made as the CLI's
               `_line` makes them), as tp4 runs it
-  sequential  the same call with tp4.serve.SEQUENTIAL = True: every per-node step (checks, env
+  sequential  the same call with tp4.nodes.SEQUENTIAL = True: every per-node step (checks, env
               files, worker starts, state polls, log checks) on one node after another
 
 Before every serve the shared ssh connections (ControlMaster) are closed, so each serve pays its
@@ -243,9 +243,9 @@ def _must(what: str, proc: subprocess.CompletedProcess[str]) -> None:
 
 def serve_in_process(profile: str, sequential: bool) -> tuple[float, list[tuple[float, str]]]:
     """tp4.serve.serve as the CLI calls it (tp4.cli.serve `serve` and tp4.cli.common `load_served`), timed from the
-    profile's load to Ready, tp4.serve.SEQUENTIAL set for the call; its wall time and its lines
+    profile's load to Ready, tp4.nodes.SEQUENTIAL set for the call; its wall time and its lines
     (the profile's warnings too), each with the seconds since the call."""
-    from tp4 import serve
+    from tp4 import nodes, serve
     from tp4.cli.common import load_profile
     from tp4.plan import build_plan
 
@@ -255,20 +255,20 @@ def serve_in_process(profile: str, sequential: bool) -> tuple[float, list[tuple[
     def said(line: str) -> None:
         lines.append((time.monotonic() - start, line))
 
-    serve.SEQUENTIAL = sequential
+    nodes.SEQUENTIAL = sequential
     try:
         with contextlib.redirect_stderr(io.StringIO()) as warnings:  # the profile's warnings (click.echo)
             plan = build_plan(load_profile(profile, False))
         lines += [(0.0, w) for w in warnings.getvalue().splitlines()]
         secrets: dict[str, str] = {}  # the cluster's profile has no api.key_file
         opts = serve.Options(sysfs=SYSFS, volume_kind="local")  # the cluster's profile: nfs.share = false
-        serve.serve(plan, serve.nodes_of(plan), secrets, opts, said, said)
+        serve.serve(plan, nodes.nodes_of(plan), secrets, opts, said, said)
         return time.monotonic() - start, lines
     except Exception as exc:
         raise SystemExit(f"error: serve ({'sequential' if sequential else 'parallel'}) failed: {exc}\n"
                          + "\n".join(line for _, line in lines)) from None
     finally:
-        serve.SEQUENTIAL = False
+        nodes.SEQUENTIAL = False
 
 
 def cpu_busy() -> float:

@@ -6,7 +6,7 @@ each) whose real podman (runc) runs each rank's container with exactly the flags
         cluster.profile        # the profile TOML of this cluster (head + 3 workers)
         cluster.plan           # tp4.plan.build_plan of it
         cluster.hosts, cluster.head
-        cluster.nodes()        # tp4.serve.nodes_of(cluster.plan)
+        cluster.nodes()        # tp4.nodes_of(cluster.plan)
         cluster.podman_ps()    # `podman ps -a` on every host
         cluster.leftovers()    # every container and every stand-in process left on any host
 
@@ -68,7 +68,8 @@ from types import TracebackType
 from netns_hosts import Host, NetnsHosts
 from standin import image
 
-from tp4 import process, serve
+from tp4 import process
+from tp4.nodes import Node, nodes_of
 from tp4.plan import Plan, build_plan
 from tp4.profile import load_file
 from tp4.profile.load import Loaded
@@ -207,9 +208,9 @@ class LineCluster:
     def head(self) -> Host:
         return self.hosts[0]
 
-    def nodes(self) -> list[serve.Node]:
+    def nodes(self) -> list[Node]:
         """The plan's nodes as tp4.serve reaches them (over ssh, as the profile says)."""
-        return serve.nodes_of(self.plan)
+        return nodes_of(self.plan)
 
     def podman_ps(self) -> dict[str, str]:
         """`podman ps -a` on every host: host name -> its output."""

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from tp4 import api
+from tp4 import api, apikey
 from tp4.api import ApiError, Endpoint, Load, Secret
 from tp4.container import IMAGE, MOUNTS
 from tp4.errors import InvalidInput
@@ -353,23 +353,23 @@ def key_file(tmp_path: Path, data: bytes, mode: int = 0o600) -> Path:
 @pytest.mark.parametrize("data", [KEY.encode(), KEY.encode() + b"\n", b"  " + KEY.encode() + b"\r\n\n"])
 def test_a_key_file(tmp_path: Path, data: bytes, caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.DEBUG)
-    assert api.read_key(key_file(tmp_path, data)) == Secret(KEY)
+    assert apikey.read_key(key_file(tmp_path, data)) == Secret(KEY)
     link = tmp_path / "link"
     link.symlink_to(tmp_path / "api-key")
-    assert api.read_key(str(link)).reveal() == KEY
+    assert apikey.read_key(str(link)).reveal() == KEY
     assert caplog.records == []
 
 
 def test_a_key_file_others_can_read_is_a_warning(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     path = key_file(tmp_path, KEY.encode() + b"\n", 0o644)
-    with caplog.at_level(logging.WARNING, logger="tp4.api"):
-        assert api.read_key(path).reveal() == KEY
+    with caplog.at_level(logging.WARNING, logger="tp4.apikey"):
+        assert apikey.read_key(path).reveal() == KEY
     assert [r.getMessage() for r in caplog.records] == [
         f"api.key_file: {path} is readable by its group and everyone (mode 0644); fix: chmod 600 {path}"]
     caplog.clear()
     path.chmod(0o640)
-    with caplog.at_level(logging.WARNING, logger="tp4.api"):
-        api.read_key(path)
+    with caplog.at_level(logging.WARNING, logger="tp4.apikey"):
+        apikey.read_key(path)
     assert "readable by its group (mode 0640)" in caplog.text and KEY not in caplog.text
 
 
@@ -394,7 +394,7 @@ def test_a_bad_key_file(tmp_path: Path, make: Callable[[Path], object], reason: 
         path.chmod(0o600)
     started = time.monotonic()
     with pytest.raises(InvalidInput) as err:
-        api.read_key(path)
+        apikey.read_key(path)
     assert time.monotonic() - started < 2  # a FIFO is refused, never waited on
     assert err.value.exit_code == 2
     assert str(err.value).startswith(f"api.key_file: {path} ") and reason in str(err.value) and "; fix: " in str(err.value)
@@ -403,7 +403,7 @@ def test_a_bad_key_file(tmp_path: Path, make: Callable[[Path], object], reason: 
 
 def test_dev_null_itself(tmp_path: Path) -> None:
     with pytest.raises(InvalidInput, match=r"^api.key_file: /dev/null is a device, not a regular file; fix: "):
-        api.read_key("/dev/null")
+        apikey.read_key("/dev/null")
 
 
 # --- the key in no message ---------------------------------------------------------------------------
@@ -413,7 +413,7 @@ def test_the_key_is_in_no_log_record_or_error(start: Callable[..., Head], tmp_pa
                                               caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.DEBUG)
     path = key_file(tmp_path, KEY.encode() + b"\n", 0o644)  # a warning is logged too
-    key = api.read_key(path)
+    key = apikey.read_key(path)
     head = start(TP4_STANDIN_FAULT="wedge")
     ep = head.ep._replace(key=key)
     texts: list[str] = [repr(ep), str(ep), repr(key)]

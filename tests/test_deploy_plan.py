@@ -11,8 +11,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tp4 import deploy, process, serve
+from tp4 import deploy, process
 from tp4.errors import InvalidInput, Tp4Error
+from tp4.nodes import Node, nodes_of
 from tp4.plan import build_plan
 from tp4.profile import load_text
 
@@ -27,8 +28,8 @@ SYSTEMD_RUN = ["systemd-run", "--wait", "--collect", "--pipe", "--quiet", "--no-
 
 
 @pytest.fixture(scope="module")
-def nodes() -> list[serve.Node]:
-    return serve.nodes_of(build_plan(load_text(NIXOS, "t")))
+def nodes() -> list[Node]:
+    return nodes_of(build_plan(load_text(NIXOS, "t")))
 
 
 def test_the_systems_are_built_once_here_with_quoted_attribute_names(nodes):
@@ -82,7 +83,7 @@ def test_hosts_are_the_nixos_nodes_or_those_on_names(nodes):
         deploy.hosts_of(nodes, ("nope",))
     with pytest.raises(InvalidInput, match="--on w3: the node is of kind plain"):
         deploy.hosts_of(nodes, ("w3",))
-    plain = serve.nodes_of(build_plan(load_text(NIXOS.replace('kind = "nixos"', 'kind = "plain"'), "t")))
+    plain = nodes_of(build_plan(load_text(NIXOS.replace('kind = "nixos"', 'kind = "plain"'), "t")))
     with pytest.raises(InvalidInput, match="the profile has no node of kind nixos"):
         deploy.hosts_of(plain, ())
 
@@ -99,7 +100,7 @@ def test_the_dry_run_prints_the_commands_of_the_run_and_runs_nothing(nodes, monk
     w2 = nodes[2]
     top, gen = "<toplevel:w.2>", "<generation:w.2>"
 
-    def remote(argv: list[str], node: serve.Node = w2) -> list[str]:
+    def remote(argv: list[str], node: Node = w2) -> list[str]:
         return process.full_argv(argv, node.remote)
 
     assert commands == [
@@ -125,10 +126,10 @@ def test_no_node_name_host_or_user_changes_a_command(nodes, name, host, user):
     command, and is one word (or refused) where it goes: the flake attribute, the store URI."""
     import re
 
-    def node_of(name: str, host: str) -> serve.Node:
+    def node_of(name: str, host: str) -> Node:
         base = nodes[1].rank
         rank = base._replace(name=name, ssh=base.ssh._replace(host=host, user=user))
-        return serve.Node(rank, process.Remote(host=host, user=user, identity=rank.ssh.identity, port=rank.ssh.port))
+        return Node(rank, process.Remote(host=host, user=user, identity=rank.ssh.identity, port=rank.ssh.port))
 
     node, plain = node_of(name, host), node_of("spark2", "10.0.0.9")
     top = "/nix/store/abc-nixos-system"

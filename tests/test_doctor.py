@@ -26,8 +26,9 @@ from doctor_hosts import BOOTSTRAP, SYSFS, ZERO_GID, DoctorCluster
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tp4 import doctor, process, serve
+from tp4 import doctor, process
 from tp4.doctor import CHECKS, FACTS_SCRIPT, Limits, Result
+from tp4.nodes import nodes_of
 from tp4.plan import Plan, build_plan
 from tp4.profile import load_file
 
@@ -51,7 +52,7 @@ def good(cluster: DoctorCluster) -> DoctorCluster:
 
 def run(cluster: DoctorCluster, limits: Limits = LIMITS, plan: Plan | None = None) -> dict[tuple[str, str], Result]:
     p = plan or cluster.plan
-    report = doctor.doctor(p, serve.nodes_of(p), limits)
+    report = doctor.doctor(p, nodes_of(p), limits)
     return {(r.check, r.node): r for r in report.results}
 
 

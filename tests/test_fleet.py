@@ -31,8 +31,10 @@ from line_cluster import _q, memlock
 from netns_hosts import Host
 
 from tp4 import fleet, process, serve
+from tp4.apikey import Secret
 from tp4.doctor import engram_files
 from tp4.errors import InvalidInput
+from tp4.nodes import nodes_of
 from tp4.plan import Plan
 
 REPO = Path(__file__).resolve().parent.parent
@@ -113,7 +115,7 @@ class Fleet:
 
     def answered(self, name: str) -> int:
         """Completions the line's engine answered (its head's `Prefill batch.` log lines)."""
-        head = serve.nodes_of(self.line(name).plan)[0]
+        head = nodes_of(self.line(name).plan)[0]
         return serve.full_log(head).count("Prefill batch.")
 
     def router_processes(self) -> list[str]:
@@ -141,7 +143,7 @@ def set_wedged(line: fleet.Line, value: bool | None) -> None:
 
 
 def health_of(f: Fleet, key: str | None = None) -> dict[str, bool]:
-    seen = fleet.workers(f.fleet, key)
+    seen = fleet.workers(f.fleet, Secret(key) if key else None)
     assert seen is not None, "the router does not answer"
     return {w.url: w.healthy for w in seen}
 

@@ -18,11 +18,14 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tp4.apikey import Secret
 from tp4.errors import InvalidInput
+from tp4.plan import build_plan
 from tp4.profile import load_file
-from tp4.profile.load import load_text, parse_document, toml_key
+from tp4.profile.load import load_default, load_text, parse_document, toml_key
 from tp4.profile.models import has_unsafe_chars
 from tp4.profile.toml import dumps
+from tp4.serve import env_file_text
 
 pytestmark = pytest.mark.unit
 
@@ -142,6 +145,40 @@ def test_any_env_value_is_one_line_of_text_or_refused_naming_it(key, value):
         assert "control character" in problems[0]
     else:
         assert profile.env[key] == value and not has_unsafe_chars(value)
+
+
+HEAD, WORKER = build_plan(load_default()).nodes[:2]
+ENV_LINE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*=[^\x00-\x08\x0a-\x1f\x7f\x85\u2028\u2029]*")
+
+
+@given(key=ENV_KEYS, value=TEXT, key_text=st.from_regex(r"sk-[!-~]{12,30}", fullmatch=True))
+@FAST
+def test_the_env_file_serve_writes_holds_each_pair_on_one_line_or_is_refused_naming_the_key(key, value, key_text):
+    """tp4.serve.env_file_text, the one writer of an env file (serve writes its text to the node's
+    file of mode 0600): whatever key or value reaches it past the loader, the file holds exactly
+    the rank's environment (the head's also the API key, revealed there), one KEY=VALUE a line
+    that no line-based reader splits, or it is refused naming the rank and the key, never a
+    value or the key's text."""
+    secrets = {"API_KEY": Secret(key_text)}
+    for rank in (HEAD, WORKER):
+        rank = rank._replace(env={**rank.env, key: value})
+        try:
+            text = env_file_text(rank, secrets)
+        except InvalidInput as exc:
+            assert exc.exit_code == 2
+            if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key):
+                assert has_unsafe_chars(value)
+                assert str(exc) == (f"{rank.name}: the value of {key} holds a control character or a line break, which an "
+                                    "env file cannot carry; fix: remove it from the profile")
+            else:
+                assert str(exc) == (f"{rank.name}: env key {key!r} is not a variable name, which an env file cannot carry; "
+                                    "fix: use letters, digits and _ (not first a digit)")
+            continue
+        lines = text.split("\n")
+        assert lines.pop() == "" and text.splitlines() == lines and all(ENV_LINE.fullmatch(line) for line in lines)
+        want = {**rank.env, "API_KEY": key_text} if rank.rank == 0 else rank.env
+        assert dict(line.split("=", 1) for line in lines) == want and len(lines) == len(want)
+        assert (key_text in text) == (rank.rank == 0)
 
 
 @given(path=st.sampled_from(HOST_FIELDS + USER_FIELDS + IDENTITY_FIELDS + ["engine.ep", "engine.tp", "api.key_file"]),

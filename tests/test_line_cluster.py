@@ -17,6 +17,7 @@ from line_cluster import LineCluster, memlock
 from standin.engine import QUESTION
 
 from tp4 import serve
+from tp4.nodes import Node
 from tp4.profile import load_file
 
 LINE = "t"
@@ -28,7 +29,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LineCluster]:
         yield c
 
 
-def wait_for(node: serve.Node, needle: str, timeout: float) -> str:
+def wait_for(node: Node, needle: str, timeout: float) -> str:
     deadline = time.monotonic() + timeout
     log = ""
     while time.monotonic() < deadline:

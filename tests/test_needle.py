@@ -23,9 +23,10 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 import pytest
 
-from tp4 import api, needle, serve
+from tp4 import api, apikey, needle, serve
 from tp4.cli import SUBCOMMANDS
 from tp4.errors import Tp4Error
+from tp4.nodes import Node, nodes_of
 from tp4.plan import build_plan
 from tp4.profile.load import load_default
 
@@ -69,7 +70,7 @@ class Engine:
         while api.health(api.Endpoint.of(self.url, MODEL), 1) != 200:
             assert self.proc.poll() is None and time.monotonic() < deadline, self.log.read_text()[-2000:]
             time.sleep(0.05)
-        self.ep = api.Endpoint.of(self.url, MODEL, api.Secret(KEY))
+        self.ep = api.Endpoint.of(self.url, MODEL, apikey.Secret(KEY))
 
     def stop(self) -> None:
         if self.proc.poll() is None:
@@ -237,11 +238,11 @@ def test_watch_memory_records_the_heads_low_water_mark(engine: Engine, start: Ca
     moves by up to a GiB on its own, so the test checks the reads, not a drop it causes.)"""
     cal = needle.calibrate(engine.ep, 3, 30)  # on a fast engine: only the measured request is slow
     e = start(TP4_STANDIN_FAULT="busy", TP4_STANDIN_BUSY_SECONDS="3")
-    head = serve.nodes_of(build_plan(load_default()), local_head=True)[0]
+    head = nodes_of(build_plan(load_default()), local_head=True)[0]
     real = serve.mem_available
     reads: list[tuple[float, int | None]] = []
 
-    def spy(node: serve.Node, *, timeout: float = 20) -> int | None:
+    def spy(node: Node, *, timeout: float = 20) -> int | None:
         value = real(node, timeout=timeout)
         reads.append((time.monotonic(), value))
         return value
@@ -268,10 +269,10 @@ def test_watch_memory_records_the_heads_low_water_mark(engine: Engine, start: Ca
 
 
 def test_watch_memory_is_refused_up_front_when_the_head_cannot_be_read(engine: Engine, monkeypatch: pytest.MonkeyPatch) -> None:
-    head = serve.nodes_of(build_plan(load_default()), local_head=True)[0]
+    head = nodes_of(build_plan(load_default()), local_head=True)[0]
     asked: list[str] = []
 
-    def unreadable(node: serve.Node, *, timeout: float = 20) -> int | None:
+    def unreadable(node: Node, *, timeout: float = 20) -> int | None:
         asked.append(node.name)
         return None
 
@@ -283,7 +284,7 @@ def test_watch_memory_is_refused_up_front_when_the_head_cannot_be_read(engine: E
 
 
 def test_meminfo_is_read_in_bytes() -> None:
-    head = serve.nodes_of(build_plan(load_default()), local_head=True)[0]
+    head = nodes_of(build_plan(load_default()), local_head=True)[0]
     value = serve.mem_available(head)
     assert value is not None and value > 1 << 20
     assert serve.meminfo("MemTotal:       16384 kB\nMemAvailable:    8192 kB\nHugePages_Total:       4\n") == {

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from tp4.nodes import Node
 from tp4.plan import build_plan, canonical_json, differences, digest_of
 from tp4.profile import load_default, load_file
 
@@ -71,7 +72,7 @@ def test_serve_leaves_the_plan_beside_each_env_file_and_reads_it_back(tmp_path: 
     prof = tmp_path / "p.toml"
     prof.write_text(text)
     plan = build_plan(load_file(prof))
-    head = serve.Node(plan.nodes[0], None)
+    head = Node(plan.nodes[0], None)
     assert plan.nodes[0].service.kind == "plain"
     serve.write_running_plans(plan, [head])
     stored = Path(serve.running_plan_path(plan.nodes[0]))

@@ -11,7 +11,8 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from tp4.errors import InvalidInput
-from tp4.plan import build_plan, env_file_text
+from tp4.plan import build_plan
+from tp4.serve import env_file_text
 from tp4.profile.load import parse_document
 
 pytestmark = pytest.mark.unit
@@ -64,7 +65,7 @@ def test_any_valid_profile_renders_a_consistent_line(doc):
     assert len({n.env["DIST_INIT_ADDR"] for n in plan.nodes}) == 1
     assert plan.nodes[0].env["DIST_INIT_ADDR"] == f"{doc['cluster']['head']['ip']}:{doc['cluster']['dist_port']}"
     for node in plan.nodes:
-        text = env_file_text(node.env)
+        text = env_file_text(node, {})
         keys = [line.split("=", 1)[0] for line in text.splitlines()]
         assert len(keys) == len(set(keys)), "duplicate env key"
         assert node.argv.count("--node-rank") == 1
@@ -104,7 +105,7 @@ def test_arbitrary_strings_never_break_argv_or_env_file(field, value):
         return
     plan = build_plan(loaded)
     for node in plan.nodes:
-        text = env_file_text(node.env)
+        text = env_file_text(node, {})
         parsed = dict(line.split("=", 1) for line in text.rstrip("\n").split("\n"))
         assert parsed == node.env
         assert shlex.split(shlex.join(node.argv)) == list(node.argv)

@@ -5,9 +5,12 @@ measured performance caveat is a warning, which never blocks."""
 from __future__ import annotations
 
 import copy
+import logging
+import os
 
 import pytest
 
+from tp4.apikey import read_key
 from tp4.errors import InvalidInput
 from tp4.profile.load import parse_document, strict
 
@@ -247,15 +250,31 @@ def test_a_private_key_file_has_no_warning(tmp_path):
     assert parse_document(_key_doc(key), "t").warnings == []
 
 
-@pytest.mark.parametrize("mode,how", [(0o644, "readable"), (0o640, "readable"), (0o604, "readable"), (0o620, "writable")])
-def test_a_key_file_others_can_use_is_a_warning(tmp_path, mode, how):
+@pytest.mark.parametrize("mode,how", [(0o644, "readable by its group and everyone"), (0o640, "readable by its group"),
+                                      (0o604, "readable by everyone"), (0o620, "writable by its group"),
+                                      (0o610, "usable by its group")])
+def test_a_key_file_others_can_use_is_a_warning(tmp_path, mode, how, caplog):
     key = tmp_path / "key"
     key.write_text("sk-1\n")
     key.chmod(mode)
     loaded = parse_document(_key_doc(key), "t")
-    assert loaded.warnings == [f"api.key_file: {key} is {how} by others (mode {mode:04o}); fix: chmod 600 {key}"]
+    assert loaded.warnings == [f"api.key_file: {key} is {how} (mode {mode:04o}); fix: chmod 600 {key}"]
     with pytest.raises(InvalidInput):
         strict(loaded)
+    # one check of the key file: serve's reader finds the same, in the same words
+    with caplog.at_level(logging.WARNING, logger="tp4.apikey"):
+        assert read_key(key).reveal() == "sk-1"
+    assert [r.getMessage() for r in caplog.records] == loaded.warnings
+
+
+@pytest.mark.parametrize("make", [lambda p: None, lambda p: p.mkdir(), lambda p: os.mkfifo(p)])
+def test_the_loader_and_the_reader_refuse_a_key_file_in_the_same_words(tmp_path, make):
+    key = tmp_path / "key"
+    make(key)
+    [warning] = parse_document(_key_doc(key), "t").warnings
+    with pytest.raises(InvalidInput) as err:
+        read_key(key)
+    assert str(err.value) == warning
 
 
 def test_a_missing_key_file_is_a_warning(tmp_path):
@@ -266,7 +285,7 @@ def test_a_missing_key_file_is_a_warning(tmp_path):
 
 def test_a_key_file_that_is_a_directory_is_a_warning(tmp_path):
     assert parse_document(_key_doc(tmp_path), "t").warnings == [
-        f"api.key_file: {tmp_path} is not a regular file; fix: name the file holding the API key"]
+        f"api.key_file: {tmp_path} is a directory, not a regular file; fix: name the file holding the API key"]
 
 
 def test_the_key_file_is_found_from_home_and_never_read(tmp_path, monkeypatch):

@@ -57,7 +57,7 @@ def test_the_shipped_registry_loads():
 
 
 def test_the_facts_are_settings_tp4_renders():
-    from tp4.plan import typed_env_keys
+    from tp4.knobs import typed_env_keys
 
     reg = load_registry()
     assert set(reg.facts) <= set(typed_env_keys()) | {"RING_ROCE_CAP"}

@@ -21,6 +21,8 @@ from doctor_hosts import SYSFS, DoctorCluster
 from line_cluster import LineCluster
 
 from tp4 import serve
+from tp4.apikey import read_key
+from tp4.nodes import nodes_of
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -363,8 +365,20 @@ def test_the_api_key_reaches_the_head_in_its_env_file_and_nowhere_else(line: Lin
     key_file.write_text(key + "\n")
     key_file.chmod(0o600)
     profile = profile_with(line, tmp_path, f'[api]\nkey_file = "{key_file}"\n')
+    state = {"XDG_STATE_HOME": str(tmp_path / "state")}  # serve's run records and locks, read below
     outputs = []
-    proc = tp4("-v", "serve", "--profile", profile)  # -v: every command tp4 runs, logged
+    # the plan names the key's file, never the key
+    for args in (("plan",), ("plan", "--json")):
+        got = tp4(*args, "--profile", profile)
+        assert got.returncode == 0 and str(key_file) in got.stdout, (args, got.stderr)
+        outputs += [got.stdout, got.stderr]
+    # in-process: the key stays a Secret from its file to the env file serve writes
+    secret = read_key(key_file)
+    secrets = {"API_KEY": secret}
+    outputs += [repr(secret), str(secret), f"{secrets}", repr(serve.endpoint(line.plan, secrets))]
+    outputs += [" ".join(serve.start_argv(n, line="L")) for n in nodes_of(line.plan)]
+    assert f"API_KEY={key}\n" in serve.env_file_text(line.plan.nodes[0], secrets)
+    proc = tp4("-v", "serve", "--profile", profile, env=state)  # -v: every command tp4 runs, logged
     outputs += [proc.stdout, proc.stderr]
     assert proc.returncode == 0, proc.stderr
     assert "$ ssh " in proc.stderr and "podman run -d" in proc.stderr
@@ -377,9 +391,13 @@ def test_the_api_key_reaches_the_head_in_its_env_file_and_nowhere_else(line: Lin
     for node, host in zip(line.plan.nodes[1:], line.hosts[1:], strict=True):
         assert key not in host.run("cat", node.service.env_file).stdout
     for args in (("status", "--json"), ("smoke",), ("logs", "--tail", "50"), ("stop",)):
-        got = tp4("-v", *args, "--profile", profile)
+        got = tp4("-v", *args, "--profile", profile, env=state)
         assert got.returncode == 0, (args, got.stdout, got.stderr)
         outputs += [got.stdout, got.stderr]
+    # what serve keeps on this machine (run records, locks)
+    records = [f for f in (tmp_path / "state").rglob("*") if f.is_file()]
+    assert records, "serve kept no run record"
+    outputs += [f.read_text(errors="replace") for f in records]
     assert not [o for o in outputs if key in o]
     assert_nothing_left(line)
 

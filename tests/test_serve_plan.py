@@ -11,7 +11,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tp4 import process, serve
+from tp4.apikey import Secret
 from tp4.errors import InvalidInput
+from tp4.nodes import nodes_of
 from tp4.plan import build_plan
 from tp4.profile import load_default, load_text
 
@@ -52,7 +54,7 @@ def test_podman_gets_the_gpus_by_cdi_and_no_shm_size_beside_the_hosts_ipc():
 
 
 def test_the_env_file_holds_the_env_and_only_the_head_gets_the_key(plan):
-    secret = {"API_KEY": "sk-very-secret"}
+    secret = {"API_KEY": Secret("sk-very-secret")}
     head = serve.env_file_text(plan.nodes[0], secret)
     worker = serve.env_file_text(plan.nodes[1], secret)
     assert "API_KEY=sk-very-secret\n" in head and "sk-very-secret" not in worker
@@ -62,7 +64,7 @@ def test_the_env_file_holds_the_env_and_only_the_head_gets_the_key(plan):
 
 def test_a_value_an_env_file_cannot_carry_is_refused_naming_the_key(plan):
     node = plan.nodes[0]._replace(env={**plan.nodes[0].env, "X": "a\nb"})
-    with pytest.raises(InvalidInput, match="the value of X holds a line break"):
+    with pytest.raises(InvalidInput, match="the value of X holds a control character or a line break"):
         serve.env_file_text(node, {})
 
 
@@ -111,7 +113,7 @@ def test_a_nixos_node_runs_its_rank_as_the_modules_unit():
     """On a NixOS host the module's oci-containers unit runs the container (`<backend>-<name>`);
     serve writes its env file under /run/tp4 and starts and stops the unit, as root."""
     p = build_plan(load_text(NIXOS, "t"))
-    head, w1, w2 = (serve.nodes_of(p)[i] for i in range(3))
+    head, w1, w2 = (nodes_of(p)[i] for i in range(3))
     assert head.rank.service == ("nixos", "podman", "podman-dsv41-head.service", "/run/tp4/dsv41-head.env", None)
     # w1 sets no runtime: a NixOS node runs podman
     assert w1.rank.service.unit == "podman-dsv41-worker.service"
@@ -140,7 +142,7 @@ def test_a_nixos_node_runs_its_rank_as_the_modules_unit():
     # podman's is initialized too (`podman container init`: the OCI runtime's create), so that
     # its start after the workers' is the runtime's start alone
     p2 = build_plan(load_text(NIXOS.replace('name = "w3"\nip = "10.0.0.4"\n', 'name = "w3"\nip = "10.0.0.4"\nruntime = "podman"\n'), "t"))
-    w3 = serve.nodes_of(p2)[3]
+    w3 = nodes_of(p2)[3]
     assert w3.runtime == "podman"
     create, run = serve.create_argv(w3, line="L"), serve.run_argv(w3.rank, line="L")
     assert create[n:n + 5] == ["sh", "-c", serve._THEN_INIT, "sh", w3.container]
@@ -159,7 +161,7 @@ def test_no_path_or_user_changes_the_shape_of_a_remote_command(workdir, user):
             '[[cluster.workers]]\nname = "w1"\nip = "10.0.0.2"\nworkdir = ' + json_str(workdir) + '\n'
             '[[cluster.workers]]\nname = "w2"\nip = "10.0.0.3"\n[[cluster.workers]]\nname = "w3"\nip = "10.0.0.4"\n')
     p = build_plan(load_text(text, "t"))
-    node = serve.nodes_of(p)[1]
+    node = nodes_of(p)[1]
     argv = serve.run_argv(node.rank, line="L")
     assert node.rank.service.env_file == f"{workdir}/dsv41-worker.env" and node.rank.service.env_file in argv
     full = process.full_argv(argv, node.remote)

@@ -19,9 +19,9 @@ import pytest
 from line_cluster import LineCluster
 
 from tp4 import share
+from tp4.nodes import nodes_of
 from tp4.plan import build_plan
 from tp4.profile import load_file
-from tp4.serve import nodes_of
 
 REPO = Path(__file__).resolve().parent.parent
 OPTIONS = "nfsvers=4.2,ro,nconnect=8,rsize=1048576,wsize=1048576,hard,timeo=600"

@@ -29,8 +29,9 @@ from standin.engine import B12X_NEXT, FAULTS, QUESTION
 
 from tp4 import process
 from tp4.container import IMAGE, MOUNTS
-from tp4.plan import Plan, build_plan, env_file_text
+from tp4.plan import Plan, build_plan
 from tp4.profile.load import load_default
+from tp4.serve import env_file_text
 
 ENGINE = Path(__file__).resolve().parent / "standin" / "engine.py"
 PYTHON = "/usr/bin/python3"
@@ -416,7 +417,7 @@ def test_in_podman_from_the_test_image(plan: Plan, line: Line, tmp_path: Path) -
         state = tmp_path / "state"
         state.mkdir()
         (state / "api-key").write_text(KEY + "\n")
-        (tmp_path / "rank0.env").write_text(env_file_text({**plan.nodes[0].env, "TP4_STANDIN_PACE": "0.05"}))
+        (tmp_path / "rank0.env").write_text(env_file_text(plan.nodes[0]._replace(env={**plan.nodes[0].env, "TP4_STANDIN_PACE": "0.05"}), {}))
         os.chmod(tmp_path / "rank0.env", 0o600)
         model = line.root / MOUNTS.model.lstrip("/")
         log = open(tmp_path / "podman.log", "wb")

@@ -9,28 +9,24 @@ output of the engine, and a rank wedged in a collective has been seen with ``/he
 time is read against the load endpoint first: a line with running or waiting requests is busy,
 not wedged (a long prefill starves a one-token request).
 
-The API key is a :class:`Secret`: its repr and str never show it, it goes only into the
+The API key is a :class:`tp4.apikey.Secret`: its repr and str never show it, it goes only into the
 ``Authorization`` header, and no log record or error message of this module carries it.
 """
 
 from __future__ import annotations
 
 import errno
-import hmac
 import http.client
 import json
 import logging
-import os
-import shlex
 import socket
-import stat
 import time
 import urllib.parse
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Literal, NamedTuple
 
+from tp4.apikey import Secret
 from tp4.errors import InvalidInput, Tp4Error
 
 log = logging.getLogger("tp4.api")
@@ -63,114 +59,7 @@ ANSWER_SCHEMA: dict[str, Json] = {
 
 _MAX_BODY = 16 << 20  # a completion's JSON; more is no answer of this API
 _MAX_LINE = 1 << 20  # one SSE line
-_MAX_KEY_FILE = 64 << 10
 _FOLLOW_UP = 5.0  # the load and health reads after a probe timed out, each at most this
-
-
-# --- the key -----------------------------------------------------------------------------------------
-
-
-class Secret:
-    """A secret string (the API key). ``repr`` and ``str`` never show it; :meth:`reveal` is
-    called in one place only, where the Authorization header is made."""
-
-    __slots__ = ("_value",)
-
-    def __init__(self, value: str) -> None:
-        # the header's rules: an invalid value would make http.client raise with the value in
-        # its message, so nothing of the kind gets this far
-        if not value or not all("!" <= c <= "~" for c in value):
-            raise ValueError("a secret must be non-empty printable ASCII without whitespace (value not shown)")
-        self._value = value
-
-    def reveal(self) -> str:
-        return self._value
-
-    def __repr__(self) -> str:
-        return "Secret('********')"
-
-    __str__ = __repr__
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, Secret) and hmac.compare_digest(self._value.encode(), other._value.encode())
-
-    def __hash__(self) -> int:
-        return hash((Secret, len(self._value)))
-
-
-def read_key(path: str | os.PathLike[str]) -> Secret:
-    """The API key in ``path`` (the profile's ``api.key_file``): a regular file holding one key
-    (surrounding whitespace, such as the final newline, is dropped). Anything else is
-    :class:`InvalidInput` naming the file and the fix; a file others can read is a warning.
-    The file is opened without blocking and checked on its descriptor, so a FIFO or a device
-    put in its place is refused, never read."""
-    where = os.path.expanduser(os.fspath(path))
-    quoted = shlex.quote(where)
-
-    def bad(reason: str, fix: str) -> InvalidInput:
-        return InvalidInput(f"api.key_file: {where} {reason}; fix: {fix}")
-
-    try:
-        st = os.stat(where)
-    except FileNotFoundError:
-        raise bad("does not exist", f"write the API key to {where} and chmod 600 {quoted}") from None
-    except PermissionError:
-        raise bad("cannot be reached (permission denied)", "name a file this user can read") from None
-    except OSError as exc:
-        raise bad(f"cannot be checked ({exc.strerror})", "name the file holding the API key") from None
-    if not stat.S_ISREG(st.st_mode):
-        raise bad(f"is {_kind(st.st_mode)}, not a regular file", "name the file holding the API key")
-    try:
-        fd = os.open(where, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
-    except PermissionError:
-        raise bad("is not readable by this user (permission denied)", f"chmod 600 {quoted} as its owner, or run tp4 as that user") from None
-    except OSError as exc:
-        raise bad(f"cannot be opened ({exc.strerror})", "name the file holding the API key") from None
-    try:
-        st = os.fstat(fd)  # what was opened, not what was there a moment ago
-        if not stat.S_ISREG(st.st_mode):
-            raise bad(f"is {_kind(st.st_mode)}, not a regular file", "name the file holding the API key")
-        data = b""
-        while len(data) <= _MAX_KEY_FILE:
-            part = os.read(fd, _MAX_KEY_FILE + 1 - len(data))
-            if not part:
-                break
-            data += part
-    except OSError as exc:
-        raise bad(f"cannot be read ({exc.strerror})", "name the file holding the API key") from None
-    finally:
-        os.close(fd)
-    if len(data) > _MAX_KEY_FILE:
-        raise bad(f"is larger than {_MAX_KEY_FILE // 1024} KiB, not one API key", "name the file holding only the API key")
-    try:
-        text = data.decode("ascii")
-    except UnicodeDecodeError as exc:
-        raise bad(f"holds a byte that is not ASCII (at offset {exc.start})", "an API key is printable ASCII: rewrite the file with the key alone") from None
-    key = text.strip(" \t\r\n")
-    if not key:
-        raise bad("is empty", f"write the API key to {where}")
-    for i, c in enumerate(key):
-        if c.isspace():
-            raise bad(f"holds whitespace or a line break inside the key (at character {i + 1})", "write the key alone, on one line")
-        if not "!" <= c <= "~":
-            raise bad(f"holds a control character inside the key (at character {i + 1})", "write the key alone, on one line")
-    mode = stat.S_IMODE(st.st_mode)
-    if mode & 0o044:
-        who = "its group and everyone" if mode & 0o004 and mode & 0o040 else "everyone" if mode & 0o004 else "its group"
-        log.warning("api.key_file: %s is readable by %s (mode %04o); fix: chmod 600 %s", where, who, mode, quoted)
-    return Secret(key)
-
-
-def _kind(mode: int) -> str:
-    if stat.S_ISDIR(mode):
-        return "a directory"
-    if stat.S_ISFIFO(mode):
-        return "a FIFO"
-    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
-        return "a device"
-    if stat.S_ISSOCK(mode):
-        return "a socket"
-    return "not a regular file"
 
 
 # --- the endpoint and its errors ---------------------------------------------------------------------
@@ -761,8 +650,3 @@ def _tool_call(ep: Endpoint, timeout: float) -> tuple[bool, str]:
 
 def _shown(text: str, limit: int = 80) -> str:
     return repr(text if len(text) <= limit else text[:limit] + "...")
-
-
-def key_of(path: str | None) -> Secret | None:
-    """The key of a profile's ``api.key_file`` (None: an open endpoint)."""
-    return read_key(Path(path)) if path else None

@@ -2,7 +2,7 @@
 switch back by generation number what fails.
 
 The hosts are the plan's nodes of kind ``nixos`` (``--on`` picks some); every step runs on all of
-them at once (:func:`tp4.serve.parallel`), every command through :mod:`tp4.process`:
+them at once (:func:`tp4.nodes.parallel`), every command through :mod:`tp4.process`:
 
 1. **build** the systems once, on this machine: one ``nix build --no-link --json`` of every host's
    ``nixosConfigurations.<node>.config.system.build.toplevel`` (``--json``, not
@@ -60,7 +60,7 @@ from typing import Literal
 from tp4 import doctor, nix, process
 from tp4.errors import InvalidInput, Tp4Error
 from tp4.plan import Plan
-from tp4.serve import Node, parallel
+from tp4.nodes import Node, parallel
 
 Echo = Callable[[str], None]
 

@@ -33,11 +33,11 @@ from importlib import resources
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 from tp4.errors import Tp4Error
+from tp4.nodes import Node, parallel
 from tp4.plan import Plan, RankPlan
 
-if TYPE_CHECKING:  # tp4.serve imports this module to run the blocking checks
+if TYPE_CHECKING:
     from tp4.profile.models import Profile
-    from tp4.serve import Node
 
 SCHEMA = "tp4.doctor/1"
 Status = Literal["ok", "warn", "fail", "n/a"]
@@ -486,8 +486,6 @@ def gather_one(plan: Plan, target: Target, limits: Limits) -> Facts:
 
 def gather(plan: Plan, nodes: Sequence[Node], limits: Limits) -> dict[str, Facts]:
     """Every node's facts, in parallel (one ssh command each)."""
-    from tp4.serve import parallel
-
     targets = {t.name: t for t in (_target(n) for n in nodes)}
     results = parallel(nodes, lambda n: gather_one(plan, targets[n.name], limits))
     out: dict[str, Facts] = {}

@@ -30,7 +30,7 @@ import os
 import re
 import shlex
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -44,9 +44,11 @@ from tp4.profile.problem import Problem
 
 if TYPE_CHECKING:
     from tp4 import process
+    from tp4.apikey import Secret
     from tp4.plan import Plan
     from tp4.profile.load import Loaded
-    from tp4.serve import Node, Options
+    from tp4.nodes import Node
+    from tp4.serve import Options
 
 Echo = Callable[[str], None]
 
@@ -498,10 +500,10 @@ class RouterHost:
         out = self.run(["sh", "-c", _PID, "sh", self.fleet.router.state_dir], purpose=f"the router's pid on {self.where}").stdout.strip()
         return int(out) if out.isdigit() else None
 
-    def start(self, urls: Sequence[str], key: str | None) -> str:
+    def start(self, urls: Sequence[str], key: Secret | None) -> str:
         d = self.fleet.router.state_dir
-        if key is not None:
-            self.run(["sh", "-c", _WRITE_PRIVATE, "sh", f"{d}/{KEY_FILE}"], input=key, purpose=f"writing the router's key file on {self.where}")
+        if key is not None:  # the router's own key file, mode 0600, written from stdin
+            self.run(["sh", "-c", _WRITE_PRIVATE, "sh", f"{d}/{KEY_FILE}"], input=key.reveal(), purpose=f"writing the router's key file on {self.where}")
         if self.unit:
             # the unit's command is the fleet plan's (every line): a line that did not come up is
             # one the router's health check keeps out
@@ -578,11 +580,11 @@ class WorkerHealth(NamedTuple):
     healthy: bool
 
 
-def workers(fleet: Fleet, key: str | None, timeout: float = 5.0) -> list[WorkerHealth] | None:
+def workers(fleet: Fleet, key: Secret | None, timeout: float = 5.0) -> list[WorkerHealth] | None:
     """The router's workers and their health (GET /workers); None when the router does not answer."""
     from tp4 import api
 
-    ep = api.Endpoint.of(fleet.url, "router", api.Secret(key) if key else None)
+    ep = api.Endpoint.of(fleet.url, "router", key)
     try:
         status, doc = api.get_json(ep, "/workers", timeout)
     except api.ApiError:
@@ -621,18 +623,18 @@ class Served:
         return [r for r in self.lines if not r.ok]
 
 
-def read_secrets(fleet: Fleet) -> dict[str, str]:
-    from tp4 import api
+def read_secrets(fleet: Fleet) -> dict[str, Secret]:
+    from tp4 import apikey
 
     if not fleet.key_file:
         return {}
-    return {"API_KEY": api.read_key(os.path.expanduser(fleet.key_file)).reveal()}
+    return {"API_KEY": apikey.read_key(os.path.expanduser(fleet.key_file))}
 
 
 def line_nodes(line: Line, ssh_options: Sequence[str]) -> list[Node]:
-    from tp4 import serve
+    from tp4.nodes import nodes_of
 
-    return serve.nodes_of(line.plan, ssh_options=ssh_options)
+    return nodes_of(line.plan, ssh_options=ssh_options)
 
 
 def _prefixed(name: str, echo: Echo) -> Echo:
@@ -709,7 +711,7 @@ def serve(fleet: Fleet, opts: Options, out: Echo, progress: Echo, *, all_lines: 
     return served
 
 
-def _wait_router(fleet: Fleet, host: RouterHost, urls: Sequence[str], key: str | None, progress: Echo) -> None:
+def _wait_router(fleet: Fleet, host: RouterHost, urls: Sequence[str], key: Secret | None, progress: Echo) -> None:
     deadline = time.monotonic() + fleet.router.ready_timeout
     want = {u.rstrip("/") for u in urls}
     last: list[WorkerHealth] | None = None
@@ -727,7 +729,7 @@ def _wait_router(fleet: Fleet, host: RouterHost, urls: Sequence[str], key: str |
                    "its log:\n" + "\n".join(f"  | {line}" for line in host.log_tail()))
 
 
-def _stop_lines(lines: Sequence[Line], secrets: dict[str, str], ssh_options: Sequence[str], progress: Echo) -> list[str]:
+def _stop_lines(lines: Sequence[Line], secrets: Mapping[str, Secret], ssh_options: Sequence[str], progress: Echo) -> list[str]:
     from tp4 import serve as serve_mod
 
     def one(line: Line) -> list[str]:

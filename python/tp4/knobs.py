@@ -168,6 +168,13 @@ BY_ENV: dict[str, Knob] = {k.env: k for k in KNOBS}
 RANK_KEYS: dict[str, str] = {k.env: k.owner for k in KNOBS if k.source in ("rank", "reserved")}
 # Keys rendered from typed profile fields -> the field to set instead.
 FIELD_KEYS: dict[str, str] = {k.env: k.field for k in KNOBS if k.source == "field"}
+
+
+def typed_env_keys() -> dict[str, str]:
+    """Env keys rendered from profile fields or per rank -> the field that sets them."""
+    return {**FIELD_KEYS, **{k.env: k.field for k in KNOBS if k.source == "rank"}}
+
+
 # Values the launcher fixes (the importer accepts them only unchanged).
 FIXED: dict[str, str] = {k.env: k.value for k in KNOBS if k.form == "fixed" and k.value is not None}
 

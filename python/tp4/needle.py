@@ -19,7 +19,7 @@ The protocol a model sees (the stand-in engine answers it the same way, tests/st
     <filler ...> The secret passphrase is <word>-<word>-<4 digits>. <... filler>
     <QUESTION>
 
-With ``watch`` (the head's :class:`tp4.serve.Node`) a thread polls the head's ``MemAvailable``
+With ``watch`` (the head's :class:`tp4.nodes.Node`) a thread polls the head's ``MemAvailable``
 (:func:`tp4.serve.mem_available`) every ``interval`` seconds while each request runs and records
 the low-water mark.
 """
@@ -39,7 +39,7 @@ from tp4 import api
 from tp4.errors import InvalidInput, Tp4Error
 
 if TYPE_CHECKING:
-    from tp4.serve import Node
+    from tp4.nodes import Node
 
 Echo = Callable[[str], None]
 Status = Literal["PASS", "FAIL"]

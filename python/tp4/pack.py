@@ -26,7 +26,7 @@ from tp4.errors import Tp4Error
 
 if TYPE_CHECKING:
     from tp4.plan import Plan, RankPlan
-    from tp4.serve import Node
+    from tp4.nodes import Node
 
 Echo = Callable[[str], None]
 
@@ -201,7 +201,7 @@ def _run_packer(plan: Plan, node: Node, stale: Sequence[str], out: Echo) -> floa
 
 def pack(plan: Plan, nodes: Sequence[Node], out: Echo) -> None:
     """The whole command: raises Tp4Error (exit 1) naming every node that failed."""
-    from tp4.serve import parallel
+    from tp4.nodes import parallel
 
     began = time.monotonic()
     ranks = {n.name: n.rank for n in nodes}

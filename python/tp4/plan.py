@@ -12,14 +12,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
-from functools import lru_cache
 from typing import TYPE_CHECKING, Annotated, Literal, NamedTuple
 
 from tp4 import schemas
 from tp4.container import HEALTH, MOUNTS, Health
-from tp4.knobs import BY_ENV, FIELD_KEYS, KNOBS, Knob
-from tp4.profile.models import has_unsafe_chars
+from tp4.knobs import BY_ENV, KNOBS, Knob
 from tp4.registry import Registry, condition_holds, fill_line, line_pattern, load_registry
 
 if TYPE_CHECKING:
@@ -266,11 +263,6 @@ def _field_value(p: Profile, knob: Knob, rank: int) -> str | None:
     return None if knob.omit_if is not None and text == knob.omit_if else text
 
 
-def typed_env_keys() -> dict[str, str]:
-    """Env keys rendered from profile fields or per rank -> the field that sets them."""
-    return {**FIELD_KEYS, **{k.env: k.field for k in KNOBS if k.source == "rank"}}
-
-
 def home_of(node: Node, cluster: Cluster) -> str:
     if node.home:
         return node.home
@@ -286,22 +278,16 @@ def expand(path: str, home: str) -> str:
     return path
 
 
-@lru_cache(maxsize=None)
-def _preset_gates(name: str) -> tuple[tuple[str, str], ...]:
-    from tp4.profile.load import merged_document
-
-    return tuple(merged_document({"preset": name}).get("gates", {}).items())
-
-
 def resolve_gates(p: Profile, reg: Registry) -> tuple[dict[str, str], list[str]]:
     """The profile's gates as the line runs them, and a note for each gate the preset set that
     does not apply as set. Rolling a layer back is one change (seed "Rollback"): a gate the preset
     sets whose needed gate the profile turns off is dropped, since upstream's adapter does nothing
     without it; a preset gate that fails a registry rule with `follow` takes the followed value.
-    A gate counts as the preset's when the profile document does not set it (or, for a profile
-    not read by the loader, when it has the preset's value); one the profile sets itself is kept,
-    and the validator reports what it needs."""
-    preset = dict(_preset_gates(p.preset))
+    A gate counts as the preset's when the preset chain sets it (recorded on the Profile by the
+    loader, which reads the preset files: the renderer never does) and the profile document does
+    not (or, when the document's own gates are not recorded, when it has the preset's value); one
+    the profile sets itself is kept, and the validator reports what it needs."""
+    preset = p._preset_gates or {}
     gates = dict(p.gates)
     own = p._own_gates
     from_preset = {k for k, v in gates.items()
@@ -336,8 +322,18 @@ def resolve_gates(p: Profile, reg: Registry) -> tuple[dict[str, str], list[str]]
     return gates, notes
 
 
-def rank_env(p: Profile, rank: int, reg: Registry) -> dict[str, str]:
-    return _render_env(p, rank, reg, resolve_gates(p, reg)[0])
+class Rendered(NamedTuple):
+    """What the profile's rules read, rendered once: the gates as the line runs them, the notes
+    on preset gates that do not apply as set, and rank 0's environment."""
+
+    gates: dict[str, str]
+    notes: list[str]
+    head_env: dict[str, str]
+
+
+def render_head(p: Profile, reg: Registry) -> Rendered:
+    gates, notes = resolve_gates(p, reg)
+    return Rendered(gates, notes, _render_env(p, 0, reg, gates))
 
 
 def _rank_value(p: Profile, knob: Knob, rank: int) -> str:
@@ -554,17 +550,3 @@ def build_plan(loaded: Loaded, registry: Registry | None = None) -> Plan:
         warnings=tuple(loaded.warnings),
         notes=tuple(notes),
     )
-
-
-_ENV_LINE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
-
-
-def env_file_text(env: dict[str, str]) -> str:
-    """A container env file (`--env-file`): one KEY=VALUE per line, taken verbatim."""
-    lines = []
-    for key, value in env.items():
-        line = f"{key}={value}"
-        if not _ENV_LINE.match(line) or has_unsafe_chars(value):
-            raise ValueError(f"{key}: cannot be written to an env file")
-        lines.append(line)
-    return "\n".join(lines) + "\n"

@@ -32,7 +32,7 @@ import re
 import shlex
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -42,10 +42,13 @@ from typing import TYPE_CHECKING, Literal, NamedTuple
 from tp4 import containers, process
 from tp4.errors import InvalidInput, Tp4Error
 from tp4.container import Health
+from tp4.nodes import Node, parallel
 from tp4.plan import Plan, RankPlan
+from tp4.profile.models import has_unsafe_chars
 
 if TYPE_CHECKING:
     from tp4.api import Endpoint as api_Endpoint
+    from tp4.apikey import Secret
     from tp4.doctor import Result as doctor_Result
 
 Echo = Callable[[str], None]
@@ -76,78 +79,6 @@ class NodeFailure(Tp4Error):
             text += f"\nlast log lines of {node}:\n" + "\n".join(f"  | {line}" for line in log_tail)
         super().__init__(text)
         self.node, self.check = node, check
-
-
-# --- nodes ------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Node:
-    """One rank's host, as tp4 reaches it."""
-
-    rank: RankPlan
-    remote: process.Remote | None  # None: this machine (tests and a single-host head)
-
-    @property
-    def name(self) -> str:
-        return self.rank.name
-
-    @property
-    def runtime(self) -> str:
-        return self.rank.service.runtime
-
-    @property
-    def container(self) -> str:
-        return self.rank.run.container
-
-    def run(self, argv: Sequence[str], *, check: bool = True, timeout: float | None = 60, purpose: str | None = None,
-            input: str | None = None) -> process.CompletedProcess[str]:
-        proc = process.run(list(argv), remote=self.remote, check=check, timeout=timeout,
-                           purpose=purpose or f"on {self.name}", input=input)
-        assert isinstance(proc.stdout, str)
-        return proc
-
-    def privileged(self, argv: Sequence[str]) -> list[str]:
-        """``argv`` as root: NixOS units and /run/tp4 need it (sudo -n: never a password prompt)."""
-        user = self.rank.ssh.user if self.remote is not None else None
-        return list(argv) if user in (None, "root") else ["sudo", "-n", *argv]
-
-
-def nodes_of(plan: Plan, *, ssh_options: Sequence[str] = (), local_head: bool = False) -> list[Node]:
-    out = []
-    for rank in plan.nodes:
-        remote = None if (local_head and rank.rank == 0) else process.Remote(
-            host=rank.ssh.host, user=rank.ssh.user, identity=rank.ssh.identity, port=rank.ssh.port,
-            options=tuple(ssh_options))
-        out.append(Node(rank, remote))
-    return out
-
-
-# True: `parallel` runs fn on one node after another (bench/bench_serve.py's comparison)
-SEQUENTIAL = False
-
-
-def parallel(nodes: Sequence[Node], fn: Callable[[Node], object]) -> dict[str, object | BaseException]:
-    """``fn`` on every node at once (one after another when SEQUENTIAL); node name -> result or
-    the exception it raised."""
-    results: dict[str, object | BaseException] = {}
-    if not nodes:
-        return results
-    if SEQUENTIAL:
-        for n in nodes:
-            try:
-                results[n.name] = fn(n)
-            except Exception as exc:  # noqa: BLE001 - Ctrl-C goes on, as it does from the pool's wait below
-                results[n.name] = exc
-        return results
-    with ThreadPoolExecutor(max_workers=len(nodes)) as pool:
-        futures = {n.name: pool.submit(fn, n) for n in nodes}
-        for name, future in futures.items():
-            try:
-                results[name] = future.result()
-            except BaseException as exc:  # noqa: BLE001 - reported per node by the caller
-                results[name] = exc
-    return results
 
 
 def _raise_first(results: dict[str, object | BaseException]) -> None:
@@ -200,18 +131,31 @@ def health_flags(health: Health) -> list[str]:
             "--health-start-period", f"{health.start_period}s", "--health-retries", str(health.retries)]
 
 
-def env_file_text(rank: RankPlan, secrets: dict[str, str]) -> str:
-    """The rank's environment as an env file (KEY=VALUE per line, taken literally by docker and
-    podman); the head also gets the secrets (API_KEY)."""
+# an env file's key: what docker, podman and a shell accept as a variable name
+_ENV_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def env_file_text(rank: RankPlan, secrets: Mapping[str, Secret]) -> str:
+    """The rank's env file (docker's and podman's ``--env-file``; a NixOS unit's container reads
+    the same file): one KEY=VALUE a line, sorted by key, taken literally. The head's also
+    holds the secrets (API_KEY): the one place tp4 reveals the key, into the text that is written
+    to the node's file of mode 0600 through stdin, never an argv.
+
+    The one writer of an env file. A key that is not a variable name, or a value with a control
+    character or line separator (a line-based reader would split on it, or cut it at a NUL), is
+    refused with InvalidInput naming the rank and the key (never the value)."""
     env = dict(rank.env)
     if rank.rank == 0:
-        env.update(secrets)
+        env.update({key: secret.reveal() for key, secret in secrets.items()})
     lines = []
     for key in sorted(env):
         value = env[key]
-        if "\n" in value or "\r" in value or "\0" in value:
-            raise InvalidInput(f"{rank.name}: the value of {key} holds a line break or NUL, which an env file cannot carry; "
-                               "fix: remove it from the profile")
+        if not _ENV_KEY.fullmatch(key):
+            raise InvalidInput(f"{rank.name}: env key {key!r} is not a variable name, which an env file cannot carry; "
+                               "fix: use letters, digits and _ (not first a digit)")
+        if has_unsafe_chars(value):
+            raise InvalidInput(f"{rank.name}: the value of {key} holds a control character or a line break, which an env file "
+                               "cannot carry; fix: remove it from the profile")
         lines.append(f"{key}={value}")
     return "\n".join(lines) + "\n"
 
@@ -410,7 +354,7 @@ def start_argv(node: Node, *, line: str, digest: str = "") -> list[str]:
     return _wrapped(node, run_argv(node.rank, line=line, digest=digest))
 
 
-def start_rank(node: Node, *, line: str, secrets: dict[str, str], digest: str = "") -> None:
+def start_rank(node: Node, *, line: str, secrets: Mapping[str, Secret], digest: str = "") -> None:
     node.run(start_argv(node, line=line, digest=digest), input=env_file_text(node.rank, secrets), timeout=300,
              purpose=f"starting the rank of {node.name}")
 
@@ -430,7 +374,7 @@ def create_argv(node: Node, *, line: str, digest: str = "") -> list[str]:
     return _wrapped(node, create)
 
 
-def create_rank(node: Node, *, line: str, secrets: dict[str, str], digest: str = "") -> None:
+def create_rank(node: Node, *, line: str, secrets: Mapping[str, Secret], digest: str = "") -> None:
     node.run(create_argv(node, line=line, digest=digest), input=env_file_text(node.rank, secrets), timeout=300,
              purpose=f"creating the rank of {node.name}")
 
@@ -655,7 +599,7 @@ class Ready(NamedTuple):
     warnings: list[str]
 
 
-def serve(plan: Plan, nodes: Sequence[Node], secrets: dict[str, str], opts: Options, out: Echo, progress: Echo) -> Ready:
+def serve(plan: Plan, nodes: Sequence[Node], secrets: Mapping[str, Secret], opts: Options, out: Echo, progress: Echo) -> Ready:
     """Bring the line up, verified, or leave nothing running (module docstring)."""
     with line_lock(plan, "serve"):
         if opts.replace:
@@ -672,7 +616,7 @@ def serve(plan: Plan, nodes: Sequence[Node], secrets: dict[str, str], opts: Opti
     raise AssertionError("unreachable")
 
 
-def _boot(plan: Plan, nodes: Sequence[Node], secrets: dict[str, str], opts: Options, out: Echo, progress: Echo) -> Ready:
+def _boot(plan: Plan, nodes: Sequence[Node], secrets: Mapping[str, Secret], opts: Options, out: Echo, progress: Echo) -> Ready:
     line, digest = line_id(plan), plan.digest
     started: list[Node] = []
     follower: Follower | None = None
@@ -833,7 +777,7 @@ def _wait_ready(plan: Plan, nodes: Sequence[Node], follower: Follower, opts: Opt
             phase, phase_began = got, time.monotonic()
 
 
-def _verify_ready(plan: Plan, nodes: Sequence[Node], secrets: dict[str, str], opts: Options, seconds: float,
+def _verify_ready(plan: Plan, nodes: Sequence[Node], secrets: Mapping[str, Secret], opts: Options, seconds: float,
                   out: Echo, progress: Echo) -> Ready:
     from tp4 import api, bootlog
 
@@ -877,17 +821,16 @@ def _verify_ready(plan: Plan, nodes: Sequence[Node], secrets: dict[str, str], op
     return Ready(seconds, dict(sig.to_json()), warnings)
 
 
-def endpoint(plan: Plan, secrets: dict[str, str], *, url: str | None = None) -> api_Endpoint:
+def endpoint(plan: Plan, secrets: Mapping[str, Secret], *, url: str | None = None) -> api_Endpoint:
     from tp4 import api
 
-    key = secrets.get("API_KEY")
-    return api.Endpoint.from_plan(url or plan.line.api, plan.nodes[0].env, api.Secret(key) if key else None)
+    return api.Endpoint.from_plan(url or plan.line.api, plan.nodes[0].env, secrets.get("API_KEY"))
 
 
 # --- stop -----------------------------------------------------------------------------------------
 
 
-def stop(plan: Plan, nodes: Sequence[Node], secrets: dict[str, str], out: Echo, progress: Echo, *,
+def stop(plan: Plan, nodes: Sequence[Node], secrets: Mapping[str, Secret], out: Echo, progress: Echo, *,
          grace: int = STOP_GRACE) -> list[str]:
     """Stop every rank of the line (what a crashed serve left too), then check the API is down and
     no container of the line is left. Returns the problems (empty: stopped)."""
@@ -1070,7 +1013,7 @@ def _age(stamp: str) -> float | None:
     return round((datetime.now(timezone.utc) - when).total_seconds(), 1)
 
 
-def status(plan: Plan, nodes: Sequence[Node], secrets: dict[str, str], *, probe_timeout: float = 10.0) -> dict[str, object]:
+def status(plan: Plan, nodes: Sequence[Node], secrets: Mapping[str, Secret], *, probe_timeout: float = 10.0) -> dict[str, object]:
     """Each node's rank and the line's liveness, as JSON values."""
     from tp4 import api
 

@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from tp4.errors import InvalidInput, Tp4Error
 from tp4.plan import Plan, expand, home_of
 from tp4.profile.models import Profile
-from tp4.serve import Node, parallel
+from tp4.nodes import Node, parallel
 
 Echo = Callable[[str], None]
 

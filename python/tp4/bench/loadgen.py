@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 import httpx
 
-from tp4.api import Secret
+from tp4.apikey import Secret
 from tp4.errors import Tp4Error
 
 CHAT = "/v1/chat/completions"

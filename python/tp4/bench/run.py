@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tp4.api import Secret
+from tp4.apikey import Secret
 from tp4.bench import prompts as P
 from tp4.bench import result as R
 from tp4.bench.loadgen import Client, LoadWatcher, StreamResult, wave

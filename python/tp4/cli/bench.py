@@ -130,12 +130,12 @@ def target(profile_path: str | None, url: str | None, model: str | None, key_fil
     if url is not None:
         if profile_path is not None:
             raise InvalidInput("--url: given with --profile; fix: use one of them (--profile for the line, --url for any endpoint)")
-        from tp4 import api
+        from tp4 import api, apikey
 
         # sparkDash's --base names the /v1 root: take that form too
         base = url.rstrip("/")
         ep = api.Endpoint.of(base[:-3] if base.endswith("/v1") else url, model or "")
-        key = api.read_key(key_file) if key_file is not None else None
+        key = apikey.read_key(key_file) if key_file is not None else None
         return Target(ep.url, model or None, key)
     if model is not None or key_file is not None:
         raise InvalidInput(f"{'--model' if model is not None else '--api-key-file'}: needs --url; fix: pass --url http://HOST:PORT too, or only --profile")
@@ -152,7 +152,6 @@ def fleet_target(fleet_path: str, profile_path: str | None, url: str | None, mod
     """--fleet: the fleet's router as the endpoint (its URL, the lines' model and key), and each
     line's share of every level from the router's per-worker request counts (its metrics, read on
     the router's host)."""
-    from tp4 import api
     from tp4 import fleet as fleet_mod
     from tp4.bench.run import Target
 
@@ -172,7 +171,7 @@ def fleet_target(fleet_path: str, profile_path: str | None, url: str | None, mod
         return fleet_mod.requests_per_line(text, lines)
 
     served = f.lines[0].plan.nodes[0].env.get("SERVED_MODEL_NAME")
-    key = api.Secret(secrets["API_KEY"]) if "API_KEY" in secrets else None
+    key = secrets.get("API_KEY")
     return Target(f.url, served, key, image=f.lines[0].plan.image.tag, pins=_pins(), profile=f.source,
                   per_line=per_line, lines=tuple(line.name for line in f.lines))
 

@@ -21,10 +21,11 @@ import click
 from tp4.errors import InvalidInput
 
 if TYPE_CHECKING:
+    from tp4.apikey import Secret
+    from tp4.nodes import Node
     from tp4.plan import Plan
     from tp4.process import Remote
     from tp4.profile.load import Loaded
-    from tp4.serve import Node
 
 PROFILE_ENV = "TP4_PROFILE"
 DEFAULT_PROFILE = "profile.toml"
@@ -153,13 +154,14 @@ def load_line(profile_path: str | None, strict: bool = False, *, announce: bool 
     return line
 
 
-def read_secrets(plan: Plan) -> dict[str, str]:
-    """The secrets the plan references (the API key, from its file): only what serving needs."""
-    secrets: dict[str, str] = {}
+def read_secrets(plan: Plan) -> dict[str, Secret]:
+    """The secrets the plan references (the API key, from its file): only what serving needs. The
+    key stays a Secret up to the env file serve writes (tp4.serve.env_file_text)."""
+    secrets: dict[str, Secret] = {}
     if "API_KEY" in plan.secrets:
-        from tp4 import api
+        from tp4 import apikey
 
-        secrets["API_KEY"] = api.read_key(os.path.expanduser(plan.secrets["API_KEY"].file)).reveal()
+        secrets["API_KEY"] = apikey.read_key(os.path.expanduser(plan.secrets["API_KEY"].file))
     return secrets
 
 
@@ -168,7 +170,7 @@ class Served(NamedTuple):
 
     line: Line
     nodes: list[Node]
-    secrets: dict[str, str]
+    secrets: dict[str, Secret]
 
     @property
     def plan(self) -> Plan:
@@ -177,10 +179,10 @@ class Served(NamedTuple):
 
 def load_served(profile_path: str | None, strict: bool, ssh_options: tuple[str, ...]) -> Served:
     """The line of the profile with its nodes and secrets (announced on stderr)."""
-    from tp4 import serve
+    from tp4.nodes import nodes_of
 
     line = load_line(profile_path, strict)
-    return Served(line, serve.nodes_of(line.plan, ssh_options=ssh_options), read_secrets(line.plan))
+    return Served(line, nodes_of(line.plan, ssh_options=ssh_options), read_secrets(line.plan))
 
 
 def profile_remotes(hosts: tuple[str, ...], profile_path: str | None, user: str | None, identity: str | None,

@@ -36,7 +36,8 @@ def deploy(profile_path: str | None, flake_dir: Path | None, on: tuple[str, ...]
     the others stay (--all-or-nothing: all go back). Prints one line per host (from, to, result);
     exits 1 when a host failed."""
     from tp4 import deploy as deploy_mod
-    from tp4 import doctor, nix, serve
+    from tp4 import doctor, nix
+    from tp4.nodes import nodes_of
 
     sysfs = sysfs_root(sysfs)
     for check in skip_checks:
@@ -44,7 +45,7 @@ def deploy(profile_path: str | None, flake_dir: Path | None, on: tuple[str, ...]
             raise InvalidInput(f"--skip-check {check!r}: no such doctor check; fix: one of {', '.join(doctor.BY_ID)}")
     line = load_line(profile_path, strict)  # no secret is read: deploy needs none
     loaded, plan = line.loaded, line.plan
-    nodes = serve.nodes_of(plan, ssh_options=ssh_options)
+    nodes = nodes_of(plan, ssh_options=ssh_options)
     flake = str(nix.find_flake(flake_dir))
     limits = doctor.Limits.of_profile(loaded.profile, sysfs=sysfs, interval=0.0, ping=False)
     opts = deploy_mod.Options(flake=flake, on=on, all_or_nothing=all_or_nothing, skip_checks=frozenset(skip_checks),

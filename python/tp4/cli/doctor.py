@@ -30,12 +30,12 @@ def doctor(profile_path: str | None, json_path: str | None, interval: float, sys
     and memory. Prints one table (check x node) and a fix for each warning and failure; exits 1
     on a blocking failure."""
     from tp4 import doctor as doctor_mod
-    from tp4 import serve
+    from tp4.nodes import nodes_of
 
     sysfs = sysfs_root(sysfs)
     chosen = load_line(profile_path, strict)
     loaded, plan = chosen.loaded, chosen.plan
-    nodes = serve.nodes_of(plan, ssh_options=ssh_options)
+    nodes = nodes_of(plan, ssh_options=ssh_options)
     limits = doctor_mod.Limits.of_profile(loaded.profile, sysfs=sysfs, interval=interval)
     report = doctor_mod.doctor(plan, nodes, limits)
     for line in doctor_mod.table(plan, report.results):

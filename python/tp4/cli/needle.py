@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from tp4 import needle as needle_mod
     from tp4.api import Endpoint, Json
     from tp4.plan import Plan
-    from tp4.serve import Node
+    from tp4.nodes import Node
 
 METHOD = ("One chat completion per length at temperature 0 with thinking off: an intro, varied filler made from a seed "
           "(sentence templates filled from word lists, names and numbers; never one repeated token), one sentence giving a "
@@ -59,7 +59,7 @@ def _out_path(value: str | None) -> Path | None:
 
 def _endpoint(url: str | None, model: str | None, key_file: str | None, profile_path: str | None, strict: bool,
               ssh_options: tuple[str, ...], watch_memory: bool) -> tuple[Endpoint, Plan | None, Node | None]:
-    from tp4 import api
+    from tp4 import api, apikey
 
     if url is None:
         for name, given in (("--model", model), ("--api-key-file", key_file)):
@@ -81,7 +81,7 @@ def _endpoint(url: str | None, model: str | None, key_file: str | None, profile_
     except InvalidInput:
         raise InvalidInput(f"--url {url[:80]!r}: not an API address of the form http://HOST:PORT; "
                            "fix: give the endpoint's address and port, e.g. http://127.0.0.1:8888") from None
-    return ep._replace(key=api.read_key(key_file) if key_file else None), None, None
+    return ep._replace(key=apikey.read_key(key_file) if key_file else None), None, None
 
 
 def plan_digest(plan: Plan) -> str:

@@ -91,8 +91,9 @@ def _against_running(plan: Plan, ssh_options: tuple[str, ...], as_json: bool) ->
     """The plan against the one the line runs: per rank its state and digest, then the fields that
     differ; exit 1 when a rank runs from another plan."""
     from tp4 import serve
+    from tp4.nodes import nodes_of
 
-    nodes = serve.nodes_of(plan, ssh_options=ssh_options)
+    nodes = nodes_of(plan, ssh_options=ssh_options)
     digests = serve.running_digests(nodes)
     result = serve.compare_running(plan, nodes, digests)
     result["nodes"] = [{"node": n.name, "rank": n.rank.rank, "state": digests[n.name][0] or "absent",

@@ -12,7 +12,7 @@ from tp4.errors import Tp4Error
 if TYPE_CHECKING:
     from tp4.plan import Plan
     from tp4.profile.load import Loaded
-    from tp4.serve import Node
+    from tp4.nodes import Node
 
 # doctor's blocking checks that a later step of `tp4 prepare` makes pass: not a reason to stop
 # before that step (a fresh line has no checkpoint and no shards yet)
@@ -21,7 +21,7 @@ STEPS = ("doctor", "download", "share", "pack")
 
 
 def _line(profile_path: str | None, strict: bool, ssh_options: tuple[str, ...]) -> tuple[Loaded, Plan, list[Node]]:
-    from tp4.serve import nodes_of
+    from tp4.nodes import nodes_of
 
     line = load_line(profile_path, strict)
     return line.loaded, line.plan, nodes_of(line.plan, ssh_options=ssh_options)

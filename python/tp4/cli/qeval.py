@@ -14,11 +14,14 @@ from tp4.cli.common import load_served, profile_option, ssh_option, strict_optio
 from tp4.errors import InvalidInput, Tp4Error
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+
     from tp4.api import Endpoint
+    from tp4.apikey import Secret
     from tp4.plan import Plan
     from tp4.qeval.sandbox import Limits, Sandbox
     from tp4.qeval.suite import TaskResult
-    from tp4.serve import Node
+    from tp4.nodes import Node
 
 
 def _ids(value: str | None) -> list[str]:
@@ -90,11 +93,11 @@ def _sandbox(plan: Plan | None, nodes: list[Node], ep: Endpoint, *, node_name: s
     return sb.Sandbox(image, node.name, node.remote, node.runtime, limits)
 
 
-def _endpoint(plan: Plan | None, secrets: dict[str, str], url: str | None, model: str | None, key_file: str | None) -> Endpoint:
-    from tp4 import api
+def _endpoint(plan: Plan | None, secrets: Mapping[str, Secret], url: str | None, model: str | None, key_file: str | None) -> Endpoint:
+    from tp4 import api, apikey
     from tp4 import serve as serve_mod
 
-    key = api.read_key(key_file) if key_file else None
+    key = apikey.read_key(key_file) if key_file else None
     if plan is not None:
         ep = serve_mod.endpoint(plan, secrets, url=url)
         return api.Endpoint(ep.url, model or ep.model, key if key_file else ep.key)
@@ -163,7 +166,7 @@ def qeval(profile_path: str | None, url: str | None, model: str | None, api_key_
         check_output(out, "--out", force=True)
     plan: Plan | None = None
     nodes: list[Node] = []
-    secrets: dict[str, str] = {}
+    secrets: dict[str, Secret] = {}
     if url is None or profile_path is not None:
         served = load_served(profile_path, strict, ssh_options)
         plan, nodes, secrets = served.plan, served.nodes, served.secrets

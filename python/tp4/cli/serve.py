@@ -14,11 +14,12 @@ from tp4.cli.common import (err, json_option, load_served, out, profile_option, 
 from tp4.errors import InvalidInput, Tp4Error
 
 if TYPE_CHECKING:
+    from tp4.apikey import Secret
     from tp4.plan import Plan
-    from tp4.serve import Node
+    from tp4.nodes import Node
 
 
-def _line(profile_path: str | None, strict: bool, ssh_options: tuple[str, ...]) -> tuple[Plan, list[Node], dict[str, str]]:
+def _line(profile_path: str | None, strict: bool, ssh_options: tuple[str, ...]) -> tuple[Plan, list[Node], dict[str, Secret]]:
     """(plan, nodes, secrets) of the profile the rule chooses (announced on stderr)."""
     served = load_served(profile_path, strict, ssh_options)
     return served.plan, served.nodes, served.secrets

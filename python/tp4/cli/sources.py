@@ -102,10 +102,8 @@ def _verify_downloads(rows: list[mf.Row]) -> None:
                     actual = nar.nar_sha256(Path(tmp) / "tree").hex()
             elif row.kind == "archive" and row.tree_sha256:
                 # pinned by its tree: the archive's bytes may have changed, its files must not
-                from tp4.sources import lock as locking
-
                 with tempfile.TemporaryDirectory(prefix="tp4-verify-") as tmp:
-                    _, unpacked = locking.download_tree(row, row.url, Path(tmp))
+                    _, unpacked = fetch.download_tree(row, row.url, Path(tmp))
                     tree = nar.nar_sha256(unpacked).hex()
                 if tree != row.tree_sha256:
                     failures.append(f"{row.name}: tree-sha256 mismatch: pinned {row.tree_sha256}, downloaded {tree}")

@@ -84,6 +84,13 @@ def merge(base: Doc, top: Doc) -> Doc:
 
 def merged_document(doc: Doc) -> Doc:
     """The profile document stacked on its preset chain (before model parsing)."""
+    return _stacked(doc)[0]
+
+
+def _stacked(doc: Doc) -> tuple[Doc, dict[str, Any]]:
+    """The profile document stacked on its preset chain, and the gates the preset chain alone
+    sets (what the renderer counts as the preset's: it reads them from the Profile, never the
+    preset files)."""
     preset = doc.get("preset", "production")
     if not isinstance(preset, str):
         raise InvalidInput("the profile names no preset tp4 has",
@@ -91,9 +98,10 @@ def merged_document(doc: Doc) -> Doc:
     result: Doc = {}
     for _, layer in preset_layers(preset):
         result = merge(result, layer)
+    preset_gates = dict(result.get("gates", {}))
     result = merge(result, doc)
     result["preset"] = preset
-    return _image_tag(result)
+    return _image_tag(result), preset_gates
 
 
 def _image_tag(doc: Doc) -> Doc:
@@ -244,7 +252,7 @@ def parse_document(doc: Doc, source: str) -> Loaded:
 
     from tp4.profile.models import Profile
 
-    merged = merged_document(doc)
+    merged, preset_gates = _stacked(doc)
     problems: list[Problem] = []
     bad: list[Loc] = []  # where the bad values are; each is reported once, then left out
     candidate = merged
@@ -277,19 +285,19 @@ def parse_document(doc: Doc, source: str) -> Loaded:
     if profile is not None:
         without_bad = _drop(doc, bad)
         own = doc if without_bad is None else without_bad
-        errors, warnings = _checked(profile, own)
+        errors, warnings = _checked(profile, own, preset_gates)
         if bad:
             # A rule that fails only because a bad value is missing is not a problem of its own:
             # keep what fails both with the model's defaults (above) and with the presets' values
             # standing in for the bad ones.
             try:
-                preset_doc = merged_document(own)
+                preset_doc, stand_in_gates = _stacked(own)
                 missing = [loc for loc in bad if _value_at(preset_doc, loc) is None]
                 stand_in = Profile.model_validate(_stand_in(preset_doc, missing) if missing else preset_doc)
             except (ValidationError, InvalidInput):
                 stand_in = None
             if stand_in is not None:
-                other_errors, other_warnings = _checked(stand_in, own)
+                other_errors, other_warnings = _checked(stand_in, own, stand_in_gates)
                 errors = [e for e in errors if e in other_errors]
                 warnings = [w for w in warnings if w in other_warnings]
             # and what names a bad field (`equals cluster.port (8888)`) read its stand-in
@@ -310,13 +318,20 @@ def _names(text: str, name: str) -> bool:
     return re.search(rf"(?<![\w.]){re.escape(name)}(?![\w])", text) is not None
 
 
-def _checked(profile: Profile, doc: Doc) -> tuple[list[Problem], list[Problem]]:
-    """The rules between fields, and the files the profile names on this machine."""
+def _checked(profile: Profile, doc: Doc, preset_gates: dict[str, Any]) -> tuple[list[Problem], list[Problem]]:
+    """Render, then check: the rules between fields over what the renderer makes of the parsed
+    profile (its gates and rank 0's environment, rendered once), and the files the profile names
+    on this machine. The validator reads the rendered values; it never calls the renderer."""
+    from tp4.plan import render_head
     from tp4.profile.validate import local_file_warnings, validate
+    from tp4.registry import load_registry
 
     own = doc.get("gates")
     profile._own_gates = frozenset(own) if isinstance(own, dict) else frozenset()
-    errors, warnings = validate(profile)
+    profile._preset_gates = {str(k): str(v) for k, v in preset_gates.items()}
+    reg = load_registry()
+    rendered = render_head(profile, reg)
+    errors, warnings = validate(profile, rendered.gates, rendered.head_env, reg)
     return errors, warnings + local_file_warnings(profile)
 
 

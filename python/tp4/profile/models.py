@@ -490,6 +490,9 @@ class Profile(Section):
     # the gates the profile document itself sets (not its presets): set by the loader; None when
     # the profile was built another way, and then a gate equal to the preset's counts as the preset's
     _own_gates: frozenset[str] | None = PrivateAttr(default=None)
+    # the gates its preset chain alone sets: set by the loader, which reads the preset files; None
+    # (no gate is the preset's) when the profile was built another way
+    _preset_gates: dict[str, str] | None = PrivateAttr(default=None)
     preset: str = Field("production", description="The preset layer this profile overrides: launcher-defaults, base, canary, canary-roce or production.")
     cluster: Cluster = Field(default_factory=Cluster)
     fabric: Fabric = Field(default_factory=Fabric)

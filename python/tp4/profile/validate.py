@@ -10,10 +10,12 @@ that is merely without effect is neither."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from tp4 import knobs
 from tp4.profile.models import Profile
 from tp4.profile.problem import Problem
-from tp4.registry import Registry, condition_holds, describe_condition, fill_line, load_registry
+from tp4.registry import Registry, condition_holds, describe_condition, fill_line
 
 CONTEXT_MIN, CONTEXT_MAX = 4096, 1048576
 # RoCEnante's size cap on a ring: 262144 bytes with hairpin queue 8192, 81920 at the default 1024.
@@ -25,10 +27,13 @@ RANK_KEYS = knobs.RANK_KEYS
 OWNED_FLAGS = knobs.owned_flags()
 
 
-def validate(profile: Profile, registry: Registry | None = None) -> tuple[list[Problem], list[Problem]]:
-    from tp4.plan import rank_env, resolve_gates, typed_env_keys
-
-    reg = registry or load_registry()
+def validate(profile: Profile, gates: Mapping[str, str], head_env: Mapping[str, str],
+             reg: Registry) -> tuple[list[Problem], list[Problem]]:
+    """The rules over a parsed profile and what the renderer made of it (parse, render, then
+    check: the loader renders with tp4.plan.render_head and passes the result here). ``gates``
+    are the gates as the plan runs them (a preset gate that a rollback leaves without the gate it
+    needs is dropped there, with a note, so it is not checked here), ``head_env`` rank 0's
+    rendered environment; the validator never renders anything itself."""
     errors: list[Problem] = []
     warnings: list[Problem] = []
 
@@ -43,10 +48,7 @@ def validate(profile: Profile, registry: Registry | None = None) -> tuple[list[P
     image_rank = reg.image_rank(profile.image.variant)
     # Rules read rank 0's rendered environment (gates as the container sees them, launcher
     # defaults included) plus the line facts the registry names.
-    env0 = dict(rank_env(profile, 0, reg))
-    # the gates as the plan renders them: a preset gate that a rollback leaves without the gate
-    # it needs is dropped there (with a note), so it is not checked here
-    gates, _ = resolve_gates(profile, reg)
+    env0 = dict(head_env)
     env0["RING_ROCE_CAP"] = str(RING_CAP_HAIRPIN if fab.ring_hairpin_queue >= 8192 else RING_CAP_DEFAULT)
 
     # --- cluster: one Spark per rank, unique names and addresses ---
@@ -113,7 +115,7 @@ def validate(profile: Profile, registry: Registry | None = None) -> tuple[list[P
              "read `DSV4 memory calculation: ... full_token=<N>` from a boot and stay under it")
 
     # --- [gates] and [env] ---
-    typed = typed_env_keys()
+    typed = knobs.typed_env_keys()
     for key, value in gates.items():
         gate = reg.gate(key)
         field = f"gates.{key}"
@@ -172,29 +174,17 @@ def _has_flag_value(args: list[str], flag: str, value: str) -> bool:
 
 
 def local_file_warnings(profile: Profile) -> list[Problem]:
-    """Files the profile names on the machine running tp4, checked where they are: api.key_file
-    must exist and be readable by its owner only. Only its metadata is read, never the key.
-
-    A warning here, since plan and check only name the file; serve, which sends the key, will
-    make the same findings errors."""
-    import os
-    import shlex
-    import stat
-
+    """Files the profile names on the machine running tp4, checked where they are: api.key_file,
+    by the one check of the key file (tp4.apikey.key_file_problem: its metadata only, never the
+    key). A warning here, since plan and check only name the file; serve, which sends the key,
+    reads it through the same check."""
     path = profile.api.key_file
     if path is None:
         return []
+    import os
+
+    from tp4.apikey import key_file_problem
+
     where = os.path.expanduser(path)
-    try:
-        st = os.stat(where)
-    except FileNotFoundError:
-        return [Problem("api.key_file", f"{where} does not exist", f"write the API key to {where} and chmod 600 {shlex.quote(where)}")]
-    except OSError as exc:
-        return [Problem("api.key_file", f"{where} cannot be checked ({exc.strerror})", "name a file this user can read")]
-    if not stat.S_ISREG(st.st_mode):
-        return [Problem("api.key_file", f"{where} is not a regular file", "name the file holding the API key")]
-    mode = stat.S_IMODE(st.st_mode)
-    if mode & 0o077:
-        how = "readable" if mode & 0o044 else "writable" if mode & 0o022 else "usable"
-        return [Problem("api.key_file", f"{where} is {how} by others (mode {mode:04o})", f"chmod 600 {shlex.quote(where)}")]
-    return []
+    found = key_file_problem(where)
+    return [] if found is None else [Problem("api.key_file", f"{where} {found.reason}", found.fix)]

@@ -206,17 +206,39 @@ def _cached(row: Row, cached: Path) -> bool:
         return False
 
 
+def tree_of_archive(archive: Path, work: Path) -> Path:
+    """The unpacked tree of ``archive`` as nixpkgs' fetchzip (stripRoot = true) and
+    builtins.fetchTarball make it: the archive must hold exactly one top-level entry, a
+    directory, which becomes the root."""
+    from tp4.sources import transforms
+
+    unpacked = work / "unpacked"
+    transforms.unpack_archive(archive, unpacked, 0)
+    top = sorted(unpacked.iterdir())
+    if len(top) != 1 or not top[0].is_dir() or top[0].is_symlink():
+        names = ", ".join(p.name for p in top[:5]) or "nothing"
+        raise Tp4Error(f"{archive.name}: a tree hash needs one top-level directory (as fetchzip's stripRoot); "
+                       f"the archive holds {names}")
+    return top[0]
+
+
+def download_tree(row: Row, url: str, work: Path, *, quiet: bool = False) -> tuple[str, Path]:
+    """Download the archive row's ``url`` into ``work`` and unpack it as :func:`tree_of_archive`
+    does: (the sha256 of the archive's bytes, its tree)."""
+    archive = work / row.file_name
+    sha = download.download(url, archive, None, label=row.name, quiet=quiet)
+    return sha, tree_of_archive(archive, work)
+
+
 def _obtain_tree(row: Row, cache: Path, *, quiet: bool) -> Path:
     """An archive row pinned by its tree: the archive's bytes may differ from the sha256 column
     (GitHub does not keep archive bytes stable); its unpacked tree must match tree-sha256."""
-    from tp4.sources import lock
-
     cached = cache / f"tree-{(row.tree_sha256 or '')[:32]}-{_safe(row.component)}"
     if _cached(row, cached):
         return cached
     work = Path(tempfile.mkdtemp(prefix=".tree-", dir=cache))
     try:
-        _, tree = lock.download_tree(row, row.url, work, quiet=quiet)
+        _, tree = download_tree(row, row.url, work, quiet=quiet)
         check_bytes(row, tree, "download")
         tree.rename(cached)
     finally:

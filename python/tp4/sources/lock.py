@@ -140,34 +140,10 @@ def _image_hash(row: Row, manifest_path: Path | None) -> str:
         raise Tp4Error(f"nix-prefetch-docker gave no usable hash for {row.name}: {proc.stdout[:200]!r}") from exc
 
 
-def tree_of_archive(archive: Path, work: Path) -> Path:
-    """The unpacked tree of ``archive`` as nixpkgs' fetchzip (stripRoot = true) and
-    builtins.fetchTarball make it: the archive must hold exactly one top-level entry, a
-    directory, which becomes the root."""
-    from tp4.sources import transforms
-
-    unpacked = work / "unpacked"
-    transforms.unpack_archive(archive, unpacked, 0)
-    top = sorted(unpacked.iterdir())
-    if len(top) != 1 or not top[0].is_dir() or top[0].is_symlink():
-        names = ", ".join(p.name for p in top[:5]) or "nothing"
-        raise Tp4Error(f"{archive.name}: a tree hash needs one top-level directory (as fetchzip's stripRoot); "
-                       f"the archive holds {names}")
-    return top[0]
-
-
-def download_tree(row: Row, url: str, work: Path, *, quiet: bool = False) -> tuple[str, Path]:
-    """Download the archive row's ``url`` into ``work`` and unpack it as :func:`tree_of_archive`
-    does: (the sha256 of the archive's bytes, its tree)."""
-    archive = work / row.file_name
-    sha = download.download(url, archive, None, label=row.name, quiet=quiet)
-    return sha, tree_of_archive(archive, work)
-
-
 def tree_sha256(archive: Path) -> str:
-    """The NAR hash (hex) of :func:`tree_of_archive`: what ``tree-sha256=`` records."""
+    """The NAR hash (hex) of :func:`tp4.sources.fetch.tree_of_archive`: what ``tree-sha256=`` records."""
     with tempfile.TemporaryDirectory(prefix="tp4-tree-") as tmp:
-        return nar.nar_sha256(tree_of_archive(archive, Path(tmp))).hex()
+        return nar.nar_sha256(fetch.tree_of_archive(archive, Path(tmp))).hex()
 
 
 def check_tree_lockable(row: Row) -> None:
@@ -214,7 +190,7 @@ def lock_row(row: Row, ref: str | None = None, *, quiet: bool = False, manifest_
         url = with_ref(row.url, commit)
     if tree or row.tree_sha256:
         with tempfile.TemporaryDirectory(prefix="tp4-lock-") as tmp:
-            sha, unpacked = download_tree(row, url, Path(tmp), quiet=quiet)
+            sha, unpacked = fetch.download_tree(row, url, Path(tmp), quiet=quiet)
             attrs = {**row.attrs, "tree-sha256": nar.nar_sha256(unpacked).hex()}
         return replace(row, commit=commit, url=url, sha256=sha, attrs=attrs)
     sha, _ = download.hash_url(url, label=row.name, quiet=quiet)
