@@ -97,9 +97,17 @@ def test_every_rank_runs_the_plans_podman_run_and_the_line_boots(cluster: LineCl
         # the image's health check, from the plan's flags (the stand-in image carries none, and
         # podman reads none from the line's OCI image): it passes on the serving head and on
         # every worker (SGLang's ranks above 0 answer /health from a dummy server on --port)
+        # (where podman cannot exec at all, as chrooted in the fresh-machine CI, for that reason only:
+        # tests/test_podman_health.py, CHROOT_EXEC)
         for node in nodes:
+            config = json.loads(node.run(["podman", "container", "inspect", "--format", "{{json .Config.Healthcheck}}",
+                                          node.container]).stdout)
+            assert config["Test"] == ["CMD", *node.rank.run.health.cmd], config
             check = node.run(["podman", "healthcheck", "run", node.container], check=False)
-            assert check.returncode == 0, (node.name, check.stdout + check.stderr)
+            if check.returncode != 0:
+                exec_ = node.run(["podman", "exec", node.container, "true"], check=False)
+                assert 'chdir to cwd ("/opt/dsv41") set in config.json failed' in exec_.stderr, (
+                    node.name, check.stdout + check.stderr, exec_.stderr)
         ps = cluster.podman_ps()
         for node in nodes:
             assert node.container in ps[node.name] and " Up " in ps[node.name], ps[node.name]
