@@ -106,7 +106,9 @@ def test_every_rank_runs_the_plans_podman_run_and_the_line_boots(cluster: LineCl
             check = node.run(["podman", "healthcheck", "run", node.container], check=False)
             if check.returncode != 0:
                 exec_ = node.run(["podman", "exec", node.container, "true"], check=False)
-                assert 'chdir to cwd ("/opt/dsv41") set in config.json failed' in exec_.stderr, (
+                # (runc's words; the hosts' runc wrapper quotes them in a log line: \" for ")
+                said = exec_.stderr.replace('\\"', '"')
+                assert 'chdir to cwd ("/opt/dsv41") set in config.json failed' in said, (
                     node.name, check.stdout + check.stderr, exec_.stderr)
         ps = cluster.podman_ps()
         for node in nodes:

@@ -171,7 +171,7 @@ def exec_works(name: str) -> bool:
     proc = podman("exec", name, "python3", "-c", "pass", check=False)
     if proc.returncode == 0:
         return True
-    assert CHROOT_EXEC in proc.stderr, proc.stdout + proc.stderr
+    assert CHROOT_EXEC in proc.stderr.replace('\\"', '"'), proc.stdout + proc.stderr
     return False
 
 
