@@ -111,10 +111,10 @@ def test_help_lists_commands(tp4_cli):
 
 
 def _slots_profile(tmp_path, repo):
-    """The default profile with 16 slots and no --min-free-slots-delay: valid, with one warning."""
+    """The default profile with 16 slots and the preset's --min-free-slots-delay dropped: valid, with one warning."""
     text = (repo / "python/tp4/data/default-profile.toml").read_text()
     prof = tmp_path / "slots.toml"
-    prof.write_text(text + '\n[engine]\nmax_running_requests = 16\nextra_args = ["--watchdog-timeout", "1800"]\n')
+    prof.write_text(text + '\n[engine]\nmax_running_requests = 16\ndrop_args = ["--min-free-slots-delay"]\n')
     return prof
 
 

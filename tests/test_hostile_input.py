@@ -382,3 +382,34 @@ def test_a_preset_is_a_name_never_a_path(name):
     with pytest.raises(InvalidInput) as exc:
         parse_document({"preset": name}, "t.toml")
     assert exc.value.problems and exc.value.problems[0].startswith(f"preset: unknown preset {name!r}")
+
+
+# --- engine.drop_args: names a flag a lower layer sets, nothing else ----------------------------
+
+@pytest.mark.parametrize("item", ["\x00", "--sleep-on-idle\x00", "--sleep-on-idle\n", "\n", "-", "--", "---sleep-on-idle",
+                                  "-sleep-on-idle", " --sleep-on-idle", "--sleep-on-idle=1", "--SLEEP-ON-IDLE",
+                                  "flashinfer_cutlass", "--api-key", "$(reboot)", "--" + "x" * 200])
+def test_a_drop_of_anything_but_an_inherited_flag_is_refused_naming_it(item):
+    problem = refused(doc(engine={"drop_args": [item]}), "engine.drop_args[0]", "is not a flag a lower layer sets",
+                      "; fix: name one of --enable-cache-report")
+    assert repr(item[:60]) in problem
+    # shown escaped: no control character or line break of the item reaches the message
+    assert not any(c in problem for c in "\x00\n\r")
+
+
+@pytest.mark.parametrize("value", [3, "--sleep-on-idle", {"a": 1}, [1], [["--sleep-on-idle"]], [True]])
+def test_a_drop_args_of_the_wrong_kind_is_refused_with_a_fix(value):
+    found = problems(doc(engine={"drop_args": value}))
+    assert found and all(p.startswith("engine.drop_args") and "; fix: " in p for p in found), found
+
+
+@given(item=st.text(max_size=30))
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+def test_any_drop_is_an_inherited_flag_or_refused_in_plain_words(item):
+    try:
+        loaded = parse_document(doc(engine={"drop_args": [item]}), "t.toml")
+    except InvalidInput as exc:
+        assert exc.problems[0].startswith("engine.drop_args[0]: ") and "; fix: " in exc.problems[0]
+        assert not any(c in p for p in exc.problems for c in "\x00\n\r")
+    else:
+        assert item.startswith("--") and item not in loaded.profile.engine.extra_args

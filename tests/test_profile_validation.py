@@ -96,8 +96,8 @@ CASES = [
     ("rank key as env", doc(env={"NODE_RANK": "3"}), "env.NODE_RANK", "rank"),
     ("gate in [env]", doc(env={"DSV41_HC_FUSED": "1"}), "env.DSV41_HC_FUSED", "[gates]"),
     ("typed key in [env]", doc(env={"CONTEXT_LENGTH": "4096"}), "env.CONTEXT_LENGTH", "engine.context_length"),
-    ("engine flag owned by a field", doc(engine={"extra_args": ["--min-free-slots-delay", "1", "--tp", "8"]}), "engine.extra_args[2]", "engine.tp"),
-    ("api key in extra args", doc(engine={"extra_args": ["--min-free-slots-delay", "1", "--api-key=abc"]}), "engine.extra_args[2]", "api.key_file"),
+    ("engine flag owned by a field", doc(engine={"extra_args": ["--foo", "1", "--tp", "8"]}), "engine.extra_args[2]", "engine.tp"),
+    ("api key in extra args", doc(engine={"extra_args": ["--foo", "1", "--api-key=abc"]}), "engine.extra_args[2]", "api.key_file"),
     # ring rules (files/nccl.sh: nccl_validate_config, the ring comment of `.env.tp4.example`)
     ("ring without the NCCL overlay", ring(fabric={"mode": "ring", "nccl": {"mount": "none", "max_nchannels": 4}}), "fabric.nccl.mount", "overlay"),
     ("ring with NCCL_ALGO Tree", ring(fabric={"mode": "ring", "nccl": {"mount": "overlay", "algo": "Tree", "max_nchannels": 4}}), "fabric.nccl.algo", "Ring"),
@@ -145,7 +145,7 @@ SLOTS_WARNING = ("engine.extra_args: max_running_requests = 16 without --min-fre
 
 
 def test_slots_without_the_free_slots_delay_is_a_warning_not_an_error():
-    loaded = parse_document(doc(engine={"extra_args": ["--watchdog-timeout", "1800"]}), "t.toml")
+    loaded = parse_document(doc(engine={"drop_args": ["--min-free-slots-delay"]}), "t.toml")
     assert loaded.profile.engine.max_running_requests == 16
     assert loaded.warnings == [SLOTS_WARNING]
     with pytest.raises(InvalidInput) as exc:
@@ -160,7 +160,7 @@ def test_with_the_delay_there_is_no_warning_and_strict_passes():
 
 
 @pytest.mark.parametrize("engine", [{"max_running_requests": 7, "extra_args": []},
-                                    {"extra_args": ["--min-free-slots-delay=1"]}])
+                                    {"drop_args": ["--min-free-slots-delay"], "extra_args": ["--min-free-slots-delay=1"]}])
 def test_the_slots_warning_needs_both_conditions(engine):
     assert parse_document(doc(engine=engine), "t.toml").warnings == []
 

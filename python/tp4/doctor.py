@@ -14,7 +14,9 @@ Two halves:
   one TCP connection, the runtime), found on the node's PATH.
 * :func:`evaluate` turns the facts of every node into checks, locally, each with a stable id
   (:data:`CHECKS`), a status per node (ok, warn, fail, or n/a where it does not apply), a detail
-  and, for a warning or failure, a fix. A check is blocking or not: `tp4 doctor` exits 1 on a
+  and, for a warning or failure, a fix. Each check is one function, registered under its id by
+  ``@node_check`` (run on every reachable node) or ``@line_check`` (run once, judging the nodes
+  against each other) into :data:`RUNS`; evaluate runs them in the order of :data:`CHECKS`. A check is blocking or not: `tp4 doctor` exits 1 on a
   blocking failure, and serve runs :func:`blocking_failures`.
 
 The evidence (``--json``) is ``{"schema": "tp4.doctor/1", "nodes": {name: facts}, "checks":
@@ -65,7 +67,8 @@ class CheckSpec(NamedTuple):
     blocking: bool
 
 
-# every check, in the order of the table; the ids are stable (the evidence and serve name them)
+# every check, in the order of the table; the ids are stable (the evidence and serve name them).
+# Each id has one function (RUNS, below); a check that reads what another recorded comes after it.
 CHECKS: tuple[CheckSpec, ...] = tuple(CheckSpec(*c) for c in (
     ("SSH.REACHABLE", "ssh reaches the node, its host key trusted", True),
     ("RUNTIME.USABLE", "the container runtime works without sudo, with GPU access", True),
@@ -503,10 +506,47 @@ class Context:
     facts: dict[str, Facts]
     limits: Limits
     results: list[Result] = field(default_factory=list)
+    ranks: list[RankPlan] = field(default_factory=list)  # the nodes of the plan there are facts of
+    up: list[RankPlan] = field(default_factory=list)  # those of them that answered
+    # ring: node -> (from, to) of the routes through it (RING.ROUTES finds them, RING.IP_FORWARD judges them)
+    relays: dict[str, list[tuple[str, RankPlan]]] = field(default_factory=dict)
 
     def add(self, check: str, node: str, status: Status, detail: str, fix: str | None = None) -> None:
         spec = BY_ID[check]
         self.results.append(Result(check, node, status, detail, fix if status in ("warn", "fail") else None, spec.blocking))
+
+
+class CheckRun(NamedTuple):
+    """How evaluate runs one check: per node (`run(ctx, rank, facts)`, once for every reachable
+    node) or for the line (`run(ctx)`, which judges the nodes against each other)."""
+
+    per_node: bool
+    run: Callable[..., None]
+
+
+# check id -> its function; filled by @node_check and @line_check beside each function, one per
+# CHECKS id (a test holds the two equal). evaluate runs them in the order of CHECKS.
+RUNS: dict[str, CheckRun] = {}
+
+
+def _register(check: str, per_node: bool) -> Callable[[Callable[..., None]], Callable[..., None]]:
+    def register(fn: Callable[..., None]) -> Callable[..., None]:
+        if check not in BY_ID or check in RUNS:
+            raise AssertionError(f"{check}: not a CHECKS id, or registered twice")
+        RUNS[check] = CheckRun(per_node, fn)
+        return fn
+
+    return register
+
+
+def node_check(check: str) -> Callable[[Callable[[Context, RankPlan, Facts], None]], Callable[..., None]]:
+    """Register fn(ctx, rank, facts) as check `check`, run once for every reachable node."""
+    return _register(check, per_node=True)
+
+
+def line_check(check: str) -> Callable[[Callable[[Context], None]], Callable[..., None]]:
+    """Register fn(ctx) as check `check`, run once for the line (ctx.up: the reachable nodes)."""
+    return _register(check, per_node=False)
 
 
 def _kib(value: str) -> int | None:
@@ -645,12 +685,28 @@ def _rc(lines: list[str]) -> tuple[int | None, list[str]]:
 
 
 def evaluate(plan: Plan, facts: dict[str, Facts], limits: Limits | None = None) -> list[Result]:
-    """Every check of every node from the gathered facts (no remote command)."""
-    ctx = Context(plan, facts, limits or Limits())
+    """Every check of every node from the gathered facts (no remote command): the checks of CHECKS
+    in their order (RUNS), a node check on every reachable node, a line check once."""
     ranks = [r for r in plan.nodes if r.name in facts]
-    up = [r for r in ranks if facts[r.name].error is None]
-    for r in ranks:
-        f = facts[r.name]
+    ctx = Context(plan, facts, limits or Limits(), ranks=ranks, up=[r for r in ranks if facts[r.name].error is None])
+    for spec in CHECKS:
+        check = RUNS[spec.id]
+        if check.per_node:
+            for r in ctx.up:
+                check.run(ctx, r, facts[r.name])
+        else:
+            check.run(ctx)
+    order = {c.id: i for i, c in enumerate(CHECKS)}
+    names = [r.name for r in plan.nodes]
+    ctx.results.sort(key=lambda x: (order[x.check], names.index(x.node) if x.node in names else 99))
+    return ctx.results
+
+
+@line_check("SSH.REACHABLE")
+def _ssh_reachable(ctx: Context) -> None:
+    """Every node answers; a node that does not gets every other check as not checked."""
+    for r in ctx.ranks:
+        f = ctx.facts[r.name]
         if f.error is not None:
             fix = ("compare the key's fingerprint with the node's own (ssh-keygen -lf /etc/ssh/ssh_host_ed25519_key.pub on "
                    "its console), then trust it as the detail says" if "host key" in f.error or "trusts" in f.error else
@@ -661,23 +717,11 @@ def evaluate(plan: Plan, facts: dict[str, Facts], limits: Limits | None = None) 
                 ctx.add(spec.id, r.name, "n/a", "not checked: the node is unreachable")
         else:
             ctx.add("SSH.REACHABLE", r.name, "ok", f"{r.ssh.user}@{r.ssh.host} answered in {f.seconds:.2f} s")
-    for r in up:
-        _node_checks(ctx, r, facts[r.name])
-    _line_checks(ctx, up)
-    _artifact_checks(ctx, up)
-    _net_checks(ctx, up)
-    order = {c.id: i for i, c in enumerate(CHECKS)}
-    names = [r.name for r in plan.nodes]
-    ctx.results.sort(key=lambda x: (order[x.check], names.index(x.node) if x.node in names else 99))
-    return ctx.results
 
 
-def _node_checks(ctx: Context, r: RankPlan, f: Facts) -> None:
-    n = r.name
-    add = ctx.add
-    rt = r.service.runtime
-    user = r.ssh.user
-    # --- runtime
+@node_check("RUNTIME.USABLE")
+def _runtime_usable(ctx: Context, r: RankPlan, f: Facts) -> None:
+    n, add, rt, user = r.name, ctx.add, r.service.runtime, r.ssh.user
     if (f.get("runtime") or [""])[0] != "present":
         add("RUNTIME.USABLE", n, "fail", f"{rt} is not installed (not on the PATH of {user})",
             f"install {rt} on {n} (the plan's runtime: cluster node `runtime`)")
@@ -696,34 +740,93 @@ def _node_checks(ctx: Context, r: RankPlan, f: Facts) -> None:
                 + (" (docker: nvidia-ctk runtime configure --runtime=docker, restart docker)" if rt == "docker" else ""))
         else:
             add("RUNTIME.USABLE", n, "ok", f"{rt} works for {user}; GPU access: {gpu[0].strip()[:80]}")
-    # --- GPU
-    if (f.get("nvidia") or [""])[0] != "present":
-        for check in ("GPU.PRESENT", "GPU.NO_FOREIGN_APPS", "GPU.DRIVER"):
-            add(check, n, "fail" if BY_ID[check].blocking else "warn", "nvidia-smi is not on the PATH",
-                "install the NVIDIA driver 580.x with nvidia-smi (DGX OS ships it)")
-    else:
-        gpus = [x.strip() for x in f.get("gpus") if x.strip()]
-        if not gpus or any("fail" in g.lower() or "error" in g.lower() for g in gpus):
-            add("GPU.PRESENT", n, "fail", f"nvidia-smi lists no GPU: {(gpus or ['no output'])[0]}",
+
+
+NO_NVIDIA_SMI = ("nvidia-smi is not on the PATH", "install the NVIDIA driver 580.x with nvidia-smi (DGX OS ships it)")
+
+
+def _has_nvidia_smi(f: Facts) -> bool:
+    return (f.get("nvidia") or [""])[0] == "present"
+
+
+def _gpus(f: Facts) -> list[str] | None:
+    """The GPUs nvidia-smi lists (name, driver), None when it lists none or fails."""
+    gpus = [x.strip() for x in f.get("gpus") if x.strip()]
+    return None if not gpus or any("fail" in g.lower() or "error" in g.lower() for g in gpus) else gpus
+
+
+@node_check("GPU.PRESENT")
+def _gpu_present(ctx: Context, r: RankPlan, f: Facts) -> None:
+    if not _has_nvidia_smi(f):
+        ctx.add("GPU.PRESENT", r.name, "fail", *NO_NVIDIA_SMI)
+    elif (gpus := _gpus(f)) is None:
+        listed = [x.strip() for x in f.get("gpus") if x.strip()]
+        ctx.add("GPU.PRESENT", r.name, "fail", f"nvidia-smi lists no GPU: {(listed or ['no output'])[0]}",
                 "check the driver (nvidia-smi must list the GB10); reboot after a driver update")
-            add("GPU.DRIVER", n, "warn", "no driver version", "install the NVIDIA driver 580.x")
-        else:
-            name, _, driver = gpus[0].rpartition(",")
-            add("GPU.PRESENT", n, "ok", f"{len(gpus)} GPU: {name.strip()}")
-            driver = driver.strip()
-            if driver.startswith("580."):
-                add("GPU.DRIVER", n, "ok", f"driver {driver}")
-            else:
-                add("GPU.DRIVER", n, "warn", f"driver {driver}: the display reservation is qualified on 580.x only "
-                    "(reported not to work on 595.84)", "use driver 580.x, or leave DSV41_ENGRAM_DRM_NODE unset")
-        apps = [x.strip() for x in f.get("gpu_apps") if x.strip() and not x.lower().startswith("no running")]
-        if apps:
-            add("GPU.NO_FOREIGN_APPS", n, "fail", f"{len(apps)} compute app(s) on the GPU: {'; '.join(apps[:3])}",
+    else:
+        name, _, _ = gpus[0].rpartition(",")
+        ctx.add("GPU.PRESENT", r.name, "ok", f"{len(gpus)} GPU: {name.strip()}")
+
+
+@node_check("GPU.NO_FOREIGN_APPS")
+def _gpu_no_foreign_apps(ctx: Context, r: RankPlan, f: Facts) -> None:
+    n = r.name
+    if not _has_nvidia_smi(f):
+        ctx.add("GPU.NO_FOREIGN_APPS", n, "fail", *NO_NVIDIA_SMI)
+        return
+    apps = [x.strip() for x in f.get("gpu_apps") if x.strip() and not x.lower().startswith("no running")]
+    if apps:
+        ctx.add("GPU.NO_FOREIGN_APPS", n, "fail", f"{len(apps)} compute app(s) on the GPU: {'; '.join(apps[:3])}",
                 "stop the other stack (its PIDs are listed) or `tp4 stop` a line left running; wait until "
                 "`nvidia-smi --query-compute-apps=pid --format=csv` lists nothing")
+    else:
+        ctx.add("GPU.NO_FOREIGN_APPS", n, "ok", "no compute apps")
+
+
+@node_check("GPU.DRIVER")
+def _gpu_driver(ctx: Context, r: RankPlan, f: Facts) -> None:
+    n = r.name
+    if not _has_nvidia_smi(f):
+        ctx.add("GPU.DRIVER", n, "warn", *NO_NVIDIA_SMI)
+    elif (gpus := _gpus(f)) is None:
+        ctx.add("GPU.DRIVER", n, "warn", "no driver version", "install the NVIDIA driver 580.x")
+    else:
+        driver = gpus[0].rpartition(",")[2].strip()
+        if driver.startswith("580."):
+            ctx.add("GPU.DRIVER", n, "ok", f"driver {driver}")
         else:
-            add("GPU.NO_FOREIGN_APPS", n, "ok", "no compute apps")
-    # --- RDMA
+            ctx.add("GPU.DRIVER", n, "warn", f"driver {driver}: the display reservation is qualified on 580.x only "
+                    "(reported not to work on 595.84)", "use driver 580.x, or leave DSV41_ENGRAM_DRM_NODE unset")
+
+
+def _present(r: RankPlan, f: Facts) -> list[str]:
+    """The plan's HCAs the node lists."""
+    listed = set(f.get("ibdevs"))
+    return [h for h in r.gid.hcas if h in listed]
+
+
+def _fabric_ipv4(r: RankPlan, f: Facts) -> tuple[dict[str, int | None], list[str], list[str]]:
+    """Of the plan's HCAs on the node: the MTU of each HCA/netdev, those without an IPv4 address,
+    those without a netdev."""
+    addrs = _addresses(f)
+    noip: list[str] = []
+    mtus: dict[str, int | None] = {}
+    nodev: list[str] = []
+    for h in _present(r, f):
+        dev = _hca(f, h).get("netdev")
+        if not dev or dev not in addrs:
+            nodev.append(f"{h} has no netdev" + (f" ({dev} not in `ip addr`)" if dev else ""))
+            continue
+        mtu, ips = addrs[dev]
+        mtus[f"{h}/{dev}"] = mtu
+        if not ips:
+            noip.append(f"{h} ({dev}) has no IPv4 address")
+    return mtus, noip, nodev
+
+
+@node_check("RDMA.DEVICES")
+def _rdma_devices(ctx: Context, r: RankPlan, f: Facts) -> None:
+    n, add = r.name, ctx.add
     devinf = f.get("devinf")
     listed = set(f.get("ibdevs"))
     missing = [h for h in r.gid.hcas if h not in listed]
@@ -736,8 +839,11 @@ def _node_checks(ctx: Context, r: RankPlan, f: Facts) -> None:
             "fix fabric.hcas to the node's devices (names are case-sensitive; see `ibdev2netdev`), or load mlx5_ib")
     else:
         add("RDMA.DEVICES", n, "ok", f"/dev/infiniband, {', '.join(r.gid.hcas)}")
-    present = [h for h in r.gid.hcas if h in listed]
-    addrs = _addresses(f)
+
+
+@node_check("RDMA.PORT_ACTIVE")
+def _rdma_port_active(ctx: Context, r: RankPlan, f: Facts) -> None:
+    n, add, present = r.name, ctx.add, _present(r, f)
     down = [f"{h} port 1 is {_hca(f, h).get('state') or 'unreadable'}" for h in present if "ACTIVE" not in _hca(f, h).get("state", "")]
     if not present:
         add("RDMA.PORT_ACTIVE", n, "fail", "no HCA of the plan to check", "see RDMA.DEVICES")
@@ -746,6 +852,11 @@ def _node_checks(ctx: Context, r: RankPlan, f: Facts) -> None:
             "cable the port and bring its netdev up (ip link set <netdev> up); check the switch port")
     else:
         add("RDMA.PORT_ACTIVE", n, "ok", ", ".join(f"{h} {_hca(f, h).get('state')}" for h in present))
+
+
+@node_check("RDMA.LINK_LAYER")
+def _rdma_link_layer(ctx: Context, r: RankPlan, f: Facts) -> None:
+    n, add, present = r.name, ctx.add, _present(r, f)
     wrong = [f"{h} is {_hca(f, h).get('link_layer') or 'unreadable'}" for h in present if _hca(f, h).get("link_layer") != "Ethernet"]
     if not present:
         add("RDMA.LINK_LAYER", n, "fail", "no HCA of the plan to check", "see RDMA.DEVICES")
@@ -754,21 +865,23 @@ def _node_checks(ctx: Context, r: RankPlan, f: Facts) -> None:
             "set the ConnectX port to Ethernet: mlxconfig -d <pci> set LINK_TYPE_P1=2 (then reboot)")
     else:
         add("RDMA.LINK_LAYER", n, "ok", "Ethernet")
-    noip, mtus, nodev = [], {}, []
-    for h in present:
-        dev = _hca(f, h).get("netdev")
-        if not dev or dev not in addrs:
-            nodev.append(f"{h} has no netdev" + (f" ({dev} not in `ip addr`)" if dev else ""))
-            continue
-        mtu, ips = addrs[dev]
-        mtus[f"{h}/{dev}"] = mtu
-        if not ips:
-            noip.append(f"{h} ({dev}) has no IPv4 address")
+
+
+@node_check("RDMA.IPV4")
+def _rdma_ipv4(ctx: Context, r: RankPlan, f: Facts) -> None:
+    n, add, present, addrs = r.name, ctx.add, _present(r, f), _addresses(f)
+    _, noip, nodev = _fabric_ipv4(r, f)
     if nodev or noip or not present:
         add("RDMA.IPV4", n, "fail", "; ".join(nodev + noip) or "no HCA of the plan to check",
             "give every fabric netdev its IPv4 address (RoCE v2 derives its GIDs from it), netplan or NetworkManager")
     else:
         add("RDMA.IPV4", n, "ok", ", ".join(f"{h}: {','.join(addrs[_hca(f, h)['netdev']][1])}" for h in present))
+
+
+@node_check("RDMA.ONE_IPV4")
+def _rdma_one_ipv4(ctx: Context, r: RankPlan, f: Facts) -> None:
+    n, add, present, addrs = r.name, ctx.add, _present(r, f), _addresses(f)
+    _, noip, nodev = _fabric_ipv4(r, f)
     # every IPv4 of a netdev adds RoCE GIDs, so an extra one moves the index NCCL_IB_GID_INDEX names
     extra = {dev: addrs[dev][1] for dev in dict.fromkeys(_hca(f, h).get("netdev") for h in present)
              if dev in addrs and len(addrs[dev][1]) > 1}
@@ -781,6 +894,12 @@ def _node_checks(ctx: Context, r: RankPlan, f: Facts) -> None:
             "persist it in netplan or NetworkManager)")
     else:
         add("RDMA.ONE_IPV4", n, "ok", "one IPv4 address per fabric netdev")
+
+
+@node_check("RDMA.MTU")
+def _rdma_mtu(ctx: Context, r: RankPlan, f: Facts) -> None:
+    n, add = r.name, ctx.add
+    mtus = _fabric_ipv4(r, f)[0]
     small = {k: v for k, v in mtus.items() if v != FABRIC_MTU}
     if not mtus:
         add("RDMA.MTU", n, "warn", "no fabric netdev to read", "see RDMA.IPV4")
@@ -790,7 +909,12 @@ def _node_checks(ctx: Context, r: RankPlan, f: Facts) -> None:
             f"ip link set <netdev> mtu {FABRIC_MTU} (persist it in netplan/NetworkManager; the switch ports too)")
     else:
         add("RDMA.MTU", n, "ok", f"MTU {FABRIC_MTU}")
-    # GID
+
+
+@node_check("RDMA.GID")
+def _rdma_gid(ctx: Context, r: RankPlan, f: Facts) -> None:
+    """Also records the GID index found per HCA (f.derived), which RDMA.GID_SAME_INDEX compares."""
+    n, add, present, addrs = r.name, ctx.add, _present(r, f), _addresses(f)
     fabric_ips = [r.host]
     found: dict[str, int | None] = {}
     for h in present:
@@ -807,7 +931,11 @@ def _node_checks(ctx: Context, r: RankPlan, f: Facts) -> None:
             "address the port's netdev (the GID table follows the IPv4 address), then check `show_gids`")
     else:
         add("RDMA.GID", n, "ok", ", ".join(f"{h} index {i}" for h, i in found.items()))
-    # memlock
+
+
+@node_check("RDMA.MEMLOCK")
+def _rdma_memlock(ctx: Context, r: RankPlan, f: Facts) -> None:
+    n, add, rt, user = r.name, ctx.add, r.service.runtime, r.ssh.user
     soft_hard = f.get("memlock")
     session_soft = _kib(soft_hard[0]) if soft_hard else None
     session_hard = _kib(soft_hard[1]) if len(soft_hard) > 1 else None
@@ -838,7 +966,11 @@ def _node_checks(ctx: Context, r: RankPlan, f: Facts) -> None:
     else:
         add("RDMA.MEMLOCK", n, "ok", f"unlimited ({where}: {_fmt_kib(limit)}{', raised by the runtime' if can_raise else ''}"
             f"; session soft {_fmt_kib(session_soft) if session_soft is not None else '?'})")
-    # counters
+
+
+@node_check("RDMA.COUNTERS")
+def _rdma_counters(ctx: Context, r: RankPlan, f: Facts) -> None:
+    n, add = r.name, ctx.add
     t1, c1 = _counters(f, "1")
     t2, c2 = _counters(f, "2")
     rising = {k: c2[k] - c1[k] for k in c1 if k in c2 and c2[k] > c1[k]}
@@ -853,19 +985,22 @@ def _node_checks(ctx: Context, r: RankPlan, f: Facts) -> None:
             "RoCE is losing packets: enable PFC/ECN (lossless) on the switch and the NICs, check cables and the MTU of every hop")
     else:
         add("RDMA.COUNTERS", n, "ok", f"{len(c1)} counters steady")
-    # kernel
+
+
+@node_check("KERNEL.KNOWN_BAD")
+def _kernel_known_bad(ctx: Context, r: RankPlan, f: Facts) -> None:
+    n, add = r.name, ctx.add
     release = (f.get("uname") or [""])[0].strip()
     bad_k = next((k for k in _known_bad() if k.get("release") == release), None)
     if bad_k:
         add("KERNEL.KNOWN_BAD", n, "fail", f"kernel {release}: {bad_k['what']} ({bad_k['source']})", bad_k["fix"])
     else:
         add("KERNEL.KNOWN_BAD", n, "ok", f"kernel {release}")
-    # weights
-    _weights(ctx, r, f)
-    # engram
-    _engram(ctx, r, f)
-    _host_state(ctx, r, f)
-    # disk
+
+
+@node_check("DISK.FREE")
+def _disk_free(ctx: Context, r: RankPlan, f: Facts) -> None:
+    n, add, rt = r.name, ctx.add, r.service.runtime
     store = _store_free(f)
     if store is None:
         add("DISK.FREE", n, "warn", "the image store's free space is unknown", f"check `{rt} info` on {n}")
@@ -874,7 +1009,12 @@ def _node_checks(ctx: Context, r: RankPlan, f: Facts) -> None:
             "for the next image", f"{rt} image prune, or tp4 images --prune")
     else:
         add("DISK.FREE", n, "ok", f"{store[1]:.1f} GiB free on {store[0]}")
-    # ports (the head: API and dist init)
+
+
+@node_check("PORTS.FREE")
+def _ports_free(ctx: Context, r: RankPlan, f: Facts) -> None:
+    """The head's API, dist init and image store ports."""
+    n, add = r.name, ctx.add
     if r.rank == 0:
         ports = {int(m) for m in re.findall(r":(\d+)\s", "\n".join(f.get("listening")) + "\n")}
         wanted = [("API", int(ctx.plan.line.api.rsplit(":", 1)[1])), ("dist init", int(ctx.plan.line.dist_init_addr.rsplit(":", 1)[1]))]
@@ -894,7 +1034,11 @@ def _node_checks(ctx: Context, r: RankPlan, f: Facts) -> None:
             add("PORTS.FREE", n, "ok", ", ".join(w for w, _ in wanted[:-1]) + f" and {wanted[-1][0]} ports free")
     else:
         add("PORTS.FREE", n, "n/a", "the head's ports only")
-    # memory
+
+
+@node_check("MEMORY.FREE")
+def _memory_free(ctx: Context, r: RankPlan, f: Facts) -> None:
+    n, add = r.name, ctx.add
     mem = {x.split(":")[0]: int(x.split()[1]) for x in f.get("meminfo") if len(x.split()) >= 2 and x.split()[1].isdigit()}
     avail = mem.get("MemAvailable")
     if avail is None:
@@ -904,7 +1048,11 @@ def _node_checks(ctx: Context, r: RankPlan, f: Facts) -> None:
             "stop what uses the memory (another stack, a desktop session: systemctl set-default multi-user.target)")
     else:
         add("MEMORY.FREE", n, "ok", f"{avail / 1048576:.1f} GiB available")
-    # ring
+
+
+@node_check("RING.NCCL")
+def _ring_nccl(ctx: Context, r: RankPlan, f: Facts) -> None:
+    n, add = r.name, ctx.add
     if ctx.plan.line.fabric != "ring":
         add("RING.NCCL", n, "n/a", "switched fabric")
     else:
@@ -923,15 +1071,20 @@ def _node_checks(ctx: Context, r: RankPlan, f: Facts) -> None:
             add("RING.NCCL", n, "ok", f"patched NCCL, {r.service.mesh_unit} active")
 
 
-def _weights(ctx: Context, r: RankPlan, f: Facts) -> None:
-    n = r.name
+def _weights(f: Facts) -> tuple[str, int, bool]:
+    """What the node said of its checkpoint: the directory, its shards, whether config.json is there."""
     lines = f.get("weights")
     d = next((x[4:] for x in lines if x.startswith("dir ")), "")
     shards = next((int(x.split()[1]) for x in lines if x.startswith("shards ") and x.split()[1].isdigit()), 0)
+    return d, shards, "config" in lines
+
+
+@node_check("WEIGHTS.HEAD")
+def _weights_head(ctx: Context, r: RankPlan, f: Facts) -> None:
+    n = r.name
+    d, shards, config = _weights(f)
     expected = ctx.limits.expected_shards
-    config = "config" in lines
     if r.rank == 0:
-        ctx.add("WEIGHTS.WORKER", n, "n/a", "the head reads model.dir")
         if not d:
             ctx.add("WEIGHTS.HEAD", n, "fail", "the plan mounts no checkpoint directory on the head", "set model.dir")
         elif not config or shards < expected:
@@ -941,6 +1094,15 @@ def _weights(ctx: Context, r: RankPlan, f: Facts) -> None:
             ctx.add("WEIGHTS.HEAD", n, "ok", f"{d}: config.json, {shards} shards")
         return
     ctx.add("WEIGHTS.HEAD", n, "n/a", "workers read the volume")
+
+
+@node_check("WEIGHTS.WORKER")
+def _weights_worker(ctx: Context, r: RankPlan, f: Facts) -> None:
+    n = r.name
+    if r.rank == 0:
+        ctx.add("WEIGHTS.WORKER", n, "n/a", "the head reads model.dir")
+        return
+    d, shards, config = _weights(f)
     rc, vol = _rc(f.get("volume"))
     volume = next((m.source for m in r.run.mounts if m.type == "volume"), None)
     if volume is None:
@@ -968,6 +1130,7 @@ def _weights(ctx: Context, r: RankPlan, f: Facts) -> None:
         ctx.add("WEIGHTS.WORKER", n, "ok", f"{kind} volume {volume}: config.json, {shards} shards")
 
 
+@node_check("ENGRAM.SHARDS")
 def _engram(ctx: Context, r: RankPlan, f: Facts) -> None:
     n = r.name
     problems, good = [], []
@@ -1002,10 +1165,9 @@ def _engram(ctx: Context, r: RankPlan, f: Facts) -> None:
                 "free disk on the engram dir's filesystem, then tp4 pack")
 
 
-def _line_checks(ctx: Context, up: list[RankPlan]) -> None:
-    facts = ctx.facts
-    add = ctx.add
-    # MTU the same on every node
+@line_check("RDMA.MTU_SAME")
+def _mtu_same(ctx: Context) -> None:
+    facts, add, up = ctx.facts, ctx.add, ctx.up
     per_node: dict[str, set[int]] = {}
     for r in up:
         addrs = _addresses(facts[r.name])
@@ -1025,7 +1187,12 @@ def _line_checks(ctx: Context, up: list[RankPlan]) -> None:
                 f"set the same MTU ({FABRIC_MTU}) on every fabric netdev of every node")
         else:
             add("RDMA.MTU_SAME", r.name, "ok", f"MTU {common} like the others")
-    # GID index the same on every node
+
+
+@line_check("RDMA.GID_SAME_INDEX")
+def _gid_same_index(ctx: Context) -> None:
+    """Reads the GID index RDMA.GID recorded per node (f.derived); CHECKS runs RDMA.GID first."""
+    facts, add, up = ctx.facts, ctx.add, ctx.up
     indices: dict[str, set[int]] = {}
     for r in up:
         got = facts[r.name].derived.get("gid_index")
@@ -1053,7 +1220,11 @@ def _line_checks(ctx: Context, up: list[RankPlan]) -> None:
                 "address, move the GID)")
         else:
             add("RDMA.GID_SAME_INDEX", r.name, "ok", f"index {common_gid} on every node")
-    # image
+
+
+@line_check("IMAGE.SAME")
+def _image_same(ctx: Context) -> None:
+    facts, add, up = ctx.facts, ctx.add, ctx.up
     images: dict[str, tuple[str, str]] = {}
     for r in up:
         f = facts[r.name]
@@ -1075,7 +1246,11 @@ def _line_checks(ctx: Context, up: list[RankPlan]) -> None:
                 "tp4 distribute (every node runs the head's image)")
         else:
             add("IMAGE.SAME", r.name, "ok", f"{img[0][:12]}, {len(json.loads(img[1] or '[]') or [])} layers")
-    # clocks
+
+
+@line_check("CLOCK.SKEW")
+def _clock_skew(ctx: Context) -> None:
+    facts, add, up = ctx.facts, ctx.add, ctx.up
     offsets: dict[str, float] = {}
     for r in up:
         f = facts[r.name]
@@ -1127,15 +1302,7 @@ def _flag(value: str | None) -> bool | None:
     return True if v in ("y", "1", "true", "on") else False if v in ("n", "0", "false", "off") else None
 
 
-def _host_state(ctx: Context, r: RankPlan, f: Facts) -> None:
-    _nvidia_drm(ctx, r, f)
-    _headless(ctx, r, f)
-    _clock_cap(ctx, r, f)
-    _shard_files(ctx, r, f)
-    _image_arch(ctx, r, f)
-    _image_digest(ctx, r, f)
-
-
+@node_check("GPU.NVIDIA_DRM")
 def _nvidia_drm(ctx: Context, r: RankPlan, f: Facts) -> None:
     n, drm = r.name, r.env.get(DRM_NODE)
     lines = f.get("nvidia_drm")
@@ -1171,6 +1338,7 @@ def _nvidia_drm(ctx: Context, r: RankPlan, f: Facts) -> None:
         ctx.add("GPU.NVIDIA_DRM", n, "ok", f"nvidia_drm {detail}")
 
 
+@node_check("HOST.HEADLESS")
 def _headless(ctx: Context, r: RankPlan, f: Facts) -> None:
     n = r.name
     state = dict(x.split(" ", 1) for x in f.get("headless") if " " in x)
@@ -1191,6 +1359,7 @@ def _headless(ctx: Context, r: RankPlan, f: Facts) -> None:
         ctx.add("HOST.HEADLESS", n, "ok", f"multi-user.target, display-manager.service {dm or 'absent'}")
 
 
+@node_check("GPU.CLOCK_CAP")
 def _clock_cap(ctx: Context, r: RankPlan, f: Facts) -> None:
     n, cap = r.name, ctx.plan.line.gpu_clock_mhz
     fix = (f"nvidia-smi -lgc 0,{cap} on a timer (a driver reload or a GPU reset drops it; NixOS: the module's "
@@ -1227,6 +1396,7 @@ def _clock_cap(ctx: Context, r: RankPlan, f: Facts) -> None:
                 f"clocks_event_reasons.applications_clocks_setting {reason}): the GPU may boost past {cap} MHz", fix)
 
 
+@node_check("WEIGHTS.SHARD_FILES")
 def _shard_files(ctx: Context, r: RankPlan, f: Facts) -> None:
     n = r.name
     if r.rank != 0:
@@ -1282,6 +1452,7 @@ def _image_config(f: Facts) -> tuple[str, list[str]] | None:
     return arch, [d for d in repo or [] if isinstance(d, str)]
 
 
+@node_check("IMAGE.ARCH")
 def _image_arch(ctx: Context, r: RankPlan, f: Facts) -> None:
     n = r.name
     machine = (f.get("uname") or ["", ""])[1:2]
@@ -1299,6 +1470,7 @@ def _image_arch(ctx: Context, r: RankPlan, f: Facts) -> None:
         ctx.add("IMAGE.ARCH", n, "ok", f"{config[0]} image on an {machine_s} host")
 
 
+@node_check("IMAGE.DIGEST")
 def _image_digest(ctx: Context, r: RankPlan, f: Facts) -> None:
     n = r.name
     _, at, digest = ctx.plan.image.tag.partition("@")
@@ -1330,8 +1502,10 @@ def _image_digest(ctx: Context, r: RankPlan, f: Facts) -> None:
         ctx.add("IMAGE.DIGEST", n, "ok", ", ".join(good))
 
 
-def _artifact_checks(ctx: Context, up: list[RankPlan]) -> None:
-    """ARTIFACT.SHA256: the ring's NCCL library against the pin, else against the head's."""
+@line_check("ARTIFACT.SHA256")
+def _artifact_sha256(ctx: Context) -> None:
+    """The ring's NCCL library against the pin, else against the head's."""
+    up = ctx.up
     shas: dict[str, tuple[str, str]] = {}
     for r in up:
         line = (ctx.facts[r.name].get("nccl_sha256") or [""])[0].split(None, 1)
@@ -1422,28 +1596,15 @@ ROUTE_FIX = ("route every node's fabric IP through a fabric port: on a switch, t
              "subnet; on a ring, the mesh's routes via the neighbours (the mesh unit, sparkring's mesh-up)")
 
 
-def _net_checks(ctx: Context, up: list[RankPlan]) -> None:
-    plan, facts = ctx.plan, ctx.facts
-    ring = plan.line.fabric == "ring"
-    owners = {a: r.name for r in up for _, addrs in _addresses(facts[r.name]).values() for a in addrs
-              if not a.startswith("127.")}
-    relays: dict[str, list[tuple[str, RankPlan]]] = {}  # node -> (from, to) of the routes through it
-    for r in up:
-        f = facts[r.name]
-        fabric = _fabric_netdevs(f)
-        _jumbo_ping(ctx, r, f, fabric)
-        _link_speed(ctx, r, f)
-        _bootstrap_iface(ctx, r, f)
-        _rendezvous(ctx, r, f)
-        if ring:
-            _ring_routes(ctx, r, f, fabric, owners, relays)
-        else:
-            ctx.add("RING.ROUTES", r.name, "n/a", "switched fabric (RDMA.JUMBO_PING checks the route to every node)")
-    for r in up:
-        _ip_forward(ctx, r, facts[r.name], relays.get(r.name, []) if ring else None)
+def _owners(ctx: Context) -> dict[str, str]:
+    """Each address of a reachable node (not loopback) -> the node."""
+    return {a: r.name for r in ctx.up for _, addrs in _addresses(ctx.facts[r.name]).values() for a in addrs
+            if not a.startswith("127.")}
 
 
-def _jumbo_ping(ctx: Context, r: RankPlan, f: Facts, fabric: dict[str, str]) -> None:
+@node_check("RDMA.JUMBO_PING")
+def _jumbo_ping(ctx: Context, r: RankPlan, f: Facts) -> None:
+    fabric = _fabric_netdevs(f)
     peers = ping_peers(ctx.plan, r)
     if not peers:
         ctx.add("RDMA.JUMBO_PING", r.name, "n/a", "a single node")
@@ -1480,6 +1641,7 @@ def _jumbo_ping(ctx: Context, r: RankPlan, f: Facts, fabric: dict[str, str]) -> 
         ctx.add("RDMA.JUMBO_PING", r.name, "ok", f"{JUMBO_PAYLOAD}+28 bytes with don't-fragment reach " + ", ".join(good))
 
 
+@node_check("RDMA.LINK_SPEED")
 def _link_speed(ctx: Context, r: RankPlan, f: Facts) -> None:
     rows = [x.split() for x in f.get("speed") if x.strip()]
     if not rows:
@@ -1502,6 +1664,7 @@ def _link_speed(ctx: Context, r: RankPlan, f: Facts) -> None:
         ctx.add("RDMA.LINK_SPEED", r.name, "ok", ", ".join(good) + f" at {LINK_SPEED_MBPS} Mb/s")
 
 
+@node_check("NET.BOOTSTRAP_IFACE")
 def _bootstrap_iface(ctx: Context, r: RankPlan, f: Facts) -> None:
     names: dict[str, list[str]] = {}  # the value -> the variables that name it
     for var in ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME"):
@@ -1540,8 +1703,9 @@ def _bootstrap_iface(ctx: Context, r: RankPlan, f: Facts) -> None:
         ctx.add("NET.BOOTSTRAP_IFACE", r.name, "ok", "; ".join(good))
 
 
-def _rendezvous(ctx: Context, r: RankPlan, f: Facts) -> None:
-    host, port = rendezvous(ctx.plan)
+@node_check("NET.RENDEZVOUS_ROUTE")
+def _rendezvous_route(ctx: Context, r: RankPlan, f: Facts) -> None:
+    host, _ = rendezvous(ctx.plan)
     route, text = _route(f, host)
     if r.rank == 0:
         if route is not None and route.kind == "local":
@@ -1549,7 +1713,6 @@ def _rendezvous(ctx: Context, r: RankPlan, f: Facts) -> None:
         else:
             ctx.add("NET.RENDEZVOUS_ROUTE", r.name, "fail", f"the dist init address {host} is not the head's ({text})",
                     "cluster.head.ip must be an address of the head: its TCPStore listens there")
-        ctx.add("PEER.CONTROL_CHANNEL", r.name, "n/a", f"the head serves the dist init port {port}")
         return
     if route is None:
         ctx.add("NET.RENDEZVOUS_ROUTE", r.name, "fail", f"no route to the dist init address {host}: {text}",
@@ -1559,6 +1722,14 @@ def _rendezvous(ctx: Context, r: RankPlan, f: Facts) -> None:
                 "give every node its own fabric IP (cluster.*.ip)")
     else:
         ctx.add("NET.RENDEZVOUS_ROUTE", r.name, "ok", f"{host} via {route.dev}" + (f" and {route.via}" if route.via else ""))
+
+
+@node_check("PEER.CONTROL_CHANNEL")
+def _control_channel(ctx: Context, r: RankPlan, f: Facts) -> None:
+    host, port = rendezvous(ctx.plan)
+    if r.rank == 0:
+        ctx.add("PEER.CONTROL_CHANNEL", r.name, "n/a", f"the head serves the dist init port {port}")
+        return
     rc, out = _rc(f.get(f"control {host} {port}"))
     said = " ".join(x.strip() for x in out if x.strip())
     if not f.has(f"control {host} {port}"):
@@ -1577,8 +1748,14 @@ def _rendezvous(ctx: Context, r: RankPlan, f: Facts) -> None:
                 "start until the rendezvous times out; a NixOS head opens it: tp4.host.firewall)")
 
 
-def _ring_routes(ctx: Context, r: RankPlan, f: Facts, fabric: dict[str, str], owners: dict[str, str],
-                 relays: dict[str, list[tuple[str, RankPlan]]]) -> None:
+@node_check("RING.ROUTES")
+def _ring_routes(ctx: Context, r: RankPlan, f: Facts) -> None:
+    """Also records the routes that go through another node (ctx.relays), which RING.IP_FORWARD
+    judges; CHECKS runs RING.ROUTES first."""
+    if ctx.plan.line.fabric != "ring":
+        ctx.add("RING.ROUTES", r.name, "n/a", "switched fabric (RDMA.JUMBO_PING checks the route to every node)")
+        return
+    fabric, owners, relays = _fabric_netdevs(f), _owners(ctx), ctx.relays
     good, bad = [], []
     for other in ctx.plan.nodes:
         if other.rank == r.rank:
@@ -1605,7 +1782,9 @@ def _ring_routes(ctx: Context, r: RankPlan, f: Facts, fabric: dict[str, str], ow
         ctx.add("RING.ROUTES", r.name, "ok", ", ".join(good))
 
 
-def _ip_forward(ctx: Context, r: RankPlan, f: Facts, through: list[tuple[str, RankPlan]] | None) -> None:
+@node_check("RING.IP_FORWARD")
+def _ip_forward(ctx: Context, r: RankPlan, f: Facts) -> None:
+    through = ctx.relays.get(r.name, []) if ctx.plan.line.fabric == "ring" else None
     if through is None:
         ctx.add("RING.IP_FORWARD", r.name, "n/a", "switched fabric")
         return

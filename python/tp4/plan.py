@@ -165,7 +165,7 @@ class Plan(NamedTuple):
     forbidden_lines: Annotated[tuple[str, ...], "text that must never appear in any rank's log"]
     secrets: Annotated[dict[str, SecretRef], "references to secrets (never their values); {} when the API is open"]
     warnings: Annotated[tuple[str, ...], "validation warnings (the plan is still valid)"] = ()
-    notes: Annotated[tuple[str, ...], "where the plan renders a gate differently from the profile as written, and why"] = ()
+    notes: Annotated[tuple[str, ...], "where the plan renders a gate differently from the profile as written, and why; the layer each extra engine argument comes from"] = ()
 
     def to_json(self) -> dict[str, Json]:
         """The plan as JSON values (objects, arrays, strings, numbers, booleans, null), under its
@@ -334,6 +334,19 @@ class Rendered(NamedTuple):
 def render_head(p: Profile, reg: Registry) -> Rendered:
     gates, notes = resolve_gates(p, reg)
     return Rendered(gates, notes, _render_env(p, 0, reg, gates))
+
+
+def arg_notes(loaded: Loaded) -> list[str]:
+    """The layer each argument of engine.extra_args comes from (the layers' lists add up), and
+    each inherited one a layer's engine.drop_args removed."""
+    def layer(name: str) -> str:
+        return "the profile" if name == "profile" else name
+
+    return [f"engine.extra_args: {' '.join(o.words)} from {layer(o.layer)}" if o.dropped_by is None else
+            f"engine.extra_args: {' '.join(o.words)} from {layer(o.layer)} is dropped by {layer(o.dropped_by)}'s engine.drop_args"
+            for o in loaded.arg_origins]
+
+
 
 
 def _rank_value(p: Profile, knob: Knob, rank: int) -> str:
@@ -548,5 +561,5 @@ def build_plan(loaded: Loaded, registry: Registry | None = None) -> Plan:
         forbidden_lines=tuple(reg.forbidden_lines),
         secrets={"API_KEY": SecretRef(file=p.api.key_file)} if p.api.key_file else {},
         warnings=tuple(loaded.warnings),
-        notes=tuple(notes),
+        notes=(*notes, *arg_notes(loaded)),
     )

@@ -185,7 +185,9 @@ Rules the types do not show:
   profile turns off is left out of `env` (upstream's adapter does nothing without it), and a
   preset gate that only restates a setting follows it (`DSV41_FAST_LOAD_EP_SIZE` follows
   `engine.ep`); each such gate gets a note. A gate the profile sets itself is never changed: the
-  validator reports what it needs.
+  validator reports what it needs. The presets' and the profile's `engine.extra_args` add up:
+  a note names the layer (`preset NAME`, `the profile`) each argument of `EXTRA_SGLANG_ARGS`
+  comes from, and each inherited argument a layer's `engine.drop_args` removed.
 - `gid`: upstream's launcher looks each node's RoCE v2 GID index up when it starts the line. The
   plan renders the profile's index (`fabric.gid_index`, default 3, or the node's own
   `gid_index`); unless the node pins it, the commands in `lookup_by` read the node's GID table at

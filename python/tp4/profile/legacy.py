@@ -41,10 +41,13 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from tp4.errors import InvalidInput
 from tp4.knobs import KNOBS, LAUNCHER_VARS, Imports
+
+if TYPE_CHECKING:
+    from tp4.registry import Registry
 
 # Internal markers for $HOME / ~ and $USER while the file is read: replaced by the home and the
 # name of WORKER_USER before parse_env_text returns (WORKER_USER may be set after its first use).
@@ -730,47 +733,71 @@ def _without_api_key(args: list[str]) -> tuple[list[str], bool]:
     return out, dropped
 
 
-def import_assignments(assignments: list[Assignment], source: str, parse_notes: list[str] | None = None, *,
-                       head_checkout: str | None = None, strict: bool = False) -> ImportResult:
-    """Map the assignments of an upstream profile onto a tp4 profile. head_checkout: the head's
-    checkout (cluster.head.workdir); default the directory of `source`. strict: warnings are errors."""
-    from tp4.profile.models import looks_like_secret
-    from tp4.registry import load_registry
+@dataclass
+class _Import:
+    """One import under way: the file's assignments (the last of each name) and what they became."""
 
-    reg = load_registry()
-    final: dict[str, Assignment] = {}
-    for a in assignments:
-        final[a.name] = a  # bash: the last assignment wins
-    errors: list[str] = []
-    notes = list(parse_notes or [])
-    unknown: list[str] = []
-    unknown_text: list[str] = []
-    doc: dict[str, Any] = {"preset": "launcher-defaults"}
-    origin: dict[str, _Origin] = {}
-    user = final["WORKER_USER"].value if "WORKER_USER" in final and final["WORKER_USER"].value else DEFAULT_USER
-    home = "/root" if user == "root" else f"/home/{user}"
+    source: str
+    final: dict[str, Assignment]
+    reg: Registry
+    home: str
+    head_checkout: str | None
+    doc: dict[str, Any] = field(default_factory=lambda: {"preset": "launcher-defaults"})
+    origin: dict[str, _Origin] = field(default_factory=dict)
+    errors: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    unknown: list[str] = field(default_factory=list)
+    unknown_text: list[str] = field(default_factory=list)
+    # the workers' IPs and host names, once read (the head and NNODES are checked against them)
+    ips: list[str] = field(default_factory=list)
+    hosts: list[str] = field(default_factory=list)
 
-    def where(a: Assignment) -> str:
-        return f"{source} line {a.line}"
+    def where(self, a: Assignment) -> str:
+        return f"{self.source} line {a.line}"
 
-    def setting(a: Assignment) -> _Origin:
+    def setting(self, a: Assignment) -> _Origin:
         return _Origin(a.line, f"{a.name}={_shown(a.value)}")
 
-    def apply_typed(key: str, value: str, a: Assignment, at: _Origin) -> None:
+    def get(self, name: str) -> str | None:
+        a = self.final.get(name)
+        return a.value if a else None
+
+    def typed(self, key: str, value: str, a: Assignment, at: _Origin) -> None:
+        """A variable of the knob table's import rows (TYPED), through its row's converter."""
         path, conv = TYPED[key]
         try:
             converted = conv(value)
         except ValueError as exc:
-            errors.append(f"{source} line {a.line}: {exc}")
+            self.errors.append(f"{self.source} line {a.line}: {exc}")
             return
         if key in HOME_RELATIVE and isinstance(converted, str):
-            converted = _home_rel(converted, home)
-        _set(doc, path, converted)
-        origin[".".join(path)] = at
+            converted = _home_rel(converted, self.home)
+        _set(self.doc, path, converted)
+        self.origin[".".join(path)] = at
 
-    def get(name: str) -> str | None:
-        a = final.get(name)
-        return a.value if a else None
+
+# The importer's steps, in order: the variables each reads (the launcher's variables whose meaning
+# spans more than one knob row) -> the step. The first converts every variable on its own: the knob
+# table's import rows (TYPED), the launcher-only and rank variables, gates, secrets, unknown names.
+_STEPS: list[tuple[tuple[str, ...], Callable[[_Import], None]]] = []
+
+
+def _step(*variables: str) -> Callable[[Callable[[_Import], None]], Callable[[_Import], None]]:
+    def register(fn: Callable[[_Import], None]) -> Callable[[_Import], None]:
+        _STEPS.append((variables, fn))
+        return fn
+
+    return register
+
+
+@_step()
+def _each_variable(imp: _Import) -> None:
+    """Every assignment on its own: a knob table import row, a launcher-only or rank variable, a
+    gate, a fixed value, a secret, or unknown."""
+    final, notes, where, setting, reg = imp.final, imp.notes, imp.where, imp.setting, imp.reg
+    unknown, unknown_text, apply_typed = imp.unknown, imp.unknown_text, imp.typed
+    doc, origin = imp.doc, imp.origin
+    from tp4.profile.models import looks_like_secret
 
     known = [*TYPED, *LAUNCHER_ONLY, *reg.gates]
     for name, a in final.items():
@@ -799,7 +826,12 @@ def import_assignments(assignments: list[Assignment], source: str, parse_notes: 
             unknown_text.append(f"{name} ({where(a)}) is not a variable the TP4 launcher reads; not imported"
                                 + (f" (did you mean {hint[0]}?)" if hint else ""))
 
-    # Workers: WORKER_IPS/WORKER_HOSTS, or the legacy WORKERn_IP/WORKERn_HOST pairs.
+
+@_step("WORKER_IPS", "WORKER_HOSTS", "WORKER_DIR", "WORKER_ENGRAM_DIR")
+def _workers(imp: _Import) -> None:
+    """cluster.workers: WORKER_IPS/WORKER_HOSTS or WORKERn_IP/WORKERn_HOST, with WORKER_DIR and WORKER_ENGRAM_DIR."""
+    final, doc, origin, errors = imp.final, imp.doc, imp.origin, imp.errors
+    get, setting, source, home = imp.get, imp.setting, imp.source, imp.home
     ips = _words(get("WORKER_IPS") or "")
     hosts = _words(get("WORKER_HOSTS") or "")
     ip_at = final.get("WORKER_IPS")
@@ -834,6 +866,15 @@ def import_assignments(assignments: list[Assignment], source: str, parse_notes: 
         doc.setdefault("cluster", {})["workers"] = workers
         if ip_at is not None:
             origin["cluster.workers"] = setting(ip_at)
+    imp.ips, imp.hosts = ips, hosts
+
+
+@_step("ENGRAM_DIR", "NNODES")
+def _head(imp: _Import) -> None:
+    """cluster.head: its name beside the workers', ENGRAM_DIR, NNODES checked against the workers, and the head's checkout."""
+    final, doc, origin, errors, notes = imp.final, imp.doc, imp.origin, imp.errors, imp.notes
+    get, where, setting, source, home = imp.get, imp.where, imp.setting, imp.source, imp.home
+    ips, hosts, head_checkout = imp.ips, imp.hosts, imp.head_checkout
     head = doc.setdefault("cluster", {}).setdefault("head", {})
     head.setdefault("ip", "10.0.0.1")
     head["name"] = "head" if "head" not in hosts else "rank0"
@@ -863,6 +904,12 @@ def import_assignments(assignments: list[Assignment], source: str, parse_notes: 
                  f"checkout that holds the file, so the head's /state is {_shown(workdir, 1000)}/state-tp4 (API key, DSpark tables, "
                  f"b12x caches){elsewhere}")
 
+
+@_step("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
+def _bootstrap_iface(imp: _Import) -> None:
+    """fabric.socket_ifname from GLOO_SOCKET_IFNAME and NCCL_SOCKET_IFNAME, which must agree."""
+    final, doc, origin = imp.final, imp.doc, imp.origin
+    errors, get, setting, source = imp.errors, imp.get, imp.setting, imp.source
     gloo, nsock = get("GLOO_SOCKET_IFNAME"), get("NCCL_SOCKET_IFNAME")
     if gloo is not None and nsock is not None and gloo != nsock:
         errors.append(f"{source}: GLOO_SOCKET_IFNAME={_shown(gloo)} and NCCL_SOCKET_IFNAME={_shown(nsock)} differ; "
@@ -871,6 +918,12 @@ def import_assignments(assignments: list[Assignment], source: str, parse_notes: 
         _set(doc, ("fabric", "socket_ifname"), gloo or nsock)
         origin["fabric.socket_ifname"] = setting(final["GLOO_SOCKET_IFNAME" if gloo else "NCCL_SOCKET_IFNAME"])
 
+
+@_step("NCCL_SWITCHLESS_RING_ONLY", "NCCL_OVERLAY_PIP", "NFS_SHARE", "DSV41_SERIAL_WEIGHT_LOAD", "NCCL_WORKER_DIR", "NCCL_HOST_DIR")
+def _switches(imp: _Import) -> None:
+    """The launcher's 0/1 switches: fabric.mode, fabric.nccl.mount (upstream's default follows the ring), nfs.share."""
+    final, doc, origin, errors = imp.final, imp.doc, imp.origin, imp.errors
+    notes, get, where, setting = imp.notes, imp.get, imp.where, imp.setting
     # Launcher switches, 0 or 1 (files/nccl.sh); empty is the launcher's default, like unset.
     switch: dict[str, str] = {}
     for var in ("NCCL_SWITCHLESS_RING_ONLY", "NCCL_OVERLAY_PIP", "NFS_SHARE", "DSV41_SERIAL_WEIGHT_LOAD"):
@@ -903,6 +956,12 @@ def import_assignments(assignments: list[Assignment], source: str, parse_notes: 
     if overlay != "1" and get("NCCL_HOST_DIR"):
         notes.append("NCCL_HOST_DIR: upstream mounts it at /nccl only when a library exists there; "
                      'tp4 makes that explicit: set fabric.nccl.mount = "dir" if the host has one')
+
+
+@_step("NFS_SERVER_IP", "NFS_SERVER_IPS")
+def _nfs_servers(imp: _Import) -> None:
+    """nfs.server_ips from NFS_SERVER_IP_n or NFS_SERVER_IP when NFS_SERVER_IPS is not set."""
+    final, doc, origin, get, setting = imp.final, imp.doc, imp.origin, imp.get, imp.setting
     if get("NFS_SERVER_IPS") is None:
         per: list[str] = []
         n = 1
@@ -916,6 +975,12 @@ def import_assignments(assignments: list[Assignment], source: str, parse_notes: 
             _set(doc, ("nfs", "server_ips"), [get("NFS_SERVER_IP")])
             origin["nfs.server_ips"] = setting(final["NFS_SERVER_IP"])
 
+
+@_step("BUILD_DOCKERFILE", "IMAGE")
+def _image_variant(imp: _Import) -> None:
+    """image.variant from BUILD_DOCKERFILE, else from the IMAGE tag."""
+    final, doc, origin = imp.final, imp.doc, imp.origin
+    errors, get, where, setting = imp.errors, imp.get, imp.where, imp.setting
     dockerfile = get("BUILD_DOCKERFILE")
     tag = get("IMAGE") or ""
     if dockerfile is not None:
@@ -929,10 +994,23 @@ def import_assignments(assignments: list[Assignment], source: str, parse_notes: 
         if "IMAGE" in final:
             origin["image.variant"] = _Origin(final["IMAGE"].line, f"IMAGE={_shown(tag)} (no BUILD_DOCKERFILE: the variant is read from the tag)")
 
+
+@_step("API_KEY")
+def _api_key(imp: _Import) -> None:
+    """API_KEY is never imported: a note says where the key goes."""
+    final, notes, get, where = imp.final, imp.notes, imp.get, imp.where
     api = get("API_KEY")
     if api is not None and api.strip().lower() not in OFF_KEYS:
         notes.append(f"{where(final['API_KEY'])}: API_KEY: the key was not imported, and is never written to a profile, a message "
                      "or a plan; fix: write it to a file (mode 600) and set api.key_file")
+
+
+@_step("EXTRA_CONTAINER_ENV")
+def _extra_container_env(imp: _Import) -> None:
+    """EXTRA_CONTAINER_ENV items: gates, knob rows, or [env]."""
+    final, doc, origin, errors, notes, where = imp.final, imp.doc, imp.origin, imp.errors, imp.notes, imp.where
+    reg, apply_typed = imp.reg, imp.typed
+    from tp4.profile.models import looks_like_secret
 
     extra = final.get("EXTRA_CONTAINER_ENV")
     if extra is not None:
@@ -964,6 +1042,12 @@ def import_assignments(assignments: list[Assignment], source: str, parse_notes: 
                 if hint:
                     notes.append(f"{where(extra)}: EXTRA_CONTAINER_ENV item {key} is not an adapter gate, so it is imported "
                                  f"into [env] as it is; did you mean {hint[0]}?")
+
+
+@_step("EXTRA_SGLANG_ARGS")
+def _no_key_in_args(imp: _Import) -> None:
+    """--api-key in EXTRA_SGLANG_ARGS is dropped, with a note."""
+    final, doc, notes, where = imp.final, imp.doc, imp.notes, imp.where
     args = doc.get("engine", {}).get("extra_args")
     if args:
         kept, dropped = _without_api_key(args)
@@ -973,6 +1057,25 @@ def import_assignments(assignments: list[Assignment], source: str, parse_notes: 
                          .replace("--api-key looks like a secret", "--api-key carries the API key")
                          .replace("fix: keep it in a file (mode 600) outside the profile; tp4 takes credentials only from files "
                                   "(the serving API key: api.key_file)", "fix: write the key to a file (mode 600) and set api.key_file"))
+
+
+def import_assignments(assignments: list[Assignment], source: str, parse_notes: list[str] | None = None, *,
+                       head_checkout: str | None = None, strict: bool = False) -> ImportResult:
+    """Map the assignments of an upstream profile onto a tp4 profile, step by step (_STEPS).
+    head_checkout: the head's checkout (cluster.head.workdir); default the directory of `source`.
+    strict: warnings are errors."""
+    from tp4.registry import load_registry
+
+    reg = load_registry()
+    final: dict[str, Assignment] = {}
+    for a in assignments:
+        final[a.name] = a  # bash: the last assignment wins
+    user = final["WORKER_USER"].value if "WORKER_USER" in final and final["WORKER_USER"].value else DEFAULT_USER
+    imp = _Import(source, final, reg, "/root" if user == "root" else f"/home/{user}", head_checkout,
+                  notes=list(parse_notes or []))
+    for _, run in _STEPS:
+        run(imp)
+    errors, notes, unknown, unknown_text, doc, origin = imp.errors, imp.notes, imp.unknown, imp.unknown_text, imp.doc, imp.origin
     if errors:
         raise ImportFailed(f"{source}: {len(errors)} problem(s); nothing was imported", errors, unknown_text)
 

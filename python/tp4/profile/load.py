@@ -1,7 +1,9 @@
 """Loading a profile: read TOML, stack it on its preset layers, parse the models, validate.
 
 A profile is a partial TOML document naming a preset; the preset chain (each preset file names
-the one it `extends`) is merged bottom-up, tables key by key, arrays and values replaced whole.
+the one it `extends`) and then the profile are merged bottom-up: tables key by key, values
+replaced, and each list as its row of `models.LIST_MERGE` says (engine.extra_args adds to the
+layers below, engine.drop_args removes from them, the other lists are replaced whole).
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ import re
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from tp4.errors import InvalidInput
 from tp4.profile.problem import Problem
@@ -30,11 +32,23 @@ PRESETS = DATA / "presets"
 DEFAULT_PROFILE = DATA / "default-profile.toml"
 
 
+class ArgOrigin(NamedTuple):
+    """One argument of engine.extra_args (a flag and its values) and the layer that set it:
+    "preset NAME" or "profile"; `dropped_by`: the layer whose engine.drop_args removed it."""
+
+    words: tuple[str, ...]
+    layer: str
+    dropped_by: str | None = None
+
+
 @dataclass
 class Loaded:
     profile: Profile  # imported lazily: models are built only when a profile is loaded
     source: str
     warnings: list[str] = field(default_factory=list)
+    # where each extra engine argument came from, in the order the line runs them, then the
+    # dropped ones (the plan's notes); () for a profile not read through the loader
+    arg_origins: tuple[ArgOrigin, ...] = ()
 
 
 def preset_names() -> list[str]:
@@ -82,26 +96,137 @@ def merge(base: Doc, top: Doc) -> Doc:
     return out
 
 
-def merged_document(doc: Doc) -> Doc:
-    """The profile document stacked on its preset chain (before model parsing)."""
-    return _stacked(doc)[0]
+def merged_document(doc: Doc, source: str = "the profile") -> Doc:
+    """The profile document stacked on its preset chain (before model parsing). `source` names
+    the profile in errors (its path)."""
+    return _stacked(doc, source)[0]
 
 
-def _stacked(doc: Doc) -> tuple[Doc, dict[str, Any]]:
-    """The profile document stacked on its preset chain, and the gates the preset chain alone
-    sets (what the renderer counts as the preset's: it reads them from the Profile, never the
-    preset files)."""
+def _stacked(doc: Doc, source: str) -> tuple[Doc, tuple[ArgOrigin, ...], dict[str, Any]]:
+    """The merged document, where each extra engine argument came from, and the gates the preset
+    chain alone sets (what the renderer counts as the preset's: it reads them from the Profile,
+    never the preset files). Raises InvalidInput for a list the layers cannot merge (a flag given
+    twice, a drop of nothing inherited)."""
     preset = doc.get("preset", "production")
     if not isinstance(preset, str):
         raise InvalidInput("the profile names no preset tp4 has",
                            [f"preset: got {_shown(preset)}; must be a string naming a preset; fix: use one of {', '.join(preset_names())}"])
+    layers = [_Layer(f"preset {name}", _where(f"preset {name}"), layer) for name, layer in preset_layers(preset)]
+    layers.append(_Layer("profile", source, doc))
     result: Doc = {}
-    for _, layer in preset_layers(preset):
-        result = merge(result, layer)
-    preset_gates = dict(result.get("gates", {}))
-    result = merge(result, doc)
+    args: list[ArgOrigin] = []
+    dropped: list[ArgOrigin] = []
+    problems: list[str] = []
+    preset_gates: dict[str, Any] = {}
+    for layer in layers:
+        if layer.name == "profile":
+            preset_gates = dict(result.get("gates", {}))
+        merged_args = _merge_args(layer, args, dropped, problems)
+        result = merge(result, layer.doc)
+        if merged_args is not None:
+            engine = result.setdefault("engine", {})
+            if isinstance(engine, dict):
+                engine["extra_args"] = [w for a in args for w in a.words]
+                if dropped:
+                    engine["drop_args"] = [_flag(a.words[0]) for a in dropped]
+    if problems:
+        raise InvalidInput(f"{source}: the layers' engine.extra_args do not merge ({len(problems)} problem(s))", problems)
     result["preset"] = preset
-    return _image_tag(result), preset_gates
+    return _image_tag(result), (*args, *dropped), preset_gates
+
+
+class _Layer(NamedTuple):
+    name: str  # as the plan's notes say it: "preset base", "profile"
+    where: str  # as errors say it: the preset's file, the profile's path
+    doc: Doc
+
+
+def _flag(word: str) -> str | None:
+    """The flag a word of extra_args starts (`--name` or `--name=value`), or None for a value."""
+    return word.partition("=")[0] if word.startswith("--") else None
+
+
+def _arguments(words: list[str]) -> list[tuple[str, ...]]:
+    """Words grouped into arguments: a flag with the values after it (words not starting `--`)."""
+    out: list[list[str]] = []
+    for word in words:
+        if _flag(word) is None and out:
+            out[-1].append(word)
+        else:
+            out.append([word])
+    return [tuple(a) for a in out]
+
+
+def _merge_args(layer: _Layer, args: list[ArgOrigin], dropped: list[ArgOrigin], problems: list[str]) -> bool | None:
+    """Apply one layer's engine.drop_args and engine.extra_args to the inherited `args` (in place,
+    recording what is dropped); None when the layer sets neither. A list of anything but strings is
+    left to the model, which reports it (the layer's value then replaces the inherited list)."""
+    engine = layer.doc.get("engine")
+    if not isinstance(engine, dict) or ("extra_args" not in engine and "drop_args" not in engine):
+        return None
+    own = engine.get("extra_args", [])
+    drops = engine.get("drop_args", [])
+    if not (isinstance(own, list) and all(isinstance(w, str) for w in own)
+            and isinstance(drops, list) and all(isinstance(w, str) for w in drops)):
+        return None
+    inherited = sorted({f for a in args if (f := _flag(a.words[0])) is not None})
+    for i, name in enumerate(drops):
+        hits = [a for a in args if a.words and _flag(a.words[0]) == name]
+        if name in drops[:i]:
+            problems.append(f"engine.drop_args[{i}]: {name[:60]!r} is named twice in {layer.where}; fix: remove one")
+            continue
+        if not hits:
+            problems.append(
+                f"engine.drop_args[{i}]: {name[:60]!r} in {layer.where} is not a flag a lower layer sets in "
+                f"engine.extra_args, so there is nothing to drop; fix: "
+                + (f"name one of {', '.join(inherited)} (a flag, without its value), or remove it"
+                   if inherited else "remove it (the layers below set no extra_args)"))
+            continue
+        for a in hits:
+            args.remove(a)
+            dropped.append(a._replace(dropped_by=layer.name))
+    seen = {f: a for a in args if (f := _flag(a.words[0])) is not None}
+    for words in _arguments(own):
+        flag = _flag(words[0])
+        first = seen.get(flag) if flag is not None else None
+        if first is not None:
+            twice = (f"twice in {layer.where}" if first.layer == layer.name
+                     else f"by {_where(first.layer)} and again by {layer.where}")
+            fix = ("remove one of them" if first.layer == layer.name else
+                   f"to change the inherited value, add \"{flag}\" to engine.drop_args in {layer.where} and keep "
+                   "yours; otherwise remove yours")
+            problems.append(f"engine.extra_args: {flag} is given {twice}; fix: {fix}")
+            continue
+        origin = ArgOrigin(words, layer.name)
+        args.append(origin)
+        if flag is not None:
+            seen[flag] = origin
+    return True
+
+
+def _where(name: str) -> str:
+    """A preset layer's name as an error says it, with its file."""
+    if name.startswith("preset "):
+        return f"{name} ({PRESETS / name.removeprefix('preset ')}.toml)"
+    return name
+
+
+_EXTRA_ARG = re.compile(r"engine\.extra_args\[([0-9]+)\]")
+
+
+def _own_index(problem: Problem, origins: tuple[ArgOrigin, ...]) -> Problem:
+    """A problem of the merged engine.extra_args at the index the profile's own list has: the
+    profile's items follow every inherited one."""
+    m = _EXTRA_ARG.match(problem.field)
+    if m is None or not any(o.layer == "profile" and o.dropped_by is None for o in origins):
+        return problem
+    inherited = sum(len(o.words) for o in origins if o.layer != "profile" and o.dropped_by is None)
+    k = int(m.group(1))
+    if k < inherited:
+        return problem
+    import dataclasses
+
+    return dataclasses.replace(problem, field=f"engine.extra_args[{k - inherited}]" + problem.field[m.end():])
 
 
 def _image_tag(doc: Doc) -> Doc:
@@ -252,7 +377,7 @@ def parse_document(doc: Doc, source: str) -> Loaded:
 
     from tp4.profile.models import Profile
 
-    merged, preset_gates = _stacked(doc)
+    merged, origins, preset_gates = _stacked(doc, source)
     problems: list[Problem] = []
     bad: list[Loc] = []  # where the bad values are; each is reported once, then left out
     candidate = merged
@@ -291,7 +416,7 @@ def parse_document(doc: Doc, source: str) -> Loaded:
             # keep what fails both with the model's defaults (above) and with the presets' values
             # standing in for the bad ones.
             try:
-                preset_doc, stand_in_gates = _stacked(own)
+                preset_doc, _, stand_in_gates = _stacked(own, source)
                 missing = [loc for loc in bad if _value_at(preset_doc, loc) is None]
                 stand_in = Profile.model_validate(_stand_in(preset_doc, missing) if missing else preset_doc)
             except (ValidationError, InvalidInput):
@@ -307,10 +432,12 @@ def parse_document(doc: Doc, source: str) -> Loaded:
         seen = {p.field for p in problems}
         problems += [e for e in errors if e.field not in seen]
         warnings = [w for w in warnings if w.field not in seen]
+    problems = [_own_index(p, origins) for p in problems]
+    warnings = [_own_index(w, origins) for w in warnings]
     if problems:
         raise InvalidInput(f"{source}: {len(problems)} problem(s)", [str(p) for p in problems])
     assert profile is not None  # no profile only after a field error, and every field error is a problem
-    return Loaded(profile, source, [str(w) for w in warnings])
+    return Loaded(profile, source, [str(w) for w in warnings], origins)
 
 
 def _names(text: str, name: str) -> bool:

@@ -13,7 +13,7 @@ signature, and the signature of a builtin costs ~1.7 ms the first time).
 """
 
 import re
-from typing import Annotated, Literal, TypeVar
+from typing import Annotated, Literal, NamedTuple, TypeVar
 
 from pydantic import (
     AfterValidator,
@@ -422,7 +422,8 @@ class Engine(Section):
     use_sts_table: bool = Field(False, description="The STS confidence table file is present, so boot.py passes it.")
     offload_mode: Literal["nvme", "ram"] = Field("nvme", description="Engram offload (OFFLOAD_MODE); ram (~189 GiB pinned) never fits on a Spark.")
     host: Annotated[str, Form(r"[0-9A-Fa-f.:]+", 'an IPv4 or IPv6 address', '0.0.0.0')] = Field("0.0.0.0", description="Bind address of the API (HOST).")
-    extra_args: list[str] = Field(default_factory=lambda: [], description="Extra engine arguments, one word per item (EXTRA_SGLANG_ARGS).")
+    extra_args: list[str] = Field(default_factory=lambda: [], description="Extra engine arguments, one word per item (EXTRA_SGLANG_ARGS); a flag's values follow it as their own items.")
+    drop_args: list[str] = Field(default_factory=lambda: [], description="Flags of the presets' `engine.extra_args` this layer removes, each with its values (e.g. [\"--sleep-on-idle\"]); each must be a flag a lower layer sets.")
 
     @field_validator("mem_fraction_static", "head_mem_fraction_static")
     @classmethod
@@ -437,7 +438,7 @@ class Engine(Section):
                              "without control characters")
         return v
 
-    @field_validator("extra_args")
+    @field_validator("extra_args", "drop_args")
     @classmethod
     def _words(cls, v: list[str]) -> list[str]:
         for arg in v:
@@ -445,6 +446,42 @@ class Engine(Section):
                 raise ValueError(f"{arg[:60]!r}: each item must be one non-empty word without whitespace (boot.py splits "
                                  "EXTRA_SGLANG_ARGS on whitespace); fix: split it into separate items, e.g. [\"--flag\", \"value\"]")
         return v
+
+
+class ListMerge(NamedTuple):
+    """How a list a layer sets (a preset, then the profile) combines with the lists of the layers
+    below it: "add" appends the layer's items to the inherited ones (removing one is explicit, in
+    the field named by `drop`); "replace" takes the layer's list whole."""
+
+    how: Literal["add", "replace", "drop"]
+    why: str
+    drop: str | None = None
+
+
+# Every list field of the profile, and how it layers: the one place this is decided. The loader
+# (load.py) merges by it, the profile reference prints it, and a test holds it to the models.
+LIST_MERGE: dict[str, ListMerge] = {
+    "engine.extra_args": ListMerge(
+        "add", "the presets' flags are part of the line they describe (--fp8-gemm-backend, "
+        "--sleep-on-idle, ...): a profile adds its own flags after them; one flag given twice, by two "
+        "layers or in one, is an error naming both; an inherited flag is removed with "
+        "`engine.drop_args`", drop="engine.drop_args"),
+    "engine.drop_args": ListMerge(
+        "drop", "each layer's items remove flags of the layers below it (with their values) before "
+        "its own `engine.extra_args` are added; naming a flag no lower layer sets is an error"),
+    "cluster.workers": ListMerge(
+        "replace", "the workers are this line's machines in rank order: a list added to another "
+        "layer's would put ranks on hosts this line does not have"),
+    "fabric.hcas": ListMerge(
+        "replace", "the RDMA devices of this line's hosts, all of which NCCL uses: the preset's names "
+        "are another host's, and a device NCCL cannot open fails the line"),
+    "nfs.server_ips": ListMerge(
+        "replace", "one address for all workers or one per worker, by position: items added to "
+        "another layer's would shift every worker's server"),
+    "nfs.clients": ListMerge(
+        "replace", "the export's access list: adding to a preset's would open the checkpoint to "
+        "addresses the preset guessed and never let a profile narrow it"),
+}
 
 
 class Engram(Section):

@@ -46,6 +46,18 @@ def _default(info: Any) -> str:
     return f"`{json.dumps(value)}`"
 
 
+_HOW = {"add": "adds to the lower layers' list", "replace": "replaces the lower layers' list whole",
+        "drop": "removes from the lower layers' engine.extra_args"}
+
+
+def _layering(path: str, ann: Any) -> str:
+    """How a list field layers (models.LIST_MERGE); every list field has a row there."""
+    if typing.get_origin(ann) is not list:
+        return ""
+    rule = models.LIST_MERGE[path]
+    return f" **Layers:** {_HOW[rule.how]}: {rule.why}."
+
+
 def _section(model: type[BaseModel], prefix: str, out: list[str]) -> None:
     rows = []
     nested = []
@@ -55,7 +67,8 @@ def _section(model: type[BaseModel], prefix: str, out: list[str]) -> None:
         if sub is not None and typing.get_origin(ann) is not list:
             nested.append((name, sub))
             continue
-        meaning = (info.description or "").replace("|", "\\|")
+        meaning = (info.description or "") + _layering(f"{prefix}{name}", ann)
+        meaning = meaning.replace("|", "\\|")
         rows.append(f"| `{prefix}{name}` | {_type(ann)} | {_default(info)} | {meaning} |")
     if rows:
         out.append(f"\n#### `[{prefix.rstrip('.') or 'top level'}]`\n")
@@ -67,7 +80,9 @@ def _section(model: type[BaseModel], prefix: str, out: list[str]) -> None:
 
 
 def generate() -> str:
-    out = [BEGIN, "", "Defaults are the upstream launcher's (preset `launcher-defaults`); presets and your profile override them.",
+    out = [BEGIN, "", "Defaults are the upstream launcher's (preset `launcher-defaults`); presets and your profile override them: "
+           "tables key by key, values replaced, and each list as its **Layers:** note says (`engine.extra_args` adds to "
+           "the presets' flags, `engine.drop_args` removes one of them, the other lists are replaced whole).",
            "Node tables (`cluster.head`, each `[[cluster.workers]]`) take the fields of `cluster.head`."]
     _section(models.Profile, "", out)
     out += ["", "#### Adapter gates (`[gates]`, from adapters/registry.toml)", "",
