@@ -14,6 +14,7 @@ import stat
 from typing import NamedTuple
 
 from tp4.errors import InvalidInput
+from tp4.userfiles import file_kind
 
 _MAX_KEY_FILE = 64 << 10
 
@@ -76,7 +77,7 @@ def _kind_problem(where: str) -> tuple[KeyFileProblem | None, os.stat_result | N
     except OSError as exc:
         return KeyFileProblem(f"cannot be checked ({exc.strerror})", "name the file holding the API key"), None
     if not stat.S_ISREG(st.st_mode):
-        return KeyFileProblem(f"is {_kind(st.st_mode)}, not a regular file", "name the file holding the API key"), None
+        return KeyFileProblem(f"is {file_kind(st.st_mode)}, not a regular file", "name the file holding the API key"), None
     return None, st
 
 
@@ -116,7 +117,7 @@ def read_key(path: str | os.PathLike[str]) -> Secret:
     try:
         st = os.fstat(fd)  # what was opened, not what was there a moment ago
         if not stat.S_ISREG(st.st_mode):
-            raise bad(f"is {_kind(st.st_mode)}, not a regular file", "name the file holding the API key")
+            raise bad(f"is {file_kind(st.st_mode)}, not a regular file", "name the file holding the API key")
         data = b""
         while len(data) <= _MAX_KEY_FILE:
             part = os.read(fd, _MAX_KEY_FILE + 1 - len(data))
@@ -148,14 +149,3 @@ def read_key(path: str | os.PathLike[str]) -> Secret:
         logging.getLogger("tp4.apikey").warning("api.key_file: %s %s; fix: %s", where, loose.reason, loose.fix)
     return Secret(key)
 
-
-def _kind(mode: int) -> str:
-    if stat.S_ISDIR(mode):
-        return "a directory"
-    if stat.S_ISFIFO(mode):
-        return "a FIFO"
-    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
-        return "a device"
-    if stat.S_ISSOCK(mode):
-        return "a socket"
-    return "not a regular file"

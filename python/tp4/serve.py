@@ -44,7 +44,7 @@ from tp4.errors import InvalidInput, Tp4Error
 from tp4.container import Health
 from tp4.nodes import Node, parallel
 from tp4.plan import Plan, RankPlan
-from tp4.profile.models import has_unsafe_chars
+from tp4.profile.models import ENV_KEY, has_unsafe_chars
 
 if TYPE_CHECKING:
     from tp4.api import Endpoint as api_Endpoint
@@ -132,9 +132,6 @@ def health_flags(health: Health) -> list[str]:
 
 
 # an env file's key: what docker, podman and a shell accept as a variable name
-_ENV_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-
-
 def env_file_text(rank: RankPlan, secrets: Mapping[str, Secret]) -> str:
     """The rank's env file (docker's and podman's ``--env-file``; a NixOS unit's container reads
     the same file): one KEY=VALUE a line, sorted by key, taken literally. The head's also
@@ -150,7 +147,7 @@ def env_file_text(rank: RankPlan, secrets: Mapping[str, Secret]) -> str:
     lines = []
     for key in sorted(env):
         value = env[key]
-        if not _ENV_KEY.fullmatch(key):
+        if not ENV_KEY.fullmatch(key):
             raise InvalidInput(f"{rank.name}: env key {key!r} is not a variable name, which an env file cannot carry; "
                                "fix: use letters, digits and _ (not first a digit)")
         if has_unsafe_chars(value):

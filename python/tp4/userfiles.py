@@ -17,7 +17,8 @@ from tp4.errors import InvalidInput
 MAX_INPUT_BYTES = 16 * 1024 * 1024
 
 
-def _kind(mode: int) -> str:
+def file_kind(mode: int) -> str:
+    """What a path that is not a regular file is, for a message: `{what} is {file_kind(mode)}`."""
     if stat.S_ISDIR(mode):
         return "a directory"
     if stat.S_ISFIFO(mode):
@@ -45,7 +46,7 @@ def read_input(path: str | os.PathLike[str], what: str, missing_fix: str = "pass
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
-            raise InvalidInput(f"{what} {p} is {_kind(st.st_mode)}, not a regular file; fix: {missing_fix}")
+            raise InvalidInput(f"{what} {p} is {file_kind(st.st_mode)}, not a regular file; fix: {missing_fix}")
         if st.st_size > limit:
             raise InvalidInput(f"{what} {p} is {st.st_size} bytes, more than the {limit} a {what} can be; "
                                f"fix: {missing_fix}")
@@ -82,7 +83,7 @@ def check_output(path: str | os.PathLike[str], what: str, *, force: bool) -> os.
         raise InvalidInput(f"cannot write {what} {out}: {exc.strerror}") from None
     if st is not None:
         if not stat.S_ISREG(st.st_mode):
-            raise InvalidInput(f"{what} {out} is {_kind(st.st_mode)}; fix: name a regular file or a new path")
+            raise InvalidInput(f"{what} {out} is {file_kind(st.st_mode)}; fix: name a regular file or a new path")
         if not force:
             raise InvalidInput(f"{out} exists; fix: choose another -o, or pass --force")
     if not out.parent.is_dir():

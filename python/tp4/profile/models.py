@@ -37,7 +37,7 @@ _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}")
 _HOST = re.compile(r"[A-Za-z0-9:][A-Za-z0-9._:-]{0,252}")
 _USER = re.compile(r"[a-z_][a-z0-9_.-]{0,31}")
 _IFNAME = re.compile(r"[A-Za-z0-9_.@-]{1,15}")
-_ENV_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+ENV_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")  # an environment variable name
 # Control characters and line separators (any a line-based reader might split on) are never
 # allowed in values that reach an env file, an argv or a mount spec.
 _UNSAFE = re.compile(r"[\x00-\x08\x0a-\x1f\x7f\x85\u2028\u2029]")
@@ -70,7 +70,7 @@ def looks_like_secret(name: str) -> bool:
 
 
 def _env_key(key: str) -> str:
-    if not _ENV_KEY.fullmatch(key):
+    if not ENV_KEY.fullmatch(key):
         raise ValueError(f"{key[:60]!r} is not an environment variable name; fix: use letters, digits and '_', "
                          "not starting with a digit (e.g. MY_FLAG)")
     if looks_like_secret(key):
