@@ -552,23 +552,30 @@ def test_shard_files_on_the_head(good: DoctorCluster) -> None:
                         "model-00002-of-00048.safetensors is a dangling link; model-00003-of-00048.safetensors is a directory")
 
 
+def run_with_other_image(cluster: DoctorCluster, tmp_path: Path, *import_args: str) -> tuple[dict[tuple[str, str], Result], str]:
+    """Doctor's results while node3 holds another image (`podman import` of one file, with
+    ``import_args``) under the plan's tag, and the id the tag had before (put back after)."""
+    host = cluster.hosts[2]
+    tag = cluster.plan.image.tag
+    original = host.run("podman", "image", "inspect", "--format", "{{.Id}}", tag).stdout.strip()
+    (tmp_path / "hello").write_text("another image\n")
+    with tarfile.open(tmp_path / "other.tar", "w") as tar:
+        tar.add(tmp_path / "hello", arcname="hello")
+    host.run("podman", "import", "-q", *import_args, str(tmp_path / "other.tar"), tag)
+    try:
+        return run(cluster), original
+    finally:
+        host.run("podman", "tag", original, tag)
+
+
 def test_image_of_another_architecture(good: DoctorCluster, tmp_path: Path) -> None:
     """An image whose config names another architecture than `uname -m` (podman holds it without
     running it): IMAGE.ARCH fails on that node."""
     machine = os.uname().machine
     own = doctor.ARCH[machine]
     other = "amd64" if own == "arm64" else "arm64"
-    host = good.hosts[2]
     tag = good.plan.image.tag
-    original = host.run("podman", "image", "inspect", "--format", "{{.Id}}", tag).stdout.strip()
-    (tmp_path / "hello").write_text("an image of another architecture\n")
-    with tarfile.open(tmp_path / "other.tar", "w") as tar:
-        tar.add(tmp_path / "hello", arcname="hello")
-    host.run("podman", "import", "-q", "--arch", other, str(tmp_path / "other.tar"), tag)
-    try:
-        results = run(good)
-    finally:
-        host.run("podman", "tag", original, tag)
+    results, _ = run_with_other_image(good, tmp_path, "--arch", other)
     r = results[("IMAGE.ARCH", "node3")]
     assert (r.status, r.blocking) == ("fail", True)
     assert r.detail == f"{tag} is a {other} image, the host is {machine} ({own}): it cannot run here"
@@ -727,17 +734,7 @@ def test_engram_shards(good: DoctorCluster) -> None:
 
 
 def test_image_differs(good: DoctorCluster, tmp_path: Path) -> None:
-    host = good.hosts[2]
-    tag = good.plan.image.tag
-    original = host.run("podman", "image", "inspect", "--format", "{{.Id}}", tag).stdout.strip()
-    (tmp_path / "hello").write_text("another image\n")
-    with tarfile.open(tmp_path / "other.tar", "w") as tar:
-        tar.add(tmp_path / "hello", arcname="hello")
-    host.run("podman", "import", "-q", str(tmp_path / "other.tar"), tag)
-    try:
-        results = run(good)
-    finally:
-        host.run("podman", "tag", original, tag)
+    results, original = run_with_other_image(good, tmp_path)
     r = results[("IMAGE.SAME", "node3")]
     assert (r.status, r.blocking) == ("fail", True) and f"the head's is {original[:12]} (the id differ)" in r.detail
     assert r.fix is not None and "tp4 distribute" in r.fix
