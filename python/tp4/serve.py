@@ -131,7 +131,6 @@ def health_flags(health: Health) -> list[str]:
             "--health-start-period", f"{health.start_period}s", "--health-retries", str(health.retries)]
 
 
-# an env file's key: what docker, podman and a shell accept as a variable name
 def env_file_text(rank: RankPlan, secrets: Mapping[str, Secret]) -> str:
     """The rank's env file (docker's and podman's ``--env-file``; a NixOS unit's container reads
     the same file): one KEY=VALUE a line, sorted by key, taken literally. The head's also
