@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shlex
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import click
@@ -74,17 +75,44 @@ def _human(plan: Plan, rank: int | None) -> str:
 @click.option("--profile", "-p", "profile_path", type=click.Path(), help="Profile TOML; default: the embedded production profile on the example cluster.")
 @click.option("--rank", type=int, default=None, help="Show only this rank.")
 @click.option("--json", "as_json", is_flag=True, help=f"Machine-readable plan (schema {schemas.PLAN}, see docs/plan-schema.md).")
+@click.option("--output", "-o", "output", type=click.Path(dir_okay=False), default=None,
+              help="Write the JSON plan to FILE (replaced whole, never half-written): the plan a NixOS host configuration reads, committed beside the profile.")
+@click.option("--check", "check", type=click.Path(dir_okay=False), default=None,
+              help="Compare FILE (a committed `tp4 plan --json -o FILE`) with the plan the profile renders now: exit 0 when it is current, 1 with the differences when it is stale.")
 @strict_option
-def plan(profile_path: str | None, rank: int | None, as_json: bool, strict: bool) -> None:
+def plan(profile_path: str | None, rank: int | None, as_json: bool, output: str | None, check: str | None, strict: bool) -> None:
     """Show the rendered line: per rank the container env, the engine argv, the run spec, and the
     boot-log lines the armed gates must print. The profile's warnings go to stderr (and into the
     JSON's `warnings`)."""
     from tp4.plan import build_plan
 
+    if (output or check) and rank is not None:
+        raise InvalidInput("--rank: a plan file holds the whole line; fix: leave out --rank with -o or --check")
+    if output and check:
+        raise InvalidInput("-o and --check: write the plan or check it, not both; fix: run them one after the other")
     loaded = load_profile(profile_path, strict)
     result = build_plan(loaded)
     if rank is not None and not 0 <= rank < len(result.nodes):
         raise InvalidInput(f"--rank {rank}: the line has ranks 0..{len(result.nodes) - 1}")
+    if output is not None:
+        from tp4.planfile import write_plan
+
+        write_plan(Path(output), result)
+        click.echo(f"wrote {output} (schema {schemas.PLAN})", err=True)
+        return
+    if check is not None:
+        from tp4.planfile import stale
+
+        differences = stale(Path(check), result)
+        if differences:
+            click.echo(f"{check} is stale: the profile ({result.source}) renders another plan:", err=True)
+            for d in differences:
+                click.echo(f"  {d}", err=True)
+            click.echo(f"fix: tp4 plan --json -o {check}" + (f" --profile {profile_path}" if profile_path else "") +
+                       ", review the difference and commit it", err=True)
+            raise SystemExit(1)
+        click.echo(f"{check} is current (the plan the profile renders)", err=True)
+        return
     if as_json:
         import json
 

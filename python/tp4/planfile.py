@@ -1,0 +1,86 @@
+"""A plan committed as a file (`tp4 plan --json -o plan.json`): what a NixOS host configuration
+reads instead of the profile. Written whole or not at all; `tp4 plan --check` says, field by field,
+where a committed file differs from the plan the profile renders now."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from tp4.errors import InvalidInput
+
+if TYPE_CHECKING:
+    from tp4.plan import Json, Plan
+
+# fields that say where and how the plan was rendered, not what the line runs: the profile's path
+# (a store path in a flake check, a relative one on the operator's machine)
+NOT_COMPARED = ("source",)
+
+
+def plan_text(plan: Plan) -> str:
+    return json.dumps(plan.to_json(), indent=2) + "\n"
+
+
+def write_plan(path: Path, plan: Plan) -> None:
+    """Replace `path` with the plan's JSON: a temporary file in the same directory, renamed over it."""
+    text = plan_text(plan)
+    parent = path.parent if str(path.parent) else Path(".")
+    if not parent.is_dir():
+        raise InvalidInput(f"-o {path}: {parent} is not a directory; fix: create it, or write the plan elsewhere")
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def read_plan_json(path: Path) -> dict[str, Json]:
+    """A plan file's JSON object (bad input: exit 2 naming the file and the fix)."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise InvalidInput(f"{path}: no such file; fix: write it with tp4 plan --json -o {path}") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise InvalidInput(f"{path}: not a plan file ({e}); fix: write it with tp4 plan --json -o {path}") from None
+    if not isinstance(data, dict) or not isinstance(data.get("schema"), str) or not data["schema"].startswith("tp4.plan/"):
+        raise InvalidInput(f"{path}: not a tp4 plan (no tp4.plan/ schema); fix: write it with tp4 plan --json -o {path}")
+    return data
+
+
+def _show(v: Json) -> str:
+    text = json.dumps(v)
+    return text if len(text) <= 120 else text[:117] + "..."
+
+
+def differences(old: Json, new: Json, path: str = "") -> list[str]:
+    """Where `old` (the file) and `new` (the rendered plan) differ, one line per leaf."""
+    if isinstance(old, dict) and isinstance(new, dict):
+        out: list[str] = []
+        for k in list(old) + [k for k in new if k not in old]:
+            where = f"{path}.{k}" if path else k
+            if path == "" and k in NOT_COMPARED:
+                continue
+            if k not in new:
+                out.append(f"{where}: in the file, no longer rendered")
+            elif k not in old:
+                out.append(f"{where}: missing from the file, rendered as {_show(new[k])}")
+            else:
+                out += differences(old[k], new[k], where)
+        return out
+    if isinstance(old, list) and isinstance(new, list) and len(old) == len(new):
+        return [d for i, (a, b) in enumerate(zip(old, new, strict=True)) for d in differences(a, b, f"{path}[{i}]")]
+    if old != new:
+        return [f"{path}: the file has {_show(old)}, the profile renders {_show(new)}"]
+    return []
+
+
+def stale(path: Path, plan: Plan) -> list[str]:
+    """The differences between the plan file at `path` and `plan` ([] when the file is current)."""
+    return differences(read_plan_json(path), plan.to_json())
