@@ -21,7 +21,7 @@ def test_o_writes_the_json_plan_and_check_finds_it_current(tp4_cli, tmp_path):
     code, stdout, err = tp4_cli("plan", "--json", "-o", out, "--profile", EXAMPLE / "profile.toml")
     assert code == 0, err
     assert stdout == "" and f"wrote {out}" in err
-    code_json, printed, _ = tp4_cli("plan", "--json", "--profile", EXAMPLE / "profile.toml")
+    _, printed, _ = tp4_cli("plan", "--json", "--profile", EXAMPLE / "profile.toml")
     assert json.loads(out.read_text()) == json.loads(printed)
     assert oct(out.stat().st_mode & 0o777) == "0o644"
     assert [p.name for p in tmp_path.iterdir()] == ["plan.json"]
@@ -87,3 +87,64 @@ def test_a_plan_file_is_the_whole_line(tp4_cli, tmp_path, args):
     code, _, err = tp4_cli("plan", *args)
     assert code == 2 and "fix:" in err
     assert not (tmp_path / "x.json").exists()
+
+
+# --- what a host reads from the plan (tp4.plan/1.7) ----------------------------------------------
+
+
+def _plan(text: str):
+    from tp4.plan import build_plan
+    from tp4.profile.load import load_text
+
+    return build_plan(load_text(text, "t"))
+
+
+def test_the_nfs_share_is_the_plans_with_pythons_fallback_address():
+    """One server address is every worker's; a profile that writes none gets tp4's default, as tp4
+    share uses it (the NixOS hosts used to refuse it)."""
+    text = (EXAMPLE / "profile.toml").read_text()
+    plan = _plan(text)
+    assert plan.line.nfs is not None
+    assert plan.line.nfs.export == plan.nodes[0].run.mounts[0].source and plan.line.nfs.port == 2049
+    assert plan.line.nfs.servers == ("10.0.0.1",) * 3
+    import re
+
+    bare = re.sub(r"(?m)^server_ips = .*\n", "", text)
+    assert bare != text
+    assert _plan(bare).line.nfs.servers == ("10.0.22.1",) * 3
+    assert _plan(text.replace("[nfs]", "[nfs]\nshare = false")).line.nfs is None
+
+
+def test_a_ring_carries_its_hairpin_queue_and_no_share():
+    text = (EXAMPLE / "profile.toml").read_text().replace("[nfs]", "[nfs]\nshare = false")
+    ring = text.replace('hcas = ["rocep1s0f0", "roceP2p1s0f0"]', 'hcas = ["rocep1s0f0", "roceP2p1s0f0"]\nmode = "ring"\n'
+                        'ring_hairpin_queue = 16384\n\n[fabric.nccl]\nmount = "overlay"')
+    ring += '\n[gates]\nDSV41_ROCE_RING = "1"\nSGLANG_ROCE_MAX_SIZE = "262144"\nDSV41_ROCE_GATHER = "262144"\n'
+    plan = _plan(ring)
+    assert plan.line.ring_hairpin_queue == 16384 and plan.line.nfs is None
+    assert _plan(text).line.ring_hairpin_queue is None
+
+
+def test_readiness_is_serves_boot_check_on_the_ranks_own_log():
+    from tp4.serve import DEFAULT_TIMEOUTS
+
+    plan = _plan((EXAMPLE / "profile.toml").read_text())
+    head, worker = plan.nodes[0].service.ready, plan.nodes[1].service.ready
+    assert head.timeout == sum(DEFAULT_TIMEOUTS[k] for k in ("start", "weights", "graphs", "smoke", "warmup", "ready"))
+    assert worker.timeout == DEFAULT_TIMEOUTS["start"] + DEFAULT_TIMEOUTS["weights"]
+    import re
+
+    assert re.search(head.pattern, "Ready: API on port 8888") and not re.search(head.pattern, "Ready: API on port 88881")
+    assert head.required_lines and not worker.required_lines
+    assert re.search(worker.pattern, "[2026] Load weight end. elapsed=3s") and not re.search(worker.pattern, "Load weight endX")
+
+
+def test_a_hosts_directories_and_gpu_devices_are_the_plans():
+    from tp4 import serve
+
+    plan = _plan((EXAMPLE / "profile.toml").read_text())
+    svc = plan.nodes[1].service
+    assert [d.path for d in svc.directories] == [m.source for m in plan.nodes[1].run.mounts[1:4]] + ["/run/tp4"]
+    assert {d.owner for d in svc.directories[:3]} == {plan.nodes[1].ssh.user} and svc.directories[3][1:] == ("root", "0700")
+    assert svc.gpu_devices == ("nvidia.com/gpu=all",)
+    assert serve.line_id(plan) == plan.line.id == "10.0.0.1-8888"
