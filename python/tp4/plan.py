@@ -15,7 +15,7 @@ from functools import lru_cache
 from typing import TYPE_CHECKING, Annotated, Literal, NamedTuple
 
 from tp4 import schemas
-from tp4.container import HEALTH, MOUNTS, Health
+from tp4.container import HEALTH, MOUNTS, PODMAN_GPU_DEVICES, Health
 from tp4.knobs import BY_ENV, FIELD_KEYS, KNOBS, Knob
 from tp4.profile.models import has_unsafe_chars
 from tp4.registry import Registry, condition_holds, fill_line, line_pattern, load_registry
@@ -484,8 +484,6 @@ HEAD_READY_PHASES = ("start", "weights", "graphs", "smoke", "warmup", "ready")
 WORKER_READY_PHASES = ("start", "weights")
 # SGLang's model runner on every rank once the weights are loaded (a worker prints no Ready)
 WORKER_READY = r"Load weight end\."
-# what podman is given for `gpus = all` (the NVIDIA container toolkit's CDI device)
-PODMAN_GPU_DEVICES = ("nvidia.com/gpu=all",)
 NFS_PORT = 2049
 
 

@@ -84,3 +84,62 @@ def differences(old: Json, new: Json, path: str = "") -> list[str]:
 def stale(path: Path, plan: Plan) -> list[str]:
     """The differences between the plan file at `path` and `plan` ([] when the file is current)."""
     return differences(read_plan_json(path), plan.to_json())
+
+
+def _value(tp: object, data: object, where: str) -> object:
+    """`data` (JSON) as a value of the plan type `tp`; a value of the wrong shape fails naming it."""
+    import types
+    from typing import Annotated, Any, Literal, Union, get_args, get_origin, get_type_hints
+
+    from tp4 import plan as planmod
+
+    origin, args = get_origin(tp), get_args(tp)
+    if origin is Annotated:
+        return _value(args[0], data, where)
+    if origin in (Union, types.UnionType):
+        if data is None and type(None) in args:
+            return None
+        (inner,) = [a for a in args if a is not type(None)]
+        return _value(inner, data, where)
+    if origin is Literal:
+        if data not in args:
+            raise ValueError(f"{where}: {data!r} is not one of {list(args)}")
+        return data
+    if origin is tuple:
+        if not isinstance(data, list):
+            raise ValueError(f"{where}: not an array")
+        return tuple(_value(args[0], v, f"{where}[{i}]") for i, v in enumerate(data))
+    if origin is dict:
+        if not isinstance(data, dict):
+            raise ValueError(f"{where}: not an object")
+        return {str(k): _value(args[1], v, f"{where}.{k}") for k, v in data.items()}
+    if isinstance(tp, type) and issubclass(tp, tuple) and hasattr(tp, "_fields"):
+        if not isinstance(data, dict):
+            raise ValueError(f"{where}: not an object")
+        hints = get_type_hints(tp, vars(planmod), include_extras=True)
+        part: Any = tp  # a plan part: a NamedTuple class
+        fields: tuple[str, ...] = part._fields
+        defaults: dict[str, object] = part._field_defaults
+        missing = [f for f in fields if f not in data and f not in defaults]
+        if missing:
+            raise ValueError(f"{where}: no {missing[0]} (a plan of an older schema)")
+        return tp(**{f: _value(hints[f], data[f], f"{where}.{f}" if where else f) for f in fields if f in data})
+    if tp is bool or tp is int or tp is str:
+        if type(data) is not tp:
+            raise ValueError(f"{where}: {data!r} is not a {tp.__name__}")
+        return data
+    raise ValueError(f"{where}: no reader for {tp!r}")
+
+
+def load_plan(path: Path) -> Plan:
+    """The Plan a plan file holds (`tp4 plan --json -o FILE`), typed as build_plan returns it."""
+    from tp4.plan import Plan
+
+    data = read_plan_json(path)
+    body = {k: v for k, v in data.items() if k != "schema"}
+    try:
+        value = _value(Plan, body, "")
+    except ValueError as e:
+        raise InvalidInput(f"{path}: {e}; fix: write it again with this tp4 (tp4 plan --json -o {path})") from None
+    assert isinstance(value, Plan)
+    return value
