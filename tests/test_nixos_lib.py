@@ -197,18 +197,22 @@ def test_a_plan_of_an_older_schema_is_refused(work, tmp_path):
     assert ('tp4.planFile: "tp4.plan/1.6" is not a plan this module reads (tp4.plan/1.7 or later); '
             "fix: write the plan again with this flake's tp4: tp4 plan --json -o plan.json --profile profile.toml") in err
 
-def test_the_weights_options_are_tp4_shares(work):
-    w = evaluate(f"let w = (import {nix_path(LIB)}).weights; in {{ inherit (w) exportOptions mountOptions; }}", work)
-    assert ",".join(w["exportOptions"]) == share.EXPORT_OPTIONS
-    assert ",".join(w["mountOptions"]) == share.MOUNT_OPTIONS
+def test_the_weights_options_are_tp4_shares(work, plan, hosts):
+    """The export and client options are the plan's (line.nfs), which tp4 share writes too: the
+    head's exports line and a worker's volume are what share makes on a plain host."""
+    nfs = json.loads(plan.read_text())["line"]["nfs"]
+    assert ",".join(nfs["export_options"]) == share.EXPORT_OPTIONS and ",".join(nfs["mount_options"]) == share.MOUNT_OPTIONS
+    opts = " ".join(json.dumps(o) for o in nfs["export_options"])
     clients = ["10.0.0.2", "10.0.0.3"]
     nix_clients = " ".join(json.dumps(c) for c in clients)
     for path in ("/srv/model", "/srv/my model"):
-        line = evaluate(f"(import {nix_path(LIB)}).weights.exportsLine {{ path = {json.dumps(path)}; clients = [ {nix_clients} ]; }}", work)
+        line = evaluate(f"(import {nix_path(LIB)}).weights.exportsLine {{ path = {json.dumps(path)}; clients = [ {nix_clients} ]; options = [ {opts} ]; }}", work)
         assert line == share.kernel_exports_text(path, clients).splitlines()[1]
     # a worker's volume is the one tp4 share makes (and checks on a NixOS worker)
-    volume = evaluate(f"(import {nix_path(LIB)}).weights.volume {{ name = \"v\"; nfs = {{ server = \"10.0.0.1\"; path = \"/srv/model\"; }}; }}", work)
-    assert volume["options"] == share.WorkerShare(node=None, server="10.0.0.1", client="10.0.0.2").volume_options("/srv/model")
+    w = hosts["spark2"]["weightsVolume"]
+    server = nfs["servers"][0]
+    assert {k: w["options"][k] for k in ("type", "o", "device")} == share.WorkerShare(node=None, server=server, client="10.0.1.2").volume_options(nfs["export"])
+    assert hosts["spark2"]["nfs"]["mount"]["options"][:len(nfs["mount_options"])] == nfs["mount_options"]
 
 
 # --- other lines ------------------------------------------------------------------------------

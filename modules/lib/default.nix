@@ -108,6 +108,7 @@ in
             weights.exportsLine {
               path = export;
               clients = weights.clients { inherit plan ports; };
+              options = plan.line.nfs.export_options;
             }
           else
             null;
@@ -117,6 +118,7 @@ in
               server = worker;
               path = export;
               mountPoint = weightsMountPoint;
+              options = plan.line.nfs.mount_options;
             }
           else
             null;
@@ -132,6 +134,7 @@ in
                 {
                   server = worker;
                   path = export;
+                  options = plan.line.nfs.mount_options;
                 }
               else
                 null;

@@ -17,26 +17,10 @@ let
   inherit (u) fail;
 in
 rec {
-  # exports(5) options of the checkpoint (tp4 share's, without fsid=0: the path itself is exported)
-  exportOptions = [
-    "ro"
-    "sync"
-    "no_subtree_check"
-    "no_root_squash"
-    "insecure"
-  ];
-  # the workers' client options (upstream files/nfs-share.sh)
-  mountOptions = [
-    "nfsvers=4.2"
-    "ro"
-    "nconnect=8"
-    "rsize=1048576"
-    "wsize=1048576"
-    "hard"
-    "timeo=600"
-  ];
-  # and how systemd orders it: mounted on first access (a head that boots later does not fail the
-  # worker's boot), only once the network is online, never waited on forever
+  # the export and client options are the plan's (line.nfs.export_options, mount_options: tp4
+  # share's); how systemd orders the worker's mount is the host's: mounted on first access (a
+  # head that boots later does not fail the worker's boot), only once the network is online,
+  # never waited on forever
   systemdMountOptions = [
     "_netdev"
     "x-systemd.automount"
@@ -65,7 +49,11 @@ rec {
   # the head's /etc/exports line (services.nfs.server.exports): the path, quoted when it holds
   # whitespace, then one entry per client
   exportsLine =
-    { path, clients }:
+    {
+      path,
+      clients,
+      options,
+    }:
     let
       quoted = if match ".*[[:space:]].*" path != null then "\"${path}\"" else path;
       bad = match ".*[\"\\\\].*" path != null;
@@ -74,7 +62,7 @@ rec {
       fail "model.dir" "${toJSON path} holds a quote or a backslash, which an exports line cannot carry"
         "move the checkpoint to a path without them"
     else
-      concatStringsSep " " ([ quoted ] ++ map (c: "${c}(${concatStringsSep "," exportOptions})") clients);
+      concatStringsSep " " ([ quoted ] ++ map (c: "${c}(${concatStringsSep "," options})") clients);
 
   # a worker's fileSystems entry for the head's export
   clientMount =
@@ -82,12 +70,13 @@ rec {
       server,
       path,
       mountPoint,
+      options,
     }:
     {
       inherit mountPoint;
       device = "${server}:${path}";
       fsType = "nfs";
-      options = mountOptions ++ systemdMountOptions;
+      options = options ++ systemdMountOptions;
     };
 
   # the plan's weights volume, `<runtime> volume create --driver local` with these options. With
@@ -108,7 +97,7 @@ rec {
         if nfs != null then
           {
             type = "nfs";
-            o = concatStringsSep "," ([ "addr=${nfs.server}" ] ++ mountOptions);
+            o = concatStringsSep "," ([ "addr=${nfs.server}" ] ++ nfs.options);
             device = ":${nfs.path}";
           }
         else

@@ -159,6 +159,8 @@ class NfsShare(NamedTuple):
     export: Annotated[str, "the head's checkpoint directory, exported read-only (the head's model bind mount)"]
     servers: Annotated[tuple[str, ...], "per worker in rank order, the head's address it mounts from (nfs.server_ips: one for all, or one per worker)"]
     port: Annotated[int, "the NFS server's TCP port (NFSv4), opened on the head"]
+    export_options: Annotated[tuple[str, ...], "exports(5) options of the checkpoint (upstream files/nfs-share.sh's, without fsid=0)"]
+    mount_options: Annotated[tuple[str, ...], "the workers' NFS client options (the weights volume's and a NixOS worker's mount)"]
 
 
 class LineFacts(NamedTuple):
@@ -485,6 +487,10 @@ WORKER_READY_PHASES = ("start", "weights")
 # SGLang's model runner on every rank once the weights are loaded (a worker prints no Ready)
 WORKER_READY = r"Load weight end\."
 NFS_PORT = 2049
+# upstream files/nfs-share.sh's export (without fsid=0: the path itself is exported) and client
+# options; tp4 share and the NixOS hosts both read them from the plan
+NFS_EXPORT_OPTIONS = ("ro", "sync", "no_subtree_check", "no_root_squash", "insecure")
+NFS_MOUNT_OPTIONS = ("nfsvers=4.2", "ro", "nconnect=8", "rsize=1048576", "wsize=1048576", "hard", "timeo=600")
 
 
 def readiness(p: Profile, rank: int) -> Readiness:
@@ -533,7 +539,8 @@ def nfs_share(p: Profile, head_run: RunSpec) -> NfsShare | None:
         return None
     ips, workers = p.nfs.server_ips, len(p.nodes) - 1
     servers = tuple(ips) * workers if len(ips) == 1 else tuple(ips)
-    return NfsShare(export=head_run.mounts[0].source, servers=servers, port=NFS_PORT)
+    return NfsShare(export=head_run.mounts[0].source, servers=servers, port=NFS_PORT,
+                    export_options=NFS_EXPORT_OPTIONS, mount_options=NFS_MOUNT_OPTIONS)
 
 
 # The commands that look a node's RoCE v2 GID index up at start when the profile does not pin it.
