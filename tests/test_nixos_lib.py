@@ -103,7 +103,7 @@ def test_the_golden_holds_what_the_host_requirements_say(hosts):
                         "x-systemd.requires=network-online.target", "x-systemd.mount-timeout=120s"]}
         # the volume tp4 share makes on a plain worker; the rank waits for the host's own mount
         assert w["weightsVolume"] == {
-            "name": "dsv41-weights", "driver": "local", "requiresMount": "/var/lib/tp4/weights",
+            "name": "dsv41-weights", "driver": "local", "requiresMount": "/var/lib/tp4/weights", "unit": "tp4-weights-volume.service",
             "options": {"type": "nfs", "o": "addr=10.0.0.1,nfsvers=4.2,ro,nconnect=8,rsize=1048576,wsize=1048576,hard,timeo=600",
                         "device": ":/home/tp4/NewModels/DeepSeek-V4.1-Flash"}}
         assert w["firewall"] == {"tcp": [], "trustedInterfaces": ["enP7s7"]}
@@ -231,12 +231,12 @@ def test_a_ring_keeps_local_weights_and_orders_the_rank_after_the_mesh(work):
     assert hosts["spark1"]["firewall"]["tcp"] == [8888, 20000]
     w = hosts["spark3"]
     assert w["nfs"] == {"exports": None, "mount": None}
-    assert w["weightsVolume"] == {"name": "dsv41-weights", "driver": "local", "requiresMount": "/var/lib/tp4/model",
+    assert w["weightsVolume"] == {"name": "dsv41-weights", "driver": "local", "requiresMount": "/var/lib/tp4/model", "unit": "tp4-weights-volume.service",
                                   "options": {"type": "none", "o": "bind", "device": "/var/lib/tp4/model"}}
     markers = [f"tp4-mesh-marker@{d}.service" for d in ("rocep1s0f0", "rocep1s0f1", "roceP2p1s0f0", "roceP2p1s0f1")]
     # RoCEnante's opposite-node paths (DSV41_ROCE_RING=1): the rank also waits for the four markers
     assert w["rankUnit"]["ordering"]["requires"] == ["tp4-rdma-check.service", "tp4-weights-volume.service", "tp4-mesh.service", *markers]
-    assert w["ring"] == {"size": 8192, "functions": ["0000:01:00.0", "0000:01:00.1", "0002:01:00.0", "0002:01:00.1"],
+    assert w["ring"] == {"size": 8192, "unit": "tp4-mesh.service", "functions": ["0000:01:00.0", "0000:01:00.1", "0002:01:00.0", "0002:01:00.1"],
                          "links": ["enp1s0f0np0", "enp1s0f1np1", "enP2p1s0f0np0", "enP2p1s0f1np1"], "linkTimeout": 120,
                          "marker": {"devices": ["rocep1s0f0", "rocep1s0f1", "roceP2p1s0f0", "roceP2p1s0f1"], "units": markers,
                                     "sourcePort": 65535, "etherType": "0x88b5"}}

@@ -871,3 +871,22 @@ def test_the_rank_container_has_the_types_oci_containers_declares(walks):
         assert bad == {}
         # "You can only define one of imageFile and imageStream" (the module's assertion)
         assert set_here.get("imageFile") is None or set_here.get("imageStream") is None
+
+
+def test_the_host_units_are_declared_by_the_names_the_plan_gives_them(work, lines):
+    """The RDMA check, weights volume and readiness units are the plan's service.host_units (tp4
+    deploy checks the RDMA check by that name); the rank unit is ordered after them by those names."""
+    _, plan = lines["switched"]
+    doc = json.loads(plan.read_text())
+    for n in doc["nodes"]:
+        n["service"]["host_units"] = {"rdma_check": "x-rdma.service", "weights_volume": None if n["rank"] == 0 else "x-volume.service",
+                                      "ready": "x-ready.service"}
+    renamed = work / "renamed-units.json"
+    renamed.write_text(json.dumps(doc))
+    host = walk(MODULES / "spark-host.nix", fixture_config(renamed, "spark2", ring=False), work)
+    paths = {x["path"] for x in host["set"]}
+    assert {"systemd.services.x-rdma.serviceConfig", "systemd.services.x-volume.serviceConfig"} <= paths
+    assert not any("tp4-rdma-check" in p or "tp4-weights-volume" in p for p in paths)
+    line = walk(MODULES / "tp4-line.nix", fixture_config(renamed, "spark2", ring=False), work)
+    assert value(line, "systemd.services.x-ready.wantedBy") == ["podman-dsv41-worker.service"]
+    assert value(line, "systemd.services.podman-dsv41-worker.requires")[:2] == ["x-rdma.service", "x-volume.service"]

@@ -88,7 +88,7 @@ in
       # the plan's SM clock cap (the profile's cluster.gpu_clock_mhz; null leaves the clock alone)
       gpuClockMHz = plan.line.gpu_clock_mhz;
       rdmaCheck = {
-        unit = rank.rdmaCheckUnit;
+        unit = node.service.host_units.rdma_check;
         # how long the check waits at boot for the ports to be ACTIVE with their GIDs (the same
         # bound as the ring's link wait, upstream's dsv41-mesh's 120 s)
         timeout = 120;
@@ -141,21 +141,24 @@ in
             localDir = if nfs then null else local;
           }
           // {
+            unit = node.service.host_units.weights_volume;
             # what the volume's unit waits for: the host's NFS mount (a head that exports), else the copy
             requiresMount = if nfs then weightsMountPoint else local;
           };
       firewall = rank.firewall { inherit plan node nfs; };
       ring =
         if plan.line.fabric == "ring" then
-          hosts.ringHairpin plan // { marker = rank.marker plan node; }
+          hosts.ringHairpin plan
+          // {
+            # the mesh's unit, by the plan's name (service.mesh_unit)
+            unit = node.service.mesh_unit;
+            marker = rank.marker plan node;
+          }
         else
           null;
       drmNode = rank.drmNode node;
       rankUnit = unit // {
-        ordering = rank.ordering {
-          inherit plan node;
-          weightsVolume = !isHead;
-        };
+        ordering = rank.ordering { inherit plan node; };
         inherit (rank) serviceConfig;
         unitConfig = rank.unitConfigOf node;
         directories = rank.directories node;

@@ -15,12 +15,6 @@ let
   inherit (u) fail optional optionals;
 in
 rec {
-  # the units the rank waits for (the names spark-host gives them)
-  rdmaCheckUnit = "tp4-rdma-check.service";
-  weightsVolumeUnit = "tp4-weights-volume.service";
-  # the unit spark-host declares for a ring's mesh; the plan names it (service.mesh_unit)
-  meshUnit = "tp4-mesh.service";
-
   # a ring with RoCEnante's opposite-node paths (the plan's DSV41_ROCE_RING=1) marks the RDMA
   # packets of those paths on every fabric device (sparkring's RDMA-TX rewrite probe, upstream's
   # dsv41-mesh-marker@<rdma-dev>): UDP source port 65535, EtherType rewritten to 0x88b5
@@ -161,28 +155,20 @@ rec {
     }) node.service.directories;
 
   # the rank unit's ordering: after the network, the RDMA check, the weights volume (which waits
-  # for the weights mount), on a ring the mesh and its markers, and the DRM node the plan hands it
+  # for the weights mount), on a ring the mesh and its markers, and the DRM node the plan hands
+  # it; the host units by the names the plan gives them (service.host_units, mesh_unit), under
+  # which spark-host declares them
   ordering =
-    {
-      plan,
-      node,
-      weightsVolume,
-    }:
+    { plan, node }:
     let
+      units = node.service.host_units;
       mark = marker plan node;
       drm = drmNode node;
       needs = [
-        rdmaCheckUnit
+        units.rdma_check
       ]
-      ++ optional weightsVolume weightsVolumeUnit
-      ++ optional (node.service.mesh_unit != null) (
-        if node.service.mesh_unit == meshUnit then
-          meshUnit
-        else
-          fail "plan: nodes[${toString node.rank}].service.mesh_unit"
-            "${toJSON node.service.mesh_unit} is not spark-host's ${meshUnit}"
-            "regenerate the plan with this tp4"
-      )
+      ++ optional (units.weights_volume != null) units.weights_volume
+      ++ optional (node.service.mesh_unit != null) node.service.mesh_unit
       ++ optionals (mark != null) mark.units
       ++ optional (drm != null) drm.unit;
     in
@@ -244,16 +230,13 @@ rec {
     in
     unitConfig // (if paths == [ ] then { } else { AssertPathExists = paths; });
 
-  # the rank's readiness unit (tp4 bootlog wait): beside the rank unit, wanted by it and bound
-  # to it, so the rank's start never waits on it
-  readyUnit = "tp4-rank-ready.service";
-
-  # what the readiness unit runs: `tp4 bootlog wait` on the plan file and this node's rank (its
+  # the rank's readiness unit (the plan's service.host_units.ready), beside the rank unit, wanted
+  # by it and bound to it, so the rank's start never waits on it; it runs `tp4 bootlog wait` on the plan file and this node's rank (its
   # pattern, bound and boot lines are the plan's service.ready); its bound gives the unit its own
   readiness =
     { plan, node }:
     {
-      unit = readyUnit;
+      unit = node.service.host_units.ready;
       inherit (node.service.ready) timeout;
       args = [
         "bootlog"

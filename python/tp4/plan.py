@@ -115,6 +115,15 @@ class HostDir(NamedTuple):
     mode: Annotated[str, "its mode, octal"]
 
 
+class HostUnits(NamedTuple):
+    """The systemd units the NixOS host modules declare around the rank unit, by the names the
+    modules give them (the rank unit is ordered after them; tp4 deploy checks the RDMA check)."""
+
+    rdma_check: Annotated[str, "the oneshot check that the fabric ports are ACTIVE with their RoCE v2 GIDs"]
+    weights_volume: Annotated[str | None, "the oneshot that makes a worker's weights volume; null on the head"]
+    ready: Annotated[str, "the rank's readiness (tp4 bootlog wait), beside the rank unit"]
+
+
 class Service(NamedTuple):
     """How the node runs its rank: tp4 runs the container over ssh (plain), or the NixOS module's
     unit does and tp4 starts and stops it (nixos)."""
@@ -130,6 +139,7 @@ class Service(NamedTuple):
                                                  "(state, cache, Engram; never the checkpoint), and on a NixOS host the env file's")]
     gpu_devices: Annotated[tuple[str, ...], ("the devices podman is given for run.gpus = all (NVIDIA's CDI device); "
                                              "empty with docker, which takes --gpus all")]
+    host_units: Annotated[HostUnits | None, "the NixOS host units around the rank unit (nixos); null on a plain host"]
 
 
 class RankPlan(NamedTuple):
@@ -476,6 +486,10 @@ NIXOS_ENV_DIR = "/run/tp4"
 # the unit that brings a ring's mesh up, by kind of host: upstream's host setup (sparkring's
 # mesh-up script as dsv41-mesh.service) and modules/spark-host.nix's
 MESH_UNITS: dict[str, str] = {"plain": "dsv41-mesh.service", "nixos": "tp4-mesh.service"}
+# the units modules/spark-host.nix and modules/tp4-line.nix declare under these names
+RDMA_CHECK_UNIT = "tp4-rdma-check.service"
+WEIGHTS_VOLUME_UNIT = "tp4-weights-volume.service"
+READY_UNIT = "tp4-rank-ready.service"
 
 
 # the bounds of tp4 serve's boot phases (seconds; `tp4 serve --timeout PHASE=S` changes them for
@@ -520,11 +534,14 @@ def service(p: Profile, rank: int, run: RunSpec | None = None) -> Service:
         env_file = f"{NIXOS_ENV_DIR}/{container}.env"
         return Service(kind="nixos", runtime=node.runtime, unit=f"{node.runtime}-{container}.service",
                        env_file=env_file, mesh_unit=mesh, ready=readiness(p, rank),
-                       directories=host_dirs(run, user, env_file, "nixos"), gpu_devices=gpus)
+                       directories=host_dirs(run, user, env_file, "nixos"), gpu_devices=gpus,
+                       host_units=HostUnits(rdma_check=RDMA_CHECK_UNIT, weights_volume=WEIGHTS_VOLUME_UNIT if rank > 0 else None,
+                                            ready=READY_UNIT))
     workdir = expand(node.workdir, home_of(node, p.cluster))
     env_file = f"{workdir}/{container}.env"
     return Service(kind="plain", runtime=node.runtime, unit=None, env_file=env_file, mesh_unit=mesh,
-                   ready=readiness(p, rank), directories=host_dirs(run, user, env_file, "plain"), gpu_devices=gpus)
+                   ready=readiness(p, rank), directories=host_dirs(run, user, env_file, "plain"), gpu_devices=gpus,
+                   host_units=None)
 
 
 def line_id(head_ssh_host: str, api_port: int) -> str:

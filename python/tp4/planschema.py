@@ -160,7 +160,7 @@ removed within `tp4.plan/1`:
 - 1.4 added `nodes[].service.mesh_unit`;
 - 1.5 added `nodes[].run.health` (the image's health check, which podman is given as flags).
 - 1.6 added `line.gpu_clock_mhz` and `line.nccl_sha256` (the SM clock cap and the host NCCL's pin, which doctor checks).
-- 1.7 added what a NixOS host reads from the committed plan instead of the profile: `line.id`, `line.api_port`, `line.dist_init_port`, `line.nfs` (the head's export, each worker's server address, the export and mount options), `line.ring_hairpin_queue`, and per rank `service.ready`, `service.directories` and `service.gpu_devices`.
+- 1.7 added what a NixOS host reads from the committed plan instead of the profile: `line.id`, `line.api_port`, `line.dist_init_port`, `line.nfs` (the head's export, each worker's server address, the export and mount options), `line.ring_hairpin_queue`, and per rank `service.ready`, `service.directories`, `service.gpu_devices` and `service.host_units`.
 
 Rules the types do not show:
 - `env` holds every variable the upstream TP4 launcher passes, adapter gates with their launcher
