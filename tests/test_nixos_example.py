@@ -141,3 +141,17 @@ def test_the_template_gives_the_same_hosts(work, copy, tmp_path):
       hw = (import (builtins.elemAt ms 2)).networking.hostId; conf = baseNameOf (toString (builtins.elemAt ms 3)); }) cs""", inputs)
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout) == {h: {"hw": h, "conf": "configuration.nix"} for h in HOSTS}
+
+
+def test_the_templates_flake_checks_its_plan_file(work, copy, tmp_path):
+    """The line's own flake checks that its committed plan.json is what its profile renders:
+    `tp4 plan --check` with the tp4 package, on every system (tp4.lib.planChecks)."""
+    line, inputs = template_line(work, copy, tmp_path / "line")
+    proc = evaluate(work, line, "checks", """cs: builtins.mapAttrs (s: c: { names = builtins.attrNames c;
+      builder = c.plan-current.stub.builder; cmd = c.plan-current.stub.args.buildCommand; }) cs""", inputs)
+    assert proc.returncode == 0, proc.stderr
+    got = json.loads(proc.stdout)
+    assert {"x86_64-linux", "aarch64-linux"} <= set(got)
+    for c in got.values():
+        assert c["names"] == ["plan-current"] and c["builder"] == "runCommand"
+        assert "/bin/tp4 plan --check plan.json --profile profile.toml" in c["cmd"]

@@ -1,8 +1,9 @@
 # The weights: when the plan has line.nfs the head exports its checkpoint over NFSv4, read-only,
 # to exactly the line's workers, and every worker mounts it (upstream files/nfs-share.sh, as tp4
-# share does it: python/tp4/share.py, whose options a test compares with these); without it (a
-# ring, nfs.share = false) every node holds its own copy. The rank's container mounts the plan's
-# weights volume.
+# share does it, with the plan's export and client options); without it (a ring, nfs.share =
+# false) every node holds its own copy. The rank's container mounts the plan's weights volume.
+# The exports line and the volume's options are written in the syntax share writes them in
+# (python/tp4/share.py kernel_exports_text, WorkerShare.volume_options; a test compares them).
 let
   u = import ./util.nix;
   inherit (builtins)
