@@ -26,6 +26,8 @@ let
       "adapters"
       "bench"
       "docs"
+      # the example line's profile and committed plan (tests/test_nixos_plan_file.py)
+      "examples/spark-line"
       "pkgs/sources.nix"
       "python"
       "sources.manifest"
