@@ -890,3 +890,14 @@ def test_the_host_units_are_declared_by_the_names_the_plan_gives_them(work, line
     line = walk(MODULES / "tp4-line.nix", fixture_config(renamed, "spark2", ring=False), work)
     assert value(line, "systemd.services.x-ready.wantedBy") == ["podman-dsv41-worker.service"]
     assert value(line, "systemd.services.podman-dsv41-worker.requires")[:2] == ["x-rdma.service", "x-volume.service"]
+
+
+def test_the_readiness_needs_the_tp4_package(work, lines):
+    """The readiness unit runs the closure's tp4; without the flake's modules (which set it) and
+    without tp4.package, evaluation stops naming the option."""
+    _, plan = lines["switched"]
+    config = fixture_config(plan, "spark1", ring=False).replace('package = "/nix/store/tp4";', "package = null;")
+    expr = f"import {nix_path(WALK)} {{ module = {nix_path(MODULES / 'tp4-line.nix')}; optionsFile = {nix_path(OPTIONS)}; config = {config}; pkgs = {PKGS}; }}"
+    value, err = nix_eval(expr, work / "nix")
+    assert value is None
+    assert "tp4.package: the rank's readiness unit runs tp4's boot-log check (tp4 bootlog wait) and no tp4 is set; fix: use the flake's nixosModules" in err
