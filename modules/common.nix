@@ -1,9 +1,8 @@
-# Options both TP4 modules read: which profile, which plan, which node this host is. Imported by
-# modules/spark-host.nix and modules/tp4-line.nix (the module system imports it once).
+# Options both TP4 modules read: which plan, which host facts, which node this host is. Imported
+# by modules/spark-host.nix and modules/tp4-line.nix (the module system imports it once).
 {
   config,
   lib,
-  pkgs,
   ...
 }:
 let
@@ -13,12 +12,15 @@ let
 in
 {
   options.tp4 = {
-    profile = mkOption {
+    planFile = mkOption {
       type = types.path;
-      example = literalExpression "./profile.toml";
+      example = literalExpression "./plan.json";
       description = ''
-        The line's tp4 profile (TOML), the same file `tp4 plan`, `tp4 serve` and `tp4 deploy` read.
-        The hosts' names and fabric addresses come from it (`builtins.fromTOML`).
+        The line's plan, committed beside the profile: `tp4 plan --json -o plan.json --profile
+        profile.toml`. The one renderer's output, read as it is (`builtins.fromJSON`): the hosts,
+        their addresses, the rank's container, its readiness, the weights' NFS share. Evaluation
+        builds nothing; `tp4 plan --check plan.json` (a check of the line's flake) fails when the
+        profile has changed and the file was not written again.
       '';
     };
 
@@ -27,7 +29,7 @@ in
       default = null;
       example = literalExpression "./hosts.toml";
       description = ''
-        Host facts the profile does not hold: `[fabric] netdev` (where each node's profile `ip`
+        Host facts the profile does not hold: `[fabric] netdev` (where each node's plan address
         sits, default `enp1s0f0np0`), `prefix_length` (default 24), and per node the other fabric
         ports the line uses, `[nodes.<node>.ports.<netdev>] address = "..."`.
         See `examples/spark-line/hosts.toml`.
@@ -39,30 +41,14 @@ in
       default = config.networking.hostName;
       defaultText = literalExpression "config.networking.hostName";
       example = "spark2";
-      description = "This host's node name in the profile (`cluster.head.name` or a worker's `name`).";
+      description = "This host's node name in the plan (the profile's `cluster.head.name` or a worker's `name`).";
     };
 
     package = mkOption {
       type = types.nullOr types.package;
       default = null;
       defaultText = literalExpression "the flake's packages.\${system}.tp4 (set by nixosModules)";
-      description = "The tp4 CLI that renders the plan from the profile at build time.";
-    };
-
-    planFile = mkOption {
-      type = types.path;
-      default =
-        if cfg.package == null then
-          throw "tp4.planFile: no plan and no tp4.package to render one; fix: use the flake's nixosModules (they set tp4.package) or set tp4.planFile to the output of tp4 plan --json --profile FILE"
-        else
-          pkgs.runCommand "tp4-plan.json" { } ''
-            HOME=$TMPDIR ${cfg.package}/bin/tp4 plan --json --profile ${cfg.profile} > $out
-          '';
-      defaultText = literalExpression ''pkgs.runCommand "tp4-plan.json" { } "tp4 plan --json --profile ''${config.tp4.profile} > $out"'';
-      description = ''
-        The plan of the line (`tp4 plan --json`): the one renderer's output, which the rank unit
-        runs as it is. By default rendered from {option}`tp4.profile` at build time.
-      '';
+      description = "The tp4 CLI on the host: the rank's readiness unit runs its boot-log check (`tp4 bootlog wait`).";
     };
 
     settings = mkOption {
@@ -74,7 +60,6 @@ in
   };
 
   config.tp4.settings = tp4lib.host {
-    profile = builtins.fromTOML (builtins.readFile cfg.profile);
     plan = builtins.fromJSON (builtins.readFile cfg.planFile);
     hostsFile =
       if cfg.hostsFile == null then { } else builtins.fromTOML (builtins.readFile cfg.hostsFile);

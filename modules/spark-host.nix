@@ -41,6 +41,8 @@ let
     p.address
   ]) s.rdmaCheck.ports;
   volume = s.weightsVolume;
+  # the units this module declares, by the names the plan gives them (service.host_units)
+  unitName = lib.removeSuffix ".service";
 in
 {
   imports = [ ./common.nix ];
@@ -172,7 +174,7 @@ in
       # the container runtime of the plan, with NVIDIA CDI (nvidia.com/gpu=all)
       hardware.nvidia-container-toolkit.enable = true;
 
-      systemd.services.tp4-rdma-check = {
+      systemd.services.${unitName s.rdmaCheck.unit} = {
         description = "tp4: the RDMA ports of the line are ACTIVE with their RoCE v2 GIDs";
         wantedBy = [ "multi-user.target" ];
         wants = [ "network-online.target" ];
@@ -254,7 +256,7 @@ in
     })
 
     (mkIf (volume != null) {
-      systemd.services.tp4-weights-volume = {
+      systemd.services.${unitName volume.unit} = {
         description = "tp4: the plan's weights volume ${volume.name} (${volume.options.type} ${volume.options.device})";
         wants = [ "network-online.target" ];
         after = [ "network-online.target" ];
@@ -283,47 +285,49 @@ in
           message = "tp4.host.ring: the plan's fabric is a ring, whose mesh must be up before the rank; fix: set tp4.host.ring.meshUp and meshDown to this node's mesh-up/mesh-down scripts";
         }
       ];
-      systemd.services.tp4-mesh = mkIf (cfg.ring.meshUp != null && cfg.ring.meshDown != null) {
-        description = "tp4: the switchless ring's mesh (hairpin queues, routes, tc rules)";
-        wantedBy = [ "multi-user.target" ];
-        wants = [ "network-online.target" ];
-        after = [ "network-online.target" ];
-        path = [ pkgs.iproute2 ];
-        # re-initialising a fabric function while the line serves breaks it: a switch leaves the
-        # mesh as it is
-        restartIfChanged = false;
-        serviceConfig = {
-          Type = "oneshot";
-          RemainAfterExit = true;
-          TimeoutStartSec = 300;
-          ExecStartPre = [
-            (escapeSystemdExecArgs (
-              [
+      systemd.services.${unitName s.ring.unit} =
+        mkIf (cfg.ring.meshUp != null && cfg.ring.meshDown != null)
+          {
+            description = "tp4: the switchless ring's mesh (hairpin queues, routes, tc rules)";
+            wantedBy = [ "multi-user.target" ];
+            wants = [ "network-online.target" ];
+            after = [ "network-online.target" ];
+            path = [ pkgs.iproute2 ];
+            # re-initialising a fabric function while the line serves breaks it: a switch leaves the
+            # mesh as it is
+            restartIfChanged = false;
+            serviceConfig = {
+              Type = "oneshot";
+              RemainAfterExit = true;
+              TimeoutStartSec = 300;
+              ExecStartPre = [
+                (escapeSystemdExecArgs (
+                  [
+                    pkgs.runtimeShell
+                    ./ring-links.sh
+                    (toString s.ring.linkTimeout)
+                  ]
+                  ++ s.ring.links
+                ))
+                (escapeSystemdExecArgs (
+                  [
+                    pkgs.runtimeShell
+                    ./ring-hairpin.sh
+                    (toString s.ring.size)
+                  ]
+                  ++ s.ring.functions
+                ))
+              ];
+              ExecStart = escapeSystemdExecArgs [
                 pkgs.runtimeShell
-                ./ring-links.sh
-                (toString s.ring.linkTimeout)
-              ]
-              ++ s.ring.links
-            ))
-            (escapeSystemdExecArgs (
-              [
+                cfg.ring.meshUp
+              ];
+              ExecStop = escapeSystemdExecArgs [
                 pkgs.runtimeShell
-                ./ring-hairpin.sh
-                (toString s.ring.size)
-              ]
-              ++ s.ring.functions
-            ))
-          ];
-          ExecStart = escapeSystemdExecArgs [
-            pkgs.runtimeShell
-            cfg.ring.meshUp
-          ];
-          ExecStop = escapeSystemdExecArgs [
-            pkgs.runtimeShell
-            cfg.ring.meshDown
-          ];
-        };
-      };
+                cfg.ring.meshDown
+              ];
+            };
+          };
     })
 
     (mkIf (ring && s.ring.marker != null) {
@@ -342,8 +346,8 @@ in
             value = {
               description = "tp4: RoCEnante's ring packet marker on ${dev} (UDP source port ${toString s.ring.marker.sourcePort}, EtherType ${s.ring.marker.etherType})";
               # the marker acts on the mesh's paths: up after it, down with it
-              after = [ "tp4-mesh.service" ];
-              bindsTo = [ "tp4-mesh.service" ];
+              after = [ s.ring.unit ];
+              bindsTo = [ s.ring.unit ];
               wantedBy = [ "multi-user.target" ];
               # a switch must not detach the marker under a serving rank
               restartIfChanged = false;

@@ -1,10 +1,10 @@
 # nixosModules.tp4-line: this node's rank of the TP4 line as a systemd unit. The container is the
-# plan's (`tp4 plan --json` of the profile, rendered at build time by the one renderer): image,
+# plan's (tp4.planFile: `tp4 plan --json -o plan.json`, committed beside the profile): image,
 # command, mounts, devices and flags as python/tp4/serve.py runs them on a plain host, the
 # environment from the env file tp4 serve writes before it starts the unit. Ordered after the
 # network, the RDMA check, the weights volume and (ring) the mesh, with bounded restarts and the
 # hardening a container runtime can live with; tp4-rank-ready.service beside it is its readiness
-# (the boot-log check of tp4 serve, on this node's log).
+# (`tp4 bootlog wait`: the boot-log check of tp4 serve, on this node's log).
 {
   config,
   lib,
@@ -27,6 +27,11 @@ let
     ;
   inherit (utils) escapeSystemdExecArgs;
   cfg = config.tp4.line;
+  tp4 =
+    if config.tp4.package != null then
+      config.tp4.package
+    else
+      throw "tp4.package: the rank's readiness unit runs tp4's boot-log check (tp4 bootlog wait) and no tp4 is set; fix: use the flake's nixosModules (they set tp4.package) or set tp4.package to the flake's packages.<system>.tp4";
   r = config.tp4.settings.rankUnit;
   serviceName = lib.removeSuffix ".service" r.unit;
   users = lib.unique (map (d: d.user) r.directories);
@@ -130,6 +135,8 @@ in
 
       systemd.services.${serviceName} = {
         inherit (r.ordering) wants after requires;
+        # the plan the rank runs from, in the unit's environment as on its container's label
+        environment.TP4_PLAN = r.container.labels."tp4.plan";
         serviceConfig = strong r.serviceConfig;
         unitConfig = r.unitConfig;
       };
@@ -141,23 +148,21 @@ in
         wantedBy = [ r.unit ];
         after = [ r.unit ];
         bindsTo = [ r.unit ];
-        path = [
-          config.virtualisation.podman.package
-          pkgs.coreutils
-          pkgs.gnugrep
-          pkgs.gnused
-        ];
+        # the runtime whose logs the check reads (the plan's service.runtime: podman on NixOS)
+        path = [ config.virtualisation.podman.package ];
         serviceConfig = {
           Type = "oneshot";
           RemainAfterExit = true;
-          # the script's own bound, plus a margin: a start that never ends is impossible
+          # the check's own bound (the plan's service.ready.timeout), plus a margin: a start that
+          # never ends is impossible
           TimeoutStartSec = r.readiness.timeout + 60;
           ExecStart = escapeSystemdExecArgs (
-            [
-              pkgs.runtimeShell
-              ./rank-ready.sh
-            ]
+            [ "${tp4}/bin/tp4" ]
             ++ r.readiness.args
+            ++ [
+              "--plan"
+              "${config.tp4.planFile}"
+            ]
           );
         };
       };

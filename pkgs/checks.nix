@@ -28,6 +28,8 @@ let
       "adapters"
       "bench"
       "docs"
+      # the example line's profile and committed plan (tests/test_nixos_plan_file.py)
+      "examples/spark-line"
       "pkgs/sources.nix"
       "python"
       "sources.manifest"
@@ -62,6 +64,20 @@ in
   eval = pkgs.writeText "tp4-eval.json" (
     builtins.toJSON (builtins.mapAttrs (_: d: builtins.unsafeDiscardStringContext d.drvPath) outputs)
   );
+
+  # the example line's committed plan (examples/spark-line/plan.json, which the template copies
+  # and its NixOS hosts read) is the one its profile renders; the line's own flake checks its copy
+  # the same way (tp4.lib.planChecks)
+  plan-current =
+    import ./plan-check.nix
+      {
+        inherit pkgs;
+        tp4 = "PYTHONPATH=${src.cli}/python ${python}/bin/python3 -m tp4";
+      }
+      {
+        profile = src.root + "/examples/spark-line/profile.toml";
+        plan = src.root + "/examples/spark-line/plan.json";
+      };
 
   # treefmt with nixfmt over a copy of the tree; fails on any file nixfmt would change
   formatting = pkgs.nixfmt-tree.check nixFiles;

@@ -144,14 +144,14 @@ let
   formatter = forAll (system: pkgs: pkgs.nixfmt-tree);
 
   # NixOS: a DGX Spark host of the line (on nixos-dgx-spark's dgx-spark module) and its rank unit;
-  # both render the plan with this flake's tp4 at build time (tp4.planFile), the tp4 of the build
-  # platform (the plan is the same on every platform). The key: both modules import it, and the
-  # module system then takes it once.
+  # both read the committed plan (tp4.planFile) and carry this flake's tp4, whose boot-log check
+  # the rank's readiness unit runs. The key: both modules import it, and the module system then
+  # takes it once.
   withTp4 =
     { lib, pkgs, ... }:
     {
       key = "tp4/with-tp4";
-      config.tp4.package = lib.mkDefault packages.${pkgs.stdenv.buildPlatform.system}.tp4;
+      config.tp4.package = lib.mkDefault packages.${pkgs.stdenv.hostPlatform.system}.tp4;
     };
   nixosModules = rec {
     spark-host = {
@@ -187,8 +187,9 @@ let
     };
   };
 
-  # one NixOS system per node of a profile: the hosts and their addresses are the profile's
-  # (builtins.fromTOML), each host's settings and rank unit come from modules/lib and the plan.
+  # one NixOS system per node of the line's committed plan (`tp4 plan --json -o plan.json`): the
+  # hosts are the plan's nodes, each host's settings and rank unit come from modules/lib reading
+  # the plan. Nothing is built to evaluate them.
   # `hardware`: the hosts' own hardware-configuration.nix (their disks and boot modules, as
   # nixos-generate-config writes it; nixos-dgx-spark's templates/dgx-spark keeps one beside its
   # configuration.nix): a directory holding <host>/hardware-configuration.nix, or one module for
@@ -210,7 +211,7 @@ let
       throw "${name}: ${rel} does not exist: it holds this Spark's disks and boot modules. Fix: on ${name}, booted into NixOS (or nixos-dgx-spark's installer with the new system mounted at /mnt, then add --root /mnt), run `nixos-generate-config --show-hardware-config > hardware-configuration.nix`; copy the file to ${rel} next to flake.nix and `git add` it (a flake sees only files git knows)";
   lineConfigurations =
     {
-      profile,
+      plan,
       hostsFile ? null,
       modules ? [ ],
       hardware ? null,
@@ -230,7 +231,8 @@ let
                 {
                   networking.hostName = name;
                   tp4 = {
-                    inherit profile hostsFile;
+                    inherit hostsFile;
+                    planFile = plan;
                     node = name;
                     host.enable = true;
                     line.enable = true;
@@ -242,7 +244,20 @@ let
             }
           );
         }
-      ) ((import ../modules/lib).hostNames (builtins.fromTOML (builtins.readFile profile)))
+      ) ((import ../modules/lib).hostNames (builtins.fromJSON (builtins.readFile plan)))
+    );
+
+  # per system, a check that the line's committed plan file is the one its profile renders (the
+  # template's flake.nix puts it in its checks): `tp4 plan --check plan.json`
+  planChecks =
+    { profile, plan }:
+    forAll (
+      system: pkgs: {
+        plan-current = import ./plan-check.nix {
+          inherit pkgs;
+          tp4 = "${packages.${system}.tp4}/bin/tp4";
+        } { inherit profile plan; };
+      }
     );
 
   # the example line's four Sparks (examples/spark-line); `nix flake init -t .#spark-line` copies it.
@@ -251,7 +266,7 @@ let
   # check` of a fresh clone evaluates no host that lacks its hardware
   example = ../examples/spark-line;
   exampleLine = {
-    profile = example + "/profile.toml";
+    plan = example + "/plan.json";
     hostsFile = example + "/hosts.toml";
     modules = [ (example + "/configuration.nix") ];
   };
@@ -291,7 +306,7 @@ let
 
   # checks of the NixOS outputs (aarch64-linux: the Sparks' system), for users with network:
   # nixos-<node> evaluates that node's whole system on the test hardware (its toplevel's .drv
-  # path, which renders the plan at evaluation time) without building it, as nixos-dgx-spark's
+  # path; evaluation reads the committed plan and builds nothing) without building it, as nixos-dgx-spark's
   # dgx-spark-eval does; spark-host-vm boots spark-host in a VM (pkgs/spark-host-vm)
   nixosChecks =
     pkgs:
@@ -341,7 +356,7 @@ in
     nixosModules
     ;
 
-  lib = { inherit lineConfigurations; };
+  lib = { inherit lineConfigurations planChecks; };
 
   templates.spark-line = {
     path = example;

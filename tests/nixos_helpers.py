@@ -55,14 +55,14 @@ def json_file(p: Path) -> str:
     return f"(builtins.fromJSON (builtins.readFile {nix_path(p)}))"
 
 
-def hosts_expr(profile: Path, plan: Path, hosts: Path | None, **extra: str) -> str:
-    """Every host of the line: { <name> = lib.host { ... }; }; ``extra`` are more arguments of
-    lib.host, as Nix expressions."""
+def hosts_expr(plan: Path, hosts: Path | None, **extra: str) -> str:
+    """Every host of the line whose plan file is ``plan``: { <name> = lib.host { ... }; };
+    ``extra`` are more arguments of lib.host, as Nix expressions. The profile is never read."""
     args = " ".join(f"{k} = {v};" for k, v in extra.items())
     hosts_arg = f"hostsFile = {toml(hosts)};" if hosts else ""
-    return (f"let l = import {nix_path(LIB)}; profile = {toml(profile)}; plan = {json_file(plan)}; in "
-            f"builtins.listToAttrs (map (name: {{ inherit name; value = l.host {{ inherit profile plan name; {hosts_arg} {args} }}; }}) "
-            "(l.hostNames profile))")
+    return (f"let l = import {nix_path(LIB)}; plan = {json_file(plan)}; in "
+            f"builtins.listToAttrs (map (name: {{ inherit name; value = l.host {{ inherit plan name; {hosts_arg} {args} }}; }}) "
+            "(l.hostNames plan))")
 
 
 def nix_attrs(values: dict[str, str]) -> str:

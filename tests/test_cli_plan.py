@@ -26,13 +26,17 @@ def test_plan_default_is_the_full_production_line(tp4_cli):
     assert [n["host"] for n in plan["nodes"]] == ["10.0.0.1", "10.0.0.2", "10.0.0.3", "10.0.0.4"]
     assert all(set(n) == NODE_KEYS for n in plan["nodes"])
     # DGX OS hosts: docker runs each rank's container, its env in a file beside the checkout
-    assert plan["nodes"][0]["service"] == {"kind": "plain", "runtime": "docker", "unit": None,
-                                           "env_file": "/home/zurih/dsv41-4x-spark/dsv41-head.env", "mesh_unit": None}
+    svc = plan["nodes"][0]["service"]
+    assert {k: svc[k] for k in ("kind", "runtime", "unit", "env_file", "mesh_unit", "host_units", "gpu_devices")} == {
+        "kind": "plain", "runtime": "docker", "unit": None, "env_file": "/home/zurih/dsv41-4x-spark/dsv41-head.env",
+        "mesh_unit": None, "host_units": None, "gpu_devices": []}
     assert plan["nodes"][1]["service"]["env_file"] == "/home/zurih/dsv41-4x-spark/dsv41-worker.env"
     assert plan["image"]["tag"] == "dsv41-4x-spark:canary-roce"
     assert plan["image"]["base"].endswith("@sha256:3dbc313030a6ef2c5d7de8ecf48e9aece722694a82182cb618cc82b588816349")
-    assert plan["line"] == {"nnodes": 4, "tp": 4, "ep": 1, "fabric": "switched", "dist_init_addr": "10.0.0.1:20000", "api": "http://10.0.0.1:8888",
-                            "gpu_clock_mhz": 2200, "nccl_sha256": None}
+    facts = {"nnodes": 4, "tp": 4, "ep": 1, "fabric": "switched", "dist_init_addr": "10.0.0.1:20000", "api": "http://10.0.0.1:8888",
+             "id": "10.0.0.1-8888", "api_port": 8888, "dist_init_port": 20000, "ring_hairpin_queue": None,
+             "gpu_clock_mhz": 2200, "nccl_sha256": None}
+    assert {k: plan["line"][k] for k in facts} == facts
     assert sum(b["required"] for b in plan["boot_lines"]) == 12
 
 

@@ -42,7 +42,7 @@ def template_line(work: Path, copy: Path, dest: Path) -> tuple[Path, list[str]]:
     """What `nix flake init -t <tp4>#spark-line` makes in dest, and the inputs that point its tp4
     at this checkout (its nixpkgs at the stand-in)."""
     dest.mkdir(parents=True)
-    for f in ("configuration.nix", "flake.nix", "hosts.toml", "profile.toml"):
+    for f in ("configuration.nix", "flake.nix", "hosts.toml", "plan.json", "profile.toml"):
         shutil.copy(EXAMPLE / f, dest / f)
     return dest, ["--override-input", "tp4", f"path:{copy}",
                   "--override-input", "tp4/nixpkgs", f"path:{REPO / 'tests' / 'nixpkgs-stub'}",
@@ -83,13 +83,13 @@ def test_each_host_takes_its_own_hardware_configuration(work, copy, tmp_path):
 
 
 def test_lib_line_configurations_wants_hardware(work, copy):
-    impure = [*stub_inputs(REPO, empty_flake(work / "empty")), "--impure"]  # the profile is a path of this checkout
-    proc = evaluate(work, copy, "lib", f"""l: (l.lineConfigurations {{ profile = {nix_path(EXAMPLE / 'profile.toml')}; }}).spark2.stub.args.modules""", impure)
+    impure = [*stub_inputs(REPO, empty_flake(work / "empty")), "--impure"]  # the plan is a path of this checkout
+    proc = evaluate(work, copy, "lib", f"""l: (l.lineConfigurations {{ plan = {nix_path(EXAMPLE / 'plan.json')}; }}).spark2.stub.args.modules""", impure)
     assert proc.returncode != 0
     assert "tp4.lib.lineConfigurations: spark2: hardware is not set; fix: pass hardware = ./hardware" in proc.stderr
     # a module instead of a directory: every host takes it
     proc = evaluate(work, copy, "lib", f"""l: map (c: builtins.elemAt c.stub.args.modules 2) (builtins.attrValues (l.lineConfigurations {{
-      profile = {nix_path(EXAMPLE / 'profile.toml')}; hardware = {{ boot.loader.grub.enable = false; }}; }}))""", impure)
+      plan = {nix_path(EXAMPLE / 'plan.json')}; hardware = {{ boot.loader.grub.enable = false; }}; }}))""", impure)
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout) == [{"boot": {"loader": {"grub": {"enable": False}}}}] * 4
 
@@ -129,7 +129,7 @@ def test_the_template_gives_the_same_hosts(work, copy, tmp_path):
     proc = evaluate(work, copy, "templates.spark-line", "t: builtins.attrNames (builtins.readDir t.path)")
     assert proc.returncode == 0, proc.stderr
     files = json.loads(proc.stdout)
-    assert files == ["configuration.nix", "flake.nix", "hosts.toml", "profile.toml"]
+    assert files == ["configuration.nix", "flake.nix", "hosts.toml", "plan.json", "profile.toml"]
     line, inputs = template_line(work, copy, tmp_path / "line")
     proc = evaluate(work, line, "nixosConfigurations.spark3", "c: c.stub.args.modules", inputs)
     assert proc.returncode != 0
@@ -141,3 +141,17 @@ def test_the_template_gives_the_same_hosts(work, copy, tmp_path):
       hw = (import (builtins.elemAt ms 2)).networking.hostId; conf = baseNameOf (toString (builtins.elemAt ms 3)); }) cs""", inputs)
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout) == {h: {"hw": h, "conf": "configuration.nix"} for h in HOSTS}
+
+
+def test_the_templates_flake_checks_its_plan_file(work, copy, tmp_path):
+    """The line's own flake checks that its committed plan.json is what its profile renders:
+    `tp4 plan --check` with the tp4 package, on every system (tp4.lib.planChecks)."""
+    line, inputs = template_line(work, copy, tmp_path / "line")
+    proc = evaluate(work, line, "checks", """cs: builtins.mapAttrs (s: c: { names = builtins.attrNames c;
+      builder = c.plan-current.stub.builder; cmd = c.plan-current.stub.args.buildCommand; }) cs""", inputs)
+    assert proc.returncode == 0, proc.stderr
+    got = json.loads(proc.stdout)
+    assert {"x86_64-linux", "aarch64-linux"} <= set(got)
+    for c in got.values():
+        assert c["names"] == ["plan-current"] and c["builder"] == "runCommand"
+        assert "/bin/tp4 plan --check plan.json --profile profile.toml" in c["cmd"]

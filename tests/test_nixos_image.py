@@ -47,7 +47,7 @@ def build(flake: Path, work: Path) -> str:
 
 
 def container(work: Path, profile: Path, plan: Path, image: str) -> dict:
-    config = fixture_config(profile, plan, "spark1", ring=False, image=image)
+    config = fixture_config(plan, "spark1", ring=False, image=image)
     w = walk(MODULES / "tp4-line.nix", config, work, PKGS_TEXT)
     name = json.loads(plan.read_text())["nodes"][0]["run"]["container"]
     return {s["path"].rsplit(".", 1)[1]: s["value"] for s in w["set"]
@@ -90,7 +90,7 @@ def test_a_layout_as_image_file_would_not_be_found(head, tmp_path, store):
 
 def test_only_one_image_source(head):
     work, profile, plan = head
-    config = fixture_config(profile, plan, "spark1", ring=False,
+    config = fixture_config(plan, "spark1", ring=False,
                             image='{ layout = "/nix/store/x-image"; stream = "/nix/store/y-stream"; file = null; }')
     w = walk(MODULES / "tp4-line.nix", config, work, PKGS_TEXT)
     failed = [a["message"] for a in _assertions(w) if not a["assertion"]]

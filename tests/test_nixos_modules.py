@@ -125,7 +125,7 @@ NVIDIA_PARAMS = '[ "nvidia-drm.modeset=1" "nvidia-drm.fbdev=1" "nvidia.NVreg_Ope
 KERNEL_PARAMS = f"({DGX_SPARK_PARAMS} ++ {NVIDIA_PARAMS} ++ (import {nix_path(LIB)}).kernel.displayReservationParams)"
 
 
-def fixture_config(profile: Path, plan: Path, name: str, *, ring: bool, router: Path | None = None,
+def fixture_config(plan: Path, name: str, *, ring: bool, router: Path | None = None,
                    kernel: dict[str, str] = NVIDIA_KERNEL, kernel_params: str = KERNEL_PARAMS,
                    image: str = "{ layout = null; stream = null; file = null; }") -> str:
     """The `config` a module reads on host `name`. tp4.* are the options as the example line sets
@@ -141,12 +141,12 @@ def fixture_config(profile: Path, plan: Path, name: str, *, ring: bool, router: 
     local = '"/var/lib/tp4/model"' if ring else "null"
     mesh = '"/etc/tp4/mesh-up.sh"' if ring else "null"
     marker = '"/nix/store/marker"' if ring else "null"
-    settings = (f"(import {nix_path(LIB)}).host {{ profile = {toml(profile)}; plan = {json_file(plan)}; hostsFile = {toml(hosts)}; "
+    settings = (f"(import {nix_path(LIB)}).host {{ plan = {json_file(plan)}; hostsFile = {toml(hosts)}; "
                 f"name = {json.dumps(name)}; localWeights = {local}; }}")
     return f"""{{
       tp4 = {{
         settings = {settings};
-        planFile = {nix_path(plan)}; profile = {nix_path(profile)}; hostsFile = {nix_path(hosts)}; node = {json.dumps(name)}; package = null;
+        planFile = {nix_path(plan)}; hostsFile = {nix_path(hosts)}; node = {json.dumps(name)}; package = "/nix/store/tp4";
         host = {{
           enable = true; displayReservation.enable = true; firewall.enable = true;
           weights = {{ mountPoint = "/var/lib/tp4/weights"; localDir = {local}; }};
@@ -181,7 +181,7 @@ def walks(work, lines):
     for module in MODULE_FILES:
         for host, (line, name) in hosts.items():
             profile, plan = lines[line]
-            out[(module, host)] = walk(MODULES / module, fixture_config(profile, plan, name, ring=line == "ring", router=lines["fleet"]), work)
+            out[(module, host)] = walk(MODULES / module, fixture_config(plan, name, ring=line == "ring", router=lines["fleet"]), work)
     return out
 
 
@@ -201,7 +201,7 @@ def test_the_modules_set_only_options_the_data_file_lists(walks):
 def test_every_listed_option_is_set_by_a_module(walks, data):
     used = {s["entry"] for w in walks.values() for s in w["set"]}
     assert sorted(set(data["set"]) - used) == []
-    assert sorted(set(data["own"]) - used - {"tp4.host", "tp4.line", "tp4.planFile", "tp4.hostsFile", "tp4.node", "tp4.package", "tp4.profile", "tp4.router"}) == []
+    assert sorted(set(data["own"]) - used - {"tp4.host", "tp4.line", "tp4.planFile", "tp4.hostsFile", "tp4.node", "tp4.package", "tp4.router"}) == []
 
 
 def test_what_each_host_gets(walks):
@@ -228,7 +228,7 @@ def test_an_option_nixpkgs_does_not_declare_fails(work, lines):
     module.write_text("{ config, lib, ... }: { config = lib.mkMerge [ { networking.interfaces.eth0.mtu = 9000; } "
                       "(lib.mkIf true { services.nfs.server.export = \"/srv\"; }) ]; }\n")
     profile, plan = lines["switched"]
-    got = [{k: s[k] for k in ("path", "entry")} for s in walk(module, fixture_config(profile, plan, "spark1", ring=False), work)["set"]]
+    got = [{k: s[k] for k in ("path", "entry")} for s in walk(module, fixture_config(plan, "spark1", ring=False), work)["set"]]
     assert got == [{"path": "networking.interfaces.eth0.mtu", "entry": "networking.interfaces.<name>.mtu"},
                    {"path": "services.nfs.server.export", "entry": None}]
 
@@ -286,7 +286,7 @@ def test_the_gpu_clock_cap_is_the_plans(work, lines):
         changed.write_text(profile.read_text().replace("[cluster]\n", f"[cluster]\ngpu_clock_mhz = {mhz}\n", 1))
         plan = plan_file(changed, work / f"clock-{mhz}.json")
         assert json.loads(plan.read_text())["line"]["gpu_clock_mhz"] == (mhz or None)
-        w = walk(MODULES / "spark-host.nix", fixture_config(changed, plan, "spark2", ring=False), work)
+        w = walk(MODULES / "spark-host.nix", fixture_config(plan, "spark2", ring=False), work)
         paths = {x["path"] for x in w["set"]}
         if expected is None:
             assert any(p.startswith("systemd.services.tp4-rdma-check") for p in paths), sorted(paths)
@@ -324,6 +324,18 @@ def value(w: dict, path: str):
     return found[0]
 
 
+def test_the_rank_unit_carries_the_plans_digest(walks, lines):
+    """The running line carries the plan's digest: the container's tp4.plan label and the unit's
+    environment (TP4_PLAN), both the digest of the committed plan file the host reads."""
+    for host, unit in RANK_UNITS.items():
+        line = "ring" if host == "ring worker" else "switched"
+        digest = json.loads(Path(lines[line][1]).read_text())["digest"]
+        w = walks[("tp4-line.nix", host)]
+        assert value(w, f"systemd.services.{unit}.environment") == {"TP4_PLAN": digest}
+        container = unit.removeprefix("podman-")
+        assert value(w, f"virtualisation.oci-containers.containers.{container}.labels")["tp4.plan"] == digest
+
+
 def test_the_rank_unit_is_hardened_as_far_as_its_runtime_allows(walks):
     for host, unit in RANK_UNITS.items():
         assert value(walks[("tp4-line.nix", host)], f"systemd.services.{unit}.serviceConfig") == {**HARDENING, **LIMITS}
@@ -343,11 +355,13 @@ def test_the_readiness_unit_runs_beside_the_rank_and_is_bounded(walks):
         sc = value(w, f"{ready}.serviceConfig")
         bound = 9000 if host == "head" else 4200
         assert {k: sc[k] for k in ("Type", "RemainAfterExit", "TimeoutStartSec")} == {"Type": "oneshot", "RemainAfterExit": True, "TimeoutStartSec": bound + 60}
+        # tp4's own boot-log check (the package's CLI) on the committed plan, which evaluation
+        # copies to the store as it is: this rank's pattern, bound and lines are the plan's
         argv = systemd_exec_argv(sc["ExecStart"])
-        assert argv[0] == "/bin/sh" and re.fullmatch(r"/nix/store/[a-z0-9]{32}-rank-ready\.sh", argv[1])
-        assert argv[2:5] == ["podman", unit.removeprefix("podman-"), str(bound)] and argv[-2:] == ["forbid", "Traceback"]
-        assert argv[5] == ("^Ready: API on port 8888([^0-9]|$)" if host == "head" else "Load weight end\\.")
-        assert value(w, f"{ready}.path") == ["/nix/store/podman", "/nix/store/coreutils", "/nix/store/gnugrep", "/nix/store/gnused"]
+        rank = "0" if host == "head" else ("1" if host == "worker" else "2")
+        assert argv[:5] == ["/nix/store/tp4/bin/tp4", "bootlog", "wait", "--rank", rank]
+        assert argv[5] == "--plan" and re.fullmatch(r"/nix/store/[a-z0-9]{32}-(switched|ring)\.json", argv[6]) and len(argv) == 7
+        assert value(w, f"{ready}.path") == ["/nix/store/podman"]
         # the rank's own start waits for nothing of it
         assert "tp4-rank-ready.service" not in value(w, f"systemd.services.{unit}.after") + value(w, f"systemd.services.{unit}.requires")
 
@@ -478,7 +492,7 @@ def test_the_flake_has_the_modules_the_example_hosts_and_the_template(tmp_path):
     assert evaluate("nixosModules.spark-host", "m: map (p: baseNameOf (toString p)) (builtins.filter (p: !builtins.isFunction p) m.imports)") == [
         "dgx-spark.nix", "spark-host.nix"]
     template = evaluate("templates.spark-line", "t: { inherit (t) description; files = builtins.attrNames (builtins.readDir t.path); }")
-    assert template["files"] == ["configuration.nix", "flake.nix", "hosts.toml", "profile.toml"]
+    assert template["files"] == ["configuration.nix", "flake.nix", "hosts.toml", "plan.json", "profile.toml"]
     assert "TP4 line" in template["description"]
     # the flake's own outputs hold no host (the line's flake does, from the template); the hosts
     # of lib.lineConfigurations on the example, each with its hardware (a directory of
@@ -494,13 +508,14 @@ def test_the_flake_has_the_modules_the_example_hosts_and_the_template(tmp_path):
       own = builtins.elemAt ms 1;
       rest = map (p: baseNameOf (toString p)) (builtins.tail (builtins.tail ms));
       toplevel = c.config.system.build.toplevel.type; }}) (l.lineConfigurations {{
-        profile = {nix_path(ex / "profile.toml")}; hostsFile = {nix_path(ex / "hosts.toml")};
+        plan = {nix_path(ex / "plan.json")}; hostsFile = {nix_path(ex / "hosts.toml")};
         modules = [ {nix_path(ex / "configuration.nix")} ]; hardware = {nix_path(hw)}; }})""")
     assert list(hosts) == ["spark1", "spark2", "spark3", "spark4"]
     for name, h in hosts.items():
         assert h["own"]["networking"] == {"hostName": name}
         assert h["own"]["tp4"]["node"] == name and h["own"]["tp4"]["host"] == {"enable": True} and h["own"]["tp4"]["line"] == {"enable": True}
-        assert h["own"]["tp4"]["profile"].endswith("-profile.toml") and h["own"]["tp4"]["hostsFile"].endswith("-hosts.toml")
+        assert h["own"]["tp4"]["planFile"].endswith("-plan.json") and h["own"]["tp4"]["hostsFile"].endswith("-hosts.toml")
+        assert "profile" not in h["own"]["tp4"]
         assert h["rest"] == ["hardware-configuration.nix", "configuration.nix"] and h["toplevel"] == "derivation"
 
 
@@ -632,25 +647,48 @@ def test_the_weights_volume_is_made_once_and_replaced_only_when_unused(tmp_path)
         subprocess.run(["podman", "rmi", "-f", image], capture_output=True)
 
 
-def test_the_plan_a_host_runs_is_the_clis(tmp_path):
-    """tp4.planFile's default runs this flake's tp4 on the profile at build time: its build script,
-    run here with this checkout's CLI as the package, writes the plan `tp4 plan --json` prints."""
-    package = tmp_path / "tp4"
-    (package / "bin").mkdir(parents=True)
-    (package / "bin" / "tp4").write_text(f'#!/bin/sh\nPYTHONPATH={REPO / "python"} exec {sys.executable} -m tp4 "$@"\n')
-    (package / "bin" / "tp4").chmod(0o755)
-    profile = EXAMPLE / "profile.toml"
-    pkgs = PKGS.replace('runCommand = name: env: script: "/nix/store/${name}";', "runCommand = name: env: script: script;")
-    config = f'{{ tp4 = {{ package = {json.dumps(str(package))}; profile = {json.dumps(str(profile))}; }}; networking.hostName = "spark1"; }}'
-    expr = (f"(import {nix_path(MODULES / 'common.nix')} {{ pkgs = {pkgs}; lib = import {nix_path(STUB_LIB)}; config = {config}; }})"
-            ".options.tp4.planFile.default")
-    script, err = nix_eval(expr, tmp_path / "nix")
-    assert isinstance(script, str), err
-    assert f"{package}/bin/tp4 plan --json --profile {profile} > $out" in script
-    out = tmp_path / "plan.json"
-    proc = subprocess.run(["sh", "-euc", script], capture_output=True, text=True, env={"out": str(out), "TMPDIR": str(tmp_path), "PATH": "/usr/bin:/bin"})
+def test_the_hosts_evaluate_from_the_committed_plan_with_no_import_from_derivation(tmp_path):
+    """The example line's hosts as the flake's lib.lineConfigurations makes them, each host's own
+    tp4 settings then evaluated by modules/common.nix and the two modules (walked), with Nix
+    refusing any import from a derivation: the plan is a committed file, read as it is, and
+    nothing is built to evaluate a host. The template's flake checks that the file is current."""
+    copy = locked_flake_copy(REPO, tmp_path / "flake")
+    inputs = stub_inputs(REPO, empty_flake(tmp_path / "empty"))
+    hw = tmp_path / "hardware"
+    for i in range(1, 5):
+        (hw / f"spark{i}").mkdir(parents=True)
+        (hw / f"spark{i}" / "hardware-configuration.nix").write_text("{ }\n")
+    ex = copy / "examples" / "spark-line"
+    apply = f"""l: builtins.mapAttrs (n: c: let
+        own = (builtins.elemAt c.stub.args.modules 1).tp4;
+        config = {{ networking.hostName = n; tp4 = own // {{ package = "/nix/store/tp4"; host = own.host // {{ weights.localDir = null; }}; }}; }};
+        common = import {nix_path(copy / "modules" / "common.nix")} {{ inherit config; lib = import {nix_path(STUB_LIB)}; }};
+        s = common.config.tp4.settings;
+      in {{ inherit (s) name rank; unit = s.rankUnit.unit; ready = s.rankUnit.readiness; exports = s.nfs.exports; }})
+      (l.lineConfigurations {{ plan = {nix_path(ex / "plan.json")}; hostsFile = {nix_path(ex / "hosts.toml")};
+        modules = [ {nix_path(ex / "configuration.nix")} ]; hardware = {nix_path(hw)}; }})"""
+    proc = nix(["eval", "--json", f"path:{copy}#lib", "--apply", apply, *inputs, "--impure",
+                "--option", "allow-import-from-derivation", "false"], tmp_path)
     assert proc.returncode == 0, proc.stderr
-    assert json.loads(out.read_text()) == json.loads(plan_file(profile, tmp_path / "cli.json").read_text())
+    hosts = json.loads(proc.stdout)
+    plan = json.loads((EXAMPLE / "plan.json").read_text())
+    assert list(hosts) == [n["name"] for n in plan["nodes"]]
+    for node in plan["nodes"]:
+        h = hosts[node["name"]]
+        assert h["rank"] == node["rank"] and h["unit"] == node["service"]["unit"]
+        assert h["ready"]["timeout"] == node["service"]["ready"]["timeout"]
+    assert hosts["spark1"]["exports"].startswith(plan["line"]["nfs"]["export"] + " ")
+    # the modules no longer take the profile, and nothing in them renders a plan
+    for f in ("common.nix", "tp4-line.nix", "spark-host.nix"):
+        text = (MODULES / f).read_text()
+        assert "runCommand" not in text and "fromTOML (builtins.readFile cfg.profile" not in text, f
+
+
+def test_the_committed_example_plan_is_current(tp4_cli):
+    """examples/spark-line/plan.json is what its profile renders (the flake's plan-current check
+    runs the same command)."""
+    code, _, err = tp4_cli("plan", "--check", EXAMPLE / "plan.json", "--profile", EXAMPLE / "profile.toml")
+    assert code == 0, err
 
 
 def _assertions(w: dict) -> list[dict]:
@@ -681,7 +719,7 @@ def test_a_ring_with_roce_paths_keeps_a_marker_on_every_fabric_device(walks, wor
     assert [r for r in requires if r.startswith("tp4-mesh-marker@")] == [f"tp4-mesh-marker@{d}.service" for d in devices]
 
     profile, plan = lines["ring"]
-    bare = walk(MODULES / "spark-host.nix", fixture_config(profile, plan, "spark3", ring=True).replace('"/nix/store/marker"', "null"), work)
+    bare = walk(MODULES / "spark-host.nix", fixture_config(plan, "spark3", ring=True).replace('"/nix/store/marker"', "null"), work)
     failing = [a["message"] for a in _assertions(bare) if not a["assertion"] and a["message"].startswith("tp4.host.ring")]
     assert len(failing) == 1 and failing[0].startswith("tp4.host.ring.marker.package: the plan arms DSV41_ROCE_RING=1")
     assert "mlx5_rdma_tx_rewrite_probe.c" in failing[0] and 'gates.DSV41_ROCE_RING = "0"' in failing[0]
@@ -706,7 +744,7 @@ def test_the_drm_node_gets_a_device_unit_and_needs_the_reservation(walks, work, 
     assert "dev-dri-card0.device" in value(walks[("tp4-line.nix", "ring worker")], "systemd.services.podman-dsv41-worker.requires")
     assert not any(s["path"] == "services.udev.extraRules" for s in walks[("spark-host.nix", "head")]["set"])
     profile, plan = lines["ring"]
-    off = walk(MODULES / "spark-host.nix", fixture_config(profile, plan, "spark3", ring=True).replace("displayReservation.enable = true", "displayReservation.enable = false"), work)
+    off = walk(MODULES / "spark-host.nix", fixture_config(plan, "spark3", ring=True).replace("displayReservation.enable = true", "displayReservation.enable = false"), work)
     failing = [a["message"] for a in _assertions(off) if not a["assertion"] and a["message"].startswith("tp4.host.displayReservation.enable")]
     assert [a["message"] for a in _assertions(w) if a["message"].startswith("tp4.host.displayReservation.enable") and not a["assertion"]] == []
     assert failing == ["tp4.host.displayReservation.enable: the plan hands the engine the display reservation's DRM node (DSV41_ENGRAM_DRM_NODE=/dev/dri/card0), which is only free with the reservation kept; fix: set tp4.host.displayReservation.enable = true, or unset DSV41_ENGRAM_DRM_NODE in the profile"]
@@ -732,14 +770,14 @@ def test_the_router_unit_runs_the_fleet_plans_command(walks, work, lines):
     assert all(a["assertion"] for a in _assertions(w)), [a["message"] for a in _assertions(w) if not a["assertion"]]
 
     profile, plan = lines["switched"]
-    process = walk(MODULES / "tp4-router.nix", fixture_config(profile, plan, "spark1", ring=False, router=fleet_plan(work, service="process")), work)
+    process = walk(MODULES / "tp4-router.nix", fixture_config(plan, "spark1", ring=False, router=fleet_plan(work, service="process")), work)
     failing = [a["message"] for a in _assertions(process) if not a["assertion"]]
     assert failing == ['tp4.router: the fleet file runs its router as a plain process (router.service = "process"), so tp4 fleet serve would not start this unit; fix: set router.service = "unit" in the fleet file']
-    other = walk(MODULES / "tp4-router.nix", fixture_config(profile, plan, "spark1", ring=False, router=plan), work)
+    other = walk(MODULES / "tp4-router.nix", fixture_config(plan, "spark1", ring=False, router=plan), work)
     failing = [a["message"] for a in _assertions(other) if not a["assertion"]]
     assert len(failing) == 3 and failing[0].startswith("tp4.router.fleetPlan: ") and "is not a tp4 fleet plan" in failing[0]
     assert failing[2].startswith("tp4.router.python: no Python with the router: nixpkgs has no sglang-router package")
-    off = walk(MODULES / "tp4-router.nix", fixture_config(profile, plan, "spark1", ring=False), work)
+    off = walk(MODULES / "tp4-router.nix", fixture_config(plan, "spark1", ring=False), work)
     assert off["set"] == [] or all(not s["path"].startswith("systemd.services.tp4-router") for s in off["set"])
 
 
@@ -749,15 +787,15 @@ def test_the_kernel_check_accepts_nixos_dgx_sparks_kernel_and_no_other(work, lin
     assertion once expected) fails it with the fix; tp4.host.kernel.allowOther lets it pass."""
     profile, plan = lines["switched"]
     kernel_checks = lambda w: [a for a in _assertions(w) if a["message"].startswith("tp4.host: the kernel is")]  # noqa: E731
-    nvidia = walk(MODULES / "spark-host.nix", fixture_config(profile, plan, "spark2", ring=False), work)
+    nvidia = walk(MODULES / "spark-host.nix", fixture_config(plan, "spark2", ring=False), work)
     assert [a["assertion"] for a in kernel_checks(nvidia)] == [True]
     stock = {"version": NVIDIA_KERNEL["modDirVersion"], "modDirVersion": NVIDIA_KERNEL["modDirVersion"]}
-    other = walk(MODULES / "spark-host.nix", fixture_config(profile, plan, "spark2", ring=False, kernel=stock), work)
+    other = walk(MODULES / "spark-host.nix", fixture_config(plan, "spark2", ring=False, kernel=stock), work)
     [check] = kernel_checks(other)
     assert check["assertion"] is False
     assert check["message"].startswith("tp4.host: the kernel is 6.17.13 (modDirVersion 6.17.13), the line is validated on 6.17.13-nvidia")
     assert "hardware.dgx-spark.useNvidiaKernel = true" in check["message"]
-    allowed = walk(MODULES / "spark-host.nix", fixture_config(profile, plan, "spark2", ring=False, kernel=stock)
+    allowed = walk(MODULES / "spark-host.nix", fixture_config(plan, "spark2", ring=False, kernel=stock)
                    .replace("allowOther = false", "allowOther = true"), work)
     assert [a["assertion"] for a in kernel_checks(allowed)] == [True]
 
@@ -795,7 +833,7 @@ def test_the_display_reservation_holds_on_the_command_line_a_spark_host_gets(wal
         w = walks[("spark-host.nix", host)]
         assert [a["message"] for a in _assertions(w) if not a["assertion"]] == []
     profile, plan = lines["switched"]
-    theirs = walk(MODULES / "spark-host.nix", fixture_config(profile, plan, "spark1", ring=False,
+    theirs = walk(MODULES / "spark-host.nix", fixture_config(plan, "spark1", ring=False,
                                                             kernel_params=f"({DGX_SPARK_PARAMS} ++ {NVIDIA_PARAMS})"), work)
     failing = [a["message"] for a in _assertions(theirs) if not a["assertion"]]
     assert failing == ["tp4.host.displayReservation: nvidia-drm.fbdev is 1, not 0 (the nvidia module appends nvidia-drm.fbdev=1 for drivers >= 545) "
@@ -845,3 +883,33 @@ def test_the_rank_container_has_the_types_oci_containers_declares(walks):
         assert bad == {}
         # "You can only define one of imageFile and imageStream" (the module's assertion)
         assert set_here.get("imageFile") is None or set_here.get("imageStream") is None
+
+
+def test_the_host_units_are_declared_by_the_names_the_plan_gives_them(work, lines):
+    """The RDMA check, weights volume and readiness units are the plan's service.host_units (tp4
+    deploy checks the RDMA check by that name); the rank unit is ordered after them by those names."""
+    _, plan = lines["switched"]
+    doc = json.loads(plan.read_text())
+    for n in doc["nodes"]:
+        n["service"]["host_units"] = {"rdma_check": "x-rdma.service", "weights_volume": None if n["rank"] == 0 else "x-volume.service",
+                                      "ready": "x-ready.service"}
+    renamed = work / "renamed-units.json"
+    renamed.write_text(json.dumps(doc))
+    host = walk(MODULES / "spark-host.nix", fixture_config(renamed, "spark2", ring=False), work)
+    paths = {x["path"] for x in host["set"]}
+    assert {"systemd.services.x-rdma.serviceConfig", "systemd.services.x-volume.serviceConfig"} <= paths
+    assert not any("tp4-rdma-check" in p or "tp4-weights-volume" in p for p in paths)
+    line = walk(MODULES / "tp4-line.nix", fixture_config(renamed, "spark2", ring=False), work)
+    assert value(line, "systemd.services.x-ready.wantedBy") == ["podman-dsv41-worker.service"]
+    assert value(line, "systemd.services.podman-dsv41-worker.requires")[:2] == ["x-rdma.service", "x-volume.service"]
+
+
+def test_the_readiness_needs_the_tp4_package(work, lines):
+    """The readiness unit runs the closure's tp4; without the flake's modules (which set it) and
+    without tp4.package, evaluation stops naming the option."""
+    _, plan = lines["switched"]
+    config = fixture_config(plan, "spark1", ring=False).replace('package = "/nix/store/tp4";', "package = null;")
+    expr = f"import {nix_path(WALK)} {{ module = {nix_path(MODULES / 'tp4-line.nix')}; optionsFile = {nix_path(OPTIONS)}; config = {config}; pkgs = {PKGS}; }}"
+    value, err = nix_eval(expr, work / "nix")
+    assert value is None
+    assert "tp4.package: the rank's readiness unit runs tp4's boot-log check (tp4 bootlog wait) and no tp4 is set; fix: use the flake's nixosModules" in err

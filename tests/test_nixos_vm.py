@@ -43,7 +43,7 @@ def settings_expr(work) -> str:
     """The head's settings (modules/lib) as a Nix expression."""
     profile = EXAMPLE / "profile.toml"
     plan = plan_file(profile, work / "plan.json")
-    return (f"(import {nix_path(LIB)}).host {{ profile = {toml(profile)}; plan = {json_file(plan)}; "
+    return (f"(import {nix_path(LIB)}).host {{ plan = {json_file(plan)}; "
             f"hostsFile = {toml(EXAMPLE / 'hosts.toml')}; name = \"spark1\"; }}")
 
 
@@ -167,13 +167,20 @@ def test_the_flake_checks(tmp_path):
     assert vm == {"name": "vm-test-run-tp4-spark-host", "builder": "testers.runNixOSTest", "machine": True, "script": True,
                   "args": {"name": "tp4-spark-host", "node": {"pkgsReadOnly": False}, "globalTimeout": 1800}}
     checks = evaluate("checks", "c: builtins.mapAttrs (s: builtins.attrNames) c")
+    # plan-current: the example's committed plan is the one its profile renders (tp4 plan --check),
+    # on every system (a copy of both files under their usual names)
+    for system in ("x86_64-linux", "aarch64-linux"):
+        pc = evaluate(f"checks.{system}.plan-current", "d: { inherit (d.stub) builder; cmd = d.stub.args.buildCommand; }")
+        assert pc["builder"] == "runCommand"
+        assert "-m tp4 plan --check plan.json --profile profile.toml" in pc["cmd"]
+        assert "-profile.toml profile.toml" in pc["cmd"] and "-plan.json plan.json" in pc["cmd"]
     nixos = {f"nixos-spark{i}" for i in range(1, 5)}
     assert nixos | {"spark-host-vm"} <= set(checks["aarch64-linux"])
     assert not any(c.startswith("nixos-") or c == "spark-host-vm" for c in checks["x86_64-linux"])
     # nixos-<node>: the .drv path of the node's toplevel, as text without its context
     got = evaluate("checks.aarch64-linux", """c: builtins.mapAttrs (n: d: { inherit (d) name; inherit (d.stub) builder;
       text = d.stub.args.text; context = builtins.hasContext d.stub.args.text; })
-      (builtins.removeAttrs c [ "b12x" "b12x-next" "eval" "formatting" "image" "image-canary" "image-local" "sglang-tree" "spark-host-vm" "tp4" "tp4-runtime" "unit" "wheels" ])""")
+      (builtins.removeAttrs c [ "b12x" "b12x-next" "eval" "formatting" "image" "image-canary" "image-local" "sglang-tree" "spark-host-vm" "tp4" "tp4-runtime" "unit" "wheels" "plan-current" ])""")
     # they evaluate on a fresh clone (no hardware/<host>/hardware-configuration.nix, no
     # authorized_keys): the hosts on the checks' explicit test hardware and test key
     assert not (copy / "examples" / "spark-line" / "hardware").exists()

@@ -1,5 +1,8 @@
 # A TP4 line of four DGX Sparks on NixOS, from one tp4 profile (`nix flake init -t <tp4>#spark-line`).
-# profile.toml is what tp4 plan/serve read; hosts.toml adds each node's second fabric port;
+# profile.toml is what tp4 plan/serve read; plan.json is its plan (`tp4 plan --json -o plan.json
+# --profile profile.toml`), which the hosts read: write it again after every edit of the profile
+# and commit both (`nix flake check` fails while it is stale); hosts.toml adds each node's second
+# fabric port;
 # configuration.nix holds what the hosts share; hardware/<host>/hardware-configuration.nix is each
 # Spark's own (nixos-generate-config's), and authorized_keys the deploying user's public key:
 # until they exist, evaluation stops and says how to make them (docs/nixos.md of tp4).
@@ -16,10 +19,15 @@
     { self, tp4 }:
     {
       nixosConfigurations = tp4.lib.lineConfigurations {
-        profile = ./profile.toml;
+        plan = ./plan.json;
         hostsFile = ./hosts.toml;
         modules = [ ./configuration.nix ];
         hardware = ./hardware;
+      };
+      # the committed plan is the one the profile renders (tp4 plan --check plan.json)
+      checks = tp4.lib.planChecks {
+        profile = ./profile.toml;
+        plan = ./plan.json;
       };
     };
 }

@@ -1,7 +1,8 @@
 # The host settings of a TP4 line's NixOS hosts, as builtins-only functions of their inputs: the
-# profile (builtins.fromTOML of the tp4 profile), the plan (builtins.fromJSON of `tp4 plan --json`
-# of that profile) and the hosts file (per node the fabric ports the profile does not hold).
-# modules/spark-host.nix and modules/tp4-line.nix only wire `host`'s result into NixOS options;
+# plan (builtins.fromJSON of the plan file committed beside the profile, `tp4 plan --json -o
+# plan.json`) and the hosts file (per node the fabric ports the profile does not hold). The
+# profile is never read here: everything a host needs is a field of the plan, and this maps the
+# fields to what modules/spark-host.nix and modules/tp4-line.nix wire into NixOS options.
 # tests/test_nixos_lib.py evaluates these with a bare Nix.
 let
   u = import ./util.nix;
@@ -11,37 +12,25 @@ let
   kernel = import ./kernel.nix;
   inherit (builtins)
     elemAt
-    length
     map
     toJSON
     ;
   inherit (u) fail optionals;
 
-  # the plan must be the profile's: same nodes, same order, same addresses
-  samePlan =
-    profile: plan:
+  # the plan fields this reads are those of tp4.plan/1.8 (a plan file written by an older tp4
+  # lacks them): a plan of another schema stops evaluation saying how to write it again
+  minor = 8;
+  checked =
+    plan:
     let
-      ns = hosts.nodes profile;
-      pn = plan.nodes;
-      mismatch = builtins.filter (
-        i: (elemAt ns i).name != (elemAt pn i).name || (elemAt ns i).ip != (elemAt pn i).host
-      ) (builtins.genList (i: i) (length ns));
+      m = builtins.match "tp4\\.plan/1\\.([0-9]+)" (plan.schema or "");
     in
-    if plan.schema or null == null || builtins.match "tp4\\.plan/1\\..*" plan.schema == null then
-      fail "plan: schema" "${toJSON (plan.schema or null)} is not a tp4 plan (tp4.plan/1.x)"
-        "pass the output of tp4 plan --json"
-    else if length ns != length pn then
-      fail "plan: nodes" "${toString (length pn)} nodes, the profile has ${toString (length ns)}"
-        "regenerate the plan from this profile (tp4 plan --json --profile FILE)"
-    else if mismatch != [ ] then
-      let
-        i = elemAt mismatch 0;
-      in
-      fail "plan: nodes[${toString i}]"
-        "${(elemAt pn i).name} ${(elemAt pn i).host} is ${(elemAt ns i).name} ${(elemAt ns i).ip} (${(elemAt ns i).where}) in the profile"
-        "regenerate the plan from this profile (tp4 plan --json --profile FILE)"
+    if m == null || builtins.fromJSON (elemAt m 0) < minor then
+      fail "tp4.planFile"
+        "${toJSON (plan.schema or null)} is not a plan this module reads (tp4.plan/1.${toString minor} or later)"
+        "write the plan again with this flake's tp4: tp4 plan --json -o plan.json --profile profile.toml"
     else
-      true;
+      plan;
 in
 {
   inherit
@@ -52,13 +41,12 @@ in
     kernel
     ;
 
-  # the names of the line's hosts, in rank order (for nixosConfigurations; needs no plan)
-  hostNames = profile: map (n: n.name) (hosts.nodes profile);
+  # the names of the line's hosts, in rank order (for nixosConfigurations)
+  hostNames = plan: map (n: n.name) plan.nodes;
 
   # everything the two modules set on host `name`
   host =
     {
-      profile,
       plan,
       name,
       hostsFile ? { },
@@ -67,24 +55,16 @@ in
       localWeights ? null,
     }:
     let
-      # the profile's own faults first (a missing or repeated address), then whether the plan is its
       ports = hosts.ports {
-        inherit profile;
+        plan = checked plan;
         hosts = hostsFile;
       };
-    in
-    assert builtins.seq ports (samePlan profile plan);
-    let
-      nodePorts =
-        ports.${name} or (fail "tp4.node" "${toJSON name} is not a node of the profile (${
-          u.joinWords (map (n: n.name) (hosts.nodes profile))
-        })" "set tp4.node to this host's name in the profile");
-      node = builtins.seq nodePorts (rank.planNode plan name);
+      node = rank.planNode (checked plan) name;
+      nodePorts = builtins.seq node ports.${name};
       isHead = node.rank == 0;
-      nfs = weights.usesNfs { inherit profile plan; };
-      servers = if nfs then weights.servers { inherit profile plan; } else [ ];
-      export = if nfs then weights.exportPath plan else null;
-      worker = if isHead then null else elemAt servers (node.rank - 1);
+      nfs = plan.line.nfs != null;
+      export = if nfs then plan.line.nfs.export else null;
+      worker = if isHead || !nfs then null else elemAt plan.line.nfs.servers (node.rank - 1);
       volume = if isHead then null else weights.volumeOf node;
       local =
         if localWeights != null then
@@ -106,13 +86,9 @@ in
       kernelModules = kernel.rdmaModules;
       kernelParams = optionals displayReservation kernel.displayReservationParams;
       # the plan's SM clock cap (the profile's cluster.gpu_clock_mhz; null leaves the clock alone)
-      gpuClockMHz =
-        plan.line.gpu_clock_mhz
-          or (fail "plan: line.gpu_clock_mhz" "missing (a plan older than tp4.plan/1.6)"
-            "regenerate the plan with this tp4 (tp4 plan --json)"
-          );
+      gpuClockMHz = plan.line.gpu_clock_mhz;
       rdmaCheck = {
-        unit = rank.rdmaCheckUnit;
+        unit = node.service.host_units.rdma_check;
         # how long the check waits at boot for the ports to be ACTIVE with their GIDs (the same
         # bound as the ring's link wait, upstream's dsv41-mesh's 120 s)
         timeout = 120;
@@ -131,7 +107,8 @@ in
           if nfs && isHead then
             weights.exportsLine {
               path = export;
-              clients = weights.clients { inherit plan ports servers; };
+              clients = weights.clients { inherit plan ports; };
+              options = plan.line.nfs.export_options;
             }
           else
             null;
@@ -141,6 +118,7 @@ in
               server = worker;
               path = export;
               mountPoint = weightsMountPoint;
+              options = plan.line.nfs.mount_options;
             }
           else
             null;
@@ -156,27 +134,31 @@ in
                 {
                   server = worker;
                   path = export;
+                  options = plan.line.nfs.mount_options;
                 }
               else
                 null;
             localDir = if nfs then null else local;
           }
           // {
+            unit = node.service.host_units.weights_volume;
             # what the volume's unit waits for: the host's NFS mount (a head that exports), else the copy
             requiresMount = if nfs then weightsMountPoint else local;
           };
       firewall = rank.firewall { inherit plan node nfs; };
       ring =
         if plan.line.fabric == "ring" then
-          hosts.ringHairpin profile // { marker = rank.marker plan node; }
+          hosts.ringHairpin plan
+          // {
+            # the mesh's unit, by the plan's name (service.mesh_unit)
+            unit = node.service.mesh_unit;
+            marker = rank.marker plan node;
+          }
         else
           null;
       drmNode = rank.drmNode node;
       rankUnit = unit // {
-        ordering = rank.ordering {
-          inherit plan node;
-          weightsVolume = !isHead;
-        };
+        ordering = rank.ordering { inherit plan node; };
         inherit (rank) serviceConfig;
         unitConfig = rank.unitConfigOf node;
         directories = rank.directories node;

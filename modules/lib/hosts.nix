@@ -1,7 +1,8 @@
-# The line's hosts and their fabric ports, from the profile (builtins.fromTOML of the tp4 profile)
-# and the host facts the profile does not hold (builtins.fromTOML of a hosts file such as
+# The line's hosts and their fabric ports: the plan's nodes (each node's fabric `host` address) and
+# the host facts the profile does not hold (builtins.fromTOML of a hosts file such as
 # examples/spark-line/hosts.toml): per node the fabric ports besides the one that carries the
-# node's `ip`. Every bad input throws `field: reason; fix: ...`.
+# node's address. The hosts file is read only here, so its faults are checked here; the plan is
+# tp4's, checked when it was rendered. A bad hosts file throws `field: reason; fix: ...`.
 let
   u = import ./util.nix;
   inherit (builtins)
@@ -10,9 +11,7 @@ let
     elem
     filter
     head
-    isAttrs
     isInt
-    isList
     isString
     length
     listToAttrs
@@ -71,102 +70,40 @@ rec {
   inherit sparkNetdevs sparkFunctions fabricMtu;
 
   # a ring's hairpin queue: devlink's driverinit hairpin_queue_size on the four fabric functions
-  # (RoCEnante's size cap follows it); the profile's fabric.ring_hairpin_queue, whose default
-  # (tp4.profile.models.Fabric) a test keeps equal to this one
-  ringHairpin =
-    profile:
-    let
-      size = (profile.fabric or { }).ring_hairpin_queue or 8192;
-    in
-    if !(isInt size) || size < 1 then
-      fail "fabric.ring_hairpin_queue" "${toJSON size} is not a queue size" "a whole number such as 8192"
-    else
-      {
-        inherit size;
-        functions = map (hca: sparkFunctions.${hca}) [
-          "rocep1s0f0"
-          "rocep1s0f1"
-          "roceP2p1s0f0"
-          "roceP2p1s0f1"
-        ];
-        # the four fabric links (one DAC each), which tp4-mesh waits for before it sets them up
-        links = map (hca: sparkNetdevs.${hca}) [
-          "rocep1s0f0"
-          "rocep1s0f1"
-          "roceP2p1s0f0"
-          "roceP2p1s0f1"
-        ];
-        linkTimeout = 120;
-      };
-
-  # the profile's nodes in rank order: [ { rank; role; where; name; ip; } ] (the head is rank 0)
-  nodes =
-    profile:
-    let
-      cluster = profile.cluster or { };
-      head' =
-        cluster.head or (fail "cluster.head" "missing: the NixOS hosts are read from the profile"
-          "add a [cluster.head] table with name and ip"
-        );
-      workers = cluster.workers or [ ];
-      node =
-        rank: where: n:
-        let
-          name =
-            n.name or (fail "${where}.name" "missing"
-              "give the node its host name, e.g. name = \"spark${toString (rank + 1)}\""
-            );
-        in
-        if !isAttrs n then
-          fail where "not a table" "write [[cluster.workers]] tables with name and ip"
-        else
-          {
-            inherit rank where;
-            role = if rank == 0 then "head" else "worker";
-            name =
-              if isString name && builtins.match "[A-Za-z0-9][A-Za-z0-9._-]{0,62}" name != null then
-                name
-              else
-                fail "${where}.name" "${toJSON name} is not a node name"
-                  "1-63 letters, digits, '.', '_' or '-' (e.g. spark1)";
-            ip =
-              if !(n ? ip) then
-                fail "${where}.ip" "missing: the NixOS host needs the node's fabric address"
-                  "set ip = \"10.0.0.${toString (rank + 1)}\" (the address on the fabric port, as tp4 plan uses it)"
-              else
-                address "${where}.ip" n.ip;
-          };
-      list = [
-        (node 0 "cluster.head" head')
-      ]
-      ++ u.imap0 (i: w: node (i + 1) "cluster.workers[${toString i}]" w) (
-        if isList workers then
-          workers
-        else
-          fail "cluster.workers" "not a list of tables" "write [[cluster.workers]] tables"
-      );
-      names = map (n: n.name) list;
-      dup = u.duplicates names;
-    in
-    if dup != [ ] then
-      let
-        twice = filter (n: n.name == head dup) list;
-      in
-      fail "${(builtins.elemAt twice 1).where}.name" "${head dup} is also ${(head twice).where}.name"
-        "give every node its own name"
-    else
-      list;
+  # (RoCEnante's size cap follows it), the plan's line.ring_hairpin_queue
+  ringHairpin = plan: {
+    size = plan.line.ring_hairpin_queue;
+    functions = map (hca: sparkFunctions.${hca}) [
+      "rocep1s0f0"
+      "rocep1s0f1"
+      "roceP2p1s0f0"
+      "roceP2p1s0f1"
+    ];
+    # the four fabric links (one DAC each), which tp4-mesh waits for before it sets them up
+    links = map (hca: sparkNetdevs.${hca}) [
+      "rocep1s0f0"
+      "rocep1s0f1"
+      "roceP2p1s0f0"
+      "roceP2p1s0f1"
+    ];
+    linkTimeout = 120;
+  };
 
   # every node's fabric ports: { <node> = { <netdev> = { address; prefixLength; where; }; }; }.
-  # The node's profile `ip` sits on hosts.fabric.netdev (default the netdev of rocep1s0f0), the
-  # hosts file adds [nodes.<node>.ports.<netdev>] tables. No address may appear twice in the line.
+  # The node's plan `host` sits on hosts.fabric.netdev (default the netdev of rocep1s0f0), the
+  # hosts file adds [nodes.<node>.ports.<netdev>] tables. No port of the hosts file may take an
+  # address the line already uses.
   ports =
     {
-      profile,
+      plan,
       hosts ? { },
     }:
     let
-      list = nodes profile;
+      list = map (n: {
+        inherit (n) name;
+        ip = n.host;
+        where = "plan: nodes[${toString n.rank}].host";
+      }) plan.nodes;
       fabric = hosts.fabric or { };
       primary = netdevName "hosts: fabric.netdev" (fabric.netdev or sparkNetdevs.rocep1s0f0);
       defaultPrefix = prefix "hosts: fabric.prefix_length" (fabric.prefix_length or 24);
@@ -182,7 +119,7 @@ rec {
               where = "hosts: nodes.${n.name}.ports.${netdev}";
             in
             if netdev == primary then
-              fail where "${netdev} already carries the profile's ip of ${n.name} (${n.where}.ip)"
+              fail where "${netdev} already carries the plan's address of ${n.name} (${n.where})"
                 "remove this table, or name another port"
             else
               {
@@ -197,7 +134,7 @@ rec {
             netdev = primary;
             address = n.ip;
             prefixLength = defaultPrefix;
-            where = "${n.where}.ip";
+            inherit (n) where;
           }
         ]
         ++ map (netdev: mk netdev own.${netdev}) (attrNames own);
@@ -210,9 +147,9 @@ rec {
       twice = filter (p: p.address == head dup) flat;
     in
     if unknown != [ ] then
-      fail "hosts: nodes.${head unknown}" "not a node of the profile (${
+      fail "hosts: nodes.${head unknown}" "not a node of the plan (${
         u.joinWords (map (x: x.name) list)
-      })" "name a node of cluster.head or cluster.workers"
+      })" "name a node of the profile's cluster.head or cluster.workers"
     else if dup != [ ] then
       fail (builtins.elemAt twice 1).where "${head dup} is also ${(head twice).where}"
         "give every node and port its own address"

@@ -1,4 +1,4 @@
-# A node's rank as a NixOS unit, read from the plan (`tp4 plan --json`): the oci-containers
+# A node's rank as a NixOS unit, read from the committed plan (`tp4 plan --json -o plan.json`): the oci-containers
 # container is the plan's run spec flag for flag (python/tp4/serve.py run_argv renders the same
 # spec for a plain host; a test compares the two), the env file is the one tp4 serve writes, the
 # unit is the plan's service.unit. Nothing here derives an engine flag or an env value.
@@ -6,28 +6,15 @@ let
   u = import ./util.nix;
   inherit (builtins)
     concatMap
-    dirOf
     elemAt
     filter
-    isList
     length
     listToAttrs
-    split
     toJSON
     ;
   inherit (u) fail optional optionals;
 in
 rec {
-  # what serve passes to podman for the plan's `gpus = all` (python/tp4/containers.py
-  # GPU_FLAGS): the GPU through CDI. A NixOS rank runs on podman only (see `container`).
-  gpuDevices = [ "nvidia.com/gpu=all" ];
-
-  # the units the rank waits for (the names spark-host gives them)
-  rdmaCheckUnit = "tp4-rdma-check.service";
-  weightsVolumeUnit = "tp4-weights-volume.service";
-  # the unit spark-host declares for a ring's mesh; the plan names it (service.mesh_unit)
-  meshUnit = "tp4-mesh.service";
-
   # a ring with RoCEnante's opposite-node paths (the plan's DSV41_ROCE_RING=1) marks the RDMA
   # packets of those paths on every fabric device (sparkring's RDMA-TX rewrite probe, upstream's
   # dsv41-mesh-marker@<rdma-dev>): UDP source port 65535, EtherType rewritten to 0x88b5
@@ -82,25 +69,13 @@ rec {
     else
       elemAt found 0;
 
-  # serve's line label (python/tp4/serve.py line_id): the head's ssh host and the API port, every
-  # other character "_"
-  lineId =
-    plan:
-    let
-      text = "${(elemAt plan.nodes 0).ssh.host}-${toString (u.hostPort "plan: line.api" plan.line.api).port}";
-    in
-    builtins.concatStringsSep "" (map (p: if isList p then "_" else p) (split "[^A-Za-z0-9._-]" text));
-
   # the plan's run.health as podman's flags, as serve passes them (python/tp4/serve.py
   # health_flags): podman reads no health check from an OCI image's config, so the image's check is
   # given explicitly; the command is a JSON array, podman's exec form (no shell)
   healthOptions =
-    where: run:
+    run:
     let
-      h =
-        run.health or (fail "${where}.run.health" "missing: the plan is older than tp4.plan/1.5"
-          "regenerate the plan with this tp4 (tp4 plan --json)"
-        );
+      h = run.health;
     in
     [
       "--health-cmd=${toJSON h.cmd}"
@@ -126,17 +101,8 @@ rec {
         "${if rank.rank == 0 then "cluster.head" else "cluster.workers[${toString (rank.rank - 1)}]"}.kind"
         "${rank.name} is a ${toJSON svc.kind} host in the profile, so tp4 runs its container over ssh, not the NixOS unit"
         "set kind = \"nixos\" (and runtime) for this node and regenerate the plan"
-    else if runtime != "podman" then
-      # nixos-dgx-spark enables podman with dockerCompat and dockerSocket.enable
-      # (modules/dgx-spark.nix lines 182-187 at f1ebf94); nixpkgs' podman module asserts both
-      # are off when virtualisation.docker.enable is on (nixos/modules/virtualisation/podman/
-      # default.nix, its assertions), which oci-containers' docker backend turns on
-      fail
-        "${
-          if rank.rank == 0 then "cluster.head" else "cluster.workers[${toString (rank.rank - 1)}]"
-        }.runtime"
-        "${rank.name} runs its rank with ${toJSON runtime}, but a NixOS node runs podman: nixos-dgx-spark enables podman's docker compatibility, which nixpkgs refuses beside docker"
-        "set runtime = \"podman\" (or leave it out) for this node and regenerate the plan"
+    # oci-containers names the unit of container C `<backend>-C.service`: the plan's service.unit
+    # must be the unit this module makes, or serve would start another
     else if svc.unit != unit then
       fail "${where}.service.unit" "${toJSON svc.unit} is not oci-containers' ${unit}"
         "regenerate the plan with this tp4"
@@ -150,7 +116,7 @@ rec {
           cmd = run.command;
           environmentFiles = [ svc.env_file ];
           volumes = map (m: "${m.source}:${m.target}" + (if m.read_only then ":ro" else "")) run.mounts;
-          devices = run.devices ++ optionals (run.gpus == "all") gpuDevices;
+          devices = run.devices ++ svc.gpu_devices;
           inherit (run) privileged;
           capabilities = listToAttrs (
             map (c: {
@@ -160,14 +126,11 @@ rec {
           );
           networks = [ run.network ];
           labels = {
-            "tp4.line" = lineId plan;
+            "tp4.line" = plan.line.id;
             "tp4.rank" = toString rank.rank;
             # the digest of the plan the rank runs from, as serve labels it (python/tp4/serve.py
             # PLAN_LABEL): tp4 status compares it with the current plan
-            "tp4.plan" =
-              plan.digest or (fail "plan: digest" "missing: the plan is older than tp4.plan/1.7"
-                "regenerate the plan with this tp4 (tp4 plan --json)"
-              );
+            "tp4.plan" = plan.digest;
           };
           extraOptions = [
             "--ipc=${run.ipc}"
@@ -178,7 +141,7 @@ rec {
             "--ulimit=memlock=${run.ulimits.memlock}"
             "--ulimit=stack=${run.ulimits.stack}"
           ]
-          ++ healthOptions where run;
+          ++ healthOptions run;
           # the image is on the node (packages.image, or tp4's image store): never pulled
           pull = "never";
           # tp4 serve writes the env file, then starts the unit
@@ -186,51 +149,29 @@ rec {
         };
       };
 
-  # the host directories the rank's bind mounts need, owned by the node's user (serve makes them
-  # on a plain host: python/tp4/serve.py made_dirs), and the root-only directory of the env file
+  # the host directories the rank needs (the plan's service.directories), as tmpfiles makes them
   directories =
     node:
-    let
-      user = node.ssh.user;
-      model = (elemAt node.run.mounts 0).target;
-      binds = filter (m: m.type == "bind" && !m.read_only && m.target != model) node.run.mounts;
-    in
-    map (m: {
-      path = m.source;
-      inherit user;
-      mode = "0755";
-    }) binds
-    ++ [
-      {
-        path = dirOf node.service.env_file;
-        user = "root";
-        mode = "0700";
-      }
-    ];
+    map (d: {
+      inherit (d) path mode;
+      user = d.owner;
+    }) node.service.directories;
 
   # the rank unit's ordering: after the network, the RDMA check, the weights volume (which waits
-  # for the weights mount), on a ring the mesh and its markers, and the DRM node the plan hands it
+  # for the weights mount), on a ring the mesh and its markers, and the DRM node the plan hands
+  # it; the host units by the names the plan gives them (service.host_units, mesh_unit), under
+  # which spark-host declares them
   ordering =
-    {
-      plan,
-      node,
-      weightsVolume,
-    }:
+    { plan, node }:
     let
+      units = node.service.host_units;
       mark = marker plan node;
       drm = drmNode node;
       needs = [
-        rdmaCheckUnit
+        units.rdma_check
       ]
-      ++ optional weightsVolume weightsVolumeUnit
-      ++ optional (node.service.mesh_unit != null) (
-        if node.service.mesh_unit == meshUnit then
-          meshUnit
-        else
-          fail "plan: nodes[${toString node.rank}].service.mesh_unit"
-            "${toJSON node.service.mesh_unit} is not spark-host's ${meshUnit}"
-            "regenerate the plan with this tp4"
-      )
+      ++ optional (units.weights_volume != null) units.weights_volume
+      ++ optional (node.service.mesh_unit != null) node.service.mesh_unit
       ++ optionals (mark != null) mark.units
       ++ optional (drm != null) drm.unit;
     in
@@ -292,72 +233,20 @@ rec {
     in
     unitConfig // (if paths == [ ] then { } else { AssertPathExists = paths; });
 
-  # the rank's readiness unit (modules/rank-ready.sh): beside the rank unit, wanted by it and bound
-  # to it, so the rank's start never waits on it
-  readyUnit = "tp4-rank-ready.service";
-
-  # how long a rank may take to show it is ready (seconds): the head, the sum of tp4 serve's boot
-  # phase timeouts (python/tp4/serve.py DEFAULT_TIMEOUTS, "start" to "ready"); a worker, its
-  # weight load ("start" and "weights")
-  readyTimeouts = {
-    head = 600 + 3600 + 1800 + 600 + 1800 + 600;
-    worker = 600 + 3600;
-  };
-
-  # a POSIX extended regular expression matching `text`, a registry boot line whose "..." stands
-  # for any text (python/tp4/registry.py line_pattern makes the Python one)
-  bootLineEre =
-    text:
-    let
-      specials = [
-        "\\"
-        "."
-        "["
-        "("
-        ")"
-        "*"
-        "+"
-        "?"
-        "{"
-        "|"
-        "^"
-        "$"
-      ];
-      escape = builtins.replaceStrings specials (map (c: "\\" + c) specials);
-    in
-    builtins.concatStringsSep ".*" (map escape (filter builtins.isString (split "\\.\\.\\." text)));
-
-  # the arguments of modules/rank-ready.sh for this node's rank: the head waits for boot.py's
-  # `Ready: API on port <the line's API port>` and checks the plan's required boot lines, a
-  # worker waits for SGLang's `Load weight end.` (it prints no Ready); both fail on a forbidden line
+  # the rank's readiness unit (the plan's service.host_units.ready), beside the rank unit, wanted
+  # by it and bound to it, so the rank's start never waits on it; it runs `tp4 bootlog wait` on the plan file and this node's rank (its
+  # pattern, bound and boot lines are the plan's service.ready); its bound gives the unit its own
   readiness =
     { plan, node }:
-    let
-      head = node.rank == 0;
-      port = toString (u.hostPort "plan: line.api" plan.line.api).port;
-      required = filter (b: b.required) plan.boot_lines;
-      timeout = if head then readyTimeouts.head else readyTimeouts.worker;
-    in
     {
-      unit = readyUnit;
-      inherit timeout;
+      unit = node.service.host_units.ready;
+      inherit (node.service.ready) timeout;
       args = [
-        node.service.runtime
-        node.run.container
-        (toString timeout)
-        (if head then "^Ready: API on port ${port}([^0-9]|$)" else "Load weight end\\.")
-      ]
-      ++ optionals head (
-        concatMap (b: [
-          "require"
-          (bootLineEre b.text)
-          b.text
-        ]) required
-      )
-      ++ concatMap (f: [
-        "forbid"
-        f
-      ]) plan.forbidden_lines;
+        "bootlog"
+        "wait"
+        "--rank"
+        (toString node.rank)
+      ];
     };
 
   # firewall: the head serves the API and the dist init port (and NFS when it exports); every
@@ -375,10 +264,10 @@ rec {
     {
       tcp =
         optionals head [
-          (u.hostPort "plan: line.api" plan.line.api).port
-          (u.hostPort "plan: line.dist_init_addr" plan.line.dist_init_addr).port
+          plan.line.api_port
+          plan.line.dist_init_port
         ]
-        ++ optional (head && nfs) (import ./weights.nix).nfsPort;
+        ++ optional (head && nfs) plan.line.nfs.port;
       trustedInterfaces = u.unique (
         concatMap (k: optional (env ? ${k}) env.${k}) [
           "NCCL_SOCKET_IFNAME"

@@ -1,8 +1,9 @@
-# The weights: on a switched fabric the head exports its checkpoint over NFSv4, read-only, to
-# exactly the line's workers, and every worker mounts it (upstream files/nfs-share.sh, as tp4
-# share does it: python/tp4/share.py, whose options a test compares with these); on a ring, or
-# with nfs.share = false, every node holds its own copy. The rank's container mounts the plan's
-# weights volume.
+# The weights: when the plan has line.nfs the head exports its checkpoint over NFSv4, read-only,
+# to exactly the line's workers, and every worker mounts it (upstream files/nfs-share.sh, as tp4
+# share does it, with the plan's export and client options); without it (a ring, nfs.share =
+# false) every node holds its own copy. The rank's container mounts the plan's weights volume.
+# The exports line and the volume's options are written in the syntax share writes them in
+# (python/tp4/share.py kernel_exports_text, WorkerShare.volume_options; a test compares them).
 let
   u = import ./util.nix;
   inherit (builtins)
@@ -10,7 +11,6 @@ let
     elemAt
     filter
     head
-    length
     match
     tail
     toJSON
@@ -18,26 +18,10 @@ let
   inherit (u) fail;
 in
 rec {
-  # exports(5) options of the checkpoint (tp4 share's, without fsid=0: the path itself is exported)
-  exportOptions = [
-    "ro"
-    "sync"
-    "no_subtree_check"
-    "no_root_squash"
-    "insecure"
-  ];
-  # the workers' client options (upstream files/nfs-share.sh)
-  mountOptions = [
-    "nfsvers=4.2"
-    "ro"
-    "nconnect=8"
-    "rsize=1048576"
-    "wsize=1048576"
-    "hard"
-    "timeo=600"
-  ];
-  # and how systemd orders it: mounted on first access (a head that boots later does not fail the
-  # worker's boot), only once the network is online, never waited on forever
+  # the export and client options are the plan's (line.nfs.export_options, mount_options: tp4
+  # share's); how systemd orders the worker's mount is the host's: mounted on first access (a
+  # head that boots later does not fail the worker's boot), only once the network is online,
+  # never waited on forever
   systemdMountOptions = [
     "_netdev"
     "x-systemd.automount"
@@ -45,93 +29,32 @@ rec {
     "x-systemd.requires=network-online.target"
     "x-systemd.mount-timeout=120s"
   ];
-  nfsPort = 2049;
 
-  # NFS is used on a switched fabric unless the profile turns nfs.share off (its default is on:
-  # tp4.profile.models.Nfs; a test keeps the two equal)
-  usesNfs = { profile, plan }: (profile.nfs.share or true) && plan.line.fabric == "switched";
-
-  workers = plan: tail plan.nodes;
-
-  # the plan's weights mount of a worker (the named volume) and the head's checkpoint mount at the
-  # same target: the plan says which is which, the module only reads it
-  volumeOf =
-    planNode:
-    let
-      vs = filter (m: m.type == "volume") planNode.run.mounts;
-    in
-    if length vs != 1 then
-      fail "plan: nodes[${toString planNode.rank}].run.mounts"
-        "expected one volume (the weights), found ${toString (length vs)}"
-        "regenerate the plan with tp4 plan --json"
-    else
-      head vs;
-
-  exportPath =
-    plan:
-    let
-      ws = workers plan;
-      target = (volumeOf (head ws)).target;
-      hs = filter (m: m.target == target) (head plan.nodes).run.mounts;
-    in
-    if ws == [ ] then
-      null
-    else if hs == [ ] || (head hs).type != "bind" then
-      fail "plan: nodes[0].run.mounts" "the head has no bind mount of the checkpoint at ${target}"
-        "regenerate the plan with tp4 plan --json"
-    else
-      (head hs).source;
-
-  # the head's address each worker mounts from (upstream NFS_SERVER_IPS: one for all workers or
-  # one per worker); the profile must write it out, as tp4 share reads the same field
-  servers =
-    { profile, plan }:
-    let
-      ips =
-        (profile.nfs or { }).server_ips or (fail "nfs.server_ips"
-          "not written in the profile; the NixOS hosts mount the weights from it (tp4's default is the upstream example's 10.0.22.1)"
-          "set nfs.server_ips = [ \"<the head's fabric address>\" ]"
-        );
-      n = length (workers plan);
-      checked = u.imap0 (
-        i: a:
-        if u.isIPv4 a then
-          a
-        else
-          fail "nfs.server_ips[${toString i}]" "${toJSON a} is not an IPv4 address"
-            "write the head's fabric address, e.g. \"10.0.0.1\""
-      ) ips;
-    in
-    if length ips == 1 then
-      map (_: head checked) (workers plan)
-    else if length ips == n then
-      checked
-    else
-      fail "nfs.server_ips" "${toString (length ips)} addresses for ${toString n} workers"
-        "give one address for all workers or one per worker";
+  # the plan's weights mount of a worker (the named volume)
+  volumeOf = planNode: head (filter (m: m.type == "volume") planNode.run.mounts);
 
   # each worker as the head sees it: its port on the server address's network (what the kernel
   # picks as the source address toward the server), else its fabric ip
   clients =
-    {
-      plan,
-      ports,
-      servers,
-    }:
+    { plan, ports }:
     u.imap0 (
       i: w:
       let
-        server = elemAt servers i;
+        server = elemAt plan.line.nfs.servers i;
         own = builtins.attrValues (ports.${w.name} or { });
         near = filter (p: u.sameSubnet p.prefixLength p.address server) own;
       in
       if near == [ ] then w.host else (head near).address
-    ) (workers plan);
+    ) (tail plan.nodes);
 
   # the head's /etc/exports line (services.nfs.server.exports): the path, quoted when it holds
   # whitespace, then one entry per client
   exportsLine =
-    { path, clients }:
+    {
+      path,
+      clients,
+      options,
+    }:
     let
       quoted = if match ".*[[:space:]].*" path != null then "\"${path}\"" else path;
       bad = match ".*[\"\\\\].*" path != null;
@@ -139,11 +62,8 @@ rec {
     if bad then
       fail "model.dir" "${toJSON path} holds a quote or a backslash, which an exports line cannot carry"
         "move the checkpoint to a path without them"
-    else if clients == [ ] then
-      fail "cluster.workers" "no workers to export the checkpoint to"
-        "add the workers, or set nfs.share = false"
     else
-      concatStringsSep " " ([ quoted ] ++ map (c: "${c}(${concatStringsSep "," exportOptions})") clients);
+      concatStringsSep " " ([ quoted ] ++ map (c: "${c}(${concatStringsSep "," options})") clients);
 
   # a worker's fileSystems entry for the head's export
   clientMount =
@@ -151,12 +71,13 @@ rec {
       server,
       path,
       mountPoint,
+      options,
     }:
     {
       inherit mountPoint;
       device = "${server}:${path}";
       fsType = "nfs";
-      options = mountOptions ++ systemdMountOptions;
+      options = options ++ systemdMountOptions;
     };
 
   # the plan's weights volume, `<runtime> volume create --driver local` with these options. With
@@ -177,7 +98,7 @@ rec {
         if nfs != null then
           {
             type = "nfs";
-            o = concatStringsSep "," ([ "addr=${nfs.server}" ] ++ mountOptions);
+            o = concatStringsSep "," ([ "addr=${nfs.server}" ] ++ nfs.options);
             device = ":${nfs.path}";
           }
         else

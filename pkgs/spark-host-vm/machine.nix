@@ -7,7 +7,7 @@
 {
   # the flake's nixosModules
   nixosModules,
-  # the line's directory: profile.toml, hosts.toml, configuration.nix
+  # the line's directory: profile.toml, its plan.json, hosts.toml, configuration.nix
   example,
   # this directory's probe of the hardening (modules/lib's rank.hardening)
   hardening,
@@ -43,7 +43,7 @@ in
   config = {
     networking.hostName = "spark1";
     tp4 = {
-      profile = example + "/profile.toml";
+      planFile = example + "/plan.json";
       hostsFile = example + "/hosts.toml";
       node = "spark1";
       host.enable = true;

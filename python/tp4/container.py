@@ -68,3 +68,7 @@ def _load() -> tuple[Mounts, ImagePaths, Health]:
 
 
 MOUNTS, IMAGE, HEALTH = _load()
+
+# what podman is given for `gpus = all`: the NVIDIA container toolkit's CDI device (docker takes
+# --gpus all); serve's flags and the plan's service.gpu_devices (the NixOS unit's) are this
+PODMAN_GPU_DEVICES = ("nvidia.com/gpu=all",)

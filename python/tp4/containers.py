@@ -13,10 +13,11 @@ from pathlib import Path
 from typing import Literal
 
 from tp4 import oci, process
+from tp4.container import PODMAN_GPU_DEVICES
 from tp4.errors import Tp4Error
 
 # how each runtime hands the node's GPUs to a container (podman through CDI)
-GPU_FLAGS = {"docker": ["--gpus", "all"], "podman": ["--device", "nvidia.com/gpu=all"]}
+GPU_FLAGS = {"docker": ["--gpus", "all"], "podman": [w for d in PODMAN_GPU_DEVICES for w in ("--device", d)]}
 
 
 def detect(preferred: str | None = None, *, required: bool = True) -> str:

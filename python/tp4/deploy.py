@@ -59,14 +59,16 @@ from typing import Literal
 
 from tp4 import doctor, nix, process
 from tp4.errors import InvalidInput, Tp4Error
+from tp4 import plan as plan_mod
 from tp4.plan import Plan
 from tp4.nodes import Node, parallel
 
 Echo = Callable[[str], None]
 
 SYSTEM_PROFILE = "/nix/var/nix/profiles/system"
-# the host module's oneshot check of the fabric (ports ACTIVE, the RoCE v2 GID of each address)
-RDMA_CHECK_UNIT = "tp4-rdma-check.service"
+# the host module's oneshot check of the fabric (ports ACTIVE, the RoCE v2 GID of each address):
+# the name the plan gives it (service.host_units.rdma_check), which the module declares
+RDMA_CHECK_UNIT = plan_mod.RDMA_CHECK_UNIT
 SWITCH_UNIT = "tp4-deploy-switch"
 ROLLBACK_UNIT = "tp4-deploy-rollback"
 # nixos-rebuild's prefix (nixos-rebuild-ng nix.py SWITCH_TO_CONFIGURATION_CMD_PREFIX) with --wait:

@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from typing import TYPE_CHECKING, Annotated, Literal, NamedTuple
 
 from tp4 import schemas
-from tp4.container import HEALTH, MOUNTS, Health
+from tp4.container import HEALTH, MOUNTS, PODMAN_GPU_DEVICES, Health
 from tp4.knobs import BY_ENV, KNOBS, Knob
 from tp4.registry import Registry, condition_holds, fill_line, line_pattern, load_registry
 
@@ -94,6 +95,35 @@ class GidIndex(NamedTuple):
     hcas: Annotated[tuple[str, ...], "the RDMA devices whose GID table is read"]
 
 
+class Readiness(NamedTuple):
+    """When the rank counts as up, from its own container log: what the NixOS module's readiness
+    unit waits for (`tp4 bootlog wait`), the rank's part of tp4 serve's boot-log check."""
+
+    pattern: Annotated[str, ("a Python regular expression for the log line that says the rank is up: the head's "
+                             "`Ready: API on port <API port>`, a worker's SGLang `Load weight end.` (it prints no Ready)")]
+    timeout: Annotated[int, ("seconds the rank may take to print it: the head, the sum of serve's boot phase bounds "
+                             "from start to ready; a worker, its start and weight load")]
+    required_lines: Annotated[bool, "the plan's required boot_lines must be in this rank's log (rank 0)"]
+
+
+class HostDir(NamedTuple):
+    """A host directory the rank needs before its container starts (serve makes them on a plain
+    host, the NixOS module as tmpfiles rules)."""
+
+    path: Annotated[str, "the directory on the host"]
+    owner: Annotated[str, "its owner: the node's user (the bind mounts), root (the env file's directory)"]
+    mode: Annotated[str, "its mode, octal"]
+
+
+class HostUnits(NamedTuple):
+    """The systemd units the NixOS host modules declare around the rank unit, by the names the
+    modules give them (the rank unit is ordered after them; tp4 deploy checks the RDMA check)."""
+
+    rdma_check: Annotated[str, "the oneshot check that the fabric ports are ACTIVE with their RoCE v2 GIDs"]
+    weights_volume: Annotated[str | None, "the oneshot that makes a worker's weights volume; null on the head"]
+    ready: Annotated[str, "the rank's readiness (tp4 bootlog wait), beside the rank unit"]
+
+
 class Service(NamedTuple):
     """How the node runs its rank: tp4 runs the container over ssh (plain), or the NixOS module's
     unit does and tp4 starts and stops it (nixos)."""
@@ -104,6 +134,12 @@ class Service(NamedTuple):
     env_file: Annotated[str, "where serve writes the rank's environment (mode 0600; the container reads it, it never goes into argv)"]
     mesh_unit: Annotated[str | None, "the systemd unit that brings the ring's mesh up before the rank (a ring line), else "
                          "null: upstream's dsv41-mesh.service on a plain host, the NixOS module's tp4-mesh.service"]
+    ready: Annotated[Readiness, "when the rank is up, read from its own log"]
+    directories: Annotated[tuple[HostDir, ...], ("the host directories made before the start: the writable bind mounts "
+                                                 "(state, cache, Engram; never the checkpoint), and on a NixOS host the env file's")]
+    gpu_devices: Annotated[tuple[str, ...], ("the devices podman is given for run.gpus = all (NVIDIA's CDI device); "
+                                             "empty with docker, which takes --gpus all")]
+    host_units: Annotated[HostUnits | None, "the NixOS host units around the rank unit (nixos); null on a plain host"]
 
 
 class RankPlan(NamedTuple):
@@ -127,6 +163,16 @@ class ImageRef(NamedTuple):
     base: Annotated[str, "base image, pinned by digest"]
 
 
+class NfsShare(NamedTuple):
+    """The head's NFS export of the checkpoint to the workers (tp4 share, the NixOS hosts)."""
+
+    export: Annotated[str, "the head's checkpoint directory, exported read-only (the head's model bind mount)"]
+    servers: Annotated[tuple[str, ...], "per worker in rank order, the head's address it mounts from (nfs.server_ips: one for all, or one per worker)"]
+    port: Annotated[int, "the NFS server's TCP port (NFSv4), opened on the head"]
+    export_options: Annotated[tuple[str, ...], "exports(5) options of the checkpoint (upstream files/nfs-share.sh's, without fsid=0)"]
+    mount_options: Annotated[tuple[str, ...], "the workers' NFS client options (the weights volume's and a NixOS worker's mount)"]
+
+
 class LineFacts(NamedTuple):
     nnodes: Annotated[int, "nodes in the line (one rank each)"]
     tp: Annotated[int, "tensor parallel size"]
@@ -138,6 +184,11 @@ class LineFacts(NamedTuple):
                                           "module's tp4-gpu-clock.timer); null: the clock is left alone")]
     nccl_sha256: Annotated[str | None, ("the sha256 of the host NCCL build's libnccl.so.2 every node must carry "
                                         "(fabric.nccl.sha256); null: unpinned (doctor compares the nodes with the head)")]
+    id: Annotated[str, "the line's name, the tp4.line label of every rank's container: the head's ssh host and the API port, other characters '_'"]
+    api_port: Annotated[int, "the API's TCP port on the head (cluster.port)"]
+    dist_init_port: Annotated[int, "the torch distributed init port on the head (cluster.dist_port)"]
+    nfs: Annotated[NfsShare | None, "the head's NFS share of the checkpoint; null when every node holds its own copy (a ring, nfs.share = false)"]
+    ring_hairpin_queue: Annotated[int | None, "a ring's devlink hairpin_queue_size on the fabric functions (fabric.ring_hairpin_queue); null on a switched fabric"]
 
 
 class BootLine(NamedTuple):
@@ -491,18 +542,78 @@ NIXOS_ENV_DIR = "/run/tp4"
 # the unit that brings a ring's mesh up, by kind of host: upstream's host setup (sparkring's
 # mesh-up script as dsv41-mesh.service) and modules/spark-host.nix's
 MESH_UNITS: dict[str, str] = {"plain": "dsv41-mesh.service", "nixos": "tp4-mesh.service"}
+# the units modules/spark-host.nix and modules/tp4-line.nix declare under these names
+RDMA_CHECK_UNIT = "tp4-rdma-check.service"
+WEIGHTS_VOLUME_UNIT = "tp4-weights-volume.service"
+READY_UNIT = "tp4-rank-ready.service"
 
 
-def service(p: Profile, rank: int) -> Service:
+# the bounds of tp4 serve's boot phases (seconds; `tp4 serve --timeout PHASE=S` changes them for
+# one serve); a NixOS rank's readiness takes their sum from start to its own last phase
+BOOT_TIMEOUTS = {"start": 600.0, "weights": 3600.0, "graphs": 1800.0, "smoke": 600.0, "warmup": 1800.0,
+                 "ready": 600.0, "completion": 180.0}
+HEAD_READY_PHASES = ("start", "weights", "graphs", "smoke", "warmup", "ready")
+WORKER_READY_PHASES = ("start", "weights")
+# SGLang's model runner on every rank once the weights are loaded (a worker prints no Ready)
+WORKER_READY = r"Load weight end\."
+NFS_PORT = 2049
+# upstream files/nfs-share.sh's export (without fsid=0: the path itself is exported) and client
+# options; tp4 share and the NixOS hosts both read them from the plan
+NFS_EXPORT_OPTIONS = ("ro", "sync", "no_subtree_check", "no_root_squash", "insecure")
+NFS_MOUNT_OPTIONS = ("nfsvers=4.2", "ro", "nconnect=8", "rsize=1048576", "wsize=1048576", "hard", "timeo=600")
+
+
+def readiness(p: Profile, rank: int) -> Readiness:
+    if rank == 0:
+        return Readiness(pattern=rf"^Ready: API on port {p.cluster.port}(?![0-9])",
+                         timeout=int(sum(BOOT_TIMEOUTS[k] for k in HEAD_READY_PHASES)), required_lines=True)
+    return Readiness(pattern=WORKER_READY, timeout=int(sum(BOOT_TIMEOUTS[k] for k in WORKER_READY_PHASES)),
+                     required_lines=False)
+
+
+def host_dirs(run: RunSpec, user: str, env_file: str, kind: HostKind) -> tuple[HostDir, ...]:
+    binds = [HostDir(m.source, user, "0755") for m in run.mounts
+             if m.type == "bind" and not m.read_only and m.target != MOUNTS.model]
+    own = [HostDir(env_file.rsplit("/", 1)[0], "root", "0700")] if kind == "nixos" else []
+    return tuple(binds + own)
+
+
+def service(p: Profile, rank: int, run: RunSpec | None = None) -> Service:
     node = p.nodes[rank]
+    run = run or run_spec(p, rank)
     container = p.cluster.head_container if rank == 0 else p.cluster.worker_container
     mesh = MESH_UNITS[node.kind] if p.fabric.mode == "ring" else None
+    user = node.user or p.cluster.user
+    gpus = PODMAN_GPU_DEVICES if node.runtime == "podman" else ()
     if node.kind == "nixos":
         # virtualisation.oci-containers names the unit of container C `<backend>-C.service`
+        env_file = f"{NIXOS_ENV_DIR}/{container}.env"
         return Service(kind="nixos", runtime=node.runtime, unit=f"{node.runtime}-{container}.service",
-                       env_file=f"{NIXOS_ENV_DIR}/{container}.env", mesh_unit=mesh)
+                       env_file=env_file, mesh_unit=mesh, ready=readiness(p, rank),
+                       directories=host_dirs(run, user, env_file, "nixos"), gpu_devices=gpus,
+                       host_units=HostUnits(rdma_check=RDMA_CHECK_UNIT, weights_volume=WEIGHTS_VOLUME_UNIT if rank > 0 else None,
+                                            ready=READY_UNIT))
     workdir = expand(node.workdir, home_of(node, p.cluster))
-    return Service(kind="plain", runtime=node.runtime, unit=None, env_file=f"{workdir}/{container}.env", mesh_unit=mesh)
+    env_file = f"{workdir}/{container}.env"
+    return Service(kind="plain", runtime=node.runtime, unit=None, env_file=env_file, mesh_unit=mesh,
+                   ready=readiness(p, rank), directories=host_dirs(run, user, env_file, "plain"), gpu_devices=gpus,
+                   host_units=None)
+
+
+def line_id(head_ssh_host: str, api_port: int) -> str:
+    """A name for the line: its head and API (two profiles of one head share the line)."""
+    return re.sub(r"[^A-Za-z0-9._-]", "_", f"{head_ssh_host}-{api_port}")
+
+
+def nfs_share(p: Profile, head_run: RunSpec) -> NfsShare | None:
+    """The head's export to the workers, when the line shares the checkpoint (validation refuses
+    nfs.share on a ring, and a bad count of nfs.server_ips)."""
+    if not p.nfs.share or p.fabric.mode != "switched" or len(p.nodes) < 2:
+        return None
+    ips, workers = p.nfs.server_ips, len(p.nodes) - 1
+    servers = tuple(ips) * workers if len(ips) == 1 else tuple(ips)
+    return NfsShare(export=head_run.mounts[0].source, servers=servers, port=NFS_PORT,
+                    export_options=NFS_EXPORT_OPTIONS, mount_options=NFS_MOUNT_OPTIONS)
 
 
 # The commands that look a node's RoCE v2 GID index up at start when the profile does not pin it.
@@ -535,6 +646,7 @@ def build_plan(loaded: Loaded, registry: Registry | None = None) -> Plan:
     nodes = []
     for rank, node in enumerate(p.nodes):
         env = _render_env(p, rank, reg, gates)
+        run = run_spec(p, rank)
         nodes.append(RankPlan(
             rank=rank,
             role="head" if rank == 0 else "worker",
@@ -544,9 +656,9 @@ def build_plan(loaded: Loaded, registry: Registry | None = None) -> Plan:
                           identity=node.identity or p.cluster.identity, port=node.ssh_port or 22),
             env=env,
             argv=engine_argv(env, sps=p.engine.use_sps_table, sts=p.engine.use_sts_table),
-            run=run_spec(p, rank),
+            run=run,
             gid=gid_index(p, rank),
-            service=service(p, rank),
+            service=service(p, rank, run),
         ))
     head_env = nodes[0].env
     return Plan(
@@ -555,7 +667,10 @@ def build_plan(loaded: Loaded, registry: Registry | None = None) -> Plan:
         image=ImageRef(tag=p.image.tag, variant=p.image.variant, base=p.image.base),
         line=LineFacts(nnodes=len(p.nodes), tp=p.engine.tp, ep=p.ep, fabric=p.fabric.mode,
                        dist_init_addr=head_env["DIST_INIT_ADDR"], api=f"http://{p.cluster.head.ip}:{p.cluster.port}",
-                       gpu_clock_mhz=p.cluster.gpu_clock_mhz or None, nccl_sha256=p.fabric.nccl.sha256),
+                       gpu_clock_mhz=p.cluster.gpu_clock_mhz or None, nccl_sha256=p.fabric.nccl.sha256,
+                       id=line_id(nodes[0].ssh.host, p.cluster.port), api_port=p.cluster.port,
+                       dist_init_port=p.cluster.dist_port, nfs=nfs_share(p, nodes[0].run),
+                       ring_hairpin_queue=p.fabric.ring_hairpin_queue if p.fabric.mode == "ring" else None),
         nodes=tuple(nodes),
         boot_lines=boot_lines(head_env, reg),
         forbidden_lines=tuple(reg.forbidden_lines),

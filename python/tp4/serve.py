@@ -43,7 +43,7 @@ from tp4 import containers, process
 from tp4.errors import InvalidInput, Tp4Error
 from tp4.container import Health
 from tp4.nodes import Node, parallel
-from tp4.plan import Plan, RankPlan
+from tp4.plan import BOOT_TIMEOUTS, Plan, RankPlan
 from tp4.profile.models import ENV_KEY, has_unsafe_chars
 
 if TYPE_CHECKING:
@@ -60,8 +60,8 @@ REMOVE_TIMEOUT = 30
 LOG_TAIL = 20
 # the boot phases of the head, in order, and how long each may take by default (seconds)
 PHASES = ("start", "weights", "graphs", "smoke", "warmup", "ready")  # "start": before the head's first phase line
-DEFAULT_TIMEOUTS = {"start": 600.0, "weights": 3600.0, "graphs": 1800.0, "smoke": 600.0, "warmup": 1800.0,
-                    "ready": 600.0, "completion": 180.0}
+# the boot phases' bounds live with the plan (a NixOS rank's readiness sums them)
+DEFAULT_TIMEOUTS = dict(BOOT_TIMEOUTS)
 # what a rank prints when it goes down because another did (torch's NCCL process group)
 FOLLOWER_MARKS = ("communicator was aborted", "a peer left the group")
 LINE_LABEL = "tp4.line"
@@ -197,7 +197,7 @@ def _state_dir() -> Path:
 
 def line_id(plan: Plan) -> str:
     """A name for the line: its head and API (two profiles of one head share the line)."""
-    return re.sub(r"[^A-Za-z0-9._-]", "_", f"{plan.nodes[0].ssh.host}-{plan.line.api.rsplit(':', 1)[-1]}")
+    return plan.line.id
 
 
 @contextmanager
@@ -327,11 +327,9 @@ def made_dirs(rank: RankPlan) -> list[str]:
     """The host directories serve creates before a plain host's run: its writable bind mounts
     (state, cache, Engram), never the checkpoint (tp4 download makes it) nor a read-only mount
     (the ring's NCCL library is a file). A NixOS host's come from the module."""
-    from tp4.plan import MODEL_MOUNT
-
     if rank.service.kind != "plain":
         return []
-    return [m.source for m in rank.run.mounts if m.type == "bind" and not m.read_only and m.target != MODEL_MOUNT]
+    return [d.path for d in rank.service.directories]
 
 
 def _wrapped(node: Node, start: Sequence[str]) -> list[str]:

@@ -37,16 +37,16 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from tp4.errors import InvalidInput, Tp4Error
-from tp4.plan import Plan, expand, home_of
+from tp4.plan import NFS_EXPORT_OPTIONS, NFS_MOUNT_OPTIONS, Plan, expand, home_of
 from tp4.profile.models import Profile
 from tp4.nodes import Node, parallel
 
 Echo = Callable[[str], None]
 
 # the worker volume's mount options (upstream files/nfs-share.sh), after addr=<server>
-MOUNT_OPTIONS = "nfsvers=4.2,ro,nconnect=8,rsize=1048576,wsize=1048576,hard,timeo=600"
+MOUNT_OPTIONS = ",".join(NFS_MOUNT_OPTIONS)
 # the kernel server's export options (upstream's, without fsid=0: the path itself is exported)
-EXPORT_OPTIONS = "ro,sync,no_subtree_check,no_root_squash,insecure"
+EXPORT_OPTIONS = ",".join(NFS_EXPORT_OPTIONS)
 KERNEL_EXPORTS = "/etc/exports.d/tp4.exports"
 GANESHA_DIR = "nfs-ganesha"  # under the head's workdir
 GANESHA_START_WAIT = 10.0  # seconds

@@ -40,6 +40,7 @@ SUBCOMMANDS: dict[str, tuple[str, str, str]] = {
     "stop": ("tp4.cli.serve", "stop", "Stop every rank of the line and check that nothing is left."),
     "status": ("tp4.cli.serve", "status", "Each node's rank and the line's liveness (a real completion; busy is not wedged)."),
     "logs": ("tp4.cli.serve", "logs", "A rank's log."),
+    "bootlog": ("tp4.cli.bootlog", "bootlog", "One rank's boot-log check on its own node (the NixOS readiness unit runs it)."),
     "smoke": ("tp4.cli.serve", "smoke", "Upstream's arithmetic check and a streamed completion against the API."),
     "download": ("tp4.cli.download", "download", "Download the pinned checkpoint into the head's model.dir, verified against the Hub's hashes."),
     "share": ("tp4.cli.prepare", "share", "Export the checkpoint read-only to the workers (NFSv4) and make their weights volumes."),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shlex
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import click
@@ -58,22 +59,50 @@ def _human(plan: Plan, rank: int | None) -> str:
 @profile_option
 @click.option("--rank", type=int, default=None, help="Show only this rank.")
 @json_option(f"Machine-readable plan (schema {schemas.PLAN}, see docs/plan-schema.md), with its digest.")
+@click.option("--output", "-o", "output", type=click.Path(dir_okay=False), default=None,
+              help="Write the JSON plan to FILE (replaced whole, never half-written): the plan a NixOS host configuration reads, committed beside the profile.")
+@click.option("--check", "check", type=click.Path(dir_okay=False), default=None,
+              help="Compare FILE (a committed `tp4 plan --json -o FILE`) with the plan the profile renders now: exit 0 when it is current, 1 with the differences when it is stale.")
 @click.option("--against-running", is_flag=True,
               help="Compare with the plan the running line was started from: exit 0 when it runs this plan, 1 when not (the fields that differ).")
 @ssh_option
 @strict_option
-def plan(profile_path: str | None, rank: int | None, as_json: bool, against_running: bool, ssh_options: tuple[str, ...],
-         strict: bool) -> None:
+def plan(profile_path: str | None, rank: int | None, as_json: bool, output: str | None, check: str | None,
+         against_running: bool, ssh_options: tuple[str, ...], strict: bool) -> None:
     """Show the rendered line: per rank the container env, the engine argv, the run spec, and the
     boot-log lines the armed gates must print, and the plan's digest (the label every rank
     started from it carries). The profile's warnings go to stderr (and into the JSON's
-    `warnings`). --against-running asks the nodes which plan runs and prints the difference."""
+    `warnings`). -o writes the plan file a NixOS host reads, --check says whether a committed one
+    is current, --against-running asks the nodes which plan runs and prints the difference."""
+    if (output or check) and rank is not None:
+        raise InvalidInput("--rank: a plan file holds the whole line; fix: leave out --rank with -o or --check")
+    if sum(map(bool, (output, check, against_running))) > 1:
+        raise InvalidInput("-o, --check and --against-running: one at a time; fix: run them one after the other")
     line = load_line(profile_path, strict, announce=against_running)
     result = line.plan
     if rank is not None and not 0 <= rank < len(result.nodes):
         raise InvalidInput(f"--rank {rank}: the line has ranks 0..{len(result.nodes) - 1}")
     if against_running:
         _against_running(result, ssh_options, as_json)
+        return
+    if output is not None:
+        from tp4.planfile import write_plan
+
+        write_plan(Path(output), result)
+        click.echo(f"wrote {output} (schema {schemas.PLAN}, plan {result.digest})", err=True)
+        return
+    if check is not None:
+        from tp4.planfile import stale
+
+        differences = stale(Path(check), result)
+        if differences:
+            click.echo(f"{check} is stale: the profile ({result.source}) renders another plan:", err=True)
+            for d in differences:
+                click.echo(f"  {d}", err=True)
+            click.echo(f"fix: tp4 plan --json -o {check}" + (f" --profile {profile_path}" if profile_path else "") +
+                       ", review the difference and commit it", err=True)
+            raise SystemExit(1)
+        click.echo(f"{check} is current (the plan the profile renders, {result.digest})", err=True)
         return
     if as_json:
         import json
