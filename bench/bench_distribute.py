@@ -17,12 +17,12 @@ run would, so every timing is the transfer, the remote load and the verification
   sequential  three single copies one after the other (about 3 x single)
   no-op       again with every worker up to date (goal: <= 2 s)
 
-Registry part (`--method registry`, the head's registry of tp4.imagestore, reached by the
+Registry part (`--method registry`, the head's registry of tp4.image.imagestore, reached by the
 workers through ssh tunnels): an image of two layers built with podman, a base of --base-mb
 random bytes and an upper layer of --layer-mb. After a first distribution the upper layer
 changes (a new build), and
 
-  bytes/layer   bytes the registry served for the update (tp4.imagestore.served_bytes, before
+  bytes/layer   bytes the registry served for the update (tp4.image.imagestore.served_bytes, before
                 and after) / 3 workers (the registry counts all pulls together), divided by the
                 size of the changed layer as the registry stores it (goal: <= 1.1); each
                 worker's link bytes (tc counters: ssh, TCP and Ethernet included) are printed too
@@ -42,7 +42,7 @@ load`, the route before it), each into a store that has the first build:
   rebuild/first   the layout's rebuild load over its first load (printed)
 
 Prints every measurement with its goal; exits 1 when a goal is missed, 2 when the machine lacks
-something. Needs root, nix, podman, skopeo, sshd, tc, and for the registry part tp4.imagestore
+something. Needs root, nix, podman, skopeo, sshd, tc, and for the registry part tp4.image.imagestore
 and Debian's docker-registry.
 """
 
@@ -65,7 +65,8 @@ import shutil  # noqa: E402
 
 from netns_hosts import SSHD, Host, NetnsHosts, storage_conf  # noqa: E402
 from nix_env import BUSYBOX, image_flake, image_nix_config  # noqa: E402
-from tp4 import build, distribute, process  # noqa: E402
+from tp4.core import process  # noqa: E402
+from tp4.image import build, distribute  # noqa: E402
 
 REF = "tp4-bench:latest"
 REG_REF = "tp4-bench-reg:latest"
@@ -113,9 +114,9 @@ def missing_prerequisites(parts: str = "all") -> list[str]:
     if parts in ("all", "registry"):
         missing += [tool for tool in ("skopeo", "docker-registry") if shutil.which(tool) is None]
         try:
-            import tp4.imagestore  # noqa: F401
+            import tp4.image.imagestore  # noqa: F401
         except ModuleNotFoundError:
-            missing.append("tp4.imagestore (the head's registry, issue 9)")
+            missing.append("tp4.image.imagestore (the head's registry, issue 9)")
     return missing
 
 
@@ -187,11 +188,11 @@ def _nix_build(flake: Path) -> str:
 
 
 def _timed_load(out_path: str, store: Path) -> float:
-    from tp4 import containers
+    from tp4.image import runtime_cli
 
     os.environ["CONTAINERS_STORAGE_CONF"] = str(store)
     start = time.monotonic()
-    containers.load(out_path, "podman")
+    runtime_cli.load(out_path, "podman")
     return time.monotonic() - start
 
 
@@ -246,8 +247,8 @@ def manifest_layers(url: str, repo: str, digest: str) -> dict[str, int]:
 
 
 def registry_part(opts: argparse.Namespace, tmp: Path, hosts: NetnsHosts, common: list[str]) -> list[Goal]:
-    from tp4 import imagestore
-    from tp4.images import STORE_REPO, store_digests
+    from tp4.image import imagestore
+    from tp4.image.images import STORE_REPO, store_digests
 
     print(f"building a {opts.base_mb} MiB base layer and a {opts.layer_mb} MiB upper layer ...", flush=True)
     random_file(tmp / "base" / "opt" / "base" / "blob", opts.base_mb)

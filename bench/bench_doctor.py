@@ -8,8 +8,8 @@ Each run measures, one after the other:
 
   cli         `python -m tp4 doctor --profile <cluster profile>` as a user runs it, wall time from the
               command's start to its exit 0 (interpreter, imports, the plan, the table included)
-  parallel    tp4.doctor.doctor(...) in this process: every node's facts at once (one ssh each)
-  sequential  the same call with tp4.nodes.SEQUENTIAL = True: the same facts command on one node
+  parallel    tp4.hosts.doctor.doctor(...) in this process: every node's facts at once (one ssh each)
+  sequential  the same call with tp4.hosts.nodes.SEQUENTIAL = True: the same facts command on one node
               after another
 
 Before each measurement the shared ssh connections (ControlMaster) are closed, so each pays its
@@ -55,7 +55,7 @@ def doctor_cli(profile: str, interval: float) -> float:
 
 
 def doctor_in_process(cluster: DoctorCluster, interval: float, sequential: bool) -> float:
-    from tp4 import doctor, nodes
+    from tp4.hosts import doctor, nodes
 
     assert cluster.loaded is not None
     limits = doctor.Limits.of_profile(cluster.loaded.profile, sysfs=SYSFS, interval=interval)

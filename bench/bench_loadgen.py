@@ -1,4 +1,4 @@
-"""Benchmark of `tp4 bench`'s load generator (tp4.bench.loadgen): how many streamed chunks (SSE
+"""Benchmark of `tp4 bench`'s load generator (tp4.measuring.throughput.loadgen): how many streamed chunks (SSE
 events) one tp4 process takes in at c16, against a server that streams as fast as it can.
 
     .venv/bin/python bench/bench_loadgen.py [--runs 3] [--concurrency 16] [--events 2000] [--paced 6000]
@@ -14,7 +14,7 @@ The server runs in a process of its own:
             TP4_STANDIN_DECODE_TPS=0 (as fast as it can); a thread per stream, so it is slower
             than the minimal server, and it may be the bottleneck rather than the client
 
-The client is what `tp4 bench decode` runs: tp4.bench.loadgen.Client and wave() at
+The client is what `tp4 bench decode` runs: tp4.measuring.throughput.loadgen.Client and wave() at
 --concurrency streams, each asking for exactly 3 x --events tokens; every stream's usage
 must say so (a counting check). Measured per run: chunks/s = all streams' SSE data events /
 the wave's wall time, and the client's CPU seconds per 1000 chunks (time.process_time of this
@@ -55,7 +55,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(REPO / "python")]
 
-from tp4.bench.loadgen import Client, LoadWatcher, wave  # noqa: E402
+from tp4.measuring.throughput.loadgen import Client, LoadWatcher, wave  # noqa: E402
 
 GOAL_CHUNKS = 5000.0
 LINE_C16_TPS = 659.9  # the seed's best c16 aggregate (json), tok/s
@@ -258,7 +258,7 @@ def main() -> None:
         stop_server(server)
     need = LINE_C16_TPS / TOKENS_PER_EVENT
     rate, cpu = results["burst"]
-    print(f"server: {opts.server}; client: one tp4 process (tp4.bench.loadgen), c{opts.concurrency}, medians of {opts.runs}")
+    print(f"server: {opts.server}; client: one tp4 process (tp4.measuring.throughput.loadgen), c{opts.concurrency}, medians of {opts.runs}")
     goals = [
         Goal("chunks/s", rate, GOAL_CHUNKS, note=f"burst: as fast as the server sends; {rate / GOAL_CHUNKS:.2f}x the goal; "
                                                 f"client CPU {cpu * 1000:.1f} ms per 1000 chunks"),

@@ -7,8 +7,8 @@ per node before writing the rank's two shards).
 Node i's packer takes SECONDS + 0.5 * i (so the four differ, the last is the slowest), set through
 each host's containers.conf as tests/test_pack.py does. Each run packs from no shards twice:
 
-  parallel    tp4.pack.pack(...) as `tp4 pack` runs it: every node at once
-  sequential  the same with tp4.nodes.SEQUENTIAL = True: one node after another, so that each
+  parallel    tp4.hosts.pack.pack(...) as `tp4 pack` runs it: every node at once
+  sequential  the same with tp4.hosts.nodes.SEQUENTIAL = True: one node after another, so that each
               node's own time (its "started" line to its "done" line: the packer's container
               run, alone on the machine) is measured too
 
@@ -43,7 +43,7 @@ from test_pack import packer_env  # noqa: E402
 
 def one_pack(cluster: LineCluster, sequential: bool) -> tuple[float, dict[str, float]]:
     """pack's wall time and, from its lines, each node's own time (started to done)."""
-    from tp4 import nodes, pack
+    from tp4.hosts import nodes, pack
 
     for rank in cluster.plan.nodes:
         shutil.rmtree(pack.engram_dir(rank), ignore_errors=True)

@@ -8,7 +8,7 @@ The line is the stand-in engine (tests/standin/engine.py) in its engine role on 
 paced like the line at c16: --decode-tps per stream (41 tok/s: the seed's best c16 aggregate,
 659.9 tok/s, over 16 streams), --per-event tokens per SSE event (3, as speculative decoding sends
 them), prefill at 5000 tok/s. The router runs here too, `python -c <tp4's launcher>` with
-tp4.fleet.router_args (round_robin, /health_generate, 30 s timeout, metrics on loopback), its
+tp4.serving.fleet.router_args (round_robin, /health_generate, 30 s timeout, metrics on loopback), its
 only worker that stand-in.
 
 Each run is one `tp4 bench decode --levels 16 --prompt-types prose --warmup 1 --c1-runs 1` to the
@@ -45,7 +45,7 @@ from types import SimpleNamespace
 REPO = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(REPO / "python")]
 
-from tp4 import fleet  # noqa: E402
+from tp4.serving import fleet  # noqa: E402
 
 ENGINE = REPO / "tests" / "standin" / "engine.py"
 MODEL = "bench-model"

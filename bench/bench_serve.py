@@ -9,9 +9,9 @@ Each run brings the line up three ways, one after the other, and stops it after 
 
   cli         `python -m tp4 serve --profile <cluster profile>` as a user runs it, wall time from
               the command's start to its exit 0 (interpreter, imports and the plan included)
-  parallel    tp4.serve.serve(...) in this process (the plan, nodes and secrets made as the CLI's
+  parallel    tp4.serving.serve.serve(...) in this process (the plan, nodes and secrets made as the CLI's
               `_line` makes them), as tp4 runs it
-  sequential  the same call with tp4.nodes.SEQUENTIAL = True: every per-node step (checks, env
+  sequential  the same call with tp4.hosts.nodes.SEQUENTIAL = True: every per-node step (checks, env
               files, worker starts, state polls, log checks) on one node after another
 
 Before every serve the shared ssh connections (ControlMaster) are closed, so each serve pays its
@@ -195,7 +195,7 @@ class Run:
                 f"(engine* from the first start {b.engine_from_first:5.2f} s)")
 
 
-# serve's progress lines that mark its steps, in order (tp4.serve: preflight, _boot, _wait_ready)
+# serve's progress lines that mark its steps, in order (tp4.serving.serve: preflight, _boot, _wait_ready)
 MILESTONES = (("checks", "checks: "), ("workers", "started "), ("head", "started the head"),
               ("Ready seen", "phase: ready"), ("verified", "ready: "))
 
@@ -242,12 +242,13 @@ def _must(what: str, proc: subprocess.CompletedProcess[str]) -> None:
 
 
 def serve_in_process(profile: str, sequential: bool) -> tuple[float, list[tuple[float, str]]]:
-    """tp4.serve.serve as the CLI calls it (tp4.cli.serve `serve` and tp4.cli.common `load_served`), timed from the
-    profile's load to Ready, tp4.nodes.SEQUENTIAL set for the call; its wall time and its lines
+    """tp4.serving.serve.serve as the CLI calls it (tp4.cli.serve `serve` and tp4.cli.common `load_served`), timed from the
+    profile's load to Ready, tp4.hosts.nodes.SEQUENTIAL set for the call; its wall time and its lines
     (the profile's warnings too), each with the seconds since the call."""
-    from tp4 import nodes, serve
+    from tp4.hosts import nodes
+    from tp4.serving import serve
     from tp4.cli.common import load_profile
-    from tp4.plan import build_plan
+    from tp4.line.plan import build_plan
 
     lines: list[tuple[float, str]] = []
     start = time.monotonic()

@@ -7,7 +7,7 @@ is missed.
    Target: throughput >= 0.8x sha256sum.
 2. The NAR hash of a 75 MB tree of ~3,000 files (the size of SGLang's python/): ``nar_hash()``
    vs the ``nix hash path`` process. Target: <= 1.5x its time. Also printed: the whole
-   ``python -m tp4.sources hash`` process (interpreter and CLI start-up included).
+   ``python -m tp4.image.sources hash`` process (interpreter and CLI start-up included).
 
     python bench/bench_sources.py [--total-mb 560] [--tree-mb 75] [--files 3000]
 """
@@ -27,8 +27,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "python"))
 
-from tp4 import process  # noqa: E402
-from tp4.sources import nar  # noqa: E402
+from tp4.core import process  # noqa: E402
+from tp4.image.sources import nar  # noqa: E402
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 NIX_ENV = {"NIX_CONFIG": "experimental-features = nix-command flakes\nsubstituters =\n"}
@@ -79,7 +79,7 @@ def bench_download(work: Path, total_mb: int) -> float:
             time.sleep(0.05)
         env = {"TP4_SOURCES_MIRROR": f"http://127.0.0.1:{port_file.read_text()}", "PYTHONPATH": str(REPO / "python")}
         ours = best_of(3, lambda: process.run(
-            [sys.executable, "-m", "tp4.sources", "verify", "--download", "--manifest", str(manifest)], env=env))
+            [sys.executable, "-m", "tp4.image.sources", "verify", "--download", "--manifest", str(manifest)], env=env))
     finally:
         server.terminate()
         server.wait()
@@ -116,11 +116,11 @@ def bench_nar(work: Path, tree_mb: int, count: int) -> float:
     expected = process.run(["nix", "hash", "path", str(tree)], env=NIX_ENV).stdout.strip()
     assert nar.nar_hash(tree) == expected, "NAR hash differs from nix hash path"
     nix_t = best_of(5, lambda: process.run(["nix", "hash", "path", str(tree)], env=NIX_ENV))
-    cli_t = best_of(5, lambda: process.run([sys.executable, "-m", "tp4.sources", "hash", str(tree)],
+    cli_t = best_of(5, lambda: process.run([sys.executable, "-m", "tp4.image.sources", "hash", str(tree)],
                                            env={"PYTHONPATH": str(REPO / "python")}))
     fn_t = best_of(5, lambda: nar.nar_hash(tree))
     print(f"nar: {size / 1e6:.0f} MB in {files} files; nix hash path {nix_t * 1000:.0f} ms; "
-          f"python -m tp4.sources hash {cli_t * 1000:.0f} ms; nar_hash() in-process {fn_t * 1000:.0f} ms")
+          f"python -m tp4.image.sources hash {cli_t * 1000:.0f} ms; nar_hash() in-process {fn_t * 1000:.0f} ms")
     ratio = fn_t / nix_t
     print(f"RATIO python-nar-hash/nix-hash-path time = {ratio:.2f} (target <= 1.5; "
           f"as a process with start-up: {cli_t / nix_t:.2f})")

@@ -1,6 +1,6 @@
 # nixosModules.tp4-line: this node's rank of the TP4 line as a systemd unit. The container is the
 # plan's (tp4.planFile: `tp4 plan --json -o plan.json`, committed beside the profile): image,
-# command, mounts, devices and flags as python/tp4/serve.py runs them on a plain host, the
+# command, mounts, devices and flags as python/tp4/serving/serve.py runs them on a plain host, the
 # environment from the env file tp4 serve writes before it starts the unit. Ordered after the
 # network, the RDMA check, the weights volume and (ring) the mesh, with bounded restarts and the
 # hardening a container runtime can live with; tp4-rank-ready.service beside it is its readiness

@@ -6,7 +6,7 @@
 # it skips the others by digest without reading them.
 {
   pkgs,
-  # the code of `python -m tp4.oci` (pkgs/src.nix `oci`)
+  # the code of `python -m tp4.image.oci` (pkgs/src.nix `oci`)
   oci,
   # dockerTools.pullImage of the base row
   base,
@@ -24,7 +24,7 @@
   # the registry whose `[[image_check]]` entries the image carries (label tp4.checks), for
   # `tp4 build` to run before it tags the image for the line
   registry ? ../python/tp4/data/registry.toml,
-  # the fixed paths inside the container, shared with the renderer (python/tp4/container.py)
+  # the fixed paths inside the container, shared with the renderer (python/tp4/line/container.py)
   container ? builtins.fromTOML (builtins.readFile ../python/tp4/data/container.toml),
   # the variant (the registry's image_order) this image is; it carries the checks for it
   variant ? "canary-roce",
@@ -57,7 +57,7 @@ import ./oci.nix {
   inherit name layers base;
   imageName = if variant == "canary-roce" then name else "${name}-${variant}";
   passthru = {
-    # what `tp4 build` reads from the base before building on it (python/tp4/baseimage.py)
+    # what `tp4 build` reads from the base before building on it (python/tp4/image/baseimage.py)
     baseFacts = {
       row = baseRow.name;
       inherit (baseRow) attrs;
@@ -71,7 +71,7 @@ import ./oci.nix {
       variant
       ;
   };
-  # each step in a plain runCommand with python3 (the standard library) and tp4.oci
+  # each step in a plain runCommand with python3 (the standard library) and tp4.image.oci
   mk =
     name: attrs: script:
     pkgs.runCommand name (

@@ -1,11 +1,11 @@
 # An image as an OCI layout whose layers are derivations of their own (builtins only; the steps
-# are `python3 -m tp4.oci`, python/tp4/oci.py).  A rebuild that changes one tree rebuilds that
+# are `python3 -m tp4.image.oci`, python/tp4/image/oci.py).  A rebuild that changes one tree rebuilds that
 # tree's layer, the top layer of links and the small layout; every other layer stays the same
 # store path with the same digest, so `skopeo copy oci:... containers-storage:...` (or a push to
 # the head's image store) skips it without reading it.  pkgs/image.nix builds the line's image
 # with it; tests/nix_env.py builds test images with the same file.
 {
-  # name: attrs: script: derivation; a build with python3 and tp4.oci on its PYTHONPATH
+  # name: attrs: script: derivation; a build with python3 and tp4.image.oci on its PYTHONPATH
   # (pkgs.runCommand in the flake, a busybox derivation in the tests)
   mk,
   # the prefix of every step's name (layers of images with the same name and trees below are the
@@ -20,7 +20,7 @@
   # where each `path` is a symlink to its tree (or to `subdir` inside it); a layer with
   # `sitePackages = true` instead of `path` is a tree of installed wheels that goes into the
   # base's site-packages as pip would put it there (a link per entry, whiteouts for the
-  # base's dist-info it replaces: `python3 -m tp4.oci links --install`)
+  # base's dist-info it replaces: `python3 -m tp4.image.oci links --install`)
   layers,
   # what the image config holds besides its layers: { architecture; config; created (optional) }
   spec,
@@ -39,7 +39,7 @@ let
   step = argv: ''
     set -eu
     export PYTHONDONTWRITEBYTECODE=1
-    python3 -m tp4.oci ${concatStringsSep " " (map quote argv)} --out "$out"
+    python3 -m tp4.image.oci ${concatStringsSep " " (map quote argv)} --out "$out"
   '';
   trees = map (l: l.tree) layers;
   graph = j: "graph-${toString j}";

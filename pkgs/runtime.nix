@@ -4,7 +4,7 @@
 # libgcc are linked statically and no RUNPATH or store reference is left in it
 # (allowedReferences = [ ]): it needs only the base image's libc.  That libc is older than
 # nixpkgs' (against which it is linked), so the build fails if the library needs a symbol version
-# the base image's glibc lacks (tp4.elf check-glibc), instead of the dlopen failing at boot.
+# the base image's glibc lacks (tp4.image.elf check-glibc), instead of the dlopen failing at boot.
 {
   pkgs,
   tree,
@@ -15,14 +15,16 @@
   src,
 }:
 let
-  # tp4.elf and what it imports (standard library only), so only an edit to them rebuilds this
+  # tp4.image.elf and what it imports (standard library only), so only an edit to them rebuilds this
   elfCheck = builtins.path {
     path = src.root;
     name = "tp4-elf";
     filter = src.wanted [
       "python/tp4/__init__.py"
-      "python/tp4/errors.py"
-      "python/tp4/elf.py"
+      "python/tp4/core/__init__.py"
+      "python/tp4/core/errors.py"
+      "python/tp4/image/__init__.py"
+      "python/tp4/image/elf.py"
     ];
   };
 in
@@ -37,7 +39,7 @@ pkgs.stdenv.mkDerivation {
     $CXX -O2 -Wall -Wextra -Werror -std=c++17 -shared -fPIC -pthread -DDSV41_ROW_STORE_DRM \
       -static-libstdc++ -static-libgcc adapter/row_store.cpp -o adapter/librow_store.so
     patchelf --remove-rpath adapter/librow_store.so
-    PYTHONPATH=${elfCheck}/python PYTHONDONTWRITEBYTECODE=1 ${pkgs.python3.interpreter} -m tp4.elf \
+    PYTHONPATH=${elfCheck}/python PYTHONDONTWRITEBYTECODE=1 ${pkgs.python3.interpreter} -m tp4.image.elf \
       check-glibc --max ${pkgs.lib.escapeShellArg glibc} adapter/librow_store.so
     runHook postBuild
   '';

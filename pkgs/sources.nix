@@ -1,5 +1,5 @@
 # The pinned sources as fixed-output fetches. Nix does not parse sources.manifest: it reads
-# sources.manifest.json beside it, the parse tp4 wrote (python/tp4/sources/manifest.py, the one
+# sources.manifest.json beside it, the parse tp4 wrote (python/tp4/image/sources/manifest.py, the one
 # parser; `tp4 sources json` writes the copy, `tp4 sources lock` rewrites both), and refuses that
 # copy while its source_sha256 is not the sha256 of the manifest it is given.
 #
@@ -14,7 +14,7 @@
 #             row with tree-sha256= is fetched by its unpacked tree (builtins.fetchTarball)
 #   trees     name -> { name attrs line inputs }  (inputs: the row names `fetch NAME` needs)
 #   fetchArgs name -> [ "--manifest" <file> "--input" "<row>=<src>" ... ] for
-#             `python -m tp4.sources fetch NAME --to $out <fetchArgs.NAME>` inside a derivation
+#             `python -m tp4.image.sources fetch NAME --to $out <fetchArgs.NAME>` inside a derivation
 #   wheelFiles name -> the file name of a wheel row (its pypi:<file name>), which installers
 #             read the distribution's name and version from
 #   unlocked  the names of the rows whose sha256 is `unlocked`, in manifest order
@@ -22,7 +22,7 @@
 #   commitCommand  `git commit` of the two files it rewrites
 {
   manifest,
-  # the parse of `manifest` (python/tp4/sources/companion.py)
+  # the parse of `manifest` (python/tp4/image/sources/companion.py)
   parsed ? manifest + ".json",
   fetchurl,
   fetchPypi ? null,

@@ -53,20 +53,23 @@ in
     "adapters"
   ];
   inherit cliName root;
-  # the code `python -m tp4.sources fetch` imports (nothing of the CLI), and the manifest it reads
+  # the code `python -m tp4.image.sources fetch` imports (nothing of the CLI), and the manifest it reads
   transforms = pick "tp4-transforms" [
     "python/tp4/__init__.py"
-    "python/tp4/errors.py"
-    "python/tp4/userfiles.py"
-    "python/tp4/process.py"
-    "python/tp4/sources"
+    "python/tp4/core/__init__.py"
+    "python/tp4/core/errors.py"
+    "python/tp4/core/userfiles.py"
+    "python/tp4/core/process.py"
+    "python/tp4/image/__init__.py"
+    "python/tp4/image/sources"
     "python/tp4/data/sources.manifest"
   ];
-  # the code `python -m tp4.oci` runs to assemble the image (the standard library only), so an
+  # the code `python -m tp4.image.oci` runs to assemble the image (the standard library only), so an
   # edit to the CLI does not rebuild a layer
   oci = pick "tp4-oci" [
     "python/tp4/__init__.py"
-    "python/tp4/oci.py"
+    "python/tp4/image/__init__.py"
+    "python/tp4/image/oci.py"
   ];
   inherit wanted hasSuffix;
 }

@@ -69,7 +69,7 @@ else
     pythonImportsCheck = [
       "tp4"
       "tp4.cli"
-      "tp4.sources"
+      "tp4.image.sources"
     ];
     meta = {
       description = (pyproject.tool.poetry).description;

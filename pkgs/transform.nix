@@ -15,6 +15,6 @@ in
 ''
   set -eu
   export HOME="$PWD" PYTHONDONTWRITEBYTECODE=1
-  python3 -m tp4.sources fetch ${quote target} --to "$out" --offline \
+  python3 -m tp4.image.sources fetch ${quote target} --to "$out" --offline \
     ${builtins.concatStringsSep " " (map quote fetchArgs)}
 ''

@@ -1,7 +1,7 @@
 # One transformed tree (the SGLang python tree, b12x SG17 + roce_ring, b12x_next, the upstream
 # runtime tree): pkgs/transform.nix's script in a plain runCommand, with the transform code of
 # `tp4 sources` (pkgs/src.nix `transforms`) on PYTHONPATH, and only python3 (the standard library:
-# `python -m tp4.sources` needs no CLI package) and GNU patch.
+# `python -m tp4.image.sources` needs no CLI package) and GNU patch.
 {
   pkgs,
   transforms,

@@ -44,7 +44,7 @@ def tp4_cli(capsys):
 
 @pytest.fixture(scope="session", autouse=True)
 def image_store_state(tmp_path_factory):
-    """`tp4 build` pushes into the head's image store under $XDG_STATE_HOME (tp4.imagestore):
+    """`tp4 build` pushes into the head's image store under $XDG_STATE_HOME (tp4.image.imagestore):
     the session gets its own, stopped at the end, never the user's."""
     import os
 
@@ -52,7 +52,7 @@ def image_store_state(tmp_path_factory):
     old = os.environ.get("XDG_STATE_HOME")
     os.environ["XDG_STATE_HOME"] = str(state)
     yield state
-    from tp4 import imagestore
+    from tp4.image import imagestore
 
     imagestore.stop(state / "tp4" / "registry")
     if old is None:

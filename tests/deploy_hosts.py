@@ -61,7 +61,9 @@ from doctor_hosts import DoctorCluster, _doctor_prepare
 from netns_hosts import Host
 from nix_env import SYSTEM, busybox_dir, nix_config
 
-from tp4 import deploy, process
+from tp4.core import process
+
+from tp4.hosts import deploy
 
 STATE = "/etc/tp4-deploy"
 

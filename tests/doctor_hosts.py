@@ -40,8 +40,8 @@ from pathlib import Path
 from line_cluster import LineCluster, prepare
 from netns_hosts import Host
 
-from tp4 import process
-from tp4.doctor import engram_files, mapped_gid
+from tp4.core import process
+from tp4.hosts.doctor import engram_files, mapped_gid
 
 SYSFS = "/etc/tp4-sys"
 BOOTSTRAP = "tp4boot0"  # the plan's NCCL_SOCKET_IFNAME and GLOO_SOCKET_IFNAME here

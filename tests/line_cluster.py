@@ -1,10 +1,10 @@
 """The test cluster of the `tp4 serve` scenarios: four hosts (tests/netns_hosts.py, a real sshd
 each) whose real podman (runc) runs each rank's container with exactly the flags of the plan
-(tp4.serve.run_argv), from the stand-in engine's test image (tests/standin/image.py)::
+(tp4.serving.serve.run_argv), from the stand-in engine's test image (tests/standin/image.py)::
 
     with LineCluster(tmp_path) as cluster:
         cluster.profile        # the profile TOML of this cluster (head + 3 workers)
-        cluster.plan           # tp4.plan.build_plan of it
+        cluster.plan           # tp4.line.plan.build_plan of it
         cluster.hosts, cluster.head
         cluster.nodes()        # tp4.nodes_of(cluster.plan)
         cluster.podman_ps()    # `podman ps -a` on every host
@@ -68,11 +68,11 @@ from types import TracebackType
 from netns_hosts import Host, NetnsHosts
 from standin import image
 
-from tp4 import process
-from tp4.nodes import Node, nodes_of
-from tp4.plan import Plan, build_plan
-from tp4.profile import load_file
-from tp4.profile.load import Loaded
+from tp4.core import process
+from tp4.hosts.nodes import Node, nodes_of
+from tp4.line.plan import Plan, build_plan
+from tp4.line.profile import load_file
+from tp4.line.profile.load import Loaded
 
 COUNT = 4
 RUNC = Path(__file__).resolve().parent / "runc_rlimits.sh"
@@ -209,7 +209,7 @@ class LineCluster:
         return self.hosts[0]
 
     def nodes(self) -> list[Node]:
-        """The plan's nodes as tp4.serve reaches them (over ssh, as the profile says)."""
+        """The plan's nodes as tp4.serving.serve reaches them (over ssh, as the profile says)."""
         return nodes_of(self.plan)
 
     def podman_ps(self) -> dict[str, str]:

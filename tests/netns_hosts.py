@@ -3,7 +3,7 @@
 Reusable by every test that needs nodes over ssh (distribute, deploy, serve)::
 
     with NetnsHosts(tmp_path, count=3) as hosts:
-        hosts[0].remote        # a tp4.process.Remote for that host (key auth, BatchMode)
+        hosts[0].remote        # a tp4.core.process.Remote for that host (key auth, BatchMode)
         hosts.rate_limit("50mbit")
 
 Each host is ``<subnet>.<2+i>`` in namespace ``tp4t<pid>h<i>``; the bridge ``tp4t<pid>`` holds
@@ -14,7 +14,7 @@ that host uses the host's own image store (``<dir>/storage``): the hosts share o
 not images. ``env=`` adds environment to every session (``SetEnv``); ``Host.run`` runs a command
 on a host over ssh.
 
-tp4 trusts only the host keys in its own known_hosts (tp4.knownhosts): the hosts' keys are
+tp4 trusts only the host keys in its own known_hosts (tp4.core.knownhosts): the hosts' keys are
 recorded in ``<workdir>/known_hosts`` and ``TP4_KNOWN_HOSTS`` points at it while the hosts are up
 (for the test process and the tp4 commands it starts), as `tp4 hosts trust` would have.
 ``new_host_key(i)`` gives a host a new key (a reinstalled node), and ``close`` ends tp4's shared
@@ -51,8 +51,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tp4 import knownhosts, process
-from tp4.process import Remote
+from tp4.core import knownhosts, process
+from tp4.core.process import Remote
 
 SSHD = shutil.which("sshd") or "/usr/sbin/sshd"
 # the top directories of host.root that are laid over the machine's (in sshd's mount namespace)

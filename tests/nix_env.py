@@ -23,7 +23,7 @@ import sys
 from pathlib import Path
 
 from sources_helpers.build import nix_env as sources_nix_env
-from tp4 import process
+from tp4.core import process
 
 # a static busybox: `nix develop` names it (its busybox stays off PATH, where its `ip` and `patch`
 # would shadow iproute2 and GNU patch); elsewhere the one on PATH (Debian's busybox-static)
@@ -40,7 +40,7 @@ def nix_config(workdir: Path) -> str:
 
 
 def image_nix_config(workdir: Path) -> str:
-    """nix_config for building image_flake's layouts: their tp4.oci steps run the host's python3,
+    """nix_config for building image_flake's layouts: their tp4.image.oci steps run the host's python3,
     which a sandboxed build cannot see."""
     return nix_config(workdir) + "sandbox = false\n"
 
@@ -70,7 +70,7 @@ def lock_all(text: str) -> str:
 def locked_flake_copy(repo: Path, dest: Path) -> Path:
     """flake_copy with every manifest row locked, so every output evaluates (the manifest and the
     JSON copy Nix reads, both written as `tp4 sources lock` writes them)."""
-    from tp4.sources import companion
+    from tp4.image.sources import companion
 
     copy = flake_copy(repo, dest)
     companion.write(copy / "sources.manifest", lock_all((repo / "sources.manifest").read_text()))
@@ -182,7 +182,7 @@ LAYOUT_FLAKE = r"""{
         args = [ "sh" "-euc" script ];
         PATH = "${bb}/bin";
       };
-      # pkgs/oci.nix's `mk`: its steps run tp4.oci with the host's python3 (so these builds need
+      # pkgs/oci.nix's `mk`: its steps run tp4.image.oci with the host's python3 (so these builds need
       # sandbox = false), where the flake has pkgs.runCommand and nixpkgs' python3; passthru is
       # kept out of the derivation and put on its value, as stdenv.mkDerivation does
       mkPy = name: attrs: script: derivation ({
@@ -292,7 +292,7 @@ def image_flake(dest: Path, *, ref: str | None = "tp4-test:latest", label: str =
                 stream: bool = False, base_archive: Path | None = None, wheels: dict[str, str] | None = None,
                 wheels_at: str = "", env: tuple[str, ...] = ("PATH=/bin",), base_facts: dict | None = None) -> Path:
     """A flake whose ``image`` is an OCI layout made by the repository's pkgs/oci.nix and
-    tp4.oci, as the line's image is (build it with :func:`image_nix_config`): busybox at /bin
+    tp4.image.oci, as the line's image is (build it with :func:`image_nix_config`): busybox at /bin
     with ``python3`` = sh, a runtime tree at /opt/dsv41 with ``TEST_FILES`` plus ``files``, and
     /opt/data with a label file and size_mb of random bytes, each a layer of its own; a different
     ``label`` gives a different image id and changes only the /opt/data layer (and the links).
@@ -351,5 +351,5 @@ def image_flake(dest: Path, *, ref: str | None = "tp4-test:latest", label: str =
 
 
 def nix(argv: list[str], workdir: Path, **kwargs) -> subprocess.CompletedProcess:
-    """Run nix with the offline test configuration (tests only; tp4 itself goes through tp4.nix)."""
+    """Run nix with the offline test configuration (tests only; tp4 itself goes through tp4.image.nix)."""
     return process.run(["nix", *argv], env={"NIX_CONFIG": nix_config(workdir)}, check=False, **kwargs)

@@ -1,4 +1,4 @@
-"""tp4.api against the stand-in engine (tests/standin/engine.py) as rank 0: started as the line's
+"""tp4.serving.api against the stand-in engine (tests/standin/engine.py) as rank 0: started as the line's
 entrypoint (`engine.py run`) with the default profile's rank-0 env, on this host's loopback (one
 node: NNODES=1, HOST=127.0.0.1 and a free port, no warm-up), so it needs no root. Also against a
 plain HTTP file server (Python's http.server), which is what an address that answers HTTP but is
@@ -21,12 +21,14 @@ from pathlib import Path
 
 import pytest
 
-from tp4 import api, apikey
-from tp4.api import ApiError, Endpoint, Load, Secret
-from tp4.container import IMAGE, MOUNTS
-from tp4.errors import InvalidInput
-from tp4.plan import build_plan
-from tp4.profile.load import load_default
+from tp4.core import apikey
+
+from tp4.serving import api
+from tp4.serving.api import ApiError, Endpoint, Load, Secret
+from tp4.line.container import IMAGE, MOUNTS
+from tp4.core.errors import InvalidInput
+from tp4.line.plan import build_plan
+from tp4.line.profile.load import load_default
 
 pytestmark = pytest.mark.unit
 
@@ -362,13 +364,13 @@ def test_a_key_file(tmp_path: Path, data: bytes, caplog: pytest.LogCaptureFixtur
 
 def test_a_key_file_others_can_read_is_a_warning(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     path = key_file(tmp_path, KEY.encode() + b"\n", 0o644)
-    with caplog.at_level(logging.WARNING, logger="tp4.apikey"):
+    with caplog.at_level(logging.WARNING, logger="tp4.core.apikey"):
         assert apikey.read_key(path).reveal() == KEY
     assert [r.getMessage() for r in caplog.records] == [
         f"api.key_file: {path} is readable by its group and everyone (mode 0644); fix: chmod 600 {path}"]
     caplog.clear()
     path.chmod(0o640)
-    with caplog.at_level(logging.WARNING, logger="tp4.apikey"):
+    with caplog.at_level(logging.WARNING, logger="tp4.core.apikey"):
         apikey.read_key(path)
     assert "readable by its group (mode 0640)" in caplog.text and KEY not in caplog.text
 

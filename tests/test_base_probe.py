@@ -1,4 +1,4 @@
-"""`tp4 build` reads the base image before it builds anything on it (tp4/baseimage.py).
+"""`tp4 build` reads the base image before it builds anything on it (tp4/image/baseimage.py).
 
 Real podman: a tiny base (Debian's python3 with its libc, the host's getconf, site-packages with
 torch and an older sglang-kernel, and optionally a gcc and the verbs header and library) under an
@@ -19,8 +19,8 @@ import pytest
 from nix_env import image_flake
 from test_build import commands, env, line_id  # noqa: F401  (env and commands are fixtures)
 from test_image_site_packages import base_archive
-from tp4 import baseimage
-from tp4.errors import Tp4Error
+from tp4.image import baseimage
+from tp4.core.errors import Tp4Error
 
 HOST_GLIBC = os.confstr("CS_GNU_LIBC_VERSION").split()[-1]  # what the copied libc is
 DEBIAN_PYTHON = subprocess.run(["/usr/bin/python3", "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
@@ -129,13 +129,13 @@ IMAGE_ROW = ("img  sha256:" + "3" * 64 + "  " + "a" * 64 + "  docker://lmsysorg/
     ("  packages=torch,,x", "packages= is a comma-separated list"),
 ])
 def test_the_base_rows_attributes_are_validated(attrs, error):
-    from tp4.sources import manifest as mf
+    from tp4.image.sources import manifest as mf
     errors = mf.validate(mf.parse(IMAGE_ROW + attrs + "\n")).errors
     assert errors == [] if error is None else (len(errors) == 1 and error in errors[0]), errors
 
 
 def test_the_committed_base_row_states_what_the_build_relies_on():
-    from tp4.sources import manifest as mf
+    from tp4.image.sources import manifest as mf
     row = mf.load(Path(__file__).resolve().parent.parent / "sources.manifest").by_name["base-image"]
     assert {k: row.attrs[k] for k in baseimage.ATTRS} == {
         "glibc": "2.39", "python": "3.12", "gcc": "13", "verbs": "yes", "packages": "torch,flashinfer-python==0.6.18"}

@@ -26,7 +26,7 @@ from typing import Any
 import pytest
 from standin.engine import PROSE
 
-from tp4.bench import prompts
+from tp4.measuring.throughput import prompts
 
 pytestmark = pytest.mark.unit
 
@@ -553,7 +553,7 @@ def test_bench_loadgen_prints_its_measurements_against_the_goals() -> None:
 
 
 def test_the_sse_splitter_takes_events_cut_anywhere() -> None:
-    from tp4.bench.loadgen import SseSplitter
+    from tp4.measuring.throughput.loadgen import SseSplitter
 
     stream = (b'data: {"a": 1}\n\n: a comment\n\nevent: x\ndata: {"b":\ndata: 2}\n\ndata:{"c": 3}\r\n\r\n'
               b"id: 7\r\ndata: [DONE]\r\n\r\n")

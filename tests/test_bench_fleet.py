@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from test_bench import ENGINE, tp4
 
-from tp4 import fleet
+from tp4.serving import fleet
 
 REPO = Path(__file__).resolve().parent.parent
 ROUTER_PYTHON = os.environ.get("TP4_ROUTER_PYTHON") or sys.executable

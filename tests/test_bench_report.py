@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from test_bench import Standin, load, tp4
 
-from tp4 import report
+from tp4.measuring import report
 
 pytestmark = pytest.mark.unit
 

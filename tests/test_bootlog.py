@@ -1,4 +1,4 @@
-"""tp4.bootlog against the logs of real boots of the stand-in engine (tests/standin/engine.py): the
+"""tp4.serving.bootlog against the logs of real boots of the stand-in engine (tests/standin/engine.py): the
 four ranks of the default profile's plan, each with its plan env verbatim except where the line
 listens (the dist init address, the API host and port: free loopback ports, so no namespace and no
 root are needed), started as the container starts them (`boot.py run`), their output captured as
@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from tp4.bootlog import (
+from tp4.serving.bootlog import (
     PHASES,
     BootSignature,
     Finding,
@@ -37,9 +37,9 @@ from tp4.bootlog import (
     source_stamps,
     Verdict,
 )
-from tp4.container import IMAGE, MOUNTS
-from tp4.plan import Plan, build_plan
-from tp4.profile.load import load_default
+from tp4.line.container import IMAGE, MOUNTS
+from tp4.line.plan import Plan, build_plan
+from tp4.line.profile.load import load_default
 
 pytestmark = pytest.mark.unit
 

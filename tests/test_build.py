@@ -17,13 +17,13 @@ import pytest
 
 from nix_env import image_flake, nix, image_nix_config
 from netns_hosts import storage_conf
-from tp4 import build as build_mod
-from tp4 import containers
-from tp4 import nix as nix_mod
-from tp4 import oci as tp4_oci
-from tp4 import process
-from tp4.errors import InvalidInput, Tp4Error
-from tp4.registry import RUNTIME_DIR, ImageCheck, load_registry, parse_image_checks
+from tp4.image import build as build_mod
+from tp4.image import runtime_cli
+from tp4.image import nix as nix_mod
+from tp4.image import oci as tp4_oci
+from tp4.core import process
+from tp4.core.errors import InvalidInput, Tp4Error
+from tp4.line.registry import RUNTIME_DIR, ImageCheck, load_registry, parse_image_checks
 
 LINE = "tp4-test:line"
 
@@ -33,11 +33,11 @@ def env(tmp_path, monkeypatch):
     """Offline nix and an isolated podman store for the head, under a short path: with a long
     runroot (pytest's tmp_path) every `podman run --rm` waits 20 s for its cleanup. This
     sandbox's hard limits are below podman's default nofile/nproc for a container, so
-    containers.conf sets them (tp4's argv stays what the registry says)."""
+    runtime_cli.conf sets them (tp4's argv stays what the registry says)."""
     monkeypatch.setenv("NIX_CONFIG", image_nix_config(tmp_path / "nix"))
     store = Path(tempfile.mkdtemp(prefix="tp4b-", dir="/tmp"))
     monkeypatch.setenv("CONTAINERS_STORAGE_CONF", str(storage_conf(store)))
-    conf = tmp_path / "containers.conf"
+    conf = tmp_path / "runtime_cli.conf"
     conf.write_text('[containers]\ndefault_ulimits = ["nofile=1024:1024", "nproc=4096:4096"]\n')
     monkeypatch.setenv("CONTAINERS_CONF", str(conf))
     podman_bin = shutil.which("podman")
@@ -49,9 +49,9 @@ def env(tmp_path, monkeypatch):
 
 @pytest.fixture
 def commands(caplog):
-    """The commands tp4 ran through its one funnel (tp4.process logs each as `$ ...`)."""
-    caplog.set_level(logging.DEBUG, logger="tp4.process")
-    return lambda: [r.getMessage() for r in caplog.records if r.name == "tp4.process"]
+    """The commands tp4 ran through its one funnel (tp4.core.process logs each as `$ ...`)."""
+    caplog.set_level(logging.DEBUG, logger="tp4.core.process")
+    return lambda: [r.getMessage() for r in caplog.records if r.name == "tp4.core.process"]
 
 
 def check(name: str, **fields) -> str:
@@ -79,7 +79,7 @@ def podman(*argv: str) -> str:
 
 def image_ids_with_label(label: str) -> list[str]:
     ids = podman("images", "-q", "--no-trunc", "--filter", f"label=tp4.flake.rev={label}").split()
-    return [containers.normalize_id(i) for i in ids]
+    return [runtime_cli.normalize_id(i) for i in ids]
 
 
 def repo_tags(image_id: str) -> list[str]:
@@ -87,7 +87,7 @@ def repo_tags(image_id: str) -> list[str]:
 
 
 def line_id() -> str | None:
-    found = containers.inspect("podman", LINE)
+    found = runtime_cli.inspect("podman", LINE)
     return found[0] if found else None
 
 
@@ -132,7 +132,7 @@ def test_passing_checks_tag_the_image_for_the_line_and_record_it(env, tp4_cli, c
     code, stdout, stderr = tp4_cli("build", "--flake", flake, "--runtime", "podman")
 
     assert code == 0, stderr
-    found = containers.inspect("podman", "tp4-test:built")
+    found = runtime_cli.inspect("podman", "tp4-test:built")
     assert found is not None
     image_id, labels = found
     assert labels["tp4.flake.rev"] == label
@@ -386,7 +386,7 @@ def test_the_registry_lists_upstreams_in_image_checks():
     assert not [c.name for c in checks if "wheels" in dict(c.env).get("PYTHONPATH", "")]
     assert dict(by_name["import-sglang"].env)["PYTHONPATH"] == ""  # before step 9's ENV
     # the wheels check runs with -I and checks the pins of sources.manifest's wheel rows
-    from tp4.sources import manifest as mf
+    from tp4.image.sources import manifest as mf
     rows = mf.load(Path(__file__).parent.parent / "sources.manifest").rows
     pins = [f"{r.name}=={r.commit}" for r in rows if r.url.startswith("pypi:")]
     assert pins == ["sglang-kernel==0.4.7", "sgl-deep-gemm==0.2.0"]
@@ -402,9 +402,9 @@ def test_the_registry_lists_upstreams_in_image_checks():
 
 
 def test_same_ref_sees_through_podmans_localhost_prefix():
-    assert containers.same_ref("localhost/tp4-test:line", "tp4-test:line")
-    assert containers.same_ref("tp4-test", "localhost/tp4-test:latest")
-    assert not containers.same_ref("localhost/tp4-test:0123abcd", "tp4-test:line")
+    assert runtime_cli.same_ref("localhost/tp4-test:line", "tp4-test:line")
+    assert runtime_cli.same_ref("tp4-test", "localhost/tp4-test:latest")
+    assert not runtime_cli.same_ref("localhost/tp4-test:0123abcd", "tp4-test:line")
 
 
 def test_missing_nix_is_a_clear_error(env, tp4_cli, monkeypatch):
@@ -469,18 +469,18 @@ def test_a_broken_image_stream_is_named_and_the_load_stopped(env, tmp_path):
     script.write_text("#!/bin/sh\nprintf 'not an archive'\necho 'stream: no such layer' >&2\nexit 5\n")
     script.chmod(0o755)
     with pytest.raises(Tp4Error) as err:
-        containers.load(str(script), "podman")
+        runtime_cli.load(str(script), "podman")
     msg = str(err.value)
     assert msg.startswith(f"`{script}` failed with exit code 5 (in `{script} | podman load`)")
     assert "stream: no such layer" in msg
 
 
 def test_loaded_ref_from_podman_and_docker_output():
-    assert containers.loaded_ref("Loaded image: localhost/a:b\n") == "localhost/a:b"
-    assert containers.loaded_ref("Loaded image(s): localhost/a:b\n") == "localhost/a:b"
-    assert containers.loaded_ref("Loaded image ID: sha256:abc\n") == "sha256:abc"
+    assert runtime_cli.loaded_ref("Loaded image: localhost/a:b\n") == "localhost/a:b"
+    assert runtime_cli.loaded_ref("Loaded image(s): localhost/a:b\n") == "localhost/a:b"
+    assert runtime_cli.loaded_ref("Loaded image ID: sha256:abc\n") == "sha256:abc"
     with pytest.raises(Tp4Error):
-        containers.loaded_ref("nothing")
+        runtime_cli.loaded_ref("nothing")
 
 
 def test_build_image_option_builds_that_variants_attribute(env, tp4_cli):

@@ -156,7 +156,7 @@ def test_the_cli_modules_resolve_no_profile_themselves_and_import_no_private_nam
         for node in ast.walk(tree):
             if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("tp4.cli."):
                 assert node.module == "tp4.cli.common", f"{path.name} imports from {node.module}"
-            if isinstance(node, ast.ImportFrom) and node.module in ("tp4.profile", "tp4.profile.load") \
+            if isinstance(node, ast.ImportFrom) and node.module in ("tp4.line.profile", "tp4.line.profile.load") \
                     and path.name not in ("common.py", "profile.py"):
                 names = {a.name for a in node.names}
                 assert not names & {"load_file", "load_default"}, f"{path.name} loads a profile itself"

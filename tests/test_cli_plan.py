@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from tp4.plan import SCHEMA
+from tp4.line.plan import SCHEMA
 
 pytestmark = pytest.mark.unit
 
@@ -176,7 +176,7 @@ def test_import_of_an_upstream_profile_with_only_warnings_succeeds_and_reports_t
 def test_distribute_strict_refuses_a_profile_with_warnings(tmp_path, repo, capsys):
     """`tp4 distribute --strict` reads its workers from the profile the same way (tp4 build reads none)."""
     from tp4.cli.common import profile_remotes as _nodes
-    from tp4.errors import InvalidInput
+    from tp4.core.errors import InvalidInput
 
     prof = _slots_profile(tmp_path, repo)
     assert [n.host for n in _nodes((), str(prof), None, None, None, ())] == ["spark2", "spark3", "spark4"]

@@ -28,7 +28,7 @@ from tp4.cli import main
 sys.argv[0] = "tp4"
 sys.exit(main())
 """
-WATCHED = ["importlib.metadata", "logging", "pydantic", "tp4.profile.models", "tp4.sources", "tp4.build"]
+WATCHED = ["importlib.metadata", "logging", "pydantic", "tp4.line.profile.models", "tp4.image.sources", "tp4.image.build"]
 
 
 class Probe(TypedDict):
@@ -48,11 +48,11 @@ def test_plan_looks_up_no_pydantic_plugins_and_configures_no_logging(repo: Path)
     proc, report = run_probe(repo, "plan")
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.startswith("line: 4 nodes, TP 4")
-    # pydantic's plugin loader imports importlib.metadata (~14 ms): tp4.profile stands in for it
+    # pydantic's plugin loader imports importlib.metadata (~14 ms): tp4.line.profile stands in for it
     assert "importlib.metadata" not in report["imported"]
     assert "logging" not in report["imported"]
-    assert "tp4.profile.models" in report["imported"]  # the models are really built and used
-    assert "tp4.sources" not in report["imported"] and "tp4.build" not in report["imported"]
+    assert "tp4.line.profile.models" in report["imported"]  # the models are really built and used
+    assert "tp4.image.sources" not in report["imported"] and "tp4.image.build" not in report["imported"]
 
 
 def test_plan_still_validates_with_no_plugins(repo: Path, tmp_path: Path) -> None:

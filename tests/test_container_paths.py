@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tp4.container import IMAGE, MOUNTS
+from tp4.line.container import IMAGE, MOUNTS
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -25,7 +25,7 @@ def test_nix_reads_the_container_paths():
 
 def test_the_health_table_is_checked_at_import():
     """A wrong [health] would reach every podman rank's flags and the image config: refused."""
-    from tp4.container import HEALTH, _health
+    from tp4.line.container import HEALTH, _health
 
     good = {"cmd": list(HEALTH.cmd), "interval": 30, "timeout": 30, "start_period": 1800, "retries": 3}
     assert _health(good, IMAGE.boot) == HEALTH

@@ -17,7 +17,9 @@ from pathlib import Path
 import pytest
 from deploy_hosts import DeployCluster, System
 
-from tp4 import deploy, process
+from tp4.core import process
+
+from tp4.hosts import deploy
 
 SYSFS = "/etc/tp4-sys"
 REPO = Path(__file__).resolve().parent.parent
@@ -91,7 +93,7 @@ def test_four_hosts_deploy_at_once_and_the_dry_run_showed_what_ran(line, tp4_cli
     paths = line.build(specs)
     before = state(line)
     _, dry, _ = run(tp4_cli, line, "--dry-run")
-    caplog.set_level(logging.DEBUG, logger="tp4.process")
+    caplog.set_level(logging.DEBUG, logger="tp4.core.process")
     code, out, err = run(tp4_cli, line)
     assert code == 0, out + err
     # what ran: the build is shown on stderr, every other command logged (-v)

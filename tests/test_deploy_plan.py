@@ -11,11 +11,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tp4 import deploy, process
-from tp4.errors import InvalidInput, Tp4Error
-from tp4.nodes import Node, nodes_of
-from tp4.plan import build_plan
-from tp4.profile import load_text
+from tp4.core import process
+
+from tp4.hosts import deploy
+from tp4.core.errors import InvalidInput, Tp4Error
+from tp4.hosts.nodes import Node, nodes_of
+from tp4.line.plan import build_plan
+from tp4.line.profile import load_text
 
 pytestmark = pytest.mark.unit
 

@@ -18,7 +18,8 @@ import pytest
 
 from netns_hosts import NetnsHosts, storage_conf
 from nix_env import image_flake, image_nix_config
-from tp4 import build, containers, imagestore, process
+from tp4.core import process
+from tp4.image import build, imagestore, runtime_cli
 
 REF = "tp4-test:dist"
 PYTHON = Path(__file__).resolve().parent.parent / "python"
@@ -63,7 +64,7 @@ def worker_args(hosts, flake, workers=None, method="registry"):
 
 
 def node_id(host):
-    found = containers.inspect("podman", REF, remote=host.remote)
+    found = runtime_cli.inspect("podman", REF, remote=host.remote)
     return found[0] if found else None
 
 
@@ -76,14 +77,14 @@ def reset(hosts):
 @pytest.mark.parametrize("method", ["registry", "archive"])
 def test_copies_to_every_worker_then_skips(hosts, head, tp4_cli, method):
     reset(hosts)
-    head_id = containers.inspect("podman", REF)[0]
+    head_id = runtime_cli.inspect("podman", REF)[0]
 
     code, out, err = tp4_cli(*worker_args(hosts, head, method=method))
     assert code == 0, err
     assert all(node_id(h) == head_id for h in hosts)
     assert out.count(": copied: ") == 3
     assert f"all 3 workers have {head_id[:12]}" in out
-    assert all(containers.layers("podman", REF, remote=h.remote) == containers.layers("podman", REF) for h in hosts)
+    assert all(runtime_cli.layers("podman", REF, remote=h.remote) == runtime_cli.layers("podman", REF) for h in hosts)
 
     code, out, err = tp4_cli(*worker_args(hosts, head, method=method))
     assert code == 0, err
@@ -94,13 +95,13 @@ def test_detects_a_worker_whose_image_differs_and_recopies_only_it(hosts, head, 
     reset(hosts)
     code, _, err = tp4_cli(*worker_args(hosts, head))
     assert code == 0, err
-    head_id = containers.inspect("podman", REF)[0]
+    head_id = runtime_cli.inspect("podman", REF)[0]
 
     # node2 gets another image under the same reference (a stale or tampered copy)
     other = image_flake(tmp_path / "other", ref=REF, label="other")
     code, _, err = tp4_cli("build", "--flake", other, "--runtime", "podman")
     assert code == 0, err
-    other_id = containers.inspect("podman", REF)[0]
+    other_id = runtime_cli.inspect("podman", REF)[0]
     assert other_id != head_id
     code, _, err = tp4_cli(*worker_args(hosts, other, workers=[hosts[1]]))
     assert code == 0, err
@@ -220,7 +221,7 @@ def store_and_digest(flake):
     assert store is not None, "tp4 build did not start the image store"
     pushed = build.Pushed.load(build.store_record_path(flake, "image"))
     assert pushed is not None, "tp4 build recorded no manifest digest"
-    assert pushed.id == containers.inspect("podman", REF)[0]
+    assert pushed.id == runtime_cli.inspect("podman", REF)[0]
     assert pushed.digest in imagestore.manifests(store, imagestore.DEFAULT_REPO)
     return store, pushed.digest
 
@@ -237,10 +238,10 @@ def uploads(store) -> int:
 
 
 def assert_like_the_head(hosts):
-    head_id, head_layers = containers.inspect("podman", REF)[0], containers.layers("podman", REF)
+    head_id, head_layers = runtime_cli.inspect("podman", REF)[0], runtime_cli.layers("podman", REF)
     for h in hosts:
         assert node_id(h) == head_id, h.name
-        assert containers.layers("podman", REF, remote=h.remote) == head_layers, h.name
+        assert runtime_cli.layers("podman", REF, remote=h.remote) == head_layers, h.name
 
 
 def test_by_digest_a_one_layer_change_moves_only_that_layer_and_no_change_moves_nothing(hosts, head, tp4_cli, tmp_path):
@@ -264,7 +265,7 @@ def test_by_digest_a_one_layer_change_moves_only_that_layer_and_no_change_moves_
     # a rebuild that changes one tree (the data layer) only: the push uploads its layer, the
     # links layer on top (a few hundred bytes: one link moved) and the config; the workers
     # fetch those, not the base's layers nor the other trees
-    before = containers.layers("podman", REF)
+    before = runtime_cli.layers("podman", REF)
     posts = uploads(store)
     image_flake(head, ref=REF, label=f"changed-{tmp_path.name}", size_mb=2, base_layers_mb=BASE_LAYERS_MB)
     code, _, err = tp4_cli("build", "--flake", head, "--runtime", "podman")
@@ -272,7 +273,7 @@ def test_by_digest_a_one_layer_change_moves_only_that_layer_and_no_change_moves_
     assert uploads(store) - posts == 3
     store, changed = store_and_digest(head)
     assert changed != digest
-    after = containers.layers("podman", REF)
+    after = runtime_cli.layers("podman", REF)
     assert after[:-2] == before[:-2] and after[-2] != before[-2] and after[-1] != before[-1]
     new_sizes, new_config = blob_sizes(store, changed)
     assert new_sizes[-1] < 2048 < 2 * 2**20 / 2 < new_sizes[-2]
@@ -355,7 +356,7 @@ def test_a_pull_broken_mid_way_is_reported_and_the_next_run_completes_it(hosts, 
     assert f"the ssh connection to root@{broken.address} (and so its tunnel) ended" in err
     assert "Traceback" not in err
     assert node_id(broken) is None
-    assert node_id(fine) == containers.inspect("podman", REF)[0]
+    assert node_id(fine) == runtime_cli.inspect("podman", REF)[0]
     assert served < 2 * 30 * 2**20  # the broken pull had not finished
 
     code, out, err = tp4_cli(*worker_args(hosts, head, [broken, fine]))
@@ -405,6 +406,6 @@ def test_a_build_the_store_could_not_take_is_pushed_by_distribute(hosts, head, t
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
     code, out, err = tp4_cli(*worker_args(hosts, head, hosts[:1]))
     assert code == 0, err
-    head_id = containers.inspect("podman", REF)[0]
+    head_id = runtime_cli.inspect("podman", REF)[0]
     assert f"pushing {head_id[:12]} to the image store" in out
     assert_like_the_head(hosts[:1])

@@ -12,7 +12,8 @@ import pytest
 
 from dockerd import Dockerd
 from nix_env import image_flake, image_nix_config
-from tp4 import build, containers, imagestore, oci, process
+from tp4.core import process
+from tp4.image import build, imagestore, oci, runtime_cli
 
 REF = "tp4-test:docker"
 PASS = '[[image_check]]\nname = "pass"\nfile = "tests/test_pass.py"\n'
@@ -43,10 +44,10 @@ def test_docker_build_loads_through_the_store_and_a_rebuild_pulls_only_new_layer
     code, out, err = tp4_cli("build", "--flake", flake, "--runtime", "docker")
     assert code == 0, err
     layout = oci.read_layout(os.path.realpath(flake / "result-image"))
-    image_id, labels = containers.inspect("docker", REF)
+    image_id, labels = runtime_cli.inspect("docker", REF)
     # docker's image id is the layout's config digest, its layers the layout's
     assert image_id == layout.config.digest.removeprefix("sha256:")
-    assert containers.layers("docker", REF) == layout.diff_ids
+    assert runtime_cli.layers("docker", REF) == layout.diff_ids
     assert labels["tp4.flake.rev"] == "d1"
     assert any(line.startswith("ok   pass ") for line in out.splitlines()), out
     # the route: into the store, docker pull by digest; never a whole `docker load`
@@ -73,7 +74,7 @@ def test_docker_build_loads_through_the_store_and_a_rebuild_pulls_only_new_layer
     fresh = sum(size for digest, size in stored.items() if digest not in old_blobs)
     assert 0 < moved <= fresh + manifest["config"]["size"], (moved, fresh)
     assert moved < 1024 * 1024 + 65536 < sum(stored.values())
-    assert containers.inspect("docker", REF)[0] == second.config.digest.removeprefix("sha256:")
+    assert runtime_cli.inspect("docker", REF)[0] == second.config.digest.removeprefix("sha256:")
 
 
 def test_without_the_store_docker_gets_the_whole_image_and_is_told(docker, tmp_path, tp4_cli, monkeypatch):
@@ -87,7 +88,7 @@ def test_without_the_store_docker_gets_the_whole_image_and_is_told(docker, tmp_p
     assert "warning: the image store cannot take the image" in err and "through its daemon instead" in err
     assert f"--dest-daemon-host {docker.host}" in err and "docker-daemon:" in err
     layout = oci.read_layout(os.path.realpath(flake / "result-image"))
-    assert containers.inspect("docker", REF)[0] == layout.config.digest.removeprefix("sha256:")
+    assert runtime_cli.inspect("docker", REF)[0] == layout.config.digest.removeprefix("sha256:")
     assert "Traceback" not in err
 
 

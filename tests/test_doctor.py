@@ -26,11 +26,13 @@ from doctor_hosts import BOOTSTRAP, SYSFS, ZERO_GID, DoctorCluster
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tp4 import doctor, process
-from tp4.doctor import CHECKS, FACTS_SCRIPT, Limits, Result
-from tp4.nodes import nodes_of
-from tp4.plan import Plan, build_plan
-from tp4.profile import load_file
+from tp4.core import process
+
+from tp4.hosts import doctor
+from tp4.hosts.doctor import CHECKS, FACTS_SCRIPT, Limits, Result
+from tp4.hosts.nodes import nodes_of
+from tp4.line.plan import Plan, build_plan
+from tp4.line.profile import load_file
 
 REPO = Path(__file__).resolve().parent.parent
 HCA0, HCA1 = "rocep1s0f0", "roceP2p1s0f0"  # the production preset's fabric.hcas
@@ -73,7 +75,7 @@ def tp4(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
 
 
 def test_good_hosts_pass_every_check_in_one_command_per_node(good: DoctorCluster, caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.DEBUG, logger="tp4.process")
+    caplog.set_level(logging.DEBUG, logger="tp4.core.process")
     began = time.monotonic()
     results = run(good)
     wall = time.monotonic() - began
@@ -617,7 +619,7 @@ def own_arch() -> str:
 def test_the_recorded_build_id(tmp_path: Path) -> None:
     """Limits.of_profile takes the id `tp4 build` recorded next to the flake's out-link, for the
     plan's tag only."""
-    from tp4 import build
+    from tp4.image import build
 
     (tmp_path / "flake.nix").write_text("{ }\n")
     attr = build.image_attr("canary-roce")
@@ -663,8 +665,8 @@ def test_ring_nccl_sha256_against_the_pin_and_the_head(good: DoctorCluster, tmp_
 
 
 def test_the_nccl_pin_is_a_profile_field(tmp_path: Path) -> None:
-    from tp4.errors import Tp4Error
-    from tp4.profile import load_text
+    from tp4.core.errors import Tp4Error
+    from tp4.line.profile import load_text
 
     text = ('preset = "production"\n[cluster]\nuser = "tp4"\n[cluster.head]\nname = "h"\nip = "10.0.0.1"\n'
             + "".join(f'[[cluster.workers]]\nname = "w{i}"\nip = "10.0.0.{i + 1}"\n' for i in (1, 2, 3))
@@ -770,11 +772,11 @@ def test_port_in_use(good: DoctorCluster) -> None:
 
 
 def test_the_image_stores_port_taken_on_the_head(good: DoctorCluster, tmp_path: Path) -> None:
-    """The head's image store starts on its last port again (tp4.imagestore): something else
+    """The head's image store starts on its last port again (tp4.image.imagestore): something else
     listening there fails PORTS.FREE; a store that runs, or never ran, has no port to check."""
     import dataclasses
 
-    from tp4 import imagestore
+    from tp4.image import imagestore
 
     root = tmp_path / "registry"
     assert imagestore.port_in_waiting(root) is None  # never started: it takes a free port
@@ -824,7 +826,7 @@ def test_unreachable_node(good: DoctorCluster, tmp_path: Path) -> None:
 
 
 def test_changed_host_key(good: DoctorCluster) -> None:
-    from tp4 import knownhosts
+    from tp4.core import knownhosts
 
     good.hosts.new_host_key(1)
     host = good.hosts[1]
@@ -880,7 +882,7 @@ def test_the_mesh_unit_is_the_plans_for_each_kind_of_host(tmp_path: Path) -> Non
     """RING.NCCL asks for the unit the plan names: upstream's dsv41-mesh.service on a plain host,
     spark-host's tp4-mesh.service on a NixOS one (a NixOS ring node once failed a blocking check
     for a unit it does not have); a switched line names none."""
-    from tp4.profile import load_text
+    from tp4.line.profile import load_text
 
     ring = ('preset = "production"\n[cluster]\nuser = "tp4"\n'
             '[cluster.head]\nname = "h"\nip = "10.0.0.1"\nkind = "nixos"\n'
@@ -1054,7 +1056,7 @@ HOSTILE = st.text(alphabet=st.characters(blacklist_categories=("Cs",), blacklist
 @given(workdir=HOSTILE, image=HOSTILE, source=HOSTILE, host=HOSTILE, hca=HOSTILE, interval=st.floats(0, 60))
 def test_no_profile_value_changes_the_remote_command(workdir: str, image: str, source: str, host: str, hca: str,
                                                      interval: float) -> None:
-    from tp4.profile import load_default
+    from tp4.line.profile import load_default
 
     plan = build_plan(load_default())
     rank = plan.nodes[1]
@@ -1078,7 +1080,7 @@ def test_no_profile_value_changes_the_remote_command(workdir: str, image: str, s
 
 
 def test_facts_script_is_a_constant() -> None:
-    from tp4.profile import load_default
+    from tp4.line.profile import load_default
 
     plan = build_plan(load_default())
     scripts = {doctor.facts_argv(plan, r, Limits(sysfs=s))[2] for r in plan.nodes for s in ("/sys", "/x y")}
@@ -1093,7 +1095,7 @@ def test_facts_script_is_a_constant() -> None:
 def test_docs_list_every_check(repo: Path) -> None:
     text = (repo / "docs" / "doctor.md").read_text()
     section = text[text.index(doctor.REFERENCE_BEGIN): text.index(doctor.REFERENCE_END) + len(doctor.REFERENCE_END)]
-    assert section == doctor.reference(), "docs/doctor.md's check table is stale: paste tp4.doctor.reference()"
+    assert section == doctor.reference(), "docs/doctor.md's check table is stale: paste tp4.hosts.doctor.reference()"
 
 
 def test_memlock_of_a_unit_and_of_dockerd(good: DoctorCluster) -> None:

@@ -8,9 +8,9 @@ import inspect
 
 import pytest
 
-from tp4 import doctor
-from tp4.plan import build_plan
-from tp4.profile import load_default
+from tp4.hosts import doctor
+from tp4.line.plan import build_plan
+from tp4.line.profile import load_default
 
 pytestmark = pytest.mark.unit
 

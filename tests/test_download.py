@@ -30,7 +30,7 @@ CHUNK = 10 * 1024 * 1024  # huggingface_hub's DOWNLOAD_CHUNK_SIZE: what it write
 
 PROBE = """
 import atexit, sys
-import tp4.download as d
+import tp4.hosts.checkpoint as d
 calls = []
 real = d.hash_file
 def counted(path, algo, size):

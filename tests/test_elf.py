@@ -1,4 +1,4 @@
-"""tp4.elf: the symbol versions a library needs, against readelf/objdump, and `check-glibc`.
+"""tp4.image.elf: the symbol versions a library needs, against readelf/objdump, and `check-glibc`.
 
 The libraries are compiled here with gcc; a version script gives a test library versions named
 like glibc's (GLIBC_2.99, GLIBC_2.10, GLIBC_PRIVATE, GLIBC_ABI_DT_RELR), so a library linked
@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from tp4 import elf
-from tp4.errors import InvalidInput
+from tp4.image import elf
+from tp4.core.errors import InvalidInput
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -115,9 +115,9 @@ def test_the_test_libraries_need_what_they_were_built_to_need(libs):
 
 
 def check(*args: str | Path) -> subprocess.CompletedProcess:
-    """`python3 -m tp4.elf ...` as pkgs/runtime.nix runs it."""
+    """`python3 -m tp4.image.elf ...` as pkgs/runtime.nix runs it."""
     env = {**os.environ, "PYTHONPATH": str(REPO / "python")}
-    return subprocess.run([sys.executable, "-m", "tp4.elf", *map(str, args)], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "tp4.image.elf", *map(str, args)], capture_output=True, text=True,
                           env=env, check=False)
 
 

@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 from nix_env import busybox_dir, nix_config
-from tp4 import process
+from tp4.core import process
 
 REPO = Path(__file__).resolve().parent.parent
 MARK = re.compile(r"^pytestmark = pytest.mark.unit$", re.M)

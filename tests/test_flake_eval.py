@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 
 from nix_env import empty_flake, flake_copy, locked_flake_copy, nix, stub_inputs
-from tp4 import registry
-from tp4.container import HEALTH
-from tp4.sources import manifest as mf
+from tp4.line import registry
+from tp4.line.container import HEALTH
+from tp4.image.sources import manifest as mf
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -84,7 +84,7 @@ def test_image_base_is_the_pinned_digest(image, manifest):
     assert args["imageName"] == "lmsysorg/sglang"
     assert args["arch"] == "arm64"
     # its docker-archive becomes one blob per layer, once (a derivation of its own)
-    assert f"python3 -m tp4.oci 'base' '--archive' '{image['baseOut']}'" in image["baseLayers"]["script"]
+    assert f"python3 -m tp4.image.oci 'base' '--archive' '{image['baseOut']}'" in image["baseLayers"]["script"]
 
 
 def test_image_layers_in_order_of_change(image):
@@ -102,10 +102,10 @@ def test_image_layers_in_order_of_change(image):
         assert layer["builder"] == "runCommand"
         assert layer["graph"] == [x for j in range(i + 1) for x in (f"graph-{j}", outs[j])]
         below = "".join(f" '--below' 'graph-{j}'" for j in range(i))
-        assert f"python3 -m tp4.oci 'layer' '--graph' 'graph-{i}'{below} --out \"$out\"" in layer["script"]
+        assert f"python3 -m tp4.image.oci 'layer' '--graph' 'graph-{i}'{below} --out \"$out\"" in layer["script"]
         assert layer["path"].endswith("-tp4-oci/python")
     # the top layer links each path to its tree; the wheels go into the base's site-packages, as
-    # upstream's pip install puts them (tp4.oci links --install, with what the base holds)
+    # upstream's pip install puts them (tp4.image.oci links --install, with what the base holds)
     assert [layer["sitePackages"] for layer in image["layers"]] == [True, False, False, False, False]
     for layer in image["layers"][1:]:
         assert f"'--link' '{layer['path']}={layer['out']}{layer['subdir']}'" in image["links"]["script"]
@@ -115,7 +115,7 @@ def test_image_layers_in_order_of_change(image):
     assert f"'--link' '{wheels}" not in image["links"]["script"] and "=" + wheels not in image["links"]["script"]
     # the layout: the base's layers, then each tree's, then the links
     layers = "".join(f" '--layer' '{d['out']}'" for d in [*image["storeLayers"], image["links"]])
-    assert (f"python3 -m tp4.oci 'image' '--name' 'dsv41-4x-spark' '--base' '{image['baseLayers']['out']}'"
+    assert (f"python3 -m tp4.image.oci 'image' '--name' 'dsv41-4x-spark' '--base' '{image['baseLayers']['out']}'"
             f"{layers} --out \"$out\"") in image["image"]["script"]
 
 
@@ -153,7 +153,7 @@ def test_image_config_as_upstream(image):
 
 
 def test_image_is_loaded_under_a_content_tag_and_names_the_line_reference(image):
-    """The layout names the image dsv41-4x-spark:<tag from its config's hash> (python -m tp4.oci,
+    """The layout names the image dsv41-4x-spark:<tag from its config's hash> (python -m tp4.image.oci,
     tests/test_oci.py), so loading it never moves the line's tag; `tp4 build` tags it
     dsv41-4x-spark:canary-roce after its checks pass."""
     assert image["name"] == "dsv41-4x-spark"
@@ -191,7 +191,7 @@ def test_trees_run_the_transforms_of_tp4_sources(work, flake, manifest):
     for pname, target in {"sglang-tree": "sglang-line", "b12x": "b12x", "b12x-next": "b12x-next"}.items():
         tree = trees[pname]
         assert tree["builder"] == "runCommand" and tree["target"] == target
-        assert f"python3 -m tp4.sources fetch '{target}' --to \"$out\" --offline" in tree["script"]
+        assert f"python3 -m tp4.image.sources fetch '{target}' --to \"$out\" --offline" in tree["script"]
         assert tree["inputs"] == [r.name for r in manifest.inputs(target)]
         for row in manifest.inputs(target):
             assert f"'--input' '{row.name}=/nix/store/" in tree["script"]

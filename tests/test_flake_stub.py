@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from nix_env import empty_flake, flake_copy, locked_flake_copy, nix, nix_config, stub_inputs
-from tp4 import process
+from tp4.core import process
 
 REPO = Path(__file__).resolve().parent.parent
 STUB = REPO / "tests" / "nixpkgs-stub"
@@ -197,14 +197,14 @@ def test_builtins_only_parts_evaluate_with_nix_instantiate(tmp_path):
         inherit (line) base wheels trees;
         labels = line.labels "abc";
         inherit script;
-        keep = map (p: src.wanted [ "python/tp4/sources" ] ({REPO} + ("/" + p)) "regular")
-          [ "python/tp4/sources/fetch.py" "python/tp4/cli/build.py" "python/tp4/sources/__pycache__/x.pyc" ];
-        dir = src.wanted [ "python/tp4/sources" ] ({REPO} + "/python/tp4") "directory";
+        keep = map (p: src.wanted [ "python/tp4/image/sources" ] ({REPO} + ("/" + p)) "regular")
+          [ "python/tp4/image/sources/fetch.py" "python/tp4/cli/build.py" "python/tp4/image/sources/__pycache__/x.pyc" ];
+        dir = src.wanted [ "python/tp4/image/sources" ] ({REPO} + "/python/tp4") "directory";
       }}""", tmp_path)
     assert got["base"] == "base-image"
     assert got["wheels"] == ["sglang-kernel", "sgl-deep-gemm"]
     assert got["labels"]["tp4.flake.rev"] == "abc"
-    assert "python3 -m tp4.sources fetch 'b12x' --to \"$out\" --offline" in got["script"]
+    assert "python3 -m tp4.image.sources fetch 'b12x' --to \"$out\" --offline" in got["script"]
     assert "'--input' 'it'\\''s=/x'" in got["script"]
     assert got["keep"] == [True, False, False] and got["dir"] is True
 

@@ -17,8 +17,8 @@ from pathlib import Path
 
 from nix_env import busybox_dir, nix_config
 from sources_helpers.build import b12x_next_patches, b12x_sources, sha256, tar_gz
-from tp4 import process
-from tp4.sources import companion, nar
+from tp4.core import process
+from tp4.image.sources import companion, nar
 
 REPO = Path(__file__).resolve().parent.parent
 COMMIT = "a7d7d29b2ef8869086e0ceaa787321f17544e3c9"

@@ -19,8 +19,8 @@ from pathlib import Path
 
 from nix_env import busybox_dir, nix_config
 from sources_helpers.build import sha256
-from tp4 import process
-from tp4.sources import companion
+from tp4.core import process
+from tp4.image.sources import companion
 
 REPO = Path(__file__).resolve().parent.parent
 ARCH = os.uname().machine

@@ -1,6 +1,6 @@
 """`tp4 fleet`: two lines of two stand-in nodes each on the four netns hosts of
 tests/doctor_hosts.py (real sshd, real podman, doctor's checks), behind the real router
-(sglang-router from the lock's router group, run on line a's head through tp4.process): requests
+(sglang-router from the lock's router group, run on line a's head through tp4.core.process): requests
 spread over both lines; a wedged line is taken out by the router's generating health check and
 comes back when it recovers; a line that never boots leaves the fleet serving on the other (or,
 with --all, nothing running); stop leaves nothing. Then the fleet file's validation with hostile
@@ -30,12 +30,14 @@ from hypothesis import strategies as st
 from line_cluster import _q, memlock
 from netns_hosts import Host
 
-from tp4 import fleet, process, serve
-from tp4.apikey import Secret
-from tp4.doctor import engram_files
-from tp4.errors import InvalidInput
-from tp4.nodes import nodes_of
-from tp4.plan import Plan
+from tp4.core import process
+
+from tp4.serving import fleet, serve
+from tp4.core.apikey import Secret
+from tp4.hosts.doctor import engram_files
+from tp4.core.errors import InvalidInput
+from tp4.hosts.nodes import nodes_of
+from tp4.line.plan import Plan
 
 REPO = Path(__file__).resolve().parent.parent
 ROUTER_PYTHON = os.environ.get("TP4_ROUTER_PYTHON") or sys.executable
@@ -629,7 +631,7 @@ def test_no_fleet_value_changes_the_router_argv_except_in_its_own_field(values: 
                                                                        port: int, key: bool) -> None:
     from pydantic import ValidationError
 
-    from tp4.profile.models import _check_host
+    from tp4.line.profile.models import _check_host
 
     try:
         file = fleet.FleetFile.model_validate({"lines": [{"name": "a"}], "router": values})

@@ -16,10 +16,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pydantic import BaseModel
 
-from tp4.errors import InvalidInput
-from tp4.profile import models
-from tp4.profile.load import parse_document, toml_key
-from tp4.profile.toml import dumps
+from tp4.core.errors import InvalidInput
+from tp4.line.profile import models
+from tp4.line.profile.load import parse_document, toml_key
+from tp4.line.profile.toml import dumps
 
 pytestmark = pytest.mark.unit
 
@@ -259,7 +259,7 @@ def _tp4(*args: str, cwd: Path, timeout: float = 30) -> subprocess.CompletedProc
 READERS = [["profile", "check"], ["plan", "--profile"], ["profile", "import", "-o", "out.toml"],
            ["sources", "verify", "--manifest"], ["sources", "diff"]]
 KINDS = ["/dev/zero", "fifo", "directory", "big", "empty path"]
-# `--manifest ''` still means the default manifest (tp4.sources.manifest.chosen_path)
+# `--manifest ''` still means the default manifest (tp4.image.sources.manifest.chosen_path)
 FILE_CASES = [(c, k) for c in READERS for k in KINDS if not (k == "empty path" and c[-1] == "--manifest")]
 
 

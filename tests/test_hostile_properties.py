@@ -2,7 +2,7 @@
 env key or value a profile holds, and whatever kind of file it names, loading it either succeeds
 with a safe value or fails with InvalidInput naming the field; never another exception, a
 traceback, an internal marker or a NUL, and nothing is written. In-process through
-tp4.profile.load, and for a few examples through `python -m tp4 profile check FILE`."""
+tp4.line.profile.load, and for a few examples through `python -m tp4 profile check FILE`."""
 
 from __future__ import annotations
 
@@ -18,14 +18,14 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tp4.apikey import Secret
-from tp4.errors import InvalidInput
-from tp4.plan import build_plan
-from tp4.profile import load_file
-from tp4.profile.load import load_default, load_text, parse_document, toml_key
-from tp4.profile.models import has_unsafe_chars
-from tp4.profile.toml import dumps
-from tp4.serve import env_file_text
+from tp4.core.apikey import Secret
+from tp4.core.errors import InvalidInput
+from tp4.line.plan import build_plan
+from tp4.line.profile import load_file
+from tp4.line.profile.load import load_default, load_text, parse_document, toml_key
+from tp4.line.profile.models import has_unsafe_chars
+from tp4.line.profile.toml import dumps
+from tp4.serving.serve import env_file_text
 
 pytestmark = pytest.mark.unit
 
@@ -154,7 +154,7 @@ ENV_LINE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*=[^\x00-\x08\x0a-\x1f\x7f\x85\u202
 @given(key=ENV_KEYS, value=TEXT, key_text=st.from_regex(r"sk-[!-~]{12,30}", fullmatch=True))
 @FAST
 def test_the_env_file_serve_writes_holds_each_pair_on_one_line_or_is_refused_naming_the_key(key, value, key_text):
-    """tp4.serve.env_file_text, the one writer of an env file (serve writes its text to the node's
+    """tp4.serving.serve.env_file_text, the one writer of an env file (serve writes its text to the node's
     file of mode 0600): whatever key or value reaches it past the loader, the file holds exactly
     the rank's environment (the head's also the API key, revealed there), one KEY=VALUE a line
     that no line-based reader splits, or it is refused naming the rank and the key, never a

@@ -1,4 +1,4 @@
-"""tp4's ssh host keys (tp4.knownhosts, tp4.hosts, `tp4 hosts`), on real sshd in netns hosts:
+"""tp4's ssh host keys (tp4.core.knownhosts, tp4.hosts.trust, `tp4 hosts`), on real sshd in netns hosts:
 trusting a node after its fingerprints are shown, refusing an unknown or changed key with the
 fix named (exit 2, for any command), one shared connection per host, and hostile host names
 refused before ssh runs."""
@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 
 from netns_hosts import SSHD, NetnsHosts, storage_conf
-from tp4 import knownhosts, process
-from tp4.errors import HostKeyError, Tp4Error
-from tp4.process import Remote
+from tp4.core import knownhosts, process
+from tp4.core.errors import HostKeyError, Tp4Error
+from tp4.core.process import Remote
 
 PYTHON = Path(__file__).resolve().parent.parent / "python"
 
@@ -251,7 +251,7 @@ def test_commands_to_one_host_share_one_connection_in_a_private_directory(hosts,
                     f"ControlPersist={process.CONTROL_PERSIST}"):
             assert argv[argv.index(opt) - 1] == "-o", opt
         # a reverse tunnel gets a connection of its own (a forward through the shared one would stay)
-        from tp4 import distribute, imagestore
+        from tp4.image import distribute, imagestore
 
         tunnel = distribute.tunneled(hosts[0].remote, 5000, imagestore.Store(runtime, 5000))
         assert "ControlPath=none" in tunnel.ssh_argv() and "ControlMaster=auto" not in tunnel.ssh_argv()
@@ -326,7 +326,7 @@ def test_hashed_and_wildcard_lines_are_read_as_openssh_reads_them(tmp_path):
 
 
 def test_the_profile_and_the_funnel_take_the_same_host_names():
-    from tp4.profile import models
+    from tp4.line.profile import models
 
     assert models._HOST.pattern == knownhosts.HOST.pattern
 

@@ -1,6 +1,6 @@
 """The two wheels go into the base image's site-packages, as upstream's `pip install` puts them.
 
-* ``tp4.oci`` reads what the base's site-packages hold once its layers are stacked (whiteouts and
+* ``tp4.image.oci`` reads what the base's site-packages hold once its layers are stacked (whiteouts and
   opaque directories included) and installs a tree of wheels there: a link per entry, a whiteout
   for each dist-info pip would uninstall or whose files the tree replaces;
 * end to end, in real podman: an image made by the repository's pkgs/oci.nix on a base whose
@@ -26,8 +26,8 @@ import pytest
 from nix_env import image_flake
 from standin import image as standin
 from test_build import check, env, line_id  # noqa: F401  (env is a fixture)
-from tp4 import oci
-from tp4.registry import load_registry
+from tp4.image import oci
+from tp4.line.registry import load_registry
 
 SP = "/usr/local/lib/python3.11/dist-packages"  # where Debian's python3 has pip put packages
 
@@ -79,7 +79,7 @@ NEW = {  # the tree pkgs/wheels.nix makes: the two pinned wheels, installed
 }
 
 
-# --- tp4.oci: the base's site-packages, and the install -----------------------------------------
+# --- tp4.image.oci: the base's site-packages, and the install -----------------------------------------
 
 
 def test_the_index_stacks_the_layers_with_their_whiteouts(tmp_path):

@@ -16,7 +16,7 @@ import pytest
 from nix_env import image_flake
 from test_build import check, env, line_id  # noqa: F401  (env is a fixture)
 from test_image_site_packages import base_archive
-from tp4.registry import load_registry
+from tp4.line.registry import load_registry
 
 ADAPTERS = {
     "boot.py": "STARTED = False\n",

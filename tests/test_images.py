@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 
 from netns_hosts import NetnsHosts, storage_conf
-from tp4 import containers, process
+from tp4.core import process
+from tp4.image import runtime_cli
 
 LINE = "tp4-img:line"
 PIN = "0123456789abcdef0123456789abcdef01234567"
@@ -36,7 +37,7 @@ def head(tmp_path, monkeypatch, hosts):
     store = Path(tempfile.mkdtemp(prefix="tp4i-", dir="/tmp"))
     monkeypatch.setenv("CONTAINERS_STORAGE_CONF", str(storage_conf(store)))
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
-    conf = tmp_path / "containers.conf"  # this sandbox's hard limits: see tests/test_build.py
+    conf = tmp_path / "runtime_cli.conf"  # this sandbox's hard limits: see tests/test_build.py
     conf.write_text('[containers]\ndefault_ulimits = ["nofile=1024:1024", "nproc=4096:4096"]\n')
     monkeypatch.setenv("CONTAINERS_CONF", str(conf))
     root = tmp_path / "root"
@@ -75,7 +76,7 @@ def make_image(tarball: Path, rev: str, tag: str | None = None, *, host=None, tp
     os.utime(tarball, (_clock[0], _clock[0]))
     changes = [arg for label in labels for arg in ("--change", f"LABEL {label}")]
     out = podman("import", "-q", *changes, str(tarball), *([tag] if tag else []), host=host)
-    return containers.normalize_id(out.strip().splitlines()[-1])
+    return runtime_cli.normalize_id(out.strip().splitlines()[-1])
 
 
 def exists(image_id: str, host=None) -> bool:
@@ -230,11 +231,11 @@ def distinct_tarball(tmp_path: Path, name: str) -> Path:
 
 
 def test_registry_prune_deletes_the_manifests_no_node_keeps_and_collects_their_blobs(hosts, head, tp4_cli, tmp_path):
-    """The head's registry (the real docker-registry, tp4.imagestore) holds three builds: the one
+    """The head's registry (the real docker-registry, tp4.image.imagestore) holds three builds: the one
     the head's line tag names, one a worker still has as its line image, and an old one. Prune
     deletes only the old one's manifest and garbage-collects its blobs; the listing shows the
     digest of each pushed image."""
-    imagestore = pytest.importorskip("tp4.imagestore", reason="the head's registry (tp4.imagestore) is another branch of issue 9")
+    imagestore = pytest.importorskip("tp4.image.imagestore", reason="the head's registry (tp4.image.imagestore) is another branch of issue 9")
     old = make_image(distinct_tarball(tmp_path, "old"), "r-old", "tp4-img:old")
     worker_line = make_image(distinct_tarball(tmp_path, "worker"), "r-worker", "tp4-img:prev")
     line = make_image(distinct_tarball(tmp_path, "line"), "r-line", LINE)
@@ -277,7 +278,7 @@ def manifest_layer_digests(store, digest: str) -> list[str]:
 def test_a_worker_that_pulled_from_the_registry_shows_the_heads_digest(hosts, head, tp4_cli, tmp_path):
     """After `tp4 distribute --method registry` the worker's image carries the manifest digest
     it was pulled by, the one the head's registry lists for the head's image."""
-    imagestore = pytest.importorskip("tp4.imagestore", reason="the head's registry (tp4.imagestore) is another branch of issue 9")
+    imagestore = pytest.importorskip("tp4.image.imagestore", reason="the head's registry (tp4.image.imagestore) is another branch of issue 9")
     line = make_image(distinct_tarball(tmp_path, "line"), "r-line", LINE)
     try:
         code, out, err = tp4_cli("distribute", "--method", "registry", "--image", LINE, *node_args(hosts, [hosts[0]]))

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from nix_env import empty_flake, locked_flake_copy, nix, stub_inputs
-from tp4.plan import build_plan
-from tp4.profile.load import DEFAULT_PROFILE, merge, parse_document
-from tp4.registry import load_registry
+from tp4.line.plan import build_plan
+from tp4.line.profile.load import DEFAULT_PROFILE, merge, parse_document
+from tp4.line.registry import load_registry
 
 REPO = Path(__file__).resolve().parent.parent
 REGISTRY = tomllib.loads((REPO / "adapters" / "registry.toml").read_text())
@@ -105,8 +105,8 @@ def test_a_profiles_own_tag_wins():
 
 
 def test_registry_refuses_an_images_table_that_misses_a_variant():
-    from tp4.errors import InvalidInput
-    from tp4.registry import parse_registry
+    from tp4.core.errors import InvalidInput
+    from tp4.line.registry import parse_registry
 
     doc = dict(REGISTRY)
     doc["images"] = {k: v for k, v in REGISTRY["images"].items() if k != "canary"}

@@ -1,4 +1,4 @@
-"""The head's image store (tp4.imagestore) with the real `docker-registry`, skopeo and podman:
+"""The head's image store (tp4.image.imagestore) with the real `docker-registry`, skopeo and podman:
 start/stop, push (blobs the store has are not uploaded again), manifests, delete and garbage
 collection, the bytes it serves."""
 
@@ -18,8 +18,9 @@ from pathlib import Path
 import pytest
 
 from netns_hosts import storage_conf
-from tp4 import containers, imagestore, process
-from tp4.errors import Tp4Error
+from tp4.core import process
+from tp4.image import imagestore, runtime_cli
+from tp4.core.errors import Tp4Error
 
 REPO = imagestore.DEFAULT_REPO
 
@@ -196,7 +197,7 @@ def test_served_bytes_count_the_blobs_pulled(store, images, tmp_path, monkeypatc
     assert imagestore.served_bytes(store) == 0
     monkeypatch.setenv("CONTAINERS_STORAGE_CONF", str(storage_conf(tmp_path / "puller")))
     process.run(["podman", "pull", "--tls-verify=false", f"localhost:{store.port}/{REPO}@{digest}"])
-    assert containers.inspect("podman", images[0]) is not None
+    assert runtime_cli.inspect("podman", images[0]) is not None
     blobs = sum(layer["size"] for layer in manifest["layers"]) + manifest["config"]["size"]
     assert imagestore.served_bytes(store) == blobs
 

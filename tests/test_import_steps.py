@@ -1,4 +1,4 @@
-"""The importer is a table of steps (tp4.profile.legacy._STEPS): the first converts each variable
+"""The importer is a table of steps (tp4.line.profile.legacy._STEPS): the first converts each variable
 on its own through the knob table's import rows (TYPED); each later step names the launcher
 variables it reads, which are the knob table's, the launcher's own, or adapter gates. Every
 variable the importer says it imports into a field ("imported as ...") is read by a step."""
@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import pytest
 
-from tp4.knobs import KNOBS, LAUNCHER_VARS
-from tp4.profile import legacy
-from tp4.registry import load_registry
+from tp4.line.knobs import KNOBS, LAUNCHER_VARS
+from tp4.line.profile import legacy
+from tp4.line.registry import load_registry
 
 pytestmark = pytest.mark.unit
 

@@ -1,10 +1,17 @@
-"""Imports point down: errors <- process <- nix / containers / sources <- build / distribute <- cli;
-nodes <- doctor <- serve; and only the funnel (tp4.process, and tp4.sources.gitrepo for git) starts
-programs. No two modules of tp4 import each other, through any chain.
+"""Imports point down the stages of the line, each a package of python/tp4:
+
+    core -> line -> image -> hosts -> serving -> measuring -> cli
+
+(core: errors, paths, the subprocess funnel, secrets; line: profile, registry, knobs, plan; image:
+sources, nix, oci, build, image store, distribution; hosts: nodes, doctor, share, pack, checkpoint
+download, deploy; serving: serve, boot log, API, fleet; measuring: bench, report, needle, qeval.)
+A module imports modules of its own stage or of stages before it, never a later one, and no two
+modules of tp4 import each other through any chain. Only the funnel (tp4.core.process, and
+tp4.image.sources.gitrepo for git) starts programs.
 
 Read from the source with ast (function-level imports count too), so a lazy import that points
 up fails here as well. The cycle check leaves out imports under `if TYPE_CHECKING:` alone: they
-name types for the type checker and never run."""
+name types for the type checker and never run; the stage check counts them too."""
 
 from __future__ import annotations
 
@@ -20,28 +27,27 @@ pytestmark = pytest.mark.unit
 
 PACKAGE = Path(__file__).resolve().parent.parent / "python" / "tp4"
 
-# module prefix -> the tp4 modules it must never import
+# the stages, first to last: the package of each, read from tp4/__init__.py's own list
+sys.path.insert(0, str(PACKAGE.parent))
+from tp4 import STAGES  # noqa: E402
+
+# finer rules inside a stage: module prefix -> the tp4 modules it must never import
 FORBIDDEN = {
-    "tp4.errors": ("tp4.",),
+    "tp4.core.errors": ("tp4.",),
     # the image steps run inside Nix builds with the standard library alone (pkgs/src.nix `oci`)
-    "tp4.oci": ("tp4.",),
-    "tp4.process": ("tp4.cli", "tp4.build", "tp4.distribute", "tp4.containers", "tp4.nix", "tp4.profile",
-                    "tp4.plan", "tp4.sources", "tp4.registry"),
-    "tp4.containers": ("tp4.cli", "tp4.build", "tp4.distribute", "tp4.profile", "tp4.plan"),
-    "tp4.nix": ("tp4.cli", "tp4.build", "tp4.distribute", "tp4.profile", "tp4.plan"),
-    "tp4.sources": ("tp4.cli", "tp4.build", "tp4.distribute", "tp4.containers", "tp4.profile", "tp4.plan"),
+    "tp4.image.oci": ("tp4.",),
+    # the sources code runs inside Nix builds with core alone (pkgs/src.nix `transforms`)
+    "tp4.image.sources": ("tp4.line", "tp4.image.build", "tp4.image.distribute", "tp4.image.runtime_cli"),
+    # the glibc check runs inside the runtime's Nix build with errors alone (pkgs/runtime.nix)
+    "tp4.image.elf": ("tp4.line", "tp4.image.", "tp4.core.process", "tp4.core.userfiles"),
+    "tp4.image.runtime_cli": ("tp4.image.build", "tp4.image.distribute"),
+    "tp4.image.nix": ("tp4.image.build", "tp4.image.distribute"),
     # the profile's rules (validate) and its loader (load) share Problem from its own module
-    "tp4.profile.problem": ("tp4.",),
-    "tp4.profile.validate": ("tp4.profile.load", "tp4.plan"),  # it checks what the loader rendered
+    "tp4.line.profile.problem": ("tp4.",),
+    "tp4.line.profile.validate": ("tp4.line.profile.load", "tp4.line.plan"),  # it checks what the loader rendered
     # host handles sit below everything that acts on hosts
-    "tp4.nodes": ("tp4.cli", "tp4.serve", "tp4.doctor", "tp4.deploy", "tp4.pack", "tp4.share", "tp4.fleet",
-                  "tp4.needle", "tp4.profile"),
-    "tp4.doctor": ("tp4.cli", "tp4.serve", "tp4.deploy", "tp4.fleet", "tp4.needle"),
-    "tp4.profile": ("tp4.cli", "tp4.build", "tp4.distribute", "tp4.containers", "tp4.nix", "tp4.process"),
-    "tp4.plan": ("tp4.cli", "tp4.build", "tp4.distribute", "tp4.containers", "tp4.nix", "tp4.process"),
-    "tp4.registry": ("tp4.cli", "tp4.build", "tp4.distribute", "tp4.containers", "tp4.nix", "tp4.process"),
-    "tp4.build": ("tp4.cli",),
-    "tp4.distribute": ("tp4.cli",),
+    "tp4.hosts.nodes": ("tp4.hosts.doctor", "tp4.hosts.deploy", "tp4.hosts.pack", "tp4.hosts.share", "tp4.line.profile"),
+    "tp4.hosts.doctor": ("tp4.hosts.deploy", "tp4.hosts.pack"),
 }
 
 
@@ -51,30 +57,74 @@ def module_name(path: Path) -> str:
 
 
 def imports(path: Path) -> set[str]:
+    """Every module an import statement of the file names (TYPE_CHECKING ones too), `from a import b`
+    as both a and a.b."""
     found: set[str] = set()
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
             found |= {a.name for a in node.names}
         elif isinstance(node, ast.ImportFrom) and node.module:
             found.add(node.module)
-            if node.module == "tp4":
-                found |= {f"tp4.{a.name}" for a in node.names}
+            if node.module.split(".")[0] == "tp4":
+                found |= {f"{node.module}.{a.name}" for a in node.names}
     return found
 
 
-def test_no_module_imports_a_layer_above_it():
+def stage(module: str) -> int | None:
+    """The index of a tp4 module's stage (None for tp4 itself, tp4.data, tp4.__main__)."""
+    parts = module.split(".")
+    return STAGES.index(parts[1]) if len(parts) > 1 and parts[1] in STAGES else None
+
+
+def test_every_module_lies_in_a_stage():
+    loose = sorted(module_name(p) for p in PACKAGE.rglob("*.py") if stage(module_name(p)) is None)
+    assert loose == ["tp4", "tp4.__main__"]
+    assert sorted(p.name for p in PACKAGE.iterdir() if p.is_dir() and p.name != "__pycache__") == sorted([*STAGES, "data"])
+
+
+def test_no_module_imports_a_later_stage():
+    wrong = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        name = module_name(path)
+        own = stage(name)
+        if own is None:
+            continue
+        for m in sorted(imports(path)):
+            other = stage(m) if m.startswith("tp4.") else None
+            if other is not None and other > own:
+                wrong.append(f"{name} ({STAGES[own]}) imports {m} ({STAGES[other]})")
+    assert wrong == []
+
+
+def test_the_stage_check_sees_an_upward_import(tmp_path):
+    probe = tmp_path / "m.py"
+    probe.write_text("def f():\n    from tp4.serving import serve\n")
+    assert "tp4.serving.serve" in imports(probe) and stage("tp4.serving.serve") > stage("tp4.hosts.doctor")
+
+
+def test_no_module_breaks_a_rule_within_its_stage():
     wrong = []
     for path in sorted(PACKAGE.rglob("*.py")):
         name = module_name(path)
         for prefix, banned in FORBIDDEN.items():
             if name == prefix or name.startswith(prefix + "."):
                 wrong += [f"{name} imports {m}" for m in sorted(imports(path))
-                          if any(m == b.rstrip(".") or m.startswith(b.rstrip(".") + ".") for b in banned)]
+                          if any(m == b.rstrip(".") or m.startswith(b.rstrip(".") + ".") for b in banned)
+                          and not (m == name or m.startswith(name + "."))]
     assert wrong == []
 
 
+def test_each_stage_says_what_it_owns_and_may_import():
+    for i, name in enumerate(STAGES):
+        doc = ast.get_docstring(ast.parse((PACKAGE / name / "__init__.py").read_text())) or ""
+        assert "Owns:" in doc and "May import:" in doc, name
+        allowed = doc.split("May import:", 1)[1]
+        assert all(f"tp4.{s}" in allowed for s in STAGES[:i]), name
+        assert not any(f"tp4.{s}" in allowed for s in STAGES[i + 1:]), name
+
+
 # who may start a program: the funnel, and the git module that runs git through GitPython the same way
-RUNS_PROGRAMS = {"subprocess": ("tp4.process",), "git": ("tp4.sources.gitrepo",)}
+RUNS_PROGRAMS = {"subprocess": ("tp4.core.process",), "git": ("tp4.image.sources.gitrepo",)}
 # other ways to start a program that would bypass the funnel
 OS_SPAWNERS = ("system", "popen", "spawn", "exec", "posix_spawn", "fork")
 
@@ -104,15 +154,15 @@ def test_the_funnel_check_sees_a_lazy_subprocess_import(tmp_path):
 
 def test_the_check_sees_lazy_imports(tmp_path):
     probe = tmp_path / "m.py"
-    probe.write_text("def f():\n    from tp4.cli import main\n    from tp4 import build\n")
-    assert {"tp4.cli", "tp4.build"} <= imports(probe)
+    probe.write_text("def f():\n    from tp4.cli import main\n    from tp4.image import build\n")
+    assert {"tp4.cli", "tp4.image.build"} <= imports(probe)
 
 
 def test_python_m_tp4_sources_loads_nothing_of_the_cli(tmp_path):
     (tmp_path / "t").mkdir()
     (tmp_path / "t" / "f").write_text("x")
-    code = ("import runpy, sys; sys.argv = ['tp4.sources', 'hash', '--format', 'hex', sys.argv[1]]\n"
-            "try:\n    runpy.run_module('tp4.sources', run_name='__main__')\nexcept SystemExit:\n    pass\n"
+    code = ("import runpy, sys; sys.argv = ['tp4.image.sources', 'hash', '--format', 'hex', sys.argv[1]]\n"
+            "try:\n    runpy.run_module('tp4.image.sources', run_name='__main__')\nexcept SystemExit:\n    pass\n"
             "print(sorted(m for m in sys.modules if m.startswith('tp4.cli') or m == 'click'))")
     proc = subprocess.run([sys.executable, "-c", code, str(tmp_path / "t")], capture_output=True, text=True,
                           env={"PYTHONPATH": str(PACKAGE.parent)}, check=False)
@@ -251,9 +301,9 @@ def test_the_cycle_check_leaves_out_type_checking_imports_only(tmp_path):
 
 def test_the_renderer_reads_no_preset_file_and_the_validator_renders_nothing():
     """Parse, render, check: the loader reads the preset files and records the preset's gates on
-    the Profile; the renderer (tp4.plan) reads them there; the validator checks what the loader
+    the Profile; the renderer (tp4.line.plan) reads them there; the validator checks what the loader
     rendered and never calls the renderer."""
     graph = import_graph(PACKAGE)
-    assert "tp4.profile.load" not in graph["tp4.plan"]
-    assert "tp4.plan" not in graph["tp4.profile.validate"]
-    assert "tp4.serve" not in graph["tp4.doctor"] and "tp4.serve" not in graph["tp4.nodes"]
+    assert "tp4.line.profile.load" not in graph["tp4.line.plan"]
+    assert "tp4.line.plan" not in graph["tp4.line.profile.validate"]
+    assert "tp4.serving.serve" not in graph["tp4.hosts.doctor"] and "tp4.serving.serve" not in graph["tp4.hosts.nodes"]

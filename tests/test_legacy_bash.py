@@ -13,8 +13,8 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from tp4.errors import InvalidInput
-from tp4.profile.legacy import import_env_text, parse_env_text
+from tp4.core.errors import InvalidInput
+from tp4.line.profile.legacy import import_env_text, parse_env_text
 
 pytestmark = pytest.mark.unit
 

@@ -9,10 +9,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tp4.errors import InvalidInput
-from tp4.plan import build_plan
-from tp4.profile.legacy import import_env_text, parse_env_text
-from tp4.profile.load import load_text
+from tp4.core.errors import InvalidInput
+from tp4.line.plan import build_plan
+from tp4.line.profile.legacy import import_env_text, parse_env_text
+from tp4.line.profile.load import load_text
 from upstream_oracle import bash_source, upstream_argv, upstream_env
 
 pytestmark = pytest.mark.unit
@@ -41,7 +41,7 @@ def test_production_env_file_imports_to_the_upstream_line():
 
 
 def test_production_env_file_equals_the_production_preset():
-    from tp4.profile import load_default
+    from tp4.line.profile import load_default
 
     _, imported = render_import(FIXTURE.read_text(), head_checkout="/home/zurih/dsv41-4x-spark")
     default = build_plan(load_default())
@@ -300,7 +300,7 @@ def test_messages_say_the_fix_in_the_terms_of_the_imported_file(tp4_cli, tmp_pat
 
 
 def test_a_field_the_file_does_not_set_is_named_by_its_variable():
-    from tp4.profile.legacy import _in_file_terms
+    from tp4.line.profile.legacy import _in_file_terms
 
     problem = "engine.ep: EP 3 must divide engine.tp (4) and the 384 experts; fix: set engine.ep = 2, or gates.DSV41_MOE_B12X_NEXT = \"1\""
     assert _in_file_terms(problem, {}, "p.env", {"DSV41_MOE_B12X_NEXT": None}) == (

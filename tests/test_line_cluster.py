@@ -1,5 +1,5 @@
 """The serve scenarios' cluster (tests/line_cluster.py): every rank's container started over ssh
-with exactly the plan's `podman run` (tp4.serve.run_argv) from the stand-in image on four netns
+with exactly the plan's `podman run` (tp4.serving.serve.run_argv) from the stand-in image on four netns
 hosts boots the line (the head prints Ready, answers a completion and passes its health check),
 and removing them leaves nothing. Needs root, iproute2, util-linux, openssh-server, podman and runc."""
 
@@ -16,9 +16,9 @@ import pytest
 from line_cluster import LineCluster, memlock
 from standin.engine import QUESTION
 
-from tp4 import serve
-from tp4.nodes import Node
-from tp4.profile import load_file
+from tp4.serving import serve
+from tp4.hosts.nodes import Node
+from tp4.line.profile import load_file
 
 LINE = "t"
 

@@ -1,4 +1,4 @@
-"""`tp4 bench needle` (tp4.needle, tp4.cli.needle) against the stand-in engine (tests/standin/engine.py)
+"""`tp4 bench needle` (tp4.measuring.needle, tp4.cli.needle) against the stand-in engine (tests/standin/engine.py)
 run as a plain process on this host's loopback: its engine role (`engine.py python -m
 sglang.launch_server ...`, rank 0 of one node) serving the API with a key. The stand-in counts a
 prompt's words as its tokens (about 5.7 characters each in the filler, where a real tokenizer
@@ -23,12 +23,16 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 import pytest
 
-from tp4 import api, apikey, needle, serve
+from tp4.core import apikey
+
+from tp4.measuring import needle
+
+from tp4.serving import api, serve
 from tp4.cli import SUBCOMMANDS
-from tp4.errors import Tp4Error
-from tp4.nodes import Node, nodes_of
-from tp4.plan import build_plan
-from tp4.profile.load import load_default
+from tp4.core.errors import Tp4Error
+from tp4.hosts.nodes import Node, nodes_of
+from tp4.line.plan import build_plan
+from tp4.line.profile.load import load_default
 
 pytestmark = pytest.mark.unit
 

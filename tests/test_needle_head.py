@@ -18,7 +18,7 @@ import pytest
 from netns_hosts import NetnsHosts
 from test_needle import KEY, MODEL, RUNNER, free_port
 
-from tp4 import api
+from tp4.serving import api
 
 REPO = Path(__file__).resolve().parent.parent
 ENGINE = REPO / "tests" / "standin" / "engine.py"

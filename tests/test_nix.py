@@ -1,4 +1,4 @@
-"""tp4.nix before nix runs: the Nix version a flake needs, and inputs that cannot be fetched offline."""
+"""tp4.image.nix before nix runs: the Nix version a flake needs, and inputs that cannot be fetched offline."""
 
 from __future__ import annotations
 
@@ -11,9 +11,10 @@ from pathlib import Path
 import pytest
 
 from nix_env import flake_copy, image_flake, nix_config
-from tp4 import nix, process
-from tp4.errors import Tp4Error
-from tp4.sources import nar
+from tp4.core import process
+from tp4.image import nix
+from tp4.core.errors import Tp4Error
+from tp4.image.sources import nar
 
 
 def fake_nix(bin_dir: Path, version: str) -> Path:

@@ -19,7 +19,7 @@ from netns_hosts import podman_store
 from nix_env import image_flake, image_nix_config
 from nixos_helpers import EXAMPLE, plan_file
 from test_nixos_modules import MODULES, PKGS, _assertions, fixture_config, walk
-from tp4 import process
+from tp4.core import process
 
 RUN = ["--ulimit", "nofile=1024:1024", "--ulimit", "nproc=4096:4096", "--network", "none", "--runtime", "runc"]
 SKOPEO = "/nix/store/0000000000000000000000000000000s-skopeo"

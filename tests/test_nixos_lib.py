@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 
 from nixos_helpers import EXAMPLE, LIB, REPO, hosts_expr, json_file, nix_eval, nix_path, plan_file, toml
-from tp4 import share
-from tp4.errors import Tp4Error
-from tp4.plan import build_plan
-from tp4.profile.load import load_file
-from tp4.serve import line_id, run_argv
+from tp4.hosts import share
+from tp4.core.errors import Tp4Error
+from tp4.line.plan import build_plan
+from tp4.line.profile.load import load_file
+from tp4.serving.serve import line_id, run_argv
 
 GOLDEN = REPO / "tests" / "golden" / "nixos-spark-line.json"
 PROFILE = EXAMPLE / "profile.toml"
@@ -113,7 +113,7 @@ def test_the_golden_holds_what_the_host_requirements_say(hosts):
 
 # --- one renderer: the unit runs what serve runs ------------------------------------------------
 
-# flags of `<runtime> run` that take their value as the next word (python/tp4/serve.py run_argv)
+# flags of `<runtime> run` that take their value as the next word (python/tp4/serving/serve.py run_argv)
 _VALUE_FLAGS = {"--name", "--label", "--network", "--ipc", "--cap-add", "--shm-size", "--ulimit", "--device", "-v",
                 "--restart", "--env-file", "--gpus", "--health-cmd", "--health-interval", "--health-timeout",
                 "--health-start-period", "--health-retries"}

@@ -44,7 +44,7 @@ from nixos_helpers import (
     toml,
 )
 
-from tp4 import fleet
+from tp4.serving import fleet
 
 MODULES = REPO / "modules"
 OPTIONS = MODULES / "options.toml"
@@ -325,7 +325,7 @@ def value(w: dict, path: str):
 
 
 def test_the_rank_unit_carries_the_plans_digest(walks, lines):
-    """The running line carries the plan's digest: the container's tp4.plan label and the unit's
+    """The running line carries the plan's digest: the container's tp4.line.plan label and the unit's
     environment (TP4_PLAN), both the digest of the committed plan file the host reads."""
     for host, unit in RANK_UNITS.items():
         line = "ring" if host == "ring worker" else "switched"

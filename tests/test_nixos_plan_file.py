@@ -61,9 +61,9 @@ def test_a_failed_write_leaves_the_old_file(tp4_cli, tmp_path, monkeypatch):
 
     monkeypatch.setattr(os, "replace", broken)
     with pytest.raises(OSError):
-        from tp4.plan import build_plan
-        from tp4.planfile import write_plan
-        from tp4.profile import load_file
+        from tp4.line.plan import build_plan
+        from tp4.line.planfile import write_plan
+        from tp4.line.profile import load_file
 
         write_plan(out, build_plan(load_file(str(EXAMPLE / "profile.toml"), "")))
     assert out.read_text() == "old\n" and [p.name for p in tmp_path.iterdir()] == ["plan.json"]
@@ -93,8 +93,8 @@ def test_a_plan_file_is_the_whole_line(tp4_cli, tmp_path, args):
 
 
 def _plan(text: str):
-    from tp4.plan import build_plan
-    from tp4.profile.load import load_text
+    from tp4.line.plan import build_plan
+    from tp4.line.profile.load import load_text
 
     return build_plan(load_text(text, "t"))
 
@@ -126,7 +126,7 @@ def test_a_ring_carries_its_hairpin_queue_and_no_share():
 
 
 def test_readiness_is_serves_boot_check_on_the_ranks_own_log():
-    from tp4.serve import DEFAULT_TIMEOUTS
+    from tp4.serving.serve import DEFAULT_TIMEOUTS
 
     plan = _plan((EXAMPLE / "profile.toml").read_text())
     head, worker = plan.nodes[0].service.ready, plan.nodes[1].service.ready
@@ -140,7 +140,7 @@ def test_readiness_is_serves_boot_check_on_the_ranks_own_log():
 
 
 def test_a_hosts_directories_and_gpu_devices_are_the_plans():
-    from tp4 import serve
+    from tp4.serving import serve
 
     plan = _plan((EXAMPLE / "profile.toml").read_text())
     svc = plan.nodes[1].service

@@ -19,9 +19,9 @@ import pytest
 
 from nixos_helpers import EXAMPLE, REPO, hosts_expr, nix_eval, plan_file
 from test_bootlog import Boot, run_line
-from tp4.plan import build_plan
-from tp4.profile.load import load_file
-from tp4.serve import DEFAULT_TIMEOUTS
+from tp4.line.plan import build_plan
+from tp4.line.profile.load import load_file
+from tp4.serving.serve import DEFAULT_TIMEOUTS
 
 PROFILE = EXAMPLE / "profile.toml"
 HOSTS = EXAMPLE / "hosts.toml"

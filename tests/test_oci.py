@@ -1,4 +1,4 @@
-"""tp4.oci, the steps that make the line's image an OCI layout of per-layer store paths: the
+"""tp4.image.oci, the steps that make the line's image an OCI layout of per-layer store paths: the
 tars they write, the reference graphs they read, the base archive they split, the layout they
 assemble, and the errors they give for inputs that are not what they must be."""
 
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tp4 import oci
+from tp4.image import oci
 
 pytestmark = pytest.mark.unit
 
@@ -284,5 +284,5 @@ def test_a_step_that_fails_says_why_and_exits_1_without_a_traceback(tmp_path, ca
     (tmp_path / "g").write_text("garbage\n")
     assert oci.main(["layer", "--graph", str(tmp_path / "g"), "--out", str(tmp_path / "o")]) == 1
     err = capsys.readouterr().err
-    assert err.startswith("tp4.oci layer: ") and "line 1 is not a reference graph entry" in err
+    assert err.startswith("tp4.image.oci layer: ") and "line 1 is not a reference graph entry" in err
     assert "Traceback" not in err

@@ -16,8 +16,9 @@ import pytest
 
 from netns_hosts import podman_store, storage_conf
 from nix_env import image_flake, image_nix_config
-from tp4 import containers, oci, process
-from tp4.errors import Tp4Error
+from tp4.core import process
+from tp4.image import oci, runtime_cli
+from tp4.core.errors import Tp4Error
 
 RUN = ["--ulimit", "nofile=1024:1024", "--ulimit", "nproc=4096:4096", "--network", "none"]
 
@@ -47,14 +48,14 @@ def test_a_layout_loads_runs_and_a_rebuild_reads_only_its_new_layers(tmp_path, s
     flake = image_flake(tmp_path / "flake", ref="tp4-test:line", label="one", size_mb=1, base_layers_mb=(4,))
     first = build(flake, tmp_path)
     layout = oci.read_layout(first)
-    assert containers.image_kind(first) == "oci"
+    assert runtime_cli.image_kind(first) == "oci"
 
-    ref = containers.load(first, "podman")
+    ref = runtime_cli.load(first, "podman")
     assert ref == f"localhost/{layout.ref}"
-    image_id, labels = containers.inspect("podman", ref)
+    image_id, labels = runtime_cli.inspect("podman", ref)
     assert image_id == layout.config.digest.removeprefix("sha256:")
     assert labels["tp4.flake.rev"] == "one"
-    assert containers.layers("podman", ref) == layout.diff_ids
+    assert runtime_cli.layers("podman", ref) == layout.diff_ids
     # the links put each tree where it belongs, and the base's Env stays under the image's own
     out = podman("run", "--rm", *RUN, "--entrypoint", "/bin/sh", ref, "-c",
                  "cat /opt/data/label; sh /opt/dsv41/tests/test_pass.py; echo base=$TP4_TEST_BASE path=$PATH")
@@ -77,8 +78,8 @@ def test_a_layout_loads_runs_and_a_rebuild_reads_only_its_new_layers(tmp_path, s
         link = oci.blob_path(blind, d)
         os.unlink(link)
         os.symlink(f"/nonexistent/{d}", link)
-    ref2 = containers.load(str(blind), "podman")
-    image_id2, labels2 = containers.inspect("podman", ref2)
+    ref2 = runtime_cli.load(str(blind), "podman")
+    image_id2, labels2 = runtime_cli.inspect("podman", ref2)
     assert image_id2 == oci.read_layout(second).config.digest.removeprefix("sha256:") != image_id
     assert labels2["tp4.flake.rev"] == "two"
     assert podman("run", "--rm", *RUN, "--entrypoint", "/bin/sh", ref2, "-c", "cat /opt/data/label").strip() == "two"
@@ -88,7 +89,7 @@ def test_a_layout_loads_runs_and_a_rebuild_reads_only_its_new_layers(tmp_path, s
     try:
         os.environ["CONTAINERS_STORAGE_CONF"] = str(storage_conf(other))
         with pytest.raises(Tp4Error, match="reading blob sha256:") as err:
-            containers.load(str(blind), "podman")
+            runtime_cli.load(str(blind), "podman")
         assert err.value.message.split("reading blob ")[1][:71] in kept
     finally:
         os.environ["CONTAINERS_STORAGE_CONF"] = str(store / "storage.conf")
@@ -98,8 +99,8 @@ def test_a_layout_loads_runs_and_a_rebuild_reads_only_its_new_layers(tmp_path, s
 def test_a_real_docker_archive_from_skopeo_splits_into_its_layers(tmp_path, store):
     """The base step reads what skopeo's docker-archive writer (dockerTools.pullImage) writes."""
     flake = image_flake(tmp_path / "flake", ref="tp4-test:line", label="arch", size_mb=1, base_layers_mb=(1, 1))
-    ref = containers.load(build(flake, tmp_path), "podman")
+    ref = runtime_cli.load(build(flake, tmp_path), "podman")
     archive = tmp_path / "image.tar"
     process.run(["skopeo", "copy", "--quiet", f"containers-storage:{ref}", f"docker-archive:{archive}:base:1"])
     blobs = oci.base_layers(str(archive), tmp_path / "out")
-    assert tuple(b.digest for b in blobs) == containers.layers("podman", ref)
+    assert tuple(b.digest for b in blobs) == runtime_cli.layers("podman", ref)

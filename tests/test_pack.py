@@ -23,10 +23,10 @@ import pytest
 from doctor_hosts import SYSFS, DoctorCluster
 from line_cluster import LineCluster, containers_conf
 
-from tp4.doctor import engram_files
-from tp4.pack import Shard, engram_dir, line_problems, packer_argv, shard_problem
-from tp4.plan import Plan, build_plan
-from tp4.profile.load import load_default
+from tp4.hosts.doctor import engram_files
+from tp4.hosts.pack import Shard, engram_dir, line_problems, packer_argv, shard_problem
+from tp4.line.plan import Plan, build_plan
+from tp4.line.profile.load import load_default
 
 REPO = Path(__file__).resolve().parent.parent
 MAGIC = 0x4D41524745  # the stand-in packer's

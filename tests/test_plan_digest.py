@@ -1,4 +1,4 @@
-"""The plan's digest (python/tp4/plan.py digest_of): sha256 of the canonical JSON of the plan
+"""The plan's digest (python/tp4/line/plan.py digest_of): sha256 of the canonical JSON of the plan
 without `digest` and `source`, in `tp4 plan --json`; and the fields two plans differ in."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from tp4.nodes import Node
-from tp4.plan import build_plan, canonical_json, differences, digest_of
-from tp4.profile import load_default, load_file
+from tp4.hosts.nodes import Node
+from tp4.line.plan import build_plan, canonical_json, differences, digest_of
+from tp4.line.profile import load_default, load_file
 
 pytestmark = pytest.mark.unit
 
@@ -66,7 +66,7 @@ def test_differences_name_lists_and_one_sided_fields() -> None:
 def test_serve_leaves_the_plan_beside_each_env_file_and_reads_it_back(tmp_path: Path) -> None:
     """On this machine (a Node without a remote): the plan JSON at <env file>.plan.json, mode 0600,
     as the ssh user of a plain host (no sudo); compare_running names the fields of a changed plan."""
-    from tp4 import serve
+    from tp4.serving import serve
 
     text = DEFAULT.read_text().replace('[cluster.head]\n', f'[cluster.head]\nworkdir = "{tmp_path}/w0"\n', 1)
     prof = tmp_path / "p.toml"

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from tp4.plan import build_plan
-from tp4.profile import load_default
+from tp4.line.plan import build_plan
+from tp4.line.profile import load_default
 
 pytestmark = pytest.mark.unit
 
@@ -172,7 +172,7 @@ def test_expected_boot_lines_cover_section_6_1(plan):
 
 
 def test_boot_lines_follow_the_gates():
-    from tp4.profile.load import parse_document
+    from tp4.line.profile.load import parse_document
 
     loaded = parse_document({"preset": "base", "cluster": _cluster()}, "t")
     texts = [b.text for b in build_plan(loaded).boot_lines if b.required]

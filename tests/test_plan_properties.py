@@ -10,10 +10,10 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from tp4.errors import InvalidInput
-from tp4.plan import build_plan
-from tp4.serve import env_file_text
-from tp4.profile.load import parse_document
+from tp4.core.errors import InvalidInput
+from tp4.line.plan import build_plan
+from tp4.serving.serve import env_file_text
+from tp4.line.profile.load import parse_document
 
 pytestmark = pytest.mark.unit
 

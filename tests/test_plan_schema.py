@@ -9,13 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from tp4 import knobs, planschema
-from tp4.container import MOUNTS
-from tp4.plan import SCHEMA, build_plan
-from tp4.profile import load_default
-from tp4.profile.load import parse_document
-from tp4.profile.models import Profile
-from tp4.registry import load_registry
+from tp4.line import knobs, planschema
+from tp4.line.container import MOUNTS
+from tp4.line.plan import SCHEMA, build_plan
+from tp4.line.profile import load_default
+from tp4.line.profile.load import parse_document
+from tp4.line.profile.models import Profile
+from tp4.line.registry import load_registry
 
 pytestmark = pytest.mark.unit
 
@@ -24,7 +24,7 @@ REPO = Path(__file__).resolve().parent.parent
 
 def test_schema_doc_is_generated_from_the_types():
     text = (REPO / "docs" / "plan-schema.md").read_text()
-    assert text == planschema.generate(), "docs/plan-schema.md is stale: run `python -m tp4.planschema > docs/plan-schema.md`"
+    assert text == planschema.generate(), "docs/plan-schema.md is stale: run `python -m tp4.line.planschema > docs/plan-schema.md`"
 
 
 def _conforms(value: object, schema: dict, defs: dict, where: str = "plan") -> list[str]:

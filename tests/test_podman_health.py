@@ -6,9 +6,9 @@ rank put it back: `podman healthcheck run` passes while the rank serves /health 
 it does not.
 
 The image: the stand-in engine's test image (tests/standin/image.py) made into an OCI layout by
-tp4.oci (the steps pkgs/oci.nix runs: its docker-archive as the base, then the layout), with the
+tp4.image.oci (the steps pkgs/oci.nix runs: its docker-archive as the base, then the layout), with the
 config's Healthcheck as pkgs/image.nix writes it (tests/test_flake_eval.py holds image.nix to
-the same table), loaded by tp4's own loader (tp4.containers.load: skopeo copy oci:...
+the same table), loaded by tp4's own loader (tp4.image.runtime_cli.load: skopeo copy oci:...
 containers-storage:...).
 
 The rank: the head of a line whose head runs podman, started with the health flags of
@@ -33,10 +33,14 @@ import pytest
 from netns_hosts import podman_store
 from standin import image as standin
 
-from tp4 import containers, oci, process, serve
-from tp4.container import HEALTH, MOUNTS
-from tp4.plan import Plan, RankPlan, build_plan
-from tp4.profile.load import load_text
+from tp4.core import process
+
+from tp4.image import oci, runtime_cli
+
+from tp4.serving import serve
+from tp4.line.container import HEALTH, MOUNTS
+from tp4.line.plan import Plan, RankPlan, build_plan
+from tp4.line.profile.load import load_text
 
 PROFILE = ('[cluster.head]\nname = "h"\nip = "10.0.0.1"\nruntime = "podman"\n'
            '[[cluster.workers]]\nname = "w1"\nip = "10.0.0.2"\n[[cluster.workers]]\nname = "w2"\nip = "10.0.0.3"\n'
@@ -48,7 +52,7 @@ SECONDS = 10**9
 def store(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[Path]:
     # runc with nofile and nproc within this machine's hard limits (podman's default 1048576 is
     # above them); no systemd timers for the health check (module doc)
-    conf = tmp_path / "containers.conf"
+    conf = tmp_path / "runtime_cli.conf"
     conf.write_text('[containers]\ndefault_ulimits = ["nofile=1024:1024", "nproc=4096:4096"]\n[engine]\nruntime = "runc"\n')
     monkeypatch.setenv("CONTAINERS_CONF", str(conf))
     monkeypatch.setenv("DISABLE_HC_SYSTEMD", "true")
@@ -75,8 +79,8 @@ def loaded(store: Path, tmp_path: Path) -> str:
     layout = tmp_path / "layout"
     layout.mkdir()
     oci.image_layout(base, [], spec, "tp4-health", layout)
-    assert containers.image_kind(str(layout)) == "oci"
-    return containers.load(str(layout), "podman")
+    assert runtime_cli.image_kind(str(layout)) == "oci"
+    return runtime_cli.load(str(layout), "podman")
 
 
 @pytest.fixture(scope="module")

@@ -24,8 +24,8 @@ import pytest
 from doctor_hosts import SYSFS, DoctorCluster
 from test_download import REPO_ID, REV, Hub, make_handler
 
-from tp4.doctor import engram_files
-from tp4.pack import engram_dir
+from tp4.hosts.doctor import engram_files
+from tp4.hosts.pack import engram_dir
 
 REPO = Path(__file__).resolve().parent.parent
 SHARDS = 3

@@ -18,9 +18,9 @@ import pytest
 
 import netns_hosts
 from netns_hosts import NetnsHosts
-from tp4 import process
-from tp4.errors import InvalidInput, Tp4Error
-from tp4.process import Remote, full_argv
+from tp4.core import process
+from tp4.core.errors import InvalidInput, Tp4Error
+from tp4.core.process import Remote, full_argv
 
 PYTHON = Path(__file__).resolve().parent.parent / "python"
 
@@ -69,7 +69,7 @@ def test_a_hostile_user_never_runs_as_an_ssh_option(tmp_path, monkeypatch):
 
 
 def test_pipe_connects_stdout_to_stdin_and_logs_one_line(caplog):
-    caplog.set_level(logging.DEBUG, logger="tp4.process")
+    caplog.set_level(logging.DEBUG, logger="tp4.core.process")
     proc = process.pipe([["printf", "a\\nsecret-x\\nb\\n"], ["grep", "-v", "a"], ["wc", "-l"]], secrets=["secret-x"])
     assert proc.stdout.strip() == "2"
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("$ ")]
@@ -77,7 +77,7 @@ def test_pipe_connects_stdout_to_stdin_and_logs_one_line(caplog):
 
 
 def test_pipe_echo_shows_the_command_instead_of_the_debug_log(caplog):
-    caplog.set_level(logging.DEBUG, logger="tp4.process")
+    caplog.set_level(logging.DEBUG, logger="tp4.core.process")
     shown: list[str] = []
     process.pipe([["echo", "hi"], ["cat"]], echo=shown.append)
     assert shown == ["$ echo hi | cat"]
@@ -125,7 +125,7 @@ def test_pipe_reports_a_missing_program():
 
 
 def test_run_reads_stdin_from_a_file_and_logs_it(tmp_path, caplog):
-    caplog.set_level(logging.DEBUG, logger="tp4.process")
+    caplog.set_level(logging.DEBUG, logger="tp4.core.process")
     src = tmp_path / "in put"
     src.write_bytes(b"x" * 100000)
     with open(src, "rb") as stream:
@@ -228,7 +228,8 @@ DRIVER = '''
 import json, sys
 from concurrent.futures import ThreadPoolExecutor
 import click
-from tp4 import cli, process
+from tp4 import cli
+from tp4.core import process
 
 spec = json.loads(sys.argv[1])
 remotes = [process.Remote(**{**r, "options": tuple(r["options"])}) for r in spec["remotes"]]

@@ -11,10 +11,10 @@ import typing
 import pytest
 from pydantic import BaseModel
 
-from tp4.errors import InvalidInput
-from tp4.plan import build_plan
-from tp4.profile import models
-from tp4.profile.load import PRESETS, parse_document
+from tp4.core.errors import InvalidInput
+from tp4.line.plan import build_plan
+from tp4.line.profile import models
+from tp4.line.profile.load import PRESETS, parse_document
 
 pytestmark = pytest.mark.unit
 

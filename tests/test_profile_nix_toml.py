@@ -13,9 +13,9 @@ from pathlib import Path
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tp4.profile.legacy import import_env_text
-from tp4.profile.load import PRESETS
-from tp4.profile.toml import dumps
+from tp4.line.profile.legacy import import_env_text
+from tp4.line.profile.load import PRESETS
+from tp4.line.profile.toml import dumps
 
 NIX = shutil.which("nix-instantiate") or "nix-instantiate"  # installed by tests/run
 FIXTURE = Path(__file__).parent / "fixtures" / "env.tp4.production"

@@ -10,9 +10,9 @@ import os
 
 import pytest
 
-from tp4.apikey import read_key
-from tp4.errors import InvalidInput
-from tp4.profile.load import parse_document, strict
+from tp4.core.apikey import read_key
+from tp4.core.errors import InvalidInput
+from tp4.line.profile.load import parse_document, strict
 
 pytestmark = pytest.mark.unit
 
@@ -262,7 +262,7 @@ def test_a_key_file_others_can_use_is_a_warning(tmp_path, mode, how, caplog):
     with pytest.raises(InvalidInput):
         strict(loaded)
     # one check of the key file: serve's reader finds the same, in the same words
-    with caplog.at_level(logging.WARNING, logger="tp4.apikey"):
+    with caplog.at_level(logging.WARNING, logger="tp4.core.apikey"):
         assert read_key(key).reveal() == "sk-1"
     assert [r.getMessage() for r in caplog.records] == loaded.warnings
 
@@ -318,7 +318,7 @@ def test_rollback_is_one_change():
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from tp4.registry import load_registry  # noqa: E402
+from tp4.line.registry import load_registry  # noqa: E402
 
 REG = load_registry()
 

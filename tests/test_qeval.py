@@ -25,11 +25,11 @@ import pytest
 from line_cluster import LineCluster
 from test_api import Head
 
-from tp4.api import Endpoint
-from tp4.qeval import checks, suite
-from tp4.qeval.checks import Answer, Code
-from tp4.qeval.sandbox import PREFIX, Limits, Sandbox
-from tp4.qeval.tasks import TASKS, Task, suite_digest
+from tp4.serving.api import Endpoint
+from tp4.measuring.qeval import checks, suite
+from tp4.measuring.qeval.checks import Answer, Code
+from tp4.measuring.qeval.sandbox import PREFIX, Limits, Sandbox
+from tp4.measuring.qeval.tasks import TASKS, Task, suite_digest
 
 REPO = Path(__file__).resolve().parent.parent
 ANSWERS: dict[str, dict[str, object]] = json.loads((REPO / "tests" / "fixtures" / "qeval-answers.json").read_text())

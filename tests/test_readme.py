@@ -6,7 +6,7 @@ import re
 import shutil
 import subprocess
 
-from tp4.profile.reference import BEGIN, END, generate
+from tp4.line.profile.reference import BEGIN, END, generate
 
 MAIN = "bash python/setup.sh && .venv/bin/tp4 plan"
 TESTS = "bash tests/run"

@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
-from tp4.errors import InvalidInput
-from tp4.profile.load import parse_document
-from tp4.registry import REGISTRY_PATH, Gate, Registry, load_registry, parse_registry
+from tp4.core.errors import InvalidInput
+from tp4.line.profile.load import parse_document
+from tp4.line.registry import REGISTRY_PATH, Gate, Registry, load_registry, parse_registry
 
 pytestmark = pytest.mark.unit
 
@@ -57,14 +57,14 @@ def test_the_shipped_registry_loads():
 
 
 def test_the_facts_are_settings_tp4_renders():
-    from tp4.knobs import typed_env_keys
+    from tp4.line.knobs import typed_env_keys
 
     reg = load_registry()
     assert set(reg.facts) <= set(typed_env_keys()) | {"RING_ROCE_CAP"}
 
 
 def test_every_rule_field_is_a_gate_or_a_profile_field():
-    from tp4.profile.models import Profile
+    from tp4.line.profile.models import Profile
 
     reg = load_registry()
     for rule in reg.rules:
@@ -113,7 +113,7 @@ def test_a_profile_that_writes_the_family_literally_gets_the_real_form():
 
 
 def test_the_reference_shows_the_family_as_it_is_written():
-    from tp4.profile.reference import generate
+    from tp4.line.profile.reference import generate
 
     text = generate()
     assert "`DSV41_AB_V<n>`" in text and "n = 0, 1, …" in text and "DSV41_AB_VN" not in text
@@ -264,17 +264,17 @@ def test_the_json_twin_is_the_shipped_registry():
     import hashlib
     import json
 
-    from tp4.registry import JSON_TWIN
+    from tp4.line.registry import JSON_TWIN
 
     twin = json.loads(JSON_TWIN.read_text())
-    fix = "registry.toml changed: run `python -m tp4.registry --write-json` (it parses it strictly first)"
+    fix = "registry.toml changed: run `python -m tp4.line.registry --write-json` (it parses it strictly first)"
     assert twin["source_sha256"] == hashlib.sha256(REGISTRY_PATH.read_bytes()).hexdigest(), fix
     # the same document, types included (1.0 stays a float, 1 an int)
     assert json.dumps(twin["document"], sort_keys=True) == json.dumps(SHIPPED, sort_keys=True), fix
 
 
 def test_the_accepted_registry_is_built_as_the_strict_parse_builds_it():
-    from tp4.registry import _construct
+    from tp4.line.registry import _construct
 
     fast, strict = _construct(SHIPPED), parse_registry(SHIPPED)
     assert fast == strict and repr(fast) == repr(strict)  # repr: also the types (1.0, not 1; tuples, not lists)
@@ -284,7 +284,7 @@ def test_the_accepted_registry_is_built_as_the_strict_parse_builds_it():
 def test_a_twin_of_other_text_is_not_read(tmp_path, monkeypatch):
     import json
 
-    from tp4 import registry
+    from tp4.line import registry
 
     twin = tmp_path / "registry.json"
     twin.write_text(json.dumps({"source_sha256": "0" * 64, "document": {"schema": 2, "adapter": []}}))

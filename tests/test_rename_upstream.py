@@ -10,7 +10,7 @@ import subprocess
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tp4.sources import transforms
+from tp4.image.sources import transforms
 
 UPSTREAM = r"s/\bb12x\b(?!-)/b12x_next/g; s/\bB12X_(?!NEXT_)/B12X_NEXT_/g"
 

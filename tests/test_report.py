@@ -20,8 +20,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from PIL import Image
 
-from tp4 import report
-from tp4.errors import InvalidInput
+from tp4.measuring import report
+from tp4.core.errors import InvalidInput
 
 pytestmark = pytest.mark.unit
 

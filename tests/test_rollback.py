@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from tp4.errors import InvalidInput
-from tp4.plan import build_plan
-from tp4.profile.load import DEFAULT_PROFILE, merge, parse_document
+from tp4.core.errors import InvalidInput
+from tp4.line.plan import build_plan
+from tp4.line.profile.load import DEFAULT_PROFILE, merge, parse_document
 from upstream_oracle import bash_source, upstream_argv, upstream_env
 
 pytestmark = pytest.mark.unit

@@ -1,7 +1,7 @@
 """tp4-runtime refuses a librow_store.so that needs a newer glibc than the base image's.
 
 * the base image's glibc is data of its row of sources.manifest (`glibc=MAJOR.MINOR`, required);
-* the flake passes that value to pkgs/runtime.nix, whose build runs `python3 -m tp4.elf
+* the flake passes that value to pkgs/runtime.nix, whose build runs `python3 -m tp4.image.elf
   check-glibc` on the library (evaluated against the nixpkgs stand-in);
 * pkgs/runtime.nix's build phase runs for real: a stand-in stdenv (busybox sh as builder, the
   host's g++ as $CXX, the test's python3, `--option sandbox false` as in test_flake_transforms)
@@ -19,9 +19,10 @@ from pathlib import Path
 import pytest
 
 from nix_env import busybox_dir, empty_flake, locked_flake_copy, nix, nix_config, stub_inputs
-from tp4 import elf, process
-from tp4.sources import companion
-from tp4.sources import manifest as mf
+from tp4.core import process
+from tp4.image import elf
+from tp4.image.sources import companion
+from tp4.image.sources import manifest as mf
 
 REPO = Path(__file__).resolve().parent.parent
 DIGEST = "sha256:" + "3" * 64
@@ -94,7 +95,7 @@ def test_the_build_checks_the_library_against_the_manifests_glibc(tmp_path):
     # after the compile and patchelf, so it checks the file that goes into the image
     assert rt["buildPhase"].index("patchelf --remove-rpath") < m.start()
     files = sorted(str(p.relative_to(pick)) for p in Path(pick).rglob("*") if p.is_file())
-    assert files == ["python/tp4/__init__.py", "python/tp4/elf.py", "python/tp4/errors.py"]
+    assert files == ["python/tp4/__init__.py", "python/tp4/image/elf.py", "python/tp4/core/errors.py"]
 
     other = evaluate(tmp_path, flake_with_base_attrs(tmp_path, "older", "arch=arm64  glibc=2.17"))
     assert CHECK.search(other["buildPhase"])[3] == "2.17"

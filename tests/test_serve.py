@@ -20,9 +20,9 @@ import pytest
 from doctor_hosts import SYSFS, DoctorCluster
 from line_cluster import LineCluster
 
-from tp4 import serve
-from tp4.apikey import read_key
-from tp4.nodes import nodes_of
+from tp4.serving import serve
+from tp4.core.apikey import read_key
+from tp4.hosts.nodes import nodes_of
 
 REPO = Path(__file__).resolve().parent.parent
 

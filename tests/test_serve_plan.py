@@ -10,12 +10,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tp4 import process, serve
-from tp4.apikey import Secret
-from tp4.errors import InvalidInput
-from tp4.nodes import nodes_of
-from tp4.plan import build_plan
-from tp4.profile import load_default, load_text
+from tp4.core import process
+
+from tp4.serving import serve
+from tp4.core.apikey import Secret
+from tp4.core.errors import InvalidInput
+from tp4.hosts.nodes import nodes_of
+from tp4.line.plan import build_plan
+from tp4.line.profile import load_default, load_text
 
 pytestmark = pytest.mark.unit
 

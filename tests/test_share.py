@@ -18,10 +18,10 @@ from pathlib import Path
 import pytest
 from line_cluster import LineCluster
 
-from tp4 import share
-from tp4.nodes import nodes_of
-from tp4.plan import build_plan
-from tp4.profile import load_file
+from tp4.hosts import share
+from tp4.hosts.nodes import nodes_of
+from tp4.line.plan import build_plan
+from tp4.line.profile import load_file
 
 REPO = Path(__file__).resolve().parent.parent
 OPTIONS = "nfsvers=4.2,ro,nconnect=8,rsize=1048576,wsize=1048576,hard,timeo=600"
@@ -224,7 +224,7 @@ RING = {"preset": "production", "fabric": {"mode": "ring", "nccl": {"mount": "ov
 
 
 def test_a_ring_has_nothing_to_share_and_reaches_no_node() -> None:
-    from tp4.profile.load import parse_document
+    from tp4.line.profile.load import parse_document
 
     loaded = parse_document(RING, "ring")
     plan = build_plan(loaded)
@@ -250,7 +250,7 @@ def test_export_lines_as_data() -> None:
 
 @pytest.mark.parametrize("path", ['/srv/a"b', "/srv/a\\b", "/srv/a\tb"])
 def test_an_export_path_an_export_line_cannot_carry_is_refused(path: str) -> None:
-    from tp4.errors import InvalidInput
+    from tp4.core.errors import InvalidInput
 
     with pytest.raises(InvalidInput, match=r"^model\.dir: .* fix: move the checkpoint"):
         share._check_export_path(path)

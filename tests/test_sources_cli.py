@@ -10,10 +10,10 @@ from pathlib import Path
 
 from sources_helpers.build import sha256, write_tree
 from sources_helpers.server import FileServer
-from tp4 import process
-from tp4.sources import companion
-from tp4.sources import manifest as mf
-from tp4.sources import nar
+from tp4.core import process
+from tp4.image.sources import companion
+from tp4.image.sources import manifest as mf
+from tp4.image.sources import nar
 
 
 def test_verify_passes_on_the_committed_manifest_and_reports_unlocked(tp4_cli) -> None:
@@ -83,17 +83,17 @@ def test_diff(tp4_cli, tmp_path: Path, repo: Path) -> None:
 def test_python_m_tp4_sources(tmp_path: Path, repo: Path) -> None:
     """What a Nix derivation runs: the package on PYTHONPATH, no console script."""
     write_tree(tmp_path / "t", {"a": b"1"})
-    proc = process.run([sys.executable, "-m", "tp4.sources", "hash", str(tmp_path / "t"),
+    proc = process.run([sys.executable, "-m", "tp4.image.sources", "hash", str(tmp_path / "t"),
                         "--manifest", str(repo / "sources.manifest")],
                        env={"PYTHONPATH": str(repo / "python")})
     assert proc.stdout.strip() == nar.nar_hash(tmp_path / "t")
-    proc = process.run([sys.executable, "-m", "tp4.sources", "fetch", "dsv41-runtime", "--to", str(tmp_path / "o")],
+    proc = process.run([sys.executable, "-m", "tp4.image.sources", "fetch", "dsv41-runtime", "--to", str(tmp_path / "o")],
                        env={"PYTHONPATH": str(repo / "python"), "NIX_BUILD_TOP": str(tmp_path)}, check=False)
     assert proc.returncode == 1 and proc.stderr.startswith("error: source row 'dsv41'")
 
 
 def test_transform_modules_import_nothing_heavy(repo: Path) -> None:
-    code = ("import sys, tp4.sources.transforms, tp4.sources.nar, tp4.sources.manifest, tp4.sources.fetch; "
+    code = ("import sys, tp4.image.sources.transforms, tp4.image.sources.nar, tp4.image.sources.manifest, tp4.image.sources.fetch; "
             "heavy = [m for m in ('requests', 'pydantic', 'git', 'urllib3') if m in sys.modules]; "
             "print(heavy)")
     proc = process.run([sys.executable, "-c", code], env={"PYTHONPATH": str(repo / "python")})
@@ -101,7 +101,7 @@ def test_transform_modules_import_nothing_heavy(repo: Path) -> None:
 
 
 def test_wheel_rows_map_to_pip_flags_for_the_image(repo: Path) -> None:
-    from tp4.sources.fetch import wheel_pip_args
+    from tp4.image.sources.fetch import wheel_pip_args
 
     m = mf.load(repo / "sources.manifest")
     assert wheel_pip_args(m.by_name["sglang-kernel"]) == [
@@ -214,10 +214,10 @@ def test_module_hash_fast_path_equals_the_cli(tmp_path, tp4_cli) -> None:
     os_link = tmp_path / "t" / "l"
     os_link.symlink_to("f")
     code, out, _ = tp4_cli("sources", "hash", tmp_path / "t")
-    fast = subprocess.run([sys.executable, "-m", "tp4.sources", "hash", str(tmp_path / "t")],
+    fast = subprocess.run([sys.executable, "-m", "tp4.image.sources", "hash", str(tmp_path / "t")],
                           capture_output=True, text=True, check=True).stdout
     assert code == 0 and fast == out and fast.startswith("sha256-")
-    missing = subprocess.run([sys.executable, "-m", "tp4.sources", "hash", str(tmp_path / "nope")],
+    missing = subprocess.run([sys.executable, "-m", "tp4.image.sources", "hash", str(tmp_path / "nope")],
                              capture_output=True, text=True)
     assert missing.returncode == 2 and "Traceback" not in missing.stderr
 
@@ -229,7 +229,7 @@ def test_manifest_paths_that_are_not_regular_files_are_refused(tp4_cli, tmp_path
         code, _, err = tp4_cli("sources", "list", "--manifest", bad)
         assert code == 2 and said in err and "Traceback" not in err, err
     # what Nix derivations run refuses the same way, without the CLI
-    proc = subprocess.run([sys.executable, "-m", "tp4.sources", "fetch", "b12x", "--to", str(tmp_path / "o"),
+    proc = subprocess.run([sys.executable, "-m", "tp4.image.sources", "fetch", "b12x", "--to", str(tmp_path / "o"),
                            "--manifest", str(fifo)], capture_output=True, text=True, timeout=30, check=False,
                           env={**os.environ, "PYTHONPATH": str(repo / "python")})
     assert proc.returncode == 2 and "not a regular file" in proc.stderr and not (tmp_path / "o").exists()

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 from sources_helpers.build import sha256, tar_gz
 from sources_helpers.server import FileServer
-from tp4.errors import Tp4Error
-from tp4.sources import companion, download
-from tp4.sources import manifest as mf
+from tp4.core.errors import Tp4Error
+from tp4.image.sources import companion, download
+from tp4.image.sources import manifest as mf
 
 pytestmark = pytest.mark.unit
 
@@ -37,7 +37,7 @@ def server():
 
 def tree_sha256_of(data: bytes, work: Path) -> str:
     """lock.tree_sha256 of an archive given as bytes (written under ``work``)."""
-    from tp4.sources import lock
+    from tp4.image.sources import lock
 
     archive = work / "tree-of.tar.gz"
     archive.write_bytes(data)
@@ -210,7 +210,7 @@ def test_lock_tree_records_the_unpacked_tree_and_fetch_survives_new_archive_byte
         server: FileServer, tmp_path: Path, tp4_cli, monkeypatch) -> None:
     """`lock --tree ROW` records tree-sha256= (the NAR hash of the archive's one top directory);
     a fetch then accepts an archive in other bytes with the same files, and refuses other files."""
-    from tp4.sources import lock, nar
+    from tp4.image.sources import lock, nar
 
     monkeypatch.setenv("TP4_SOURCES_MIRROR", server.url("/m"))
     files = {"r-x/python/a.py": "print('a')\n", "r-x/other": "o"}
@@ -323,7 +323,7 @@ def test_lock_of_a_git_source(tmp_path: Path, tp4_cli) -> None:
     assert code == 0, err
     row = mf.load(manifest).by_name["g"]
     assert row.commit == commit and row.url.endswith("@" + commit) and row.locked
-    from tp4.sources import fetch, nar
+    from tp4.image.sources import fetch, nar
 
     checkout = tmp_path / "co"
     fetch.git_checkout(row.url, row.commit, checkout)
@@ -331,7 +331,7 @@ def test_lock_of_a_git_source(tmp_path: Path, tp4_cli) -> None:
 
 
 def test_github_urls_move_only_their_ref() -> None:
-    from tp4.sources.lock import github_repo, with_ref
+    from tp4.image.sources.lock import github_repo, with_ref
 
     raw = "https://raw.githubusercontent.com/o/r/main/main/x.py"
     assert github_repo(raw) == ("o", "r", "main") and with_ref(raw, C40) == f"https://raw.githubusercontent.com/o/r/{C40}/main/x.py"
@@ -361,7 +361,7 @@ def test_a_name_that_does_not_resolve_is_final(tmp_path: Path, monkeypatch, caps
 
 
 def test_pip_with_an_index_that_does_not_resolve_says_offline(tmp_path: Path, monkeypatch) -> None:
-    from tp4.sources import fetch
+    from tp4.image.sources import fetch
 
     for key, value in {"PIP_CONFIG_FILE": os.devnull, "PIP_INDEX_URL": "https://tp4-offline.invalid/simple",
                        "PIP_FIND_LINKS": "", "PIP_EXTRA_INDEX_URL": ""}.items():

@@ -1,4 +1,4 @@
-"""git through GitPython behind tp4.sources.gitrepo: logged like the funnel, timed out, stopped on
+"""git through GitPython behind tp4.image.sources.gitrepo: logged like the funnel, timed out, stopped on
 Ctrl-C, failures named; against real local repositories."""
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from tp4.errors import Tp4Error
-from tp4.sources import fetch, gitrepo, lock
+from tp4.core.errors import Tp4Error
+from tp4.image.sources import fetch, gitrepo, lock
 
 PYTHON = Path(__file__).resolve().parent.parent / "python"
 
@@ -40,7 +40,7 @@ def origin(tmp_path, monkeypatch):
 
 
 def git_lines(caplog) -> list[str]:
-    return [r.getMessage() for r in caplog.records if r.name == "tp4.process" and r.getMessage().startswith("$ ")]
+    return [r.getMessage() for r in caplog.records if r.name == "tp4.core.process" and r.getMessage().startswith("$ ")]
 
 
 def test_ls_remote_is_logged_once_like_the_funnel(origin, caplog):

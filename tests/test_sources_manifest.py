@@ -8,9 +8,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from sources_helpers.strategies import layouts, manifests
-from tp4.errors import InvalidInput
-from tp4.sources import companion
-from tp4.sources import manifest as mf
+from tp4.core.errors import InvalidInput
+from tp4.image.sources import companion
+from tp4.image.sources import manifest as mf
 
 UPSTREAM = Path(__file__).resolve().parents[2] / "shared" / "spec" / "upstream-sources.manifest"
 UPSTREAM_TEXT = """\

@@ -12,8 +12,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sources_helpers.build import have_nix, nix, nix_env, write_tree
-from tp4 import process
-from tp4.sources import nar
+from tp4.core import process
+from tp4.image.sources import nar
 
 # nix is required, never skipped: bash tests/run installs nix-bin
 assert have_nix(), "nix is not installed: run bash tests/run (python/setup.sh --test installs nix-bin)"

@@ -13,9 +13,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sources_helpers.build import have_nix, nix, nix_eval_json, sha256
-from tp4.errors import Tp4Error
-from tp4.sources import companion, nar
-from tp4.sources import manifest as mf
+from tp4.core.errors import Tp4Error
+from tp4.image.sources import companion, nar
+from tp4.image.sources import manifest as mf
 
 # nix is required, never skipped: bash tests/run installs nix-bin
 assert have_nix(), "nix is not installed: run bash tests/run (python/setup.sh --test installs nix-bin)"
@@ -245,7 +245,7 @@ def test_archive_row_with_a_tree_hash_is_fetched_by_its_tree(tmp_path: Path) -> 
     sha256 column no longer matches); and a tarball with other files fails with a hash mismatch."""
     from sources_helpers.build import tar_gz
     from test_sources_download import recompressed
-    from tp4.sources import lock
+    from tp4.image.sources import lock
 
     files = {"r-abc/python/a.py": "print('a')\n", "r-abc/bin/run": "#!/bin/sh\n", "r-abc/other": "o"}
     served = tmp_path / "served"

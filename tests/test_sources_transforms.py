@@ -12,9 +12,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from sources_helpers.build import b12x_next_patches, b12x_sources, sha256, tar_gz, unified_diff
-from tp4.errors import Tp4Error
-from tp4.sources import manifest as mf
-from tp4.sources import nar, transforms
+from tp4.core.errors import Tp4Error
+from tp4.image.sources import manifest as mf
+from tp4.image.sources import nar, transforms
 
 pytestmark = pytest.mark.unit
 
@@ -28,7 +28,7 @@ def row(name: str, data: bytes, path: str, *attrs: str) -> str:
 
 def _real_row_attrs(name: str) -> str:
     """The attribute line of a row of the shipped manifest (python/tp4/data/sources.manifest)."""
-    lines = (Path(mf.__file__).parent.parent / "data" / "sources.manifest").read_text().splitlines()
+    lines = (Path(mf.__file__).parents[2] / "data" / "sources.manifest").read_text().splitlines()
     i = next(i for i, line in enumerate(lines) if line.startswith(name + "  "))
     return lines[i + 1].strip()
 
@@ -353,7 +353,7 @@ p.write_text(text.replace('WORLD = 8', 'WORLD = (4, 8)'))
 def test_run_step_with_the_images_absolute_root_adapts_the_tree(tmp_path: Path, tp4_cli) -> None:
     """The row's root= (the shipped manifest's, for roce_tp4_adapt.py) points the script's absolute
     paths at the tree; without it the script finds no /sgl-workspace and the tree fails."""
-    shipped = mf.load(Path(mf.__file__).parent.parent / "data" / "sources.manifest")
+    shipped = mf.load(Path(mf.__file__).parents[2] / "data" / "sources.manifest")
     root = shipped.row("dsv41/runtime/roce_tp4_adapt.py").attrs["root"]
     assert root == "/sgl-workspace/sglang"
     manifest, args = _line_case(tmp_path, ABSOLUTE, f"root={root}")

@@ -27,11 +27,11 @@ from netns_hosts import storage_conf
 from standin import image
 from standin.engine import B12X_NEXT, FAULTS, QUESTION
 
-from tp4 import process
-from tp4.container import IMAGE, MOUNTS
-from tp4.plan import Plan, build_plan
-from tp4.profile.load import load_default
-from tp4.serve import env_file_text
+from tp4.core import process
+from tp4.line.container import IMAGE, MOUNTS
+from tp4.line.plan import Plan, build_plan
+from tp4.line.profile.load import load_default
+from tp4.serving.serve import env_file_text
 
 ENGINE = Path(__file__).resolve().parent / "standin" / "engine.py"
 PYTHON = "/usr/bin/python3"

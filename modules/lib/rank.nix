@@ -1,5 +1,5 @@
 # A node's rank as a NixOS unit, read from the committed plan (`tp4 plan --json -o plan.json`): the oci-containers
-# container is the plan's run spec flag for flag (python/tp4/serve.py run_argv renders the same
+# container is the plan's run spec flag for flag (python/tp4/serving/serve.py run_argv renders the same
 # spec for a plain host; a test compares the two), the env file is the one tp4 serve writes, the
 # unit is the plan's service.unit. Nothing here derives an engine flag or an env value.
 let
@@ -69,7 +69,7 @@ rec {
     else
       elemAt found 0;
 
-  # the plan's run.health as podman's flags, as serve passes them (python/tp4/serve.py
+  # the plan's run.health as podman's flags, as serve passes them (python/tp4/serving/serve.py
   # health_flags): podman reads no health check from an OCI image's config, so the image's check is
   # given explicitly; the command is a JSON array, podman's exec form (no shell)
   healthOptions =
@@ -128,7 +128,7 @@ rec {
           labels = {
             "tp4.line" = plan.line.id;
             "tp4.rank" = toString rank.rank;
-            # the digest of the plan the rank runs from, as serve labels it (python/tp4/serve.py
+            # the digest of the plan the rank runs from, as serve labels it (python/tp4/serving/serve.py
             # PLAN_LABEL): tp4 status compares it with the current plan
             "tp4.plan" = plan.digest;
           };

@@ -3,7 +3,7 @@
 # share does it, with the plan's export and client options); without it (a ring, nfs.share =
 # false) every node holds its own copy. The rank's container mounts the plan's weights volume.
 # The exports line and the volume's options are written in the syntax share writes them in
-# (python/tp4/share.py kernel_exports_text, WorkerShare.volume_options; a test compares them).
+# (python/tp4/hosts/share.py kernel_exports_text, WorkerShare.volume_options; a test compares them).
 let
   u = import ./util.nix;
   inherit (builtins)
@@ -81,7 +81,7 @@ rec {
     };
 
   # the plan's weights volume, `<runtime> volume create --driver local` with these options. With
-  # NFS it is the volume tp4 share makes on a plain host (python/tp4/share.py WorkerShare: the
+  # NFS it is the volume tp4 share makes on a plain host (python/tp4/hosts/share.py WorkerShare: the
   # same options, so share and doctor check a NixOS worker as any other); the host's own mount of
   # the export (clientMount) is what orders the rank after a head that exports. Without NFS it
   # binds the node's own copy.

@@ -11,7 +11,7 @@ import shutil
 import tarfile
 from pathlib import Path
 
-from tp4 import process
+from tp4.core import process
 
 NIX_CONFIG = "experimental-features = nix-command flakes\nsubstituters =\nflake-registry = {registry}\n"
 

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from hypothesis import strategies as st
-from tp4.sources.manifest import Manifest, Row, Tree
+from tp4.image.sources.manifest import Manifest, Row, Tree
 
 HEX = "0123456789abcdef"
 hex40 = st.text(HEX, min_size=40, max_size=40)

@@ -123,7 +123,7 @@ with ``tools`` offered and the last message the user's, a prompt that names a to
 ``tool_choice`` that requires one) gets a call of it (finish_reason ``tool_calls``; a required
 string argument is the prompt's first quoted word); after a ``tool`` message the answer is that
 tool's result (its ``value`` when it is a JSON object with one). The needle question of `tp4
-bench needle` (tp4.needle: "What is the secret passphrase ...") is answered with the passphrase of
+bench needle` (tp4.measuring.needle: "What is the secret passphrase ...") is answered with the passphrase of
 the prompt's needle sentence (``The secret passphrase is <code>.``), as a model that read the
 whole prompt would. A prompt's tokens are its words (``len(prompt.split())``).
 """
@@ -162,7 +162,7 @@ WARMUP_TOKENS = 24
 # the header boot.py's own requests carry (the wedge starts after them)
 BOOT_HEADER = "X-Tp4-Standin-Boot"
 ENGINE = ("python", "-m", "sglang.launch_server")
-# tp4.needle's protocol: the question, and the needle sentence holding the passphrase
+# tp4.measuring.needle's protocol: the question, and the needle sentence holding the passphrase
 NEEDLE_QUESTION = "What is the secret passphrase"
 NEEDLE_SENTENCE = re.compile(r"The secret passphrase is ([A-Za-z0-9-]+)\.")
 # tp4/data/container.toml `image.b12x_next` (tests/test_standin.py keeps them equal)

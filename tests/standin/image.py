@@ -29,9 +29,9 @@ from pathlib import Path
 
 from nix_env import BUSYBOX
 
-from tp4 import process
-from tp4.container import IMAGE
-from tp4.pack import PACKER as PACK_SCRIPT
+from tp4.core import process
+from tp4.line.container import IMAGE
+from tp4.hosts.pack import PACKER as PACK_SCRIPT
 
 REPO = Path(__file__).resolve().parents[2]
 ENGINE = Path(__file__).resolve().parent / "engine.py"

@@ -1,9 +1,14 @@
 """The ``tp4`` command. Subcommands live in their own modules and are imported only when used,
 so ``tp4 plan`` does not pay for the imports of ``tp4 sources`` or ``tp4 build``; ``logging`` too
-is imported only when -v asks for it (tp4.process imports it for the commands that run any).
+is imported only when -v asks for it (tp4.core.process imports it for the commands that run any).
 
 Start-up cost is measured by bench/bench_plan.py (issue 8 §6: `tp4 plan` <= 150 ms, `tp4 --help`
-<= 80 ms)."""
+<= 80 ms).
+
+Owns: the commands, their shared options and the profile rule (common), and the one place a
+Tp4Error becomes a message and an exit code.
+
+May import: tp4.core, tp4.line, tp4.image, tp4.hosts, tp4.serving, tp4.measuring."""
 
 from __future__ import annotations
 
@@ -25,7 +30,7 @@ if sys.implementation.name == "cpython":
 
 import click  # after the collector is tuned: click's import is part of the cost
 
-from tp4.errors import Tp4Error
+from tp4.core.errors import Tp4Error
 
 # name -> (module, attribute, one-line help shown in `tp4 --help` without importing the module)
 SUBCOMMANDS: dict[str, tuple[str, str, str]] = {
@@ -107,7 +112,7 @@ def _interrupt(signum: int, frame: FrameType | None) -> None:
     hosts too (tp4's children run in their own process groups, so only tp4 gets the signal);
     then KeyboardInterrupt, for every stopping signal."""
     _received.append(signum)
-    process = sys.modules.get("tp4.process")
+    process = sys.modules.get("tp4.core.process")
     if process is not None:
         process.on_interrupt(signum, frame)
     raise KeyboardInterrupt
@@ -142,8 +147,8 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def _host_key_refusals() -> list[Tp4Error]:
-    """What ssh refused in this run for a host key (tp4.process, when a command loaded it)."""
-    process = sys.modules.get("tp4.process")
+    """What ssh refused in this run for a host key (tp4.core.process, when a command loaded it)."""
+    process = sys.modules.get("tp4.core.process")
     return list(process.host_key_failures.values()) if process is not None else []
 
 
@@ -160,7 +165,7 @@ def _exit_for_refusals(shown: str = "") -> None:
 
 
 def _main(argv: list[str] | None) -> None:
-    process = sys.modules.get("tp4.process")
+    process = sys.modules.get("tp4.core.process")
     if process is not None:  # an earlier run in this interpreter (tests, an embedding program)
         process.host_key_failures.clear()
     try:

@@ -1,6 +1,6 @@
 """`tp4 bench decode|prefill|needle`: measure the line (docs/bench.md).
 
-decode and prefill live here (the load generator is tp4.bench); ``needle`` is
+decode and prefill live here (the load generator is tp4.measuring.throughput); ``needle`` is
 python/tp4/cli/needle.py's command, imported only when it is used, and left out of the group
 when that module is not there."""
 
@@ -16,10 +16,10 @@ from typing import TYPE_CHECKING, TypeVar
 import click
 
 from tp4.cli.common import profile_option
-from tp4.errors import InvalidInput, Tp4Error
+from tp4.core.errors import InvalidInput, Tp4Error
 
 if TYPE_CHECKING:
-    from tp4.bench.run import Outcome, Target
+    from tp4.measuring.throughput.run import Outcome, Target
 
 # name -> (module, attribute, help); decode and prefill are this module's own
 SUBCOMMANDS: dict[str, tuple[str, str, str]] = {
@@ -109,7 +109,7 @@ def seconds(field: str, text: str) -> float:
 
 
 def prompt_types_of(text: str) -> tuple[str, ...]:
-    from tp4.bench.prompts import TYPES
+    from tp4.measuring.throughput.prompts import TYPES
 
     items = [item.strip() for item in text.split(",")]
     fix = f"give some of {','.join(TYPES)}, comma-separated"
@@ -125,12 +125,13 @@ def prompt_types_of(text: str) -> tuple[str, ...]:
 
 def target(profile_path: str | None, url: str | None, model: str | None, key_file: str | None) -> Target:
     """The endpoint: the line's (--profile, as `tp4 smoke` finds it) or --url/--model/--api-key-file."""
-    from tp4.bench.run import Target
+    from tp4.measuring.throughput.run import Target
 
     if url is not None:
         if profile_path is not None:
             raise InvalidInput("--url: given with --profile; fix: use one of them (--profile for the line, --url for any endpoint)")
-        from tp4 import api, apikey
+        from tp4.core import apikey
+        from tp4.serving import api
 
         # sparkDash's --base names the /v1 root: take that form too
         base = url.rstrip("/")
@@ -139,7 +140,7 @@ def target(profile_path: str | None, url: str | None, model: str | None, key_fil
         return Target(ep.url, model or None, key)
     if model is not None or key_file is not None:
         raise InvalidInput(f"{'--model' if model is not None else '--api-key-file'}: needs --url; fix: pass --url http://HOST:PORT too, or only --profile")
-    from tp4 import serve
+    from tp4.serving import serve
     from tp4.cli.common import load_line, read_secrets
 
     plan = load_line(profile_path).plan
@@ -152,8 +153,8 @@ def fleet_target(fleet_path: str, profile_path: str | None, url: str | None, mod
     """--fleet: the fleet's router as the endpoint (its URL, the lines' model and key), and each
     line's share of every level from the router's per-worker request counts (its metrics, read on
     the router's host)."""
-    from tp4 import fleet as fleet_mod
-    from tp4.bench.run import Target
+    from tp4.serving import fleet as fleet_mod
+    from tp4.measuring.throughput.run import Target
 
     given = [name for name, v in (("--profile", profile_path), ("--url", url), ("--model", model), ("--api-key-file", key_file)) if v is not None]
     if given:
@@ -179,7 +180,7 @@ def fleet_target(fleet_path: str, profile_path: str | None, url: str | None, mod
 def _pins() -> dict[str, str] | None:
     """component -> commit of the source manifest the image is built from (None when unreadable)."""
     try:
-        from tp4.sources import manifest
+        from tp4.image.sources import manifest
 
         return {row.name: row.commit for row in manifest.load(manifest.default_path()).rows}
     except (Tp4Error, OSError, ValueError):
@@ -216,7 +217,7 @@ def _check_out(out: str | None) -> None:
     """A bad --out (not a directory, not writable, a result.json that is no tp4 result) is
     refused before the endpoint is asked."""
     if out is not None:
-        from tp4.bench import result
+        from tp4.measuring.throughput import result
 
         result.read(result.prepare_out(out, create=False))
 
@@ -259,7 +260,7 @@ def decode(profile_path: str | None, url: str | None, model: str | None, api_key
            fleet_path: str | None, out: str | None, force: bool, allow_foreign: bool, label: str | None) -> None:
     """Decode speed as sparkDash measures it: per prompt type and concurrency, aggregate and
     per-stream tok/s and TTFT; result.json in sparkDash's format with --out."""
-    from tp4.bench.run import DecodeConfig, Progress, decode_summary, run_decode
+    from tp4.measuring.throughput.run import DecodeConfig, Progress, decode_summary, run_decode
 
     cfg = DecodeConfig(
         levels=counts("--levels", levels, 1, MAX_LEVEL, f"give concurrencies in 1..{MAX_LEVEL}, comma-separated, e.g. 1,2,4,8,16"),
@@ -289,14 +290,14 @@ def prefill(profile_path: str | None, url: str | None, model: str | None, api_ke
             label: str | None) -> None:
     """Prefill speed by prompt length: one request at a time, a unique salt line first (no
     prefix-cache hit), a varied filler or --corpus text sized to each length; two passes."""
-    from tp4.bench.run import PrefillConfig, Progress, prefill_summary, run_prefill
+    from tp4.measuring.throughput.run import PrefillConfig, Progress, prefill_summary, run_prefill
 
     cfg = PrefillConfig(
         sizes=counts("--sizes", sizes, 64, MAX_PREFILL, f"give prompt lengths in 64..{MAX_PREFILL} tokens, comma-separated"),
         passes=count("--passes", passes, 1, 100, "give 1..100"),
         max_tokens=count("--max-tokens", max_tokens, 1, 1024, "give 1..1024"),
         corpus=corpus, timeout=None if timeout is None else seconds("--timeout", timeout))
-    from tp4.bench.prompts import load_corpus
+    from tp4.measuring.throughput.prompts import load_corpus
 
     documents = load_corpus(corpus) if corpus is not None else None  # a bad directory is refused before the endpoint is asked
     _check_out(out)

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from tp4.errors import InvalidInput
+from tp4.core.errors import InvalidInput
 
 
 @click.group()
@@ -24,8 +24,8 @@ def wait(plan_file: str, rank: int, poll: float) -> None:
     service.ready), then check the plan's boot lines on it: exit 0 ready, 1 failed (a forbidden
     line, a stopped container, a missing required line, the plan's bound passed), 2 bad input.
     The NixOS module's tp4-rank-ready.service runs it beside the rank unit."""
-    from tp4.planfile import load_plan
-    from tp4.rankready import wait as wait_ready
+    from tp4.line.planfile import load_plan
+    from tp4.serving.rankready import wait as wait_ready
 
     if poll <= 0:
         raise InvalidInput(f"--poll {poll}: not a positive number of seconds; fix: leave it out (5)")

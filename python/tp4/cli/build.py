@@ -6,11 +6,11 @@ from pathlib import Path
 
 import click
 
-from tp4 import build as build_mod
-from tp4 import containers, nix
-from tp4 import distribute as distribute_mod
+from tp4.image import build as build_mod
+from tp4.image import nix, runtime_cli
+from tp4.image import distribute as distribute_mod
 from tp4.cli.common import dry_run_option, profile_option, profile_remotes, ssh_option, strict_option
-from tp4.errors import InvalidInput, Tp4Error
+from tp4.core.errors import InvalidInput, Tp4Error
 
 flake_option = click.option(
     "--flake", "flake_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
@@ -61,7 +61,7 @@ def build(flake_dir: Path | None, attr: str, runtime: str | None, system: str | 
             raise InvalidInput("--image and --attr both name what to build: pass one")
         attr = build_mod.image_attr(variant)
     flake = nix.find_flake(flake_dir)
-    runtime = containers.detect(runtime, required=not dry_run)
+    runtime = runtime_cli.detect(runtime, required=not dry_run)
     if dry_run:
         build_mod.dry_run(flake, attr, runtime, _echo, system=system, gpu_tests=gpu_tests)
     else:
@@ -100,7 +100,7 @@ def distribute(flake_dir: Path | None, attr: str, runtime: str | None, profile_p
     Every worker must end with the head's image id and RootFS layers, or the command fails
     naming the worker.
     """
-    runtime = containers.detect(runtime)
+    runtime = runtime_cli.detect(runtime)
     digest = None
     if image_ref is None:
         flake = nix.find_flake(flake_dir)
@@ -108,7 +108,7 @@ def distribute(flake_dir: Path | None, attr: str, runtime: str | None, profile_p
         pushed = build_mod.Pushed.load(build_mod.store_record_path(flake, attr))
     else:
         pushed = None
-    found = containers.inspect(runtime, image_ref)
+    found = runtime_cli.inspect(runtime, image_ref)
     if found is None:
         raise Tp4Error(f"the head has no image {image_ref}: run `tp4 build` first")
     image_id = found[0]
@@ -144,7 +144,7 @@ root_option = click.option("--root", type=click.Path(file_okay=False, path_type=
               help="Port on 127.0.0.1 (default: the last one used, else a free one).")
 def image_store_start(root: Path | None, port: int | None) -> None:
     """Start the image store (a running one is reused)."""
-    from tp4 import imagestore
+    from tp4.image import imagestore
 
     store = imagestore.start(root, port)
     click.echo(f"image store {store.url} ({store.root})")
@@ -154,7 +154,7 @@ def image_store_start(root: Path | None, port: int | None) -> None:
 @root_option
 def image_store_stop(root: Path | None) -> None:
     """Stop the image store."""
-    from tp4 import imagestore
+    from tp4.image import imagestore
 
     click.echo("stopped" if imagestore.stop(root) else "not running")
 
@@ -163,7 +163,7 @@ def image_store_stop(root: Path | None) -> None:
 @root_option
 def image_store_status(root: Path | None) -> None:
     """Whether the image store runs, where, and the manifests it holds."""
-    from tp4 import imagestore
+    from tp4.image import imagestore
 
     store = imagestore.running(root)
     if store is None:

@@ -18,14 +18,14 @@ from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
 import click
 
-from tp4.errors import InvalidInput
+from tp4.core.errors import InvalidInput
 
 if TYPE_CHECKING:
-    from tp4.apikey import Secret
-    from tp4.nodes import Node
-    from tp4.plan import Plan
-    from tp4.process import Remote
-    from tp4.profile.load import Loaded
+    from tp4.core.apikey import Secret
+    from tp4.hosts.nodes import Node
+    from tp4.line.plan import Plan
+    from tp4.core.process import Remote
+    from tp4.line.profile.load import Loaded
 
 PROFILE_ENV = "TP4_PROFILE"
 DEFAULT_PROFILE = "profile.toml"
@@ -113,8 +113,8 @@ def load_profile(profile_path: str | None, strict: bool = False) -> Loaded:
 
 
 def _load(choice: Choice, strict: bool) -> Loaded:
-    from tp4.profile import load_default, load_file
-    from tp4.profile import load as load_mod
+    from tp4.line.profile import load_default, load_file
+    from tp4.line.profile import load as load_mod
 
     if choice.path is None:
         loaded = load_default()
@@ -144,7 +144,7 @@ class Line(NamedTuple):
 def load_line(profile_path: str | None, strict: bool = False, *, announce: bool = True) -> Line:
     """The profile the rule chooses and its plan; ``announce``: say which on stderr (every command
     that acts on hosts or a line does, before it acts)."""
-    from tp4.plan import build_plan
+    from tp4.line.plan import build_plan
 
     choice = resolve_profile(profile_path)
     loaded = _load(choice, strict)
@@ -156,10 +156,10 @@ def load_line(profile_path: str | None, strict: bool = False, *, announce: bool 
 
 def read_secrets(plan: Plan) -> dict[str, Secret]:
     """The secrets the plan references (the API key, from its file): only what serving needs. The
-    key stays a Secret up to the env file serve writes (tp4.serve.env_file_text)."""
+    key stays a Secret up to the env file serve writes (tp4.serving.serve.env_file_text)."""
     secrets: dict[str, Secret] = {}
     if "API_KEY" in plan.secrets:
-        from tp4 import apikey
+        from tp4.core import apikey
 
         secrets["API_KEY"] = apikey.read_key(os.path.expanduser(plan.secrets["API_KEY"].file))
     return secrets
@@ -179,7 +179,7 @@ class Served(NamedTuple):
 
 def load_served(profile_path: str | None, strict: bool, ssh_options: tuple[str, ...]) -> Served:
     """The line of the profile with its nodes and secrets (announced on stderr)."""
-    from tp4.nodes import nodes_of
+    from tp4.hosts.nodes import nodes_of
 
     line = load_line(profile_path, strict)
     return Served(line, nodes_of(line.plan, ssh_options=ssh_options), read_secrets(line.plan))
@@ -189,7 +189,7 @@ def profile_remotes(hosts: tuple[str, ...], profile_path: str | None, user: str 
                     port: int | None, ssh_options: tuple[str, ...], strict: bool = False, *, head: bool = False) -> list[Remote]:
     """The workers: the --worker hosts, else the workers (ranks 1..) of the profile's plan; with
     ``head``, the plan's head (rank 0) too."""
-    from tp4.process import Remote
+    from tp4.core.process import Remote
 
     names = [h for item in hosts for h in item.replace(",", " ").split()]
     if names:
@@ -207,7 +207,7 @@ def profile_remotes(hosts: tuple[str, ...], profile_path: str | None, user: str 
 
 def timeouts(items: tuple[str, ...]) -> dict[str, float]:
     """--timeout [PHASE=]SECONDS, repeatable, over serve's default boot-phase bounds."""
-    from tp4 import serve
+    from tp4.serving import serve
 
     result = dict(serve.DEFAULT_TIMEOUTS)
     for item in items:

@@ -1,5 +1,5 @@
 """`tp4 deploy`: the flake's NixOS systems on the line's NixOS hosts, checked from here, rolled back by
-generation number where they fail (tp4.deploy)."""
+generation number where they fail (tp4.hosts.deploy)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 import click
 
 from tp4.cli.common import dry_run_option, err as _err, load_line, out as _out, profile_option, ssh_option, strict_option, sysfs_option, sysfs_root
-from tp4.errors import InvalidInput
+from tp4.core.errors import InvalidInput
 
 
 @click.command("deploy")
@@ -35,9 +35,10 @@ def deploy(profile_path: str | None, flake_dir: Path | None, on: tuple[str, ...]
     doctor's blocking checks. A host that fails goes back to the generation it had, by number;
     the others stay (--all-or-nothing: all go back). Prints one line per host (from, to, result);
     exits 1 when a host failed."""
-    from tp4 import deploy as deploy_mod
-    from tp4 import doctor, nix
-    from tp4.nodes import nodes_of
+    from tp4.hosts import deploy as deploy_mod
+    from tp4.hosts import doctor
+    from tp4.image import nix
+    from tp4.hosts.nodes import nodes_of
 
     sysfs = sysfs_root(sysfs)
     for check in skip_checks:

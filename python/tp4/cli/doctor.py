@@ -1,5 +1,5 @@
 """`tp4 doctor`: every host requirement of the line, read-only, one table node x check with a fix
-for each failure (tp4.doctor)."""
+for each failure (tp4.hosts.doctor)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 import click
 
 from tp4.cli.common import load_line, profile_option, ssh_option, strict_option, sysfs_option, sysfs_root
-from tp4.errors import Tp4Error
+from tp4.core.errors import Tp4Error
 
 
 @click.command("doctor")
@@ -29,8 +29,8 @@ def doctor(profile_path: str | None, json_path: str | None, interval: float, sys
     memlock, error counters), the kernel, weights, Engram shards, the image, disk, ports, clocks
     and memory. Prints one table (check x node) and a fix for each warning and failure; exits 1
     on a blocking failure."""
-    from tp4 import doctor as doctor_mod
-    from tp4.nodes import nodes_of
+    from tp4.hosts import doctor as doctor_mod
+    from tp4.hosts.nodes import nodes_of
 
     sysfs = sysfs_root(sysfs)
     chosen = load_line(profile_path, strict)

@@ -1,4 +1,4 @@
-"""`tp4 download`: the pinned checkpoint into the head's model.dir (tp4.download)."""
+"""`tp4 download`: the pinned checkpoint into the head's model.dir (tp4.hosts.checkpoint)."""
 
 from __future__ import annotations
 
@@ -17,6 +17,6 @@ def download(profile_path: str | None, strict: bool) -> None:
     Resumes partial files; skipped when the directory already holds the verified revision.
     The endpoint is HF_ENDPOINT's (default: the Hub); a gated or private repository needs
     HF_TOKEN or `hf auth login`."""
-    from tp4 import download as download_mod
+    from tp4.hosts import checkpoint as checkpoint_mod
 
-    download_mod.download(load_line(profile_path, strict).loaded.profile)
+    checkpoint_mod.download(load_line(profile_path, strict).loaded.profile)

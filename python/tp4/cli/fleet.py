@@ -1,4 +1,4 @@
-"""`tp4 fleet plan | serve | stop | status`: several lines behind SGLang's router (tp4.fleet)."""
+"""`tp4 fleet plan | serve | stop | status`: several lines behind SGLang's router (tp4.serving.fleet)."""
 
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ from typing import TYPE_CHECKING
 import click
 
 from tp4.cli.common import render_status, ssh_option, strict_option, sysfs_option, sysfs_root, timeouts as parse_timeouts
-from tp4.errors import InvalidInput, Tp4Error
+from tp4.core.errors import InvalidInput, Tp4Error
 
 if TYPE_CHECKING:
-    from tp4.fleet import Fleet
+    from tp4.serving.fleet import Fleet
 
 DEFAULT_FLEET = "fleet.toml"
 
@@ -30,7 +30,7 @@ def _err(line: str) -> None:
 
 
 def _load(path: str, strict: bool) -> Fleet:
-    from tp4 import fleet
+    from tp4.serving import fleet
 
     loaded = fleet.load(path)
     if strict and loaded.warnings:
@@ -52,7 +52,7 @@ def fleet() -> None:
 @strict_option
 def plan(fleet_path: str, as_json: bool, strict: bool) -> None:
     """Each line's plan summary and the router's command (the API key never shown)."""
-    from tp4 import fleet as fleet_mod
+    from tp4.serving import fleet as fleet_mod
 
     loaded = _load(fleet_path, strict)
     if as_json:
@@ -76,8 +76,8 @@ def serve(fleet_path: str, all_lines: bool, force: bool, timeouts: tuple[str, ..
     """Serve every line in parallel (each proved ready as `tp4 serve` does), then the router over
     the lines that came up; ready when the router reports each of them healthy. A line that
     fails is reported and left out (exit 1, the others keep serving), unless --all."""
-    from tp4 import fleet as fleet_mod
-    from tp4 import serve as serve_mod
+    from tp4.serving import fleet as fleet_mod
+    from tp4.serving import serve as serve_mod
 
     sysfs = sysfs_root(sysfs)
     loaded = _load(fleet_path, strict)
@@ -95,7 +95,7 @@ def serve(fleet_path: str, all_lines: bool, force: bool, timeouts: tuple[str, ..
 @strict_option
 def stop(fleet_path: str, ssh_options: tuple[str, ...], strict: bool) -> None:
     """Stop the router and every line (also what a crashed serve left). Idempotent."""
-    from tp4 import fleet as fleet_mod
+    from tp4.serving import fleet as fleet_mod
 
     loaded = _load(fleet_path, strict)
     problems = fleet_mod.stop(loaded, _out, _err, ssh_options=ssh_options)
@@ -136,7 +136,7 @@ def status(fleet_path: str, as_json: bool, watch: bool, interval: float, probe_t
            strict: bool) -> None:
     """The router (its process, each line's health as the router sees it) and each line (as `tp4
     status` shows it). Exit 1 unless the router runs and reports every line healthy."""
-    from tp4 import fleet as fleet_mod
+    from tp4.serving import fleet as fleet_mod
 
     loaded = _load(fleet_path, strict)
     while True:

@@ -1,4 +1,4 @@
-"""`tp4 hosts trust | list | forget`: the host keys tp4's ssh trusts (tp4.knownhosts)."""
+"""`tp4 hosts trust | list | forget`: the host keys tp4's ssh trusts (tp4.core.knownhosts)."""
 
 from __future__ import annotations
 
@@ -6,11 +6,11 @@ import sys
 
 import click
 
-from tp4 import hosts as hosts_mod
-from tp4 import knownhosts
+from tp4.hosts import trust as trust_mod
+from tp4.core import knownhosts
 from tp4.cli.common import profile_option, profile_remotes
-from tp4.errors import InvalidInput
-from tp4.process import Remote
+from tp4.core.errors import InvalidInput
+from tp4.core.process import Remote
 
 
 @click.group("hosts")
@@ -49,8 +49,8 @@ def trust(profile_path: str | None, names: tuple[str, ...], port: int | None, ye
     """
     remotes = _remotes(profile_path, names, port)
     click.echo(f"fetching the host keys of {len(remotes)} node{'s' if len(remotes) != 1 else ''} "
-               f"(ssh-keyscan, at most {hosts_mod.SCAN_TIMEOUT} s)…", err=True)
-    verdicts = hosts_mod.examine(remotes)
+               f"(ssh-keyscan, at most {trust_mod.SCAN_TIMEOUT} s)…", err=True)
+    verdicts = trust_mod.examine(remotes)
     for v in verdicts:
         if v.status == "trusted":
             click.echo(f"{v.name}: already trusted ({', '.join(k.shown() for k in v.recorded)})")
@@ -62,7 +62,7 @@ def trust(profile_path: str | None, names: tuple[str, ...], port: int | None, ye
         for k in v.offered:
             click.echo(f"  {'offered  ' if v.status == 'changed' else ''}{k.shown()}")
     if not replace:
-        hosts_mod.refuse_changed(verdicts)
+        trust_mod.refuse_changed(verdicts)
     todo = [v for v in verdicts if v.status != "trusted"]
     if not todo:
         return
@@ -73,7 +73,7 @@ def trust(profile_path: str | None, names: tuple[str, ...], port: int | None, ye
                                "fingerprints against the nodes and rerun with --yes")
         if not click.confirm(f"record the keys of {', '.join(v.name for v in todo)} in {file}?", err=True):
             raise InvalidInput("not recorded: you declined; nothing was written")
-    count = hosts_mod.record(todo)
+    count = trust_mod.record(todo)
     click.echo(f"recorded {count} host{'s' if count != 1 else ''} in {file}")
 
 
@@ -95,7 +95,7 @@ def list_() -> None:
 @click.option("--port", type=click.IntRange(1, 65535), default=None, help="ssh port the key was recorded for (default 22).")
 def forget(host: str, port: int | None) -> None:
     """Remove the recorded keys of HOST: tp4 refuses to connect to it until it is trusted again."""
-    name, removed = hosts_mod.forget(Remote(host=knownhosts.check_host(host, "HOST"), port=_port(port)))
+    name, removed = trust_mod.forget(Remote(host=knownhosts.check_host(host, "HOST"), port=_port(port)))
     if removed:
         click.echo(f"{name}: forgot {removed} key{'s' if removed != 1 else ''}")
     else:

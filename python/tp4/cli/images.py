@@ -8,12 +8,12 @@ from typing import Any, TypeVar
 
 import click
 
-from tp4 import containers
-from tp4 import images as images_mod
-from tp4.build import pin_summary
+from tp4.image import runtime_cli
+from tp4.image import images as images_mod
+from tp4.image.build import pin_summary
 from tp4.cli.common import profile_option, profile_remotes, ssh_option, strict_option
-from tp4.errors import Tp4Error
-from tp4.process import Remote
+from tp4.core.errors import Tp4Error
+from tp4.core.process import Remote
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -63,7 +63,7 @@ NODE_KEYS = ("runtime", "profile_path", "workers", "user", "identity", "port", "
 
 
 def _resolve(opts: dict[str, Any]) -> tuple[str, list[Remote]]:
-    runtime = containers.detect(opts["runtime"])
+    runtime = runtime_cli.detect(opts["runtime"])
     workers = profile_remotes(opts["workers"], opts["profile_path"], opts["user"], opts["identity"], opts["port"],
                      opts["ssh_options"], opts["strict"])
     return runtime, workers
@@ -98,7 +98,7 @@ def images(ctx: click.Context, /, as_json: bool, **opts: Any) -> None:
     store_ids = images_mod.store_digests(store) if store is not None else {}
     head = nodes[0]
 
-    def digest(node: images_mod.Node, image: images_mod.Image) -> str | None:
+    def digest(node: images_mod.NodeImages, image: images_mod.Image) -> str | None:
         return (store_ids.get(image.id) if node is head else None) or image.digest()
 
     if as_json:
@@ -118,8 +118,8 @@ def images(ctx: click.Context, /, as_json: bool, **opts: Any) -> None:
                        "check the ssh settings (--user, --identity, --ssh-option) and that the node is up")
 
 
-def _print_node(node: images_mod.Node, head: images_mod.Node,
-                digest: Callable[[images_mod.Node, images_mod.Image], str | None]) -> None:
+def _print_node(node: images_mod.NodeImages, head: images_mod.NodeImages,
+                digest: Callable[[images_mod.NodeImages, images_mod.Image], str | None]) -> None:
     if node.error:
         click.echo(f"{node.name}: cannot list its images: {node.error}")
         click.echo()

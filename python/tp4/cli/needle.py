@@ -1,4 +1,4 @@
-"""`tp4 bench needle`: the long-context check (tp4.needle) against the line or any
+"""`tp4 bench needle`: the long-context check (tp4.measuring.needle) against the line or any
 OpenAI-compatible endpoint. The `bench` group (tp4.cli.bench) attaches this command."""
 
 from __future__ import annotations
@@ -14,13 +14,13 @@ from typing import TYPE_CHECKING
 import click
 
 from tp4.cli.common import load_served, profile_option, ssh_option, strict_option
-from tp4.errors import InvalidInput, Tp4Error
+from tp4.core.errors import InvalidInput, Tp4Error
 
 if TYPE_CHECKING:
-    from tp4 import needle as needle_mod
-    from tp4.api import Endpoint, Json
-    from tp4.plan import Plan
-    from tp4.nodes import Node
+    from tp4.measuring import needle as needle_mod
+    from tp4.serving.api import Endpoint, Json
+    from tp4.line.plan import Plan
+    from tp4.hosts.nodes import Node
 
 METHOD = ("One chat completion per length at temperature 0 with thinking off: an intro, varied filler made from a seed "
           "(sentence templates filled from word lists, names and numbers; never one repeated token), one sentence giving a "
@@ -59,13 +59,14 @@ def _out_path(value: str | None) -> Path | None:
 
 def _endpoint(url: str | None, model: str | None, key_file: str | None, profile_path: str | None, strict: bool,
               ssh_options: tuple[str, ...], watch_memory: bool) -> tuple[Endpoint, Plan | None, Node | None]:
-    from tp4 import api, apikey
+    from tp4.core import apikey
+    from tp4.serving import api
 
     if url is None:
         for name, given in (("--model", model), ("--api-key-file", key_file)):
             if given is not None:
                 raise InvalidInput(f"{name}: only with --url; fix: give --url too, or drop {name} to use the profile's API")
-        from tp4 import serve
+        from tp4.serving import serve
 
         served = load_served(profile_path, strict, ssh_options)
         plan, nodes, secrets = served.plan, served.nodes, served.secrets
@@ -115,7 +116,7 @@ def document(run: needle_mod.Run, ep: Endpoint, plan: Plan | None, config: dict[
 
 
 def table(run: needle_mod.Run) -> list[str]:
-    from tp4 import needle as needle_mod
+    from tp4.measuring import needle as needle_mod
 
     watch = any(r.memory is not None for r in run.results)
     head = f"{'length':>10}  {'prompt tokens':>22}  {'depth':>6}  {'time':>9}  {'result':<6}" + ("  low-water " if watch else "") + "  answer"
@@ -158,7 +159,7 @@ def needle(profile_path: str | None, url: str | None, model: str | None, api_key
     length; PASS when the answer gives it back. Per length: the prompt tokens (usage), the time,
     PASS/FAIL, the answer; with --watch-memory the head's MemAvailable low-water mark. Exit 1 when
     a length fails."""
-    from tp4 import needle as needle_mod
+    from tp4.measuring import needle as needle_mod
 
     lengths = needle_mod.parse_lengths(lengths_text)
     depth = needle_mod.parse_depth(depth_text)

@@ -8,12 +8,12 @@ from typing import TYPE_CHECKING
 
 import click
 
-from tp4 import schemas
+from tp4.core import schemas
 from tp4.cli.common import json_option, load_line, profile_option, ssh_option, strict_option
-from tp4.errors import InvalidInput
+from tp4.core.errors import InvalidInput
 
 if TYPE_CHECKING:
-    from tp4.plan import Plan
+    from tp4.line.plan import Plan
 
 
 def _human(plan: Plan, rank: int | None) -> str:
@@ -86,13 +86,13 @@ def plan(profile_path: str | None, rank: int | None, as_json: bool, output: str 
         _against_running(result, ssh_options, as_json)
         return
     if output is not None:
-        from tp4.planfile import write_plan
+        from tp4.line.planfile import write_plan
 
         write_plan(Path(output), result)
         click.echo(f"wrote {output} (schema {schemas.PLAN}, plan {result.digest})", err=True)
         return
     if check is not None:
-        from tp4.planfile import stale
+        from tp4.line.planfile import stale
 
         differences = stale(Path(check), result)
         if differences:
@@ -119,8 +119,8 @@ def plan(profile_path: str | None, rank: int | None, as_json: bool, output: str 
 def _against_running(plan: Plan, ssh_options: tuple[str, ...], as_json: bool) -> None:
     """The plan against the one the line runs: per rank its state and digest, then the fields that
     differ; exit 1 when a rank runs from another plan."""
-    from tp4 import serve
-    from tp4.nodes import nodes_of
+    from tp4.serving import serve
+    from tp4.hosts.nodes import nodes_of
 
     nodes = nodes_of(plan, ssh_options=ssh_options)
     digests = serve.running_digests(nodes)

@@ -7,12 +7,12 @@ from typing import TYPE_CHECKING
 import click
 
 from tp4.cli.common import load_line, profile_option, ssh_option, strict_option, sysfs_option, sysfs_root
-from tp4.errors import Tp4Error
+from tp4.core.errors import Tp4Error
 
 if TYPE_CHECKING:
-    from tp4.plan import Plan
-    from tp4.profile.load import Loaded
-    from tp4.nodes import Node
+    from tp4.line.plan import Plan
+    from tp4.line.profile.load import Loaded
+    from tp4.hosts.nodes import Node
 
 # doctor's blocking checks that a later step of `tp4 prepare` makes pass: not a reason to stop
 # before that step (a fresh line has no checkpoint and no shards yet)
@@ -21,7 +21,7 @@ STEPS = ("doctor", "download", "share", "pack")
 
 
 def _line(profile_path: str | None, strict: bool, ssh_options: tuple[str, ...]) -> tuple[Loaded, Plan, list[Node]]:
-    from tp4.nodes import nodes_of
+    from tp4.hosts.nodes import nodes_of
 
     line = load_line(profile_path, strict)
     return line.loaded, line.plan, nodes_of(line.plan, ssh_options=ssh_options)
@@ -35,7 +35,7 @@ def share(profile_path: str | None, ssh_options: tuple[str, ...], strict: bool) 
     """Export the head's checkpoint read-only to exactly the plan's workers (NFSv4) and make each
     worker's weights volume, then check that every worker sees config.json. Idempotent: what
     already matches is left alone. A ring, or nfs.share = false: nothing to do."""
-    from tp4 import share as share_mod
+    from tp4.hosts import share as share_mod
 
     loaded, plan, nodes = _line(profile_path, strict, ssh_options)
     share_mod.share(loaded.profile, plan, nodes, click.echo)
@@ -49,7 +49,7 @@ def pack(profile_path: str | None, ssh_options: tuple[str, ...], strict: bool) -
     """Pack the Engram row shards of every rank with the image's packer, on every node at once
     (the checkpoint as the rank mounts it, into its engram dir), then check every shard's header.
     A node whose two shards are complete is skipped; exit 1 naming each node that failed."""
-    from tp4 import pack as pack_mod
+    from tp4.hosts import pack as pack_mod
 
     _, plan, nodes = _line(profile_path, strict, ssh_options)
     pack_mod.pack(plan, nodes, click.echo)
@@ -64,10 +64,10 @@ def prepare(profile_path: str | None, sysfs: str, ssh_options: tuple[str, ...], 
     """doctor, download, share, pack: everything the line needs before `tp4 serve`, stopping at
     the first blocking failure. Every step is idempotent: rerun it after a fix and it goes on
     where it stopped. doctor's checkpoint and Engram checks are left to the steps that make them."""
-    from tp4 import doctor as doctor_mod
-    from tp4 import download as download_mod
-    from tp4 import pack as pack_mod
-    from tp4 import share as share_mod
+    from tp4.hosts import doctor as doctor_mod
+    from tp4.hosts import checkpoint as checkpoint_mod
+    from tp4.hosts import pack as pack_mod
+    from tp4.hosts import share as share_mod
 
     sysfs = sysfs_root(sysfs)
     loaded, plan, nodes = _line(profile_path, strict, ssh_options)
@@ -90,7 +90,7 @@ def prepare(profile_path: str | None, sysfs: str, ssh_options: tuple[str, ...], 
                       + "\n".join(f"  - {r.check} on {r.node}: {r.detail}" + (f"; fix: {r.fix}" if r.fix else "") for r in blocking))
     later = sorted({f"{r.check} ({MADE_BY[r.check]})" for r in report.blocking})
     click.echo("prepare: doctor: no blocking failure" + (f" but what the next steps make: {', '.join(later)}" if later else ""))
-    for i, run in ((1, lambda: download_mod.download(loaded.profile)),
+    for i, run in ((1, lambda: checkpoint_mod.download(loaded.profile)),
                    (2, lambda: share_mod.share(loaded.profile, plan, nodes, click.echo)),
                    (3, lambda: pack_mod.pack(plan, nodes, click.echo))):
         step(i)

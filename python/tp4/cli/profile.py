@@ -11,13 +11,13 @@ def profile() -> None:
 
 
 @profile.command()
-@click.argument("file", type=click.Path())  # tp4.userfiles says what a path that is not a file is
+@click.argument("file", type=click.Path())  # tp4.core.userfiles says what a path that is not a file is
 @click.option("--strict", is_flag=True, help="Treat warnings (performance caveats) as errors (exit 2).")
 def check(file: str, strict: bool) -> None:
     """Validate FILE; every problem is listed with the field and the fix (exit code 2). Warnings
     go to stderr and do not fail the check, unless --strict."""
-    from tp4.profile import load_file
-    from tp4.profile.load import strict as require_no_warnings
+    from tp4.line.profile import load_file
+    from tp4.line.profile.load import strict as require_no_warnings
 
     loaded = load_file(file, "name an existing profile file (a TOML file such as the one `tp4 profile import` writes)")
     if strict:
@@ -30,12 +30,12 @@ def check(file: str, strict: bool) -> None:
 
 @profile.command("show-preset")
 @click.argument("name", shell_complete=lambda ctx, param, incomplete: [
-    n for n in __import__("tp4.profile.load", fromlist=["x"]).preset_names() if n.startswith(incomplete)])
+    n for n in __import__("tp4.line.profile.load", fromlist=["x"]).preset_names() if n.startswith(incomplete)])
 @click.option("--merged", is_flag=True, help="Show the preset with every layer below it merged in.")
 def show_preset(name: str, merged: bool) -> None:
     """Show preset NAME as TOML: its own layer, or with --merged the whole stack."""
-    from tp4.profile.load import PRESETS, merged_document, preset_layers
-    from tp4.profile.toml import dumps
+    from tp4.line.profile.load import PRESETS, merged_document, preset_layers
+    from tp4.line.profile.toml import dumps
 
     layers = preset_layers(name)
     if merged:
@@ -64,8 +64,8 @@ def import_(env_file: str, output: str, force: bool, head_checkout: str | None, 
     for ENV_FILE. Secrets are never imported; unknown variables are reported; warnings are shown
     (errors with --strict); nothing is written unless the result is valid.
     """
-    from tp4.profile.legacy import import_env_file
-    from tp4.userfiles import check_output, write_output
+    from tp4.line.profile.legacy import import_env_file
+    from tp4.core.userfiles import check_output, write_output
 
     check_output(output, "profile", force=force)
     result = import_env_file(env_file, head_checkout=head_checkout, strict=strict)
@@ -82,6 +82,6 @@ def import_(env_file: str, output: str, force: bool, head_checkout: str | None, 
 @profile.command()
 def reference() -> None:
     """Print the profile reference (Markdown) generated from the models and the adapter registry."""
-    from tp4.profile.reference import generate
+    from tp4.line.profile.reference import generate
 
     click.echo(generate())

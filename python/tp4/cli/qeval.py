@@ -11,17 +11,17 @@ from typing import TYPE_CHECKING
 import click
 
 from tp4.cli.common import load_served, profile_option, ssh_option, strict_option
-from tp4.errors import InvalidInput, Tp4Error
+from tp4.core.errors import InvalidInput, Tp4Error
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
-    from tp4.api import Endpoint
-    from tp4.apikey import Secret
-    from tp4.plan import Plan
-    from tp4.qeval.sandbox import Limits, Sandbox
-    from tp4.qeval.suite import TaskResult
-    from tp4.nodes import Node
+    from tp4.serving.api import Endpoint
+    from tp4.core.apikey import Secret
+    from tp4.line.plan import Plan
+    from tp4.measuring.qeval.sandbox import Limits, Sandbox
+    from tp4.measuring.qeval.suite import TaskResult
+    from tp4.hosts.nodes import Node
 
 
 def _ids(value: str | None) -> list[str]:
@@ -62,7 +62,7 @@ def _sandbox(plan: Plan | None, nodes: list[Node], ep: Endpoint, *, node_name: s
              runtime: str, ssh_options: tuple[str, ...], limits: Limits) -> Sandbox | None:
     from dataclasses import replace
 
-    from tp4.qeval import sandbox as sb
+    from tp4.measuring.qeval import sandbox as sb
 
     if node_name is not None and host is not None:
         raise InvalidInput("--sandbox-node and --sandbox-host: give one; fix: a worker of the profile (--sandbox-node) or an ssh target")
@@ -94,8 +94,9 @@ def _sandbox(plan: Plan | None, nodes: list[Node], ep: Endpoint, *, node_name: s
 
 
 def _endpoint(plan: Plan | None, secrets: Mapping[str, Secret], url: str | None, model: str | None, key_file: str | None) -> Endpoint:
-    from tp4 import api, apikey
-    from tp4 import serve as serve_mod
+    from tp4.core import apikey
+    from tp4.serving import api
+    from tp4.serving import serve as serve_mod
 
     key = apikey.read_key(key_file) if key_file else None
     if plan is not None:
@@ -143,10 +144,10 @@ def qeval(profile_path: str | None, url: str | None, model: str | None, api_key_
     Model-generated code runs only on a worker (rank > 0) inside a throwaway container: no
     network, read-only root, a tmpfs /tmp as its only writable path, CPU, memory, process and
     time limits, no capabilities. Exit 1 when fewer than --fail-below tasks pass."""
-    from tp4.qeval import suite
-    from tp4.qeval.checks import Code
-    from tp4.qeval.sandbox import Limits
-    from tp4.qeval.tasks import suite_digest
+    from tp4.measuring.qeval import suite
+    from tp4.measuring.qeval.checks import Code
+    from tp4.measuring.qeval.sandbox import Limits
+    from tp4.measuring.qeval.tasks import suite_digest
 
     tasks = suite.select(_ids(only), kinds)
     if list_only:
@@ -161,7 +162,7 @@ def qeval(profile_path: str | None, url: str | None, model: str | None, api_key_
         raise InvalidInput("--code-seconds: expected a number of seconds")
     base = suite.load_baseline(baseline) if baseline is not None else None
     if out is not None:
-        from tp4.userfiles import check_output
+        from tp4.core.userfiles import check_output
 
         check_output(out, "--out", force=True)
     plan: Plan | None = None
@@ -191,7 +192,7 @@ def qeval(profile_path: str | None, url: str | None, model: str | None, api_key_
     doc = suite.results_doc(results, ep=ep, sandbox=sandbox, started=started, finished=suite.now(),
                             label=label if label is not None else f"{ep.model} at {ep.url}", baseline=base, baseline_path=baseline)
     if out is not None:
-        from tp4.userfiles import write_output
+        from tp4.core.userfiles import write_output
 
         write_output(out, json.dumps(doc, indent=2, ensure_ascii=False) + "\n", "--out", force=True)
     passed = sum(r.passed for r in results)

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import click
 
-from tp4 import report as report_mod
-from tp4.errors import InvalidInput
+from tp4.measuring import report as report_mod
+from tp4.core.errors import InvalidInput
 
 
 @click.command("report")
@@ -36,7 +36,7 @@ def report(results: tuple[str, ...], reference: str, tolerance: str, fail_on: st
     compared = report_mod.compare(runs, ref, tol, threshold)
     charts: list[Path] = []
     if not no_charts:
-        from tp4.charts import write_charts
+        from tp4.measuring.charts import write_charts
 
         charts = write_charts(compared, Path(out_dir).expanduser() if out_dir is not None else Path("."))
     if as_json:

@@ -11,12 +11,12 @@ import click
 
 from tp4.cli.common import (err, json_option, load_served, out, profile_option, render_status, ssh_option, strict_option,
                             sysfs_option, sysfs_root, timeouts as parse_timeouts)
-from tp4.errors import InvalidInput, Tp4Error
+from tp4.core.errors import InvalidInput, Tp4Error
 
 if TYPE_CHECKING:
-    from tp4.apikey import Secret
-    from tp4.plan import Plan
-    from tp4.nodes import Node
+    from tp4.core.apikey import Secret
+    from tp4.line.plan import Plan
+    from tp4.hosts.nodes import Node
 
 
 def _line(profile_path: str | None, strict: bool, ssh_options: tuple[str, ...]) -> tuple[Plan, list[Node], dict[str, Secret]]:
@@ -50,9 +50,9 @@ def serve(profile_path: str | None, force: bool, timeouts: tuple[str, ...], on_s
     any failure, or Ctrl-C, every rank started is stopped and the node and check that failed
     are named with that rank's last log lines. A line already running is refused, naming the
     plan it runs from and the fields that differ from this one, unless --replace. Every rank's
-    container carries the plan's digest (label tp4.plan) and the plan is left beside its env file.
+    container carries the plan's digest (label tp4.line.plan) and the plan is left beside its env file.
     """
-    from tp4 import serve as serve_mod
+    from tp4.serving import serve as serve_mod
 
     sysfs = sysfs_root(sysfs)
     served = load_served(profile_path, strict, ssh_options)
@@ -73,7 +73,7 @@ def serve(profile_path: str | None, force: bool, timeouts: tuple[str, ...], on_s
 def stop(profile_path: str | None, grace: int, ssh_options: tuple[str, ...], strict: bool) -> None:
     """Stop every rank of the line (also what a crashed serve left) and check that the API is down
     and no container of the line remains. Idempotent."""
-    from tp4 import serve as serve_mod
+    from tp4.serving import serve as serve_mod
 
     plan, nodes, secrets = _line(profile_path, strict, ssh_options)
     problems = serve_mod.stop(plan, nodes, secrets, out, err, grace=grace)
@@ -97,7 +97,7 @@ def status(profile_path: str | None, as_json: bool, watch: bool, interval: float
     and the line: a real one-token completion, running and waiting requests (busy is not wedged),
     the current boot's signature, and whether the line runs this plan (else the fields that
     differ). Exit 1 when the line is neither alive nor busy."""
-    from tp4 import serve as serve_mod
+    from tp4.serving import serve as serve_mod
 
     plan, nodes, secrets = _line(profile_path, strict, ssh_options)
     while True:
@@ -130,7 +130,7 @@ def logs(profile_path: str | None, rank: int, follow: bool, since: str | None, t
     """A rank's log (its container's output)."""
     import re
 
-    from tp4 import process
+    from tp4.core import process
 
     plan, nodes, _ = _line(profile_path, strict, ssh_options)
     if rank >= len(nodes):
@@ -156,8 +156,8 @@ def logs(profile_path: str | None, rank: int, follow: bool, since: str | None, t
 def smoke(profile_path: str | None, full: bool, ssh_options: tuple[str, ...], strict: bool) -> None:
     """Upstream's arithmetic check (19 + 23 must be 42, finish reason stop) and a streamed
     completion against the line's API; --full adds the JSON-schema and tool-call checks."""
-    from tp4 import api
-    from tp4 import serve as serve_mod
+    from tp4.serving import api
+    from tp4.serving import serve as serve_mod
 
     plan, _, secrets = _line(profile_path, strict, ssh_options)
     results = api.smoke(serve_mod.endpoint(plan, secrets), full=full)

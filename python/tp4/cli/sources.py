@@ -8,8 +8,8 @@ from pathlib import Path
 
 import click
 
-from tp4.errors import InvalidInput, Tp4Error
-from tp4.sources import manifest as mf
+from tp4.core.errors import InvalidInput, Tp4Error
+from tp4.image.sources import manifest as mf
 
 
 manifest_option = click.option(
@@ -20,7 +20,7 @@ manifest_option = click.option(
 
 def _read(path: str | Path) -> mf.Manifest:
     """A manifest the user named: a regular file of bounded size, never a device or a FIFO."""
-    from tp4.userfiles import read_input
+    from tp4.core.userfiles import read_input
 
     return mf.parse(read_input(path, "manifest", "pass --manifest FILE naming a sources.manifest"), Path(path))
 
@@ -84,7 +84,7 @@ def verify(manifest_file: str | None, download: bool, names: tuple[str, ...]) ->
 def _verify_downloads(rows: list[mf.Row]) -> None:
     import tempfile
 
-    from tp4.sources import download, fetch, nar
+    from tp4.image.sources import download, fetch, nar
 
     failures = []
     for row in rows:
@@ -132,7 +132,7 @@ def lock(manifest_file: str | None, ref: str | None, tree: bool, names: tuple[st
     Branches and tags in the commit column (or --ref) are resolved to commits; the hash is taken
     from a fresh download. The manifest is rewritten in place, once, after every row succeeded.
     """
-    from tp4.sources import lock as locking
+    from tp4.image.sources import lock as locking
 
     m = _load(manifest_file, strict=False)
     changes = locking.lock(m, list(names), ref=ref, tree=tree)
@@ -148,7 +148,7 @@ def lock(manifest_file: str | None, ref: str | None, tree: bool, names: tuple[st
 def json_cmd(manifest_file: str | None, check: bool) -> None:
     """Write sources.manifest.json beside the manifest: its parse, which pkgs/sources.nix reads
     (run it after editing the manifest by hand and commit both; `tp4 sources lock` writes both)."""
-    from tp4.sources import companion
+    from tp4.image.sources import companion
 
     m = _load(manifest_file)
     if check:
@@ -172,7 +172,7 @@ def json_cmd(manifest_file: str | None, check: bool) -> None:
 def fetch(manifest_file: str | None, name: str, to: str, inputs: tuple[str, ...], offline: bool, quiet: bool) -> None:
     """Produce NAME (a tree, or a single row) at DIR exactly as the image contains it; prints the
     tree's NAR hash (sha256 SRI, as `nix hash path`)."""
-    from tp4.sources import fetch as fetching
+    from tp4.image.sources import fetch as fetching
 
     for line in fetching.fetch_named(_load(manifest_file), name, Path(to), list(inputs), offline=offline, quiet=quiet):
         click.echo(line)
@@ -223,7 +223,7 @@ def diff(manifest_file: str | None, old: str, new: str | None) -> None:
 @click.option("--store-path", "store_name", metavar="NAME", help="Also print where `nix store add-path --name NAME` puts it.")
 def hash_cmd(manifest_file: str | None, path: str, fmt: str, store_name: str | None) -> None:
     """The NAR hash of PATH, as `nix hash path` prints it (the hash a Nix fixed-output tree needs)."""
-    from tp4.sources import nar
+    from tp4.image.sources import nar
 
     try:
         digest = nar.nar_sha256(path)

@@ -1,0 +1,119 @@
+"""The files a user names on the command line: read only regular files, of a bounded size, and
+write only regular files or new paths, atomically.
+
+A device (`/dev/zero`, `/dev/full`), a FIFO or a directory is never what a profile, an env file
+or a manifest is: reading one would block or never end, writing one would replace it.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+from tp4.core.errors import InvalidInput
+
+# Profiles, env files and manifests are a few KiB; anything far larger is not one.
+MAX_INPUT_BYTES = 16 * 1024 * 1024
+
+
+def file_kind(mode: int) -> str:
+    """What a path that is not a regular file is, for a message: `{what} is {file_kind(mode)}`."""
+    if stat.S_ISDIR(mode):
+        return "a directory"
+    if stat.S_ISFIFO(mode):
+        return "a FIFO"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "a device"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    return "not a regular file"
+
+
+def read_input(path: str | os.PathLike[str], what: str, missing_fix: str = "pass an existing file",
+               limit: int = MAX_INPUT_BYTES) -> str:
+    """The UTF-8 text of a regular file the user named, or an InvalidInput saying what is wrong."""
+    if not os.fspath(path):
+        raise InvalidInput(f"{what}: the path is empty; fix: {missing_fix}")
+    p = Path(path)
+    try:
+        # O_NONBLOCK: opening a FIFO must not wait for a writer; it is refused below
+        fd = os.open(p, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
+    except FileNotFoundError:
+        raise InvalidInput(f"{what} {p} does not exist; fix: {missing_fix}") from None
+    except OSError as exc:
+        raise InvalidInput(f"cannot read {what} {p}: {exc.strerror}; fix: {missing_fix}") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise InvalidInput(f"{what} {p} is {file_kind(st.st_mode)}, not a regular file; fix: {missing_fix}")
+        if st.st_size > limit:
+            raise InvalidInput(f"{what} {p} is {st.st_size} bytes, more than the {limit} a {what} can be; "
+                               f"fix: {missing_fix}")
+        chunks, size = [], 0
+        while size <= limit:
+            chunk = os.read(fd, min(1 << 20, limit + 1 - size))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+    except OSError as exc:
+        raise InvalidInput(f"cannot read {what} {p}: {exc.strerror}") from None
+    finally:
+        os.close(fd)
+    if size > limit:
+        raise InvalidInput(f"{what} {p} grew beyond {limit} bytes while being read; fix: {missing_fix}")
+    try:
+        return b"".join(chunks).decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InvalidInput(f"{what} {p} is not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+
+
+def check_output(path: str | os.PathLike[str], what: str, *, force: bool) -> os.stat_result | None:
+    """Refuse an output path that is not a new path in an existing directory, or (with force) an
+    existing regular file; returns the existing file's stat."""
+    if not os.fspath(path):
+        raise InvalidInput(f"{what}: the output path is empty; fix: pass -o FILE")
+    out = Path(path)
+    try:
+        st = os.stat(out)
+    except FileNotFoundError:
+        st = None
+    except OSError as exc:
+        raise InvalidInput(f"cannot write {what} {out}: {exc.strerror}") from None
+    if st is not None:
+        if not stat.S_ISREG(st.st_mode):
+            raise InvalidInput(f"{what} {out} is {file_kind(st.st_mode)}; fix: name a regular file or a new path")
+        if not force:
+            raise InvalidInput(f"{out} exists; fix: choose another -o, or pass --force")
+    if not out.parent.is_dir():
+        raise InvalidInput(f"cannot write {what} {out}: directory {out.parent} does not exist; fix: create it first")
+    return st
+
+
+def write_output(path: str | os.PathLike[str], text: str, what: str, *, force: bool) -> Path:
+    """Write text to a new path, or over an existing regular file with force; atomically (a
+    temporary file beside it, renamed into place), so a failed write leaves nothing behind."""
+    st = check_output(path, what, force=force)
+    out = Path(path)
+    parent = out.parent
+    import tempfile  # here, not at the top: only writers need it, and `tp4 plan` reads
+
+    try:
+        fd, tmp = tempfile.mkstemp(dir=parent, prefix=f".{out.name}.", suffix=".tmp")
+    except OSError as exc:
+        raise InvalidInput(f"cannot write {what} {out}: {exc.strerror} in {parent}; "
+                           "fix: choose a directory you can write to") from None
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+        if st is not None:
+            os.chmod(tmp, stat.S_IMODE(st.st_mode))
+        os.replace(tmp, out)
+    except OSError as exc:
+        Path(tmp).unlink(missing_ok=True)
+        raise InvalidInput(f"cannot write {what} {out}: {exc.strerror}") from None
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return out

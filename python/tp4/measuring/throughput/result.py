@@ -1,0 +1,239 @@
+"""The result file of `tp4 bench`: a sparkDash ``result.json`` (its field names, so sparkDash's
+readers read ours and `tp4 report` reads both), tp4's additions under keys named ``tp4`` only.
+
+The formulas are sparkDash's (LlmStreaming.js / DecodeBench.js), over the streams of one level:
+
+* per stream: ``ttftMs`` = first visible delta − request start; ``completionTokens`` from usage
+  (else the visible text / 4); ``decodeTokens`` = completionTokens − 1; ``decodeMs`` = last
+  visible delta − first; ``decodeTps`` = decodeTokens / decodeMs; ``prefillTps`` = prompt
+  tokens / TTFT;
+* per level: ``aggregateDecodeTps`` = Σ decodeTokens / (max t_last − min t_first);
+  ``aggregatePrefillTps`` = Σ prefillTokens / (max t_first − min t0); mean / median / min / max
+  over the streams that are OK (no error, at least one decode token); ``streamsFailed`` the others.
+
+The file is written whole after every finished level, atomically (a temporary file beside it,
+renamed over it), so a run killed at any moment leaves the last finished level on disk.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import statistics
+import tempfile
+from collections.abc import Sequence
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from tp4.measuring.throughput.loadgen import PREVIEW, StreamResult, Watch
+from tp4.core.errors import InvalidInput
+
+Doc = dict[str, Any]
+RESULT = "result.json"
+
+METHOD_DECODE = (
+    "tp4 bench decode (sparkDash's decode method): per prompt type, {warmup} discarded warm-up request(s), then each "
+    "concurrency level sends N streamed chat completions at once (temperature 0, thinking off, max_tokens = min_tokens = "
+    "{max_tokens}, ignore_eos, stop [], stream_options.include_usage). TTFT is the first visible (content or reasoning) "
+    "delta minus the request start; completion tokens come from usage (else text/4); per-stream decode tok/s = "
+    "(completion tokens - 1) / (last visible delta - first); a level's aggregate = sum of decode tokens / (latest last "
+    "delta - earliest first delta). c1 runs {c1_runs} time(s) (report its median), other levels {trials}. {prompts} "
+    "{salt} The engine's load endpoint is read every 0.25 s; a level during which the engine held more requests than "
+    "the level sent is marked invalid (tp4.invalid).")
+METHOD_PREFILL = (
+    "tp4 bench prefill: per pass and prompt size, one streamed chat completion (max_tokens {max_tokens}, temperature 0, "
+    "thinking off, include_usage) of a prompt sized to the target token count (chars per token calibrated once from "
+    "usage.prompt_tokens), opening with a unique salt line so nothing comes from the prefix cache; the body is {body}. "
+    "prefillTps = usage.prompt_tokens / TTFT (first visible delta - request start). A request during which the engine "
+    "held another request is marked invalid (tp4.invalid).")
+
+
+def now_iso() -> str:
+    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
+
+
+def _r(value: float | None, digits: int = 3) -> float | None:
+    return None if value is None else round(value, digits)
+
+
+def _ms(a: float | None, b: float | None) -> float | None:
+    return None if a is None or b is None else (b - a) * 1000.0
+
+
+def stream_json(r: StreamResult, url: str, model: str, level_start: float) -> Doc:
+    """One stream's sparkDash fields (and its times from the level's start under ``tp4``)."""
+    ttft = _ms(r.t0, r.t_first)
+    completion = r.completion_tokens
+    decode_tokens = max(completion - 1, 0)
+    decode_ms = _ms(r.t_first, r.t_last)
+    decode_tps = decode_tokens / (decode_ms / 1000.0) if decode_ms and decode_ms > 0 else None
+    prompt_tokens = r.prompt_tokens
+    prefill_tps = prompt_tokens / (ttft / 1000.0) if prompt_tokens is not None and ttft and ttft > 0 else None
+    text = r.text
+    usage = None if r.usage is None else {"promptTokens": r.usage.get("prompt_tokens"), "completionTokens": r.usage.get("completion_tokens"),
+                                          "totalTokens": r.usage.get("total_tokens")}
+    return {
+        "index": r.index, "ttftContentMs": _r(_ms(r.t0, r.t_first_content)), "reasoningChunks": r.reasoning_chunks,
+        "ttftMs": _r(ttft), "decodeTps": _r(decode_tps), "decodeTokens": decode_tokens, "completionTokens": completion,
+        "prefillTps": _r(prefill_tps), "prefillTokens": prompt_tokens, "totalMs": _r(_ms(r.t0, r.t_end)), "error": r.error,
+        "prompt": r.prompt,
+        "http": {"url": url, "status": r.status, "headers": r.headers, "completionId": r.completion_id, "finishReason": r.finish_reason,
+                 "sseEventCount": r.events, "firstSseDataPreview": r.first_data,
+                 "request": {"model": model, "maxTokens": r.max_tokens, "temperature": 0, "stream": True, "promptChars": len(r.prompt)}},
+        "usage": usage,
+        "contentPreview": {"first": text[:PREVIEW], "last": text[-PREVIEW:], "chars": len(text)},
+        "decodeMs": _r(decode_ms),
+        "tp4": {"t0Ms": _r(_ms(level_start, r.t0)), "tFirstMs": _r(_ms(level_start, r.t_first)), "tLastMs": _r(_ms(level_start, r.t_last)),
+                "usageSeen": r.usage is not None, "exact": r.extended},
+    }
+
+
+def _ok(s: Doc) -> bool:
+    return s["error"] is None and s["decodeTokens"] > 0
+
+
+def _stats(values: Sequence[float]) -> tuple[float | None, float | None, float | None, float | None]:
+    if not values:
+        return None, None, None, None
+    return statistics.fmean(values), statistics.median(values), min(values), max(values)
+
+
+def level_json(concurrency: int, streams: list[StreamResult], watch: Watch, url: str, model: str, start: float, end: float,
+               *, same_prompts: bool, salted: bool) -> Doc:
+    """One concurrency level: sparkDash's result row, ``tp4`` {invalid, maxRunning, ...}."""
+    rows = [stream_json(r, url, model, start) for r in streams]
+    ok = [(s, r) for s, r in zip(rows, streams, strict=True) if _ok(s)]
+    decode = [s["decodeTps"] for s, _ in ok if s["decodeTps"] is not None]
+    ttft = [s["ttftMs"] for s, _ in ok if s["ttftMs"] is not None]
+    prefill = [s["prefillTps"] for s, _ in ok if s["prefillTps"] is not None]
+    total_decode = sum(s["decodeTokens"] for s, _ in ok)
+    total_prefill = sum(s["prefillTokens"] or 0 for s, _ in ok)
+    firsts = [r.t_first for _, r in ok if r.t_first is not None]
+    lasts = [r.t_last for _, r in ok if r.t_last is not None]
+    starts = [r.t0 for _, r in ok]
+    span = max(lasts) - min(firsts) if firsts and lasts else 0.0
+    aggregate = total_decode / span if span > 0 else None
+    prefill_span = max(firsts) - min(starts) if firsts and starts else 0.0
+    aggregate_prefill = total_prefill / prefill_span if prefill_span > 0 and total_prefill else None
+    mean, median, low, high = _stats(decode)
+    failed = len(rows) - len(ok)
+    errors = sorted({s["error"] for s in rows if s["error"]})
+    error = None if not failed else (f"{failed} of {len(rows)} streams failed" + (f": {'; '.join(errors)[:500]}" if errors else ": no decode tokens"))
+    return {
+        "concurrency": concurrency, "streamsOk": len(ok), "streamsFailed": failed,
+        "meanDecodeTps": _r(mean), "medianDecodeTps": _r(median), "minDecodeTps": _r(low), "maxDecodeTps": _r(high),
+        "meanTtftMs": _r(statistics.fmean(ttft) if ttft else None), "medianTtftMs": _r(statistics.median(ttft) if ttft else None),
+        "aggregateDecodeTps": _r(aggregate),
+        "meanPrefillTps": _r(statistics.fmean(prefill) if prefill else None), "medianPrefillTps": _r(statistics.median(prefill) if prefill else None),
+        "aggregatePrefillTps": _r(aggregate_prefill),
+        "totalPrefillTokens": total_prefill, "totalDecodeTokens": total_decode,
+        "totalCompletionTokens": sum(s["completionTokens"] for s, _ in ok),
+        "durationMs": _r((end - start) * 1000.0), "error": error, "streams": rows, "model": model, "hardwareSamples": [],
+        "tp4": {"invalid": watch.invalid(concurrency), "maxRunning": watch.max_running, "maxInEngine": watch.max_in_engine,
+                "loadSamples": watch.samples, "samePrompts": same_prompts, "salted": salted},
+    }
+
+
+def prefill_row(trial: int, target: int, salt: str, prompt: str, sha: str, r: StreamResult, watch: Watch, url: str, model: str,
+                corpus: str | None) -> Doc:
+    request = stream_json(r, url, model, r.t0)
+    request.pop("prompt")  # the row keeps its size and hash, not 100k+ tokens of text
+    invalid = watch.invalid(1)
+    return {"trial": trial, "targetTokens": target, "salt": salt, "promptChars": len(prompt), "promptSha256": sha,
+            "request": request, "tp4": {"corpus": corpus, "invalid": invalid, "promptTokens": r.prompt_tokens,
+                                        "maxRunning": watch.max_running, "head": prompt[:200]}}
+
+
+# --- the file ------------------------------------------------------------------------------------------
+
+
+def read(path: Path) -> Doc | None:
+    """The result.json in an out directory, or None when there is none; anything that is not a
+    tp4 result there is InvalidInput (never overwritten)."""
+    from tp4.core.userfiles import read_input
+
+    try:
+        os.lstat(path)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise InvalidInput(f"--out: {path} cannot be checked ({exc.strerror}); fix: choose another --out directory") from None
+    text = read_input(path, "--out result", "choose another --out directory", limit=512 << 20)
+    try:
+        doc = json.loads(text)
+    except ValueError as exc:
+        raise InvalidInput(f"--out: {path} is not JSON ({exc}); fix: choose another --out directory, or remove the file") from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("tp4"), dict) or not isinstance(doc.get("config"), dict):
+        raise InvalidInput(f"--out: {path} is not a tp4 bench result; fix: choose another --out directory")
+    return doc
+
+
+def write(path: Path, doc: Doc) -> None:
+    """Write ``doc`` to ``path`` atomically (temporary file, fsync, rename)."""
+    data = json.dumps(doc, indent=1, ensure_ascii=False) + "\n"
+    try:
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    except OSError as exc:
+        raise InvalidInput(f"--out: cannot write in {path.parent} ({exc.strerror}); fix: choose a directory you can write to") from None
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.chmod(tmp, 0o644)  # a result is for sharing (mkstemp makes it 0600)
+        os.replace(tmp, path)
+    except OSError as exc:
+        Path(tmp).unlink(missing_ok=True)
+        raise InvalidInput(f"--out: cannot write {path} ({exc.strerror}); fix: choose a directory you can write to") from None
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def prepare_out(directory: str, *, create: bool = True) -> Path:
+    """The out directory (created when missing), checked writable: the result's path. With
+    ``create`` False a missing directory is only checked to be creatable (nothing is made)."""
+    out = Path(directory).expanduser()
+    if not directory.strip():
+        raise InvalidInput("--out: the path is empty; fix: name a directory (new or a run's own)")
+    if not create and not os.path.lexists(out):
+        parent = out.parent
+        while not os.path.lexists(parent) and parent != parent.parent:
+            parent = parent.parent
+        if not parent.is_dir():
+            raise InvalidInput(f"--out: cannot create {out}: {parent} is not a directory; fix: choose a directory you can write to")
+        if not os.access(parent, os.W_OK | os.X_OK):
+            raise InvalidInput(f"--out: cannot create {out}: {parent} is not writable; fix: choose a directory you can write to")
+        return out / RESULT
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except FileExistsError:
+        raise InvalidInput(f"--out: {out} exists and is not a directory; fix: name a directory (new or a run's own)") from None
+    except OSError as exc:
+        raise InvalidInput(f"--out: cannot create {out} ({exc.strerror}); fix: choose a directory you can write to") from None
+    if not out.is_dir():
+        raise InvalidInput(f"--out: {out} is not a directory; fix: name a directory (new or a run's own)")
+    if not os.access(out, os.W_OK | os.X_OK):
+        raise InvalidInput(f"--out: {out} is not writable by this user; fix: choose a directory you can write to")
+    target = out / RESULT
+    try:
+        if not stat.S_ISREG(os.lstat(target).st_mode):
+            raise InvalidInput(f"--out: {target} is not a regular file; fix: choose another --out directory")
+    except FileNotFoundError:
+        pass
+    # a real write, so a read-only file system (or a directory the user cannot write after all)
+    # is found now, not after the first level
+    try:
+        fd, tmp = tempfile.mkstemp(dir=out, prefix=".probe.", suffix=".tmp")
+        os.close(fd)
+        os.unlink(tmp)
+    except OSError as exc:
+        raise InvalidInput(f"--out: cannot write in {out} ({exc.strerror}); fix: choose a directory you can write to") from None
+    return target
+
+
+def differences(old: Doc, new: Doc) -> list[str]:
+    keys = sorted(set(old) | set(new))
+    return [f"{k} {json.dumps(old.get(k))} -> {json.dumps(new.get(k))}" for k in keys if old.get(k) != new.get(k)]

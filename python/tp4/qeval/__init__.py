@@ -1,5 +1,0 @@
-"""`tp4 qeval`: the line's quality suite (docs/qeval.md).
-
-:mod:`tp4.qeval.checks` holds the scorers (pure: an answer in, a verdict out), :mod:`tp4.qeval.tasks`
-the tasks, :mod:`tp4.qeval.sandbox` the throwaway container model-generated code runs in (on a
-worker, never the head) and :mod:`tp4.qeval.suite` the run, its results and the baseline."""
