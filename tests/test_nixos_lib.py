@@ -187,14 +187,14 @@ def test_a_nixos_node_runs_podman_only(work, tmp_path):
 
 
 def test_a_plan_of_an_older_schema_is_refused(work, tmp_path):
-    """A plan file written by an older tp4 lacks fields the hosts read (tp4.plan/1.8): evaluation
+    """A plan file written by an older tp4 lacks fields the hosts read (tp4.plan/1.9): evaluation
     stops naming the option and the command that writes it again."""
     doc = json.loads(plan_file(PROFILE, work / "plan-old.json").read_text())
-    doc["schema"] = "tp4.plan/1.7"
+    doc["schema"] = "tp4.plan/1.8"
     edited = tmp_path / "old-plan.json"
     edited.write_text(json.dumps(doc))
     err = failure(hosts_expr(edited, HOSTS), work)
-    assert ('tp4.planFile: "tp4.plan/1.7" is not a plan this module reads (tp4.plan/1.8 or later); '
+    assert ('tp4.planFile: "tp4.plan/1.8" is not a plan this module reads (tp4.plan/1.9 or later); '
             "fix: write the plan again with this flake's tp4: tp4 plan --json -o plan.json --profile profile.toml") in err
 
 def test_the_weights_options_are_tp4_shares(work, plan, hosts):
@@ -211,7 +211,7 @@ def test_the_weights_options_are_tp4_shares(work, plan, hosts):
     # a worker's volume is the one tp4 share makes (and checks on a NixOS worker)
     w = hosts["spark2"]["weightsVolume"]
     server = nfs["servers"][0]
-    assert {k: w["options"][k] for k in ("type", "o", "device")} == share.WorkerShare(node=None, server=server, client="10.0.1.2").volume_options(nfs["export"])
+    assert w["options"] == nfs["volumes"][0] == {"type": "nfs", "o": f"addr={server},{share.MOUNT_OPTIONS}", "device": f":{nfs['export']}"}
     assert hosts["spark2"]["nfs"]["mount"]["options"][:len(nfs["mount_options"])] == nfs["mount_options"]
 
 

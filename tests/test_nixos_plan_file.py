@@ -89,7 +89,7 @@ def test_a_plan_file_is_the_whole_line(tp4_cli, tmp_path, args):
     assert not (tmp_path / "x.json").exists()
 
 
-# --- what a host reads from the plan (tp4.plan/1.8) ----------------------------------------------
+# --- what a host reads from the plan (tp4.plan/1.9) ----------------------------------------------
 
 
 def _plan(text: str):

@@ -17,9 +17,9 @@ let
     ;
   inherit (u) fail optionals;
 
-  # the plan fields this reads are those of tp4.plan/1.8 (a plan file written by an older tp4
+  # the plan fields this reads are those of tp4.plan/1.9 (a plan file written by an older tp4
   # lacks them): a plan of another schema stops evaluation saying how to write it again
-  minor = 8;
+  minor = 9;
   checked =
     plan:
     let
@@ -129,15 +129,7 @@ in
         else
           weights.volume {
             name = volume.source;
-            nfs =
-              if nfs then
-                {
-                  server = worker;
-                  path = export;
-                  options = plan.line.nfs.mount_options;
-                }
-              else
-                null;
+            nfs = if nfs then elemAt plan.line.nfs.volumes (node.rank - 1) else null;
             localDir = if nfs then null else local;
           }
           // {

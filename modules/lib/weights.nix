@@ -2,8 +2,9 @@
 # to exactly the line's workers, and every worker mounts it (upstream files/nfs-share.sh, as tp4
 # share does it, with the plan's export and client options); without it (a ring, nfs.share =
 # false) every node holds its own copy. The rank's container mounts the plan's weights volume.
-# The exports line and the volume's options are written in the syntax share writes them in
-# (python/tp4/hosts/share.py kernel_exports_text, WorkerShare.volume_options; a test compares them).
+# The exports line is written in the syntax tp4 share writes it in (python/tp4/hosts/share.py
+# kernel_exports_text; a test compares them): its clients are the head's view of the workers'
+# ports, a host fact the plan does not hold. The workers' volume options are the plan's.
 let
   u = import ./util.nix;
   inherit (builtins)
@@ -81,10 +82,10 @@ rec {
     };
 
   # the plan's weights volume, `<runtime> volume create --driver local` with these options. With
-  # NFS it is the volume tp4 share makes on a plain host (python/tp4/hosts/share.py WorkerShare: the
-  # same options, so share and doctor check a NixOS worker as any other); the host's own mount of
-  # the export (clientMount) is what orders the rank after a head that exports. Without NFS it
-  # binds the node's own copy.
+  # NFS they are the plan's (line.nfs.volumes: the volume tp4 share makes on a plain host, so share
+  # and doctor check a NixOS worker as any other); the host's own mount of the export
+  # (clientMount) is what orders the rank after a head that exports. Without NFS it binds the
+  # node's own copy.
   volume =
     {
       name,
@@ -96,11 +97,7 @@ rec {
       driver = "local";
       options =
         if nfs != null then
-          {
-            type = "nfs";
-            o = concatStringsSep "," ([ "addr=${nfs.server}" ] ++ nfs.options);
-            device = ":${nfs.path}";
-          }
+          nfs
         else
           {
             type = "none";

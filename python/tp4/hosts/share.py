@@ -37,7 +37,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from tp4.core.errors import InvalidInput, Tp4Error
-from tp4.line.plan import NFS_EXPORT_OPTIONS, NFS_MOUNT_OPTIONS, Plan, expand, home_of
+from tp4.line.plan import NFS_EXPORT_OPTIONS, NFS_MOUNT_OPTIONS, Plan, VolumeOptions, expand, home_of
 from tp4.line.profile.models import Profile
 from tp4.hosts.nodes import Node, parallel
 
@@ -72,11 +72,12 @@ _GANESHA_START = ('rm -f -- "$2"; exec ganesha.nfsd -f "$1" -p "$2" -L "$3" -N N
 @dataclass(frozen=True)
 class WorkerShare:
     node: Node
-    server: str  # the head's address this worker mounts from
+    server: str  # the head's address this worker mounts from (the plan's line.nfs.servers)
     client: str  # the worker's address as the head sees it
+    volume: VolumeOptions  # the plan's weights volume of this worker (line.nfs.volumes)
 
-    def volume_options(self, export: str) -> dict[str, str]:
-        return {"type": "nfs", "o": f"addr={self.server},{MOUNT_OPTIONS}", "device": f":{export}"}
+    def volume_options(self) -> dict[str, str]:
+        return self.volume._asdict()
 
 
 def kernel_exports_text(export: str, clients: Sequence[str]) -> str:
@@ -126,16 +127,6 @@ def _src_of_route(node: Node, target: str) -> str:
     return words[words.index("src") + 1]
 
 
-def servers(profile: Profile, workers: Sequence[Node]) -> list[str]:
-    ips = profile.nfs.server_ips
-    if len(ips) == 1:
-        return [ips[0]] * len(workers)
-    if len(ips) == len(workers):
-        return list(ips)
-    raise InvalidInput(f"nfs.server_ips: {len(ips)} addresses for {len(workers)} workers; fix: one address for all "
-                       "workers, or one per worker in worker order")
-
-
 def _results(results: dict[str, object | BaseException]) -> None:
     errors = [v for v in results.values() if isinstance(v, BaseException)]
     if len(errors) == 1:
@@ -162,11 +153,14 @@ def share(profile: Profile, plan: Plan, nodes: Sequence[Node], out: Echo) -> Non
         raise Tp4Error(f"model.dir: {export} does not exist on {head.name}; fix: tp4 download, or set model.dir to the checkpoint")
     if state != "ok":
         raise Tp4Error(f"model.dir: {export} on {head.name} has no config.json; fix: tp4 download (the checkpoint is incomplete)")
-    addrs = servers(profile, workers)
+    nfs = plan.line.nfs
+    if nfs is None:
+        raise InvalidInput("nfs.share: the plan has no NFS share for this line; fix: tp4 plan shows why (a ring, or one node)")
+    addrs = nfs.servers
     clients: dict[str, object | BaseException] = parallel(
         workers, lambda w: _src_of_route(w, addrs[workers.index(w)]))
     _results(clients)
-    shares = [WorkerShare(w, addrs[i], str(clients[w.name])) for i, w in enumerate(workers)]
+    shares = [WorkerShare(w, addrs[i], str(clients[w.name]), nfs.volumes[i]) for i, w in enumerate(workers)]
     client_addrs = sorted(set(s.client for s in shares))
 
     kind = head.run(["sh", "-c", _SERVER_KIND], purpose=f"the NFS server of {head.name}").stdout.strip()
@@ -321,7 +315,7 @@ def _create_argv(node: Node, volume: str, options: dict[str, str]) -> list[str]:
 
 
 def _volume(s: WorkerShare, volume: str, export: str) -> str:
-    node, want = s.node, s.volume_options(export)
+    node, want = s.node, s.volume_options()
     found = _inspect(node, volume)
     if found == ("local", want):
         return "unchanged"
@@ -337,7 +331,7 @@ def _volume(s: WorkerShare, volume: str, export: str) -> str:
 
 def _check_nixos_volume(s: WorkerShare, volume: str, export: str) -> str:
     found = _inspect(s.node, volume)
-    want = s.volume_options(export)
+    want = s.volume_options()
     if found != ("local", want):
         raise Tp4Error(f"{s.node.name}: the NixOS host's volume {volume} is {'missing' if found is None else json.dumps(found[1], sort_keys=True)}, "
                        f"not {json.dumps(want, sort_keys=True)}; fix: set the module's weights volume to that and switch the host")

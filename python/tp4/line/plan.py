@@ -163,6 +163,14 @@ class ImageRef(NamedTuple):
     base: Annotated[str, "base image, pinned by digest"]
 
 
+class VolumeOptions(NamedTuple):
+    """A worker's weights volume as `<runtime> volume create --driver local --opt KEY=VALUE` makes it."""
+
+    type: Annotated[str, "the mount type (nfs)"]
+    o: Annotated[str, "the mount options: the head's address (addr=) and the NFS client options"]
+    device: Annotated[str, "the export, as `:<path>`"]
+
+
 class NfsShare(NamedTuple):
     """The head's NFS export of the checkpoint to the workers (tp4 share, the NixOS hosts)."""
 
@@ -171,6 +179,7 @@ class NfsShare(NamedTuple):
     port: Annotated[int, "the NFS server's TCP port (NFSv4), opened on the head"]
     export_options: Annotated[tuple[str, ...], "exports(5) options of the checkpoint (upstream files/nfs-share.sh's, without fsid=0)"]
     mount_options: Annotated[tuple[str, ...], "the workers' NFS client options (the weights volume's and a NixOS worker's mount)"]
+    volumes: Annotated[tuple[VolumeOptions, ...], "per worker in rank order, its weights volume's options (tp4 share makes it, a NixOS worker's unit too)"]
 
 
 class LineFacts(NamedTuple):
@@ -612,8 +621,11 @@ def nfs_share(p: Profile, head_run: RunSpec) -> NfsShare | None:
         return None
     ips, workers = p.nfs.server_ips, len(p.nodes) - 1
     servers = tuple(ips) * workers if len(ips) == 1 else tuple(ips)
-    return NfsShare(export=head_run.mounts[0].source, servers=servers, port=NFS_PORT,
-                    export_options=NFS_EXPORT_OPTIONS, mount_options=NFS_MOUNT_OPTIONS)
+    export = head_run.mounts[0].source
+    volumes = tuple(VolumeOptions(type="nfs", o=",".join((f"addr={s}", *NFS_MOUNT_OPTIONS)), device=f":{export}")
+                    for s in servers)
+    return NfsShare(export=export, servers=servers, port=NFS_PORT, export_options=NFS_EXPORT_OPTIONS,
+                    mount_options=NFS_MOUNT_OPTIONS, volumes=volumes)
 
 
 # The commands that look a node's RoCE v2 GID index up at start when the profile does not pin it.

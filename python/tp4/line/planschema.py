@@ -169,6 +169,7 @@ removed within `tp4.plan/1`:
 - 1.7 added `digest` (the plan's digest, which every rank of a line started from it carries as the
   container label `tp4.plan`).
 - 1.8 added what a NixOS host reads from the committed plan instead of the profile: `line.id`, `line.api_port`, `line.dist_init_port`, `line.nfs` (the head's export, each worker's server address, the export and mount options), `line.ring_hairpin_queue`, and per rank `service.ready`, `service.directories`, `service.gpu_devices` and `service.host_units`.
+- 1.9 added `line.nfs.volumes` (each worker's weights volume options, which tp4 share and a NixOS worker make alike).
 
 Rules the types do not show:
 - `digest` is computed over every other field except `source` (one profile, one digest, wherever
