@@ -2,7 +2,8 @@
 reference (the published v2.1 tables by default) and render the comparison as tables or JSON.
 
 A result file is sparkDash's result.json (`decode[{trial, job}]`, `prefill[rows]`), with tp4's
-additions under `tp4` keys (docs/report.md). Per (prompt type, concurrency) the report takes the
+additions under `tp4` keys, read through its contract model (tp4.contracts.bench_result;
+docs/contracts.md): a file that does not fit is refused naming the field. Per (prompt type, concurrency) the report takes the
 median over trials of `aggregateDecodeTps`, `medianDecodeTps` (per stream) and `medianTtftMs`;
 per `targetTokens` the median of `request.prefillTps`. A level or row marked `tp4.invalid` (or
 failed) is shown and never judged.
@@ -109,7 +110,8 @@ def _loads(text: str, file: str) -> object:
 
 @dataclass(frozen=True)
 class _Src:
-    """One file being read: every refusal names it, the field and a fix."""
+    """One file being read: every refusal names it, the field and a fix. A result file's fields
+    are checked by its contract model (_validated); a reference data file's by these."""
 
     file: str
 
@@ -132,10 +134,6 @@ class _Src:
         if not isinstance(value, list):
             self.fail(f"{where}.{key}" if where else key, f"is {_describe(value)}, not an array")
         return value
-
-    def num(self, parent: Mapping[str, object], key: str, where: str, fix: str = RESULT_FIX) -> Fraction | None:
-        """A non-negative number, or None when absent or null."""
-        return self.num_value(parent.get(key), f"{where}.{key}" if where else key, fix)
 
     def num_value(self, value: object, at: str, fix: str = RESULT_FIX) -> Fraction | None:
         if value is None:
