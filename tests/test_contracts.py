@@ -100,12 +100,21 @@ def test_what_tp4_bench_writes_is_the_contract(standins: Callable[..., Standin],
     assert proc.returncode == 0, proc.stderr
     proc = tp4("bench", "prefill", "--url", s.url, "--sizes", "600", "--passes", "1", "--out", tmp_path / "prefill")
     assert proc.returncode == 0, proc.stderr
-    for out in ("decode", "prefill"):
+    # with --profile the result records the plan, its digest, the image and the pins
+    text = (REPO / "python/tp4/data/default-profile.toml").read_text().replace("10.0.0.", "127.0.0.")
+    profile = tmp_path / "profile.toml"
+    profile.write_text(text.replace("[cluster]\n", f"[cluster]\nport = {s.port}\n", 1))
+    proc = tp4("bench", "decode", "--profile", profile, "--levels", "1", "--max-tokens", "4", "--prompt-types", "json",
+               "--c1-runs", "1", "--warmup", "0", "--out", tmp_path / "profiled")
+    assert proc.returncode == 0, proc.stderr
+    for out, kind in (("decode", "decode"), ("prefill", "prefill"), ("profiled", "decode")):
         doc = load(tmp_path / out)
         conforms(doc, "bench-result")
         model = BenchResult.model_validate(doc)
-        assert model.tp4 is not None and model.tp4.kind == out
+        assert model.tp4 is not None and model.tp4.kind == kind
         assert undeclared(model) == [], "tp4 bench writes keys its contract (tp4.contracts.bench_result) does not name"
+    profiled = BenchResult.model_validate(load(tmp_path / "profiled")).tp4
+    assert profiled is not None and (profiled.plan_digest or "").startswith("sha256:") and profiled.plan and profiled.pins
     doc = load(tmp_path / "decode")
     doc["decode"][0]["job"]["results"][0]["tp4"]["colour"] = "red"
     with pytest.raises(jsonschema.ValidationError, match="colour"):
