@@ -59,6 +59,19 @@ def test_each_schema_is_a_valid_json_schema_with_every_field_described(contract:
             assert prop.get("description"), f"{contract.name}: {field} has no meaning"
 
 
+def test_the_contracts_import_nothing_of_tp4_but_themselves() -> None:
+    """Every layer reads them (report, bench, fleet, doctor, the CLI): they sit below all of it."""
+    import ast
+
+    wrong = []
+    for path in sorted((REPO / "python" / "tp4" / "contracts").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            wrong += [f"{path.name} imports {n}" for n in names if n.startswith("tp4") and not n.startswith("tp4.contracts")]
+    assert wrong == []
+
+
 # --- the bench result -----------------------------------------------------------------------------
 
 

@@ -8,6 +8,6 @@ reads through it, so what is written, what is read and what is documented cannot
 `python -m tp4.contracts` writes docs/schemas/*.schema.json and docs/contracts.md from the
 models; a test keeps the committed files current.
 
-These modules import pydantic and the standard library only (and ``tp4.errors``): every
-layer of tp4 may import them.
+These modules import pydantic, the standard library and each other only, so every layer of
+tp4 may import them (tests/test_contracts.py checks it).
 """
