@@ -508,6 +508,12 @@ def test_bad_paths_exit_2(tmp_path: Path) -> None:
     holds_other = tmp_path / "holds-other"
     holds_other.mkdir()
     (holds_other / "result.json").write_text('{"not": "ours"}')
+    # a tp4 result damaged by hand: read through its contract, the field named
+    holds_broken = tmp_path / "holds-broken"
+    holds_broken.mkdir()
+    broken = ('{"config": {"kind": "decode"}, "decode": [{"trial": 1, "job": {"results": [{"concurrency": 0}]}}],'
+              ' "tp4": {"kind": "decode", "levels_done": ["prose/1/1"], "interupted": true}}')
+    (holds_broken / "result.json").write_text(broken)
     empty = tmp_path / "empty"
     empty.mkdir()
     only_junk = tmp_path / "junk"
@@ -520,6 +526,8 @@ def test_bad_paths_exit_2(tmp_path: Path) -> None:
         (("decode", "--out", holds_dir), "result.json is not a regular file"),
         (("decode", "--out", holds_fifo), "result.json is not a regular file"),
         (("decode", "--out", holds_other), "is not a tp4 bench result"),
+        (("decode", "--out", holds_broken), "result.json: decode[0].job.results[0].concurrency: is the number 0, not a positive whole number "
+                                             "(1 more problem(s) after this one)"),
         (("prefill", "--corpus", tmp_path / "missing"), "--corpus: " + str(tmp_path / "missing") + " does not exist"),
         (("prefill", "--corpus", a_file), "is a regular file, not a directory"),
         (("prefill", "--corpus", fifo), "is a FIFO, not a directory"),
@@ -532,6 +540,7 @@ def test_bad_paths_exit_2(tmp_path: Path) -> None:
         assert proc.returncode == 2, (args, proc.stderr)
         assert message in proc.stderr and "fix:" in proc.stderr and "Traceback" not in proc.stderr, (args, proc.stderr)
     assert (holds_other / "result.json").read_text() == '{"not": "ours"}'
+    assert (holds_broken / "result.json").read_text() == broken
     assert stat.S_ISFIFO(os.stat(holds_fifo / "result.json").st_mode)
 
 

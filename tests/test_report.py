@@ -147,7 +147,9 @@ def tp4_result(scale: float = 1.0, invalid: tuple[str, int] | None = ("code", 8)
                        "sizes": [4096, 16384, 65536], "maxTokens": 256, "promptTypes": PROMPTS},
             "prefill": prefill, "decode": decode, "method": "tp4 bench: sparkDash's method with one prompt set and salted streams",
             "tp4": {"version": "0.1.0", "kind": "decode", "plan_digest": "sha256:" + "1" * 64, "image": "dsv41-4x-spark:canary-roce",
-                    "pins": {}, "samePrompts": True, "salted": True, "corpus": corpus, "levels_done": LEVELS, "interrupted": False}}
+                    "pins": {}, "samePrompts": True, "salted": True, "corpus": corpus,
+                    "levels_done": [f"{e['job']['config']['promptType']}/{e['trial']}/{lv['concurrency']}" for e in decode
+                                    for lv in e["job"]["results"]], "interrupted": False}}
 
 
 def write(tmp_path: Path, name: str, doc: dict | str) -> Path:

@@ -12,6 +12,7 @@ from tp4.image import runtime_cli
 from tp4.image import images as images_mod
 from tp4.image.build import pin_summary
 from tp4.cli.common import profile_option, profile_remotes, ssh_option, strict_option
+from tp4.core.contracts.images_listing import ImageEntry, ImagesListing, ImagesNode
 from tp4.core.errors import Tp4Error
 from tp4.core.process import Remote
 
@@ -101,14 +102,15 @@ def images(ctx: click.Context, /, as_json: bool, **opts: Any) -> None:
     def digest(node: images_mod.NodeImages, image: images_mod.Image) -> str | None:
         return (store_ids.get(image.id) if node is head else None) or image.digest()
 
-    if as_json:
-        click.echo(json.dumps({"runtime": runtime, "nodes": [{
-            "node": n.name, "host": n.remote.host if n.remote else None, "error": n.error,
-            "line": n.line_ids(), "differs": images_mod.differences(head, n),
-            "images": [{"id": i.id, "tags": list(i.tags), "created": i.created.isoformat(), "size": i.size,
-                        "line_ref": i.line_ref, "line": i.is_line, "digest": digest(n, i), "flake_rev": i.flake_rev,
-                        "pins": i.pins, "containers": list(i.containers), "layers": list(i.layers)} for i in n.images],
-        } for n in nodes]}, indent=2))
+    if as_json:  # built through its contract (tp4.core.contracts.images_listing)
+        listing = ImagesListing(runtime=runtime, nodes=[ImagesNode(
+            node=n.name, host=n.remote.host if n.remote else None, error=n.error,
+            line=n.line_ids(), differs=images_mod.differences(head, n),
+            images=[ImageEntry(id=i.id, tags=list(i.tags), created=i.created.isoformat(), size=i.size,
+                               line_ref=i.line_ref, line=i.is_line, digest=digest(n, i), flake_rev=i.flake_rev,
+                               pins=i.pins, containers=list(i.containers), layers=list(i.layers)) for i in n.images],
+        ) for n in nodes])
+        click.echo(json.dumps(listing.model_dump(mode="json", by_alias=True), indent=2))
     else:
         for n in nodes:
             _print_node(n, head, digest)

@@ -20,7 +20,7 @@ Two halves:
   blocking failure, and serve runs :func:`blocking_failures`.
 
 The evidence (``--json``) is ``{"schema": "tp4.doctor/1", "nodes": {name: facts}, "checks":
-[...]}``.
+[...]}``, built through its contract (tp4.core.contracts.doctor_evidence; docs/contracts.md).
 """
 
 from __future__ import annotations
@@ -34,6 +34,8 @@ from dataclasses import dataclass, field
 from importlib import resources
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
+from tp4.core.contracts import doctor_evidence
+from tp4.core.contracts.doctor_evidence import CheckResult, DoctorEvidence, NodeFacts
 from tp4.core.errors import Tp4Error
 from tp4.hosts.nodes import Node, parallel
 from tp4.line.plan import Plan, RankPlan
@@ -41,8 +43,8 @@ from tp4.line.plan import Plan, RankPlan
 if TYPE_CHECKING:
     from tp4.line.profile.models import Profile
 
-SCHEMA = "tp4.doctor/1"
-Status = Literal["ok", "warn", "fail", "n/a"]
+SCHEMA = doctor_evidence.SCHEMA
+Status = doctor_evidence.Status
 Json = None | bool | int | float | str | list["Json"] | dict[str, "Json"]
 
 # the RoCE error counters that rise with packet loss (MiaAI-Lab/GLM#115)
@@ -126,9 +128,13 @@ class Result(NamedTuple):
     fix: str | None
     blocking: bool  # the check is blocking (a failure of it stops serve)
 
+    def contract(self) -> CheckResult:
+        return CheckResult(id=self.check, node=self.node, status=self.status, detail=self.detail, fix=self.fix,
+                           blocking=self.blocking)
+
     def to_json(self) -> dict[str, Json]:
-        return {"id": self.check, "node": self.node, "status": self.status, "detail": self.detail,
-                "fix": self.fix, "blocking": self.blocking}
+        out: dict[str, Json] = self.contract().model_dump(mode="json")
+        return out
 
 
 @dataclass(frozen=True)
@@ -433,9 +439,13 @@ class Facts:
     def has(self, name: str) -> bool:
         return name in self.sections
 
+    def contract(self) -> NodeFacts:
+        return NodeFacts(error=self.error, seconds=round(self.seconds, 3), received=self.received,
+                         derived=dict(self.derived), sections={k: list(v) for k, v in self.sections.items()})
+
     def to_json(self) -> dict[str, Json]:
-        return {"error": self.error, "seconds": round(self.seconds, 3), "received": self.received,
-                "derived": dict(self.derived), "sections": {k: list(v) for k, v in self.sections.items()}}
+        out: dict[str, Json] = self.contract().model_dump(mode="json")
+        return out
 
 
 def parse(text: str) -> dict[str, list[str]]:
@@ -1816,9 +1826,11 @@ class Report(NamedTuple):
         return [x for x in self.results if x.blocking and x.status == "fail"]
 
     def evidence(self) -> dict[str, Json]:
-        return {"schema": SCHEMA, "seconds": round(self.seconds, 3),
-                "nodes": {name: f.to_json() for name, f in self.facts.items()},
-                "checks": [x.to_json() for x in self.results]}
+        """`tp4 doctor --json`, built through its contract (tp4.core.contracts.doctor_evidence)."""
+        doc = DoctorEvidence(seconds=round(self.seconds, 3), nodes={name: f.contract() for name, f in self.facts.items()},
+                             checks=[x.contract() for x in self.results])
+        out: dict[str, Json] = doc.model_dump(mode="json", by_alias=True)
+        return out
 
 
 def doctor(plan: Plan, nodes: Sequence[Node], limits: Limits | None = None) -> Report:

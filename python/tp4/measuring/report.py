@@ -2,7 +2,8 @@
 reference (the published v2.1 tables by default) and render the comparison as tables or JSON.
 
 A result file is sparkDash's result.json (`decode[{trial, job}]`, `prefill[rows]`), with tp4's
-additions under `tp4` keys (docs/report.md). Per (prompt type, concurrency) the report takes the
+additions under `tp4` keys, read through its contract model (tp4.core.contracts.bench_result;
+docs/contracts.md): a file that does not fit is refused naming the field. Per (prompt type, concurrency) the report takes the
 median over trials of `aggregateDecodeTps`, `medianDecodeTps` (per stream) and `medianTtftMs`;
 per `targetTokens` the median of `request.prefillTps`. A level or row marked `tp4.invalid` (or
 failed) is shown and never judged.
@@ -23,8 +24,14 @@ from dataclasses import dataclass, field, replace
 from fractions import Fraction
 from importlib import resources
 from pathlib import Path
-from typing import Literal, NoReturn
+from typing import Literal, NoReturn, TypeVar
 
+from pydantic import BaseModel, ValidationError
+
+from tp4.core.contracts.base import Bad as _Bad
+from tp4.core.contracts.base import describe as _describe
+from tp4.core.contracts.base import problems as contract_problems
+from tp4.core.contracts.bench_result import BenchResult, Job, Source
 from tp4.core.errors import InvalidInput
 from tp4.core.userfiles import read_input
 
@@ -40,6 +47,7 @@ RESULT_FIX = "pass the result.json that `tp4 bench` or sparkDash wrote (or the d
 Metric = Literal["aggregate", "perStream", "ttft"]
 Status = Literal["ok", "invalid", "failed"]
 Kind = Literal["tp4", "sparkdash", "reference"]
+M = TypeVar("M", bound=BaseModel)
 
 
 @dataclass(frozen=True)
@@ -61,15 +69,8 @@ METRIC_OF_TABLE: dict[str, Metric] = {"decodeAggregate": "aggregate", "decodePer
 
 
 # --------------------------------------------------------------------------------------------
-# JSON with exact numbers; what JSON cannot hold as a finite 64-bit number is kept as a _Bad and
-# refused by the reader with the field's name
-
-
-class _Bad:
-    __slots__ = ("reason",)
-
-    def __init__(self, reason: str) -> None:
-        self.reason = reason
+# JSON with exact numbers; what JSON cannot hold as a finite 64-bit number is kept as a Bad and
+# refused by the contract model (tp4.core.contracts.bench_result) with the field's name
 
 
 def _parse_float(text: str) -> Fraction | _Bad:
@@ -107,25 +108,10 @@ def _loads(text: str, file: str) -> object:
     return value
 
 
-def _describe(value: object) -> str:
-    if isinstance(value, _Bad):
-        return value.reason
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return f"{'true' if value else 'false'} (a boolean)"
-    if isinstance(value, str):
-        return "a string" if len(value) > 40 else f"the string {value!r}"
-    if isinstance(value, list):
-        return "an array"
-    if isinstance(value, dict):
-        return "an object"
-    return f"the number {float(value):g}" if isinstance(value, int | Fraction) else type(value).__name__
-
-
 @dataclass(frozen=True)
 class _Src:
-    """One file being read: every refusal names it, the field and a fix."""
+    """One file being read: every refusal names it, the field and a fix. A result file's fields
+    are checked by its contract model (_validated); a reference data file's by these."""
 
     file: str
 
@@ -148,10 +134,6 @@ class _Src:
         if not isinstance(value, list):
             self.fail(f"{where}.{key}" if where else key, f"is {_describe(value)}, not an array")
         return value
-
-    def num(self, parent: Mapping[str, object], key: str, where: str, fix: str = RESULT_FIX) -> Fraction | None:
-        """A non-negative number, or None when absent or null."""
-        return self.num_value(parent.get(key), f"{where}.{key}" if where else key, fix)
 
     def num_value(self, value: object, at: str, fix: str = RESULT_FIX) -> Fraction | None:
         if value is None:
@@ -280,11 +262,11 @@ def _read_document(arg: str, what: str) -> tuple[str, object]:
     return str(path), _loads(text, str(path))
 
 
-def _sparkdash_filler(source: Mapping[str, object]) -> str | None:
+def _sparkdash_filler(source: Source | None) -> str | None:
     """sparkDash up to 1.8.8 fills prefill prompts with one repeated token; later versions draw
     words (MiaAI-Lab/sparkDash d201ba28), whose release tp4 report does not know."""
-    release = source.get("release")
-    if not isinstance(release, str):
+    release = None if source is None else source.release
+    if release is None:
         return None
     m = re.fullmatch(r"v?(\d+)\.(\d+)\.(\d+)", release.strip())
     if m is None:
@@ -292,42 +274,28 @@ def _sparkdash_filler(source: Mapping[str, object]) -> str | None:
     return REPEATED_TOKEN if tuple(int(g) for g in m.groups()) <= (1, 8, 8) else None
 
 
-def _levels(src: _Src, job: Mapping[str, object], where: str, notes: list[str]) -> list[_Level]:
-    config = src.opt_obj(job, "config", where)
-    prompt_type = src.text(config, "promptType", f"{where}.config")
-    prompt_type = None if prompt_type is None else printable(prompt_type, 40)
+def _levels(job: Job, notes: list[str]) -> list[_Level]:
+    prompt_type = None if job.config is None or job.config.promptType is None else printable(job.config.promptType, 40)
     if not prompt_type:
         prompt_type = "prose"
         note = "a decode job without config.promptType is taken as prose (sparkDash run.mjs's decode job)"
         if note not in notes:
             notes.append(note)
     levels = []
-    for i, raw in enumerate(src.arr(job, "results", where)):
-        at = f"{where}.results[{i}]"
-        level = src.obj(raw, at)
-        concurrency = src.whole(level, "concurrency", at, required=True)
-        assert concurrency is not None
-        extra = src.opt_obj(level, "tp4", at)
-        invalid = src.text(extra, "invalid", f"{at}.tp4")
-        invalid = None if invalid is None else printable(invalid) or "invalid"
-        error = _error(level.get("error"))
-        streams_ok = src.num(level, "streamsOk", at)
+    for level in job.results or []:
+        extra = level.tp4
+        invalid = None if extra is None or extra.invalid is None else printable(extra.invalid) or "invalid"
+        error = _error(level.error)
         status: Status = "ok"
         reason = None
         if invalid is not None:
             status, reason = "invalid", invalid
-        elif error is not None or streams_ok == 0:
+        elif error is not None or level.streamsOk == 0:
             status, reason = "failed", error or "no stream finished"
-        per_line: dict[str, tuple[int | None, Fraction | None]] = {}
-        for name, raw_line in src.opt_obj(extra, "lines", f"{at}.tp4").items():
-            entry = src.obj(raw_line, f"{at}.tp4.lines.{printable(name, 40)}")
-            where_line = f"{at}.tp4.lines.{printable(name, 40)}"
-            requests = src.num(entry, "requests", where_line)
-            if requests is not None and requests.denominator != 1:
-                src.fail(f"{where_line}.requests", f"is {_describe(entry.get('requests'))}, not a whole number")
-            per_line[printable(name, 40)] = (None if requests is None else int(requests), src.num(entry, "decodeTps", where_line))
-        levels.append(_Level(prompt_type, concurrency, src.num(level, "aggregateDecodeTps", at),
-                             src.num(level, "medianDecodeTps", at), src.num(level, "medianTtftMs", at), status, reason, per_line))
+        per_line = {printable(name, 40): (share.requests, share.decodeTps)
+                    for name, share in ((extra.lines or {}) if extra is not None else {}).items()}
+        levels.append(_Level(prompt_type, level.concurrency, level.aggregateDecodeTps, level.medianDecodeTps,
+                             level.medianTtftMs, status, reason, per_line))
     return levels
 
 
@@ -374,58 +342,64 @@ def read_result(arg: str) -> Measurements:
     return _measurements(_Src(file), doc, arg)
 
 
+def _validated(src: _Src, model: type[M], doc: Mapping[str, object]) -> M:
+    """``doc`` through its contract model; the first problem (the field's path, what is wrong)
+    refused with the file's name and a fix."""
+    try:
+        return model.model_validate(doc)
+    except ValidationError as exc:
+        found = contract_problems(exc)
+        where, reason = found[0]
+        more = f" ({len(found) - 1} more problem(s) after this one)" if len(found) > 1 else ""
+        src.fail(where, reason + more)
+
+
 def _measurements(src: _Src, doc: object, arg: str) -> Measurements:
     top = src.obj(doc, "the document")
     if top.get("kind") == REFERENCE_KIND:
         src.fail("kind", f"is {REFERENCE_KIND!r}: a reference data file, not a result",
                  "pass it with --reference FILE, and a result.json as RESULT")
     notes: list[str] = []
-    jobs: list[tuple[Mapping[str, object], str]] = []
+    jobs: list[Job] = []
+    bare_status: str | None = None
     if "decode" not in top and "prefill" not in top:
         if isinstance(top.get("results"), list) and "benchId" in top:  # a bare sparkDash decode job
-            jobs.append((top, ""))
+            bare = _validated(src, Job, top)
+            jobs.append(bare)
+            top, bare_status = {}, bare.status
         else:
             src.fail("decode", "missing, and so is prefill: this is not a result.json of tp4 bench or sparkDash")
-    for i, raw in enumerate(src.arr(top, "decode", "")):
-        entry = src.obj(raw, f"decode[{i}]")
-        if entry.get("job") is None:
-            src.fail(f"decode[{i}].job", "is missing")
-        jobs.append((src.obj(entry["job"], f"decode[{i}].job"), f"decode[{i}].job"))
-    levels = [level for job, where in jobs for level in _levels(src, job, where, notes)]
+    result = _validated(src, BenchResult, top)
+    jobs += [entry.job for entry in result.decode or []]
+    levels = [level for job in jobs for level in _levels(job, notes)]
 
-    extra = src.opt_obj(top, "tp4", "")
-    source = src.opt_obj(top, "source", "")
+    extra = result.tp4
     kind: Kind = "tp4" if "tp4" in top else "sparkdash"
     filler: str | None
-    corpus = src.text(extra, "corpus", "tp4")
+    corpus = extra.corpus if extra is not None else None
     if kind == "tp4":
-        stated = src.text(extra, "filler", "tp4")
+        stated = extra.filler if extra is not None else None
         filler = f"corpus:{printable(corpus, 80)}" if corpus else printable(stated, 80) if stated else "tp4-bench"
     else:
-        filler = _sparkdash_filler(source)
+        filler = _sparkdash_filler(result.source)
     prefill_samples: dict[int, list[tuple[Fraction | None, Status, str | None]]] = {}
-    for i, raw in enumerate(src.arr(top, "prefill", "")):
-        at = f"prefill[{i}]"
-        row = src.obj(raw, at)
-        tokens = src.whole(row, "targetTokens", at, required=True)
-        assert tokens is not None
-        request = src.opt_obj(row, "request", at)
-        row_extra = src.opt_obj(row, "tp4", at)
-        tps = src.num(request, "prefillTps", f"{at}.request")
+    for row in result.prefill or []:
+        request = row.request
+        tps = request.prefillTps if request is not None else None
         if tps is None:  # sparkDash's own prefill bench history keeps the rate on the row
-            tps = src.num(row, "prefillTps", at)
-        row_corpus = src.text(row_extra, "corpus", f"{at}.tp4")
+            tps = row.prefillTps
+        row_corpus = row.tp4.corpus if row.tp4 is not None else None
         if row_corpus and kind == "tp4" and not corpus:
             filler = f"corpus:{printable(row_corpus, 80)}"
-        invalid = src.text(row_extra, "invalid", f"{at}.tp4")
+        invalid = row.tp4.invalid if row.tp4 is not None else None
         invalid = None if invalid is None else printable(invalid) or "invalid"
-        error = _error(request.get("error")) or _error(row.get("error"))
+        error = _error(request.error if request is not None else None) or _error(row.error)
         sample: tuple[Fraction | None, Status, str | None] = (tps, "ok", None)
         if invalid is not None:
             sample = (tps, "invalid", invalid)
         elif error is not None or tps is None:
             sample = (tps, "failed", error or "no prefill rate")
-        prefill_samples.setdefault(tokens, []).append(sample)
+        prefill_samples.setdefault(row.targetTokens, []).append(sample)
 
     decode: dict[Metric, dict[tuple[str, int], Cell]] = {"aggregate": {}, "perStream": {}, "ttft": {}}
     grouped: dict[tuple[str, int], list[_Level]] = {}
@@ -443,14 +417,14 @@ def _measurements(src: _Src, doc: object, arg: str) -> Measurements:
             counted = [Fraction(r) for r, _ in got if r is not None]
             rates = [t for _, t in got if t is not None]
             lines.setdefault(key, {})[name] = (median(counted) if counted else None, median(rates) if rates else None)
-    status = src.text(top, "status", "")
+    status = result.status if bare_status is None else bare_status
     status = None if status is None else printable(status, 20)
     if status is not None and status != "PASS":
         notes.append(f"the run's status is {status}" + (" (sparkDash: a stream lacked usage or its token count)"
                                                         if kind == "sparkdash" else ""))
-    if extra.get("interrupted") is True:
+    if extra is not None and extra.interrupted is True:
         notes.append("the run was interrupted: only the levels it finished are shown")
-    label = src.text(top, "label", "")
+    label = result.label
     return Measurements(name=printable(label or arg, 80), path=src.file, kind=kind, decode=decode,
                         prefill={t: _cell(s) for t, s in prefill_samples.items()}, prefill_filler=filler,
                         status=status, notes=tuple(notes), lines=lines)

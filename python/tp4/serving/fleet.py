@@ -34,10 +34,12 @@ from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal, NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from tp4.core.contracts.fleet_plan import (FleetPlan, FleetPlanLine, FleetPlanRouter, HealthEndpoint, Policy, RouterHealth,
+                                      RouterKindName, RouterService)
 from tp4.core.errors import InvalidInput, Tp4Error
 from tp4.line.profile.models import _NAME, Int, _check_host, _check_identity, _check_path, _check_user
 from tp4.line.profile.problem import Problem
@@ -116,7 +118,7 @@ class Health(Section):
     """The router's health check of each line: it must generate (SGLang's ``/health_generate``
     runs a one-token request through the scheduler), and wait longer than the line's own probe."""
 
-    endpoint: Literal["/health_generate", "/health"] = Field(
+    endpoint: HealthEndpoint = Field(
         "/health_generate", description="What the router probes: /health_generate generates one token; /health only when the engine's SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION is on.")
     timeout: Int = Field(30, ge=1, le=3600, description="Seconds a probe may take (--health-check-timeout-secs); above the lines' SGLANG_HEALTH_CHECK_TIMEOUT (20 s).")
     interval: Int = Field(10, ge=1, le=3600, description="Seconds between probes (--health-check-interval-secs).")
@@ -129,20 +131,20 @@ class Metrics(Section):
 
 
 class Router(Section):
-    kind: Literal["sglang-router", "smg"] = Field("sglang-router", description="Which router package runs (ROUTERS).")
+    kind: RouterKindName = Field("sglang-router", description="Which router package runs (ROUTERS).")
     host: str = Field("local", description="Where the router runs: \"local\" (this machine) or the ssh address of a host.")
     user: str | None = Field(None, description="ssh user on the router's host (default: ssh's).")
     identity: str | None = Field(None, description="ssh identity for the router's host.")
     ssh_port: Int | None = Field(None, ge=1, le=65535, description="ssh port of the router's host.")
     bind: str = Field("0.0.0.0", description="Address the router's API binds (--host): an IPv4 or IPv6 address.")
     port: Int = Field(30000, ge=1, le=65535, description="The router's OpenAI API port (--port).")
-    policy: Literal["round_robin", "cache_aware", "power_of_two", "random"] = Field(
+    policy: Policy = Field(
         "round_robin", description="How requests are spread (--policy); cache_aware may send all shared-prefix traffic to one line.")
     python: str | None = Field(None, description="Python with the router installed, on the router's host (default: the Python running tp4).")
     state_dir: str = Field("/var/tmp/tp4-router", description="The router's pid file, log and key file on its host (absolute).")
     ready_timeout: Int = Field(300, ge=1, le=86400, description="Seconds serve waits for the router to report every line healthy.")
     stop_grace: Int = Field(10, ge=0, le=3600, description="Seconds between TERM and KILL when the router stops.")
-    service: Literal["process", "unit"] = Field(
+    service: RouterService = Field(
         "process", description="How the router runs on its host: a plain process in its own session (\"process\"), or the NixOS module's tp4-router.service (\"unit\": nixosModules.tp4-router), started and stopped with systemctl.")
     health: Health = Field(default_factory=Health)
     metrics: Metrics = Field(default_factory=Metrics)
@@ -407,23 +409,25 @@ def router_remote(fleet: Fleet, ssh_options: Sequence[str] = ()) -> process.Remo
 
 
 def plan_json(fleet: Fleet) -> dict[str, object]:
+    """`tp4 fleet plan --json`, built through its contract (tp4.core.contracts.fleet_plan)."""
     urls = [line.api for line in fleet.lines]
     argv = router_argv(fleet, urls)
-    return {
-        "schema": "tp4.fleet/1", "source": fleet.source, "url": fleet.url,
-        "lines": [{"name": line.name, "api": line.api, "nodes": [n.name for n in line.plan.nodes],
-                   "image": line.plan.image.tag, "model": line.plan.nodes[0].env.get("SERVED_MODEL_NAME"),
-                   "source": line.loaded.source} for line in fleet.lines],
-        "router": {"kind": fleet.router.kind, "host": fleet.router.host, "port": fleet.router.port,
-                   "policy": fleet.router.policy, "metrics": f"http://{METRICS_HOST}:{fleet.router.metrics.port}/metrics",
-                   "health": fleet.router.health.model_dump(), "state_dir": fleet.router.state_dir,
-                   "api_key": f"read from {fleet.key_file} at serve time (never shown)" if fleet.key_file else None,
-                   "argv": argv[:2] + ["<launcher>"] + argv[3:],
-                   # what nixosModules.tp4-router runs (its Python first): the launcher and the
-                   # arguments over every line; the key is read from the file, never here
-                   "service": fleet.router.service, "python": fleet.router.python, "command": argv},
-        "warnings": list(fleet.warnings),
-    }
+    r = fleet.router
+    doc = FleetPlan(
+        source=fleet.source, url=fleet.url,
+        lines=[FleetPlanLine(name=line.name, api=line.api, nodes=[n.name for n in line.plan.nodes], image=line.plan.image.tag,
+                             model=line.plan.nodes[0].env.get("SERVED_MODEL_NAME"), source=line.loaded.source)
+               for line in fleet.lines],
+        router=FleetPlanRouter(
+            kind=r.kind, host=r.host, port=r.port, policy=r.policy, metrics=f"http://{METRICS_HOST}:{r.metrics.port}/metrics",
+            health=RouterHealth(**r.health.model_dump()), state_dir=r.state_dir,
+            api_key=f"read from {fleet.key_file} at serve time (never shown)" if fleet.key_file else None,
+            argv=argv[:2] + ["<launcher>"] + argv[3:],
+            # what nixosModules.tp4-router runs (its Python first): the launcher and the
+            # arguments over every line; the key is read from the file, never here
+            service=r.service, python=r.python, command=argv),
+        warnings=list(fleet.warnings))
+    return doc.model_dump(mode="json", by_alias=True)
 
 
 def plan_text(fleet: Fleet) -> list[str]:

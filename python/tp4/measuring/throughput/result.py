@@ -1,5 +1,7 @@
 """The result file of `tp4 bench`: a sparkDash ``result.json`` (its field names, so sparkDash's
 readers read ours and `tp4 report` reads both), tp4's additions under keys named ``tp4`` only.
+Its contract is tp4.core.contracts.bench_result (docs/contracts.md); a result resumed is read through
+it, and the tests validate what this module writes against it.
 
 The formulas are sparkDash's (LlmStreaming.js / DecodeBench.js), over the streams of one level:
 
@@ -27,7 +29,11 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
 from tp4.measuring.throughput.loadgen import PREVIEW, StreamResult, Watch
+from tp4.core.contracts.base import problems
+from tp4.core.contracts.bench_result import BenchResult
 from tp4.core.errors import InvalidInput
 
 Doc = dict[str, Any]
@@ -167,6 +173,14 @@ def read(path: Path) -> Doc | None:
         raise InvalidInput(f"--out: {path} is not JSON ({exc}); fix: choose another --out directory, or remove the file") from None
     if not isinstance(doc, dict) or not isinstance(doc.get("tp4"), dict) or not isinstance(doc.get("config"), dict):
         raise InvalidInput(f"--out: {path} is not a tp4 bench result; fix: choose another --out directory")
+    try:
+        BenchResult.model_validate(doc)
+    except ValidationError as exc:
+        found = problems(exc)
+        where, reason = found[0]
+        more = f" ({len(found) - 1} more problem(s) after this one)" if len(found) > 1 else ""
+        raise InvalidInput(f"--out: {path}: {where}: {reason}{more}, not a result this tp4 bench can resume; "
+                           "fix: choose another --out directory, or remove the file") from None
     return doc
 
 
