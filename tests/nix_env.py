@@ -338,8 +338,8 @@ def image_flake(dest: Path, *, ref: str | None = "tp4-test:latest", label: str =
     arch = {"x86_64": "amd64", "aarch64": "arm64"}.get(os.uname().machine, os.uname().machine)
     if not stream:
         shutil.copy2(REPO / "pkgs" / "oci.nix", dest / "oci.nix")
-        (dest / "oci" / "python" / "tp4").mkdir(parents=True, exist_ok=True)
-        for module in ("__init__.py", "oci.py"):
+        (dest / "oci" / "python" / "tp4" / "image").mkdir(parents=True, exist_ok=True)
+        for module in ("__init__.py", "image/__init__.py", "image/oci.py"):
             shutil.copy2(REPO / "python" / "tp4" / module, dest / "oci" / "python" / "tp4" / module)
     template = IMAGE_FLAKE if stream else LAYOUT_FLAKE.replace("@python_dir@", os.path.dirname(HOST_PYTHON))
     text = (template.replace("@line_ref@", ref or "").replace("@name@", name).replace("@label@", label)

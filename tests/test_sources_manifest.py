@@ -110,8 +110,9 @@ def test_the_parse_carries_what_nix_would_otherwise_derive() -> None:
 def test_no_registry_host_in_the_repository(repo: Path) -> None:
     hosts = ("pypi" + ".org", "pythonhosted" + ".org", "deb.debian" + ".org", "registry.npmjs" + ".org")
     mine = [repo / "sources.manifest", repo / "pkgs" / "sources.nix", repo / "docs" / "sources.md",
-            *(repo / "python" / "tp4" / "sources").glob("*.py"), repo / "python" / "tp4" / "cli" / "sources.py",
+            *(repo / "python" / "tp4" / "image" / "sources").glob("*.py"), repo / "python" / "tp4" / "cli" / "sources.py",
             *(repo / "tests").glob("test_sources_*.py"), *(repo / "tests" / "sources_helpers").glob("*.py")]
+    assert len([p for p in mine if p.suffix == ".py" and "image" in p.parts]) > 5, "the sources package moved: fix the paths"
     for path in mine:
         if path.exists():
             text = path.read_text()
