@@ -200,13 +200,21 @@ def head_part(opts: argparse.Namespace, tmp: Path) -> list[Goal]:
     """The head's load of a rebuild: the layout (skopeo, unchanged layers skipped unread) against
     the stream (every layer regenerated and read again), each into a store with the first build."""
     head_conf = os.environ["CONTAINERS_STORAGE_CONF"]
-    print(f"building a {opts.base_mb} MiB base and a {opts.layer_mb} MiB tree, twice, as a layout and as a stream ...",
-          flush=True)
+    print(
+        f"building a {opts.base_mb} MiB base and a {opts.layer_mb} MiB tree, twice, as a layout and as a stream ...",
+        flush=True,
+    )
     outs: dict[tuple[bool, str], str] = {}
     for stream in (False, True):
         for label in ("one", "two"):
-            flake = image_flake(tmp / ("stream" if stream else "layout"), ref=REF, label=f"head-{label}",
-                                size_mb=opts.layer_mb, base_layers_mb=(opts.base_mb,), stream=stream)
+            flake = image_flake(
+                tmp / ("stream" if stream else "layout"),
+                ref=REF,
+                label=f"head-{label}",
+                size_mb=opts.layer_mb,
+                base_layers_mb=(opts.base_mb,),
+                stream=stream,
+            )
             outs[stream, label] = _nix_build(flake)
     times: dict[tuple[bool, str], float] = {}
     try:
@@ -218,14 +226,27 @@ def head_part(opts: argparse.Namespace, tmp: Path) -> list[Goal]:
     finally:
         os.environ["CONTAINERS_STORAGE_CONF"] = head_conf
     print(f"\nhead load: base {opts.base_mb} MiB, changed tree {opts.layer_mb} MiB, {opts.storage_driver} store")
-    print(f"layout  first {times[False, 'one']:6.2f} s   rebuild {times[False, 'two']:6.2f} s   (skopeo copy oci: containers-storage:)")
+    print(
+        f"layout  first {times[False, 'one']:6.2f} s   rebuild {times[False, 'two']:6.2f} s   (skopeo copy oci: containers-storage:)"
+    )
     print(f"stream  first {times[True, 'one']:6.2f} s   rebuild {times[True, 'two']:6.2f} s   (stream | podman load)")
     big = opts.base_mb * MiB >= GB
     return [
-        Goal("rebuild/stream", times[False, "two"] / times[True, "two"], 0.1, binding=big,
-             note="head load of a one-tree rebuild, layout over stream" + ("" if big else "; the goal applies with >= 1 GB")),
-        Goal("rebuild/first", times[False, "two"] / times[False, "one"], 1.0, binding=False,
-             note="the layout's rebuild load over its first load"),
+        Goal(
+            "rebuild/stream",
+            times[False, "two"] / times[True, "two"],
+            0.1,
+            binding=big,
+            note="head load of a one-tree rebuild, layout over stream"
+            + ("" if big else "; the goal applies with >= 1 GB"),
+        ),
+        Goal(
+            "rebuild/first",
+            times[False, "two"] / times[False, "one"],
+            1.0,
+            binding=False,
+            note="the layout's rebuild load over its first load",
+        ),
     ]
 
 
@@ -234,8 +255,8 @@ def build_upper(tmp: Path, label: str, layer_mb: int) -> str:
     ctx = tmp / f"ctx-{label}"
     random_file(ctx / "upper", layer_mb)
     (ctx / "Containerfile").write_text(
-        f"FROM {BASE_REF}\nCOPY upper /opt/upper/blob\n"
-        f'LABEL tp4.line.ref="{REG_REF}" tp4.flake.rev="{label}"\n')
+        f'FROM {BASE_REF}\nCOPY upper /opt/upper/blob\nLABEL tp4.line.ref="{REG_REF}" tp4.flake.rev="{label}"\n'
+    )
     podman("build", "-q", "--layers=false", "-t", REG_REF, "-f", ctx / "Containerfile", ctx)
     return podman("image", "inspect", "--format", "{{.Id}}", REG_REF).strip()
 
@@ -285,19 +306,37 @@ def registry_part(opts: argparse.Namespace, tmp: Path, hosts: NetnsHosts, common
 
     per_worker = served / len(hosts)
     base_bytes = sum(old.values()) - sum(size for layer, size in old.items() if layer not in new)
-    print(f"\nregistry path: base {opts.base_mb} MiB, upper layer {opts.layer_mb} MiB, each worker link limited to {opts.rate}")
+    print(
+        f"\nregistry path: base {opts.base_mb} MiB, upper layer {opts.layer_mb} MiB, each worker link limited to {opts.rate}"
+    )
     print(f"first distribution   {first:7.1f} s")
-    print(f"one-layer update     {update:7.1f} s   changed layer {changed / MiB:.2f} MiB; the registry served "
-          f"{served / MiB:.2f} MiB = {per_worker / MiB:.2f} MiB per worker (total / {len(hosts)})")
-    print("  link bytes per worker: " + ", ".join(f"{h.address} {b / MiB:.2f} MiB ({b / changed:.2f} x layer)"
-                                              for h, b in zip(hosts, links, strict=True)))
+    print(
+        f"one-layer update     {update:7.1f} s   changed layer {changed / MiB:.2f} MiB; the registry served "
+        f"{served / MiB:.2f} MiB = {per_worker / MiB:.2f} MiB per worker (total / {len(hosts)})"
+    )
+    print(
+        "  link bytes per worker: "
+        + ", ".join(
+            f"{h.address} {b / MiB:.2f} MiB ({b / changed:.2f} x layer)" for h, b in zip(hosts, links, strict=True)
+        )
+    )
     print(f"whole archive        {whole:7.1f} s   (--method archive, same update)")
     print(f"no change            {no_change:7.2f} s")
     big = base_bytes >= GB
     return [
-        Goal("bytes/layer", per_worker / changed, 1.1, note=f"registry bytes served / {len(hosts)} workers / changed layer"),
-        Goal("update/archive", update / whole, 0.1, binding=big,
-             note=f"base layer {base_bytes / GB:.2f} GB" + ("" if big else "; the goal applies with >= 1 GB")),
+        Goal(
+            "bytes/layer",
+            per_worker / changed,
+            1.1,
+            note=f"registry bytes served / {len(hosts)} workers / changed layer",
+        ),
+        Goal(
+            "update/archive",
+            update / whole,
+            0.1,
+            binding=big,
+            note=f"base layer {base_bytes / GB:.2f} GB" + ("" if big else "; the goal applies with >= 1 GB"),
+        ),
         Goal("no change", no_change, 2.0, " s", note=f"{len(hosts)} workers"),
     ]
 
@@ -309,13 +348,20 @@ def main() -> None:
     parser.add_argument("--layer-mb", type=int, default=8, help="the upper layer that changes in the registry part")
     parser.add_argument("--rate", default="200mbit", help="tc tbf rate of each worker's link")
     parser.add_argument("--parts", choices=("all", "archive", "registry", "head"), default="all")
-    parser.add_argument("--storage-driver", choices=("overlay", "vfs"), default="overlay",
-                        help="containers-storage driver of every node's store")
+    parser.add_argument(
+        "--storage-driver",
+        choices=("overlay", "vfs"),
+        default="overlay",
+        help="containers-storage driver of every node's store",
+    )
     opts = parser.parse_args()
     missing = missing_prerequisites(opts.parts)
     if missing:
-        print(f"error: bench_distribute.py needs {', '.join(missing)}; set the machine up as the tests do "
-              "(as root: bash python/setup.sh --test) and run it again", file=sys.stderr)
+        print(
+            f"error: bench_distribute.py needs {', '.join(missing)}; set the machine up as the tests do "
+            "(as root: bash python/setup.sh --test) and run it again",
+            file=sys.stderr,
+        )
         sys.exit(2)
 
     goals: list[Goal] = []
@@ -326,7 +372,9 @@ def main() -> None:
         os.environ["XDG_CACHE_HOME"] = str(tmp / "cache")
         os.environ["XDG_STATE_HOME"] = str(tmp / "state")  # the head's registry lives here
         # `python -m tp4` runs this checkout's tp4, not an installed one
-        os.environ["PYTHONPATH"] = os.pathsep.join([str(REPO / "python"), *filter(None, [os.environ.get("PYTHONPATH")])])
+        os.environ["PYTHONPATH"] = os.pathsep.join(
+            [str(REPO / "python"), *filter(None, [os.environ.get("PYTHONPATH")])]
+        )
         try:
             if opts.parts in ("all", "head"):
                 goals += head_part(opts, tmp / "head-part")

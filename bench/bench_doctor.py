@@ -46,8 +46,12 @@ from doctor_hosts import SYSFS, DoctorCluster  # noqa: E402
 
 def doctor_cli(profile: str, interval: float) -> float:
     start = time.monotonic()
-    proc = subprocess.run([sys.executable, "-m", "tp4", "doctor", "--profile", profile, "--sysfs", SYSFS,
-                           "--interval", f"{interval:g}"], capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "tp4", "doctor", "--profile", profile, "--sysfs", SYSFS, "--interval", f"{interval:g}"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     wall = time.monotonic() - start
     if proc.returncode != 0:
         raise SystemExit(f"error: tp4 doctor exited {proc.returncode}:\n{proc.stdout}{proc.stderr}")
@@ -67,29 +71,38 @@ def doctor_in_process(cluster: DoctorCluster, interval: float, sequential: bool)
     finally:
         nodes.SEQUENTIAL = False
     if result.blocking:
-        raise SystemExit("error: doctor found blocking failures on the benchmark's hosts: "
-                         + "; ".join(f"{r.node} {r.check}: {r.detail}" for r in result.blocking))
+        raise SystemExit(
+            "error: doctor found blocking failures on the benchmark's hosts: "
+            + "; ".join(f"{r.node} {r.check}: {r.detail}" for r in result.blocking)
+        )
     return wall
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--runs", type=int, default=3, help="repetitions of each mode (medians are judged)")
-    parser.add_argument("--interval", type=float, default=2.0, help="seconds between the two counter reads (the CLI's default)")
+    parser.add_argument(
+        "--interval", type=float, default=2.0, help="seconds between the two counter reads (the CLI's default)"
+    )
     opts = parser.parse_args()
     if opts.runs < 1 or not 0 <= opts.interval <= 60:
         parser.error("--runs: at least 1; --interval: 0 to 60")
     missing = missing_prerequisites()
     if missing:
-        print(f"error: bench_doctor.py needs {', '.join(missing)}; set the machine up as the tests do "
-              "(as root: bash python/setup.sh --test) and run it again", file=sys.stderr)
+        print(
+            f"error: bench_doctor.py needs {', '.join(missing)}; set the machine up as the tests do "
+            "(as root: bash python/setup.sh --test) and run it again",
+            file=sys.stderr,
+        )
         sys.exit(2)
     walls: dict[str, list[float]] = {"cli": [], "parallel": [], "sequential": []}
     with tempfile.TemporaryDirectory(prefix="tp4-bench-doctor-") as tmp_name:
         tmp = Path(tmp_name)
         os.environ["XDG_STATE_HOME"] = str(tmp / "state")
         os.environ["XDG_CACHE_HOME"] = str(tmp / "cache")
-        os.environ["PYTHONPATH"] = os.pathsep.join([str(REPO / "python"), *filter(None, [os.environ.get("PYTHONPATH")])])
+        os.environ["PYTHONPATH"] = os.pathsep.join(
+            [str(REPO / "python"), *filter(None, [os.environ.get("PYTHONPATH")])]
+        )
         print("starting the four netns hosts and loading the stand-in image ...", flush=True)
         with DoctorCluster(tmp / "cluster", storage_driver="overlay") as cluster:
             cluster.reset()
@@ -107,11 +120,19 @@ def main() -> None:
     for mode, value in med.items():
         print(f"{mode:<11} {value:6.2f} s")
     print()
-    sys.exit(report([
-        Goal("doctor cli", med["cli"], 3.0, " s", note="`tp4 doctor`, 4 nodes, every check passing"),
-        Goal("parallel/sequential", med["parallel"] / med["sequential"], 0.4,
-             note=f"in-process {med['parallel']:.2f} s / {med['sequential']:.2f} s"),
-    ]))
+    sys.exit(
+        report(
+            [
+                Goal("doctor cli", med["cli"], 3.0, " s", note="`tp4 doctor`, 4 nodes, every check passing"),
+                Goal(
+                    "parallel/sequential",
+                    med["parallel"] / med["sequential"],
+                    0.4,
+                    note=f"in-process {med['parallel']:.2f} s / {med['sequential']:.2f} s",
+                ),
+            ]
+        )
+    )
 
 
 if __name__ == "__main__":

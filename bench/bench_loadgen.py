@@ -98,8 +98,14 @@ def report(goals: Sequence[Goal], out: Callable[[str], None] = print) -> int:
 
 
 def _chunk(ident: str, delta: dict[str, object], finish: str | None, **extra: object) -> bytes:
-    doc = {"id": ident, "object": "chat.completion.chunk", "created": int(time.time()), "model": MODEL,
-           "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish, "matched_stop": None}], **extra}
+    doc = {
+        "id": ident,
+        "object": "chat.completion.chunk",
+        "created": int(time.time()),
+        "model": MODEL,
+        "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish, "matched_stop": None}],
+        **extra,
+    }
     return b"data: " + json.dumps(doc, separators=(",", ":")).encode() + b"\n\n"
 
 
@@ -117,18 +123,29 @@ async def _serve_one(reader: asyncio.StreamReader, writer: asyncio.StreamWriter)
             raw = await reader.readexactly(length) if length else b""
             path = head.split(b" ", 2)[1]
             if path != b"/v1/chat/completions":
-                body = json.dumps({"object": "list", "data": [{"id": MODEL, "object": "model"}]} if path == b"/v1/models"
-                                  else {"detail": "Not Found"}).encode()
+                body = json.dumps(
+                    {"object": "list", "data": [{"id": MODEL, "object": "model"}]}
+                    if path == b"/v1/models"
+                    else {"detail": "Not Found"}
+                ).encode()
                 status = b"200 OK" if path == b"/v1/models" else b"404 Not Found"
-                writer.write(b"HTTP/1.1 " + status + b"\r\nContent-Type: application/json\r\nContent-Length: "
-                             + str(len(body)).encode() + b"\r\n\r\n" + body)
+                writer.write(
+                    b"HTTP/1.1 "
+                    + status
+                    + b"\r\nContent-Type: application/json\r\nContent-Length: "
+                    + str(len(body)).encode()
+                    + b"\r\n\r\n"
+                    + body
+                )
                 await writer.drain()
                 continue
             req = json.loads(raw)
             tokens = int(req["max_tokens"])
             ident = os.urandom(16).hex()
-            writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream; charset=utf-8\r\nCache-Control: no-cache\r\n"
-                         b"Connection: close\r\n\r\n")
+            writer.write(
+                b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream; charset=utf-8\r\nCache-Control: no-cache\r\n"
+                b"Connection: close\r\n\r\n"
+            )
             writer.write(_chunk(ident, {"role": "assistant", "content": "", "reasoning_content": None}, None))
             event = _chunk(ident, {"content": " the hash"}, None)
             gap = float(req.get("x_bench_gap") or 0)  # paced: seconds between two events of a stream
@@ -140,7 +157,14 @@ async def _serve_one(reader: asyncio.StreamReader, writer: asyncio.StreamWriter)
                     await asyncio.sleep(max(0.0, first + (j + 1) * gap - time.monotonic()))
                 else:
                     await asyncio.sleep(0)  # one write per event: let the kernel send it
-            writer.write(_chunk(ident, {}, "length", usage={"prompt_tokens": 32, "completion_tokens": tokens, "total_tokens": tokens + 32}))
+            writer.write(
+                _chunk(
+                    ident,
+                    {},
+                    "length",
+                    usage={"prompt_tokens": 32, "completion_tokens": tokens, "total_tokens": tokens + 32},
+                )
+            )
             writer.write(b"data: [DONE]\n\n")
             await writer.drain()
             break
@@ -165,10 +189,28 @@ def start_server(kind: str, port: int) -> subprocess.Popen[bytes]:
         argv = [sys.executable, __file__, "--serve", str(port)]
         env = dict(os.environ)
     else:
-        argv = [sys.executable, "-u", str(REPO / "tests/standin/engine.py"), "python", "-m", "sglang.launch_server", "--model-path", "/m",
-                "--served-model-name", MODEL, "--host", "127.0.0.1", "--port", str(port)]
-        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "TP4_STANDIN_PACE": "0", "TP4_STANDIN_DECODE_TPS": "0",
-               "TP4_STANDIN_TOKENS_PER_EVENT": str(TOKENS_PER_EVENT)}
+        argv = [
+            sys.executable,
+            "-u",
+            str(REPO / "tests/standin/engine.py"),
+            "python",
+            "-m",
+            "sglang.launch_server",
+            "--model-path",
+            "/m",
+            "--served-model-name",
+            MODEL,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+        ]
+        env = {
+            "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+            "TP4_STANDIN_PACE": "0",
+            "TP4_STANDIN_DECODE_TPS": "0",
+            "TP4_STANDIN_TOKENS_PER_EVENT": str(TOKENS_PER_EVENT),
+        }
     proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline:
@@ -210,7 +252,9 @@ async def one_run(url: str, concurrency: int, events: int, paced: float = 0.0) -
         watcher = LoadWatcher(client)  # not probed: the minimal server has no load endpoint
         tokens = events * TOKENS_PER_EVENT
         cpu = time.process_time()
-        streams, _, start, end = await wave(client, watcher, [f"[bench {i}]\ncount" for i in range(concurrency)], tokens)
+        streams, _, start, end = await wave(
+            client, watcher, [f"[bench {i}]\ncount" for i in range(concurrency)], tokens
+        )
         cpu = time.process_time() - cpu
     finally:
         await client.close()
@@ -222,12 +266,16 @@ async def one_run(url: str, concurrency: int, events: int, paced: float = 0.0) -
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--concurrency", type=int, default=16)
     ap.add_argument("--events", type=int, default=2000, help="content events per stream")
     ap.add_argument("--server", choices=("minimal", "standin"), default="minimal")
-    ap.add_argument("--paced", type=float, default=6000.0, help="events/s the paced run offers in all (0: no paced run)")
+    ap.add_argument(
+        "--paced", type=float, default=6000.0, help="events/s the paced run offers in all (0: no paced run)"
+    )
     ap.add_argument("--paced-seconds", type=float, default=3.0, help="how long a paced run lasts")
     ap.add_argument("--serve", type=int, help=argparse.SUPPRESS)
     opts = ap.parse_args()
@@ -251,25 +299,48 @@ def main() -> None:
                 rate, cpu, chunks = asyncio.run(one_run(url, opts.concurrency, events, pace))
                 rates.append(rate)
                 cpus.append(cpu)
-                print(f"{mode} run {run + 1}: {chunks} chunks at c{opts.concurrency}: {rate:.0f} chunks/s, "
-                      f"client CPU {cpu * 1000:.1f} ms per 1000 chunks")
+                print(
+                    f"{mode} run {run + 1}: {chunks} chunks at c{opts.concurrency}: {rate:.0f} chunks/s, "
+                    f"client CPU {cpu * 1000:.1f} ms per 1000 chunks"
+                )
             results[mode] = (statistics.median(rates), statistics.median(cpus))
     finally:
         stop_server(server)
     need = LINE_C16_TPS / TOKENS_PER_EVENT
     rate, cpu = results["burst"]
-    print(f"server: {opts.server}; client: one tp4 process (tp4.measuring.throughput.loadgen), c{opts.concurrency}, medians of {opts.runs}")
+    print(
+        f"server: {opts.server}; client: one tp4 process (tp4.measuring.throughput.loadgen), c{opts.concurrency}, medians of {opts.runs}"
+    )
     goals = [
-        Goal("chunks/s", rate, GOAL_CHUNKS, note=f"burst: as fast as the server sends; {rate / GOAL_CHUNKS:.2f}x the goal; "
-                                                f"client CPU {cpu * 1000:.1f} ms per 1000 chunks"),
+        Goal(
+            "chunks/s",
+            rate,
+            GOAL_CHUNKS,
+            note=f"burst: as fast as the server sends; {rate / GOAL_CHUNKS:.2f}x the goal; "
+            f"client CPU {cpu * 1000:.1f} ms per 1000 chunks",
+        ),
     ]
     if "paced" in results:
         prate, pcpu = results["paced"]
-        goals.append(Goal("paced chunks/s", prate, GOAL_CHUNKS,
-                          note=f"{opts.paced:g} events/s offered, evenly spaced (about one event per read); client CPU "
-                               f"{pcpu * 1000:.1f} ms per 1000 chunks, i.e. at most {1e6 / (pcpu * 1000):.0f} chunks per CPU second"))
-    goals.append(Goal("x line c16", rate / need, 1.0, "x", binding=False,
-                      note=f"the line's best c16 needs {LINE_C16_TPS} tok/s / {TOKENS_PER_EVENT} per event = {need:.0f} events/s"))
+        goals.append(
+            Goal(
+                "paced chunks/s",
+                prate,
+                GOAL_CHUNKS,
+                note=f"{opts.paced:g} events/s offered, evenly spaced (about one event per read); client CPU "
+                f"{pcpu * 1000:.1f} ms per 1000 chunks, i.e. at most {1e6 / (pcpu * 1000):.0f} chunks per CPU second",
+            )
+        )
+    goals.append(
+        Goal(
+            "x line c16",
+            rate / need,
+            1.0,
+            "x",
+            binding=False,
+            note=f"the line's best c16 needs {LINE_C16_TPS} tok/s / {TOKENS_PER_EVENT} per event = {need:.0f} events/s",
+        )
+    )
     sys.exit(report(goals))
 
 

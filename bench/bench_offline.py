@@ -30,8 +30,14 @@ TARGET = 2.0
 
 def timed(argv: list[str], env: dict[str, str], cwd: Path) -> tuple[float, str]:
     start = time.monotonic()
-    proc = subprocess.run(argv, env={**os.environ, "PYTHONPATH": str(REPO / "python"), **env}, cwd=cwd,
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        argv,
+        env={**os.environ, "PYTHONPATH": str(REPO / "python"), **env},
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     seconds = time.monotonic() - start
     if proc.returncode == 0 or "looks offline" not in proc.stderr:
         sys.exit(f"error: {' '.join(argv)} did not fail as offline:\n{proc.stderr[-800:]}")
@@ -51,14 +57,25 @@ def main() -> None:
         shim.parent.mkdir()
         shim.write_text('#!/bin/sh\n[ "$1" = --version ] && exec echo "nix (Nix) 2.24.9"\nexit 99\n')
         shim.chmod(0o755)
-        pip_offline = {"PIP_CONFIG_FILE": os.devnull, "PIP_INDEX_URL": "https://tp4-offline.invalid/simple",
-                       "PIP_FIND_LINKS": "", "PIP_EXTRA_INDEX_URL": ""}
+        pip_offline = {
+            "PIP_CONFIG_FILE": os.devnull,
+            "PIP_INDEX_URL": "https://tp4-offline.invalid/simple",
+            "PIP_FIND_LINKS": "",
+            "PIP_EXTRA_INDEX_URL": "",
+        }
         cases = {
-            "download": ([*TP4, "sources", "fetch", "b12x-next", "--to", str(tmp / "out"), "--manifest", str(manifest)],
-                         {"TP4_SOURCES_MIRROR": "https://tp4-offline.invalid", "TP4_SOURCES_CACHE": str(tmp / "c")}),
-            "pip": ([*TP4, "sources", "verify", "--download", "sglang-kernel", "--manifest", str(manifest)], pip_offline),
-            "flake": ([*TP4, "build", "--dry-run", "--system", "aarch64-linux", "--flake", str(flake),
-                       "--runtime", "podman"], {"PATH": f"{shim.parent}:{os.environ['PATH']}"}),
+            "download": (
+                [*TP4, "sources", "fetch", "b12x-next", "--to", str(tmp / "out"), "--manifest", str(manifest)],
+                {"TP4_SOURCES_MIRROR": "https://tp4-offline.invalid", "TP4_SOURCES_CACHE": str(tmp / "c")},
+            ),
+            "pip": (
+                [*TP4, "sources", "verify", "--download", "sglang-kernel", "--manifest", str(manifest)],
+                pip_offline,
+            ),
+            "flake": (
+                [*TP4, "build", "--dry-run", "--system", "aarch64-linux", "--flake", str(flake), "--runtime", "podman"],
+                {"PATH": f"{shim.parent}:{os.environ['PATH']}"},
+            ),
         }
         worst = 0.0
         for name, (argv, env) in cases.items():

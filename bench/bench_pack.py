@@ -75,14 +75,19 @@ def one_pack(cluster: LineCluster, sequential: bool) -> tuple[float, dict[str, f
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--runs", type=int, default=3, help="repetitions (medians are judged)")
-    parser.add_argument("--seconds", type=float, default=2.0, help="the first node's packer time; each next one takes 0.5 s more")
+    parser.add_argument(
+        "--seconds", type=float, default=2.0, help="the first node's packer time; each next one takes 0.5 s more"
+    )
     opts = parser.parse_args()
     if opts.runs < 1 or not 0 <= opts.seconds <= 600:
         parser.error("--runs: at least 1; --seconds: 0 to 600")
     missing = missing_prerequisites()
     if missing:
-        print(f"error: bench_pack.py needs {', '.join(missing)}; set the machine up as the tests do "
-              "(as root: bash python/setup.sh --test) and run it again", file=sys.stderr)
+        print(
+            f"error: bench_pack.py needs {', '.join(missing)}; set the machine up as the tests do "
+            "(as root: bash python/setup.sh --test) and run it again",
+            file=sys.stderr,
+        )
         sys.exit(2)
     par: list[float] = []
     seq: list[float] = []
@@ -99,17 +104,26 @@ def main() -> None:
                 par.append(wall)
                 seq.append(seq_wall)
                 slowest.append(max(own.values()))
-                print(f"run {i + 1}: parallel {wall:5.2f} s, sequential {seq_wall:5.2f} s; each node alone: "
-                      + ", ".join(f"{n} {t:.2f} s" for n, t in sorted(own.items())), flush=True)
+                print(
+                    f"run {i + 1}: parallel {wall:5.2f} s, sequential {seq_wall:5.2f} s; each node alone: "
+                    + ", ".join(f"{n} {t:.2f} s" for n, t in sorted(own.items())),
+                    flush=True,
+                )
     finally:
         shutil.rmtree(work, ignore_errors=True)
     p, s, w = statistics.median(par), statistics.median(seq), statistics.median(slowest)
-    print(f"\nfour nodes, packers of {opts.seconds:g} to {opts.seconds + 1.5:g} s, {opts.runs} runs, medians: "
-          f"parallel {p:.2f} s, sequential {s:.2f} s, the slowest node alone {w:.2f} s\n")
-    sys.exit(report([
-        Goal("parallel/slowest", p / w, 1.25, note=f"{p:.2f} s / {w:.2f} s"),
-        Goal("parallel/sequential", p / s, 1.0, note=f"{p:.2f} s / {s:.2f} s", binding=False),
-    ]))
+    print(
+        f"\nfour nodes, packers of {opts.seconds:g} to {opts.seconds + 1.5:g} s, {opts.runs} runs, medians: "
+        f"parallel {p:.2f} s, sequential {s:.2f} s, the slowest node alone {w:.2f} s\n"
+    )
+    sys.exit(
+        report(
+            [
+                Goal("parallel/slowest", p / w, 1.25, note=f"{p:.2f} s / {w:.2f} s"),
+                Goal("parallel/sequential", p / s, 1.0, note=f"{p:.2f} s / {s:.2f} s", binding=False),
+            ]
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -68,7 +68,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=int, default=20, help="runs per command (default 20)")
     how = parser.add_mutually_exclusive_group()
-    how.add_argument("--python", default=sys.executable, help="interpreter for this checkout's code (default: this one)")
+    how.add_argument(
+        "--python", default=sys.executable, help="interpreter for this checkout's code (default: this one)"
+    )
     how.add_argument("--tp4", help="an installed tp4 executable to time instead of this checkout's code")
     args = parser.parse_args()
     if args.runs < 1:
@@ -92,8 +94,10 @@ def main() -> int:
         median = statistics.median(wall)
         ratio = median / goal
         missed = missed or ratio > 1
-        print(f"{label}: median {median:.1f} ms (min {min(wall):.1f}, max {max(wall):.1f}; cpu median "
-              f"{statistics.median(cpu):.1f}); goal {goal:.0f} ms; ratio {ratio:.2f}{'' if ratio <= 1 else '  MISSED'}")
+        print(
+            f"{label}: median {median:.1f} ms (min {min(wall):.1f}, max {max(wall):.1f}; cpu median "
+            f"{statistics.median(cpu):.1f}); goal {goal:.0f} ms; ratio {ratio:.2f}{'' if ratio <= 1 else '  MISSED'}"
+        )
     return 1 if missed else 0
 
 

@@ -87,7 +87,9 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def wait_until(what: str, ok: Callable[[], bool], proc: subprocess.Popen[bytes], log: Path, timeout: float = 60) -> None:
+def wait_until(
+    what: str, ok: Callable[[], bool], proc: subprocess.Popen[bytes], log: Path, timeout: float = 60
+) -> None:
     deadline = time.monotonic() + timeout
     while not ok():
         if proc.poll() is not None or time.monotonic() > deadline:
@@ -122,10 +124,35 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
 
 def bench(url: str, out: Path, tokens: int) -> tuple[float, float]:
     """One `tp4 bench decode` at c16: (aggregate decode tok/s, median TTFT ms)."""
-    proc = subprocess.run([sys.executable, "-m", "tp4", "bench", "decode", "--url", url, "--model", MODEL, "--levels", "16",
-                           "--prompt-types", "prose", "--max-tokens", str(tokens), "--warmup", "1", "--c1-runs", "1",
-                           "--out", str(out)], env={**os.environ, "PYTHONPATH": str(REPO / "python")},
-                          capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tp4",
+            "bench",
+            "decode",
+            "--url",
+            url,
+            "--model",
+            MODEL,
+            "--levels",
+            "16",
+            "--prompt-types",
+            "prose",
+            "--max-tokens",
+            str(tokens),
+            "--warmup",
+            "1",
+            "--c1-runs",
+            "1",
+            "--out",
+            str(out),
+        ],
+        env={**os.environ, "PYTHONPATH": str(REPO / "python")},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     if proc.returncode != 0:
         sys.exit(f"bench_router: tp4 bench decode against {url} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
     doc = json.loads((out / "result.json").read_text())
@@ -145,45 +172,87 @@ def main() -> None:
     try:
         import sglang_router  # noqa: F401
     except ImportError:
-        print("bench_router: the router (sglang-router) is not installed in this Python; fix: bash python/setup.sh --test", file=sys.stderr)
+        print(
+            "bench_router: the router (sglang-router) is not installed in this Python; fix: bash python/setup.sh --test",
+            file=sys.stderr,
+        )
         sys.exit(2)
 
     with tempfile.TemporaryDirectory(prefix="tp4-bench-router-") as tmp_s:
         tmp = Path(tmp_s)
         eport, rport, mport = free_port(), free_port(), free_port()
         direct, routed = f"http://127.0.0.1:{eport}", f"http://127.0.0.1:{rport}"
-        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "TP4_STANDIN_PACE": "0",
-               "TP4_STANDIN_DECODE_TPS": str(args.decode_tps), "TP4_STANDIN_TOKENS_PER_EVENT": str(args.per_event),
-               "TP4_STANDIN_PREFILL_TPS": "5000"}
-        engine = start([sys.executable, "-u", str(ENGINE), "python", "-m", "sglang.launch_server", "--model-path", "/models/x",
-                        "--served-model-name", MODEL, "--host", "127.0.0.1", "--port", str(eport)], env, tmp / "engine.log")
+        env = {
+            "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+            "TP4_STANDIN_PACE": "0",
+            "TP4_STANDIN_DECODE_TPS": str(args.decode_tps),
+            "TP4_STANDIN_TOKENS_PER_EVENT": str(args.per_event),
+            "TP4_STANDIN_PREFILL_TPS": "5000",
+        }
+        engine = start(
+            [
+                sys.executable,
+                "-u",
+                str(ENGINE),
+                "python",
+                "-m",
+                "sglang.launch_server",
+                "--model-path",
+                "/models/x",
+                "--served-model-name",
+                MODEL,
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(eport),
+            ],
+            env,
+            tmp / "engine.log",
+        )
         router: subprocess.Popen[bytes] | None = None
         try:
             wait_until("the stand-in engine", lambda: answers(direct), engine, tmp / "engine.log")
             r = fleet.Router(bind="127.0.0.1", port=rport, metrics=fleet.Metrics(port=mport))
-            argv = [sys.executable, "-c", fleet.LAUNCHER, "", fleet.ROUTERS[r.kind].module,
-                    *fleet.router_args(SimpleNamespace(router=r), [direct])]  # type: ignore[arg-type]
+            argv = [
+                sys.executable,
+                "-c",
+                fleet.LAUNCHER,
+                "",
+                fleet.ROUTERS[r.kind].module,
+                *fleet.router_args(SimpleNamespace(router=r), [direct]),
+            ]  # type: ignore[arg-type]
             router = start(argv, {**os.environ}, tmp / "router.log")
             wait_until("the router", lambda: answers(routed), router, tmp / "router.log", timeout=90)
-            print(f"line: stand-in engine at {direct} ({args.decode_tps:g} tok/s per stream, {args.per_event} tokens per event); "
-                  f"router: sglang-router at {routed}, round_robin, /health_generate", flush=True)
+            print(
+                f"line: stand-in engine at {direct} ({args.decode_tps:g} tok/s per stream, {args.per_event} tokens per event); "
+                f"router: sglang-router at {routed}, round_robin, /health_generate",
+                flush=True,
+            )
             ratios, added = [], []
             for i in range(args.runs):
-                order = [("direct", direct), ("router", routed)] if i % 2 == 0 else [("router", routed), ("direct", direct)]
+                order = (
+                    [("direct", direct), ("router", routed)] if i % 2 == 0 else [("router", routed), ("direct", direct)]
+                )
                 got = {name: bench(url, tmp / f"{name}-{i}", args.tokens) for name, url in order}
                 ratio = got["router"][0] / got["direct"][0]
                 ttft = got["router"][1] - got["direct"][1]
                 ratios.append(ratio)
                 added.append(ttft)
-                print(f"run {i + 1}: direct {got['direct'][0]:.1f} tok/s, TTFT {got['direct'][1]:.1f} ms; "
-                      f"router {got['router'][0]:.1f} tok/s, TTFT {got['router'][1]:.1f} ms; ratio {ratio:.3f}, added {ttft:+.1f} ms",
-                      flush=True)
+                print(
+                    f"run {i + 1}: direct {got['direct'][0]:.1f} tok/s, TTFT {got['direct'][1]:.1f} ms; "
+                    f"router {got['router'][0]:.1f} tok/s, TTFT {got['router'][1]:.1f} ms; ratio {ratio:.3f}, added {ttft:+.1f} ms",
+                    flush=True,
+                )
         finally:
             if router is not None:
                 stop(router)
             stop(engine)
-    code = report([Goal("router / direct tok/s", statistics.median(ratios), 0.95, True, note="aggregate decode at c16"),
-                   Goal("added median TTFT", statistics.median(added), 5.0, False, " ms", note="router minus direct")])
+    code = report(
+        [
+            Goal("router / direct tok/s", statistics.median(ratios), 0.95, True, note="aggregate decode at c16"),
+            Goal("added median TTFT", statistics.median(added), 5.0, False, " ms", note="router minus direct"),
+        ]
+    )
     sys.exit(code)
 
 

@@ -116,8 +116,11 @@ def report(goals: Sequence[Goal], out: Callable[[str], None] = print) -> int:
 def missing_prerequisites() -> list[str]:
     """What this machine lacks for the benchmark (empty when it can run)."""
     missing = [] if os.geteuid() == 0 else ["root (network namespaces)"]
-    missing += [tool for tool in ("podman", "runc", "ip", "ssh", "ssh-keygen", "nsenter", "unshare")
-                if shutil.which(tool) is None]
+    missing += [
+        tool
+        for tool in ("podman", "runc", "ip", "ssh", "ssh-keygen", "nsenter", "unshare")
+        if shutil.which(tool) is None
+    ]
     missing += [path for path in (SSHD, BUSYBOX, "/usr/bin/python3") if not os.access(path, os.X_OK)]
     return missing
 
@@ -190,21 +193,30 @@ class Run:
     def breakdown(self) -> str:
         b = self.boot
         first, last = min(b.started), max(b.started)
-        return (f"before the first start {first - self.began:5.2f} s, starts {last - first:5.2f} s, "
-                f"engine {b.engine:5.2f} s, after Ready {self.began + self.wall - b.ready:5.2f} s "
-                f"(engine* from the first start {b.engine_from_first:5.2f} s)")
+        return (
+            f"before the first start {first - self.began:5.2f} s, starts {last - first:5.2f} s, "
+            f"engine {b.engine:5.2f} s, after Ready {self.began + self.wall - b.ready:5.2f} s "
+            f"(engine* from the first start {b.engine_from_first:5.2f} s)"
+        )
 
 
 # serve's progress lines that mark its steps, in order (tp4.serving.serve: preflight, _boot, _wait_ready)
-MILESTONES = (("checks", "checks: "), ("workers", "started "), ("head", "started the head"),
-              ("Ready seen", "phase: ready"), ("verified", "ready: "))
+MILESTONES = (
+    ("checks", "checks: "),
+    ("workers", "started "),
+    ("head", "started the head"),
+    ("Ready seen", "phase: ready"),
+    ("verified", "ready: "),
+)
 
 
 def milestones(lines: Sequence[tuple[float, str]]) -> str:
     """When serve said each step was done (seconds since it was called), from its progress lines."""
     got = []
     for name, prefix in MILESTONES:
-        at = next((t for t, line in lines if line.startswith(prefix) and not (name == "workers" and "the head" in line)), None)
+        at = next(
+            (t for t, line in lines if line.startswith(prefix) and not (name == "workers" and "the head" in line)), None
+        )
         if at is not None:
             got.append(f"{name} {at:5.2f}")
     return ", ".join(got)
@@ -216,8 +228,12 @@ def serve_cli(profile: str) -> tuple[float, list[tuple[float, str]]]:
     lines: list[tuple[float, str]] = []
     start = time.monotonic()
     with tempfile.TemporaryFile("w+") as out:
-        child = subprocess.Popen([sys.executable, "-m", "tp4", "serve", "--profile", profile, "--sysfs", SYSFS], stdout=out,
-                                 stderr=subprocess.PIPE, text=True)
+        child = subprocess.Popen(
+            [sys.executable, "-m", "tp4", "serve", "--profile", profile, "--sysfs", SYSFS],
+            stdout=out,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         assert child.stderr is not None
         for line in child.stderr:
             lines.append((time.monotonic() - start, line.rstrip("\n")))
@@ -266,8 +282,10 @@ def serve_in_process(profile: str, sequential: bool) -> tuple[float, list[tuple[
         serve.serve(plan, nodes.nodes_of(plan), secrets, opts, said, said)
         return time.monotonic() - start, lines
     except Exception as exc:
-        raise SystemExit(f"error: serve ({'sequential' if sequential else 'parallel'}) failed: {exc}\n"
-                         + "\n".join(line for _, line in lines)) from None
+        raise SystemExit(
+            f"error: serve ({'sequential' if sequential else 'parallel'}) failed: {exc}\n"
+            + "\n".join(line for _, line in lines)
+        ) from None
     finally:
         nodes.SEQUENTIAL = False
 
@@ -302,15 +320,22 @@ def one_run(cluster: LineCluster, mode: str) -> Run:
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--runs", type=int, default=3, help="repetitions of each mode (medians are judged)")
-    parser.add_argument("--storage-driver", choices=("overlay", "vfs"), default="overlay",
-                        help="containers-storage driver of every host (overlay, as on the nodes; vfs copies the image per container)")
+    parser.add_argument(
+        "--storage-driver",
+        choices=("overlay", "vfs"),
+        default="overlay",
+        help="containers-storage driver of every host (overlay, as on the nodes; vfs copies the image per container)",
+    )
     opts = parser.parse_args()
     if opts.runs < 1:
         parser.error("--runs: at least 1")
     missing = missing_prerequisites()
     if missing:
-        print(f"error: bench_serve.py needs {', '.join(missing)}; set the machine up as the tests do "
-              "(as root: bash python/setup.sh --test) and run it again", file=sys.stderr)
+        print(
+            f"error: bench_serve.py needs {', '.join(missing)}; set the machine up as the tests do "
+            "(as root: bash python/setup.sh --test) and run it again",
+            file=sys.stderr,
+        )
         sys.exit(2)
 
     runs: list[Run] = []
@@ -319,7 +344,9 @@ def main() -> None:
         os.environ["XDG_STATE_HOME"] = str(tmp / "state")  # serve's lock and run records
         os.environ["XDG_CACHE_HOME"] = str(tmp / "cache")
         # `python -m tp4` runs this checkout's tp4, not an installed one
-        os.environ["PYTHONPATH"] = os.pathsep.join([str(REPO / "python"), *filter(None, [os.environ.get("PYTHONPATH")])])
+        os.environ["PYTHONPATH"] = os.pathsep.join(
+            [str(REPO / "python"), *filter(None, [os.environ.get("PYTHONPATH")])]
+        )
         print("starting the four netns hosts and loading the stand-in image ...", flush=True)
         with DoctorCluster(tmp / "cluster", storage_driver=opts.storage_driver) as cluster:
             cluster.reset()
@@ -327,12 +354,18 @@ def main() -> None:
                 for mode in MODES:
                     run = one_run(cluster, mode)
                     runs.append(run)
-                    print(f"run {i + 1} {mode:<10} serve {run.wall:5.2f} s  overhead {run.overhead:5.2f} s  "
-                          f"status {run.status:4.2f} s  stop {run.stop:4.2f} s", flush=True)
+                    print(
+                        f"run {i + 1} {mode:<10} serve {run.wall:5.2f} s  overhead {run.overhead:5.2f} s  "
+                        f"status {run.status:4.2f} s  stop {run.stop:4.2f} s",
+                        flush=True,
+                    )
                     print(f"    runtime: {run.breakdown()}", flush=True)
                     print(f"    serve's steps done at (s): {milestones(run.lines)}", flush=True)
-                    print(f"    machine busy {run.cpu / run.wall:4.2f} of {os.cpu_count()} cores during serve "
-                          "(the four hosts share them)", flush=True)
+                    print(
+                        f"    machine busy {run.cpu / run.wall:4.2f} of {os.cpu_count()} cores during serve "
+                        "(the four hosts share them)",
+                        flush=True,
+                    )
 
     def median(mode: str | None, value: Callable[[Run], float]) -> float:
         return statistics.median(value(r) for r in runs if mode is None or r.mode == mode)
@@ -345,8 +378,12 @@ def main() -> None:
     print()
     goals = [
         Goal("overhead cli", over["cli"], 3.0, " s", note="`tp4 serve` to exit 0 minus the stand-in's boot, 4 nodes"),
-        Goal("parallel/sequential", over["parallel"] / over["sequential"], 0.5,
-             note=f"in-process overheads {over['parallel']:.2f} s / {over['sequential']:.2f} s"),
+        Goal(
+            "parallel/sequential",
+            over["parallel"] / over["sequential"],
+            0.5,
+            note=f"in-process overheads {over['parallel']:.2f} s / {over['sequential']:.2f} s",
+        ),
         Goal("status", median(None, lambda r: r.status), 1.5, " s", note="`tp4 status`, the line up"),
         Goal("stop", median(None, lambda r: r.stop), 3.0, " s", note="`tp4 stop`, 4 nodes"),
     ]

@@ -52,7 +52,7 @@ def make_files(root: Path, total_mb: int, count: int = 5) -> list[Path]:
         path.parent.mkdir(parents=True, exist_ok=True)
         with open(path, "wb") as f:
             for j in range(per):
-                f.write(block[j % 251:] + block[: j % 251])
+                f.write(block[j % 251 :] + block[: j % 251])
         files.append(path)
     return files
 
@@ -70,22 +70,31 @@ def bench_download(work: Path, total_mb: int) -> float:
 
     sha = best_of(3, lambda: process.run(["sha256sum", *map(str, files)]))
     port_file = work / "port"
-    server = process.start([sys.executable, str(REPO / "tests" / "sources_helpers" / "server.py"), str(served),
-                            str(port_file)], env={"PYTHONPATH": f"{REPO / 'python'}:{REPO / 'tests'}"})
+    server = process.start(
+        [sys.executable, str(REPO / "tests" / "sources_helpers" / "server.py"), str(served), str(port_file)],
+        env={"PYTHONPATH": f"{REPO / 'python'}:{REPO / 'tests'}"},
+    )
     try:
         for _ in range(200):
             if port_file.exists() and port_file.read_text():
                 break
             time.sleep(0.05)
         env = {"TP4_SOURCES_MIRROR": f"http://127.0.0.1:{port_file.read_text()}", "PYTHONPATH": str(REPO / "python")}
-        ours = best_of(3, lambda: process.run(
-            [sys.executable, "-m", "tp4.image.sources", "verify", "--download", "--manifest", str(manifest)], env=env))
+        ours = best_of(
+            3,
+            lambda: process.run(
+                [sys.executable, "-m", "tp4.image.sources", "verify", "--download", "--manifest", str(manifest)],
+                env=env,
+            ),
+        )
     finally:
         server.terminate()
         server.wait()
     ratio = sha / ours
-    print(f"download: {total / 1e6:.0f} MB; sha256sum {total / sha / 1e6:.0f} MB/s ({sha:.2f} s); "
-          f"verify --download {total / ours / 1e6:.0f} MB/s ({ours:.2f} s)")
+    print(
+        f"download: {total / 1e6:.0f} MB; sha256sum {total / sha / 1e6:.0f} MB/s ({sha:.2f} s); "
+        f"verify --download {total / ours / 1e6:.0f} MB/s ({ours:.2f} s)"
+    )
     print(f"RATIO verify-download/sha256sum throughput = {ratio:.2f} (target >= 0.8)")
     return ratio
 
@@ -101,7 +110,7 @@ def make_tree(root: Path, total_mb: int, count: int) -> None:
         directory.mkdir(parents=True, exist_ok=True)
         size = min(int(w * scale), len(block))
         path = directory / f"mod_{i}.py"
-        path.write_bytes(block[i % 1000: i % 1000 + size])
+        path.write_bytes(block[i % 1000 : i % 1000 + size])
         if i % 97 == 0:
             path.chmod(0o755)
         if i % 211 == 0:
@@ -116,14 +125,22 @@ def bench_nar(work: Path, tree_mb: int, count: int) -> float:
     expected = process.run(["nix", "hash", "path", str(tree)], env=NIX_ENV).stdout.strip()
     assert nar.nar_hash(tree) == expected, "NAR hash differs from nix hash path"
     nix_t = best_of(5, lambda: process.run(["nix", "hash", "path", str(tree)], env=NIX_ENV))
-    cli_t = best_of(5, lambda: process.run([sys.executable, "-m", "tp4.image.sources", "hash", str(tree)],
-                                           env={"PYTHONPATH": str(REPO / "python")}))
+    cli_t = best_of(
+        5,
+        lambda: process.run(
+            [sys.executable, "-m", "tp4.image.sources", "hash", str(tree)], env={"PYTHONPATH": str(REPO / "python")}
+        ),
+    )
     fn_t = best_of(5, lambda: nar.nar_hash(tree))
-    print(f"nar: {size / 1e6:.0f} MB in {files} files; nix hash path {nix_t * 1000:.0f} ms; "
-          f"python -m tp4.image.sources hash {cli_t * 1000:.0f} ms; nar_hash() in-process {fn_t * 1000:.0f} ms")
+    print(
+        f"nar: {size / 1e6:.0f} MB in {files} files; nix hash path {nix_t * 1000:.0f} ms; "
+        f"python -m tp4.image.sources hash {cli_t * 1000:.0f} ms; nar_hash() in-process {fn_t * 1000:.0f} ms"
+    )
     ratio = fn_t / nix_t
-    print(f"RATIO python-nar-hash/nix-hash-path time = {ratio:.2f} (target <= 1.5; "
-          f"as a process with start-up: {cli_t / nix_t:.2f})")
+    print(
+        f"RATIO python-nar-hash/nix-hash-path time = {ratio:.2f} (target <= 1.5; "
+        f"as a process with start-up: {cli_t / nix_t:.2f})"
+    )
     return ratio
 
 

@@ -15,8 +15,11 @@ sys.path.insert(0, str(REPO / "python"))
 def pytest_configure(config) -> None:
     # checks.unit (pkgs/checks.nix) runs the modules that say `pytestmark = pytest.mark.unit`
     # inside the Nix sandbox (a whole module is unit or not: the others may need nix to import)
-    config.addinivalue_line("markers", "unit: needs no root, nix, network (loopback only), daemon or file "
-                            "outside the repository (shared/); only python, bash, GNU patch and git on PATH")
+    config.addinivalue_line(
+        "markers",
+        "unit: needs no root, nix, network (loopback only), daemon or file "
+        "outside the repository (shared/); only python, bash, GNU patch and git on PATH",
+    )
 
 
 @pytest.fixture(scope="session")

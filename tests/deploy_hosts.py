@@ -162,7 +162,7 @@ else:
 sys.exit(code if code >= 0 else 128 - code)
 '''
 
-SYSTEMCTL = r'''#!/bin/sh
+SYSTEMCTL = r"""#!/bin/sh
 d=@state@
 case "$1" in
   is-active)
@@ -179,14 +179,14 @@ case "$1" in
 esac
 echo "systemctl stand-in: not supported: $*" >&2
 exit 1
-'''
+"""
 
-NIX_STORE = r'''#!/bin/sh
+NIX_STORE = r"""#!/bin/sh
 case " $* " in
   *" --check-validity "*|*" --import "*) echo "$1 $2" >> @state@/nix-store.log ;;
 esac
 NIX_REMOTE="local?root=@store@" exec @real@ "$@"
-'''
+"""
 
 # the systems: nixosConfigurations.<node>.config.system.build.toplevel of each entry of
 # systems.json, a store path like a NixOS system's: nixos-version, bin/switch-to-configuration
@@ -263,8 +263,15 @@ class System:
     broken: bool = False  # it does not build
 
     def to_json(self) -> dict[str, object]:
-        return {"label": self.label, "rdma": self.rdma, "fail": self.fail, "seconds": self.seconds, "drop": self.drop_ssh,
-                "stop_sshd": self.stop_sshd, "broken": self.broken}
+        return {
+            "label": self.label,
+            "rdma": self.rdma,
+            "fail": self.fail,
+            "seconds": self.seconds,
+            "drop": self.drop_ssh,
+            "stop_sshd": self.stop_sshd,
+            "broken": self.broken,
+        }
 
 
 def _deploy_prepare(host: Host) -> None:
@@ -279,7 +286,9 @@ def _deploy_prepare(host: Host) -> None:
     bin_dir = host.dir / "bin"
     for name, text in {"systemd-run": SYSTEMD_RUN, "systemctl": SYSTEMCTL, "nix-store": NIX_STORE}.items():
         own_store = os.path.realpath(state / "store")  # no symlink on the way (Nix refuses one)
-        (bin_dir / name).write_text(text.replace("@state@", STATE).replace("@real@", real_nix_store).replace("@store@", own_store))
+        (bin_dir / name).write_text(
+            text.replace("@state@", STATE).replace("@real@", real_nix_store).replace("@store@", own_store)
+        )
         (bin_dir / name).chmod(0o755)
 
 
@@ -303,7 +312,9 @@ class DeployCluster(DoctorCluster):
         return host.dir / "deploy"
 
     def systems(self, specs: dict[str, System]) -> None:
-        (self.flake / "systems.json").write_text(json.dumps({k: v.to_json() for k, v in specs.items()}, indent=1) + "\n")
+        (self.flake / "systems.json").write_text(
+            json.dumps({k: v.to_json() for k, v in specs.items()}, indent=1) + "\n"
+        )
 
     def build(self, specs: dict[str, System]) -> dict[str, str]:
         """Build the systems here (as deploy does): node -> store path."""
@@ -362,8 +373,9 @@ class DeployCluster(DoctorCluster):
     def has_path(self, host: Host, path: str) -> bool:
         """``path`` is valid in the host's own store (what deploy's copy filled)."""
         own_store = os.path.realpath(self.state(host) / "store")
-        proc = process.run(["nix-store", "--check-validity", path], env={"NIX_REMOTE": f"local?root={own_store}"},
-                           check=False)
+        proc = process.run(
+            ["nix-store", "--check-validity", path], env={"NIX_REMOTE": f"local?root={own_store}"}, check=False
+        )
         return proc.returncode == 0
 
     def serves(self, host: Host) -> list[str]:

@@ -40,10 +40,24 @@ class Dockerd:
     def __enter__(self) -> Dockerd:
         log = open(self.root / "dockerd.log", "wb")
         self.proc = subprocess.Popen(
-            [DOCKERD, "--iptables=false", "--ip6tables=false", "--bridge=none",
-             "--data-root", str(self.root / "data"), "--exec-root", str(self.root / "exec"),
-             "--pidfile", str(self.root / "docker.pid"), "-H", self.host],
-            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+            [
+                DOCKERD,
+                "--iptables=false",
+                "--ip6tables=false",
+                "--bridge=none",
+                "--data-root",
+                str(self.root / "data"),
+                "--exec-root",
+                str(self.root / "exec"),
+                "--pidfile",
+                str(self.root / "docker.pid"),
+                "-H",
+                self.host,
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:

@@ -99,10 +99,12 @@ def _doctor_prepare(host: Host) -> None:
     etc = host.root / "etc"
     etc.mkdir(parents=True, exist_ok=True)
     (etc / "tp4-sys").symlink_to(host.dir / "sys")
-    stubs = {"nvidia-smi": NVIDIA_SMI.format(fake=fake),
-             "uname": UNAME.format(fake=fake, real=shutil.which("uname")),
-             "date": DATE.format(fake=fake, real=shutil.which("date")),
-             "systemctl": SYSTEMCTL.format(fake=fake)}
+    stubs = {
+        "nvidia-smi": NVIDIA_SMI.format(fake=fake),
+        "uname": UNAME.format(fake=fake, real=shutil.which("uname")),
+        "date": DATE.format(fake=fake, real=shutil.which("date")),
+        "systemctl": SYSTEMCTL.format(fake=fake),
+    }
     for name, text in stubs.items():
         (bin_dir / name).write_text(text)
         (bin_dir / name).chmod(0o755)
@@ -184,8 +186,12 @@ class DoctorCluster(LineCluster):
             (port / "state").write_text("4: ACTIVE\n")
             (port / "link_layer").write_text("Ethernet\n")
             link_local = "fe80:0000:0000:0000:0200:00ff:fe00:00" + f"{self.hosts.hosts.index(host) + 2:02x}"
-            table = [(link_local, "IB/RoCE v1"), (link_local, "RoCE v2"), (mapped_gid(host.address), "IB/RoCE v1"),
-                     (mapped_gid(host.address), "RoCE v2")] + [(ZERO_GID, "")] * 4
+            table = [
+                (link_local, "IB/RoCE v1"),
+                (link_local, "RoCE v2"),
+                (mapped_gid(host.address), "IB/RoCE v1"),
+                (mapped_gid(host.address), "RoCE v2"),
+            ] + [(ZERO_GID, "")] * 4
             for i, (gid, kind) in enumerate(table):
                 self.set_gid(host, hca, i, gid, kind)
             for c in ("packet_seq_err", "roce_adp_retrans", "req_transport_retries_exceeded"):

@@ -78,8 +78,11 @@ COUNT = 4
 RUNC = Path(__file__).resolve().parent / "runc_rlimits.sh"
 # what a stand-in process's command line holds (boot.py, the engine it starts)
 STANDIN_MARKS = ("/opt/dsv41/boot.py", "sglang.launch_server", "standin/engine.py")
-CDI_SPEC = {"cdiVersion": "0.5.0", "kind": "nvidia.com/gpu",
-            "devices": [{"name": "all", "containerEdits": {"env": ["NVIDIA_VISIBLE_DEVICES=void"]}}]}
+CDI_SPEC = {
+    "cdiVersion": "0.5.0",
+    "kind": "nvidia.com/gpu",
+    "devices": [{"name": "all", "containerEdits": {"env": ["NVIDIA_VISIBLE_DEVICES=void"]}}],
+}
 
 
 def hard_limit(which: int) -> str:
@@ -101,17 +104,21 @@ def _within(which: int, cap: int) -> int:
 def containers_conf(host: Host) -> Path:
     # within the hard limits, and nproc well within: podman 4.3 runs conmon (so runc) with
     # RLIMIT_NPROC lowered (32768 here), so the session's hard limit itself is refused
-    ulimits = [f"nofile={_within(resource.RLIMIT_NOFILE, 65536)}:{_within(resource.RLIMIT_NOFILE, 65536)}",
-               f"nproc={_within(resource.RLIMIT_NPROC, 4096)}:{_within(resource.RLIMIT_NPROC, 4096)}"]
+    ulimits = [
+        f"nofile={_within(resource.RLIMIT_NOFILE, 65536)}:{_within(resource.RLIMIT_NOFILE, 65536)}",
+        f"nproc={_within(resource.RLIMIT_NPROC, 4096)}:{_within(resource.RLIMIT_NPROC, 4096)}",
+    ]
     conf = host.dir / "containers.conf"
-    conf.write_text("[containers]\n"
-                    f"default_ulimits = {json.dumps(ulimits)}\n"
-                    "[engine]\n"
-                    'runtime = "tp4-runc"\n'
-                    'lock_type = "file"\n'
-                    f"tmp_dir = {json.dumps(str(host.dir / 'storage' / 'tmp'))}\n"
-                    "[engine.runtimes]\n"
-                    f"tp4-runc = {json.dumps([str(RUNC)])}\n")
+    conf.write_text(
+        "[containers]\n"
+        f"default_ulimits = {json.dumps(ulimits)}\n"
+        "[engine]\n"
+        'runtime = "tp4-runc"\n'
+        'lock_type = "file"\n'
+        f"tmp_dir = {json.dumps(str(host.dir / 'storage' / 'tmp'))}\n"
+        "[engine.runtimes]\n"
+        f"tp4-runc = {json.dumps([str(RUNC)])}\n"
+    )
     return conf
 
 
@@ -151,8 +158,9 @@ class LineCluster:
             raise
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         self.close()
 
     def _setup(self) -> None:
@@ -168,23 +176,33 @@ class LineCluster:
             for m in rank.run.mounts:
                 if m.type == "volume":
                     host.run("podman", "volume", "create", "--", m.source)
-                    mountpoint = host.run("podman", "volume", "inspect", "--format", "{{.Mountpoint}}", "--", m.source).stdout.strip()
-                    process.run(["sh", "-c", 'cat > "$1/config.json"', "sh", mountpoint], remote=host.remote,
-                                input='{"architectures": ["DeepseekV4ForCausalLM"]}\n')
+                    mountpoint = host.run(
+                        "podman", "volume", "inspect", "--format", "{{.Mountpoint}}", "--", m.source
+                    ).stdout.strip()
+                    process.run(
+                        ["sh", "-c", 'cat > "$1/config.json"', "sh", mountpoint],
+                        remote=host.remote,
+                        input='{"architectures": ["DeepseekV4ForCausalLM"]}\n',
+                    )
 
     def profile_text(self) -> str:
         nodes = []
         for i, host in enumerate(self.hosts):
             table = "[cluster.head]" if i == 0 else "[[cluster.workers]]"
-            nodes.append(f"{table}\nname = {_q(host.name)}\nip = {_q(host.address)}\nssh = {_q(host.address)}\n"
-                         f"user = \"root\"\nidentity = {_q(str(self.hosts.key))}\nssh_port = 22\n"
-                         f"home = {_q(str(host.dir / 'home'))}\nworkdir = {_q(str(host.dir / 'work'))}\n"
-                         "kind = \"plain\"\nruntime = \"podman\"\n")
+            nodes.append(
+                f"{table}\nname = {_q(host.name)}\nip = {_q(host.address)}\nssh = {_q(host.address)}\n"
+                f'user = "root"\nidentity = {_q(str(self.hosts.key))}\nssh_port = 22\n'
+                f"home = {_q(str(host.dir / 'home'))}\nworkdir = {_q(str(host.dir / 'work'))}\n"
+                'kind = "plain"\nruntime = "podman"\n'
+            )
         api = f"\n[api]\nkey_file = {_q(self.key_file)}\n" if self.key_file else ""
-        return ("# the LineCluster of the tests (tests/line_cluster.py)\npreset = \"production\"\n\n"
-                f"[cluster]\nuser = \"root\"\nidentity = {_q(str(self.hosts.key))}\nmemlock = {_q(memlock())}\n\n"
-                + "\n".join(nodes)
-                + f"\n[model]\ndir = {_q(str(self.model_dir))}\n" + api)
+        return (
+            '# the LineCluster of the tests (tests/line_cluster.py)\npreset = "production"\n\n'
+            f'[cluster]\nuser = "root"\nidentity = {_q(str(self.hosts.key))}\nmemlock = {_q(memlock())}\n\n'
+            + "\n".join(nodes)
+            + f"\n[model]\ndir = {_q(str(self.model_dir))}\n"
+            + api
+        )
 
     def close(self) -> None:
         for host in self.hosts:
@@ -227,7 +245,9 @@ class LineCluster:
         found = []
         for pid in pids:
             try:
-                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+                cmdline = (
+                    Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+                )
             except OSError:  # gone meanwhile
                 continue
             if any(mark in cmdline for mark in STANDIN_MARKS):
@@ -245,4 +265,3 @@ class LineCluster:
     def api(self) -> str:
         """The head's API as the test process reaches it (over the bridge)."""
         return self.plan.line.api
-

@@ -58,8 +58,11 @@ SSHD = shutil.which("sshd") or "/usr/sbin/sshd"
 # the top directories of host.root that are laid over the machine's (in sshd's mount namespace)
 OVERLAID = ("dev", "etc")
 # the sessions' ~/.bashrc (module doc): a fresh account's
-FRESH_BASHRC = (Path("/etc/skel/.bashrc").read_text() if Path("/etc/skel/.bashrc").is_file()
-                else "case $- in *i*) ;; *) return;; esac\n")
+FRESH_BASHRC = (
+    Path("/etc/skel/.bashrc").read_text()
+    if Path("/etc/skel/.bashrc").is_file()
+    else "case $- in *i*) ;; *) return;; esac\n"
+)
 # run as `sh -c SETUP sh <host dir> <sshd argv...>` in sshd's new mount namespace: each
 # <host dir>/root/<top> over /<top> (an overlay on a tmpfs copy; the submounts of /<top>, such as
 # /dev/shm and /dev/pts, bound back), then sshd
@@ -92,10 +95,7 @@ def storage_conf(root: Path, driver: str = "vfs") -> Path:
     (root / "storage").mkdir(parents=True, exist_ok=True)
     conf = root / "storage.conf"
     conf.write_text(
-        "[storage]\n"
-        f'driver = "{driver}"\n'
-        f'graphroot = "{root}/storage/graph"\n'
-        f'runroot = "{root}/storage/run"\n'
+        f'[storage]\ndriver = "{driver}"\ngraphroot = "{root}/storage/graph"\nrunroot = "{root}/storage/run"\n'
     )
     return conf
 
@@ -139,9 +139,16 @@ class Host:
 
 
 class NetnsHosts:
-    def __init__(self, workdir: Path, count: int = 3, *, env: dict[str, str] | None = None,
-                 subnet: str | None = None, prepare: Callable[[Host], None] | None = None,
-                 storage_driver: str = "vfs") -> None:
+    def __init__(
+        self,
+        workdir: Path,
+        count: int = 3,
+        *,
+        env: dict[str, str] | None = None,
+        subnet: str | None = None,
+        prepare: Callable[[Host], None] | None = None,
+        storage_driver: str = "vfs",
+    ) -> None:
         self.workdir = Path(workdir)
         self.count = count
         self.prefix = f"tp4t{os.getpid() % 100000}"
@@ -231,8 +238,11 @@ class NetnsHosts:
         self._ip("link", "set", inner, "netns", ns)
         self._ip("link", "set", outer, "master", self.bridge)
         self._ip("link", "set", outer, "up")
-        for args in (["addr", "add", f"{addr}/24", "dev", inner], ["link", "set", inner, "up"],
-                     ["link", "set", "lo", "up"]):
+        for args in (
+            ["addr", "add", f"{addr}/24", "dev", inner],
+            ["link", "set", inner, "up"],
+            ["link", "set", "lo", "up"],
+        ):
             process.run(["ip", "netns", "exec", ns, "ip", *args])
         process.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(hdir / "host_key")])
         shutil.copy(f"{self.key}.pub", hdir / "authorized_keys")
@@ -256,10 +266,30 @@ class NetnsHosts:
         # its log is appended to: a test counts the connections it accepted (LogLevel VERBOSE
         # says "Connection from ..." for each)
         # the network namespace only, and a mount namespace of its own (see the module doc)
-        host.sshd = process.start(["nsenter", f"--net=/run/netns/{host.namespace}", "unshare", "--mount", "--propagation",
-                                   "private", "sh", "-c", _SETUP, "sh", str(host.dir),
-                                   SSHD, "-D", "-e", "-o", "LogLevel=VERBOSE", "-f", str(host.dir / "sshd_config")],
-                                  stdout=subprocess.DEVNULL, stderr=open(host.dir / "sshd.log", "ab"))
+        host.sshd = process.start(
+            [
+                "nsenter",
+                f"--net=/run/netns/{host.namespace}",
+                "unshare",
+                "--mount",
+                "--propagation",
+                "private",
+                "sh",
+                "-c",
+                _SETUP,
+                "sh",
+                str(host.dir),
+                SSHD,
+                "-D",
+                "-e",
+                "-o",
+                "LogLevel=VERBOSE",
+                "-f",
+                str(host.dir / "sshd_config"),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=open(host.dir / "sshd.log", "ab"),
+        )
 
     def _stop_sshd(self, host: Host) -> None:
         """Stop the host's sshd and every session it started (they outlive the listener)."""
@@ -280,8 +310,13 @@ class NetnsHosts:
     def close_connections(self) -> None:
         """End tp4's shared ssh connections to the hosts (their masters, ControlMaster)."""
         for host in self.hosts:
-            subprocess.run([*host.remote.ssh_argv()[:-2], "-O", "exit", "--", host.remote.destination],
-                           stdin=subprocess.DEVNULL, capture_output=True, timeout=15, check=False)
+            subprocess.run(
+                [*host.remote.ssh_argv()[:-2], "-O", "exit", "--", host.remote.destination],
+                stdin=subprocess.DEVNULL,
+                capture_output=True,
+                timeout=15,
+                check=False,
+            )
 
     def new_host_key(self, i: int) -> None:
         """A new host key for host i (its sshd restarted with it, its sessions gone): what a
@@ -304,10 +339,44 @@ class NetnsHosts:
     def rate_limit(self, rate: str, burst: str = "256kb", latency: str = "50ms") -> None:
         """Limit each host's link (both directions) with a tbf qdisc, like a slower network."""
         for i, host in enumerate(self.hosts):
-            process.run(["tc", "qdisc", "replace", "dev", f"{self.prefix}v{i}", "root", "tbf",
-                         "rate", rate, "burst", burst, "latency", latency])
-            process.run(["ip", "netns", "exec", host.namespace, "tc", "qdisc", "replace", "dev",
-                         f"{self.prefix}p{i}", "root", "tbf", "rate", rate, "burst", burst, "latency", latency])
+            process.run(
+                [
+                    "tc",
+                    "qdisc",
+                    "replace",
+                    "dev",
+                    f"{self.prefix}v{i}",
+                    "root",
+                    "tbf",
+                    "rate",
+                    rate,
+                    "burst",
+                    burst,
+                    "latency",
+                    latency,
+                ]
+            )
+            process.run(
+                [
+                    "ip",
+                    "netns",
+                    "exec",
+                    host.namespace,
+                    "tc",
+                    "qdisc",
+                    "replace",
+                    "dev",
+                    f"{self.prefix}p{i}",
+                    "root",
+                    "tbf",
+                    "rate",
+                    rate,
+                    "burst",
+                    burst,
+                    "latency",
+                    latency,
+                ]
+            )
 
     def close(self) -> None:
         self.close_connections()

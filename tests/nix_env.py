@@ -30,7 +30,17 @@ from tp4.core import process
 BUSYBOX = os.environ.get("TP4_TEST_BUSYBOX") or shutil.which("busybox") or "/bin/busybox"
 SYSTEM = f"{os.uname().machine}-linux"
 REPO = Path(__file__).resolve().parent.parent
-FLAKE_FILES = ("flake.nix", "flake.lock", "pkgs", "sources.manifest", "sources.manifest.json", "adapters", "python", "modules", "examples")
+FLAKE_FILES = (
+    "flake.nix",
+    "flake.lock",
+    "pkgs",
+    "sources.manifest",
+    "sources.manifest.json",
+    "adapters",
+    "python",
+    "modules",
+    "examples",
+)
 IGNORE = shutil.ignore_patterns("__pycache__", "*.pyc", ".pytest_cache", "*.egg-info", ".hypothesis")
 
 
@@ -85,8 +95,12 @@ def empty_flake(dest: Path) -> Path:
 
 def stub_inputs(repo: Path, empty: Path) -> list[str]:
     return [
-        "--override-input", "nixpkgs", f"path:{repo / 'tests' / 'nixpkgs-stub'}",
-        "--override-input", "nixos-dgx-spark", f"path:{empty}",
+        "--override-input",
+        "nixpkgs",
+        f"path:{repo / 'tests' / 'nixpkgs-stub'}",
+        "--override-input",
+        "nixos-dgx-spark",
+        f"path:{empty}",
         "--no-write-lock-file",
     ]
 
@@ -281,16 +295,30 @@ TEST_FILES = {
     "tests/test_fail.py": 'echo "checking something"\necho "AssertionError: failing on purpose" >&2\nexit 1\n',
     # what the container saw: working directory, arguments, network interfaces, environment
     # (cwd: /opt/dsv41/tests when it is that directory, which in a layout image is a link away)
-    "tests/test_env.py": ('d=$(pwd -P); [ "$d" = "$(cd /opt/dsv41/tests 2>/dev/null && pwd -P)" ] && d=/opt/dsv41/tests\n'
-                          'echo "cwd=$d args=$* net=$(ls /sys/class/net | tr \'\\n\' \' \')'
-                          'CVD=[${CUDA_VISIBLE_DEVICES-unset}] BV_TEST_N=${BV_TEST_N-unset}"\n'),
+    "tests/test_env.py": (
+        'd=$(pwd -P); [ "$d" = "$(cd /opt/dsv41/tests 2>/dev/null && pwd -P)" ] && d=/opt/dsv41/tests\n'
+        "echo \"cwd=$d args=$* net=$(ls /sys/class/net | tr '\\n' ' ')"
+        'CVD=[${CUDA_VISIBLE_DEVICES-unset}] BV_TEST_N=${BV_TEST_N-unset}"\n'
+    ),
 }
 
 
-def image_flake(dest: Path, *, ref: str | None = "tp4-test:latest", label: str = "v1", size_mb: int = 0,
-                checks: str | None = "", files: dict[str, str] | None = None, base_layers_mb: tuple[int, ...] = (),
-                stream: bool = False, base_archive: Path | None = None, wheels: dict[str, str] | None = None,
-                wheels_at: str = "", env: tuple[str, ...] = ("PATH=/bin",), base_facts: dict | None = None) -> Path:
+def image_flake(
+    dest: Path,
+    *,
+    ref: str | None = "tp4-test:latest",
+    label: str = "v1",
+    size_mb: int = 0,
+    checks: str | None = "",
+    files: dict[str, str] | None = None,
+    base_layers_mb: tuple[int, ...] = (),
+    stream: bool = False,
+    base_archive: Path | None = None,
+    wheels: dict[str, str] | None = None,
+    wheels_at: str = "",
+    env: tuple[str, ...] = ("PATH=/bin",),
+    base_facts: dict | None = None,
+) -> Path:
     """A flake whose ``image`` is an OCI layout made by the repository's pkgs/oci.nix and
     tp4.image.oci, as the line's image is (build it with :func:`image_nix_config`): busybox at /bin
     with ``python3`` = sh, a runtime tree at /opt/dsv41 with ``TEST_FILES`` plus ``files``, and
@@ -342,10 +370,17 @@ def image_flake(dest: Path, *, ref: str | None = "tp4-test:latest", label: str =
         for module in ("__init__.py", "image/__init__.py", "image/oci.py"):
             shutil.copy2(REPO / "python" / "tp4" / module, dest / "oci" / "python" / "tp4" / module)
     template = IMAGE_FLAKE if stream else LAYOUT_FLAKE.replace("@python_dir@", os.path.dirname(HOST_PYTHON))
-    text = (template.replace("@line_ref@", ref or "").replace("@name@", name).replace("@label@", label)
-            .replace("@system@", SYSTEM).replace("@size_mb@", str(size_mb)).replace("@arch@", arch)
-            .replace("@base_layers@", "[ " + " ".join(str(int(mb)) for mb in base_layers_mb) + " ]")
-            .replace("@wheels_at@", wheels_at).replace("@env@", " ".join(f'"{e}"' for e in env)))
+    text = (
+        template.replace("@line_ref@", ref or "")
+        .replace("@name@", name)
+        .replace("@label@", label)
+        .replace("@system@", SYSTEM)
+        .replace("@size_mb@", str(size_mb))
+        .replace("@arch@", arch)
+        .replace("@base_layers@", "[ " + " ".join(str(int(mb)) for mb in base_layers_mb) + " ]")
+        .replace("@wheels_at@", wheels_at)
+        .replace("@env@", " ".join(f'"{e}"' for e in env))
+    )
     (dest / "flake.nix").write_text(text)
     return dest
 

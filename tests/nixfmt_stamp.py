@@ -31,8 +31,9 @@ def nix_files(root: Path = REPO) -> list[Path]:
     found = []
     for dirpath, dirnames, filenames in os.walk(root):
         rel = Path(dirpath).relative_to(root)
-        dirnames[:] = sorted(d for d in dirnames if d not in SKIP_DIRS
-                             and not (rel == Path(".") and d.startswith("result")))
+        dirnames[:] = sorted(
+            d for d in dirnames if d not in SKIP_DIRS and not (rel == Path(".") and d.startswith("result"))
+        )
         found += [rel / f for f in sorted(filenames) if f.endswith(".nix")]
     return sorted(found)
 

@@ -25,8 +25,12 @@ NVIDIA_KERNEL = {"version": "6.17.13-nvidia", "modDirVersion": "6.17.13"}
 
 def plan_file(profile: Path, dest: Path) -> Path:
     """`tp4 plan --json --profile PROFILE` into dest (the CLI of this checkout)."""
-    proc = subprocess.run([sys.executable, "-m", "tp4", "plan", "--json", "--profile", str(profile)],
-                          capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPO / "python")})
+    proc = subprocess.run(
+        [sys.executable, "-m", "tp4", "plan", "--json", "--profile", str(profile)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(REPO / "python")},
+    )
     assert proc.returncode == 0, proc.stderr
     dest.write_text(proc.stdout)
     return dest
@@ -35,8 +39,12 @@ def plan_file(profile: Path, dest: Path) -> Path:
 def nix_eval(expr: str, tmp: Path) -> tuple[object | None, str]:
     """(the JSON value, "") when the expression evaluates, else (None, nix's error text)."""
     tmp.mkdir(parents=True, exist_ok=True)
-    proc = subprocess.run(["nix-instantiate", "--eval", "--strict", "--json", "--readonly-mode", "-E", expr],
-                          capture_output=True, text=True, env={**nix_env(tmp), "PATH": os.environ.get("PATH", "/usr/bin:/bin")})
+    proc = subprocess.run(
+        ["nix-instantiate", "--eval", "--strict", "--json", "--readonly-mode", "-E", expr],
+        capture_output=True,
+        text=True,
+        env={**nix_env(tmp), "PATH": os.environ.get("PATH", "/usr/bin:/bin")},
+    )
     if proc.returncode != 0:
         return None, proc.stderr
     return json.loads(proc.stdout), ""
@@ -60,9 +68,11 @@ def hosts_expr(plan: Path, hosts: Path | None, **extra: str) -> str:
     ``extra`` are more arguments of lib.host, as Nix expressions. The profile is never read."""
     args = " ".join(f"{k} = {v};" for k, v in extra.items())
     hosts_arg = f"hostsFile = {toml(hosts)};" if hosts else ""
-    return (f"let l = import {nix_path(LIB)}; plan = {json_file(plan)}; in "
-            f"builtins.listToAttrs (map (name: {{ inherit name; value = l.host {{ inherit plan name; {hosts_arg} {args} }}; }}) "
-            "(l.hostNames plan))")
+    return (
+        f"let l = import {nix_path(LIB)}; plan = {json_file(plan)}; in "
+        f"builtins.listToAttrs (map (name: {{ inherit name; value = l.host {{ inherit plan name; {hosts_arg} {args} }}; }}) "
+        "(l.hostNames plan))"
+    )
 
 
 def nix_attrs(values: dict[str, str]) -> str:
@@ -82,11 +92,11 @@ def systemd_exec_argv(line: str) -> list[str]:
             i += 1
             continue
         if line[i] != '"':
-            raise ValueError(f"unquoted word at {i}: {line[i:i + 40]!r}")
+            raise ValueError(f"unquoted word at {i}: {line[i : i + 40]!r}")
         j = i + 1
         while line[j] != '"':
             j += 2 if line[j] == "\\" else 1
-        raw = json.loads(line[i:j + 1])
+        raw = json.loads(line[i : j + 1])
         for sign in "%$":
             parts = raw.split(sign * 2)
             if any(sign in part for part in parts):

@@ -57,13 +57,27 @@ class Head:
         stamps.mkdir(parents=True, exist_ok=True)
         (stamps / "SOURCE_COMMIT").write_text("0123456789abcdef0123456789abcdef01234567\n")
         (stamps / "SOURCE_PATCH").write_text("0123456789abcdef\n")
-        env = {**plan.nodes[0].env, "PATH": os.environ.get("PATH", "/usr/bin:/bin"), "TP4_STANDIN_ROOT": str(root),
-               "TP4_STANDIN_PACE": "0.02", "NNODES": "1", "HOST": "127.0.0.1", "SERVER_PORT": str(self.port),
-               "API_KEY": KEY, "WARMUP": "0", **extra}
+        env = {
+            **plan.nodes[0].env,
+            "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+            "TP4_STANDIN_ROOT": str(root),
+            "TP4_STANDIN_PACE": "0.02",
+            "NNODES": "1",
+            "HOST": "127.0.0.1",
+            "SERVER_PORT": str(self.port),
+            "API_KEY": KEY,
+            "WARMUP": "0",
+            **extra,
+        }
         self.log = root / "rank0.log"
         with open(self.log, "wb") as out:
-            self.proc = subprocess.Popen([sys.executable, "-u", str(ENGINE), *plan.nodes[0].run.command], env=env,
-                                         stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+            self.proc = subprocess.Popen(
+                [sys.executable, "-u", str(ENGINE), *plan.nodes[0].run.command],
+                env=env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
         self.url = f"http://127.0.0.1:{self.port}"
         self.ep = Endpoint.of(self.url, plan.nodes[0].env["SERVED_MODEL_NAME"], Secret(KEY))
         deadline = time.monotonic() + 30
@@ -140,7 +154,11 @@ def files_server(tmp_path: Path) -> Iterator[tuple[str, Path]]:
 def test_a_completion(healthy: Head) -> None:
     out = api.complete(healthy.ep, api.QUESTION, max_tokens=32, timeout=10, chat_template_kwargs={"thinking": False})
     assert (out.content, out.finish_reason) == ("42", "stop")
-    assert out.usage is not None and out.usage.completion_tokens == 2 and out.usage.total_tokens == out.usage.prompt_tokens + 2
+    assert (
+        out.usage is not None
+        and out.usage.completion_tokens == 2
+        and out.usage.total_tokens == out.usage.prompt_tokens + 2
+    )
     assert 0 < out.seconds < 10 and out.tool_calls == ()
     one = api.complete(healthy.ep, [{"role": "user", "content": api.QUESTION}], max_tokens=1, timeout=10)
     assert one.finish_reason == "length" and one.usage is not None and one.usage.completion_tokens == 1
@@ -165,19 +183,37 @@ def test_load_and_health(healthy: Head) -> None:
     assert err.value.kind == "auth" and err.value.status == 401
 
 
-@pytest.mark.parametrize(("doc", "found"), [
-    # SGLang's /v1/loads over two DP ranks: summed
-    ({"timestamp": "t", "dp_rank_count": 2, "loads": [{"dp_rank": 0, "num_running_reqs": 3, "num_waiting_reqs": 1},
-                                                       {"dp_rank": 1, "num_running_reqs": 2, "num_waiting_reqs": 4}]}, Load(5, 5)),
-    # /get_load: a list per DP rank, num_reqs counting running and waiting
-    ([{"dp_rank": 0, "num_reqs": 4, "num_waiting_reqs": 1, "num_tokens": 9}, {"dp_rank": 1, "num_reqs": 0, "num_waiting_reqs": 0}], Load(3, 1)),
-    ({"num_reqs": 2, "num_waiting_reqs": 0}, Load(2, 0)),
-    ({"loads": []}, Load(0, 0)),
-    ({"loads": [{"num_running_reqs": 1}]}, None),
-    ([{"num_reqs": "many", "num_waiting_reqs": 0}], None),
-    ([{"num_reqs": True, "num_waiting_reqs": 0}], None),
-    ("busy", None),
-])
+@pytest.mark.parametrize(
+    ("doc", "found"),
+    [
+        # SGLang's /v1/loads over two DP ranks: summed
+        (
+            {
+                "timestamp": "t",
+                "dp_rank_count": 2,
+                "loads": [
+                    {"dp_rank": 0, "num_running_reqs": 3, "num_waiting_reqs": 1},
+                    {"dp_rank": 1, "num_running_reqs": 2, "num_waiting_reqs": 4},
+                ],
+            },
+            Load(5, 5),
+        ),
+        # /get_load: a list per DP rank, num_reqs counting running and waiting
+        (
+            [
+                {"dp_rank": 0, "num_reqs": 4, "num_waiting_reqs": 1, "num_tokens": 9},
+                {"dp_rank": 1, "num_reqs": 0, "num_waiting_reqs": 0},
+            ],
+            Load(3, 1),
+        ),
+        ({"num_reqs": 2, "num_waiting_reqs": 0}, Load(2, 0)),
+        ({"loads": []}, Load(0, 0)),
+        ({"loads": [{"num_running_reqs": 1}]}, None),
+        ([{"num_reqs": "many", "num_waiting_reqs": 0}], None),
+        ([{"num_reqs": True, "num_waiting_reqs": 0}], None),
+        ("busy", None),
+    ],
+)
 def test_load_shapes(doc: api.Json, found: Load | None) -> None:
     assert api._sum_load(doc) == found
 
@@ -203,14 +239,20 @@ def test_an_address_that_is_no_engine(files_server: tuple[str, Path]) -> None:
         api.load(ep, timeout=5)
 
 
-@pytest.mark.parametrize(("doc", "what"), [
-    ({"choices": []}, "no choices[0]"),
-    ({"object": "list"}, "no choices[0]"),
-    ([1, 2], "no choices[0]"),
-    ({"choices": [{"text": "42"}]}, "no choices[0].message"),
-    ({"choices": [{"message": {"content": 42}}]}, "content is not text"),
-    ({"choices": [{"message": {"content": "x", "tool_calls": [{"function": {}}]}}]}, "a tool call without a function name"),
-])
+@pytest.mark.parametrize(
+    ("doc", "what"),
+    [
+        ({"choices": []}, "no choices[0]"),
+        ({"object": "list"}, "no choices[0]"),
+        ([1, 2], "no choices[0]"),
+        ({"choices": [{"text": "42"}]}, "no choices[0].message"),
+        ({"choices": [{"message": {"content": 42}}]}, "content is not text"),
+        (
+            {"choices": [{"message": {"content": "x", "tool_calls": [{"function": {}}]}}]},
+            "a tool call without a function name",
+        ),
+    ],
+)
 def test_an_answer_that_is_no_completion(doc: api.Json, what: str) -> None:
     with pytest.raises(ApiError, match="is not a chat completion") as err:
         api._completion("http://h:1/v1/chat/completions", doc, 0.1)
@@ -221,17 +263,24 @@ def test_down_and_timeouts(start: Callable[..., Head]) -> None:
     head = start(TP4_STANDIN_FAULT="wedge")
     with pytest.raises(ApiError) as err:
         api.complete(head.ep, "hi", max_tokens=1, timeout=0.5)
-    assert err.value.kind == "timeout" and err.value.message == f"{head.url}/v1/chat/completions: no answer within 0.5 s"
+    assert (
+        err.value.kind == "timeout" and err.value.message == f"{head.url}/v1/chat/completions: no answer within 0.5 s"
+    )
     with pytest.raises(ApiError) as err:
         api.stream(head.ep, "hi", max_tokens=1, timeout=0.5)
     assert err.value.kind == "timeout" and "no answer within 0.5 s" in err.value.message
     head.stop()
-    for call in (lambda: api.complete(head.ep, "hi", max_tokens=1, timeout=2), lambda: api.load(head.ep, timeout=2),
-                 lambda: api.stream(head.ep, "hi", max_tokens=1, timeout=2)):
+    for call in (
+        lambda: api.complete(head.ep, "hi", max_tokens=1, timeout=2),
+        lambda: api.load(head.ep, timeout=2),
+        lambda: api.stream(head.ep, "hi", max_tokens=1, timeout=2),
+    ):
         with pytest.raises(ApiError) as err:
             call()
         assert err.value.kind == "down"
-        assert err.value.message.startswith(f"{head.url}: API down (connection refused); fix: start the line with `tp4 serve`")
+        assert err.value.message.startswith(
+            f"{head.url}: API down (connection refused); fix: start the line with `tp4 serve`"
+        )
     assert api.health(head.ep, timeout=2) is None
 
 
@@ -292,7 +341,12 @@ def test_smoke_on_a_healthy_line(healthy: Head) -> None:
     assert quick[0].detail == "19 + 23 answered '42' (finish_reason stop)"
     assert quick[1].detail.startswith("3 chunks to [DONE], first token in ")
     full = api.smoke(healthy.ep, full=True, timeout=10)
-    assert [(r.name, r.ok) for r in full] == [("arithmetic", True), ("stream", True), ("json_schema", True), ("tool_call", True)], full
+    assert [(r.name, r.ok) for r in full] == [
+        ("arithmetic", True),
+        ("stream", True),
+        ("json_schema", True),
+        ("tool_call", True),
+    ], full
     assert full[2].detail == "answered '{\"answer\": 42}'"
     assert full[3].detail == f"called lookup_fixture('tp4-smoke'), then answered {api.FIXTURE_VALUE!r}"
     assert all(0 < r.seconds < 10 for r in full)
@@ -301,8 +355,14 @@ def test_smoke_on_a_healthy_line(healthy: Head) -> None:
 def test_smoke_names_the_check_a_wrong_answer_fails(start: Callable[..., Head]) -> None:
     head = start(TP4_STANDIN_FAULT="wrong-answer")  # boot.py's own smoke passed: the line is Ready
     out = {r.name: r for r in api.smoke(head.ep, full=True, timeout=10)}
-    assert not out["arithmetic"].ok and out["arithmetic"].detail == "19 + 23 answered '41' (finish_reason stop); expected 42 (finish_reason stop)"
-    assert not out["json_schema"].ok and out["json_schema"].detail == "answered '{\"answer\": 41}'; expected {\"answer\": 42}"
+    assert (
+        not out["arithmetic"].ok
+        and out["arithmetic"].detail == "19 + 23 answered '41' (finish_reason stop); expected 42 (finish_reason stop)"
+    )
+    assert (
+        not out["json_schema"].ok
+        and out["json_schema"].detail == 'answered \'{"answer": 41}\'; expected {"answer": 42}'
+    )
     assert out["stream"].ok and out["tool_call"].ok
 
 
@@ -325,8 +385,20 @@ def test_the_endpoint_of_the_plan() -> None:
     assert Endpoint.of("http://[::1]:8888/", MODEL).url == "http://[::1]:8888"
 
 
-@pytest.mark.parametrize("url", ["10.0.0.1:8888", "https://10.0.0.1:8888", "http://10.0.0.1", "http://10.0.0.1:8888/v1",
-                                 "http://u:p@10.0.0.1:8888", "http://10.0.0.1:99999", "http://:8888", "http://h:8888?x=1", ""])
+@pytest.mark.parametrize(
+    "url",
+    [
+        "10.0.0.1:8888",
+        "https://10.0.0.1:8888",
+        "http://10.0.0.1",
+        "http://10.0.0.1:8888/v1",
+        "http://u:p@10.0.0.1:8888",
+        "http://10.0.0.1:99999",
+        "http://:8888",
+        "http://h:8888?x=1",
+        "",
+    ],
+)
 def test_a_bad_api_address(url: str) -> None:
     with pytest.raises(InvalidInput, match="is not an API address of the form http://HOST:PORT; fix: "):
         Endpoint.of(url, MODEL)
@@ -367,7 +439,8 @@ def test_a_key_file_others_can_read_is_a_warning(tmp_path: Path, caplog: pytest.
     with caplog.at_level(logging.WARNING, logger="tp4.core.apikey"):
         assert apikey.read_key(path).reveal() == KEY
     assert [r.getMessage() for r in caplog.records] == [
-        f"api.key_file: {path} is readable by its group and everyone (mode 0644); fix: chmod 600 {path}"]
+        f"api.key_file: {path} is readable by its group and everyone (mode 0644); fix: chmod 600 {path}"
+    ]
     caplog.clear()
     path.chmod(0o640)
     with caplog.at_level(logging.WARNING, logger="tp4.core.apikey"):
@@ -375,20 +448,26 @@ def test_a_key_file_others_can_read_is_a_warning(tmp_path: Path, caplog: pytest.
     assert "readable by its group (mode 0640)" in caplog.text and KEY not in caplog.text
 
 
-@pytest.mark.parametrize(("make", "reason"), [
-    (lambda p: None, "does not exist; fix: write the API key to"),
-    (lambda p: p.mkdir(), "is a directory, not a regular file; fix: name the file holding the API key"),
-    (lambda p: os.mkfifo(p), "is a FIFO, not a regular file"),
-    (lambda p: p.symlink_to("/dev/null"), "is a device, not a regular file"),
-    (lambda p: p.write_bytes(b""), "is empty; fix: write the API key to"),
-    (lambda p: p.write_bytes(b" \n\n"), "is empty"),
-    (lambda p: p.write_bytes(b"sk-one\nsk-two\n"), "holds whitespace or a line break inside the key (at character 7); fix: write the key alone, on one line"),
-    (lambda p: p.write_bytes(b"sk-one two"), "holds whitespace or a line break inside the key (at character 7)"),
-    (lambda p: p.write_bytes(b"sk-\x00key"), "holds a control character inside the key (at character 4)"),
-    (lambda p: p.write_bytes(b"sk-\x1bkey"), "holds a control character inside the key"),
-    (lambda p: p.write_bytes("sk-clé".encode()), "holds a byte that is not ASCII (at offset 5)"),
-    (lambda p: p.write_bytes(b"k" * (65 << 10)), "is larger than 64 KiB, not one API key"),
-])
+@pytest.mark.parametrize(
+    ("make", "reason"),
+    [
+        (lambda p: None, "does not exist; fix: write the API key to"),
+        (lambda p: p.mkdir(), "is a directory, not a regular file; fix: name the file holding the API key"),
+        (lambda p: os.mkfifo(p), "is a FIFO, not a regular file"),
+        (lambda p: p.symlink_to("/dev/null"), "is a device, not a regular file"),
+        (lambda p: p.write_bytes(b""), "is empty; fix: write the API key to"),
+        (lambda p: p.write_bytes(b" \n\n"), "is empty"),
+        (
+            lambda p: p.write_bytes(b"sk-one\nsk-two\n"),
+            "holds whitespace or a line break inside the key (at character 7); fix: write the key alone, on one line",
+        ),
+        (lambda p: p.write_bytes(b"sk-one two"), "holds whitespace or a line break inside the key (at character 7)"),
+        (lambda p: p.write_bytes(b"sk-\x00key"), "holds a control character inside the key (at character 4)"),
+        (lambda p: p.write_bytes(b"sk-\x1bkey"), "holds a control character inside the key"),
+        (lambda p: p.write_bytes("sk-clé".encode()), "holds a byte that is not ASCII (at offset 5)"),
+        (lambda p: p.write_bytes(b"k" * (65 << 10)), "is larger than 64 KiB, not one API key"),
+    ],
+)
 def test_a_bad_key_file(tmp_path: Path, make: Callable[[Path], object], reason: str) -> None:
     path = tmp_path / "api-key"
     make(path)
@@ -399,7 +478,9 @@ def test_a_bad_key_file(tmp_path: Path, make: Callable[[Path], object], reason: 
         apikey.read_key(path)
     assert time.monotonic() - started < 2  # a FIFO is refused, never waited on
     assert err.value.exit_code == 2
-    assert str(err.value).startswith(f"api.key_file: {path} ") and reason in str(err.value) and "; fix: " in str(err.value)
+    assert (
+        str(err.value).startswith(f"api.key_file: {path} ") and reason in str(err.value) and "; fix: " in str(err.value)
+    )
     assert "sk-one" not in str(err.value) and "sk-" not in str(err.value).replace(str(path), "")
 
 
@@ -411,8 +492,9 @@ def test_dev_null_itself(tmp_path: Path) -> None:
 # --- the key in no message ---------------------------------------------------------------------------
 
 
-def test_the_key_is_in_no_log_record_or_error(start: Callable[..., Head], tmp_path: Path,
-                                              caplog: pytest.LogCaptureFixture) -> None:
+def test_the_key_is_in_no_log_record_or_error(
+    start: Callable[..., Head], tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     caplog.set_level(logging.DEBUG)
     path = key_file(tmp_path, KEY.encode() + b"\n", 0o644)  # a warning is logged too
     key = apikey.read_key(path)
@@ -420,8 +502,11 @@ def test_the_key_is_in_no_log_record_or_error(start: Callable[..., Head], tmp_pa
     ep = head.ep._replace(key=key)
     texts: list[str] = [repr(ep), str(ep), repr(key)]
     texts += [repr(api.probe(ep, timeout=0.5))]
-    for call in (lambda: api.complete(ep, "hi", max_tokens=1, timeout=0.5), lambda: api.stream(ep, "hi", max_tokens=1, timeout=0.5),
-                 lambda: api.complete(ep._replace(key=Secret(KEY + "x")), "hi", max_tokens=1, timeout=2)):
+    for call in (
+        lambda: api.complete(ep, "hi", max_tokens=1, timeout=0.5),
+        lambda: api.stream(ep, "hi", max_tokens=1, timeout=0.5),
+        lambda: api.complete(ep._replace(key=Secret(KEY + "x")), "hi", max_tokens=1, timeout=2),
+    ):
         with pytest.raises(ApiError) as err:
             call()
         texts += [str(err.value), repr(err.value), repr(err.value.__cause__), repr(err.value.__context__)]
@@ -439,7 +524,10 @@ def test_a_stream_that_stalls(start: Callable[..., Head]) -> None:
     started = time.monotonic()
     with pytest.raises(ApiError) as err:
         api.stream(head.ep, api.QUESTION, max_tokens=32, timeout=0.5)
-    assert err.value.kind == "timeout" and err.value.message == f"{head.url}/v1/chat/completions: the stream stalled: nothing for 0.5 s"
+    assert (
+        err.value.kind == "timeout"
+        and err.value.message == f"{head.url}/v1/chat/completions: the stream stalled: nothing for 0.5 s"
+    )
     assert time.monotonic() - started < 2
     out = {r.name: r for r in api.smoke(head.ep, full=False, timeout=0.5)}
     assert out["arithmetic"].ok and not out["stream"].ok and "the stream stalled" in out["stream"].detail

@@ -50,10 +50,28 @@ class Standin:
         self.log = tmp / f"engine-{self.port}.log"
         full = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "TP4_STANDIN_PACE": "0", **env}
         with open(self.log, "wb") as out:
-            self.proc = subprocess.Popen([sys.executable, "-u", str(ENGINE), "python", "-m", "sglang.launch_server",
-                                          "--model-path", "/models/x", "--served-model-name", MODEL, "--host", "127.0.0.1",
-                                          "--port", str(self.port)], env=full, stdout=out, stderr=subprocess.STDOUT,
-                                         start_new_session=True)
+            self.proc = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-u",
+                    str(ENGINE),
+                    "python",
+                    "-m",
+                    "sglang.launch_server",
+                    "--model-path",
+                    "/models/x",
+                    "--served-model-name",
+                    MODEL,
+                    "--host",
+                    "127.0.0.1",
+                    "--port",
+                    str(self.port),
+                ],
+                env=full,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
         deadline = time.monotonic() + 20
         while "fired up and ready" not in self.log.read_text(errors="replace"):
             assert self.proc.poll() is None and time.monotonic() < deadline, self.log.read_text()[-2000:]
@@ -113,28 +131,56 @@ def body(prompt: str) -> str:
 # --- the numbers ----------------------------------------------------------------------------------
 
 
-def test_decode_numbers_are_the_rates_set_and_sparkdash_formulas(standin: Callable[..., Standin], tmp_path: Path) -> None:
+def test_decode_numbers_are_the_rates_set_and_sparkdash_formulas(
+    standin: Callable[..., Standin], tmp_path: Path
+) -> None:
     """100 tok/s per stream, 3 tokens per SSE event, prefill 500 tok/s: 31 tokens are 11 events
     (the last one 10 x 3 / 100 s = 300 ms after the first), so decode tok/s = 30 / 0.3 s = 100;
     TTFT = prompt tokens / 500; c2's aggregate = 60 decode tokens / ~0.3 s = 200."""
     s = standin(TP4_STANDIN_DECODE_TPS="100", TP4_STANDIN_TOKENS_PER_EVENT="3", TP4_STANDIN_PREFILL_TPS="500")
     out = tmp_path / "out"
-    proc = tp4("bench", "decode", "--url", s.url, "--levels", "1,2", "--max-tokens", "31", "--prompt-types", "prose",
-               "--c1-runs", "2", "--warmup", "1", "--out", out)
+    proc = tp4(
+        "bench",
+        "decode",
+        "--url",
+        s.url,
+        "--levels",
+        "1,2",
+        "--max-tokens",
+        "31",
+        "--prompt-types",
+        "prose",
+        "--c1-runs",
+        "2",
+        "--warmup",
+        "1",
+        "--out",
+        out,
+    )
     assert proc.returncode == 0, proc.stderr
     doc = load(out)
     assert doc["status"] == "PASS" and doc["tp4"]["interrupted"] is False and doc["finished"]
     assert doc["config"]["model"] == MODEL and doc["config"]["levels"] == [1, 2] and doc["config"]["maxTokens"] == 31
     # c1 twice (trials 1 and 2), c2 once: one job per trial, with the levels it ran
-    assert [(e["trial"], e["job"]["config"]["concurrencies"], [lv["concurrency"] for lv in e["job"]["results"]])
-            for e in doc["decode"]] == [(1, [1, 2], [1, 2]), (2, [1], [1])]
+    assert [
+        (e["trial"], e["job"]["config"]["concurrencies"], [lv["concurrency"] for lv in e["job"]["results"]])
+        for e in doc["decode"]
+    ] == [(1, [1, 2], [1, 2]), (2, [1], [1])]
     for _, _, level in levels(doc):
         c = level["concurrency"]
         assert level["streamsOk"] == c and level["streamsFailed"] == 0 and level["error"] is None
-        assert level["tp4"]["invalid"] is None and level["tp4"]["maxRunning"] is not None and level["tp4"]["maxRunning"] <= c
+        assert (
+            level["tp4"]["invalid"] is None
+            and level["tp4"]["maxRunning"] is not None
+            and level["tp4"]["maxRunning"] <= c
+        )
         for st in level["streams"]:
             # tokens from usage: 31, although the stream had 11 content events (13 with the role and usage chunks)
-            assert st["usage"] == {"promptTokens": st["prefillTokens"], "completionTokens": 31, "totalTokens": st["prefillTokens"] + 31}
+            assert st["usage"] == {
+                "promptTokens": st["prefillTokens"],
+                "completionTokens": 31,
+                "totalTokens": st["prefillTokens"] + 31,
+            }
             assert st["completionTokens"] == 31 and st["decodeTokens"] == 30
             assert st["http"]["sseEventCount"] == 13 and st["http"]["finishReason"] == "length"
             assert math.ceil(st["contentPreview"]["chars"] / 4) != 31  # the text estimate would be wrong here
@@ -168,10 +214,24 @@ def test_decode_numbers_are_the_rates_set_and_sparkdash_formulas(standin: Callab
 def test_more_tokens_per_event_are_counted_from_usage(standin: Callable[..., Standin], tmp_path: Path) -> None:
     s = standin(TP4_STANDIN_TOKENS_PER_EVENT="5", TP4_STANDIN_DECODE_TPS="500")
     out = tmp_path / "out"
-    proc = tp4("bench", "decode", "--url", s.url, "--levels", "4", "--max-tokens", "41", "--prompt-types", "code",
-               "--warmup", "0", "--out", out)
+    proc = tp4(
+        "bench",
+        "decode",
+        "--url",
+        s.url,
+        "--levels",
+        "4",
+        "--max-tokens",
+        "41",
+        "--prompt-types",
+        "code",
+        "--warmup",
+        "0",
+        "--out",
+        out,
+    )
     assert proc.returncode == 0, proc.stderr
-    (_, _, level), = levels(load(out))
+    ((_, _, level),) = levels(load(out))
     for st in level["streams"]:
         assert st["http"]["sseEventCount"] == 9 + 2 and st["completionTokens"] == 41 and st["decodeTokens"] == 40
         # 9 events, the last 8 x 5 / 500 s = 80 ms after the first
@@ -179,18 +239,36 @@ def test_more_tokens_per_event_are_counted_from_usage(standin: Callable[..., Sta
     assert level["totalDecodeTokens"] == 160
 
 
-def test_without_usage_the_text_is_estimated_and_a_400_is_retried_plain(standin: Callable[..., Standin], tmp_path: Path) -> None:
+def test_without_usage_the_text_is_estimated_and_a_400_is_retried_plain(
+    standin: Callable[..., Standin], tmp_path: Path
+) -> None:
     """An engine that refuses min_tokens/ignore_eos (HTTP 400) gets each request again without
     them (sparkDash's retry); the run says so and records it."""
     s = standin(TP4_STANDIN_NO_MIN_TOKENS="1")
     out = tmp_path / "out"
-    proc = tp4("bench", "decode", "--url", s.url, "--levels", "1", "--max-tokens", "200", "--prompt-types", "prose",
-               "--c1-runs", "1", "--warmup", "0", "--out", out)
+    proc = tp4(
+        "bench",
+        "decode",
+        "--url",
+        s.url,
+        "--levels",
+        "1",
+        "--max-tokens",
+        "200",
+        "--prompt-types",
+        "prose",
+        "--c1-runs",
+        "1",
+        "--warmup",
+        "0",
+        "--out",
+        out,
+    )
     assert proc.returncode == 0, proc.stderr
     assert "refused min_tokens/ignore_eos/stop" in proc.stderr
     doc = load(out)
     assert doc["tp4"]["fellBack"] is True
-    (_, _, level), = levels(doc)
+    ((_, _, level),) = levels(doc)
     st = level["streams"][0]
     # the stand-in's plain answer: its prose words and EOS, finish_reason stop
     assert st["tp4"]["exact"] is False and st["http"]["finishReason"] == "stop"
@@ -202,9 +280,18 @@ def test_without_usage_the_text_is_estimated_and_a_400_is_retried_plain(standin:
 
 def _foreign(url: str, n: int, max_tokens: int, started: threading.Event) -> list[threading.Thread]:
     def one() -> None:
-        data = json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "someone else's request"}], "max_tokens": max_tokens,
-                           "ignore_eos": True, "stream": True}).encode()
-        req = urllib.request.Request(url + "/v1/chat/completions", data=data, headers={"Content-Type": "application/json"})
+        data = json.dumps(
+            {
+                "model": MODEL,
+                "messages": [{"role": "user", "content": "someone else's request"}],
+                "max_tokens": max_tokens,
+                "ignore_eos": True,
+                "stream": True,
+            }
+        ).encode()
+        req = urllib.request.Request(
+            url + "/v1/chat/completions", data=data, headers={"Content-Type": "application/json"}
+        )
         with urllib.request.urlopen(req, timeout=60) as resp:
             started.set()
             resp.read()
@@ -215,14 +302,37 @@ def _foreign(url: str, n: int, max_tokens: int, started: threading.Event) -> lis
     return threads
 
 
-def test_a_level_with_foreign_traffic_is_flagged_and_fails_the_run(standin: Callable[..., Standin], tmp_path: Path) -> None:
+def test_a_level_with_foreign_traffic_is_flagged_and_fails_the_run(
+    standin: Callable[..., Standin], tmp_path: Path
+) -> None:
     """c1 runs alone; while c2 runs, two foreign streams (4 s each) are in the engine: c2 is
     invalid (4 in the engine, 2 sent), c1 is not, and the command exits 1 saying so."""
     s = standin(TP4_STANDIN_DECODE_TPS="100")
     out = tmp_path / "out"
-    proc = subprocess.Popen(tp4_argv("bench", "decode", "--url", s.url, "--levels", "1,2", "--max-tokens", "61", "--prompt-types",
-                                     "json", "--c1-runs", "1", "--warmup", "0", "--out", out),
-                            env=tp4_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        tp4_argv(
+            "bench",
+            "decode",
+            "--url",
+            s.url,
+            "--levels",
+            "1,2",
+            "--max-tokens",
+            "61",
+            "--prompt-types",
+            "json",
+            "--c1-runs",
+            "1",
+            "--warmup",
+            "0",
+            "--out",
+            out,
+        ),
+        env=tp4_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     deadline = time.monotonic() + 60
     while True:
         try:
@@ -243,8 +353,9 @@ def test_a_level_with_foreign_traffic_is_flagged_and_fails_the_run(standin: Call
     assert doc["status"] == "FAIL"
     c1, c2 = (lv for _, _, lv in levels(doc))
     assert c1["tp4"]["invalid"] is None and c1["tp4"]["maxInEngine"] == 1
-    assert c2["tp4"]["invalid"] == ("foreign traffic: up to 4 requests were in the engine (at most 4 running, 0 waiting) "
-                                    "while this level sent 2")
+    assert c2["tp4"]["invalid"] == (
+        "foreign traffic: up to 4 requests were in the engine (at most 4 running, 0 waiting) while this level sent 2"
+    )
     assert c2["streamsOk"] == 2  # its numbers are kept, marked
     assert "invalid (foreign traffic)" in stdout and "json trial 1 c2: foreign traffic" in stderr
     assert "--allow-foreign" in stderr and "Traceback" not in stderr
@@ -254,10 +365,27 @@ def test_allow_foreign_exits_0_and_still_marks_the_level(standin: Callable[..., 
     """The busy fault: the load endpoint reports three more running and one waiting request."""
     s = standin(TP4_STANDIN_FAULT="busy", TP4_STANDIN_BUSY_SECONDS="0")
     out = tmp_path / "out"
-    proc = tp4("bench", "decode", "--url", s.url, "--levels", "1", "--max-tokens", "8", "--prompt-types", "prose", "--c1-runs", "1",
-               "--warmup", "0", "--out", out, "--allow-foreign")
+    proc = tp4(
+        "bench",
+        "decode",
+        "--url",
+        s.url,
+        "--levels",
+        "1",
+        "--max-tokens",
+        "8",
+        "--prompt-types",
+        "prose",
+        "--c1-runs",
+        "1",
+        "--warmup",
+        "0",
+        "--out",
+        out,
+        "--allow-foreign",
+    )
     assert proc.returncode == 0, proc.stderr
-    (_, _, level), = levels(load(out))
+    ((_, _, level),) = levels(load(out))
     assert level["tp4"]["invalid"] is not None and "while this level sent 1" in level["tp4"]["invalid"]
     assert "warning: 1 level(s) invalid" in proc.stderr
 
@@ -268,8 +396,24 @@ def test_allow_foreign_exits_0_and_still_marks_the_level(standin: Callable[..., 
 def test_resume_after_a_kill_keeps_the_finished_levels(standin: Callable[..., Standin], tmp_path: Path) -> None:
     s = standin(TP4_STANDIN_DECODE_TPS="100")
     out = tmp_path / "out"
-    args = ("bench", "decode", "--url", s.url, "--levels", "1,2,4", "--max-tokens", "31", "--prompt-types", "prose,code",
-            "--c1-runs", "1", "--warmup", "0", "--out", out)
+    args = (
+        "bench",
+        "decode",
+        "--url",
+        s.url,
+        "--levels",
+        "1,2,4",
+        "--max-tokens",
+        "31",
+        "--prompt-types",
+        "prose,code",
+        "--c1-runs",
+        "1",
+        "--warmup",
+        "0",
+        "--out",
+        out,
+    )
     proc = subprocess.Popen(tp4_argv(*args), env=tp4_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 60
     while True:
@@ -291,7 +435,11 @@ def test_resume_after_a_kill_keeps_the_finished_levels(standin: Callable[..., St
 
     # another configuration is refused, the run left as it was
     other = tp4(*args[:5], "1,2", *args[6:])
-    assert other.returncode == 2 and "another configuration" in other.stderr and "levels [1, 2, 4] -> [1, 2]" in other.stderr
+    assert (
+        other.returncode == 2
+        and "another configuration" in other.stderr
+        and "levels [1, 2, 4] -> [1, 2]" in other.stderr
+    )
     assert load(out) == before
 
     again = tp4(*args)
@@ -300,10 +448,12 @@ def test_resume_after_a_kill_keeps_the_finished_levels(standin: Callable[..., St
     after = load(out)
     assert after["tp4"]["interrupted"] is False and after["started"] == before["started"]
     assert sorted(after["tp4"]["levels_done"]) == sorted(f"{k}/1/{c}" for k in ("prose", "code") for c in (1, 2, 4))
-    assert after["tp4"]["levels_done"][:len(done)] == done
+    assert after["tp4"]["levels_done"][: len(done)] == done
     now = [json.dumps(lv) for _, _, lv in levels(after)]
-    assert now[:len(kept)] == kept  # byte-identical
-    assert [(k, lv["concurrency"]) for k, _, lv in levels(after)] == [(k, c) for k in ("prose", "code") for c in (1, 2, 4)]
+    assert now[: len(kept)] == kept  # byte-identical
+    assert [(k, lv["concurrency"]) for k, _, lv in levels(after)] == [
+        (k, c) for k in ("prose", "code") for c in (1, 2, 4)
+    ]
 
     # a finished run is refused, --force runs it again
     finished = tp4(*args)
@@ -318,8 +468,22 @@ def test_resume_after_a_kill_keeps_the_finished_levels(standin: Callable[..., St
 
 def test_same_prompts_salts_and_shared_prefix(standin: Callable[..., Standin], tmp_path: Path) -> None:
     s = standin()
-    common = ("bench", "decode", "--url", s.url, "--levels", "1,2,4", "--max-tokens", "4", "--prompt-types", "structured",
-              "--c1-runs", "1", "--warmup", "0")
+    common = (
+        "bench",
+        "decode",
+        "--url",
+        s.url,
+        "--levels",
+        "1,2,4",
+        "--max-tokens",
+        "4",
+        "--prompt-types",
+        "structured",
+        "--c1-runs",
+        "1",
+        "--warmup",
+        "0",
+    )
 
     def prompts_of(out: Path) -> dict[int, list[str]]:
         return {lv["concurrency"]: [st["prompt"] for st in lv["streams"]] for _, _, lv in levels(load(out))}
@@ -331,9 +495,13 @@ def test_same_prompts_salts_and_shared_prefix(standin: Callable[..., Standin], t
     assert [body(p) for p in got[1]] == [base]
     assert [body(p) for p in got[4]] == [f"{base} (stream {i}/4)" for i in range(1, 5)]
     salts = [salt_line(p) for ps in got.values() for p in ps]
-    assert len(set(salts)) == 7 and all(x.startswith("[tp4-bench ") and len(x) == len("[tp4-bench ]") + 12 for x in salts)
+    assert len(set(salts)) == 7 and all(
+        x.startswith("[tp4-bench ") and len(x) == len("[tp4-bench ]") + 12 for x in salts
+    )
     doc = load(tmp_path / "a")
-    assert doc["config"]["samePrompts"] is False and all(lv["tp4"]["salted"] and not lv["tp4"]["samePrompts"] for _, _, lv in levels(doc))
+    assert doc["config"]["samePrompts"] is False and all(
+        lv["tp4"]["salted"] and not lv["tp4"]["samePrompts"] for _, _, lv in levels(doc)
+    )
 
     # --same-prompts: one prompt for every stream of every level, still salted apart
     assert tp4(*common, "--same-prompts", "--out", tmp_path / "b").returncode == 0
@@ -352,7 +520,11 @@ def test_same_prompts_salts_and_shared_prefix(standin: Callable[..., Standin], t
 def test_the_four_prompt_types_by_default_and_their_texts() -> None:
     assert prompts.TYPES == ("structured", "prose", "code", "json")
     assert "1 to 200" in prompts.PROMPTS["structured"] and "hash map" in prompts.PROMPTS["prose"]
-    assert "clamp_00" in prompts.PROMPTS["code"] and "clamp_49" in prompts.PROMPTS["code"] and "JSON" in prompts.PROMPTS["json"]
+    assert (
+        "clamp_00" in prompts.PROMPTS["code"]
+        and "clamp_49" in prompts.PROMPTS["code"]
+        and "JSON" in prompts.PROMPTS["json"]
+    )
 
 
 def test_the_filler_is_varied_words_not_one_token() -> None:
@@ -373,8 +545,12 @@ def test_prefill_on_a_corpus(standin: Callable[..., Standin], tmp_path: Path) ->
     tok/s is the rate set."""
     corpus = tmp_path / "corpus"
     (corpus / "sub").mkdir(parents=True)
-    (corpus / "a-guide.md").write_text("# The guide\n\n" + "Every node of the line keeps its own state directory. " * 40)
-    (corpus / "sub" / "b-source.py").write_text("def clamp(x: float, lo: float, hi: float) -> float:\n    return max(lo, min(hi, x))\n" * 30)
+    (corpus / "a-guide.md").write_text(
+        "# The guide\n\n" + "Every node of the line keeps its own state directory. " * 40
+    )
+    (corpus / "sub" / "b-source.py").write_text(
+        "def clamp(x: float, lo: float, hi: float) -> float:\n    return max(lo, min(hi, x))\n" * 30
+    )
     (corpus / "c-latin1.txt").write_bytes("caf\xe9 cr\xe8me br\xfbl\xe9e, na\xefve fa\xe7ade. ".encode("latin-1") * 50)
     (corpus / "d-binary.bin").write_bytes(bytes(range(256)) * 8)
     os.mkfifo(corpus / "e-fifo")
@@ -385,7 +561,9 @@ def test_prefill_on_a_corpus(standin: Callable[..., Standin], tmp_path: Path) ->
     assert proc.returncode == 0, proc.stderr
     assert "3 entries skipped" in proc.stderr
     doc = load(out)
-    assert doc["tp4"]["kind"] == "prefill" and doc["tp4"]["corpus"] == "corpus" and doc["config"]["sizes"] == [300, 1500]
+    assert (
+        doc["tp4"]["kind"] == "prefill" and doc["tp4"]["corpus"] == "corpus" and doc["config"]["sizes"] == [300, 1500]
+    )
     assert doc["tp4"]["calibration"]["charsPerToken"] > 1
     rows = doc["prefill"]
     assert [(r["trial"], r["targetTokens"]) for r in rows] == [(1, 300), (1, 1500), (2, 300), (2, 1500)]
@@ -417,14 +595,32 @@ def test_prefill_without_a_corpus_uses_the_varied_filler(standin: Callable[..., 
 # --- endpoints, the group ---------------------------------------------------------------------------
 
 
-def test_the_line_profile_is_the_endpoint_and_the_plan_is_recorded(standin: Callable[..., Standin], tmp_path: Path) -> None:
+def test_the_line_profile_is_the_endpoint_and_the_plan_is_recorded(
+    standin: Callable[..., Standin], tmp_path: Path
+) -> None:
     s = standin()
     text = (REPO / "python/tp4/data/default-profile.toml").read_text().replace("10.0.0.", "127.0.0.")
     text = text.replace("[cluster]\n", f"[cluster]\nport = {s.port}\n", 1)
     profile = tmp_path / "profile.toml"
     profile.write_text(text)
-    proc = tp4("bench", "decode", "--profile", profile, "--levels", "1", "--max-tokens", "4", "--prompt-types", "json",
-               "--c1-runs", "1", "--warmup", "0", "--out", tmp_path / "out")
+    proc = tp4(
+        "bench",
+        "decode",
+        "--profile",
+        profile,
+        "--levels",
+        "1",
+        "--max-tokens",
+        "4",
+        "--prompt-types",
+        "json",
+        "--c1-runs",
+        "1",
+        "--warmup",
+        "0",
+        "--out",
+        tmp_path / "out",
+    )
     assert proc.returncode == 0, proc.stderr
     doc = load(tmp_path / "out")
     plan = json.loads(tp4("plan", "--profile", profile, "--json").stdout)
@@ -481,7 +677,10 @@ BAD = [
     (("decode", "--url", "ftp://127.0.0.1:1"), "is not an API address of the form http://HOST:PORT"),
     (("decode", "--model", "m"), "--model: needs --url"),
     (("decode", "--url", "http://127.0.0.1:1", "--profile", "p.toml"), "--url: given with --profile"),
-    (("decode", "--url", "http://127.0.0.1:1", "--api-key-file", "/nonexistent/key"), "api.key_file: /nonexistent/key does not exist"),
+    (
+        ("decode", "--url", "http://127.0.0.1:1", "--api-key-file", "/nonexistent/key"),
+        "api.key_file: /nonexistent/key does not exist",
+    ),
 ]
 
 
@@ -511,8 +710,10 @@ def test_bad_paths_exit_2(tmp_path: Path) -> None:
     # a tp4 result damaged by hand: read through its contract, the field named
     holds_broken = tmp_path / "holds-broken"
     holds_broken.mkdir()
-    broken = ('{"config": {"kind": "decode"}, "decode": [{"trial": 1, "job": {"results": [{"concurrency": 0}]}}],'
-              ' "tp4": {"kind": "decode", "levels_done": ["prose/1/1"], "interupted": true}}')
+    broken = (
+        '{"config": {"kind": "decode"}, "decode": [{"trial": 1, "job": {"results": [{"concurrency": 0}]}}],'
+        ' "tp4": {"kind": "decode", "levels_done": ["prose/1/1"], "interupted": true}}'
+    )
     (holds_broken / "result.json").write_text(broken)
     empty = tmp_path / "empty"
     empty.mkdir()
@@ -526,8 +727,11 @@ def test_bad_paths_exit_2(tmp_path: Path) -> None:
         (("decode", "--out", holds_dir), "result.json is not a regular file"),
         (("decode", "--out", holds_fifo), "result.json is not a regular file"),
         (("decode", "--out", holds_other), "is not a tp4 bench result"),
-        (("decode", "--out", holds_broken), "result.json: decode[0].job.results[0].concurrency: is the number 0, not a positive whole number "
-                                             "(1 more problem(s) after this one)"),
+        (
+            ("decode", "--out", holds_broken),
+            "result.json: decode[0].job.results[0].concurrency: is the number 0, not a positive whole number "
+            "(1 more problem(s) after this one)",
+        ),
         (("prefill", "--corpus", tmp_path / "missing"), "--corpus: " + str(tmp_path / "missing") + " does not exist"),
         (("prefill", "--corpus", a_file), "is a regular file, not a directory"),
         (("prefill", "--corpus", fifo), "is a FIFO, not a directory"),
@@ -550,8 +754,12 @@ def test_bad_paths_exit_2(tmp_path: Path) -> None:
 def test_bench_loadgen_prints_its_measurements_against_the_goals() -> None:
     """A short run of bench/bench_loadgen.py (its numbers are the script's business, not this
     test's: here it must run, check its counts and print each measurement with its goal)."""
-    proc = subprocess.run([sys.executable, str(REPO / "bench" / "bench_loadgen.py"), "--runs", "1", "--events", "300", "--paced", "0"],
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "bench" / "bench_loadgen.py"), "--runs", "1", "--events", "300", "--paced", "0"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode in (0, 1), proc.stderr
     assert re.search(r"^burst run 1: 4832 chunks at c16: \d+ chunks/s", proc.stdout, re.M), proc.stdout
     assert re.search(r"^chunks/s +\d+\.\d  goal >= 5000  (ok|MISSED)", proc.stdout, re.M), proc.stdout
@@ -564,8 +772,10 @@ def test_bench_loadgen_prints_its_measurements_against_the_goals() -> None:
 def test_the_sse_splitter_takes_events_cut_anywhere() -> None:
     from tp4.measuring.throughput.loadgen import SseSplitter
 
-    stream = (b'data: {"a": 1}\n\n: a comment\n\nevent: x\ndata: {"b":\ndata: 2}\n\ndata:{"c": 3}\r\n\r\n'
-              b"id: 7\r\ndata: [DONE]\r\n\r\n")
+    stream = (
+        b'data: {"a": 1}\n\n: a comment\n\nevent: x\ndata: {"b":\ndata: 2}\n\ndata:{"c": 3}\r\n\r\n'
+        b"id: 7\r\ndata: [DONE]\r\n\r\n"
+    )
     want = [b'{"a": 1}', b'{"b":\n2}', b'{"c": 3}', b"[DONE]"]
     for cut in range(len(stream) + 1):
         for second in range(cut, len(stream) + 1):
@@ -583,8 +793,22 @@ def test_the_key_goes_in_the_header_only(standin: Callable[..., Standin], tmp_pa
     key_file.write_text(key + "\n")
     key_file.chmod(0o600)
     out = tmp_path / "out"
-    args = ("bench", "decode", "--url", s.url + "/v1", "--levels", "1", "--max-tokens", "4", "--prompt-types", "prose", "--c1-runs", "1",
-            "--warmup", "1")
+    args = (
+        "bench",
+        "decode",
+        "--url",
+        s.url + "/v1",
+        "--levels",
+        "1",
+        "--max-tokens",
+        "4",
+        "--prompt-types",
+        "prose",
+        "--c1-runs",
+        "1",
+        "--warmup",
+        "1",
+    )
     proc = tp4(*args, "--api-key-file", key_file, "--out", out)
     assert proc.returncode == 0, proc.stderr
     assert key not in (out / "result.json").read_text() + proc.stdout + proc.stderr
@@ -602,9 +826,28 @@ def test_progress_is_one_redrawn_line_on_a_terminal(standin: Callable[..., Stand
 
     s = standin(TP4_STANDIN_DECODE_TPS="100")
     master, slave = pty.openpty()
-    proc = subprocess.Popen(tp4_argv("bench", "decode", "--url", s.url, "--levels", "1,2", "--max-tokens", "61", "--prompt-types", "prose",
-                                     "--c1-runs", "1", "--warmup", "1"),
-                            env=tp4_env(), stdout=subprocess.PIPE, stderr=slave, text=True)
+    proc = subprocess.Popen(
+        tp4_argv(
+            "bench",
+            "decode",
+            "--url",
+            s.url,
+            "--levels",
+            "1,2",
+            "--max-tokens",
+            "61",
+            "--prompt-types",
+            "prose",
+            "--c1-runs",
+            "1",
+            "--warmup",
+            "1",
+        ),
+        env=tp4_env(),
+        stdout=subprocess.PIPE,
+        stderr=slave,
+        text=True,
+    )
     os.close(slave)
     seen = b""
     while True:

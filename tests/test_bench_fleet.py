@@ -31,12 +31,35 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 def engine(host: str, port: int, log: Path) -> subprocess.Popen[bytes]:
-    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "TP4_STANDIN_PACE": "0", "TP4_STANDIN_DECODE_TPS": "200",
-           "TP4_STANDIN_TOKENS_PER_EVENT": "3"}
+    env = {
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        "TP4_STANDIN_PACE": "0",
+        "TP4_STANDIN_DECODE_TPS": "200",
+        "TP4_STANDIN_TOKENS_PER_EVENT": "3",
+    }
     with open(log, "wb") as out:
-        return subprocess.Popen([sys.executable, "-u", str(ENGINE), "python", "-m", "sglang.launch_server", "--model-path", "/models/x",
-                                 "--served-model-name", "deepseek-v4.1-flash", "--host", host, "--port", str(port)],
-                                env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        return subprocess.Popen(
+            [
+                sys.executable,
+                "-u",
+                str(ENGINE),
+                "python",
+                "-m",
+                "sglang.launch_server",
+                "--model-path",
+                "/models/x",
+                "--served-model-name",
+                "deepseek-v4.1-flash",
+                "--host",
+                host,
+                "--port",
+                str(port),
+            ],
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
 
 
 def answers(url: str) -> bool:
@@ -52,7 +75,7 @@ def test_bench_through_the_router_records_each_lines_share_and_report_shows_it(t
         pytest.fail(f"{ROUTER_PYTHON} has no sglang_router: run `bash python/setup.sh --test` (the router group)")
     pa, pb = free_port("127.0.0.1"), free_port("127.0.0.2")
     rport, mport = free_port(), free_port()
-    base = f'''preset = "production"
+    base = f"""preset = "production"
 [cluster]
 port = {pa}
 [cluster.head]
@@ -65,7 +88,7 @@ ip = "127.0.0.3"
 tp = 2
 [nfs]
 share = false
-'''
+"""
     (tmp_path / "base.toml").write_text(base)
     path = tmp_path / "fleet.toml"
     path.write_text(f'''base = "base.toml"
@@ -86,7 +109,7 @@ host = "local"
 bind = "127.0.0.1"
 port = {rport}
 python = "{ROUTER_PYTHON}"
-state_dir = "{tmp_path / 'router'}"
+state_dir = "{tmp_path / "router"}"
 [router.metrics]
 port = {mport}
 [router.health]
@@ -111,8 +134,24 @@ success_threshold = 1
             time.sleep(0.3)
 
         out = tmp_path / "run"
-        proc = tp4("bench", "decode", "--fleet", path, "--levels", "1,4", "--max-tokens", "31", "--prompt-types", "prose",
-                   "--c1-runs", "1", "--warmup", "0", "--out", out)
+        proc = tp4(
+            "bench",
+            "decode",
+            "--fleet",
+            path,
+            "--levels",
+            "1,4",
+            "--max-tokens",
+            "31",
+            "--prompt-types",
+            "prose",
+            "--c1-runs",
+            "1",
+            "--warmup",
+            "0",
+            "--out",
+            out,
+        )
         assert proc.returncode == 0, proc.stdout + proc.stderr
         doc = json.loads((out / "result.json").read_text())
         assert doc["node"] == "127.0.0.1" and doc["config"]["base"] == f.url
@@ -126,7 +165,9 @@ success_threshold = 1
                 if c == 4:
                     assert lines["a"]["requests"] == lines["b"]["requests"] == 2
                 assert sum(v["decodeTokens"] for v in lines.values()) == level["totalDecodeTokens"]
-                assert sum(v["decodeTps"] for v in lines.values()) == pytest.approx(level["aggregateDecodeTps"], rel=1e-3)
+                assert sum(v["decodeTps"] for v in lines.values()) == pytest.approx(
+                    level["aggregateDecodeTps"], rel=1e-3
+                )
         # the bench's own summary and tp4 report show per line and aggregate
         assert "per line (the router's per-worker request counts" in proc.stdout
         rep = tp4("report", out, "--no-charts")
@@ -134,7 +175,7 @@ success_threshold = 1
         text = rep.stdout
         head = "decode behind the router, per line and aggregate"
         assert head in text
-        table = text[text.index(head):].splitlines()
+        table = text[text.index(head) :].splitlines()
         assert table[1].split() == ["prompt", "c", "aggregate", "a", "tok/s", "a", "req", "b", "tok/s", "b", "req"]
         row = next(r.split() for r in table if r.split()[:2] == ["prose", "c4"])
         assert row[4] == "2" and row[6] == "2"

@@ -14,8 +14,13 @@ def test_bench_distribute_names_what_is_missing_and_how_to_set_up(repo, tmp_path
     bare.mkdir()
     (bare / "python3").symlink_to(sys.executable)
     env = {**os.environ, "PATH": str(bare), "TP4_TEST_BUSYBOX": str(tmp_path / "no-busybox")}
-    proc = subprocess.run([sys.executable, str(repo / "bench" / "bench_distribute.py"), "--size-mb", "1"],
-                          env=env, capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, str(repo / "bench" / "bench_distribute.py"), "--size-mb", "1"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 2, proc.stderr
     assert "Traceback" not in proc.stderr
     assert "no-busybox" in proc.stderr and "podman" in proc.stderr
@@ -27,12 +32,22 @@ def test_bench_distribute_registry_part_names_its_own_tools(repo, tmp_path):
     bare.mkdir()
     (bare / "python3").symlink_to(sys.executable)
     env = {**os.environ, "PATH": str(bare)}
-    proc = subprocess.run([sys.executable, str(repo / "bench" / "bench_distribute.py"), "--parts", "registry"],
-                          env=env, capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, str(repo / "bench" / "bench_distribute.py"), "--parts", "registry"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 2, proc.stderr
     assert "skopeo" in proc.stderr and "docker-registry" in proc.stderr and "Traceback" not in proc.stderr
-    proc = subprocess.run([sys.executable, str(repo / "bench" / "bench_distribute.py"), "--parts", "archive"],
-                          env=env, capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, str(repo / "bench" / "bench_distribute.py"), "--parts", "archive"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 2 and "skopeo" not in proc.stderr, proc.stderr
 
 
@@ -43,7 +58,10 @@ def test_bench_distribute_judges_each_binding_goal(repo, monkeypatch):
     import bench_distribute as bench
 
     lines: list[str] = []
-    met = [bench.Goal("bytes/layer", 1.04, 1.1), bench.Goal("update/archive", 0.3, 0.1, binding=False, note="base 0.01 GB")]
+    met = [
+        bench.Goal("bytes/layer", 1.04, 1.1),
+        bench.Goal("update/archive", 0.3, 0.1, binding=False, note="base 0.01 GB"),
+    ]
     assert bench.report(met, lines.append) == 0
     assert lines[0].split() == ["bytes/layer", "1.040", "goal", "<=", "1.1", "ok"]
     assert "not judged" in lines[1] and "(base 0.01 GB)" in lines[1]
@@ -57,8 +75,13 @@ def test_bench_serve_names_what_is_missing_and_how_to_set_up(repo, tmp_path):
     bare.mkdir()
     (bare / "python3").symlink_to(sys.executable)
     env = {**os.environ, "PATH": str(bare), "TP4_TEST_BUSYBOX": str(tmp_path / "no-busybox")}
-    proc = subprocess.run([sys.executable, str(repo / "bench" / "bench_serve.py"), "--runs", "1"],
-                          env=env, capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, str(repo / "bench" / "bench_serve.py"), "--runs", "1"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 2, proc.stderr
     assert "Traceback" not in proc.stderr
     assert "no-busybox" in proc.stderr and "podman" in proc.stderr and "runc" in proc.stderr
@@ -93,8 +116,13 @@ def test_bench_doctor_and_pack_name_what_is_missing(repo, tmp_path, script):
     bare.mkdir()
     (bare / "python3").symlink_to(sys.executable)
     env = {**os.environ, "PATH": str(bare), "TP4_TEST_BUSYBOX": str(tmp_path / "no-busybox")}
-    proc = subprocess.run([sys.executable, str(repo / "bench" / script), "--runs", "1"],
-                          env=env, capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, str(repo / "bench" / script), "--runs", "1"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 2, proc.stderr
     assert "Traceback" not in proc.stderr
     assert f"{script} needs" in proc.stderr and "podman" in proc.stderr

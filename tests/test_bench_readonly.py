@@ -16,8 +16,25 @@ def test_a_read_only_out_dir_exits_2(tmp_path: Path) -> None:
     ro.mkdir()
     script = 'mount --bind "$1" "$1" && mount -o remount,bind,ro "$1" && shift && exec "$@"'
     for out in (ro, ro / "new"):
-        proc = subprocess.run(["unshare", "-m", "sh", "-c", script, "sh", str(ro),
-                               *tp4_argv("bench", "decode", "--url", f"http://127.0.0.1:{free_port()}", "--out", out)],
-                              env=tp4_env(), capture_output=True, text=True, timeout=60)
+        proc = subprocess.run(
+            [
+                "unshare",
+                "-m",
+                "sh",
+                "-c",
+                script,
+                "sh",
+                str(ro),
+                *tp4_argv("bench", "decode", "--url", f"http://127.0.0.1:{free_port()}", "--out", out),
+            ],
+            env=tp4_env(),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert proc.returncode == 2, proc.stderr
-        assert "--out:" in proc.stderr and "fix: choose a directory you can write to" in proc.stderr and "Traceback" not in proc.stderr
+        assert (
+            "--out:" in proc.stderr
+            and "fix: choose a directory you can write to" in proc.stderr
+            and "Traceback" not in proc.stderr
+        )

@@ -33,13 +33,31 @@ def standins(tmp_path: Path):
 
 
 def bench(s: Standin, out: Path) -> dict:
-    proc = tp4("bench", "decode", "--url", s.url, "--levels", "1,2", "--max-tokens", "31", "--prompt-types", "prose,code",
-               "--c1-runs", "1", "--warmup", "0", "--out", out)
+    proc = tp4(
+        "bench",
+        "decode",
+        "--url",
+        s.url,
+        "--levels",
+        "1,2",
+        "--max-tokens",
+        "31",
+        "--prompt-types",
+        "prose,code",
+        "--c1-runs",
+        "1",
+        "--warmup",
+        "0",
+        "--out",
+        out,
+    )
     assert proc.returncode == 0, proc.stderr
     return load(out)
 
 
-def test_a_bench_run_reads_back_through_report_and_a_slower_one_regresses(standins: Callable[..., Standin], tmp_path: Path) -> None:
+def test_a_bench_run_reads_back_through_report_and_a_slower_one_regresses(
+    standins: Callable[..., Standin], tmp_path: Path
+) -> None:
     fast = bench(standins(TP4_STANDIN_DECODE_TPS="200", TP4_STANDIN_TOKENS_PER_EVENT="3"), tmp_path / "fast")
     slow = bench(standins(TP4_STANDIN_DECODE_TPS="100", TP4_STANDIN_TOKENS_PER_EVENT="3"), tmp_path / "slow")
 
@@ -51,24 +69,49 @@ def test_a_bench_run_reads_back_through_report_and_a_slower_one_regresses(standi
             assert got.status == "ok" and got.value is not None
             assert float(got.value) == pytest.approx(lv["aggregateDecodeTps"], rel=1e-9)
 
-    same = tp4("report", tmp_path / "fast", "--reference", tmp_path / "fast" / "result.json", "--fail-on-regression", "0",
-               "--out", tmp_path / "charts-same", "--json")
+    same = tp4(
+        "report",
+        tmp_path / "fast",
+        "--reference",
+        tmp_path / "fast" / "result.json",
+        "--fail-on-regression",
+        "0",
+        "--out",
+        tmp_path / "charts-same",
+        "--json",
+    )
     assert same.returncode == 0, same.stderr
     doc = json.loads(same.stdout)
     assert "REGRESSED" not in same.stdout and doc
 
-    worse = tp4("report", tmp_path / "slow", "--reference", tmp_path / "fast", "--fail-on-regression", "20",
-                "--out", tmp_path / "charts")
+    worse = tp4(
+        "report",
+        tmp_path / "slow",
+        "--reference",
+        tmp_path / "fast",
+        "--fail-on-regression",
+        "20",
+        "--out",
+        tmp_path / "charts",
+    )
     assert worse.returncode == 1, worse.stdout + worse.stderr
     regressed = [line for line in worse.stdout.splitlines() if "REGRESSED" in line]
     assert regressed, worse.stdout
     # half the per-stream rate: about -50 % on every decode row, far past 20 %
     assert any(line.split()[0] in ("prose", "code") for line in regressed)
     assert "regress" in worse.stderr.lower()
-    slow_c1 = next(lv["aggregateDecodeTps"] for e in slow["decode"] for lv in e["job"]["results"]
-                   if e["job"]["config"]["promptType"] == "prose" and lv["concurrency"] == 1)
-    fast_c1 = next(lv["aggregateDecodeTps"] for e in fast["decode"] for lv in e["job"]["results"]
-                   if e["job"]["config"]["promptType"] == "prose" and lv["concurrency"] == 1)
+    slow_c1 = next(
+        lv["aggregateDecodeTps"]
+        for e in slow["decode"]
+        for lv in e["job"]["results"]
+        if e["job"]["config"]["promptType"] == "prose" and lv["concurrency"] == 1
+    )
+    fast_c1 = next(
+        lv["aggregateDecodeTps"]
+        for e in fast["decode"]
+        for lv in e["job"]["results"]
+        if e["job"]["config"]["promptType"] == "prose" and lv["concurrency"] == 1
+    )
     assert slow_c1 / fast_c1 == pytest.approx(0.5, rel=0.15)
 
     from PIL import Image

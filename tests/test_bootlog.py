@@ -97,13 +97,26 @@ def run_line(plan: Plan, root: Path, controls: dict[str, str], timeout: float = 
             rroot.mkdir()
             for part in ("models", "opt"):
                 (rroot / part).symlink_to(root / part)
-            env = {**node.env, "PATH": os.environ.get("PATH", "/usr/bin:/bin"), "TP4_STANDIN_ROOT": str(rroot),
-                   "TP4_STANDIN_PACE": "0.02", "TP4_STANDIN_COLOCATED": "1", "DIST_INIT_ADDR": f"127.0.0.1:{dist}", "HOST": "127.0.0.1",
-                   "SERVER_PORT": str(port), **controls}
+            env = {
+                **node.env,
+                "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+                "TP4_STANDIN_ROOT": str(rroot),
+                "TP4_STANDIN_PACE": "0.02",
+                "TP4_STANDIN_COLOCATED": "1",
+                "DIST_INIT_ADDR": f"127.0.0.1:{dist}",
+                "HOST": "127.0.0.1",
+                "SERVER_PORT": str(port),
+                **controls,
+            }
             log = root / f"rank{node.rank}.log"
             with open(log, "wb") as out:
-                proc = subprocess.Popen([sys.executable, "-u", str(ENGINE), *node.run.command], env=env, stdout=out,
-                                        stderr=subprocess.STDOUT, start_new_session=True)
+                proc = subprocess.Popen(
+                    [sys.executable, "-u", str(ENGINE), *node.run.command],
+                    env=env,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
             procs.append((proc, log))
         deadline = time.monotonic() + timeout
         for rank, (proc, log) in enumerate(procs):
@@ -158,8 +171,11 @@ def test_a_clean_boot_passes(plan: Plan, boots: Callable[[str], Boot]) -> None:
     commit, patch = b12x_next_stamps()
     for log in boots("clean").logs.values():
         found = {k: s.value for k, s in source_stamps(log_lines(log)).items()}
-        assert found == {"SOURCE_COMMIT b12x_next": commit, "SOURCE_PATCH b12x_next": patch,
-                         "[moe_b12x_next] armed commit of b12x_next": commit[:8]}
+        assert found == {
+            "SOURCE_COMMIT b12x_next": commit,
+            "SOURCE_PATCH b12x_next": patch,
+            "[moe_b12x_next] armed commit of b12x_next": commit[:8],
+        }
 
 
 def test_a_missing_required_line_is_a_problem_of_rank_0(plan: Plan, boots: Callable[[str], Boot]) -> None:
@@ -174,7 +190,10 @@ def test_a_missing_optional_line_is_a_note(plan: Plan, boots: Callable[[str], Bo
     review = review_boot_logs(plan, boots("omit-optional").logs)
     assert review.problems == ()
     note = only(list(review.notes))
-    assert (note.rank, note.check) == (0, "missing-optional-line") and "Exact nvme Engram ... packed=True" in note.detail
+    assert (note.rank, note.check) == (
+        0,
+        "missing-optional-line",
+    ) and "Exact nvme Engram ... packed=True" in note.detail
 
 
 def test_a_forbidden_line_names_the_rank_node_and_line(plan: Plan, boots: Callable[[str], Boot]) -> None:
@@ -218,10 +237,14 @@ def test_a_rank_without_stamps_or_log(plan: Plan, boots: Callable[[str], Boot]) 
 
 def test_the_armed_commit_must_be_the_images(plan: Plan, boots: Callable[[str], Boot]) -> None:
     commit, _ = b12x_next_stamps()
-    logs = {r: log.replace(f"on b12x_next {commit[:8]}", "on b12x_next 00000000") for r, log in boots("clean").logs.items()}
+    logs = {
+        r: log.replace(f"on b12x_next {commit[:8]}", "on b12x_next 00000000") for r, log in boots("clean").logs.items()
+    }
     problems = check_boot_logs(plan, logs)
     # rank 0 also lacks the registry's line (it names the pinned commit); every rank is inconsistent in itself
-    assert [(p.rank, p.check) for p in problems if p.check != "missing-line"] == [(r, "source-differs") for r in range(4)]
+    assert [(p.rank, p.check) for p in problems if p.check != "missing-line"] == [
+        (r, "source-differs") for r in range(4)
+    ]
     assert f"runs b12x_next 00000000, the image's SOURCE_COMMIT is {commit}" in problems[-1].detail
 
 
@@ -248,8 +271,9 @@ def test_runtime_prefixes_change_nothing(plan: Plan, boots: Callable[[str], Boot
     assert stamped._replace(ready_seconds=None) == plain
     # from the boot's start when the caller knows it (podman's offset form too)
     podman = head.replace("123Z ", "+00:00 ")
-    assert boot_signature(podman, pin=None, ready_seconds=None, started=start - timedelta(seconds=5)).ready_seconds == \
-        pytest.approx(5 + ready_index * 0.01, abs=1e-6)
+    assert boot_signature(
+        podman, pin=None, ready_seconds=None, started=start - timedelta(seconds=5)
+    ).ready_seconds == pytest.approx(5 + ready_index * 0.01, abs=1e-6)
     assert plain.ready_seconds is None  # the engine's own timestamps are not the boot's start
     assert boot_signature(head, pin=None, ready_seconds=42.5).ready_seconds == 42.5
 
@@ -266,7 +290,12 @@ def test_phases_of_a_boot_in_order(boots: Callable[[str], Boot]) -> None:
 
 def test_phases_of_upstream_lines() -> None:
     assert phase_of("[2026-09-16 08:00:01 TP0] Load weight begin. avail mem=112.40 GB") == "weights"
-    assert phase_of("[2026-09-16 08:03:01 TP0] Capture cuda graph begin. This can take up to several minutes. avail mem=12.10 GB") == "graphs"
+    assert (
+        phase_of(
+            "[2026-09-16 08:03:01 TP0] Capture cuda graph begin. This can take up to several minutes. avail mem=12.10 GB"
+        )
+        == "graphs"
+    )
     assert phase_of("[2026-09-16 08:04:01] The server is fired up and ready to roll!") == "smoke"
     assert phase_of("Fresh inference passed: 19 + 23 = 42") == "warmup"
     assert phase_of("2026-09-16T08:05:00.1Z Ready: API on port 8888 (rank 0), no API key.") == "ready"
@@ -293,7 +322,9 @@ def test_signature_numbers_are_what_the_engine_printed(plan: Plan, boots: Callab
     assert len(rates) == 1 + 4 + 16 == sig.warmup_batches
     assert sig.warmup_tps_median == statistics.median(rates) and 500 < sig.warmup_tps_median < 600
     assert sig.graph_capture_s == float(printed(r"Capture cuda graph end\. Time elapsed: ([0-9.]+) s", head))
-    assert sig.verify_graph_capture_s == float(printed(r"Capture target verify CUDA graph end\. elapsed=([0-9.]+)s", head))
+    assert sig.verify_graph_capture_s == float(
+        printed(r"Capture target verify CUDA graph end\. elapsed=([0-9.]+)s", head)
+    )
     # the stand-in adds 11 s and 7.5 s to the time its (paced) capture took
     assert 11 <= sig.graph_capture_s < 14 and 7.5 <= sig.verify_graph_capture_s < 10
     assert (sig.kv_pool, sig.max_total_num_tokens, sig.pin) == (9_000_000, 8_000_000, 8_000_000)
@@ -338,8 +369,18 @@ def test_a_slow_retuned_boot(plan: Plan, boots: Callable[[str], Boot]) -> None:
 
 
 def sig_of(median: float | None = 500.0, **changes: object) -> BootSignature:
-    base = BootSignature(warmup_tps_median=median, warmup_batches=21, graph_capture_s=11.0, verify_graph_capture_s=7.5,
-                         retuned=False, ready_seconds=None, ready_port=8888, kv_pool=None, max_total_num_tokens=None, pin=None)
+    base = BootSignature(
+        warmup_tps_median=median,
+        warmup_batches=21,
+        graph_capture_s=11.0,
+        verify_graph_capture_s=7.5,
+        retuned=False,
+        ready_seconds=None,
+        ready_port=8888,
+        kv_pool=None,
+        max_total_num_tokens=None,
+        pin=None,
+    )
     return base._replace(**changes)
 
 
@@ -369,16 +410,23 @@ def test_graph_capture_over_10_s_is_a_warning_only() -> None:
     assert judge(sig_of(verify_graph_capture_s=10.0), last_good=None, floor=400.0).findings == ()
 
 
-@pytest.mark.parametrize(("pin", "check"), [
-    (951_000, "pin-near-pool"),  # 4.9 % below the pool
-    (949_000, None),  # 5.1 % below
-    (1_000_000, "pin-near-pool"),  # equal
-    (1_000_001, "pin-above-pool"),
-    (0, None), (None, None),  # no pin
-])
+@pytest.mark.parametrize(
+    ("pin", "check"),
+    [
+        (951_000, "pin-near-pool"),  # 4.9 % below the pool
+        (949_000, None),  # 5.1 % below
+        (1_000_000, "pin-near-pool"),  # equal
+        (1_000_001, "pin-above-pool"),
+        (0, None),
+        (None, None),  # no pin
+    ],
+)
 def test_pin_against_the_pool(pin: int | None, check: str | None) -> None:
-    v = judge(sig_of(kv_pool=1_000_000, max_total_num_tokens=min(pin or 1_000_000, 1_000_000), pin=pin or None),
-              last_good=None, floor=1.0)
+    v = judge(
+        sig_of(kv_pool=1_000_000, max_total_num_tokens=min(pin or 1_000_000, 1_000_000), pin=pin or None),
+        last_good=None,
+        floor=1.0,
+    )
     assert [f.check for f in v.findings] == ([check] if check else [])
     if check:
         assert f"pin {pin}" in v.findings[0].text and "full_token=1000000" in v.findings[0].text

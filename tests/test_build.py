@@ -68,8 +68,7 @@ def check(name: str, **fields) -> str:
 
 PASS = check("pass", file="tests/test_pass.py")
 FAIL = check("fail", file="tests/test_fail.py")
-ENV = check("env", file="tests/test_env.py", args=["a", "b"], workdir="/opt/dsv41/tests",
-            env={"BV_TEST_N": "60000"})
+ENV = check("env", file="tests/test_env.py", args=["a", "b"], workdir="/opt/dsv41/tests", env={"BV_TEST_N": "60000"})
 GPU = check("gpu_pass", file="tests/test_pass.py", gpu=True)
 
 
@@ -107,9 +106,21 @@ def test_dry_run_prints_commands_and_store_paths_without_building(env, tp4_cli):
     code, stdout, stderr = tp4_cli("build", "--dry-run", "--flake", flake, "--runtime", "podman")
 
     assert code == 0, stderr
-    build_cmd = shlex.join(["nix", "--extra-experimental-features", "nix-command flakes", "build",
-                            f"{flake}#image", "--json", "--out-link", str(flake / "result-image"),
-                            "--log-format", "internal-json", "-v"])
+    build_cmd = shlex.join(
+        [
+            "nix",
+            "--extra-experimental-features",
+            "nix-command flakes",
+            "build",
+            f"{flake}#image",
+            "--json",
+            "--out-link",
+            str(flake / "result-image"),
+            "--log-format",
+            "internal-json",
+            "-v",
+        ]
+    )
     assert f"$ {build_cmd}" in stdout
     # the layout goes in with skopeo (its reference is known once it is built)
     assert f"$ skopeo copy --quiet 'oci:{out}:<ref>' 'containers-storage:localhost/<ref>'" in stdout
@@ -139,8 +150,11 @@ def test_passing_checks_tag_the_image_for_the_line_and_record_it(env, tp4_cli, c
     lines = stdout.splitlines()
     assert any(line.startswith("ok   pass  ") and line.endswith("  3/3 PASS") for line in lines), stdout
     # what the container saw: the check's workdir, args and env, CUDA hidden, no network but lo
-    assert any(line.startswith("ok   env   ") and line.endswith(
-        "  cwd=/opt/dsv41/tests args=a b net=lo CVD=[] BV_TEST_N=60000") for line in lines), stdout
+    assert any(
+        line.startswith("ok   env   ")
+        and line.endswith("  cwd=/opt/dsv41/tests args=a b net=lo CVD=[] BV_TEST_N=60000")
+        for line in lines
+    ), stdout
     assert "checks: 2 passed, 0 failed" in lines
     assert f"id    {image_id}" in lines
     assert "image tp4-test:built" in lines
@@ -157,11 +171,42 @@ def test_passing_checks_tag_the_image_for_the_line_and_record_it(env, tp4_cli, c
     assert not [c for c in commands() if c == f"$ {copy}"]
     runs = [c for c in commands() if c.startswith("$ podman run ")]
     assert [shlex.split(c)[1:] for c in runs] == [
-        ["podman", "run", "--rm", "--network", "none", "--name", f"tp4-check-{os.getpid()}-pass",
-         "-e", "CUDA_VISIBLE_DEVICES=", "--entrypoint", "python3", image_id, "/opt/dsv41/tests/test_pass.py"],
-        ["podman", "run", "--rm", "--network", "none", "--name", f"tp4-check-{os.getpid()}-env",
-         "-e", "BV_TEST_N=60000", "-e", "CUDA_VISIBLE_DEVICES=", "--workdir", "/opt/dsv41/tests",
-         "--entrypoint", "python3", image_id, "/opt/dsv41/tests/test_env.py", "a", "b"],
+        [
+            "podman",
+            "run",
+            "--rm",
+            "--network",
+            "none",
+            "--name",
+            f"tp4-check-{os.getpid()}-pass",
+            "-e",
+            "CUDA_VISIBLE_DEVICES=",
+            "--entrypoint",
+            "python3",
+            image_id,
+            "/opt/dsv41/tests/test_pass.py",
+        ],
+        [
+            "podman",
+            "run",
+            "--rm",
+            "--network",
+            "none",
+            "--name",
+            f"tp4-check-{os.getpid()}-env",
+            "-e",
+            "BV_TEST_N=60000",
+            "-e",
+            "CUDA_VISIBLE_DEVICES=",
+            "--workdir",
+            "/opt/dsv41/tests",
+            "--entrypoint",
+            "python3",
+            image_id,
+            "/opt/dsv41/tests/test_env.py",
+            "a",
+            "b",
+        ],
     ]
     assert f"$ podman tag {image_id} tp4-test:built" in commands()
     record = json.loads((flake / "result-image.json").read_text())
@@ -185,8 +230,8 @@ def test_a_failing_check_leaves_the_line_image_and_record_as_they_were(env, tp4_
     assert any(line.startswith("ok   pass  ") for line in lines), stdout
     fail = next(i for i, line in enumerate(lines) if line.startswith("FAIL fail  "))
     assert lines[fail].endswith(" s  exit code 1")
-    assert "     | checking something" in lines[fail + 1:fail + 3]
-    assert "     | AssertionError: failing on purpose" in lines[fail + 1:fail + 3]
+    assert "     | checking something" in lines[fail + 1 : fail + 3]
+    assert "     | AssertionError: failing on purpose" in lines[fail + 1 : fail + 3]
     assert "checks: 1 passed, 1 failed: fail" in lines
     assert "error: 1 of 2 in-image checks failed (fail)" in stderr
     assert f"{LINE} still is {first_id[:12]}" in stderr and "result-image.json is unchanged" in stderr
@@ -254,8 +299,12 @@ def test_an_empty_check_list_is_the_images_own_declaration(env, tp4_cli):
 
 def test_a_bad_check_list_in_the_image_is_invalid_input(env, tp4_cli):
     label = f"badlist-{os.urandom(4).hex()}"
-    flake = image_flake(env / "flake", ref=LINE, label=label, checks=PASS + check("typo", file="tests/test_pass.py",
-                                                                                   enviroment={"A": "1"}))
+    flake = image_flake(
+        env / "flake",
+        ref=LINE,
+        label=label,
+        checks=PASS + check("typo", file="tests/test_pass.py", enviroment={"A": "1"}),
+    )
     code, _, stderr = tp4_cli("build", "--flake", flake, "--runtime", "podman")
     assert code == 2
     assert "label tp4.checks: bad image checks" in stderr and "image_check[1] (typo): unknown key enviroment" in stderr
@@ -265,8 +314,12 @@ def test_a_bad_check_list_in_the_image_is_invalid_input(env, tp4_cli):
 
 def test_a_check_that_outlives_its_timeout_fails_and_its_container_goes(env, tp4_cli):
     label = f"slow-{os.urandom(4).hex()}"
-    flake = image_flake(env / "flake", ref=LINE, label=label,
-                        checks=check("slow", argv=["/bin/sh", "-c", "echo started; sleep 60"], timeout=2))
+    flake = image_flake(
+        env / "flake",
+        ref=LINE,
+        label=label,
+        checks=check("slow", argv=["/bin/sh", "-c", "echo started; sleep 60"], timeout=2),
+    )
     code, stdout, stderr = tp4_cli("build", "--flake", flake, "--runtime", "podman")
     assert code == 1
     assert any(line.startswith("FAIL slow  ") and line.endswith("timed out after 2 s") for line in stdout.splitlines())
@@ -294,21 +347,67 @@ def test_an_image_loaded_under_the_lines_own_tag_is_refused_and_the_line_put_bac
 
 
 def test_check_argv_is_what_the_data_says():
-    cpu, gpu, plain = parse_image_checks([
-        {"name": "bv", "file": "tests/test_block_verify.py", "env": {"PYTHONPATH": "/opt/dsv41/adapter", "BV_TEST_N": "60000"}},
-        {"name": "g", "file": "tests/test_x_gpu.py", "args": ["--bench"], "gpu": True, "workdir": "/opt/dsv41/tests"},
-        {"name": "imp", "argv": ["python3", "-c", "import b12x"]},
-    ], "test")
+    cpu, gpu, plain = parse_image_checks(
+        [
+            {
+                "name": "bv",
+                "file": "tests/test_block_verify.py",
+                "env": {"PYTHONPATH": "/opt/dsv41/adapter", "BV_TEST_N": "60000"},
+            },
+            {
+                "name": "g",
+                "file": "tests/test_x_gpu.py",
+                "args": ["--bench"],
+                "gpu": True,
+                "workdir": "/opt/dsv41/tests",
+            },
+            {"name": "imp", "argv": ["python3", "-c", "import b12x"]},
+        ],
+        "test",
+    )
     assert build_mod.check_argv("podman", "abc123", cpu) == [
-        "podman", "run", "--rm", "--network", "none",
-        "-e", "BV_TEST_N=60000", "-e", "CUDA_VISIBLE_DEVICES=", "-e", "PYTHONPATH=/opt/dsv41/adapter",
-        "--entrypoint", "python3", "abc123", "/opt/dsv41/tests/test_block_verify.py"]
+        "podman",
+        "run",
+        "--rm",
+        "--network",
+        "none",
+        "-e",
+        "BV_TEST_N=60000",
+        "-e",
+        "CUDA_VISIBLE_DEVICES=",
+        "-e",
+        "PYTHONPATH=/opt/dsv41/adapter",
+        "--entrypoint",
+        "python3",
+        "abc123",
+        "/opt/dsv41/tests/test_block_verify.py",
+    ]
     assert build_mod.check_argv("docker", "abc123", gpu, name="n") == [
-        "docker", "run", "--rm", "--network", "none", "--name", "n", "--gpus", "all",
-        "--workdir", "/opt/dsv41/tests", "--entrypoint", "python3", "abc123", "/opt/dsv41/tests/test_x_gpu.py", "--bench"]
+        "docker",
+        "run",
+        "--rm",
+        "--network",
+        "none",
+        "--name",
+        "n",
+        "--gpus",
+        "all",
+        "--workdir",
+        "/opt/dsv41/tests",
+        "--entrypoint",
+        "python3",
+        "abc123",
+        "/opt/dsv41/tests/test_x_gpu.py",
+        "--bench",
+    ]
     assert build_mod.check_argv("podman", "abc123", gpu)[5:7] == ["--device", "nvidia.com/gpu=all"]
     assert build_mod.check_argv("podman", "abc123", plain)[-5:] == [
-        "--entrypoint", "python3", "abc123", "-c", "import b12x"]
+        "--entrypoint",
+        "python3",
+        "abc123",
+        "-c",
+        "import b12x",
+    ]
     # a check may hide CUDA itself differently; tp4 does not override it
     own = ImageCheck(name="own", argv=("python3",), env=(("CUDA_VISIBLE_DEVICES", "0"),))
     assert "CUDA_VISIBLE_DEVICES=0" in build_mod.check_argv("podman", "x", own)
@@ -316,22 +415,25 @@ def test_check_argv_is_what_the_data_says():
     assert [c.name for c in build_mod.select_checks([gpu, cpu, plain], gpu=True)] == ["bv", "imp", "g"]
 
 
-@pytest.mark.parametrize("entry,complaint", [
-    ({"name": "a", "file": "t.py", "enviroment": {}}, "(a): unknown key enviroment"),
-    ({"name": "a"}, "(a): give exactly one of file"),
-    ({"name": "a", "file": "t.py", "argv": ["x"]}, "(a): give exactly one of file"),
-    ({"name": "a", "file": "/opt/dsv41/t.py"}, "file must be a path relative to /opt/dsv41"),
-    ({"name": "a", "file": "../t.py"}, "file must be a path relative to /opt/dsv41"),
-    ({"name": "a", "argv": []}, "argv must be a non-empty list of strings"),
-    ({"name": "a", "argv": ["x"], "args": ["y"]}, "args must be a list of strings, given with file"),
-    ({"name": "a", "file": "t.py", "env": {"BV_TEST_N": 60000}}, "env must be a table"),
-    ({"name": "a", "file": "t.py", "env": {"BAD-NAME": "1"}}, "env must be a table"),
-    ({"name": "a", "file": "t.py", "gpu": "yes"}, "gpu must be true or false"),
-    ({"name": "a", "file": "t.py", "timeout": 0}, "timeout must be a whole number"),
-    ({"name": "a", "file": "t.py", "workdir": "tests"}, "workdir must be an absolute path"),
-    ({"name": "a b", "file": "t.py"}, "name must be letters"),
-    ("a string", "image_check[0]: must be a table"),
-])
+@pytest.mark.parametrize(
+    "entry,complaint",
+    [
+        ({"name": "a", "file": "t.py", "enviroment": {}}, "(a): unknown key enviroment"),
+        ({"name": "a"}, "(a): give exactly one of file"),
+        ({"name": "a", "file": "t.py", "argv": ["x"]}, "(a): give exactly one of file"),
+        ({"name": "a", "file": "/opt/dsv41/t.py"}, "file must be a path relative to /opt/dsv41"),
+        ({"name": "a", "file": "../t.py"}, "file must be a path relative to /opt/dsv41"),
+        ({"name": "a", "argv": []}, "argv must be a non-empty list of strings"),
+        ({"name": "a", "argv": ["x"], "args": ["y"]}, "args must be a list of strings, given with file"),
+        ({"name": "a", "file": "t.py", "env": {"BV_TEST_N": 60000}}, "env must be a table"),
+        ({"name": "a", "file": "t.py", "env": {"BAD-NAME": "1"}}, "env must be a table"),
+        ({"name": "a", "file": "t.py", "gpu": "yes"}, "gpu must be true or false"),
+        ({"name": "a", "file": "t.py", "timeout": 0}, "timeout must be a whole number"),
+        ({"name": "a", "file": "t.py", "workdir": "tests"}, "workdir must be an absolute path"),
+        ({"name": "a b", "file": "t.py"}, "name must be letters"),
+        ("a string", "image_check[0]: must be a table"),
+    ],
+)
 def test_image_checks_are_parsed_strictly(entry, complaint):
     with pytest.raises(InvalidInput) as err:
         parse_image_checks([entry], "test")
@@ -352,9 +454,24 @@ def test_a_label_that_is_not_json_is_invalid_input():
 
 # upstream's Dockerfile.canary-roce at the pinned M 519a3988 (its in-image test list), in order
 UPSTREAM_CPU_TESTS = [
-    "thinking_alias", "max_new_tokens", "loop_abort", "fast_load_pacing", "fast_load_tp_slice", "prefill_sp",
-    "fast_load_slab", "moe_b12x_next_cpu", "wo_a_w8", "draft_tau", "folded_fence", "draft_head_fp8",
-    "draft_head_fp8_tp4", "block_verify", "autotune_keep", "replicated_split", "verify_cap", "roce_ring",
+    "thinking_alias",
+    "max_new_tokens",
+    "loop_abort",
+    "fast_load_pacing",
+    "fast_load_tp_slice",
+    "prefill_sp",
+    "fast_load_slab",
+    "moe_b12x_next_cpu",
+    "wo_a_w8",
+    "draft_tau",
+    "folded_fence",
+    "draft_head_fp8",
+    "draft_head_fp8_tp4",
+    "block_verify",
+    "autotune_keep",
+    "replicated_split",
+    "verify_cap",
+    "roce_ring",
     "indexer_chunked_v3",
 ]
 
@@ -365,13 +482,21 @@ def test_the_registry_lists_upstreams_in_image_checks():
     cpu = [c for c in checks if not c.gpu]
     # step 1's wheels as `python3 -I` sees them, steps 2, 4, 5 import checks, step 6's adapters
     # and the linked trees, then step 8's tests
-    assert [c.name for c in cpu[:6]] == ["wheels", "import-sglang", "import-b12x", "import-b12x_next",
-                                         "import-adapters", "tree-paths"]
+    assert [c.name for c in cpu[:6]] == [
+        "wheels",
+        "import-sglang",
+        "import-b12x",
+        "import-b12x_next",
+        "import-adapters",
+        "tree-paths",
+    ]
     assert [c.name for c in cpu[6:]] == UPSTREAM_CPU_TESTS
     for c in cpu[6:]:
         assert c.argv[:2] == ("python3", f"{RUNTIME_DIR}/tests/test_{c.name}.py")
-    assert "import sglang, sglang.srt.models.deepseek_v4, sglang.srt.layers.attention.deepseek_v4_backend, " \
-           "sglang.srt.models.deepseek_v4_dspark" in by_name["import-sglang"].argv[2]
+    assert (
+        "import sglang, sglang.srt.models.deepseek_v4, sglang.srt.layers.attention.deepseek_v4_backend, "
+        "sglang.srt.models.deepseek_v4_dspark" in by_name["import-sglang"].argv[2]
+    )
     assert "roce.API_VERSION" in by_name["import-b12x"].argv[2]
     assert "SOURCE_COMMIT" in by_name["import-b12x_next"].argv[2]
     assert dict(by_name["block_verify"].env)["BV_TEST_N"] == "60000"
@@ -387,13 +512,19 @@ def test_the_registry_lists_upstreams_in_image_checks():
     assert dict(by_name["import-sglang"].env)["PYTHONPATH"] == ""  # before step 9's ENV
     # the wheels check runs with -I and checks the pins of sources.manifest's wheel rows
     from tp4.image.sources import manifest as mf
+
     rows = mf.load(Path(__file__).parent.parent / "sources.manifest").rows
     pins = [f"{r.name}=={r.commit}" for r in rows if r.url.startswith("pypi:")]
     assert pins == ["sglang-kernel==0.4.7", "sgl-deep-gemm==0.2.0"]
     assert by_name["wheels"].argv[:3] == ("python3", "-I", "-c") and list(by_name["wheels"].argv[4:]) == pins
     assert by_name["import-adapters"].argv[:3] == ("python3", "-I", "-c")
     assert by_name["import-adapters"].argv[4:] == ("/opt/dsv41/adapter",)
-    assert by_name["tree-paths"].argv[4:] == ("/opt/dsv41", "/opt/b12x", "/opt/b12x_next", "/sgl-workspace/sglang/python")
+    assert by_name["tree-paths"].argv[4:] == (
+        "/opt/dsv41",
+        "/opt/b12x",
+        "/opt/b12x_next",
+        "/sgl-workspace/sglang/python",
+    )
     gpu = [c for c in checks if c.gpu]
     assert gpu and all(c.argv[1].startswith(f"{RUNTIME_DIR}/tests/") and c.argv[1].endswith("_gpu.py") for c in gpu)
     # the registry file is the TOML the parser read (no key silently dropped)
@@ -433,8 +564,14 @@ def test_no_flake_is_invalid_input(tmp_path, tp4_cli, monkeypatch):
     assert code == 2 and "no flake.nix" in stderr
 
 
-@pytest.mark.parametrize("text,version", [("nix (Nix) 2.8.0\n", (2, 8, 0)), ("nix (Nix) 2.24.9", (2, 24, 9)),
-                                          ("nix (Determinate Nix 3.6.2) 2.29.0", (3, 6, 2))])
+@pytest.mark.parametrize(
+    "text,version",
+    [
+        ("nix (Nix) 2.8.0\n", (2, 8, 0)),
+        ("nix (Nix) 2.24.9", (2, 24, 9)),
+        ("nix (Determinate Nix 3.6.2) 2.29.0", (3, 6, 2)),
+    ],
+)
 def test_parse_version(text, version):
     assert nix_mod.parse_version(text) == version
 
@@ -449,14 +586,21 @@ def test_log_event_reads_internal_json():
     assert nix_mod.log_event(start) == ("progress", "building '/nix/store/x-a.drv'")
     error = '@nix {"action":"msg","level":0,"msg":"\\u001b[31;1merror:\\u001b[0m builder failed"}'
     assert nix_mod.log_event(error) == ("detail", "error: builder failed")
-    assert nix_mod.log_event('@nix {"action":"result","id":2,"type":101,"fields":["make: ok"]}') == ("detail", "make: ok")
+    assert nix_mod.log_event('@nix {"action":"result","id":2,"type":101,"fields":["make: ok"]}') == (
+        "detail",
+        "make: ok",
+    )
     assert nix_mod.log_event('@nix {"action":"stop","id":1}') is None
     assert nix_mod.log_event("plain stderr\n") == ("detail", "plain stderr")
 
 
 def test_a_failing_build_shows_nix_errors(env, tp4_cli):
     flake = image_flake(env / "flake", label=f"fail-{os.urandom(4).hex()}")
-    text = (flake / "flake.nix").read_text().replace('> "$out/label"', '> "$out/label"; echo broken-on-purpose >&2; exit 3')
+    text = (
+        (flake / "flake.nix")
+        .read_text()
+        .replace('> "$out/label"', '> "$out/label"; echo broken-on-purpose >&2; exit 3')
+    )
     (flake / "flake.nix").write_text(text)
     code, _, stderr = tp4_cli("build", "--flake", flake, "--runtime", "podman")
     assert code == 1
@@ -485,18 +629,22 @@ def test_loaded_ref_from_podman_and_docker_output():
 
 def test_build_image_option_builds_that_variants_attribute(env, tp4_cli):
     from nix_env import SYSTEM
+
     flake = image_flake(env / "flake", label=f"variant-{os.urandom(4).hex()}")
-    code, stdout, stderr = tp4_cli("build", "--dry-run", "--flake", flake, "--runtime", "podman", "--system", SYSTEM,
-                                   "--image", "canary")
+    code, stdout, stderr = tp4_cli(
+        "build", "--dry-run", "--flake", flake, "--runtime", "podman", "--system", SYSTEM, "--image", "canary"
+    )
     # the test flake has no image-canary: nix is asked for exactly that attribute
     assert code == 1 and f"packages.{SYSTEM}.image-canary" in stderr, stderr
     code, _, stderr = tp4_cli("build", "--dry-run", "--flake", flake, "--runtime", "podman", "--image", "nope")
     assert code == 2 and "--image: 'nope' is not an image variant" in stderr and "base, canary, canary-roce" in stderr
-    code, _, stderr = tp4_cli("build", "--dry-run", "--flake", flake, "--runtime", "podman", "--image", "base",
-                              "--attr", "other")
+    code, _, stderr = tp4_cli(
+        "build", "--dry-run", "--flake", flake, "--runtime", "podman", "--image", "base", "--attr", "other"
+    )
     assert code == 2 and "--image and --attr" in stderr
-    code, stdout, stderr = tp4_cli("build", "--dry-run", "--flake", flake, "--runtime", "podman", "--system", SYSTEM,
-                                   "--image", "canary-roce")
+    code, stdout, stderr = tp4_cli(
+        "build", "--dry-run", "--flake", flake, "--runtime", "podman", "--system", SYSTEM, "--image", "canary-roce"
+    )
     assert code == 0, stderr
     assert f"build {shlex.quote(f'{flake}#packages.{SYSTEM}.image')} --json" in stdout
 
@@ -513,5 +661,7 @@ def test_system_option_builds_that_systems_package(env, tp4_cli):
     code, stdout, stderr = tp4_cli("build", "--dry-run", "--flake", flake, "--runtime", "podman", "--system", SYSTEM)
     assert code == 0, stderr
     assert f"build {shlex.quote(f'{flake}#packages.{SYSTEM}.image')} --json" in stdout
-    code, _, stderr = tp4_cli("build", "--dry-run", "--flake", flake, "--runtime", "podman", "--system", "riscv64-linux")
+    code, _, stderr = tp4_cli(
+        "build", "--dry-run", "--flake", flake, "--runtime", "podman", "--system", "riscv64-linux"
+    )
     assert code == 1 and "packages.riscv64-linux.image" in stderr

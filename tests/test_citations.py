@@ -23,8 +23,13 @@ def _files(repo: Path) -> list[str]:
     """The repository's files (walked, not `git ls-files`: the Nix unit check runs without git)."""
     out = []
     for root, dirs, files in os.walk(repo):
-        dirs[:] = [d for d in dirs if d not in SKIP_DIRS and not d.endswith(".egg-info")
-                   and not (Path(root) == repo and d.startswith("result"))]
+        dirs[:] = [
+            d
+            for d in dirs
+            if d not in SKIP_DIRS
+            and not d.endswith(".egg-info")
+            and not (Path(root) == repo and d.startswith("result"))
+        ]
         for name in files:
             path = Path(root) / name
             if path.is_file() and not path.is_symlink():
@@ -58,7 +63,16 @@ def test_every_docs_page_the_code_and_docs_name_exists(repo):
 
 def test_docs_upstream_names_the_repositories_and_files_the_code_cites(repo):
     text = (repo / "docs" / "upstream.md").read_text()
-    for name in ("MiaAI-Lab/DeepSeek-v4.1-Flash-DGX-Sparks", "knapcio/DeepSeek-V4.1-Flash-4x-DGX-Spark-TP4",
-                 "`start.sh`", "`start-tp4.sh`", "`files/nccl.sh`", "`.env.tp4.example`", "`boot.py`",
-                 "`Dockerfile.canary-roce`", "`runtime/sources.manifest`", "`adapter/sitecustomize.py`"):
+    for name in (
+        "MiaAI-Lab/DeepSeek-v4.1-Flash-DGX-Sparks",
+        "knapcio/DeepSeek-V4.1-Flash-4x-DGX-Spark-TP4",
+        "`start.sh`",
+        "`start-tp4.sh`",
+        "`files/nccl.sh`",
+        "`.env.tp4.example`",
+        "`boot.py`",
+        "`Dockerfile.canary-roce`",
+        "`runtime/sources.manifest`",
+        "`adapter/sitecustomize.py`",
+    ):
         assert name in text, name

@@ -40,8 +40,14 @@ def profile_text(port: int) -> str:
 
 def tp4(cwd: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     base = {k: v for k, v in os.environ.items() if k != "TP4_PROFILE"}
-    return subprocess.run([sys.executable, "-m", "tp4", *args], cwd=cwd, capture_output=True, text=True, timeout=120,
-                          env={**base, "PYTHONPATH": str(REPO / "python"), **(env or {})})
+    return subprocess.run(
+        [sys.executable, "-m", "tp4", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**base, "PYTHONPATH": str(REPO / "python"), **(env or {})},
+    )
 
 
 def planned(cwd: Path, *args: str, env: dict[str, str] | None = None) -> dict:
@@ -74,7 +80,9 @@ def test_plan_and_a_host_acting_command_use_the_profile_in_the_directory(here: t
     assert "profile:" not in smoke.stdout
 
 
-def test_tp4_profile_wins_over_the_directory_and_profile_wins_over_both(here: tuple[Path, int], tmp_path_factory) -> None:
+def test_tp4_profile_wins_over_the_directory_and_profile_wins_over_both(
+    here: tuple[Path, int], tmp_path_factory
+) -> None:
     cwd, port = here
     other_port, third_port = closed_port(), closed_port()
     other = tmp_path_factory.mktemp("env") / "line.toml"
@@ -102,7 +110,9 @@ def test_a_bad_tp4_profile_is_a_user_error_naming_it(tmp_path: Path, command: tu
     missing = tmp_path / "nope.toml"
     proc = tp4(tmp_path, *command, env={"TP4_PROFILE": str(missing)})
     assert proc.returncode == 2 and proc.stdout == ""
-    assert proc.stderr.startswith(f"error: TP4_PROFILE={missing}: does not exist; fix: point TP4_PROFILE at a profile file")
+    assert proc.stderr.startswith(
+        f"error: TP4_PROFILE={missing}: does not exist; fix: point TP4_PROFILE at a profile file"
+    )
     assert "Traceback" not in proc.stderr
     proc = tp4(tmp_path, *command, env={"TP4_PROFILE": str(tmp_path)})
     assert proc.returncode == 2 and f"TP4_PROFILE={tmp_path}: is a directory" in proc.stderr
@@ -140,12 +150,33 @@ def test_every_command_that_takes_a_profile_takes_the_common_option() -> None:
                 shared = {p.name: p for p in command.params}
                 for flag, common in (("strict", "strict"), ("ssh_options", "ssh")):
                     if flag in shared:
-                        assert isinstance(shared[flag], CommonOption) and shared[flag].common == common, f"tp4 {name}: --{flag}"
+                        assert isinstance(shared[flag], CommonOption) and shared[flag].common == common, (
+                            f"tp4 {name}: --{flag}"
+                        )
             if "--ssh-option" in opts:
                 assert isinstance(param, CommonOption) and param.common == "ssh", f"tp4 {name}: its own --ssh-option"
     # the commands that act on a line or its hosts, all of them
-    assert {"plan", "serve", "stop", "status", "logs", "smoke", "doctor", "deploy", "share", "pack", "prepare", "download",
-            "distribute", "images", "hosts trust", "bench decode", "bench prefill", "bench needle", "qeval"} <= set(seen)
+    assert {
+        "plan",
+        "serve",
+        "stop",
+        "status",
+        "logs",
+        "smoke",
+        "doctor",
+        "deploy",
+        "share",
+        "pack",
+        "prepare",
+        "download",
+        "distribute",
+        "images",
+        "hosts trust",
+        "bench decode",
+        "bench prefill",
+        "bench needle",
+        "qeval",
+    } <= set(seen)
 
 
 def test_the_cli_modules_resolve_no_profile_themselves_and_import_no_private_names() -> None:
@@ -156,8 +187,11 @@ def test_the_cli_modules_resolve_no_profile_themselves_and_import_no_private_nam
         for node in ast.walk(tree):
             if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("tp4.cli."):
                 assert node.module == "tp4.cli.common", f"{path.name} imports from {node.module}"
-            if isinstance(node, ast.ImportFrom) and node.module in ("tp4.line.profile", "tp4.line.profile.load") \
-                    and path.name not in ("common.py", "profile.py"):
+            if (
+                isinstance(node, ast.ImportFrom)
+                and node.module in ("tp4.line.profile", "tp4.line.profile.load")
+                and path.name not in ("common.py", "profile.py")
+            ):
                 names = {a.name for a in node.names}
                 assert not names & {"load_file", "load_default"}, f"{path.name} loads a profile itself"
             if isinstance(node, ast.Constant) and node.value == "profile.toml":

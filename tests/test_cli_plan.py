@@ -13,7 +13,20 @@ from tp4.line.plan import SCHEMA
 pytestmark = pytest.mark.unit
 
 NODE_KEYS = {"rank", "role", "name", "host", "ssh", "env", "argv", "run", "gid", "service"}
-TOP_KEYS = {"schema", "digest", "preset", "source", "image", "line", "nodes", "boot_lines", "forbidden_lines", "secrets", "warnings", "notes"}
+TOP_KEYS = {
+    "schema",
+    "digest",
+    "preset",
+    "source",
+    "image",
+    "line",
+    "nodes",
+    "boot_lines",
+    "forbidden_lines",
+    "secrets",
+    "warnings",
+    "notes",
+}
 
 
 def test_plan_default_is_the_full_production_line(tp4_cli):
@@ -28,14 +41,31 @@ def test_plan_default_is_the_full_production_line(tp4_cli):
     # DGX OS hosts: docker runs each rank's container, its env in a file beside the checkout
     svc = plan["nodes"][0]["service"]
     assert {k: svc[k] for k in ("kind", "runtime", "unit", "env_file", "mesh_unit", "host_units", "gpu_devices")} == {
-        "kind": "plain", "runtime": "docker", "unit": None, "env_file": "/home/zurih/dsv41-4x-spark/dsv41-head.env",
-        "mesh_unit": None, "host_units": None, "gpu_devices": []}
+        "kind": "plain",
+        "runtime": "docker",
+        "unit": None,
+        "env_file": "/home/zurih/dsv41-4x-spark/dsv41-head.env",
+        "mesh_unit": None,
+        "host_units": None,
+        "gpu_devices": [],
+    }
     assert plan["nodes"][1]["service"]["env_file"] == "/home/zurih/dsv41-4x-spark/dsv41-worker.env"
     assert plan["image"]["tag"] == "dsv41-4x-spark:canary-roce"
     assert plan["image"]["base"].endswith("@sha256:3dbc313030a6ef2c5d7de8ecf48e9aece722694a82182cb618cc82b588816349")
-    facts = {"nnodes": 4, "tp": 4, "ep": 1, "fabric": "switched", "dist_init_addr": "10.0.0.1:20000", "api": "http://10.0.0.1:8888",
-             "id": "10.0.0.1-8888", "api_port": 8888, "dist_init_port": 20000, "ring_hairpin_queue": None,
-             "gpu_clock_mhz": 2200, "nccl_sha256": None}
+    facts = {
+        "nnodes": 4,
+        "tp": 4,
+        "ep": 1,
+        "fabric": "switched",
+        "dist_init_addr": "10.0.0.1:20000",
+        "api": "http://10.0.0.1:8888",
+        "id": "10.0.0.1-8888",
+        "api_port": 8888,
+        "dist_init_port": 20000,
+        "ring_hairpin_queue": None,
+        "gpu_clock_mhz": 2200,
+        "nccl_sha256": None,
+    }
     assert {k: plan["line"][k] for k in facts} == facts
     assert sum(b["required"] for b in plan["boot_lines"]) == 12
 
@@ -63,7 +93,9 @@ def test_profile_check_ok_and_bad(tp4_cli, tmp_path, repo):
     code, out, _ = tp4_cli("profile", "check", good)
     assert code == 0 and out.startswith("ok:")
     bad = tmp_path / "bad.toml"
-    bad.write_text(good.read_text().replace('preset = "production"', 'preset = "canary"\n[engine]\nep = 1\ncontext_length = 1'))
+    bad.write_text(
+        good.read_text().replace('preset = "production"', 'preset = "canary"\n[engine]\nep = 1\ncontext_length = 1')
+    )
     code, out, err = tp4_cli("profile", "check", bad)
     assert code == 2
     assert "engine.ep:" in err and "engine.context_length:" in err and "fix:" in err
@@ -100,7 +132,9 @@ def test_api_key_file_is_referenced_never_read_into_the_plan(tp4_cli, tmp_path, 
     assert "sk-top-secret" not in out and "never shown" in out
 
 
-@pytest.mark.parametrize("args", [["plan", "--profile", "/nonexistent.toml"], ["profile", "check", "/etc/hostname"], ["plan", "--rank", "x"]])
+@pytest.mark.parametrize(
+    "args", [["plan", "--profile", "/nonexistent.toml"], ["profile", "check", "/etc/hostname"], ["plan", "--rank", "x"]]
+)
 def test_console_script_errors_without_traceback(args):
     proc = subprocess.run([sys.executable, "-m", "tp4", *args], capture_output=True, text=True)
     assert proc.returncode == 2
@@ -130,8 +164,9 @@ def test_a_warning_prints_on_stderr_and_does_not_block(tp4_cli, tmp_path, repo, 
     code, out, err = tp4_cli(*command, _slots_profile(tmp_path, repo))
     assert code == 0, err
     assert [line for line in err.splitlines() if line.startswith("warning:")] == [
-        WARNING + ": DSpark's admission delayer holds 2-3 slots free; fix: add \"--min-free-slots-delay\", \"1\" to "
-        "engine.extra_args, or lower engine.max_running_requests below 8"]
+        WARNING + ': DSpark\'s admission delayer holds 2-3 slots free; fix: add "--min-free-slots-delay", "1" to '
+        "engine.extra_args, or lower engine.max_running_requests below 8"
+    ]
     assert "warning:" not in out
     if "--json" in command:
         assert json.loads(out)["warnings"] == [err.strip().removeprefix("warning: ")]

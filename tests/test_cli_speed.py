@@ -28,7 +28,14 @@ from tp4.cli import main
 sys.argv[0] = "tp4"
 sys.exit(main())
 """
-WATCHED = ["importlib.metadata", "logging", "pydantic", "tp4.line.profile.models", "tp4.image.sources", "tp4.image.build"]
+WATCHED = [
+    "importlib.metadata",
+    "logging",
+    "pydantic",
+    "tp4.line.profile.models",
+    "tp4.image.sources",
+    "tp4.image.build",
+]
 
 
 class Probe(TypedDict):
@@ -38,8 +45,13 @@ class Probe(TypedDict):
 
 def run_probe(repo: Path, *args: str) -> tuple[subprocess.CompletedProcess[str], Probe]:
     env = dict(os.environ, PYTHONPATH=str(repo / "python"))
-    proc = subprocess.run([sys.executable, "-c", PROBE.format(watched=WATCHED), *args],
-                          capture_output=True, text=True, env=env, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-c", PROBE.format(watched=WATCHED), *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
     report: Probe = json.loads(proc.stderr.strip().splitlines()[-1])
     return proc, report
 
@@ -78,8 +90,12 @@ def test_help_imports_no_pydantic_and_no_subcommand(repo: Path) -> None:
 
 
 def test_bench_reports_both_commands_against_their_goals(repo: Path) -> None:
-    proc = subprocess.run([sys.executable, str(repo / "bench" / "bench_plan.py"), "--runs", "1"],
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, str(repo / "bench" / "bench_plan.py"), "--runs", "1"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode in (0, 1), proc.stderr  # 1: a goal missed on this (maybe busy) machine
     lines = proc.stdout.splitlines()
     assert lines[0].startswith(f"timing {repo / 'python'} under {sys.executable}")

@@ -29,10 +29,14 @@ def test_the_health_table_is_checked_at_import():
 
     good = {"cmd": list(HEALTH.cmd), "interval": 30, "timeout": 30, "start_period": 1800, "retries": 3}
     assert _health(good, IMAGE.boot) == HEALTH
-    for change, field in (({"cmd": "python3 -S /opt/dsv41/boot.py health"}, "health.cmd"),
-                          ({"cmd": ["python3", "boot.py", "health"]}, "health.cmd"),
-                          ({"interval": 0}, "health.interval"), ({"retries": True}, "health.retries"),
-                          ({"start_period": -1}, "health.start_period"), ({"timeout": "30s"}, "health.timeout")):
+    for change, field in (
+        ({"cmd": "python3 -S /opt/dsv41/boot.py health"}, "health.cmd"),
+        ({"cmd": ["python3", "boot.py", "health"]}, "health.cmd"),
+        ({"interval": 0}, "health.interval"),
+        ({"retries": True}, "health.retries"),
+        ({"start_period": -1}, "health.start_period"),
+        ({"timeout": "30s"}, "health.timeout"),
+    ):
         with pytest.raises(ValueError, match=field):
             _health({**good, **change}, IMAGE.boot)
     with pytest.raises(TypeError):

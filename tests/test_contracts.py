@@ -47,7 +47,9 @@ def test_the_docs_and_schemas_are_generated_from_the_models() -> None:
     files = generate.generate()
     for name, text in files.items():
         path = DOCS / name
-        assert path.exists() and path.read_text() == text, f"docs/{name} is stale: run `python -m tp4.core.contracts docs`"
+        assert path.exists() and path.read_text() == text, (
+            f"docs/{name} is stale: run `python -m tp4.core.contracts docs`"
+        )
     committed = {f"schemas/{p.name}" for p in (DOCS / "schemas").iterdir()}
     assert committed == {n for n in files if n.startswith("schemas/")}, "docs/schemas holds a file no contract writes"
 
@@ -68,9 +70,18 @@ def test_the_contracts_import_nothing_of_tp4_but_themselves() -> None:
     wrong = []
     for path in sorted((REPO / "python" / "tp4" / "contracts").glob("*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
-            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
-                [node.module or ""] if isinstance(node, ast.ImportFrom) else []
-            wrong += [f"{path.name} imports {n}" for n in names if n.startswith("tp4") and not n.startswith("tp4.core.contracts")]
+            names = (
+                [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module or ""]
+                if isinstance(node, ast.ImportFrom)
+                else []
+            )
+            wrong += [
+                f"{path.name} imports {n}"
+                for n in names
+                if n.startswith("tp4") and not n.startswith("tp4.core.contracts")
+            ]
     assert wrong == []
 
 
@@ -102,7 +113,7 @@ def undeclared(model: BaseModel, where: str = "") -> list[str]:
         if isinstance(value, BaseModel):
             out += undeclared(value, f"{where}.{name}")
         elif isinstance(value, list | dict):
-            for key, item in (enumerate(value) if isinstance(value, list) else value.items()):
+            for key, item in enumerate(value) if isinstance(value, list) else value.items():
                 if isinstance(item, BaseModel):
                     out += undeclared(item, f"{where}.{name}[{key!r}]")
     return out
@@ -110,8 +121,24 @@ def undeclared(model: BaseModel, where: str = "") -> list[str]:
 
 def test_what_tp4_bench_writes_is_the_contract(standins: Callable[..., Standin], tmp_path: Path) -> None:
     s = standins(TP4_STANDIN_DECODE_TPS="300", TP4_STANDIN_TOKENS_PER_EVENT="3", TP4_STANDIN_PREFILL_TPS="8000")
-    proc = tp4("bench", "decode", "--url", s.url, "--levels", "1,2", "--max-tokens", "9", "--prompt-types", "prose",
-               "--c1-runs", "1", "--warmup", "0", "--out", tmp_path / "decode")
+    proc = tp4(
+        "bench",
+        "decode",
+        "--url",
+        s.url,
+        "--levels",
+        "1,2",
+        "--max-tokens",
+        "9",
+        "--prompt-types",
+        "prose",
+        "--c1-runs",
+        "1",
+        "--warmup",
+        "0",
+        "--out",
+        tmp_path / "decode",
+    )
     assert proc.returncode == 0, proc.stderr
     proc = tp4("bench", "prefill", "--url", s.url, "--sizes", "600", "--passes", "1", "--out", tmp_path / "prefill")
     assert proc.returncode == 0, proc.stderr
@@ -119,17 +146,37 @@ def test_what_tp4_bench_writes_is_the_contract(standins: Callable[..., Standin],
     text = (REPO / "python/tp4/data/default-profile.toml").read_text().replace("10.0.0.", "127.0.0.")
     profile = tmp_path / "profile.toml"
     profile.write_text(text.replace("[cluster]\n", f"[cluster]\nport = {s.port}\n", 1))
-    proc = tp4("bench", "decode", "--profile", profile, "--levels", "1", "--max-tokens", "4", "--prompt-types", "json",
-               "--c1-runs", "1", "--warmup", "0", "--out", tmp_path / "profiled")
+    proc = tp4(
+        "bench",
+        "decode",
+        "--profile",
+        profile,
+        "--levels",
+        "1",
+        "--max-tokens",
+        "4",
+        "--prompt-types",
+        "json",
+        "--c1-runs",
+        "1",
+        "--warmup",
+        "0",
+        "--out",
+        tmp_path / "profiled",
+    )
     assert proc.returncode == 0, proc.stderr
     for out, kind in (("decode", "decode"), ("prefill", "prefill"), ("profiled", "decode")):
         doc = load(tmp_path / out)
         conforms(doc, "bench-result")
         model = BenchResult.model_validate(doc)
         assert model.tp4 is not None and model.tp4.kind == kind
-        assert undeclared(model) == [], "tp4 bench writes keys its contract (tp4.core.contracts.bench_result) does not name"
+        assert undeclared(model) == [], (
+            "tp4 bench writes keys its contract (tp4.core.contracts.bench_result) does not name"
+        )
     profiled = BenchResult.model_validate(load(tmp_path / "profiled")).tp4
-    assert profiled is not None and (profiled.plan_digest or "").startswith("sha256:") and profiled.plan and profiled.pins
+    assert (
+        profiled is not None and (profiled.plan_digest or "").startswith("sha256:") and profiled.plan and profiled.pins
+    )
     doc = load(tmp_path / "decode")
     doc["decode"][0]["job"]["results"][0]["tp4"]["colour"] = "red"
     with pytest.raises(jsonschema.ValidationError, match="colour"):
@@ -140,8 +187,12 @@ def test_a_result_breaking_the_contract_is_refused_naming_file_and_field(tmp_pat
     from test_report import tp4_result, write
 
     cases = [
-        (("decode", 0, "job", "results", 0, "tp4", "invalidd"), "x", "decode[0].job.results[0].tp4.invalidd",
-         "is not a field of this document"),
+        (
+            ("decode", 0, "job", "results", 0, "tp4", "invalidd"),
+            "x",
+            "decode[0].job.results[0].tp4.invalidd",
+            "is not a field of this document",
+        ),
         (("tp4", "levels_done"), "prose/1/1", "tp4.levels_done", "is the string 'prose/1/1', not an array"),
         (("prefill", 0, "tp4", "invalid"), 3, "prefill[0].tp4.invalid", "is the number 3, not a string"),
         (("tp4", "interrupted"), "yes", "tp4.interrupted", "is the string 'yes', not a boolean"),
@@ -167,8 +218,13 @@ def test_the_fleet_plan_is_its_contract(tmp_path: Path) -> None:
     key = tmp_path / "key"
     key.write_text("sk-x\n")
     key.chmod(0o600)
-    f = fleet.load(fleet_of(tmp_path, router='service = "unit"\npython = "/opt/r/bin/python"',
-                            base=BASE + f'[api]\nkey_file = "{key}"\n'))
+    f = fleet.load(
+        fleet_of(
+            tmp_path,
+            router='service = "unit"\npython = "/opt/r/bin/python"',
+            base=BASE + f'[api]\nkey_file = "{key}"\n',
+        )
+    )
     data = json.loads(json.dumps(fleet.plan_json(f)))
     conforms(data, "fleet-plan")
     assert data["schema"] == "tp4.fleet/1" and data["router"]["service"] == "unit"
@@ -182,8 +238,10 @@ def test_the_fleet_plan_is_its_contract(tmp_path: Path) -> None:
 
 def test_doctors_evidence_is_its_contract() -> None:
     plan = build_plan(load_default())
-    facts = {r.name: doctor.Facts(sections={"date": ["1000.0"], "uname": ["6.8.0"]}, received=1000.0, seconds=0.25)
-             for r in plan.nodes}
+    facts = {
+        r.name: doctor.Facts(sections={"date": ["1000.0"], "uname": ["6.8.0"]}, received=1000.0, seconds=0.25)
+        for r in plan.nodes
+    }
     facts[plan.nodes[2].name] = doctor.Facts(error="ssh: connect to host spark3: Connection refused")
     facts[plan.nodes[1].name].derived["gid_index"] = {"rocep1s0f1": 3}
     report = doctor.Report(facts, doctor.evaluate(plan, facts), 1.5)
@@ -203,14 +261,35 @@ def test_tp4_images_json_is_its_contract(monkeypatch: pytest.MonkeyPatch, tp4_cl
     from tp4.core.process import Remote
 
     created = datetime(2026, 12, 1, 10, 0, tzinfo=timezone.utc)
-    line = images_mod.Image("sha256:" + "a" * 64, ("dsv41-4x-spark:canary-roce",), ("localhost/tp4-line@sha256:" + "b" * 64,),
-                            created, 49_000_000_000, {images_mod.LINE_REF_LABEL: "dsv41-4x-spark:canary-roce",
-                                                     images_mod.FLAKE_REV_LABEL: "0123abc", images_mod.PIN_PREFIX + "sglang": "c0ffee"},
-                            ("sha256:" + "c" * 64,), ("tp4-rank0",))
-    old = line.__class__("sha256:" + "d" * 64, (), (), created, 48_000_000_000, {images_mod.LINE_REF_LABEL: "dsv41-4x-spark:canary-roce"}, ())
+    line = images_mod.Image(
+        "sha256:" + "a" * 64,
+        ("dsv41-4x-spark:canary-roce",),
+        ("localhost/tp4-line@sha256:" + "b" * 64,),
+        created,
+        49_000_000_000,
+        {
+            images_mod.LINE_REF_LABEL: "dsv41-4x-spark:canary-roce",
+            images_mod.FLAKE_REV_LABEL: "0123abc",
+            images_mod.PIN_PREFIX + "sglang": "c0ffee",
+        },
+        ("sha256:" + "c" * 64,),
+        ("tp4-rank0",),
+    )
+    old = line.__class__(
+        "sha256:" + "d" * 64,
+        (),
+        (),
+        created,
+        48_000_000_000,
+        {images_mod.LINE_REF_LABEL: "dsv41-4x-spark:canary-roce"},
+        (),
+    )
     worker = Remote(host="10.0.0.2")
-    nodes = [images_mod.NodeImages("head", None, (line, old)), images_mod.NodeImages("10.0.0.2", worker, (old,)),
-             images_mod.NodeImages("10.0.0.3", Remote(host="10.0.0.3"), error="ssh: no route to host")]
+    nodes = [
+        images_mod.NodeImages("head", None, (line, old)),
+        images_mod.NodeImages("10.0.0.2", worker, (old,)),
+        images_mod.NodeImages("10.0.0.3", Remote(host="10.0.0.3"), error="ssh: no route to host"),
+    ]
     monkeypatch.setattr(cli_images, "_resolve", lambda opts: ("podman", [worker]))
     monkeypatch.setattr(images_mod, "inventory", lambda runtime, workers: nodes)
     monkeypatch.setattr(images_mod, "running_store", lambda: (None, "not running"))

@@ -42,7 +42,9 @@ def line(cluster, monkeypatch):
 
 
 def run(tp4_cli, cluster: DeployCluster, *args: str, profile: Path | None = None) -> tuple[int, str, str]:
-    return tp4_cli("deploy", "-p", str(profile or cluster.profile), "--flake", str(cluster.flake), "--sysfs", SYSFS, *args)
+    return tp4_cli(
+        "deploy", "-p", str(profile or cluster.profile), "--flake", str(cluster.flake), "--sysfs", SYSFS, *args
+    )
 
 
 def state(cluster: DeployCluster) -> dict[str, tuple[int, str]]:
@@ -58,6 +60,7 @@ def newest(cluster: DeployCluster, host) -> int:
 def words(command: str, fills: dict[str, str]) -> list[str]:
     """A shown command as its argv (an ssh's remote command as its own argv), each placeholder
     replaced by what the run used."""
+
     def fill(word: str) -> str:
         for k, v in fills.items():
             word = word.replace(k, v)
@@ -107,7 +110,10 @@ def test_four_hosts_deploy_at_once_and_the_dry_run_showed_what_ran(line, tp4_cli
         # switched once, in the unit, with exactly the options tp4 gives it
         assert [(s[1], s[2], s[3]) for s in line.switches(h)] == [("start", path, "switch"), ("end", path, "switch")]
         [unit] = line.units(h)
-        assert unit["unit"] == "tp4-deploy-switch.service" and unit["argv"] == [f"{path}/bin/switch-to-configuration", "switch"]
+        assert unit["unit"] == "tp4-deploy-switch.service" and unit["argv"] == [
+            f"{path}/bin/switch-to-configuration",
+            "switch",
+        ]
         assert unit["options"] == [*deploy.SYSTEMD_RUN[1:], "--unit=tp4-deploy-switch"]
         # the copy asked the host which paths it lacks and imported them into its own store
         assert line.serves(h) == ["--check-validity --print-invalid", "--import "]
@@ -143,12 +149,22 @@ def test_a_failing_post_check_rolls_back_exactly_that_host(line, tp4_cli):
     for h in line.hosts:
         if h is bad:
             assert after[h.name] == before[h.name]
-            assert row(out, h.name) == [h.name, str(before[h.name][0]), str(newest(line, h)), "rolled", "back", "to",
-                                        str(before[h.name][0])]
+            assert row(out, h.name) == [
+                h.name,
+                str(before[h.name][0]),
+                str(newest(line, h)),
+                "rolled",
+                "back",
+                "to",
+                str(before[h.name][0]),
+            ]
             # switched, then back to the recorded generation's system in the rollback unit
             assert [s[2] for s in line.switches(h) if s[1] == "start"] == [paths[h.name], before[h.name][1]]
             assert [u["unit"] for u in line.units(h)] == ["tp4-deploy-switch.service", "tp4-deploy-rollback.service"]
-            assert line.units(h)[1]["argv"][0] == f"{deploy.generation_link(before[h.name][0])}/bin/switch-to-configuration"
+            assert (
+                line.units(h)[1]["argv"][0]
+                == f"{deploy.generation_link(before[h.name][0])}/bin/switch-to-configuration"
+            )
             assert line.unit_state(h) == "active"  # what the old system's switch set again
         else:
             assert after[h.name][0] == newest(line, h) > before[h.name][0] and row(out, h.name)[-1] == "deployed"
@@ -195,8 +211,10 @@ def test_on_picks_the_hosts(line, tp4_cli):
 
 def test_user_errors_exit_2_before_anything_runs(line, tp4_cli):
     before = state(line)
-    for args, message in ((["--on", "nope"], "--on 'nope': no such node"),
-                          (["--skip-check", "NOPE"], "--skip-check 'NOPE': no such doctor check")):
+    for args, message in (
+        (["--on", "nope"], "--on 'nope': no such node"),
+        (["--skip-check", "NOPE"], "--skip-check 'NOPE': no such doctor check"),
+    ):
         code, out, err = run(tp4_cli, line, *args)
         assert code == 2 and message in err, err
     assert state(line) == before and not any(line.units(h) for h in line.hosts)
@@ -262,11 +280,16 @@ def test_the_stand_ins_refuse_what_systemd_and_nix_env_refuse(line):
     unit already loaded; nix-env (the real one) refuses an unknown generation (a path not in the
     store it would try to substitute: not tried here, offline)."""
     host = line.hosts[0]
-    for argv, message in ((["systemd-run", "--bogus", "/bin/true"], "unrecognized option '--bogus'"),
-                          (["systemd-run", "--wait", "true"], "Failed to find executable true"),
-                          (["systemd-run", "--unit=x", "--wait", "--service-type=nope", "/bin/true"], "Failed to parse service type"),
-                          (["systemd-run"], "Command line to execute required"),
-                          (["nix-env", "-p", deploy.SYSTEM_PROFILE, "--switch-generation", "9999"], "profile version 9999 does not exist")):
+    for argv, message in (
+        (["systemd-run", "--bogus", "/bin/true"], "unrecognized option '--bogus'"),
+        (["systemd-run", "--wait", "true"], "Failed to find executable true"),
+        (["systemd-run", "--unit=x", "--wait", "--service-type=nope", "/bin/true"], "Failed to parse service type"),
+        (["systemd-run"], "Command line to execute required"),
+        (
+            ["nix-env", "-p", deploy.SYSTEM_PROFILE, "--switch-generation", "9999"],
+            "profile version 9999 does not exist",
+        ),
+    ):
         proc = host.run(*argv, check=False)
         assert proc.returncode != 0 and message in proc.stderr, (argv, proc.stderr)
     # a failed unit without --collect stays loaded, and the same name is refused then
@@ -275,12 +298,14 @@ def test_the_stand_ins_refuse_what_systemd_and_nix_env_refuse(line):
     assert again.returncode == 1 and "tp4-test-stays.service was already loaded" in again.stderr
     assert host.run("systemctl", "is-active", "--", "tp4-test-stays.service", check=False).stdout.strip() == "failed"
     # with --collect a failed unit goes, and its exit status is systemd-run's
-    assert host.run("systemd-run", "--unit=tp4-test-goes", "--wait", "--collect", "/bin/false", check=False).returncode == 1
+    assert (
+        host.run("systemd-run", "--unit=tp4-test-goes", "--wait", "--collect", "/bin/false", check=False).returncode
+        == 1
+    )
     assert host.run("systemctl", "is-active", "--", "tp4-test-goes.service", check=False).stdout.strip() == "inactive"
     # the unit's environment is a unit's, not the caller's
     env = host.run("systemd-run", "--wait", "--pipe", "--collect", "--setenv=A=1", "/usr/bin/env").stdout.split()
     assert sorted(env) == ["A=1", "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"]
-
 
 
 def test_ctrl_c_during_the_switches_takes_every_switched_host_back(line, tmp_path):
@@ -289,9 +314,13 @@ def test_ctrl_c_during_the_switches_takes_every_switched_host_back(line, tmp_pat
     to its recorded generation, prints the table and exits 130."""
     paths = line.build({h.name: System("v9", seconds=4.0) for h in line.hosts})
     before = state(line)
-    child = subprocess.Popen([sys.executable, "-m", "tp4", "deploy", "-p", str(line.profile), "--flake", str(line.flake), "--sysfs", SYSFS],
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                             env={**os.environ, "PYTHONPATH": str(REPO / "python"), "NIX_CONFIG": line.nix_config})
+    child = subprocess.Popen(
+        [sys.executable, "-m", "tp4", "deploy", "-p", str(line.profile), "--flake", str(line.flake), "--sysfs", SYSFS],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(REPO / "python"), "NIX_CONFIG": line.nix_config},
+    )
     try:
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline and child.poll() is None:

@@ -43,8 +43,9 @@ def head(tmp_path, monkeypatch, tp4_cli):
     monkeypatch.setenv("CONTAINERS_STORAGE_CONF", str(storage_conf(tmp_path / "head")))
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
-    flake = image_flake(tmp_path / "flake", ref=REF, label=f"dist-{tmp_path.name}", size_mb=2,
-                        base_layers_mb=BASE_LAYERS_MB)
+    flake = image_flake(
+        tmp_path / "flake", ref=REF, label=f"dist-{tmp_path.name}", size_mb=2, base_layers_mb=BASE_LAYERS_MB
+    )
     try:
         code, out, err = tp4_cli("build", "--flake", flake, "--runtime", "podman")
         assert code == 0, err
@@ -54,8 +55,19 @@ def head(tmp_path, monkeypatch, tp4_cli):
 
 
 def worker_args(hosts, flake, workers=None, method="registry"):
-    args = ["distribute", "--flake", flake, "--runtime", "podman", "--user", "root",
-            "--identity", hosts.key, "--method", method]
+    args = [
+        "distribute",
+        "--flake",
+        flake,
+        "--runtime",
+        "podman",
+        "--user",
+        "root",
+        "--identity",
+        hosts.key,
+        "--method",
+        method,
+    ]
     for opt in hosts[0].remote.options:
         args += ["--ssh-option", opt]
     for h in workers or hosts:
@@ -132,8 +144,10 @@ def test_workers_come_from_the_profile(hosts, head, tp4_cli, tmp_path):
     reset(hosts)
     workers = ",\n".join(f'  {{ name = "{h.name}", ip = "{h.address}" }}' for h in hosts)
     profile = tmp_path / "profile.toml"
-    profile.write_text(f'[cluster]\nuser = "root"\nidentity = "{hosts.key}"\n'
-                       f'head = {{ name = "head", ip = "{hosts.head_address}" }}\nworkers = [\n{workers}\n]\n')
+    profile.write_text(
+        f'[cluster]\nuser = "root"\nidentity = "{hosts.key}"\n'
+        f'head = {{ name = "head", ip = "{hosts.head_address}" }}\nworkers = [\n{workers}\n]\n'
+    )
     args = ["distribute", "--flake", head, "--runtime", "podman", "--profile", profile]
     for opt in hosts[0].remote.options:
         args += ["--ssh-option", opt]
@@ -167,8 +181,10 @@ def _archive_loads_on(hosts) -> list[int]:
 def _unlimit(hosts) -> None:
     for i, host in enumerate(hosts):
         process.run(["tc", "qdisc", "del", "dev", f"{hosts.prefix}v{i}", "root"], check=False)
-        process.run(["ip", "netns", "exec", host.namespace, "tc", "qdisc", "del", "dev", f"{hosts.prefix}p{i}", "root"],
-                    check=False)
+        process.run(
+            ["ip", "netns", "exec", host.namespace, "tc", "qdisc", "del", "dev", f"{hosts.prefix}p{i}", "root"],
+            check=False,
+        )
 
 
 @pytest.mark.parametrize("method", ["archive", "registry"])
@@ -183,10 +199,14 @@ def test_ctrl_c_during_the_copies_stops_them_on_every_worker(hosts, head, method
 
     hosts.rate_limit("1mbit")  # the ~28 MiB image would take minutes per worker
     try:
-        tp4 = subprocess.Popen([sys.executable, "-c", "from tp4.cli import main; main()",
-                                *worker_args(hosts, head, slow, method=method)],
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
-                               env={**os.environ, "PYTHONPATH": str(PYTHON)})
+        tp4 = subprocess.Popen(
+            [sys.executable, "-c", "from tp4.cli import main; main()", *worker_args(hosts, head, slow, method=method)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+            env={**os.environ, "PYTHONPATH": str(PYTHON)},
+        )
         try:
             deadline = time.monotonic() + 60
             while len(_loads_on(slow)) < 2 and time.monotonic() < deadline and tp4.poll() is None:
@@ -305,8 +325,12 @@ def _local_tunnels(host) -> list[int]:
             args = open(f"/proc/{entry}/cmdline", "rb").read().split(b"\0")
         except OSError:
             continue
-        if args and args[0] == b"ssh" and any(a.startswith(b"RemoteForward=") for a in args) \
-                and f"root@{host.address}".encode() in args:
+        if (
+            args
+            and args[0] == b"ssh"
+            and any(a.startswith(b"RemoteForward=") for a in args)
+            and f"root@{host.address}".encode() in args
+        ):
             found.append(int(entry))
     return found
 
@@ -316,8 +340,11 @@ def _pulls_on(host) -> list[int]:
     found = []
     for entry in os.listdir("/proc"):
         try:
-            if entry.isdigit() and open(f"/proc/{entry}/cmdline", "rb").read().startswith(b"podman\0pull\0") \
-                    and conf in open(f"/proc/{entry}/environ", "rb").read().split(b"\0"):
+            if (
+                entry.isdigit()
+                and open(f"/proc/{entry}/cmdline", "rb").read().startswith(b"podman\0pull\0")
+                and conf in open(f"/proc/{entry}/environ", "rb").read().split(b"\0")
+            ):
                 found.append(int(entry))
         except OSError:
             continue
@@ -330,10 +357,14 @@ def test_a_pull_broken_mid_way_is_reported_and_the_next_run_completes_it(hosts, 
     broken, fine = hosts[0], hosts[1]
     hosts.rate_limit("16mbit")  # ~30 MiB: ~15 s per worker
     try:
-        tp4 = subprocess.Popen([sys.executable, "-c", "from tp4.cli import main; main()",
-                                *worker_args(hosts, head, [broken, fine])],
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
-                               env={**os.environ, "PYTHONPATH": str(PYTHON)})
+        tp4 = subprocess.Popen(
+            [sys.executable, "-c", "from tp4.cli import main; main()", *worker_args(hosts, head, [broken, fine])],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+            env={**os.environ, "PYTHONPATH": str(PYTHON)},
+        )
         try:
             deadline = time.monotonic() + 60
             while not _pulls_on(broken) and time.monotonic() < deadline and tp4.poll() is None:
@@ -374,7 +405,7 @@ def test_a_corrupted_blob_is_refused_by_digest(hosts, head, tp4_cli):
     data = bytearray(path.read_bytes())
     original = bytes(data)
     middle = len(data) // 2
-    data[middle:middle + 16] = bytes(b ^ 0xFF for b in data[middle:middle + 16])
+    data[middle : middle + 16] = bytes(b ^ 0xFF for b in data[middle : middle + 16])
     path.write_bytes(bytes(data))
     try:
         code, out, err = tp4_cli(*worker_args(hosts, head, [hosts[2]]))

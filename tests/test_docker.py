@@ -58,8 +58,11 @@ def test_docker_build_loads_through_the_store_and_a_rebuild_pulls_only_new_layer
     store = imagestore.running()
     assert store is not None
     served = imagestore.served_bytes(store)
-    old_blobs = {layer["digest"] for d in imagestore.manifests(store, imagestore.DEFAULT_REPO)
-                 for layer in imagestore.manifest(store, imagestore.DEFAULT_REPO, d)["layers"]}
+    old_blobs = {
+        layer["digest"]
+        for d in imagestore.manifests(store, imagestore.DEFAULT_REPO)
+        for layer in imagestore.manifest(store, imagestore.DEFAULT_REPO, d)["layers"]
+    }
     image_flake(flake, ref=REF, label="d2", size_mb=1, base_layers_mb=(4,), checks=PASS)
     code, out, err = tp4_cli("build", "--flake", flake, "--runtime", "docker")
     assert code == 0, err

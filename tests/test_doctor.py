@@ -67,14 +67,21 @@ MEMLOCK_WARN = {("RDMA.MEMLOCK", f"node{i}"): "warn" for i in range(1, 5)}
 
 
 def tp4(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "tp4", *args], capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, "PYTHONPATH": str(REPO / "python")})
+    return subprocess.run(
+        [sys.executable, "-m", "tp4", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, "PYTHONPATH": str(REPO / "python")},
+    )
 
 
 # --- good hosts ------------------------------------------------------------------------------------
 
 
-def test_good_hosts_pass_every_check_in_one_command_per_node(good: DoctorCluster, caplog: pytest.LogCaptureFixture) -> None:
+def test_good_hosts_pass_every_check_in_one_command_per_node(
+    good: DoctorCluster, caplog: pytest.LogCaptureFixture
+) -> None:
     caplog.set_level(logging.DEBUG, logger="tp4.core.process")
     began = time.monotonic()
     results = run(good)
@@ -88,13 +95,24 @@ def test_good_hosts_pass_every_check_in_one_command_per_node(good: DoctorCluster
     # switched: every node pings every other node, through the fabric port its route leaves by
     veth = good.veth(good.hosts[3])
     assert results[("RDMA.JUMBO_PING", "node4")].detail == (
-        "8972+28 bytes with don't-fragment reach " + ", ".join(f"node{i} ({good.hosts[i - 1].address}) via {veth}" for i in (1, 2, 3)))
-    assert results[("RDMA.LINK_SPEED", "node2")].detail == f"{HCA0}/{good.veth(good.hosts[1])}, {HCA1}/{good.veth(good.hosts[1])} at 200000 Mb/s"
-    assert results[("NET.BOOTSTRAP_IFACE", "node3")].detail == "NCCL_SOCKET_IFNAME and GLOO_SOCKET_IFNAME=tp4boot0: tp4boot0 198.18.0.4"
+        "8972+28 bytes with don't-fragment reach "
+        + ", ".join(f"node{i} ({good.hosts[i - 1].address}) via {veth}" for i in (1, 2, 3))
+    )
+    assert (
+        results[("RDMA.LINK_SPEED", "node2")].detail
+        == f"{HCA0}/{good.veth(good.hosts[1])}, {HCA1}/{good.veth(good.hosts[1])} at 200000 Mb/s"
+    )
+    assert (
+        results[("NET.BOOTSTRAP_IFACE", "node3")].detail
+        == "NCCL_SOCKET_IFNAME and GLOO_SOCKET_IFNAME=tp4boot0: tp4boot0 198.18.0.4"
+    )
     head = good.hosts[0].address
     assert results[("NET.RENDEZVOUS_ROUTE", "node1")].detail == f"the dist init address {head} is the head's own"
     assert results[("NET.RENDEZVOUS_ROUTE", "node2")].detail == f"{head} via {good.veth(good.hosts[1])}"
-    assert results[("PEER.CONTROL_CHANNEL", "node2")].detail == f"{head}:20000 answers (connection refused: nothing listens before serve)"
+    assert (
+        results[("PEER.CONTROL_CHANNEL", "node2")].detail
+        == f"{head}:20000 answers (connection refused: nothing listens before serve)"
+    )
     assert results[("PEER.CONTROL_CHANNEL", "node1")].status == "n/a"
     assert {results[(c, "node2")].status for c in ("RING.ROUTES", "RING.IP_FORWARD")} == {"n/a"}
     assert results[("RING.NCCL", "node1")].status == "n/a"
@@ -146,8 +164,17 @@ def test_cli_table_json_evidence_and_exit_codes(good: DoctorCluster, tmp_path: P
 
 
 def test_cli_bad_json_path_is_a_user_error(good: DoctorCluster, tmp_path: Path) -> None:
-    proc = tp4("doctor", "--profile", str(good.profile), "--json", str(tmp_path / "no" / "dir" / "x.json"), "--sysfs", SYSFS,
-               "--interval", "0")
+    proc = tp4(
+        "doctor",
+        "--profile",
+        str(good.profile),
+        "--json",
+        str(tmp_path / "no" / "dir" / "x.json"),
+        "--sysfs",
+        SYSFS,
+        "--interval",
+        "0",
+    )
     assert proc.returncode == 2 and "--json" in proc.stderr and "fix:" in proc.stderr and "Traceback" not in proc.stderr
 
 
@@ -185,7 +212,23 @@ def test_missing_hca_and_device_dir(good: DoctorCluster) -> None:
 
 def test_netdev_without_ipv4(good: DoctorCluster) -> None:
     host = good.hosts[1]
-    process.run(["ip", "netns", "exec", host.namespace, "ip", "link", "add", "tp4dummy0", "type", "veth", "peer", "name", "tp4dummy1"])
+    process.run(
+        [
+            "ip",
+            "netns",
+            "exec",
+            host.namespace,
+            "ip",
+            "link",
+            "add",
+            "tp4dummy0",
+            "type",
+            "veth",
+            "peer",
+            "name",
+            "tp4dummy1",
+        ]
+    )
     try:
         net = good.sysfs(host) / "class" / "infiniband" / HCA1 / "device" / "net"
         (net / good.veth(host)).rmdir()
@@ -209,8 +252,9 @@ def test_a_second_ipv4_on_a_fabric_netdev_is_a_warning(good: DoctorCluster) -> N
         process.run(["ip", "netns", "exec", host.namespace, "ip", "addr", "del", "192.0.2.7/32", "dev", dev])
     r = results[("RDMA.ONE_IPV4", "node3")]
     assert r.status == "warn" and r.blocking is False
-    assert r.detail.startswith(f"{dev} has 2 IPv4 addresses ({host.address}, 192.0.2.7)") or \
-        r.detail.startswith(f"{dev} has 2 IPv4 addresses (192.0.2.7, {host.address})"), r.detail
+    assert r.detail.startswith(f"{dev} has 2 IPv4 addresses ({host.address}, 192.0.2.7)") or r.detail.startswith(
+        f"{dev} has 2 IPv4 addresses (192.0.2.7, {host.address})"
+    ), r.detail
     assert r.fix is not None and "ip addr del" in r.fix
     assert results[("RDMA.ONE_IPV4", "node2")].status == "ok"
     assert results[("RDMA.IPV4", "node3")].status == "ok"
@@ -227,12 +271,19 @@ def test_mtu_1500_on_one_node(good: DoctorCluster) -> None:
     assert results[("RDMA.MTU_SAME", "node1")].status == "ok"
     ping = results[("RDMA.JUMBO_PING", "node4")]
     assert ping.status == "fail" and "ping -M do -s 8972 -c 3 -W 2" in ping.detail
-    assert all(f"node{i} ({good.hosts[i - 1].address}) via {good.veth(good.hosts[3])}: ping: local error: message too long" in ping.detail
-               for i in (1, 2, 3)), ping.detail
+    assert all(
+        f"node{i} ({good.hosts[i - 1].address}) via {good.veth(good.hosts[3])}: ping: local error: message too long"
+        in ping.detail
+        for i in (1, 2, 3)
+    ), ping.detail
     assert ping.fix is not None and "MTU 9000 on both nodes" in ping.fix
     # every other node pings node4 too: its reply does not fit node4's 1500 bytes
     other = results[("RDMA.JUMBO_PING", "node2")]
-    assert other.status == "fail" and f"node4 ({good.hosts[3].address}) via {good.veth(good.hosts[1])}: no reply to 3 packets within 2 s" in other.detail
+    assert (
+        other.status == "fail"
+        and f"node4 ({good.hosts[3].address}) via {good.veth(good.hosts[1])}: no reply to 3 packets within 2 s"
+        in other.detail
+    )
     assert f"(reached: node1 ({good.hosts[0].address}) via {good.veth(good.hosts[1])}, node3" in other.detail
 
 
@@ -243,8 +294,10 @@ def test_bridge_at_1500_fails_the_jumbo_ping_everywhere(good: DoctorCluster) -> 
         assert results[("RDMA.JUMBO_PING", f"node{i}")].status == "fail"
         assert results[("RDMA.MTU", f"node{i}")].status == "fail"
         assert results[("RDMA.MTU_SAME", f"node{i}")].status == "ok"  # the same (too small) MTU everywhere
-    assert "message too long" in results[("RDMA.JUMBO_PING", "node1")].detail.lower() or \
-        "mtu" in results[("RDMA.JUMBO_PING", "node1")].detail.lower()
+    assert (
+        "message too long" in results[("RDMA.JUMBO_PING", "node1")].detail.lower()
+        or "mtu" in results[("RDMA.JUMBO_PING", "node1")].detail.lower()
+    )
     assert doctor.blocking_failures(good.plan, good.nodes(), LIMITS) == []  # slower, not broken
 
 
@@ -279,7 +332,9 @@ def test_gid_at_another_index_where_the_plan_pins_one_index_blocks(good: DoctorC
     assert all(r.gid.pinned_by for r in plan.nodes)
     results = run(good, plan=plan)
     r = results[("RDMA.GID_SAME_INDEX", "node2")]
-    assert r.status == "fail" and r.blocking and r.detail == "cluster.workers[0].gid_index pins index 3, the GID is at 5"
+    assert (
+        r.status == "fail" and r.blocking and r.detail == "cluster.workers[0].gid_index pins index 3, the GID is at 5"
+    )
     assert [x.node for x in doctor.blocking_failures(plan, good.nodes(), LIMITS)] == ["node2"]
 
 
@@ -317,7 +372,10 @@ def test_memlock_limited_for_the_runtime(good: DoctorCluster) -> None:
         good.hosts.close_connections()
     r = results[("RDMA.MEMLOCK", "node3")]
     assert (r.status, r.blocking) == ("fail", True)
-    assert "the plan asks memlock 8192 KiB; the hard limit of root's sessions (podman runs as root) is 4096 KiB" in r.detail
+    assert (
+        "the plan asks memlock 8192 KiB; the hard limit of root's sessions (podman runs as root) is 4096 KiB"
+        in r.detail
+    )
     assert r.fix is not None and "memlock unlimited" in r.fix
     assert results[("RDMA.MEMLOCK", "node2")].status == "warn"
 
@@ -357,7 +415,9 @@ def test_servers_limits_skip_the_ping_and_the_counter_interval(good: DoctorClust
 
     limits = dataclasses.replace(LIMITS, interval=0.0, ping=False)
     peers = 9  # FACTS_SCRIPT's argument: the addresses the jumbo ping goes to ("": none)
-    assert doctor.remote_args(good.plan, good.plan.nodes[0], LIMITS)[peers] == " ".join(r.host for r in good.plan.nodes[1:])
+    assert doctor.remote_args(good.plan, good.plan.nodes[0], LIMITS)[peers] == " ".join(
+        r.host for r in good.plan.nodes[1:]
+    )
     assert doctor.remote_args(good.plan, good.plan.nodes[0], limits)[peers] == ""
     report = doctor.doctor(good.plan, good.nodes(), limits)
     results = {(x.check, x.node): x for x in report.results}
@@ -385,8 +445,10 @@ def test_known_bad_kernel(good: DoctorCluster) -> None:
     results = run(good)
     r = results[("KERNEL.KNOWN_BAD", "node1")]
     assert (r.status, r.blocking) == ("fail", True)
-    assert r.detail == ("kernel 7.0.0-1019-nvidia: NCCL over RoCE fails to register memory: ibv_reg_mr iova2 ENOMEM "
-                        "(eugr/spark-vllm-docker#392)")
+    assert r.detail == (
+        "kernel 7.0.0-1019-nvidia: NCCL over RoCE fails to register memory: ibv_reg_mr iova2 ENOMEM "
+        "(eugr/spark-vllm-docker#392)"
+    )
     assert r.fix is not None and "6.17.0-1032-nvidia" in r.fix
     assert results[("KERNEL.KNOWN_BAD", "node2")].status == "ok"
     assert not_ok(results) == {**MEMLOCK_WARN, ("KERNEL.KNOWN_BAD", "node1"): "fail"}
@@ -397,12 +459,19 @@ def test_foreign_gpu_apps_and_driver(good: DoctorCluster) -> None:
     good.fake(good.hosts[2], "gpus.csv").write_text("NVIDIA GB10, 595.84\n")
     results = run(good)
     r = results[("GPU.NO_FOREIGN_APPS", "node2")]
-    assert (r.status, r.blocking) == ("fail", True) and r.detail == "1 compute app(s) on the GPU: 4242, python3, 20480 MiB"
+    assert (r.status, r.blocking) == (
+        "fail",
+        True,
+    ) and r.detail == "1 compute app(s) on the GPU: 4242, python3, 20480 MiB"
     assert r.fix is not None and "stop the other stack" in r.fix
     d = results[("GPU.DRIVER", "node3")]
     assert (d.status, d.blocking) == ("warn", False) and d.detail.startswith("driver 595.84: the display reservation")
     assert results[("GPU.PRESENT", "node3")].detail == "1 GPU: NVIDIA GB10"
-    assert not_ok(results) == {**MEMLOCK_WARN, ("GPU.NO_FOREIGN_APPS", "node2"): "fail", ("GPU.DRIVER", "node3"): "warn"}
+    assert not_ok(results) == {
+        **MEMLOCK_WARN,
+        ("GPU.NO_FOREIGN_APPS", "node2"): "fail",
+        ("GPU.DRIVER", "node3"): "warn",
+    }
 
 
 def test_no_nvidia_smi(good: DoctorCluster) -> None:
@@ -449,11 +518,23 @@ def test_nvidia_drm_parameters_where_the_plan_uses_the_display_reservation(good:
     assert results[("GPU.NVIDIA_DRM", "node1")].detail == "nvidia_drm modeset=Y, fbdev=N"
     fbdev = results[("GPU.NVIDIA_DRM", "node2")]
     assert (fbdev.status, fbdev.blocking) == ("fail", True)
-    assert fbdev.detail == "nvidia_drm modeset=Y, fbdev=Y: the display reservation (/dev/dri/card0) is not free (it needs modeset=1 fbdev=0)"
-    assert fbdev.fix is not None and "nvidia-drm.fbdev=0" in fbdev.fix and "tp4.host.displayReservation.enable" in fbdev.fix
-    assert results[("GPU.NVIDIA_DRM", "node3")].status == "fail" and "modeset=N" in results[("GPU.NVIDIA_DRM", "node3")].detail
+    assert (
+        fbdev.detail
+        == "nvidia_drm modeset=Y, fbdev=Y: the display reservation (/dev/dri/card0) is not free (it needs modeset=1 fbdev=0)"
+    )
+    assert (
+        fbdev.fix is not None
+        and "nvidia-drm.fbdev=0" in fbdev.fix
+        and "tp4.host.displayReservation.enable" in fbdev.fix
+    )
+    assert (
+        results[("GPU.NVIDIA_DRM", "node3")].status == "fail"
+        and "modeset=N" in results[("GPU.NVIDIA_DRM", "node3")].detail
+    )
     absent = results[("GPU.NVIDIA_DRM", "node4")]
-    assert absent.status == "fail" and absent.detail.startswith(f"nvidia_drm is not loaded ({SYSFS}/module/nvidia_drm is absent)")
+    assert absent.status == "fail" and absent.detail.startswith(
+        f"nvidia_drm is not loaded ({SYSFS}/module/nvidia_drm is absent)"
+    )
     # the parameters' files are root's only (mode 0400): a user's session reads /proc/cmdline instead
     os.chmod(params[0] / "modeset", 0o400)
     (params[0] / "modeset").unlink()
@@ -504,36 +585,51 @@ def test_sm_clock_cap(good: DoctorCluster) -> None:
     assert over.fix is not None and "nvidia-smi -lgc 0,2200" in over.fix and "cluster.gpu_clock_mhz" in over.fix
     unseen = results[("GPU.CLOCK_CAP", "node2")]
     assert unseen.status == "warn" and "nothing shows a cap" in unseen.detail
-    assert results[("GPU.CLOCK_CAP", "node3")].detail == "SM clock 2100 MHz, the GPU's maximum 2200 MHz is within 2200 MHz"
+    assert (
+        results[("GPU.CLOCK_CAP", "node3")].detail == "SM clock 2100 MHz, the GPU's maximum 2200 MHz is within 2200 MHz"
+    )
     assert results[("GPU.CLOCK_CAP", "node4")].status == "ok"
     assert "applications_clocks_setting Active" in results[("GPU.CLOCK_CAP", "node4")].detail
     # a NixOS host: tp4-gpu-clock.timer (the module applies the plan's line.gpu_clock_mhz) must be active
     good.fake(good.hosts[1], "unit-state.tp4-gpu-clock.timer").write_text("active\n")
-    nixos = good.plan._replace(nodes=tuple(r._replace(service=r.service._replace(kind="nixos")) for r in good.plan.nodes))
-    results = {(x.check, x.node): x for x in doctor.evaluate(nixos, doctor.gather(good.plan, good.nodes(), LIMITS), LIMITS)}
+    nixos = good.plan._replace(
+        nodes=tuple(r._replace(service=r.service._replace(kind="nixos")) for r in good.plan.nodes)
+    )
+    results = {
+        (x.check, x.node): x for x in doctor.evaluate(nixos, doctor.gather(good.plan, good.nodes(), LIMITS), LIMITS)
+    }
     assert results[("GPU.CLOCK_CAP", "node2")].detail == "SM clock 1000 MHz (max 3000); tp4-gpu-clock.timer is active"
     stopped = results[("GPU.CLOCK_CAP", "node4")]
-    assert stopped.status == "fail" and stopped.detail.startswith("tp4-gpu-clock.timer is inactive: nothing caps the SM clock")
+    assert stopped.status == "fail" and stopped.detail.startswith(
+        "tp4-gpu-clock.timer is inactive: nothing caps the SM clock"
+    )
     assert results[("GPU.CLOCK_CAP", "node3")].status == "ok"  # the GPU cannot pass the cap
     # the cap is the plan's (the profile's cluster.gpu_clock_mhz): 2000 fails node3's 2100 MHz, 0 asks for none
     lower = run(good, plan=good.plan._replace(line=good.plan.line._replace(gpu_clock_mhz=2000)))
-    assert lower[("GPU.CLOCK_CAP", "node3")].detail.startswith("the SM clock runs at 2100 MHz, above the cap of 2000 MHz")
-    off = run(good, plan=good.plan._replace(line=good.plan.line._replace(gpu_clock_mhz=None)))[("GPU.CLOCK_CAP", "node1")]
+    assert lower[("GPU.CLOCK_CAP", "node3")].detail.startswith(
+        "the SM clock runs at 2100 MHz, above the cap of 2000 MHz"
+    )
+    off = run(good, plan=good.plan._replace(line=good.plan.line._replace(gpu_clock_mhz=None)))[
+        ("GPU.CLOCK_CAP", "node1")
+    ]
     assert (off.status, off.detail) == ("n/a", "no cap asked (cluster.gpu_clock_mhz = 0)")
 
 
 def test_shard_files_on_the_head(good: DoctorCluster) -> None:
     results = run(good)
     ok = results[("WEIGHTS.SHARD_FILES", "node1")]
-    assert ok.status == "ok" and ok.detail.startswith("48 shards, ") and ok.detail.endswith("each readable and non-empty")
+    assert (
+        ok.status == "ok" and ok.detail.startswith("48 shards, ") and ok.detail.endswith("each readable and non-empty")
+    )
     assert results[("WEIGHTS.SHARD_FILES", "node2")].status == "n/a"
     (good.model_dir / "model-00005-of-00048.safetensors").write_bytes(b"")
     (good.model_dir / "model-00007-of-00048.safetensors").chmod(0)
     results = run(good)
     r = results[("WEIGHTS.SHARD_FILES", "node1")]
     assert (r.status, r.blocking) == ("fail", True)
-    assert r.detail == ("model-00005-of-00048.safetensors is empty (0 bytes); "
-                        "model-00007-of-00048.safetensors is not readable (mode 0)")
+    assert r.detail == (
+        "model-00005-of-00048.safetensors is empty (0 bytes); model-00007-of-00048.safetensors is not readable (mode 0)"
+    )
     assert r.fix is not None and "tp4 download" in r.fix and "chmod a+r" in r.fix
     assert results[("WEIGHTS.HEAD", "node1")].status == "ok"  # it counts the names only
     assert not_ok(results) == {**MEMLOCK_WARN, ("WEIGHTS.SHARD_FILES", "node1"): "fail"}
@@ -550,11 +646,15 @@ def test_shard_files_on_the_head(good: DoctorCluster) -> None:
         (good.model_dir / "model-00003-of-00048.safetensors").rmdir()
         (good.model_dir / "model-00002-of-00048.safetensors").unlink()
     assert r.status == "fail"
-    assert r.detail == ("names say -of-49, not -of-48; 49 shard files, the checkpoint has 48 (model.expected_shards); "
-                        "model-00002-of-00048.safetensors is a dangling link; model-00003-of-00048.safetensors is a directory")
+    assert r.detail == (
+        "names say -of-49, not -of-48; 49 shard files, the checkpoint has 48 (model.expected_shards); "
+        "model-00002-of-00048.safetensors is a dangling link; model-00003-of-00048.safetensors is a directory"
+    )
 
 
-def run_with_other_image(cluster: DoctorCluster, tmp_path: Path, *import_args: str) -> tuple[dict[tuple[str, str], Result], str]:
+def run_with_other_image(
+    cluster: DoctorCluster, tmp_path: Path, *import_args: str
+) -> tuple[dict[tuple[str, str], Result], str]:
     """Doctor's results while node3 holds another image (`podman import` of one file, with
     ``import_args``) under the plan's tag, and the id the tag had before (put back after)."""
     host = cluster.hosts[2]
@@ -652,7 +752,10 @@ def test_ring_nccl_sha256_against_the_pin_and_the_head(good: DoctorCluster, tmp_
         for lib in libs:
             lib.unlink(missing_ok=True)
     r = unpinned[("ARTIFACT.SHA256", "node1")]
-    assert r.status == "ok" and r.detail == f'{libs[0]}: sha256 {sha[:16]}..., the head\'s (not pinned: set fabric.nccl.sha256 = "{sha}")'
+    assert (
+        r.status == "ok"
+        and r.detail == f'{libs[0]}: sha256 {sha[:16]}..., the head\'s (not pinned: set fabric.nccl.sha256 = "{sha}")'
+    )
     odd = unpinned[("ARTIFACT.SHA256", "node3")]
     assert (odd.status, odd.blocking) == ("fail", True) and f"the head's is {sha[:16]}..." in odd.detail
     assert odd.fix is not None and "fabric.nccl.sha256" in odd.fix
@@ -668,9 +771,11 @@ def test_the_nccl_pin_is_a_profile_field(tmp_path: Path) -> None:
     from tp4.core.errors import Tp4Error
     from tp4.line.profile import load_text
 
-    text = ('preset = "production"\n[cluster]\nuser = "tp4"\n[cluster.head]\nname = "h"\nip = "10.0.0.1"\n'
-            + "".join(f'[[cluster.workers]]\nname = "w{i}"\nip = "10.0.0.{i + 1}"\n' for i in (1, 2, 3))
-            + '[fabric.nccl]\nsha256 = "%s"\n')
+    text = (
+        'preset = "production"\n[cluster]\nuser = "tp4"\n[cluster.head]\nname = "h"\nip = "10.0.0.1"\n'
+        + "".join(f'[[cluster.workers]]\nname = "w{i}"\nip = "10.0.0.{i + 1}"\n' for i in (1, 2, 3))
+        + '[fabric.nccl]\nsha256 = "%s"\n'
+    )
     loaded = load_text(text % ("e" * 64), "t")
     assert build_plan(loaded).line.nccl_sha256 == "e" * 64
     with pytest.raises(Tp4Error) as exc:
@@ -715,7 +820,9 @@ def test_worker_volume_of_the_wrong_kind(good: DoctorCluster) -> None:
 
 def test_missing_worker_volume(good: DoctorCluster, tmp_path: Path) -> None:
     profile = tmp_path / "vol.toml"
-    profile.write_text(good.profile.read_text().replace("share = false", 'share = false\nvolume = "tp4-no-such-volume"'))
+    profile.write_text(
+        good.profile.read_text().replace("share = false", 'share = false\nvolume = "tp4-no-such-volume"')
+    )
     r = run(good, plan=build_plan(load_file(profile)))[("WEIGHTS.WORKER", "node4")]
     assert r.status == "fail" and r.detail.startswith("the volume tp4-no-such-volume does not exist")
 
@@ -755,10 +862,13 @@ def test_thresholds_disk_and_memory(good: DoctorCluster) -> None:
 def test_port_in_use(good: DoctorCluster) -> None:
     head = good.hosts[0]
     port = int(good.plan.line.api.rsplit(":", 1)[1])
-    code = ("import socket, time\ns = socket.socket()\ns.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n"
-            f"s.bind(('0.0.0.0', {port}))\ns.listen()\nprint('listening', flush=True)\ntime.sleep(60)\n")
-    listener = subprocess.Popen(["nsenter", f"--net=/run/netns/{head.namespace}", sys.executable, "-c", code],
-                                stdout=subprocess.PIPE, text=True)
+    code = (
+        "import socket, time\ns = socket.socket()\ns.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n"
+        f"s.bind(('0.0.0.0', {port}))\ns.listen()\nprint('listening', flush=True)\ntime.sleep(60)\n"
+    )
+    listener = subprocess.Popen(
+        ["nsenter", f"--net=/run/netns/{head.namespace}", sys.executable, "-c", code], stdout=subprocess.PIPE, text=True
+    )
     try:
         assert listener.stdout is not None and listener.stdout.readline().strip() == "listening"
         results = run(good)
@@ -784,10 +894,13 @@ def test_the_image_stores_port_taken_on_the_head(good: DoctorCluster, tmp_path: 
     (root / "config.yml").write_text(imagestore.config_text(root, 47123))
     assert imagestore.port_in_waiting(root) == 47123  # not running: its last port
     head = good.hosts[0]
-    code = ("import socket, time\ns = socket.socket()\ns.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n"
-            "s.bind(('127.0.0.1', 47123))\ns.listen()\nprint('listening', flush=True)\ntime.sleep(60)\n")
-    listener = subprocess.Popen(["nsenter", f"--net=/run/netns/{head.namespace}", sys.executable, "-c", code],
-                                stdout=subprocess.PIPE, text=True)
+    code = (
+        "import socket, time\ns = socket.socket()\ns.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n"
+        "s.bind(('127.0.0.1', 47123))\ns.listen()\nprint('listening', flush=True)\ntime.sleep(60)\n"
+    )
+    listener = subprocess.Popen(
+        ["nsenter", f"--net=/run/netns/{head.namespace}", sys.executable, "-c", code], stdout=subprocess.PIPE, text=True
+    )
     try:
         assert listener.stdout is not None and listener.stdout.readline().strip() == "listening"
         taken = run(good, dataclasses.replace(LIMITS, registry_port=47123))
@@ -836,7 +949,11 @@ def test_changed_host_key(good: DoctorCluster) -> None:
         knownhosts.update([host.address], [(host.address, *good.hosts.host_key(host))], good.hosts.known_hosts)
         process.host_key_failures.clear()
     r = results[("SSH.REACHABLE", "node2")]
-    assert r.status == "fail" and r.detail.startswith(f"the host key of {host.address} changed") and "tp4 hosts trust" in r.detail
+    assert (
+        r.status == "fail"
+        and r.detail.startswith(f"the host key of {host.address} changed")
+        and "tp4 hosts trust" in r.detail
+    )
     assert r.fix is not None and "fingerprint" in r.fix
     assert results[("SSH.REACHABLE", "node3")].status == "ok"
 
@@ -884,11 +1001,14 @@ def test_the_mesh_unit_is_the_plans_for_each_kind_of_host(tmp_path: Path) -> Non
     for a unit it does not have); a switched line names none."""
     from tp4.line.profile import load_text
 
-    ring = ('preset = "production"\n[cluster]\nuser = "tp4"\n'
-            '[cluster.head]\nname = "h"\nip = "10.0.0.1"\nkind = "nixos"\n'
-            '[[cluster.workers]]\nname = "w1"\nip = "10.0.0.2"\n'
-            '[[cluster.workers]]\nname = "w2"\nip = "10.0.0.3"\n[[cluster.workers]]\nname = "w3"\nip = "10.0.0.4"\n'
-            + "[nfs]\nshare = false\n" + RING)
+    ring = (
+        'preset = "production"\n[cluster]\nuser = "tp4"\n'
+        '[cluster.head]\nname = "h"\nip = "10.0.0.1"\nkind = "nixos"\n'
+        '[[cluster.workers]]\nname = "w1"\nip = "10.0.0.2"\n'
+        '[[cluster.workers]]\nname = "w2"\nip = "10.0.0.3"\n[[cluster.workers]]\nname = "w3"\nip = "10.0.0.4"\n'
+        + "[nfs]\nshare = false\n"
+        + RING
+    )
     plan = build_plan(load_text(ring, "t"))
     assert [r.service.mesh_unit for r in plan.nodes] == ["tp4-mesh.service"] + ["dsv41-mesh.service"] * 3
     limits = Limits()
@@ -902,7 +1022,9 @@ def ring_plan(cluster: DoctorCluster, tmp_path: Path) -> Plan:
     """The cluster's line as a ring (RING in the cluster profile's [fabric] table)."""
     text = cluster.profile.read_text()
     assert "\n[fabric]\n" in text
-    text = text.replace("\n[fabric]\n", '\n[fabric]\nmode = "ring"\n', 1) + RING.replace('\n[fabric]\nmode = "ring"\n', "\n", 1)
+    text = text.replace("\n[fabric]\n", '\n[fabric]\nmode = "ring"\n', 1) + RING.replace(
+        '\n[fabric]\nmode = "ring"\n', "\n", 1
+    )
     profile = tmp_path / "ring.toml"
     profile.write_text(text)
     plan = build_plan(load_file(profile))
@@ -928,14 +1050,23 @@ def test_a_route_to_a_peer_through_another_interface_fails_the_jumbo_ping(good: 
         good.netns(host, "ip", "link", "del", "tp4side0")
     r = results[("RDMA.JUMBO_PING", "node2")]
     assert (r.status, r.blocking) == ("fail", False)
-    assert f"node4 ({peer.address}): the route leaves through tp4side0, not a fabric port ({good.veth(host)})" in r.detail
-    assert f"(reached: node1 ({good.hosts[0].address}) via {good.veth(host)}, node3 ({good.hosts[2].address}) via" in r.detail
+    assert (
+        f"node4 ({peer.address}): the route leaves through tp4side0, not a fabric port ({good.veth(host)})" in r.detail
+    )
+    assert (
+        f"(reached: node1 ({good.hosts[0].address}) via {good.veth(host)}, node3 ({good.hosts[2].address}) via"
+        in r.detail
+    )
     assert r.fix is not None and "through a fabric port" in r.fix
     assert results[("RDMA.JUMBO_PING", "node1")].status == "ok"
     # node4's pings reach node2, whose replies take that route: node4 hears nothing back
     back = results[("RDMA.JUMBO_PING", "node4")]
     assert f"node2 ({host.address}) via {good.veth(peer)}: no reply to 3 packets within 2 s" in back.detail
-    assert not_ok(results) == {**MEMLOCK_WARN, ("RDMA.JUMBO_PING", "node2"): "fail", ("RDMA.JUMBO_PING", "node4"): "fail"}
+    assert not_ok(results) == {
+        **MEMLOCK_WARN,
+        ("RDMA.JUMBO_PING", "node2"): "fail",
+        ("RDMA.JUMBO_PING", "node4"): "fail",
+    }
 
 
 def test_link_speed_below_200_gbe(good: DoctorCluster) -> None:
@@ -949,7 +1080,11 @@ def test_link_speed_below_200_gbe(good: DoctorCluster) -> None:
     assert r.detail == f"{HCA0}/{veth} at 100000 Mb/s, {HCA1}/{veth} at 100000 Mb/s, not 200000 Mb/s"
     assert r.fix is not None and "ethtool" in r.fix
     assert "speed unknown (-1: the link is down?)" in results[("RDMA.LINK_SPEED", "node4")].detail
-    assert not_ok(results) == {**MEMLOCK_WARN, ("RDMA.LINK_SPEED", "node3"): "fail", ("RDMA.LINK_SPEED", "node4"): "fail"}
+    assert not_ok(results) == {
+        **MEMLOCK_WARN,
+        ("RDMA.LINK_SPEED", "node3"): "fail",
+        ("RDMA.LINK_SPEED", "node4"): "fail",
+    }
     assert doctor.blocking_failures(good.plan, good.nodes(), LIMITS) == []  # slower, not broken
 
 
@@ -967,7 +1102,11 @@ def test_bootstrap_interface_absent_unaddressed_or_down(good: DoctorCluster) -> 
     assert absent.detail.startswith(f"{what}: no such interface (there: ") and good.veth(good.hosts[3]) in absent.detail
     assert absent.fix is not None and "fabric.socket_ifname" in absent.fix
     assert results[("NET.BOOTSTRAP_IFACE", "node1")].status == "ok"
-    assert sorted(x.node for x in doctor.blocking_failures(good.plan, good.nodes(), LIMITS)) == ["node2", "node3", "node4"]
+    assert sorted(x.node for x in doctor.blocking_failures(good.plan, good.nodes(), LIMITS)) == [
+        "node2",
+        "node3",
+        "node4",
+    ]
 
 
 def test_a_worker_without_a_route_to_the_rendezvous(good: DoctorCluster) -> None:
@@ -978,7 +1117,10 @@ def test_a_worker_without_a_route_to_the_rendezvous(good: DoctorCluster) -> None
     finally:
         good.netns(host, "ip", "route", "del", "unreachable", f"{head}/32")
     r = results[("NET.RENDEZVOUS_ROUTE", "node3")]
-    assert (r.status, r.blocking) == ("fail", True) and r.detail == f"no route to the dist init address {head}: No route to host"
+    assert (r.status, r.blocking) == (
+        "fail",
+        True,
+    ) and r.detail == f"no route to the dist init address {head}: No route to host"
     assert r.fix is not None and f"route the head's address {head}" in r.fix
     c = results[("PEER.CONTROL_CHANNEL", "node3")]
     assert c.status == "fail" and c.detail == f"TCP to the dist init port {head}:20000: No route to host"
@@ -1028,10 +1170,15 @@ def test_ring_pings_its_neighbours_and_checks_routes_and_relays(good: DoctorClus
         good.netns(h[3], "ip", "route", "del", f"{h[1].address}/32")
         good.netns(h[1], "sysctl", "-qw", "net.ipv4.ip_forward=1")
     ping = forwarding[("RDMA.JUMBO_PING", "node1")]
-    assert ping.status == "ok" and ping.detail == (f"8972+28 bytes with don't-fragment reach node2 ({h[1].address}) via "
-                                                   f"{good.veth(h[0])}, node4 ({h[3].address}) via {good.veth(h[0])}")
+    assert ping.status == "ok" and ping.detail == (
+        f"8972+28 bytes with don't-fragment reach node2 ({h[1].address}) via "
+        f"{good.veth(h[0])}, node4 ({h[3].address}) via {good.veth(h[0])}"
+    )
     routes = forwarding[("RING.ROUTES", "node1")]
-    assert routes.status == "ok" and routes.detail == f"node2 on {good.veth(h[0])}, node3 via node2, node4 on {good.veth(h[0])}"
+    assert (
+        routes.status == "ok"
+        and routes.detail == f"node2 on {good.veth(h[0])}, node3 via node2, node4 on {good.veth(h[0])}"
+    )
     assert forwarding[("RING.IP_FORWARD", "node2")].detail == f"forwards the routes node1's to node3 ({h[2].address})"
     assert forwarding[("RING.IP_FORWARD", "node3")].detail == "no node's route goes through it (net.ipv4.ip_forward=1)"
     off = broken[("RING.IP_FORWARD", "node2")]
@@ -1039,30 +1186,42 @@ def test_ring_pings_its_neighbours_and_checks_routes_and_relays(good: DoctorClus
     assert off.detail == f"net.ipv4.ip_forward is 0, and the routes node1's to node3 ({h[2].address}) go through it"
     assert off.fix is not None and "sysctl -w net.ipv4.ip_forward=1" in off.fix
     gone = broken[("RING.ROUTES", "node3")]
-    assert (gone.status, gone.blocking) == ("fail", True) and gone.detail == f"no route to node1 ({h[0].address}): No route to host"
+    assert (gone.status, gone.blocking) == (
+        "fail",
+        True,
+    ) and gone.detail == f"no route to node1 ({h[0].address}): No route to host"
     assert gone.fix is not None and "mesh" in gone.fix
     odd = broken[("RING.ROUTES", "node4")]
-    assert odd.status == "fail" and odd.detail == f"node2 ({h[1].address}) goes via {good.hosts.subnet}.99, no node's address"
+    assert (
+        odd.status == "fail"
+        and odd.detail == f"node2 ({h[1].address}) goes via {good.hosts.subnet}.99, no node's address"
+    )
     assert broken[("RING.ROUTES", "node2")].status == "ok"
     assert broken[("NET.RENDEZVOUS_ROUTE", "node3")].status == "fail"  # the head is node1
 
 
 # --- the remote command is constant ----------------------------------------------------------------
 
-HOSTILE = st.text(alphabet=st.characters(blacklist_categories=("Cs",), blacklist_characters="\0"), min_size=1, max_size=40)
+HOSTILE = st.text(
+    alphabet=st.characters(blacklist_categories=("Cs",), blacklist_characters="\0"), min_size=1, max_size=40
+)
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(workdir=HOSTILE, image=HOSTILE, source=HOSTILE, host=HOSTILE, hca=HOSTILE, interval=st.floats(0, 60))
-def test_no_profile_value_changes_the_remote_command(workdir: str, image: str, source: str, host: str, hca: str,
-                                                     interval: float) -> None:
+def test_no_profile_value_changes_the_remote_command(
+    workdir: str, image: str, source: str, host: str, hca: str, interval: float
+) -> None:
     from tp4.line.profile import load_default
 
     plan = build_plan(load_default())
     rank = plan.nodes[1]
     mounts = tuple(m._replace(source=source) for m in rank.run.mounts)
-    rank = rank._replace(host=host, run=rank.run._replace(workdir=workdir, image=image, mounts=mounts),
-                         gid=rank.gid._replace(hcas=(hca, "x")))
+    rank = rank._replace(
+        host=host,
+        run=rank.run._replace(workdir=workdir, image=image, mounts=mounts),
+        gid=rank.gid._replace(hcas=(hca, "x")),
+    )
     nodes = list(plan.nodes)
     nodes[1] = rank
     nodes[2] = nodes[2]._replace(host=host)
@@ -1094,7 +1253,7 @@ def test_facts_script_is_a_constant() -> None:
 
 def test_docs_list_every_check(repo: Path) -> None:
     text = (repo / "docs" / "doctor.md").read_text()
-    section = text[text.index(doctor.REFERENCE_BEGIN): text.index(doctor.REFERENCE_END) + len(doctor.REFERENCE_END)]
+    section = text[text.index(doctor.REFERENCE_BEGIN) : text.index(doctor.REFERENCE_END) + len(doctor.REFERENCE_END)]
     assert section == doctor.reference(), "docs/doctor.md's check table is stale: paste tp4.hosts.doctor.reference()"
 
 
@@ -1104,10 +1263,17 @@ def test_memlock_of_a_unit_and_of_dockerd(good: DoctorCluster) -> None:
     import copy
 
     facts = doctor.gather(good.plan, good.nodes(), LIMITS)
-    unlimited = good.plan._replace(nodes=tuple(r._replace(run=r.run._replace(ulimits=r.run.ulimits._replace(memlock="-1:-1")))
-                                               for r in good.plan.nodes))
-    nixos = unlimited._replace(nodes=tuple(r._replace(service=r.service._replace(kind="nixos", unit=f"podman-{r.run.container}.service"))
-                                           for r in unlimited.nodes))
+    unlimited = good.plan._replace(
+        nodes=tuple(
+            r._replace(run=r.run._replace(ulimits=r.run.ulimits._replace(memlock="-1:-1"))) for r in good.plan.nodes
+        )
+    )
+    nixos = unlimited._replace(
+        nodes=tuple(
+            r._replace(service=r.service._replace(kind="nixos", unit=f"podman-{r.run.container}.service"))
+            for r in unlimited.nodes
+        )
+    )
     cases = {"8388608": "fail", "infinity": "ok"}
     for value, status in cases.items():
         f = copy.deepcopy(facts)
@@ -1117,15 +1283,21 @@ def test_memlock_of_a_unit_and_of_dockerd(good: DoctorCluster) -> None:
         if status == "fail":
             assert "LimitMEMLOCK of podman-dsv41-worker.service is 8192 KiB" in r.detail
             assert r.fix == "LimitMEMLOCK=infinity for podman-dsv41-worker.service"
-    docker = unlimited._replace(nodes=tuple(r._replace(service=r.service._replace(runtime="docker")) for r in unlimited.nodes))
+    docker = unlimited._replace(
+        nodes=tuple(r._replace(service=r.service._replace(runtime="docker")) for r in unlimited.nodes)
+    )
     f = copy.deepcopy(facts)
-    f["node3"].sections["memlock_runtime"] = ["Max locked memory         8388608              8388608              bytes"]
+    f["node3"].sections["memlock_runtime"] = [
+        "Max locked memory         8388608              8388608              bytes"
+    ]
     r = {(x.check, x.node): x for x in doctor.evaluate(docker, f, LIMITS)}[("RDMA.MEMLOCK", "node3")]
     # dockerd runs as root: it gives the container the plan's --ulimit memlock=-1:-1 whatever its own limit
     assert r.status == "ok" and "dockerd's limit: 8192 KiB, raised by the runtime" in r.detail
     # unlimited in the plan and no limit in the way: ok
     r = {(x.check, x.node): x for x in doctor.evaluate(unlimited, facts, LIMITS)}[("RDMA.MEMLOCK", "node1")]
-    assert r.status == "fail" and "the plan asks memlock unlimited" in r.detail  # the sessions' hard limit here is 8 MiB
+    assert (
+        r.status == "fail" and "the plan asks memlock unlimited" in r.detail
+    )  # the sessions' hard limit here is 8 MiB
 
 
 def test_parallel_is_faster_than_node_after_node(good: DoctorCluster) -> None:
@@ -1137,8 +1309,10 @@ def test_parallel_is_faster_than_node_after_node(good: DoctorCluster) -> None:
     began = time.monotonic()
     doctor.gather(good.plan, nodes, LIMITS)
     parallel = time.monotonic() - began
-    print(f"tp4 doctor facts of 4 nodes: {parallel:.2f} s in parallel, {sequential:.2f} s node after node "
-          f"({parallel / sequential:.2f}x)")
+    print(
+        f"tp4 doctor facts of 4 nodes: {parallel:.2f} s in parallel, {sequential:.2f} s node after node "
+        f"({parallel / sequential:.2f}x)"
+    )
     assert parallel < sequential
 
 
@@ -1148,11 +1322,28 @@ def test_facts_script_takes_its_arguments_as_data(tmp_path: Path) -> None:
     (sysfs / "class" / "infiniband" / "decoy").mkdir(parents=True)
     (tmp_path / "cwdfile").touch()
     marker = tmp_path / "ran"
-    args = [str(sysfs), "0", "tp4-no-such-runtime", f"$(touch {marker})", f"* $(touch {marker})", "", "",
-            str(tmp_path / "engram"), "*", f"$(touch {marker})", "", "", "", f"* $(touch {marker})", f"$(touch {marker})", "1",
-            str(tmp_path)]
-    proc = subprocess.run(["sh", "-c", FACTS_SCRIPT, "tp4-doctor", *args], capture_output=True, text=True, cwd=tmp_path,
-                          timeout=60)
+    args = [
+        str(sysfs),
+        "0",
+        "tp4-no-such-runtime",
+        f"$(touch {marker})",
+        f"* $(touch {marker})",
+        "",
+        "",
+        str(tmp_path / "engram"),
+        "*",
+        f"$(touch {marker})",
+        "",
+        "",
+        "",
+        f"* $(touch {marker})",
+        f"$(touch {marker})",
+        "1",
+        str(tmp_path),
+    ]
+    proc = subprocess.run(
+        ["sh", "-c", FACTS_SCRIPT, "tp4-doctor", *args], capture_output=True, text=True, cwd=tmp_path, timeout=60
+    )
     sections = doctor.parse(proc.stdout)
     assert "date" in sections, proc.stderr
     assert not marker.exists()
@@ -1162,15 +1353,33 @@ def test_facts_script_takes_its_arguments_as_data(tmp_path: Path) -> None:
 
 
 # sparkring's preflight ids (scripts/preflight.py at 4aa030a, CHECK_DESCRIPTIONS, lines 74-115)
-SPARKRING_IDS = ("SSH.REACHABLE", "MGMT.ADDRESS_PRESENT", "MGMT.INTERFACE_MATCH", "RING.LINK_UP", "RING.MTU",
-                 "RING.LINK_SPEED", "RING.ADDRESS", "RING.RDMA_PORT_ACTIVE", "RING.RDMA_LINK_LAYER", "RING.ROCE_GID",
-                 "RING.JUMBO_PING", "PEER.CONTROL_CHANNEL", "ARTIFACT.PRESENT", "ARTIFACT.SHA256", "ARTIFACT.EXECUTABLE",
-                 "PORT.FREE", "DISK.PATH_PRESENT", "DISK.FREE", "IMAGE.PRESENT", "IMAGE.DIGEST")
+SPARKRING_IDS = (
+    "SSH.REACHABLE",
+    "MGMT.ADDRESS_PRESENT",
+    "MGMT.INTERFACE_MATCH",
+    "RING.LINK_UP",
+    "RING.MTU",
+    "RING.LINK_SPEED",
+    "RING.ADDRESS",
+    "RING.RDMA_PORT_ACTIVE",
+    "RING.RDMA_LINK_LAYER",
+    "RING.ROCE_GID",
+    "RING.JUMBO_PING",
+    "PEER.CONTROL_CHANNEL",
+    "ARTIFACT.PRESENT",
+    "ARTIFACT.SHA256",
+    "ARTIFACT.EXECUTABLE",
+    "PORT.FREE",
+    "DISK.PATH_PRESENT",
+    "DISK.FREE",
+    "IMAGE.PRESENT",
+    "IMAGE.DIGEST",
+)
 
 
 def test_the_sparkring_parity_table_names_every_id_of_theirs_and_only_checks_of_ours(repo: Path) -> None:
     text = (repo / "docs" / "doctor.md").read_text()
-    section = text[text.index("## Beside sparkring's preflight"):text.index("## Example")]
+    section = text[text.index("## Beside sparkring's preflight") : text.index("## Example")]
     rows = [line.split(" | ") for line in section.splitlines() if line.startswith("| `")]
     assert [r[0].strip("| `") for r in rows] == list(SPARKRING_IDS)
     for r in rows:
@@ -1181,4 +1390,3 @@ def test_the_sparkring_parity_table_names_every_id_of_theirs_and_only_checks_of_
     beside = {o for r in rows for o in re.findall(r"`([A-Z]+\.[A-Z0-9_]+)`", r[2])}
     only = set(re.findall(r"`([A-Z]+\.[A-Z0-9_]+)`", section.split("without a sparkring preflight id", 1)[1]))
     assert {c.id for c in CHECKS} <= beside | only, {c.id for c in CHECKS} - beside - only
-

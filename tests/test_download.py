@@ -95,7 +95,7 @@ def make_handler(hub: Hub) -> type[BaseHTTPRequestHandler]:
         def _file(self) -> str | None:
             path = urlsplit(self.path).path
             if path.startswith(resolve):
-                name = unquote(path[len(resolve):])
+                name = unquote(path[len(resolve) :])
                 return name if name in hub.files else None
             return None
 
@@ -126,8 +126,9 @@ def make_handler(hub: Hub) -> type[BaseHTTPRequestHandler]:
         def do_GET(self) -> None:  # noqa: N802
             hub.requests.append(("GET", self.path, self.headers.get("Range")))
             if urlsplit(self.path).path == info_path:
-                body = json.dumps({"id": REPO_ID, "modelId": REPO_ID, "sha": REV, "private": False,
-                                   "siblings": hub.siblings()}).encode()
+                body = json.dumps(
+                    {"id": REPO_ID, "modelId": REPO_ID, "sha": REV, "private": False, "siblings": hub.siblings()}
+                ).encode()
                 self.send_response(200)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(body)))
@@ -143,8 +144,10 @@ def make_handler(hub: Hub) -> type[BaseHTTPRequestHandler]:
             rng = self.headers.get("Range")
             if rng:
                 assert rng.startswith("bytes=") and rng.endswith("-"), rng
-                start = int(rng[len("bytes="):-1])
-                self._headers(name, len(data) - start, 206, {"Content-Range": f"bytes {start}-{len(data) - 1}/{len(data)}"})
+                start = int(rng[len("bytes=") : -1])
+                self._headers(
+                    name, len(data) - start, 206, {"Content-Range": f"bytes {start}-{len(data) - 1}/{len(data)}"}
+                )
             else:
                 self._headers(name, len(data), 200, {})
             body = data[start:]
@@ -192,21 +195,33 @@ def setup(tmp_path, hub):
     model = tmp_path / "models" / "Tiny"
     link = tmp_path / "common"
     profile = tmp_path / "profile.toml"
-    profile.write_text(f'[engine]\ntp = 1\n[model]\ndir = "{model}"\ncommon_link = "{link}"\nhf_repo = "{REPO_ID}"\n'
-                       f'hf_revision = "{REV}"\nexpected_shards = 3\n')
+    profile.write_text(
+        f'[engine]\ntp = 1\n[model]\ndir = "{model}"\ncommon_link = "{link}"\nhf_repo = "{REPO_ID}"\n'
+        f'hf_revision = "{REV}"\nexpected_shards = 3\n'
+    )
     env = {k: v for k, v in os.environ.items() if not k.startswith("HF_")}
-    env.update(HF_ENDPOINT=hub.url, HF_HOME=str(tmp_path / "hf-home"), PYTHONPATH=str(Path(__file__).resolve().parent.parent / "python"),
-               NO_PROXY="127.0.0.1", no_proxy="127.0.0.1")
+    env.update(
+        HF_ENDPOINT=hub.url,
+        HF_HOME=str(tmp_path / "hf-home"),
+        PYTHONPATH=str(Path(__file__).resolve().parent.parent / "python"),
+        NO_PROXY="127.0.0.1",
+        no_proxy="127.0.0.1",
+    )
     return model, link, profile, env
 
 
 def tp4(profile: Path, env: dict[str, str], *extra: str) -> tuple[subprocess.CompletedProcess[str], list[str]]:
-    proc = subprocess.run([sys.executable, "-c", PROBE, "download", "--profile", str(profile), *extra],
-                          capture_output=True, text=True, env=env, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-c", PROBE, "download", "--profile", str(profile), *extra],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
     hashed: list[str] = []
     for line in proc.stderr.splitlines():
         if line.startswith("HASHED "):
-            hashed = eval(line[len("HASHED "):])  # noqa: S307 (the probe's own repr of a list of str)
+            hashed = eval(line[len("HASHED ") :])  # noqa: S307 (the probe's own repr of a list of str)
     return proc, hashed
 
 
@@ -292,8 +307,13 @@ def test_interrupted_download_resumes_where_it_stopped(hub, setup, tmp_path):
     name = "model-00003-of-00003.safetensors"
     hub.files[name] = os.urandom(CHUNK + CHUNK // 2)
     hub.stall_at[name] = CHUNK + 4096  # one whole chunk reaches the disk, then the server goes quiet
-    proc = subprocess.Popen([sys.executable, "-c", PROBE, "download", "--profile", str(profile)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", PROBE, "download", "--profile", str(profile)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
     assert hub.stalled.wait(60)
     part = model / ".tp4-download" / (name + ".partial")
     deadline = time.monotonic() + 30
@@ -388,7 +408,10 @@ def test_fewer_shards_than_the_profile_expects_is_bad_input(hub, setup):
     profile.write_text(profile.read_text().replace("expected_shards = 3", "expected_shards = 48"))
     proc, _ = tp4(profile, env)
     assert proc.returncode == 2, proc.stderr
-    assert "model.expected_shards:" in proc.stderr and "3 model-*-of-*.safetensors shards, the profile expects 48" in proc.stderr
+    assert (
+        "model.expected_shards:" in proc.stderr
+        and "3 model-*-of-*.safetensors shards, the profile expects 48" in proc.stderr
+    )
     assert file_gets(hub) == []
 
 

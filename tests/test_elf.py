@@ -29,16 +29,31 @@ def run(argv: list[str], cwd: Path | None = None) -> subprocess.CompletedProcess
 def gcc(tmp: Path, name: str, code: str, *flags: str, cc: str = "gcc", suffix: str = ".c") -> Path:
     (tmp / f"{name}{suffix}").write_text(code)
     out = tmp / f"lib{name}.so"
-    proc = run([cc, "-shared", "-fPIC", "-Wall", "-Werror", f"-Wl,-soname,lib{name}.so", f"{name}{suffix}",
-                "-o", out.name, *flags], cwd=tmp)
+    proc = run(
+        [
+            cc,
+            "-shared",
+            "-fPIC",
+            "-Wall",
+            "-Werror",
+            f"-Wl,-soname,lib{name}.so",
+            f"{name}{suffix}",
+            "-o",
+            out.name,
+            *flags,
+        ],
+        cwd=tmp,
+    )
     assert proc.returncode == 0, proc.stderr
     return out
 
 
 # A stand-in for a newer glibc: symbols under glibc-like version names.
-NEW_C = "#include <string.h>\nunsigned long length(const char *s) { return strlen(s); }\n" \
-        "int f(void) { return 1; }\nint ten(void) { return 10; }\nint four(void) { return 4; }\n" \
-        "int priv(void) { return 0; }\nint relr(void) { return 0; }\n"
+NEW_C = (
+    "#include <string.h>\nunsigned long length(const char *s) { return strlen(s); }\n"
+    "int f(void) { return 1; }\nint ten(void) { return 10; }\nint four(void) { return 4; }\n"
+    "int priv(void) { return 0; }\nint relr(void) { return 0; }\n"
+)
 NEW_MAP = """GLIBC_2.4 { global: four; local: *; };
 GLIBC_2.10 { global: ten; } GLIBC_2.4;
 GLIBC_2.99 { global: f; } GLIBC_2.10;
@@ -52,23 +67,49 @@ def libs(tmp_path_factory) -> dict[str, Path]:
     tmp = tmp_path_factory.mktemp("elf")
     (tmp / "new.map").write_text(NEW_MAP)
     gcc(tmp, "new", NEW_C, "-Wl,--version-script=new.map")
-    user = gcc(tmp, "user", "#include <string.h>\nint f(void); int ten(void); int four(void);\n"
-               "int use(const char *s) { return f() + ten() + four() + (int)strlen(s); }\n", "-L.", "-lnew")
-    private = gcc(tmp, "private", "int priv(void); int relr(void);\nint use(void) { return priv() + relr(); }\n",
-                  "-L.", "-lnew")
+    user = gcc(
+        tmp,
+        "user",
+        "#include <string.h>\nint f(void); int ten(void); int four(void);\n"
+        "int use(const char *s) { return f() + ten() + four() + (int)strlen(s); }\n",
+        "-L.",
+        "-lnew",
+    )
+    private = gcc(
+        tmp, "private", "int priv(void); int relr(void);\nint use(void) { return priv() + relr(); }\n", "-L.", "-lnew"
+    )
     # only the host's glibc: strlen (an old version) and pthread_create (GLIBC_2.34 since glibc 2.34)
-    old = gcc(tmp, "old", "#include <pthread.h>\n#include <string.h>\n"
-              "static void *run(void *s) { return (void *)strlen(s); }\n"
-              "int use(char *s) { pthread_t t; return pthread_create(&t, 0, run, s); }\n", "-pthread")
+    old = gcc(
+        tmp,
+        "old",
+        "#include <pthread.h>\n#include <string.h>\n"
+        "static void *run(void *s) { return (void *)strlen(s); }\n"
+        "int use(char *s) { pthread_t t; return pthread_create(&t, 0, run, s); }\n",
+        "-pthread",
+    )
     # C++ with a static libstdc++, as librow_store.so is built
-    cxx = gcc(tmp, "cxx", "#include <string>\n#include <cstdlib>\n"
-              "extern \"C\" long parse(const char *s) { return std::strtol(std::string(s).c_str(), nullptr, 10); }\n",
-              "-static-libstdc++", "-static-libgcc", cc="g++", suffix=".cpp")
+    cxx = gcc(
+        tmp,
+        "cxx",
+        "#include <string>\n#include <cstdlib>\n"
+        'extern "C" long parse(const char *s) { return std::strtol(std::string(s).c_str(), nullptr, 10); }\n',
+        "-static-libstdc++",
+        "-static-libgcc",
+        cc="g++",
+        suffix=".cpp",
+    )
     bare = gcc(tmp, "bare", "int answer(void) { return 42; }\n", "-nostdlib")
     stdcxx = Path(run(["g++", "-print-file-name=libstdc++.so.6"]).stdout.strip()).resolve()
     assert stdcxx.is_file(), f"g++ names no libstdc++.so.6 ({stdcxx}); install g++"
-    return {"user": user, "private": private, "old": old, "cxx": cxx, "bare": bare, "stdcxx": stdcxx,
-            "new": tmp / "libnew.so"}
+    return {
+        "user": user,
+        "private": private,
+        "old": old,
+        "cxx": cxx,
+        "bare": bare,
+        "stdcxx": stdcxx,
+        "new": tmp / "libnew.so",
+    }
 
 
 def readelf_needs(path: Path) -> list[tuple[str, str, bool]]:
@@ -110,15 +151,17 @@ def test_the_test_libraries_need_what_they_were_built_to_need(libs):
     assert any(lib == "libc.so.6" and "strlen" in syms for lib, syms in need.values())
     old = {n.version: n.symbols for n in elf.needed_versions(libs["old"])}
     assert old.get("GLIBC_2.34") == ("pthread_create",), (
-        f"the host's glibc must be >= 2.34 (pthread_create@GLIBC_2.34); libold.so needs {old}")
+        f"the host's glibc must be >= 2.34 (pthread_create@GLIBC_2.34); libold.so needs {old}"
+    )
     assert elf.needed_versions(libs["bare"]) == []
 
 
 def check(*args: str | Path) -> subprocess.CompletedProcess:
     """`python3 -m tp4.image.elf ...` as pkgs/runtime.nix runs it."""
     env = {**os.environ, "PYTHONPATH": str(REPO / "python")}
-    return subprocess.run([sys.executable, "-m", "tp4.image.elf", *map(str, args)], capture_output=True, text=True,
-                          env=env, check=False)
+    return subprocess.run(
+        [sys.executable, "-m", "tp4.image.elf", *map(str, args)], capture_output=True, text=True, env=env, check=False
+    )
 
 
 def test_a_too_new_version_fails_with_the_symbols_and_what_to_do(libs):
@@ -142,7 +185,8 @@ def test_private_and_named_versions(libs):
     proc = check("check-glibc", "--max", "2.36", libs["private"])
     assert proc.returncode == 1
     assert proc.stdout.splitlines() == [
-        f"{libs['private']}: needs GLIBC_PRIVATE from libnew.so (private to the glibc it was linked against): priv"]
+        f"{libs['private']}: needs GLIBC_PRIVATE from libnew.so (private to the glibc it was linked against): priv"
+    ]
     proc = check("check-glibc", "--max", "2.35", libs["private"])
     assert proc.returncode == 1 and "needs GLIBC_ABI_DT_RELR from libnew.so (glibc 2.36 > 2.35): relr" in proc.stdout
 
@@ -168,7 +212,9 @@ def test_a_library_needing_only_old_versions_passes_up_to_its_newest(libs):
     assert check("check-glibc", "--max", "2.34", libs["old"]).returncode == 0
     proc = check("check-glibc", "--max", "2.33", libs["old"])
     assert proc.returncode == 1
-    assert proc.stdout.splitlines() == [f"{libs['old']}: needs GLIBC_2.34 from libc.so.6 (glibc 2.34 > 2.33): pthread_create"]
+    assert proc.stdout.splitlines() == [
+        f"{libs['old']}: needs GLIBC_2.34 from libc.so.6 (glibc 2.34 > 2.33): pthread_create"
+    ]
 
 
 def test_several_files_name_only_the_failing_ones(libs):
@@ -192,7 +238,7 @@ def test_files_it_cannot_read_are_refused_plainly(libs, tmp_path):
         corrupt(tmp_path, "text", b"#!/bin/sh\necho not a library\n"): "not an ELF file",
         corrupt(tmp_path, "elf32", b"\x7fELF\x01\x01\x01" + bytes(60)): "not a 64-bit little-endian ELF file",
         corrupt(tmp_path, "big-endian", b"\x7fELF\x02\x02\x01" + bytes(60)): "not a 64-bit little-endian ELF file",
-        corrupt(tmp_path, "truncated", good[:shoff + 10]): "truncated or corrupt ELF file",
+        corrupt(tmp_path, "truncated", good[: shoff + 10]): "truncated or corrupt ELF file",
         corrupt(tmp_path, "no-sections", good[:0x28] + bytes(8) + good[0x30:]): "has no section headers",
         tmp_path / "missing.so": "no such file",
         tmp_path: "is a directory",

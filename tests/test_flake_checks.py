@@ -55,14 +55,30 @@ def unit_check(tmp: Path) -> str:
 
 
 def test_unit_check_passes_with_loopback_only_and_no_nix(tmp_path):
-    build = ["nix-build", "--no-out-link", "--option", "sandbox", "false", "--option", "build-users-group", "",
-             "-E", unit_check(tmp_path)]
+    build = [
+        "nix-build",
+        "--no-out-link",
+        "--option",
+        "sandbox",
+        "false",
+        "--option",
+        "build-users-group",
+        "",
+        "-E",
+        unit_check(tmp_path),
+    ]
     # a fresh network namespace has only `lo`, and it is down until brought up (as the sandbox does)
-    proc = process.run(["unshare", "--net", "sh", "-c", 'ip link set lo up && exec "$@"', "sh", *build],
-                       env={"NIX_CONFIG": nix_config(tmp_path / "nix")}, check=False)
+    proc = process.run(
+        ["unshare", "--net", "sh", "-c", 'ip link set lo up && exec "$@"', "sh", *build],
+        env={"NIX_CONFIG": nix_config(tmp_path / "nix")},
+        check=False,
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
-    log = process.run(["nix", "log", proc.stdout.strip().splitlines()[-1]],
-                      env={"NIX_CONFIG": nix_config(tmp_path / "nix")}, check=False).stdout
+    log = process.run(
+        ["nix", "log", proc.stdout.strip().splitlines()[-1]],
+        env={"NIX_CONFIG": nix_config(tmp_path / "nix")},
+        check=False,
+    ).stdout
     counts = re.search(r"(\d+) passed", log)
     assert counts and int(counts.group(1)) > 100, log[-2000:]
     assert "skipped" not in log and "deselected" not in log, log[-2000:]
@@ -72,8 +88,14 @@ def test_the_check_runs_every_unit_test():
     """The modules checks.unit collects (those that mark themselves) hold every test marked unit."""
     marked = sorted(p.name for p in (REPO / "tests").glob("test_*.py") if MARK.search(p.read_text()))
     assert "test_plan_golden.py" in marked and "test_sources_nar.py" not in marked
-    listed = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
-                             "-m", "unit", "tests"], cwd=REPO, capture_output=True, text=True)
+    listed = subprocess.run(
+        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", "-m", "unit", "tests"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+    )
     assert listed.returncode == 0, listed.stdout[-2000:] + listed.stderr[-2000:]
-    collected = sorted({line.split("::")[0].removeprefix("tests/") for line in listed.stdout.splitlines() if "::" in line})
+    collected = sorted(
+        {line.split("::")[0].removeprefix("tests/") for line in listed.stdout.splitlines() if "::" in line}
+    )
     assert collected == marked

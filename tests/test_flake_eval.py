@@ -110,13 +110,14 @@ def test_image_layers_in_order_of_change(image):
     for layer in image["layers"][1:]:
         assert f"'--link' '{layer['path']}={layer['out']}{layer['subdir']}'" in image["links"]["script"]
     wheels = image["layers"][0]["out"]
-    assert (f"'--install' '{wheels}' '--base' '{image['baseLayers']['out']}' --out \"$out\""
-            in image["links"]["script"])
+    assert f"'--install' '{wheels}' '--base' '{image['baseLayers']['out']}' --out \"$out\"" in image["links"]["script"]
     assert f"'--link' '{wheels}" not in image["links"]["script"] and "=" + wheels not in image["links"]["script"]
     # the layout: the base's layers, then each tree's, then the links
     layers = "".join(f" '--layer' '{d['out']}'" for d in [*image["storeLayers"], image["links"]])
-    assert (f"python3 -m tp4.image.oci 'image' '--name' 'dsv41-4x-spark' '--base' '{image['baseLayers']['out']}'"
-            f"{layers} --out \"$out\"") in image["image"]["script"]
+    assert (
+        f"python3 -m tp4.image.oci 'image' '--name' 'dsv41-4x-spark' '--base' '{image['baseLayers']['out']}'"
+        f'{layers} --out "$out"'
+    ) in image["image"]["script"]
 
 
 def test_each_path_points_at_what_upstream_copies_there(image, manifest):
@@ -144,11 +145,20 @@ def test_image_config_as_upstream(image):
     health = config["Healthcheck"]
     assert health["Test"] == ["CMD", "python3", "-S", "/opt/dsv41/boot.py", "health"]
     assert (health["Interval"], health["Timeout"], health["StartPeriod"], health["Retries"]) == (
-        30 * 10**9, 30 * 10**9, 1800 * 10**9, 3)
+        30 * 10**9,
+        30 * 10**9,
+        1800 * 10**9,
+        3,
+    )
     # from the one table the plan also carries to podman (run.health; podman reads no health check
     # from an OCI image's config)
-    assert health == {"Test": ["CMD", *HEALTH.cmd], "Interval": HEALTH.interval * 10**9, "Timeout": HEALTH.timeout * 10**9,
-                      "StartPeriod": HEALTH.start_period * 10**9, "Retries": HEALTH.retries}
+    assert health == {
+        "Test": ["CMD", *HEALTH.cmd],
+        "Interval": HEALTH.interval * 10**9,
+        "Timeout": HEALTH.timeout * 10**9,
+        "StartPeriod": HEALTH.start_period * 10**9,
+        "Retries": HEALTH.retries,
+    }
     assert image["spec"]["architecture"] == "arm64"
 
 
@@ -171,8 +181,15 @@ def test_image_carries_the_registry_checks(image):
     parsed = registry.parse_image_checks(checks, "label")
     assert parsed == registry.load_registry().image_checks
     names = {c.name for c in parsed}
-    assert {"import-sglang", "import-b12x", "import-b12x_next", "loop_abort", "moe_b12x_next_cpu",
-            "block_verify", "indexer_chunked_v3"} <= names
+    assert {
+        "import-sglang",
+        "import-b12x",
+        "import-b12x_next",
+        "loop_abort",
+        "moe_b12x_next_cpu",
+        "block_verify",
+        "indexer_chunked_v3",
+    } <= names
     assert any(c.gpu for c in parsed) and sum(not c.gpu for c in parsed) >= 20
 
 
@@ -185,9 +202,14 @@ def test_image_labels_carry_every_pin_and_the_flake_revision(image, manifest):
 
 
 def test_trees_run_the_transforms_of_tp4_sources(work, flake, manifest):
-    trees = evaluate(work, flake, "packages.x86_64-linux", """p: builtins.mapAttrs (n: t: {
+    trees = evaluate(
+        work,
+        flake,
+        "packages.x86_64-linux",
+        """p: builtins.mapAttrs (n: t: {
       inherit (t.stub) builder; script = t.stub.args.buildCommand; inherit (t) target inputs;
-      pythonpath = t.stub.args.PYTHONPATH; }) { inherit (p) sglang-tree b12x b12x-next; }""")
+      pythonpath = t.stub.args.PYTHONPATH; }) { inherit (p) sglang-tree b12x b12x-next; }""",
+    )
     for pname, target in {"sglang-tree": "sglang-line", "b12x": "b12x", "b12x-next": "b12x-next"}.items():
         tree = trees[pname]
         assert tree["builder"] == "runCommand" and tree["target"] == target
@@ -199,9 +221,14 @@ def test_trees_run_the_transforms_of_tp4_sources(work, flake, manifest):
 
 
 def test_wheels_fetched_with_fetchpypi_by_hash(work, flake, manifest):
-    wheels = evaluate(work, flake, "packages.aarch64-linux.wheels", """w: {
+    wheels = evaluate(
+        work,
+        flake,
+        "packages.aarch64-linux.wheels",
+        """w: {
       fetched = map (x: x.src.stub // { inherit (x) file; inherit (x.src) name; }) w.wheels;
-      script = w.stub.args.buildCommand; }""")
+      script = w.stub.args.buildCommand; }""",
+    )
     rows = [r for r in manifest.rows if r.kind == "wheel"]
     assert [w["builder"] for w in wheels["fetched"]] == ["python3Packages.fetchPypi"] * len(rows)
     for w, row in zip(wheels["fetched"], rows, strict=True):
@@ -215,9 +242,14 @@ def test_wheels_fetched_with_fetchpypi_by_hash(work, flake, manifest):
 
 def test_cli_package_from_the_poetry_pyproject(work, flake):
     pyproject = tomllib.loads((REPO / "python" / "pyproject.toml").read_text())
-    cli = evaluate(work, flake, "packages.x86_64-linux.tp4", """p: {
+    cli = evaluate(
+        work,
+        flake,
+        "packages.x86_64-linux.tp4",
+        """p: {
       inherit (p.stub) builder; args = builtins.removeAttrs p.stub.args [ "src" ];
-      deps = map (d: d.pname) p.stub.args.dependencies; build = map (d: d.pname) p.stub.args.build-system; }""")
+      deps = map (d: d.pname) p.stub.args.dependencies; build = map (d: d.pname) p.stub.args.build-system; }""",
+    )
     assert cli["builder"] == "python3Packages.buildPythonApplication"
     assert cli["args"]["pyproject"] is True
     assert cli["args"]["version"] == pyproject["tool"]["poetry"]["version"]
@@ -236,10 +268,20 @@ def test_flake_outputs(work, flake, manifest):
         app = evaluate(work, flake, f"apps.aarch64-linux.{name}", "a: { inherit (a) type program; }")
         assert app["type"] == "app" and app["program"].endswith(f"-tp4-{name}")
     text = (REPO / "pkgs" / "outputs.nix").read_text()
-    assert '''writeShellScript "tp4-${name}" ''exec ${tp4} ${name} "$@"''''' in text
+    assert '''writeShellScript "tp4-${name}" ''exec ${tp4} ${name} "$@"''' "" in text
     names = evaluate(work, flake, "packages", "p: builtins.mapAttrs (s: builtins.attrNames) p")
-    assert set(names["aarch64-linux"]) == {"image", "image-canary", "image-local", "tp4", "default", "sglang-tree",
-                                           "b12x", "b12x-next", "tp4-runtime", "wheels"}
+    assert set(names["aarch64-linux"]) == {
+        "image",
+        "image-canary",
+        "image-local",
+        "tp4",
+        "default",
+        "sglang-tree",
+        "b12x",
+        "b12x-next",
+        "tp4-runtime",
+        "wheels",
+    }
     assert "image" not in names["x86_64-linux"] and "tp4-runtime" not in names["x86_64-linux"]
     sources = evaluate(work, flake, "legacyPackages.aarch64-linux.sources", "builtins.attrNames")
     assert sorted(sources) == sorted(r.name for r in manifest.rows)
@@ -247,8 +289,13 @@ def test_flake_outputs(work, flake, manifest):
     assert {"eval", "formatting", "unit", "tp4", "wheels"} <= set(checks["x86_64-linux"])
     assert "sources-unlocked" not in checks["x86_64-linux"]
     # the Sparks' own: the image, its runtime tree and the NixOS checks (tests/test_nixos_vm.py)
-    assert set(checks["aarch64-linux"]) == set(checks["x86_64-linux"]) | {"image", "image-canary", "image-local", "tp4-runtime", "spark-host-vm"} | {
-        f"nixos-spark{i}" for i in range(1, 5)}
+    assert set(checks["aarch64-linux"]) == set(checks["x86_64-linux"]) | {
+        "image",
+        "image-canary",
+        "image-local",
+        "tp4-runtime",
+        "spark-host-vm",
+    } | {f"nixos-spark{i}" for i in range(1, 5)}
     assert evaluate(work, flake, "devShells.x86_64-linux.default.stub.builder") == "mkShell"
     assert evaluate(work, flake, "formatter.aarch64-linux.name") == "nixfmt-tree"
 
@@ -256,15 +303,21 @@ def test_flake_outputs(work, flake, manifest):
 def test_eval_check_instantiates_every_output_of_every_system(work, flake):
     """checks.eval is a file of the .drv paths of every package, dev shell, source and
     formatter, on both systems, written without depending on any of them."""
-    got = evaluate(work, flake, "checks.x86_64-linux.eval", """e: {
+    got = evaluate(
+        work,
+        flake,
+        "checks.x86_64-linux.eval",
+        """e: {
       inherit (e.stub) builder; listed = builtins.fromJSON e.stub.args.text;
-      context = builtins.hasContext e.stub.args.text; }""")
+      context = builtins.hasContext e.stub.args.text; }""",
+    )
     assert got["builder"] == "writeText" and got["context"] is False
     listed = got["listed"]
     for system in ("aarch64-linux", "x86_64-linux"):
         packages = evaluate(work, flake, f"packages.{system}", "p: builtins.mapAttrs (n: d: d.drvPath) p")
         assert {n: p for n, p in listed.items() if n.startswith(f"{system}.packages.")} == {
-            f"{system}.packages.{n}": p for n, p in packages.items()}
+            f"{system}.packages.{n}": p for n, p in packages.items()
+        }
         assert f"{system}.devShells.default" in listed and f"{system}.formatter.default" in listed
         assert f"{system}.sources.base-image" in listed
     assert "aarch64-linux.packages.image" in listed and all(p.endswith(".drv") for p in listed.values())
@@ -272,19 +325,30 @@ def test_eval_check_instantiates_every_output_of_every_system(work, flake):
 
 def test_formatting_check_is_nixfmt_over_the_nix_files(work, flake):
     """The project handed to treefmt's check is a real copy (builtins.path) of the Nix files alone."""
-    got = evaluate(work, flake, "checks.x86_64-linux.formatting", """f: {
-      inherit (f.stub) builder; project = f.stub.args.project; }""")
+    got = evaluate(
+        work,
+        flake,
+        "checks.x86_64-linux.formatting",
+        """f: {
+      inherit (f.stub) builder; project = f.stub.args.project; }""",
+    )
     assert got["builder"] == "nixfmt-tree.check"
     project = Path(got["project"])
     copied = sorted(str(p.relative_to(project)) for p in project.rglob("*") if not p.is_dir())
     assert copied == sorted(str(p.relative_to(flake)) for p in flake.rglob("*.nix"))
     assert "flake.nix" in copied and "pkgs/checks.nix" in copied
 
+
 def test_unit_check_runs_the_unit_modules_with_the_test_python(work, flake):
-    unit = evaluate(work, flake, "checks.x86_64-linux.unit", """u: {
+    unit = evaluate(
+        work,
+        flake,
+        "checks.x86_64-linux.unit",
+        """u: {
       script = u.stub.args.buildCommand;
       inputs = map (p: p.name) u.stub.args.nativeBuildInputs;
-      python = map (p: p.pname or p.name) (builtins.head u.stub.args.nativeBuildInputs).stub.args.packages; }""")
+      python = map (p: p.pname or p.name) (builtins.head u.stub.args.nativeBuildInputs).stub.args.packages; }""",
+    )
     assert "grep -l '^pytestmark = pytest.mark.unit$' tests/test_*.py" in unit["script"]
     assert "python3 -m pytest -q -p no:cacheprovider --hypothesis-seed=0 -m unit $modules" in unit["script"]
     assert unit["inputs"] == ["python3-3.13.14-env", "git"]
@@ -294,14 +358,21 @@ def test_unit_check_runs_the_unit_modules_with_the_test_python(work, flake):
 
 
 def test_dev_shell_builds_from_the_package_and_keeps_busybox_off_path(work, flake):
-    shell = evaluate(work, flake, "devShells.x86_64-linux.default", """s: {
+    shell = evaluate(
+        work,
+        flake,
+        "devShells.x86_64-linux.default",
+        """s: {
       inputsFrom = map (p: p.name) s.stub.args.inputsFrom;
       packages = map (p: p.name) s.stub.args.packages;
-      busybox = s.stub.args.env.TP4_TEST_BUSYBOX; }""")
+      busybox = s.stub.args.env.TP4_TEST_BUSYBOX; }""",
+    )
     assert shell["inputsFrom"] == ["tp4-0.1.0"]
     assert not any("busybox" in p for p in shell["packages"])
     assert {"python3-3.13.14-env", "iproute2", "gnupatch", "nix", "git"} <= set(shell["packages"])
-    assert shell["busybox"].startswith("/nix/store/") and shell["busybox"].endswith("-busybox-static-x86_64-unknown-linux-musl-1.37.0/bin/busybox")
+    assert shell["busybox"].startswith("/nix/store/") and shell["busybox"].endswith(
+        "-busybox-static-x86_64-unknown-linux-musl-1.37.0/bin/busybox"
+    )
 
 
 LOCK_ALL = "tp4 sources lock dsv41 dsv41/runtime/roce_tp4_adapt.py base-image"
@@ -320,16 +391,34 @@ def test_a_fresh_clone_passes_flake_check_without_the_outputs_of_unlocked_rows(w
     assert proc.returncode == 0, proc.stderr
     assert LOCK_ALL in proc.stderr and "aarch64-linux.packages.image" in proc.stderr
     names = evaluate(work, real, "packages", "p: builtins.mapAttrs (s: builtins.attrNames) p")
-    assert set(names["aarch64-linux"]) == set(names["x86_64-linux"]) == {"tp4", "default", "b12x", "b12x-next", "wheels"}
+    assert (
+        set(names["aarch64-linux"]) == set(names["x86_64-linux"]) == {"tp4", "default", "b12x", "b12x-next", "wheels"}
+    )
     legacy = evaluate(work, real, "legacyPackages", "p: builtins.mapAttrs (s: builtins.attrNames) p")
-    assert set(legacy["aarch64-linux"]) == {"sources", "image", "image-canary", "image-local", "sglang-tree", "tp4-runtime"}
+    assert set(legacy["aarch64-linux"]) == {
+        "sources",
+        "image",
+        "image-canary",
+        "image-local",
+        "sglang-tree",
+        "tp4-runtime",
+    }
     checks = evaluate(work, real, "checks", "c: builtins.mapAttrs (s: builtins.attrNames) c")
-    assert {"eval", "formatting", "unit", "tp4", "b12x", "b12x-next", "wheels", "sources-unlocked"} <= set(checks["x86_64-linux"])
+    assert {"eval", "formatting", "unit", "tp4", "b12x", "b12x-next", "wheels", "sources-unlocked"} <= set(
+        checks["x86_64-linux"]
+    )
     assert not {"image", "image-canary", "image-local", "tp4-runtime", "sglang-tree"} & set(checks["aarch64-linux"])
-    unlocked = evaluate(work, real, "checks.aarch64-linux.sources-unlocked", """c: {
-      inherit (c) unlocked leftOut lockCommand; script = c.stub.args.buildCommand; }""")
+    unlocked = evaluate(
+        work,
+        real,
+        "checks.aarch64-linux.sources-unlocked",
+        """c: {
+      inherit (c) unlocked leftOut lockCommand; script = c.stub.args.buildCommand; }""",
+    )
     assert unlocked["unlocked"] == ["dsv41", "dsv41/runtime/roce_tp4_adapt.py", "base-image"]
-    assert unlocked["lockCommand"] == LOCK_ALL and LOCK_ALL in unlocked["script"] and 'touch "$out"' in unlocked["script"]
+    assert (
+        unlocked["lockCommand"] == LOCK_ALL and LOCK_ALL in unlocked["script"] and 'touch "$out"' in unlocked["script"]
+    )
     # the real files the lock rewrites, not the root's links (`git commit LINK` commits the link)
     assert "(git commit python/tp4/data/sources.manifest python/tp4/data/sources.manifest.json)" in unlocked["script"]
     assert "aarch64-linux.packages.image" in unlocked["leftOut"] and "x86_64-linux.sources.dsv41" in unlocked["leftOut"]
@@ -339,15 +428,27 @@ def test_a_fresh_clone_passes_flake_check_without_the_outputs_of_unlocked_rows(w
 
 
 def test_building_the_image_on_an_unlocked_clone_fails_at_evaluation_with_the_one_command(work, real):
-    proc = nix(["build", "--dry-run", "--option", "system", "aarch64-linux", f"path:{real}#image",
-                *stub_inputs(REPO, empty_flake(work / "empty"))], work)
+    proc = nix(
+        [
+            "build",
+            "--dry-run",
+            "--option",
+            "system",
+            "aarch64-linux",
+            f"path:{real}#image",
+            *stub_inputs(REPO, empty_flake(work / "empty")),
+        ],
+        work,
+    )
     assert proc.returncode != 0
     err = " ".join(proc.stderr.split())
     assert "is not locked" in err and LOCK_ALL in err
     # what it downloads, how large, and that the change is to be committed
     assert "It downloads:" in err and "- base-image: the whole base image docker://lmsysorg/sglang:dev-dsv41@" in err
     assert "about ~33GB" in err and "- dsv41: the archive https://github.com/MiaAI-Lab/" in err
-    assert "commit the change (git commit python/tp4/data/sources.manifest python/tp4/data/sources.manifest.json)" in err
+    assert (
+        "commit the change (git commit python/tp4/data/sources.manifest python/tp4/data/sources.manifest.json)" in err
+    )
 
 
 def test_wheels_is_a_check_on_every_system(work, flake):
@@ -359,8 +460,12 @@ def test_wheels_is_a_check_on_every_system(work, flake):
 
 
 def test_runtime_library_is_compiled_as_upstream_and_self_contained(work, flake):
-    rt = evaluate(work, flake, "packages.aarch64-linux.tp4-runtime",
-                  "r: { inherit (r.stub.args) buildPhase allowedReferences dontPatchShebangs; src = r.stub.args.src.name; }")
+    rt = evaluate(
+        work,
+        flake,
+        "packages.aarch64-linux.tp4-runtime",
+        "r: { inherit (r.stub.args) buildPhase allowedReferences dontPatchShebangs; src = r.stub.args.src.name; }",
+    )
     assert "-O2 -Wall -Wextra -Werror -std=c++17 -shared -fPIC -pthread" in rt["buildPhase"]
     assert "adapter/row_store.cpp -o adapter/librow_store.so" in rt["buildPhase"]
     assert rt["allowedReferences"] == [] and rt["dontPatchShebangs"] is True
@@ -370,7 +475,17 @@ def test_runtime_library_is_compiled_as_upstream_and_self_contained(work, flake)
 def test_every_image_of_the_registry_is_a_check_on_a_locked_clone(work, flake):
     """The rollback presets' images (image-canary, image-local) are built by `nix flake check`
     like the line's own, once every row is locked; none is a check of x86_64."""
-    got = evaluate(work, flake, "checks.aarch64-linux", "c: builtins.filter (n: builtins.substring 0 5 n == \"image\") (builtins.attrNames c)")
+    got = evaluate(
+        work,
+        flake,
+        "checks.aarch64-linux",
+        'c: builtins.filter (n: builtins.substring 0 5 n == "image") (builtins.attrNames c)',
+    )
     assert got == ["image", "image-canary", "image-local"]
-    got = evaluate(work, flake, "checks.x86_64-linux", "c: builtins.filter (n: builtins.substring 0 5 n == \"image\") (builtins.attrNames c)")
+    got = evaluate(
+        work,
+        flake,
+        "checks.x86_64-linux",
+        'c: builtins.filter (n: builtins.substring 0 5 n == "image") (builtins.attrNames c)',
+    )
     assert got == []

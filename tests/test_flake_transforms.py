@@ -36,9 +36,13 @@ def write_sources(tmp: Path) -> Path:
         (tmp / "mirror" / rel).write_bytes(data)
     rows = [f"b12x-main  {COMMIT}  {sha256(files[next(iter(files))])}  https://{next(iter(files))}\n    strip=1"]
     for i, p in enumerate(b12x_next_patches()):
-        rows.append(f"patch-{i}  {PATCHES_AT}  {sha256(p.encode())}  https://raw.example/{PATCHES_AT}/p{i}.patch\n    p=0")
-    rows.append("tree b12x-next  from=b12x-main  require=b12x,LICENSE  keep=b12x,LICENSE  rename=b12x:b12x_next\n"
-                "    patches=patch-0,patch-1  drop=b12x_next/sequence/engram  stamp=b12x_next")
+        rows.append(
+            f"patch-{i}  {PATCHES_AT}  {sha256(p.encode())}  https://raw.example/{PATCHES_AT}/p{i}.patch\n    p=0"
+        )
+    rows.append(
+        "tree b12x-next  from=b12x-main  require=b12x,LICENSE  keep=b12x,LICENSE  rename=b12x:b12x_next\n"
+        "    patches=patch-0,patch-1  drop=b12x_next/sequence/engram  stamp=b12x_next"
+    )
     manifest = tmp / "sources.manifest"
     companion.write(manifest, "\n".join(rows) + "\n")  # with the JSON copy pkgs/sources.nix reads
     return manifest
@@ -67,8 +71,21 @@ def test_transform_derivation_builds_the_same_tree_as_the_cli(tmp_path, tp4_cli)
     manifest = write_sources(tmp_path)
     bb = busybox_dir(tmp_path / "bb")
     proc = process.run(
-        ["nix-build", "--no-out-link", "--option", "sandbox", "false", "--option", "build-users-group", "", "-E", derivation_expr(tmp_path, manifest, bb)],
-        env={"NIX_CONFIG": nix_config(tmp_path / "nix")}, check=False)
+        [
+            "nix-build",
+            "--no-out-link",
+            "--option",
+            "sandbox",
+            "false",
+            "--option",
+            "build-users-group",
+            "",
+            "-E",
+            derivation_expr(tmp_path, manifest, bb),
+        ],
+        env={"NIX_CONFIG": nix_config(tmp_path / "nix")},
+        check=False,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = Path(proc.stdout.strip().splitlines()[-1])
 

@@ -39,8 +39,10 @@ def wheel(dist: str, version: str, tag: str) -> tuple[str, bytes]:
         f"{info}/METADATA": f"Metadata-Version: 2.1\nName: {dist.replace('_', '-')}\nVersion: {version}\n".encode(),
         f"{info}/WHEEL": f"Wheel-Version: 1.0\nGenerator: tp4-tests\nRoot-Is-Purelib: false\nTag: {tag}\n".encode(),
     }
-    record = [f"{p},sha256={base64.urlsafe_b64encode(hashlib.sha256(d).digest()).rstrip(b'=').decode()},{len(d)}"
-              for p, d in files.items()] + [f"{info}/RECORD,,"]
+    record = [
+        f"{p},sha256={base64.urlsafe_b64encode(hashlib.sha256(d).digest()).rstrip(b'=').decode()},{len(d)}"
+        for p, d in files.items()
+    ] + [f"{info}/RECORD,,"]
     buf = io.BytesIO()
     with zipfile.ZipFile(buf, "w") as z:
         for path, data in {**files, f"{info}/RECORD": "\n".join(record).encode() + b"\n"}.items():
@@ -92,17 +94,42 @@ def test_wheels_install_from_their_store_paths(tmp_path):
     root, files = write_root(tmp_path)
     bb = busybox_dir(tmp_path / "bb")
     env = {"NIX_CONFIG": nix_config(tmp_path / "nix")}
-    built = process.run(["nix-build", "--no-out-link", "--option", "sandbox", "false", "--option", "build-users-group", "",
-                         "-E", expr(tmp_path, root, bb), "-A", "wheels"], env=env, check=False)
+    built = process.run(
+        [
+            "nix-build",
+            "--no-out-link",
+            "--option",
+            "sandbox",
+            "false",
+            "--option",
+            "build-users-group",
+            "",
+            "-E",
+            expr(tmp_path, root, bb),
+            "-A",
+            "wheels",
+        ],
+        env=env,
+        check=False,
+    )
     assert built.returncode == 0, built.stderr[-3000:]
     out = Path(built.stdout.strip().splitlines()[-1])
     for _, dist, version, _ in WHEELS:
         assert (out / dist / "__init__.py").read_text() == f"VERSION = {version!r}\n"
         assert (out / f"{dist}-{version}.dist-info" / "RECORD").exists()
     # what it installed from was named as nixpkgs names a fetched wheel, not as the wheel
-    fetched = process.run(["nix-instantiate", "--eval", "--strict", "--json", "-E",
-                           f"map (w: baseNameOf w.src) ({expr(tmp_path, root, bb)}).wheels.wheels"],
-                          env=env, check=False)
+    fetched = process.run(
+        [
+            "nix-instantiate",
+            "--eval",
+            "--strict",
+            "--json",
+            "-E",
+            f"map (w: baseNameOf w.src) ({expr(tmp_path, root, bb)}).wheels.wheels",
+        ],
+        env=env,
+        check=False,
+    )
     assert fetched.returncode == 0, fetched.stderr[-2000:]
     names = json.loads(fetched.stdout)
     assert [n[33:] for n in names] == [files[row] for row, *_ in WHEELS]

@@ -48,7 +48,9 @@ QUESTION = "What is 19 + 23? Reply only with the number."
 
 
 def _router_installed() -> bool:
-    return subprocess.run([ROUTER_PYTHON, "-c", "import sglang_router.launch_router"], capture_output=True).returncode == 0
+    return (
+        subprocess.run([ROUTER_PYTHON, "-c", "import sglang_router.launch_router"], capture_output=True).returncode == 0
+    )
 
 
 # --- the two lines on the four hosts ------------------------------------------------------------
@@ -59,17 +61,22 @@ def line_profile(cluster: DoctorCluster, hosts: list[Host], extra: str = "", key
     nodes = []
     for i, host in enumerate(hosts):
         table = "[cluster.head]" if i == 0 else "[[cluster.workers]]"
-        nodes.append(f"{table}\nname = {_q(host.name)}\nip = {_q(host.address)}\nssh = {_q(host.address)}\n"
-                     f"user = \"root\"\nidentity = {_q(str(cluster.hosts.key))}\nssh_port = 22\n"
-                     f"home = {_q(str(host.dir / 'home'))}\nworkdir = {_q(str(host.dir / 'work'))}\n"
-                     "kind = \"plain\"\nruntime = \"podman\"\n")
-    return ("preset = \"production\"\n\n"
-            f"[cluster]\nuser = \"root\"\nidentity = {_q(str(cluster.hosts.key))}\nmemlock = {_q(memlock())}\n\n"
-            + "\n".join(nodes)
-            + f"\n[model]\ndir = {_q(str(cluster.model_dir))}\n\n[nfs]\nshare = false\n\n[engine]\ntp = {len(hosts)}\n\n"
-            + f"[fabric]\nsocket_ifname = {_q(BOOTSTRAP)}\n\n"
-            + (f"[api]\nkey_file = {_q(str(key_file))}\n\n" if key_file else "")
-            + f"[env]\nSGLANG_HEALTH_CHECK_TIMEOUT = \"{OWN_PROBE}\"\n" + extra)
+        nodes.append(
+            f"{table}\nname = {_q(host.name)}\nip = {_q(host.address)}\nssh = {_q(host.address)}\n"
+            f'user = "root"\nidentity = {_q(str(cluster.hosts.key))}\nssh_port = 22\n'
+            f"home = {_q(str(host.dir / 'home'))}\nworkdir = {_q(str(host.dir / 'work'))}\n"
+            'kind = "plain"\nruntime = "podman"\n'
+        )
+    return (
+        'preset = "production"\n\n'
+        f'[cluster]\nuser = "root"\nidentity = {_q(str(cluster.hosts.key))}\nmemlock = {_q(memlock())}\n\n'
+        + "\n".join(nodes)
+        + f"\n[model]\ndir = {_q(str(cluster.model_dir))}\n\n[nfs]\nshare = false\n\n[engine]\ntp = {len(hosts)}\n\n"
+        + f"[fabric]\nsocket_ifname = {_q(BOOTSTRAP)}\n\n"
+        + (f"[api]\nkey_file = {_q(str(key_file))}\n\n" if key_file else "")
+        + f'[env]\nSGLANG_HEALTH_CHECK_TIMEOUT = "{OWN_PROBE}"\n'
+        + extra
+    )
 
 
 def lay_engram(plan: Plan) -> None:
@@ -79,18 +86,30 @@ def lay_engram(plan: Plan) -> None:
         d.mkdir(parents=True, exist_ok=True)
         for name in engram_files(plan, rank):
             rows, row_bytes = 4, 16
-            (d / name).write_bytes(struct.pack("<6Q", 0x4D41524745, 1, 0, rows, rows, row_bytes) + b"\0" * rows * row_bytes)
+            (d / name).write_bytes(
+                struct.pack("<6Q", 0x4D41524745, 1, 0, rows, rows, row_bytes) + b"\0" * rows * row_bytes
+            )
 
 
 def fleet_text(cluster: DoctorCluster, workdir: Path, **router: object) -> str:
     head = cluster.hosts[0]
-    values: dict[str, object] = {"host": head.address, "user": "root", "identity": str(cluster.hosts.key),
-                                 "python": ROUTER_PYTHON, "state_dir": str(workdir / "router"), "port": 30000,
-                                 "ready_timeout": 90, "stop_grace": 3, **router}
+    values: dict[str, object] = {
+        "host": head.address,
+        "user": "root",
+        "identity": str(cluster.hosts.key),
+        "python": ROUTER_PYTHON,
+        "state_dir": str(workdir / "router"),
+        "port": 30000,
+        "ready_timeout": 90,
+        "stop_grace": 3,
+        **router,
+    }
     lines = "".join(f"{k} = {json.dumps(v)}\n" for k, v in values.items())
     health = "".join(f"{k} = {json.dumps(v)}\n" for k, v in ROUTER_HEALTH.items())
-    return ('[[lines]]\nname = "a"\nprofile = "a.toml"\n\n[[lines]]\nname = "b"\nprofile = "b.toml"\n\n'
-            f"[router]\n{lines}\n[router.health]\n{health}")
+    return (
+        '[[lines]]\nname = "a"\nprofile = "a.toml"\n\n[[lines]]\nname = "b"\nprofile = "b.toml"\n\n'
+        f"[router]\n{lines}\n[router.health]\n{health}"
+    )
 
 
 class Fleet:
@@ -126,12 +145,15 @@ class Fleet:
 
 def tp4(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
     argv = [sys.executable, "-m", "tp4", *args, *(["--sysfs", SYSFS] if "serve" in args else [])]
-    return subprocess.run(argv, capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, "PYTHONPATH": str(REPO / "python")})
+    return subprocess.run(
+        argv, capture_output=True, text=True, timeout=timeout, env={**os.environ, "PYTHONPATH": str(REPO / "python")}
+    )
 
 
 def ask(url: str, timeout: float = 15, key: str | None = None) -> str:
-    body = json.dumps({"model": "deepseek-v4.1-flash", "messages": [{"role": "user", "content": QUESTION}], "max_tokens": 4})
+    body = json.dumps(
+        {"model": "deepseek-v4.1-flash", "messages": [{"role": "user", "content": QUESTION}], "max_tokens": 4}
+    )
     headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {key}"} if key else {})}
     req = urllib.request.Request(f"{url}/v1/chat/completions", data=body.encode(), headers=headers)
     with urllib.request.urlopen(req, timeout=timeout) as resp:
@@ -168,8 +190,10 @@ def assert_nothing_left(f: Fleet) -> None:
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DoctorCluster]:
     if not _router_installed():
-        pytest.fail(f"{ROUTER_PYTHON} has no sglang_router: run `bash python/setup.sh --test` (the router group), "
-                    "or point TP4_ROUTER_PYTHON at a Python with it")
+        pytest.fail(
+            f"{ROUTER_PYTHON} has no sglang_router: run `bash python/setup.sh --test` (the router group), "
+            "or point TP4_ROUTER_PYTHON at a Python with it"
+        )
     with DoctorCluster(tmp_path_factory.mktemp("fleet")) as c:
         c.reset()
         yield c
@@ -206,7 +230,8 @@ def hosts(cluster: DoctorCluster, tmp_path: Path) -> Iterator[DoctorCluster]:
 
 
 def test_two_lines_behind_the_router_round_robin_a_wedged_line_out_and_back_and_stop_leaves_nothing(
-        hosts: DoctorCluster, tmp_path: Path) -> None:
+    hosts: DoctorCluster, tmp_path: Path
+) -> None:
     f = Fleet(hosts, tmp_path)
     a, b = f.line("a"), f.line("b")
     plan = tp4("fleet", "plan", "-f", str(f.path))
@@ -221,7 +246,10 @@ def test_two_lines_behind_the_router_round_robin_a_wedged_line_out_and_back_and_
     status = tp4("fleet", "status", "-f", str(f.path), "--json")
     assert status.returncode == 0, status.stdout + status.stderr
     data = json.loads(status.stdout)
-    assert data["router"]["state"] == "running" and [line["router_health"] for line in data["lines"]] == ["healthy", "healthy"]
+    assert data["router"]["state"] == "running" and [line["router_health"] for line in data["lines"]] == [
+        "healthy",
+        "healthy",
+    ]
     assert [line["status"]["liveness"]["state"] for line in data["lines"]] == ["alive", "alive"]
     # an OpenAI client finds the lines' model at the router
     with urllib.request.urlopen(f"{f.fleet.url}/v1/models", timeout=10) as resp:
@@ -264,8 +292,9 @@ def test_two_lines_behind_the_router_round_robin_a_wedged_line_out_and_back_and_
     assert down.returncode == 1 and ": stopped" in down.stdout.splitlines()[0], down.stdout
 
 
-def test_a_line_wedged_by_the_fault_is_taken_out_by_the_generating_probe_and_comes_back(hosts: DoctorCluster,
-                                                                                       tmp_path: Path) -> None:
+def test_a_line_wedged_by_the_fault_is_taken_out_by_the_generating_probe_and_comes_back(
+    hosts: DoctorCluster, tmp_path: Path
+) -> None:
     """The stand-in's `wedge` fault (after serve's own completion, every completion hangs while
     /health stays 200): the router's /health_generate probe takes the line out; the stand-in's
     control lets it recover, and the probe brings it back."""
@@ -304,7 +333,9 @@ def test_a_line_that_never_boots_leaves_the_fleet_serving_on_the_other(hosts: Do
     proc = tp4("-v", "fleet", "serve", "-f", str(f.path))
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert f"ready: {f.fleet.url} (sglang-router, round_robin) over 1 of 2 lines: a" in proc.stdout
-    assert "error: 1 of 2 lines failed and are left out; the router serves a (`tp4 fleet stop` stops them):" in proc.stderr
+    assert (
+        "error: 1 of 2 lines failed and are left out; the router serves a (`tp4 fleet stop` stops them):" in proc.stderr
+    )
     assert re.search(r"line b: node4: rank exited: .*exit code 1", proc.stderr), proc.stderr
     assert "internal error" not in proc.stderr
     # nothing of line b is left; the router serves line a
@@ -319,8 +350,10 @@ def test_a_line_that_never_boots_leaves_the_fleet_serving_on_the_other(hosts: Do
     assert (state / fleet.KEY_FILE).stat().st_mode & 0o777 == 0o600
     assert "$ ssh " in proc.stderr and key not in proc.stdout + proc.stderr
     assert key not in (state / fleet.LOG_FILE).read_text()
-    assert router_pids(hosts) and all(key not in cmd and key not in Path(f"/proc/{pid}/cmdline").read_text(errors="replace")
-                                      for pid, cmd in router_pids(hosts).items())
+    assert router_pids(hosts) and all(
+        key not in cmd and key not in Path(f"/proc/{pid}/cmdline").read_text(errors="replace")
+        for pid, cmd in router_pids(hosts).items()
+    )
     status = tp4("fleet", "status", "-f", str(f.path), "--json")
     data = json.loads(status.stdout)
     assert status.returncode == 1 and [line["in_router"] for line in data["lines"]] == [True, False]
@@ -336,7 +369,9 @@ def test_all_stops_every_line_when_one_fails(hosts: DoctorCluster, tmp_path: Pat
     proc = tp4("fleet", "serve", "-f", str(f.path), "--all")
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "error: --all: 1 of 2 lines failed, so every line stops:" in proc.stderr
-    assert re.search(r"^  line b: node[34]: ", proc.stderr, re.M), proc.stderr  # the head crashed: it, or the worker it took down
+    assert re.search(r"^  line b: node[34]: ", proc.stderr, re.M), (
+        proc.stderr
+    )  # the head crashed: it, or the worker it took down
     assert "stopping the 1 lines this serve started" in proc.stderr
     assert "ready: " not in proc.stdout.replace("[a] ready: ", "")
     assert_nothing_left(f)
@@ -354,8 +389,11 @@ def test_the_router_on_this_machine(hosts: DoctorCluster, tmp_path: Path) -> Non
     """router.host = "local": the router runs here (its own session), on loopback ports."""
     f = Fleet(hosts, tmp_path)
     port, metrics = free_port(), free_port()
-    f.path.write_text(fleet_text(hosts, tmp_path, host="local", bind="127.0.0.1", port=port).replace(
-        "[router.health]", f"[router.metrics]\nport = {metrics}\n\n[router.health]"))
+    f.path.write_text(
+        fleet_text(hosts, tmp_path, host="local", bind="127.0.0.1", port=port).replace(
+            "[router.health]", f"[router.metrics]\nport = {metrics}\n\n[router.health]"
+        )
+    )
     f.fleet = fleet.load(f.path)
     assert f.fleet.url == f"http://127.0.0.1:{port}" and fleet.router_remote(f.fleet) is None
     proc = tp4("fleet", "serve", "-f", str(f.path))
@@ -368,7 +406,9 @@ def test_the_router_on_this_machine(hosts: DoctorCluster, tmp_path: Path) -> Non
         with urllib.request.urlopen(f"http://127.0.0.1:{metrics}/metrics", timeout=10) as resp:
             assert b"smg_worker_health" in resp.read()
         stop = tp4("fleet", "stop", "-f", str(f.path))
-        assert stop.returncode == 0 and "stopped: the router on this machine and 2 lines (a, b)" in stop.stdout, stop.stderr
+        assert stop.returncode == 0 and "stopped: the router on this machine and 2 lines (a, b)" in stop.stdout, (
+            stop.stderr
+        )
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
         assert_nothing_left(f)
@@ -382,7 +422,9 @@ def test_a_router_that_does_not_start_stops_every_line(hosts: DoctorCluster, tmp
     f.path.write_text(fleet_text(hosts, tmp_path, python=str(tmp_path / "no-such-python")))
     proc = tp4("fleet", "serve", "-f", str(f.path))
     assert proc.returncode == 1, proc.stdout + proc.stderr
-    assert f"error: the router on {hosts.hosts[0].address} exited before it was ready; its log:" in proc.stderr, proc.stderr
+    assert f"error: the router on {hosts.hosts[0].address} exited before it was ready; its log:" in proc.stderr, (
+        proc.stderr
+    )
     assert "no-such-python" in proc.stderr.split("exited before it was ready")[1]
     assert "stopping the 2 lines this serve started" in proc.stderr
     assert_nothing_left(f)
@@ -391,8 +433,13 @@ def test_a_router_that_does_not_start_stops_every_line(hosts: DoctorCluster, tmp
 def test_ctrl_c_mid_boot_stops_every_line(hosts: DoctorCluster, tmp_path: Path) -> None:
     f = Fleet(hosts, tmp_path, b_extra='TP4_STANDIN_PACE = "3"\n')
     argv = [sys.executable, "-m", "tp4", "fleet", "serve", "-f", str(f.path), "--sysfs", SYSFS]
-    child = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                             env={**os.environ, "PYTHONPATH": str(REPO / "python")})
+    child = subprocess.Popen(
+        argv,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(REPO / "python")},
+    )
     assert child.stderr is not None
     seen = []
     for text in child.stderr:  # line b is in its weight load (3 s a phase)
@@ -412,7 +459,7 @@ def test_ctrl_c_mid_boot_stops_every_line(hosts: DoctorCluster, tmp_path: Path) 
 # --- the fleet file -------------------------------------------------------------------------------
 
 
-BASE = '''preset = "production"
+BASE = """preset = "production"
 [cluster.head]
 name = "s1"
 ip = "10.0.0.1"
@@ -423,14 +470,14 @@ ip = "10.0.0.2"
 tp = 2
 [nfs]
 share = false
-'''
-LINE_B = '''[lines.set.cluster.head]
+"""
+LINE_B = """[lines.set.cluster.head]
 name = "s3"
 ip = "10.0.0.3"
 [[lines.set.cluster.workers]]
 name = "s4"
 ip = "10.0.0.4"
-'''
+"""
 
 
 def write_fleet(tmp_path: Path, text: str, base: str = BASE) -> Path:
@@ -441,8 +488,12 @@ def write_fleet(tmp_path: Path, text: str, base: str = BASE) -> Path:
 
 
 def fleet_of(tmp_path: Path, router: str = "", b: str = LINE_B, top: str = "", base: str = BASE) -> Path:
-    return write_fleet(tmp_path, f'base = "base.toml"\n{top}\n[[lines]]\nname = "a"\n\n[[lines]]\nname = "b"\n{b}\n'
-                       + (f"[router]\n{router}\n" if router else ""), base)
+    return write_fleet(
+        tmp_path,
+        f'base = "base.toml"\n{top}\n[[lines]]\nname = "a"\n\n[[lines]]\nname = "b"\n{b}\n'
+        + (f"[router]\n{router}\n" if router else ""),
+        base,
+    )
 
 
 def problems(path: Path) -> list[str]:
@@ -456,25 +507,59 @@ def test_a_valid_fleet_of_two_two_node_lines_loads_with_the_default_router(tmp_p
     assert [line.name for line in f.lines] == ["a", "b"] and [len(line.plan.nodes) for line in f.lines] == [2, 2]
     r = f.router
     assert (r.kind, r.policy, r.port, r.metrics.port, r.host) == ("sglang-router", "round_robin", 30000, 29000, "local")
-    assert (r.health.endpoint, r.health.timeout) == ("/health_generate", 30) and r.health.timeout > fleet.SGLANG_HEALTH_TIMEOUT
+    assert (r.health.endpoint, r.health.timeout) == (
+        "/health_generate",
+        30,
+    ) and r.health.timeout > fleet.SGLANG_HEALTH_TIMEOUT
     argv = fleet.router_argv(f, [line.api for line in f.lines])
     assert argv[4] == "sglang_router.launch_router" and argv[3] == ""
     assert argv[argv.index("--prometheus-host") + 1] == "127.0.0.1"
     assert fleet.load(REPO / "examples" / "fleet" / "fleet.toml").url == "http://10.0.0.1:30000"
 
 
-@pytest.mark.parametrize("router, b, field", [
-    ("", '[lines.set.cluster.head]\nname = "s3"\nip = "10.0.0.3"\n[[lines.set.cluster.workers]]\nname = "s2"\nip = "10.0.0.9"\n', "node name 's2' is also in line a"),
-    ("", '[lines.set.cluster.head]\nname = "s3"\nip = "10.0.0.1"\n[[lines.set.cluster.workers]]\nname = "s4"\nip = "10.0.0.4"\n', "fabric IP '10.0.0.1' is also in line a"),
-    ('host = "10.0.0.1"\nport = 8888\n', LINE_B, "router.port: 8888 is line a's API port on 10.0.0.1"),
-    ('host = "10.0.0.3"\n[router.metrics]\nport = 20000\n', LINE_B, "router.metrics.port: 20000 is line b's dist init port on 10.0.0.3"),
-    ('port = 29000\n', LINE_B, "router.metrics.port: equals router.port (29000)"),
-    ('[router.health]\ntimeout = 20\n', LINE_B, "router.health.timeout: 20 s is not above the lines' own generating probe (20 s"),
-    ("", LINE_B + '[lines.set.image]\ntag = "other:tag"\n', "lines: the lines differ in their image (a: dsv41-4x-spark:canary-roce, b: other:tag)"),
-    ("", LINE_B + '[lines.set.model]\nserved_name = "other"\n', "lines: the lines differ in their served model name"),
-    ("", LINE_B + '[lines.set.api]\nkey_file = "/etc/tp4/key"\n', "lines: the lines have different api.key_file"),
-    ("", LINE_B + '[lines.set.engine]\ntp = 3\n', "lines[1] (b): cluster.workers: 2 nodes (head + 1 worker) for engine.tp = 3"),
-])
+@pytest.mark.parametrize(
+    "router, b, field",
+    [
+        (
+            "",
+            '[lines.set.cluster.head]\nname = "s3"\nip = "10.0.0.3"\n[[lines.set.cluster.workers]]\nname = "s2"\nip = "10.0.0.9"\n',
+            "node name 's2' is also in line a",
+        ),
+        (
+            "",
+            '[lines.set.cluster.head]\nname = "s3"\nip = "10.0.0.1"\n[[lines.set.cluster.workers]]\nname = "s4"\nip = "10.0.0.4"\n',
+            "fabric IP '10.0.0.1' is also in line a",
+        ),
+        ('host = "10.0.0.1"\nport = 8888\n', LINE_B, "router.port: 8888 is line a's API port on 10.0.0.1"),
+        (
+            'host = "10.0.0.3"\n[router.metrics]\nport = 20000\n',
+            LINE_B,
+            "router.metrics.port: 20000 is line b's dist init port on 10.0.0.3",
+        ),
+        ("port = 29000\n", LINE_B, "router.metrics.port: equals router.port (29000)"),
+        (
+            "[router.health]\ntimeout = 20\n",
+            LINE_B,
+            "router.health.timeout: 20 s is not above the lines' own generating probe (20 s",
+        ),
+        (
+            "",
+            LINE_B + '[lines.set.image]\ntag = "other:tag"\n',
+            "lines: the lines differ in their image (a: dsv41-4x-spark:canary-roce, b: other:tag)",
+        ),
+        (
+            "",
+            LINE_B + '[lines.set.model]\nserved_name = "other"\n',
+            "lines: the lines differ in their served model name",
+        ),
+        ("", LINE_B + '[lines.set.api]\nkey_file = "/etc/tp4/key"\n', "lines: the lines have different api.key_file"),
+        (
+            "",
+            LINE_B + "[lines.set.engine]\ntp = 3\n",
+            "lines[1] (b): cluster.workers: 2 nodes (head + 1 worker) for engine.tp = 3",
+        ),
+    ],
+)
 def test_the_rules_between_lines_name_the_field_and_the_fix(tmp_path: Path, router: str, b: str, field: str) -> None:
     found = problems(fleet_of(tmp_path, router, b))
     assert any(field in p and "; fix: " in p for p in found), found
@@ -483,22 +568,35 @@ def test_the_rules_between_lines_name_the_field_and_the_fix(tmp_path: Path, rout
 def test_a_line_may_raise_its_own_probe_and_the_router_must_outwait_it(tmp_path: Path) -> None:
     slow = BASE + '[env]\nSGLANG_HEALTH_CHECK_TIMEOUT = "40"\n'
     found = problems(fleet_of(tmp_path, base=slow))
-    assert any(p.startswith("router.health.timeout: 30 s is not above the lines' own generating probe (40 s") for p in found), found
-    assert fleet.load(fleet_of(tmp_path, '[router.health]\ntimeout = 45\n', base=slow)).router.health.timeout == 45
+    assert any(
+        p.startswith("router.health.timeout: 30 s is not above the lines' own generating probe (40 s") for p in found
+    ), found
+    assert fleet.load(fleet_of(tmp_path, "[router.health]\ntimeout = 45\n", base=slow)).router.health.timeout == 45
 
 
 def test_allowances_and_warnings(tmp_path: Path) -> None:
     mixed = LINE_B + '[lines.set.image]\ntag = "other:tag"\n'
-    f = fleet.load(fleet_of(tmp_path, 'policy = "cache_aware"\n[router.health]\nendpoint = "/health"\n', mixed,
-                            top="[allow]\nmixed_images = true\n"))
-    assert any(w.startswith("router.policy: cache_aware may send all shared-prefix traffic to one line") for w in f.warnings), f.warnings
+    f = fleet.load(
+        fleet_of(
+            tmp_path,
+            'policy = "cache_aware"\n[router.health]\nendpoint = "/health"\n',
+            mixed,
+            top="[allow]\nmixed_images = true\n",
+        )
+    )
+    assert any(
+        w.startswith("router.policy: cache_aware may send all shared-prefix traffic to one line") for w in f.warnings
+    ), f.warnings
     assert any(w.startswith("router.health.endpoint: /health generates only while") for w in f.warnings)
     strict = tp4("fleet", "plan", "-f", str(tmp_path / "fleet.toml"), "--strict")
     assert strict.returncode == 2 and "warning(s), errors under --strict" in strict.stderr
 
 
 HOSTILE_ROUTER = [
-    ('host = "-oProxyCommand=touch /tmp/x"', "router.host: '-oProxyCommand=touch /tmp/x' is not a host name or IP address"),
+    (
+        'host = "-oProxyCommand=touch /tmp/x"',
+        "router.host: '-oProxyCommand=touch /tmp/x' is not a host name or IP address",
+    ),
     ('host = "a\\nb"', "router.host: 'a\\nb' is not a host name"),
     ('host = "a\\u0000b"', "router.host: 'a\\x00b' is not a host name"),
     ('user = "-l root"', "router.user: '-l root' is not a valid user name"),
@@ -515,8 +613,8 @@ HOSTILE_ROUTER = [
     ("[router.health]\ntimeout = false", "router.health.timeout: must be a whole number, got false"),
     ("[router.health]\ninterval = 1e300", "router.health.interval: must be a whole number"),
     ('[router.health]\nendpoint = "/health; rm -rf /"', "router.health.endpoint:"),
-    ("api_key = \"sk-123\"", "router.api_key: unknown field; fix: never put a key in a profile"),
-    ("polcy = \"round_robin\"", "router.polcy: unknown field; fix: did you mean 'policy'?"),
+    ('api_key = "sk-123"', "router.api_key: unknown field; fix: never put a key in a profile"),
+    ('polcy = "round_robin"', "router.polcy: unknown field; fix: did you mean 'policy'?"),
 ]
 
 
@@ -526,17 +624,25 @@ def test_hostile_router_values_are_refused_with_the_field(tmp_path: Path, router
     assert any(p.startswith(expected) for p in found), found
 
 
-@pytest.mark.parametrize("lines, expected", [
-    ('[[lines]]\nname = "-a"\n', "lines[0].name: '-a' is not a line name"),
-    ('[[lines]]\nname = "a\\nb"\n', "lines[0].name:"),
-    ('[[lines]]\nname = "a"\n[[lines]]\nname = "a"\n', "lines[1].name: 'a' is also the name of lines[0]"),
-    ('[[lines]]\nname = "a"\nprofile = "nope.toml"\n', "lines[0] (a): profile"),
-    ('[[lines]]\nname = "a"\nprofile = "a\\u0000b"\n', "lines[0].profile:"),
-    ("lines = []\n", "lines: has 0 items, fewer than 1"),
-    ('[[lines]]\nname = "a"\n[lines.set.cluster]\nport = true\n', "lines[0] (a): cluster.port: must be a whole number, got true"),
-    ('[[lines]]\nname = "a"\n[lines.set.cluster.head]\nname = "s1"\nip = "10.0.0.1"\nssh = "-oProxyCommand=x"\n',
-     "lines[0] (a): cluster.head.ssh: '-oProxyCommand=x' is not a host name"),
-])
+@pytest.mark.parametrize(
+    "lines, expected",
+    [
+        ('[[lines]]\nname = "-a"\n', "lines[0].name: '-a' is not a line name"),
+        ('[[lines]]\nname = "a\\nb"\n', "lines[0].name:"),
+        ('[[lines]]\nname = "a"\n[[lines]]\nname = "a"\n', "lines[1].name: 'a' is also the name of lines[0]"),
+        ('[[lines]]\nname = "a"\nprofile = "nope.toml"\n', "lines[0] (a): profile"),
+        ('[[lines]]\nname = "a"\nprofile = "a\\u0000b"\n', "lines[0].profile:"),
+        ("lines = []\n", "lines: has 0 items, fewer than 1"),
+        (
+            '[[lines]]\nname = "a"\n[lines.set.cluster]\nport = true\n',
+            "lines[0] (a): cluster.port: must be a whole number, got true",
+        ),
+        (
+            '[[lines]]\nname = "a"\n[lines.set.cluster.head]\nname = "s1"\nip = "10.0.0.1"\nssh = "-oProxyCommand=x"\n',
+            "lines[0] (a): cluster.head.ssh: '-oProxyCommand=x' is not a host name",
+        ),
+    ],
+)
 def test_hostile_lines_are_refused_with_the_field(tmp_path: Path, lines: str, expected: str) -> None:
     found = problems(write_fleet(tmp_path, f'base = "base.toml"\n{lines}'))
     assert any(p.startswith(expected) for p in found), found
@@ -547,7 +653,10 @@ def test_the_cli_refuses_a_bad_fleet_with_exit_2_and_no_traceback(tmp_path: Path
     for cmd in ("plan", "status", "stop"):
         proc = tp4("fleet", cmd, "-f", str(path))
         assert proc.returncode == 2, proc.stderr
-        assert "router.host: '-oProxyCommand=x' is not a host name" in proc.stderr and "router.port: must be a whole number" in proc.stderr
+        assert (
+            "router.host: '-oProxyCommand=x' is not a host name" in proc.stderr
+            and "router.port: must be a whole number" in proc.stderr
+        )
         assert "Traceback" not in proc.stderr and "internal error" not in proc.stderr
     (tmp_path / "broken.toml").write_text("[[lines]\n")
     proc = tp4("fleet", "plan", "-f", str(tmp_path / "broken.toml"))
@@ -581,14 +690,33 @@ def test_the_router_as_the_nixos_unit_is_started_and_stopped_with_systemctl(tmp_
     key = tmp_path / "key"
     key.write_text("sk-unit-secret-9\n")
     key.chmod(0o600)
-    path = fleet_of(tmp_path, router='service = "unit"\nhost = "10.0.0.1"\nuser = "ops"\npython = "/opt/r/bin/python"',
-                    base=BASE + f'[api]\nkey_file = "{key}"\n')
+    path = fleet_of(
+        tmp_path,
+        router='service = "unit"\nhost = "10.0.0.1"\nuser = "ops"\npython = "/opt/r/bin/python"',
+        base=BASE + f'[api]\nkey_file = "{key}"\n',
+    )
     f = fleet.load(path)
     assert f.router.service == "unit"
-    assert fleet.privileged(f, fleet.unit_start_argv()) == ["sudo", "-n", "systemctl", "start", "--", "tp4-router.service"]
+    assert fleet.privileged(f, fleet.unit_start_argv()) == [
+        "sudo",
+        "-n",
+        "systemctl",
+        "start",
+        "--",
+        "tp4-router.service",
+    ]
     assert fleet.unit_stop_argv() == ["systemctl", "stop", "--", "tp4-router.service"]
     assert fleet.unit_pid_argv() == ["systemctl", "show", "--property=MainPID", "--value", "--", "tp4-router.service"]
-    assert fleet.unit_log_argv(20) == ["journalctl", "--unit", "tp4-router.service", "--lines", "20", "--no-pager", "--output", "cat"]
+    assert fleet.unit_log_argv(20) == [
+        "journalctl",
+        "--unit",
+        "tp4-router.service",
+        "--lines",
+        "20",
+        "--no-pager",
+        "--output",
+        "cat",
+    ]
     (tmp_path / "root").mkdir()
     root = fleet.load(fleet_of(tmp_path / "root", router='service = "unit"'))
     assert fleet.privileged(root, fleet.unit_stop_argv()) == fleet.unit_stop_argv()
@@ -597,7 +725,11 @@ def test_the_router_as_the_nixos_unit_is_started_and_stopped_with_systemctl(tmp_
     assert isinstance(router, dict)
     assert router["service"] == "unit" and router["python"] == "/opt/r/bin/python"
     command = router["command"]
-    assert command == fleet.router_argv(f, [line.api for line in f.lines]) and command[:3] == ["/opt/r/bin/python", "-c", fleet.LAUNCHER]
+    assert command == fleet.router_argv(f, [line.api for line in f.lines]) and command[:3] == [
+        "/opt/r/bin/python",
+        "-c",
+        fleet.LAUNCHER,
+    ]
     assert command[3] == f"{f.router.state_dir}/{fleet.KEY_FILE}" and "sk-unit-secret" not in json.dumps(data)
     with pytest.raises(InvalidInput):
         fleet.load(fleet_of(tmp_path, router='service = "container"'))
@@ -606,29 +738,45 @@ def test_the_router_as_the_nixos_unit_is_started_and_stopped_with_systemctl(tmp_
 # --- the router's argv: a property ----------------------------------------------------------------
 
 WORDS = st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=30)
-ROUTER_VALUES = st.fixed_dictionaries({}, optional={
-    "kind": st.sampled_from(["sglang-router", "smg"]) | WORDS,
-    "host": st.sampled_from(["local", "10.0.0.9", "spark9", "::1"]) | WORDS,
-    "bind": st.sampled_from(["0.0.0.0", "::", "10.0.0.9"]) | WORDS,
-    "port": st.integers(-5, 70000) | st.booleans() | WORDS,
-    "policy": st.sampled_from(["round_robin", "cache_aware", "power_of_two", "random"]) | WORDS,
-    "python": st.sampled_from(["/opt/v/bin/python", "/usr/bin/python3"]) | WORDS,
-    "state_dir": st.sampled_from(["/var/tmp/r", "/srv/tp4 router"]) | WORDS,
-    "stop_grace": st.integers(-1, 4000),
-    "health": st.fixed_dictionaries({}, optional={
-        "endpoint": st.sampled_from(["/health_generate", "/health"]) | WORDS,
-        "timeout": st.integers(0, 4000), "interval": st.integers(0, 4000),
-        "failure_threshold": st.integers(0, 1001), "success_threshold": st.integers(0, 1001)}),
-    "metrics": st.fixed_dictionaries({}, optional={"port": st.integers(0, 70000) | st.booleans()}),
-})
-API_HOSTS = st.sampled_from(["10.0.0.1", "spark1", "fe80::1"]) | st.text(st.sampled_from("ab-.:1$ ;\n"), min_size=1, max_size=12)
+ROUTER_VALUES = st.fixed_dictionaries(
+    {},
+    optional={
+        "kind": st.sampled_from(["sglang-router", "smg"]) | WORDS,
+        "host": st.sampled_from(["local", "10.0.0.9", "spark9", "::1"]) | WORDS,
+        "bind": st.sampled_from(["0.0.0.0", "::", "10.0.0.9"]) | WORDS,
+        "port": st.integers(-5, 70000) | st.booleans() | WORDS,
+        "policy": st.sampled_from(["round_robin", "cache_aware", "power_of_two", "random"]) | WORDS,
+        "python": st.sampled_from(["/opt/v/bin/python", "/usr/bin/python3"]) | WORDS,
+        "state_dir": st.sampled_from(["/var/tmp/r", "/srv/tp4 router"]) | WORDS,
+        "stop_grace": st.integers(-1, 4000),
+        "health": st.fixed_dictionaries(
+            {},
+            optional={
+                "endpoint": st.sampled_from(["/health_generate", "/health"]) | WORDS,
+                "timeout": st.integers(0, 4000),
+                "interval": st.integers(0, 4000),
+                "failure_threshold": st.integers(0, 1001),
+                "success_threshold": st.integers(0, 1001),
+            },
+        ),
+        "metrics": st.fixed_dictionaries({}, optional={"port": st.integers(0, 70000) | st.booleans()}),
+    },
+)
+API_HOSTS = st.sampled_from(["10.0.0.1", "spark1", "fe80::1"]) | st.text(
+    st.sampled_from("ab-.:1$ ;\n"), min_size=1, max_size=12
+)
 
 
 @settings(max_examples=200, deadline=None)
-@given(values=ROUTER_VALUES, hosts=st.lists(API_HOSTS, min_size=1, max_size=4), port=st.integers(1, 65535),
-       key=st.booleans())
-def test_no_fleet_value_changes_the_router_argv_except_in_its_own_field(values: dict[str, object], hosts: list[str],
-                                                                       port: int, key: bool) -> None:
+@given(
+    values=ROUTER_VALUES,
+    hosts=st.lists(API_HOSTS, min_size=1, max_size=4),
+    port=st.integers(1, 65535),
+    key=st.booleans(),
+)
+def test_no_fleet_value_changes_the_router_argv_except_in_its_own_field(
+    values: dict[str, object], hosts: list[str], port: int, key: bool
+) -> None:
     from pydantic import ValidationError
 
     from tp4.line.profile.models import _check_host
@@ -646,14 +794,39 @@ def test_no_fleet_value_changes_the_router_argv_except_in_its_own_field(values: 
     f = fleet.Fleet("fleet.toml", file, (), (), "/etc/tp4/key" if key else None)
     r, h = f.router, f.router.health
     argv = fleet.router_argv(f, urls)
-    expected = [r.python or sys.executable, "-c", fleet.LAUNCHER, f"{r.state_dir}/api-key" if key else "",
-                fleet.ROUTERS[r.kind].module,
-                "--host", r.bind, "--port", str(r.port), "--worker-urls", *urls, "--policy", r.policy,
-                "--health-check-endpoint", h.endpoint, "--health-check-timeout-secs", str(h.timeout),
-                "--health-check-interval-secs", str(h.interval), "--health-failure-threshold", str(h.failure_threshold),
-                "--health-success-threshold", str(h.success_threshold), "--prometheus-host", "127.0.0.1",
-                "--prometheus-port", str(r.metrics.port), "--shutdown-grace-period-secs", str(r.stop_grace),
-                "--log-level", "info"]
+    expected = [
+        r.python or sys.executable,
+        "-c",
+        fleet.LAUNCHER,
+        f"{r.state_dir}/api-key" if key else "",
+        fleet.ROUTERS[r.kind].module,
+        "--host",
+        r.bind,
+        "--port",
+        str(r.port),
+        "--worker-urls",
+        *urls,
+        "--policy",
+        r.policy,
+        "--health-check-endpoint",
+        h.endpoint,
+        "--health-check-timeout-secs",
+        str(h.timeout),
+        "--health-check-interval-secs",
+        str(h.interval),
+        "--health-failure-threshold",
+        str(h.failure_threshold),
+        "--health-success-threshold",
+        str(h.success_threshold),
+        "--prometheus-host",
+        "127.0.0.1",
+        "--prometheus-port",
+        str(r.metrics.port),
+        "--shutdown-grace-period-secs",
+        str(r.stop_grace),
+        "--log-level",
+        "info",
+    ]
     assert argv == expected
     # every value is one word that is no option of the router: only tp4's flags start with '-'
     flags = [a for a in argv[5:] if a.startswith("-")]

@@ -25,11 +25,22 @@ pytestmark = pytest.mark.unit
 
 REPO = Path(__file__).resolve().parent.parent
 ENV_FILE = REPO / "tests" / "fixtures" / "env.tp4.production"
-CLUSTER = {"head": {"name": "spark1", "ip": "10.0.0.1"},
-           "workers": [{"name": f"spark{i}", "ip": f"10.0.0.{i}"} for i in (2, 3, 4)]}
+CLUSTER = {
+    "head": {"name": "spark1", "ip": "10.0.0.1"},
+    "workers": [{"name": f"spark{i}", "ip": f"10.0.0.{i}"} for i in (2, 3, 4)],
+}
 # What a user must never see: a traceback, pydantic's own words or its location markers.
-INTERNAL = ("Traceback", "internal error", "[key]", "function-", "Value error", "String should match",
-            "Input should be", "pydantic", "errors.pydantic.dev")
+INTERNAL = (
+    "Traceback",
+    "internal error",
+    "[key]",
+    "function-",
+    "Value error",
+    "String should match",
+    "Input should be",
+    "pydantic",
+    "errors.pydantic.dev",
+)
 
 
 def doc(**sections) -> dict:
@@ -118,15 +129,31 @@ def test_hostile_users_are_refused(path, value):
     refused(_set(doc(), path, value), _field(path), "user name")
 
 
-@pytest.mark.parametrize("value", ["~/.ssh/a\nb", "~/.ssh/'k'", '~/.ssh/"k"', "~/.ssh/$(id)", "~/.ssh/a\x00b",
-                                   "~/.ssh/\x1b[31m", "~/.ssh/`id`", "", "-i/etc/shadow"])
+@pytest.mark.parametrize(
+    "value",
+    [
+        "~/.ssh/a\nb",
+        "~/.ssh/'k'",
+        '~/.ssh/"k"',
+        "~/.ssh/$(id)",
+        "~/.ssh/a\x00b",
+        "~/.ssh/\x1b[31m",
+        "~/.ssh/`id`",
+        "",
+        "-i/etc/shadow",
+    ],
+)
 @pytest.mark.parametrize("path", ["cluster.identity", "cluster.head.identity", "cluster.workers.2.identity"])
 def test_hostile_identities_are_refused(path, value):
     refused(_set(doc(), path, value), _field(path))
 
 
-@given(path=st.sampled_from(["cluster.user", "cluster.identity", "cluster.head.user", "cluster.head.identity"]),
-       head=st.text(max_size=8), bad=st.sampled_from(list("\n\r\x00\x1b'\"$`\x7f\u2028")), tail=st.text(max_size=8))
+@given(
+    path=st.sampled_from(["cluster.user", "cluster.identity", "cluster.head.user", "cluster.head.identity"]),
+    head=st.text(max_size=8),
+    bad=st.sampled_from(list("\n\r\x00\x1b'\"$`\x7f\u2028")),
+    tail=st.text(max_size=8),
+)
 @settings(max_examples=80, deadline=None)
 def test_no_user_or_identity_with_a_control_or_shell_character_passes(path, head, bad, tail):
     refused(_set(doc(), path, f"~/{head}{bad}{tail}"), _field(path))
@@ -138,17 +165,31 @@ def test_the_cluster_defaults_still_accept_ordinary_values():
 
 # --- 3. [env] and [gates]: names, and no secrets ------------------------------------------------
 
+
 @pytest.mark.parametrize("key", ["1ABC", "A=B", "", "BAD KEY", "A-B", "ÄB", "A\nB"])
 @pytest.mark.parametrize("table", ["env", "gates"])
 def test_a_bad_environment_name_is_refused_naming_it(table, key):
     found = problems(doc(**{table: {key: "1"}}))
     # the key as TOML writes it: quoted unless bare (env."A=B", env."")
-    assert found == [f"{table}.{toml_key(key)}: {key[:60]!r} is not an environment variable name; fix: use letters, "
-                     "digits and '_', not starting with a digit (e.g. MY_FLAG)"], found
+    assert found == [
+        f"{table}.{toml_key(key)}: {key[:60]!r} is not an environment variable name; fix: use letters, "
+        "digits and '_', not starting with a digit (e.g. MY_FLAG)"
+    ], found
 
 
-SECRET_NAMES = ["HF_TOKEN", "OPENAI_API_KEY", "MY_PASSWORD", "AWS_SECRET_ACCESS_KEY", "GITHUB_TOKEN", "DB_PASSWD",
-                "API_KEY_FILE_CONTENTS", "hf_token", "SLACK_APIKEY", "CLIENT_SECRET", "WORKER_PASS"]
+SECRET_NAMES = [
+    "HF_TOKEN",
+    "OPENAI_API_KEY",
+    "MY_PASSWORD",
+    "AWS_SECRET_ACCESS_KEY",
+    "GITHUB_TOKEN",
+    "DB_PASSWD",
+    "API_KEY_FILE_CONTENTS",
+    "hf_token",
+    "SLACK_APIKEY",
+    "CLIENT_SECRET",
+    "WORKER_PASS",
+]
 
 
 @pytest.mark.parametrize("key", SECRET_NAMES)
@@ -159,9 +200,11 @@ def test_a_secret_looking_name_never_reaches_a_profile(table, key):
     assert value not in message
 
 
-@given(prefix=st.from_regex(r"([A-Z][A-Z0-9]{0,5}_){0,2}", fullmatch=True),
-       word=st.sampled_from(["KEY", "TOKEN", "SECRET", "PASSWORD", "APIKEY", "PASSWD"]),
-       suffix=st.from_regex(r"(_[A-Z][A-Z0-9]{0,5}){0,2}", fullmatch=True))
+@given(
+    prefix=st.from_regex(r"([A-Z][A-Z0-9]{0,5}_){0,2}", fullmatch=True),
+    word=st.sampled_from(["KEY", "TOKEN", "SECRET", "PASSWORD", "APIKEY", "PASSWD"]),
+    suffix=st.from_regex(r"(_[A-Z][A-Z0-9]{0,5}){0,2}", fullmatch=True),
+)
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 def test_no_secret_looking_name_passes(prefix, word, suffix):
     key = f"{prefix}{word}{suffix}"
@@ -169,8 +212,17 @@ def test_no_secret_looking_name_passes(prefix, word, suffix):
     assert "s3cr3t-value" not in message
 
 
-@pytest.mark.parametrize("key", ["DSV41_MAX_NEW_TOKENS", "SGLANG_RUST_BUILD_MODE", "NCCL_IB_TC", "KEYBOARD_LAYOUT",
-                                 "SGLANG_BYPASS_CHECK", "DSV41_PREFILL_EMPTY_CACHE_TOKENS"])
+@pytest.mark.parametrize(
+    "key",
+    [
+        "DSV41_MAX_NEW_TOKENS",
+        "SGLANG_RUST_BUILD_MODE",
+        "NCCL_IB_TC",
+        "KEYBOARD_LAYOUT",
+        "SGLANG_BYPASS_CHECK",
+        "DSV41_PREFILL_EMPTY_CACHE_TOKENS",
+    ],
+)
 def test_names_that_only_resemble_a_secret_are_not_secrets(key):
     assert not models.looks_like_secret(key)
 
@@ -186,6 +238,7 @@ def test_plan_of_a_profile_with_a_secret_fails_without_printing_it(tmp_path, tp4
 
 
 # --- 4. numbers: whole TOML integers within what the hardware allows ----------------------------
+
 
 def _strip(ann):
     return get_args(ann)[0] if get_origin(ann) is Annotated else ann
@@ -210,54 +263,91 @@ INT_FIELDS = [path for path, _ in _int_fields(models.Profile)]
 
 
 def test_every_integer_field_is_found():
-    assert {"engine.tp", "engine.ep", "engram.cache_gib", "cluster.head.ssh_port", "fabric.nccl.ib_disable",
-            "fabric.nccl.cross_nic", "runtime.skip_smoke"} <= set(INT_FIELDS)
+    assert {
+        "engine.tp",
+        "engine.ep",
+        "engram.cache_gib",
+        "cluster.head.ssh_port",
+        "fabric.nccl.ib_disable",
+        "fabric.nccl.cross_nic",
+        "runtime.skip_smoke",
+    } <= set(INT_FIELDS)
     assert len(INT_FIELDS) >= 35
 
 
-@given(path=st.sampled_from(INT_FIELDS),
-       value=st.one_of(st.booleans(), st.integers(min_value=2**63), st.integers(max_value=-(2**63)),
-                       st.floats(allow_nan=True), st.text(alphabet="0123456789", min_size=1, max_size=4)))
+@given(
+    path=st.sampled_from(INT_FIELDS),
+    value=st.one_of(
+        st.booleans(),
+        st.integers(min_value=2**63),
+        st.integers(max_value=-(2**63)),
+        st.floats(allow_nan=True),
+        st.text(alphabet="0123456789", min_size=1, max_size=4),
+    ),
+)
 @settings(max_examples=200, deadline=None)
 def test_no_boolean_huge_fractional_or_quoted_number_passes(path, value):
     refused(at(doc(), path, value), path)
 
 
-@pytest.mark.parametrize("path,value,words", [
-    ("engine.ep", True, ("whole number", "true")),
-    ("engine.tp", True, ("whole number",)),
-    ("runtime.skip_smoke", False, ("whole number", "false")),
-    ("engine.tp", 5001, ("5001", "at most 8")),
-    ("engine.ep", 5001, ("at most 8",)),
-    ("engram.cache_gib", 99999999999, ("99999999999", "at most 128")),
-    ("engine.max_running_requests", 2**64 + 1, (str(2**64 + 1),)),
-    ("fabric.nccl.buffsize", 2**70, ("at most",)),
-    ("model.expected_shards", 4.0, ("whole number", "4.0")),
-    ("cluster.shm_size", "99999999999g", ("128",)),
-])
+@pytest.mark.parametrize(
+    "path,value,words",
+    [
+        ("engine.ep", True, ("whole number", "true")),
+        ("engine.tp", True, ("whole number",)),
+        ("runtime.skip_smoke", False, ("whole number", "false")),
+        ("engine.tp", 5001, ("5001", "at most 8")),
+        ("engine.ep", 5001, ("at most 8",)),
+        ("engram.cache_gib", 99999999999, ("99999999999", "at most 128")),
+        ("engine.max_running_requests", 2**64 + 1, (str(2**64 + 1),)),
+        ("fabric.nccl.buffsize", 2**70, ("at most",)),
+        ("model.expected_shards", 4.0, ("whole number", "4.0")),
+        ("cluster.shm_size", "99999999999g", ("128",)),
+    ],
+)
 def test_absurd_numbers_are_refused_naming_the_field(path, value, words):
     refused(at(doc(), path, value), path, *words)
 
 
 def test_more_nodes_than_the_line_supports_is_refused():
     workers = [{"name": f"w{i}", "ip": f"10.0.1.{i}"} for i in range(8)]
-    refused(doc(cluster={"head": CLUSTER["head"], "workers": workers}, engine={"tp": 8}), "cluster.workers", "8 items", "at most 7")
+    refused(
+        doc(cluster={"head": CLUSTER["head"], "workers": workers}, engine={"tp": 8}),
+        "cluster.workers",
+        "8 items",
+        "at most 7",
+    )
 
 
 # --- 5. files: read regular files only, bounded; write regular files or new paths only ----------
 
+
 def _tp4(*args: str, cwd: Path, timeout: float = 30) -> subprocess.CompletedProcess:
     """The real CLI in a child with a 1 GiB address-space cap, so a read of /dev/zero fails fast."""
+
     def cap() -> None:
         resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))
 
     env = {**os.environ, "PYTHONPATH": str(REPO / "python")}
-    return subprocess.run([sys.executable, "-m", "tp4", *args], cwd=cwd, env=env, capture_output=True, text=True,
-                          timeout=timeout, preexec_fn=cap, check=False)
+    return subprocess.run(
+        [sys.executable, "-m", "tp4", *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        preexec_fn=cap,
+        check=False,
+    )
 
 
-READERS = [["profile", "check"], ["plan", "--profile"], ["profile", "import", "-o", "out.toml"],
-           ["sources", "verify", "--manifest"], ["sources", "diff"]]
+READERS = [
+    ["profile", "check"],
+    ["plan", "--profile"],
+    ["profile", "import", "-o", "out.toml"],
+    ["sources", "verify", "--manifest"],
+    ["sources", "diff"],
+]
 KINDS = ["/dev/zero", "fifo", "directory", "big", "empty path"]
 # `--manifest ''` still means the default manifest (tp4.image.sources.manifest.chosen_path)
 FILE_CASES = [(c, k) for c in READERS for k in KINDS if not (k == "empty path" and c[-1] == "--manifest")]
@@ -269,8 +359,12 @@ def test_only_regular_files_of_bounded_size_are_read(tmp_path, command, kind):
     (tmp_path / "directory").mkdir()
     with open(tmp_path / "big", "wb") as f:
         f.truncate(64 << 20)
-    name = {"fifo": str(tmp_path / "fifo"), "directory": str(tmp_path / "directory"),
-            "big": str(tmp_path / "big"), "empty path": ""}.get(kind, kind)
+    name = {
+        "fifo": str(tmp_path / "fifo"),
+        "directory": str(tmp_path / "directory"),
+        "big": str(tmp_path / "big"),
+        "empty path": "",
+    }.get(kind, kind)
     args = [*command, name] if command[1] != "import" else ["profile", "import", name, "-o", "out.toml"]
     before = sorted(tmp_path.iterdir())
     proc = _tp4(*args, cwd=tmp_path)
@@ -292,12 +386,15 @@ def test_import_never_replaces_a_special_file(tmp_path, tp4_cli, kind):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
 
 
-@pytest.mark.parametrize("output,words", [
-    ("missing-dir/p.toml", ("does not exist",)),
-    ("/proc/tp4-test-profile.toml", ("cannot write",)),
-    ("", ("empty",)),
-    ("existing-dir", ("directory",)),
-])
+@pytest.mark.parametrize(
+    "output,words",
+    [
+        ("missing-dir/p.toml", ("does not exist",)),
+        ("/proc/tp4-test-profile.toml", ("cannot write",)),
+        ("", ("empty",)),
+        ("existing-dir", ("directory",)),
+    ],
+)
 def test_import_output_problems_are_user_errors(tmp_path, tp4_cli, monkeypatch, output, words):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "existing-dir").mkdir()
@@ -319,6 +416,7 @@ def test_import_over_a_regular_file_with_force_still_works(tmp_path, tp4_cli):
 
 
 # --- 6. messages say the value and the fix in words ---------------------------------------------
+
 
 def _form_fields(model: type[BaseModel], prefix: str = "") -> list[str]:
     out = []
@@ -346,6 +444,7 @@ def test_a_value_of_the_wrong_form_is_refused_with_the_value_and_the_fix(path, v
 
 # --- any value of any TOML type in any field: a plain answer, never an internal one -------------
 
+
 def _leaf_fields(model: type[BaseModel], prefix: str = "") -> list[str]:
     out = []
     for name, info in model.model_fields.items():
@@ -361,7 +460,8 @@ LEAF_FIELDS = _leaf_fields(models.Profile)
 TOML_VALUES = st.recursive(
     st.one_of(st.booleans(), st.integers(), st.floats(allow_nan=False), st.text(max_size=20)),
     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3),
-    max_leaves=6)
+    max_leaves=6,
+)
 
 
 @given(path=st.sampled_from(LEAF_FIELDS), value=TOML_VALUES)
@@ -386,12 +486,34 @@ def test_a_preset_is_a_name_never_a_path(name):
 
 # --- engine.drop_args: names a flag a lower layer sets, nothing else ----------------------------
 
-@pytest.mark.parametrize("item", ["\x00", "--sleep-on-idle\x00", "--sleep-on-idle\n", "\n", "-", "--", "---sleep-on-idle",
-                                  "-sleep-on-idle", " --sleep-on-idle", "--sleep-on-idle=1", "--SLEEP-ON-IDLE",
-                                  "flashinfer_cutlass", "--api-key", "$(reboot)", "--" + "x" * 200])
+
+@pytest.mark.parametrize(
+    "item",
+    [
+        "\x00",
+        "--sleep-on-idle\x00",
+        "--sleep-on-idle\n",
+        "\n",
+        "-",
+        "--",
+        "---sleep-on-idle",
+        "-sleep-on-idle",
+        " --sleep-on-idle",
+        "--sleep-on-idle=1",
+        "--SLEEP-ON-IDLE",
+        "flashinfer_cutlass",
+        "--api-key",
+        "$(reboot)",
+        "--" + "x" * 200,
+    ],
+)
 def test_a_drop_of_anything_but_an_inherited_flag_is_refused_naming_it(item):
-    problem = refused(doc(engine={"drop_args": [item]}), "engine.drop_args[0]", "is not a flag a lower layer sets",
-                      "; fix: name one of --enable-cache-report")
+    problem = refused(
+        doc(engine={"drop_args": [item]}),
+        "engine.drop_args[0]",
+        "is not a flag a lower layer sets",
+        "; fix: name one of --enable-cache-report",
+    )
     assert repr(item[:60]) in problem
     # shown escaped: no control character or line break of the item reaches the message
     assert not any(c in problem for c in "\x00\n\r")

@@ -30,17 +30,32 @@ from tp4.serving.serve import env_file_text
 pytestmark = pytest.mark.unit
 
 REPO = Path(__file__).resolve().parent.parent
-CLUSTER = {"head": {"name": "spark1", "ip": "10.0.0.1"},
-           "workers": [{"name": f"spark{i}", "ip": f"10.0.0.{i}"} for i in (2, 3, 4)]}
+CLUSTER = {
+    "head": {"name": "spark1", "ip": "10.0.0.1"},
+    "workers": [{"name": f"spark{i}", "ip": f"10.0.0.{i}"} for i in (2, 3, 4)],
+}
 # What a user must never see: a traceback, pydantic's own words, its location markers, the
 # importer's internal markers (\x00NAME\x00), a raw NUL.
-INTERNAL = ("Traceback", "internal error", "[key]", "function-", "Value error", "String should match",
-            "Input should be", "pydantic", "\x00")
+INTERNAL = (
+    "Traceback",
+    "internal error",
+    "[key]",
+    "function-",
+    "Value error",
+    "String should match",
+    "Input should be",
+    "pydantic",
+    "\x00",
+)
 FAST = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 # text with the characters hostile input is made of, beside ordinary ones
-HOSTILE = st.text(st.sampled_from(list("aZ09._-/~:@=$`'\"\\ ;|&()!*?#") + ["\n", "\r", "\t", "\x00", "\x1b", "\x7f",
-                                                                          "\u2028", "\x85", "é", "ß"]), max_size=24)
+HOSTILE = st.text(
+    st.sampled_from(
+        list("aZ09._-/~:@=$`'\"\\ ;|&()!*?#") + ["\n", "\r", "\t", "\x00", "\x1b", "\x7f", "\u2028", "\x85", "é", "ß"]
+    ),
+    max_size=24,
+)
 TEXT = st.one_of(HOSTILE, st.text(max_size=24))
 
 
@@ -168,11 +183,15 @@ def test_the_env_file_serve_writes_holds_each_pair_on_one_line_or_is_refused_nam
             assert exc.exit_code == 2
             if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key):
                 assert has_unsafe_chars(value)
-                assert str(exc) == (f"{rank.name}: the value of {key} holds a control character or a line break, which an "
-                                    "env file cannot carry; fix: remove it from the profile")
+                assert str(exc) == (
+                    f"{rank.name}: the value of {key} holds a control character or a line break, which an "
+                    "env file cannot carry; fix: remove it from the profile"
+                )
             else:
-                assert str(exc) == (f"{rank.name}: env key {key!r} is not a variable name, which an env file cannot carry; "
-                                    "fix: use letters, digits and _ (not first a digit)")
+                assert str(exc) == (
+                    f"{rank.name}: env key {key!r} is not a variable name, which an env file cannot carry; "
+                    "fix: use letters, digits and _ (not first a digit)"
+                )
             continue
         lines = text.split("\n")
         assert lines.pop() == "" and text.splitlines() == lines and all(ENV_LINE.fullmatch(line) for line in lines)
@@ -181,9 +200,16 @@ def test_the_env_file_serve_writes_holds_each_pair_on_one_line_or_is_refused_nam
         assert (key_text in text) == (rank.rank == 0)
 
 
-@given(path=st.sampled_from(HOST_FIELDS + USER_FIELDS + IDENTITY_FIELDS + ["engine.ep", "engine.tp", "api.key_file"]),
-       value=st.one_of(st.integers(min_value=-(2**70), max_value=2**70), st.booleans(), st.floats(allow_nan=False),
-                       st.lists(st.integers(), max_size=2), st.dictionaries(st.text(max_size=3), st.integers(), max_size=2)))
+@given(
+    path=st.sampled_from(HOST_FIELDS + USER_FIELDS + IDENTITY_FIELDS + ["engine.ep", "engine.tp", "api.key_file"]),
+    value=st.one_of(
+        st.integers(min_value=-(2**70), max_value=2**70),
+        st.booleans(),
+        st.floats(allow_nan=False),
+        st.lists(st.integers(), max_size=2),
+        st.dictionaries(st.text(max_size=3), st.integers(), max_size=2),
+    ),
+)
 @FAST
 def test_a_value_of_the_wrong_kind_is_reported_once_with_a_fix(path, value):
     profile, problems = outcome(_set(doc(), path, value))
@@ -193,6 +219,7 @@ def test_a_value_of_the_wrong_kind_is_reported_once_with_a_fix(path, value):
 
 
 # --- through TOML text and the CLI --------------------------------------------------------------
+
 
 def _tree(root: Path) -> list[tuple[str, int]]:
     return sorted((str(p.relative_to(root)), p.lstat().st_mode) for p in root.rglob("*"))
@@ -210,10 +237,15 @@ def test_load_text_of_a_written_profile_behaves_the_same(path, value):
 
 
 def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(cwd), "PYTHONPATH": str(REPO / "python"),
-           "LANG": "C.UTF-8"}
-    return subprocess.run([sys.executable, "-m", "tp4", *args], cwd=cwd, env=env, capture_output=True, text=True,
-                          timeout=60, check=False)
+    env = {
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        "HOME": str(cwd),
+        "PYTHONPATH": str(REPO / "python"),
+        "LANG": "C.UTF-8",
+    }
+    return subprocess.run(
+        [sys.executable, "-m", "tp4", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=60, check=False
+    )
 
 
 CLI_CASES = [
@@ -248,8 +280,20 @@ def test_profile_check_refuses_in_plain_words_and_writes_nothing(tmp_path, path,
 
 # --- file kinds --------------------------------------------------------------------------------
 
-KINDS = ["regular", "regular garbage", "empty", "directory", "fifo", "device", "missing", "unreadable",
-         "dangling link", "link loop", "under a file", "not utf-8"]
+KINDS = [
+    "regular",
+    "regular garbage",
+    "empty",
+    "directory",
+    "fifo",
+    "device",
+    "missing",
+    "unreadable",
+    "dangling link",
+    "link loop",
+    "under a file",
+    "not utf-8",
+]
 
 
 def _make(root: Path, kind: str) -> Path:

@@ -73,12 +73,20 @@ def test_trust_shows_the_fingerprints_records_the_keys_and_a_second_trust_says_a
 
 
 def test_trust_without_yes_off_a_terminal_refuses_and_writes_nothing(hosts, empty):
-    proc = subprocess.run([sys.executable, "-m", "tp4", "hosts", "trust", "--host", hosts[0].address],
-                          stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60,
-                          env={**os.environ, "PYTHONPATH": str(PYTHON)})
+    proc = subprocess.run(
+        [sys.executable, "-m", "tp4", "hosts", "trust", "--host", hosts[0].address],
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "PYTHONPATH": str(PYTHON)},
+    )
     assert proc.returncode == 2, proc.stderr
     assert fingerprint_by_ssh_keygen(hosts[0].dir / "host_key.pub") in proc.stdout  # shown all the same
-    assert "stdin is not a terminal to confirm on; fix: check the fingerprints against the nodes and rerun with --yes" in proc.stderr
+    assert (
+        "stdin is not a terminal to confirm on; fix: check the fingerprints against the nodes and rerun with --yes"
+        in proc.stderr
+    )
     assert "Traceback" not in proc.stderr
     assert not empty.exists()
 
@@ -87,12 +95,29 @@ def test_trust_every_node_of_a_profile_a_worker_on_its_own_ssh_port(hosts, empty
     """The head and the workers of the profile's plan; a node on port 2222 is recorded as
     [host]:2222, as OpenSSH looks it up, and tp4's ssh then reaches it there."""
     head, worker = hosts[0], hosts[1]
-    extra = process.start(["ip", "netns", "exec", worker.namespace, SSHD, "-D", "-e", "-o", "Port=2222",
-                           "-f", str(worker.dir / "sshd_config")], stdout=process.DEVNULL, stderr=process.DEVNULL)
+    extra = process.start(
+        [
+            "ip",
+            "netns",
+            "exec",
+            worker.namespace,
+            SSHD,
+            "-D",
+            "-e",
+            "-o",
+            "Port=2222",
+            "-f",
+            str(worker.dir / "sshd_config"),
+        ],
+        stdout=process.DEVNULL,
+        stderr=process.DEVNULL,
+    )
     profile = tmp_path / "profile.toml"
-    profile.write_text(f'[cluster]\nuser = "root"\nidentity = "{hosts.key}"\n'
-                       f'head = {{ name = "head", ip = "{head.address}" }}\n'
-                       f'workers = [{{ name = "w1", ip = "{worker.address}", ssh_port = 2222 }}]\n[engine]\ntp = 2\n')
+    profile.write_text(
+        f'[cluster]\nuser = "root"\nidentity = "{hosts.key}"\n'
+        f'head = {{ name = "head", ip = "{head.address}" }}\n'
+        f'workers = [{{ name = "w1", ip = "{worker.address}", ssh_port = 2222 }}]\n[engine]\ntp = 2\n'
+    )
     try:
         code, out, err = 0, "", ""
         for _ in range(50):  # until the extra sshd listens
@@ -102,8 +127,9 @@ def test_trust_every_node_of_a_profile_a_worker_on_its_own_ssh_port(hosts, empty
         assert code == 0, err
         name = f"[{worker.address}]:2222"
         assert f"{head.address}: new\n" in out and f"{name}: new\n" in out
-        assert sorted(empty.read_text().splitlines()) == sorted([f"{head.address} {' '.join(hosts.host_key(head))}",
-                                                                 f"{name} {' '.join(hosts.host_key(worker))}"])
+        assert sorted(empty.read_text().splitlines()) == sorted(
+            [f"{head.address} {' '.join(hosts.host_key(head))}", f"{name} {' '.join(hosts.host_key(worker))}"]
+        )
         on_2222 = Remote(host=worker.address, user="root", identity=str(hosts.key), port=2222)
         assert process.run(["echo", "ok"], remote=on_2222).stdout == "ok\n"
         with pytest.raises(HostKeyError, match=re.escape(f"{worker.address} is not a host tp4 trusts yet")):
@@ -112,14 +138,25 @@ def test_trust_every_node_of_a_profile_a_worker_on_its_own_ssh_port(hosts, empty
         assert code == 2 and "--profile and --host contradict each other" in err
     finally:
         process.stop(extra)
-        subprocess.run([*Remote(host=worker.address, user="root", port=2222).ssh_argv()[:-2], "-O", "exit", "--",
-                        f"root@{worker.address}"], capture_output=True, check=False)
+        subprocess.run(
+            [
+                *Remote(host=worker.address, user="root", port=2222).ssh_argv()[:-2],
+                "-O",
+                "exit",
+                "--",
+                f"root@{worker.address}",
+            ],
+            capture_output=True,
+            check=False,
+        )
 
 
 def untrusted_message(host) -> str:
-    return (f"error: {host.address} is not a host tp4 trusts yet: its key is not in {knownhosts.path()}; fix: run "
-            f"`tp4 hosts trust --profile FILE` (every node of the line) or `tp4 hosts trust --host {host.address}`, "
-            "check the fingerprints it shows, and retry")
+    return (
+        f"error: {host.address} is not a host tp4 trusts yet: its key is not in {knownhosts.path()}; fix: run "
+        f"`tp4 hosts trust --profile FILE` (every node of the line) or `tp4 hosts trust --host {host.address}`, "
+        "check the fingerprints it shows, and retry"
+    )
 
 
 @pytest.fixture
@@ -163,7 +200,9 @@ def test_an_untrusted_host_stops_any_command_with_the_fix_and_exit_2(hosts, empt
         process.pipe([["echo", "x"], process.Step(["cat"], remote=host.remote)])
 
 
-def test_a_changed_host_key_is_refused_naming_the_host_and_replace_accepts_it(hosts, tmp_path, monkeypatch, head, tp4_cli):
+def test_a_changed_host_key_is_refused_naming_the_host_and_replace_accepts_it(
+    hosts, tmp_path, monkeypatch, head, tp4_cli
+):
     host = hosts[1]
     file = tmp_path / "known_hosts"
     shutil.copy(hosts.known_hosts, file)
@@ -190,9 +229,11 @@ def test_a_changed_host_key_is_refused_naming_the_host_and_replace_accepts_it(ho
         assert code == 2, (out, err)
         assert f"{hosts[0].address}: already trusted" in out
         assert f"{host.address}: CHANGED\n  recorded ED25519 {old_fp}\n  offered  ED25519 {new_fp}\n" in out
-        assert (f"error: the host key of {host.address} changed: recorded ED25519 {old_fp}; now offered ED25519 {new_fp}; "
-                f"nothing was written to {file}; if the change is expected (the host was reinstalled), run "
-                f"`tp4 hosts trust --replace --host {host.address}`") in err
+        assert (
+            f"error: the host key of {host.address} changed: recorded ED25519 {old_fp}; now offered ED25519 {new_fp}; "
+            f"nothing was written to {file}; if the change is expected (the host was reinstalled), run "
+            f"`tp4 hosts trust --replace --host {host.address}`"
+        ) in err
         assert file.read_bytes() == before
 
         code, out, err = tp4_cli("hosts", "trust", "--replace", "--host", host.address, "--yes")
@@ -200,8 +241,11 @@ def test_a_changed_host_key_is_refused_naming_the_host_and_replace_accepts_it(ho
         assert "recorded 1 host in" in out
         lines = file.read_text().splitlines()
         assert f"{host.address} {' '.join(hosts.host_key(host))}" in lines
-        assert not [line for line in lines if line.startswith(f"{host.address} ") and old_fp in
-                    knownhosts.fingerprint(line.split()[2])]
+        assert not [
+            line
+            for line in lines
+            if line.startswith(f"{host.address} ") and old_fp in knownhosts.fingerprint(line.split()[2])
+        ]
         assert len([line for line in lines if line.startswith(f"{host.address} ")]) == 1
         code, out, err = tp4_cli("images", *node_args(hosts, host))
         assert code == 0, err
@@ -246,9 +290,15 @@ def test_commands_to_one_host_share_one_connection_in_a_private_directory(hosts,
         assert len(sockets) == 1 and len(str(sockets[0])) < 100
         # the ssh a remote command runs with names that directory, and every option of the funnel
         argv = hosts[0].remote.ssh_argv()
-        for opt in ("BatchMode=yes", "StrictHostKeyChecking=yes", f"UserKnownHostsFile={hosts.known_hosts}",
-                    "GlobalKnownHostsFile=/dev/null", "ControlMaster=auto", f"ControlPath={control}/%C",
-                    f"ControlPersist={process.CONTROL_PERSIST}"):
+        for opt in (
+            "BatchMode=yes",
+            "StrictHostKeyChecking=yes",
+            f"UserKnownHostsFile={hosts.known_hosts}",
+            "GlobalKnownHostsFile=/dev/null",
+            "ControlMaster=auto",
+            f"ControlPath={control}/%C",
+            f"ControlPersist={process.CONTROL_PERSIST}",
+        ):
             assert argv[argv.index(opt) - 1] == "-o", opt
         # a reverse tunnel gets a connection of its own (a forward through the shared one would stay)
         from tp4.image import distribute, imagestore
@@ -287,8 +337,11 @@ def test_the_control_directory_is_made_private_and_one_of_another_user_is_refuse
 
 
 def test_a_timed_out_remote_command_names_its_host_and_purpose(hosts):
-    with pytest.raises(Tp4Error, match=rf"^waiting for the test's sleep \(`sleep 41\.5` on root@{re.escape(hosts[0].address)}\) "
-                       r"did not finish within 1 s$"):
+    with pytest.raises(
+        Tp4Error,
+        match=rf"^waiting for the test's sleep \(`sleep 41\.5` on root@{re.escape(hosts[0].address)}\) "
+        r"did not finish within 1 s$",
+    ):
         process.run(["sleep", "41.5"], remote=hosts[0].remote, timeout=1, purpose="waiting for the test's sleep")
 
 
@@ -322,7 +375,10 @@ def test_hashed_and_wildcard_lines_are_read_as_openssh_reads_them(tmp_path):
     assert knownhosts.trusted("a.lab", file) and not knownhosts.trusted("bad.lab", file)
     assert knownhosts.update(["spark2"], [], file) == 1
     assert not knownhosts.trusted("spark2", file) and knownhosts.trusted("[spark3]:2222", file)
-    assert knownhosts.fingerprint(key) == process.run(["ssh-keygen", "-lf", "-"], input=f"x ssh-ed25519 {key}\n").stdout.split()[1]
+    assert (
+        knownhosts.fingerprint(key)
+        == process.run(["ssh-keygen", "-lf", "-"], input=f"x ssh-ed25519 {key}\n").stdout.split()[1]
+    )
 
 
 def test_the_profile_and_the_funnel_take_the_same_host_names():
@@ -335,9 +391,14 @@ def test_the_profile_and_the_funnel_take_the_same_host_names():
 def test_trust_on_a_terminal_asks_before_recording(hosts, empty, answer, code):
     main, terminal = os.openpty()
     try:
-        tp4 = subprocess.Popen([sys.executable, "-m", "tp4", "hosts", "trust", "--host", hosts[0].address],
-                               stdin=terminal, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                               env={**os.environ, "PYTHONPATH": str(PYTHON)})
+        tp4 = subprocess.Popen(
+            [sys.executable, "-m", "tp4", "hosts", "trust", "--host", hosts[0].address],
+            stdin=terminal,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env={**os.environ, "PYTHONPATH": str(PYTHON)},
+        )
         os.write(main, f"{answer}\n".encode())
         out, err = tp4.communicate(timeout=60)
     finally:

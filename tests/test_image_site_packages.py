@@ -57,10 +57,13 @@ OLD = {  # the base: sglang-kernel 0.3.0, a stale `sgl-kernel` dist-info claimin
     f"{SP}/sgl_kernel/old_only.py": "",
     f"{SP}/sgl_kernel.libs/libold.so": "",
     f"{SP}/sglang_kernel-0.3.0.dist-info/METADATA": "Metadata-Version: 2.1\nName: sglang-kernel\nVersion: 0.3.0\n",
-    f"{SP}/sglang_kernel-0.3.0.dist-info/RECORD": record("sgl_kernel/__init__.py", "sgl_kernel/old_only.py",
-                                                         "sgl_kernel.libs/libold.so",
-                                                         "sglang_kernel-0.3.0.dist-info/RECORD",
-                                                         "../../../bin/sgl-old"),
+    f"{SP}/sglang_kernel-0.3.0.dist-info/RECORD": record(
+        "sgl_kernel/__init__.py",
+        "sgl_kernel/old_only.py",
+        "sgl_kernel.libs/libold.so",
+        "sglang_kernel-0.3.0.dist-info/RECORD",
+        "../../../bin/sgl-old",
+    ),
     f"{SP}/sgl_kernel-0.2.9.dist-info/METADATA": "Metadata-Version: 2.1\nName: sgl-kernel\nVersion: 0.2.9\n",
     f"{SP}/sgl_kernel-0.2.9.dist-info/RECORD": record("sgl_kernel/__init__.py", "sgl_kernel-0.2.9.dist-info/RECORD"),
     f"{SP}/torch/__init__.py": "",
@@ -84,20 +87,46 @@ NEW = {  # the tree pkgs/wheels.nix makes: the two pinned wheels, installed
 
 def test_the_index_stacks_the_layers_with_their_whiteouts(tmp_path):
     low = tmp_path / "0.tar"
-    low.write_bytes(tar_of({**OLD, "/usr/lib/python3/dist-packages/apt/__init__.py": "",
-                            f"{SP}/gone/__init__.py": "", "/opt/venv/lib/python3.11/site-packages/x.py": ""}))
+    low.write_bytes(
+        tar_of(
+            {
+                **OLD,
+                "/usr/lib/python3/dist-packages/apt/__init__.py": "",
+                f"{SP}/gone/__init__.py": "",
+                "/opt/venv/lib/python3.11/site-packages/x.py": "",
+            }
+        )
+    )
     high = tmp_path / "1.tar"  # deletes `gone`, empties the venv's site-packages, adds a module
-    high.write_bytes(tar_of({f"{SP}/.wh.gone": "", "/opt/venv/lib/python3.11/site-packages/.wh..wh..opq": "",
-                             "/opt/venv/lib/python3.11/site-packages/y.py": "", f"{SP}/z.py": ""}))
+    high.write_bytes(
+        tar_of(
+            {
+                f"{SP}/.wh.gone": "",
+                "/opt/venv/lib/python3.11/site-packages/.wh..wh..opq": "",
+                "/opt/venv/lib/python3.11/site-packages/y.py": "",
+                f"{SP}/z.py": "",
+            }
+        )
+    )
 
     index = oci.site_packages_index([low, high])
 
     assert sorted(index) == ["/opt/venv/lib/python3.11/site-packages", "/usr/lib/python3/dist-packages", SP]
     assert index["/opt/venv/lib/python3.11/site-packages"]["entries"] == ["y.py"]
-    assert index[SP]["entries"] == ["sgl_kernel", "sgl_kernel-0.2.9.dist-info", "sgl_kernel.libs",
-                                    "sglang_kernel-0.3.0.dist-info", "torch", "torch-2.9.0.dist-info", "z.py"]
+    assert index[SP]["entries"] == [
+        "sgl_kernel",
+        "sgl_kernel-0.2.9.dist-info",
+        "sgl_kernel.libs",
+        "sglang_kernel-0.3.0.dist-info",
+        "torch",
+        "torch-2.9.0.dist-info",
+        "z.py",
+    ]
     assert index[SP]["records"]["sglang_kernel-0.3.0.dist-info"] == [
-        "sgl_kernel", "sgl_kernel.libs", "sglang_kernel-0.3.0.dist-info"]  # ../../../bin is outside it
+        "sgl_kernel",
+        "sgl_kernel.libs",
+        "sglang_kernel-0.3.0.dist-info",
+    ]  # ../../../bin is outside it
 
 
 def test_the_install_links_every_entry_and_hides_what_pip_would_uninstall(tmp_path):
@@ -113,7 +142,11 @@ def test_the_install_links_every_entry_and_hides_what_pip_would_uninstall(tmp_pa
     assert links == [(f"{SP}/{e}", f"{tree}/{e}") for e in sorted(os.listdir(tree))]
     # the old version of the same distribution and what it alone owned; the stale dist-info of
     # the old name claims the package the tree replaces; torch stays
-    assert hidden == [f"{SP}/sgl_kernel-0.2.9.dist-info", f"{SP}/sgl_kernel.libs", f"{SP}/sglang_kernel-0.3.0.dist-info"]
+    assert hidden == [
+        f"{SP}/sgl_kernel-0.2.9.dist-info",
+        f"{SP}/sgl_kernel.libs",
+        f"{SP}/sglang_kernel-0.3.0.dist-info",
+    ]
 
     # as a layer: the links, and an empty .wh.<name> file beside each hidden entry
     out = tmp_path / "links"
@@ -178,15 +211,26 @@ def base_archive(dest: Path, extra: dict[str, Path | bytes | str] | None = None)
     layer = work / "layer.tar"
     standin._layer(files, layer)
     diff = hashlib.sha256(layer.read_bytes()).hexdigest()
-    config = json.dumps({"architecture": {"x86_64": "amd64", "aarch64": "arm64"}.get(os.uname().machine),
-                         "os": "linux", "config": {"Env": ["PATH=/usr/bin:/bin"]},
-                         "rootfs": {"type": "layers", "diff_ids": [f"sha256:{diff}"]}}).encode()
+    config = json.dumps(
+        {
+            "architecture": {"x86_64": "amd64", "aarch64": "arm64"}.get(os.uname().machine),
+            "os": "linux",
+            "config": {"Env": ["PATH=/usr/bin:/bin"]},
+            "rootfs": {"type": "layers", "diff_ids": [f"sha256:{diff}"]},
+        }
+    ).encode()
     cfg = hashlib.sha256(config).hexdigest()
     out = dest / "base.tar"
     with tarfile.open(out, "w") as tar:
-        for name, data in (("manifest.json", json.dumps([{"Config": f"{cfg}.json", "RepoTags": ["tp4-sp-base:1"],
-                                                          "Layers": [f"{diff}/layer.tar"]}]).encode()),
-                           (f"{cfg}.json", config)):
+        for name, data in (
+            (
+                "manifest.json",
+                json.dumps(
+                    [{"Config": f"{cfg}.json", "RepoTags": ["tp4-sp-base:1"], "Layers": [f"{diff}/layer.tar"]}]
+                ).encode(),
+            ),
+            (f"{cfg}.json", config),
+        ):
             info = tarfile.TarInfo(name)
             info.size = len(data)
             tar.addfile(info, io.BytesIO(data))
@@ -205,9 +249,16 @@ def wheels_check() -> str:
 def test_the_wheels_check_passes_only_when_python_I_sees_the_pinned_wheels(env, tp4_cli, how):  # noqa: F811
     archive = base_archive(env)
     at = "" if how == "installed" else "/opt/dsv41-wheels"
-    flake = image_flake(env / "flake", ref="tp4-test:line", label=f"sp-{how}-{os.urandom(4).hex()}",
-                        checks=wheels_check(), base_archive=archive, wheels=NEW, wheels_at=at,
-                        env=("PATH=/usr/bin:/bin",) + (("PYTHONPATH=/opt/dsv41-wheels",) if at else ()))
+    flake = image_flake(
+        env / "flake",
+        ref="tp4-test:line",
+        label=f"sp-{how}-{os.urandom(4).hex()}",
+        checks=wheels_check(),
+        base_archive=archive,
+        wheels=NEW,
+        wheels_at=at,
+        env=("PATH=/usr/bin:/bin",) + (("PYTHONPATH=/opt/dsv41-wheels",) if at else ()),
+    )
 
     code, stdout, stderr = tp4_cli("build", "--flake", flake, "--runtime", "podman")
 

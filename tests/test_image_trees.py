@@ -24,8 +24,10 @@ ADAPTERS = {
     "adapter/needs_cwd.py": "import boot\n",
     "adapter/sitecustomize.py": "import os\nif os.environ.get('DSV41_SOURCE'):\n    raise SystemExit('hooked')\n",
     # paths from __file__ that stay inside the tree
-    "adapter/here.py": ("import os\nfrom pathlib import Path\nHERE = os.path.dirname(__file__)\n"
-                        "ROOT = Path(__file__).resolve().parents[1]\nBOOT = os.path.join(HERE, '..', 'boot.py')\n"),
+    "adapter/here.py": (
+        "import os\nfrom pathlib import Path\nHERE = os.path.dirname(__file__)\n"
+        "ROOT = Path(__file__).resolve().parents[1]\nBOOT = os.path.join(HERE, '..', 'boot.py')\n"
+    ),
 }
 BROKEN = {
     # upstream's layout would put /opt/b12x beside /opt/dsv41; through the link it is /nix/store/b12x
@@ -42,20 +44,29 @@ def checks() -> str:
 
 @pytest.mark.parametrize("broken", [False, True])
 def test_the_adapter_and_tree_checks_run_in_the_linked_image(env, tp4_cli, broken):  # noqa: F811
-    flake = image_flake(env / "flake", ref="tp4-test:line", label=f"trees-{broken}-{os.urandom(4).hex()}",
-                        checks=checks(), base_archive=base_archive(env),
-                        files={**ADAPTERS, **(BROKEN if broken else {})},
-                        env=("PATH=/usr/bin:/bin", "PYTHONPATH=/opt/dsv41/adapter"))
+    flake = image_flake(
+        env / "flake",
+        ref="tp4-test:line",
+        label=f"trees-{broken}-{os.urandom(4).hex()}",
+        checks=checks(),
+        base_archive=base_archive(env),
+        files={**ADAPTERS, **(BROKEN if broken else {})},
+        env=("PATH=/usr/bin:/bin", "PYTHONPATH=/opt/dsv41/adapter"),
+    )
 
     code, stdout, stderr = tp4_cli("build", "--flake", flake, "--runtime", "podman")
 
     lines = stdout.splitlines()
     if not broken:
         assert code == 0, stdout + stderr
-        assert any(line.startswith("ok   import-adapters") and line.endswith(
-            "  3 adapter modules import from /opt/dsv41/adapter") for line in lines), stdout
-        assert any(line.startswith("ok   tree-paths") and "no path from __file__ leaves its tree" in line
-                   for line in lines), stdout
+        assert any(
+            line.startswith("ok   import-adapters")
+            and line.endswith("  3 adapter modules import from /opt/dsv41/adapter")
+            for line in lines
+        ), stdout
+        assert any(
+            line.startswith("ok   tree-paths") and "no path from __file__ leaves its tree" in line for line in lines
+        ), stdout
         assert line_id() is not None
     else:
         assert code == 1

@@ -80,8 +80,12 @@ def make_image(tarball: Path, rev: str, tag: str | None = None, *, host=None, tp
 
 
 def exists(image_id: str, host=None) -> bool:
-    return process.run(["podman", "image", "exists", image_id], remote=host.remote if host else None,
-                       check=False).returncode == 0
+    return (
+        process.run(
+            ["podman", "image", "exists", image_id], remote=host.remote if host else None, check=False
+        ).returncode
+        == 0
+    )
 
 
 def copy_to(host, image_id: str, tmp_path: Path) -> None:
@@ -120,8 +124,9 @@ def test_listing_shows_provenance_and_marks_the_worker_whose_line_image_differs(
     assert f"{hosts[0].address}: 1 tp4 images; {LINE} is {line_id[:12]}\n" in out
     assert f"DIFFERS from the head: {LINE} is {stale[:12]}, the head has {line_id[:12]}" in blocks[hosts[1].address]
     # provenance from the labels, the container that uses an image, no foreign image
-    assert re.search(rf"{other_id[:12]} .*tp4-img:other  used by uses-other\n +flake +rev-other\n +demo +{PIN}\n",
-                     blocks["head"]), blocks["head"]
+    assert re.search(
+        rf"{other_id[:12]} .*tp4-img:other  used by uses-other\n +flake +rev-other\n +demo +{PIN}\n", blocks["head"]
+    ), blocks["head"]
     assert foreign[:12] not in out and "not-tp4" not in out
 
     code, out, err = tp4_cli("images", "--json", *node_args(hosts))
@@ -139,7 +144,9 @@ def test_listing_shows_provenance_and_marks_the_worker_whose_line_image_differs(
 def test_a_worker_that_cannot_be_reached_is_named_and_the_others_still_listed(hosts, head, tp4_cli):
     line_id = make_image(head, "rev-line", LINE)
     nobody = hosts.unreachable()
-    code, out, err = tp4_cli("images", *node_args(hosts, [hosts[0]]), "--worker", nobody, "--ssh-option", "ConnectTimeout=3")
+    code, out, err = tp4_cli(
+        "images", *node_args(hosts, [hosts[0]]), "--worker", nobody, "--ssh-option", "ConnectTimeout=3"
+    )
     assert code == 1
     assert f"{nobody}: cannot list its images: cannot reach" in out
     assert f"{LINE} is {line_id[:12]}" in out and f"{hosts[0].address}: 0 tp4 images; no line image" in out
@@ -209,9 +216,15 @@ def test_prune_leaves_an_image_a_running_container_started_from(hosts, head, tp4
         process.run(["podman", "rm", "-f", "-t", "0", "serving"], check=False)
 
 
-@pytest.mark.parametrize("value, said", [("-1", "-1 is out of range"), ("true", "'true' is not a whole number"),
-                                         ("99999999999999999999", "99999999999999999999 is out of range"),
-                                         ("2.5", "'2.5' is not a whole number")])
+@pytest.mark.parametrize(
+    "value, said",
+    [
+        ("-1", "-1 is out of range"),
+        ("true", "'true' is not a whole number"),
+        ("99999999999999999999", "99999999999999999999 is out of range"),
+        ("2.5", "'2.5' is not a whole number"),
+    ],
+)
 def test_a_bad_keep_is_refused_before_any_node_is_asked(value, said, tp4_cli):
     code, out, err = tp4_cli("images", "prune", "--keep", value, "--worker", "192.0.2.1")
     assert code == 2
@@ -235,7 +248,9 @@ def test_registry_prune_deletes_the_manifests_no_node_keeps_and_collects_their_b
     the head's line tag names, one a worker still has as its line image, and an old one. Prune
     deletes only the old one's manifest and garbage-collects its blobs; the listing shows the
     digest of each pushed image."""
-    imagestore = pytest.importorskip("tp4.image.imagestore", reason="the head's registry (tp4.image.imagestore) is another branch of issue 9")
+    imagestore = pytest.importorskip(
+        "tp4.image.imagestore", reason="the head's registry (tp4.image.imagestore) is another branch of issue 9"
+    )
     old = make_image(distinct_tarball(tmp_path, "old"), "r-old", "tp4-img:old")
     worker_line = make_image(distinct_tarball(tmp_path, "worker"), "r-worker", "tp4-img:prev")
     line = make_image(distinct_tarball(tmp_path, "line"), "r-line", LINE)
@@ -271,14 +286,18 @@ def test_registry_prune_deletes_the_manifests_no_node_keeps_and_collects_their_b
 
 
 def manifest_layer_digests(store, digest: str) -> list[str]:
-    raw = process.run(["skopeo", "inspect", "--raw", "--tls-verify=false", f"docker://{store.url}/dsv41-4x-spark@{digest}"]).stdout
+    raw = process.run(
+        ["skopeo", "inspect", "--raw", "--tls-verify=false", f"docker://{store.url}/dsv41-4x-spark@{digest}"]
+    ).stdout
     return [layer["digest"] for layer in json.loads(raw)["layers"]]
 
 
 def test_a_worker_that_pulled_from_the_registry_shows_the_heads_digest(hosts, head, tp4_cli, tmp_path):
     """After `tp4 distribute --method registry` the worker's image carries the manifest digest
     it was pulled by, the one the head's registry lists for the head's image."""
-    imagestore = pytest.importorskip("tp4.image.imagestore", reason="the head's registry (tp4.image.imagestore) is another branch of issue 9")
+    imagestore = pytest.importorskip(
+        "tp4.image.imagestore", reason="the head's registry (tp4.image.imagestore) is another branch of issue 9"
+    )
     line = make_image(distinct_tarball(tmp_path, "line"), "r-line", LINE)
     try:
         code, out, err = tp4_cli("distribute", "--method", "registry", "--image", LINE, *node_args(hosts, [hosts[0]]))

@@ -38,8 +38,14 @@ def images(tmp_path_factory):
     flake = locked_flake_copy(REPO, work / "locked")
     out = {}
     for variant, built in REGISTRY["images"].items():
-        argv = ["eval", "--json", f"path:{flake}#packages.aarch64-linux.{built['attr']}", "--apply", READ,
-                *stub_inputs(REPO, empty_flake(work / "empty"))]
+        argv = [
+            "eval",
+            "--json",
+            f"path:{flake}#packages.aarch64-linux.{built['attr']}",
+            "--apply",
+            READ,
+            *stub_inputs(REPO, empty_flake(work / "empty")),
+        ]
         proc = nix(argv, work)
         assert proc.returncode == 0, proc.stderr
         out[variant] = json.loads(proc.stdout)
@@ -55,7 +61,9 @@ def test_one_image_per_variant_named_by_the_registry(images):
 
 
 def test_each_image_holds_the_trees_of_its_dockerfile(images):
-    trees = {v: [t["tree"].removeprefix("dsv41-").split("-519a3988")[0] for t in img["trees"]] for v, img in images.items()}
+    trees = {
+        v: [t["tree"].removeprefix("dsv41-").split("-519a3988")[0] for t in img["trees"]] for v, img in images.items()
+    }
     assert trees["canary-roce"] == ["wheels", "sglang-tree", "b12x", "b12x-next", "tp4-runtime"]
     # Dockerfile.canary: the dsv4.1 branch (no RoCEnante patch) and the two wheels
     assert trees["canary"] == ["wheels", "sglang-branch-tree", "tp4-runtime"]
@@ -85,8 +93,14 @@ def test_each_image_carries_the_checks_for_its_variant(images):
     roce = {c["name"] for c in REGISTRY["image_check"]}
     assert set(images["canary-roce"]["checks"]) == roce
     assert images["base"]["checks"] == ["thinking_alias", "max_new_tokens", "loop_abort"]
-    assert set(images["canary"]["checks"]) == {"wheels", "import-sglang", "thinking_alias", "max_new_tokens", "loop_abort",
-                                               "indexer_chunked_v3"}
+    assert set(images["canary"]["checks"]) == {
+        "wheels",
+        "import-sglang",
+        "thinking_alias",
+        "max_new_tokens",
+        "loop_abort",
+        "indexer_chunked_v3",
+    }
     assert load_registry().image_checks[0].images == ("canary", "canary-roce")
 
 
@@ -113,4 +127,3 @@ def test_registry_refuses_an_images_table_that_misses_a_variant():
     with pytest.raises(InvalidInput) as exc:
         parse_registry(doc)
     assert any("give one [images.<variant>] for each of image_order" in p for p in exc.value.problems)
-

@@ -38,12 +38,25 @@ def _tar(files: dict[str, bytes]) -> bytes:
 def docker_archive(path: Path, tag: str, layers: list[bytes], label: str) -> str:
     """A docker-archive of these layer tarballs; returns the image id (its config's digest)."""
     diffs = [hashlib.sha256(layer).hexdigest() for layer in layers]
-    config = json.dumps({"architecture": "amd64", "os": "linux", "config": {"Labels": {"v": label}},
-                         "rootfs": {"type": "layers", "diff_ids": [f"sha256:{d}" for d in diffs]}}).encode()
+    config = json.dumps(
+        {
+            "architecture": "amd64",
+            "os": "linux",
+            "config": {"Labels": {"v": label}},
+            "rootfs": {"type": "layers", "diff_ids": [f"sha256:{d}" for d in diffs]},
+        }
+    ).encode()
     image_id = hashlib.sha256(config).hexdigest()
     manifest = [{"Config": f"{image_id}.json", "RepoTags": [tag], "Layers": [f"{d}/layer.tar" for d in diffs]}]
-    path.write_bytes(_tar({**{f"{d}/layer.tar": layer for d, layer in zip(diffs, layers, strict=True)},
-                           f"{image_id}.json": config, "manifest.json": json.dumps(manifest).encode()}))
+    path.write_bytes(
+        _tar(
+            {
+                **{f"{d}/layer.tar": layer for d, layer in zip(diffs, layers, strict=True)},
+                f"{image_id}.json": config,
+                "manifest.json": json.dumps(manifest).encode(),
+            }
+        )
+    )
     return image_id
 
 
@@ -66,7 +79,9 @@ def images(tmp_path, podman_store):
     ids = []
     for name in ("one", "two"):
         path = tmp_path / f"{name}.tar"
-        ids.append(docker_archive(path, f"localhost/tp4-store:{name}", [base, _tar({"top": name.encode() * 1000})], name))
+        ids.append(
+            docker_archive(path, f"localhost/tp4-store:{name}", [base, _tar({"top": name.encode() * 1000})], name)
+        )
         process.run(["podman", "load", "-i", str(path)])
     return ids
 
@@ -109,8 +124,13 @@ def test_the_store_outlives_ctrl_c_of_the_command_that_started_it(tmp_path):
     finally:
         imagestore.stop(root)
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent / "python")}
-    proc = subprocess.Popen([sys.executable, "-m", "tp4", "image-store", "start", "--root", str(root)], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tp4", "image-store", "start", "--root", str(root)],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 0, err
     try:

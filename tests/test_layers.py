@@ -46,7 +46,13 @@ FORBIDDEN = {
     "tp4.line.profile.problem": ("tp4.",),
     "tp4.line.profile.validate": ("tp4.line.profile.load", "tp4.line.plan"),  # it checks what the loader rendered
     # host handles sit below everything that acts on hosts
-    "tp4.hosts.nodes": ("tp4.hosts.doctor", "tp4.hosts.deploy", "tp4.hosts.pack", "tp4.hosts.share", "tp4.line.profile"),
+    "tp4.hosts.nodes": (
+        "tp4.hosts.doctor",
+        "tp4.hosts.deploy",
+        "tp4.hosts.pack",
+        "tp4.hosts.share",
+        "tp4.line.profile",
+    ),
     "tp4.hosts.doctor": ("tp4.hosts.deploy", "tp4.hosts.pack"),
 }
 
@@ -79,7 +85,9 @@ def stage(module: str) -> int | None:
 def test_every_module_lies_in_a_stage():
     loose = sorted(module_name(p) for p in PACKAGE.rglob("*.py") if stage(module_name(p)) is None)
     assert loose == ["tp4", "tp4.__main__"]
-    assert sorted(p.name for p in PACKAGE.iterdir() if p.is_dir() and p.name != "__pycache__") == sorted([*STAGES, "data"])
+    assert sorted(p.name for p in PACKAGE.iterdir() if p.is_dir() and p.name != "__pycache__") == sorted(
+        [*STAGES, "data"]
+    )
 
 
 def test_no_module_imports_a_later_stage():
@@ -108,9 +116,12 @@ def test_no_module_breaks_a_rule_within_its_stage():
         name = module_name(path)
         for prefix, banned in FORBIDDEN.items():
             if name == prefix or name.startswith(prefix + "."):
-                wrong += [f"{name} imports {m}" for m in sorted(imports(path))
-                          if any(m == b.rstrip(".") or m.startswith(b.rstrip(".") + ".") for b in banned)
-                          and not (m == name or m.startswith(name + "."))]
+                wrong += [
+                    f"{name} imports {m}"
+                    for m in sorted(imports(path))
+                    if any(m == b.rstrip(".") or m.startswith(b.rstrip(".") + ".") for b in banned)
+                    and not (m == name or m.startswith(name + "."))
+                ]
     assert wrong == []
 
 
@@ -120,7 +131,7 @@ def test_each_stage_says_what_it_owns_and_may_import():
         assert "Owns:" in doc and "May import:" in doc, name
         allowed = doc.split("May import:", 1)[1]
         assert all(f"tp4.{s}" in allowed for s in STAGES[:i]), name
-        assert not any(f"tp4.{s}" in allowed for s in STAGES[i + 1:]), name
+        assert not any(f"tp4.{s}" in allowed for s in STAGES[i + 1 :]), name
 
 
 # who may start a program: the funnel, and the git module that runs git through GitPython the same way
@@ -137,11 +148,18 @@ def test_only_the_funnel_starts_programs():
             if name not in allowed and any(m == module or m.startswith(module + ".") for m in imports(path)):
                 wrong.append(f"{name} imports {module}")
         for node in ast.walk(ast.parse(path.read_text())):
-            if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "os"
-                    and node.attr.startswith(OS_SPAWNERS)):
+            if (
+                isinstance(node, ast.Attribute)
+                and isinstance(node.value, ast.Name)
+                and node.value.id == "os"
+                and node.attr.startswith(OS_SPAWNERS)
+            ):
                 wrong.append(f"{name} calls os.{node.attr}")
-            if isinstance(node, ast.ImportFrom) and node.module in ("os", "pty") and any(
-                    a.name.startswith(OS_SPAWNERS) for a in node.names):
+            if (
+                isinstance(node, ast.ImportFrom)
+                and node.module in ("os", "pty")
+                and any(a.name.startswith(OS_SPAWNERS) for a in node.names)
+            ):
                 wrong.append(f"{name} imports a spawner from {node.module}")
     assert wrong == []
 
@@ -161,11 +179,18 @@ def test_the_check_sees_lazy_imports(tmp_path):
 def test_python_m_tp4_sources_loads_nothing_of_the_cli(tmp_path):
     (tmp_path / "t").mkdir()
     (tmp_path / "t" / "f").write_text("x")
-    code = ("import runpy, sys; sys.argv = ['tp4.image.sources', 'hash', '--format', 'hex', sys.argv[1]]\n"
-            "try:\n    runpy.run_module('tp4.image.sources', run_name='__main__')\nexcept SystemExit:\n    pass\n"
-            "print(sorted(m for m in sys.modules if m.startswith('tp4.cli') or m == 'click'))")
-    proc = subprocess.run([sys.executable, "-c", code, str(tmp_path / "t")], capture_output=True, text=True,
-                          env={"PYTHONPATH": str(PACKAGE.parent)}, check=False)
+    code = (
+        "import runpy, sys; sys.argv = ['tp4.image.sources', 'hash', '--format', 'hex', sys.argv[1]]\n"
+        "try:\n    runpy.run_module('tp4.image.sources', run_name='__main__')\nexcept SystemExit:\n    pass\n"
+        "print(sorted(m for m in sys.modules if m.startswith('tp4.cli') or m == 'click'))"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path / "t")],
+        capture_output=True,
+        text=True,
+        env={"PYTHONPATH": str(PACKAGE.parent)},
+        check=False,
+    )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip().splitlines()[-1] == "[]"
 
@@ -174,7 +199,8 @@ def _type_checking_only(node: ast.AST) -> bool:
     """`if TYPE_CHECKING:` (or `typing.TYPE_CHECKING`)."""
     test = node.test if isinstance(node, ast.If) else None
     return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
-        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
 
 
 def _import_nodes(tree: ast.AST) -> Iterator[ast.Import | ast.ImportFrom]:
@@ -207,7 +233,7 @@ def runtime_imports(path: Path, name: str, known: set[str]) -> set[str]:
             base = node.module or ""
             if node.level:
                 package = name.split(".") if is_package else name.split(".")[:-1]
-                package = package[:len(package) - (node.level - 1)]
+                package = package[: len(package) - (node.level - 1)]
                 base = ".".join([*package, base] if base else package)
             targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in known else base for a in node.names]
         found |= {t for t in map(nearest, targets) if t is not None and t != name}
@@ -216,8 +242,10 @@ def runtime_imports(path: Path, name: str, known: set[str]) -> set[str]:
 
 def import_graph(root: Path) -> dict[str, set[str]]:
     """module -> the modules of the same package tree it imports at run time."""
-    paths = {".".join(p.relative_to(root.parent).with_suffix("").parts).removesuffix(".__init__"): p
-             for p in sorted(root.rglob("*.py"))}
+    paths = {
+        ".".join(p.relative_to(root.parent).with_suffix("").parts).removesuffix(".__init__"): p
+        for p in sorted(root.rglob("*.py"))
+    }
     known = set(paths)
     return {name: runtime_imports(path, name, known) for name, path in paths.items()}
 

@@ -24,11 +24,15 @@ FIXTURE = Path(__file__).parent / "fixtures" / "env.tp4.production"
 
 def bash_values(path: Path, user: str = "zurih") -> tuple[bool, dict[str, str]]:
     """(bash sourced the file without an error, the values of NAMES it set)."""
-    script = ('set -euo pipefail; set -a; source "$1"; '
-              'for n in A B C Z; do if [ -n "${!n+x}" ]; then printf "%s=%s\\0" "$n" "${!n}"; fi; done')
+    script = (
+        'set -euo pipefail; set -a; source "$1"; '
+        'for n in A B C Z; do if [ -n "${!n+x}" ]; then printf "%s=%s\\0" "$n" "${!n}"; fi; done'
+    )
     home = "/root" if user == "root" else f"/home/{user}"
     env = {"HOME": home, "USER": user, "PATH": os.environ.get("PATH", "/usr/bin:/bin")}
-    run = subprocess.run(["bash", "-c", script, "bash", str(path)], env=env, cwd=path.parent, capture_output=True, timeout=20)
+    run = subprocess.run(
+        ["bash", "-c", script, "bash", str(path)], env=env, cwd=path.parent, capture_output=True, timeout=20
+    )
     values = {}
     for item in run.stdout.split(b"\0"):
         if item:
@@ -59,20 +63,139 @@ def check_against_bash(path: Path, text: str, user: str = "zurih") -> None:
 
 # fragments of values bash reads one way, and (RISKY) fragments the importer may only refuse
 SAFE = [
-    "x", "a1", "/", ":", "-", ".", "=", "#", ",", "@", "%", "+", "^", "{", "}", "[", "]", "*", "?", "!", "é",
-    "~", "~/", ":~", ":~/", " ", "\t", ";", " #c", "\n", "\f",
-    "'q w'", "'$A'", "''", "'~'", '"d q"', '"$A"', '"${A}"', '"\\$"', '"\\\\"', '"\\x"', '"a\\"b"', '""', '"~/"', '"$"',
-    "\\ ", "\\$", "\\\\", "\\'", '\\"', "\\\n", "\\", "\\~", "\\:",
-    "$A", "${A}", "${A:-d}", "${A-d}", "${A:+p}", "${A+p}", "${Z:-z}", "${Z-z}", "${Z:+z}", "${Z+z}", "${Z:-a b}",
-    "${Z:-$A}", "$HOME", "${HOME}", "$USER", "${USER:-u}", "$", "$/", "$:",
-    "$'a\\tb'", "$'\\x41'", "$'\\x4'", "$'\\101'", "$'\\7'", "$'\\z'", "$'\\''", "$'\\\"'", "$'\\x'",
-    "$'\\e'", "$'\\n'", "$'\\r'", "$''", "$'~'",
+    "x",
+    "a1",
+    "/",
+    ":",
+    "-",
+    ".",
+    "=",
+    "#",
+    ",",
+    "@",
+    "%",
+    "+",
+    "^",
+    "{",
+    "}",
+    "[",
+    "]",
+    "*",
+    "?",
+    "!",
+    "é",
+    "~",
+    "~/",
+    ":~",
+    ":~/",
+    " ",
+    "\t",
+    ";",
+    " #c",
+    "\n",
+    "\f",
+    "'q w'",
+    "'$A'",
+    "''",
+    "'~'",
+    '"d q"',
+    '"$A"',
+    '"${A}"',
+    '"\\$"',
+    '"\\\\"',
+    '"\\x"',
+    '"a\\"b"',
+    '""',
+    '"~/"',
+    '"$"',
+    "\\ ",
+    "\\$",
+    "\\\\",
+    "\\'",
+    '\\"',
+    "\\\n",
+    "\\",
+    "\\~",
+    "\\:",
+    "$A",
+    "${A}",
+    "${A:-d}",
+    "${A-d}",
+    "${A:+p}",
+    "${A+p}",
+    "${Z:-z}",
+    "${Z-z}",
+    "${Z:+z}",
+    "${Z+z}",
+    "${Z:-a b}",
+    "${Z:-$A}",
+    "$HOME",
+    "${HOME}",
+    "$USER",
+    "${USER:-u}",
+    "$",
+    "$/",
+    "$:",
+    "$'a\\tb'",
+    "$'\\x41'",
+    "$'\\x4'",
+    "$'\\101'",
+    "$'\\7'",
+    "$'\\z'",
+    "$'\\''",
+    "$'\\\"'",
+    "$'\\x'",
+    "$'\\e'",
+    "$'\\n'",
+    "$'\\r'",
+    "$''",
+    "$'~'",
 ]
 RISKY = [
-    "~x", "~+", "~-", "\r", "\r\n", "${A:=d}", "${Z:=d}", "${Z?}", "${#A}", "${!A}", "${A/x/y}", "${A:0:1}", "$Z", "$UNSET",
-    "$'\\0'", "$'\\x00'", "$'\\u00e9'", "$'\\cA'", "$'\\400'", "$'\\xff'",
-    "$1", "$$", "$@", "$#", "$?", "$!", "$-", "$_", "$0", "$*", "${1}", "${#}", "${@}", '$"t"',
-    "$(echo x)", "`echo x`", "$((1+1))", "$[1]", "&", "|", "<", ">", "(", ")",
+    "~x",
+    "~+",
+    "~-",
+    "\r",
+    "\r\n",
+    "${A:=d}",
+    "${Z:=d}",
+    "${Z?}",
+    "${#A}",
+    "${!A}",
+    "${A/x/y}",
+    "${A:0:1}",
+    "$Z",
+    "$UNSET",
+    "$'\\0'",
+    "$'\\x00'",
+    "$'\\u00e9'",
+    "$'\\cA'",
+    "$'\\400'",
+    "$'\\xff'",
+    "$1",
+    "$$",
+    "$@",
+    "$#",
+    "$?",
+    "$!",
+    "$-",
+    "$_",
+    "$0",
+    "$*",
+    "${1}",
+    "${#}",
+    "${@}",
+    '$"t"',
+    "$(echo x)",
+    "`echo x`",
+    "$((1+1))",
+    "$[1]",
+    "&",
+    "|",
+    "<",
+    ">",
+    "(",
+    ")",
 ]
 
 
@@ -93,8 +216,10 @@ def lines(draw: st.DrawFn) -> str:
     out = [draw(st.sampled_from(["A=a", "A='a b'", "# A unset"]))]
     for _ in range(draw(st.integers(1, 4))):
         prefix = draw(st.sampled_from(["", "", "export ", "  ", "# c\n"]))
-        words = [f"{draw(NAME)}{draw(st.sampled_from(['=', '=', '+=']))}{draw(VALUE)}"
-                 for _ in range(draw(st.integers(1, 2)))]
+        words = [
+            f"{draw(NAME)}{draw(st.sampled_from(['=', '=', '+=']))}{draw(VALUE)}"
+            for _ in range(draw(st.integers(1, 2)))
+        ]
         out.append(prefix + draw(st.sampled_from([" ", ";", "; "])).join(words))
     return "\n".join(out) + draw(st.sampled_from(["\n", "\n", "\n", "\n", "", "\r\n", " # end\n"]))
 
@@ -122,22 +247,25 @@ def test_home_and_user_are_those_of_worker_user(tmp_path, user, value):
     check_against_bash(tmp_path / "gen.env", f"A={value}\n\nWORKER_USER={user}\n", user)
 
 
-@pytest.mark.parametrize("text,value", [
-    ("A=$'tab\\there'\n", "tab\there"),
-    ("A=$'\\x41\\102\\z\\x'\n", "AB\\z\\x"),
-    ("A=$'it\\'s'\n", "it's"),
-    ("A=a:~/b\n", "a:/home/zurih/b"),
-    ("A=x=~/b\n", "x=~/b"),
-    ('A="~/b"\n', "~/b"),
-    ("A=~'/b'\n", "~/b"),
-    ("A=1; B=2; A+=$B\n", "12"),
-    ("A=1 B=2\nA=$A$B\n", "12"),
-    ("A=x#y # comment\n", "x#y"),
-    ("A=$/$:$\n", "$/$:$"),
-    ("A=${Z:+set}${Z-unset}\n", "unset"),
-    ("A=x\\\n", "x"),
-    ("A=x\\", "x\\"),
-])
+@pytest.mark.parametrize(
+    "text,value",
+    [
+        ("A=$'tab\\there'\n", "tab\there"),
+        ("A=$'\\x41\\102\\z\\x'\n", "AB\\z\\x"),
+        ("A=$'it\\'s'\n", "it's"),
+        ("A=a:~/b\n", "a:/home/zurih/b"),
+        ("A=x=~/b\n", "x=~/b"),
+        ('A="~/b"\n', "~/b"),
+        ("A=~'/b'\n", "~/b"),
+        ("A=1; B=2; A+=$B\n", "12"),
+        ("A=1 B=2\nA=$A$B\n", "12"),
+        ("A=x#y # comment\n", "x#y"),
+        ("A=$/$:$\n", "$/$:$"),
+        ("A=${Z:+set}${Z-unset}\n", "unset"),
+        ("A=x\\\n", "x"),
+        ("A=x\\", "x\\"),
+    ],
+)
 def test_bash_values(tmp_path, text, value):
     path = tmp_path / "gen.env"
     path.write_text(text)
@@ -145,16 +273,40 @@ def test_bash_values(tmp_path, text, value):
     assert ours(text)["A"] == value
 
 
-@pytest.mark.parametrize("text,needle", [
-    ("A=$1\n", "special parameter"), ("A=$$\n", "special parameter"), ("A=$@\n", "special parameter"),
-    ("A=$#\n", "special parameter"), ("A=$?\n", "special parameter"), ("A=$!\n", "special parameter"),
-    ("A=${1}\n", "special parameter"), ("A=$_\n", "special parameter"), ("A=\"x$-\"\n", "special parameter"),
-    ("A=1\r\n", "carriage return"), ("A='1'\r\n", "carriage return"), ("\r\n", "carriage return"),
-    ("A=$'\\0'\n", "NUL"), ("A=$'\\u00e9'\n", "locale"), ("A=$'\\cA'\n", "locale"), ("A=$'\\xff'\n", "0x7f"),
-    ("A=$UNSET\n", "set -u"), ("A=${UNSET}\n", "set -u"), ("A=${Z:=1}\n", "side effect"), ("A=${#B}\n", "not read"),
-    ("A=~bob/x\n", "~user"), ("A=$\"t\"\n", "translated"), ("A=1;;\n", "syntax error"), ("; A=1\n", "syntax error"),
-    ("A=1 echo\n", "as a command"), ("HOME=/x\n", "change what $HOME"), ("export USER=x\n", "change what $HOME"), ("A=$[1]\n", "arithmetic"), ("A=$((1))\n", "not supported"),
-])
+@pytest.mark.parametrize(
+    "text,needle",
+    [
+        ("A=$1\n", "special parameter"),
+        ("A=$$\n", "special parameter"),
+        ("A=$@\n", "special parameter"),
+        ("A=$#\n", "special parameter"),
+        ("A=$?\n", "special parameter"),
+        ("A=$!\n", "special parameter"),
+        ("A=${1}\n", "special parameter"),
+        ("A=$_\n", "special parameter"),
+        ('A="x$-"\n', "special parameter"),
+        ("A=1\r\n", "carriage return"),
+        ("A='1'\r\n", "carriage return"),
+        ("\r\n", "carriage return"),
+        ("A=$'\\0'\n", "NUL"),
+        ("A=$'\\u00e9'\n", "locale"),
+        ("A=$'\\cA'\n", "locale"),
+        ("A=$'\\xff'\n", "0x7f"),
+        ("A=$UNSET\n", "set -u"),
+        ("A=${UNSET}\n", "set -u"),
+        ("A=${Z:=1}\n", "side effect"),
+        ("A=${#B}\n", "not read"),
+        ("A=~bob/x\n", "~user"),
+        ('A=$"t"\n', "translated"),
+        ("A=1;;\n", "syntax error"),
+        ("; A=1\n", "syntax error"),
+        ("A=1 echo\n", "as a command"),
+        ("HOME=/x\n", "change what $HOME"),
+        ("export USER=x\n", "change what $HOME"),
+        ("A=$[1]\n", "arithmetic"),
+        ("A=$((1))\n", "not supported"),
+    ],
+)
 def test_what_bash_would_read_differently_is_refused_with_the_line(text, needle):
     with pytest.raises(InvalidInput) as exc:
         parse_env_text("# header\n" + text, "p.env")
@@ -168,7 +320,9 @@ def test_a_nul_byte_is_refused_with_its_line():
 
 def test_a_crlf_profile_is_refused_at_its_first_assignment():
     text = FIXTURE.read_text().replace("\n", "\r\n")
-    first = next(i for i, t in enumerate(FIXTURE.read_text().splitlines(), 1) if not t.startswith("#"))  # a blank CRLF line is a command "\r" to bash
+    first = next(
+        i for i, t in enumerate(FIXTURE.read_text().splitlines(), 1) if not t.startswith("#")
+    )  # a blank CRLF line is a command "\r" to bash
     with pytest.raises(InvalidInput) as exc:
         import_env_text(text, ".env.tp4")
     assert f".env.tp4 line {first}: a carriage return" in str(exc.value) and "dos2unix" in str(exc.value)

@@ -41,8 +41,14 @@ def wait_for(node: Node, needle: str, timeout: float) -> str:
 
 
 def completion(api: str, timeout: float = 10) -> dict[str, object]:
-    body = json.dumps({"model": "deepseek-v4.1-flash", "messages": [{"role": "user", "content": QUESTION}],
-                       "temperature": 0, "max_tokens": 1}).encode()
+    body = json.dumps(
+        {
+            "model": "deepseek-v4.1-flash",
+            "messages": [{"role": "user", "content": QUESTION}],
+            "temperature": 0,
+            "max_tokens": 1,
+        }
+    ).encode()
     req = urllib.request.Request(f"{api}/v1/chat/completions", data=body, headers={"Content-Type": "application/json"})
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # the bridge, never a proxy
     with opener.open(req, timeout=timeout) as resp:
@@ -55,11 +61,15 @@ def test_the_profile_is_the_clusters(cluster: LineCluster) -> None:
     assert any(w.startswith("cluster.memlock:") for w in loaded.warnings) == (memlock() != "-1:-1")
     plan = cluster.plan
     assert [n.ssh.host for n in plan.nodes] == [n.host for n in plan.nodes] == [h.address for h in cluster.hosts]
-    assert {(n.ssh.user, n.ssh.port, n.service.kind, n.service.runtime) for n in plan.nodes} == {("root", 22, "plain", "podman")}
+    assert {(n.ssh.user, n.ssh.port, n.service.kind, n.service.runtime) for n in plan.nodes} == {
+        ("root", 22, "plain", "podman")
+    }
     assert plan.line.dist_init_addr == f"{cluster.head.address}:20000"
     for node in plan.nodes:
         assert node.run.ulimits.memlock == memlock()
-        assert all(m.source.startswith(str(cluster.workdir)) for m in node.run.mounts if m.type == "bind"), node.run.mounts
+        assert all(m.source.startswith(str(cluster.workdir)) for m in node.run.mounts if m.type == "bind"), (
+            node.run.mounts
+        )
 
 
 def test_every_rank_runs_the_plans_podman_run_and_the_line_boots(cluster: LineCluster) -> None:
@@ -87,8 +97,20 @@ def test_every_rank_runs_the_plans_podman_run_and_the_line_boots(cluster: LineCl
         # through /proc/<pid> (an exec into the container is not what is tested here): the RDMA
         # device in its root, the CDI GPU's edits in its environment, memlock
         pid = nodes[1].run(["podman", "inspect", "--format", "{{.State.Pid}}", nodes[1].container]).stdout.strip()
-        inside = nodes[1].run(["sh", "-c", 'test -c "/proc/$1/root/dev/infiniband/uverbs0" && echo ib=yes; '
-                               'cat "/proc/$1/limits" "/proc/$1/environ"', "sh", pid]).stdout
+        inside = (
+            nodes[1]
+            .run(
+                [
+                    "sh",
+                    "-c",
+                    'test -c "/proc/$1/root/dev/infiniband/uverbs0" && echo ib=yes; '
+                    'cat "/proc/$1/limits" "/proc/$1/environ"',
+                    "sh",
+                    pid,
+                ]
+            )
+            .stdout
+        )
         assert "ib=yes" in inside and "NVIDIA_VISIBLE_DEVICES=void" in inside.replace("\0", "\n").splitlines(), inside
         soft, hard = memlock().replace("-1", "unlimited").split(":")
         assert re.search(rf"^Max locked memory\s+{soft}\s+{hard}\s", inside, re.M), inside
@@ -100,8 +122,11 @@ def test_every_rank_runs_the_plans_podman_run_and_the_line_boots(cluster: LineCl
         # (where podman cannot exec at all, as chrooted in the fresh-machine CI, for that reason only:
         # tests/test_podman_health.py, CHROOT_EXEC)
         for node in nodes:
-            config = json.loads(node.run(["podman", "container", "inspect", "--format", "{{json .Config.Healthcheck}}",
-                                          node.container]).stdout)
+            config = json.loads(
+                node.run(
+                    ["podman", "container", "inspect", "--format", "{{json .Config.Healthcheck}}", node.container]
+                ).stdout
+            )
             assert config["Test"] == ["CMD", *node.rank.run.health.cmd], config
             check = node.run(["podman", "healthcheck", "run", node.container], check=False)
             if check.returncode != 0:
@@ -109,7 +134,10 @@ def test_every_rank_runs_the_plans_podman_run_and_the_line_boots(cluster: LineCl
                 # (runc's words; the hosts' runc wrapper quotes them in a log line: \" for ")
                 said = exec_.stderr.replace('\\"', '"')
                 assert 'chdir to cwd ("/opt/dsv41") set in config.json failed' in said, (
-                    node.name, check.stdout + check.stderr, exec_.stderr)
+                    node.name,
+                    check.stdout + check.stderr,
+                    exec_.stderr,
+                )
         ps = cluster.podman_ps()
         for node in nodes:
             assert node.container in ps[node.name] and " Up " in ps[node.name], ps[node.name]

@@ -19,8 +19,12 @@ def test_ruff_finds_nothing(repo):
     # beside the interpreter (the venv, a python3.withPackages env), else on PATH (`nix develop`)
     ruff = Path(sys.executable).with_name("ruff")
     ruff = ruff if ruff.exists() else Path(shutil.which("ruff") or "ruff")
-    proc = subprocess.run([str(ruff), "check", "--config", str(repo / "python/pyproject.toml"),
-                           "python", "tests", "bench"], cwd=repo, capture_output=True, text=True)
+    proc = subprocess.run(
+        [str(ruff), "check", "--config", str(repo / "python/pyproject.toml"), "python", "tests", "bench"],
+        cwd=repo,
+        capture_output=True,
+        text=True,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-1000:]
 
 
@@ -28,8 +32,12 @@ def test_mypy_strict_finds_nothing(repo, tmp_path):
     # `cd python && mypy`, as a developer runs it: [tool.mypy] names the files (the tp4 package)
     # and the plugin. The interpreter running the tests runs mypy, so the plugin and the stubs
     # are those of the same environment; the cache goes to a fresh directory, never the tree.
-    proc = subprocess.run([sys.executable, "-m", "mypy", "--cache-dir", str(tmp_path / "cache")],
-                          cwd=repo / "python", capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, "-m", "mypy", "--cache-dir", str(tmp_path / "cache")],
+        cwd=repo / "python",
+        capture_output=True,
+        text=True,
+    )
     out, code = proc.stdout + proc.stderr, proc.returncode
     assert code == 0, out
     # every module of the package was checked, not a part of it
@@ -47,5 +55,8 @@ def test_mypy_is_strict_over_the_whole_package(repo):
         modules = override["module"] if isinstance(override["module"], list) else [override["module"]]
         assert not [m for m in modules if m == "tp4" or m.startswith("tp4.")], override
     # the plugin's checks of model construction: no unknown keyword, typed fields, aliases given
-    assert pyproject["pydantic-mypy"] == {"init_forbid_extra": True, "init_typed": True,
-                                          "warn_required_dynamic_aliases": True}
+    assert pyproject["pydantic-mypy"] == {
+        "init_forbid_extra": True,
+        "init_typed": True,
+        "warn_required_dynamic_aliases": True,
+    }

@@ -63,13 +63,36 @@ class Engine:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = root / f"engine-{self.port}.log"
-        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "TP4_STANDIN_PACE": "0", "TP4_STANDIN_API_KEY": KEY,
-               "TP4_STANDIN_ROOT": str(root), **extra}
+        env = {
+            "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+            "TP4_STANDIN_PACE": "0",
+            "TP4_STANDIN_API_KEY": KEY,
+            "TP4_STANDIN_ROOT": str(root),
+            **extra,
+        }
         with open(self.log, "wb") as out:
-            self.proc = subprocess.Popen([sys.executable, "-u", str(ENGINE), "python", "-m", "sglang.launch_server",
-                                          "--model-path", "/models/DeepSeek-V4.1-Flash", "--served-model-name", MODEL,
-                                          "--host", "127.0.0.1", "--port", str(self.port)],
-                                         env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+            self.proc = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-u",
+                    str(ENGINE),
+                    "python",
+                    "-m",
+                    "sglang.launch_server",
+                    "--model-path",
+                    "/models/DeepSeek-V4.1-Flash",
+                    "--served-model-name",
+                    MODEL,
+                    "--host",
+                    "127.0.0.1",
+                    "--port",
+                    str(self.port),
+                ],
+                env=env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
         deadline = time.monotonic() + 20
         while api.health(api.Endpoint.of(self.url, MODEL), 1) != 200:
             assert self.proc.poll() is None and time.monotonic() < deadline, self.log.read_text()[-2000:]
@@ -115,8 +138,13 @@ def key_file(tmp_path: Path) -> str:
 
 
 def tp4_needle(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-c", RUNNER, *args], capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, "PYTHONPATH": str(REPO / "python")})
+    return subprocess.run(
+        [sys.executable, "-c", RUNNER, *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, "PYTHONPATH": str(REPO / "python")},
+    )
 
 
 def against(e: Engine, key_file: str, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
@@ -201,7 +229,10 @@ def test_too_long_input_is_reported_and_the_next_length_runs(start: Callable[...
     assert short["status"] == "PASS" and after["status"] == "PASS"
     assert refused["status"] == "FAIL" and refused["promptTokens"] is None
     assert refused["error"].startswith("refused as too long: ")
-    assert re.search(r"HTTP 400: The input \(\d+ tokens\) is longer than the model's context length \(40000 tokens\)\.", refused["error"])
+    assert re.search(
+        r"HTTP 400: The input \(\d+ tokens\) is longer than the model's context length \(40000 tokens\)\.",
+        refused["error"],
+    )
     assert "fix: lengths below the line's context length" in refused["error"]
     assert "error: needle: FAIL at 60,000 tokens" in proc.stderr and "Traceback" not in proc.stderr
 
@@ -217,15 +248,19 @@ def test_a_wrong_key_is_refused_by_name(engine: Engine, tmp_path: Path) -> None:
     bad.write_text("sk-wrong\n")
     bad.chmod(0o600)
     proc = against(engine, str(bad), "--lengths", "2k")
-    assert proc.returncode == 1 and "the API key was refused (HTTP 401)" in proc.stderr and "sk-wrong" not in proc.stderr
+    assert (
+        proc.returncode == 1 and "the API key was refused (HTTP 401)" in proc.stderr and "sk-wrong" not in proc.stderr
+    )
 
 
 def test_the_profile_names_the_endpoint_plan_and_image(engine: Engine, key_file: str, tmp_path: Path) -> None:
     profile = tmp_path / "profile.toml"
-    profile.write_text(f'preset = "production"\n[cluster]\nuser = "root"\nport = {engine.port}\n'
-                       '[cluster.head]\nname = "spark1"\nip = "127.0.0.1"\n'
-                       + "".join(f'[[cluster.workers]]\nname = "spark{i}"\nip = "127.0.0.{i}"\n' for i in (2, 3, 4))
-                       + f'[api]\nkey_file = "{key_file}"\n')
+    profile.write_text(
+        f'preset = "production"\n[cluster]\nuser = "root"\nport = {engine.port}\n'
+        '[cluster.head]\nname = "spark1"\nip = "127.0.0.1"\n'
+        + "".join(f'[[cluster.workers]]\nname = "spark{i}"\nip = "127.0.0.{i}"\n' for i in (2, 3, 4))
+        + f'[api]\nkey_file = "{key_file}"\n'
+    )
     proc = tp4_needle("--profile", str(profile), "--lengths", "3k", "--json")
     assert proc.returncode == 0, proc.stderr
     doc = json.loads(proc.stdout)
@@ -235,8 +270,9 @@ def test_the_profile_names_the_endpoint_plan_and_image(engine: Engine, key_file:
     assert doc["results"][0]["status"] == "PASS"
 
 
-def test_watch_memory_records_the_heads_low_water_mark(engine: Engine, start: Callable[..., Engine],
-                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+def test_watch_memory_records_the_heads_low_water_mark(
+    engine: Engine, start: Callable[..., Engine], monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The head is this machine: its /proc/meminfo is read before, every 0.2 s during and after a
     3 s answer, and the low-water mark is the least of those reads. (This machine's MemAvailable
     moves by up to a GiB on its own, so the test checks the reads, not a drop it causes.)"""
@@ -268,11 +304,17 @@ def test_watch_memory_records_the_heads_low_water_mark(engine: Engine, start: Ca
     with open("/proc/meminfo") as fh:
         total = serve.meminfo(fh.read())["MemTotal"]
     assert 0 < mem.low_water <= mem.before <= total
-    assert result.to_json()["memory"] == {"beforeBytes": mem.before, "lowWaterBytes": mem.low_water,
-                                          "samples": mem.samples, "error": None}
+    assert result.to_json()["memory"] == {
+        "beforeBytes": mem.before,
+        "lowWaterBytes": mem.low_water,
+        "samples": mem.samples,
+        "error": None,
+    }
 
 
-def test_watch_memory_is_refused_up_front_when_the_head_cannot_be_read(engine: Engine, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_watch_memory_is_refused_up_front_when_the_head_cannot_be_read(
+    engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
     head = nodes_of(build_plan(load_default()), local_head=True)[0]
     asked: list[str] = []
 
@@ -282,7 +324,9 @@ def test_watch_memory_is_refused_up_front_when_the_head_cannot_be_read(engine: E
 
     monkeypatch.setattr(serve, "mem_available", unreadable)
     progress: list[str] = []
-    with pytest.raises(Tp4Error, match=r"^--watch-memory: spark1: MemAvailable cannot be read from /proc/meminfo; fix: "):
+    with pytest.raises(
+        Tp4Error, match=r"^--watch-memory: spark1: MemAvailable cannot be read from /proc/meminfo; fix: "
+    ):
         needle.run(engine.ep, [2000], seed=1, watch=head, progress=progress.append)
     assert asked == ["spark1"] and progress == []  # before any request
 
@@ -292,7 +336,10 @@ def test_meminfo_is_read_in_bytes() -> None:
     value = serve.mem_available(head)
     assert value is not None and value > 1 << 20
     assert serve.meminfo("MemTotal:       16384 kB\nMemAvailable:    8192 kB\nHugePages_Total:       4\n") == {
-        "MemTotal": 16 << 20, "MemAvailable": 8 << 20, "HugePages_Total": 4}
+        "MemTotal": 16 << 20,
+        "MemAvailable": 8 << 20,
+        "HugePages_Total": 4,
+    }
 
 
 # --- the prompt -------------------------------------------------------------------------------------
@@ -305,7 +352,7 @@ def test_the_needle_is_at_the_depth_asked(depth: float) -> None:
     assert prompt.text.count(sentence) == 1 and prompt.text.index(sentence) == prompt.offset
     assert abs(prompt.depth - depth) < 0.002
     words = prompt.text.split()
-    at = prompt.text[:prompt.offset].split()
+    at = prompt.text[: prompt.offset].split()
     assert abs(len(at) / len(words) - depth) < 0.005  # in the stand-in's tokens too
     assert prompt.text.startswith(needle.INTRO) and prompt.text.endswith(needle.QUESTION)
 
@@ -346,7 +393,9 @@ def test_a_prompt_without_filler() -> None:
 
 
 @pytest.fixture
-def cli(tp4_cli: Callable[..., tuple[int, str, str]], monkeypatch: pytest.MonkeyPatch) -> Callable[..., tuple[int, str, str]]:
+def cli(
+    tp4_cli: Callable[..., tuple[int, str, str]], monkeypatch: pytest.MonkeyPatch
+) -> Callable[..., tuple[int, str, str]]:
     if "bench" in SUBCOMMANDS:
         return lambda *args: tp4_cli("bench", "needle", *args)
     monkeypatch.setitem(SUBCOMMANDS, "needle", ("tp4.cli.needle", "needle", ""))
@@ -356,60 +405,79 @@ def cli(tp4_cli: Callable[..., tuple[int, str, str]], monkeypatch: pytest.Monkey
 URL = ("--url", "http://127.0.0.1:9", "--model", MODEL)
 
 
-@pytest.mark.parametrize(("args", "field"), [
-    (("--lengths", "0"), "--lengths '0'"),
-    (("--lengths", "-5"), "--lengths '-5'"),
-    (("--lengths", "999"), "--lengths '999'"),
-    (("--lengths", "99999999999999999999999"), "--lengths '99999999999999999999999'"),
-    (("--lengths", "18446744073709551617"), "--lengths '18446744073709551617'"),
-    (("--lengths", "9000000"), "--lengths '9000000'"),
-    (("--lengths", "9M"), "--lengths '9M'"),
-    (("--lengths", "true"), "--lengths 'true'"),
-    (("--lengths", "False"), "--lengths 'False'"),
-    (("--lengths", ""), "--lengths ''"),
-    (("--lengths", "2k,,4k"), "--lengths '2k,,4k'"),
-    (("--lengths", "1.5k"), "--lengths '1.5k'"),
-    (("--lengths", "2k,2000"), "--lengths '2000'"),
-    (("--lengths", "1_000_000"), "--lengths '1_000_000'"),
-    (("--lengths", "２０００"), "--lengths '２０００'"),
-    (("--lengths", ",".join(str(2000 + i) for i in range(65))), "--lengths: 65 lengths"),
-    (("--depth", "-0.1"), "--depth '-0.1'"),
-    (("--depth", "1.01"), "--depth '1.01'"),
-    (("--depth", "nan"), "--depth 'nan'"),
-    (("--depth", "inf"), "--depth 'inf'"),
-    (("--depth", "true"), "--depth 'true'"),
-    (("--depth", "37%"), "--depth '37%'"),
-    (("--seed", "-1"), "--seed '-1'"),
-    (("--seed", str(2**64)), f"--seed '{2**64}'"),
-    (("--seed", "true"), "--seed 'true'"),
-    (("--timeout", "0"), "--timeout '0'"),
-    (("--timeout", "nan"), "--timeout 'nan'"),
-    (("--timeout", "1e400"), "--timeout '1e400'"),
-    (("--max-tokens", "0"), "--max-tokens '0'"),
-    (("--max-tokens", "2.5"), "--max-tokens '2.5'"),
-    (("--memory-interval", "0"), "--memory-interval '0'"),
-    (("--out", "/nonexistent-dir/needle.json"), "--out /nonexistent-dir/needle.json"),
-    (("--out", "/tmp"), "--out /tmp"),
-    (("--out", "/dev/null"), "--out /dev/null: is not a regular file"),
-])
-def test_hostile_input_exits_2_naming_the_field(cli: Callable[..., tuple[int, str, str]], args: tuple[str, ...], field: str) -> None:
+@pytest.mark.parametrize(
+    ("args", "field"),
+    [
+        (("--lengths", "0"), "--lengths '0'"),
+        (("--lengths", "-5"), "--lengths '-5'"),
+        (("--lengths", "999"), "--lengths '999'"),
+        (("--lengths", "99999999999999999999999"), "--lengths '99999999999999999999999'"),
+        (("--lengths", "18446744073709551617"), "--lengths '18446744073709551617'"),
+        (("--lengths", "9000000"), "--lengths '9000000'"),
+        (("--lengths", "9M"), "--lengths '9M'"),
+        (("--lengths", "true"), "--lengths 'true'"),
+        (("--lengths", "False"), "--lengths 'False'"),
+        (("--lengths", ""), "--lengths ''"),
+        (("--lengths", "2k,,4k"), "--lengths '2k,,4k'"),
+        (("--lengths", "1.5k"), "--lengths '1.5k'"),
+        (("--lengths", "2k,2000"), "--lengths '2000'"),
+        (("--lengths", "1_000_000"), "--lengths '1_000_000'"),
+        (("--lengths", "２０００"), "--lengths '２０００'"),
+        (("--lengths", ",".join(str(2000 + i) for i in range(65))), "--lengths: 65 lengths"),
+        (("--depth", "-0.1"), "--depth '-0.1'"),
+        (("--depth", "1.01"), "--depth '1.01'"),
+        (("--depth", "nan"), "--depth 'nan'"),
+        (("--depth", "inf"), "--depth 'inf'"),
+        (("--depth", "true"), "--depth 'true'"),
+        (("--depth", "37%"), "--depth '37%'"),
+        (("--seed", "-1"), "--seed '-1'"),
+        (("--seed", str(2**64)), f"--seed '{2**64}'"),
+        (("--seed", "true"), "--seed 'true'"),
+        (("--timeout", "0"), "--timeout '0'"),
+        (("--timeout", "nan"), "--timeout 'nan'"),
+        (("--timeout", "1e400"), "--timeout '1e400'"),
+        (("--max-tokens", "0"), "--max-tokens '0'"),
+        (("--max-tokens", "2.5"), "--max-tokens '2.5'"),
+        (("--memory-interval", "0"), "--memory-interval '0'"),
+        (("--out", "/nonexistent-dir/needle.json"), "--out /nonexistent-dir/needle.json"),
+        (("--out", "/tmp"), "--out /tmp"),
+        (("--out", "/dev/null"), "--out /dev/null: is not a regular file"),
+    ],
+)
+def test_hostile_input_exits_2_naming_the_field(
+    cli: Callable[..., tuple[int, str, str]], args: tuple[str, ...], field: str
+) -> None:
     code, out, err = cli(*URL, *args)
     assert code == 2, err
     assert err.startswith(f"error: {field}") and "; fix: " in err, err
     assert "Traceback" not in err and "internal error" not in err and out == ""
 
 
-@pytest.mark.parametrize(("args", "message"), [
-    (("--url", "ftp://127.0.0.1:9", "--model", MODEL), "error: --url 'ftp://127.0.0.1:9': not an API address of the form http://HOST:PORT; fix:"),
-    (("--url", "http://127.0.0.1:9/v1", "--model", MODEL), "error: --url 'http://127.0.0.1:9/v1': not an API address"),
-    (("--url", "http://127.0.0.1:9"), "error: --model: needed with --url; fix:"),
-    (("--model", MODEL), "error: --model: only with --url; fix:"),
-    (("--api-key-file", "/nonexistent"), "error: --api-key-file: only with --url; fix:"),
-    ((*URL, "--api-key-file", "/nonexistent/key"), "error: api.key_file: /nonexistent/key does not exist; fix:"),
-    ((*URL, "--watch-memory"), "error: --watch-memory: needs the line's head node, which --url does not name; fix:"),
-    ((*URL, "--profile", "/nonexistent.toml"), "error: --url: with --profile too; fix:"),
-])
-def test_endpoint_options_are_checked(cli: Callable[..., tuple[int, str, str]], args: tuple[str, ...], message: str) -> None:
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (
+            ("--url", "ftp://127.0.0.1:9", "--model", MODEL),
+            "error: --url 'ftp://127.0.0.1:9': not an API address of the form http://HOST:PORT; fix:",
+        ),
+        (
+            ("--url", "http://127.0.0.1:9/v1", "--model", MODEL),
+            "error: --url 'http://127.0.0.1:9/v1': not an API address",
+        ),
+        (("--url", "http://127.0.0.1:9"), "error: --model: needed with --url; fix:"),
+        (("--model", MODEL), "error: --model: only with --url; fix:"),
+        (("--api-key-file", "/nonexistent"), "error: --api-key-file: only with --url; fix:"),
+        ((*URL, "--api-key-file", "/nonexistent/key"), "error: api.key_file: /nonexistent/key does not exist; fix:"),
+        (
+            (*URL, "--watch-memory"),
+            "error: --watch-memory: needs the line's head node, which --url does not name; fix:",
+        ),
+        ((*URL, "--profile", "/nonexistent.toml"), "error: --url: with --profile too; fix:"),
+    ],
+)
+def test_endpoint_options_are_checked(
+    cli: Callable[..., tuple[int, str, str]], args: tuple[str, ...], message: str
+) -> None:
     code, out, err = cli(*args, "--lengths", "2k")
     assert code == 2 and err.startswith(message), err
     assert out == ""

@@ -29,17 +29,44 @@ def head(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[NetnsHosts,
     workdir = tmp_path_factory.mktemp("needle-head")
     with NetnsHosts(workdir / "hosts", count=1) as hosts:
         port = free_port()
-        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "TP4_STANDIN_PACE": "0", "TP4_STANDIN_API_KEY": KEY,
-               "TP4_STANDIN_FAULT": "busy", "TP4_STANDIN_BUSY_SECONDS": "1.5"}
+        env = {
+            "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+            "TP4_STANDIN_PACE": "0",
+            "TP4_STANDIN_API_KEY": KEY,
+            "TP4_STANDIN_FAULT": "busy",
+            "TP4_STANDIN_BUSY_SECONDS": "1.5",
+        }
         with open(workdir / "engine.log", "wb") as out:
-            engine = subprocess.Popen(["nsenter", f"--net=/run/netns/{hosts[0].namespace}", sys.executable, "-u", str(ENGINE),
-                                       "python", "-m", "sglang.launch_server", "--model-path", "/models/DeepSeek-V4.1-Flash",
-                                       "--served-model-name", MODEL, "--host", "0.0.0.0", "--port", str(port)],
-                                      env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+            engine = subprocess.Popen(
+                [
+                    "nsenter",
+                    f"--net=/run/netns/{hosts[0].namespace}",
+                    sys.executable,
+                    "-u",
+                    str(ENGINE),
+                    "python",
+                    "-m",
+                    "sglang.launch_server",
+                    "--model-path",
+                    "/models/DeepSeek-V4.1-Flash",
+                    "--served-model-name",
+                    MODEL,
+                    "--host",
+                    "0.0.0.0",
+                    "--port",
+                    str(port),
+                ],
+                env=env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
         try:
             deadline = time.monotonic() + 20
             while api.health(api.Endpoint.of(f"http://{hosts[0].address}:{port}", MODEL), 1) != 200:
-                assert engine.poll() is None and time.monotonic() < deadline, (workdir / "engine.log").read_text()[-2000:]
+                assert engine.poll() is None and time.monotonic() < deadline, (workdir / "engine.log").read_text()[
+                    -2000:
+                ]
                 time.sleep(0.05)
             yield hosts, port
         finally:
@@ -59,12 +86,32 @@ def test_watch_memory_reads_the_head_over_ssh(head: tuple[NetnsHosts, int], tmp_
         f'[cluster.head]\nname = "spark1"\nip = "{host.address}"\nssh = "{host.address}"\n'
         # the workers are never reached: the needle talks to the head's API and reads the head
         + "".join(f'[[cluster.workers]]\nname = "spark{i}"\nip = "{hosts.subnet}.{200 + i}"\n' for i in (2, 3, 4))
-        + f'[api]\nkey_file = "{key}"\n')
+        + f'[api]\nkey_file = "{key}"\n'
+    )
     out = tmp_path / "needle.json"
     verbose = RUNNER.replace('main(["', 'main(["-v", "')  # every command as `$ ...` on stderr
-    proc = subprocess.run([sys.executable, "-c", verbose, "--profile", str(profile), "--lengths", "3k", "--seed", "4",
-                           "--watch-memory", "--memory-interval", "0.25", "--out", str(out)],
-                          capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(REPO / "python")})
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            verbose,
+            "--profile",
+            str(profile),
+            "--lengths",
+            "3k",
+            "--seed",
+            "4",
+            "--watch-memory",
+            "--memory-interval",
+            "0.25",
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": str(REPO / "python")},
+    )
     assert proc.returncode == 0, proc.stderr
     header, row = proc.stdout.splitlines()
     assert "low-water" in header
@@ -75,7 +122,9 @@ def test_watch_memory_reads_the_head_over_ssh(head: tuple[NetnsHosts, int], tmp_
     memory = doc["results"][0]["memory"]
     assert memory["error"] is None and memory["samples"] >= 4  # 1.5 s at 0.25 s, the first and the last
     assert 0 < memory["lowWaterBytes"] <= memory["beforeBytes"]  # the first read counts too
-    reads = [line for line in proc.stderr.splitlines() if line.startswith("$ ssh ") and line.endswith(" 'cat /proc/meminfo'")]
+    reads = [
+        line for line in proc.stderr.splitlines() if line.startswith("$ ssh ") and line.endswith(" 'cat /proc/meminfo'")
+    ]
     assert len(reads) >= memory["samples"] + 1, proc.stderr[-3000:]  # the check before the run, then every sample
     assert all(f"root@{host.address} " in line for line in reads)  # over ssh to the head
     assert KEY not in proc.stdout + proc.stderr + out.read_text()

@@ -21,8 +21,10 @@ def fake_nix(bin_dir: Path, version: str) -> Path:
     """A `nix` that reports ``version`` and logs every other call (which must not happen)."""
     bin_dir.mkdir(parents=True, exist_ok=True)
     path = bin_dir / "nix"
-    path.write_text(f'#!/bin/sh\n[ "$1" = --version ] && {{ echo "nix (Nix) {version}"; exit 0; }}\n'
-                    f'echo "$*" >> {bin_dir}/calls; exit 99\n')
+    path.write_text(
+        f'#!/bin/sh\n[ "$1" = --version ] && {{ echo "nix (Nix) {version}"; exit 0; }}\n'
+        f'echo "$*" >> {bin_dir}/calls; exit 99\n'
+    )
     path.chmod(path.stat().st_mode | stat.S_IEXEC)
     return path
 
@@ -57,17 +59,28 @@ def test_inputs_in_the_store_are_not_looked_up(tmp_path):
     tree.mkdir()
     (tree / "x").write_text(os.urandom(8).hex())
     digest = nar.nar_sha256(tree)
-    added = process.run(["nix", "store", "add-path", "--name", "source", str(tree)],
-                        env={"NIX_CONFIG": nix_config(tmp_path / "cfg")}).stdout.strip()
+    added = process.run(
+        ["nix", "store", "add-path", "--name", "source", str(tree)], env={"NIX_CONFIG": nix_config(tmp_path / "cfg")}
+    ).stdout.strip()
     assert added == nar.store_path("source", digest)
 
     def lock(nar_hash: str) -> Path:
         flake = tmp_path / f"f-{bytes.hex(nar_hash.encode())[-12:]}"  # an SRI hash may hold a '/'
         flake.mkdir()
-        node = {"locked": {"type": "github", "host": "tp4-offline.invalid", "owner": "o", "repo": "r",
-                           "rev": "a" * 40, "narHash": nar_hash}, "original": {"type": "github", "owner": "o", "repo": "r"}}
-        (flake / "flake.lock").write_text(json.dumps({"nodes": {"dep": node, "root": {"inputs": {"dep": "dep"}}},
-                                                      "root": "root", "version": 7}))
+        node = {
+            "locked": {
+                "type": "github",
+                "host": "tp4-offline.invalid",
+                "owner": "o",
+                "repo": "r",
+                "rev": "a" * 40,
+                "narHash": nar_hash,
+            },
+            "original": {"type": "github", "owner": "o", "repo": "r"},
+        }
+        (flake / "flake.lock").write_text(
+            json.dumps({"nodes": {"dep": node, "root": {"inputs": {"dep": "dep"}}}, "root": "root", "version": 7})
+        )
         return flake
 
     nix.check_fetchable(lock(nar.sri(digest)))  # present: no lookup of the unresolvable host

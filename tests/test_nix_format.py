@@ -17,8 +17,7 @@ def test_every_nix_file_is_as_nixfmt_left_it(repo):
     unstamped = sorted(files - sums.keys())
     changed = sorted(f for f in files & sums.keys() if digest(repo / f) != sums[f])
     gone = sorted(sums.keys() - files)
-    fix = ("fix: build nixfmt (shared/tools/nixfmt.md), run it on these files, "
-           "then `python tests/nixfmt_stamp.py`")
+    fix = "fix: build nixfmt (shared/tools/nixfmt.md), run it on these files, then `python tests/nixfmt_stamp.py`"
     assert not unstamped, f"never checked by nixfmt: {unstamped}; {fix}"
     assert not changed, f"changed since nixfmt checked them: {changed}; {fix}"
     assert not gone, f"{STAMP.name} names files that no longer exist: {gone}; {fix}"

@@ -44,9 +44,18 @@ def template_line(work: Path, copy: Path, dest: Path) -> tuple[Path, list[str]]:
     dest.mkdir(parents=True)
     for f in ("configuration.nix", "flake.nix", "hosts.toml", "plan.json", "profile.toml"):
         shutil.copy(EXAMPLE / f, dest / f)
-    return dest, ["--override-input", "tp4", f"path:{copy}",
-                  "--override-input", "tp4/nixpkgs", f"path:{REPO / 'tests' / 'nixpkgs-stub'}",
-                  "--override-input", "tp4/nixos-dgx-spark", f"path:{empty_flake(work / 'empty')}", "--no-write-lock-file"]
+    return dest, [
+        "--override-input",
+        "tp4",
+        f"path:{copy}",
+        "--override-input",
+        "tp4/nixpkgs",
+        f"path:{REPO / 'tests' / 'nixpkgs-stub'}",
+        "--override-input",
+        "tp4/nixos-dgx-spark",
+        f"path:{empty_flake(work / 'empty')}",
+        "--no-write-lock-file",
+    ]
 
 
 def test_the_example_does_not_mount_disks_of_its_own():
@@ -62,10 +71,14 @@ def test_a_host_without_its_hardware_configuration_says_how_to_generate_it(work,
     line, inputs = template_line(work, copy, tmp_path / "line")
     proc = evaluate(work, line, f"nixosConfigurations.{host}", "c: c.stub.args.modules", inputs)
     assert proc.returncode != 0
-    assert (f"error: {host}: hardware/{host}/hardware-configuration.nix does not exist: it holds this Spark's "
-            "disks and boot modules.") in proc.stderr
+    assert (
+        f"error: {host}: hardware/{host}/hardware-configuration.nix does not exist: it holds this Spark's "
+        "disks and boot modules."
+    ) in proc.stderr
     assert "`nixos-generate-config --show-hardware-config > hardware-configuration.nix`" in proc.stderr
-    assert f"copy the file to hardware/{host}/hardware-configuration.nix next to flake.nix and `git add` it" in proc.stderr
+    assert (
+        f"copy the file to hardware/{host}/hardware-configuration.nix next to flake.nix and `git add` it" in proc.stderr
+    )
 
 
 def test_each_host_takes_its_own_hardware_configuration(work, copy, tmp_path):
@@ -74,35 +87,60 @@ def test_each_host_takes_its_own_hardware_configuration(work, copy, tmp_path):
         hw = line / "hardware" / host / "hardware-configuration.nix"
         hw.parent.mkdir(parents=True)
         hw.write_text(f'{{ fileSystems."/".device = "/dev/disk/by-uuid/{host}"; }}\n')
-    proc = evaluate(work, line, "nixosConfigurations", """cs: builtins.mapAttrs (n: c: let ms = c.stub.args.modules; in {
+    proc = evaluate(
+        work,
+        line,
+        "nixosConfigurations",
+        """cs: builtins.mapAttrs (n: c: let ms = c.stub.args.modules; in {
       hw = (import (builtins.elemAt ms 2)).fileSystems."/".device;
-      rest = map (p: baseNameOf (toString p)) (builtins.tail (builtins.tail ms)); }) cs""", inputs)
+      rest = map (p: baseNameOf (toString p)) (builtins.tail (builtins.tail ms)); }) cs""",
+        inputs,
+    )
     assert proc.returncode == 0, proc.stderr
     got = json.loads(proc.stdout)
-    assert got == {h: {"hw": f"/dev/disk/by-uuid/{h}", "rest": ["hardware-configuration.nix", "configuration.nix"]} for h in HOSTS}
+    assert got == {
+        h: {"hw": f"/dev/disk/by-uuid/{h}", "rest": ["hardware-configuration.nix", "configuration.nix"]} for h in HOSTS
+    }
 
 
 def test_lib_line_configurations_wants_hardware(work, copy):
     impure = [*stub_inputs(REPO, empty_flake(work / "empty")), "--impure"]  # the plan is a path of this checkout
-    proc = evaluate(work, copy, "lib", f"""l: (l.lineConfigurations {{ plan = {nix_path(EXAMPLE / 'plan.json')}; }}).spark2.stub.args.modules""", impure)
+    proc = evaluate(
+        work,
+        copy,
+        "lib",
+        f"""l: (l.lineConfigurations {{ plan = {nix_path(EXAMPLE / "plan.json")}; }}).spark2.stub.args.modules""",
+        impure,
+    )
     assert proc.returncode != 0
     assert "tp4.lib.lineConfigurations: spark2: hardware is not set; fix: pass hardware = ./hardware" in proc.stderr
     # a module instead of a directory: every host takes it
-    proc = evaluate(work, copy, "lib", f"""l: map (c: builtins.elemAt c.stub.args.modules 2) (builtins.attrValues (l.lineConfigurations {{
-      plan = {nix_path(EXAMPLE / 'plan.json')}; hardware = {{ boot.loader.grub.enable = false; }}; }}))""", impure)
+    proc = evaluate(
+        work,
+        copy,
+        "lib",
+        f"""l: map (c: builtins.elemAt c.stub.args.modules 2) (builtins.attrValues (l.lineConfigurations {{
+      plan = {nix_path(EXAMPLE / "plan.json")}; hardware = {{ boot.loader.grub.enable = false; }}; }}))""",
+        impure,
+    )
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout) == [{"boot": {"loader": {"grub": {"enable": False}}}}] * 4
 
 
 def configuration_keys(work: Path, line: Path):
-    return nix_eval(f"(import {nix_path(line / 'configuration.nix')} {{ }}).users.users.tp4.openssh.authorizedKeys.keys", work / "nix")
+    return nix_eval(
+        f"(import {nix_path(line / 'configuration.nix')} {{ }}).users.users.tp4.openssh.authorizedKeys.keys",
+        work / "nix",
+    )
 
 
 def test_the_node_user_key_is_asked_for(work, tmp_path):
     value, err = configuration_keys(work, EXAMPLE)
     assert value is None
-    assert ("users.users.tp4.openssh.authorizedKeys.keys: authorized_keys next to configuration.nix has no key, and "
-            "tp4 reaches every node over ssh as tp4; fix: `cp ~/.ssh/id_ed25519_tp4.pub authorized_keys`") in err
+    assert (
+        "users.users.tp4.openssh.authorizedKeys.keys: authorized_keys next to configuration.nix has no key, and "
+        "tp4 reaches every node over ssh as tp4; fix: `cp ~/.ssh/id_ed25519_tp4.pub authorized_keys`"
+    ) in err
     line = tmp_path / "line"
     shutil.copytree(EXAMPLE, line)
     (line / "authorized_keys").write_text("# the deploying user\n\n")
@@ -116,7 +154,12 @@ def test_the_node_user_key_is_asked_for(work, tmp_path):
 def test_the_checks_evaluate_the_hosts_on_test_hardware(work, copy):
     """checks.aarch64-linux.nixos-<host> evaluates where the line's nixosConfigurations.<host>
     refuses (the flake itself has none: a fresh clone's `nix flake check` evaluates no host)."""
-    proc = evaluate(work, copy, "checks.aarch64-linux", """c: map (n: c."nixos-${n}".stub.args.text) [ "spark1" "spark2" "spark3" "spark4" ]""")
+    proc = evaluate(
+        work,
+        copy,
+        "checks.aarch64-linux",
+        """c: map (n: c."nixos-${n}".stub.args.text) [ "spark1" "spark2" "spark3" "spark4" ]""",
+    )
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout) == ["/nix/store/0000000000000000000000000000000a-nixos-system-stand-in.drv"] * 4
     text = (REPO / "pkgs" / "outputs.nix").read_text()
@@ -137,8 +180,14 @@ def test_the_template_gives_the_same_hosts(work, copy, tmp_path):
     for host in HOSTS:
         (line / "hardware" / host).mkdir(parents=True)
         (line / "hardware" / host / "hardware-configuration.nix").write_text(f'{{ networking.hostId = "{host}"; }}\n')
-    proc = evaluate(work, line, "nixosConfigurations", """cs: builtins.mapAttrs (n: c: let ms = c.stub.args.modules; in {
-      hw = (import (builtins.elemAt ms 2)).networking.hostId; conf = baseNameOf (toString (builtins.elemAt ms 3)); }) cs""", inputs)
+    proc = evaluate(
+        work,
+        line,
+        "nixosConfigurations",
+        """cs: builtins.mapAttrs (n: c: let ms = c.stub.args.modules; in {
+      hw = (import (builtins.elemAt ms 2)).networking.hostId; conf = baseNameOf (toString (builtins.elemAt ms 3)); }) cs""",
+        inputs,
+    )
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout) == {h: {"hw": h, "conf": "configuration.nix"} for h in HOSTS}
 
@@ -147,8 +196,14 @@ def test_the_templates_flake_checks_its_plan_file(work, copy, tmp_path):
     """The line's own flake checks that its committed plan.json is what its profile renders:
     `tp4 plan --check` with the tp4 package, on every system (tp4.lib.planChecks)."""
     line, inputs = template_line(work, copy, tmp_path / "line")
-    proc = evaluate(work, line, "checks", """cs: builtins.mapAttrs (s: c: { names = builtins.attrNames c;
-      builder = c.plan-current.stub.builder; cmd = c.plan-current.stub.args.buildCommand; }) cs""", inputs)
+    proc = evaluate(
+        work,
+        line,
+        "checks",
+        """cs: builtins.mapAttrs (s: c: { names = builtins.attrNames c;
+      builder = c.plan-current.stub.builder; cmd = c.plan-current.stub.args.buildCommand; }) cs""",
+        inputs,
+    )
     assert proc.returncode == 0, proc.stderr
     got = json.loads(proc.stdout)
     assert {"x86_64-linux", "aarch64-linux"} <= set(got)

@@ -41,8 +41,10 @@ def head(tmp_path_factory):
 
 
 def build(flake: Path, work: Path) -> str:
-    proc = process.run(["nix", "build", "--json", "--no-link", f"path:{flake}#image"],
-                       env={"NIX_CONFIG": image_nix_config(work / "nix")})
+    proc = process.run(
+        ["nix", "build", "--json", "--no-link", f"path:{flake}#image"],
+        env={"NIX_CONFIG": image_nix_config(work / "nix")},
+    )
     return json.loads(proc.stdout)[0]["outputs"]["out"]
 
 
@@ -50,8 +52,11 @@ def container(work: Path, profile: Path, plan: Path, image: str) -> dict:
     config = fixture_config(plan, "spark1", ring=False, image=image)
     w = walk(MODULES / "tp4-line.nix", config, work, PKGS_TEXT)
     name = json.loads(plan.read_text())["nodes"][0]["run"]["container"]
-    return {s["path"].rsplit(".", 1)[1]: s["value"] for s in w["set"]
-            if s["path"].startswith(f"virtualisation.oci-containers.containers.{name}.")}
+    return {
+        s["path"].rsplit(".", 1)[1]: s["value"]
+        for s in w["set"]
+        if s["path"].startswith(f"virtualisation.oci-containers.containers.{name}.")
+    }
 
 
 def test_the_layout_loads_under_the_image_the_unit_runs(head, tmp_path, store):
@@ -68,11 +73,28 @@ def test_the_layout_loads_under_the_image_the_unit_runs(head, tmp_path, store):
     stream = tmp_path / "tp4-image-stream"
     stream.write_text(f"#!/bin/sh\n{script}")  # writeShellScript's file: "#!${runtimeShell}" and the text
     stream.chmod(0o755)
-    proc = subprocess.run(["bash", "-c", 'set -o pipefail; "$0" | podman load', str(stream)], capture_output=True, text=True)
+    proc = subprocess.run(
+        ["bash", "-c", 'set -o pipefail; "$0" | podman load', str(stream)], capture_output=True, text=True
+    )
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.strip().splitlines()[-1] == f"Loaded image: docker.io/library/{run_image}", proc.stdout + proc.stderr
-    out = process.run(["podman", "run", "--rm", "--pull", "never", *RUN, "--entrypoint", "/bin/sh", run_image,
-                       "-c", "cat /opt/data/label"]).stdout
+    assert proc.stdout.strip().splitlines()[-1] == f"Loaded image: docker.io/library/{run_image}", (
+        proc.stdout + proc.stderr
+    )
+    out = process.run(
+        [
+            "podman",
+            "run",
+            "--rm",
+            "--pull",
+            "never",
+            *RUN,
+            "--entrypoint",
+            "/bin/sh",
+            run_image,
+            "-c",
+            "cat /opt/data/label",
+        ]
+    ).stdout
     assert out.strip() == "nixos"
 
 
@@ -90,9 +112,15 @@ def test_a_layout_as_image_file_would_not_be_found(head, tmp_path, store):
 
 def test_only_one_image_source(head):
     work, profile, plan = head
-    config = fixture_config(plan, "spark1", ring=False,
-                            image='{ layout = "/nix/store/x-image"; stream = "/nix/store/y-stream"; file = null; }')
+    config = fixture_config(
+        plan,
+        "spark1",
+        ring=False,
+        image='{ layout = "/nix/store/x-image"; stream = "/nix/store/y-stream"; file = null; }',
+    )
     w = walk(MODULES / "tp4-line.nix", config, work, PKGS_TEXT)
     failed = [a["message"] for a in _assertions(w) if not a["assertion"]]
-    assert failed == ["tp4.line.image: more than one of layout, stream and file is set; fix: set only one of them "
-                      "(layout = tp4.packages.aarch64-linux.image)"]
+    assert failed == [
+        "tp4.line.image: more than one of layout, stream and file is set; fix: set only one of them "
+        "(layout = tp4.packages.aarch64-linux.image)"
+    ]

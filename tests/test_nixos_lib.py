@@ -71,8 +71,11 @@ def test_the_golden_holds_what_the_host_requirements_say(hosts):
             "enp1s0f0np0": {"mtu": 9000, "ipv4": {"addresses": [{"address": f"10.0.0.{i}", "prefixLength": 24}]}},
             "enP2p1s0f0np0": {"mtu": 9000, "ipv4": {"addresses": [{"address": f"10.0.1.{i}", "prefixLength": 24}]}},
         }
-        assert h["sysctl"] == {f"net.ipv4.conf.{n}.{k}": v for n in ("enP2p1s0f0np0", "enp1s0f0np0")
-                               for k, v in (("arp_ignore", 1), ("arp_announce", 2))}
+        assert h["sysctl"] == {
+            f"net.ipv4.conf.{n}.{k}": v
+            for n in ("enP2p1s0f0np0", "enp1s0f0np0")
+            for k, v in (("arp_ignore", 1), ("arp_announce", 2))
+        }
         assert h["kernelModules"] == ["mlx5_core", "mlx5_ib"]
         assert h["kernelParams"] == ["nvidia-drm.modeset=1", "nvidia-drm.fbdev=0"]
         assert h["rdmaCheck"]["ports"] == [
@@ -83,13 +86,18 @@ def test_the_golden_holds_what_the_host_requirements_say(hosts):
         unit = h["rankUnit"]
         assert unit["serviceConfig"]["LimitMEMLOCK"] == "infinity"
         # a head's checkpoint directory is bound, not made: the unit asserts it is there
-        assert unit["unitConfig"] == {"StartLimitIntervalSec": 3600, "StartLimitBurst": 3,
-                                      **({"AssertPathExists": ["/home/tp4/NewModels/DeepSeek-V4.1-Flash"]} if h["rank"] == 0 else {})}
+        assert unit["unitConfig"] == {
+            "StartLimitIntervalSec": 3600,
+            "StartLimitBurst": 3,
+            **({"AssertPathExists": ["/home/tp4/NewModels/DeepSeek-V4.1-Flash"]} if h["rank"] == 0 else {}),
+        }
         assert unit["ordering"]["after"][:2] == ["network-online.target", "tp4-rdma-check.service"]
     head, workers = hosts["spark1"], [hosts[f"spark{i}"] for i in (2, 3, 4)]
     opts = "ro,sync,no_subtree_check,no_root_squash,insecure"
-    assert head["nfs"] == {"exports": f"/home/tp4/NewModels/DeepSeek-V4.1-Flash 10.0.0.2({opts}) 10.0.0.3({opts}) 10.0.0.4({opts})",
-                           "mount": None}
+    assert head["nfs"] == {
+        "exports": f"/home/tp4/NewModels/DeepSeek-V4.1-Flash 10.0.0.2({opts}) 10.0.0.3({opts}) 10.0.0.4({opts})",
+        "mount": None,
+    }
     assert head["weightsVolume"] is None
     assert all(h["ring"] is None for h in hosts.values())
     assert head["firewall"] == {"tcp": [8888, 20000, 2049], "trustedInterfaces": ["enP7s7"]}
@@ -97,15 +105,36 @@ def test_the_golden_holds_what_the_host_requirements_say(hosts):
     for w in workers:
         assert w["nfs"]["exports"] is None
         assert w["nfs"]["mount"] == {
-            "mountPoint": "/var/lib/tp4/weights", "device": "10.0.0.1:/home/tp4/NewModels/DeepSeek-V4.1-Flash", "fsType": "nfs",
-            "options": ["nfsvers=4.2", "ro", "nconnect=8", "rsize=1048576", "wsize=1048576", "hard", "timeo=600",
-                        "_netdev", "x-systemd.automount", "x-systemd.after=network-online.target",
-                        "x-systemd.requires=network-online.target", "x-systemd.mount-timeout=120s"]}
+            "mountPoint": "/var/lib/tp4/weights",
+            "device": "10.0.0.1:/home/tp4/NewModels/DeepSeek-V4.1-Flash",
+            "fsType": "nfs",
+            "options": [
+                "nfsvers=4.2",
+                "ro",
+                "nconnect=8",
+                "rsize=1048576",
+                "wsize=1048576",
+                "hard",
+                "timeo=600",
+                "_netdev",
+                "x-systemd.automount",
+                "x-systemd.after=network-online.target",
+                "x-systemd.requires=network-online.target",
+                "x-systemd.mount-timeout=120s",
+            ],
+        }
         # the volume tp4 share makes on a plain worker; the rank waits for the host's own mount
         assert w["weightsVolume"] == {
-            "name": "dsv41-weights", "driver": "local", "requiresMount": "/var/lib/tp4/weights", "unit": "tp4-weights-volume.service",
-            "options": {"type": "nfs", "o": "addr=10.0.0.1,nfsvers=4.2,ro,nconnect=8,rsize=1048576,wsize=1048576,hard,timeo=600",
-                        "device": ":/home/tp4/NewModels/DeepSeek-V4.1-Flash"}}
+            "name": "dsv41-weights",
+            "driver": "local",
+            "requiresMount": "/var/lib/tp4/weights",
+            "unit": "tp4-weights-volume.service",
+            "options": {
+                "type": "nfs",
+                "o": "addr=10.0.0.1,nfsvers=4.2,ro,nconnect=8,rsize=1048576,wsize=1048576,hard,timeo=600",
+                "device": ":/home/tp4/NewModels/DeepSeek-V4.1-Flash",
+            },
+        }
         assert w["firewall"] == {"tcp": [], "trustedInterfaces": ["enP7s7"]}
         assert w["rankUnit"]["unit"] == "podman-dsv41-worker.service"
         assert w["rankUnit"]["ordering"]["requires"] == ["tp4-rdma-check.service", "tp4-weights-volume.service"]
@@ -114,9 +143,25 @@ def test_the_golden_holds_what_the_host_requirements_say(hosts):
 # --- one renderer: the unit runs what serve runs ------------------------------------------------
 
 # flags of `<runtime> run` that take their value as the next word (python/tp4/serving/serve.py run_argv)
-_VALUE_FLAGS = {"--name", "--label", "--network", "--ipc", "--cap-add", "--shm-size", "--ulimit", "--device", "-v",
-                "--restart", "--env-file", "--gpus", "--health-cmd", "--health-interval", "--health-timeout",
-                "--health-start-period", "--health-retries"}
+_VALUE_FLAGS = {
+    "--name",
+    "--label",
+    "--network",
+    "--ipc",
+    "--cap-add",
+    "--shm-size",
+    "--ulimit",
+    "--device",
+    "-v",
+    "--restart",
+    "--env-file",
+    "--gpus",
+    "--health-cmd",
+    "--health-interval",
+    "--health-timeout",
+    "--health-start-period",
+    "--health-retries",
+}
 
 
 def serve_flags(argv: list[str], image: str) -> tuple[list[str], list[str]]:
@@ -163,9 +208,13 @@ def test_the_rank_container_is_the_plan_serve_runs(work):
         assert oci_flags(c) == words
         # the image's health check, which podman reads from no OCI image: both give it as flags
         h = rank.run.health
-        assert {f"--health-cmd={json.dumps(list(h.cmd), separators=(',', ':'))}", f"--health-interval={h.interval}s",
-                f"--health-timeout={h.timeout}s", f"--health-start-period={h.start_period}s",
-                f"--health-retries={h.retries}"} <= set(words)
+        assert {
+            f"--health-cmd={json.dumps(list(h.cmd), separators=(',', ':'))}",
+            f"--health-interval={h.interval}s",
+            f"--health-timeout={h.timeout}s",
+            f"--health-start-period={h.start_period}s",
+            f"--health-retries={h.retries}",
+        } <= set(words)
         assert [c["image"], *c["cmd"]] == tail
         assert unit["backend"] == runtime and unit["unit"] == rank.service.unit == f"{runtime}-{unit['name']}.service"
         assert c["autoStart"] is False and c["pull"] == "never"
@@ -182,7 +231,9 @@ def test_a_nixos_node_runs_podman_only(work, tmp_path):
     assert {n.runtime for n in load_file(unset).profile.nodes} == {"podman"}
     docker = tmp_path / "docker.toml"
     docker.write_text(text.replace('runtime = "podman"', 'runtime = "docker"', 1))
-    with pytest.raises(Tp4Error, match=r"cluster\.head\.runtime: a NixOS node runs its rank with podman.*fix: set runtime = \"podman\""):
+    with pytest.raises(
+        Tp4Error, match=r"cluster\.head\.runtime: a NixOS node runs its rank with podman.*fix: set runtime = \"podman\""
+    ):
         load_file(docker)
 
 
@@ -194,33 +245,52 @@ def test_a_plan_of_an_older_schema_is_refused(work, tmp_path):
     edited = tmp_path / "old-plan.json"
     edited.write_text(json.dumps(doc))
     err = failure(hosts_expr(edited, HOSTS), work)
-    assert ('tp4.planFile: "tp4.plan/1.8" is not a plan this module reads (tp4.plan/1.9 or later); '
-            "fix: write the plan again with this flake's tp4: tp4 plan --json -o plan.json --profile profile.toml") in err
+    assert (
+        'tp4.planFile: "tp4.plan/1.8" is not a plan this module reads (tp4.plan/1.9 or later); '
+        "fix: write the plan again with this flake's tp4: tp4 plan --json -o plan.json --profile profile.toml"
+    ) in err
+
 
 def test_the_weights_options_are_tp4_shares(work, plan, hosts):
     """The export and client options are the plan's (line.nfs), which tp4 share writes too: the
     head's exports line and a worker's volume are what share makes on a plain host."""
     nfs = json.loads(plan.read_text())["line"]["nfs"]
-    assert ",".join(nfs["export_options"]) == share.EXPORT_OPTIONS and ",".join(nfs["mount_options"]) == share.MOUNT_OPTIONS
+    assert (
+        ",".join(nfs["export_options"]) == share.EXPORT_OPTIONS
+        and ",".join(nfs["mount_options"]) == share.MOUNT_OPTIONS
+    )
     opts = " ".join(json.dumps(o) for o in nfs["export_options"])
     clients = ["10.0.0.2", "10.0.0.3"]
     nix_clients = " ".join(json.dumps(c) for c in clients)
     for path in ("/srv/model", "/srv/my model"):
-        line = evaluate(f"(import {nix_path(LIB)}).weights.exportsLine {{ path = {json.dumps(path)}; clients = [ {nix_clients} ]; options = [ {opts} ]; }}", work)
+        line = evaluate(
+            f"(import {nix_path(LIB)}).weights.exportsLine {{ path = {json.dumps(path)}; clients = [ {nix_clients} ]; options = [ {opts} ]; }}",
+            work,
+        )
         assert line == share.kernel_exports_text(path, clients).splitlines()[1]
     # a worker's volume is the one tp4 share makes (and checks on a NixOS worker)
     w = hosts["spark2"]["weightsVolume"]
     server = nfs["servers"][0]
-    assert w["options"] == nfs["volumes"][0] == {"type": "nfs", "o": f"addr={server},{share.MOUNT_OPTIONS}", "device": f":{nfs['export']}"}
-    assert hosts["spark2"]["nfs"]["mount"]["options"][:len(nfs["mount_options"])] == nfs["mount_options"]
+    assert (
+        w["options"]
+        == nfs["volumes"][0]
+        == {"type": "nfs", "o": f"addr={server},{share.MOUNT_OPTIONS}", "device": f":{nfs['export']}"}
+    )
+    assert hosts["spark2"]["nfs"]["mount"]["options"][: len(nfs["mount_options"])] == nfs["mount_options"]
 
 
 # --- other lines ------------------------------------------------------------------------------
 
 
 def test_a_ring_keeps_local_weights_and_orders_the_rank_after_the_mesh(work):
-    text = PROFILE.read_text().replace('hcas = ["rocep1s0f0", "roceP2p1s0f0"]', 'hcas = ["rocep1s0f0", "roceP2p1s0f0"]\nmode = "ring"\n\n[fabric.nccl]\nmount = "overlay"')
-    text = text.replace("[nfs]", "[nfs]\nshare = false") + '\n[gates]\nDSV41_ROCE_RING = "1"\nSGLANG_ROCE_MAX_SIZE = "262144"\nDSV41_ROCE_GATHER = "262144"\n'
+    text = PROFILE.read_text().replace(
+        'hcas = ["rocep1s0f0", "roceP2p1s0f0"]',
+        'hcas = ["rocep1s0f0", "roceP2p1s0f0"]\nmode = "ring"\n\n[fabric.nccl]\nmount = "overlay"',
+    )
+    text = (
+        text.replace("[nfs]", "[nfs]\nshare = false")
+        + '\n[gates]\nDSV41_ROCE_RING = "1"\nSGLANG_ROCE_MAX_SIZE = "262144"\nDSV41_ROCE_GATHER = "262144"\n'
+    )
     profile = work / "ring.toml"
     profile.write_text(text)
     plan = plan_file(profile, work / "ring.json")
@@ -231,23 +301,49 @@ def test_a_ring_keeps_local_weights_and_orders_the_rank_after_the_mesh(work):
     assert hosts["spark1"]["firewall"]["tcp"] == [8888, 20000]
     w = hosts["spark3"]
     assert w["nfs"] == {"exports": None, "mount": None}
-    assert w["weightsVolume"] == {"name": "dsv41-weights", "driver": "local", "requiresMount": "/var/lib/tp4/model", "unit": "tp4-weights-volume.service",
-                                  "options": {"type": "none", "o": "bind", "device": "/var/lib/tp4/model"}}
+    assert w["weightsVolume"] == {
+        "name": "dsv41-weights",
+        "driver": "local",
+        "requiresMount": "/var/lib/tp4/model",
+        "unit": "tp4-weights-volume.service",
+        "options": {"type": "none", "o": "bind", "device": "/var/lib/tp4/model"},
+    }
     markers = [f"tp4-mesh-marker@{d}.service" for d in ("rocep1s0f0", "rocep1s0f1", "roceP2p1s0f0", "roceP2p1s0f1")]
     # RoCEnante's opposite-node paths (DSV41_ROCE_RING=1): the rank also waits for the four markers
-    assert w["rankUnit"]["ordering"]["requires"] == ["tp4-rdma-check.service", "tp4-weights-volume.service", "tp4-mesh.service", *markers]
-    assert w["ring"] == {"size": 8192, "unit": "tp4-mesh.service", "functions": ["0000:01:00.0", "0000:01:00.1", "0002:01:00.0", "0002:01:00.1"],
-                         "links": ["enp1s0f0np0", "enp1s0f1np1", "enP2p1s0f0np0", "enP2p1s0f1np1"], "linkTimeout": 120,
-                         "marker": {"devices": ["rocep1s0f0", "rocep1s0f1", "roceP2p1s0f0", "roceP2p1s0f1"], "units": markers,
-                                    "sourcePort": 65535, "etherType": "0x88b5"}}
+    assert w["rankUnit"]["ordering"]["requires"] == [
+        "tp4-rdma-check.service",
+        "tp4-weights-volume.service",
+        "tp4-mesh.service",
+        *markers,
+    ]
+    assert w["ring"] == {
+        "size": 8192,
+        "unit": "tp4-mesh.service",
+        "functions": ["0000:01:00.0", "0000:01:00.1", "0002:01:00.0", "0002:01:00.1"],
+        "links": ["enp1s0f0np0", "enp1s0f1np1", "enP2p1s0f0np0", "enP2p1s0f1np1"],
+        "linkTimeout": 120,
+        "marker": {
+            "devices": ["rocep1s0f0", "rocep1s0f1", "roceP2p1s0f0", "roceP2p1s0f1"],
+            "units": markers,
+            "sourcePort": 65535,
+            "etherType": "0x88b5",
+        },
+    }
     assert json.loads(plan.read_text())["line"]["ring_hairpin_queue"] == w["ring"]["size"]
     # every node of a ring may relay another's route to the opposite node: IPv4 forwarding on all
     # (tp4 doctor's RING.IP_FORWARD); a switched line's hosts keep the kernel's default
     for h in hosts.values():
         assert h["sysctl"]["net.ipv4.ip_forward"] == 1
-    assert "/home/tp4/nccl-2.30.7/libnccl.so.2:/opt/sglang/lib/python3.12/site-packages/nvidia/nccl/lib/libnccl.so.2:ro" in w["rankUnit"]["container"]["volumes"]
+    assert (
+        "/home/tp4/nccl-2.30.7/libnccl.so.2:/opt/sglang/lib/python3.12/site-packages/nvidia/nccl/lib/libnccl.so.2:ro"
+        in w["rankUnit"]["container"]["volumes"]
+    )
     # the patched NCCL the ring's overlay binds must be there: the unit asserts it before the runtime runs
-    assert w["rankUnit"]["unitConfig"] == {"StartLimitIntervalSec": 3600, "StartLimitBurst": 3, "AssertPathExists": ["/home/tp4/nccl-2.30.7/libnccl.so.2"]}
+    assert w["rankUnit"]["unitConfig"] == {
+        "StartLimitIntervalSec": 3600,
+        "StartLimitBurst": 3,
+        "AssertPathExists": ["/home/tp4/nccl-2.30.7/libnccl.so.2"],
+    }
     assert hosts["spark1"]["rankUnit"]["unitConfig"]["AssertPathExists"][0] == "/home/tp4/NewModels/DeepSeek-V4.1-Flash"
 
 
@@ -261,7 +357,11 @@ def test_clients_are_the_workers_addresses_on_the_servers_network(work):
 
 def test_a_pinned_gid_index_is_checked_and_the_display_reservation_can_be_off(work):
     profile = work / "pinned.toml"
-    profile.write_text(PROFILE.read_text().replace('name = "spark3"\nip = "10.0.0.3"', 'name = "spark3"\nip = "10.0.0.3"\ngid_index = 5'))
+    profile.write_text(
+        PROFILE.read_text().replace(
+            'name = "spark3"\nip = "10.0.0.3"', 'name = "spark3"\nip = "10.0.0.3"\ngid_index = 5'
+        )
+    )
     hosts = evaluate(hosts_expr(plan_file(profile, work / "pinned.json"), HOSTS, displayReservation="false"), work)
     assert [hosts[n]["rdmaCheck"]["gidIndex"] for n in hosts] == [None, None, 5, None]
     assert all(h["kernelParams"] == [] for h in hosts.values())
@@ -288,7 +388,11 @@ def test_the_line_label_is_the_plans(work, plan, hosts):
     line = doc["line"]["id"]
     assert line == line_id(build_plan(load_file(PROFILE)))
     for rank, h in enumerate(hosts.values()):
-        assert h["rankUnit"]["container"]["labels"] == {"tp4.line": line, "tp4.rank": str(rank), "tp4.plan": doc["digest"]}
+        assert h["rankUnit"]["container"]["labels"] == {
+            "tp4.line": line,
+            "tp4.rank": str(rank),
+            "tp4.plan": doc["digest"],
+        }
 
 
 def _replace(text: str, old: str, new: str) -> str:
@@ -304,19 +408,36 @@ def test_the_hosts_read_the_plans_nfs_servers_with_tp4s_fallback(work):
     plan = plan_file(profile, work / "no-server-ips.json")
     servers = json.loads(plan.read_text())["line"]["nfs"]["servers"]
     hosts = evaluate(hosts_expr(plan, HOSTS), work)
-    assert [hosts[f"spark{i}"]["nfs"]["mount"]["device"].split(":")[0] for i in (2, 3, 4)] == servers == ["10.0.22.1"] * 3
+    assert (
+        [hosts[f"spark{i}"]["nfs"]["mount"]["device"].split(":")[0] for i in (2, 3, 4)] == servers == ["10.0.22.1"] * 3
+    )
+
 
 BAD_HOSTS = {
-    "a port with another node's address": (('address = "10.0.1.3"', 'address = "10.0.1.2"'),
-                                           "hosts: nodes.spark3.ports.enP2p1s0f0np0: 10.0.1.2 is also hosts: nodes.spark2.ports.enP2p1s0f0np0"),
-    "a port with a node's ip": (('address = "10.0.1.4"', 'address = "10.0.0.1"'),
-                                "hosts: nodes.spark4.ports.enP2p1s0f0np0: 10.0.0.1 is also plan: nodes[0].host"),
-    "a node the profile does not have": (("[nodes.spark4.", "[nodes.spark9."), "hosts: nodes.spark9: not a node of the plan (spark1 spark2 spark3 spark4)"),
-    "no address on a port the line uses": (('[nodes.spark2.ports.enP2p1s0f0np0]\naddress = "10.0.1.2"\n', ''),
-                                           "hosts: nodes.spark2.ports.enP2p1s0f0np0: the line uses roceP2p1s0f0 (fabric.hcas), whose netdev enP2p1s0f0np0 has no address on spark2"),
-    "the primary port again": (("[nodes.spark1.ports.enP2p1s0f0np0]", "[nodes.spark1.ports.enp1s0f0np0]"),
-                               "hosts: nodes.spark1.ports.enp1s0f0np0: enp1s0f0np0 already carries the plan's address of spark1 (plan: nodes[0].host)"),
-    "a prefix length out of range": (("prefix_length = 24", "prefix_length = 33"), "hosts: fabric.prefix_length: 33 is not a prefix length"),
+    "a port with another node's address": (
+        ('address = "10.0.1.3"', 'address = "10.0.1.2"'),
+        "hosts: nodes.spark3.ports.enP2p1s0f0np0: 10.0.1.2 is also hosts: nodes.spark2.ports.enP2p1s0f0np0",
+    ),
+    "a port with a node's ip": (
+        ('address = "10.0.1.4"', 'address = "10.0.0.1"'),
+        "hosts: nodes.spark4.ports.enP2p1s0f0np0: 10.0.0.1 is also plan: nodes[0].host",
+    ),
+    "a node the profile does not have": (
+        ("[nodes.spark4.", "[nodes.spark9."),
+        "hosts: nodes.spark9: not a node of the plan (spark1 spark2 spark3 spark4)",
+    ),
+    "no address on a port the line uses": (
+        ('[nodes.spark2.ports.enP2p1s0f0np0]\naddress = "10.0.1.2"\n', ""),
+        "hosts: nodes.spark2.ports.enP2p1s0f0np0: the line uses roceP2p1s0f0 (fabric.hcas), whose netdev enP2p1s0f0np0 has no address on spark2",
+    ),
+    "the primary port again": (
+        ("[nodes.spark1.ports.enP2p1s0f0np0]", "[nodes.spark1.ports.enp1s0f0np0]"),
+        "hosts: nodes.spark1.ports.enp1s0f0np0: enp1s0f0np0 already carries the plan's address of spark1 (plan: nodes[0].host)",
+    ),
+    "a prefix length out of range": (
+        ("prefix_length = 24", "prefix_length = 33"),
+        "hosts: fabric.prefix_length: 33 is not a prefix length",
+    ),
 }
 
 
@@ -330,26 +451,44 @@ def test_a_bad_hosts_file_fails_naming_the_field(work, plan, case):
 
 def test_a_plain_node_gets_no_unit(work):
     profile = work / "plain.toml"
-    profile.write_text(_replace(PROFILE.read_text(), 'name = "spark2"\nip = "10.0.0.2"\nkind = "nixos"', 'name = "spark2"\nip = "10.0.0.2"\nkind = "plain"'))
+    profile.write_text(
+        _replace(
+            PROFILE.read_text(),
+            'name = "spark2"\nip = "10.0.0.2"\nkind = "nixos"',
+            'name = "spark2"\nip = "10.0.0.2"\nkind = "plain"',
+        )
+    )
     err = failure(hosts_expr(plan_file(profile, work / "plain.json"), HOSTS), work)
     assert 'cluster.workers[0].kind: spark2 is a "plain" host in the profile' in err
 
 
 def test_a_host_that_is_not_in_the_plan(work, plan):
-    expr = f"(import {nix_path(LIB)}).host {{ plan = {json_file(plan)}; hostsFile = {toml(HOSTS)}; name = \"spark7\"; }}"
-    assert 'tp4.node: "spark7" is not a node of the plan (spark1 spark2 spark3 spark4); fix: set tp4.node' in failure(expr, work)
+    expr = f'(import {nix_path(LIB)}).host {{ plan = {json_file(plan)}; hostsFile = {toml(HOSTS)}; name = "spark7"; }}'
+    assert 'tp4.node: "spark7" is not a node of the plan (spark1 spark2 spark3 spark4); fix: set tp4.node' in failure(
+        expr, work
+    )
 
 
 def test_a_ring_over_nccl_has_no_markers(work):
     """Without RoCEnante's opposite-node paths the collectives go through NCCL: no marker units."""
-    text = PROFILE.read_text().replace('hcas = ["rocep1s0f0", "roceP2p1s0f0"]', 'hcas = ["rocep1s0f0", "roceP2p1s0f0"]\nmode = "ring"\n\n[fabric.nccl]\nmount = "overlay"')
-    text = text.replace("[nfs]", "[nfs]\nshare = false") + '\n[gates]\nSGLANG_ROCE_ALLREDUCE = "0"\nDSV41_ROCE_GATHER = ""\nSGLANG_ROCE_MAX_SIZE = ""\n'
+    text = PROFILE.read_text().replace(
+        'hcas = ["rocep1s0f0", "roceP2p1s0f0"]',
+        'hcas = ["rocep1s0f0", "roceP2p1s0f0"]\nmode = "ring"\n\n[fabric.nccl]\nmount = "overlay"',
+    )
+    text = (
+        text.replace("[nfs]", "[nfs]\nshare = false")
+        + '\n[gates]\nSGLANG_ROCE_ALLREDUCE = "0"\nDSV41_ROCE_GATHER = ""\nSGLANG_ROCE_MAX_SIZE = ""\n'
+    )
     profile = work / "ring-nccl.toml"
     profile.write_text(text)
     plan = plan_file(profile, work / "ring-nccl.json")
     w = evaluate(hosts_expr(plan, HOSTS, localWeights='"/var/lib/tp4/model"'), work)["spark2"]
     assert w["ring"]["marker"] is None
-    assert w["rankUnit"]["ordering"]["requires"] == ["tp4-rdma-check.service", "tp4-weights-volume.service", "tp4-mesh.service"]
+    assert w["rankUnit"]["ordering"]["requires"] == [
+        "tp4-rdma-check.service",
+        "tp4-weights-volume.service",
+        "tp4-mesh.service",
+    ]
 
 
 def test_the_drm_node_of_the_plan_is_handed_to_the_rank(work):

@@ -58,8 +58,10 @@ RDMA_CHECK = MODULES / "rdma-check.sh"
 # is a string in nixpkgs ("${bash}/bin/bash", pkgs/top-level/all-packages.nix), here /bin/sh so the
 # scripts' argv can be run as it is; writeShellScript and runCommand return their output's path
 # (trivial-builders), here a name under /nix/store
-PKGS = ('{ rdma-core = "/nix/store/rdma-core"; coreutils = "/nix/store/coreutils"; iproute2 = "/nix/store/iproute2"; runtimeShell = "/bin/sh"; gnugrep = "/nix/store/gnugrep"; gnused = "/nix/store/gnused"; '
-        'writeShellScript = name: text: "/nix/store/script-${name}"; runCommand = name: env: script: "/nix/store/${name}"; }')
+PKGS = (
+    '{ rdma-core = "/nix/store/rdma-core"; coreutils = "/nix/store/coreutils"; iproute2 = "/nix/store/iproute2"; runtimeShell = "/bin/sh"; gnugrep = "/nix/store/gnugrep"; gnused = "/nix/store/gnused"; '
+    'writeShellScript = name: text: "/nix/store/script-${name}"; runCommand = name: env: script: "/nix/store/${name}"; }'
+)
 
 
 @pytest.fixture(scope="module")
@@ -76,12 +78,21 @@ def data():
 def lines(work):
     """(profile, plan) of the example line and of the same line as a ring."""
     switched = EXAMPLE / "profile.toml"
-    text = switched.read_text().replace('hcas = ["rocep1s0f0", "roceP2p1s0f0"]', 'hcas = ["rocep1s0f0", "roceP2p1s0f0"]\nmode = "ring"\n\n[fabric.nccl]\nmount = "overlay"')
-    text = text.replace("[nfs]", "[nfs]\nshare = false") + '\n[gates]\nDSV41_ROCE_RING = "1"\nSGLANG_ROCE_MAX_SIZE = "262144"\nDSV41_ROCE_GATHER = "262144"\nDSV41_ENGRAM_DRM_NODE = "/dev/dri/card0"\n'
+    text = switched.read_text().replace(
+        'hcas = ["rocep1s0f0", "roceP2p1s0f0"]',
+        'hcas = ["rocep1s0f0", "roceP2p1s0f0"]\nmode = "ring"\n\n[fabric.nccl]\nmount = "overlay"',
+    )
+    text = (
+        text.replace("[nfs]", "[nfs]\nshare = false")
+        + '\n[gates]\nDSV41_ROCE_RING = "1"\nSGLANG_ROCE_MAX_SIZE = "262144"\nDSV41_ROCE_GATHER = "262144"\nDSV41_ENGRAM_DRM_NODE = "/dev/dri/card0"\n'
+    )
     ring = work / "ring.toml"
     ring.write_text(text)
-    return {"switched": (switched, plan_file(switched, work / "switched.json")), "ring": (ring, plan_file(ring, work / "ring.json")),
-            "fleet": fleet_plan(work, service="unit")}
+    return {
+        "switched": (switched, plan_file(switched, work / "switched.json")),
+        "ring": (ring, plan_file(ring, work / "ring.json")),
+        "fleet": fleet_plan(work, service="unit"),
+    }
 
 
 def fleet_plan(work: Path, *, service: str, python: str = "/opt/tp4/.venv/bin/python") -> Path:
@@ -92,8 +103,12 @@ def fleet_plan(work: Path, *, service: str, python: str = "/opt/tp4/.venv/bin/py
     text = (REPO / "examples" / "fleet" / "fleet.toml").read_text()
     text = text.replace('python = "/opt/tp4/.venv/bin/python"', f'python = "{python}"\nservice = "{service}"')
     (d / "fleet.toml").write_text(text)
-    proc = subprocess.run([sys.executable, "-m", "tp4", "fleet", "plan", "--json", "-f", str(d / "fleet.toml")], capture_output=True, text=True,
-                          env={**os.environ, "PYTHONPATH": str(REPO / "python")})
+    proc = subprocess.run(
+        [sys.executable, "-m", "tp4", "fleet", "plan", "--json", "-f", str(d / "fleet.toml")],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(REPO / "python")},
+    )
     assert proc.returncode == 0, proc.stderr
     (d / "plan.json").write_text(proc.stdout)
     return d / "plan.json"
@@ -101,8 +116,10 @@ def fleet_plan(work: Path, *, service: str, python: str = "/opt/tp4/.venv/bin/py
 
 def declared_default(module: Path, option: str) -> object:
     """The default a module declares for one of its options (read from the module, not restated)."""
-    expr = (f"(import {nix_path(module)} {{ config = {{ }}; lib = import {nix_path(STUB_LIB)}; utils = import {nix_path(STUB_UTILS)}; pkgs = {PKGS}; options = {{ }}; }})"
-            f".options.{option}.default")
+    expr = (
+        f"(import {nix_path(module)} {{ config = {{ }}; lib = import {nix_path(STUB_LIB)}; utils = import {nix_path(STUB_UTILS)}; pkgs = {PKGS}; options = {{ }}; }})"
+        f".options.{option}.default"
+    )
     value, err = nix_eval(expr, Path(os.environ.get("TMPDIR", "/tmp")) / f"tp4-default-{os.getpid()}")
     assert err == "", err
     return value
@@ -125,9 +142,16 @@ NVIDIA_PARAMS = '[ "nvidia-drm.modeset=1" "nvidia-drm.fbdev=1" "nvidia.NVreg_Ope
 KERNEL_PARAMS = f"({DGX_SPARK_PARAMS} ++ {NVIDIA_PARAMS} ++ (import {nix_path(LIB)}).kernel.displayReservationParams)"
 
 
-def fixture_config(plan: Path, name: str, *, ring: bool, router: Path | None = None,
-                   kernel: dict[str, str] = NVIDIA_KERNEL, kernel_params: str = KERNEL_PARAMS,
-                   image: str = "{ layout = null; stream = null; file = null; }") -> str:
+def fixture_config(
+    plan: Path,
+    name: str,
+    *,
+    ring: bool,
+    router: Path | None = None,
+    kernel: dict[str, str] = NVIDIA_KERNEL,
+    kernel_params: str = KERNEL_PARAMS,
+    image: str = "{ layout = null; stream = null; file = null; }",
+) -> str:
     """The `config` a module reads on host `name`. tp4.* are the options as the example line sets
     them (examples/spark-line) or the modules' own defaults; the NixOS values are the real ones
     (sources beside NVIDIA_KERNEL and KERNEL_PARAMS). Store paths (/nix/store/podman, ...) stand
@@ -141,8 +165,10 @@ def fixture_config(plan: Path, name: str, *, ring: bool, router: Path | None = N
     local = '"/var/lib/tp4/model"' if ring else "null"
     mesh = '"/etc/tp4/mesh-up.sh"' if ring else "null"
     marker = '"/nix/store/marker"' if ring else "null"
-    settings = (f"(import {nix_path(LIB)}).host {{ plan = {json_file(plan)}; hostsFile = {toml(hosts)}; "
-                f"name = {json.dumps(name)}; localWeights = {local}; }}")
+    settings = (
+        f"(import {nix_path(LIB)}).host {{ plan = {json_file(plan)}; hostsFile = {toml(hosts)}; "
+        f"name = {json.dumps(name)}; localWeights = {local}; }}"
+    )
     return f"""{{
       tp4 = {{
         settings = {settings};
@@ -181,13 +207,23 @@ def walks(work, lines):
     for module in MODULE_FILES:
         for host, (line, name) in hosts.items():
             profile, plan = lines[line]
-            out[(module, host)] = walk(MODULES / module, fixture_config(plan, name, ring=line == "ring", router=lines["fleet"]), work)
+            out[(module, host)] = walk(
+                MODULES / module, fixture_config(plan, name, ring=line == "ring", router=lines["fleet"]), work
+            )
     return out
 
 
 def test_every_module_and_lib_file_parses(work):
     files = sorted(MODULES.glob("*.nix")) + sorted(LIB.glob("*.nix")) + [WALK]
-    assert {f.name for f in files} >= {*MODULE_FILES, "default.nix", "hosts.nix", "weights.nix", "rank.nix", "kernel.nix", "util.nix"}
+    assert {f.name for f in files} >= {
+        *MODULE_FILES,
+        "default.nix",
+        "hosts.nix",
+        "weights.nix",
+        "rank.nix",
+        "kernel.nix",
+        "util.nix",
+    }
     for f in files:
         proc = subprocess.run(["nix-instantiate", "--parse", str(f)], capture_output=True, text=True)
         assert proc.returncode == 0, f"{f}: {proc.stderr}"
@@ -201,7 +237,14 @@ def test_the_modules_set_only_options_the_data_file_lists(walks):
 def test_every_listed_option_is_set_by_a_module(walks, data):
     used = {s["entry"] for w in walks.values() for s in w["set"]}
     assert sorted(set(data["set"]) - used) == []
-    assert sorted(set(data["own"]) - used - {"tp4.host", "tp4.line", "tp4.planFile", "tp4.hostsFile", "tp4.node", "tp4.package", "tp4.router"}) == []
+    assert (
+        sorted(
+            set(data["own"])
+            - used
+            - {"tp4.host", "tp4.line", "tp4.planFile", "tp4.hostsFile", "tp4.node", "tp4.package", "tp4.router"}
+        )
+        == []
+    )
 
 
 def test_what_each_host_gets(walks):
@@ -209,28 +252,49 @@ def test_what_each_host_gets(walks):
         return {s["path"] for s in walks[(module, host)]["set"]}
 
     head, worker, ring = (paths("spark-host.nix", h) for h in ("head", "worker", "ring worker"))
-    assert {"services.nfs.server.exports", "networking.firewall.allowedTCPPorts", "systemd.settings.Manager",
-            "boot.kernelParams", "hardware.dgx-spark.enable"} <= head
+    assert {
+        "services.nfs.server.exports",
+        "networking.firewall.allowedTCPPorts",
+        "systemd.settings.Manager",
+        "boot.kernelParams",
+        "hardware.dgx-spark.enable",
+    } <= head
     assert not any(p.startswith("fileSystems.") for p in head)
     assert {"fileSystems./var/lib/tp4/weights.options", "systemd.services.tp4-weights-volume.unitConfig"} <= worker
     assert "services.nfs.server.exports" not in worker
     assert "systemd.services.tp4-mesh.serviceConfig" in ring and not any(p.startswith("fileSystems.") for p in ring)
-    assert {"networking.interfaces.enp1s0f0np0.mtu", "networking.interfaces.enP2p1s0f0np0.ipv4.addresses",
-            "systemd.services.tp4-rdma-check.serviceConfig", "boot.kernelModules", "environment.systemPackages"} <= worker
+    assert {
+        "networking.interfaces.enp1s0f0np0.mtu",
+        "networking.interfaces.enP2p1s0f0np0.ipv4.addresses",
+        "systemd.services.tp4-rdma-check.serviceConfig",
+        "boot.kernelModules",
+        "environment.systemPackages",
+    } <= worker
     line = paths("tp4-line.nix", "worker")
-    assert {"virtualisation.oci-containers.containers.dsv41-worker.image", "systemd.services.podman-dsv41-worker.serviceConfig",
-            "systemd.services.podman-dsv41-worker.requires", "systemd.tmpfiles.rules"} <= line
+    assert {
+        "virtualisation.oci-containers.containers.dsv41-worker.image",
+        "systemd.services.podman-dsv41-worker.serviceConfig",
+        "systemd.services.podman-dsv41-worker.requires",
+        "systemd.tmpfiles.rules",
+    } <= line
     assert walks[("spark-host.nix", "head")]["imports"] == ["common.nix"] == walks[("tp4-line.nix", "head")]["imports"]
 
 
 def test_an_option_nixpkgs_does_not_declare_fails(work, lines):
     module = work / "typo.nix"
-    module.write_text("{ config, lib, ... }: { config = lib.mkMerge [ { networking.interfaces.eth0.mtu = 9000; } "
-                      "(lib.mkIf true { services.nfs.server.export = \"/srv\"; }) ]; }\n")
+    module.write_text(
+        "{ config, lib, ... }: { config = lib.mkMerge [ { networking.interfaces.eth0.mtu = 9000; } "
+        '(lib.mkIf true { services.nfs.server.export = "/srv"; }) ]; }\n'
+    )
     profile, plan = lines["switched"]
-    got = [{k: s[k] for k in ("path", "entry")} for s in walk(module, fixture_config(plan, "spark1", ring=False), work)["set"]]
-    assert got == [{"path": "networking.interfaces.eth0.mtu", "entry": "networking.interfaces.<name>.mtu"},
-                   {"path": "services.nfs.server.export", "entry": None}]
+    got = [
+        {k: s[k] for k in ("path", "entry")}
+        for s in walk(module, fixture_config(plan, "spark1", ring=False), work)["set"]
+    ]
+    assert got == [
+        {"path": "networking.interfaces.eth0.mtu", "entry": "networking.interfaces.<name>.mtu"},
+        {"path": "services.nfs.server.export", "entry": None},
+    ]
 
 
 _READ = re.compile(r"\bconfig\.([A-Za-z_][A-Za-z0-9_'-]*(?:\.[A-Za-z_][A-Za-z0-9_'-]*)*)")
@@ -240,7 +304,7 @@ def _covered(path: str, entries: list[str]) -> bool:
     parts = path.split(".")
     for entry in entries:
         want = entry.split(".")
-        if len(want) <= len(parts) and all(w in ("<name>", p) for w, p in zip(want, parts[:len(want)], strict=True)):
+        if len(want) <= len(parts) and all(w in ("<name>", p) for w, p in zip(want, parts[: len(want)], strict=True)):
             return True
     return False
 
@@ -259,7 +323,9 @@ def test_every_entry_names_the_file_that_declares_it(data):
     assert data["schema"] == 1
     for kind in ("set", "read", "vm-test"):
         for path, file in data[kind].items():
-            assert re.fullmatch(r"nixos/(modules|lib)/[a-z0-9/_.-]+\.nix|[A-Za-z0-9-]+/[A-Za-z0-9._-]+:[A-Za-z0-9/_.-]+\.nix", file), (path, file)
+            assert re.fullmatch(
+                r"nixos/(modules|lib)/[a-z0-9/_.-]+\.nix|[A-Za-z0-9-]+/[A-Za-z0-9._-]+:[A-Za-z0-9/_.-]+\.nix", file
+            ), (path, file)
     for path, file in data["own"].items():
         text = (REPO / file).read_text()
         leaf = path.rsplit(".", 1)[-1]
@@ -297,8 +363,16 @@ def test_the_gpu_clock_cap_is_the_plans(work, lines):
 
 def test_every_option_of_the_modules_is_documented(walks):
     declared = {o["path"]: o for (_, host), w in walks.items() if host == "head" for o in w["options"]}
-    assert {"tp4.host.enable", "tp4.host.displayReservation.enable", "tp4.host.weights.localDir", "tp4.line.enable",
-            "tp4.line.image.stream", "tp4.line.image.layout", "tp4.planFile", "tp4.node"} <= set(declared)
+    assert {
+        "tp4.host.enable",
+        "tp4.host.displayReservation.enable",
+        "tp4.host.weights.localDir",
+        "tp4.line.enable",
+        "tp4.line.image.stream",
+        "tp4.line.image.layout",
+        "tp4.planFile",
+        "tp4.node",
+    } <= set(declared)
     for path, o in declared.items():
         assert o["hasType"] and o["description"], path
 
@@ -307,14 +381,53 @@ def test_every_option_of_the_modules_is_documented(walks):
 
 # the serviceConfig settings of nixpkgs' ollama module (nixos/modules/services/misc/ollama.nix),
 # which the rank unit is hardened after: each is applied or docs/nixos.md says why not
-OLLAMA = ("CapabilityBoundingSet", "DeviceAllow", "DevicePolicy", "DynamicUser", "LockPersonality", "MemoryDenyWriteExecute",
-          "NoNewPrivileges", "PrivateDevices", "PrivateTmp", "PrivateUsers", "ProcSubset", "ProtectClock", "ProtectControlGroups",
-          "ProtectHome", "ProtectHostname", "ProtectKernelLogs", "ProtectKernelModules", "ProtectKernelTunables", "ProtectProc",
-          "ProtectSystem", "ReadWritePaths", "RemoveIPC", "RestrictAddressFamilies", "RestrictNamespaces", "RestrictRealtime",
-          "RestrictSUIDSGID", "StateDirectory", "SupplementaryGroups", "SystemCallArchitectures", "SystemCallFilter", "UMask")
-HARDENING = {"NoNewPrivileges": True, "LockPersonality": True, "RestrictRealtime": True, "SystemCallArchitectures": "native",
-             "RestrictAddressFamilies": ["AF_UNIX", "AF_INET", "AF_INET6", "AF_NETLINK"]}
-LIMITS = {"LimitMEMLOCK": "infinity", "Restart": "on-failure", "RestartSec": "10s", "RestartSteps": 5, "RestartMaxDelaySec": "5min"}
+OLLAMA = (
+    "CapabilityBoundingSet",
+    "DeviceAllow",
+    "DevicePolicy",
+    "DynamicUser",
+    "LockPersonality",
+    "MemoryDenyWriteExecute",
+    "NoNewPrivileges",
+    "PrivateDevices",
+    "PrivateTmp",
+    "PrivateUsers",
+    "ProcSubset",
+    "ProtectClock",
+    "ProtectControlGroups",
+    "ProtectHome",
+    "ProtectHostname",
+    "ProtectKernelLogs",
+    "ProtectKernelModules",
+    "ProtectKernelTunables",
+    "ProtectProc",
+    "ProtectSystem",
+    "ReadWritePaths",
+    "RemoveIPC",
+    "RestrictAddressFamilies",
+    "RestrictNamespaces",
+    "RestrictRealtime",
+    "RestrictSUIDSGID",
+    "StateDirectory",
+    "SupplementaryGroups",
+    "SystemCallArchitectures",
+    "SystemCallFilter",
+    "UMask",
+)
+HARDENING = {
+    "NoNewPrivileges": True,
+    "LockPersonality": True,
+    "RestrictRealtime": True,
+    "SystemCallArchitectures": "native",
+    "RestrictAddressFamilies": ["AF_UNIX", "AF_INET", "AF_INET6", "AF_NETLINK"],
+}
+LIMITS = {
+    "LimitMEMLOCK": "infinity",
+    "Restart": "on-failure",
+    "RestartSec": "10s",
+    "RestartSteps": 5,
+    "RestartMaxDelaySec": "5min",
+}
 RANK_UNITS = {"head": "podman-dsv41-head", "worker": "podman-dsv41-worker", "ring worker": "podman-dsv41-worker"}
 
 
@@ -351,20 +464,34 @@ def test_the_readiness_unit_runs_beside_the_rank_and_is_bounded(walks):
     for host, unit in RANK_UNITS.items():
         w = walks[("tp4-line.nix", host)]
         ready = "systemd.services.tp4-rank-ready"
-        assert value(w, f"{ready}.wantedBy") == value(w, f"{ready}.after") == value(w, f"{ready}.bindsTo") == [f"{unit}.service"]
+        assert (
+            value(w, f"{ready}.wantedBy")
+            == value(w, f"{ready}.after")
+            == value(w, f"{ready}.bindsTo")
+            == [f"{unit}.service"]
+        )
         sc = value(w, f"{ready}.serviceConfig")
         bound = 9000 if host == "head" else 4200
-        assert {k: sc[k] for k in ("Type", "RemainAfterExit", "TimeoutStartSec")} == {"Type": "oneshot", "RemainAfterExit": True, "TimeoutStartSec": bound + 60}
+        assert {k: sc[k] for k in ("Type", "RemainAfterExit", "TimeoutStartSec")} == {
+            "Type": "oneshot",
+            "RemainAfterExit": True,
+            "TimeoutStartSec": bound + 60,
+        }
         # tp4's own boot-log check (the package's CLI) on the committed plan, which evaluation
         # copies to the store as it is: this rank's pattern, bound and lines are the plan's
         argv = systemd_exec_argv(sc["ExecStart"])
         rank = "0" if host == "head" else ("1" if host == "worker" else "2")
         assert argv[:5] == ["/nix/store/tp4/bin/tp4", "bootlog", "wait", "--rank", rank]
-        assert argv[5] == "--plan" and re.fullmatch(r"/nix/store/[a-z0-9]{32}-(switched|ring)\.json", argv[6]) and len(argv) == 7
+        assert (
+            argv[5] == "--plan"
+            and re.fullmatch(r"/nix/store/[a-z0-9]{32}-(switched|ring)\.json", argv[6])
+            and len(argv) == 7
+        )
         assert value(w, f"{ready}.path") == ["/nix/store/podman"]
         # the rank's own start waits for nothing of it
-        assert "tp4-rank-ready.service" not in value(w, f"systemd.services.{unit}.after") + value(w, f"systemd.services.{unit}.requires")
-
+        assert "tp4-rank-ready.service" not in value(w, f"systemd.services.{unit}.after") + value(
+            w, f"systemd.services.{unit}.requires"
+        )
 
 
 def test_the_rank_unit_gives_podman_the_images_health_check(walks, lines, work):
@@ -381,20 +508,29 @@ def test_the_rank_unit_gives_podman_the_images_health_check(walks, lines, work):
         h = json.loads(lines[line][1].read_text())["nodes"][rank]["run"]["health"]
         prefix = f"virtualisation.oci-containers.containers.{unit.removeprefix('podman-')}"
         opts = value(w, f"{prefix}.extraOptions")
-        assert opts[-5:] == [f"--health-cmd={json.dumps(h['cmd'], separators=(',', ':'))}", f"--health-interval={h['interval']}s",
-                             f"--health-timeout={h['timeout']}s", f"--health-start-period={h['start_period']}s",
-                             f"--health-retries={h['retries']}"]
+        assert opts[-5:] == [
+            f"--health-cmd={json.dumps(h['cmd'], separators=(',', ':'))}",
+            f"--health-interval={h['interval']}s",
+            f"--health-timeout={h['timeout']}s",
+            f"--health-start-period={h['start_period']}s",
+            f"--health-retries={h['retries']}",
+        ]
         assert h["cmd"] == ["python3", "-S", "/opt/dsv41/boot.py", "health"]
-        escaped, err = nix_eval(f"map (import {nix_path(STUB_LIB)}).escapeShellArg (builtins.fromJSON {json.dumps(json.dumps(opts))})",
-                                work / "nix")
+        escaped, err = nix_eval(
+            f"map (import {nix_path(STUB_LIB)}).escapeShellArg (builtins.fromJSON {json.dumps(json.dumps(opts))})",
+            work / "nix",
+        )
         assert err == "", err
         assert shlex.split(" ".join(escaped)) == opts
         assert not any(s["path"].startswith(f"{prefix}.podman") for s in w["set"])
 
+
 # --- the RDMA check unit's script ------------------------------------------------------------
 
 
-def fake_sysfs(root: Path, hca: str, *, state: str = "4: ACTIVE", gids: dict[int, tuple[str, str]] | None = None) -> None:
+def fake_sysfs(
+    root: Path, hca: str, *, state: str = "4: ACTIVE", gids: dict[int, tuple[str, str]] | None = None
+) -> None:
     port = root / "class" / "infiniband" / hca / "ports" / "1"
     (port / "gids").mkdir(parents=True, exist_ok=True)
     (port / "gid_attrs" / "types").mkdir(parents=True, exist_ok=True)
@@ -405,32 +541,57 @@ def fake_sysfs(root: Path, hca: str, *, state: str = "4: ACTIVE", gids: dict[int
 
 
 MAPPED = "0000:0000:0000:0000:0000:ffff:0a00:0001"  # 10.0.0.1
-GIDS = {0: ("fe80:0000:0000:0000:0000:00ff:fe00:0001", "IB/RoCE v1"), 1: ("fe80:0000:0000:0000:0000:00ff:fe00:0001", "RoCE v2"),
-        2: (MAPPED, "IB/RoCE v1"), 3: (MAPPED, "RoCE v2")}
+GIDS = {
+    0: ("fe80:0000:0000:0000:0000:00ff:fe00:0001", "IB/RoCE v1"),
+    1: ("fe80:0000:0000:0000:0000:00ff:fe00:0001", "RoCE v2"),
+    2: (MAPPED, "IB/RoCE v1"),
+    3: (MAPPED, "RoCE v2"),
+}
 
 
 def rdma_check(root: Path, *args: str, timeout: int = 0) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(["sh", str(RDMA_CHECK), str(timeout), str(root / "run" / "gid-index"), *args], capture_output=True,
-                          text=True, env={"TP4_SYSFS": str(root), "PATH": "/usr/bin:/bin"})
+    return subprocess.run(
+        ["sh", str(RDMA_CHECK), str(timeout), str(root / "run" / "gid-index"), *args],
+        capture_output=True,
+        text=True,
+        env={"TP4_SYSFS": str(root), "PATH": "/usr/bin:/bin"},
+    )
 
 
 def test_the_rdma_check_writes_the_roce_v2_gid_index(tmp_path):
     fake_sysfs(tmp_path, "rocep1s0f0", gids=GIDS)
     fake_sysfs(tmp_path, "roceP2p1s0f0", gids={5: ("0000:0000:0000:0000:0000:ffff:0a00:0101", "RoCE v2")})
-    proc = rdma_check(tmp_path, "-", "rocep1s0f0", "enp1s0f0np0", "10.0.0.1", "roceP2p1s0f0", "enP2p1s0f0np0", "10.0.1.1")
+    proc = rdma_check(
+        tmp_path, "-", "rocep1s0f0", "enp1s0f0np0", "10.0.0.1", "roceP2p1s0f0", "enP2p1s0f0np0", "10.0.1.1"
+    )
     assert proc.returncode == 0, proc.stderr
     assert (tmp_path / "run" / "gid-index").read_text() == "rocep1s0f0 3\nroceP2p1s0f0 5\n"
     assert "rocep1s0f0 (enp1s0f0np0 10.0.0.1) ACTIVE, RoCE v2 GID index 3" in proc.stdout
     assert rdma_check(tmp_path, "3", "rocep1s0f0", "enp1s0f0np0", "10.0.0.1").returncode == 0
 
 
-@pytest.mark.parametrize(("case", "message"), [
-    ("down", "tp4-rdma-check: after 0 s: rocep1s0f0 port 1 is '1: DOWN', not ACTIVE; fix: cable and link of enp1s0f0np0"),
-    ("no gid", "tp4-rdma-check: after 0 s: rocep1s0f0 has no RoCE v2 GID for 10.0.0.1 (0000:0000:0000:0000:0000:ffff:0a00:0001); fix: give enp1s0f0np0 the address 10.0.0.1"),
-    ("only v1", "tp4-rdma-check: after 0 s: rocep1s0f0 has no RoCE v2 GID for 10.0.0.1"),
-    ("no device", "tp4-rdma-check: after 0 s: rocep1s0f0: no such RDMA device (for enp1s0f0np0 10.0.0.1); fix: load mlx5_ib"),
-    ("pinned elsewhere", "tp4-rdma-check: rocep1s0f0: the RoCE v2 GID of 10.0.0.1 is at index 3, the profile pins 2; fix: set the node's gid_index = 3"),
-])
+@pytest.mark.parametrize(
+    ("case", "message"),
+    [
+        (
+            "down",
+            "tp4-rdma-check: after 0 s: rocep1s0f0 port 1 is '1: DOWN', not ACTIVE; fix: cable and link of enp1s0f0np0",
+        ),
+        (
+            "no gid",
+            "tp4-rdma-check: after 0 s: rocep1s0f0 has no RoCE v2 GID for 10.0.0.1 (0000:0000:0000:0000:0000:ffff:0a00:0001); fix: give enp1s0f0np0 the address 10.0.0.1",
+        ),
+        ("only v1", "tp4-rdma-check: after 0 s: rocep1s0f0 has no RoCE v2 GID for 10.0.0.1"),
+        (
+            "no device",
+            "tp4-rdma-check: after 0 s: rocep1s0f0: no such RDMA device (for enp1s0f0np0 10.0.0.1); fix: load mlx5_ib",
+        ),
+        (
+            "pinned elsewhere",
+            "tp4-rdma-check: rocep1s0f0: the RoCE v2 GID of 10.0.0.1 is at index 3, the profile pins 2; fix: set the node's gid_index = 3",
+        ),
+    ],
+)
 def test_the_rdma_check_fails_loudly(tmp_path, case, message):
     pinned = "-"
     if case == "down":
@@ -455,9 +616,22 @@ def test_the_rdma_check_waits_for_a_port_that_comes_up_and_gives_up_at_its_deadl
     a port that stays down fails after the deadline, naming it; a wrong pin fails at once."""
     fake_sysfs(tmp_path, "rocep1s0f0", state="1: DOWN", gids=GIDS)
     state = tmp_path / "class" / "infiniband" / "rocep1s0f0" / "ports" / "1" / "state"
-    proc = subprocess.Popen(["sh", str(RDMA_CHECK), "10", str(tmp_path / "run" / "gid-index"), "-", "rocep1s0f0",
-                             "enp1s0f0np0", "10.0.0.1"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={"TP4_SYSFS": str(tmp_path), "PATH": "/usr/bin:/bin"})
+    proc = subprocess.Popen(
+        [
+            "sh",
+            str(RDMA_CHECK),
+            "10",
+            str(tmp_path / "run" / "gid-index"),
+            "-",
+            "rocep1s0f0",
+            "enp1s0f0np0",
+            "10.0.0.1",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={"TP4_SYSFS": str(tmp_path), "PATH": "/usr/bin:/bin"},
+    )
     time.sleep(2.5)
     assert proc.poll() is None  # still waiting
     state.write_text("4: ACTIVE\n")
@@ -489,9 +663,13 @@ def test_the_flake_has_the_modules_the_example_hosts_and_the_template(tmp_path):
         return json.loads(proc.stdout)
 
     assert evaluate("nixosModules", "builtins.attrNames") == ["default", "spark-host", "tp4-line", "tp4-router"]
-    assert evaluate("nixosModules.spark-host", "m: map (p: baseNameOf (toString p)) (builtins.filter (p: !builtins.isFunction p) m.imports)") == [
-        "dgx-spark.nix", "spark-host.nix"]
-    template = evaluate("templates.spark-line", "t: { inherit (t) description; files = builtins.attrNames (builtins.readDir t.path); }")
+    assert evaluate(
+        "nixosModules.spark-host",
+        "m: map (p: baseNameOf (toString p)) (builtins.filter (p: !builtins.isFunction p) m.imports)",
+    ) == ["dgx-spark.nix", "spark-host.nix"]
+    template = evaluate(
+        "templates.spark-line", "t: { inherit (t) description; files = builtins.attrNames (builtins.readDir t.path); }"
+    )
     assert template["files"] == ["configuration.nix", "flake.nix", "hosts.toml", "plan.json", "profile.toml"]
     assert "TP4 line" in template["description"]
     # the flake's own outputs hold no host (the line's flake does, from the template); the hosts
@@ -504,17 +682,26 @@ def test_the_flake_has_the_modules_the_example_hosts_and_the_template(tmp_path):
         (hw / f"spark{i}").mkdir(parents=True)
         (hw / f"spark{i}" / "hardware-configuration.nix").write_text("{ }\n")
     ex = copy / "examples" / "spark-line"
-    hosts = evaluate("lib", f"""l: builtins.mapAttrs (n: c: let ms = c.stub.args.modules; in {{
+    hosts = evaluate(
+        "lib",
+        f"""l: builtins.mapAttrs (n: c: let ms = c.stub.args.modules; in {{
       own = builtins.elemAt ms 1;
       rest = map (p: baseNameOf (toString p)) (builtins.tail (builtins.tail ms));
       toplevel = c.config.system.build.toplevel.type; }}) (l.lineConfigurations {{
         plan = {nix_path(ex / "plan.json")}; hostsFile = {nix_path(ex / "hosts.toml")};
-        modules = [ {nix_path(ex / "configuration.nix")} ]; hardware = {nix_path(hw)}; }})""")
+        modules = [ {nix_path(ex / "configuration.nix")} ]; hardware = {nix_path(hw)}; }})""",
+    )
     assert list(hosts) == ["spark1", "spark2", "spark3", "spark4"]
     for name, h in hosts.items():
         assert h["own"]["networking"] == {"hostName": name}
-        assert h["own"]["tp4"]["node"] == name and h["own"]["tp4"]["host"] == {"enable": True} and h["own"]["tp4"]["line"] == {"enable": True}
-        assert h["own"]["tp4"]["planFile"].endswith("-plan.json") and h["own"]["tp4"]["hostsFile"].endswith("-hosts.toml")
+        assert (
+            h["own"]["tp4"]["node"] == name
+            and h["own"]["tp4"]["host"] == {"enable": True}
+            and h["own"]["tp4"]["line"] == {"enable": True}
+        )
+        assert h["own"]["tp4"]["planFile"].endswith("-plan.json") and h["own"]["tp4"]["hostsFile"].endswith(
+            "-hosts.toml"
+        )
         assert "profile" not in h["own"]["tp4"]
         assert h["rest"] == ["hardware-configuration.nix", "configuration.nix"] and h["toplevel"] == "derivation"
 
@@ -541,8 +728,16 @@ def hairpin(tmp: Path, *args: str) -> subprocess.CompletedProcess[str]:
     bin_dir.mkdir(exist_ok=True)
     (bin_dir / "devlink").write_text(FAKE_DEVLINK)
     (bin_dir / "devlink").chmod(0o755)
-    return subprocess.run(["sh", str(HAIRPIN), *args], capture_output=True, text=True,
-                          env={"PATH": f"{bin_dir}:/usr/bin:/bin", "TP4_DEVLINK_LOG": str(tmp / "log"), "TP4_DEVLINK_STATE": str(tmp / "state")})
+    return subprocess.run(
+        ["sh", str(HAIRPIN), *args],
+        capture_output=True,
+        text=True,
+        env={
+            "PATH": f"{bin_dir}:/usr/bin:/bin",
+            "TP4_DEVLINK_LOG": str(tmp / "log"),
+            "TP4_DEVLINK_STATE": str(tmp / "state"),
+        },
+    )
 
 
 def test_the_ring_sets_the_hairpin_queue_once(tmp_path):
@@ -552,10 +747,12 @@ def test_the_ring_sets_the_hairpin_queue_once(tmp_path):
     proc = hairpin(tmp_path, "8192", "0000:01:00.0", "0000:01:00.1")
     assert proc.returncode == 0, proc.stderr
     calls = (tmp_path / "log").read_text().splitlines()
-    assert calls == ["dev param show pci/0000:01:00.0 name hairpin_queue_size",
-                     "dev param set pci/0000:01:00.0 name hairpin_queue_size value 8192 cmode driverinit",
-                     "dev reload pci/0000:01:00.0",
-                     "dev param show pci/0000:01:00.1 name hairpin_queue_size"]
+    assert calls == [
+        "dev param show pci/0000:01:00.0 name hairpin_queue_size",
+        "dev param set pci/0000:01:00.0 name hairpin_queue_size value 8192 cmode driverinit",
+        "dev reload pci/0000:01:00.0",
+        "dev param show pci/0000:01:00.1 name hairpin_queue_size",
+    ]
     assert "pci/0000:01:00.1 hairpin_queue_size is 8192 already" in proc.stdout
     # a second run re-initialises nothing
     (tmp_path / "log").unlink()
@@ -564,8 +761,13 @@ def test_the_ring_sets_the_hairpin_queue_once(tmp_path):
 
 
 def links(tmp_path: Path, *argv: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(["sh", str(MODULES / "ring-links.sh"), *argv], capture_output=True, text=True, timeout=30,
-                          env={**os.environ, "TP4_SYSFS": str(tmp_path / "sys")})
+    return subprocess.run(
+        ["sh", str(MODULES / "ring-links.sh"), *argv],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env={**os.environ, "TP4_SYSFS": str(tmp_path / "sys")},
+    )
 
 
 def link(tmp_path: Path, dev: str, state: str, carrier: str) -> None:
@@ -586,8 +788,13 @@ def test_the_ring_waits_for_its_fabric_links_and_names_those_that_stay_down(tmp_
     assert "fabric links not up after 1 s: enp1s0f1np1(down) enP2p1s0f0np0(absent); fix: check each DAC" in down.stderr
     # a link that comes up while it waits
     link(tmp_path, "enp1s0f1np1", "down", "0")
-    waiting = subprocess.Popen(["sh", str(MODULES / "ring-links.sh"), "20", "enp1s0f0np0", "enp1s0f1np1"], text=True,
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={**os.environ, "TP4_SYSFS": str(tmp_path / "sys")})
+    waiting = subprocess.Popen(
+        ["sh", str(MODULES / "ring-links.sh"), "20", "enp1s0f0np0", "enp1s0f1np1"],
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env={**os.environ, "TP4_SYSFS": str(tmp_path / "sys")},
+    )
     time.sleep(1.5)
     assert waiting.poll() is None
     link(tmp_path, "enp1s0f1np1", "up", "1")
@@ -600,7 +807,10 @@ def test_the_ring_fails_on_a_missing_function(tmp_path):
     (tmp_path / "state").mkdir()
     proc = hairpin(tmp_path, "8192", "0002:01:00.0")
     assert proc.returncode == 1
-    assert "tp4-mesh: pci/0002:01:00.0 has no hairpin_queue_size" in proc.stderr and "fix: check the function" in proc.stderr
+    assert (
+        "tp4-mesh: pci/0002:01:00.0 has no hairpin_queue_size" in proc.stderr
+        and "fix: check the function" in proc.stderr
+    )
 
 
 # --- the weights volume (real podman) ---------------------------------------------------------
@@ -613,7 +823,12 @@ def weights_volume(name: str, *options: str) -> subprocess.CompletedProcess[str]
 
 
 def volume_options(name: str) -> dict[str, str]:
-    proc = subprocess.run(["podman", "volume", "inspect", "--format", "{{json .Options}}", name], capture_output=True, text=True, check=True)
+    proc = subprocess.run(
+        ["podman", "volume", "inspect", "--format", "{{json .Options}}", name],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     return json.loads(proc.stdout)
 
 
@@ -636,10 +851,17 @@ def test_the_weights_volume_is_made_once_and_replaced_only_when_unused(tmp_path)
         shutil.copy2(BUSYBOX, root / "sh")
         subprocess.run(["tar", "-C", str(tmp_path / "root"), "-cf", str(tmp_path / "root.tar"), "bin"], check=True)
         subprocess.run(["podman", "import", str(tmp_path / "root.tar"), image], capture_output=True, check=True)
-        subprocess.run(["podman", "create", "--name", name, "-v", f"{name}:/w:ro", image, "/bin/sh"], capture_output=True, check=True)
+        subprocess.run(
+            ["podman", "create", "--name", name, "-v", f"{name}:/w:ro", image, "/bin/sh"],
+            capture_output=True,
+            check=True,
+        )
         proc = weights_volume(name, *nfs)
         assert proc.returncode == 1
-        assert f"tp4-weights-volume: {name} is 'none bind {local}', not '{' '.join(nfs)}', and a container uses it; fix: tp4 stop" in proc.stderr
+        assert (
+            f"tp4-weights-volume: {name} is 'none bind {local}', not '{' '.join(nfs)}', and a container uses it; fix: tp4 stop"
+            in proc.stderr
+        )
         assert volume_options(name)["device"] == str(local)
     finally:
         subprocess.run(["podman", "rm", "-f", name], capture_output=True)
@@ -667,8 +889,21 @@ def test_the_hosts_evaluate_from_the_committed_plan_with_no_import_from_derivati
       in {{ inherit (s) name rank; unit = s.rankUnit.unit; ready = s.rankUnit.readiness; exports = s.nfs.exports; }})
       (l.lineConfigurations {{ plan = {nix_path(ex / "plan.json")}; hostsFile = {nix_path(ex / "hosts.toml")};
         modules = [ {nix_path(ex / "configuration.nix")} ]; hardware = {nix_path(hw)}; }})"""
-    proc = nix(["eval", "--json", f"path:{copy}#lib", "--apply", apply, *inputs, "--impure",
-                "--option", "allow-import-from-derivation", "false"], tmp_path)
+    proc = nix(
+        [
+            "eval",
+            "--json",
+            f"path:{copy}#lib",
+            "--apply",
+            apply,
+            *inputs,
+            "--impure",
+            "--option",
+            "allow-import-from-derivation",
+            "false",
+        ],
+        tmp_path,
+    )
     assert proc.returncode == 0, proc.stderr
     hosts = json.loads(proc.stdout)
     plan = json.loads((EXAMPLE / "plan.json").read_text())
@@ -704,23 +939,38 @@ def test_a_ring_with_roce_paths_keeps_a_marker_on_every_fabric_device(walks, wor
     for dev in devices:
         unit = f"systemd.services.tp4-mesh-marker@{dev}"
         assert value(w, f"{unit}.serviceConfig") == {
-            "Type": "simple", "Restart": "on-failure", "RestartSec": "2s", "LimitMEMLOCK": "infinity",
+            "Type": "simple",
+            "Restart": "on-failure",
+            "RestartSec": "2s",
+            "LimitMEMLOCK": "infinity",
             "ExecStart": f'"/nix/store/marker/bin/mlx5-rdma-tx-rewrite-probe" "--device" "{dev}" "--source-port" "65535" '
-                         '"--replacement-ethertype" "0x88b5" "--attach" "--managed"'}
+            '"--replacement-ethertype" "0x88b5" "--attach" "--managed"',
+        }
         assert value(w, f"{unit}.bindsTo") == value(w, f"{unit}.after") == ["tp4-mesh.service"]
         assert value(w, f"{unit}.restartIfChanged") is False
     sysctls = [s["value"] for s in w["set"] if s["path"] == "boot.kernel.sysctl"]
     assert {"net.ipv4.ip_local_reserved_ports": "65535"} in sysctls
     marker_checks = [a for a in _assertions(w) if a["message"].startswith("tp4.host.ring.marker")]
     assert len(marker_checks) == 1 and marker_checks[0]["assertion"]
-    assert not any(s["path"].startswith("systemd.services.tp4-mesh-marker") for h in ("head", "worker")
-                   for s in walks[("spark-host.nix", h)]["set"])
+    assert not any(
+        s["path"].startswith("systemd.services.tp4-mesh-marker")
+        for h in ("head", "worker")
+        for s in walks[("spark-host.nix", h)]["set"]
+    )
     requires = value(walks[("tp4-line.nix", "ring worker")], "systemd.services.podman-dsv41-worker.requires")
-    assert [r for r in requires if r.startswith("tp4-mesh-marker@")] == [f"tp4-mesh-marker@{d}.service" for d in devices]
+    assert [r for r in requires if r.startswith("tp4-mesh-marker@")] == [
+        f"tp4-mesh-marker@{d}.service" for d in devices
+    ]
 
     profile, plan = lines["ring"]
-    bare = walk(MODULES / "spark-host.nix", fixture_config(plan, "spark3", ring=True).replace('"/nix/store/marker"', "null"), work)
-    failing = [a["message"] for a in _assertions(bare) if not a["assertion"] and a["message"].startswith("tp4.host.ring")]
+    bare = walk(
+        MODULES / "spark-host.nix",
+        fixture_config(plan, "spark3", ring=True).replace('"/nix/store/marker"', "null"),
+        work,
+    )
+    failing = [
+        a["message"] for a in _assertions(bare) if not a["assertion"] and a["message"].startswith("tp4.host.ring")
+    ]
     assert len(failing) == 1 and failing[0].startswith("tp4.host.ring.marker.package: the plan arms DSV41_ROCE_RING=1")
     assert "mlx5_rdma_tx_rewrite_probe.c" in failing[0] and 'gates.DSV41_ROCE_RING = "0"' in failing[0]
     assert not any(s["path"].startswith("systemd.services.tp4-mesh-marker") for s in bare["set"])
@@ -731,8 +981,14 @@ def test_every_node_of_a_ring_forwards_ipv4(walks):
     (tp4 doctor's RING.IP_FORWARD): spark-host sets net.ipv4.ip_forward on every node of a ring
     (boot.kernel.sysctl takes an int; nixpkgs nixos/modules/config/sysctl.nix, read at 05924f71,
     writes it to sysctl.d/60-nixos.conf), and leaves it alone on a switched line."""
+
     def sysctl(host: str) -> dict:
-        return {k: v for s in walks[("spark-host.nix", host)]["set"] if s["path"] == "boot.kernel.sysctl" for k, v in s["value"].items()}
+        return {
+            k: v
+            for s in walks[("spark-host.nix", host)]["set"]
+            if s["path"] == "boot.kernel.sysctl"
+            for k, v in s["value"].items()
+        }
 
     assert sysctl("ring worker")["net.ipv4.ip_forward"] == 1
     assert "net.ipv4.ip_forward" not in sysctl("head") and "net.ipv4.ip_forward" not in sysctl("worker")
@@ -741,13 +997,31 @@ def test_every_node_of_a_ring_forwards_ipv4(walks):
 def test_the_drm_node_gets_a_device_unit_and_needs_the_reservation(walks, work, lines):
     w = walks[("spark-host.nix", "ring worker")]
     assert value(w, "services.udev.extraRules") == 'SUBSYSTEM=="drm", KERNEL=="card0", TAG+="systemd"\n'
-    assert "dev-dri-card0.device" in value(walks[("tp4-line.nix", "ring worker")], "systemd.services.podman-dsv41-worker.requires")
+    assert "dev-dri-card0.device" in value(
+        walks[("tp4-line.nix", "ring worker")], "systemd.services.podman-dsv41-worker.requires"
+    )
     assert not any(s["path"] == "services.udev.extraRules" for s in walks[("spark-host.nix", "head")]["set"])
     profile, plan = lines["ring"]
-    off = walk(MODULES / "spark-host.nix", fixture_config(plan, "spark3", ring=True).replace("displayReservation.enable = true", "displayReservation.enable = false"), work)
-    failing = [a["message"] for a in _assertions(off) if not a["assertion"] and a["message"].startswith("tp4.host.displayReservation.enable")]
-    assert [a["message"] for a in _assertions(w) if a["message"].startswith("tp4.host.displayReservation.enable") and not a["assertion"]] == []
-    assert failing == ["tp4.host.displayReservation.enable: the plan hands the engine the display reservation's DRM node (DSV41_ENGRAM_DRM_NODE=/dev/dri/card0), which is only free with the reservation kept; fix: set tp4.host.displayReservation.enable = true, or unset DSV41_ENGRAM_DRM_NODE in the profile"]
+    off = walk(
+        MODULES / "spark-host.nix",
+        fixture_config(plan, "spark3", ring=True).replace(
+            "displayReservation.enable = true", "displayReservation.enable = false"
+        ),
+        work,
+    )
+    failing = [
+        a["message"]
+        for a in _assertions(off)
+        if not a["assertion"] and a["message"].startswith("tp4.host.displayReservation.enable")
+    ]
+    assert [
+        a["message"]
+        for a in _assertions(w)
+        if a["message"].startswith("tp4.host.displayReservation.enable") and not a["assertion"]
+    ] == []
+    assert failing == [
+        "tp4.host.displayReservation.enable: the plan hands the engine the display reservation's DRM node (DSV41_ENGRAM_DRM_NODE=/dev/dri/card0), which is only free with the reservation kept; fix: set tp4.host.displayReservation.enable = true, or unset DSV41_ENGRAM_DRM_NODE in the profile"
+    ]
 
 
 def test_the_router_unit_runs_the_fleet_plans_command(walks, work, lines):
@@ -761,8 +1035,15 @@ def test_the_router_unit_runs_the_fleet_plans_command(walks, work, lines):
     assert command[1:3] == ["-c", fleet.LAUNCHER] and command[4] == "sglang_router.launch_router"
     sc = value(w, "systemd.services.tp4-router.serviceConfig")
     assert systemd_exec_argv(sc["ExecStart"]) == ["/opt/tp4/.venv/bin/python", *command[1:]]
-    assert "--worker-urls" in command and command[command.index("--worker-urls") + 1:][:2] == ["http://10.0.0.1:8888", "http://10.0.0.5:8888"]
-    assert {k: sc[k] for k in ("Type", "Restart", "NoNewPrivileges")} == {"Type": "simple", "Restart": "on-failure", "NoNewPrivileges": True}
+    assert "--worker-urls" in command and command[command.index("--worker-urls") + 1 :][:2] == [
+        "http://10.0.0.1:8888",
+        "http://10.0.0.5:8888",
+    ]
+    assert {k: sc[k] for k in ("Type", "Restart", "NoNewPrivileges")} == {
+        "Type": "simple",
+        "Restart": "on-failure",
+        "NoNewPrivileges": True,
+    }
     assert value(w, "systemd.services.tp4-router.restartIfChanged") is False
     assert not any(s["path"] == "systemd.services.tp4-router.wantedBy" for s in w["set"])
     assert [30000] in [s["value"] for s in w["set"] if s["path"] == "networking.firewall.allowedTCPPorts"]
@@ -770,12 +1051,22 @@ def test_the_router_unit_runs_the_fleet_plans_command(walks, work, lines):
     assert all(a["assertion"] for a in _assertions(w)), [a["message"] for a in _assertions(w) if not a["assertion"]]
 
     profile, plan = lines["switched"]
-    process = walk(MODULES / "tp4-router.nix", fixture_config(plan, "spark1", ring=False, router=fleet_plan(work, service="process")), work)
+    process = walk(
+        MODULES / "tp4-router.nix",
+        fixture_config(plan, "spark1", ring=False, router=fleet_plan(work, service="process")),
+        work,
+    )
     failing = [a["message"] for a in _assertions(process) if not a["assertion"]]
-    assert failing == ['tp4.router: the fleet file runs its router as a plain process (router.service = "process"), so tp4 fleet serve would not start this unit; fix: set router.service = "unit" in the fleet file']
+    assert failing == [
+        'tp4.router: the fleet file runs its router as a plain process (router.service = "process"), so tp4 fleet serve would not start this unit; fix: set router.service = "unit" in the fleet file'
+    ]
     other = walk(MODULES / "tp4-router.nix", fixture_config(plan, "spark1", ring=False, router=plan), work)
     failing = [a["message"] for a in _assertions(other) if not a["assertion"]]
-    assert len(failing) == 3 and failing[0].startswith("tp4.router.fleetPlan: ") and "is not a tp4 fleet plan" in failing[0]
+    assert (
+        len(failing) == 3
+        and failing[0].startswith("tp4.router.fleetPlan: ")
+        and "is not a tp4 fleet plan" in failing[0]
+    )
     assert failing[2].startswith("tp4.router.python: no Python with the router: nixpkgs has no sglang-router package")
     off = walk(MODULES / "tp4-router.nix", fixture_config(plan, "spark1", ring=False), work)
     assert off["set"] == [] or all(not s["path"].startswith("systemd.services.tp4-router") for s in off["set"])
@@ -793,10 +1084,15 @@ def test_the_kernel_check_accepts_nixos_dgx_sparks_kernel_and_no_other(work, lin
     other = walk(MODULES / "spark-host.nix", fixture_config(plan, "spark2", ring=False, kernel=stock), work)
     [check] = kernel_checks(other)
     assert check["assertion"] is False
-    assert check["message"].startswith("tp4.host: the kernel is 6.17.13 (modDirVersion 6.17.13), the line is validated on 6.17.13-nvidia")
+    assert check["message"].startswith(
+        "tp4.host: the kernel is 6.17.13 (modDirVersion 6.17.13), the line is validated on 6.17.13-nvidia"
+    )
     assert "hardware.dgx-spark.useNvidiaKernel = true" in check["message"]
-    allowed = walk(MODULES / "spark-host.nix", fixture_config(plan, "spark2", ring=False, kernel=stock)
-                   .replace("allowOther = false", "allowOther = true"), work)
+    allowed = walk(
+        MODULES / "spark-host.nix",
+        fixture_config(plan, "spark2", ring=False, kernel=stock).replace("allowOther = false", "allowOther = true"),
+        work,
+    )
     assert [a["assertion"] for a in kernel_checks(allowed)] == [True]
 
 
@@ -805,13 +1101,17 @@ def nix_string(s: str) -> str:
     return json.dumps(s).replace("${", "\\${")
 
 
-@pytest.mark.parametrize("arg", ["50%", "%n", "$HOME", "${X}", "two words", "it's", 'say "hi"', "a\\b", "line\nbreak", "\t;", ""])
+@pytest.mark.parametrize(
+    "arg", ["50%", "%n", "$HOME", "${X}", "two words", "it's", 'say "hi"', "a\\b", "line\nbreak", "\t;", ""]
+)
 def test_exec_lines_are_escaped_for_systemd_not_for_a_shell(work, arg):
     """Every Exec* line of the modules goes through utils.escapeSystemdExecArgs (systemd expands
     `%` specifiers and `$` variables in arguments and reads C escapes, not a shell's quotes): the
     stand-in's escaping of a hostile argument comes back as that argument from systemd's
     unquoting, and no module writes an Exec* line another way."""
-    line, err = nix_eval(f"(import {nix_path(STUB_UTILS)}).escapeSystemdExecArgs [ \"/bin/x\" {nix_string(arg)} ]", work / "nix")
+    line, err = nix_eval(
+        f'(import {nix_path(STUB_UTILS)}).escapeSystemdExecArgs [ "/bin/x" {nix_string(arg)} ]', work / "nix"
+    )
     assert err == "" and isinstance(line, str)
     assert systemd_exec_argv(line) == ["/bin/x", arg]
     if "%" in arg or "'" in arg:
@@ -833,11 +1133,16 @@ def test_the_display_reservation_holds_on_the_command_line_a_spark_host_gets(wal
         w = walks[("spark-host.nix", host)]
         assert [a["message"] for a in _assertions(w) if not a["assertion"]] == []
     profile, plan = lines["switched"]
-    theirs = walk(MODULES / "spark-host.nix", fixture_config(plan, "spark1", ring=False,
-                                                            kernel_params=f"({DGX_SPARK_PARAMS} ++ {NVIDIA_PARAMS})"), work)
+    theirs = walk(
+        MODULES / "spark-host.nix",
+        fixture_config(plan, "spark1", ring=False, kernel_params=f"({DGX_SPARK_PARAMS} ++ {NVIDIA_PARAMS})"),
+        work,
+    )
     failing = [a["message"] for a in _assertions(theirs) if not a["assertion"]]
-    assert failing == ["tp4.host.displayReservation: nvidia-drm.fbdev is 1, not 0 (the nvidia module appends nvidia-drm.fbdev=1 for drivers >= 545) "
-                       "on the kernel command line; fix: remove the nvidia-drm parameters you add to boot.kernelParams (tp4 appends modeset=1 fbdev=0 last)"]
+    assert failing == [
+        "tp4.host.displayReservation: nvidia-drm.fbdev is 1, not 0 (the nvidia module appends nvidia-drm.fbdev=1 for drivers >= 545) "
+        "on the kernel command line; fix: remove the nvidia-drm parameters you add to boot.kernelParams (tp4 appends modeset=1 fbdev=0 last)"
+    ]
 
 
 @pytest.mark.parametrize("stand_in", ["nixos-modules/lib.nix", "nixpkgs-stub/lib.nix"])
@@ -846,7 +1151,7 @@ def test_the_stand_ins_escape_shell_args_as_nixpkgs_does(work, stand_in):
     string of safe characters ([[:alnum:],._+:@%/-]) as it is and single-quotes any other."""
     lib = REPO / "tests" / stand_in
     expr = f"(import {nix_path(lib)}).escapeShellArg"
-    got, err = nix_eval(f"map ({expr}) [ \"a/b:c\" \"50%\" \"it's\" \"two words\" \"x=1\" \"\" 3 ]", work / "nix")
+    got, err = nix_eval(f'map ({expr}) [ "a/b:c" "50%" "it\'s" "two words" "x=1" "" 3 ]', work / "nix")
     assert err == "", err
     assert got == ["a/b:c", "50%", "'it'\\''s'", "'two words'", "'x=1'", "''", "3"]
 
@@ -865,8 +1170,12 @@ OCI_CONTAINER_TYPES = {
     "cmd": _str_list,  # listOf str
     "labels": lambda v: isinstance(v, dict) and all(isinstance(x, str) for x in v.values()),  # attrsOf str
     "environmentFiles": lambda v: _str_list(v) and all(x.startswith("/") for x in v),  # listOf path
-    "volumes": _str_list, "devices": _str_list, "networks": _str_list, "extraOptions": _str_list,  # listOf str
-    "autoStart": lambda v: isinstance(v, bool), "privileged": lambda v: isinstance(v, bool),  # bool
+    "volumes": _str_list,
+    "devices": _str_list,
+    "networks": _str_list,
+    "extraOptions": _str_list,  # listOf str
+    "autoStart": lambda v: isinstance(v, bool),
+    "privileged": lambda v: isinstance(v, bool),  # bool
     "pull": lambda v: v in ("always", "missing", "never", "newer"),  # enum
     "capabilities": lambda v: isinstance(v, dict) and all(x is None or isinstance(x, bool) for x in v.values()),
 }
@@ -891,8 +1200,11 @@ def test_the_host_units_are_declared_by_the_names_the_plan_gives_them(work, line
     _, plan = lines["switched"]
     doc = json.loads(plan.read_text())
     for n in doc["nodes"]:
-        n["service"]["host_units"] = {"rdma_check": "x-rdma.service", "weights_volume": None if n["rank"] == 0 else "x-volume.service",
-                                      "ready": "x-ready.service"}
+        n["service"]["host_units"] = {
+            "rdma_check": "x-rdma.service",
+            "weights_volume": None if n["rank"] == 0 else "x-volume.service",
+            "ready": "x-ready.service",
+        }
     renamed = work / "renamed-units.json"
     renamed.write_text(json.dumps(doc))
     host = walk(MODULES / "spark-host.nix", fixture_config(renamed, "spark2", ring=False), work)
@@ -912,4 +1224,7 @@ def test_the_readiness_needs_the_tp4_package(work, lines):
     expr = f"import {nix_path(WALK)} {{ module = {nix_path(MODULES / 'tp4-line.nix')}; optionsFile = {nix_path(OPTIONS)}; config = {config}; pkgs = {PKGS}; }}"
     value, err = nix_eval(expr, work / "nix")
     assert value is None
-    assert "tp4.package: the rank's readiness unit runs tp4's boot-log check (tp4 bootlog wait) and no tp4 is set; fix: use the flake's nixosModules" in err
+    assert (
+        "tp4.package: the rank's readiness unit runs tp4's boot-log check (tp4 bootlog wait) and no tp4 is set; fix: use the flake's nixosModules"
+        in err
+    )

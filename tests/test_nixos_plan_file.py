@@ -69,11 +69,14 @@ def test_a_failed_write_leaves_the_old_file(tp4_cli, tmp_path, monkeypatch):
     assert out.read_text() == "old\n" and [p.name for p in tmp_path.iterdir()] == ["plan.json"]
 
 
-@pytest.mark.parametrize(("content", "message"), [
-    (None, "no such file; fix: write it with tp4 plan --json -o"),
-    ("{", "not a plan file"),
-    ('{"schema": "tp4.fleet/1.0"}', "not a tp4 plan"),
-])
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (None, "no such file; fix: write it with tp4 plan --json -o"),
+        ("{", "not a plan file"),
+        ('{"schema": "tp4.fleet/1.0"}', "not a tp4 plan"),
+    ],
+)
 def test_check_of_a_file_that_is_no_plan_is_invalid_input(tp4_cli, tmp_path, content, message):
     out = tmp_path / "plan.json"
     if content is not None:
@@ -82,7 +85,10 @@ def test_check_of_a_file_that_is_no_plan_is_invalid_input(tp4_cli, tmp_path, con
     assert code == 2 and message in err and "Traceback" not in err
 
 
-@pytest.mark.parametrize("args", [("-o", "x.json", "--rank", "1"), ("--check", "x.json", "--rank", "0"), ("-o", "x.json", "--check", "y.json")])
+@pytest.mark.parametrize(
+    "args",
+    [("-o", "x.json", "--rank", "1"), ("--check", "x.json", "--rank", "0"), ("-o", "x.json", "--check", "y.json")],
+)
 def test_a_plan_file_is_the_whole_line(tp4_cli, tmp_path, args):
     code, _, err = tp4_cli("plan", *args)
     assert code == 2 and "fix:" in err
@@ -117,8 +123,11 @@ def test_the_nfs_share_is_the_plans_with_pythons_fallback_address():
 
 def test_a_ring_carries_its_hairpin_queue_and_no_share():
     text = (EXAMPLE / "profile.toml").read_text().replace("[nfs]", "[nfs]\nshare = false")
-    ring = text.replace('hcas = ["rocep1s0f0", "roceP2p1s0f0"]', 'hcas = ["rocep1s0f0", "roceP2p1s0f0"]\nmode = "ring"\n'
-                        'ring_hairpin_queue = 16384\n\n[fabric.nccl]\nmount = "overlay"')
+    ring = text.replace(
+        'hcas = ["rocep1s0f0", "roceP2p1s0f0"]',
+        'hcas = ["rocep1s0f0", "roceP2p1s0f0"]\nmode = "ring"\n'
+        'ring_hairpin_queue = 16384\n\n[fabric.nccl]\nmount = "overlay"',
+    )
     ring += '\n[gates]\nDSV41_ROCE_RING = "1"\nSGLANG_ROCE_MAX_SIZE = "262144"\nDSV41_ROCE_GATHER = "262144"\n'
     plan = _plan(ring)
     assert plan.line.ring_hairpin_queue == 16384 and plan.line.nfs is None
@@ -134,9 +143,13 @@ def test_readiness_is_serves_boot_check_on_the_ranks_own_log():
     assert worker.timeout == DEFAULT_TIMEOUTS["start"] + DEFAULT_TIMEOUTS["weights"]
     import re
 
-    assert re.search(head.pattern, "Ready: API on port 8888") and not re.search(head.pattern, "Ready: API on port 88881")
+    assert re.search(head.pattern, "Ready: API on port 8888") and not re.search(
+        head.pattern, "Ready: API on port 88881"
+    )
     assert head.required_lines and not worker.required_lines
-    assert re.search(worker.pattern, "[2026] Load weight end. elapsed=3s") and not re.search(worker.pattern, "Load weight endX")
+    assert re.search(worker.pattern, "[2026] Load weight end. elapsed=3s") and not re.search(
+        worker.pattern, "Load weight endX"
+    )
 
 
 def test_a_hosts_directories_and_gpu_devices_are_the_plans():
@@ -145,6 +158,9 @@ def test_a_hosts_directories_and_gpu_devices_are_the_plans():
     plan = _plan((EXAMPLE / "profile.toml").read_text())
     svc = plan.nodes[1].service
     assert [d.path for d in svc.directories] == [m.source for m in plan.nodes[1].run.mounts[1:4]] + ["/run/tp4"]
-    assert {d.owner for d in svc.directories[:3]} == {plan.nodes[1].ssh.user} and svc.directories[3][1:] == ("root", "0700")
+    assert {d.owner for d in svc.directories[:3]} == {plan.nodes[1].ssh.user} and svc.directories[3][1:] == (
+        "root",
+        "0700",
+    )
     assert svc.gpu_devices == ("nvidia.com/gpu=all",)
     assert serve.line_id(plan) == plan.line.id == "10.0.0.1-8888"

@@ -76,8 +76,11 @@ def with_port(plan: Path, port: int, dest: Path, **ready: object) -> Path:
 def boots(tmp_path_factory):
     """Boots of the example line on the stand-in engine, by scenario (shared by the tests)."""
     plan = build_plan(load_file(PROFILE))
-    scenarios = {"clean": {}, "omit": {"TP4_STANDIN_FAULT": "omit-line"},
-                 "forbidden": {"TP4_STANDIN_FAULT": "forbidden", "TP4_STANDIN_FAULT_RANK": "2"}}
+    scenarios = {
+        "clean": {},
+        "omit": {"TP4_STANDIN_FAULT": "omit-line"},
+        "forbidden": {"TP4_STANDIN_FAULT": "forbidden", "TP4_STANDIN_FAULT_RANK": "2"},
+    }
     done: dict[str, Boot] = {}
 
     def get(name: str) -> Boot:
@@ -104,10 +107,21 @@ class Runtime:
         self.calls.write_text("")
 
     def run(self, plan: Path, rank: int, poll: str = "0.05") -> subprocess.CompletedProcess[str]:
-        env = {"PATH": f"{self.bin}:/usr/bin:/bin", "PYTHONPATH": str(REPO / "python"), "HOME": str(self.root),
-               "TP4_FAKE_LOG": str(self.log), "TP4_FAKE_STATE": str(self.state), "TP4_FAKE_CALLS": str(self.calls)}
-        return subprocess.run([sys.executable, "-m", "tp4", "bootlog", "wait", "--plan", str(plan), "--rank", str(rank), "--poll", poll],
-                              capture_output=True, text=True, env=env, timeout=60)
+        env = {
+            "PATH": f"{self.bin}:/usr/bin:/bin",
+            "PYTHONPATH": str(REPO / "python"),
+            "HOME": str(self.root),
+            "TP4_FAKE_LOG": str(self.log),
+            "TP4_FAKE_STATE": str(self.state),
+            "TP4_FAKE_CALLS": str(self.calls),
+        }
+        return subprocess.run(
+            [sys.executable, "-m", "tp4", "bootlog", "wait", "--plan", str(plan), "--rank", str(rank), "--poll", poll],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=60,
+        )
 
 
 def test_the_unit_runs_tp4s_check_on_its_rank_with_the_plans_bound(readiness, plan):
@@ -117,7 +131,9 @@ def test_the_unit_runs_tp4s_check_on_its_rank_with_the_plans_bound(readiness, pl
         assert r["unit"] == "tp4-rank-ready.service"
         assert r["args"] == ["bootlog", "wait", "--rank", str(rank)]
         assert r["timeout"] == doc["nodes"][rank]["service"]["ready"]["timeout"]
-    assert readiness["spark1"]["timeout"] == sum(DEFAULT_TIMEOUTS[p] for p in ("start", "weights", "graphs", "smoke", "warmup", "ready"))
+    assert readiness["spark1"]["timeout"] == sum(
+        DEFAULT_TIMEOUTS[p] for p in ("start", "weights", "graphs", "smoke", "warmup", "ready")
+    )
     assert readiness["spark2"]["timeout"] == sum(DEFAULT_TIMEOUTS[p] for p in ("start", "weights"))
 
 
@@ -139,7 +155,10 @@ def test_a_missing_required_line_fails_the_head(plan, boots, tmp_path):
     first = next(b for b in planned.boot_lines if b.required and b.adapter != "engine")
     proc = Runtime(tmp_path, boot.logs[0]).run(with_port(plan, boot.port, tmp_path / "plan.json"), 0)
     assert proc.returncode == 1
-    assert f"error: dsv41-head: ready, but the boot lines the plan arms are not in its log: `{first.text}`; fix: check that the image carries the adapters" in proc.stderr
+    assert (
+        f"error: dsv41-head: ready, but the boot lines the plan arms are not in its log: `{first.text}`; fix: check that the image carries the adapters"
+        in proc.stderr
+    )
 
 
 def test_a_forbidden_line_fails_at_once_naming_the_line(plan, boots, tmp_path):
@@ -162,7 +181,9 @@ def test_the_head_waits_for_ready_and_only_on_its_port(plan, tmp_path):
     def later() -> None:
         time.sleep(0.5)
         with open(rt.log, "a") as fh:
-            fh.write("\x1b[32mINFO\x1b[0m Warm-up done in 3s\r\nReady: API on port 8888 (rank 0). Key is in /state/api-key.\r\n")
+            fh.write(
+                "\x1b[32mINFO\x1b[0m Warm-up done in 3s\r\nReady: API on port 8888 (rank 0). Key is in /state/api-key.\r\n"
+            )
 
     t = threading.Thread(target=later)
     started = time.monotonic()
@@ -182,7 +203,10 @@ def test_it_gives_up_after_its_bound(plan, tmp_path):
     proc = rt.run(short, 0, poll="0.2")
     assert proc.returncode == 1
     assert time.monotonic() - started < 10
-    assert "error: dsv41-head: not ready after 1s: no line matching '^Ready: API on port 8888(?![0-9])' in its log; fix: " in proc.stderr
+    assert (
+        "error: dsv41-head: not ready after 1s: no line matching '^Ready: API on port 8888(?![0-9])' in its log; fix: "
+        in proc.stderr
+    )
     assert "  | Load weight begin. avail mem=112.40 GB" in proc.stderr
 
 
@@ -195,15 +219,23 @@ def test_a_container_that_stopped_before_ready_fails(plan, tmp_path, state):
     assert "container inspect --format {{.State.Status}} dsv41-worker" in rt.calls.read_text()
 
 
-@pytest.mark.parametrize(("args", "message"), [
-    (["--rank", "4"], "--rank 4: the plan has ranks 0..3"),
-    (["--rank", "0", "--poll", "0"], "--poll 0.0: not a positive number"),
-])
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--rank", "4"], "--rank 4: the plan has ranks 0..3"),
+        (["--rank", "0", "--poll", "0"], "--poll 0.0: not a positive number"),
+    ],
+)
 def test_bad_arguments_are_usage_errors(plan, tmp_path, args, message):
     rt = Runtime(tmp_path)
     env = {"PATH": f"{rt.bin}:/usr/bin:/bin", "PYTHONPATH": str(REPO / "python"), "HOME": str(tmp_path)}
-    proc = subprocess.run([sys.executable, "-m", "tp4", "bootlog", "wait", "--plan", str(plan), *args],
-                          capture_output=True, text=True, env=env, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-m", "tp4", "bootlog", "wait", "--plan", str(plan), *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
     assert proc.returncode == 2 and message in proc.stderr and "Traceback" not in proc.stderr
 
 
@@ -213,9 +245,12 @@ def test_a_plan_file_of_an_older_schema_is_bad_input(plan, tmp_path):
     old = tmp_path / "old.json"
     old.write_text(json.dumps(doc))
     env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO / "python"), "HOME": str(tmp_path)}
-    proc = subprocess.run([sys.executable, "-m", "tp4", "bootlog", "wait", "--plan", str(old), "--rank", "1"],
-                          capture_output=True, text=True, env=env, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-m", "tp4", "bootlog", "wait", "--plan", str(old), "--rank", "1"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
     assert proc.returncode == 2
     assert "nodes[1].service: no ready (a plan of an older schema); fix: write it again with this tp4" in proc.stderr
-
-

@@ -43,8 +43,10 @@ def settings_expr(work) -> str:
     """The head's settings (modules/lib) as a Nix expression."""
     profile = EXAMPLE / "profile.toml"
     plan = plan_file(profile, work / "plan.json")
-    return (f"(import {nix_path(LIB)}).host {{ plan = {json_file(plan)}; "
-            f"hostsFile = {toml(EXAMPLE / 'hosts.toml')}; name = \"spark1\"; }}")
+    return (
+        f"(import {nix_path(LIB)}).host {{ plan = {json_file(plan)}; "
+        f'hostsFile = {toml(EXAMPLE / "hosts.toml")}; name = "spark1"; }}'
+    )
 
 
 @pytest.fixture(scope="module")
@@ -70,10 +72,19 @@ def test_the_vm_files_parse():
 
 def test_the_test_script_is_python_that_checks_the_heads_settings(script, settings):
     tree = ast.parse(script)
-    calls = [(n.func.attr, n.args[0].value) for n in ast.walk(tree)  # type: ignore[attr-defined]
-             if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.args and isinstance(n.args[0], ast.Constant)]
-    assert all(isinstance(n.func.value, ast.Name) and n.func.value.id == "machine"  # type: ignore[attr-defined]
-               for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute))
+    calls = [
+        (n.func.attr, n.args[0].value)
+        for n in ast.walk(tree)  # type: ignore[attr-defined]
+        if isinstance(n, ast.Call)
+        and isinstance(n.func, ast.Attribute)
+        and n.args
+        and isinstance(n.args[0], ast.Constant)
+    ]
+    assert all(
+        isinstance(n.func.value, ast.Name) and n.func.value.id == "machine"  # type: ignore[attr-defined]
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
+    )
     by = {}
     for method, arg in calls:
         by.setdefault(method, []).append(arg)
@@ -81,10 +92,14 @@ def test_the_test_script_is_python_that_checks_the_heads_settings(script, settin
     assert "systemctl is-failed --quiet tp4-rdma-check.service" in by["wait_until_succeeds"]
     rank = settings["rankUnit"]["unit"]
     assert rank == "podman-dsv41-head.service"
-    assert {f"systemctl start {rank}", f"systemctl is-active --quiet {rank}", "systemctl is-active --quiet tp4-rank-ready.service",
-            "test -e /run/tp4/gid-index"} <= set(by["fail"])
+    assert {
+        f"systemctl start {rank}",
+        f"systemctl is-active --quiet {rank}",
+        "systemctl is-active --quiet tp4-rank-ready.service",
+        "test -e /run/tp4/gid-index",
+    } <= set(by["fail"])
     assert 'test "$(uname -r)" = 6.17.13' in by["succeed"]
-    assert "test -z \"$(podman ps --all --quiet --filter name=^dsv41-head$)\"" in by["succeed"]
+    assert 'test -z "$(podman ps --all --quiet --filter name=^dsv41-head$)"' in by["succeed"]
     # every fabric port: its address and MTU; every ARP setting
     for netdev, i in settings["interfaces"].items():
         a = i["ipv4"]["addresses"][0]
@@ -98,7 +113,7 @@ def test_the_test_script_is_python_that_checks_the_heads_settings(script, settin
     for c in clients:
         assert f"exportfs -v | grep -qF '{c.split('(')[0]}('" in by["succeed"]
     for key, v in settings["sysctl"].items():
-        assert f"test \"$(sysctl -n {key})\" = {v}" in by["succeed"]
+        assert f'test "$(sysctl -n {key})" = {v}' in by["succeed"]
 
 
 def test_the_journal_line_it_greps_for_is_what_the_rdma_check_prints(script, settings, tmp_path):
@@ -110,8 +125,12 @@ def test_the_journal_line_it_greps_for_is_what_the_rdma_check_prints(script, set
     args = ["0", check["gidFile"].replace("/run/tp4", str(tmp_path / "run")), "-"]
     args += [x for p in check["ports"] for x in (p["hca"], p["netdev"], p["address"])]
     (tmp_path / "sys" / "class").mkdir(parents=True)  # a sysfs without infiniband devices
-    proc = subprocess.run(["sh", str(RDMA_CHECK), *args], capture_output=True, text=True,
-                          env={"TP4_SYSFS": str(tmp_path / "sys"), "PATH": "/usr/bin:/bin"})
+    proc = subprocess.run(
+        ["sh", str(RDMA_CHECK), *args],
+        capture_output=True,
+        text=True,
+        env={"TP4_SYSFS": str(tmp_path / "sys"), "PATH": "/usr/bin:/bin"},
+    )
     assert proc.returncode == 1
     assert proc.stderr.splitlines()[0].startswith(f"tp4-rdma-check: after 0 s: {greps[0]}")
     assert greps[0] == "rocep1s0f0: no such RDMA device (for enp1s0f0np0 10.0.0.1); fix: load mlx5_ib"
@@ -119,11 +138,15 @@ def test_the_journal_line_it_greps_for_is_what_the_rdma_check_prints(script, set
 
 
 def walk_machine(work: Path, settings_expr: str, sections: str) -> dict:
-    module = (f"import {nix_path(VM / 'machine.nix')} {{ nixosModules.default = {{ }}; example = {nix_path(EXAMPLE)}; "
-              f"hardening = (import {nix_path(LIB)}).rank.hardening; }}")
+    module = (
+        f"import {nix_path(VM / 'machine.nix')} {{ nixosModules.default = {{ }}; example = {nix_path(EXAMPLE)}; "
+        f"hardening = (import {nix_path(LIB)}).rank.hardening; }}"
+    )
     config = f"{{ tp4.settings = {settings_expr}; }}"
-    expr = (f"import {nix_path(WALK)} {{ module = {module}; optionsFile = {nix_path(OPTIONS)}; config = {config}; "
-            f"pkgs = import {nix_path(STUB)} {{ }}; sections = {sections}; }}")
+    expr = (
+        f"import {nix_path(WALK)} {{ module = {module}; optionsFile = {nix_path(OPTIONS)}; config = {config}; "
+        f"pkgs = import {nix_path(STUB)} {{ }}; sections = {sections}; }}"
+    )
     value, err = nix_eval(expr, work / "nix")
     assert isinstance(value, dict), err
     return value
@@ -136,20 +159,30 @@ def test_the_node_sets_only_listed_options(work, settings_expr):
     assert sorted(set(data["vm-test"]) - {s["entry"] for s in w["set"]}) == []
     # without the [vm-test] entries the walk names them: the check has teeth
     bare = walk_machine(work, settings_expr, '[ "set" "own" ]')
-    assert {s["path"] for s in bare["set"] if s["entry"] is None} >= {"virtualisation.memorySize", "virtualisation.qemu", "hardware.nvidia-container-toolkit.suppressNvidiaDriverAssertion"}
+    assert {s["path"] for s in bare["set"] if s["entry"] is None} >= {
+        "virtualisation.memorySize",
+        "virtualisation.qemu",
+        "hardware.nvidia-container-toolkit.suppressNvidiaDriverAssertion",
+    }
     values = {s["path"]: s["value"] for s in w["set"]}
     assert values["hardware.nvidia-container-toolkit.suppressNvidiaDriverAssertion"] is True
     assert values["systemd.network.links.10-enp1s0f0np0.linkConfig"] == {"Name": "enp1s0f0np0"}
     assert values["systemd.network.links.10-enP2p1s0f0np0.matchConfig"] == {"MACAddress": "52:54:00:74:70:11"}
     assert values["virtualisation.qemu.options"] == [
-        "-netdev user,id=fabric0,restrict=on", "-device virtio-net-pci,netdev=fabric0,mac=52:54:00:74:70:10",
-        "-netdev user,id=fabric1,restrict=on", "-device virtio-net-pci,netdev=fabric1,mac=52:54:00:74:70:11"]
+        "-netdev user,id=fabric0,restrict=on",
+        "-device virtio-net-pci,netdev=fabric0,mac=52:54:00:74:70:10",
+        "-netdev user,id=fabric1,restrict=on",
+        "-device virtio-net-pci,netdev=fabric1,mac=52:54:00:74:70:11",
+    ]
     # the probe runs under exactly the rank unit's hardening
     hardening, err = nix_eval(f"(import {nix_path(LIB)}).rank.hardening", work / "nix")
     assert values["systemd.services.podman-tp4-probe.serviceConfig"] == hardening and hardening, err
     assert values["virtualisation.oci-containers.containers.tp4-probe.image"].startswith("tp4-probe:1")
     assert w["imports"][1] == "configuration.nix"
-    assert values["systemd.tmpfiles.rules"] == ["d /var/lib/tp4-probe 0755 root root - -", "d /home/tp4/NewModels/DeepSeek-V4.1-Flash 0755 tp4 - - -"]
+    assert values["systemd.tmpfiles.rules"] == [
+        "d /var/lib/tp4-probe 0755 root root - -",
+        "d /home/tp4/NewModels/DeepSeek-V4.1-Flash 0755 tp4 - - -",
+    ]
 
 
 def test_the_flake_checks(tmp_path):
@@ -161,16 +194,26 @@ def test_the_flake_checks(tmp_path):
         assert proc.returncode == 0, proc.stderr
         return json.loads(proc.stdout)
 
-    vm = evaluate("checks.aarch64-linux.spark-host-vm", """t: { inherit (t) name; inherit (t.stub) builder;
+    vm = evaluate(
+        "checks.aarch64-linux.spark-host-vm",
+        """t: { inherit (t) name; inherit (t.stub) builder;
       args = builtins.removeAttrs t.stub.args [ "nodes" "testScript" ];
-      machine = builtins.isFunction t.stub.args.nodes.machine; script = builtins.isFunction t.stub.args.testScript; }""")
-    assert vm == {"name": "vm-test-run-tp4-spark-host", "builder": "testers.runNixOSTest", "machine": True, "script": True,
-                  "args": {"name": "tp4-spark-host", "node": {"pkgsReadOnly": False}, "globalTimeout": 1800}}
+      machine = builtins.isFunction t.stub.args.nodes.machine; script = builtins.isFunction t.stub.args.testScript; }""",
+    )
+    assert vm == {
+        "name": "vm-test-run-tp4-spark-host",
+        "builder": "testers.runNixOSTest",
+        "machine": True,
+        "script": True,
+        "args": {"name": "tp4-spark-host", "node": {"pkgsReadOnly": False}, "globalTimeout": 1800},
+    }
     checks = evaluate("checks", "c: builtins.mapAttrs (s: builtins.attrNames) c")
     # plan-current: the example's committed plan is the one its profile renders (tp4 plan --check),
     # on every system (a copy of both files under their usual names)
     for system in ("x86_64-linux", "aarch64-linux"):
-        pc = evaluate(f"checks.{system}.plan-current", "d: { inherit (d.stub) builder; cmd = d.stub.args.buildCommand; }")
+        pc = evaluate(
+            f"checks.{system}.plan-current", "d: { inherit (d.stub) builder; cmd = d.stub.args.buildCommand; }"
+        )
         assert pc["builder"] == "runCommand"
         assert "-m tp4 plan --check plan.json --profile profile.toml" in pc["cmd"]
         assert "-profile.toml profile.toml" in pc["cmd"] and "-plan.json plan.json" in pc["cmd"]
@@ -178,9 +221,12 @@ def test_the_flake_checks(tmp_path):
     assert nixos | {"spark-host-vm"} <= set(checks["aarch64-linux"])
     assert not any(c.startswith("nixos-") or c == "spark-host-vm" for c in checks["x86_64-linux"])
     # nixos-<node>: the .drv path of the node's toplevel, as text without its context
-    got = evaluate("checks.aarch64-linux", """c: builtins.mapAttrs (n: d: { inherit (d) name; inherit (d.stub) builder;
+    got = evaluate(
+        "checks.aarch64-linux",
+        """c: builtins.mapAttrs (n: d: { inherit (d) name; inherit (d.stub) builder;
       text = d.stub.args.text; context = builtins.hasContext d.stub.args.text; })
-      (builtins.removeAttrs c [ "b12x" "b12x-next" "eval" "formatting" "image" "image-canary" "image-local" "sglang-tree" "spark-host-vm" "tp4" "tp4-runtime" "unit" "wheels" "plan-current" ])""")
+      (builtins.removeAttrs c [ "b12x" "b12x-next" "eval" "formatting" "image" "image-canary" "image-local" "sglang-tree" "spark-host-vm" "tp4" "tp4-runtime" "unit" "wheels" "plan-current" ])""",
+    )
     # they evaluate on a fresh clone (no hardware/<host>/hardware-configuration.nix, no
     # authorized_keys): the hosts on the checks' explicit test hardware and test key
     assert not (copy / "examples" / "spark-line" / "hardware").exists()

@@ -47,7 +47,9 @@ def test_a_store_tar_is_written_as_stream_layered_image_writes_its_layers(tmp_pa
     assert all(m.mode == 0o755 and m.isdir() for m in got[:2])
     names = [m.name for m in got[2:]]
     prefix = "/" + str(a).lstrip("/")
-    assert names == [prefix + p for p in ["", "/bin", "/bin/link", "/bin/tool", "/lib", "/lib/a", "/lib/hard", "/lib/z"]]
+    assert names == [
+        prefix + p for p in ["", "/bin", "/bin/link", "/bin/tool", "/lib", "/lib/a", "/lib/hard", "/lib/z"]
+    ]
     by_name = {m.name: m for m in got}
     assert all((m.uid, m.gid, m.uname, m.gname, m.mtime) == (0, 0, "root", "root", 1) for m in got)
     assert by_name[prefix + "/bin/link"].issym() and by_name[prefix + "/bin/link"].linkname == "tool"
@@ -84,12 +86,15 @@ def test_a_reference_graph_gives_its_paths_sorted_and_once(tmp_path):
     assert oci.read_graph(g) == [S + "a-y", S + "b-x"]
 
 
-@pytest.mark.parametrize("text, complaint", [
-    ("", "empty"),
-    ("/tmp/not-store\n\n0\n", "line 1"),
-    (S + "a\n\nx\n", "line 1"),
-    (S + "a\n\n2\n" + S + "b\n", "line 1"),
-])
+@pytest.mark.parametrize(
+    "text, complaint",
+    [
+        ("", "empty"),
+        ("/tmp/not-store\n\n0\n", "line 1"),
+        (S + "a\n\nx\n", "line 1"),
+        (S + "a\n\n2\n" + S + "b\n", "line 1"),
+    ],
+)
 def test_a_reference_graph_that_is_not_one_is_refused(tmp_path, text, complaint):
     (tmp_path / "g").write_text(text)
     with pytest.raises(oci.OciError, match=complaint):
@@ -111,8 +116,14 @@ def test_a_store_layer_leaves_out_what_the_layers_below_hold(tmp_path, monkeypat
 
 
 def test_the_links_layer_puts_parents_before_links(tmp_path):
-    oci.links_layer(["/opt/dsv41=/nix/store/x-rt", "/sgl-workspace/sglang/python=/nix/store/y-sg/python",
-                     "/opt/b12x=/nix/store/z-b"], tmp_path / "out")
+    oci.links_layer(
+        [
+            "/opt/dsv41=/nix/store/x-rt",
+            "/sgl-workspace/sglang/python=/nix/store/y-sg/python",
+            "/opt/b12x=/nix/store/z-b",
+        ],
+        tmp_path / "out",
+    )
     got = members((tmp_path / "out" / "layer.tar").read_bytes())
     assert [(m.name, m.type, m.linkname) for m in got] == [
         ("/opt", tarfile.DIRTYPE, ""),
@@ -141,16 +152,33 @@ def layer_bytes(name: str, text: str) -> bytes:
     return buf.getvalue()
 
 
-def docker_archive(path: Path, layers: list[bytes], *, diff_ids: list[str] | None = None,
-                   env: list[str] | None = None, legacy_links: bool = False) -> Path:
+def docker_archive(
+    path: Path,
+    layers: list[bytes],
+    *,
+    diff_ids: list[str] | None = None,
+    env: list[str] | None = None,
+    legacy_links: bool = False,
+) -> Path:
     """A docker-archive as skopeo writes one (what dockerTools.pullImage fetches): <hex>.tar
     per layer, <hex>.json config, manifest.json (and legacy <id>/layer.tar links)."""
     hexes = [hashlib.sha256(data).hexdigest() for data in layers]
-    config = json.dumps({"architecture": "amd64", "os": "linux", "config": {"Env": env or []},
-                         "rootfs": {"type": "layers", "diff_ids": diff_ids or [f"sha256:{h}" for h in hexes]}}).encode()
+    config = json.dumps(
+        {
+            "architecture": "amd64",
+            "os": "linux",
+            "config": {"Env": env or []},
+            "rootfs": {"type": "layers", "diff_ids": diff_ids or [f"sha256:{h}" for h in hexes]},
+        }
+    ).encode()
     config_hex = hashlib.sha256(config).hexdigest()
-    manifest = [{"Config": f"{config_hex}.json", "RepoTags": ["base:1"],
-                 "Layers": [f"legacy{i}/layer.tar" if legacy_links else f"{h}.tar" for i, h in enumerate(hexes)]}]
+    manifest = [
+        {
+            "Config": f"{config_hex}.json",
+            "RepoTags": ["base:1"],
+            "Layers": [f"legacy{i}/layer.tar" if legacy_links else f"{h}.tar" for i, h in enumerate(hexes)],
+        }
+    ]
 
     def add(tar: tarfile.TarFile, name: str, data: bytes) -> None:
         info = tarfile.TarInfo(name)
@@ -206,19 +234,24 @@ def built_layer(root: Path, name: str, text: str) -> Path:
     data = layer_bytes(name, text)
     root.mkdir(parents=True)
     (root / "layer.tar").write_bytes(data)
-    (root / "layer.json").write_text(json.dumps({"digest": "sha256:" + hashlib.sha256(data).hexdigest(),
-                                                 "size": len(data), "paths": [S + name]}))
+    (root / "layer.json").write_text(
+        json.dumps({"digest": "sha256:" + hashlib.sha256(data).hexdigest(), "size": len(data), "paths": [S + name]})
+    )
     return root
 
 
-SPEC = {"architecture": "arm64", "created": 1_700_000_000,
-        "config": {"Entrypoint": ["python3"], "Env": ["PATH=/opt/bin", "MINE=1"], "Labels": {"tp4.flake.rev": "r1"}}}
+SPEC = {
+    "architecture": "arm64",
+    "created": 1_700_000_000,
+    "config": {"Entrypoint": ["python3"], "Env": ["PATH=/opt/bin", "MINE=1"], "Labels": {"tp4.flake.rev": "r1"}},
+}
 
 
 def layout(tmp_path: Path, spec=SPEC, text: str = "top") -> oci.Layout:
     base = tmp_path / "base"
-    oci.base_layers(str(docker_archive(tmp_path / "base.tar", [layer_bytes("b", "base")],
-                                       env=["PATH=/usr/bin", "BASE=1"])), base)
+    oci.base_layers(
+        str(docker_archive(tmp_path / "base.tar", [layer_bytes("b", "base")], env=["PATH=/usr/bin", "BASE=1"])), base
+    )
     layer = built_layer(tmp_path / f"layer-{text}", "app", text)
     return oci.image_layout(base, [layer], json.loads(json.dumps(spec)), "dsv41-4x-spark", tmp_path / f"img-{text}")
 

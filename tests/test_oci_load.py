@@ -29,8 +29,10 @@ def store(monkeypatch):
 
 
 def build(flake: Path, work: Path) -> str:
-    proc = process.run(["nix", "build", "--json", "--no-link", f"path:{flake}#image"],
-                       env={"NIX_CONFIG": image_nix_config(work / "nix")})
+    proc = process.run(
+        ["nix", "build", "--json", "--no-link", f"path:{flake}#image"],
+        env={"NIX_CONFIG": image_nix_config(work / "nix")},
+    )
     return json.loads(proc.stdout)[0]["outputs"]["out"]
 
 
@@ -57,8 +59,16 @@ def test_a_layout_loads_runs_and_a_rebuild_reads_only_its_new_layers(tmp_path, s
     assert labels["tp4.flake.rev"] == "one"
     assert runtime_cli.layers("podman", ref) == layout.diff_ids
     # the links put each tree where it belongs, and the base's Env stays under the image's own
-    out = podman("run", "--rm", *RUN, "--entrypoint", "/bin/sh", ref, "-c",
-                 "cat /opt/data/label; sh /opt/dsv41/tests/test_pass.py; echo base=$TP4_TEST_BASE path=$PATH")
+    out = podman(
+        "run",
+        "--rm",
+        *RUN,
+        "--entrypoint",
+        "/bin/sh",
+        ref,
+        "-c",
+        "cat /opt/data/label; sh /opt/dsv41/tests/test_pass.py; echo base=$TP4_TEST_BASE path=$PATH",
+    )
     assert out.split() == ["one", "checking", "something", "3/3", "PASS", "base=1", "path=/bin"]
 
     # a rebuild that changes the data tree: the base, tools and runtime layers are the same

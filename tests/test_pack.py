@@ -33,8 +33,13 @@ MAGIC = 0x4D41524745  # the stand-in packer's
 
 
 def tp4(*args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "tp4", *args], capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, "PYTHONPATH": str(REPO / "python")})
+    return subprocess.run(
+        [sys.executable, "-m", "tp4", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, "PYTHONPATH": str(REPO / "python")},
+    )
 
 
 @pytest.fixture(scope="module")
@@ -63,10 +68,12 @@ def packer_env(cluster: LineCluster, env: dict[int, dict[str, str]]) -> None:
 @pytest.fixture
 def line(cluster: LineCluster) -> Iterator[LineCluster]:
     """The cluster with no shards and no packer controls, before and after each test."""
+
     def clean() -> None:
         packer_env(cluster, {})
         for rank in cluster.plan.nodes:
             shutil.rmtree(engram_dir(rank), ignore_errors=True)
+
     clean()
     yield cluster
     clean()
@@ -91,7 +98,13 @@ def assert_valid(cluster: LineCluster) -> None:
     for rank in cluster.plan.nodes:
         for (magic, layer, lo, hi, rows, row_bytes), want in zip(headers(cluster)[rank.name], (1, 14), strict=True):
             total = 1000
-            assert (magic, layer, lo, hi, rows) == (MAGIC, want, total * rank.rank // tp, total * (rank.rank + 1) // tp, hi - lo)
+            assert (magic, layer, lo, hi, rows) == (
+                MAGIC,
+                want,
+                total * rank.rank // tp,
+                total * (rank.rank + 1) // tp,
+                hi - lo,
+            )
             assert row_bytes > 0
         assert not list(Path(engram_dir(rank)).glob("*.partial"))
 
@@ -110,14 +123,21 @@ def test_pack_runs_every_node_at_once_and_a_second_pack_skips_every_node(line: L
     assert "8 shards checked on 4 nodes (4 packed, 0 skipped)" in r.stdout
     assert wall < 6, f"{wall:.1f} s: the nodes did not pack at once (4 x 2 s would be 8 s)"
 
-    before = {rank.name: [p.stat().st_mtime_ns for p in sorted(Path(engram_dir(rank)).iterdir())] for rank in line.plan.nodes}
+    before = {
+        rank.name: [p.stat().st_mtime_ns for p in sorted(Path(engram_dir(rank)).iterdir())] for rank in line.plan.nodes
+    }
     again = tp4("pack", "--profile", str(line.profile))
     assert again.returncode == 0, again.stdout + again.stderr
     assert "started" not in again.stdout
     for rank in line.plan.nodes:
-        assert f"pack: {rank.name}: skipped (engram-l1-r{rank.rank}of4.bin, engram-l14-r{rank.rank}of4.bin complete)" in again.stdout
+        assert (
+            f"pack: {rank.name}: skipped (engram-l1-r{rank.rank}of4.bin, engram-l14-r{rank.rank}of4.bin complete)"
+            in again.stdout
+        )
     assert "(0 packed, 4 skipped)" in again.stdout
-    assert before == {rank.name: [p.stat().st_mtime_ns for p in sorted(Path(engram_dir(rank)).iterdir())] for rank in line.plan.nodes}
+    assert before == {
+        rank.name: [p.stat().st_mtime_ns for p in sorted(Path(engram_dir(rank)).iterdir())] for rank in line.plan.nodes
+    }
 
 
 def test_a_failing_packer_is_named_and_the_other_nodes_are_packed(line: LineCluster) -> None:
@@ -200,8 +220,10 @@ def _shards(plan: Plan, headers: dict[int, tuple[tuple[int, ...], tuple[int, ...
     out = {}
     for rank in plan.nodes:
         pair = headers[rank.rank]
-        out[rank.name] = [Shard(name, layer, 48 + h[4] * h[5] if len(h) == 6 else 10, h)
-                          for name, layer, h in zip(engram_files(plan, rank), (1, 14), pair, strict=True)]
+        out[rank.name] = [
+            Shard(name, layer, 48 + h[4] * h[5] if len(h) == 6 else 10, h)
+            for name, layer, h in zip(engram_files(plan, rank), (1, 14), pair, strict=True)
+        ]
     return out
 
 
@@ -217,14 +239,19 @@ def test_the_header_checks_of_a_shard_and_of_the_line() -> None:
     assert line_problems(plan, shards) == {}
     rank1 = plan.nodes[1]
     s = shards[rank1.name][1]
-    assert shard_problem(plan, rank1, s._replace(size=s.size - 1)) == f"{s.name} is incomplete ({s.size - 1} of {s.size} bytes)"
+    assert (
+        shard_problem(plan, rank1, s._replace(size=s.size - 1))
+        == f"{s.name} is incomplete ({s.size - 1} of {s.size} bytes)"
+    )
     assert shard_problem(plan, rank1, s._replace(size=None)) == f"{s.name} missing"
     assert shard_problem(plan, rank1, s._replace(header=s.header[:3])) == f"{s.name} has no header ({s.size} bytes)"
     assert "layer 1, not 14" in str(shard_problem(plan, rank1, s._replace(header=(MAGIC, 1, *s.header[2:]))))
     assert "no magic" in str(shard_problem(plan, rank1, s._replace(header=(0, *s.header[1:]))))
     assert "does not hold its" in str(shard_problem(plan, rank1, s._replace(header=(*s.header[:4], 7, 64))))
     r0 = shards[plan.nodes[0].name][0]
-    assert "starts at row 250, not 0" in str(shard_problem(plan, plan.nodes[0], r0._replace(header=(MAGIC, 1, 250, 500, 250, 64))))
+    assert "starts at row 250, not 0" in str(
+        shard_problem(plan, plan.nodes[0], r0._replace(header=(MAGIC, 1, 250, 500, 250, 64)))
+    )
     # a rank packed for another split (another tp, or another table), and another packer's magic
     wrong = _shards(plan, {**{r: _good(r) for r in range(4)}, 2: _good(2, total=1200)})
     assert list(line_problems(plan, wrong)) == [plan.nodes[2].name]
@@ -237,9 +264,31 @@ def test_the_packer_runs_as_upstream_runs_it() -> None:
     head, worker = plan.nodes[0], plan.nodes[2]
     model = next(m.source for m in head.run.mounts if m.target == "/models/DeepSeek-V4.1-Flash")
     assert packer_argv(plan, head) == [
-        head.service.runtime, "run", "--rm", "--network", "host", "-v", f"{model}:/models/DeepSeek-V4.1-Flash:ro",
-        "-v", f"{engram_dir(head)}:/engram", "-e", "DSV41_SOURCE=/models/DeepSeek-V4.1-Flash", "--entrypoint", "python3",
-        head.run.image, "/opt/dsv41/scripts/pack_engram.py", "--rank", "0", "--tp", "4", "--out", "/engram"]
+        head.service.runtime,
+        "run",
+        "--rm",
+        "--network",
+        "host",
+        "-v",
+        f"{model}:/models/DeepSeek-V4.1-Flash:ro",
+        "-v",
+        f"{engram_dir(head)}:/engram",
+        "-e",
+        "DSV41_SOURCE=/models/DeepSeek-V4.1-Flash",
+        "--entrypoint",
+        "python3",
+        head.run.image,
+        "/opt/dsv41/scripts/pack_engram.py",
+        "--rank",
+        "0",
+        "--tp",
+        "4",
+        "--out",
+        "/engram",
+    ]
     argv = packer_argv(plan, worker)
-    assert argv[argv.index("--rank") + 1] == "2" and f"{plan.nodes[2].run.mounts[0].source}:/models/DeepSeek-V4.1-Flash:ro" in argv
+    assert (
+        argv[argv.index("--rank") + 1] == "2"
+        and f"{plan.nodes[2].run.mounts[0].source}:/models/DeepSeek-V4.1-Flash:ro" in argv
+    )
     assert argv[6] == f"{worker.run.mounts[0].source}:/models/DeepSeek-V4.1-Flash:ro"

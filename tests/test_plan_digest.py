@@ -68,7 +68,7 @@ def test_serve_leaves_the_plan_beside_each_env_file_and_reads_it_back(tmp_path: 
     as the ssh user of a plain host (no sudo); compare_running names the fields of a changed plan."""
     from tp4.serving import serve
 
-    text = DEFAULT.read_text().replace('[cluster.head]\n', f'[cluster.head]\nworkdir = "{tmp_path}/w0"\n', 1)
+    text = DEFAULT.read_text().replace("[cluster.head]\n", f'[cluster.head]\nworkdir = "{tmp_path}/w0"\n', 1)
     prof = tmp_path / "p.toml"
     prof.write_text(text)
     plan = build_plan(load_file(prof))
@@ -83,8 +83,12 @@ def test_serve_leaves_the_plan_beside_each_env_file_and_reads_it_back(tmp_path: 
     changed = build_plan(load_file(prof))
     got = serve.compare_running(changed, [head], {head.name: ("running", plan.digest)})
     assert got["same"] is False and got["running"] == [plan.digest]
-    assert got["fields"] == ['nodes[0].env.MY_NOTE: running null, this plan "x"', 'nodes[1].env.MY_NOTE: running null, this plan "x"',
-                             'nodes[2].env.MY_NOTE: running null, this plan "x"', 'nodes[3].env.MY_NOTE: running null, this plan "x"']
+    assert got["fields"] == [
+        'nodes[0].env.MY_NOTE: running null, this plan "x"',
+        'nodes[1].env.MY_NOTE: running null, this plan "x"',
+        'nodes[2].env.MY_NOTE: running null, this plan "x"',
+        'nodes[3].env.MY_NOTE: running null, this plan "x"',
+    ]
     assert serve.compare_running(plan, [head], {head.name: ("running", plan.digest)})["same"] is True
     unknown = serve.compare_running(changed, [head], {head.name: ("running", "")})
     assert unknown["same"] is False and "a plan without a digest" in str(unknown["summary"])

@@ -29,23 +29,37 @@ def valid_documents(draw):
     node_names = draw(st.lists(names, min_size=4, max_size=4, unique=True))
     last = draw(st.lists(octets, min_size=4, max_size=4, unique=True))
     net = draw(st.sampled_from(["10.0.0", "192.168.7", "10.77.1"]))
-    nodes = [{"name": n, "ip": f"{net}.{o}", "ssh": draw(st.sampled_from([n, f"{net}.{o}"]))}
-             for n, o in zip(node_names, last, strict=True)]
-    doc = {"preset": preset, "cluster": {"head": nodes[0], "workers": nodes[1:],
-                                         "user": draw(st.sampled_from(["zurih", "root", "ops"])),
-                                         "dist_port": draw(st.integers(1024, 30000)),
-                                         "port": draw(st.integers(30001, 65535))}}
-    engine = {"context_length": draw(st.integers(4096, 1048576)),
-              "max_total_tokens": draw(st.integers(0, 8_000_000)),
-              "dspark_block_size": draw(st.integers(1, 8)),
-              "spec_algo": draw(st.sampled_from(["DSPARK", "none"])),
-              "mem_fraction_static": draw(st.sampled_from([0.8, 0.75, "0.90", "0.944"]))}
+    nodes = [
+        {"name": n, "ip": f"{net}.{o}", "ssh": draw(st.sampled_from([n, f"{net}.{o}"]))}
+        for n, o in zip(node_names, last, strict=True)
+    ]
+    doc = {
+        "preset": preset,
+        "cluster": {
+            "head": nodes[0],
+            "workers": nodes[1:],
+            "user": draw(st.sampled_from(["zurih", "root", "ops"])),
+            "dist_port": draw(st.integers(1024, 30000)),
+            "port": draw(st.integers(30001, 65535)),
+        },
+    }
+    engine = {
+        "context_length": draw(st.integers(4096, 1048576)),
+        "max_total_tokens": draw(st.integers(0, 8_000_000)),
+        "dspark_block_size": draw(st.integers(1, 8)),
+        "spec_algo": draw(st.sampled_from(["DSPARK", "none"])),
+        "mem_fraction_static": draw(st.sampled_from([0.8, 0.75, "0.90", "0.944"])),
+    }
     if draw(st.booleans()):
         engine["max_running_requests"] = draw(st.integers(1, 7))
     doc["engine"] = engine
     doc["engram"] = {"cache_gib": draw(st.integers(0, 32)), "cache_ways": draw(st.integers(1, 32))}
     if draw(st.booleans()):
-        doc["env"] = {draw(st.from_regex(r"X_[A-Z0-9_]{1,10}", fullmatch=True)): draw(st.text(max_size=20).filter(lambda s: not any(c in s for c in "\n\r\0")))}
+        doc["env"] = {
+            draw(st.from_regex(r"X_[A-Z0-9_]{1,10}", fullmatch=True)): draw(
+                st.text(max_size=20).filter(lambda s: not any(c in s for c in "\n\r\0"))
+            )
+        }
     if draw(st.booleans()):
         doc["gates"] = {"DSV41_LOOP_NGRAM": str(draw(st.integers(1, 64)))}
     return doc
@@ -79,12 +93,20 @@ hostile = st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)), min_
 
 
 @settings(max_examples=150, deadline=None)
-@given(field=st.sampled_from(["name", "ssh", "workdir", "engram_dir", "identity", "model_dir", "served_name", "env", "extra_arg", "hca"]),
-       value=hostile)
+@given(
+    field=st.sampled_from(
+        ["name", "ssh", "workdir", "engram_dir", "identity", "model_dir", "served_name", "env", "extra_arg", "hca"]
+    ),
+    value=hostile,
+)
 def test_arbitrary_strings_never_break_argv_or_env_file(field, value):
-    doc = {"preset": "production", "cluster": {
-        "head": {"name": "spark1", "ip": "10.0.0.1"},
-        "workers": [{"name": f"spark{i}", "ip": f"10.0.0.{i}"} for i in (2, 3, 4)]}}
+    doc = {
+        "preset": "production",
+        "cluster": {
+            "head": {"name": "spark1", "ip": "10.0.0.1"},
+            "workers": [{"name": f"spark{i}", "ip": f"10.0.0.{i}"} for i in (2, 3, 4)],
+        },
+    }
     target = doc["cluster"]["workers"][0]
     if field in ("name", "ssh", "workdir", "engram_dir", "identity"):
         target[field] = value

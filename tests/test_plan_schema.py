@@ -24,7 +24,9 @@ REPO = Path(__file__).resolve().parent.parent
 
 def test_schema_doc_is_generated_from_the_types():
     text = (REPO / "docs" / "plan-schema.md").read_text()
-    assert text == planschema.generate(), "docs/plan-schema.md is stale: run `python -m tp4.line.planschema > docs/plan-schema.md`"
+    assert text == planschema.generate(), (
+        "docs/plan-schema.md is stale: run `python -m tp4.line.planschema > docs/plan-schema.md`"
+    )
 
 
 def _conforms(value: object, schema: dict, defs: dict, where: str = "plan") -> list[str]:
@@ -37,11 +39,20 @@ def _conforms(value: object, schema: dict, defs: dict, where: str = "plan") -> l
     if "const" in schema:
         return [] if value == schema["const"] else [f"{where}: {value!r} != {schema['const']!r}"]
     if "enum" in schema:
-        return [] if value in schema["enum"] and type(value) in {type(e) for e in schema["enum"]} else [f"{where}: {value!r} not in {schema['enum']}"]
+        return (
+            []
+            if value in schema["enum"] and type(value) in {type(e) for e in schema["enum"]}
+            else [f"{where}: {value!r} not in {schema['enum']}"]
+        )
     kind = schema["type"]
-    checks = {"string": lambda v: isinstance(v, str), "integer": lambda v: isinstance(v, int) and not isinstance(v, bool),
-              "boolean": lambda v: isinstance(v, bool), "null": lambda v: v is None,
-              "array": lambda v: isinstance(v, list), "object": lambda v: isinstance(v, dict)}
+    checks = {
+        "string": lambda v: isinstance(v, str),
+        "integer": lambda v: isinstance(v, int) and not isinstance(v, bool),
+        "boolean": lambda v: isinstance(v, bool),
+        "null": lambda v: v is None,
+        "array": lambda v: isinstance(v, list),
+        "object": lambda v: isinstance(v, dict),
+    }
     if not checks[kind](value):
         return [f"{where}: {value!r} is not {kind}"]
     problems: list[str] = []
@@ -62,11 +73,17 @@ def _conforms(value: object, schema: dict, defs: dict, where: str = "plan") -> l
     return problems
 
 
-RING = {"preset": "production", "fabric": {"mode": "ring", "nccl": {"mount": "overlay", "min_nchannels": 4, "max_nchannels": 4}},
-        "nfs": {"share": False}, "api": {"key_file": "/etc/tp4/api-key"},
-        "gates": {"DSV41_ROCE_RING": "1", "SGLANG_ROCE_MAX_SIZE": "262144", "DSV41_ROCE_GATHER": "262144"},
-        "cluster": {"head": {"name": "a", "ip": "10.0.0.1", "gid_index": 5},
-                    "workers": [{"name": "b", "ip": "10.0.0.2"}, {"name": "c", "ip": "10.0.0.3"}, {"name": "d", "ip": "10.0.0.4"}]}}
+RING = {
+    "preset": "production",
+    "fabric": {"mode": "ring", "nccl": {"mount": "overlay", "min_nchannels": 4, "max_nchannels": 4}},
+    "nfs": {"share": False},
+    "api": {"key_file": "/etc/tp4/api-key"},
+    "gates": {"DSV41_ROCE_RING": "1", "SGLANG_ROCE_MAX_SIZE": "262144", "DSV41_ROCE_GATHER": "262144"},
+    "cluster": {
+        "head": {"name": "a", "ip": "10.0.0.1", "gid_index": 5},
+        "workers": [{"name": "b", "ip": "10.0.0.2"}, {"name": "c", "ip": "10.0.0.3"}, {"name": "d", "ip": "10.0.0.4"}],
+    },
+}
 
 
 @pytest.mark.parametrize("which", ["default", "ring"])
@@ -142,8 +159,14 @@ def test_owned_flags_come_from_the_knobs():
     loaded = load_default()
     argv = build_plan(loaded).nodes[1].argv
     rendered = {a for a in argv if a.startswith("--")} - set(loaded.profile.engine.extra_args)
-    fixed = {"--trust-remote-code", "--load-format", "--random-seed", "--enable-decoder-swa-bounded-replay",
-             "--tool-call-parser", "--reasoning-parser"}
+    fixed = {
+        "--trust-remote-code",
+        "--load-format",
+        "--random-seed",
+        "--enable-decoder-swa-bounded-replay",
+        "--tool-call-parser",
+        "--reasoning-parser",
+    }
     assert rendered - fixed <= set(flags), rendered - fixed - set(flags)
     assert flags["--tp"] == "engine.tp" and flags["--api-key"] == "api.key_file" and flags["--ep"] == "engine.ep"
 

@@ -42,9 +42,11 @@ from tp4.line.container import HEALTH, MOUNTS
 from tp4.line.plan import Plan, RankPlan, build_plan
 from tp4.line.profile.load import load_text
 
-PROFILE = ('[cluster.head]\nname = "h"\nip = "10.0.0.1"\nruntime = "podman"\n'
-           '[[cluster.workers]]\nname = "w1"\nip = "10.0.0.2"\n[[cluster.workers]]\nname = "w2"\nip = "10.0.0.3"\n'
-           '[[cluster.workers]]\nname = "w3"\nip = "10.0.0.4"\n')
+PROFILE = (
+    '[cluster.head]\nname = "h"\nip = "10.0.0.1"\nruntime = "podman"\n'
+    '[[cluster.workers]]\nname = "w1"\nip = "10.0.0.2"\n[[cluster.workers]]\nname = "w2"\nip = "10.0.0.3"\n'
+    '[[cluster.workers]]\nname = "w3"\nip = "10.0.0.4"\n'
+)
 SECONDS = 10**9
 
 
@@ -53,7 +55,9 @@ def store(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[Path]:
     # runc with nofile and nproc within this machine's hard limits (podman's default 1048576 is
     # above them); no systemd timers for the health check (module doc)
     conf = tmp_path / "runtime_cli.conf"
-    conf.write_text('[containers]\ndefault_ulimits = ["nofile=1024:1024", "nproc=4096:4096"]\n[engine]\nruntime = "runc"\n')
+    conf.write_text(
+        '[containers]\ndefault_ulimits = ["nofile=1024:1024", "nproc=4096:4096"]\n[engine]\nruntime = "runc"\n'
+    )
     monkeypatch.setenv("CONTAINERS_CONF", str(conf))
     monkeypatch.setenv("DISABLE_HC_SYSTEMD", "true")
     yield from podman_store(monkeypatch, "tp4h-")
@@ -61,8 +65,13 @@ def store(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[Path]:
 
 def image_healthcheck() -> dict[str, object]:
     """The image config's Healthcheck as pkgs/image.nix writes it from container.toml's [health]."""
-    return {"Test": ["CMD", *HEALTH.cmd], "Interval": HEALTH.interval * SECONDS, "Timeout": HEALTH.timeout * SECONDS,
-            "StartPeriod": HEALTH.start_period * SECONDS, "Retries": HEALTH.retries}
+    return {
+        "Test": ["CMD", *HEALTH.cmd],
+        "Interval": HEALTH.interval * SECONDS,
+        "Timeout": HEALTH.timeout * SECONDS,
+        "StartPeriod": HEALTH.start_period * SECONDS,
+        "Retries": HEALTH.retries,
+    }
 
 
 @pytest.fixture
@@ -105,10 +114,27 @@ def start(rank: RankPlan, ref: str, work: Path, name: str, extra: dict[str, str]
     state.mkdir()
     (model / "config.json").write_text('{"architectures": ["DeepseekV4ForCausalLM"]}\n')
     env_file = work / "rank.env"
-    env_file.write_text(serve.env_file_text(rank._replace(env={**rank.env, "NNODES": "1", "TP4_STANDIN_PACE": "0.02", **extra}), {}))
+    env_file.write_text(
+        serve.env_file_text(rank._replace(env={**rank.env, "NNODES": "1", "TP4_STANDIN_PACE": "0.02", **extra}), {})
+    )
     os.chmod(env_file, 0o600)
-    podman("run", "-d", "--name", name, "--network", "none", *health_flags(rank), "--env-file", str(env_file),
-           "-v", f"{model}:{MOUNTS.model}:ro", "-v", f"{state}:{MOUNTS.state}", ref, *rank.run.command)
+    podman(
+        "run",
+        "-d",
+        "--name",
+        name,
+        "--network",
+        "none",
+        *health_flags(rank),
+        "--env-file",
+        str(env_file),
+        "-v",
+        f"{model}:{MOUNTS.model}:ro",
+        "-v",
+        f"{state}:{MOUNTS.state}",
+        ref,
+        *rank.run.command,
+    )
 
 
 def wait_for_log(name: str, needle: str, timeout: float = 30) -> str:
@@ -153,10 +179,22 @@ def test_the_podman_rank_gets_the_images_health_check(plan: Plan) -> None:
     head = plan.nodes[0]
     assert head.service.runtime == "podman" and head.run.health == HEALTH
     flags = health_flags(head)
-    assert flags == serve.health_flags(HEALTH) == [
-        "--health-cmd", json.dumps(list(HEALTH.cmd), separators=(",", ":")), "--health-interval", f"{HEALTH.interval}s",
-        "--health-timeout", f"{HEALTH.timeout}s", "--health-start-period", f"{HEALTH.start_period}s",
-        "--health-retries", str(HEALTH.retries)]
+    assert (
+        flags
+        == serve.health_flags(HEALTH)
+        == [
+            "--health-cmd",
+            json.dumps(list(HEALTH.cmd), separators=(",", ":")),
+            "--health-interval",
+            f"{HEALTH.interval}s",
+            "--health-timeout",
+            f"{HEALTH.timeout}s",
+            "--health-start-period",
+            f"{HEALTH.start_period}s",
+            "--health-retries",
+            str(HEALTH.retries),
+        ]
+    )
     # docker reads the check from the image config; its --health-cmd would be a shell command
     docker = build_plan(load_text(PROFILE.replace('runtime = "podman"', 'runtime = "docker"'), "health"))
     assert not any(w.startswith("--health") for w in serve.run_argv(docker.nodes[0], line="health"))
@@ -184,14 +222,27 @@ def probe(name: str, ref: str) -> process.CompletedProcess[str]:
     the same image in the rank's network namespace: what the check runs, without an exec."""
     test = container_healthcheck(name)["Test"]  # type: ignore[index]
     assert test[0] == "CMD", test
-    return podman("run", "--rm", "--network", f"container:{name}", "--env-file", str(ENV_FILES[name]),
-                  "--entrypoint", test[1], ref, *test[2:], check=False)
+    return podman(
+        "run",
+        "--rm",
+        "--network",
+        f"container:{name}",
+        "--env-file",
+        str(ENV_FILES[name]),
+        "--entrypoint",
+        test[1],
+        ref,
+        *test[2:],
+        check=False,
+    )
 
 
 ENV_FILES: dict[str, Path] = {}
 
 
-def test_healthcheck_run_passes_while_the_rank_serves_and_fails_while_it_does_not(loaded: str, plan: Plan, tmp_path: Path) -> None:
+def test_healthcheck_run_passes_while_the_rank_serves_and_fails_while_it_does_not(
+    loaded: str, plan: Plan, tmp_path: Path
+) -> None:
     head = plan.nodes[0]
     names = ("tp4-health-serving", "tp4-health-hung")
     try:

@@ -62,8 +62,10 @@ def profile(cluster: DoctorCluster) -> Path:
     text = cluster.profile.read_text()
     model = f'[model]\ndir = "{cluster.model_dir}"\n'
     assert model in text
-    pinned = (model + f'common_link = "{cluster.workdir / "common-model"}"\nhf_repo = "{REPO_ID}"\n'
-              f'hf_revision = "{REV}"\nexpected_shards = {SHARDS}\n')
+    pinned = (
+        model + f'common_link = "{cluster.workdir / "common-model"}"\nhf_repo = "{REPO_ID}"\n'
+        f'hf_revision = "{REV}"\nexpected_shards = {SHARDS}\n'
+    )
     path = cluster.workdir / "prepare.toml"
     path.write_text(text.replace(model, pinned))
     return path
@@ -71,10 +73,16 @@ def profile(cluster: DoctorCluster) -> Path:
 
 def tp4(hub: Hub, cluster: DoctorCluster, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("HF_")}
-    env.update(HF_ENDPOINT=hub.url, HF_HOME=str(cluster.workdir / "hf-home"), PYTHONPATH=str(REPO / "python"),
-               NO_PROXY="127.0.0.1", no_proxy="127.0.0.1")
-    return subprocess.run([sys.executable, "-m", "tp4", *args, "--sysfs", SYSFS], capture_output=True, text=True,
-                          timeout=timeout, env=env)
+    env.update(
+        HF_ENDPOINT=hub.url,
+        HF_HOME=str(cluster.workdir / "hf-home"),
+        PYTHONPATH=str(REPO / "python"),
+        NO_PROXY="127.0.0.1",
+        no_proxy="127.0.0.1",
+    )
+    return subprocess.run(
+        [sys.executable, "-m", "tp4", *args, "--sysfs", SYSFS], capture_output=True, text=True, timeout=timeout, env=env
+    )
 
 
 def blank(cluster: DoctorCluster) -> None:
@@ -86,7 +94,8 @@ def blank(cluster: DoctorCluster) -> None:
 
 
 def test_prepare_runs_every_step_from_nothing_then_skips_them_and_serve_finds_the_line_ready(
-        cluster: DoctorCluster, hub: Hub) -> None:
+    cluster: DoctorCluster, hub: Hub
+) -> None:
     blank(cluster)
     path = str(profile(cluster))
     r = tp4(hub, cluster, "prepare", "--profile", path)
@@ -98,8 +107,10 @@ def test_prepare_runs_every_step_from_nothing_then_skips_them_and_serve_finds_th
     # the missing shards pass as "disk to pack them" where a node has 50 GiB free)
     later = re.search(r"^prepare: doctor: no blocking failure but what the next steps make: (.*)$", r.stdout, re.M)
     assert later is not None, out
-    assert later[1] in ("WEIGHTS.HEAD (download), WEIGHTS.SHARD_FILES (download)",
-                        "ENGRAM.SHARDS (pack), WEIGHTS.HEAD (download), WEIGHTS.SHARD_FILES (download)"), out
+    assert later[1] in (
+        "WEIGHTS.HEAD (download), WEIGHTS.SHARD_FILES (download)",
+        "ENGRAM.SHARDS (pack), WEIGHTS.HEAD (download), WEIGHTS.SHARD_FILES (download)",
+    ), out
     assert sorted(p.name for p in cluster.model_dir.iterdir() if not p.name.startswith(".tp4-")) == sorted(hub.files)
     for name, data in hub.files.items():
         assert (cluster.model_dir / name).read_bytes() == data
@@ -122,8 +133,13 @@ def test_prepare_runs_every_step_from_nothing_then_skips_them_and_serve_finds_th
         assert served.returncode == 0, served.stdout + served.stderr
         assert "4 boot logs checked" in served.stdout
     finally:
-        stopped = subprocess.run([sys.executable, "-m", "tp4", "stop", "--profile", path], capture_output=True,
-                                 text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(REPO / "python")})
+        stopped = subprocess.run(
+            [sys.executable, "-m", "tp4", "stop", "--profile", path],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env={**os.environ, "PYTHONPATH": str(REPO / "python")},
+        )
         assert stopped.returncode == 0, stopped.stdout + stopped.stderr
 
 

@@ -32,7 +32,7 @@ def test_double_dash_comes_right_before_the_destination_and_the_command_follows_
     argv = full_argv(["podman", "load", "-i", "/tmp/x y"], remote)
     i = argv.index("--")
     assert argv[0] == "ssh" and argv[i + 1] == "zurih@spark2"
-    assert argv[i + 2:] == [shlex.join(["podman", "load", "-i", "/tmp/x y"])]
+    assert argv[i + 2 :] == [shlex.join(["podman", "load", "-i", "/tmp/x y"])]
     assert argv.count("--") == 1
 
 
@@ -203,8 +203,10 @@ def test_stopping_a_remote_command_reaps_it_before_the_wrapper_exits(hosts):
         assert group.isdigit()
         process.stop(follower, remote_first=True)
         assert follower.returncode == 143  # the wrapper's trap, after the command ended
-        left = process.run(["sh", "-c", 'for p in /proc/[0-9]*; do read -r s < "$p/stat" 2>/dev/null && echo "$s"; done'],
-                           remote=hosts[0].remote).stdout
+        left = process.run(
+            ["sh", "-c", 'for p in /proc/[0-9]*; do read -r s < "$p/stat" 2>/dev/null && echo "$s"; done'],
+            remote=hosts[0].remote,
+        ).stdout
         in_group = [line for line in left.splitlines() if line.rpartition(")")[2].split()[2:3] == [group]]
         assert in_group == []
     finally:
@@ -257,12 +259,27 @@ cli.main(["drive"])
 def _drive(tmp_path, hosts, how: str, argv: list[str]) -> subprocess.Popen:
     script = tmp_path / "driver.py"
     script.write_text(DRIVER)
-    spec = {"how": how, "argv": argv, "remotes": [
-        {"host": h.remote.host, "user": h.remote.user, "identity": h.remote.identity, "options": list(h.remote.options)}
-        for h in hosts]}
-    return subprocess.Popen([sys.executable, str(script), json.dumps(spec)], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True,
-                            env={**os.environ, "PYTHONPATH": str(PYTHON)})
+    spec = {
+        "how": how,
+        "argv": argv,
+        "remotes": [
+            {
+                "host": h.remote.host,
+                "user": h.remote.user,
+                "identity": h.remote.identity,
+                "options": list(h.remote.options),
+            }
+            for h in hosts
+        ],
+    }
+    return subprocess.Popen(
+        [sys.executable, str(script), json.dumps(spec)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        env={**os.environ, "PYTHONPATH": str(PYTHON)},
+    )
 
 
 @pytest.mark.parametrize("how,copies", [("remote", 1), ("threads", 2), ("pipe", 1), ("local", 1)])
@@ -285,7 +302,9 @@ def _stop_with(tmp_path, hosts, how: str, copies: int, sig: int, message: str, c
     launched = time.time()
     driver = _drive(tmp_path, hosts, how, argv)
     try:
-        assert _wait_until(lambda: len(_running(cmdline)) == copies, 20), driver.stderr.read() if driver.poll() is not None else "not started"
+        assert _wait_until(lambda: len(_running(cmdline)) == copies, 20), (
+            driver.stderr.read() if driver.poll() is not None else "not started"
+        )
         started = time.monotonic()
         driver.send_signal(sig)
         out, err = driver.communicate(timeout=30)

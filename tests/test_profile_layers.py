@@ -18,11 +18,22 @@ from tp4.line.profile.load import PRESETS, parse_document
 
 pytestmark = pytest.mark.unit
 
-CLUSTER = {"head": {"name": "spark1", "ip": "10.0.0.1"},
-           "workers": [{"name": f"spark{i}", "ip": f"10.0.0.{i}"} for i in (2, 3, 4)]}
+CLUSTER = {
+    "head": {"name": "spark1", "ip": "10.0.0.1"},
+    "workers": [{"name": f"spark{i}", "ip": f"10.0.0.{i}"} for i in (2, 3, 4)],
+}
 # the production stack's flags, all set by preset base (python/tp4/data/presets/base.toml)
-PRESET_ARGS = ["--fp8-gemm-backend", "flashinfer_cutlass", "--watchdog-timeout", "1800", "--min-free-slots-delay", "1",
-               "--enable-deepseek-v4-fp4-indexer", "--enable-cache-report", "--sleep-on-idle"]
+PRESET_ARGS = [
+    "--fp8-gemm-backend",
+    "flashinfer_cutlass",
+    "--watchdog-timeout",
+    "1800",
+    "--min-free-slots-delay",
+    "1",
+    "--enable-deepseek-v4-fp4-indexer",
+    "--enable-cache-report",
+    "--sleep-on-idle",
+]
 BASE_FILE = f"preset base ({PRESETS / 'base.toml'})"
 
 
@@ -50,35 +61,58 @@ def test_the_watchdog_example_no_longer_drops_the_presets_flags():
     --sleep-on-idle. The preset sets --watchdog-timeout itself: giving it again is an error that
     names both layers; changing its value is a drop and an add, and keeps every other flag."""
     found = problems(doc(extra_args=["--watchdog-timeout", "1800"]))
-    assert found == [f"engine.extra_args: --watchdog-timeout is given by {BASE_FILE} and again by /srv/line/profile.toml; "
-                     'fix: to change the inherited value, add "--watchdog-timeout" to engine.drop_args in '
-                     "/srv/line/profile.toml and keep yours; otherwise remove yours"]
+    assert found == [
+        f"engine.extra_args: --watchdog-timeout is given by {BASE_FILE} and again by /srv/line/profile.toml; "
+        'fix: to change the inherited value, add "--watchdog-timeout" to engine.drop_args in '
+        "/srv/line/profile.toml and keep yours; otherwise remove yours"
+    ]
     loaded = parse_document(doc(drop_args=["--watchdog-timeout"], extra_args=["--watchdog-timeout", "3600"]), "p.toml")
     args = loaded.profile.engine.extra_args
-    assert args == ["--fp8-gemm-backend", "flashinfer_cutlass", "--min-free-slots-delay", "1",
-                    "--enable-deepseek-v4-fp4-indexer", "--enable-cache-report", "--sleep-on-idle",
-                    "--watchdog-timeout", "3600"]
+    assert args == [
+        "--fp8-gemm-backend",
+        "flashinfer_cutlass",
+        "--min-free-slots-delay",
+        "1",
+        "--enable-deepseek-v4-fp4-indexer",
+        "--enable-cache-report",
+        "--sleep-on-idle",
+        "--watchdog-timeout",
+        "3600",
+    ]
 
 
 def test_drop_args_removes_an_inherited_flag_with_its_values():
     loaded = parse_document(doc(drop_args=["--sleep-on-idle", "--fp8-gemm-backend"]), "p.toml")
-    assert loaded.profile.engine.extra_args == ["--watchdog-timeout", "1800", "--min-free-slots-delay", "1",
-                                                "--enable-deepseek-v4-fp4-indexer", "--enable-cache-report"]
+    assert loaded.profile.engine.extra_args == [
+        "--watchdog-timeout",
+        "1800",
+        "--min-free-slots-delay",
+        "1",
+        "--enable-deepseek-v4-fp4-indexer",
+        "--enable-cache-report",
+    ]
     assert loaded.profile.engine.drop_args == ["--sleep-on-idle", "--fp8-gemm-backend"]
 
 
 @pytest.mark.parametrize("item", ["--no-such-flag", "flashinfer_cutlass", "--sleep-on-idle=1", "sleep-on-idle", "-x"])
 def test_drop_args_of_a_flag_no_lower_layer_sets_is_an_error(item):
     found = problems(doc(drop_args=["--sleep-on-idle", item]))
-    assert found == [f"engine.drop_args[1]: {item!r} in /srv/line/profile.toml is not a flag a lower layer sets in "
-                     "engine.extra_args, so there is nothing to drop; fix: name one of --enable-cache-report, "
-                     "--enable-deepseek-v4-fp4-indexer, --fp8-gemm-backend, --min-free-slots-delay, --sleep-on-idle, "
-                     "--watchdog-timeout (a flag, without its value), or remove it"]
+    assert found == [
+        f"engine.drop_args[1]: {item!r} in /srv/line/profile.toml is not a flag a lower layer sets in "
+        "engine.extra_args, so there is nothing to drop; fix: name one of --enable-cache-report, "
+        "--enable-deepseek-v4-fp4-indexer, --fp8-gemm-backend, --min-free-slots-delay, --sleep-on-idle, "
+        "--watchdog-timeout (a flag, without its value), or remove it"
+    ]
 
 
 def test_drop_args_on_a_preset_without_extra_args_says_so():
-    found = problems({"preset": "launcher-defaults", "cluster": copy.deepcopy(CLUSTER),
-                      "engine": {"ep": 2, "drop_args": ["--sleep-on-idle"]}})
+    found = problems(
+        {
+            "preset": "launcher-defaults",
+            "cluster": copy.deepcopy(CLUSTER),
+            "engine": {"ep": 2, "drop_args": ["--sleep-on-idle"]},
+        }
+    )
     assert len(found) == 1 and found[0].startswith("engine.drop_args[0]: '--sleep-on-idle'")
     assert found[0].endswith("fix: remove it (the layers below set no extra_args)")
 
@@ -87,7 +121,8 @@ def test_drop_args_on_a_preset_without_extra_args_says_so():
 def test_a_flag_twice_in_one_layer_is_an_error(args):
     flag = args[0]
     assert problems(doc(extra_args=args)) == [
-        f"engine.extra_args: {flag} is given twice in /srv/line/profile.toml; fix: remove one of them"]
+        f"engine.extra_args: {flag} is given twice in /srv/line/profile.toml; fix: remove one of them"
+    ]
 
 
 def test_a_flag_the_preset_gives_in_another_form_is_still_the_same_flag():
@@ -117,14 +152,18 @@ def test_the_plan_notes_the_layer_of_each_extra_argument():
 
 def test_tp4_plan_prints_the_layer_of_each_argument(tp4_cli, tmp_path, repo):
     profile = tmp_path / "profile.toml"
-    profile.write_text((repo / "python/tp4/data/default-profile.toml").read_text()
-                       + '\n[engine]\ndrop_args = ["--sleep-on-idle"]\nextra_args = ["--log-level", "debug"]\n')
+    profile.write_text(
+        (repo / "python/tp4/data/default-profile.toml").read_text()
+        + '\n[engine]\ndrop_args = ["--sleep-on-idle"]\nextra_args = ["--log-level", "debug"]\n'
+    )
     code, out, err = tp4_cli("plan", "--profile", str(profile))
     assert code == 0, err
     assert "note: engine.extra_args: --log-level debug from the profile" in out.splitlines()
     assert "note: engine.extra_args: --fp8-gemm-backend flashinfer_cutlass from preset base" in out.splitlines()
-    assert ("note: engine.extra_args: --sleep-on-idle from preset base is dropped by the profile's engine.drop_args"
-            in out.splitlines())
+    assert (
+        "note: engine.extra_args: --sleep-on-idle from preset base is dropped by the profile's engine.drop_args"
+        in out.splitlines()
+    )
 
 
 def test_the_other_lists_are_replaced_whole():
@@ -166,4 +205,5 @@ def test_the_table_adds_only_what_the_loader_can_add():
 
 def test_a_drop_named_twice_is_an_error():
     assert problems(doc(drop_args=["--sleep-on-idle", "--sleep-on-idle"])) == [
-        "engine.drop_args[1]: '--sleep-on-idle' is named twice in /srv/line/profile.toml; fix: remove one"]
+        "engine.drop_args[1]: '--sleep-on-idle' is named twice in /srv/line/profile.toml; fix: remove one"
+    ]

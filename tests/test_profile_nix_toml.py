@@ -22,14 +22,25 @@ FIXTURE = Path(__file__).parent / "fixtures" / "env.tp4.production"
 
 
 def nix_from_toml(paths: list[Path]) -> list:
-    expr = "[ " + " ".join(f"(builtins.fromTOML (builtins.readFile {json.dumps(str(p.resolve()))}))" for p in paths) + " ]"
-    out = subprocess.run([NIX, "--eval", "--strict", "--json", "--expr", expr],
-                         capture_output=True, text=True, check=True, env={"NIX_CONFIG": "substituters =", "PATH": "/usr/bin:/bin"})
+    expr = (
+        "[ " + " ".join(f"(builtins.fromTOML (builtins.readFile {json.dumps(str(p.resolve()))}))" for p in paths) + " ]"
+    )
+    out = subprocess.run(
+        [NIX, "--eval", "--strict", "--json", "--expr", expr],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={"NIX_CONFIG": "substituters =", "PATH": "/usr/bin:/bin"},
+    )
     return json.loads(out.stdout)
 
 
 def test_registry_presets_and_default_profile_read_the_same_in_nix(repo):
-    files = [repo / "adapters" / "registry.toml", *sorted(PRESETS.glob("*.toml")), repo / "python" / "tp4" / "data" / "default-profile.toml"]
+    files = [
+        repo / "adapters" / "registry.toml",
+        *sorted(PRESETS.glob("*.toml")),
+        repo / "python" / "tp4" / "data" / "default-profile.toml",
+    ]
     assert nix_from_toml(files) == [tomllib.loads(f.read_text()) for f in files]
 
 
@@ -39,13 +50,19 @@ def test_an_imported_profile_reads_the_same_in_nix(tmp_path):
     assert nix_from_toml([out]) == [tomllib.loads(out.read_text())]
 
 
-scalars = st.one_of(st.integers(-2**62, 2**62), st.booleans(),  # Nix strings cannot hold NUL; profiles refuse it
-                    st.text(st.characters(codec="utf-8", exclude_categories=("Cs",), exclude_characters="\x00"), max_size=20),
-                    # Nix prints floats with 6 significant digits; profile floats are fractions like 0.80
-                    st.integers(-99999, 99999).map(lambda i: i / 1000))
+scalars = st.one_of(
+    st.integers(-(2**62), 2**62),
+    st.booleans(),  # Nix strings cannot hold NUL; profiles refuse it
+    st.text(st.characters(codec="utf-8", exclude_categories=("Cs",), exclude_characters="\x00"), max_size=20),
+    # Nix prints floats with 6 significant digits; profile floats are fractions like 0.80
+    st.integers(-99999, 99999).map(lambda i: i / 1000),
+)
 keys = st.from_regex(r"[A-Za-z_][A-Za-z0-9_-]{0,10}", fullmatch=True)
-tables = st.recursive(st.dictionaries(keys, st.one_of(scalars, st.lists(st.integers(0, 9), max_size=3)), max_size=4),
-                      lambda inner: st.dictionaries(keys, inner, max_size=3), max_leaves=12)
+tables = st.recursive(
+    st.dictionaries(keys, st.one_of(scalars, st.lists(st.integers(0, 9), max_size=3)), max_size=4),
+    lambda inner: st.dictionaries(keys, inner, max_size=3),
+    max_leaves=12,
+)
 
 
 @settings(max_examples=6, deadline=None)

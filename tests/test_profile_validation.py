@@ -16,8 +16,10 @@ from tp4.line.profile.load import parse_document, strict
 
 pytestmark = pytest.mark.unit
 
-CLUSTER = {"head": {"name": "spark1", "ip": "10.0.0.1"},
-           "workers": [{"name": f"spark{i}", "ip": f"10.0.0.{i}"} for i in (2, 3, 4)]}
+CLUSTER = {
+    "head": {"name": "spark1", "ip": "10.0.0.1"},
+    "workers": [{"name": f"spark{i}", "ip": f"10.0.0.{i}"} for i in (2, 3, 4)],
+}
 
 
 def doc(preset="production", **sections):
@@ -36,7 +38,11 @@ def problems(d) -> list[str]:
 
 def ring(**extra):
     fabric = {"mode": "ring", "nccl": {"mount": "overlay", "max_nchannels": 4, "min_nchannels": 4}}
-    out = doc(fabric=fabric, nfs={"share": False}, gates={"DSV41_ROCE_RING": "1", "SGLANG_ROCE_MAX_SIZE": "262144", "DSV41_ROCE_GATHER": "262144"})
+    out = doc(
+        fabric=fabric,
+        nfs={"share": False},
+        gates={"DSV41_ROCE_RING": "1", "SGLANG_ROCE_MAX_SIZE": "262144", "DSV41_ROCE_GATHER": "262144"},
+    )
     out.update(extra)
     return out
 
@@ -56,60 +62,228 @@ def test_a_valid_ring_profile():
 CASES = [
     # EP vs image variant and expert width (`.env.tp4.example`'s EP comment, the TP8 rule of `start.sh`)
     ("EP 1 on the canary image", doc("canary", engine={"ep": 1}), "engine.ep", "FlashInfer"),
-    ("b12x_next on a canary image", doc("canary", engine={"ep": 1}, gates={"DSV41_MOE_B12X_NEXT": "1"}), "gates.DSV41_MOE_B12X_NEXT", "canary-roce"),
+    (
+        "b12x_next on a canary image",
+        doc("canary", engine={"ep": 1}, gates={"DSV41_MOE_B12X_NEXT": "1"}),
+        "gates.DSV41_MOE_B12X_NEXT",
+        "canary-roce",
+    ),
     ("EP 1 at TP 8 with b12x_next (288-wide)", doc(engine={"tp": 8, "ep": 1}), "engine.ep", "288"),
     ("EP 3 does not divide TP 4", doc(engine={"ep": 3}), "engine.ep", "divide"),
     ("production without b12x_next", doc(gates={"DSV41_MOE_B12X_NEXT": "0"}), "engine.ep", "576"),
     # chunk 4096 needs the chunked indexer
-    ("chunk 4096 without the chunked indexer", doc(gates={"DSV41_INDEXER_CHUNKED": "0", "SPARK_PREFILL_TP_SPLIT": "0"}), "engine.chunked_prefill_size", "DSV41_INDEXER_CHUNKED"),
+    (
+        "chunk 4096 without the chunked indexer",
+        doc(gates={"DSV41_INDEXER_CHUNKED": "0", "SPARK_PREFILL_TP_SPLIT": "0"}),
+        "engine.chunked_prefill_size",
+        "DSV41_INDEXER_CHUNKED",
+    ),
     # the SPS table kills the first mixed batch: harm, so an error
     ("SPS table", doc(engine={"use_sps_table": True}), "engine.use_sps_table", "false"),
     # gate dependencies
-    ("draft tau without folded sampling 2", doc(gates={"SGLANG_DSPARK_FOLDED_SAMPLING": "1"}), "gates.DSV41_DRAFT_TAU", "SGLANG_DSPARK_FOLDED_SAMPLING"),
+    (
+        "draft tau without folded sampling 2",
+        doc(gates={"SGLANG_DSPARK_FOLDED_SAMPLING": "1"}),
+        "gates.DSV41_DRAFT_TAU",
+        "SGLANG_DSPARK_FOLDED_SAMPLING",
+    ),
     # gates the profile sets itself (the production preset's own dependents are dropped instead: test_rollback.py)
-    ("router live without verify cap", doc("canary-roce", gates={"DSV41_ROUTER_LIVE": "1"}), "gates.DSV41_ROUTER_LIVE", "DSV41_VERIFY_CAP"),
-    ("wo_a mid without wo_a", doc("canary-roce", gates={"DSV41_WO_A_W8_MID": "1"}), "gates.DSV41_WO_A_W8_MID", "DSV41_WO_A_W8"),
-    ("wo_a drop without wo_a", doc("canary-roce", gates={"DSV41_WO_A_W8_DROP": "1"}), "gates.DSV41_WO_A_W8_DROP", "DSV41_WO_A_W8"),
-    ("eager glue fence with the fence turned off", doc(gates={"DSV41_FOLDED_FENCE": "0"}), "gates.DSV41_EAGER_GLUE", "DSV41_FOLDED_FENCE"),
-    ("eager glue fence without the folded fence", doc(gates={"DSV41_FOLDED_FENCE": "0"}), "gates.DSV41_EAGER_GLUE", "DSV41_FOLDED_FENCE"),
-    ("eager glue vcap without verify cap", doc(gates={"DSV41_VERIFY_CAP": "off", "DSV41_ROUTER_LIVE": "0"}), "gates.DSV41_EAGER_GLUE", "DSV41_VERIFY_CAP"),
-    ("roce gather on the canary image", doc("canary", gates={"DSV41_ROCE_GATHER": "2097152"}), "gates.DSV41_ROCE_GATHER", "canary-roce"),
-    ("L2 prefetch on the canary image", doc("canary", gates={"DSV41_L2_PREFETCH": "1"}), "gates.DSV41_L2_PREFETCH", "canary-roce"),
-    ("RoCE all-reduce on the base image", doc("base", gates={"SGLANG_ROCE_ALLREDUCE": "1"}), "gates.SGLANG_ROCE_ALLREDUCE", "canary-roce"),
-    ("prefill TP split on the base image", doc("base", gates={"SPARK_PREFILL_TP_SPLIT": "1"}), "gates.SPARK_PREFILL_TP_SPLIT", "canary"),
-    ("prefill TP split threshold below 32768", doc(gates={"SPARK_PREFILL_TP_MIN_CONTEXT": "16384"}), "gates.SPARK_PREFILL_TP_MIN_CONTEXT", "32768"),
-    ("prefill TP split rows below 1024", doc(gates={"SPARK_PREFILL_TP_MIN_ROWS": "512"}), "gates.SPARK_PREFILL_TP_MIN_ROWS", "1024"),
+    (
+        "router live without verify cap",
+        doc("canary-roce", gates={"DSV41_ROUTER_LIVE": "1"}),
+        "gates.DSV41_ROUTER_LIVE",
+        "DSV41_VERIFY_CAP",
+    ),
+    (
+        "wo_a mid without wo_a",
+        doc("canary-roce", gates={"DSV41_WO_A_W8_MID": "1"}),
+        "gates.DSV41_WO_A_W8_MID",
+        "DSV41_WO_A_W8",
+    ),
+    (
+        "wo_a drop without wo_a",
+        doc("canary-roce", gates={"DSV41_WO_A_W8_DROP": "1"}),
+        "gates.DSV41_WO_A_W8_DROP",
+        "DSV41_WO_A_W8",
+    ),
+    (
+        "eager glue fence with the fence turned off",
+        doc(gates={"DSV41_FOLDED_FENCE": "0"}),
+        "gates.DSV41_EAGER_GLUE",
+        "DSV41_FOLDED_FENCE",
+    ),
+    (
+        "eager glue fence without the folded fence",
+        doc(gates={"DSV41_FOLDED_FENCE": "0"}),
+        "gates.DSV41_EAGER_GLUE",
+        "DSV41_FOLDED_FENCE",
+    ),
+    (
+        "eager glue vcap without verify cap",
+        doc(gates={"DSV41_VERIFY_CAP": "off", "DSV41_ROUTER_LIVE": "0"}),
+        "gates.DSV41_EAGER_GLUE",
+        "DSV41_VERIFY_CAP",
+    ),
+    (
+        "roce gather on the canary image",
+        doc("canary", gates={"DSV41_ROCE_GATHER": "2097152"}),
+        "gates.DSV41_ROCE_GATHER",
+        "canary-roce",
+    ),
+    (
+        "L2 prefetch on the canary image",
+        doc("canary", gates={"DSV41_L2_PREFETCH": "1"}),
+        "gates.DSV41_L2_PREFETCH",
+        "canary-roce",
+    ),
+    (
+        "RoCE all-reduce on the base image",
+        doc("base", gates={"SGLANG_ROCE_ALLREDUCE": "1"}),
+        "gates.SGLANG_ROCE_ALLREDUCE",
+        "canary-roce",
+    ),
+    (
+        "prefill TP split on the base image",
+        doc("base", gates={"SPARK_PREFILL_TP_SPLIT": "1"}),
+        "gates.SPARK_PREFILL_TP_SPLIT",
+        "canary",
+    ),
+    (
+        "prefill TP split threshold below 32768",
+        doc(gates={"SPARK_PREFILL_TP_MIN_CONTEXT": "16384"}),
+        "gates.SPARK_PREFILL_TP_MIN_CONTEXT",
+        "32768",
+    ),
+    (
+        "prefill TP split rows below 1024",
+        doc(gates={"SPARK_PREFILL_TP_MIN_ROWS": "512"}),
+        "gates.SPARK_PREFILL_TP_MIN_ROWS",
+        "1024",
+    ),
     # compile cache dirs differ; fast-load EP equals EP
-    ("b12x_next cache dir equals RoCEnante's", doc(gates={"B12X_NEXT_COMPILE_CACHE_DIR": "/state/b12x-compile"}), "gates.B12X_NEXT_COMPILE_CACHE_DIR", "B12X_COMPILE_CACHE_DIR"),
-    ("fast-load EP differs from EP", doc(gates={"DSV41_FAST_LOAD_EP_SIZE": "2"}), "gates.DSV41_FAST_LOAD_EP_SIZE", "engine.ep"),
+    (
+        "b12x_next cache dir equals RoCEnante's",
+        doc(gates={"B12X_NEXT_COMPILE_CACHE_DIR": "/state/b12x-compile"}),
+        "gates.B12X_NEXT_COMPILE_CACHE_DIR",
+        "B12X_COMPILE_CACHE_DIR",
+    ),
+    (
+        "fast-load EP differs from EP",
+        doc(gates={"DSV41_FAST_LOAD_EP_SIZE": "2"}),
+        "gates.DSV41_FAST_LOAD_EP_SIZE",
+        "engine.ep",
+    ),
     # context bounds
     ("context below 4096", doc(engine={"context_length": 2048}), "engine.context_length", "4096"),
     ("context above 1048576", doc(engine={"context_length": 2097152}), "engine.context_length", "1048576"),
     # cluster shape: one Spark per rank, unique names and addresses, equal-length worker lists
-    ("three nodes at TP 4", doc(cluster={"head": CLUSTER["head"], "workers": CLUSTER["workers"][:2]}), "cluster.workers", "engine.tp"),
-    ("duplicate fabric IP", doc(cluster={"head": CLUSTER["head"], "workers": [*CLUSTER["workers"][:2], {"name": "x", "ip": "10.0.0.2"}]}), "cluster.workers[2].ip", "10.0.0.2"),
-    ("duplicate name", doc(cluster={"head": CLUSTER["head"], "workers": [*CLUSTER["workers"][:2], {"name": "spark1", "ip": "10.0.0.9"}]}), "cluster.workers[2].name", "spark1"),
-    ("NFS servers neither one nor one per worker", doc(nfs={"server_ips": ["10.0.22.1", "10.0.23.1"]}), "nfs.server_ips", "one per worker"),
+    (
+        "three nodes at TP 4",
+        doc(cluster={"head": CLUSTER["head"], "workers": CLUSTER["workers"][:2]}),
+        "cluster.workers",
+        "engine.tp",
+    ),
+    (
+        "duplicate fabric IP",
+        doc(cluster={"head": CLUSTER["head"], "workers": [*CLUSTER["workers"][:2], {"name": "x", "ip": "10.0.0.2"}]}),
+        "cluster.workers[2].ip",
+        "10.0.0.2",
+    ),
+    (
+        "duplicate name",
+        doc(
+            cluster={
+                "head": CLUSTER["head"],
+                "workers": [*CLUSTER["workers"][:2], {"name": "spark1", "ip": "10.0.0.9"}],
+            }
+        ),
+        "cluster.workers[2].name",
+        "spark1",
+    ),
+    (
+        "NFS servers neither one nor one per worker",
+        doc(nfs={"server_ips": ["10.0.22.1", "10.0.23.1"]}),
+        "nfs.server_ips",
+        "one per worker",
+    ),
     # values of gates
     ("switch gate with a bad value", doc(gates={"DSV41_HC_FUSED": "yes"}), "gates.DSV41_HC_FUSED", "0 or 1"),
     ("unknown gate", doc(gates={"DSV41_MOE_B12X_NXT": "1"}), "gates.DSV41_MOE_B12X_NXT", "DSV41_MOE_B12X_NEXT"),
     ("rank key as env", doc(env={"NODE_RANK": "3"}), "env.NODE_RANK", "rank"),
     ("gate in [env]", doc(env={"DSV41_HC_FUSED": "1"}), "env.DSV41_HC_FUSED", "[gates]"),
     ("typed key in [env]", doc(env={"CONTEXT_LENGTH": "4096"}), "env.CONTEXT_LENGTH", "engine.context_length"),
-    ("engine flag owned by a field", doc(engine={"extra_args": ["--foo", "1", "--tp", "8"]}), "engine.extra_args[2]", "engine.tp"),
-    ("api key in extra args", doc(engine={"extra_args": ["--foo", "1", "--api-key=abc"]}), "engine.extra_args[2]", "api.key_file"),
+    (
+        "engine flag owned by a field",
+        doc(engine={"extra_args": ["--foo", "1", "--tp", "8"]}),
+        "engine.extra_args[2]",
+        "engine.tp",
+    ),
+    (
+        "api key in extra args",
+        doc(engine={"extra_args": ["--foo", "1", "--api-key=abc"]}),
+        "engine.extra_args[2]",
+        "api.key_file",
+    ),
     # ring rules (files/nccl.sh: nccl_validate_config, the ring comment of `.env.tp4.example`)
-    ("ring without the NCCL overlay", ring(fabric={"mode": "ring", "nccl": {"mount": "none", "max_nchannels": 4}}), "fabric.nccl.mount", "overlay"),
-    ("ring with NCCL_ALGO Tree", ring(fabric={"mode": "ring", "nccl": {"mount": "overlay", "algo": "Tree", "max_nchannels": 4}}), "fabric.nccl.algo", "Ring"),
-    ("ring with socket transport", ring(fabric={"mode": "ring", "nccl": {"mount": "overlay", "net": "Socket", "max_nchannels": 4}}), "fabric.nccl.net", "IB"),
-    ("ring with IB disabled", ring(fabric={"mode": "ring", "nccl": {"mount": "overlay", "ib_disable": 1, "max_nchannels": 4}}), "fabric.nccl.ib_disable", "0"),
-    ("ring without subnet-aware routing", ring(fabric={"mode": "ring", "nccl": {"mount": "overlay", "ib_subnet_aware_routing": 0, "max_nchannels": 4}}), "fabric.nccl.ib_subnet_aware_routing", "1"),
-    ("ring with min channels above max", ring(fabric={"mode": "ring", "nccl": {"mount": "overlay", "min_nchannels": 8, "max_nchannels": 4}}), "fabric.nccl.min_nchannels", "max_nchannels"),
+    (
+        "ring without the NCCL overlay",
+        ring(fabric={"mode": "ring", "nccl": {"mount": "none", "max_nchannels": 4}}),
+        "fabric.nccl.mount",
+        "overlay",
+    ),
+    (
+        "ring with NCCL_ALGO Tree",
+        ring(fabric={"mode": "ring", "nccl": {"mount": "overlay", "algo": "Tree", "max_nchannels": 4}}),
+        "fabric.nccl.algo",
+        "Ring",
+    ),
+    (
+        "ring with socket transport",
+        ring(fabric={"mode": "ring", "nccl": {"mount": "overlay", "net": "Socket", "max_nchannels": 4}}),
+        "fabric.nccl.net",
+        "IB",
+    ),
+    (
+        "ring with IB disabled",
+        ring(fabric={"mode": "ring", "nccl": {"mount": "overlay", "ib_disable": 1, "max_nchannels": 4}}),
+        "fabric.nccl.ib_disable",
+        "0",
+    ),
+    (
+        "ring without subnet-aware routing",
+        ring(fabric={"mode": "ring", "nccl": {"mount": "overlay", "ib_subnet_aware_routing": 0, "max_nchannels": 4}}),
+        "fabric.nccl.ib_subnet_aware_routing",
+        "1",
+    ),
+    (
+        "ring with min channels above max",
+        ring(fabric={"mode": "ring", "nccl": {"mount": "overlay", "min_nchannels": 8, "max_nchannels": 4}}),
+        "fabric.nccl.min_nchannels",
+        "max_nchannels",
+    ),
     ("ring with the NFS share", ring(nfs={"share": True}), "nfs.share", "local checkpoint"),
-    ("ring RoCEnante without the mesh", ring(gates={"DSV41_ROCE_RING": "0", "SGLANG_ROCE_MAX_SIZE": "262144", "DSV41_ROCE_GATHER": "262144"}), "gates.SGLANG_ROCE_ALLREDUCE", "DSV41_ROCE_RING"),
+    (
+        "ring RoCEnante without the mesh",
+        ring(gates={"DSV41_ROCE_RING": "0", "SGLANG_ROCE_MAX_SIZE": "262144", "DSV41_ROCE_GATHER": "262144"}),
+        "gates.SGLANG_ROCE_ALLREDUCE",
+        "DSV41_ROCE_RING",
+    ),
     ("ring RoCE size above the cap", ring(gates={"DSV41_ROCE_RING": "1"}), "gates.SGLANG_ROCE_MAX_SIZE", "262144"),
-    ("ring cap at the default hairpin queue", ring(fabric={"mode": "ring", "ring_hairpin_queue": 1024, "nccl": {"mount": "overlay", "max_nchannels": 4}}), "gates.DSV41_ROCE_GATHER", "81920"),
-    ("ring with five nodes", ring(cluster={"head": CLUSTER["head"], "workers": [*CLUSTER["workers"], {"name": "s5", "ip": "10.0.0.5"}]}, engine={"tp": 5}), "fabric.mode", "four nodes"),
+    (
+        "ring cap at the default hairpin queue",
+        ring(fabric={"mode": "ring", "ring_hairpin_queue": 1024, "nccl": {"mount": "overlay", "max_nchannels": 4}}),
+        "gates.DSV41_ROCE_GATHER",
+        "81920",
+    ),
+    (
+        "ring with five nodes",
+        ring(
+            cluster={"head": CLUSTER["head"], "workers": [*CLUSTER["workers"], {"name": "s5", "ip": "10.0.0.5"}]},
+            engine={"tp": 5},
+        ),
+        "fabric.mode",
+        "four nodes",
+    ),
     ("NCCL worker dir relative", doc(fabric={"nccl": {"worker_dir": "nccl"}}), "fabric.nccl.worker_dir", "absolute"),
     # model-level field checks
     ("memory fraction above 1", doc(engine={"mem_fraction_static": 1.5}), "engine.mem_fraction_static", "at most 1"),
@@ -139,9 +313,11 @@ def test_the_chunk_size_message_names_the_size(size):
 
 # --- two levels: an error cannot boot or does harm; a warning is a measured performance caveat ---
 
-SLOTS_WARNING = ("engine.extra_args: max_running_requests = 16 without --min-free-slots-delay 1: DSpark's admission delayer "
-                 'holds 2-3 slots free; fix: add "--min-free-slots-delay", "1" to engine.extra_args, or lower '
-                 "engine.max_running_requests below 8")
+SLOTS_WARNING = (
+    "engine.extra_args: max_running_requests = 16 without --min-free-slots-delay 1: DSpark's admission delayer "
+    'holds 2-3 slots free; fix: add "--min-free-slots-delay", "1" to engine.extra_args, or lower '
+    "engine.max_running_requests below 8"
+)
 
 
 def test_slots_without_the_free_slots_delay_is_a_warning_not_an_error():
@@ -159,8 +335,13 @@ def test_with_the_delay_there_is_no_warning_and_strict_passes():
     assert loaded.warnings == [] and strict(loaded) is loaded
 
 
-@pytest.mark.parametrize("engine", [{"max_running_requests": 7, "extra_args": []},
-                                    {"drop_args": ["--min-free-slots-delay"], "extra_args": ["--min-free-slots-delay=1"]}])
+@pytest.mark.parametrize(
+    "engine",
+    [
+        {"max_running_requests": 7, "extra_args": []},
+        {"drop_args": ["--min-free-slots-delay"], "extra_args": ["--min-free-slots-delay=1"]},
+    ],
+)
 def test_the_slots_warning_needs_both_conditions(engine):
     assert parse_document(doc(engine=engine), "t.toml").warnings == []
 
@@ -168,25 +349,37 @@ def test_the_slots_warning_needs_both_conditions(engine):
 def test_harm_stays_an_error_beside_a_warning():
     """EP 1 without b12x_next and a 4096-row chunk at 1M context without the chunked indexer
     cannot boot: errors, whatever the warnings."""
-    found = problems(doc(engine={"context_length": 1048576, "extra_args": []},
-                         gates={"DSV41_MOE_B12X_NEXT": "0", "DSV41_INDEXER_CHUNKED": "0", "SPARK_PREFILL_TP_SPLIT": "0"}))
+    found = problems(
+        doc(
+            engine={"context_length": 1048576, "extra_args": []},
+            gates={"DSV41_MOE_B12X_NEXT": "0", "DSV41_INDEXER_CHUNKED": "0", "SPARK_PREFILL_TP_SPLIT": "0"},
+        )
+    )
     assert [p.split(":", 1)[0] for p in found] == ["engine.ep", "engine.chunked_prefill_size"], found
     assert "a 4096-row chunk" in found[1]
 
 
 def test_a_setting_without_effect_is_neither():
     assert parse_document(doc(engine={"spec_algo": "none", "use_sts_table": True}), "t.toml").warnings == []
-    assert parse_document(doc(cluster={**CLUSTER, "head_container": "dsv41", "worker_container": "dsv41"}), "t.toml").warnings == []
+    assert (
+        parse_document(
+            doc(cluster={**CLUSTER, "head_container": "dsv41", "worker_container": "dsv41"}), "t.toml"
+        ).warnings
+        == []
+    )
 
 
 # --- each bad field once, with its value and a fix; no knock-on errors -------------------------
+
 
 def test_a_type_error_hides_nothing_and_is_reported_once():
     cluster = copy.deepcopy(CLUSTER)
     cluster["head"]["name"] = 5
     found = problems(doc(cluster=cluster, engine={"context_length": -1}))
-    assert found == ['cluster.head.name: got 5; must be a string; fix: write it in quotes, e.g. "5"',
-                     "engine.context_length: -1 is below the minimum 1; fix: use a value of at least 1"]
+    assert found == [
+        'cluster.head.name: got 5; must be a string; fix: write it in quotes, e.g. "5"',
+        "engine.context_length: -1 is below the minimum 1; fix: use a value of at least 1",
+    ]
 
 
 def test_a_required_field_with_a_bad_value_still_lets_the_rest_be_checked():
@@ -206,8 +399,10 @@ def test_a_required_field_with_a_bad_value_still_lets_the_rest_be_checked():
 @pytest.mark.parametrize("gate", ["DSV41_MOE_B12X_NEXT", "DSV41_INDEXER_CHUNKED", "DSV41_VERIFY_CAP"])
 def test_a_control_character_in_one_gate_value_is_the_only_problem(gate):
     found = problems(doc(gates={gate: "1\x01"}))
-    assert found == [f"gates.{gate}: '1\\x01' contains a control character or line break; fix: remove it (a value "
-                     "is one line of printable text)"]
+    assert found == [
+        f"gates.{gate}: '1\\x01' contains a control character or line break; fix: remove it (a value "
+        "is one line of printable text)"
+    ]
 
 
 def test_a_bad_gate_value_drops_only_that_gate():
@@ -216,16 +411,35 @@ def test_a_bad_gate_value_drops_only_that_gate():
     assert [p.split(":", 1)[0] for p in found] == ["gates.DSV41_HC_FUSED", "gates.DSV41_FAST_LOAD_EP_SIZE"], found
 
 
-@pytest.mark.parametrize("bad,field", [
-    # EP "2" dropped: the preset's EP 1 without b12x_next would fail, but that is not the user's EP
-    ({"engine": {"ep": "2"}, "gates": {"DSV41_MOE_B12X_NEXT": "0", "DSV41_MOE_B12X_NEXT_DETERMINISTIC": "0", "DSV41_FAST_LOAD_EP_SIZE": "2"}}, "engine.ep"),
-    # port "x" dropped: its default 8888 equals the dist_port the user set
-    ({"cluster": {**CLUSTER, "port": "x", "dist_port": 8888}}, "cluster.port"),
-    # workers not an array: no knock-on "1 node for TP 4"
-    ({"cluster": {"head": CLUSTER["head"], "workers": 5}}, "cluster.workers"),
-    # a chunk size as a string: the preset's 4096 would need the indexer the user turned off
-    ({"engine": {"chunked_prefill_size": "1024"}, "gates": {"DSV41_INDEXER_CHUNKED": "0", "SPARK_PREFILL_TP_SPLIT": "0"}}, "engine.chunked_prefill_size"),
-])
+@pytest.mark.parametrize(
+    "bad,field",
+    [
+        # EP "2" dropped: the preset's EP 1 without b12x_next would fail, but that is not the user's EP
+        (
+            {
+                "engine": {"ep": "2"},
+                "gates": {
+                    "DSV41_MOE_B12X_NEXT": "0",
+                    "DSV41_MOE_B12X_NEXT_DETERMINISTIC": "0",
+                    "DSV41_FAST_LOAD_EP_SIZE": "2",
+                },
+            },
+            "engine.ep",
+        ),
+        # port "x" dropped: its default 8888 equals the dist_port the user set
+        ({"cluster": {**CLUSTER, "port": "x", "dist_port": 8888}}, "cluster.port"),
+        # workers not an array: no knock-on "1 node for TP 4"
+        ({"cluster": {"head": CLUSTER["head"], "workers": 5}}, "cluster.workers"),
+        # a chunk size as a string: the preset's 4096 would need the indexer the user turned off
+        (
+            {
+                "engine": {"chunked_prefill_size": "1024"},
+                "gates": {"DSV41_INDEXER_CHUNKED": "0", "SPARK_PREFILL_TP_SPLIT": "0"},
+            },
+            "engine.chunked_prefill_size",
+        ),
+    ],
+)
 def test_no_knock_on_errors_from_a_dropped_field(bad, field):
     found = problems(doc(**bad))
     assert [p.split(":", 1)[0] for p in found] == [field], found
@@ -239,6 +453,7 @@ def test_a_real_rule_error_beside_a_type_error_is_still_reported():
 
 # --- api.key_file, checked on the machine running tp4 (metadata only, never the key) -----------
 
+
 def _key_doc(path) -> dict:
     return doc(api={"key_file": str(path)})
 
@@ -250,9 +465,16 @@ def test_a_private_key_file_has_no_warning(tmp_path):
     assert parse_document(_key_doc(key), "t").warnings == []
 
 
-@pytest.mark.parametrize("mode,how", [(0o644, "readable by its group and everyone"), (0o640, "readable by its group"),
-                                      (0o604, "readable by everyone"), (0o620, "writable by its group"),
-                                      (0o610, "usable by its group")])
+@pytest.mark.parametrize(
+    "mode,how",
+    [
+        (0o644, "readable by its group and everyone"),
+        (0o640, "readable by its group"),
+        (0o604, "readable by everyone"),
+        (0o620, "writable by its group"),
+        (0o610, "usable by its group"),
+    ],
+)
 def test_a_key_file_others_can_use_is_a_warning(tmp_path, mode, how, caplog):
     key = tmp_path / "key"
     key.write_text("sk-1\n")
@@ -280,12 +502,14 @@ def test_the_loader_and_the_reader_refuse_a_key_file_in_the_same_words(tmp_path,
 def test_a_missing_key_file_is_a_warning(tmp_path):
     key = tmp_path / "nope"
     assert parse_document(_key_doc(key), "t").warnings == [
-        f"api.key_file: {key} does not exist; fix: write the API key to {key} and chmod 600 {key}"]
+        f"api.key_file: {key} does not exist; fix: write the API key to {key} and chmod 600 {key}"
+    ]
 
 
 def test_a_key_file_that_is_a_directory_is_a_warning(tmp_path):
     assert parse_document(_key_doc(tmp_path), "t").warnings == [
-        f"api.key_file: {tmp_path} is a directory, not a regular file; fix: name the file holding the API key"]
+        f"api.key_file: {tmp_path} is a directory, not a regular file; fix: name the file holding the API key"
+    ]
 
 
 def test_the_key_file_is_found_from_home_and_never_read(tmp_path, monkeypatch):
@@ -309,7 +533,17 @@ def test_secret_never_echoed_in_problems():
 
 def test_rollback_is_one_change():
     """The seed's rollback: EP 2 without b12x_next returns the MoE to FlashInfer."""
-    parse_document(doc(engine={"ep": 2}, gates={"DSV41_MOE_B12X_NEXT": "0", "DSV41_MOE_B12X_NEXT_DETERMINISTIC": "0", "DSV41_FAST_LOAD_EP_SIZE": "2"}), "rb")
+    parse_document(
+        doc(
+            engine={"ep": 2},
+            gates={
+                "DSV41_MOE_B12X_NEXT": "0",
+                "DSV41_MOE_B12X_NEXT_DETERMINISTIC": "0",
+                "DSV41_FAST_LOAD_EP_SIZE": "2",
+            },
+        ),
+        "rb",
+    )
     parse_document(doc("canary-roce"), "rb2")
 
 
@@ -347,7 +581,13 @@ def _violate(cond: str) -> tuple[str, str]:
         return var, str(int(float(n)) - 1)
     if "~" in cond:
         var, item = cond.split("~")
-        other = next(v for v in REG.gate(var).values if v not in (item, "all") and not (item == "vcap" and v == "vcapk") and not (item == "vcapk" and v == "vcap"))
+        other = next(
+            v
+            for v in REG.gate(var).values
+            if v not in (item, "all")
+            and not (item == "vcap" and v == "vcapk")
+            and not (item == "vcapk" and v == "vcap")
+        )
         return var, other
     if "=" in cond:
         var, value = cond.split("=")
@@ -357,7 +597,9 @@ def _violate(cond: str) -> tuple[str, str]:
 
 
 # (a rule whose condition names another setting, {EP_SIZE}, has its own test)
-NEEDS = [(g, cond) for a in REG.adapters for g in a.gates if not g.family for cond in REG.needs_of(g.var) if "{" not in cond]
+NEEDS = [
+    (g, cond) for a in REG.adapters for g in a.gates if not g.family for cond in REG.needs_of(g.var) if "{" not in cond
+]
 
 
 @settings(max_examples=40, deadline=None)

@@ -19,8 +19,9 @@ PYPROJECT = REPO / "python" / "pyproject.toml"
 
 
 def instantiate(expr: str):
-    proc = subprocess.run(["nix-instantiate", "--eval", "--strict", "--json", "--expr", expr],
-                          capture_output=True, text=True, check=False)
+    proc = subprocess.run(
+        ["nix-instantiate", "--eval", "--strict", "--json", "--expr", expr], capture_output=True, text=True, check=False
+    )
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout)
 
@@ -29,14 +30,26 @@ def satisfies(version: str, constraint: str) -> bool:
     return instantiate(f'(import {REPO}/pkgs/python-bounds.nix).satisfies "{version}" "{constraint}"')
 
 
-@pytest.mark.parametrize(("version", "constraint", "ok"), [
-    ("2.13.4", "^2.7", True), ("3.0", "^2.7", False), ("2.6.9", "^2.7", False),
-    ("0.28.1", "^0.28", True), ("0.29.0", "^0.28", False),
-    ("1.10.2", ">=1.0,<3", True), ("3.0.0", ">=1.0,<3", False),
-    ("3.13.14", ">=3.11,<3.14", True), ("3.14.6", ">=3.11,<3.14", False),
-    ("0.6.1", ">=0.6", True), ("1.2.9", "~1.2", True), ("1.3.0", "~1.2", False),
-    ("0.3.2", "0.3.2", True), ("0.3.3", "0.3.2", False), ("7", "*", True),
-])
+@pytest.mark.parametrize(
+    ("version", "constraint", "ok"),
+    [
+        ("2.13.4", "^2.7", True),
+        ("3.0", "^2.7", False),
+        ("2.6.9", "^2.7", False),
+        ("0.28.1", "^0.28", True),
+        ("0.29.0", "^0.28", False),
+        ("1.10.2", ">=1.0,<3", True),
+        ("3.0.0", ">=1.0,<3", False),
+        ("3.13.14", ">=3.11,<3.14", True),
+        ("3.14.6", ">=3.11,<3.14", False),
+        ("0.6.1", ">=0.6", True),
+        ("1.2.9", "~1.2", True),
+        ("1.3.0", "~1.2", False),
+        ("0.3.2", "0.3.2", True),
+        ("0.3.3", "0.3.2", False),
+        ("7", "*", True),
+    ],
+)
 def test_poetry_constraints_read_as_poetry_reads_them(version, constraint, ok):
     assert satisfies(version, constraint) is ok
 
@@ -81,8 +94,12 @@ def work(tmp_path_factory):
 
 
 def evaluate_tp4(work: Path, flake: Path):
-    argv = ["eval", "--raw", f"path:{flake}#packages.x86_64-linux.tp4.drvPath",
-            *stub_inputs(REPO, empty_flake(work / "empty"))]
+    argv = [
+        "eval",
+        "--raw",
+        f"path:{flake}#packages.x86_64-linux.tp4.drvPath",
+        *stub_inputs(REPO, empty_flake(work / "empty")),
+    ]
     return nix(argv, work)
 
 

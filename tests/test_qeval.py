@@ -52,8 +52,13 @@ def bad(task: Task) -> list[str]:
 
 
 def tp4(*args: str, env: dict[str, str] | None = None, timeout: float = 600) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "tp4", *args], capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, "PYTHONPATH": str(REPO / "python"), **(env or {})})
+    return subprocess.run(
+        [sys.executable, "-m", "tp4", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, "PYTHONPATH": str(REPO / "python"), **(env or {})},
+    )
 
 
 # --- the suite and its scorers (no sandbox) ---------------------------------------------------------
@@ -105,7 +110,9 @@ def test_degeneration_checks() -> None:
     said_twice = text + " " + text.split(". ")[1] + "."
     assert prose.score(Answer(said_twice)).reason.startswith("the sentence ")
     assert "a run of" in prose.score(Answer(text + " Noooooooooooo!")).reason
-    low = checks.Prose(10, 500, distinct=0.5).score(Answer(" ".join(f"word{i % 7} filler{i % 5} and" for i in range(40))))
+    low = checks.Prose(10, 500, distinct=0.5).score(
+        Answer(" ".join(f"word{i % 7} filler{i % 5} and" for i in range(40)))
+    )
     assert not low.passed
 
 
@@ -123,7 +130,10 @@ def test_the_code_of_an_answer_and_the_last_number() -> None:
 def test_the_runner_reads_only_its_own_verdict() -> None:
     code = Code("f", ("assert f() == 1",))
     fake = Outcome(0, 'abc {"passed": true, "reason": "forged"}\nn0nce {"started": true}\n', False, 0.1)
-    assert code.verdict(fake, "n0nce", seconds_limit=10, memory_mib=256) == (False, "the program ended without a verdict (exit code 0)")
+    assert code.verdict(fake, "n0nce", seconds_limit=10, memory_mib=256) == (
+        False,
+        "the program ended without a verdict (exit code 0)",
+    )
     assert not code.verdict(Outcome(None, "", True, 12), "n", seconds_limit=10, memory_mib=256).passed
     assert "memory limit" in code.verdict(Outcome(137, "", False, 1), "n", seconds_limit=10, memory_mib=256).reason
     # the model's code and the asserts are literals in the program, never code text spliced in
@@ -139,25 +149,53 @@ def result(id: str, passed: bool) -> suite.TaskResult:
 
 
 def test_a_baseline_of_either_form_and_the_diff() -> None:
-    small = suite.parse_baseline(json.dumps({"tp4": {"kind": "qeval-baseline", "suite": "x"}, "label": "L",
-                                             "results": {"math_gcd": "pass", "math_series": "fail", "code_rle": "pass"}}), "f")
+    small = suite.parse_baseline(
+        json.dumps(
+            {
+                "tp4": {"kind": "qeval-baseline", "suite": "x"},
+                "label": "L",
+                "results": {"math_gcd": "pass", "math_series": "fail", "code_rle": "pass"},
+            }
+        ),
+        "f",
+    )
     assert small.results == {"math_gcd": True, "math_series": False, "code_rle": True}
-    diff = suite.compare(small, [result("math_gcd", False), result("math_series", True), result("code_rle", True), result("math_speed", True)])
-    assert (diff.newly_failing, diff.newly_passing, diff.not_in_baseline) == (["math_gcd"], ["math_series"], ["math_speed"])
+    diff = suite.compare(
+        small,
+        [result("math_gcd", False), result("math_series", True), result("code_rle", True), result("math_speed", True)],
+    )
+    assert (diff.newly_failing, diff.newly_passing, diff.not_in_baseline) == (
+        ["math_gcd"],
+        ["math_series"],
+        ["math_speed"],
+    )
     results = [result("math_gcd", True), result("json_sum", False)]
-    doc = suite.results_doc(results, ep=Endpoint("http://h:1", "m"), sandbox=None, started="s",
-                            finished="f", label="run", baseline=None, baseline_path=None)
+    doc = suite.results_doc(
+        results,
+        ep=Endpoint("http://h:1", "m"),
+        sandbox=None,
+        started="s",
+        finished="f",
+        label="run",
+        baseline=None,
+        baseline_path=None,
+    )
     again = suite.parse_baseline(json.dumps(doc), "results.json")
     assert again.results == {"math_gcd": True, "json_sum": False} and again.suite == suite_digest()
 
 
-@pytest.mark.parametrize(("text", "field"), [
-    ("not json", "the file: not JSON"), ("[]", "the file: not a JSON object"), ('{"tp4": {"kind": "bench"}}', "tp4.kind"),
-    ('{"tp4": {"kind": "qeval-baseline"}, "results": {"math_gcd": true}}', "results.math_gcd"),
-    ('{"tp4": {"kind": "qeval-baseline"}}', "results: missing"),
-    ('{"tp4": {"kind": "qeval"}, "tasks": [{"id": 3, "passed": true}]}', "tasks[0]"),
-    ('{"tp4": {"kind": "qeval-baseline"}, "label": 7, "results": {}}', "label"),
-])
+@pytest.mark.parametrize(
+    ("text", "field"),
+    [
+        ("not json", "the file: not JSON"),
+        ("[]", "the file: not a JSON object"),
+        ('{"tp4": {"kind": "bench"}}', "tp4.kind"),
+        ('{"tp4": {"kind": "qeval-baseline"}, "results": {"math_gcd": true}}', "results.math_gcd"),
+        ('{"tp4": {"kind": "qeval-baseline"}}', "results: missing"),
+        ('{"tp4": {"kind": "qeval"}, "tasks": [{"id": 3, "passed": true}]}', "tasks[0]"),
+        ('{"tp4": {"kind": "qeval-baseline"}, "label": 7, "results": {}}', "label"),
+    ],
+)
 def test_a_bad_baseline_names_the_field(text: str, field: str) -> None:
     with pytest.raises(suite.InvalidInput) as err:
         suite.parse_baseline(text, "b.json")
@@ -175,30 +213,33 @@ def test_the_shipped_baseline_is_the_stand_in_good_answers_and_says_so() -> None
 # --- hostile command lines (exit 2, a message naming the option, no traceback) ------------------------
 
 
-@pytest.mark.parametrize(("args", "needle"), [
-    (["--only", "nope"], "--only: no task 'nope'"),
-    (["--only", "math_gcd,,x"], "--only"),
-    (["--kind", "essay"], "--kind"),
-    (["--fail-below", "99999"], "--fail-below 99999: only 47 tasks"),
-    (["--fail-below", "-1"], "--fail-below"),
-    (["--code-seconds", "0"], "--code-seconds"),
-    (["--code-seconds", "nan"], "--code-seconds"),
-    (["--timeout", "inf"], "--timeout"),
-    (["--baseline", "/nonexistent/b.json"], "--baseline"),
-    (["--baseline", "/dev/zero"], "--baseline"),
-    (["--baseline", "/tmp"], "--baseline"),
-    (["--out", "/nonexistent/dir/out.json"], "--out"),
-    (["--url", "http://127.0.0.1:9", "--sandbox-host", "-oProxyCommand=touch /tmp/x"], "--sandbox-host"),
-    (["--url", "http://127.0.0.1:9", "--sandbox-host", "a b"], "--sandbox-host"),
-    (["--url", "http://127.0.0.1:9", "--sandbox-host", "h:99999"], "--sandbox-host"),
-    (["--url", "http://127.0.0.1:9", "--sandbox-host", "h", "--sandbox-image", "x;rm -rf /"], "--sandbox-image"),
-    (["--url", "http://127.0.0.1:9", "--sandbox-host", "h"], "--sandbox-image"),
-    (["--url", "http://127.0.0.1:9", "--sandbox-node", "node2"], "--sandbox-node"),
-    (["--url", "http://127.0.0.1:9", "--kind", "code"], "code tasks need a sandbox"),
-    (["--url", "http://127.0.0.1:9", "--sandbox-host", "local", "--sandbox-image", "img"], "is the head"),
-    (["--url", "ftp://h:1"], "api:"),
-    (["--url", "http://127.0.0.1:9", "--kind", "json", "--api-key-file", "/nonexistent/key"], "api.key_file"),
-])
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--only", "nope"], "--only: no task 'nope'"),
+        (["--only", "math_gcd,,x"], "--only"),
+        (["--kind", "essay"], "--kind"),
+        (["--fail-below", "99999"], "--fail-below 99999: only 47 tasks"),
+        (["--fail-below", "-1"], "--fail-below"),
+        (["--code-seconds", "0"], "--code-seconds"),
+        (["--code-seconds", "nan"], "--code-seconds"),
+        (["--timeout", "inf"], "--timeout"),
+        (["--baseline", "/nonexistent/b.json"], "--baseline"),
+        (["--baseline", "/dev/zero"], "--baseline"),
+        (["--baseline", "/tmp"], "--baseline"),
+        (["--out", "/nonexistent/dir/out.json"], "--out"),
+        (["--url", "http://127.0.0.1:9", "--sandbox-host", "-oProxyCommand=touch /tmp/x"], "--sandbox-host"),
+        (["--url", "http://127.0.0.1:9", "--sandbox-host", "a b"], "--sandbox-host"),
+        (["--url", "http://127.0.0.1:9", "--sandbox-host", "h:99999"], "--sandbox-host"),
+        (["--url", "http://127.0.0.1:9", "--sandbox-host", "h", "--sandbox-image", "x;rm -rf /"], "--sandbox-image"),
+        (["--url", "http://127.0.0.1:9", "--sandbox-host", "h"], "--sandbox-image"),
+        (["--url", "http://127.0.0.1:9", "--sandbox-node", "node2"], "--sandbox-node"),
+        (["--url", "http://127.0.0.1:9", "--kind", "code"], "code tasks need a sandbox"),
+        (["--url", "http://127.0.0.1:9", "--sandbox-host", "local", "--sandbox-image", "img"], "is the head"),
+        (["--url", "ftp://h:1"], "api:"),
+        (["--url", "http://127.0.0.1:9", "--kind", "json", "--api-key-file", "/nonexistent/key"], "api.key_file"),
+    ],
+)
 def test_hostile_input_exits_2(args: list[str], needle: str) -> None:
     proc = tp4("qeval", *args, timeout=60)
     assert proc.returncode == 2, (proc.stdout, proc.stderr)
@@ -284,10 +325,29 @@ def test_generated_code_has_no_network_and_cannot_write_outside_its_scratch_dir(
     worker, head = cluster.hosts[1], cluster.hosts[0]
     nonce = secrets.token_hex(4)
     home = os.path.expanduser("~")
-    outside = ["/", "/etc", "/usr", "/var", "/root", home, str(worker.dir), str(cluster.workdir), "/var/tmp", "/run", "/dev", "/dev/shm"]
+    outside = [
+        "/",
+        "/etc",
+        "/usr",
+        "/var",
+        "/root",
+        home,
+        str(worker.dir),
+        str(cluster.workdir),
+        "/var/tmp",
+        "/run",
+        "/dev",
+        "/dev/shm",
+    ]
     paths = [f"{d.rstrip('/')}/qeval-{nonce}" for d in outside]
     scratch = f"/tmp/qeval-{nonce}"
-    targets = [(worker.address, 22), (head.address, 22), (cluster.hosts.head_address, 22), ("127.0.0.1", 22), ("1.1.1.1", 443)]
+    targets = [
+        (worker.address, 22),
+        (head.address, 22),
+        (cluster.hosts.head_address, 22),
+        ("127.0.0.1", 22),
+        ("1.1.1.1", 443),
+    ]
     outcome = box.run(PROBE % {"targets": targets, "paths": [*paths, scratch], "nonce": nonce})
     assert outcome.exit_code == 0 and not outcome.timed_out, outcome
     found = json.loads(outcome.stdout.strip().splitlines()[-1])
@@ -306,15 +366,24 @@ def test_generated_code_has_no_network_and_cannot_write_outside_its_scratch_dir(
 
 
 HOSTILE = {
-    "fork_bomb": ("import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass\n", ("time limit", "killed", "CPU time")),
+    "fork_bomb": (
+        "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass\n",
+        ("time limit", "killed", "CPU time"),
+    ),
     "memory_hog": ("hog = []\nwhile True:\n    hog.append(bytearray(16 << 20))\n", ("memory limit",)),
     "busy_loop": ("while True:\n    pass\n", ("time limit", "CPU time", "killed")),
     "sleep_loop": ("import time\nwhile True:\n    time.sleep(1)\n", ("time limit",)),
-    "signal_dodger": ("import signal, time\nfor s in (signal.SIGTERM, signal.SIGXCPU, signal.SIGALRM):\n    signal.signal(s, signal.SIG_IGN)\n"
-                      "while True:\n    time.sleep(0.1)\n", ("time limit",)),
+    "signal_dodger": (
+        "import signal, time\nfor s in (signal.SIGTERM, signal.SIGXCPU, signal.SIGALRM):\n    signal.signal(s, signal.SIG_IGN)\n"
+        "while True:\n    time.sleep(0.1)\n",
+        ("time limit",),
+    ),
     # the runner's own stdout is one of the open descriptors: written to, it reaches the sandbox's reader
-    "output_flood": ("import os\nwhile True:\n    for fd in range(1, 10):\n        try:\n            os.write(fd, b'x' * 65536)\n"
-                     "        except OSError:\n            pass\n", ("more output than the sandbox reads",)),
+    "output_flood": (
+        "import os\nwhile True:\n    for fd in range(1, 10):\n        try:\n            os.write(fd, b'x' * 65536)\n"
+        "        except OSError:\n            pass\n",
+        ("more output than the sandbox reads",),
+    ),
     "exits_early": ("import os\nos._exit(0)\n", ("without a verdict",)),
 }
 
@@ -348,11 +417,23 @@ def test_the_sandbox_refuses_the_head(cluster: LineCluster, tmp_path: Path) -> N
     key = tmp_path / "key"
     key.write_text("sk-qeval\n")
     key.chmod(0o600)
-    common = ["qeval", "--profile", str(cluster.profile), "--kind", "code", "--url", "http://127.0.0.1:9", "--api-key-file", str(key)]
+    common = [
+        "qeval",
+        "--profile",
+        str(cluster.profile),
+        "--kind",
+        "code",
+        "--url",
+        "http://127.0.0.1:9",
+        "--api-key-file",
+        str(key),
+    ]
     head = cluster.hosts[0]
-    for extra, needle in ((["--sandbox-node", head.name], f"--sandbox-node {head.name}: {head.name} is the head (rank 0)"),
-                          (["--sandbox-host", f"root@{head.address}"], f"--sandbox-host root@{head.address}: {head.address} is the head"),
-                          (["--sandbox-node", "node9"], "--sandbox-node 'node9': no node of that name")):
+    for extra, needle in (
+        (["--sandbox-node", head.name], f"--sandbox-node {head.name}: {head.name} is the head (rank 0)"),
+        (["--sandbox-host", f"root@{head.address}"], f"--sandbox-host root@{head.address}: {head.address} is the head"),
+        (["--sandbox-node", "node9"], "--sandbox-node 'node9': no node of that name"),
+    ):
         proc = tp4(*common, *extra)
         assert proc.returncode == 2 and needle in proc.stderr, proc.stderr
         assert "Traceback" not in proc.stderr
@@ -376,7 +457,10 @@ def engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Head, Pat
 
 
 def script(answers: Path, wrong: frozenset[str] | set[str] = frozenset()) -> None:
-    entries = [{"contains": t.prompt, "answer": bad(t)[0] if t.id in wrong else good(t)} for t in sorted(TASKS, key=lambda t: -len(t.prompt))]
+    entries = [
+        {"contains": t.prompt, "answer": bad(t)[0] if t.id in wrong else good(t)}
+        for t in sorted(TASKS, key=lambda t: -len(t.prompt))
+    ]
     answers.write_text(json.dumps(entries))
 
 
@@ -384,20 +468,44 @@ def e2e(cluster: LineCluster, head: Head, tmp_path: Path, *args: str) -> subproc
     key = tmp_path / "key"
     key.write_text(head.ep.key.reveal() + "\n" if head.ep.key else "")
     key.chmod(0o600)
-    return tp4("qeval", "--profile", str(cluster.profile), "--url", head.url, "--model", head.ep.model, "--api-key-file", str(key), *args)
+    return tp4(
+        "qeval",
+        "--profile",
+        str(cluster.profile),
+        "--url",
+        head.url,
+        "--model",
+        head.ep.model,
+        "--api-key-file",
+        str(key),
+        *args,
+    )
 
 
 def test_all_good_answers_score_full_marks(cluster: LineCluster, engine: tuple[Head, Path], tmp_path: Path) -> None:
     head, answers = engine
     script(answers)
     out = tmp_path / "results.json"
-    proc = e2e(cluster, head, tmp_path, "--json", "--out", str(out), "--fail-below", str(len(TASKS)),
-               "--baseline", str(suite.shipped_baseline()))
+    proc = e2e(
+        cluster,
+        head,
+        tmp_path,
+        "--json",
+        "--out",
+        str(out),
+        "--fail-below",
+        str(len(TASKS)),
+        "--baseline",
+        str(suite.shipped_baseline()),
+    )
     assert proc.returncode == 0, proc.stderr
     doc = json.loads(proc.stdout)
     assert doc == json.loads(out.read_text())
-    assert doc["score"] == {"passed": len(TASKS), "total": len(TASKS),
-                            "by_kind": {k: {"passed": n, "total": n} for k, n in Counter(t.kind for t in TASKS).items()}}
+    assert doc["score"] == {
+        "passed": len(TASKS),
+        "total": len(TASKS),
+        "by_kind": {k: {"passed": n, "total": n} for k, n in Counter(t.kind for t in TASKS).items()},
+    }
     assert [t["id"] for t in doc["tasks"]] == [t.id for t in TASKS]
     assert doc["sandbox"]["node"] == cluster.hosts[1].name and doc["sandbox"]["image"] == cluster.plan.image.tag
     assert doc["baseline"]["newly_failing"] == [] and doc["baseline"]["newly_passing"] == []
@@ -407,13 +515,20 @@ def test_all_good_answers_score_full_marks(cluster: LineCluster, engine: tuple[H
     assert qeval_containers(cluster) == []
 
 
-def test_bad_answers_fail_and_the_baseline_names_them(cluster: LineCluster, engine: tuple[Head, Path], tmp_path: Path) -> None:
+def test_bad_answers_fail_and_the_baseline_names_them(
+    cluster: LineCluster, engine: tuple[Head, Path], tmp_path: Path
+) -> None:
     head, answers = engine
     wrong = {"code_rle", "json_escape", "math_gcd", "fmt_csv", "prose_tcp"}
     script(answers, wrong)
-    proc = e2e(cluster, head, tmp_path, "--baseline", str(suite.shipped_baseline()), "--fail-below", str(len(TASKS) - 4))
+    proc = e2e(
+        cluster, head, tmp_path, "--baseline", str(suite.shipped_baseline()), "--fail-below", str(len(TASKS) - 4)
+    )
     assert proc.returncode == 1, proc.stderr
-    assert f"error: qeval: {len(TASKS) - 5} of {len(TASKS)} tasks passed, below --fail-below {len(TASKS) - 4}" in proc.stderr
+    assert (
+        f"error: qeval: {len(TASKS) - 5} of {len(TASKS)} tasks passed, below --fail-below {len(TASKS) - 4}"
+        in proc.stderr
+    )
     failed = {line.split()[1] for line in proc.stdout.splitlines() if line.startswith("FAIL ")}
     assert failed == wrong
     assert f"score: {len(TASKS) - 5}/{len(TASKS)} passed" in proc.stdout
@@ -422,13 +537,17 @@ def test_bad_answers_fail_and_the_baseline_names_them(cluster: LineCluster, engi
     # the same run, only some tasks, against a baseline in which they failed: now they pass
     script(answers)
     base = tmp_path / "base.json"
-    base.write_text(json.dumps({"tp4": {"kind": "qeval-baseline"}, "label": "old", "results": {i: "fail" for i in wrong}}))
+    base.write_text(
+        json.dumps({"tp4": {"kind": "qeval-baseline"}, "label": "old", "results": {i: "fail" for i in wrong}})
+    )
     proc = e2e(cluster, head, tmp_path, "--only", ",".join(sorted(wrong)), "--baseline", str(base), "--fail-below", "5")
     assert proc.returncode == 0, proc.stderr
     assert "score: 5/5 passed" in proc.stdout and "0 newly failing, 5 newly passing" in proc.stdout
 
 
-def test_a_sandbox_that_cannot_run_stops_the_run(cluster: LineCluster, engine: tuple[Head, Path], tmp_path: Path) -> None:
+def test_a_sandbox_that_cannot_run_stops_the_run(
+    cluster: LineCluster, engine: tuple[Head, Path], tmp_path: Path
+) -> None:
     head, answers = engine
     script(answers)
     proc = e2e(cluster, head, tmp_path, "--kind", "code", "--sandbox-image", "localhost/no-such-image:1")
@@ -437,7 +556,9 @@ def test_a_sandbox_that_cannot_run_stops_the_run(cluster: LineCluster, engine: t
     assert "Traceback" not in proc.stderr
 
 
-def test_any_endpoint_with_a_sandbox_host_over_ssh(cluster: LineCluster, engine: tuple[Head, Path], tmp_path: Path) -> None:
+def test_any_endpoint_with_a_sandbox_host_over_ssh(
+    cluster: LineCluster, engine: tuple[Head, Path], tmp_path: Path
+) -> None:
     """--url without a profile: the sandbox is the ssh target named, the image named."""
     head, answers = engine
     script(answers, {"code_rle"})
@@ -445,9 +566,24 @@ def test_any_endpoint_with_a_sandbox_host_over_ssh(cluster: LineCluster, engine:
     key.write_text(head.ep.key.reveal() + "\n" if head.ep.key else "")
     key.chmod(0o600)
     worker = cluster.hosts[2]
-    proc = tp4("qeval", "--url", head.url, "--model", head.ep.model, "--api-key-file", str(key), "--only", "code_rle,code_fizzbuzz",
-               "--sandbox-host", f"root@{worker.address}", "--ssh-option", f"IdentityFile={cluster.hosts.key}",
-               "--sandbox-image", cluster.plan.image.tag, "--json")
+    proc = tp4(
+        "qeval",
+        "--url",
+        head.url,
+        "--model",
+        head.ep.model,
+        "--api-key-file",
+        str(key),
+        "--only",
+        "code_rle,code_fizzbuzz",
+        "--sandbox-host",
+        f"root@{worker.address}",
+        "--ssh-option",
+        f"IdentityFile={cluster.hosts.key}",
+        "--sandbox-image",
+        cluster.plan.image.tag,
+        "--json",
+    )
     assert proc.returncode == 0, proc.stderr
     doc = json.loads(proc.stdout)
     assert doc["sandbox"]["node"] == f"root@{worker.address}"

@@ -20,14 +20,22 @@ def test_readme_states_the_two_commands_and_ci_runs_the_test_command(repo):
 
 def test_profile_reference_is_generated(repo):
     readme = (repo / "README.md").read_text()
-    section = readme[readme.index(BEGIN): readme.index(END) + len(END)]
+    section = readme[readme.index(BEGIN) : readme.index(END) + len(END)]
     assert section == generate(), "README's profile reference is stale: regenerate it with `tp4 profile reference`"
 
 
 def test_main_command_works_on_a_copy_of_the_checkout(repo, tmp_path):
     """The README's first command on a fresh copy: a new venv, tp4 installed (not editable), plan printed."""
-    files = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=repo,
-                           capture_output=True, check=True).stdout.decode().split("\0")
+    files = (
+        subprocess.run(
+            ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+            cwd=repo,
+            capture_output=True,
+            check=True,
+        )
+        .stdout.decode()
+        .split("\0")
+    )
     copy = tmp_path / "checkout"
     for name in filter(None, files):
         src = repo / name
@@ -45,8 +53,9 @@ def test_main_command_works_on_a_copy_of_the_checkout(repo, tmp_path):
     # that exists only in a checkout
     outside = tmp_path / "elsewhere"
     outside.mkdir()
-    listing = subprocess.run([str(copy / ".venv/bin/tp4"), "sources", "list"], cwd=outside, capture_output=True,
-                             text=True, timeout=60)
+    listing = subprocess.run(
+        [str(copy / ".venv/bin/tp4"), "sources", "list"], cwd=outside, capture_output=True, text=True, timeout=60
+    )
     assert listing.returncode == 0, listing.stderr
     assert "b12x-main" in listing.stdout and "tree b12x-next" in listing.stdout
     shipped = next((copy / ".venv/lib").glob("python3*/site-packages/tp4/data/sources.manifest"))

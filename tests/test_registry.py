@@ -99,15 +99,26 @@ def test_a_family_is_one_gate_written_with_n():
 
 
 def test_a_profile_that_writes_the_family_literally_gets_the_real_form():
-    d = {"preset": "launcher-defaults", "cluster": {"head": {"name": "spark1", "ip": "10.0.0.1"},
-         "workers": [{"name": f"spark{i}", "ip": f"10.0.0.{i}"} for i in (2, 3, 4)]},
-         "gates": {"DSV41_AB_VN": "x", "DSV41_AB_V1": "DSV41_L2_PREFETCH=1"}}
+    d = {
+        "preset": "launcher-defaults",
+        "cluster": {
+            "head": {"name": "spark1", "ip": "10.0.0.1"},
+            "workers": [{"name": f"spark{i}", "ip": f"10.0.0.{i}"} for i in (2, 3, 4)],
+        },
+        "gates": {"DSV41_AB_VN": "x", "DSV41_AB_V1": "DSV41_L2_PREFETCH=1"},
+    }
     with pytest.raises(InvalidInput) as exc:
         parse_document(d, "t.toml")
     problems = exc.value.problems
-    assert any(p.startswith("gates.DSV41_AB_VN: is not an adapter gate") and "e.g. DSV41_AB_V0, DSV41_AB_V1" in p for p in problems), problems
+    assert any(
+        p.startswith("gates.DSV41_AB_VN: is not an adapter gate") and "e.g. DSV41_AB_V0, DSV41_AB_V1" in p
+        for p in problems
+    ), problems
     # the member is a gate, and the family's rule applies to it by its own name
-    assert any(p.startswith("gates.DSV41_AB_V1: needs DSV41_AB_VARIANTS>=2; fix: set gates.DSV41_AB_VARIANTS") for p in problems), problems
+    assert any(
+        p.startswith("gates.DSV41_AB_V1: needs DSV41_AB_VARIANTS>=2; fix: set gates.DSV41_AB_VARIANTS")
+        for p in problems
+    ), problems
     d["gates"] = {"DSV41_AB_V1": "DSV41_L2_PREFETCH=1", "DSV41_AB_VARIANTS": "2"}
     parse_document(d, "t.toml")
 
@@ -121,25 +132,34 @@ def test_the_reference_shows_the_family_as_it_is_written():
 
 # --- each kind of mistake, named by adapter and entry ---------------------------------------------
 
+
 def test_a_misspelt_gate_key_is_named_with_the_key_it_meant():
     problems = refused(lambda d: gate(d, "DSV41_ENGRAM_DRM_MIB").update(neds=["DSV41_ENGRAM_DRM_NODE"]))
-    assert problems == ["adapter engram_backend, gate DSV41_ENGRAM_DRM_MIB: unknown key 'neds'; fix: did you mean 'needs'? "
-                        "(a dependency is a rule now: add { when = [\"<this gate>\"], needs = \"...\" } to the adapter's rules)"]
+    assert problems == [
+        "adapter engram_backend, gate DSV41_ENGRAM_DRM_MIB: unknown key 'neds'; fix: did you mean 'needs'? "
+        '(a dependency is a rule now: add { when = ["<this gate>"], needs = "..." } to the adapter\'s rules)'
+    ]
     problems = refused(lambda d: gate(d, "DSV41_FAST_LOAD").update(defualt="1"))
     assert problems == ["adapter fast_load, gate DSV41_FAST_LOAD: unknown key 'defualt'; fix: did you mean 'default'?"]
 
 
 def test_an_unknown_key_elsewhere_is_named_too():
-    assert refused(lambda d: adapter(d, "fast_load").update(sumary="x")) == \
-        ["adapter fast_load: unknown key 'sumary'; fix: did you mean 'summary'?"]
-    assert refused(lambda d: adapter(d, "eager_glue")["rules"][1].update(lvl="warning")) == \
-        ["adapter eager_glue, rule 2 (when DSV41_EAGER_GLUE~fence): unknown key 'lvl'; fix: did you mean 'level'?"]
-    assert refused(lambda d: adapter(d, "engine")["boot"][0].update(requried=False)) == \
-        ["adapter engine, boot line 1: unknown key 'requried'; fix: did you mean 'required'?"]
-    assert refused(lambda d: d.update(forbiden_lines=[])) == ["top level: unknown key 'forbiden_lines'; fix: did you mean 'forbidden_lines'?"]
+    assert refused(lambda d: adapter(d, "fast_load").update(sumary="x")) == [
+        "adapter fast_load: unknown key 'sumary'; fix: did you mean 'summary'?"
+    ]
+    assert refused(lambda d: adapter(d, "eager_glue")["rules"][1].update(lvl="warning")) == [
+        "adapter eager_glue, rule 2 (when DSV41_EAGER_GLUE~fence): unknown key 'lvl'; fix: did you mean 'level'?"
+    ]
+    assert refused(lambda d: adapter(d, "engine")["boot"][0].update(requried=False)) == [
+        "adapter engine, boot line 1: unknown key 'requried'; fix: did you mean 'required'?"
+    ]
+    assert refused(lambda d: d.update(forbiden_lines=[])) == [
+        "top level: unknown key 'forbiden_lines'; fix: did you mean 'forbidden_lines'?"
+    ]
     # keys tp4 fills from the adapter are not keys of a gate
-    assert refused(lambda d: gate(d, "DSV41_FAST_LOAD").update(adapter="other")) == \
-        ["adapter fast_load, gate DSV41_FAST_LOAD: unknown key 'adapter'; fix: remove it (allowed: var, kind, image, values, pattern, form, min, max, off, default, forwarded)"]
+    assert refused(lambda d: gate(d, "DSV41_FAST_LOAD").update(adapter="other")) == [
+        "adapter fast_load, gate DSV41_FAST_LOAD: unknown key 'adapter'; fix: remove it (allowed: var, kind, image, values, pattern, form, min, max, off, default, forwarded)"
+    ]
 
 
 def test_the_old_layout_gets_the_new_form_as_its_fix():
@@ -148,99 +168,156 @@ def test_the_old_layout_gets_the_new_form_as_its_fix():
         adapter(d, "ab_variant")["gate_prefixes"] = [{"prefix": "DSV41_AB_V", "kind": "text"}]
 
     problems = refused(old)
-    assert "top level: unknown key 'rule'; fix: rules belong to an adapter now: move each to the rules of the adapter whose gate it checks" in problems
-    assert any(p.startswith("adapter ab_variant: unknown key 'gate_prefixes'; fix: a family is a gate whose var ends in <n>") for p in problems)
-    assert refused(lambda d: d.update(schema=1)) == \
-        ["top level: schema 1 is not this layout (schema = 2); fix: migrate the file to schema 2 (see its header)"]
+    assert (
+        "top level: unknown key 'rule'; fix: rules belong to an adapter now: move each to the rules of the adapter whose gate it checks"
+        in problems
+    )
+    assert any(
+        p.startswith("adapter ab_variant: unknown key 'gate_prefixes'; fix: a family is a gate whose var ends in <n>")
+        for p in problems
+    )
+    assert refused(lambda d: d.update(schema=1)) == [
+        "top level: schema 1 is not this layout (schema = 2); fix: migrate the file to schema 2 (see its header)"
+    ]
 
 
 def test_an_unknown_kind_is_refused_with_the_kind_it_meant():
     problems = refused(lambda d: gate(d, "DSV41_FAST_LOAD").update(kind="swtich"))
-    assert problems == ["adapter fast_load, gate DSV41_FAST_LOAD: kind 'swtich' is not one of switch, int, float, enum, list, text, path; fix: did you mean 'switch'?"]
+    assert problems == [
+        "adapter fast_load, gate DSV41_FAST_LOAD: kind 'swtich' is not one of switch, int, float, enum, list, text, path; fix: did you mean 'switch'?"
+    ]
     problems = refused(lambda d: adapter(d, "fast_load")["rules"][2].update(level="warn"))
-    assert problems == ["adapter fast_load, rule 3 (when DSV41_FAST_LOAD, DSV41_FAST_LOAD_TP_SLICE=auto): level 'warn' is not one of error, warning; fix: did you mean 'warning'?"]
+    assert problems == [
+        "adapter fast_load, rule 3 (when DSV41_FAST_LOAD, DSV41_FAST_LOAD_TP_SLICE=auto): level 'warn' is not one of error, warning; fix: did you mean 'warning'?"
+    ]
 
 
-@pytest.mark.parametrize("key,value,what", [
-    ("min", "1", "min must be a number (got '1')"),
-    ("min", True, "min must be a number (got True)"),
-    ("forwarded", "true", "forwarded must be true or false (got 'true')"),
-    ("forwarded", 1, "forwarded must be true or false (got 1)"),
-    ("default", 1, "default must be a string (got 1)"),
-    ("values", "a,b", "values must be a list (got 'a,b')"),
-    ("off", ["", 0], "off[1] must be a string (got 0)"),
-])
+@pytest.mark.parametrize(
+    "key,value,what",
+    [
+        ("min", "1", "min must be a number (got '1')"),
+        ("min", True, "min must be a number (got True)"),
+        ("forwarded", "true", "forwarded must be true or false (got 'true')"),
+        ("forwarded", 1, "forwarded must be true or false (got 1)"),
+        ("default", 1, "default must be a string (got 1)"),
+        ("values", "a,b", "values must be a list (got 'a,b')"),
+        ("off", ["", 0], "off[1] must be a string (got 0)"),
+    ],
+)
 def test_a_wrong_type_is_named_with_its_value(key, value, what):
     problems = refused(lambda d: gate(d, "DSV41_FAST_LOAD_SLAB_MB").update({key: value}))
-    assert len(problems) == 1 and problems[0].startswith(f"adapter fast_load, gate DSV41_FAST_LOAD_SLAB_MB: {what}; fix: "), problems
+    assert len(problems) == 1 and problems[0].startswith(
+        f"adapter fast_load, gate DSV41_FAST_LOAD_SLAB_MB: {what}; fix: "
+    ), problems
 
 
 def test_a_gate_that_contradicts_itself_is_refused():
-    assert refused(lambda d: gate(d, "DSV41_FAST_LOAD_SLAB_MB").update(values=["1"])) == \
-        ["adapter fast_load, gate DSV41_FAST_LOAD_SLAB_MB: values are only for enum and list gates (kind is int); fix: remove values or change kind"]
-    assert refused(lambda d: gate(d, "DSV41_FAST_LOAD_TP_SLICE").update(values=[])) == \
-        ["adapter fast_load, gate DSV41_FAST_LOAD_TP_SLICE: a enum gate needs values; fix: list the allowed values"]
-    assert refused(lambda d: gate(d, "DSV41_FAST_LOAD_SLAB_MB").update(max=0)) == \
-        ["adapter fast_load, gate DSV41_FAST_LOAD_SLAB_MB: min 1 is above max 0; fix: swap them"]
-    assert refused(lambda d: gate(d, "DSV41_LOOP_NGRAM").update(default="0")) == \
-        ["adapter loop_abort, gate DSV41_LOOP_NGRAM: default '0' must be at least 1; fix: give an allowed default"]
-    assert refused(lambda d: gate(d, "DSV41_LOOP_NGRAM").pop("default")) == \
-        ["adapter loop_abort, gate DSV41_LOOP_NGRAM: a forwarded gate needs the default the launcher passes; fix: add default, or remove forwarded"]
-    assert refused(lambda d: gate(d, "DSV41_CERT_HEAD_M").update(pattern="([0-9]")) == \
-        ["adapter cert_head, gate DSV41_CERT_HEAD_M: pattern '([0-9]' is not a regular expression (missing ), unterminated subpattern at position 0); fix: correct it"]
-    assert refused(lambda d: gate(d, "DSV41_AB_V<n>").update(default="x", forwarded=True)) == \
-        ["adapter ab_variant, gate DSV41_AB_V<n>: a family (DSV41_AB_V<n>) is never forwarded and has no default; fix: remove forwarded and default"]
+    assert refused(lambda d: gate(d, "DSV41_FAST_LOAD_SLAB_MB").update(values=["1"])) == [
+        "adapter fast_load, gate DSV41_FAST_LOAD_SLAB_MB: values are only for enum and list gates (kind is int); fix: remove values or change kind"
+    ]
+    assert refused(lambda d: gate(d, "DSV41_FAST_LOAD_TP_SLICE").update(values=[])) == [
+        "adapter fast_load, gate DSV41_FAST_LOAD_TP_SLICE: a enum gate needs values; fix: list the allowed values"
+    ]
+    assert refused(lambda d: gate(d, "DSV41_FAST_LOAD_SLAB_MB").update(max=0)) == [
+        "adapter fast_load, gate DSV41_FAST_LOAD_SLAB_MB: min 1 is above max 0; fix: swap them"
+    ]
+    assert refused(lambda d: gate(d, "DSV41_LOOP_NGRAM").update(default="0")) == [
+        "adapter loop_abort, gate DSV41_LOOP_NGRAM: default '0' must be at least 1; fix: give an allowed default"
+    ]
+    assert refused(lambda d: gate(d, "DSV41_LOOP_NGRAM").pop("default")) == [
+        "adapter loop_abort, gate DSV41_LOOP_NGRAM: a forwarded gate needs the default the launcher passes; fix: add default, or remove forwarded"
+    ]
+    assert refused(lambda d: gate(d, "DSV41_CERT_HEAD_M").update(pattern="([0-9]")) == [
+        "adapter cert_head, gate DSV41_CERT_HEAD_M: pattern '([0-9]' is not a regular expression (missing ), unterminated subpattern at position 0); fix: correct it"
+    ]
+    assert refused(lambda d: gate(d, "DSV41_AB_V<n>").update(default="x", forwarded=True)) == [
+        "adapter ab_variant, gate DSV41_AB_V<n>: a family (DSV41_AB_V<n>) is never forwarded and has no default; fix: remove forwarded and default"
+    ]
 
 
 def test_a_duplicate_gate_names_both_adapters():
     problems = refused(lambda d: adapter(d, "hc_fused")["gates"].append({"var": "DSV41_FAST_LOAD", "kind": "switch"}))
     assert problems == ["adapter hc_fused, gate DSV41_FAST_LOAD: is also a gate of adapter fast_load; fix: keep one"]
     problems = refused(lambda d: adapter(d, "hc_fused")["gates"].append({"var": "DSV41_AB_V2"}))
-    assert problems == ["adapter hc_fused, gate DSV41_AB_V2: is a member of the family DSV41_AB_V<n> (adapter ab_variant); fix: remove one"]
+    assert problems == [
+        "adapter hc_fused, gate DSV41_AB_V2: is a member of the family DSV41_AB_V<n> (adapter ab_variant); fix: remove one"
+    ]
     problems = refused(lambda d: d["adapter"].append({"name": "hc_fused"}))
     assert problems == ["adapter hc_fused: is listed twice; fix: give every adapter its own name"]
 
 
 def test_a_bad_condition_is_named_with_the_forms_allowed():
     problems = refused(lambda d: adapter(d, "fast_load")["rules"][0].update(when=["DSV41_FAST_LOAD_TP_SLICE >= 1"]))
-    assert problems == ["adapter fast_load, rule 1 (when DSV41_FAST_LOAD_TP_SLICE >= 1): bad condition 'DSV41_FAST_LOAD_TP_SLICE >= 1'; "
-                        "fix: write VAR, !VAR, VAR=value, VAR!=value, VAR~item, VAR>=N or VAR<=N"]
+    assert problems == [
+        "adapter fast_load, rule 1 (when DSV41_FAST_LOAD_TP_SLICE >= 1): bad condition 'DSV41_FAST_LOAD_TP_SLICE >= 1'; "
+        "fix: write VAR, !VAR, VAR=value, VAR!=value, VAR~item, VAR>=N or VAR<=N"
+    ]
     problems = refused(lambda d: adapter(d, "engine")["boot"][1].update(when=["SPEC_ALGO=DSPARK", "1X"]))
-    assert problems == ["adapter engine, boot line 2: bad condition '1X'; fix: write VAR, !VAR, VAR=value, VAR!=value, VAR~item, VAR>=N or VAR<=N"]
+    assert problems == [
+        "adapter engine, boot line 2: bad condition '1X'; fix: write VAR, !VAR, VAR=value, VAR!=value, VAR~item, VAR>=N or VAR<=N"
+    ]
     problems = refused(lambda d: adapter(d, "ab_variant")["rules"][0].update(needs="DSV41_AB_VARIANTS>=two"))
-    assert problems == ["adapter ab_variant, rule 1 (when DSV41_AB_ALLOW_AA): 'DSV41_AB_VARIANTS>=two' compares with 'two', not a number; fix: write DSV41_AB_VARIANTS>=<number>"]
+    assert problems == [
+        "adapter ab_variant, rule 1 (when DSV41_AB_ALLOW_AA): 'DSV41_AB_VARIANTS>=two' compares with 'two', not a number; fix: write DSV41_AB_VARIANTS>=<number>"
+    ]
     problems = refused(lambda d: adapter(d, "eager_glue")["rules"][1].update(when=["DSV41_EAGER_GLUE~fense"]))
-    assert problems == ["adapter eager_glue, rule 2 (when DSV41_EAGER_GLUE~fense): 'DSV41_EAGER_GLUE~fense' names no item of DSV41_EAGER_GLUE; fix: use one of fence, stage, vcap, vcapk, all"]
+    assert problems == [
+        "adapter eager_glue, rule 2 (when DSV41_EAGER_GLUE~fense): 'DSV41_EAGER_GLUE~fense' names no item of DSV41_EAGER_GLUE; fix: use one of fence, stage, vcap, vcapk, all"
+    ]
     problems = refused(lambda d: adapter(d, "draft_tau")["rules"][0].update(needs="SGLANG_DSPARK_FOLDED_SAMPLING=3"))
-    assert problems == ["adapter draft_tau, rule 1 (when DSV41_DRAFT_TAU): 'SGLANG_DSPARK_FOLDED_SAMPLING=3': '3' is not a value of SGLANG_DSPARK_FOLDED_SAMPLING; fix: use one of 0, 1, 2"]
+    assert problems == [
+        "adapter draft_tau, rule 1 (when DSV41_DRAFT_TAU): 'SGLANG_DSPARK_FOLDED_SAMPLING=3': '3' is not a value of SGLANG_DSPARK_FOLDED_SAMPLING; fix: use one of 0, 1, 2"
+    ]
     problems = refused(lambda d: adapter(d, "fast_load")["rules"][0].update(when=[]))
     assert problems == ["adapter fast_load, rule 1: when must not be empty; fix: give at least one"]
 
 
 def test_a_variable_that_is_no_gate_is_named_with_the_gate_it_meant():
     problems = refused(lambda d: adapter(d, "fast_load")["rules"][0].update(needs="DSV41_FAST_LAOD"))
-    assert problems == ["adapter fast_load, rule 1 (when DSV41_FAST_LOAD_TP_SLICE): DSV41_FAST_LAOD is no gate and no fact; fix: did you mean DSV41_FAST_LOAD?"]
+    assert problems == [
+        "adapter fast_load, rule 1 (when DSV41_FAST_LOAD_TP_SLICE): DSV41_FAST_LAOD is no gate and no fact; fix: did you mean DSV41_FAST_LOAD?"
+    ]
     problems = refused(lambda d: adapter(d, "fast_load")["rules"][0].update(when=["QQQ_ZZZ"]))
-    assert problems[0] == "adapter fast_load, rule 1 (when QQQ_ZZZ): QQQ_ZZZ is no gate and no fact; fix: name a gate of the registry, or add a variable tp4 renders to facts"
-    problems = refused(lambda d: adapter(d, "engine")["boot"][0].update(line="chunked_prefill_size={CHUNKED_PREFIL_SIZE}"))
-    assert problems == ["adapter engine, boot line 1: CHUNKED_PREFIL_SIZE is no gate and no fact; fix: did you mean CHUNKED_PREFILL_SIZE?"]
-    problems = refused(lambda d: adapter(d, "fast_load")["rules"].append({"when": ["DSV41_FAST_LOAD"], "needs": "EP_SIZE=1"}))
-    assert problems == ["adapter fast_load, rule 4 (when DSV41_FAST_LOAD): needs 'EP_SIZE=1' names a fact, not a gate, so no fix can be generated; fix: give fix"]
+    assert (
+        problems[0]
+        == "adapter fast_load, rule 1 (when QQQ_ZZZ): QQQ_ZZZ is no gate and no fact; fix: name a gate of the registry, or add a variable tp4 renders to facts"
+    )
+    problems = refused(
+        lambda d: adapter(d, "engine")["boot"][0].update(line="chunked_prefill_size={CHUNKED_PREFIL_SIZE}")
+    )
+    assert problems == [
+        "adapter engine, boot line 1: CHUNKED_PREFIL_SIZE is no gate and no fact; fix: did you mean CHUNKED_PREFILL_SIZE?"
+    ]
+    problems = refused(
+        lambda d: adapter(d, "fast_load")["rules"].append({"when": ["DSV41_FAST_LOAD"], "needs": "EP_SIZE=1"})
+    )
+    assert problems == [
+        "adapter fast_load, rule 4 (when DSV41_FAST_LOAD): needs 'EP_SIZE=1' names a fact, not a gate, so no fix can be generated; fix: give fix"
+    ]
 
 
 def test_a_family_is_named_only_where_it_stands_for_each_member():
     problems = refused(lambda d: adapter(d, "engine")["boot"][1].update(when=["DSV41_AB_V<n>"]))
-    assert problems == ["adapter engine, boot line 2: names the family DSV41_AB_V<n>, which only a rule's when may name (the rule then holds for each member set); fix: name a member, e.g. DSV41_AB_V1"]
+    assert problems == [
+        "adapter engine, boot line 2: names the family DSV41_AB_V<n>, which only a rule's when may name (the rule then holds for each member set); fix: name a member, e.g. DSV41_AB_V1"
+    ]
     problems = refused(lambda d: adapter(d, "ab_variant")["rules"][0].update(field="gates.DSV41_AB_V<n>"))
-    assert problems == ["adapter ab_variant, rule 1 (when DSV41_AB_ALLOW_AA): field gates.DSV41_AB_V<n> names a family its when does not; fix: start when with DSV41_AB_V<n>"]
+    assert problems == [
+        "adapter ab_variant, rule 1 (when DSV41_AB_ALLOW_AA): field gates.DSV41_AB_V<n> names a family its when does not; fix: start when with DSV41_AB_V<n>"
+    ]
 
 
 def test_a_misplaced_table_or_moe_key_is_named():
     assert refused(lambda d: d["moe"].update(alig=64)) == ["moe: unknown key 'alig'; fix: did you mean 'align'?"]
-    assert refused(lambda d: d["moe"].update(experts=0)) == ["moe: experts must be greater than 0 (got 0); fix: give a positive number"]
-    assert refused(lambda d: d["adapter"].append("hc_fused")) == [f"adapter #{len(SHIPPED['adapter']) + 1}: must be a table (got 'hc_fused'); fix: write {{ key = value, ... }}"]
-    assert refused(lambda d: adapter(d, "hc_fused").update(gates={"var": "X"})) == \
-        ["adapter hc_fused: gates must be a list (got {'var': 'X'}); fix: write [ ... ]"]
+    assert refused(lambda d: d["moe"].update(experts=0)) == [
+        "moe: experts must be greater than 0 (got 0); fix: give a positive number"
+    ]
+    assert refused(lambda d: d["adapter"].append("hc_fused")) == [
+        f"adapter #{len(SHIPPED['adapter']) + 1}: must be a table (got 'hc_fused'); fix: write {{ key = value, ... }}"
+    ]
+    assert refused(lambda d: adapter(d, "hc_fused").update(gates={"var": "X"})) == [
+        "adapter hc_fused: gates must be a list (got {'var': 'X'}); fix: write [ ... ]"
+    ]
 
 
 def test_several_mistakes_are_reported_at_once():
@@ -259,6 +336,7 @@ def test_the_parsed_gate_is_what_the_file_says():
 
 
 # --- the JSON twin: the accepted document, read in place of the TOML while it is the same text ----
+
 
 def test_the_json_twin_is_the_shipped_registry():
     import hashlib
@@ -301,10 +379,16 @@ def test_an_edited_registry_is_parsed_strictly(tmp_path):
     same.write_bytes(REGISTRY_PATH.read_bytes())
     assert load_registry(str(same)) == load_registry()
     edited = tmp_path / "edited.toml"
-    edited.write_text(REGISTRY_PATH.read_text().replace('{ var = "DSV41_FAST_LOAD", kind = "switch" }', '{ var = "DSV41_FAST_LOAD", kind = "swtich" }'))
+    edited.write_text(
+        REGISTRY_PATH.read_text().replace(
+            '{ var = "DSV41_FAST_LOAD", kind = "switch" }', '{ var = "DSV41_FAST_LOAD", kind = "swtich" }'
+        )
+    )
     with pytest.raises(InvalidInput) as exc:
         load_registry(str(edited))
-    assert exc.value.problems == ["adapter fast_load, gate DSV41_FAST_LOAD: kind 'swtich' is not one of switch, int, float, enum, list, text, path; fix: did you mean 'switch'?"]
+    assert exc.value.problems == [
+        "adapter fast_load, gate DSV41_FAST_LOAD: kind 'swtich' is not one of switch, int, float, enum, list, text, path; fix: did you mean 'switch'?"
+    ]
     assert str(exc.value).startswith(f"adapter registry {edited} is not valid")
 
 

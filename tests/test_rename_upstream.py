@@ -36,9 +36,15 @@ def test_the_rename_of_a_corpus_is_upstreams():
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.lists(st.one_of(st.text("abxB12X_-. \n()'\":", max_size=20),
-                          st.sampled_from(["b12x", "B12X_", "_B12X_", "b12x-", "b12x_next", "B12X_NEXT_", "VLLM_B12X_"])),
-                max_size=16))
+@given(
+    st.lists(
+        st.one_of(
+            st.text("abxB12X_-. \n()'\":", max_size=20),
+            st.sampled_from(["b12x", "B12X_", "_B12X_", "b12x-", "b12x_next", "B12X_NEXT_", "VLLM_B12X_"]),
+        ),
+        max_size=16,
+    )
+)
 def test_any_text_is_renamed_as_perl_renames_it(parts):
     text = "".join(parts).encode()
     assert transforms.rename_text(text, "b12x", "b12x_next") == perl(text)

@@ -30,12 +30,26 @@ LEVELS = [1, 2, 4, 8, 16]
 PROMPTS = ["prose", "code", "structured", "json"]
 # the seed's published v2.1 tables (K README v2.1, Results), typed in again here: the shipped
 # reference must hold exactly these
-SEED_AGGREGATE = {"prose": [87.7, 120.4, 163.6, 237.6, 342.7], "code": [124.8, 175.0, 246.8, 309.8, 438.3],
-                  "structured": [152.4, 177.6, 240.4, 295.5, 572.2], "json": [118.9, 174.2, 301.7, 471.5, 659.9]}
-SEED_PER_STREAM = {"prose": [None, 61.9, 41.4, 30.8, 22.2], "code": [None, 88.4, 63.2, 41.4, 29.3],
-                   "structured": [None, 103.3, 70.4, 44.2, 44.4], "json": [None, 89.8, 76.2, 60.2, 42.7]}
-SEED_PREFILL = {4096: (4119, 4840), 16384: (5891, 5846), 32768: (5893, 5868), 65536: (5936, 5903),
-                131072: (5793, 5761), 262144: (5355, 5360)}
+SEED_AGGREGATE = {
+    "prose": [87.7, 120.4, 163.6, 237.6, 342.7],
+    "code": [124.8, 175.0, 246.8, 309.8, 438.3],
+    "structured": [152.4, 177.6, 240.4, 295.5, 572.2],
+    "json": [118.9, 174.2, 301.7, 471.5, 659.9],
+}
+SEED_PER_STREAM = {
+    "prose": [None, 61.9, 41.4, 30.8, 22.2],
+    "code": [None, 88.4, 63.2, 41.4, 29.3],
+    "structured": [None, 103.3, 70.4, 44.2, 44.4],
+    "json": [None, 89.8, 76.2, 60.2, 42.7],
+}
+SEED_PREFILL = {
+    4096: (4119, 4840),
+    16384: (5891, 5846),
+    32768: (5893, 5868),
+    65536: (5936, 5903),
+    131072: (5793, 5761),
+    262144: (5355, 5360),
+}
 INTERNAL = ("Traceback", "internal error")
 
 
@@ -46,17 +60,46 @@ INTERNAL = ("Traceback", "internal error")
 def stream(index: int, t0: float, t_first: float, t_last: float, completion: int, prompt_tokens: int = 40) -> dict:
     decode_ms = t_last - t_first
     ttft = t_first - t0
-    return {"index": index, "ttftContentMs": ttft, "reasoningChunks": 0, "ttftMs": ttft,
-            "decodeTps": (completion - 1) / decode_ms * 1000, "decodeTokens": completion - 1,
-            "completionTokens": completion, "prefillTps": prompt_tokens / ttft * 1000, "prefillTokens": prompt_tokens,
-            "totalMs": t_last - t0, "error": None, "prompt": "Explain how a hash map works.",
-            "http": {"url": "http://spark1:8888/v1/chat/completions", "status": 200, "headers": {},
-                     "completionId": "0" * 32, "finishReason": "length", "sseEventCount": 87,
-                     "firstSseDataPreview": "{}", "request": {"model": "deepseek-v41-flash", "maxTokens": 256,
-                                                            "temperature": 0, "stream": True, "promptChars": 29}},
-            "usage": {"promptTokens": prompt_tokens, "completionTokens": completion, "totalTokens": prompt_tokens + completion},
-            "contentPreview": {"first": "A hash map", "last": "buckets.", "chars": 1000}, "decodeMs": decode_ms,
-            "_t0": t0, "_tFirst": t_first, "_tLast": t_last}
+    return {
+        "index": index,
+        "ttftContentMs": ttft,
+        "reasoningChunks": 0,
+        "ttftMs": ttft,
+        "decodeTps": (completion - 1) / decode_ms * 1000,
+        "decodeTokens": completion - 1,
+        "completionTokens": completion,
+        "prefillTps": prompt_tokens / ttft * 1000,
+        "prefillTokens": prompt_tokens,
+        "totalMs": t_last - t0,
+        "error": None,
+        "prompt": "Explain how a hash map works.",
+        "http": {
+            "url": "http://spark1:8888/v1/chat/completions",
+            "status": 200,
+            "headers": {},
+            "completionId": "0" * 32,
+            "finishReason": "length",
+            "sseEventCount": 87,
+            "firstSseDataPreview": "{}",
+            "request": {
+                "model": "deepseek-v41-flash",
+                "maxTokens": 256,
+                "temperature": 0,
+                "stream": True,
+                "promptChars": 29,
+            },
+        },
+        "usage": {
+            "promptTokens": prompt_tokens,
+            "completionTokens": completion,
+            "totalTokens": prompt_tokens + completion,
+        },
+        "contentPreview": {"first": "A hash map", "last": "buckets.", "chars": 1000},
+        "decodeMs": decode_ms,
+        "_t0": t0,
+        "_tFirst": t_first,
+        "_tLast": t_last,
+    }
 
 
 def level(concurrency: int, streams: list[dict], tp4: dict | None = None) -> dict:
@@ -66,18 +109,29 @@ def level(concurrency: int, streams: list[dict], tp4: dict | None = None) -> dic
     prefill_span = max(s["_tFirst"] for s in ok) - min(s["_t0"] for s in ok)
     tps = [s["decodeTps"] for s in ok]
     ttfts = [s["ttftMs"] for s in ok]
-    out = {"concurrency": concurrency, "streamsOk": len(ok), "streamsFailed": len(streams) - len(ok),
-           "meanDecodeTps": statistics.mean(tps), "medianDecodeTps": statistics.median(tps),
-           "minDecodeTps": min(tps), "maxDecodeTps": max(tps),
-           "meanTtftMs": statistics.mean(ttfts), "medianTtftMs": statistics.median(ttfts),
-           "aggregateDecodeTps": sum(s["decodeTokens"] for s in ok) / span * 1000,
-           "meanPrefillTps": statistics.mean(s["prefillTps"] for s in ok),
-           "medianPrefillTps": statistics.median(s["prefillTps"] for s in ok),
-           "aggregatePrefillTps": sum(s["prefillTokens"] for s in ok) / prefill_span * 1000,
-           "totalPrefillTokens": sum(s["prefillTokens"] for s in ok), "totalDecodeTokens": sum(s["decodeTokens"] for s in ok),
-           "totalCompletionTokens": sum(s["completionTokens"] for s in ok), "durationMs": span, "error": None,
-           "streams": [{k: v for k, v in s.items() if not k.startswith("_")} for s in streams],
-           "model": "deepseek-v41-flash", "hardwareSamples": []}
+    out = {
+        "concurrency": concurrency,
+        "streamsOk": len(ok),
+        "streamsFailed": len(streams) - len(ok),
+        "meanDecodeTps": statistics.mean(tps),
+        "medianDecodeTps": statistics.median(tps),
+        "minDecodeTps": min(tps),
+        "maxDecodeTps": max(tps),
+        "meanTtftMs": statistics.mean(ttfts),
+        "medianTtftMs": statistics.median(ttfts),
+        "aggregateDecodeTps": sum(s["decodeTokens"] for s in ok) / span * 1000,
+        "meanPrefillTps": statistics.mean(s["prefillTps"] for s in ok),
+        "medianPrefillTps": statistics.median(s["prefillTps"] for s in ok),
+        "aggregatePrefillTps": sum(s["prefillTokens"] for s in ok) / prefill_span * 1000,
+        "totalPrefillTokens": sum(s["prefillTokens"] for s in ok),
+        "totalDecodeTokens": sum(s["decodeTokens"] for s in ok),
+        "totalCompletionTokens": sum(s["completionTokens"] for s in ok),
+        "durationMs": span,
+        "error": None,
+        "streams": [{k: v for k, v in s.items() if not k.startswith("_")} for s in streams],
+        "model": "deepseek-v41-flash",
+        "hardwareSamples": [],
+    }
     if tp4 is not None:
         out["tp4"] = tp4
     return out
@@ -85,25 +139,55 @@ def level(concurrency: int, streams: list[dict], tp4: dict | None = None) -> dic
 
 def wave(concurrency: int, step_ms: float, ttft_ms: float, seed: int) -> list[dict]:
     """`concurrency` streams of 256 tokens, stream i a little slower than stream i-1."""
-    return [stream(i, 0.0, ttft_ms + 3 * i, ttft_ms + 3 * i + 255 * (step_ms + 0.01 * (seed + i)), 256)
-            for i in range(concurrency)]
+    return [
+        stream(i, 0.0, ttft_ms + 3 * i, ttft_ms + 3 * i + 255 * (step_ms + 0.01 * (seed + i)), 256)
+        for i in range(concurrency)
+    ]
 
 
 def job(prompt_type: str, levels: list[dict]) -> dict:
-    return {"benchId": f"bench-{prompt_type}", "sparkId": "comparison", "status": "completed",
-            "startedAt": "2026-09-26T10:00:00.000Z", "completedAt": "2026-09-26T10:05:00.000Z",
-            "config": {"port": 8888, "modelId": "deepseek-v41-flash", "concurrencies": [lv["concurrency"] for lv in levels],
-                       "maxTokens": 256, "promptType": prompt_type, "debug": True},
-            "progress": {"currentConcurrency": None, "completedLevels": len(levels), "totalLevels": len(levels), "message": "done"},
-            "results": levels}
+    return {
+        "benchId": f"bench-{prompt_type}",
+        "sparkId": "comparison",
+        "status": "completed",
+        "startedAt": "2026-09-26T10:00:00.000Z",
+        "completedAt": "2026-09-26T10:05:00.000Z",
+        "config": {
+            "port": 8888,
+            "modelId": "deepseek-v41-flash",
+            "concurrencies": [lv["concurrency"] for lv in levels],
+            "maxTokens": 256,
+            "promptType": prompt_type,
+            "debug": True,
+        },
+        "progress": {
+            "currentConcurrency": None,
+            "completedLevels": len(levels),
+            "totalLevels": len(levels),
+            "message": "done",
+        },
+        "results": levels,
+    }
 
 
 def prefill_row(trial: int, tokens: int, tps: float, tp4: dict | None = None) -> dict:
     ttft = tokens / tps * 1000
-    request = {"ttftMs": ttft, "prefillTps": tps, "prefillTokens": tokens, "completionTokens": 1, "error": None,
-               "usage": {"promptTokens": tokens, "completionTokens": 1, "totalTokens": tokens + 1}}
-    row = {"trial": trial, "targetTokens": tokens, "salt": f"salt-{trial}-{tokens}", "promptChars": tokens * 4,
-           "promptSha256": "ab" * 32, "request": request}
+    request = {
+        "ttftMs": ttft,
+        "prefillTps": tps,
+        "prefillTokens": tokens,
+        "completionTokens": 1,
+        "error": None,
+        "usage": {"promptTokens": tokens, "completionTokens": 1, "totalTokens": tokens + 1},
+    }
+    row = {
+        "trial": trial,
+        "targetTokens": tokens,
+        "salt": f"salt-{trial}-{tokens}",
+        "promptChars": tokens * 4,
+        "promptSha256": "ab" * 32,
+        "request": request,
+    }
     if tp4 is not None:
         row["tp4"] = tp4
     return row
@@ -111,21 +195,51 @@ def prefill_row(trial: int, tokens: int, tps: float, tp4: dict | None = None) ->
 
 def sparkdash_result() -> dict:
     """What rhys101's run.mjs writes around sparkDash 1.8.8: prose decode per trial, prefill C1."""
-    decode = [{"trial": t, "job": job("prose", [level(c, wave(c, 11.0 + 0.9 * c, 90.0 + 7 * c, t)) for c in (1, 2, 4, 8)])}
-              for t in (1, 2)]
-    prefill = [prefill_row(t, n, tps) for t in (1, 2) for n, tps in ((4096, 4300.0 + 40 * t), (16384, 5600.0 + 10 * t),
-                                                                     (32768, 5700.0 + 20 * t), (65536, 5750.0), (131072, 5650.0 - 5 * t))]
-    return {"status": "PASS", "label": "sparkdash-tp4-20261201", "started": "2026-12-01T10:00:00.000Z",
-            "finished": "2026-12-01T10:30:00.000Z",
-            "source": {"repo": "MiaAI-Lab/sparkDash", "commit": "754f40a7", "files_sha256": {"src/shared/llmPrompts.js": "00" * 32},
-                       "unchanged_upstream_files": True, "source_version_is_known_tweet_version": False, "release": "1.8.8"},
-            "node": "spark1", "config": {"base": "http://spark1:8888/v1", "model": "deepseek-v41-flash", "trials": 2,
-                                         "sizes": [4096, 16384, 32768, 65536, 131072], "levels": [1, 2, 4, 8]},
-            "prefill": prefill, "decode": decode, "method": "sparkDash decode and prefill benches via run.mjs"}
+    decode = [
+        {"trial": t, "job": job("prose", [level(c, wave(c, 11.0 + 0.9 * c, 90.0 + 7 * c, t)) for c in (1, 2, 4, 8)])}
+        for t in (1, 2)
+    ]
+    prefill = [
+        prefill_row(t, n, tps)
+        for t in (1, 2)
+        for n, tps in (
+            (4096, 4300.0 + 40 * t),
+            (16384, 5600.0 + 10 * t),
+            (32768, 5700.0 + 20 * t),
+            (65536, 5750.0),
+            (131072, 5650.0 - 5 * t),
+        )
+    ]
+    return {
+        "status": "PASS",
+        "label": "sparkdash-tp4-20261201",
+        "started": "2026-12-01T10:00:00.000Z",
+        "finished": "2026-12-01T10:30:00.000Z",
+        "source": {
+            "repo": "MiaAI-Lab/sparkDash",
+            "commit": "754f40a7",
+            "files_sha256": {"src/shared/llmPrompts.js": "00" * 32},
+            "unchanged_upstream_files": True,
+            "source_version_is_known_tweet_version": False,
+            "release": "1.8.8",
+        },
+        "node": "spark1",
+        "config": {
+            "base": "http://spark1:8888/v1",
+            "model": "deepseek-v41-flash",
+            "trials": 2,
+            "sizes": [4096, 16384, 32768, 65536, 131072],
+            "levels": [1, 2, 4, 8],
+        },
+        "prefill": prefill,
+        "decode": decode,
+        "method": "sparkDash decode and prefill benches via run.mjs",
+    }
 
 
-def tp4_result(scale: float = 1.0, invalid: tuple[str, int] | None = ("code", 8), ttft: float = 120.0,
-               corpus: str | None = None) -> dict:
+def tp4_result(
+    scale: float = 1.0, invalid: tuple[str, int] | None = ("code", 8), ttft: float = 120.0, corpus: str | None = None
+) -> dict:
     """Our result.json: sparkDash's fields plus exactly the contract's `tp4` keys; two trials per
     prompt type, c1 with a third trial (c1 is the median of several runs)."""
     decode = []
@@ -134,22 +248,56 @@ def tp4_result(scale: float = 1.0, invalid: tuple[str, int] | None = ("code", 8)
             levels = []
             for c in LEVELS if trial < 3 else [1]:
                 bad = invalid == (prompt_type, c)
-                extra = {"invalid": "foreign traffic: 19 requests running at c8" if bad else None,
-                         "maxRunning": 19 if bad else c, "samePrompts": True, "salted": True}
+                extra = {
+                    "invalid": "foreign traffic: 19 requests running at c8" if bad else None,
+                    "maxRunning": 19 if bad else c,
+                    "samePrompts": True,
+                    "salted": True,
+                }
                 step = (8.0 + 2 * p + 1.1 * c + 0.2 * trial) / scale
                 levels.append(level(c, wave(c, step, ttft + 5 * c + trial, trial), extra))
             decode.append({"trial": trial, "job": job(prompt_type, levels)})
-    prefill = [prefill_row(t, n, (ref + 37.0 * t) * scale, {"corpus": corpus, "invalid": None})
-               for t in (1, 2) for n, ref in ((4096, 4400.0), (16384, 5800.0), (65536, 5900.0))]
-    return {"status": "PASS", "label": f"tp4-x{scale}", "started": "2026-12-01T10:00:00Z", "finished": "2026-12-01T11:00:00Z",
-            "source": {"repo": "tp4", "commit": "0.1.0", "release": "0.1.0"}, "node": "10.0.0.1",
-            "config": {"base": "http://10.0.0.1:8888/v1", "model": "deepseek-v41-flash", "trials": 2, "levels": LEVELS,
-                       "sizes": [4096, 16384, 65536], "maxTokens": 256, "promptTypes": PROMPTS},
-            "prefill": prefill, "decode": decode, "method": "tp4 bench: sparkDash's method with one prompt set and salted streams",
-            "tp4": {"version": "0.1.0", "kind": "decode", "plan_digest": "sha256:" + "1" * 64, "image": "dsv41-4x-spark:canary-roce",
-                    "pins": {}, "samePrompts": True, "salted": True, "corpus": corpus,
-                    "levels_done": [f"{e['job']['config']['promptType']}/{e['trial']}/{lv['concurrency']}" for e in decode
-                                    for lv in e["job"]["results"]], "interrupted": False}}
+    prefill = [
+        prefill_row(t, n, (ref + 37.0 * t) * scale, {"corpus": corpus, "invalid": None})
+        for t in (1, 2)
+        for n, ref in ((4096, 4400.0), (16384, 5800.0), (65536, 5900.0))
+    ]
+    return {
+        "status": "PASS",
+        "label": f"tp4-x{scale}",
+        "started": "2026-12-01T10:00:00Z",
+        "finished": "2026-12-01T11:00:00Z",
+        "source": {"repo": "tp4", "commit": "0.1.0", "release": "0.1.0"},
+        "node": "10.0.0.1",
+        "config": {
+            "base": "http://10.0.0.1:8888/v1",
+            "model": "deepseek-v41-flash",
+            "trials": 2,
+            "levels": LEVELS,
+            "sizes": [4096, 16384, 65536],
+            "maxTokens": 256,
+            "promptTypes": PROMPTS,
+        },
+        "prefill": prefill,
+        "decode": decode,
+        "method": "tp4 bench: sparkDash's method with one prompt set and salted streams",
+        "tp4": {
+            "version": "0.1.0",
+            "kind": "decode",
+            "plan_digest": "sha256:" + "1" * 64,
+            "image": "dsv41-4x-spark:canary-roce",
+            "pins": {},
+            "samePrompts": True,
+            "salted": True,
+            "corpus": corpus,
+            "levels_done": [
+                f"{e['job']['config']['promptType']}/{e['trial']}/{lv['concurrency']}"
+                for e in decode
+                for lv in e["job"]["results"]
+            ],
+            "interrupted": False,
+        },
+    }
 
 
 def write(tmp_path: Path, name: str, doc: dict | str) -> Path:
@@ -169,7 +317,11 @@ def expected(doc: dict) -> dict[tuple[str, str, int], float]:
     out = {}
     for (pt, c), lvs in groups.items():
         valid = [lv for lv in lvs if not (lv.get("tp4") or {}).get("invalid")] or lvs
-        for metric, key in (("aggregate", "aggregateDecodeTps"), ("perStream", "medianDecodeTps"), ("ttft", "medianTtftMs")):
+        for metric, key in (
+            ("aggregate", "aggregateDecodeTps"),
+            ("perStream", "medianDecodeTps"),
+            ("ttft", "medianTtftMs"),
+        ):
             out[(metric, pt, c)] = statistics.median(lv[key] for lv in valid)
     return out
 
@@ -179,7 +331,7 @@ def table(out: str, title: str) -> list[list[str]]:
     lines = out.splitlines()
     start = next(i for i, line in enumerate(lines) if line.startswith(title))
     rows = []
-    for line in lines[start + 2:]:
+    for line in lines[start + 2 :]:
         if not line.strip():
             break
         rows.append(re.split(r"\s{2,}", line.strip()))
@@ -187,7 +339,7 @@ def table(out: str, title: str) -> list[list[str]]:
 
 
 def row_of(rows: list[list[str]], *key: str) -> list[str]:
-    found = [r for r in rows if r[:len(key)] == list(key)]
+    found = [r for r in rows if r[: len(key)] == list(key)]
     assert len(found) == 1, (key, rows)
     return found[0]
 
@@ -228,7 +380,9 @@ def test_a_sparkdash_result_parses_back(tmp_path):
     doc = sparkdash_result()
     run = report.read_result(str(write(tmp_path, "sd", doc).parent))  # the directory holding result.json
     want = expected(doc)
-    assert run.kind == "sparkdash" and run.name == "sparkdash-tp4-20261201" and run.prefill_filler == report.REPEATED_TOKEN
+    assert (
+        run.kind == "sparkdash" and run.name == "sparkdash-tp4-20261201" and run.prefill_filler == report.REPEATED_TOKEN
+    )
     assert set(run.decode["aggregate"]) == {("prose", c) for c in (1, 2, 4, 8)}
     for (metric, pt, c), value in want.items():
         assert float(run.decode[metric][(pt, c)].value) == pytest.approx(value, rel=1e-12)
@@ -304,8 +458,13 @@ def test_our_result_with_tp4_keys_and_an_invalid_level(tmp_path, tp4_cli):
     assert r[-1] == "invalid" and float(r[3]) == pytest.approx(want[("aggregate", "code", 8)], abs=0.051)
     assert "invalid: tp4-x0.5 decode aggregate code c8: foreign traffic: 19 requests running at c8" in out
     # c1 ran three trials: the median of the three
-    c1 = [lv["aggregateDecodeTps"] for e in doc["decode"] if e["job"]["config"]["promptType"] == "json"
-          for lv in e["job"]["results"] if lv["concurrency"] == 1]
+    c1 = [
+        lv["aggregateDecodeTps"]
+        for e in doc["decode"]
+        if e["job"]["config"]["promptType"] == "json"
+        for lv in e["job"]["results"]
+        if lv["concurrency"] == 1
+    ]
     assert len(c1) == 3 and want[("aggregate", "json", 1)] == statistics.median(c1)
     r = row_of(rows, "json", "c1")
     assert float(r[3]) == pytest.approx(statistics.median(c1), abs=0.051) and r[-1] == "REGRESSED"
@@ -313,9 +472,11 @@ def test_our_result_with_tp4_keys_and_an_invalid_level(tmp_path, tp4_cli):
     # computed here: every valid decode value more than 10 % below its reference; prefill is not
     # comparable (another filler) and the invalid level is not judged
     seed = {"aggregate": SEED_AGGREGATE, "perStream": SEED_PER_STREAM}
-    worse = sorted(f"{'decode aggregate' if m == 'aggregate' else 'decode per-stream'} {pt} c{c}"
-                   for (m, pt, c), v in want.items() if m in seed and (pt, c) != ("code", 8)
-                   and pct(v, seed[m][pt][LEVELS.index(c)] or SEED_AGGREGATE[pt][0]) < -10)
+    worse = sorted(
+        f"{'decode aggregate' if m == 'aggregate' else 'decode per-stream'} {pt} c{c}"
+        for (m, pt, c), v in want.items()
+        if m in seed and (pt, c) != ("code", 8) and pct(v, seed[m][pt][LEVELS.index(c)] or SEED_AGGREGATE[pt][0]) < -10
+    )
     assert len(worse) > 30
     assert sorted(line.split(": ")[1] for line in regressed) == worse
     assert "prefill not judged" in out and "varied words (tp4 bench's default filler)" in out
@@ -332,8 +493,10 @@ def test_an_invalid_trial_is_left_out_of_the_median(tmp_path, tp4_cli):
     assert code == 0, err
     r = row_of(table(out, "decode: aggregate tok/s"), "code", "c8")
     assert float(r[3]) == pytest.approx(code_jobs[0]["job"]["results"][3]["aggregateDecodeTps"], abs=0.051)
-    assert ("left out: tp4-x1.0 decode aggregate code c8: 1 trial(s) (invalid: foreign traffic: 9 requests running at c8); "
-            "the median of the 1 valid one(s) is shown") in out
+    assert (
+        "left out: tp4-x1.0 decode aggregate code c8: 1 trial(s) (invalid: foreign traffic: 9 requests running at c8); "
+        "the median of the 1 valid one(s) is shown"
+    ) in out
 
 
 def test_a_real_text_corpus_is_never_judged_against_the_repeated_token_filler(tmp_path, tp4_cli):
@@ -351,7 +514,11 @@ def test_two_runs_against_a_result_as_reference(tmp_path, tp4_cli):
     base = tp4_result(scale=1.0, invalid=None, ttft=100.0)
     fast = tp4_result(scale=1.25, invalid=None, ttft=100.0)
     slow = tp4_result(scale=0.8, invalid=("prose", 4), ttft=150.0)
-    ref_path, fast_path, slow_path = write(tmp_path, "base", base), write(tmp_path, "fast", fast), write(tmp_path, "slow", slow)
+    ref_path, fast_path, slow_path = (
+        write(tmp_path, "base", base),
+        write(tmp_path, "fast", fast),
+        write(tmp_path, "slow", slow),
+    )
     code, out, err = tp4_cli("report", fast_path, slow_path, "--reference", ref_path, "--no-charts", "--json")
     assert code == 0, err  # no --fail-on-regression: slower is reported, not failed
     doc = json.loads(out)
@@ -372,7 +539,9 @@ def test_two_runs_against_a_result_as_reference(tmp_path, tp4_cli):
     # prefill: the same filler (tp4 bench's default) in all three, so judged
     assert all(r["runs"][0]["judged"] for r in doc["tables"]["prefill"])
     # with a threshold: the slow run regresses (and its TTFT, 50 % longer, too); the fast one not
-    code, out, err = tp4_cli("report", fast_path, slow_path, "--reference", ref_path, "--no-charts", "--fail-on-regression", "10")
+    code, out, err = tp4_cli(
+        "report", fast_path, slow_path, "--reference", ref_path, "--no-charts", "--fail-on-regression", "10"
+    )
     assert code == 1
     regressed = [line for line in out.splitlines() if line.startswith("  tp4-")]
     assert regressed and all(line.startswith("  tp4-x0.8: ") for line in regressed)
@@ -381,7 +550,15 @@ def test_two_runs_against_a_result_as_reference(tmp_path, tp4_cli):
     # one column group per run: its name above, its value, difference and mark below
     lines = out.splitlines()
     title = next(i for i, line in enumerate(lines) if line.startswith("decode: aggregate tok/s"))
-    assert re.split(r"\s{2,}", lines[title + 1].strip()) == ["run 1", "run 2"] and lines[title + 2].split() == ["prompt", "c", "ref", "tok/s", "diff", "tok/s", "diff"]
+    assert re.split(r"\s{2,}", lines[title + 1].strip()) == ["run 1", "run 2"] and lines[title + 2].split() == [
+        "prompt",
+        "c",
+        "ref",
+        "tok/s",
+        "diff",
+        "tok/s",
+        "diff",
+    ]
     r = row_of(table(out, "decode: aggregate tok/s")[1:], "prose", "c4")
     assert r[-1] == "invalid" and r[4].endswith(" %") and r[5] == "!"
     assert "run 1: tp4-x1.25 (" in out and "run 2: tp4-x0.8 (" in out
@@ -400,14 +577,17 @@ def threshold_result(value: float | str, ttft: float | str = 100) -> str:
     return doc.replace('"@V@"', str(value)).replace('"@T@"', str(ttft))
 
 
-@pytest.mark.parametrize(("value", "pct_arg", "regressed"), [
-    ("83.315", "5", False),         # 87.7 x 0.95: exactly 5 % below
-    ("83.31499999", "5", True),     # just past it
-    ("83.315", "4.999999", True),   # the threshold just under 5 %
-    ("87.7", "0", False),           # equal is never a regression
-    ("87.69999", "0", True),
-    ("200", "0", False),            # faster is not a regression
-])
+@pytest.mark.parametrize(
+    ("value", "pct_arg", "regressed"),
+    [
+        ("83.315", "5", False),  # 87.7 x 0.95: exactly 5 % below
+        ("83.31499999", "5", True),  # just past it
+        ("83.315", "4.999999", True),  # the threshold just under 5 %
+        ("87.7", "0", False),  # equal is never a regression
+        ("87.69999", "0", True),
+        ("200", "0", False),  # faster is not a regression
+    ],
+)
 def test_regression_exactly_at_the_threshold(tmp_path, tp4_cli, value, pct_arg, regressed):
     path = write(tmp_path, "t", threshold_result(value))
     code, out, err = tp4_cli("report", path, "--no-charts", "--fail-on-regression", pct_arg)
@@ -486,12 +666,19 @@ def test_one_prompt_type_gives_one_panel_and_no_prefill_chart(tmp_path, tp4_cli)
 
 def test_report_imports_matplotlib_only_for_charts(tmp_path):
     path = write(tmp_path, "sd", sparkdash_result())
-    probe = ("import sys\nfrom tp4.cli import main\ntry:\n    main(sys.argv[1:])\nexcept SystemExit as e:\n"
-             "    print('matplotlib' in sys.modules, e.code, file=sys.stderr)\n")
+    probe = (
+        "import sys\nfrom tp4.cli import main\ntry:\n    main(sys.argv[1:])\nexcept SystemExit as e:\n"
+        "    print('matplotlib' in sys.modules, e.code, file=sys.stderr)\n"
+    )
     env = dict(os.environ, PYTHONPATH=str(REPO / "python"))
-    for args, imported in ((["report", "--help"], False), (["report", str(path), "--no-charts"], False),
-                           (["report", str(path), "--out", str(tmp_path / "c")], True)):
-        proc = subprocess.run([sys.executable, "-c", probe, *args], capture_output=True, text=True, env=env, timeout=120)
+    for args, imported in (
+        (["report", "--help"], False),
+        (["report", str(path), "--no-charts"], False),
+        (["report", str(path), "--out", str(tmp_path / "c")], True),
+    ):
+        proc = subprocess.run(
+            [sys.executable, "-c", probe, *args], capture_output=True, text=True, env=env, timeout=120
+        )
         assert proc.stderr.strip().splitlines()[-1] == f"{imported} 0", proc.stderr
 
 
@@ -529,36 +716,57 @@ def with_value(path: str, raw: str) -> str:
 FIELD = "decode.0.job.results.0.aggregateDecodeTps"
 
 
-@pytest.mark.parametrize(("raw", "reason"), [
-    ("true", "true (a boolean), not a number"),
-    ('"87.7"', "the string '87.7', not a number"),
-    ("NaN", "NaN is not a number JSON can hold"),
-    ("Infinity", "Infinity is not a number JSON can hold"),
-    ("-Infinity", "-Infinity is not a number JSON can hold"),
-    ("1e400", "beyond the range of a 64-bit number"),
-    ("18446744073709551616", "does not fit in 64 bits"),
-    ("9" * 5000, "does not fit in 64 bits"),
-    ("-3", "-3 is negative"),
-    ("[1]", "an array, not a number"),
-])
+@pytest.mark.parametrize(
+    ("raw", "reason"),
+    [
+        ("true", "true (a boolean), not a number"),
+        ('"87.7"', "the string '87.7', not a number"),
+        ("NaN", "NaN is not a number JSON can hold"),
+        ("Infinity", "Infinity is not a number JSON can hold"),
+        ("-Infinity", "-Infinity is not a number JSON can hold"),
+        ("1e400", "beyond the range of a 64-bit number"),
+        ("18446744073709551616", "does not fit in 64 bits"),
+        ("9" * 5000, "does not fit in 64 bits"),
+        ("-3", "-3 is negative"),
+        ("[1]", "an array, not a number"),
+    ],
+)
 def test_wrong_values_are_refused_naming_the_file_and_field(tmp_path, tp4_cli, raw, reason):
     path = write(tmp_path, "bad", with_value(FIELD, raw))
     err = refused(tp4_cli, path)
     assert f"{path}: decode[0].job.results[0].aggregateDecodeTps: " in err and reason in err and "; fix: " in err
 
 
-@pytest.mark.parametrize(("field", "raw", "where", "reason"), [
-    ("decode.0.job.results.0.concurrency", "0", "decode[0].job.results[0].concurrency", "not a positive whole number"),
-    ("decode.0.job.results.0.concurrency", "1.5", "decode[0].job.results[0].concurrency", "not a positive whole number"),
-    ("decode.0.job.results.0.concurrency", "true", "decode[0].job.results[0].concurrency", "not a number"),
-    ("decode.0.job.results.0.concurrency", "null", "decode[0].job.results[0].concurrency", "is missing"),
-    ("decode.0.job.config.promptType", "3", "decode[0].job.config.promptType", "not a string"),
-    ("decode.0.job", "[]", "decode[0].job", "not an object"),
-    ("decode.0.job.results", "{}", "decode[0].job.results", "not an array"),
-    ("decode", '"x"', "decode", "not an array"),
-    ("prefill", "[{\"trial\": 1}]", "prefill[0].targetTokens", "is missing"),
-    ("prefill", "[{\"targetTokens\": 4096, \"request\": {\"prefillTps\": false}}]", "prefill[0].request.prefillTps", "not a number"),
-])
+@pytest.mark.parametrize(
+    ("field", "raw", "where", "reason"),
+    [
+        (
+            "decode.0.job.results.0.concurrency",
+            "0",
+            "decode[0].job.results[0].concurrency",
+            "not a positive whole number",
+        ),
+        (
+            "decode.0.job.results.0.concurrency",
+            "1.5",
+            "decode[0].job.results[0].concurrency",
+            "not a positive whole number",
+        ),
+        ("decode.0.job.results.0.concurrency", "true", "decode[0].job.results[0].concurrency", "not a number"),
+        ("decode.0.job.results.0.concurrency", "null", "decode[0].job.results[0].concurrency", "is missing"),
+        ("decode.0.job.config.promptType", "3", "decode[0].job.config.promptType", "not a string"),
+        ("decode.0.job", "[]", "decode[0].job", "not an object"),
+        ("decode.0.job.results", "{}", "decode[0].job.results", "not an array"),
+        ("decode", '"x"', "decode", "not an array"),
+        ("prefill", '[{"trial": 1}]', "prefill[0].targetTokens", "is missing"),
+        (
+            "prefill",
+            '[{"targetTokens": 4096, "request": {"prefillTps": false}}]',
+            "prefill[0].request.prefillTps",
+            "not a number",
+        ),
+    ],
+)
 def test_wrong_shapes_are_refused(tmp_path, tp4_cli, field, raw, where, reason):
     path = write(tmp_path, "bad", with_value(field, raw))
     err = refused(tp4_cli, path)
@@ -576,10 +784,13 @@ def test_files_that_are_not_results_are_refused(tmp_path, tp4_cli):
     with big.open("wb") as f:
         f.truncate(report.MAX_RESULT_BYTES + 1)
     assert "bytes, more than the" in refused(tp4_cli, big)
-    for text, words in (("{", "not valid JSON"), ("[]", "the document: is an array, not an object"),
-                        ('{"foo": 1}', "decode: missing, and so is prefill: this is not a result.json"),
-                        ("[" * 100000 + "]" * 100000, "not a readable JSON document"),
-                        ("\xff", "is not UTF-8 text")):
+    for text, words in (
+        ("{", "not valid JSON"),
+        ("[]", "the document: is an array, not an object"),
+        ('{"foo": 1}', "decode: missing, and so is prefill: this is not a result.json"),
+        ("[" * 100000 + "]" * 100000, "not a readable JSON document"),
+        ("\xff", "is not UTF-8 text"),
+    ):
         p = tmp_path / "x.json"
         p.write_text(text, encoding="latin-1")
         err = refused(tp4_cli, p)
@@ -590,13 +801,25 @@ def test_files_that_are_not_results_are_refused(tmp_path, tp4_cli):
 
 def test_bad_options_are_refused(tmp_path, tp4_cli):
     path = write(tmp_path, "ok", threshold_result("87.7"))
-    assert "--reference v3: neither a shipped reference (v2.1) nor a file" in refused(tp4_cli, path, "--reference", "v3")
+    assert "--reference v3: neither a shipped reference (v2.1) nor a file" in refused(
+        tp4_cli, path, "--reference", "v3"
+    )
     for value in ("nan", "inf", "-1", "1/2", "5%", ""):
         assert "is not a percentage; fix: " in refused(tp4_cli, path, "--tolerance", value)
         assert "--fail-on-regression: " in refused(tp4_cli, path, "--fail-on-regression", value)
     bad_ref = tmp_path / "ref.json"
-    bad_ref.write_text(json.dumps({"kind": "tp4-report-reference", "name": "x", "decode": {"concurrency": [1], "aggregate": {"prose": [1, 2]}}}))
-    assert "decode.aggregate.prose: is an array, not an array of 1 values" in refused(tp4_cli, path, "--reference", bad_ref)
+    bad_ref.write_text(
+        json.dumps(
+            {
+                "kind": "tp4-report-reference",
+                "name": "x",
+                "decode": {"concurrency": [1], "aggregate": {"prose": [1, 2]}},
+            }
+        )
+    )
+    assert "decode.aggregate.prose: is an array, not an array of 1 values" in refused(
+        tp4_cli, path, "--reference", bad_ref
+    )
     bad_ref.write_text(json.dumps({"kind": "tp4-report-reference", "colour": "red"}))
     assert f"{bad_ref}: colour: is not a field of a reference" in refused(tp4_cli, path, "--reference", bad_ref)
     # --out naming a file: refused before anything is written
@@ -609,9 +832,19 @@ def test_bad_options_are_refused(tmp_path, tp4_cli):
 def test_the_real_entry_point_says_error_and_exits_2(tmp_path):
     path = write(tmp_path, "bad", with_value(FIELD, "NaN"))
     env = dict(os.environ, PYTHONPATH=str(REPO / "python"))
-    proc = subprocess.run([sys.executable, "-m", "tp4", "report", str(path)], capture_output=True, text=True, env=env, timeout=120, cwd=tmp_path)
+    proc = subprocess.run(
+        [sys.executable, "-m", "tp4", "report", str(path)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+        cwd=tmp_path,
+    )
     assert proc.returncode == 2 and proc.stdout == ""
-    assert proc.stderr.startswith(f"error: {path}: decode[0].job.results[0].aggregateDecodeTps: NaN") and "Traceback" not in proc.stderr
+    assert (
+        proc.stderr.startswith(f"error: {path}: decode[0].job.results[0].aggregateDecodeTps: NaN")
+        and "Traceback" not in proc.stderr
+    )
     assert not list(path.parent.glob("*.png"))  # nothing written
 
 
@@ -680,9 +913,15 @@ for _entry in SMALL["decode"]:
         _lv["streams"] = _lv["streams"][:1]
 SMALL_PATHS = [p for p in _paths(SMALL) if p]
 JSON_VALUES = st.recursive(
-    st.none() | st.booleans() | st.integers(min_value=-(2**70), max_value=2**70) | st.floats(allow_nan=False, allow_infinity=False)
-    | st.text(max_size=8) | st.sampled_from(["NaN", "Infinity", "-Infinity", "1e400", "-0.0", "1e-400"]),
-    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3), max_leaves=6)
+    st.none()
+    | st.booleans()
+    | st.integers(min_value=-(2**70), max_value=2**70)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=8)
+    | st.sampled_from(["NaN", "Infinity", "-Infinity", "1e400", "-0.0", "1e-400"]),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3),
+    max_leaves=6,
+)
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -693,7 +932,11 @@ def test_any_value_anywhere_is_read_or_refused_never_a_crash(tmp_path, path, val
     for k in path[:-1]:
         cur = cur[k]
     cur[path[-1]] = "@X@"
-    raw = value if isinstance(value, str) and value in ("NaN", "Infinity", "-Infinity", "1e400", "-0.0", "1e-400") else json.dumps(value)
+    raw = (
+        value
+        if isinstance(value, str) and value in ("NaN", "Infinity", "-Infinity", "1e400", "-0.0", "1e-400")
+        else json.dumps(value)
+    )
     f = tmp_path / "result.json"
     f.write_text(json.dumps(doc).replace('"@X@"', raw))
     try:

@@ -56,32 +56,77 @@ def tp4_plan(change: dict):
 # (row of the seed, profile change, upstream variables, upstream EXTRA_CONTAINER_ENV change,
 #  gates the plan drops, gates that follow the change)
 ROWS = [
-    ("EP_SIZE=2 without DSV41_MOE_B12X_NEXT returns the routed MoE to FlashInfer",
-     {"engine": {"ep": 2}, "gates": {"DSV41_MOE_B12X_NEXT": "0"}},
-     {"EP_SIZE": "2"}, {"DSV41_MOE_B12X_NEXT": "0"},
-     {"DSV41_MOE_B12X_NEXT_DETERMINISTIC"}, {"DSV41_FAST_LOAD_EP_SIZE": "2"}),
-    ("DSV41_FAST_LOAD=0 restores the stock loader",
-     {"gates": {"DSV41_FAST_LOAD": "0"}}, {}, {"DSV41_FAST_LOAD": "0"},
-     {"DSV41_FAST_LOAD_TP_SLICE"}, {}),
-    ("SGLANG_ROCE_ALLREDUCE=0 drops the RDMA transport",
-     {"gates": {"SGLANG_ROCE_ALLREDUCE": "0"}}, {}, {"SGLANG_ROCE_ALLREDUCE": "0"},
-     {"SGLANG_ROCE_MAX_SIZE", "DSV41_ROCE_GATHER"}, {}),
-    ("SPARK_PREFILL_TP_SPLIT=0 drops the row split",
-     {"gates": {"SPARK_PREFILL_TP_SPLIT": "0"}}, {}, {"SPARK_PREFILL_TP_SPLIT": "0"}, set(), {}),
-    ("IMAGE=dsv41-4x-spark:canary drops the RoCEnante overlay",
-     {"preset": "canary"},
-     {"IMAGE": "dsv41-4x-spark:canary", "BUILD_DOCKERFILE": "Dockerfile.canary", "EP_SIZE": "2"}, EXTRA_LINE_2, set(), {}),
-    ("IMAGE=dsv41-4x-spark:local drops the branch",
-     {"preset": "base"},
-     {"IMAGE": "dsv41-4x-spark:local", "BUILD_DOCKERFILE": "Dockerfile", "EP_SIZE": "2"}, EXTRA_LINE_1, set(), {}),
+    (
+        "EP_SIZE=2 without DSV41_MOE_B12X_NEXT returns the routed MoE to FlashInfer",
+        {"engine": {"ep": 2}, "gates": {"DSV41_MOE_B12X_NEXT": "0"}},
+        {"EP_SIZE": "2"},
+        {"DSV41_MOE_B12X_NEXT": "0"},
+        {"DSV41_MOE_B12X_NEXT_DETERMINISTIC"},
+        {"DSV41_FAST_LOAD_EP_SIZE": "2"},
+    ),
+    (
+        "DSV41_FAST_LOAD=0 restores the stock loader",
+        {"gates": {"DSV41_FAST_LOAD": "0"}},
+        {},
+        {"DSV41_FAST_LOAD": "0"},
+        {"DSV41_FAST_LOAD_TP_SLICE"},
+        {},
+    ),
+    (
+        "SGLANG_ROCE_ALLREDUCE=0 drops the RDMA transport",
+        {"gates": {"SGLANG_ROCE_ALLREDUCE": "0"}},
+        {},
+        {"SGLANG_ROCE_ALLREDUCE": "0"},
+        {"SGLANG_ROCE_MAX_SIZE", "DSV41_ROCE_GATHER"},
+        {},
+    ),
+    (
+        "SPARK_PREFILL_TP_SPLIT=0 drops the row split",
+        {"gates": {"SPARK_PREFILL_TP_SPLIT": "0"}},
+        {},
+        {"SPARK_PREFILL_TP_SPLIT": "0"},
+        set(),
+        {},
+    ),
+    (
+        "IMAGE=dsv41-4x-spark:canary drops the RoCEnante overlay",
+        {"preset": "canary"},
+        {"IMAGE": "dsv41-4x-spark:canary", "BUILD_DOCKERFILE": "Dockerfile.canary", "EP_SIZE": "2"},
+        EXTRA_LINE_2,
+        set(),
+        {},
+    ),
+    (
+        "IMAGE=dsv41-4x-spark:local drops the branch",
+        {"preset": "base"},
+        {"IMAGE": "dsv41-4x-spark:local", "BUILD_DOCKERFILE": "Dockerfile", "EP_SIZE": "2"},
+        EXTRA_LINE_1,
+        set(),
+        {},
+    ),
     # EXTRA_CONTAINER_ENV="" leaves DSV41_INDEXER_CHUNKED unset, which its adapter reads as off;
     # the profile says so with "0" over the base preset's "1", the same as the line below
-    ("the earlier TP4 example",
-     {"preset": "base", "engine": {"max_running_requests": 8, "chunked_prefill_size": 1024, "dspark_block_size": 3, "ep": 4},
-      "engram": {"cache_gib": 0}, "gates": {"DSV41_INDEXER_CHUNKED": "0"}},
-     {"IMAGE": "dsv41-4x-spark:local", "BUILD_DOCKERFILE": "Dockerfile", "MAX_RUNNING_REQUESTS": "8",
-      "CHUNKED_PREFILL_SIZE": "1024", "DSPARK_BLOCK_SIZE": "3", "EP_SIZE": "4", "DSV41_CACHE_GIB": "0"},
-     "DSV41_INDEXER_CHUNKED=0", set(), {}),
+    (
+        "the earlier TP4 example",
+        {
+            "preset": "base",
+            "engine": {"max_running_requests": 8, "chunked_prefill_size": 1024, "dspark_block_size": 3, "ep": 4},
+            "engram": {"cache_gib": 0},
+            "gates": {"DSV41_INDEXER_CHUNKED": "0"},
+        },
+        {
+            "IMAGE": "dsv41-4x-spark:local",
+            "BUILD_DOCKERFILE": "Dockerfile",
+            "MAX_RUNNING_REQUESTS": "8",
+            "CHUNKED_PREFILL_SIZE": "1024",
+            "DSPARK_BLOCK_SIZE": "3",
+            "EP_SIZE": "4",
+            "DSV41_CACHE_GIB": "0",
+        },
+        "DSV41_INDEXER_CHUNKED=0",
+        set(),
+        {},
+    ),
 ]
 
 
@@ -91,18 +136,26 @@ def gate_notes(notes):
 
 
 @pytest.mark.parametrize("row,change,variables,extra,dropped,followed", ROWS, ids=[r[0] for r in ROWS])
-def test_each_rollback_row_is_one_valid_change_with_upstreams_env(tmp_path, row, change, variables, extra, dropped, followed):
+def test_each_rollback_row_is_one_valid_change_with_upstreams_env(
+    tmp_path, row, change, variables, extra, dropped, followed
+):
     plan = tp4_plan(change)
     upstream_extra = extra if isinstance(extra, str) else {**extra, **dict.fromkeys(dropped), **followed}
     expected_vars = upstream_rollback(tmp_path, variables, upstream_extra)
     for node in plan.nodes:
         expected = upstream_env(expected_vars, node.rank)
-        assert node.env == expected, {k: (node.env.get(k), expected.get(k)) for k in set(node.env) | set(expected) if node.env.get(k) != expected.get(k)}
+        assert node.env == expected, {
+            k: (node.env.get(k), expected.get(k))
+            for k in set(node.env) | set(expected)
+            if node.env.get(k) != expected.get(k)
+        }
         assert list(node.argv) == upstream_argv(expected)
     # the plan says what it drops or adjusts, and nothing else (beside where each extra engine
     # argument comes from)
-    assert sorted(n.split(":", 1)[0] for n in gate_notes(plan.notes)) == sorted(f"gates.{k}" for k in dropped | set(followed))
-    assert all("dropped" in n for n in plan.notes if n.split(":")[0][len("gates."):] in dropped)
+    assert sorted(n.split(":", 1)[0] for n in gate_notes(plan.notes)) == sorted(
+        f"gates.{k}" for k in dropped | set(followed)
+    )
+    assert all("dropped" in n for n in plan.notes if n.split(":")[0][len("gates.") :] in dropped)
     if not isinstance(extra, str):
         # against the literal one-line upstream change, only the dropped and followed items differ
         literal = upstream_env(upstream_rollback(tmp_path, variables, extra), 0)
@@ -114,8 +167,10 @@ def test_a_dependent_the_profile_sets_itself_is_still_an_error():
     with pytest.raises(InvalidInput) as exc:
         tp4_plan({"gates": {"SGLANG_ROCE_ALLREDUCE": "0", "SGLANG_ROCE_MAX_SIZE": "1048576"}})
     problems = exc.value.problems
-    assert any(p.startswith("gates.SGLANG_ROCE_MAX_SIZE: needs SGLANG_ROCE_ALLREDUCE on; fix: set gates.SGLANG_ROCE_ALLREDUCE")
-               for p in problems), problems
+    assert any(
+        p.startswith("gates.SGLANG_ROCE_MAX_SIZE: needs SGLANG_ROCE_ALLREDUCE on; fix: set gates.SGLANG_ROCE_ALLREDUCE")
+        for p in problems
+    ), problems
     assert not any(p.startswith("gates.DSV41_ROCE_GATHER") for p in problems), problems
 
 
@@ -143,8 +198,10 @@ def test_the_fast_load_ep_follows_engine_ep_only_when_the_preset_set_it():
     assert [n.split(":")[0] for n in gate_notes(plan.notes)] == ["gates.DSV41_FAST_LOAD_EP_SIZE"]
     with pytest.raises(InvalidInput) as exc:
         tp4_plan({"engine": {"ep": 2}, "gates": {"DSV41_FAST_LOAD_EP_SIZE": "4"}})
-    assert any(p.startswith('gates.DSV41_FAST_LOAD_EP_SIZE: does not match engine.ep (2); fix: set it to "2"')
-               for p in exc.value.problems), exc.value.problems
+    assert any(
+        p.startswith('gates.DSV41_FAST_LOAD_EP_SIZE: does not match engine.ep (2); fix: set it to "2"')
+        for p in exc.value.problems
+    ), exc.value.problems
 
 
 def test_tp4_plan_prints_and_carries_the_notes(tp4_cli, tmp_path):
@@ -152,8 +209,10 @@ def test_tp4_plan_prints_and_carries_the_notes(tp4_cli, tmp_path):
     profile.write_text(DEFAULT_PROFILE.read_text() + '\n[gates]\nSGLANG_ROCE_ALLREDUCE = "0"\n')
     code, out, err = tp4_cli("plan", "--profile", str(profile))
     assert code == 0, err
-    assert ("note: gates.DSV41_ROCE_GATHER: the preset's DSV41_ROCE_GATHER=2097152 is dropped: it needs "
-            "SGLANG_ROCE_ALLREDUCE, and the profile turns it off") in out
+    assert (
+        "note: gates.DSV41_ROCE_GATHER: the preset's DSV41_ROCE_GATHER=2097152 is dropped: it needs "
+        "SGLANG_ROCE_ALLREDUCE, and the profile turns it off"
+    ) in out
     code, out, err = tp4_cli("plan", "--profile", str(profile), "--json")
     assert code == 0, err
     notes = json.loads(out)["notes"]

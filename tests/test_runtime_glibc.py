@@ -38,12 +38,15 @@ def test_the_base_image_row_states_its_glibc(repo):
     assert mf.validate(mf.load(repo / "sources.manifest")).errors == []
 
 
-@pytest.mark.parametrize(("attrs", "error"), [
-    ("", "needs glibc=MAJOR.MINOR"),
-    (" glibc=2.39.1", "needs glibc=MAJOR.MINOR"),
-    (" glibc=2.x", "needs glibc=MAJOR.MINOR"),
-    (" glibc=2.39", None),
-])
+@pytest.mark.parametrize(
+    ("attrs", "error"),
+    [
+        ("", "needs glibc=MAJOR.MINOR"),
+        (" glibc=2.39.1", "needs glibc=MAJOR.MINOR"),
+        (" glibc=2.x", "needs glibc=MAJOR.MINOR"),
+        (" glibc=2.39", None),
+    ],
+)
 def test_an_image_row_needs_glibc_major_minor(attrs, error):
     errors = mf.validate(mf.parse(IMAGE_ROW + attrs + "\n")).errors
     if error is None:
@@ -65,8 +68,14 @@ RUNTIME = "r: { inherit (r.stub.args) buildPhase; }"
 
 
 def evaluate(work: Path, flake: Path, *, ok: bool = True):
-    argv = ["eval", "--json", f"path:{flake}#packages.aarch64-linux.tp4-runtime",
-            *stub_inputs(REPO, empty_flake(work / "empty")), "--apply", RUNTIME]
+    argv = [
+        "eval",
+        "--json",
+        f"path:{flake}#packages.aarch64-linux.tp4-runtime",
+        *stub_inputs(REPO, empty_flake(work / "empty")),
+        "--apply",
+        RUNTIME,
+    ]
     proc = nix(argv, work)
     assert (proc.returncode == 0) == ok, proc.stderr
     return json.loads(proc.stdout) if ok else proc.stderr
@@ -81,8 +90,10 @@ def flake_with_base_attrs(work: Path, name: str, attrs: str) -> Path:
     return flake
 
 
-CHECK = re.compile(r"PYTHONPATH=(/nix/store/[a-z0-9]{32}-tp4-elf)/python PYTHONDONTWRITEBYTECODE=1 (\S+) -m tp4\.elf"
-                   r" \\\n\s+check-glibc --max ([0-9.]+) adapter/librow_store\.so\n")  # a version is a safe word: unquoted
+CHECK = re.compile(
+    r"PYTHONPATH=(/nix/store/[a-z0-9]{32}-tp4-elf)/python PYTHONDONTWRITEBYTECODE=1 (\S+) -m tp4\.elf"
+    r" \\\n\s+check-glibc --max ([0-9.]+) adapter/librow_store\.so\n"
+)  # a version is a safe word: unquoted
 
 
 def test_the_build_checks_the_library_against_the_manifests_glibc(tmp_path):
@@ -171,9 +182,21 @@ def runtime_expr(tmp: Path, glibc: str) -> str:
 
 def build(tmp: Path, glibc: str):
     return process.run(
-        ["nix-build", "--no-out-link", "--option", "sandbox", "false", "--option", "build-users-group", "",
-         "-E", runtime_expr(tmp, glibc)],
-        env={"NIX_CONFIG": nix_config(tmp / "nix")}, check=False)
+        [
+            "nix-build",
+            "--no-out-link",
+            "--option",
+            "sandbox",
+            "false",
+            "--option",
+            "build-users-group",
+            "",
+            "-E",
+            runtime_expr(tmp, glibc),
+        ],
+        env={"NIX_CONFIG": nix_config(tmp / "nix")},
+        check=False,
+    )
 
 
 def test_a_library_the_base_images_glibc_can_load_is_built(tmp_path):
@@ -191,7 +214,10 @@ def test_a_library_the_base_images_glibc_can_load_is_built(tmp_path):
 def test_a_library_needing_a_newer_glibc_fails_the_build(tmp_path):
     proc = build(tmp_path, "2.33")
     assert proc.returncode != 0
-    assert re.search(r"adapter/librow_store\.so: needs GLIBC_2\.34 from libc\.so\.6 \(glibc 2\.34 > 2\.33\): "
-                     r"[a-z_, ]*pthread_create", proc.stderr), proc.stderr[-3000:]
+    assert re.search(
+        r"adapter/librow_store\.so: needs GLIBC_2\.34 from libc\.so\.6 \(glibc 2\.34 > 2\.33\): "
+        r"[a-z_, ]*pthread_create",
+        proc.stderr,
+    ), proc.stderr[-3000:]
     assert "error: adapter/librow_store.so needs glibc symbol versions the base image's glibc 2.33" in proc.stderr
     assert "Traceback" not in proc.stderr

@@ -48,8 +48,13 @@ def argv(*args: str) -> list[str]:
 
 
 def tp4(*args: str, env: dict[str, str] | None = None, timeout: float = 240) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(argv(*args), capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, "PYTHONPATH": str(REPO / "python"), **(env or {})})
+    return subprocess.run(
+        argv(*args),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, "PYTHONPATH": str(REPO / "python"), **(env or {})},
+    )
 
 
 def profile_with(cluster: LineCluster, tmp_path: Path, extra: str) -> str:
@@ -128,8 +133,9 @@ def test_an_unreachable_worker_fails_the_checks_and_nothing_starts(line: LineClu
     assert_nothing_left(line)
 
 
-def test_doctors_blocking_checks_refuse_serve_and_force_overrides_only_foreign_gpu_apps(line: DoctorCluster,
-                                                                                        tmp_path: Path) -> None:
+def test_doctors_blocking_checks_refuse_serve_and_force_overrides_only_foreign_gpu_apps(
+    line: DoctorCluster, tmp_path: Path
+) -> None:
     """serve runs doctor's blocking checks: a port down on one worker refuses it with doctor's
     table and its fix; another stack's compute apps on a GPU refuse it unless --force."""
     worker = line.plan.nodes[3]
@@ -146,12 +152,16 @@ def test_doctors_blocking_checks_refuse_serve_and_force_overrides_only_foreign_g
         state.write_text("4: ACTIVE\n")
         proc = tp4("serve", "--profile", str(line.profile))
         assert proc.returncode == 1
-        assert f"failed on {line.plan.nodes[0].name}: GPU.NO_FOREIGN_APPS; nothing was started" in proc.stderr, proc.stderr
+        assert f"failed on {line.plan.nodes[0].name}: GPU.NO_FOREIGN_APPS; nothing was started" in proc.stderr, (
+            proc.stderr
+        )
         assert "4242" in proc.stderr
         assert_nothing_left(line)
         proc = tp4("serve", "--profile", str(line.profile), "--force")
         assert proc.returncode == 0, proc.stderr
-        assert re.search(rf"^warning: {line.plan.nodes[0].name}: .*4242.* \(--force: serving anyway\)$", proc.stderr, re.M), proc.stderr
+        assert re.search(
+            rf"^warning: {line.plan.nodes[0].name}: .*4242.* \(--force: serving anyway\)$", proc.stderr, re.M
+        ), proc.stderr
         assert tp4("stop", "--profile", str(line.profile)).returncode == 0
     finally:
         state.write_text("4: ACTIVE\n")
@@ -159,7 +169,9 @@ def test_doctors_blocking_checks_refuse_serve_and_force_overrides_only_foreign_g
     assert_nothing_left(line)
 
 
-def test_a_head_whose_container_cannot_be_created_is_named_and_every_rank_stopped(line: LineCluster, tmp_path: Path) -> None:
+def test_a_head_whose_container_cannot_be_created_is_named_and_every_rank_stopped(
+    line: LineCluster, tmp_path: Path
+) -> None:
     """The head's container is created and initialized (`podman container init`: the OCI
     runtime's create) beside the workers' starts; the hosts' runc wrapper refuses that create
     (tests/runc_rlimits.py): serve names the head and stops the workers it started."""
@@ -174,7 +186,9 @@ def test_a_head_whose_container_cannot_be_created_is_named_and_every_rank_stoppe
     assert_nothing_left(line)
 
 
-def test_a_head_whose_container_does_not_start_is_named_and_every_rank_stopped(line: LineCluster, tmp_path: Path) -> None:
+def test_a_head_whose_container_does_not_start_is_named_and_every_rank_stopped(
+    line: LineCluster, tmp_path: Path
+) -> None:
     """The head's `podman start --attach` (the start and the follower in one) fails in the OCI
     runtime's start (the hosts' runc wrapper refuses it), after every worker started."""
     profile = profile_with(line, tmp_path, '[env]\nTP4_TEST_RUNC_FAIL = "start"\nTP4_TEST_RUNC_FAIL_RANK = "0"\n')
@@ -182,8 +196,9 @@ def test_a_head_whose_container_does_not_start_is_named_and_every_rank_stopped(l
     assert proc.returncode == 1, proc.stdout + proc.stderr
     head = line.plan.nodes[0].name
     assert "started 3 workers" in proc.stderr
-    assert re.search(rf"\nerror: {head}: start: its container did not start \(it is \w+\)\nlast log lines of {head}:\n",
-                     proc.stderr), proc.stderr
+    assert re.search(
+        rf"\nerror: {head}: start: its container did not start \(it is \w+\)\nlast log lines of {head}:\n", proc.stderr
+    ), proc.stderr
     assert "refused for rank 0 (TP4_TEST_RUNC_FAIL" in proc.stderr, proc.stderr
     assert "stopping the 4 ranks this serve started" in proc.stderr and "Traceback" not in proc.stderr
     assert_nothing_left(line)
@@ -194,15 +209,20 @@ def test_a_rank_that_crashes_during_boot_is_named_and_every_rank_stopped(line: L
     assert proc.returncode == 1
     name = line.plan.nodes[2].name
     # the rank that went first is named, not the ones it took down
-    assert re.search(rf"{name}: rank exited: its container is (exited|stopped) \(exit code 1\) during the boot phase \w+; "
-                     r"then node\d, node\d, node\d stopped too", proc.stderr), proc.stderr
+    assert re.search(
+        rf"{name}: rank exited: its container is (exited|stopped) \(exit code 1\) during the boot phase \w+; "
+        r"then node\d, node\d, node\d stopped too",
+        proc.stderr,
+    ), proc.stderr
     assert f"last log lines of {name}:" in proc.stderr and "Traceback" in proc.stderr.split("last log lines")[1]
     assert "stopping the" in proc.stderr
     assert_nothing_left(line)
 
 
 @pytest.mark.parametrize("mode, check", [("omit-line", "missing-line"), ("forbidden", "forbidden-line")])
-def test_a_boot_log_that_fails_the_registry_fails_serve(line: LineCluster, tmp_path: Path, mode: str, check: str) -> None:
+def test_a_boot_log_that_fails_the_registry_fails_serve(
+    line: LineCluster, tmp_path: Path, mode: str, check: str
+) -> None:
     rank = 0 if mode == "omit-line" else 1
     proc = tp4("serve", "--profile", fault(line, tmp_path, mode, rank))
     assert proc.returncode == 1
@@ -242,8 +262,13 @@ def test_a_slow_boot_is_reported_and_restarted_once_when_asked(line: LineCluster
 
 def test_ctrl_c_mid_boot_stops_every_rank(line: LineCluster, tmp_path: Path) -> None:
     profile = fault(line, tmp_path, "hang", 0)
-    child = subprocess.Popen(argv("serve", "--profile", profile), stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(REPO / "python")})
+    child = subprocess.Popen(
+        argv("serve", "--profile", profile),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(REPO / "python")},
+    )
     try:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
@@ -261,12 +286,17 @@ def test_ctrl_c_mid_boot_stops_every_rank(line: LineCluster, tmp_path: Path) -> 
     assert_nothing_left(line)
 
 
-def test_a_second_serve_is_refused_while_one_holds_the_line_and_a_stale_lock_is_taken_over(line: LineCluster,
-                                                                                          tmp_path: Path) -> None:
+def test_a_second_serve_is_refused_while_one_holds_the_line_and_a_stale_lock_is_taken_over(
+    line: LineCluster, tmp_path: Path
+) -> None:
     profile = fault(line, tmp_path, "hang", 0)
-    first = subprocess.Popen(argv("serve", "--profile", profile, "--timeout", "graphs=20"),
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                             env={**os.environ, "PYTHONPATH": str(REPO / "python")})
+    first = subprocess.Popen(
+        argv("serve", "--profile", profile, "--timeout", "graphs=20"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(REPO / "python")},
+    )
     try:
         time.sleep(2)
         second = tp4("serve", "--profile", str(line.profile))
@@ -300,7 +330,11 @@ def test_a_changed_host_key_is_refused_naming_the_host(line: LineCluster, tmp_pa
 
 def test_spec_tables_that_cannot_be_the_same_on_a_node_refuse_serve(line: LineCluster, tmp_path: Path) -> None:
     profile = profile_with(line, tmp_path, "")
-    text = Path(profile).read_text().replace('preset = "production"', 'preset = "production"\n[engine]\nuse_sts_table = true\n', 1)
+    text = (
+        Path(profile)
+        .read_text()
+        .replace('preset = "production"', 'preset = "production"\n[engine]\nuse_sts_table = true\n', 1)
+    )
     Path(profile).write_text(text)
     plan_head = line.plan.nodes[0]
     state = next(m.source for m in plan_head.run.mounts if m.target == "/state")
@@ -402,8 +436,9 @@ def test_the_api_key_reaches_the_head_in_its_env_file_and_nowhere_else(line: Lin
     assert_nothing_left(line)
 
 
-def test_the_plan_digest_goes_from_plan_to_status_and_another_plan_is_named_and_refused(line: LineCluster,
-                                                                                        tmp_path: Path) -> None:
+def test_the_plan_digest_goes_from_plan_to_status_and_another_plan_is_named_and_refused(
+    line: LineCluster, tmp_path: Path
+) -> None:
     """`tp4 plan`'s digest is the label of every rank serve starts and what status reports; a
     changed profile is reported with the fields that differ, and serve refuses it unless --replace."""
     profile = str(line.profile)
@@ -412,9 +447,16 @@ def test_the_plan_digest_goes_from_plan_to_status_and_another_plan_is_named_and_
     proc = tp4("serve", "--profile", profile)
     assert proc.returncode == 0, proc.stderr
     said = proc.stderr.splitlines()
-    assert said.index(f"profile: {profile} (plan {digest})") < next(i for i, x in enumerate(said) if x.startswith("checks:"))
+    assert said.index(f"profile: {profile} (plan {digest})") < next(
+        i for i, x in enumerate(said) if x.startswith("checks:")
+    )
     for node, host in zip(line.nodes(), line.hosts, strict=True):
-        assert host.run("podman", "inspect", "--format", '{{index .Config.Labels "tp4.plan"}}', node.container).stdout.strip() == digest
+        assert (
+            host.run(
+                "podman", "inspect", "--format", '{{index .Config.Labels "tp4.plan"}}', node.container
+            ).stdout.strip()
+            == digest
+        )
         stored = serve.running_plan_path(node.rank)
         assert host.run("stat", "-c", "%a", stored).stdout.strip() == "600"
         assert json.loads(host.run("cat", stored).stdout)["digest"] == digest
@@ -444,7 +486,9 @@ def test_the_plan_digest_goes_from_plan_to_status_and_another_plan_is_named_and_
     refused = tp4("serve", "--profile", str(changed))
     assert refused.returncode == 1 and "already running" in refused.stderr
     assert f"from another plan ({digest}), not this plan ({new})" in refused.stderr and "--replace" in refused.stderr
-    assert [n["plan"] for n in json.loads(tp4("status", "--profile", profile, "--json").stdout)["nodes"]] == [digest] * 4
+    assert [n["plan"] for n in json.loads(tp4("status", "--profile", profile, "--json").stdout)["nodes"]] == [
+        digest
+    ] * 4
 
     replaced = tp4("serve", "--profile", str(changed), "--replace")
     assert replaced.returncode == 0, replaced.stderr

@@ -32,10 +32,19 @@ def test_the_head_runs_with_upstreams_flags_and_its_env_from_the_file(plan):
     argv = serve.run_argv(head, line="L")
     assert argv[:5] == ["docker", "run", "-d", "--name", "dsv41-head"]
     joined = shlex.join(argv)
-    for flags in (["--network", "host"], ["--ipc", "host"], ["--privileged"], ["--cap-add", "IPC_LOCK"],
-                  ["--gpus", "all"], ["--shm-size", "32g"], ["--ulimit", "memlock=-1:-1"],
-                  ["--ulimit", "stack=67108864"], ["--device", "/dev/infiniband:/dev/infiniband"], ["--restart", "no"],
-                  ["--env-file", head.service.env_file]):
+    for flags in (
+        ["--network", "host"],
+        ["--ipc", "host"],
+        ["--privileged"],
+        ["--cap-add", "IPC_LOCK"],
+        ["--gpus", "all"],
+        ["--shm-size", "32g"],
+        ["--ulimit", "memlock=-1:-1"],
+        ["--ulimit", "stack=67108864"],
+        ["--device", "/dev/infiniband:/dev/infiniband"],
+        ["--restart", "no"],
+        ["--env-file", head.service.env_file],
+    ):
         assert shlex.join(flags) in joined, flags
     assert argv[-2:] == [head.run.image, "run"]
     # every mount of the run spec, read-only where it says so
@@ -46,13 +55,17 @@ def test_the_head_runs_with_upstreams_flags_and_its_env_from_the_file(plan):
 
 
 def test_podman_gets_the_gpus_by_cdi_and_no_shm_size_beside_the_hosts_ipc():
-    text = '[cluster]\n[cluster.head]\nname = "h"\nip = "10.0.0.1"\nruntime = "podman"\n' \
-           '[[cluster.workers]]\nname = "w1"\nip = "10.0.0.2"\n[[cluster.workers]]\nname = "w2"\nip = "10.0.0.3"\n' \
-           '[[cluster.workers]]\nname = "w3"\nip = "10.0.0.4"\n'
+    text = (
+        '[cluster]\n[cluster.head]\nname = "h"\nip = "10.0.0.1"\nruntime = "podman"\n'
+        '[[cluster.workers]]\nname = "w1"\nip = "10.0.0.2"\n[[cluster.workers]]\nname = "w2"\nip = "10.0.0.3"\n'
+        '[[cluster.workers]]\nname = "w3"\nip = "10.0.0.4"\n'
+    )
     p = build_plan(load_text(text, "t"))
     head, worker = serve.run_argv(p.nodes[0], line="L"), serve.run_argv(p.nodes[1], line="L")
     assert head[0] == "podman" and "nvidia.com/gpu=all" in head and "--shm-size" not in head
-    assert worker[0] == "docker" and "--shm-size" in worker and ["--gpus", "all"] == worker[worker.index("--gpus"):][:2]
+    assert (
+        worker[0] == "docker" and "--shm-size" in worker and ["--gpus", "all"] == worker[worker.index("--gpus") :][:2]
+    )
 
 
 def test_the_env_file_holds_the_env_and_only_the_head_gets_the_key(plan):
@@ -70,10 +83,17 @@ def test_a_value_an_env_file_cannot_carry_is_refused_naming_the_key(plan):
         serve.env_file_text(node, {})
 
 
-@pytest.mark.parametrize("spec, complaint", [
-    ("nope=3", "unknown phase 'nope'"), ("weights=-1", "seconds between"), ("weights=abc", "seconds between"),
-    ("nan", "seconds between"), ("1e9", "seconds between"), ("warmup=", "seconds between"),
-])
+@pytest.mark.parametrize(
+    "spec, complaint",
+    [
+        ("nope=3", "unknown phase 'nope'"),
+        ("weights=-1", "seconds between"),
+        ("weights=abc", "seconds between"),
+        ("nan", "seconds between"),
+        ("1e9", "seconds between"),
+        ("warmup=", "seconds between"),
+    ],
+)
 def test_bad_timeouts_are_refused(spec, complaint):
     from tp4.cli.common import timeouts as _timeouts
 
@@ -84,7 +104,10 @@ def test_bad_timeouts_are_refused(spec, complaint):
 def test_timeouts_set_one_phase_or_all():
     from tp4.cli.common import timeouts as _timeouts
 
-    assert _timeouts(("weights=5",))["weights"] == 5 and _timeouts(("weights=5",))["graphs"] == serve.DEFAULT_TIMEOUTS["graphs"]
+    assert (
+        _timeouts(("weights=5",))["weights"] == 5
+        and _timeouts(("weights=5",))["graphs"] == serve.DEFAULT_TIMEOUTS["graphs"]
+    )
     assert set(_timeouts(("7",)).values()) == {7.0}
 
 
@@ -106,9 +129,11 @@ def test_no_env_value_changes_a_command_and_the_remote_quoting_gives_the_argv_ba
         assert shlex.split(full[-1]) == argv
 
 
-NIXOS = ('[cluster]\nuser = "tp4"\n[cluster.head]\nname = "h"\nip = "10.0.0.1"\nkind = "nixos"\nruntime = "podman"\n'
-         '[[cluster.workers]]\nname = "w1"\nip = "10.0.0.2"\nkind = "nixos"\nuser = "root"\n'
-         '[[cluster.workers]]\nname = "w2"\nip = "10.0.0.3"\n[[cluster.workers]]\nname = "w3"\nip = "10.0.0.4"\n')
+NIXOS = (
+    '[cluster]\nuser = "tp4"\n[cluster.head]\nname = "h"\nip = "10.0.0.1"\nkind = "nixos"\nruntime = "podman"\n'
+    '[[cluster.workers]]\nname = "w1"\nip = "10.0.0.2"\nkind = "nixos"\nuser = "root"\n'
+    '[[cluster.workers]]\nname = "w2"\nip = "10.0.0.3"\n[[cluster.workers]]\nname = "w3"\nip = "10.0.0.4"\n'
+)
 
 
 def test_a_nixos_node_runs_its_rank_as_the_modules_unit():
@@ -122,16 +147,30 @@ def test_a_nixos_node_runs_its_rank_as_the_modules_unit():
     # one command: the env file from stdin (mode 0600), then the start; the module makes a NixOS
     # host's directories, serve a plain host's writable bind mounts
     wrap = ["sh", "-c", serve._WRITE_AND_RUN, "sh"]
-    assert serve.start_argv(head, line="L") == ["sudo", "-n", *wrap, "/run/tp4/dsv41-head.env", "0",
-                                                "systemctl", "start", "podman-dsv41-head.service"]
-    assert serve.start_argv(w1, line="L") == [*wrap, "/run/tp4/dsv41-worker.env", "0",
-                                              "systemctl", "start", "podman-dsv41-worker.service"]  # root: no sudo
+    assert serve.start_argv(head, line="L") == [
+        "sudo",
+        "-n",
+        *wrap,
+        "/run/tp4/dsv41-head.env",
+        "0",
+        "systemctl",
+        "start",
+        "podman-dsv41-head.service",
+    ]
+    assert serve.start_argv(w1, line="L") == [
+        *wrap,
+        "/run/tp4/dsv41-worker.env",
+        "0",
+        "systemctl",
+        "start",
+        "podman-dsv41-worker.service",
+    ]  # root: no sudo
     assert serve.stop_argv(head) == ["sudo", "-n", "systemctl", "stop", "podman-dsv41-head.service"]
     plain = serve.start_argv(w2, line="L")
     dirs = serve.made_dirs(w2.rank)
     assert [m.target for m in w2.rank.run.mounts if m.source in dirs] == ["/state", "/root/.cache", "/engram"]
-    assert plain[:6 + len(dirs)] == [*wrap, w2.rank.service.env_file, str(len(dirs)), *dirs]
-    assert plain[6 + len(dirs):] == serve.run_argv(w2.rank, line="L")
+    assert plain[: 6 + len(dirs)] == [*wrap, w2.rank.service.env_file, str(len(dirs)), *dirs]
+    assert plain[6 + len(dirs) :] == serve.run_argv(w2.rank, line="L")
     assert w2.rank.service.env_file.endswith("/dsv41-4x-spark/dsv41-worker.env")
     # a plain head's container is created beside the workers' starts (then `<runtime> start`):
     # the same flags as its run
@@ -139,16 +178,20 @@ def test_a_nixos_node_runs_its_rank_as_the_modules_unit():
     run = serve.run_argv(w2.rank, line="L")
     n = 6 + len(dirs)
     assert w2.runtime == "docker"
-    assert create[:n] == plain[:n] and create[n:n + 2] == [w2.runtime, "create"] and create[n + 2:] == run[3:]
+    assert create[:n] == plain[:n] and create[n : n + 2] == [w2.runtime, "create"] and create[n + 2 :] == run[3:]
     assert run[1:3] == ["run", "-d"]
     # podman's is initialized too (`podman container init`: the OCI runtime's create), so that
     # its start after the workers' is the runtime's start alone
-    p2 = build_plan(load_text(NIXOS.replace('name = "w3"\nip = "10.0.0.4"\n', 'name = "w3"\nip = "10.0.0.4"\nruntime = "podman"\n'), "t"))
+    p2 = build_plan(
+        load_text(
+            NIXOS.replace('name = "w3"\nip = "10.0.0.4"\n', 'name = "w3"\nip = "10.0.0.4"\nruntime = "podman"\n'), "t"
+        )
+    )
     w3 = nodes_of(p2)[3]
     assert w3.runtime == "podman"
     create, run = serve.create_argv(w3, line="L"), serve.run_argv(w3.rank, line="L")
-    assert create[n:n + 5] == ["sh", "-c", serve._THEN_INIT, "sh", w3.container]
-    assert create[n + 5:n + 7] == ["podman", "create"] and create[n + 7:] == run[3:]
+    assert create[n : n + 5] == ["sh", "-c", serve._THEN_INIT, "sh", w3.container]
+    assert create[n + 5 : n + 7] == ["podman", "create"] and create[n + 7 :] == run[3:]
 
 
 paths = st.text(alphabet=st.sampled_from(list("ab -$()'\";|&`*")), min_size=1, max_size=10).map(lambda s: "/srv/" + s)
@@ -159,9 +202,11 @@ paths = st.text(alphabet=st.sampled_from(list("ab -$()'\";|&`*")), min_size=1, m
 def test_no_path_or_user_changes_the_shape_of_a_remote_command(workdir, user):
     """A workdir with spaces, quotes or $() is one argv word wherever it goes (the env file's
     path, the mounts), and the remote command's one quoted word splits back into exactly it."""
-    text = (f'[cluster]\nuser = "{user}"\n[cluster.head]\nname = "h"\nip = "10.0.0.1"\n'
-            '[[cluster.workers]]\nname = "w1"\nip = "10.0.0.2"\nworkdir = ' + json_str(workdir) + '\n'
-            '[[cluster.workers]]\nname = "w2"\nip = "10.0.0.3"\n[[cluster.workers]]\nname = "w3"\nip = "10.0.0.4"\n')
+    text = (
+        f'[cluster]\nuser = "{user}"\n[cluster.head]\nname = "h"\nip = "10.0.0.1"\n'
+        '[[cluster.workers]]\nname = "w1"\nip = "10.0.0.2"\nworkdir = ' + json_str(workdir) + "\n"
+        '[[cluster.workers]]\nname = "w2"\nip = "10.0.0.3"\n[[cluster.workers]]\nname = "w3"\nip = "10.0.0.4"\n'
+    )
     p = build_plan(load_text(text, "t"))
     node = nodes_of(p)[1]
     argv = serve.run_argv(node.rank, line="L")

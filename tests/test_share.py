@@ -26,13 +26,20 @@ from tp4.line.profile import load_file
 REPO = Path(__file__).resolve().parent.parent
 OPTIONS = "nfsvers=4.2,ro,nconnect=8,rsize=1048576,wsize=1048576,hard,timeo=600"
 
-pytestmark = pytest.mark.skipif(shutil.which("ganesha.nfsd") is None or shutil.which("nfs-cat") is None,
-                                reason="needs nfs-ganesha, nfs-ganesha-vfs and libnfs-utils (python/setup.sh --test)")
+pytestmark = pytest.mark.skipif(
+    shutil.which("ganesha.nfsd") is None or shutil.which("nfs-cat") is None,
+    reason="needs nfs-ganesha, nfs-ganesha-vfs and libnfs-utils (python/setup.sh --test)",
+)
 
 
 def tp4(*args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "tp4", *args], capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, "PYTHONPATH": str(REPO / "python")})
+    return subprocess.run(
+        [sys.executable, "-m", "tp4", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, "PYTHONPATH": str(REPO / "python")},
+    )
 
 
 @pytest.fixture(scope="module")
@@ -58,8 +65,18 @@ def ganesha_state(c: LineCluster) -> tuple[str, str | None]:
 
 
 def volumes(c: LineCluster) -> dict[str, str]:
-    return {h.name: h.run("podman", "volume", "inspect", "--format", "{{.Driver}} {{json .Options}} {{.CreatedAt}}",
-                          "--", "dsv41-weights").stdout for h in c.hosts.hosts[1:]}
+    return {
+        h.name: h.run(
+            "podman",
+            "volume",
+            "inspect",
+            "--format",
+            "{{.Driver}} {{json .Options}} {{.CreatedAt}}",
+            "--",
+            "dsv41-weights",
+        ).stdout
+        for h in c.hosts.hosts[1:]
+    }
 
 
 def read(c: LineCluster, where: int | None, export: str) -> subprocess.CompletedProcess[str]:
@@ -67,7 +84,9 @@ def read(c: LineCluster, where: int | None, export: str) -> subprocess.Completed
     argv = ["nfs-cat", share.nfs_url(c.head.address, export)]
     if where is None:
         return subprocess.run(argv, capture_output=True, text=True, timeout=60)
-    return subprocess.run(["ip", "netns", "exec", c.hosts[where].namespace, *argv], capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        ["ip", "netns", "exec", c.hosts[where].namespace, *argv], capture_output=True, text=True, timeout=60
+    )
 
 
 def test_share_exports_to_exactly_the_workers_and_is_idempotent(cluster: LineCluster, tmp_path: Path) -> None:
@@ -83,10 +102,16 @@ def test_share_exports_to_exactly_the_workers_and_is_idempotent(cluster: LineClu
     assert f'Path = "{export}";' in conf and "Access_Type = None;" in conf
     # the volume each worker's rank mounts: exactly upstream's options, device = an export the head has
     for h in cluster.hosts.hosts[1:]:
-        out = h.run("podman", "volume", "inspect", "--format", "{{.Driver}} {{json .Options}}", "--", "dsv41-weights").stdout
+        out = h.run(
+            "podman", "volume", "inspect", "--format", "{{.Driver}} {{json .Options}}", "--", "dsv41-weights"
+        ).stdout
         driver, options = out.strip().split(" ", 1)
         assert driver == "local"
-        assert json.loads(options) == {"type": "nfs", "o": f"addr={cluster.head.address},{OPTIONS}", "device": f":{export}"}
+        assert json.loads(options) == {
+            "type": "nfs",
+            "o": f"addr={cluster.head.address},{OPTIONS}",
+            "device": f":{export}",
+        }
     # a re-run never points a worker at an export the head does not have: the device is the export's path
     pseudo = re.search(r'Pseudo = "([^"]*)";', conf)
     assert pseudo is not None and pseudo.group(1) == export
@@ -147,11 +172,17 @@ def test_an_export_path_with_spaces_is_quoted_once(cluster: LineCluster, tmp_pat
         assert proc.returncode == 0, proc.stderr
         conf, _ = ganesha_state(cluster)
         assert f'Path = "{spaced}";' in conf and f'Pseudo = "{spaced}";' in conf
-        assert share.kernel_exports_text(str(spaced), ["10.0.0.2"]).splitlines()[1] == \
-            f'"{spaced}" 10.0.0.2(ro,sync,no_subtree_check,no_root_squash,insecure)'
+        assert (
+            share.kernel_exports_text(str(spaced), ["10.0.0.2"]).splitlines()[1]
+            == f'"{spaced}" 10.0.0.2(ro,sync,no_subtree_check,no_root_squash,insecure)'
+        )
         got = read(cluster, 2, str(spaced))
         assert got.returncode == 0 and '"spaced": true' in got.stdout, got.stderr
-        device = cluster.hosts[2].run("podman", "volume", "inspect", "--format", "{{.Options.device}}", "--", "dsv41-weights").stdout
+        device = (
+            cluster.hosts[2]
+            .run("podman", "volume", "inspect", "--format", "{{.Options.device}}", "--", "dsv41-weights")
+            .stdout
+        )
         assert device.strip() == f":{spaced}"
     finally:
         assert tp4("share", "--profile", str(cluster.profile)).returncode == 0
@@ -201,7 +232,7 @@ def test_a_nixos_worker_is_only_checked(cluster: LineCluster, tmp_path: Path) ->
     text = cluster.profile.read_text()
     last = text.rindex('kind = "plain"')
     nixos = tmp_path / "nixos.toml"
-    nixos.write_text(text[:last] + 'kind = "nixos"' + text[last + len('kind = "plain"'):])
+    nixos.write_text(text[:last] + 'kind = "nixos"' + text[last + len('kind = "plain"') :])
     proc = tp4("share", "--profile", str(nixos))
     assert proc.returncode == 0, proc.stderr
     assert "node4: volume dsv41-weights" in proc.stdout and "present (NixOS module)" in proc.stdout
@@ -210,17 +241,26 @@ def test_a_nixos_worker_is_only_checked(cluster: LineCluster, tmp_path: Path) ->
     try:
         proc = tp4("share", "--profile", str(nixos))
         assert proc.returncode == 1
-        assert "node4: the NixOS host's volume dsv41-weights is missing" in proc.stderr and "fix: set the module's" in proc.stderr
+        assert (
+            "node4: the NixOS host's volume dsv41-weights is missing" in proc.stderr
+            and "fix: set the module's" in proc.stderr
+        )
         # share made nothing on the NixOS host
         assert w.run("podman", "volume", "inspect", "--", "dsv41-weights", check=False).returncode != 0
     finally:
         assert tp4("share", "--profile", str(cluster.profile)).returncode == 0
 
 
-RING = {"preset": "production", "fabric": {"mode": "ring", "nccl": {"mount": "overlay", "min_nchannels": 4, "max_nchannels": 4}},
-        "nfs": {"share": False}, "gates": {"DSV41_ROCE_RING": "1", "SGLANG_ROCE_MAX_SIZE": "262144", "DSV41_ROCE_GATHER": "262144"},
-        "cluster": {"head": {"name": "a", "ip": "10.0.0.1"},
-                    "workers": [{"name": "b", "ip": "10.0.0.2"}, {"name": "c", "ip": "10.0.0.3"}, {"name": "d", "ip": "10.0.0.4"}]}}
+RING = {
+    "preset": "production",
+    "fabric": {"mode": "ring", "nccl": {"mount": "overlay", "min_nchannels": 4, "max_nchannels": 4}},
+    "nfs": {"share": False},
+    "gates": {"DSV41_ROCE_RING": "1", "SGLANG_ROCE_MAX_SIZE": "262144", "DSV41_ROCE_GATHER": "262144"},
+    "cluster": {
+        "head": {"name": "a", "ip": "10.0.0.1"},
+        "workers": [{"name": "b", "ip": "10.0.0.2"}, {"name": "c", "ip": "10.0.0.3"}, {"name": "d", "ip": "10.0.0.4"}],
+    },
+}
 
 
 def test_a_ring_has_nothing_to_share_and_reaches_no_node() -> None:
@@ -242,7 +282,7 @@ def test_export_lines_as_data() -> None:
     # exportfs -v writes a space as \040; a client missing from the listing is named
     listing = "/srv/my\\040model\n\t\t10.0.22.2(sync,wdelay,hide,no_subtree_check,sec=sys,ro,secure,no_root_squash)\n"
     assert share._exportfs_has(listing, "/srv/my model", ["10.0.22.2", "10.0.22.3"]) == ["10.0.22.3"]
-    conf = share.ganesha_config('/srv/my model', ["10.0.22.2", "10.0.22.3"], "/w/nfs-ganesha")
+    conf = share.ganesha_config("/srv/my model", ["10.0.22.2", "10.0.22.3"], "/w/nfs-ganesha")
     assert 'Path = "/srv/my model";' in conf and "CLIENT { Clients = 10.0.22.2, 10.0.22.3; Access_Type = RO; }" in conf
     assert "Protocols = 4;" in conf and "Enable_UDP = false;" in conf
     assert share.nfs_url("10.0.22.1", "/srv/my model/") == "nfs://10.0.22.1/srv/my model/config.json?version=4"

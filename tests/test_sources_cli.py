@@ -52,8 +52,9 @@ def test_fetch_refuses_unlocked_rows(tp4_cli, tmp_path: Path) -> None:
 def test_fetch_unknown_name_and_bad_input(tp4_cli, tmp_path: Path) -> None:
     code, _, err = tp4_cli("sources", "fetch", "b12x-nxt", "--to", tmp_path / "o")
     assert code == 2 and "did you mean" in err and "b12x-next" in err
-    code, _, err = tp4_cli("sources", "fetch", "b12x-next", "--to", tmp_path / "o", "--input", "nope=/x",
-                           "--input", "b12x-main")
+    code, _, err = tp4_cli(
+        "sources", "fetch", "b12x-next", "--to", tmp_path / "o", "--input", "nope=/x", "--input", "b12x-main"
+    )
     assert code == 2 and "--input nope: no such row" in err and "is not COMPONENT=PATH" in err
 
 
@@ -70,8 +71,11 @@ def test_hash_prints_the_nar_hash(tp4_cli, tmp_path: Path) -> None:
 def test_diff(tp4_cli, tmp_path: Path, repo: Path) -> None:
     old = tmp_path / "old"
     text = (repo / "sources.manifest").read_text()
-    old.write_text(text.replace("tree dsv41-runtime", "tree dsv41-old").replace(
-        "e2d070850d50fb365a01f82f16e3f582a53e7ad1c6e3d657b50babb68814635d", "unlocked"))
+    old.write_text(
+        text.replace("tree dsv41-runtime", "tree dsv41-old").replace(
+            "e2d070850d50fb365a01f82f16e3f582a53e7ad1c6e3d657b50babb68814635d", "unlocked"
+        )
+    )
     code, out, _ = tp4_cli("sources", "diff", old)
     assert code == 0
     assert "- tree dsv41-old" in out and "+ tree dsv41-runtime" in out
@@ -83,19 +87,33 @@ def test_diff(tp4_cli, tmp_path: Path, repo: Path) -> None:
 def test_python_m_tp4_sources(tmp_path: Path, repo: Path) -> None:
     """What a Nix derivation runs: the package on PYTHONPATH, no console script."""
     write_tree(tmp_path / "t", {"a": b"1"})
-    proc = process.run([sys.executable, "-m", "tp4.image.sources", "hash", str(tmp_path / "t"),
-                        "--manifest", str(repo / "sources.manifest")],
-                       env={"PYTHONPATH": str(repo / "python")})
+    proc = process.run(
+        [
+            sys.executable,
+            "-m",
+            "tp4.image.sources",
+            "hash",
+            str(tmp_path / "t"),
+            "--manifest",
+            str(repo / "sources.manifest"),
+        ],
+        env={"PYTHONPATH": str(repo / "python")},
+    )
     assert proc.stdout.strip() == nar.nar_hash(tmp_path / "t")
-    proc = process.run([sys.executable, "-m", "tp4.image.sources", "fetch", "dsv41-runtime", "--to", str(tmp_path / "o")],
-                       env={"PYTHONPATH": str(repo / "python"), "NIX_BUILD_TOP": str(tmp_path)}, check=False)
+    proc = process.run(
+        [sys.executable, "-m", "tp4.image.sources", "fetch", "dsv41-runtime", "--to", str(tmp_path / "o")],
+        env={"PYTHONPATH": str(repo / "python"), "NIX_BUILD_TOP": str(tmp_path)},
+        check=False,
+    )
     assert proc.returncode == 1 and proc.stderr.startswith("error: source row 'dsv41'")
 
 
 def test_transform_modules_import_nothing_heavy(repo: Path) -> None:
-    code = ("import sys, tp4.image.sources.transforms, tp4.image.sources.nar, tp4.image.sources.manifest, tp4.image.sources.fetch; "
-            "heavy = [m for m in ('requests', 'pydantic', 'git', 'urllib3') if m in sys.modules]; "
-            "print(heavy)")
+    code = (
+        "import sys, tp4.image.sources.transforms, tp4.image.sources.nar, tp4.image.sources.manifest, tp4.image.sources.fetch; "
+        "heavy = [m for m in ('requests', 'pydantic', 'git', 'urllib3') if m in sys.modules]; "
+        "print(heavy)"
+    )
     proc = process.run([sys.executable, "-c", code], env={"PYTHONPATH": str(repo / "python")})
     assert proc.stdout.strip() == "[]"
 
@@ -105,10 +123,25 @@ def test_wheel_rows_map_to_pip_flags_for_the_image(repo: Path) -> None:
 
     m = mf.load(repo / "sources.manifest")
     assert wheel_pip_args(m.by_name["sglang-kernel"]) == [
-        "--only-binary=:all:", "--no-deps", "--python-version", "3.12", "--implementation", "cp",
-        "--abi", "abi3", "--platform", "manylinux2014_aarch64", "sglang-kernel==0.4.7"]
+        "--only-binary=:all:",
+        "--no-deps",
+        "--python-version",
+        "3.12",
+        "--implementation",
+        "cp",
+        "--abi",
+        "abi3",
+        "--platform",
+        "manylinux2014_aarch64",
+        "sglang-kernel==0.4.7",
+    ]
     assert wheel_pip_args(m.by_name["sgl-deep-gemm"])[-5:] == [
-        "--abi", "none", "--platform", "manylinux2014_aarch64", "sgl-deep-gemm==0.2.0"]
+        "--abi",
+        "none",
+        "--platform",
+        "manylinux2014_aarch64",
+        "sgl-deep-gemm==0.2.0",
+    ]
 
 
 PREFETCH_FLAKE = r"""{
@@ -140,7 +173,8 @@ def test_lock_of_the_image_uses_the_pinned_nix_prefetch_docker(tp4_cli, tmp_path
         f"#!{pkgs / 'bb' / 'bin' / 'sh'}\n"
         f'[ "$*" = "--json --image-name lmsysorg/sglang --image-digest {digest} --arch arm64 --os linux '
         f'--final-image-tag dev-dsv41" ] || {{ echo "bad argv: $*" >&2; exit 3; }}\n'
-        f"echo '{{\"imageName\": \"lmsysorg/sglang\", \"sha256\": \"{nar32}\"}}'\n")
+        f'echo \'{{"imageName": "lmsysorg/sglang", "sha256": "{nar32}"}}\'\n'
+    )
     (pkgs / "prefetch").chmod(0o755)
     (pkgs / "flake.nix").write_text(PREFETCH_FLAKE.replace("@system@", SYSTEM))
     flake = tmp_path / "flake"
@@ -151,12 +185,13 @@ def test_lock_of_the_image_uses_the_pinned_nix_prefetch_docker(tp4_cli, tmp_path
     # a nix-prefetch-docker on PATH that must not be used
     decoy = tmp_path / "bin" / "nix-prefetch-docker"
     decoy.parent.mkdir()
-    decoy.write_text("#!/bin/sh\necho '{\"sha256\": \"" + nar.nix32(bytes(32)) + "\"}'\n")
+    decoy.write_text('#!/bin/sh\necho \'{"sha256": "' + nar.nix32(bytes(32)) + "\"}'\n")
     decoy.chmod(0o755)
     monkeypatch.setenv("PATH", f"{decoy.parent}:{os.environ['PATH']}")
     path = flake / "sources.manifest"
-    path.write_text(f"# the base\nbase-image  {digest}  unlocked  docker://lmsysorg/sglang:dev-dsv41@{digest}\n"
-                    "    arch=arm64\n")
+    path.write_text(
+        f"# the base\nbase-image  {digest}  unlocked  docker://lmsysorg/sglang:dev-dsv41@{digest}\n    arch=arm64\n"
+    )
     code, out, err = tp4_cli("sources", "lock", "base-image", "--manifest", path)
     assert code == 0, err
     row = mf.load(path).by_name["base-image"]
@@ -214,11 +249,16 @@ def test_module_hash_fast_path_equals_the_cli(tmp_path, tp4_cli) -> None:
     os_link = tmp_path / "t" / "l"
     os_link.symlink_to("f")
     code, out, _ = tp4_cli("sources", "hash", tmp_path / "t")
-    fast = subprocess.run([sys.executable, "-m", "tp4.image.sources", "hash", str(tmp_path / "t")],
-                          capture_output=True, text=True, check=True).stdout
+    fast = subprocess.run(
+        [sys.executable, "-m", "tp4.image.sources", "hash", str(tmp_path / "t")],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     assert code == 0 and fast == out and fast.startswith("sha256-")
-    missing = subprocess.run([sys.executable, "-m", "tp4.image.sources", "hash", str(tmp_path / "nope")],
-                             capture_output=True, text=True)
+    missing = subprocess.run(
+        [sys.executable, "-m", "tp4.image.sources", "hash", str(tmp_path / "nope")], capture_output=True, text=True
+    )
     assert missing.returncode == 2 and "Traceback" not in missing.stderr
 
 
@@ -229,7 +269,22 @@ def test_manifest_paths_that_are_not_regular_files_are_refused(tp4_cli, tmp_path
         code, _, err = tp4_cli("sources", "list", "--manifest", bad)
         assert code == 2 and said in err and "Traceback" not in err, err
     # what Nix derivations run refuses the same way, without the CLI
-    proc = subprocess.run([sys.executable, "-m", "tp4.image.sources", "fetch", "b12x", "--to", str(tmp_path / "o"),
-                           "--manifest", str(fifo)], capture_output=True, text=True, timeout=30, check=False,
-                          env={**os.environ, "PYTHONPATH": str(repo / "python")})
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tp4.image.sources",
+            "fetch",
+            "b12x",
+            "--to",
+            str(tmp_path / "o"),
+            "--manifest",
+            str(fifo),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+        env={**os.environ, "PYTHONPATH": str(repo / "python")},
+    )
     assert proc.returncode == 2 and "not a regular file" in proc.stderr and not (tmp_path / "o").exists()

@@ -104,8 +104,10 @@ def make_manifest(server: FileServer, tmp_path: Path, *, sha: str | None = None,
     """A GitHub-style row served through the mirror (TP4_SOURCES_MIRROR)."""
     archive = tar_gz({"r-x/python/a.py": "print('a')\n", "r-x/other": "o"})
     server.add(f"/m/github.com/o/r/archive/{C40}.tar.gz", archive)
-    text = (f"r  {commit}  {sha or sha256(archive)}  https://github.com/o/r/archive/{commit}.tar.gz  strip=1\n"
-            "tree py  from=r  keep=python\n")
+    text = (
+        f"r  {commit}  {sha or sha256(archive)}  https://github.com/o/r/archive/{commit}.tar.gz  strip=1\n"
+        "tree py  from=r  keep=python\n"
+    )
     path = tmp_path / "sources.manifest"
     path.write_text(text)
     return path
@@ -159,8 +161,9 @@ def test_lock_resolves_a_branch_and_fills_the_hash(server: FileServer, tmp_path:
     assert json.loads((tmp_path / "sources.manifest.json").read_text())["rows"][0]["commit"] == C40
 
 
-def test_lock_writes_the_manifest_and_its_json_copy_or_neither(server: FileServer, tmp_path: Path, tp4_cli,
-                                                               monkeypatch) -> None:
+def test_lock_writes_the_manifest_and_its_json_copy_or_neither(
+    server: FileServer, tmp_path: Path, tp4_cli, monkeypatch
+) -> None:
     """The manifest's rename fails after the JSON copy's: the copy is put back, so neither file
     changes, and no temporary file is left."""
     monkeypatch.setenv("TP4_SOURCES_MIRROR", server.url("/m"))
@@ -207,7 +210,8 @@ def recompressed(files: dict[str, str], modes: dict[str, int] | None = None) -> 
 
 
 def test_lock_tree_records_the_unpacked_tree_and_fetch_survives_new_archive_bytes(
-        server: FileServer, tmp_path: Path, tp4_cli, monkeypatch) -> None:
+    server: FileServer, tmp_path: Path, tp4_cli, monkeypatch
+) -> None:
     """`lock --tree ROW` records tree-sha256= (the NAR hash of the archive's one top directory);
     a fetch then accepts an archive in other bytes with the same files, and refuses other files."""
     from tp4.image.sources import lock, nar
@@ -228,13 +232,33 @@ def test_lock_tree_records_the_unpacked_tree_and_fetch_survives_new_archive_byte
     assert row.sha256 == sha256(tar_gz(files)) and f"tree-sha256 (none) -> {row.tree_sha256}" in out
     assert mf.validate(mf.load(manifest)).errors == []
     # what the Nix tree derivation passes: the fetched tree itself (builtins.fetchTarball's output)
-    code, _, err = tp4_cli("sources", "fetch", "py", "--to", tmp_path / "from-nix", "--offline",
-                             "--input", f"r={expected}", "--manifest", manifest)
+    code, _, err = tp4_cli(
+        "sources",
+        "fetch",
+        "py",
+        "--to",
+        tmp_path / "from-nix",
+        "--offline",
+        "--input",
+        f"r={expected}",
+        "--manifest",
+        manifest,
+    )
     assert code == 0, err
     assert (tmp_path / "from-nix/python/a.py").read_text() == "print('a')\n"
     (expected / "other").write_text("not o")
-    code, _, err = tp4_cli("sources", "fetch", "py", "--to", tmp_path / "from-nix2", "--offline",
-                             "--input", f"r={expected}", "--manifest", manifest)
+    code, _, err = tp4_cli(
+        "sources",
+        "fetch",
+        "py",
+        "--to",
+        tmp_path / "from-nix2",
+        "--offline",
+        "--input",
+        f"r={expected}",
+        "--manifest",
+        manifest,
+    )
     assert code == 1 and "expected tree-sha256" in err and not (tmp_path / "from-nix2").exists()
     # GitHub re-compresses: other bytes, the same tree
     other = recompressed(files)
@@ -255,18 +279,24 @@ def test_lock_tree_records_the_unpacked_tree_and_fetch_survives_new_archive_byte
     assert not (tmp_path / "out2").exists() and leftovers(tmp_path / "cache2") == []
 
 
-@pytest.mark.parametrize("args,complaint", [
-    (["--tree"], "--tree needs the rows it applies to: tp4 sources lock --tree ROW"),
-    (["--tree", "f"], "--tree f: it is a file row; --tree is for archive rows"),
-    (["--tree", "flat"], "--tree flat: the row has strip=0; a tree hash is of the archive's one top directory"),
-    (["--tree", "r", "nope"], "no row named 'nope'"),
-])
-def test_lock_tree_input_errors_exit_2_before_any_download(server: FileServer, tmp_path: Path, tp4_cli,
-                                                          monkeypatch, args, complaint) -> None:
+@pytest.mark.parametrize(
+    "args,complaint",
+    [
+        (["--tree"], "--tree needs the rows it applies to: tp4 sources lock --tree ROW"),
+        (["--tree", "f"], "--tree f: it is a file row; --tree is for archive rows"),
+        (["--tree", "flat"], "--tree flat: the row has strip=0; a tree hash is of the archive's one top directory"),
+        (["--tree", "r", "nope"], "no row named 'nope'"),
+    ],
+)
+def test_lock_tree_input_errors_exit_2_before_any_download(
+    server: FileServer, tmp_path: Path, tp4_cli, monkeypatch, args, complaint
+) -> None:
     monkeypatch.setenv("TP4_SOURCES_MIRROR", server.url("/m"))
     manifest = make_manifest(server, tmp_path)
-    manifest.write_text(manifest.read_text() + f"f  {C40}  {'a' * 64}  https://github.com/o/r/raw/{C40}/f.txt\n"
-                        f"flat  {C40}  {'a' * 64}  https://github.com/o/r/archive/{C40}.tar.gz  strip=0\n")
+    manifest.write_text(
+        manifest.read_text() + f"f  {C40}  {'a' * 64}  https://github.com/o/r/raw/{C40}/f.txt\n"
+        f"flat  {C40}  {'a' * 64}  https://github.com/o/r/archive/{C40}.tar.gz  strip=0\n"
+    )
     before = manifest.read_text()
     code, _, err = tp4_cli("sources", "lock", *args, "--manifest", manifest)
     assert code == 2 and complaint in err and "Traceback" not in err, err
@@ -293,9 +323,12 @@ def test_lock_of_a_bad_download_changes_no_pin(server: FileServer, tmp_path: Pat
     assert code == 1 and "HTTP 422" in err and manifest.read_text() == before
 
 
-@pytest.mark.parametrize("sha", [5, ["a" * 40], {"sha": "a" * 40}, "main"], ids=["number", "list", "object", "branch-name"])
-def test_lock_refuses_a_github_answer_that_is_no_commit(server: FileServer, tmp_path: Path, tp4_cli, monkeypatch,
-                                                        sha: object) -> None:
+@pytest.mark.parametrize(
+    "sha", [5, ["a" * 40], {"sha": "a" * 40}, "main"], ids=["number", "list", "object", "branch-name"]
+)
+def test_lock_refuses_a_github_answer_that_is_no_commit(
+    server: FileServer, tmp_path: Path, tp4_cli, monkeypatch, sha: object
+) -> None:
     monkeypatch.setenv("TP4_SOURCES_MIRROR", server.url("/m"))
     monkeypatch.setenv("TP4_GITHUB_API", server.url(""))
     server.add_ref("o", "r", "main", sha)  # answered as {"sha": <sha>}
@@ -308,6 +341,7 @@ def test_lock_refuses_a_github_answer_that_is_no_commit(server: FileServer, tmp_
 
 def test_lock_of_a_git_source(tmp_path: Path, tp4_cli) -> None:
     import git
+
     origin = tmp_path / "origin"
     repo = git.Repo.init(origin, initial_branch="main")
     (origin / "mod.py").write_text("x = 1\n")
@@ -334,7 +368,10 @@ def test_github_urls_move_only_their_ref() -> None:
     from tp4.image.sources.lock import github_repo, with_ref
 
     raw = "https://raw.githubusercontent.com/o/r/main/main/x.py"
-    assert github_repo(raw) == ("o", "r", "main") and with_ref(raw, C40) == f"https://raw.githubusercontent.com/o/r/{C40}/main/x.py"
+    assert (
+        github_repo(raw) == ("o", "r", "main")
+        and with_ref(raw, C40) == f"https://raw.githubusercontent.com/o/r/{C40}/main/x.py"
+    )
     archive = "https://github.com/o/main/archive/main.tar.gz"
     assert github_repo(archive) == ("o", "main", "main")
     assert with_ref(archive, C40) == f"https://github.com/o/main/archive/{C40}.tar.gz"
@@ -363,10 +400,16 @@ def test_a_name_that_does_not_resolve_is_final(tmp_path: Path, monkeypatch, caps
 def test_pip_with_an_index_that_does_not_resolve_says_offline(tmp_path: Path, monkeypatch) -> None:
     from tp4.image.sources import fetch
 
-    for key, value in {"PIP_CONFIG_FILE": os.devnull, "PIP_INDEX_URL": "https://tp4-offline.invalid/simple",
-                       "PIP_FIND_LINKS": "", "PIP_EXTRA_INDEX_URL": ""}.items():
+    for key, value in {
+        "PIP_CONFIG_FILE": os.devnull,
+        "PIP_INDEX_URL": "https://tp4-offline.invalid/simple",
+        "PIP_FIND_LINKS": "",
+        "PIP_EXTRA_INDEX_URL": "",
+    }.items():
         monkeypatch.setenv(key, value)
     monkeypatch.setenv("TP4_SOURCES_RETRIES", "4")
-    row = mf.parse(f"sglang-kernel  0.4.7  {'c' * 64}  pypi:sglang_kernel-0.4.7-cp310-abi3-manylinux2014_aarch64.whl\n").rows[0]
+    row = mf.parse(
+        f"sglang-kernel  0.4.7  {'c' * 64}  pypi:sglang_kernel-0.4.7-cp310-abi3-manylinux2014_aarch64.whl\n"
+    ).rows[0]
     with pytest.raises(Tp4Error, match=r"pip download: cannot resolve tp4-offline.invalid: this machine looks offline"):
         fetch.pip_download(row, tmp_path, quiet=True)

@@ -116,11 +116,21 @@ def test_ctrl_c_during_a_git_lock_stops_git_and_exits_130(tmp_path):
     manifest = tmp_path / "sources.manifest"
     manifest.write_text("g  main  unlocked  git+ssh://example.invalid/x@main\n")
     before = manifest.read_text()
-    env = {**os.environ, "PYTHONPATH": str(PYTHON), "GIT_SSH_COMMAND": f"{nap};:", "GIT_CONFIG_NOSYSTEM": "1",
-           "GIT_CONFIG_GLOBAL": "/dev/null"}
-    tp4 = subprocess.Popen([sys.executable, "-c", "from tp4.cli import main; main()", "sources", "lock",
-                            "--manifest", str(manifest)], env=env, stdout=subprocess.PIPE,
-                           stderr=subprocess.PIPE, text=True, start_new_session=True)
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(PYTHON),
+        "GIT_SSH_COMMAND": f"{nap};:",
+        "GIT_CONFIG_NOSYSTEM": "1",
+        "GIT_CONFIG_GLOBAL": "/dev/null",
+    }
+    tp4 = subprocess.Popen(
+        [sys.executable, "-c", "from tp4.cli import main; main()", "sources", "lock", "--manifest", str(manifest)],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     try:
         deadline = time.monotonic() + 20
         while not _sleeping(nap) and time.monotonic() < deadline and tp4.poll() is None:

@@ -56,13 +56,21 @@ def test_every_upstream_pin_is_present(committed: mf.Manifest) -> None:
 def test_committed_manifest_covers_the_image(committed: mf.Manifest) -> None:
     rows = committed.by_name
     image = rows["base-image"]
-    assert image.kind == "image" and image.image() == {
-        "name": "lmsysorg/sglang",
-        "tag": "dev-dsv41",
-        "digest": "sha256:3dbc313030a6ef2c5d7de8ecf48e9aece722694a82182cb618cc82b588816349",
-    } and image.attrs["arch"] == "arm64"
+    assert (
+        image.kind == "image"
+        and image.image()
+        == {
+            "name": "lmsysorg/sglang",
+            "tag": "dev-dsv41",
+            "digest": "sha256:3dbc313030a6ef2c5d7de8ecf48e9aece722694a82182cb618cc82b588816349",
+        }
+        and image.attrs["arch"] == "arm64"
+    )
     assert rows["sglang-kernel"].wheel() == {
-        "pname": "sglang_kernel", "version": "0.4.7", "python": "cp310", "abi": "abi3",
+        "pname": "sglang_kernel",
+        "version": "0.4.7",
+        "python": "cp310",
+        "abi": "abi3",
         "platform": "manylinux2014_aarch64",
     }
     assert rows["sgl-deep-gemm"].wheel()["version"] == "0.2.0"
@@ -88,31 +96,48 @@ def test_the_json_copy_nix_reads_is_current(repo: Path) -> None:
 
 def test_the_parse_carries_what_nix_would_otherwise_derive() -> None:
     digest = "sha256:" + "3" * 64
-    m = mf.parse(f"w  0.4.7  unlocked  pypi:sglang_kernel-0.4.7-cp310-abi3-manylinux2014_aarch64.whl\n"
-                 f"img  {digest}  unlocked  docker://lmsysorg/sglang@{digest}\n"
-                 f"img2  {digest}  unlocked  docker://lmsysorg/sglang:t@{digest}\n  arch=amd64\n"
-                 f"g  {'a' * 40}  unlocked  git+https://example.invalid/o/r.git@{'a' * 40}\n"
-                 "bad  1  unlocked  pypi:not-a-wheel.zip\n"
-                 f"a  {'a' * 40}  unlocked  https://example.invalid/{'a' * 40}/x.tar.gz?raw=1\n"
-                 f"tree t  from=a  add=w:x/\n")
+    m = mf.parse(
+        f"w  0.4.7  unlocked  pypi:sglang_kernel-0.4.7-cp310-abi3-manylinux2014_aarch64.whl\n"
+        f"img  {digest}  unlocked  docker://lmsysorg/sglang@{digest}\n"
+        f"img2  {digest}  unlocked  docker://lmsysorg/sglang:t@{digest}\n  arch=amd64\n"
+        f"g  {'a' * 40}  unlocked  git+https://example.invalid/o/r.git@{'a' * 40}\n"
+        "bad  1  unlocked  pypi:not-a-wheel.zip\n"
+        f"a  {'a' * 40}  unlocked  https://example.invalid/{'a' * 40}/x.tar.gz?raw=1\n"
+        f"tree t  from=a  add=w:x/\n"
+    )
     rows = {r["name"]: r for r in m.to_json()["rows"]}
-    assert rows["w"]["wheel"] == {"pname": "sglang_kernel", "version": "0.4.7", "python": "cp310", "abi": "abi3",
-                                  "platform": "manylinux2014_aarch64"}
+    assert rows["w"]["wheel"] == {
+        "pname": "sglang_kernel",
+        "version": "0.4.7",
+        "python": "cp310",
+        "abi": "abi3",
+        "platform": "manylinux2014_aarch64",
+    }
     assert rows["w"]["file_name"] == "sglang_kernel-0.4.7-cp310-abi3-manylinux2014_aarch64.whl"
     assert rows["img"]["image"] == {"name": "lmsysorg/sglang", "tag": "latest", "digest": digest, "arch": "arm64"}
     assert rows["img2"]["image"]["arch"] == "amd64" and rows["img2"]["image"]["tag"] == "t"
     assert rows["g"]["git"] == {"url": "https://example.invalid/o/r.git", "rev": "a" * 40}
     assert rows["bad"]["kind"] == "wheel" and rows["bad"]["wheel"] is None  # validation says why
     assert rows["a"]["file_name"] == "x.tar.gz" and rows["a"]["wheel"] is rows["a"]["image"] is rows["a"]["git"] is None
-    assert m.to_json()["trees"] == [{"name": "t", "attrs": {"from": "a", "add": "w:x/"}, "line": 8, "inputs": ["w", "a"]}]
+    assert m.to_json()["trees"] == [
+        {"name": "t", "attrs": {"from": "a", "add": "w:x/"}, "line": 8, "inputs": ["w", "a"]}
+    ]
 
 
 def test_no_registry_host_in_the_repository(repo: Path) -> None:
     hosts = ("pypi" + ".org", "pythonhosted" + ".org", "deb.debian" + ".org", "registry.npmjs" + ".org")
-    mine = [repo / "sources.manifest", repo / "pkgs" / "sources.nix", repo / "docs" / "sources.md",
-            *(repo / "python" / "tp4" / "image" / "sources").glob("*.py"), repo / "python" / "tp4" / "cli" / "sources.py",
-            *(repo / "tests").glob("test_sources_*.py"), *(repo / "tests" / "sources_helpers").glob("*.py")]
-    assert len([p for p in mine if p.suffix == ".py" and "image" in p.parts]) > 5, "the sources package moved: fix the paths"
+    mine = [
+        repo / "sources.manifest",
+        repo / "pkgs" / "sources.nix",
+        repo / "docs" / "sources.md",
+        *(repo / "python" / "tp4" / "image" / "sources").glob("*.py"),
+        repo / "python" / "tp4" / "cli" / "sources.py",
+        *(repo / "tests").glob("test_sources_*.py"),
+        *(repo / "tests" / "sources_helpers").glob("*.py"),
+    ]
+    assert len([p for p in mine if p.suffix == ".py" and "image" in p.parts]) > 5, (
+        "the sources package moved: fix the paths"
+    )
     for path in mine:
         if path.exists():
             text = path.read_text()
@@ -139,8 +164,10 @@ GOOD = "x  " + "a" * 40 + "  " + "b" * 64 + "  https://github.com/o/r/archive/" 
     [
         (GOOD.replace("a" * 40, "A" * 40, 1), "not 40 lowercase hex"),
         (GOOD.replace("b" * 64, "b" * 63), "neither 64 lowercase hex"),
-        (GOOD.replace("https://github.com/o/r/archive/" + "a" * 40, "https://github.com/o/r/archive/main"),
-         "does not name the commit"),
+        (
+            GOOD.replace("https://github.com/o/r/archive/" + "a" * 40, "https://github.com/o/r/archive/main"),
+            "does not name the commit",
+        ),
         (GOOD.replace("https://", "http://"), "must start with https://"),
         (GOOD + "\n" + GOOD, "duplicate component"),
         (GOOD + " strip=x", "not a non-negative integer"),
@@ -152,10 +179,23 @@ GOOD = "x  " + "a" * 40 + "  " + "b" * 64 + "  https://github.com/o/r/archive/" 
         (GOOD + "\ntree t from=x add=x:y", "not a file"),
         (GOOD + "\ntree t from=x add=g/*:d/", "no row's component starts with"),
         (GOOD + "\ntree t from=x expect-patch=zz", "16 hex"),
-        ("p  " + "a" * 40 + "  " + "b" * 64 + "  https://e.invalid/" + "a" * 40 + "/x.patch\n" + GOOD
-         + "\ntree t from=x", "in no tree's patches= list"),
+        (
+            "p  "
+            + "a" * 40
+            + "  "
+            + "b" * 64
+            + "  https://e.invalid/"
+            + "a" * 40
+            + "/x.patch\n"
+            + GOOD
+            + "\ntree t from=x",
+            "in no tree's patches= list",
+        ),
         ("w  1.0  " + "b" * 64 + "  pypi:w-2.0-py3-none-any.whl", "must equal the wheel's version"),
-        ("i  sha256:" + "c" * 64 + "  " + "b" * 64 + "  docker://a/b@sha256:" + "d" * 64, "must equal the URL's digest"),
+        (
+            "i  sha256:" + "c" * 64 + "  " + "b" * 64 + "  docker://a/b@sha256:" + "d" * 64,
+            "must equal the URL's digest",
+        ),
         ("g  " + "a" * 40 + "  " + "b" * 64 + "  git+https://e.invalid/r.git", "names its commit"),
     ],
 )

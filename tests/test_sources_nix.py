@@ -21,7 +21,9 @@ from tp4.image.sources import manifest as mf
 assert have_nix(), "nix is not installed: run bash tests/run (python/setup.sh --test installs nix-bin)"
 
 SOURCES_NIX = Path(__file__).resolve().parents[1] / "pkgs" / "sources.nix"
-FAKE_FETCHERS = "fetchurl = a: a // { outPath = \"/fake/${a.name}\"; }; fetchPypi = a: { pypi = a; }; pullImage = a: { image = a; };"
+FAKE_FETCHERS = (
+    'fetchurl = a: a // { outPath = "/fake/${a.name}"; }; fetchPypi = a: { pypi = a; }; pullImage = a: { image = a; };'
+)
 
 
 # the real files the lock rewrote (the root's sources.manifest and .json are links: `git commit
@@ -36,8 +38,10 @@ def write(path: Path, text: str) -> Path:
 
 
 def nix_view(manifest: Path, tmp: Path) -> dict:
-    expr = (f"let s = import {SOURCES_NIX} {{ manifest = {manifest}; {FAKE_FETCHERS} }}; in "
-            "{ inherit (s) rows; trees = map (n: s.trees.${n}) s.treeNames; }")
+    expr = (
+        f"let s = import {SOURCES_NIX} {{ manifest = {manifest}; {FAKE_FETCHERS} }}; in "
+        "{ inherit (s) rows; trees = map (n: s.trees.${n}) s.treeNames; }"
+    )
     return nix_eval_json(expr, tmp)
 
 
@@ -72,8 +76,7 @@ def test_a_manifest_that_does_not_parse_is_not_written(tmp_path: Path, text: str
 
 
 def test_src_of_an_unlocked_row_throws_naming_the_command(repo: Path, tmp_path: Path) -> None:
-    expr = (f"(import {SOURCES_NIX} {{ manifest = {repo / 'sources.manifest'}; {FAKE_FETCHERS} }})"
-            '.src."base-image"')
+    expr = f'(import {SOURCES_NIX} {{ manifest = {repo / "sources.manifest"}; {FAKE_FETCHERS} }}).src."base-image"'
     with pytest.raises(Tp4Error) as info:
         nix_eval_json(expr, tmp_path)
     message = " ".join(str(info.value).split())
@@ -85,12 +88,19 @@ def test_src_of_an_unlocked_row_throws_naming_the_command(repo: Path, tmp_path: 
 
 
 def test_fetchers_get_the_right_arguments(repo: Path, tmp_path: Path) -> None:
-    expr = (f"let s = import {SOURCES_NIX} {{ manifest = {repo / 'sources.manifest'}; {FAKE_FETCHERS} }}; in "
-            '{ wheel = s.src."sglang-kernel"; file = removeAttrs s.src."roce-ring/api.py" [ "outPath" ]; args = s.fetchArgs."b12x-next"; }')
+    expr = (
+        f"let s = import {SOURCES_NIX} {{ manifest = {repo / 'sources.manifest'}; {FAKE_FETCHERS} }}; in "
+        '{ wheel = s.src."sglang-kernel"; file = removeAttrs s.src."roce-ring/api.py" [ "outPath" ]; args = s.fetchArgs."b12x-next"; }'
+    )
     got = nix_eval_json(expr, tmp_path)
     assert got["wheel"]["pypi"] == {
-        "pname": "sglang_kernel", "version": "0.4.7", "format": "wheel", "python": "cp310", "dist": "cp310",
-        "abi": "abi3", "platform": "manylinux2014_aarch64",
+        "pname": "sglang_kernel",
+        "version": "0.4.7",
+        "format": "wheel",
+        "python": "cp310",
+        "dist": "cp310",
+        "abi": "abi3",
+        "platform": "manylinux2014_aarch64",
         "sha256": "c4bb10b1bee183c441b352c4aaf203ce34627c27ed87a5cc4036c98aa557b81e",
     }
     row = mf.load(repo / "sources.manifest").by_name["roce-ring/api.py"]
@@ -105,15 +115,22 @@ def test_image_row_goes_to_pull_image(tmp_path: Path) -> None:
     write(path, f"img  {digest}  {'a' * 64}  docker://lmsysorg/sglang:dev-dsv41@{digest}\n  arch=arm64\n")
     expr = f"(import {SOURCES_NIX} {{ manifest = {path}; {FAKE_FETCHERS} }}).src.img"
     assert nix_eval_json(expr, tmp_path)["image"] == {
-        "imageName": "lmsysorg/sglang", "imageDigest": digest, "finalImageName": "lmsysorg/sglang",
-        "finalImageTag": "dev-dsv41", "arch": "arm64", "sha256": "a" * 64,
+        "imageName": "lmsysorg/sglang",
+        "imageDigest": digest,
+        "finalImageName": "lmsysorg/sglang",
+        "finalImageTag": "dev-dsv41",
+        "arch": "arm64",
+        "sha256": "a" * 64,
     }
 
 
-@pytest.mark.parametrize("kind,url,form", [
-    ("wheel", "pypi:not-a-wheel.zip", "pypi:<wheel file name>"),
-    ("image", "docker://lmsysorg/sglang:dev", "docker://NAME[:TAG]@sha256:DIGEST"),
-])
+@pytest.mark.parametrize(
+    "kind,url,form",
+    [
+        ("wheel", "pypi:not-a-wheel.zip", "pypi:<wheel file name>"),
+        ("image", "docker://lmsysorg/sglang:dev", "docker://NAME[:TAG]@sha256:DIGEST"),
+    ],
+)
 def test_a_row_without_its_kinds_form_throws_naming_verify(tmp_path: Path, kind: str, url: str, form: str) -> None:
     """The parse keeps such a row (validation refuses it); Nix says so instead of guessing."""
     path = write(tmp_path / "m", f"x  1  {'a' * 64}  {url}\n")
@@ -125,7 +142,7 @@ def test_a_row_without_its_kinds_form_throws_naming_verify(tmp_path: Path, kind:
 
 
 def builtins_fetch(manifest: Path, name: str, tmp: Path) -> str:
-    expr = (f'(import {SOURCES_NIX} {{ manifest = {manifest}; fetchurl = builtins.fetchurl; }}).src."{name}"')
+    expr = f'(import {SOURCES_NIX} {{ manifest = {manifest}; fetchurl = builtins.fetchurl; }}).src."{name}"'
     return json.loads(nix(["eval", "--store", str(tmp / "store"), "--impure", "--json", "--expr", expr], tmp).stdout)
 
 
@@ -142,7 +159,8 @@ def test_builtins_fetchurl_accepts_the_right_hash_and_rejects_a_wrong_one(tmp_pa
         write(manifest, f"good  {'a' * 40}  {right}  file://{served}\nbad  {'a' * 40}  {wrong}  file://{served}\n")
         stored = builtins_fetch(manifest, "good", work)
         assert Path(stored).name.endswith("-good") and stored == nar.store_path(
-            "good", bytes.fromhex(right), recursive=False)
+            "good", bytes.fromhex(right), recursive=False
+        )
         with pytest.raises(Tp4Error, match="hash mismatch"):
             builtins_fetch(manifest, "bad", work)
     finally:
@@ -171,8 +189,11 @@ def test_git_row_is_checked_by_its_nar_hash(tmp_path: Path, monkeypatch) -> None
         (tree / "a.py").write_text("a = 1\n")
         right = nar.nar_sha256(tree).hex()
         manifest = tmp_path / "m"
-        write(manifest, f"g  {commit}  {right}  git+file://{origin}@{commit}\n"
-                            f"h  {commit}  {'0' * 64}  git+file://{origin}@{commit}\n")
+        write(
+            manifest,
+            f"g  {commit}  {right}  git+file://{origin}@{commit}\n"
+            f"h  {commit}  {'0' * 64}  git+file://{origin}@{commit}\n",
+        )
         stored = builtins_fetch(manifest, "g", tmp_path)
         assert stored == nar.store_path("g", bytes.fromhex(right))
         with pytest.raises(Tp4Error, match="store path mismatch"):
@@ -215,6 +236,7 @@ def test_git_row_pinned_off_the_default_branch_is_fetched(tmp_path: Path, monkey
             tree.mkdir()
             (tree / "a.py").write_text(text)
             hashes[commit] = nar.nar_sha256(tree).hex()
+
         class Quiet(SimpleHTTPRequestHandler):
             def log_message(self, *args) -> None:
                 pass
@@ -225,14 +247,23 @@ def test_git_row_pinned_off_the_default_branch_is_fetched(tmp_path: Path, monkey
         try:
             http = f"http://127.0.0.1:{server.server_address[1]}/r.git"
             manifest = tmp_path / "m"
-            write(manifest, f"main  {on_master}  {hashes[on_master]}  git+{http}@{on_master}\n"
-                                f"side  {off_default}  {hashes[off_default]}  git+{http}@{off_default}\n"
-                                f"on-disk  {off_default}  {hashes[off_default]}  git+file://{origin}@{off_default}\n")
+            write(
+                manifest,
+                f"main  {on_master}  {hashes[on_master]}  git+{http}@{on_master}\n"
+                f"side  {off_default}  {hashes[off_default]}  git+{http}@{off_default}\n"
+                f"on-disk  {off_default}  {hashes[off_default]}  git+file://{origin}@{off_default}\n",
+            )
             # a fresh cache of Nix's git fetcher for each run (it keeps its clones there)
             monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-            assert builtins_fetch(manifest, "main", tmp_path) == nar.store_path("main", bytes.fromhex(hashes[on_master]))
-            assert builtins_fetch(manifest, "side", tmp_path) == nar.store_path("side", bytes.fromhex(hashes[off_default]))
-            assert builtins_fetch(manifest, "on-disk", tmp_path) == nar.store_path("on-disk", bytes.fromhex(hashes[off_default]))
+            assert builtins_fetch(manifest, "main", tmp_path) == nar.store_path(
+                "main", bytes.fromhex(hashes[on_master])
+            )
+            assert builtins_fetch(manifest, "side", tmp_path) == nar.store_path(
+                "side", bytes.fromhex(hashes[off_default])
+            )
+            assert builtins_fetch(manifest, "on-disk", tmp_path) == nar.store_path(
+                "on-disk", bytes.fromhex(hashes[off_default])
+            )
         finally:
             server.shutdown()
     finally:
@@ -257,9 +288,13 @@ def test_archive_row_with_a_tree_hash_is_fetched_by_its_tree(tmp_path: Path) -> 
     tree = lock.tree_sha256(served / "a.tar.gz")
     byte_hash = sha256((served / "a.tar.gz").read_bytes())
     manifest = tmp_path / "m"
-    write(manifest, "".join(
-        f"{name}  {'a' * 40}  {byte_hash}  file://{served}/{name}.tar.gz\n  strip=1 tree-sha256={tree}\n"
-        for name in ("a", "b", "c")))
+    write(
+        manifest,
+        "".join(
+            f"{name}  {'a' * 40}  {byte_hash}  file://{served}/{name}.tar.gz\n  strip=1 tree-sha256={tree}\n"
+            for name in ("a", "b", "c")
+        ),
+    )
     assert builtins_fetch(manifest, "a", tmp_path) == nar.store_path("a", bytes.fromhex(tree))
     stored = Path(builtins_fetch(manifest, "b", tmp_path))
     assert stored.name.endswith("-b") and stored == Path(nar.store_path("b", bytes.fromhex(tree)))

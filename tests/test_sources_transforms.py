@@ -48,22 +48,25 @@ def b12x_case(tmp_path: Path):
     files["ring/x.py"] = b"y = 1\r\n"
     # upstream's patch names roce_ring/<file> (it runs from the directory holding roce_ring/);
     # the row's p= and dir= are the real manifest's
-    ring_patch = unified_diff("roce_ring/api.py", "from .x import y\nROCE = 'roce'\n", "from .x import y\nROCE = 'roce_ring'\n",
-                              prefix="ab").encode()
+    ring_patch = unified_diff(
+        "roce_ring/api.py", "from .x import y\nROCE = 'roce'\n", "from .x import y\nROCE = 'roce_ring'\n", prefix="ab"
+    ).encode()
     files["p/ring.patch"] = ring_patch
-    text = "\n".join([
-        f"b12x-main  {C40}  {sha256(files['b12x-main'])}  https://github.com/o/b12x/archive/{C40}.tar.gz  strip=1",
-        row("p/one.patch", p1, "one.patch", "p=0"),
-        row("p/two.patch", p2, "two.patch", "p=0"),
-        row("ring/api.py", files["ring/api.py"], "api.py", "eol=lf"),
-        row("ring/x.py", files["ring/x.py"], "x.py", "eol=lf"),
-        row("p/ring.patch", ring_patch, "ring.patch", REAL_RING_PATCH_ATTRS),
-        "tree b12x-next  from=b12x-main  require=b12x,LICENSE  keep=b12x,LICENSE  rename=b12x:b12x_next",
-        "    patches=p/one.patch,p/two.patch  drop=b12x_next/sequence/engram  stamp=b12x_next",
-        f"    expect-patch={hashlib.sha256(p1 + p2).hexdigest()[:16]}",
-        "tree b12x  from=b12x-main  keep=b12x,LICENSE  add=ring/*:b12x/comm/roce_ring/  patches=p/ring.patch",
-        "",
-    ])
+    text = "\n".join(
+        [
+            f"b12x-main  {C40}  {sha256(files['b12x-main'])}  https://github.com/o/b12x/archive/{C40}.tar.gz  strip=1",
+            row("p/one.patch", p1, "one.patch", "p=0"),
+            row("p/two.patch", p2, "two.patch", "p=0"),
+            row("ring/api.py", files["ring/api.py"], "api.py", "eol=lf"),
+            row("ring/x.py", files["ring/x.py"], "x.py", "eol=lf"),
+            row("p/ring.patch", ring_patch, "ring.patch", REAL_RING_PATCH_ATTRS),
+            "tree b12x-next  from=b12x-main  require=b12x,LICENSE  keep=b12x,LICENSE  rename=b12x:b12x_next",
+            "    patches=p/one.patch,p/two.patch  drop=b12x_next/sequence/engram  stamp=b12x_next",
+            f"    expect-patch={hashlib.sha256(p1 + p2).hexdigest()[:16]}",
+            "tree b12x  from=b12x-main  keep=b12x,LICENSE  add=ring/*:b12x/comm/roce_ring/  patches=p/ring.patch",
+            "",
+        ]
+    )
     manifest = tmp_path / "sources.manifest"
     manifest.write_text(text)
     inputs = tmp_path / "inputs"
@@ -138,8 +141,9 @@ def test_wrong_input_bytes_are_refused(tmp_path: Path, tp4_cli, b12x_case) -> No
 
 def test_missing_input_offline_is_refused(tmp_path: Path, tp4_cli, b12x_case) -> None:
     manifest, args, _ = b12x_case
-    code, _, err = tp4_cli("sources", "fetch", "b12x-next", "--to", tmp_path / "out", "--manifest", manifest,
-                           "--offline", *args[:2])
+    code, _, err = tp4_cli(
+        "sources", "fetch", "b12x-next", "--to", tmp_path / "out", "--manifest", manifest, "--offline", *args[:2]
+    )
     assert code == 1 and "no --input" in err
 
 
@@ -195,9 +199,18 @@ def test_unrenamed_reference_left_by_a_patch_fails(tmp_path: Path, tp4_cli, b12x
 
 def test_keep_require_drop_and_strip(tmp_path: Path) -> None:
     archive = tmp_path / "a.tar.gz"
-    archive.write_bytes(tar_gz({"top/python/sglang/__init__.py": "x", "top/docs/a.md": "d", "top/README": "r",
-                                "top/python/bin/run": "#!/bin/sh\n"}, modes={"top/python/bin/run": 0o755},
-                               symlinks={"top/python/link": "sglang/__init__.py"}))
+    archive.write_bytes(
+        tar_gz(
+            {
+                "top/python/sglang/__init__.py": "x",
+                "top/docs/a.md": "d",
+                "top/README": "r",
+                "top/python/bin/run": "#!/bin/sh\n",
+            },
+            modes={"top/python/bin/run": 0o755},
+            symlinks={"top/python/link": "sglang/__init__.py"},
+        )
+    )
     work = tmp_path / "w"
     transforms.unpack_archive(archive, work, strip=1)
     transforms.keep(work, ["python"], "t")
@@ -228,8 +241,11 @@ ident = st.text("abcxyzB12X_-.0123 \n()=\"'", max_size=60)
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.lists(st.one_of(ident, st.sampled_from(["b12x", "B12X_", "b12x-", "b12x_next", "B12X_NEXT_", "xb12x"])),
-                max_size=12))
+@given(
+    st.lists(
+        st.one_of(ident, st.sampled_from(["b12x", "B12X_", "b12x-", "b12x_next", "B12X_NEXT_", "xb12x"])), max_size=12
+    )
+)
 def test_rename_is_idempotent_and_complete(parts: list[str]) -> None:
     text = "".join(parts).encode()
     once = transforms.rename_text(text, "b12x", "b12x_next")
@@ -238,7 +254,8 @@ def test_rename_is_idempotent_and_complete(parts: list[str]) -> None:
     assert not re.search(rb"\bB12X_(?!NEXT_)", once)
     # only renames: removing the inserted text gives the input back
     assert once.replace(b"b12x_next", b"b12x").replace(b"B12X_NEXT_", b"B12X_") == text.replace(
-        b"b12x_next", b"b12x").replace(b"B12X_NEXT_", b"B12X_")
+        b"b12x_next", b"b12x"
+    ).replace(b"B12X_NEXT_", b"B12X_")
 
 
 @pytest.mark.parametrize(
@@ -270,8 +287,14 @@ def test_rename_only_touches_source_files(tmp_path: Path) -> None:
         (tmp_path / "b12x" / name).write_text("b12x\n")
     transforms.rename_package(tmp_path, "b12x", "b12x_next")
     got = {p.name: p.read_text() for p in (tmp_path / "b12x_next").iterdir()}
-    assert got == {"a.py": "b12x_next\n", "a.c": "b12x_next\n", "a.cpp": "b12x_next\n", "a.h": "b12x_next\n",
-                   "a.txt": "b12x\n", "a.cu": "b12x\n"}
+    assert got == {
+        "a.py": "b12x_next\n",
+        "a.c": "b12x_next\n",
+        "a.cpp": "b12x_next\n",
+        "a.h": "b12x_next\n",
+        "a.txt": "b12x\n",
+        "a.cu": "b12x\n",
+    }
 
 
 def test_inputs_of_a_tree(b12x_case) -> None:
@@ -304,17 +327,25 @@ def _line_case(tmp_path: Path, script: bytes, *script_attrs: str):
     """An sglang-line-like tree laid out as upstream's (python/sglang/srt/distributed/...), one
     patch, then a pinned adaptation script (with the row's attributes)."""
     archive = tar_gz({f"top/{PYNCCL}": "WORLD = 8\nENV = 'SGLANG8_ROCE_ALLREDUCE'\n", "top/docs/x": "d"})
-    patch = unified_diff(PYNCCL, "WORLD = 8\nENV = 'SGLANG8_ROCE_ALLREDUCE'\n",
-                         "WORLD = 8\nENV = 'SGLANG8_ROCE_ALLREDUCE'\nROCE = True\n", prefix="ab").encode()
+    patch = unified_diff(
+        PYNCCL,
+        "WORLD = 8\nENV = 'SGLANG8_ROCE_ALLREDUCE'\n",
+        "WORLD = 8\nENV = 'SGLANG8_ROCE_ALLREDUCE'\nROCE = True\n",
+        prefix="ab",
+    ).encode()
     files = {"src": archive, "p/overlay.patch": patch, "p/adapt.py": script}
     manifest = tmp_path / "m"
-    manifest.write_text("\n".join([
-        f"src  {C40}  {sha256(archive)}  https://github.com/o/s/archive/{C40}.tar.gz  strip=1",
-        row("p/overlay.patch", patch, "overlay.patch", "p=1"),
-        row("p/adapt.py", script, "adapt.py", *script_attrs),
-        "tree line  from=src  keep=python  patches=p/overlay.patch  run=p/adapt.py",
-        "",
-    ]))
+    manifest.write_text(
+        "\n".join(
+            [
+                f"src  {C40}  {sha256(archive)}  https://github.com/o/s/archive/{C40}.tar.gz  strip=1",
+                row("p/overlay.patch", patch, "overlay.patch", "p=1"),
+                row("p/adapt.py", script, "adapt.py", *script_attrs),
+                "tree line  from=src  keep=python  patches=p/overlay.patch  run=p/adapt.py",
+                "",
+            ]
+        )
+    )
     args = []
     for name, data in files.items():
         path = tmp_path / name.replace("/", "_")
@@ -382,10 +413,13 @@ def test_root_rewrites_whole_path_components_only(tmp_path: Path) -> None:
     assert out == (f"a = '{work}/python'\nb = '/sgl-workspace/sglang2/x'\nc = \"{work}\"\n").encode()
 
 
-@pytest.mark.parametrize("script,needle", [
-    (b"raise SystemExit('anchor drifted')\n", "anchor drifted"),
-    (b"pass\n", "changed nothing"),
-])
+@pytest.mark.parametrize(
+    "script,needle",
+    [
+        (b"raise SystemExit('anchor drifted')\n", "anchor drifted"),
+        (b"pass\n", "changed nothing"),
+    ],
+)
 def test_run_step_that_fails_or_does_nothing_fails_the_tree(tmp_path: Path, tp4_cli, script, needle) -> None:
     manifest, args = _line_case(tmp_path, script)
     code, _, err = tp4_cli("sources", "fetch", "line", "--to", tmp_path / "out", "--manifest", manifest, *args)

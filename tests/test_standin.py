@@ -116,8 +116,12 @@ class Line:
         (stamps / "SOURCE_PATCH").write_text(patch + "\n")
 
     def controls(self, rank: int) -> dict[str, str]:
-        return {"PATH": "/usr/bin:/bin", "TP4_STANDIN_ROOT": str(self.root / f"rank{rank}"), "TP4_STANDIN_PACE": "0.05",
-                "TP4_STANDIN_COLOCATED": "1"}
+        return {
+            "PATH": "/usr/bin:/bin",
+            "TP4_STANDIN_ROOT": str(self.root / f"rank{rank}"),
+            "TP4_STANDIN_PACE": "0.05",
+            "TP4_STANDIN_COLOCATED": "1",
+        }
 
     def start(self, rank: int, extra: dict[str, str] | None = None, drop: tuple[str, ...] = ()) -> Rank:
         env = {**self.plan.nodes[rank].env, **self.controls(rank), **(extra or {})}
@@ -130,8 +134,13 @@ class Line:
                 (rroot / part).symlink_to(self.root / part)
         log = self.root / f"rank{rank}.log"
         out = open(log, "wb")
-        proc = subprocess.Popen(["ip", "netns", "exec", self.ns, PYTHON, "-u", str(ENGINE), *self.plan.nodes[rank].run.command],
-                                env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(
+            ["ip", "netns", "exec", self.ns, PYTHON, "-u", str(ENGINE), *self.plan.nodes[rank].run.command],
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         out.close()
         r = Rank(rank, proc, log)
         self.ranks.append(r)
@@ -158,8 +167,9 @@ def line(plan: Plan, netns: str) -> Iterator[Line]:
         subprocess.run(["rm", "-rf", str(root)], check=False)
 
 
-def request(ns: str, path: str, body: dict[str, Any] | None = None, key: str | None = KEY, timeout: float = 5,
-            port: int = 8888) -> tuple[int, bytes]:
+def request(
+    ns: str, path: str, body: dict[str, Any] | None = None, key: str | None = KEY, timeout: float = 5, port: int = 8888
+) -> tuple[int, bytes]:
     def go() -> tuple[int, bytes]:
         headers = {"Content-Type": "application/json"}
         if key:
@@ -175,9 +185,22 @@ def request(ns: str, path: str, body: dict[str, Any] | None = None, key: str | N
     return in_netns(ns, go)
 
 
-def ask(ns: str, max_tokens: int = 32, stream: bool = False, key: str | None = KEY, timeout: float = 5) -> tuple[int, bytes]:
-    return request(ns, "/v1/chat/completions", {"model": "deepseek-v4.1-flash", "messages": [{"role": "user", "content": QUESTION}],
-                                                "temperature": 0, "max_tokens": max_tokens, "stream": stream}, key, timeout)
+def ask(
+    ns: str, max_tokens: int = 32, stream: bool = False, key: str | None = KEY, timeout: float = 5
+) -> tuple[int, bytes]:
+    return request(
+        ns,
+        "/v1/chat/completions",
+        {
+            "model": "deepseek-v4.1-flash",
+            "messages": [{"role": "user", "content": QUESTION}],
+            "temperature": 0,
+            "max_tokens": max_tokens,
+            "stream": stream,
+        },
+        key,
+        timeout,
+    )
 
 
 def missing(plan: Plan, log: str, required_only: bool = True) -> list[str]:
@@ -231,7 +254,11 @@ def test_boot_log_matches_the_plan_and_the_api_answers(plan: Plan, line: Line) -
     assert json.loads(body)["loads"][0]["num_running_reqs"] == 0
     status, body = ask(ns)
     out = json.loads(body)
-    assert status == 200 and out["choices"][0]["message"]["content"] == "42" and out["choices"][0]["finish_reason"] == "stop"
+    assert (
+        status == 200
+        and out["choices"][0]["message"]["content"] == "42"
+        and out["choices"][0]["finish_reason"] == "stop"
+    )
     out = json.loads(ask(ns, max_tokens=1)[1])
     assert out["usage"]["completion_tokens"] == 1 and out["choices"][0]["finish_reason"] == "length"
     status, body = ask(ns, stream=True)
@@ -267,16 +294,25 @@ def test_without_the_tp4_launcher_its_adapters_stay_silent(plan: Plan, line: Lin
 # --- what the engine refuses ------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("change", "code", "message"), [
-    ({"EXTRA_SGLANG_ARGS": "--sleep-on-idle --bogus-flag 1"}, 2, "launch_server.py: error: unrecognized arguments: --bogus-flag 1"),
-    ({"MEM_FRACTION_STATIC": ""}, 2, "argument --mem-fraction-static: invalid float value: ''"),
-    ({"CONTEXT_LENGTH": "2048"}, 1, "CONTEXT_LENGTH=2048 is outside 4096..1048576"),
-    ({"NODE_RANK": "4"}, 1, "NODE_RANK=4 is not a rank of NNODES=4"),
-    ({"DIST_INIT_ADDR": ""}, 1, "NNODES=4 needs DIST_INIT_ADDR"),
-    ({"OFFLOAD_MODE": "disk"}, 1, "OFFLOAD_MODE='disk' is not nvme or ram"),
-    ({"TP4_STANDIN_FAULT": "explode"}, 2, "TP4_STANDIN_FAULT: unknown fault explode"),
-])
-def test_bad_env_or_argv_is_refused_like_the_engine(line: Line, change: dict[str, str], code: int, message: str) -> None:
+@pytest.mark.parametrize(
+    ("change", "code", "message"),
+    [
+        (
+            {"EXTRA_SGLANG_ARGS": "--sleep-on-idle --bogus-flag 1"},
+            2,
+            "launch_server.py: error: unrecognized arguments: --bogus-flag 1",
+        ),
+        ({"MEM_FRACTION_STATIC": ""}, 2, "argument --mem-fraction-static: invalid float value: ''"),
+        ({"CONTEXT_LENGTH": "2048"}, 1, "CONTEXT_LENGTH=2048 is outside 4096..1048576"),
+        ({"NODE_RANK": "4"}, 1, "NODE_RANK=4 is not a rank of NNODES=4"),
+        ({"DIST_INIT_ADDR": ""}, 1, "NNODES=4 needs DIST_INIT_ADDR"),
+        ({"OFFLOAD_MODE": "disk"}, 1, "OFFLOAD_MODE='disk' is not nvme or ram"),
+        ({"TP4_STANDIN_FAULT": "explode"}, 2, "TP4_STANDIN_FAULT: unknown fault explode"),
+    ],
+)
+def test_bad_env_or_argv_is_refused_like_the_engine(
+    line: Line, change: dict[str, str], code: int, message: str
+) -> None:
     r = line.start(0, change)
     assert r.proc.wait(timeout=10) == code
     assert message in r.text()
@@ -417,16 +453,36 @@ def test_in_podman_from_the_test_image(plan: Plan, line: Line, tmp_path: Path) -
         state = tmp_path / "state"
         state.mkdir()
         (state / "api-key").write_text(KEY + "\n")
-        (tmp_path / "rank0.env").write_text(env_file_text(plan.nodes[0]._replace(env={**plan.nodes[0].env, "TP4_STANDIN_PACE": "0.05"}), {}))
+        (tmp_path / "rank0.env").write_text(
+            env_file_text(plan.nodes[0]._replace(env={**plan.nodes[0].env, "TP4_STANDIN_PACE": "0.05"}), {})
+        )
         os.chmod(tmp_path / "rank0.env", 0o600)
         model = line.root / MOUNTS.model.lstrip("/")
         log = open(tmp_path / "podman.log", "wb")
         # the namespace's network as the container's (the line's --network host, on this test's
         # host): `ip netns exec podman` would remount /sys, where runc finds the cgroups
-        proc = subprocess.Popen(["podman", "run", "--rm", "--name", name, "--network", f"ns:/run/netns/{line.ns}",
-                                 "--env-file", str(tmp_path / "rank0.env"), "-v", f"{model}:{MOUNTS.model}:ro",
-                                 "-v", f"{state}:{MOUNTS.state}", ref, *plan.nodes[0].run.command],
-                                env={**os.environ, **env}, stdout=log, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(
+            [
+                "podman",
+                "run",
+                "--rm",
+                "--name",
+                name,
+                "--network",
+                f"ns:/run/netns/{line.ns}",
+                "--env-file",
+                str(tmp_path / "rank0.env"),
+                "-v",
+                f"{model}:{MOUNTS.model}:ro",
+                "-v",
+                f"{state}:{MOUNTS.state}",
+                ref,
+                *plan.nodes[0].run.command,
+            ],
+            env={**os.environ, **env},
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
         log.close()
         head = Rank(0, proc, tmp_path / "podman.log")
         line.ranks.append(head)

@@ -20,8 +20,9 @@ def sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def tar_gz(files: dict[str, bytes | str], *, modes: dict[str, int] | None = None,
-           symlinks: dict[str, str] | None = None) -> bytes:
+def tar_gz(
+    files: dict[str, bytes | str], *, modes: dict[str, int] | None = None, symlinks: dict[str, str] | None = None
+) -> bytes:
     """A .tar.gz with fixed metadata, the gzip header's mtime included (tarfile's "w:gz" stamps
     the current second, so two calls a second apart differ); values are bytes, or str (utf-8)."""
     buf = io.BytesIO()
@@ -60,25 +61,25 @@ CACHE = os.environ.get("B12X_CACHE_DIR", "/tmp/b12x")
 ALREADY = os.environ.get("B12X_NEXT_KNOB", "")
 NAME = "b12x"
 '''
-B12X_KERNEL_C = '''/* b12x kernel */
+B12X_KERNEL_C = """/* b12x kernel */
 #define B12X_TILE 64
 static int b12x_tile(void) { return B12X_TILE; }
 int b12x(void) { return b12x_tile(); }
-'''
-B12X_COMM = '''import b12x
+"""
+B12X_COMM = """import b12x
 def all_gather(x):
     return b12x.ops.gather(x)
-'''
-B12X_MOE = '''def plan(n):
+"""
+B12X_MOE = """def plan(n):
     tiles = [64, 128]
     return tiles
-'''
-B12X_MOE_PATCHED = '''def plan(n):
+"""
+B12X_MOE_PATCHED = """def plan(n):
     tiles = [64, 128]
     if n == 576:
         tiles.insert(0, 32)
     return tiles
-'''
+"""
 
 
 def b12x_sources() -> dict[str, bytes | str]:

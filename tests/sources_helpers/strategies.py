@@ -15,8 +15,11 @@ component = st.builds(
     st.sampled_from("abcdefghijklmnopqrstuvwxyzABC0123"),
     st.text("abcdefghijklmnopqrstuvwxyz0123456789._+/-", max_size=16),
 ).filter(lambda c: c not in ("tree", "local"))
-attr_key = st.builds(lambda a, rest: a + rest, st.sampled_from("abcdefghijklmnopqrstuvwxyz"),
-                     st.text("abcdefghijklmnopqrstuvwxyz0123456789-", max_size=8))
+attr_key = st.builds(
+    lambda a, rest: a + rest,
+    st.sampled_from("abcdefghijklmnopqrstuvwxyz"),
+    st.text("abcdefghijklmnopqrstuvwxyz0123456789-", max_size=8),
+)
 attr_value = st.text(st.characters(min_codepoint=33, max_codepoint=126), min_size=1, max_size=20)
 attrs = st.dictionaries(attr_key, attr_value, max_size=4)
 

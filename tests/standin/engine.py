@@ -149,13 +149,27 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 HERE = Path(__file__).resolve().parent
-FAULTS = ("omit-line", "forbidden", "crash", "hang", "wedge", "busy", "slow", "retune", "commit", "ignore-term",
-          "wrong-answer", "stall")
+FAULTS = (
+    "omit-line",
+    "forbidden",
+    "crash",
+    "hang",
+    "wedge",
+    "busy",
+    "slow",
+    "retune",
+    "commit",
+    "ignore-term",
+    "wrong-answer",
+    "stall",
+)
 NO_AUTH = ("", "none", "off", "dummy", "0")
 QUESTION = "What is 19 + 23? Reply only with the number."
-PROSE = ("Lorem ipsum dolor sit amet, consectetur adipiscing elit, sed do eiusmod tempor incididunt ut labore et "
-         "dolore magna aliqua. Ut enim ad minim veniam, quis nostrud exercitation ullamco laboris nisi ut aliquip "
-         "ex ea commodo consequat.").split()
+PROSE = (
+    "Lorem ipsum dolor sit amet, consectetur adipiscing elit, sed do eiusmod tempor incididunt ut labore et "
+    "dolore magna aliqua. Ut enim ad minim veniam, quis nostrud exercitation ullamco laboris nisi ut aliquip "
+    "ex ea commodo consequat."
+).split()
 # boot.py's warm-up prompts (words each) and the tokens it asks for
 WARMUP_WORDS = (12, 200, 900, 3600)
 WARMUP_TOKENS = 24
@@ -341,30 +355,65 @@ def stamps(commit_fault: bool) -> tuple[str, str] | None:
 
 def boot_argv(env: dict[str, str]) -> list[str]:
     g = env.get
-    argv = [*ENGINE,
-            "--model-path", g("MODEL_PATH", "/models/DeepSeek-V4.1-Flash"),
-            "--served-model-name", g("SERVED_MODEL_NAME", "deepseek-v4.1-flash"),
-            "--trust-remote-code", "--load-format", "safetensors",
-            "--tp", g("TP_SIZE", "4"), "--ep-size", g("EP_SIZE", g("TP_SIZE", "4")),
-            "--attention-backend", g("ATTENTION_BACKEND", "dsv4"),
-            "--moe-runner-backend", g("MOE_RUNNER_BACKEND", "flashinfer_mxfp4"),
-            "--mem-fraction-static", g("MEM_FRACTION_STATIC", ""),
-            "--chunked-prefill-size", g("CHUNKED_PREFILL_SIZE", ""),
-            "--context-length", g("CONTEXT_LENGTH", ""),
-            "--max-running-requests", g("MAX_RUNNING_REQUESTS", ""),
-            "--cuda-graph-max-bs-decode", g("CUDA_GRAPH_MAX_BS_DECODE", ""),
-            "--random-seed", "0", "--enable-decoder-swa-bounded-replay",
-            "--tool-call-parser", "deepseekv41", "--reasoning-parser", "deepseek-v41",
-            "--host", g("HOST", "0.0.0.0"), "--port", g("SERVER_PORT", "8888")]
+    argv = [
+        *ENGINE,
+        "--model-path",
+        g("MODEL_PATH", "/models/DeepSeek-V4.1-Flash"),
+        "--served-model-name",
+        g("SERVED_MODEL_NAME", "deepseek-v4.1-flash"),
+        "--trust-remote-code",
+        "--load-format",
+        "safetensors",
+        "--tp",
+        g("TP_SIZE", "4"),
+        "--ep-size",
+        g("EP_SIZE", g("TP_SIZE", "4")),
+        "--attention-backend",
+        g("ATTENTION_BACKEND", "dsv4"),
+        "--moe-runner-backend",
+        g("MOE_RUNNER_BACKEND", "flashinfer_mxfp4"),
+        "--mem-fraction-static",
+        g("MEM_FRACTION_STATIC", ""),
+        "--chunked-prefill-size",
+        g("CHUNKED_PREFILL_SIZE", ""),
+        "--context-length",
+        g("CONTEXT_LENGTH", ""),
+        "--max-running-requests",
+        g("MAX_RUNNING_REQUESTS", ""),
+        "--cuda-graph-max-bs-decode",
+        g("CUDA_GRAPH_MAX_BS_DECODE", ""),
+        "--random-seed",
+        "0",
+        "--enable-decoder-swa-bounded-replay",
+        "--tool-call-parser",
+        "deepseekv41",
+        "--reasoning-parser",
+        "deepseek-v41",
+        "--host",
+        g("HOST", "0.0.0.0"),
+        "--port",
+        g("SERVER_PORT", "8888"),
+    ]
     if g("SPEC_ALGO", "").lower() not in ("off", "none", "0", ""):
         argv += ["--speculative-algorithm", "DSPARK", "--speculative-dspark-block-size", g("DSPARK_BLOCK_SIZE", "")]
         sps, sts = g("DSPARK_SPS_TABLE", ""), g("DSPARK_STS_TABLE", "")
         if sps and at_root(sps).is_file():
-            argv += ["--speculative-dspark-sps-table-path", sps, "--speculative-dspark-align-verify-tokens-to-graph-tier"]
+            argv += [
+                "--speculative-dspark-sps-table-path",
+                sps,
+                "--speculative-dspark-align-verify-tokens-to-graph-tier",
+            ]
         if sts and at_root(sts).is_file():
             argv += ["--speculative-dspark-confidence-sts-path", sts]
     if int(g("NNODES", "1") or "1") > 1:
-        argv += ["--nnodes", g("NNODES", ""), "--node-rank", g("NODE_RANK", "0"), "--dist-init-addr", g("DIST_INIT_ADDR", "")]
+        argv += [
+            "--nnodes",
+            g("NNODES", ""),
+            "--node-rank",
+            g("NODE_RANK", "0"),
+            "--dist-init-addr",
+            g("DIST_INIT_ADDR", ""),
+        ]
     if g("MAX_TOTAL_TOKENS", "") not in ("", "0"):
         argv += ["--max-total-tokens", g("MAX_TOTAL_TOKENS", "")]
     argv += g("EXTRA_SGLANG_ARGS", "").split()
@@ -430,8 +479,13 @@ def http(method: str, url: str, body: dict[str, Any] | None, key: str, timeout: 
 
 
 def chat(base: str, key: str, text: str, max_tokens: int) -> dict[str, Any]:
-    body = {"model": "default", "messages": [{"role": "user", "content": text}], "temperature": 0,
-            "max_tokens": max_tokens, "chat_template_kwargs": {"thinking": False}}
+    body = {
+        "model": "default",
+        "messages": [{"role": "user", "content": text}],
+        "temperature": 0,
+        "max_tokens": max_tokens,
+        "chat_template_kwargs": {"thinking": False},
+    }
     status, out = http("POST", f"{base}/v1/chat/completions", body, key, 180)
     if status != 200:
         raise RuntimeError(f"HTTP {status}")
@@ -460,18 +514,34 @@ def boot_main(argv: list[str]) -> int:
     state = at_root(env.get("STATE_PATH", "/state"))
     try:
         state.mkdir(parents=True, exist_ok=True)
-        (state / "launch.json").write_text(json.dumps({
-            "mode": env.get("OFFLOAD_MODE", "nvme"), "args": args, "nnodes": nnodes, "rank": rank,
-            "tp": env.get("TP_SIZE", "4"), "ep": env.get("EP_SIZE", env.get("TP_SIZE", "4"))}, indent=1) + "\n")
+        (state / "launch.json").write_text(
+            json.dumps(
+                {
+                    "mode": env.get("OFFLOAD_MODE", "nvme"),
+                    "args": args,
+                    "nnodes": nnodes,
+                    "rank": rank,
+                    "tp": env.get("TP_SIZE", "4"),
+                    "ep": env.get("EP_SIZE", env.get("TP_SIZE", "4")),
+                },
+                indent=1,
+            )
+            + "\n"
+        )
     except OSError as exc:
         log(f"boot: WARNING: cannot write {state}/launch.json: {exc.strerror}")
     # the stand-in passes the key in the engine's env, not its argv (upstream boot.py appends
     # --api-key): the host's process table shows a container's argv
-    child_env = {**env, "DSV41_SOURCE": env.get("MODEL_PATH", "/models/DeepSeek-V4.1-Flash"), "TP4_STANDIN_API_KEY": key,
-                 "TP4_STANDIN_BOOT_PID": str(os.getpid())}
+    child_env = {
+        **env,
+        "DSV41_SOURCE": env.get("MODEL_PATH", "/models/DeepSeek-V4.1-Flash"),
+        "TP4_STANDIN_API_KEY": key,
+        "TP4_STANDIN_BOOT_PID": str(os.getpid()),
+    }
     log(f"boot: rank {rank}/{nnodes} starting {' '.join(args[:3])} ({len(args) - 3} arguments)")
-    child = subprocess.Popen([sys.executable, "-u", str(Path(__file__).resolve()), *args], env=child_env,
-                             start_new_session=True)
+    child = subprocess.Popen(
+        [sys.executable, "-u", str(Path(__file__).resolve()), *args], env=child_env, start_new_session=True
+    )
 
     def stop(signum: int, _frame: object) -> None:
         # reaped with os.waitpid: the main thread may be inside child.wait(), holding its lock
@@ -534,8 +604,11 @@ def boot_main(argv: list[str]) -> int:
             t.join()
         log(f"Warm-up done in {time.monotonic() - started:.0f}s")
     state_shown = env.get("STATE_PATH", "/state")
-    log(f"Ready: API on port {port} (rank 0). Key is in {state_shown}/api-key." if key
-        else f"Ready: API on port {port} (rank 0), no API key.")
+    log(
+        f"Ready: API on port {port} (rank 0). Key is in {state_shown}/api-key."
+        if key
+        else f"Ready: API on port {port} (rank 0), no API key."
+    )
     return child.wait()
 
 
@@ -544,17 +617,47 @@ def boot_main(argv: list[str]) -> int:
 
 def engine_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="launch_server.py", allow_abbrev=False)
-    text = ("--model-path", "--served-model-name", "--load-format", "--attention-backend", "--moe-runner-backend",
-            "--tool-call-parser", "--reasoning-parser", "--host", "--speculative-algorithm",
-            "--speculative-dspark-sps-table-path", "--speculative-dspark-confidence-sts-path", "--dist-init-addr",
-            "--api-key", "--fp8-gemm-backend")
-    ints = ("--tp", "--ep-size", "--chunked-prefill-size", "--context-length", "--max-running-requests",
-            "--cuda-graph-max-bs-decode", "--random-seed", "--port", "--speculative-dspark-block-size", "--nnodes",
-            "--node-rank", "--max-total-tokens", "--min-free-slots-delay")
+    text = (
+        "--model-path",
+        "--served-model-name",
+        "--load-format",
+        "--attention-backend",
+        "--moe-runner-backend",
+        "--tool-call-parser",
+        "--reasoning-parser",
+        "--host",
+        "--speculative-algorithm",
+        "--speculative-dspark-sps-table-path",
+        "--speculative-dspark-confidence-sts-path",
+        "--dist-init-addr",
+        "--api-key",
+        "--fp8-gemm-backend",
+    )
+    ints = (
+        "--tp",
+        "--ep-size",
+        "--chunked-prefill-size",
+        "--context-length",
+        "--max-running-requests",
+        "--cuda-graph-max-bs-decode",
+        "--random-seed",
+        "--port",
+        "--speculative-dspark-block-size",
+        "--nnodes",
+        "--node-rank",
+        "--max-total-tokens",
+        "--min-free-slots-delay",
+    )
     floats = ("--mem-fraction-static", "--watchdog-timeout")
-    switches = ("--trust-remote-code", "--enable-decoder-swa-bounded-replay",
-                "--speculative-dspark-align-verify-tokens-to-graph-tier", "--enable-deepseek-v4-fp4-indexer",
-                "--enable-cache-report", "--sleep-on-idle", "--enable-metrics")
+    switches = (
+        "--trust-remote-code",
+        "--enable-decoder-swa-bounded-replay",
+        "--speculative-dspark-align-verify-tokens-to-graph-tier",
+        "--enable-deepseek-v4-fp4-indexer",
+        "--enable-cache-report",
+        "--sleep-on-idle",
+        "--enable-metrics",
+    )
     for flag in text:
         p.add_argument(flag)
     for flag in ints:
@@ -563,8 +666,19 @@ def engine_parser() -> argparse.ArgumentParser:
         p.add_argument(flag, type=float)
     for flag in switches:
         p.add_argument(flag, action="store_true")
-    p.set_defaults(model_path=None, tp=1, ep_size=1, nnodes=1, node_rank=0, host="127.0.0.1", port=30000,
-                   served_model_name=None, max_running_requests=16, chunked_prefill_size=8192, context_length=None)
+    p.set_defaults(
+        model_path=None,
+        tp=1,
+        ep_size=1,
+        nnodes=1,
+        node_rank=0,
+        host="127.0.0.1",
+        port=30000,
+        served_model_name=None,
+        max_running_requests=16,
+        chunked_prefill_size=8192,
+        context_length=None,
+    )
     return p
 
 
@@ -710,18 +824,51 @@ def handler(engine: Engine) -> type[BaseHTTPRequestHandler]:
                 self.send_header("Content-Length", "0")
                 self.end_headers()
             elif path == "/get_load":
-                self.send_json(200, [{"dp_rank": 0, "num_reqs": load["running"] + load["waiting"],
-                                      "num_waiting_reqs": load["waiting"], "num_tokens": 0}])
+                self.send_json(
+                    200,
+                    [
+                        {
+                            "dp_rank": 0,
+                            "num_reqs": load["running"] + load["waiting"],
+                            "num_waiting_reqs": load["waiting"],
+                            "num_tokens": 0,
+                        }
+                    ],
+                )
             elif path == "/v1/loads":
-                self.send_json(200, {"timestamp": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "dp_rank_count": 1,
-                                     "loads": [{"dp_rank": 0, "num_running_reqs": load["running"],
-                                                "num_waiting_reqs": load["waiting"], "num_total_reqs": load["running"] + load["waiting"],
-                                                "max_running_requests": engine.args.max_running_requests}]})
+                self.send_json(
+                    200,
+                    {
+                        "timestamp": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                        "dp_rank_count": 1,
+                        "loads": [
+                            {
+                                "dp_rank": 0,
+                                "num_running_reqs": load["running"],
+                                "num_waiting_reqs": load["waiting"],
+                                "num_total_reqs": load["running"] + load["waiting"],
+                                "max_running_requests": engine.args.max_running_requests,
+                            }
+                        ],
+                    },
+                )
             elif path in ("/server_info", "/get_server_info", "/model_info", "/get_model_info"):
                 self.send_json(200, server_info(engine, path))
             elif path == "/v1/models":
-                self.send_json(200, {"object": "list", "data": [{"id": engine.served_name, "object": "model",
-                                                                 "owned_by": "sglang", "root": engine.served_name}]})
+                self.send_json(
+                    200,
+                    {
+                        "object": "list",
+                        "data": [
+                            {
+                                "id": engine.served_name,
+                                "object": "model",
+                                "owned_by": "sglang",
+                                "root": engine.served_name,
+                            }
+                        ],
+                    },
+                )
             else:
                 self.send_json(404, {"detail": "Not Found"})
 
@@ -765,7 +912,9 @@ def handler(engine: Engine) -> type[BaseHTTPRequestHandler]:
                 with engine.lock:
                     engine.running -= 1
 
-        def complete(self, prompt: str, max_tokens: int, stream: bool, answer: list[str], calls: list[dict[str, Any]]) -> None:
+        def complete(
+            self, prompt: str, max_tokens: int, stream: bool, answer: list[str], calls: list[dict[str, Any]]
+        ) -> None:
             # the EOS token counts against max_tokens: "42" then EOS needs two
             tokens = answer[:max_tokens]
             finish = "tool_calls" if calls else "stop" if len(answer) < max_tokens else "length"
@@ -775,21 +924,46 @@ def handler(engine: Engine) -> type[BaseHTTPRequestHandler]:
                 engine.prefill_seen += 1
                 seen, running = engine.prefill_seen, engine.running
             tps = (4200.0 + 137 * (seen % 5)) / 8 / engine.slow
-            engine_log(0, f"Prefill batch. #new-seq: 1, #new-token: {prompt_tokens}, #cached-token: 0, token usage: 0.00, "
-                          f"#running-req: {running - 1}, #queue-req: 0, input throughput (token/s): {tps:.2f}")
-            engine_log(0, f"Decode batch. #running-req: {running}, #token: {prompt_tokens + completion_tokens}, "
-                          f"token usage: 0.00, accept len: 3.10, cuda graph: True, gen throughput (token/s): {89.7 / engine.slow:.2f}, #queue-req: 0")
+            engine_log(
+                0,
+                f"Prefill batch. #new-seq: 1, #new-token: {prompt_tokens}, #cached-token: 0, token usage: 0.00, "
+                f"#running-req: {running - 1}, #queue-req: 0, input throughput (token/s): {tps:.2f}",
+            )
+            engine_log(
+                0,
+                f"Decode batch. #running-req: {running}, #token: {prompt_tokens + completion_tokens}, "
+                f"token usage: 0.00, accept len: 3.10, cuda graph: True, gen throughput (token/s): {89.7 / engine.slow:.2f}, #queue-req: 0",
+            )
             if "retune" in engine.faults and seen == 1:
                 engine_log(0, "flashinfer autotune: cache digest changed, tuning from scratch")
             ident = f"chatcmpl-{os.getpid()}-{time.monotonic_ns()}"
-            usage = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-                     "total_tokens": prompt_tokens + completion_tokens}
+            usage = {
+                "prompt_tokens": prompt_tokens,
+                "completion_tokens": completion_tokens,
+                "total_tokens": prompt_tokens + completion_tokens,
+            }
             if not stream:
-                self.send_json(200, {"id": ident, "object": "chat.completion", "created": int(time.time()),
-                                     "model": engine.served_name, "usage": usage,
-                                     "choices": [{"index": 0, "message": {"role": "assistant", "content": "".join(tokens).strip() if not calls else None,
-                                                                          **({"tool_calls": calls} if calls else {})},
-                                                  "finish_reason": finish}]})
+                self.send_json(
+                    200,
+                    {
+                        "id": ident,
+                        "object": "chat.completion",
+                        "created": int(time.time()),
+                        "model": engine.served_name,
+                        "usage": usage,
+                        "choices": [
+                            {
+                                "index": 0,
+                                "message": {
+                                    "role": "assistant",
+                                    "content": "".join(tokens).strip() if not calls else None,
+                                    **({"tool_calls": calls} if calls else {}),
+                                },
+                                "finish_reason": finish,
+                            }
+                        ],
+                    },
+                )
                 return
             self.send_response(200)
             self.send_header("Content-Type", "text/event-stream")
@@ -798,8 +972,14 @@ def handler(engine: Engine) -> type[BaseHTTPRequestHandler]:
             self.end_headers()
 
             def chunk(delta: dict[str, Any], finish_reason: str | None, **extra: object) -> None:
-                data = {"id": ident, "object": "chat.completion.chunk", "created": int(time.time()), "model": engine.served_name,
-                        "choices": [{"index": 0, "delta": delta, "finish_reason": finish_reason}], **extra}
+                data = {
+                    "id": ident,
+                    "object": "chat.completion.chunk",
+                    "created": int(time.time()),
+                    "model": engine.served_name,
+                    "choices": [{"index": 0, "delta": delta, "finish_reason": finish_reason}],
+                    **extra,
+                }
                 self.wfile.write(f"data: {json.dumps(data)}\n\n".encode())
                 self.wfile.flush()
 
@@ -826,8 +1006,14 @@ def server_info(engine: Engine, path: str) -> dict[str, Any]:
     if path.endswith("model_info"):
         return {"model_path": engine.args.model_path, "tokenizer_path": engine.args.model_path, "is_generation": True}
     a = engine.args
-    return {"model_path": a.model_path, "served_model_name": engine.served_name, "tp_size": a.tp, "dp_size": 1,
-            "max_running_requests": a.max_running_requests, "version": "stand-in"}
+    return {
+        "model_path": a.model_path,
+        "served_model_name": engine.served_name,
+        "tp_size": a.tp,
+        "dp_size": 1,
+        "max_running_requests": a.max_running_requests,
+        "version": "stand-in",
+    }
 
 
 def generating_health(engine: Engine) -> int:
@@ -837,8 +1023,11 @@ def generating_health(engine: Engine) -> int:
     deadline = time.monotonic() + number("SGLANG_HEALTH_CHECK_TIMEOUT", 20)
     while engine.wedged():
         if time.monotonic() > deadline or engine.stopping.wait(0.1):
-            engine_log(0, "Health check failed. Server couldn't get a response from detokenizer for last "
-                          f"{number('SGLANG_HEALTH_CHECK_TIMEOUT', 20):g} seconds.")
+            engine_log(
+                0,
+                "Health check failed. Server couldn't get a response from detokenizer for last "
+                f"{number('SGLANG_HEALTH_CHECK_TIMEOUT', 20):g} seconds.",
+            )
             return 503
     return 200
 
@@ -880,22 +1069,35 @@ def reply(body: dict[str, Any], prompt: str, wrong: bool) -> tuple[list[str], li
     tools = [t["function"] for t in body.get("tools") or [] if t.get("type") == "function"]
     choice = body.get("tool_choice") or "auto"
     forced = choice["function"]["name"] if isinstance(choice, dict) else None
-    wanted = [t for t in tools if t["name"] == forced or (choice == "required" and not forced) or
-              (choice == "auto" and t["name"] in prompt)]
+    wanted = [
+        t
+        for t in tools
+        if t["name"] == forced or (choice == "required" and not forced) or (choice == "auto" and t["name"] in prompt)
+    ]
     if wanted and last.get("role") == "user":
         tool = wanted[0]
         quoted = re.findall("['\"]([^'\"]+)['\"]", prompt)
         params = tool.get("parameters") or {}
-        args = {name: (quoted[0] if quoted else "") if spec.get("type") == "string" else 0
-                for name, spec in (params.get("properties") or {}).items() if name in (params.get("required") or [])}
-        return [], [{"id": f"call_{time.monotonic_ns()}", "type": "function",
-                     "function": {"name": tool["name"], "arguments": json.dumps(args)}}]
+        args = {
+            name: (quoted[0] if quoted else "") if spec.get("type") == "string" else 0
+            for name, spec in (params.get("properties") or {}).items()
+            if name in (params.get("required") or [])
+        }
+        return [], [
+            {
+                "id": f"call_{time.monotonic_ns()}",
+                "type": "function",
+                "function": {"name": tool["name"], "arguments": json.dumps(args)},
+            }
+        ]
     fmt = body.get("response_format") or {}
     if fmt.get("type") == "json_schema":
         schema = (fmt.get("json_schema") or {}).get("schema") or {}
         number_ = (41 if wrong else 42) if sum_asked else 0
-        obj = {name: number_ if spec.get("type") in ("integer", "number") else "" if spec.get("type") == "string" else None
-               for name, spec in (schema.get("properties") or {}).items()}
+        obj = {
+            name: number_ if spec.get("type") in ("integer", "number") else "" if spec.get("type") == "string" else None
+            for name, spec in (schema.get("properties") or {}).items()
+        }
         return [json.dumps(obj)], []
     if (passphrase := needle_reply(prompt)) is not None:
         return passphrase, []
@@ -914,6 +1116,8 @@ def scripted_answer(prompt: str) -> list[str] | None:
         if entry["contains"] in prompt:
             return re.findall(r"\s*\S+", entry["answer"]) or [""]
     return None
+
+
 def needle_reply(prompt: str) -> list[str] | None:
     """The answer to tp4 bench needle's question: the passphrase of the needle sentence in the
     prompt; without it beyond TP4_STANDIN_NEEDLE_LOST_BEYOND tokens. None: not that question."""
@@ -935,8 +1139,13 @@ def context_refusal(prompt: str) -> dict[str, Any] | None:
     limit, tokens = int(number("TP4_STANDIN_CONTEXT_TOKENS", 0)), len(prompt.split())
     if tokens < limit:
         return None
-    return {"object": "error", "message": f"The input ({tokens} tokens) is longer than the model's context length ({limit} tokens).",
-            "type": "BadRequestError", "param": None, "code": 400}
+    return {
+        "object": "error",
+        "message": f"The input ({tokens} tokens) is longer than the model's context length ({limit} tokens).",
+        "type": "BadRequestError",
+        "param": None,
+        "code": 400,
+    }
 
 
 def exact_length(body: dict[str, Any], answer: list[str], max_tokens: int) -> list[str]:
@@ -967,12 +1176,15 @@ class Pacing:
         if not bench:
             return cls(1, 0.0, 0.0)
         prefill = number("TP4_STANDIN_PREFILL_TPS", 0)
-        return cls(int(number("TP4_STANDIN_TOKENS_PER_EVENT", 3)), number("TP4_STANDIN_DECODE_TPS", 0),
-                   prompt_tokens / prefill if prefill > 0 else 0.0)
+        return cls(
+            int(number("TP4_STANDIN_TOKENS_PER_EVENT", 3)),
+            number("TP4_STANDIN_DECODE_TPS", 0),
+            prompt_tokens / prefill if prefill > 0 else 0.0,
+        )
 
     def events(self, tokens: list[str]) -> Iterator[str]:
         """The content of each event, sent when its time has come (the last one's trailing space cut)."""
-        groups = [tokens[i:i + self.per_event] for i in range(0, len(tokens), self.per_event)]
+        groups = [tokens[i : i + self.per_event] for i in range(0, len(tokens), self.per_event)]
         first = self.started + self.prefill_seconds
         for j, group in enumerate(groups):
             due = first + (j * self.per_event / self.decode_tps if self.decode_tps > 0 else 0.0)
@@ -1009,8 +1221,10 @@ def engine_main(argv: list[str]) -> int:
         parser.error(f"--node-rank {rank} is not below --nnodes {nnodes}")
     if args.tp % nnodes or (args.ep_size and args.tp % args.ep_size):
         parser.error(f"--tp {args.tp} must be a multiple of --nnodes {nnodes} and of --ep-size {args.ep_size}")
-    for flag, path in (("--speculative-dspark-sps-table-path", args.speculative_dspark_sps_table_path),
-                       ("--speculative-dspark-confidence-sts-path", args.speculative_dspark_confidence_sts_path)):
+    for flag, path in (
+        ("--speculative-dspark-sps-table-path", args.speculative_dspark_sps_table_path),
+        ("--speculative-dspark-confidence-sts-path", args.speculative_dspark_confidence_sts_path),
+    ):
         if path and not at_root(path).is_file():
             parser.error(f"{flag} {path}: no such file")
     mine = faults(rank, nnodes)
@@ -1021,7 +1235,9 @@ def engine_main(argv: list[str]) -> int:
             return
         who = f"rank {peer}" if peer is not None else "a peer"
         log("Traceback (most recent call last):")
-        log('  File "/sgl-workspace/sglang/python/sglang/srt/managers/scheduler.py", line 2904, in run_scheduler_process')
+        log(
+            '  File "/sgl-workspace/sglang/python/sglang/srt/managers/scheduler.py", line 2904, in run_scheduler_process'
+        )
         log(f"torch.distributed.DistBackendError: NCCL communicator was aborted on rank {rank}: {who} left the group")
         os._exit(1)
 
@@ -1033,9 +1249,12 @@ def engine_main(argv: list[str]) -> int:
     signal.signal(signal.SIGTERM, signal.SIG_IGN if "ignore-term" in mine else on_term)
     pool = int(number("TP4_STANDIN_KV_POOL", 9_000_000))
     total = min(args.max_total_tokens, pool) if args.max_total_tokens else pool
-    engine_log(rank, f"server_args=ServerArgs(model_path='{args.model_path}', served_model_name='{engine.served_name}', "
-                     f"tp_size={args.tp}, ep_size={args.ep_size}, nnodes={nnodes}, node_rank={rank}, host='{args.host}', "
-                     f"port={args.port}, api_key={'***' if engine.key else None})")
+    engine_log(
+        rank,
+        f"server_args=ServerArgs(model_path='{args.model_path}', served_model_name='{engine.served_name}', "
+        f"tp_size={args.tp}, ep_size={args.ep_size}, nnodes={nnodes}, node_rank={rank}, host='{args.host}', "
+        f"port={args.port}, api_key={'***' if engine.key else None})",
+    )
     found = stamps("commit" in mine)
     if found:
         engine_log(rank, f"SOURCE_COMMIT b12x_next {found[0]}")
@@ -1047,7 +1266,9 @@ def engine_main(argv: list[str]) -> int:
     pace()
     if "crash" in mine:
         log("Traceback (most recent call last):")
-        log('  File "/sgl-workspace/sglang/python/sglang/srt/model_loader/loader.py", line 412, in load_weights_and_postprocess')
+        log(
+            '  File "/sgl-workspace/sglang/python/sglang/srt/model_loader/loader.py", line 412, in load_weights_and_postprocess'
+        )
         log("RuntimeError: CUDA error: an illegal memory access was encountered (stand-in fault: crash)")
         return 1
     if env.get("NCCL_SWITCHLESS_RING_ONLY") == "1":
@@ -1063,24 +1284,41 @@ def engine_main(argv: list[str]) -> int:
             text = re.sub(r"on b12x_next [0-9a-f]{8}", f"on b12x_next {commit8}", text)
         elif not found and text.startswith("[moe_b12x_next]"):
             log("Traceback (most recent call last):")
-            log("ModuleNotFoundError: No module named 'b12x_next' (no /opt/b12x_next/b12x_next/SOURCE_COMMIT in the image)")
+            log(
+                "ModuleNotFoundError: No module named 'b12x_next' (no /opt/b12x_next/b12x_next/SOURCE_COMMIT in the image)"
+            )
             return 1
         engine_log(rank, text)
     if "forbidden" in mine:
         engine_log(rank, os.environ.get("TP4_STANDIN_FORBIDDEN") or "[l2_prefetch] plan MISMATCH at layer 3")
-    engine_log(rank, "Load weight end. type=DeepseekV4ForCausalLM, dtype=torch.bfloat16, avail mem=41.20 GB, mem usage=71.20 GB.")
-    engine_log(rank, f"DSV4 memory calculation: bytes_per_full_token=1670.75, available_bytes={pool * 1670.75:.0f}, full_token={pool}")
+    engine_log(
+        rank,
+        "Load weight end. type=DeepseekV4ForCausalLM, dtype=torch.bfloat16, avail mem=41.20 GB, mem usage=71.20 GB.",
+    )
+    engine_log(
+        rank,
+        f"DSV4 memory calculation: bytes_per_full_token=1670.75, available_bytes={pool * 1670.75:.0f}, full_token={pool}",
+    )
     engine_log(rank, f"KV Cache is allocated. #tokens: {total}")
     if args.speculative_algorithm == "DSPARK":
         gamma = args.speculative_dspark_block_size
-        engine_log(rank, f"Initialized DSpark draft runner. draft_model=dspark, gamma={gamma}, verify_num_draft_tokens={(gamma or 0) + 1}")
+        engine_log(
+            rank,
+            f"Initialized DSpark draft runner. draft_model=dspark, gamma={gamma}, verify_num_draft_tokens={(gamma or 0) + 1}",
+        )
     engine_log(rank, "Capture cuda graph begin. This can take up to several minutes. avail mem=12.10 GB")
     started = time.monotonic()
     pace()
-    engine_log(rank, f"Capture cuda graph end. Time elapsed: {time.monotonic() - started + 11.0:.2f} s. mem usage=1.10 GB. avail mem=11.00 GB.")
+    engine_log(
+        rank,
+        f"Capture cuda graph end. Time elapsed: {time.monotonic() - started + 11.0:.2f} s. mem usage=1.10 GB. avail mem=11.00 GB.",
+    )
     engine_log(rank, f"Capture target verify CUDA graph end. elapsed={time.monotonic() - started + 7.5:.2f}s")
-    engine_log(rank, f"max_total_num_tokens={total}, chunked_prefill_size={args.chunked_prefill_size}, max_prefill_tokens=16384, "
-                     f"max_running_requests={args.max_running_requests}, context_len={args.context_length}, available_gpu_mem=11.00 GB")
+    engine_log(
+        rank,
+        f"max_total_num_tokens={total}, chunked_prefill_size={args.chunked_prefill_size}, max_prefill_tokens=16384, "
+        f"max_running_requests={args.max_running_requests}, context_len={args.context_length}, available_gpu_mem=11.00 GB",
+    )
     if "hang" in mine:
         engine_log(rank, "Scheduler: waiting for the first batch")
         while True:

@@ -41,8 +41,19 @@ MANIFEST = REPO / "python" / "tp4" / "data" / "sources.manifest"
 PYTHON = Path("/usr/bin/python3")
 APPLETS = ("sh", "cat", "env", "kill", "ls", "pgrep", "pkill", "ps", "sleep", "true")
 # not needed to run the engine, and large
-SKIP_DIRS = {"__pycache__", "test", "tests", "idle_test", "idlelib", "tkinter", "turtledemo", "ensurepip",
-             "lib2to3", "site-packages", "dist-packages"}
+SKIP_DIRS = {
+    "__pycache__",
+    "test",
+    "tests",
+    "idle_test",
+    "idlelib",
+    "tkinter",
+    "turtledemo",
+    "ensurepip",
+    "lib2to3",
+    "site-packages",
+    "dist-packages",
+}
 REPOSITORY = "localhost/tp4-standin"
 
 _built: dict[str, Path] = {}
@@ -71,8 +82,12 @@ def shared_libraries(paths: list[Path]) -> set[Path]:
 
 
 def _stdlib() -> Path:
-    out = subprocess.run([str(PYTHON), "-c", "import sysconfig; print(sysconfig.get_paths()['stdlib'])"],
-                         capture_output=True, text=True, check=True).stdout.strip()
+    out = subprocess.run(
+        [str(PYTHON), "-c", "import sysconfig; print(sysconfig.get_paths()['stdlib'])"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
     return Path(out)
 
 
@@ -148,17 +163,28 @@ def archive() -> tuple[Path, str]:
         _layer(_files(), layer)
         diff = _sha256(layer)
         arch = {"x86_64": "amd64", "aarch64": "arm64"}.get(os.uname().machine, os.uname().machine)
-        config = json.dumps({
-            "architecture": arch, "os": "linux",
-            "config": {"Entrypoint": ["python3", "-u", IMAGE.boot], "Cmd": ["run"], "WorkingDir": IMAGE.runtime,
-                       "Env": ["PATH=/usr/bin:/bin", "PYTHONDONTWRITEBYTECODE=1"], "Labels": {"tp4.standin": diff[:16]}},
-            "rootfs": {"type": "layers", "diff_ids": [f"sha256:{diff}"]}}).encode()
+        config = json.dumps(
+            {
+                "architecture": arch,
+                "os": "linux",
+                "config": {
+                    "Entrypoint": ["python3", "-u", IMAGE.boot],
+                    "Cmd": ["run"],
+                    "WorkingDir": IMAGE.runtime,
+                    "Env": ["PATH=/usr/bin:/bin", "PYTHONDONTWRITEBYTECODE=1"],
+                    "Labels": {"tp4.standin": diff[:16]},
+                },
+                "rootfs": {"type": "layers", "diff_ids": [f"sha256:{diff}"]},
+            }
+        ).encode()
         cfg = hashlib.sha256(config).hexdigest()
         ref = f"{REPOSITORY}:{diff[:16]}"
         (work / diff).mkdir()
         layer.rename(work / diff / "layer.tar")
         (work / f"{cfg}.json").write_bytes(config)
-        (work / "manifest.json").write_text(json.dumps([{"Config": f"{cfg}.json", "RepoTags": [ref], "Layers": [f"{diff}/layer.tar"]}]))
+        (work / "manifest.json").write_text(
+            json.dumps([{"Config": f"{cfg}.json", "RepoTags": [ref], "Layers": [f"{diff}/layer.tar"]}])
+        )
         out = work / "tp4-standin.tar"
         with tarfile.open(out, "w") as tar:
             for name in ("manifest.json", f"{cfg}.json", f"{diff}/layer.tar"):

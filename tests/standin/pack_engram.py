@@ -35,8 +35,11 @@ def complete(path: Path, layer: int, lo: int, hi: int) -> bool:
         size = path.stat().st_size
     except OSError:
         return False
-    return len(head) == 48 and struct.unpack("<6Q", head) == (MAGIC, layer, lo, hi, hi - lo, ROW_BYTES) \
+    return (
+        len(head) == 48
+        and struct.unpack("<6Q", head) == (MAGIC, layer, lo, hi, hi - lo, ROW_BYTES)
         and size == 48 + (hi - lo) * ROW_BYTES
+    )
 
 
 def main() -> int:

@@ -41,23 +41,79 @@ SUBCOMMANDS: dict[str, tuple[str, str, str]] = {
     "distribute": ("tp4.cli.build", "distribute", "Copy the built image to the workers."),
     "images": ("tp4.cli.images", "images", "The tp4 images on every node (id, digest, pins); prune old builds."),
     "image-store": ("tp4.cli.build", "image_store", "The head's image store (registry) the workers pull from."),
-    "serve": ("tp4.cli.serve", "serve", "Start the line and prove it ready (Ready, a completion, every boot log), or leave nothing running."),
+    "serve": (
+        "tp4.cli.serve",
+        "serve",
+        "Start the line and prove it ready (Ready, a completion, every boot log), or leave nothing running.",
+    ),
     "stop": ("tp4.cli.serve", "stop", "Stop every rank of the line and check that nothing is left."),
-    "status": ("tp4.cli.serve", "status", "Each node's rank and the line's liveness (a real completion; busy is not wedged)."),
+    "status": (
+        "tp4.cli.serve",
+        "status",
+        "Each node's rank and the line's liveness (a real completion; busy is not wedged).",
+    ),
     "logs": ("tp4.cli.serve", "logs", "A rank's log."),
-    "bootlog": ("tp4.cli.bootlog", "bootlog", "One rank's boot-log check on its own node (the NixOS readiness unit runs it)."),
+    "bootlog": (
+        "tp4.cli.bootlog",
+        "bootlog",
+        "One rank's boot-log check on its own node (the NixOS readiness unit runs it).",
+    ),
     "smoke": ("tp4.cli.serve", "smoke", "Upstream's arithmetic check and a streamed completion against the API."),
-    "download": ("tp4.cli.download", "download", "Download the pinned checkpoint into the head's model.dir, verified against the Hub's hashes."),
-    "share": ("tp4.cli.prepare", "share", "Export the checkpoint read-only to the workers (NFSv4) and make their weights volumes."),
-    "pack": ("tp4.cli.prepare", "pack", "Pack the Engram row shards of every rank on every node at once; check every shard's header."),
-    "prepare": ("tp4.cli.prepare", "prepare", "Prepare the nodes: doctor, download, share, pack; stops at the first blocking failure."),
-    "doctor": ("tp4.cli.doctor", "doctor", "Check every host requirement of the line, read-only; a fix for each failure."),
-    "deploy": ("tp4.cli.deploy", "deploy", "Switch the NixOS hosts to the flake's systems, check each from here, roll back by generation what fails."),
-    "qeval": ("tp4.cli.qeval", "qeval", "The quality suite: code (run in a sandbox on a worker), JSON, numeric, format and prose tasks; a score."),
-    "fleet": ("tp4.cli.fleet", "fleet", "Several lines behind SGLang's router, from one fleet file: plan, serve, stop, status."),
-    "hosts": ("tp4.cli.hosts", "hosts", "The ssh host keys tp4 trusts: trust (after showing fingerprints), list, forget."),
-    "bench": ("tp4.cli.bench", "bench", "Measure the line: decode and prefill tok/s (sparkDash's method and result.json), needle."),
-    "report": ("tp4.cli.report", "report", "Bench results against the published line (or another run): tables, PNG charts, regressions."),
+    "download": (
+        "tp4.cli.download",
+        "download",
+        "Download the pinned checkpoint into the head's model.dir, verified against the Hub's hashes.",
+    ),
+    "share": (
+        "tp4.cli.prepare",
+        "share",
+        "Export the checkpoint read-only to the workers (NFSv4) and make their weights volumes.",
+    ),
+    "pack": (
+        "tp4.cli.prepare",
+        "pack",
+        "Pack the Engram row shards of every rank on every node at once; check every shard's header.",
+    ),
+    "prepare": (
+        "tp4.cli.prepare",
+        "prepare",
+        "Prepare the nodes: doctor, download, share, pack; stops at the first blocking failure.",
+    ),
+    "doctor": (
+        "tp4.cli.doctor",
+        "doctor",
+        "Check every host requirement of the line, read-only; a fix for each failure.",
+    ),
+    "deploy": (
+        "tp4.cli.deploy",
+        "deploy",
+        "Switch the NixOS hosts to the flake's systems, check each from here, roll back by generation what fails.",
+    ),
+    "qeval": (
+        "tp4.cli.qeval",
+        "qeval",
+        "The quality suite: code (run in a sandbox on a worker), JSON, numeric, format and prose tasks; a score.",
+    ),
+    "fleet": (
+        "tp4.cli.fleet",
+        "fleet",
+        "Several lines behind SGLang's router, from one fleet file: plan, serve, stop, status.",
+    ),
+    "hosts": (
+        "tp4.cli.hosts",
+        "hosts",
+        "The ssh host keys tp4 trusts: trust (after showing fingerprints), list, forget.",
+    ),
+    "bench": (
+        "tp4.cli.bench",
+        "bench",
+        "Measure the line: decode and prefill tok/s (sparkDash's method and result.json), needle.",
+    ),
+    "report": (
+        "tp4.cli.report",
+        "report",
+        "Bench results against the published line (or another run): tables, PNG charts, regressions.",
+    ),
 }
 
 
@@ -103,7 +159,11 @@ _verbose = False
 
 
 # the signals that stop tp4 (Ctrl-C, `kill`, the terminal closing): what it says, its exit code
-STOPPING: dict[int, tuple[str, int]] = {signal.SIGINT: ("interrupted", 130), signal.SIGTERM: ("terminated", 143), signal.SIGHUP: ("hung up", 129)}
+STOPPING: dict[int, tuple[str, int]] = {
+    signal.SIGINT: ("interrupted", 130),
+    signal.SIGTERM: ("terminated", 143),
+    signal.SIGHUP: ("hung up", 129),
+}
 _received: list[int] = []
 
 
@@ -191,8 +251,10 @@ def _main(argv: list[str] | None) -> None:
             import traceback
 
             traceback.print_exc()
-        click.echo(f"error: internal error ({type(exc).__name__}: {exc}); rerun with -v for the traceback "
-                   "and report it", err=True)
+        click.echo(
+            f"error: internal error ({type(exc).__name__}: {exc}); rerun with -v for the traceback and report it",
+            err=True,
+        )
         sys.exit(70)
     _exit_for_refusals()
     sys.exit(rv if isinstance(rv, int) else 0)

@@ -15,8 +15,13 @@ def bootlog() -> None:
 
 
 @bootlog.command()
-@click.option("--plan", "plan_file", required=True, type=click.Path(dir_okay=False),
-              help="The line's plan file (tp4 plan --json -o FILE), as the host configuration holds it.")
+@click.option(
+    "--plan",
+    "plan_file",
+    required=True,
+    type=click.Path(dir_okay=False),
+    help="The line's plan file (tp4 plan --json -o FILE), as the host configuration holds it.",
+)
 @click.option("--rank", type=int, required=True, help="This node's rank in the plan.")
 @click.option("--poll", type=float, default=5.0, show_default=True, help="Seconds between two reads of the log.")
 def wait(plan_file: str, rank: int, poll: float) -> None:

@@ -13,12 +13,17 @@ from tp4.cli.common import dry_run_option, profile_option, profile_remotes, ssh_
 from tp4.core.errors import InvalidInput, Tp4Error
 
 flake_option = click.option(
-    "--flake", "flake_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+    "--flake",
+    "flake_dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
     help="Directory of the flake (default: the nearest flake.nix above the current directory, or $TP4_FLAKE).",
 )
 attr_option = click.option("--attr", default="image", show_default=True, help="Flake output to build.")
 runtime_option = click.option(
-    "--runtime", type=click.Choice(["docker", "podman"]), default=None,
+    "--runtime",
+    type=click.Choice(["docker", "podman"]),
+    default=None,
     help="Container runtime on the nodes (default: docker if installed on the head, else podman).",
 )
 
@@ -35,18 +40,41 @@ def _progress(line: str) -> None:
 @flake_option
 @attr_option
 @runtime_option
-@click.option("--system", default=None, metavar="SYSTEM",
-              help="Build packages.SYSTEM.<attr> (e.g. aarch64-linux from another host, with an aarch64 builder).")
-@click.option("--gpu-tests", is_flag=True,
-              help="Also run the image's gpu checks (upstream's tests/*_gpu.py) with this node's GPU.")
-@click.option("--skip-checks", is_flag=True,
-              help="Tag the image for the line without running its in-image checks (says so on stderr).")
+@click.option(
+    "--system",
+    default=None,
+    metavar="SYSTEM",
+    help="Build packages.SYSTEM.<attr> (e.g. aarch64-linux from another host, with an aarch64 builder).",
+)
+@click.option(
+    "--gpu-tests",
+    is_flag=True,
+    help="Also run the image's gpu checks (upstream's tests/*_gpu.py) with this node's GPU.",
+)
+@click.option(
+    "--skip-checks",
+    is_flag=True,
+    help="Tag the image for the line without running its in-image checks (says so on stderr).",
+)
 @dry_run_option
-@click.option("--image", "variant", default=None, metavar="VARIANT",
-              help="Build the image of this variant (base, canary, canary-roce: the registry's [images.<variant>], "
-                   "the image a preset's plan runs) instead of --attr.")
-def build(flake_dir: Path | None, attr: str, runtime: str | None, system: str | None, gpu_tests: bool,
-          skip_checks: bool, dry_run: bool, variant: str | None) -> None:
+@click.option(
+    "--image",
+    "variant",
+    default=None,
+    metavar="VARIANT",
+    help="Build the image of this variant (base, canary, canary-roce: the registry's [images.<variant>], "
+    "the image a preset's plan runs) instead of --attr.",
+)
+def build(
+    flake_dir: Path | None,
+    attr: str,
+    runtime: str | None,
+    system: str | None,
+    gpu_tests: bool,
+    skip_checks: bool,
+    dry_run: bool,
+    variant: str | None,
+) -> None:
     """Build the image with nix (pinned inputs only), check it, and tag it for the line on the head.
 
     The image is loaded under its own tag and each of its in-image checks (import checks and
@@ -65,8 +93,9 @@ def build(flake_dir: Path | None, attr: str, runtime: str | None, system: str | 
     if dry_run:
         build_mod.dry_run(flake, attr, runtime, _echo, system=system, gpu_tests=gpu_tests)
     else:
-        build_mod.build(flake, attr, runtime, _echo, _progress, system=system, gpu_tests=gpu_tests,
-                        skip_checks=skip_checks)
+        build_mod.build(
+            flake, attr, runtime, _echo, _progress, system=system, gpu_tests=gpu_tests, skip_checks=skip_checks
+        )
 
 
 @click.command("distribute")
@@ -74,23 +103,46 @@ def build(flake_dir: Path | None, attr: str, runtime: str | None, system: str | 
 @attr_option
 @runtime_option
 @profile_option
-@click.option("--worker", "workers", multiple=True, metavar="HOST",
-              help="A worker's ssh name or address instead of the profile's; repeat, or give a comma/space list.")
+@click.option(
+    "--worker",
+    "workers",
+    multiple=True,
+    metavar="HOST",
+    help="A worker's ssh name or address instead of the profile's; repeat, or give a comma/space list.",
+)
 @click.option("--user", default=None, help="ssh user on the workers.")
 @click.option("--identity", default=None, help="ssh private key.")
 @click.option("--port", type=int, default=None, help="ssh port.")
 @ssh_option
-@click.option("--image", "image_ref", default=None,
-              help="Image reference on the head (default: the one `tp4 build` loaded).")
+@click.option(
+    "--image", "image_ref", default=None, help="Image reference on the head (default: the one `tp4 build` loaded)."
+)
 @click.option("--check", "check_only", is_flag=True, help="Only report which workers have the head's image.")
-@click.option("--method", type=click.Choice(distribute_mod.METHODS), default="registry", show_default=True,
-              help="registry: workers pull by digest from the head's image store through a reverse ssh tunnel, "
-                   "moving only the layers they lack; archive: stream the whole image into `<runtime> load` "
-                   "(for a head without the image store).")
+@click.option(
+    "--method",
+    type=click.Choice(distribute_mod.METHODS),
+    default="registry",
+    show_default=True,
+    help="registry: workers pull by digest from the head's image store through a reverse ssh tunnel, "
+    "moving only the layers they lack; archive: stream the whole image into `<runtime> load` "
+    "(for a head without the image store).",
+)
 @strict_option
-def distribute(flake_dir: Path | None, attr: str, runtime: str | None, profile_path: str | None, workers: tuple[str, ...],
-               user: str | None, identity: str | None, port: int | None, ssh_options: tuple[str, ...],
-               image_ref: str | None, check_only: bool, method: str, strict: bool) -> None:
+def distribute(
+    flake_dir: Path | None,
+    attr: str,
+    runtime: str | None,
+    profile_path: str | None,
+    workers: tuple[str, ...],
+    user: str | None,
+    identity: str | None,
+    port: int | None,
+    ssh_options: tuple[str, ...],
+    image_ref: str | None,
+    check_only: bool,
+    method: str,
+    strict: bool,
+) -> None:
     """Copy the head's image to the workers in parallel; skip workers that already have it.
 
     By default each worker pulls the image by its manifest digest from the head's image store
@@ -134,14 +186,22 @@ def image_store() -> None:
     pull from through reverse ssh tunnels (`tp4 distribute`). `tp4 build` starts it when needed."""
 
 
-root_option = click.option("--root", type=click.Path(file_okay=False, path_type=Path), default=None,
-                           help="State directory (default: $XDG_STATE_HOME/tp4/registry).")
+root_option = click.option(
+    "--root",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="State directory (default: $XDG_STATE_HOME/tp4/registry).",
+)
 
 
 @image_store.command("start")
 @root_option
-@click.option("--port", type=click.IntRange(1, 65535), default=None,
-              help="Port on 127.0.0.1 (default: the last one used, else a free one).")
+@click.option(
+    "--port",
+    type=click.IntRange(1, 65535),
+    default=None,
+    help="Port on 127.0.0.1 (default: the last one used, else a free one).",
+)
 def image_store_start(root: Path | None, port: int | None) -> None:
     """Start the image store (a running one is reused)."""
     from tp4.image import imagestore
@@ -167,8 +227,10 @@ def image_store_status(root: Path | None) -> None:
 
     store = imagestore.running(root)
     if store is None:
-        raise Tp4Error(f"the image store under {root or imagestore.default_root()} is not running: "
-                       "start it with `tp4 image-store start`")
+        raise Tp4Error(
+            f"the image store under {root or imagestore.default_root()} is not running: "
+            "start it with `tp4 image-store start`"
+        )
     click.echo(f"image store {store.url} ({store.root})")
     for digest in imagestore.manifests(store, imagestore.DEFAULT_REPO):
         click.echo(f"  {imagestore.DEFAULT_REPO}@{digest}")

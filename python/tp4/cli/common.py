@@ -48,13 +48,30 @@ def _option(common: str, *decls: str, **kwargs: Any) -> Callable[[F], F]:
 
 
 profile_option = _option(
-    "profile", "--profile", "-p", "profile_path", type=click.Path(dir_okay=False), default=None, metavar="FILE",
-    help=f"The line's profile (default: ${PROFILE_ENV}, else ./{DEFAULT_PROFILE} when it exists, else the embedded example).")
-ssh_option = _option("ssh", "--ssh-option", "ssh_options", multiple=True, metavar="OPT", help="Extra `ssh -o` option; repeatable.")
-strict_option = _option("strict", "--strict", is_flag=True, help="Treat the profile's warnings (performance caveats) as errors (exit 2).")
+    "profile",
+    "--profile",
+    "-p",
+    "profile_path",
+    type=click.Path(dir_okay=False),
+    default=None,
+    metavar="FILE",
+    help=f"The line's profile (default: ${PROFILE_ENV}, else ./{DEFAULT_PROFILE} when it exists, else the embedded example).",
+)
+ssh_option = _option(
+    "ssh", "--ssh-option", "ssh_options", multiple=True, metavar="OPT", help="Extra `ssh -o` option; repeatable."
+)
+strict_option = _option(
+    "strict", "--strict", is_flag=True, help="Treat the profile's warnings (performance caveats) as errors (exit 2)."
+)
 dry_run_option = _option("dry-run", "--dry-run", is_flag=True, help="Print the exact commands, run nothing.")
-sysfs_option = _option("sysfs", "--sysfs", default="/sys", show_default=True, hidden=True,
-                       help="The sysfs root doctor's checks read on every node.")
+sysfs_option = _option(
+    "sysfs",
+    "--sysfs",
+    default="/sys",
+    show_default=True,
+    hidden=True,
+    help="The sysfs root doctor's checks read on every node.",
+)
 
 
 def json_option(help: str) -> Callable[[F], F]:
@@ -98,8 +115,10 @@ def resolve_profile(profile_path: str | None) -> Choice:
     if env:
         if not Path(env).is_file():
             what = "is a directory" if Path(env).is_dir() else "does not exist"
-            raise InvalidInput(f"{PROFILE_ENV}={env}: {what}; fix: point {PROFILE_ENV} at a profile file, "
-                               f"or unset it to use ./{DEFAULT_PROFILE} (or the embedded example)")
+            raise InvalidInput(
+                f"{PROFILE_ENV}={env}: {what}; fix: point {PROFILE_ENV} at a profile file, "
+                f"or unset it to use ./{DEFAULT_PROFILE} (or the embedded example)"
+            )
         return Choice(env, f"${PROFILE_ENV}")
     if Path(DEFAULT_PROFILE).is_file():
         return Choice(DEFAULT_PROFILE, f"./{DEFAULT_PROFILE}")
@@ -119,8 +138,10 @@ def _load(choice: Choice, strict: bool) -> Loaded:
     if choice.path is None:
         loaded = load_default()
     else:
-        fix = {"--profile": "pass an existing file, or omit --profile",
-               f"${PROFILE_ENV}": f"point {PROFILE_ENV} at an existing file, or unset it"}.get(choice.origin, "pass --profile FILE")
+        fix = {
+            "--profile": "pass an existing file, or omit --profile",
+            f"${PROFILE_ENV}": f"point {PROFILE_ENV} at an existing file, or unset it",
+        }.get(choice.origin, "pass --profile FILE")
         loaded = load_file(choice.path, fix)
     if strict:
         load_mod.strict(loaded)
@@ -185,8 +206,17 @@ def load_served(profile_path: str | None, strict: bool, ssh_options: tuple[str, 
     return Served(line, nodes_of(line.plan, ssh_options=ssh_options), read_secrets(line.plan))
 
 
-def profile_remotes(hosts: tuple[str, ...], profile_path: str | None, user: str | None, identity: str | None,
-                    port: int | None, ssh_options: tuple[str, ...], strict: bool = False, *, head: bool = False) -> list[Remote]:
+def profile_remotes(
+    hosts: tuple[str, ...],
+    profile_path: str | None,
+    user: str | None,
+    identity: str | None,
+    port: int | None,
+    ssh_options: tuple[str, ...],
+    strict: bool = False,
+    *,
+    head: bool = False,
+) -> list[Remote]:
     """The workers: the --worker hosts, else the workers (ranks 1..) of the profile's plan; with
     ``head``, the plan's head (rank 0) too."""
     from tp4.core.process import Remote
@@ -195,8 +225,17 @@ def profile_remotes(hosts: tuple[str, ...], profile_path: str | None, user: str 
     if names:
         return [Remote(host=h, user=user, identity=identity, port=port, options=ssh_options) for h in names]
     plan = load_line(profile_path, strict).plan
-    nodes = [Remote(host=n.ssh.host, user=user or n.ssh.user, identity=identity or n.ssh.identity,
-                    port=port or n.ssh.port, options=ssh_options) for n in plan.nodes if n.rank > 0 or head]
+    nodes = [
+        Remote(
+            host=n.ssh.host,
+            user=user or n.ssh.user,
+            identity=identity or n.ssh.identity,
+            port=port or n.ssh.port,
+            options=ssh_options,
+        )
+        for n in plan.nodes
+        if n.rank > 0 or head
+    ]
     if not nodes:
         raise InvalidInput("the profile has no workers: add [[cluster.workers]], or pass --worker HOST")
     return nodes
@@ -240,9 +279,14 @@ def render_status(data: dict[str, object]) -> list[str]:
         extra = f"  last log line {age:.0f} s ago" if isinstance(age, (int, float)) else ""
         image = str(n.get("image") or "")[:12]
         plan = n.get("plan")
-        lines.append(f"{n.get('node')} (rank {n.get('rank')}): {n.get('state')}"
-                     + (f" since {n.get('started')}" if n.get("started") else "") + (f"  image {image}" if image else "")
-                     + (f"  plan {plan}" if plan else "") + extra + (f"  {n.get('error')}" if n.get("error") else ""))
+        lines.append(
+            f"{n.get('node')} (rank {n.get('rank')}): {n.get('state')}"
+            + (f" since {n.get('started')}" if n.get("started") else "")
+            + (f"  image {image}" if image else "")
+            + (f"  plan {plan}" if plan else "")
+            + extra
+            + (f"  {n.get('error')}" if n.get("error") else "")
+        )
     live = data.get("liveness")
     if isinstance(live, dict):
         load = "" if live.get("running") is None else f" (running {live.get('running')}, waiting {live.get('waiting')})"
@@ -251,8 +295,10 @@ def render_status(data: dict[str, object]) -> list[str]:
     if isinstance(boot, dict):
         sig = boot.get("signature") if isinstance(boot.get("signature"), dict) else {}
         assert isinstance(sig, dict)
-        lines.append(f"boot: ready after {boot.get('ready_seconds')} s, warm-up {sig.get('warmup_tps_median')} token/s, "
-                     f"KV pool {sig.get('kv_pool')}, pin {sig.get('pin')}" + ("" if boot.get("ok") else " (slow)"))
+        lines.append(
+            f"boot: ready after {boot.get('ready_seconds')} s, warm-up {sig.get('warmup_tps_median')} token/s, "
+            f"KV pool {sig.get('kv_pool')}, pin {sig.get('pin')}" + ("" if boot.get("ok") else " (slow)")
+        )
         warnings = boot.get("warnings")
         for w in warnings if isinstance(warnings, list) else []:
             lines.append(f"  warning: {w}")

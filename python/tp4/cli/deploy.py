@@ -7,28 +7,73 @@ from pathlib import Path
 
 import click
 
-from tp4.cli.common import dry_run_option, err as _err, load_line, out as _out, profile_option, ssh_option, strict_option, sysfs_option, sysfs_root
+from tp4.cli.common import (
+    dry_run_option,
+    err as _err,
+    load_line,
+    out as _out,
+    profile_option,
+    ssh_option,
+    strict_option,
+    sysfs_option,
+    sysfs_root,
+)
 from tp4.core.errors import InvalidInput
 
 
 @click.command("deploy")
 @profile_option
-@click.option("--flake", "flake_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
-              help="Directory of the flake with nixosConfigurations.<node> (default: the nearest flake.nix above the "
-                   "current directory, or $TP4_FLAKE).")
-@click.option("--on", "on", multiple=True, metavar="NODE", help="Deploy this NixOS node only; repeatable (default: every node of kind nixos).")
-@click.option("--all-or-nothing", is_flag=True,
-              help="A host that fails takes every host back to its generation (and one that fails before the switch stops all).")
-@click.option("--skip-check", "skip_checks", multiple=True, metavar="ID",
-              help="A doctor check not to hold against a host after its switch (e.g. PORTS.FREE while the line serves); repeatable.")
-@click.option("--check-timeout", type=click.FloatRange(min=1, max=3600), default=60, show_default=True, metavar="SECONDS",
-              help="How long the post-check waits for ssh to answer and the RDMA check unit to settle after a switch.")
+@click.option(
+    "--flake",
+    "flake_dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Directory of the flake with nixosConfigurations.<node> (default: the nearest flake.nix above the "
+    "current directory, or $TP4_FLAKE).",
+)
+@click.option(
+    "--on",
+    "on",
+    multiple=True,
+    metavar="NODE",
+    help="Deploy this NixOS node only; repeatable (default: every node of kind nixos).",
+)
+@click.option(
+    "--all-or-nothing",
+    is_flag=True,
+    help="A host that fails takes every host back to its generation (and one that fails before the switch stops all).",
+)
+@click.option(
+    "--skip-check",
+    "skip_checks",
+    multiple=True,
+    metavar="ID",
+    help="A doctor check not to hold against a host after its switch (e.g. PORTS.FREE while the line serves); repeatable.",
+)
+@click.option(
+    "--check-timeout",
+    type=click.FloatRange(min=1, max=3600),
+    default=60,
+    show_default=True,
+    metavar="SECONDS",
+    help="How long the post-check waits for ssh to answer and the RDMA check unit to settle after a switch.",
+)
 @dry_run_option
 @sysfs_option
 @ssh_option
 @strict_option
-def deploy(profile_path: str | None, flake_dir: Path | None, on: tuple[str, ...], all_or_nothing: bool,
-           skip_checks: tuple[str, ...], check_timeout: float, dry_run: bool, sysfs: str, ssh_options: tuple[str, ...], strict: bool) -> None:
+def deploy(
+    profile_path: str | None,
+    flake_dir: Path | None,
+    on: tuple[str, ...],
+    all_or_nothing: bool,
+    skip_checks: tuple[str, ...],
+    check_timeout: float,
+    dry_run: bool,
+    sysfs: str,
+    ssh_options: tuple[str, ...],
+    strict: bool,
+) -> None:
     """Build every NixOS host's system here once, copy it to each host, and switch all hosts at
     once (in a transient systemd unit, so an sshd or network restart cannot cut the switch). Then
     check each host from here: a new ssh connection, the RDMA check unit active, the weights, and
@@ -49,8 +94,14 @@ def deploy(profile_path: str | None, flake_dir: Path | None, on: tuple[str, ...]
     nodes = nodes_of(plan, ssh_options=ssh_options)
     flake = str(nix.find_flake(flake_dir))
     limits = doctor.Limits.of_profile(loaded.profile, sysfs=sysfs, interval=0.0, ping=False)
-    opts = deploy_mod.Options(flake=flake, on=on, all_or_nothing=all_or_nothing, skip_checks=frozenset(skip_checks),
-                              limits=limits, check_timeout=check_timeout)
+    opts = deploy_mod.Options(
+        flake=flake,
+        on=on,
+        all_or_nothing=all_or_nothing,
+        skip_checks=frozenset(skip_checks),
+        limits=limits,
+        check_timeout=check_timeout,
+    )
     if dry_run:
         deploy_mod.dry_run(plan, nodes, opts, _out)
         return

@@ -15,15 +15,33 @@ from tp4.core.errors import Tp4Error
 
 @click.command("doctor")
 @profile_option
-@click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None, metavar="FILE",
-              help="Write the evidence (tp4.doctor/1: every node's facts and every check) to FILE.")
-@click.option("--interval", type=click.FloatRange(min=0, max=60), default=2.0, show_default=True, metavar="SECONDS",
-              help="Seconds between the two reads of the RoCE error counters.")
+@click.option(
+    "--json",
+    "json_path",
+    type=click.Path(dir_okay=False),
+    default=None,
+    metavar="FILE",
+    help="Write the evidence (tp4.doctor/1: every node's facts and every check) to FILE.",
+)
+@click.option(
+    "--interval",
+    type=click.FloatRange(min=0, max=60),
+    default=2.0,
+    show_default=True,
+    metavar="SECONDS",
+    help="Seconds between the two reads of the RoCE error counters.",
+)
 @sysfs_option
 @ssh_option
 @strict_option
-def doctor(profile_path: str | None, json_path: str | None, interval: float, sysfs: str, ssh_options: tuple[str, ...],
-           strict: bool) -> None:
+def doctor(
+    profile_path: str | None,
+    json_path: str | None,
+    interval: float,
+    sysfs: str,
+    ssh_options: tuple[str, ...],
+    strict: bool,
+) -> None:
     """Check every node of the line, read-only and in parallel (one ssh session each): ssh, the
     runtime, the GPU, RDMA (ports, link layer, IPv4, MTU, a jumbo ping, the RoCE v2 GID index,
     memlock, error counters), the kernel, weights, Engram shards, the image, disk, ports, clocks
@@ -47,9 +65,13 @@ def doctor(profile_path: str | None, json_path: str | None, interval: float, sys
             tmp.write_text(json.dumps(report.evidence(), indent=2) + "\n")
             os.replace(tmp, path)
         except OSError as exc:
-            raise Tp4Error(f"--json {json_path}: cannot write it: {exc.strerror}; fix: a writable path", exit_code=2) from None
+            raise Tp4Error(
+                f"--json {json_path}: cannot write it: {exc.strerror}; fix: a writable path", exit_code=2
+            ) from None
     blocking = report.blocking
-    click.echo(f"doctor: {len(plan.nodes)} nodes in {report.seconds:.2f} s: "
-               + (f"{len(blocking)} blocking failure(s)" if blocking else "ready"))
+    click.echo(
+        f"doctor: {len(plan.nodes)} nodes in {report.seconds:.2f} s: "
+        + (f"{len(blocking)} blocking failure(s)" if blocking else "ready")
+    )
     if blocking:
         raise SystemExit(1)

@@ -9,7 +9,14 @@ from typing import TYPE_CHECKING
 
 import click
 
-from tp4.cli.common import render_status, ssh_option, strict_option, sysfs_option, sysfs_root, timeouts as parse_timeouts
+from tp4.cli.common import (
+    render_status,
+    ssh_option,
+    strict_option,
+    sysfs_option,
+    sysfs_root,
+    timeouts as parse_timeouts,
+)
 from tp4.core.errors import InvalidInput, Tp4Error
 
 if TYPE_CHECKING:
@@ -17,8 +24,15 @@ if TYPE_CHECKING:
 
 DEFAULT_FLEET = "fleet.toml"
 
-fleet_option = click.option("--fleet", "-f", "fleet_path", type=click.Path(dir_okay=False), default=DEFAULT_FLEET,
-                            show_default=True, help="The fleet file (docs/fleet.md).")
+fleet_option = click.option(
+    "--fleet",
+    "-f",
+    "fleet_path",
+    type=click.Path(dir_okay=False),
+    default=DEFAULT_FLEET,
+    show_default=True,
+    help="The fleet file (docs/fleet.md).",
+)
 
 
 def _out(line: str) -> None:
@@ -34,8 +48,10 @@ def _load(path: str, strict: bool) -> Fleet:
 
     loaded = fleet.load(path)
     if strict and loaded.warnings:
-        raise InvalidInput(f"{path}: {len(loaded.warnings)} warning(s), errors under --strict; fix: address each, or drop --strict",
-                           list(loaded.warnings))
+        raise InvalidInput(
+            f"{path}: {len(loaded.warnings)} warning(s), errors under --strict; fix: address each, or drop --strict",
+            list(loaded.warnings),
+        )
     for w in loaded.warnings:
         click.echo(f"warning: {w}", err=True)
     return loaded
@@ -65,14 +81,28 @@ def plan(fleet_path: str, as_json: bool, strict: bool) -> None:
 @fleet.command("serve")
 @fleet_option
 @click.option("--all", "all_lines", is_flag=True, help="Every line or none: when one fails, stop them all.")
-@click.option("--force", is_flag=True, help="Start although a node's GPU has compute apps (doctor's GPU.NO_FOREIGN_APPS).")
-@click.option("--timeout", "timeouts", multiple=True, metavar="[PHASE=]SECONDS",
-              help="Bound a boot phase of every line (start, weights, graphs, smoke, warmup, ready, completion), or all; repeatable.")
+@click.option(
+    "--force", is_flag=True, help="Start although a node's GPU has compute apps (doctor's GPU.NO_FOREIGN_APPS)."
+)
+@click.option(
+    "--timeout",
+    "timeouts",
+    multiple=True,
+    metavar="[PHASE=]SECONDS",
+    help="Bound a boot phase of every line (start, weights, graphs, smoke, warmup, ready, completion), or all; repeatable.",
+)
 @sysfs_option
 @ssh_option
 @strict_option
-def serve(fleet_path: str, all_lines: bool, force: bool, timeouts: tuple[str, ...], sysfs: str, ssh_options: tuple[str, ...],
-          strict: bool) -> None:
+def serve(
+    fleet_path: str,
+    all_lines: bool,
+    force: bool,
+    timeouts: tuple[str, ...],
+    sysfs: str,
+    ssh_options: tuple[str, ...],
+    strict: bool,
+) -> None:
     """Serve every line in parallel (each proved ready as `tp4 serve` does), then the router over
     the lines that came up; ready when the router reports each of them healthy. A line that
     fails is reported and left out (exit 1, the others keep serving), unless --all."""
@@ -85,8 +115,10 @@ def serve(fleet_path: str, all_lines: bool, force: bool, timeouts: tuple[str, ..
     served = fleet_mod.serve(loaded, opts, _out, _err, all_lines=all_lines, ssh_options=ssh_options)
     if served.failed:
         failed = "\n".join(f"  line {r.line.name}: {r.detail}" for r in served.failed)
-        raise Tp4Error(f"{len(served.failed)} of {len(served.lines)} lines failed and are left out; the router serves "
-                       f"{', '.join(line.name for line in served.up)} (`tp4 fleet stop` stops them):\n{failed}")
+        raise Tp4Error(
+            f"{len(served.failed)} of {len(served.lines)} lines failed and are left out; the router serves "
+            f"{', '.join(line.name for line in served.up)} (`tp4 fleet stop` stops them):\n{failed}"
+        )
 
 
 @fleet.command("stop")
@@ -109,9 +141,11 @@ def render(data: dict[str, object]) -> list[str]:
     if isinstance(router, dict):
         listed = router.get("workers")
         count = len(listed) if isinstance(listed, list) else 0
-        out.append(f"router {router.get('kind')} {router.get('url')}: {router.get('state')}"
-                   + (f" (pid {router.get('pid')}, {count} lines registered)" if router.get("pid") else "")
-                   + (f": {router.get('error')}" if router.get("error") else ""))
+        out.append(
+            f"router {router.get('kind')} {router.get('url')}: {router.get('state')}"
+            + (f" (pid {router.get('pid')}, {count} lines registered)" if router.get("pid") else "")
+            + (f": {router.get('error')}" if router.get("error") else "")
+        )
     lines = data.get("lines")
     for line in lines if isinstance(lines, list) else []:
         if not isinstance(line, dict):
@@ -127,13 +161,31 @@ def render(data: dict[str, object]) -> list[str]:
 @fleet_option
 @click.option("--json", "as_json", is_flag=True, help="One JSON object (schema tp4.fleet-status/1).")
 @click.option("--watch", is_flag=True, help="Refresh until Ctrl-C.")
-@click.option("--interval", type=click.FloatRange(1, 3600), default=10, show_default=True, help="Seconds between refreshes with --watch.")
-@click.option("--probe-timeout", type=click.FloatRange(0.1, 600), default=10, show_default=True,
-              help="Seconds each line's one-token completion may take.")
+@click.option(
+    "--interval",
+    type=click.FloatRange(1, 3600),
+    default=10,
+    show_default=True,
+    help="Seconds between refreshes with --watch.",
+)
+@click.option(
+    "--probe-timeout",
+    type=click.FloatRange(0.1, 600),
+    default=10,
+    show_default=True,
+    help="Seconds each line's one-token completion may take.",
+)
 @ssh_option
 @strict_option
-def status(fleet_path: str, as_json: bool, watch: bool, interval: float, probe_timeout: float, ssh_options: tuple[str, ...],
-           strict: bool) -> None:
+def status(
+    fleet_path: str,
+    as_json: bool,
+    watch: bool,
+    interval: float,
+    probe_timeout: float,
+    ssh_options: tuple[str, ...],
+    strict: bool,
+) -> None:
     """The router (its process, each line's health as the router sees it) and each line (as `tp4
     status` shows it). Exit 1 unless the router runs and reports every line healthy."""
     from tp4.serving import fleet as fleet_mod

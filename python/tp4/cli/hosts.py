@@ -35,10 +35,22 @@ def _remotes(profile_path: str | None, names: tuple[str, ...], port: int | None)
 
 @hosts.command("trust")
 @profile_option
-@click.option("--host", "names", multiple=True, metavar="HOST", help="A host's ssh name or address instead of the profile's nodes; repeatable.")
+@click.option(
+    "--host",
+    "names",
+    multiple=True,
+    metavar="HOST",
+    help="A host's ssh name or address instead of the profile's nodes; repeatable.",
+)
 @click.option("--port", type=click.IntRange(1, 65535), default=None, help="ssh port (default: the node's, else 22).")
-@click.option("--yes", "-y", is_flag=True, help="Record the keys shown without asking (needed when stdin is not a terminal).")
-@click.option("--replace", is_flag=True, help="Accept a node whose key changed: its recorded keys are replaced by those it offers now.")
+@click.option(
+    "--yes", "-y", is_flag=True, help="Record the keys shown without asking (needed when stdin is not a terminal)."
+)
+@click.option(
+    "--replace",
+    is_flag=True,
+    help="Accept a node whose key changed: its recorded keys are replaced by those it offers now.",
+)
 def trust(profile_path: str | None, names: tuple[str, ...], port: int | None, yes: bool, replace: bool) -> None:
     """Fetch each node's host keys (ssh-keyscan), show their fingerprints and record them.
 
@@ -48,8 +60,11 @@ def trust(profile_path: str | None, names: tuple[str, ...], port: int | None, ye
     terminal.
     """
     remotes = _remotes(profile_path, names, port)
-    click.echo(f"fetching the host keys of {len(remotes)} node{'s' if len(remotes) != 1 else ''} "
-               f"(ssh-keyscan, at most {trust_mod.SCAN_TIMEOUT} s)…", err=True)
+    click.echo(
+        f"fetching the host keys of {len(remotes)} node{'s' if len(remotes) != 1 else ''} "
+        f"(ssh-keyscan, at most {trust_mod.SCAN_TIMEOUT} s)…",
+        err=True,
+    )
     verdicts = trust_mod.examine(remotes)
     for v in verdicts:
         if v.status == "trusted":
@@ -69,8 +84,10 @@ def trust(profile_path: str | None, names: tuple[str, ...], port: int | None, ye
     file = knownhosts.path()
     if not yes:
         if not sys.stdin.isatty():
-            raise InvalidInput("not recording the keys above: stdin is not a terminal to confirm on; fix: check the "
-                               "fingerprints against the nodes and rerun with --yes")
+            raise InvalidInput(
+                "not recording the keys above: stdin is not a terminal to confirm on; fix: check the "
+                "fingerprints against the nodes and rerun with --yes"
+            )
         if not click.confirm(f"record the keys of {', '.join(v.name for v in todo)} in {file}?", err=True):
             raise InvalidInput("not recorded: you declined; nothing was written")
     count = trust_mod.record(todo)
@@ -92,7 +109,9 @@ def list_() -> None:
 
 @hosts.command("forget")
 @click.argument("host")
-@click.option("--port", type=click.IntRange(1, 65535), default=None, help="ssh port the key was recorded for (default 22).")
+@click.option(
+    "--port", type=click.IntRange(1, 65535), default=None, help="ssh port the key was recorded for (default 22)."
+)
 def forget(host: str, port: int | None) -> None:
     """Remove the recorded keys of HOST: tp4 refuses to connect to it until it is trusted again."""
     name, removed = trust_mod.forget(Remote(host=knownhosts.check_host(host, "HOST"), port=_port(port)))

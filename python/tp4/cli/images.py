@@ -34,28 +34,46 @@ class KeepCount(click.ParamType[int]):
             try:
                 number = int(str(value).strip(), 10)
             except ValueError:
-                self.fail(f"{str(value)!r} is not a whole number; fix: pass how many of the newest builds to keep, "
-                          f"0 to {MAX_KEEP}", param, ctx)
+                self.fail(
+                    f"{str(value)!r} is not a whole number; fix: pass how many of the newest builds to keep, "
+                    f"0 to {MAX_KEEP}",
+                    param,
+                    ctx,
+                )
         if not 0 <= number <= MAX_KEEP:
-            self.fail(f"{number} is out of range; fix: pass how many of the newest builds to keep, 0 to {MAX_KEEP}",
-                      param, ctx)
+            self.fail(
+                f"{number} is out of range; fix: pass how many of the newest builds to keep, 0 to {MAX_KEEP}",
+                param,
+                ctx,
+            )
         return number
 
 
 def node_options(f: F) -> F:
     """The nodes (head and workers) and their runtime, as `tp4 distribute` takes them."""
-    for option in reversed([
-        click.option("--runtime", type=click.Choice(["docker", "podman"]), default=None,
-                     help="Container runtime on the nodes (default: docker if installed on the head, else podman)."),
-        profile_option,
-        click.option("--worker", "workers", multiple=True, metavar="HOST",
-                     help="A worker's ssh name or address instead of the profile's; repeat, or give a comma/space list."),
-        click.option("--user", default=None, help="ssh user on the workers."),
-        click.option("--identity", default=None, help="ssh private key."),
-        click.option("--port", type=int, default=None, help="ssh port."),
-        ssh_option,
-        strict_option,
-    ]):
+    for option in reversed(
+        [
+            click.option(
+                "--runtime",
+                type=click.Choice(["docker", "podman"]),
+                default=None,
+                help="Container runtime on the nodes (default: docker if installed on the head, else podman).",
+            ),
+            profile_option,
+            click.option(
+                "--worker",
+                "workers",
+                multiple=True,
+                metavar="HOST",
+                help="A worker's ssh name or address instead of the profile's; repeat, or give a comma/space list.",
+            ),
+            click.option("--user", default=None, help="ssh user on the workers."),
+            click.option("--identity", default=None, help="ssh private key."),
+            click.option("--port", type=int, default=None, help="ssh port."),
+            ssh_option,
+            strict_option,
+        ]
+    ):
         f = option(f)
     return f
 
@@ -65,8 +83,15 @@ NODE_KEYS = ("runtime", "profile_path", "workers", "user", "identity", "port", "
 
 def _resolve(opts: dict[str, Any]) -> tuple[str, list[Remote]]:
     runtime = runtime_cli.detect(opts["runtime"])
-    workers = profile_remotes(opts["workers"], opts["profile_path"], opts["user"], opts["identity"], opts["port"],
-                     opts["ssh_options"], opts["strict"])
+    workers = profile_remotes(
+        opts["workers"],
+        opts["profile_path"],
+        opts["user"],
+        opts["identity"],
+        opts["port"],
+        opts["ssh_options"],
+        opts["strict"],
+    )
     return runtime, workers
 
 
@@ -103,25 +128,52 @@ def images(ctx: click.Context, /, as_json: bool, **opts: Any) -> None:
         return (store_ids.get(image.id) if node is head else None) or image.digest()
 
     if as_json:  # built through its contract (tp4.core.contracts.images_listing)
-        listing = ImagesListing(runtime=runtime, nodes=[ImagesNode(
-            node=n.name, host=n.remote.host if n.remote else None, error=n.error,
-            line=n.line_ids(), differs=images_mod.differences(head, n),
-            images=[ImageEntry(id=i.id, tags=list(i.tags), created=i.created.isoformat(), size=i.size,
-                               line_ref=i.line_ref, line=i.is_line, digest=digest(n, i), flake_rev=i.flake_rev,
-                               pins=i.pins, containers=list(i.containers), layers=list(i.layers)) for i in n.images],
-        ) for n in nodes])
+        listing = ImagesListing(
+            runtime=runtime,
+            nodes=[
+                ImagesNode(
+                    node=n.name,
+                    host=n.remote.host if n.remote else None,
+                    error=n.error,
+                    line=n.line_ids(),
+                    differs=images_mod.differences(head, n),
+                    images=[
+                        ImageEntry(
+                            id=i.id,
+                            tags=list(i.tags),
+                            created=i.created.isoformat(),
+                            size=i.size,
+                            line_ref=i.line_ref,
+                            line=i.is_line,
+                            digest=digest(n, i),
+                            flake_rev=i.flake_rev,
+                            pins=i.pins,
+                            containers=list(i.containers),
+                            layers=list(i.layers),
+                        )
+                        for i in n.images
+                    ],
+                )
+                for n in nodes
+            ],
+        )
         click.echo(json.dumps(listing.model_dump(mode="json", by_alias=True), indent=2))
     else:
         for n in nodes:
             _print_node(n, head, digest)
     failed = [n for n in nodes if n.error]
     if failed:
-        raise Tp4Error("could not list the images of " + ", ".join(n.name for n in failed) + ": see above; "
-                       "check the ssh settings (--user, --identity, --ssh-option) and that the node is up")
+        raise Tp4Error(
+            "could not list the images of " + ", ".join(n.name for n in failed) + ": see above; "
+            "check the ssh settings (--user, --identity, --ssh-option) and that the node is up"
+        )
 
 
-def _print_node(node: images_mod.NodeImages, head: images_mod.NodeImages,
-                digest: Callable[[images_mod.NodeImages, images_mod.Image], str | None]) -> None:
+def _print_node(
+    node: images_mod.NodeImages,
+    head: images_mod.NodeImages,
+    digest: Callable[[images_mod.NodeImages, images_mod.Image], str | None],
+) -> None:
     if node.error:
         click.echo(f"{node.name}: cannot list its images: {node.error}")
         click.echo()
@@ -142,8 +194,14 @@ def _print_node(node: images_mod.NodeImages, head: images_mod.NodeImages,
 
 @images.command("prune")
 @node_options
-@click.option("--keep", type=KeepCount(), default=2, show_default=True, metavar="N",
-              help=f"How many of the newest builds (by created time) each node keeps besides the line's image and those containers use (0-{MAX_KEEP}).")
+@click.option(
+    "--keep",
+    type=KeepCount(),
+    default=2,
+    show_default=True,
+    metavar="N",
+    help=f"How many of the newest builds (by created time) each node keeps besides the line's image and those containers use (0-{MAX_KEEP}).",
+)
 @click.option("--dry-run", is_flag=True, help="Say what would be removed; remove nothing.")
 @click.pass_context
 def prune(ctx: click.Context, /, keep: int, dry_run: bool, **opts: Any) -> None:

@@ -30,15 +30,28 @@ def _human(plan: Plan, rank: int | None) -> str:
         if rank is not None and node.rank != rank:
             continue
         ssh, run, gid = node.ssh, node.run, node.gid
-        out += ["", f"rank {node.rank} ({node.role}) {node.name}  fabric {node.host}  ssh {ssh.user}@{ssh.host}:{ssh.port}",
-                f"  container {run.container} image {run.image} command {' '.join(run.command)}",
-                f"  --network {run.network} --ipc {run.ipc} --privileged --cap-add {','.join(run.cap_add)} --gpus {run.gpus} --shm-size {run.shm_size}",
-                f"  ulimits memlock={run.ulimits.memlock} stack={run.ulimits.stack}  devices " + " ".join(run.devices),
-                "  mounts:"]
+        out += [
+            "",
+            f"rank {node.rank} ({node.role}) {node.name}  fabric {node.host}  ssh {ssh.user}@{ssh.host}:{ssh.port}",
+            f"  container {run.container} image {run.image} command {' '.join(run.command)}",
+            f"  --network {run.network} --ipc {run.ipc} --privileged --cap-add {','.join(run.cap_add)} --gpus {run.gpus} --shm-size {run.shm_size}",
+            f"  ulimits memlock={run.ulimits.memlock} stack={run.ulimits.stack}  devices " + " ".join(run.devices),
+            "  mounts:",
+        ]
         for m in run.mounts:
-            out.append(f"    {m.source} -> {m.target}" + (" (ro)" if m.read_only else "") + (" [volume]" if m.type == "volume" else ""))
-        out.append(f"  gid index {gid.value}: " + (f"pinned by {gid.pinned_by}" if gid.pinned_by else
-                   f"looked up on the node by {' and '.join(gid.lookup_by)} at start ({', '.join(gid.hcas)})"))
+            out.append(
+                f"    {m.source} -> {m.target}"
+                + (" (ro)" if m.read_only else "")
+                + (" [volume]" if m.type == "volume" else "")
+            )
+        out.append(
+            f"  gid index {gid.value}: "
+            + (
+                f"pinned by {gid.pinned_by}"
+                if gid.pinned_by
+                else f"looked up on the node by {' and '.join(gid.lookup_by)} at start ({', '.join(gid.hcas)})"
+            )
+        )
         out.append(f"  env ({len(node.env)}):")
         out += [f"    {k}={v}" for k, v in node.env.items()]
         out.append("  engine argv:")
@@ -59,16 +72,38 @@ def _human(plan: Plan, rank: int | None) -> str:
 @profile_option
 @click.option("--rank", type=int, default=None, help="Show only this rank.")
 @json_option(f"Machine-readable plan (schema {schemas.PLAN}, see docs/plan-schema.md), with its digest.")
-@click.option("--output", "-o", "output", type=click.Path(dir_okay=False), default=None,
-              help="Write the JSON plan to FILE (replaced whole, never half-written): the plan a NixOS host configuration reads, committed beside the profile.")
-@click.option("--check", "check", type=click.Path(dir_okay=False), default=None,
-              help="Compare FILE (a committed `tp4 plan --json -o FILE`) with the plan the profile renders now: exit 0 when it is current, 1 with the differences when it is stale.")
-@click.option("--against-running", is_flag=True,
-              help="Compare with the plan the running line was started from: exit 0 when it runs this plan, 1 when not (the fields that differ).")
+@click.option(
+    "--output",
+    "-o",
+    "output",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Write the JSON plan to FILE (replaced whole, never half-written): the plan a NixOS host configuration reads, committed beside the profile.",
+)
+@click.option(
+    "--check",
+    "check",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Compare FILE (a committed `tp4 plan --json -o FILE`) with the plan the profile renders now: exit 0 when it is current, 1 with the differences when it is stale.",
+)
+@click.option(
+    "--against-running",
+    is_flag=True,
+    help="Compare with the plan the running line was started from: exit 0 when it runs this plan, 1 when not (the fields that differ).",
+)
 @ssh_option
 @strict_option
-def plan(profile_path: str | None, rank: int | None, as_json: bool, output: str | None, check: str | None,
-         against_running: bool, ssh_options: tuple[str, ...], strict: bool) -> None:
+def plan(
+    profile_path: str | None,
+    rank: int | None,
+    as_json: bool,
+    output: str | None,
+    check: str | None,
+    against_running: bool,
+    ssh_options: tuple[str, ...],
+    strict: bool,
+) -> None:
     """Show the rendered line: per rank the container env, the engine argv, the run spec, and the
     boot-log lines the armed gates must print, and the plan's digest (the label every rank
     started from it carries). The profile's warnings go to stderr (and into the JSON's
@@ -99,8 +134,12 @@ def plan(profile_path: str | None, rank: int | None, as_json: bool, output: str 
             click.echo(f"{check} is stale: the profile ({result.source}) renders another plan:", err=True)
             for d in differences:
                 click.echo(f"  {d}", err=True)
-            click.echo(f"fix: tp4 plan --json -o {check}" + (f" --profile {profile_path}" if profile_path else "") +
-                       ", review the difference and commit it", err=True)
+            click.echo(
+                f"fix: tp4 plan --json -o {check}"
+                + (f" --profile {profile_path}" if profile_path else "")
+                + ", review the difference and commit it",
+                err=True,
+            )
             raise SystemExit(1)
         click.echo(f"{check} is current (the plan the profile renders, {result.digest})", err=True)
         return
@@ -125,8 +164,15 @@ def _against_running(plan: Plan, ssh_options: tuple[str, ...], as_json: bool) ->
     nodes = nodes_of(plan, ssh_options=ssh_options)
     digests = serve.running_digests(nodes)
     result = serve.compare_running(plan, nodes, digests)
-    result["nodes"] = [{"node": n.name, "rank": n.rank.rank, "state": digests[n.name][0] or "absent",
-                        "plan": digests[n.name][1] or None} for n in nodes]
+    result["nodes"] = [
+        {
+            "node": n.name,
+            "rank": n.rank.rank,
+            "state": digests[n.name][0] or "absent",
+            "plan": digests[n.name][1] or None,
+        }
+        for n in nodes
+    ]
     if as_json:
         import json
 

@@ -16,7 +16,12 @@ if TYPE_CHECKING:
 
 # doctor's blocking checks that a later step of `tp4 prepare` makes pass: not a reason to stop
 # before that step (a fresh line has no checkpoint and no shards yet)
-MADE_BY = {"WEIGHTS.HEAD": "download", "WEIGHTS.SHARD_FILES": "download", "WEIGHTS.WORKER": "share", "ENGRAM.SHARDS": "pack"}
+MADE_BY = {
+    "WEIGHTS.HEAD": "download",
+    "WEIGHTS.SHARD_FILES": "download",
+    "WEIGHTS.WORKER": "share",
+    "ENGRAM.SHARDS": "pack",
+}
 STEPS = ("doctor", "download", "share", "pack")
 
 
@@ -76,8 +81,11 @@ def prepare(profile_path: str | None, sysfs: str, ssh_options: tuple[str, ...], 
         click.echo(f"prepare: step {i + 1}/{len(STEPS)}: {STEPS[i]}")
 
     def stopped(i: int, why: str, exit_code: int = 1) -> Tp4Error:
-        return Tp4Error(f"prepare: stopped at step {i + 1}/{len(STEPS)} ({STEPS[i]}): {why}\n"
-                        "fix: the fix above, then rerun `tp4 prepare` (the steps done are skipped)", exit_code=exit_code)
+        return Tp4Error(
+            f"prepare: stopped at step {i + 1}/{len(STEPS)} ({STEPS[i]}): {why}\n"
+            "fix: the fix above, then rerun `tp4 prepare` (the steps done are skipped)",
+            exit_code=exit_code,
+        )
 
     step(0)
     limits = doctor_mod.Limits.of_profile(loaded.profile, sysfs=sysfs)
@@ -86,13 +94,22 @@ def prepare(profile_path: str | None, sysfs: str, ssh_options: tuple[str, ...], 
         click.echo(line)
     blocking = [r for r in report.blocking if r.check not in MADE_BY]
     if blocking:
-        raise stopped(0, f"{len(blocking)} blocking failure(s):\n"
-                      + "\n".join(f"  - {r.check} on {r.node}: {r.detail}" + (f"; fix: {r.fix}" if r.fix else "") for r in blocking))
+        raise stopped(
+            0,
+            f"{len(blocking)} blocking failure(s):\n"
+            + "\n".join(
+                f"  - {r.check} on {r.node}: {r.detail}" + (f"; fix: {r.fix}" if r.fix else "") for r in blocking
+            ),
+        )
     later = sorted({f"{r.check} ({MADE_BY[r.check]})" for r in report.blocking})
-    click.echo("prepare: doctor: no blocking failure" + (f" but what the next steps make: {', '.join(later)}" if later else ""))
-    for i, run in ((1, lambda: checkpoint_mod.download(loaded.profile)),
-                   (2, lambda: share_mod.share(loaded.profile, plan, nodes, click.echo)),
-                   (3, lambda: pack_mod.pack(plan, nodes, click.echo))):
+    click.echo(
+        "prepare: doctor: no blocking failure" + (f" but what the next steps make: {', '.join(later)}" if later else "")
+    )
+    for i, run in (
+        (1, lambda: checkpoint_mod.download(loaded.profile)),
+        (2, lambda: share_mod.share(loaded.profile, plan, nodes, click.echo)),
+        (3, lambda: pack_mod.pack(plan, nodes, click.echo)),
+    ):
         step(i)
         try:
             run()

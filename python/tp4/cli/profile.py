@@ -29,8 +29,12 @@ def check(file: str, strict: bool) -> None:
 
 
 @profile.command("show-preset")
-@click.argument("name", shell_complete=lambda ctx, param, incomplete: [
-    n for n in __import__("tp4.line.profile.load", fromlist=["x"]).preset_names() if n.startswith(incomplete)])
+@click.argument(
+    "name",
+    shell_complete=lambda ctx, param, incomplete: [
+        n for n in __import__("tp4.line.profile.load", fromlist=["x"]).preset_names() if n.startswith(incomplete)
+    ],
+)
 @click.option("--merged", is_flag=True, help="Show the preset with every layer below it merged in.")
 def show_preset(name: str, merged: bool) -> None:
     """Show preset NAME as TOML: its own layer, or with --merged the whole stack."""
@@ -50,9 +54,12 @@ def show_preset(name: str, merged: bool) -> None:
 @click.argument("env_file", type=click.Path(dir_okay=False))
 @click.option("-o", "--output", type=click.Path(dir_okay=False), required=True, help="Profile TOML to write.")
 @click.option("--force", is_flag=True, help="Overwrite OUTPUT if it exists.")
-@click.option("--head-checkout", metavar="DIR",
-              help="The head's checkout of the upstream repository (its state-tp4/ is the head's /state); "
-                   "default: the directory of ENV_FILE.")
+@click.option(
+    "--head-checkout",
+    metavar="DIR",
+    help="The head's checkout of the upstream repository (its state-tp4/ is the head's /state); "
+    "default: the directory of ENV_FILE.",
+)
 @click.option("--strict", is_flag=True, help="Treat warnings as errors: nothing is written if there is one.")
 def import_(env_file: str, output: str, force: bool, head_checkout: str | None, strict: bool) -> None:
     """Import a bash-syntax upstream profile (.env.tp4) into a tp4 profile.

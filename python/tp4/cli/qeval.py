@@ -29,7 +29,9 @@ def _ids(value: str | None) -> list[str]:
         return []
     ids = [v.strip() for v in value.split(",")]
     if not all(ids):
-        raise InvalidInput(f"--only {value[:80]!r}: an empty id; fix: a comma-separated list of task ids, e.g. code_rle,math_gcd")
+        raise InvalidInput(
+            f"--only {value[:80]!r}: an empty id; fix: a comma-separated list of task ids, e.g. code_rle,math_gcd"
+        )
     return ids
 
 
@@ -45,43 +47,67 @@ def _worker(plan: Plan, nodes: list[Node], name: str | None) -> Node:
     workers = [n for n in nodes if n.rank.rank > 0]
     if name is None:
         if not workers:
-            raise InvalidInput("--sandbox-node: the profile has no worker, and model-generated code never runs on the head; "
-                               "fix: --sandbox-host a machine that is not the head")
+            raise InvalidInput(
+                "--sandbox-node: the profile has no worker, and model-generated code never runs on the head; "
+                "fix: --sandbox-host a machine that is not the head"
+            )
         return workers[0]
     found = [n for n in nodes if n.name == name]
     if not found:
-        raise InvalidInput(f"--sandbox-node {name[:60]!r}: no node of that name; fix: one of the workers "
-                           f"{', '.join(n.name for n in workers) or '(none)'}")
+        raise InvalidInput(
+            f"--sandbox-node {name[:60]!r}: no node of that name; fix: one of the workers "
+            f"{', '.join(n.name for n in workers) or '(none)'}"
+        )
     if found[0].rank.rank == 0:
-        raise InvalidInput(f"--sandbox-node {name}: {name} is the head (rank 0); model-generated code never runs on the head; "
-                           f"fix: name a worker: {', '.join(n.name for n in workers) or '(none)'}")
+        raise InvalidInput(
+            f"--sandbox-node {name}: {name} is the head (rank 0); model-generated code never runs on the head; "
+            f"fix: name a worker: {', '.join(n.name for n in workers) or '(none)'}"
+        )
     return found[0]
 
 
-def _sandbox(plan: Plan | None, nodes: list[Node], ep: Endpoint, *, node_name: str | None, host: str | None, image: str | None,
-             runtime: str, ssh_options: tuple[str, ...], limits: Limits) -> Sandbox | None:
+def _sandbox(
+    plan: Plan | None,
+    nodes: list[Node],
+    ep: Endpoint,
+    *,
+    node_name: str | None,
+    host: str | None,
+    image: str | None,
+    runtime: str,
+    ssh_options: tuple[str, ...],
+    limits: Limits,
+) -> Sandbox | None:
     from dataclasses import replace
 
     from tp4.measuring.qeval import sandbox as sb
 
     if node_name is not None and host is not None:
-        raise InvalidInput("--sandbox-node and --sandbox-host: give one; fix: a worker of the profile (--sandbox-node) or an ssh target")
+        raise InvalidInput(
+            "--sandbox-node and --sandbox-host: give one; fix: a worker of the profile (--sandbox-node) or an ssh target"
+        )
     if node_name is not None and plan is None:
-        raise InvalidInput("--sandbox-node: names a worker of the profile, and --url was given without --profile; "
-                           "fix: add --profile, or use --sandbox-host")
+        raise InvalidInput(
+            "--sandbox-node: names a worker of the profile, and --url was given without --profile; "
+            "fix: add --profile, or use --sandbox-host"
+        )
     remote = sb.parse_host(host) if host not in (None, "local") else None
     image = sb.check_image(image) if image is not None else (plan.image.tag if plan is not None else None)
     heads = _head_names(plan, ep.url)
     if host is None and plan is None:
         return None
     if image is None:
-        raise InvalidInput("--sandbox-image: no image to run code in (no profile gives the line's image); "
-                           "fix: name an image with python3 that the sandbox host holds")
+        raise InvalidInput(
+            "--sandbox-image: no image to run code in (no profile gives the line's image); "
+            "fix: name an image with python3 that the sandbox host holds"
+        )
     if host == "local":
         here = sb.local_addresses()
         if {a for n in heads for a in sb.addresses(n)} & here:
-            raise InvalidInput(f"--sandbox-host local: this machine serves the API ({ep.url}), so it is the head; model-generated "
-                               "code never runs on the head; fix: run tp4 qeval from a worker, or --sandbox-host a worker")
+            raise InvalidInput(
+                f"--sandbox-host local: this machine serves the API ({ep.url}), so it is the head; model-generated "
+                "code never runs on the head; fix: run tp4 qeval from a worker, or --sandbox-host a worker"
+            )
         return sb.Sandbox(image, "this machine", None, runtime, limits)
     if remote is not None:
         remote = replace(remote, options=tuple(ssh_options))
@@ -93,7 +119,9 @@ def _sandbox(plan: Plan | None, nodes: list[Node], ep: Endpoint, *, node_name: s
     return sb.Sandbox(image, node.name, node.remote, node.runtime, limits)
 
 
-def _endpoint(plan: Plan | None, secrets: Mapping[str, Secret], url: str | None, model: str | None, key_file: str | None) -> Endpoint:
+def _endpoint(
+    plan: Plan | None, secrets: Mapping[str, Secret], url: str | None, model: str | None, key_file: str | None
+) -> Endpoint:
     from tp4.core import apikey
     from tp4.serving import api
     from tp4.serving import serve as serve_mod
@@ -112,31 +140,120 @@ def _line_of(result: TaskResult, width: int) -> str:
 
 @click.command("qeval")
 @profile_option
-@click.option("--url", default=None, metavar="http://HOST:PORT", help="The API (default: the profile's line.api); with --profile it overrides the profile's.")
-@click.option("--model", default=None, metavar="NAME", help="The served model name (default: the profile's SERVED_MODEL_NAME, else `default`).")
-@click.option("--api-key-file", type=click.Path(dir_okay=False), default=None, help="A file holding the API key (default: the profile's api.key_file).")
-@click.option("--sandbox-node", default=None, metavar="NAME", help="The worker of the profile that runs model-generated code (default: the first worker).")
-@click.option("--sandbox-host", default=None, metavar="[USER@]HOST[:PORT]|local",
-              help="Run model-generated code over ssh on this host (never the head), or `local`: on this machine, when it does not serve the API.")
-@click.option("--sandbox-image", default=None, metavar="IMAGE", help="The image with python3 the code runs in (default: the line's image).")
-@click.option("--sandbox-runtime", type=click.Choice(["podman", "docker"]), default="podman", show_default=True,
-              help="The container runtime of --sandbox-host (a profile's node: the node's runtime).")
-@click.option("--code-seconds", type=click.FloatRange(1, 600), default=10.0, show_default=True, help="Wall-clock limit of one code task's run.")
+@click.option(
+    "--url",
+    default=None,
+    metavar="http://HOST:PORT",
+    help="The API (default: the profile's line.api); with --profile it overrides the profile's.",
+)
+@click.option(
+    "--model",
+    default=None,
+    metavar="NAME",
+    help="The served model name (default: the profile's SERVED_MODEL_NAME, else `default`).",
+)
+@click.option(
+    "--api-key-file",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="A file holding the API key (default: the profile's api.key_file).",
+)
+@click.option(
+    "--sandbox-node",
+    default=None,
+    metavar="NAME",
+    help="The worker of the profile that runs model-generated code (default: the first worker).",
+)
+@click.option(
+    "--sandbox-host",
+    default=None,
+    metavar="[USER@]HOST[:PORT]|local",
+    help="Run model-generated code over ssh on this host (never the head), or `local`: on this machine, when it does not serve the API.",
+)
+@click.option(
+    "--sandbox-image",
+    default=None,
+    metavar="IMAGE",
+    help="The image with python3 the code runs in (default: the line's image).",
+)
+@click.option(
+    "--sandbox-runtime",
+    type=click.Choice(["podman", "docker"]),
+    default="podman",
+    show_default=True,
+    help="The container runtime of --sandbox-host (a profile's node: the node's runtime).",
+)
+@click.option(
+    "--code-seconds",
+    type=click.FloatRange(1, 600),
+    default=10.0,
+    show_default=True,
+    help="Wall-clock limit of one code task's run.",
+)
 @click.option("--only", default=None, metavar="ID,...", help="Only these tasks.")
-@click.option("--kind", "kinds", multiple=True, type=click.Choice(["code", "json", "numeric", "format", "prose"]), help="Only tasks of this kind; repeatable.")
-@click.option("--baseline", default=None, type=click.Path(dir_okay=False), metavar="FILE", help="Compare with a stored baseline: newly failing and newly passing tasks.")
-@click.option("--fail-below", type=click.IntRange(0, 100000), default=None, metavar="N", help="Exit 1 when fewer than N tasks pass.")
-@click.option("--timeout", type=click.FloatRange(1, 7200), default=300.0, show_default=True, help="Seconds one answer may take.")
+@click.option(
+    "--kind",
+    "kinds",
+    multiple=True,
+    type=click.Choice(["code", "json", "numeric", "format", "prose"]),
+    help="Only tasks of this kind; repeatable.",
+)
+@click.option(
+    "--baseline",
+    default=None,
+    type=click.Path(dir_okay=False),
+    metavar="FILE",
+    help="Compare with a stored baseline: newly failing and newly passing tasks.",
+)
+@click.option(
+    "--fail-below",
+    type=click.IntRange(0, 100000),
+    default=None,
+    metavar="N",
+    help="Exit 1 when fewer than N tasks pass.",
+)
+@click.option(
+    "--timeout", type=click.FloatRange(1, 7200), default=300.0, show_default=True, help="Seconds one answer may take."
+)
 @click.option("--label", default=None, help="A label stored with the results (default: the model and the API address).")
-@click.option("--json", "as_json", is_flag=True, help="Print the results document (JSON) instead of the table; progress goes to stderr.")
-@click.option("--out", default=None, type=click.Path(dir_okay=False), metavar="FILE", help="Also write the results document to FILE (replaced atomically).")
+@click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    help="Print the results document (JSON) instead of the table; progress goes to stderr.",
+)
+@click.option(
+    "--out",
+    default=None,
+    type=click.Path(dir_okay=False),
+    metavar="FILE",
+    help="Also write the results document to FILE (replaced atomically).",
+)
 @click.option("--list", "list_only", is_flag=True, help="List the tasks and exit.")
 @ssh_option
 @strict_option
-def qeval(profile_path: str | None, url: str | None, model: str | None, api_key_file: str | None, sandbox_node: str | None,
-          sandbox_host: str | None, sandbox_image: str | None, sandbox_runtime: str, code_seconds: float, only: str | None,
-          kinds: tuple[str, ...], baseline: str | None, fail_below: int | None, timeout: float, label: str | None, as_json: bool,
-          out: str | None, list_only: bool, ssh_options: tuple[str, ...], strict: bool) -> None:
+def qeval(
+    profile_path: str | None,
+    url: str | None,
+    model: str | None,
+    api_key_file: str | None,
+    sandbox_node: str | None,
+    sandbox_host: str | None,
+    sandbox_image: str | None,
+    sandbox_runtime: str,
+    code_seconds: float,
+    only: str | None,
+    kinds: tuple[str, ...],
+    baseline: str | None,
+    fail_below: int | None,
+    timeout: float,
+    label: str | None,
+    as_json: bool,
+    out: str | None,
+    list_only: bool,
+    ssh_options: tuple[str, ...],
+    strict: bool,
+) -> None:
     """Score the line on tp4's own quality suite (code run against hidden asserts, JSON checked
     against a schema, numeric answers, format constraints, prose checked for degeneration; no
     LLM judge). One request at a time, temperature 0, thinking off.
@@ -156,8 +273,10 @@ def qeval(profile_path: str | None, url: str | None, model: str | None, api_key_
             click.echo(f"{t.id:<{width}}  {t.kind:<7} {t.max_tokens:>4}  {t.prompt[:90]}")
         return
     if fail_below is not None and fail_below > len(tasks):
-        raise InvalidInput(f"--fail-below {fail_below}: only {len(tasks)} tasks are selected, so the run could never pass; "
-                           f"fix: at most {len(tasks)}")
+        raise InvalidInput(
+            f"--fail-below {fail_below}: only {len(tasks)} tasks are selected, so the run could never pass; "
+            f"fix: at most {len(tasks)}"
+        )
     if not math.isfinite(code_seconds):
         raise InvalidInput("--code-seconds: expected a number of seconds")
     base = suite.load_baseline(baseline) if baseline is not None else None
@@ -173,11 +292,26 @@ def qeval(profile_path: str | None, url: str | None, model: str | None, api_key_
         plan, nodes, secrets = served.plan, served.nodes, served.secrets
     ep = _endpoint(plan, secrets, url, model, api_key_file)
     needs_code = any(isinstance(t.scorer, Code) for t in tasks)
-    sandbox = _sandbox(plan, list(nodes), ep, node_name=sandbox_node, host=sandbox_host, image=sandbox_image, runtime=sandbox_runtime,
-                       ssh_options=ssh_options, limits=Limits(seconds=code_seconds)) if needs_code or sandbox_host or sandbox_node else None
+    sandbox = (
+        _sandbox(
+            plan,
+            list(nodes),
+            ep,
+            node_name=sandbox_node,
+            host=sandbox_host,
+            image=sandbox_image,
+            runtime=sandbox_runtime,
+            ssh_options=ssh_options,
+            limits=Limits(seconds=code_seconds),
+        )
+        if needs_code or sandbox_host or sandbox_node
+        else None
+    )
     if needs_code and sandbox is None:
-        raise InvalidInput("code tasks need a sandbox on a worker; fix: --profile (its first worker), --sandbox-host WORKER, "
-                           "or leave the code tasks out (--kind json --kind numeric ...)")
+        raise InvalidInput(
+            "code tasks need a sandbox on a worker; fix: --profile (its first worker), --sandbox-host WORKER, "
+            "or leave the code tasks out (--kind json --kind numeric ...)"
+        )
     width = max(len(t.id) for t in tasks)
 
     def progress(result: TaskResult, i: int, n: int) -> None:
@@ -189,8 +323,16 @@ def qeval(profile_path: str | None, url: str | None, model: str | None, api_key_
 
     started = suite.now()
     results = suite.run(tasks, ep, sandbox, timeout=timeout, progress=progress)
-    doc = suite.results_doc(results, ep=ep, sandbox=sandbox, started=started, finished=suite.now(),
-                            label=label if label is not None else f"{ep.model} at {ep.url}", baseline=base, baseline_path=baseline)
+    doc = suite.results_doc(
+        results,
+        ep=ep,
+        sandbox=sandbox,
+        started=started,
+        finished=suite.now(),
+        label=label if label is not None else f"{ep.model} at {ep.url}",
+        baseline=base,
+        baseline_path=baseline,
+    )
     if out is not None:
         from tp4.core.userfiles import write_output
 
@@ -203,9 +345,11 @@ def qeval(profile_path: str | None, url: str | None, model: str | None, api_key_
         click.echo(f"score: {passed}/{len(results)} passed ({kinds_line})")
         if base is not None:
             diff = suite.compare(base, results)
-            click.echo(f"baseline {baseline} ({base.label or 'no label'}): "
-                       f"{len(diff.newly_failing)} newly failing, {len(diff.newly_passing)} newly passing"
-                       + (f", {len(diff.not_in_baseline)} not in the baseline" if diff.not_in_baseline else ""))
+            click.echo(
+                f"baseline {baseline} ({base.label or 'no label'}): "
+                f"{len(diff.newly_failing)} newly failing, {len(diff.newly_passing)} newly passing"
+                + (f", {len(diff.not_in_baseline)} not in the baseline" if diff.not_in_baseline else "")
+            )
             for tid in diff.newly_failing:
                 click.echo(f"  newly failing: {tid}")
             for tid in diff.newly_passing:

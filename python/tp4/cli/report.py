@@ -12,18 +12,45 @@ from tp4.core.errors import InvalidInput
 
 @click.command("report")
 @click.argument("results", nargs=-1, required=True, metavar="RESULT...")
-@click.option("--reference", default=report_mod.DEFAULT_REFERENCE, show_default=True, metavar="NAME|FILE",
-              help="A shipped reference (v2.1: the published line), a reference data file, or a result file to compare with.")
-@click.option("--tolerance", default="5", show_default=True, metavar="PCT",
-              help="Flag differences from the reference beyond this many percent.")
-@click.option("--fail-on-regression", "fail_on", default=None, metavar="PCT",
-              help="Exit 1 when a judged value is worse than the reference by more than PCT percent (exactly PCT is not).")
-@click.option("--out", "out_dir", default=None, metavar="DIR",
-              help="Where the PNG charts go (default: the current directory; never beside a RESULT, which may be an archive or the checkout).")
+@click.option(
+    "--reference",
+    default=report_mod.DEFAULT_REFERENCE,
+    show_default=True,
+    metavar="NAME|FILE",
+    help="A shipped reference (v2.1: the published line), a reference data file, or a result file to compare with.",
+)
+@click.option(
+    "--tolerance",
+    default="5",
+    show_default=True,
+    metavar="PCT",
+    help="Flag differences from the reference beyond this many percent.",
+)
+@click.option(
+    "--fail-on-regression",
+    "fail_on",
+    default=None,
+    metavar="PCT",
+    help="Exit 1 when a judged value is worse than the reference by more than PCT percent (exactly PCT is not).",
+)
+@click.option(
+    "--out",
+    "out_dir",
+    default=None,
+    metavar="DIR",
+    help="Where the PNG charts go (default: the current directory; never beside a RESULT, which may be an archive or the checkout).",
+)
 @click.option("--no-charts", is_flag=True, help="Write no chart.")
 @click.option("--json", "as_json", is_flag=True, help="Print the comparison as JSON.")
-def report(results: tuple[str, ...], reference: str, tolerance: str, fail_on: str | None, out_dir: str | None,
-           no_charts: bool, as_json: bool) -> None:
+def report(
+    results: tuple[str, ...],
+    reference: str,
+    tolerance: str,
+    fail_on: str | None,
+    out_dir: str | None,
+    no_charts: bool,
+    as_json: bool,
+) -> None:
     """Compare bench results (tp4 bench's or sparkDash's result.json, or the directories holding
     them) with a reference: aggregate and per-stream decode tok/s and TTFT by prompt type and
     concurrency, prefill tok/s by length, each with the difference in percent (docs/report.md)."""
@@ -46,6 +73,9 @@ def report(results: tuple[str, ...], reference: str, tolerance: str, fail_on: st
         for chart in charts:
             click.echo(f"chart: {chart}")
     if compared.regressions:
-        click.echo(f"regression: {len(compared.regressions)} value(s) worse than the reference by more than "
-                   f"{float(threshold or 0):g} %", err=True)
+        click.echo(
+            f"regression: {len(compared.regressions)} value(s) worse than the reference by more than "
+            f"{float(threshold or 0):g} %",
+            err=True,
+        )
         raise SystemExit(1)

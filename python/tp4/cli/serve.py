@@ -9,8 +9,19 @@ from typing import TYPE_CHECKING
 
 import click
 
-from tp4.cli.common import (err, json_option, load_served, out, profile_option, render_status, ssh_option, strict_option,
-                            sysfs_option, sysfs_root, timeouts as parse_timeouts)
+from tp4.cli.common import (
+    err,
+    json_option,
+    load_served,
+    out,
+    profile_option,
+    render_status,
+    ssh_option,
+    strict_option,
+    sysfs_option,
+    sysfs_root,
+    timeouts as parse_timeouts,
+)
 from tp4.core.errors import InvalidInput, Tp4Error
 
 if TYPE_CHECKING:
@@ -19,7 +30,9 @@ if TYPE_CHECKING:
     from tp4.hosts.nodes import Node
 
 
-def _line(profile_path: str | None, strict: bool, ssh_options: tuple[str, ...]) -> tuple[Plan, list[Node], dict[str, Secret]]:
+def _line(
+    profile_path: str | None, strict: bool, ssh_options: tuple[str, ...]
+) -> tuple[Plan, list[Node], dict[str, Secret]]:
     """(plan, nodes, secrets) of the profile the rule chooses (announced on stderr)."""
     served = load_served(profile_path, strict, ssh_options)
     return served.plan, served.nodes, served.secrets
@@ -27,20 +40,49 @@ def _line(profile_path: str | None, strict: bool, ssh_options: tuple[str, ...]) 
 
 @click.command("serve")
 @profile_option
-@click.option("--force", is_flag=True, help="Start although a node's GPU has compute apps (doctor's GPU.NO_FOREIGN_APPS).")
-@click.option("--timeout", "timeouts", multiple=True, metavar="[PHASE=]SECONDS",
-              help="Bound a boot phase (start, weights, graphs, smoke, warmup, ready, completion), or all; repeatable.")
-@click.option("--on-slow-boot", type=click.Choice(["report", "restart"]), default="report", show_default=True,
-              help="A boot whose warm-up throughput is below the threshold: report it, or restart it once.")
-@click.option("--slow-floor", type=click.FloatRange(min=0, min_open=True, max=1e9), default=None, metavar="TOKENS/S",
-              help="Warm-up input throughput below which a boot is slow (default: half the last good boot's).")
-@click.option("--replace", is_flag=True,
-              help="The line already runs (from this plan or another): stop it and serve this plan instead of refusing.")
+@click.option(
+    "--force", is_flag=True, help="Start although a node's GPU has compute apps (doctor's GPU.NO_FOREIGN_APPS)."
+)
+@click.option(
+    "--timeout",
+    "timeouts",
+    multiple=True,
+    metavar="[PHASE=]SECONDS",
+    help="Bound a boot phase (start, weights, graphs, smoke, warmup, ready, completion), or all; repeatable.",
+)
+@click.option(
+    "--on-slow-boot",
+    type=click.Choice(["report", "restart"]),
+    default="report",
+    show_default=True,
+    help="A boot whose warm-up throughput is below the threshold: report it, or restart it once.",
+)
+@click.option(
+    "--slow-floor",
+    type=click.FloatRange(min=0, min_open=True, max=1e9),
+    default=None,
+    metavar="TOKENS/S",
+    help="Warm-up input throughput below which a boot is slow (default: half the last good boot's).",
+)
+@click.option(
+    "--replace",
+    is_flag=True,
+    help="The line already runs (from this plan or another): stop it and serve this plan instead of refusing.",
+)
 @sysfs_option
 @ssh_option
 @strict_option
-def serve(profile_path: str | None, force: bool, timeouts: tuple[str, ...], on_slow_boot: str, slow_floor: float | None,
-          replace: bool, sysfs: str, ssh_options: tuple[str, ...], strict: bool) -> None:
+def serve(
+    profile_path: str | None,
+    force: bool,
+    timeouts: tuple[str, ...],
+    on_slow_boot: str,
+    slow_floor: float | None,
+    replace: bool,
+    sysfs: str,
+    ssh_options: tuple[str, ...],
+    strict: bool,
+) -> None:
     """Start the line and prove it ready, or leave nothing running.
 
     Runs doctor's blocking checks on every node (refusing with doctor's table) and checks that no
@@ -57,17 +99,25 @@ def serve(profile_path: str | None, force: bool, timeouts: tuple[str, ...], on_s
     sysfs = sysfs_root(sysfs)
     served = load_served(profile_path, strict, ssh_options)
     loaded = served.line.loaded
-    opts = serve_mod.Options(force=force, timeouts=parse_timeouts(timeouts), on_slow_boot=on_slow_boot,
-                             slow_floor=slow_floor, tty=sys.stderr.isatty(), sysfs=sysfs,
-                             volume_kind="nfs" if loaded.profile.nfs.share else "local",
-                             expected_shards=loaded.profile.model.expected_shards, replace=replace)
+    opts = serve_mod.Options(
+        force=force,
+        timeouts=parse_timeouts(timeouts),
+        on_slow_boot=on_slow_boot,
+        slow_floor=slow_floor,
+        tty=sys.stderr.isatty(),
+        sysfs=sysfs,
+        volume_kind="nfs" if loaded.profile.nfs.share else "local",
+        expected_shards=loaded.profile.model.expected_shards,
+        replace=replace,
+    )
     serve_mod.serve(served.plan, served.nodes, served.secrets, opts, out, err)
 
 
 @click.command("stop")
 @profile_option
-@click.option("--grace", type=click.IntRange(0, 3600), default=10, show_default=True,
-              help="Seconds between TERM and KILL.")
+@click.option(
+    "--grace", type=click.IntRange(0, 3600), default=10, show_default=True, help="Seconds between TERM and KILL."
+)
 @ssh_option
 @strict_option
 def stop(profile_path: str | None, grace: int, ssh_options: tuple[str, ...], strict: bool) -> None:
@@ -85,14 +135,31 @@ def stop(profile_path: str | None, grace: int, ssh_options: tuple[str, ...], str
 @profile_option
 @json_option("One JSON object.")
 @click.option("--watch", is_flag=True, help="Refresh until Ctrl-C.")
-@click.option("--interval", type=click.FloatRange(1, 3600), default=10, show_default=True,
-              help="Seconds between refreshes with --watch (status reads no GPU tool: an nvidia-smi poll costs the decode steps).")
-@click.option("--probe-timeout", type=click.FloatRange(0.1, 600), default=10, show_default=True,
-              help="Seconds the one-token completion may take before the line is busy or wedged.")
+@click.option(
+    "--interval",
+    type=click.FloatRange(1, 3600),
+    default=10,
+    show_default=True,
+    help="Seconds between refreshes with --watch (status reads no GPU tool: an nvidia-smi poll costs the decode steps).",
+)
+@click.option(
+    "--probe-timeout",
+    type=click.FloatRange(0.1, 600),
+    default=10,
+    show_default=True,
+    help="Seconds the one-token completion may take before the line is busy or wedged.",
+)
 @ssh_option
 @strict_option
-def status(profile_path: str | None, as_json: bool, watch: bool, interval: float, probe_timeout: float,
-           ssh_options: tuple[str, ...], strict: bool) -> None:
+def status(
+    profile_path: str | None,
+    as_json: bool,
+    watch: bool,
+    interval: float,
+    probe_timeout: float,
+    ssh_options: tuple[str, ...],
+    strict: bool,
+) -> None:
     """Each node's rank (state, uptime, image, the digest of the plan it runs from, last log line)
     and the line: a real one-token completion, running and waiting requests (busy is not wedged),
     the current boot's signature, and whether the line runs this plan (else the fields that
@@ -125,8 +192,15 @@ def status(profile_path: str | None, as_json: bool, watch: bool, interval: float
 @click.option("--tail", "tail", type=click.IntRange(1, 1_000_000), default=None, help="Only the last N lines.")
 @ssh_option
 @strict_option
-def logs(profile_path: str | None, rank: int, follow: bool, since: str | None, tail: int | None,
-         ssh_options: tuple[str, ...], strict: bool) -> None:
+def logs(
+    profile_path: str | None,
+    rank: int,
+    follow: bool,
+    since: str | None,
+    tail: int | None,
+    ssh_options: tuple[str, ...],
+    strict: bool,
+) -> None:
     """A rank's log (its container's output)."""
     import re
 

@@ -13,7 +13,9 @@ from tp4.image.sources import manifest as mf
 
 
 manifest_option = click.option(
-    "--manifest", "manifest_file", metavar="FILE",
+    "--manifest",
+    "manifest_file",
+    metavar="FILE",
     help="Manifest to read (default: $TP4_SOURCES_MANIFEST, else the repository's sources.manifest).",
 )
 
@@ -76,9 +78,7 @@ def verify(manifest_file: str | None, download: bool, names: tuple[str, ...]) ->
     if download:
         _verify_downloads(rows)
     checked = "downloaded and hash-checked" if download else "checked"
-    click.echo(
-        f"{m.label}: {len(rows)} rows {checked} ({unlocked} unlocked), {len(m.trees)} trees: ok"
-    )
+    click.echo(f"{m.label}: {len(rows)} rows {checked} ({unlocked} unlocked), {len(m.trees)} trees: ok")
 
 
 def _verify_downloads(rows: list[mf.Row]) -> None:
@@ -89,7 +89,13 @@ def _verify_downloads(rows: list[mf.Row]) -> None:
     failures = []
     for row in rows:
         if not row.locked or row.kind in ("image", "local"):
-            why = "unlocked" if not row.locked else f"{row.kind} row, checked by Nix" if row.kind == "image" else "local row"
+            why = (
+                "unlocked"
+                if not row.locked
+                else f"{row.kind} row, checked by Nix"
+                if row.kind == "image"
+                else "local row"
+            )
             click.echo(f"skip {row.name}: {why}", err=True)
             continue
         try:
@@ -122,9 +128,12 @@ def _verify_downloads(rows: list[mf.Row]) -> None:
 @sources.command()
 @manifest_option
 @click.option("--ref", help="Move the named row to the head of this branch or tag.")
-@click.option("--tree", is_flag=True,
-              help="Also record the hash of each named archive row's unpacked tree (tree-sha256=): Nix then "
-                   "fetches the row by its tree, so a re-compressed archive with the same files still fetches.")
+@click.option(
+    "--tree",
+    is_flag=True,
+    help="Also record the hash of each named archive row's unpacked tree (tree-sha256=): Nix then "
+    "fetches the row by its tree, so a re-compressed archive with the same files still fetches.",
+)
 @click.argument("names", nargs=-1)
 def lock(manifest_file: str | None, ref: str | None, tree: bool, names: tuple[str, ...]) -> None:
     """Fill in (or refresh) pins: every unlocked row, or the rows named.
@@ -165,8 +174,13 @@ def json_cmd(manifest_file: str | None, check: bool) -> None:
 @manifest_option
 @click.argument("name")
 @click.option("--to", "to", required=True, metavar="DIR", help="Where the tree goes (must not exist, or be empty).")
-@click.option("--input", "inputs", multiple=True, metavar="COMPONENT=PATH",
-              help="An already fetched file for a row: hash-checked and used instead of a download.")
+@click.option(
+    "--input",
+    "inputs",
+    multiple=True,
+    metavar="COMPONENT=PATH",
+    help="An already fetched file for a row: hash-checked and used instead of a download.",
+)
 @click.option("--offline", is_flag=True, help="Never download (the default inside a Nix build).")
 @click.option("-q", "--quiet", is_flag=True, help="No progress or step lines.")
 def fetch(manifest_file: str | None, name: str, to: str, inputs: tuple[str, ...], offline: bool, quiet: bool) -> None:
@@ -220,7 +234,9 @@ def diff(manifest_file: str | None, old: str, new: str | None) -> None:
 @manifest_option
 @click.argument("path", type=click.Path(exists=True, file_okay=True, dir_okay=True))
 @click.option("--format", "fmt", type=click.Choice(["sri", "nix32", "hex"]), default="sri", show_default=True)
-@click.option("--store-path", "store_name", metavar="NAME", help="Also print where `nix store add-path --name NAME` puts it.")
+@click.option(
+    "--store-path", "store_name", metavar="NAME", help="Also print where `nix store add-path --name NAME` puts it."
+)
 def hash_cmd(manifest_file: str | None, path: str, fmt: str, store_name: str | None) -> None:
     """The NAR hash of PATH, as `nix hash path` prints it (the hash a Nix fixed-output tree needs)."""
     from tp4.image.sources import nar
@@ -228,11 +244,15 @@ def hash_cmd(manifest_file: str | None, path: str, fmt: str, store_name: str | N
     try:
         digest = nar.nar_sha256(path)
     except ValueError as exc:  # a FIFO, socket or device inside the tree
-        raise InvalidInput(f"cannot hash {path}: {exc}", ["fix: hash a tree of regular files, symlinks and directories only"]) from None
+        raise InvalidInput(
+            f"cannot hash {path}: {exc}", ["fix: hash a tree of regular files, symlinks and directories only"]
+        ) from None
     except OSError as exc:
         where = os.fsdecode(exc.filename) if exc.filename is not None else path
-        raise InvalidInput(f"cannot hash {path}: {where}: {exc.strerror or exc}",
-                           ["fix: make every file and directory in the tree readable by this user"]) from None
+        raise InvalidInput(
+            f"cannot hash {path}: {where}: {exc.strerror or exc}",
+            ["fix: make every file and directory in the tree readable by this user"],
+        ) from None
     click.echo(nar.encode(digest, fmt))
     if store_name:
         try:

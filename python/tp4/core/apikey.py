@@ -71,13 +71,17 @@ def _kind_problem(where: str) -> tuple[KeyFileProblem | None, os.stat_result | N
     try:
         st = os.stat(where)
     except FileNotFoundError:
-        return KeyFileProblem("does not exist", f"write the API key to {where} and chmod 600 {shlex.quote(where)}"), None
+        return KeyFileProblem(
+            "does not exist", f"write the API key to {where} and chmod 600 {shlex.quote(where)}"
+        ), None
     except PermissionError:
         return KeyFileProblem("cannot be reached (permission denied)", "name a file this user can read"), None
     except OSError as exc:
         return KeyFileProblem(f"cannot be checked ({exc.strerror})", "name the file holding the API key"), None
     if not stat.S_ISREG(st.st_mode):
-        return KeyFileProblem(f"is {file_kind(st.st_mode)}, not a regular file", "name the file holding the API key"), None
+        return KeyFileProblem(
+            f"is {file_kind(st.st_mode)}, not a regular file", "name the file holding the API key"
+        ), None
     return None, st
 
 
@@ -110,8 +114,10 @@ def read_key(path: str | os.PathLike[str]) -> Secret:
     try:
         fd = os.open(where, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
     except PermissionError:
-        raise bad("is not readable by this user (permission denied)",
-                  f"chmod 600 {shlex.quote(where)} as its owner, or run tp4 as that user") from None
+        raise bad(
+            "is not readable by this user (permission denied)",
+            f"chmod 600 {shlex.quote(where)} as its owner, or run tp4 as that user",
+        ) from None
     except OSError as exc:
         raise bad(f"cannot be opened ({exc.strerror})", "name the file holding the API key") from None
     try:
@@ -129,23 +135,32 @@ def read_key(path: str | os.PathLike[str]) -> Secret:
     finally:
         os.close(fd)
     if len(data) > _MAX_KEY_FILE:
-        raise bad(f"is larger than {_MAX_KEY_FILE // 1024} KiB, not one API key", "name the file holding only the API key")
+        raise bad(
+            f"is larger than {_MAX_KEY_FILE // 1024} KiB, not one API key", "name the file holding only the API key"
+        )
     try:
         text = data.decode("ascii")
     except UnicodeDecodeError as exc:
-        raise bad(f"holds a byte that is not ASCII (at offset {exc.start})", "an API key is printable ASCII: rewrite the file with the key alone") from None
+        raise bad(
+            f"holds a byte that is not ASCII (at offset {exc.start})",
+            "an API key is printable ASCII: rewrite the file with the key alone",
+        ) from None
     key = text.strip(" \t\r\n")
     if not key:
         raise bad("is empty", f"write the API key to {where}")
     for i, c in enumerate(key):
         if c.isspace():
-            raise bad(f"holds whitespace or a line break inside the key (at character {i + 1})", "write the key alone, on one line")
+            raise bad(
+                f"holds whitespace or a line break inside the key (at character {i + 1})",
+                "write the key alone, on one line",
+            )
         if not "!" <= c <= "~":
-            raise bad(f"holds a control character inside the key (at character {i + 1})", "write the key alone, on one line")
+            raise bad(
+                f"holds a control character inside the key (at character {i + 1})", "write the key alone, on one line"
+            )
     loose = mode_problem(where, stat.S_IMODE(st.st_mode))
     if loose is not None:
         import logging  # only when there is something to say: `tp4 plan` configures no logging
 
         logging.getLogger("tp4.core.apikey").warning("api.key_file: %s %s; fix: %s", where, loose.reason, loose.fix)
     return Secret(key)
-

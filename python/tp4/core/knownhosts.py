@@ -33,8 +33,13 @@ from tp4.core.errors import InvalidInput, Tp4Error
 ENV = "TP4_KNOWN_HOSTS"
 
 # what `ssh-keygen -l` calls each key type
-_KIND = {"ssh-ed25519": "ED25519", "ssh-rsa": "RSA", "ssh-dss": "DSA", "sk-ssh-ed25519@openssh.com": "ED25519-SK",
-         "sk-ecdsa-sha2-nistp256@openssh.com": "ECDSA-SK"}
+_KIND = {
+    "ssh-ed25519": "ED25519",
+    "ssh-rsa": "RSA",
+    "ssh-dss": "DSA",
+    "sk-ssh-ed25519@openssh.com": "ED25519-SK",
+    "sk-ecdsa-sha2-nistp256@openssh.com": "ECDSA-SK",
+}
 
 
 def path() -> Path:
@@ -71,8 +76,9 @@ def check_host(host: str, field: str) -> str:
     """``host`` when usable, else InvalidInput naming ``field``."""
     problem = host_problem(host)
     if problem:
-        raise InvalidInput(f"{field}: {host[:80]!r} is not a host name or address: {problem}; "
-                           "fix: pass the node's ssh name or address")
+        raise InvalidInput(
+            f"{field}: {host[:80]!r} is not a host name or address: {problem}; fix: pass the node's ssh name or address"
+        )
     return host
 
 
@@ -163,8 +169,10 @@ def read(file: Path | None = None) -> list[Entry]:
     except FileNotFoundError:
         return []
     except OSError as exc:
-        raise Tp4Error(f"cannot read tp4's known hosts {file}: {exc.strerror}; fix: make it readable, "
-                       f"or point {ENV} at another file") from None
+        raise Tp4Error(
+            f"cannot read tp4's known hosts {file}: {exc.strerror}; fix: make it readable, "
+            f"or point {ENV} at another file"
+        ) from None
 
 
 def keys_for(name: str, entries: Sequence[Entry]) -> list[Entry]:
@@ -209,7 +217,11 @@ def update(remove: Iterable[str], add: Iterable[tuple[str, str, str]], file: Pat
                     kept.append(line)
                     continue
                 removed += 1
-                others = [] if entry.hashed else [p for p in entry.names.split(",") if p.lower() not in {d.lower() for d in drop}]
+                others = (
+                    []
+                    if entry.hashed
+                    else [p for p in entry.names.split(",") if p.lower() not in {d.lower() for d in drop}]
+                )
                 if others:
                     kept.append(" ".join([",".join(others), entry.keytype, entry.key]))
             kept += [f"{name} {keytype} {key}" for name, keytype, key in new]
@@ -223,6 +235,8 @@ def update(remove: Iterable[str], add: Iterable[tuple[str, str, str]], file: Pat
                 os.unlink(tmp)
                 raise
     except OSError as exc:
-        raise Tp4Error(f"cannot write tp4's known hosts {file}: {exc.strerror}; nothing was changed; fix: make "
-                       f"{file.parent} writable, or point {ENV} at another file") from None
+        raise Tp4Error(
+            f"cannot write tp4's known hosts {file}: {exc.strerror}; nothing was changed; fix: make "
+            f"{file.parent} writable, or point {ENV} at another file"
+        ) from None
     return removed

@@ -82,7 +82,7 @@ CLEANUP_TIMEOUT = 15.0
 # take seconds).
 _REMOTE_WRAPPER = (
     'f=$1; shift; (umask 077; set -C; read -r _ _ _ _ g _ < /proc/$$/stat && echo "$g" > "$f") 2>/dev/null; '
-    'trap \'rm -f "$f"; exit 129\' HUP; trap \'rm -f "$f"; exit 130\' INT; trap \'rm -f "$f"; exit 143\' TERM; '
+    "trap 'rm -f \"$f\"; exit 129' HUP; trap 'rm -f \"$f\"; exit 130' INT; trap 'rm -f \"$f\"; exit 143' TERM; "
     '"$@"; s=$?; rm -f "$f"; exit $s'
 )
 # kills the process group named in $1: SIGTERM, then SIGKILL after GRACE seconds
@@ -90,8 +90,8 @@ _REMOTE_KILL = (
     'f=$1; n=0; while [ ! -f "$f" ] && [ $n -lt 20 ]; do sleep 0.05; n=$((n+1)); done; '  # just started
     '[ -f "$f" ] || exit 0; read -r g < "$f"; rm -f "$f"; '
     'case $g in ""|*[!0-9]*|0|1) exit 0;; esac; '
-    f'kill -TERM -$g 2>/dev/null; n=0; while kill -0 -$g 2>/dev/null && [ $n -lt {int(GRACE * 20)} ]; '
-    'do sleep 0.05; n=$((n+1)); done; kill -KILL -$g 2>/dev/null; exit 0'
+    f"kill -TERM -$g 2>/dev/null; n=0; while kill -0 -$g 2>/dev/null && [ $n -lt {int(GRACE * 20)} ]; "
+    "do sleep 0.05; n=$((n+1)); done; kill -KILL -$g 2>/dev/null; exit 0"
 )
 
 
@@ -107,9 +107,10 @@ _CONTROL_NAME_LEN = 40  # %C: a SHA1 in hex
 def _ssh_path(path: str, what: str) -> str:
     """A path as the value of an ssh ``-o`` option: ``%`` doubled (ssh expands %-tokens in these),
     quoted when it has a space; a quote or a control character cannot be passed at all."""
-    if any(c in path for c in '"\'') or any(ord(c) < 0x20 for c in path):
-        raise Tp4Error(f"{what} {path!r}: ssh cannot take a path with quotes or control characters; "
-                       "fix: use another directory")
+    if any(c in path for c in "\"'") or any(ord(c) < 0x20 for c in path):
+        raise Tp4Error(
+            f"{what} {path!r}: ssh cannot take a path with quotes or control characters; fix: use another directory"
+        )
     path = path.replace("%", "%%")
     return f'"{path}"' if any(c.isspace() for c in path) else path
 
@@ -122,6 +123,7 @@ def control_dir() -> Path:
     ``$XDG_RUNTIME_DIR/tp4-ssh`` when that path is short enough for a socket, else
     ``/tmp/tp4-ssh-<uid>``. One owned by someone else, or not a directory, is refused."""
     from tp4.core import dirs  # not at import: tp4.image.sources (pkgs/src.nix) runs without them
+
     uid = os.getuid()
     runtime = dirs.runtime_base() / "tp4-ssh"
     fits = len(os.fsencode(str(runtime))) + 1 + _CONTROL_NAME_LEN <= _SOCKET_PATH_MAX
@@ -134,12 +136,16 @@ def control_dir() -> Path:
     except FileExistsError:
         pass
     except OSError as exc:
-        raise Tp4Error(f"cannot create {path} for tp4's ssh connections: {exc.strerror}; "
-                       "fix: set XDG_RUNTIME_DIR to a private, writable directory") from None
+        raise Tp4Error(
+            f"cannot create {path} for tp4's ssh connections: {exc.strerror}; "
+            "fix: set XDG_RUNTIME_DIR to a private, writable directory"
+        ) from None
     st = os.lstat(path)
     if not stat.S_ISDIR(st.st_mode) or st.st_uid != uid:
-        raise Tp4Error(f"{path} (where tp4 keeps its ssh connections) is not a directory of yours; "
-                       "fix: remove it, or set XDG_RUNTIME_DIR to a private directory")
+        raise Tp4Error(
+            f"{path} (where tp4 keeps its ssh connections) is not a directory of yours; "
+            "fix: remove it, or set XDG_RUNTIME_DIR to a private directory"
+        )
     if stat.S_IMODE(st.st_mode) != 0o700:
         os.chmod(path, 0o700)
     _private_dirs.add(key)
@@ -167,23 +173,34 @@ class Remote:
 
     def ssh_argv(self) -> list[str]:
         from tp4.core import knownhosts  # not at import: tp4.image.sources (pkgs/src.nix) runs without them
+
         # ssh takes the first value given for an option: these come before self.options, so an
         # extra option (--ssh-option) can add to them but not loosen the host key checking
         argv = [
             "ssh",
-            "-o", "BatchMode=yes",
-            "-o", "StrictHostKeyChecking=yes",
-            "-o", f"UserKnownHostsFile={_ssh_path(str(knownhosts.path().absolute()), 'tp4 known_hosts')}",
-            "-o", "GlobalKnownHostsFile=/dev/null",
-            "-o", "UpdateHostKeys=no",
-            "-o", "CheckHostIP=no",
-            "-o", f"ConnectTimeout={self.connect_timeout}",
+            "-o",
+            "BatchMode=yes",
+            "-o",
+            "StrictHostKeyChecking=yes",
+            "-o",
+            f"UserKnownHostsFile={_ssh_path(str(knownhosts.path().absolute()), 'tp4 known_hosts')}",
+            "-o",
+            "GlobalKnownHostsFile=/dev/null",
+            "-o",
+            "UpdateHostKeys=no",
+            "-o",
+            "CheckHostIP=no",
+            "-o",
+            f"ConnectTimeout={self.connect_timeout}",
         ]
         if self.share_connection:
             argv += [
-                "-o", "ControlMaster=auto",
-                "-o", f"ControlPath={_ssh_path(str(control_dir()), 'the ssh control directory')}/%C",
-                "-o", f"ControlPersist={CONTROL_PERSIST}",
+                "-o",
+                "ControlMaster=auto",
+                "-o",
+                f"ControlPath={_ssh_path(str(control_dir()), 'the ssh control directory')}/%C",
+                "-o",
+                f"ControlPersist={CONTROL_PERSIST}",
             ]
         else:
             argv += ["-o", "ControlMaster=no", "-o", "ControlPath=none"]
@@ -218,8 +235,7 @@ def _remote_command(argv: Sequence[str], env: Mapping[str, str] | None) -> list[
     return ["env", *(f"{k}={v}" for k, v in env.items()), *argv] if env else argv
 
 
-def full_argv(argv: Sequence[str], remote: Remote | None = None,
-              env: Mapping[str, str] | None = None) -> list[str]:
+def full_argv(argv: Sequence[str], remote: Remote | None = None, env: Mapping[str, str] | None = None) -> list[str]:
     """The command as logged: local as given, remote as ``ssh ... -- DEST '<quoted command>'``.
 
     For a remote command, ``env`` is applied with ``env K=V`` inside the quoted command; never
@@ -257,6 +273,7 @@ _endpoints: dict[Remote, Endpoint] = {}
 def endpoint(remote: Remote) -> Endpoint:
     """The remote's :class:`Endpoint`, from `ssh -G` (once per remote in a run)."""
     from tp4.core import knownhosts  # not at import: tp4.image.sources (pkgs/src.nix) runs without them
+
     found = _endpoints.get(remote)
     if found is not None:
         return found
@@ -291,18 +308,24 @@ def trust_command(remote: Remote, *, replace: bool = False) -> str:
 
 def _refused(remote: Remote, name: str, *, changed: bool) -> HostKeyError:
     from tp4.core import knownhosts  # not at import: tp4.image.sources (pkgs/src.nix) runs without them
+
     file = knownhosts.path()
     if changed:
         error = HostKeyError(
             f"the host key of {name} changed: ssh was offered another key than the one tp4 recorded in {file} "
             f"(REMOTE HOST IDENTIFICATION HAS CHANGED); if that is expected (the host was reinstalled), run "
             f"`{trust_command(remote, replace=True)}` and check the fingerprints it shows; if not, someone may be "
-            "intercepting the connection", host=name, changed=True)
+            "intercepting the connection",
+            host=name,
+            changed=True,
+        )
     else:
         error = HostKeyError(
             f"{name} is not a host tp4 trusts yet: its key is not in {file}; fix: run `tp4 hosts trust --profile FILE` "
             f"(every node of the line) or `{trust_command(remote)}`, check the fingerprints it shows, and retry",
-            host=name, changed=False)
+            host=name,
+            changed=False,
+        )
     host_key_failures.setdefault(name, error)
     return error
 
@@ -315,8 +338,10 @@ def _check_host(remote: Remote) -> None:
 
     problem = knownhosts.host_problem(remote.host)
     if problem:
-        raise InvalidInput(f"ssh host {remote.host[:80]!r}: not a host name or address: {problem}; "
-                           "fix: pass the node's ssh name or address")
+        raise InvalidInput(
+            f"ssh host {remote.host[:80]!r}: not a host name or address: {problem}; "
+            "fix: pass the node's ssh name or address"
+        )
     name = key_name(remote)
     if not knownhosts.trusted(name):
         raise _refused(remote, name, changed=False)
@@ -361,8 +386,15 @@ def cleanup() -> Iterator[None]:
         _cleaning = False
 
 
-def _spawn(argv: Sequence[str], remote: Remote | None, env: Mapping[str, str] | None,
-           cwd: str | os.PathLike[str] | None, popen_kwargs: Mapping[str, Any], *, foreground: bool = False) -> _Child:
+def _spawn(
+    argv: Sequence[str],
+    remote: Remote | None,
+    env: Mapping[str, str] | None,
+    cwd: str | os.PathLike[str] | None,
+    popen_kwargs: Mapping[str, Any],
+    *,
+    foreground: bool = False,
+) -> _Child:
     pidfile = None
     if remote is None:
         cmd = [str(a) for a in argv]
@@ -568,17 +600,40 @@ def run(
     if isinstance(input, str) and not text:
         input = input.encode()
     out_err = subprocess.PIPE if capture else None
-    child = _spawn(argv, remote, env, cwd, {
-        "stdin": subprocess.PIPE if input is not None else stdin,
-        "stdout": out_err, "stderr": out_err, "text": text,
-    })
+    child = _spawn(
+        argv,
+        remote,
+        env,
+        cwd,
+        {
+            "stdin": subprocess.PIPE if input is not None else stdin,
+            "stdout": out_err,
+            "stderr": out_err,
+            "text": text,
+        },
+    )
     what = redact(_describe(argv, remote), secrets)
-    return _finish(child, f"{purpose} ({what})" if purpose else what, input=input, timeout=timeout, check=check,
-                   secrets=secrets, capture=capture)
+    return _finish(
+        child,
+        f"{purpose} ({what})" if purpose else what,
+        input=input,
+        timeout=timeout,
+        check=check,
+        secrets=secrets,
+        capture=capture,
+    )
 
 
-def _finish(child: _Child, what: str, *, input: str | bytes | None, timeout: float | None, check: bool,
-            secrets: Sequence[str], capture: bool = True) -> subprocess.CompletedProcess[Any]:
+def _finish(
+    child: _Child,
+    what: str,
+    *,
+    input: str | bytes | None,
+    timeout: float | None,
+    check: bool,
+    secrets: Sequence[str],
+    capture: bool = True,
+) -> subprocess.CompletedProcess[Any]:
     try:
         out, err = child.popen.communicate(input, timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -598,8 +653,14 @@ def _finish(child: _Child, what: str, *, input: str | bytes | None, timeout: flo
     return proc
 
 
-def wait_for(popen: subprocess.Popen[AnyStr], what: str, *, timeout: float | None = None, check: bool = True,
-             secrets: Iterable[str] = ()) -> subprocess.CompletedProcess[AnyStr]:
+def wait_for(
+    popen: subprocess.Popen[AnyStr],
+    what: str,
+    *,
+    timeout: float | None = None,
+    check: bool = True,
+    secrets: Iterable[str] = (),
+) -> subprocess.CompletedProcess[AnyStr]:
     """Wait for a child another library started (GitPython's), as run() waits for its own: a
     timeout, Ctrl-C or :func:`stop_all` stops it; with ``check`` a non-zero exit raises
     :class:`Tp4Error` naming ``what`` (already redacted; logged by the caller as ``$ …``) and
@@ -676,8 +737,13 @@ def pipe(
                 err = tempfile.TemporaryFile()
                 errs.append(err)
                 last = i == len(plan) - 1
-                child = _spawn(step.argv, step.remote, step.env, None,
-                               {"stdin": upstream, "stdout": out if last else subprocess.PIPE, "stderr": err})
+                child = _spawn(
+                    step.argv,
+                    step.remote,
+                    step.env,
+                    None,
+                    {"stdin": upstream, "stdout": out if last else subprocess.PIPE, "stderr": err},
+                )
                 children.append(child)
                 previous = children[i - 1].popen.stdout if i else None
                 if previous is not None:
@@ -687,8 +753,10 @@ def pipe(
             failed = _wait_all(children, deadline)
             if failed is None:
                 _stop(children)
-                raise Tp4Error(f"{purpose + ': ' if purpose else ''}`{redact(_joined(plan), secrets)}`"
-                               f"{_hosts_of(plan)} did not finish within {timeout:g} s")
+                raise Tp4Error(
+                    f"{purpose + ': ' if purpose else ''}`{redact(_joined(plan), secrets)}`"
+                    f"{_hosts_of(plan)} did not finish within {timeout:g} s"
+                )
             if any(code != 0 for code in failed):
                 _stop(children)  # the others are stopped: their exit codes say nothing
         except BaseException:
@@ -719,7 +787,9 @@ def pipe(
         data = out.read()
     done: subprocess.CompletedProcess[str] | subprocess.CompletedProcess[bytes]
     if text:
-        done = subprocess.CompletedProcess(plan[-1].argv, 0, data.decode(errors="replace"), tails[-1].decode(errors="replace"))
+        done = subprocess.CompletedProcess(
+            plan[-1].argv, 0, data.decode(errors="replace"), tails[-1].decode(errors="replace")
+        )
     else:
         done = subprocess.CompletedProcess(plan[-1].argv, 0, data, tails[-1])
     done.args = [list(s.argv) for s in plan]  # one argv per step, which __init__'s type (one command) cannot say

@@ -30,8 +30,9 @@ def file_kind(mode: int) -> str:
     return "not a regular file"
 
 
-def read_input(path: str | os.PathLike[str], what: str, missing_fix: str = "pass an existing file",
-               limit: int = MAX_INPUT_BYTES) -> str:
+def read_input(
+    path: str | os.PathLike[str], what: str, missing_fix: str = "pass an existing file", limit: int = MAX_INPUT_BYTES
+) -> str:
     """The UTF-8 text of a regular file the user named, or an InvalidInput saying what is wrong."""
     if not os.fspath(path):
         raise InvalidInput(f"{what}: the path is empty; fix: {missing_fix}")
@@ -48,8 +49,9 @@ def read_input(path: str | os.PathLike[str], what: str, missing_fix: str = "pass
         if not stat.S_ISREG(st.st_mode):
             raise InvalidInput(f"{what} {p} is {file_kind(st.st_mode)}, not a regular file; fix: {missing_fix}")
         if st.st_size > limit:
-            raise InvalidInput(f"{what} {p} is {st.st_size} bytes, more than the {limit} a {what} can be; "
-                               f"fix: {missing_fix}")
+            raise InvalidInput(
+                f"{what} {p} is {st.st_size} bytes, more than the {limit} a {what} can be; fix: {missing_fix}"
+            )
         chunks, size = [], 0
         while size <= limit:
             chunk = os.read(fd, min(1 << 20, limit + 1 - size))
@@ -102,8 +104,9 @@ def write_output(path: str | os.PathLike[str], text: str, what: str, *, force: b
     try:
         fd, tmp = tempfile.mkstemp(dir=parent, prefix=f".{out.name}.", suffix=".tmp")
     except OSError as exc:
-        raise InvalidInput(f"cannot write {what} {out}: {exc.strerror} in {parent}; "
-                           "fix: choose a directory you can write to") from None
+        raise InvalidInput(
+            f"cannot write {what} {out}: {exc.strerror} in {parent}; fix: choose a directory you can write to"
+        ) from None
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
             fh.write(text)

@@ -100,8 +100,15 @@ def _human(n: int) -> str:
 
 
 def _kind(mode: int) -> str:
-    for test, name in ((stat.S_ISREG, "a file"), (stat.S_ISLNK, "a symlink"), (stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"),
-                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device")):
+    for test, name in (
+        (stat.S_ISREG, "a file"),
+        (stat.S_ISLNK, "a symlink"),
+        (stat.S_ISDIR, "a directory"),
+        (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISSOCK, "a socket"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+    ):
         if test(mode):
             return name
     return "not a regular file"
@@ -125,19 +132,30 @@ def shard_count(model_dir: Path) -> int:
 
 # -- the verification cache ------------------------------------------------------------------
 
+
 def load_cache(model_dir: Path, repo: str, revision: str) -> Cache:
     empty: Cache = {"schema": SCHEMA, "repo": repo, "revision": revision, "complete": [], "files": {}}
     try:
         data = json.loads((model_dir / CACHE_NAME).read_text())
     except (OSError, ValueError):
         return empty
-    if not isinstance(data, dict) or data.get("schema") != SCHEMA or data.get("repo") != repo or data.get("revision") != revision:
+    if (
+        not isinstance(data, dict)
+        or data.get("schema") != SCHEMA
+        or data.get("repo") != repo
+        or data.get("revision") != revision
+    ):
         return empty
     files: dict[str, Entry] = {}
     raw = data.get("files")
-    for name, e in (raw.items() if isinstance(raw, dict) else ()):
-        if (isinstance(e, dict) and isinstance(e.get("size"), int) and isinstance(e.get("mtime_ns"), int)
-                and isinstance(e.get("algo"), str) and isinstance(e.get("digest"), str)):
+    for name, e in raw.items() if isinstance(raw, dict) else ():
+        if (
+            isinstance(e, dict)
+            and isinstance(e.get("size"), int)
+            and isinstance(e.get("mtime_ns"), int)
+            and isinstance(e.get("algo"), str)
+            and isinstance(e.get("digest"), str)
+        ):
             files[name] = {"size": e["size"], "mtime_ns": e["mtime_ns"], "algo": e["algo"], "digest": e["digest"]}
     complete = data.get("complete")
     names = [n for n in complete if isinstance(n, str)] if isinstance(complete, list) else []
@@ -170,6 +188,7 @@ def verified_complete(model_dir: Path, cache: Cache, expected_shards: int) -> bo
 
 # -- the model directory and the link ----------------------------------------------------------
 
+
 def prepare_dir(model_dir: Path) -> None:
     """model.dir exists (made if missing) as a directory tp4 can write into, or the user is told why not."""
     try:
@@ -178,22 +197,29 @@ def prepare_dir(model_dir: Path) -> None:
         try:
             model_dir.mkdir(parents=True)
         except OSError as exc:
-            raise InvalidInput(f"model.dir: cannot create {model_dir}: {exc.strerror}; fix: create it (writable by "
-                               f"this user) or set model.dir to a directory on the head's model disk") from None
+            raise InvalidInput(
+                f"model.dir: cannot create {model_dir}: {exc.strerror}; fix: create it (writable by "
+                f"this user) or set model.dir to a directory on the head's model disk"
+            ) from None
         st = os.stat(model_dir)
     except OSError as exc:
-        raise InvalidInput(f"model.dir: {model_dir}: {exc.strerror}; fix: set model.dir to a directory on the head's "
-                           "model disk") from None
+        raise InvalidInput(
+            f"model.dir: {model_dir}: {exc.strerror}; fix: set model.dir to a directory on the head's model disk"
+        ) from None
     if not stat.S_ISDIR(st.st_mode):
-        raise InvalidInput(f"model.dir: {model_dir} is {_kind(st.st_mode)}, not a directory; fix: move it away or set "
-                           "model.dir to a directory for the checkpoint (~476 GiB)")
+        raise InvalidInput(
+            f"model.dir: {model_dir} is {_kind(st.st_mode)}, not a directory; fix: move it away or set "
+            "model.dir to a directory for the checkpoint (~476 GiB)"
+        )
     probe = model_dir / f".tp4-write-probe.{os.getpid()}"
     try:
         probe.touch()
         probe.unlink()
     except OSError as exc:
-        raise InvalidInput(f"model.dir: cannot write into {model_dir} ({exc.strerror}); fix: make it writable by this "
-                           f"user (chown/chmod u+w), or set model.dir to a writable directory") from None
+        raise InvalidInput(
+            f"model.dir: cannot write into {model_dir} ({exc.strerror}); fix: make it writable by this "
+            f"user (chown/chmod u+w), or set model.dir to a writable directory"
+        ) from None
 
 
 def link(model_dir: Path, common: Path, say: Say) -> None:
@@ -206,8 +232,10 @@ def link(model_dir: Path, common: Path, say: Say) -> None:
     except OSError:
         pass
     if common.is_dir() and not common.is_symlink():
-        raise InvalidInput(f"model.common_link: {common} is a directory, not a link; fix: move it away, or set "
-                           "model.common_link to a free path")
+        raise InvalidInput(
+            f"model.common_link: {common} is a directory, not a link; fix: move it away, or set "
+            "model.common_link to a free path"
+        )
     tmp = common.with_name(f".{common.name}.tp4-link.{os.getpid()}")
     try:
         tmp.unlink(missing_ok=True)
@@ -215,12 +243,15 @@ def link(model_dir: Path, common: Path, say: Say) -> None:
         os.replace(tmp, common)
     except OSError as exc:
         tmp.unlink(missing_ok=True)
-        raise InvalidInput(f"model.common_link: cannot make {common} -> {target} ({exc.strerror}); fix: create "
-                           f"{common.parent} writable by this user, or set model.common_link elsewhere") from None
+        raise InvalidInput(
+            f"model.common_link: cannot make {common} -> {target} ({exc.strerror}); fix: create "
+            f"{common.parent} writable by this user, or set model.common_link elsewhere"
+        ) from None
     say(f"download: {common} -> {target}")
 
 
 # -- the Hub -------------------------------------------------------------------------------------
+
 
 def _endpoint() -> str:
     from huggingface_hub import constants
@@ -233,19 +264,27 @@ def _hub_error(exc: Exception, what: str, repo: str, revision: str) -> Tp4Error:
 
     where = f"the Hub at {_endpoint()}"
     if isinstance(exc, errors.GatedRepoError):
-        return Tp4Error(f"{what}: {repo} is gated at {where}; fix: accept its terms on the repository's page, then "
-                        "`hf auth login` or export HF_TOKEN")
+        return Tp4Error(
+            f"{what}: {repo} is gated at {where}; fix: accept its terms on the repository's page, then "
+            "`hf auth login` or export HF_TOKEN"
+        )
     if isinstance(exc, errors.RepositoryNotFoundError):
-        return InvalidInput(f"model.hf_repo: {repo} is not a repository at {where} (or needs a token); fix: correct "
-                            "model.hf_repo, or `hf auth login` / export HF_TOKEN for a private one")
+        return InvalidInput(
+            f"model.hf_repo: {repo} is not a repository at {where} (or needs a token); fix: correct "
+            "model.hf_repo, or `hf auth login` / export HF_TOKEN for a private one"
+        )
     if isinstance(exc, errors.RevisionNotFoundError):
-        return InvalidInput(f"model.hf_revision: {revision} is not a commit of {repo} at {where}; fix: set "
-                            "model.hf_revision to a full commit id of the repository")
+        return InvalidInput(
+            f"model.hf_revision: {revision} is not a commit of {repo} at {where}; fix: set "
+            "model.hf_revision to a full commit id of the repository"
+        )
     if isinstance(exc, errors.OfflineModeIsEnabled):
         return Tp4Error(f"{what}: HF_HUB_OFFLINE is set; fix: unset HF_HUB_OFFLINE to download")
     text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-    return Tp4Error(f"{what}: {where} failed: {text[:300]}; fix: check the head's network (or HF_ENDPOINT), then "
-                    "rerun `tp4 download` (it resumes)")
+    return Tp4Error(
+        f"{what}: {where} failed: {text[:300]}; fix: check the head's network (or HF_ENDPOINT), then "
+        "rerun `tp4 download` (it resumes)"
+    )
 
 
 def remote_files(repo: str, revision: str) -> list[RemoteFile]:
@@ -257,29 +296,44 @@ def remote_files(repo: str, revision: str) -> list[RemoteFile]:
     except Exception as exc:  # every failure of the Hub call becomes a plain error
         raise _hub_error(exc, "download", repo, revision) from None
     if info.sha is not None and info.sha != revision:
-        raise Tp4Error(f"download: {_endpoint()} answered for commit {info.sha}, not the pinned {revision}; fix: "
-                       "point HF_ENDPOINT at a Hub (or mirror) that serves commit ids")
+        raise Tp4Error(
+            f"download: {_endpoint()} answered for commit {info.sha}, not the pinned {revision}; fix: "
+            "point HF_ENDPOINT at a Hub (or mirror) that serves commit ids"
+        )
     if not info.siblings:
-        raise Tp4Error(f"download: {_endpoint()} lists no files for {repo}@{revision}; fix: check model.hf_repo, "
-                       "model.hf_revision and HF_ENDPOINT")
+        raise Tp4Error(
+            f"download: {_endpoint()} lists no files for {repo}@{revision}; fix: check model.hf_repo, "
+            "model.hf_revision and HF_ENDPOINT"
+        )
     files = []
     for s in info.siblings:
         name = s.rfilename
         parts = PurePosixPath(name).parts
-        if not name or name.startswith("/") or "\\" in name or any(p in ("..", ".") for p in parts) or parts[0] in (PARTIAL_DIR, CACHE_NAME, ".cache"):
-            raise Tp4Error(f"download: the Hub lists a file named {name[:120]!r}, which would land outside "
-                           "model.dir or on tp4's own files; fix: check HF_ENDPOINT (refusing to download)")
+        if (
+            not name
+            or name.startswith("/")
+            or "\\" in name
+            or any(p in ("..", ".") for p in parts)
+            or parts[0] in (PARTIAL_DIR, CACHE_NAME, ".cache")
+        ):
+            raise Tp4Error(
+                f"download: the Hub lists a file named {name[:120]!r}, which would land outside "
+                "model.dir or on tp4's own files; fix: check HF_ENDPOINT (refusing to download)"
+            )
         if s.lfs is not None:
             files.append(RemoteFile(name, int(s.lfs.size), "sha256", s.lfs.sha256))
         elif s.blob_id is not None and s.size is not None:
             files.append(RemoteFile(name, int(s.size), "git-sha1", s.blob_id))
         else:
-            raise Tp4Error(f"download: the Hub gave no hash for {name}, so it cannot be verified; fix: check "
-                           "HF_ENDPOINT (it must answer files metadata with blobs=true)")
+            raise Tp4Error(
+                f"download: the Hub gave no hash for {name}, so it cannot be verified; fix: check "
+                "HF_ENDPOINT (it must answer files metadata with blobs=true)"
+            )
     return files
 
 
 # -- fetching --------------------------------------------------------------------------------------
+
 
 class Mismatch(Exception):
     def __init__(self, name: str, algo: str, got: str, want: str) -> None:
@@ -311,7 +365,9 @@ def fetch(model_dir: Path, repo: str, revision: str, f: RemoteFile, progress: bo
     headers["Accept-Encoding"] = "identity"
     meta = get_hf_file_metadata(url, headers=headers)
     if meta.commit_hash is not None and meta.commit_hash != revision:
-        raise Tp4Error(f"download: {f.name}: the endpoint served commit {meta.commit_hash}, not {revision}; fix: check HF_ENDPOINT")
+        raise Tp4Error(
+            f"download: {f.name}: the endpoint served commit {meta.commit_hash}, not {revision}; fix: check HF_ENDPOINT"
+        )
     if not progress:
         say(f"download: {f.name} ({_human(f.size)})" + (f", resuming at {_human(have)}" if have else ""))
     with open(part, "r+b" if have else "wb") as out:
@@ -336,7 +392,9 @@ class Result:
     mismatches: list[Mismatch]
 
 
-def fetch_all(model_dir: Path, repo: str, revision: str, todo: list[RemoteFile], cache: Cache, progress: bool, say: Say) -> Result:
+def fetch_all(
+    model_dir: Path, repo: str, revision: str, todo: list[RemoteFile], cache: Cache, progress: bool, say: Say
+) -> Result:
     """Fetch `todo`, PARALLEL at a time, in daemon threads (Ctrl-C stops tp4 at once; the
     partial files stay for the next run). The cache is saved after every verified file."""
     result = Result([], [], [])
@@ -373,7 +431,9 @@ def fetch_all(model_dir: Path, repo: str, revision: str, todo: list[RemoteFile],
             if not progress:
                 say(f"download: {f.name} verified ({f.algo} {f.digest[:12]}; {done}/{len(todo)})")
 
-    threads = [threading.Thread(target=worker, name=f"tp4-download-{i}", daemon=True) for i in range(min(PARALLEL, len(todo)))]
+    threads = [
+        threading.Thread(target=worker, name=f"tp4-download-{i}", daemon=True) for i in range(min(PARALLEL, len(todo)))
+    ]
     for t in threads:
         t.start()
     for t in threads:
@@ -398,8 +458,10 @@ def download(profile: Profile, say: Say = _say, progress: bool | None = None) ->
         pass
     cache = load_cache(model_dir, m.hf_repo, m.hf_revision)
     if verified_complete(model_dir, cache, m.expected_shards):
-        say(f"download: {model_dir} holds {m.hf_repo}@{m.hf_revision[:12]} ({len(cache['complete'])} files, "
-            "each verified against the Hub's hash); nothing to fetch")
+        say(
+            f"download: {model_dir} holds {m.hf_repo}@{m.hf_revision[:12]} ({len(cache['complete'])} files, "
+            "each verified against the Hub's hash); nothing to fetch"
+        )
         link(model_dir, common, say)
         return 0
     prepare_dir(model_dir)
@@ -407,10 +469,12 @@ def download(profile: Profile, say: Say = _say, progress: bool | None = None) ->
     names = [f.name for f in files]
     shards = sum(1 for n in names if fnmatch.fnmatchcase(n, SHARD_GLOB))
     if "config.json" not in names or shards < m.expected_shards:
-        raise InvalidInput(f"model.expected_shards: {m.hf_repo}@{m.hf_revision[:12]} has "
-                           f"{'config.json and ' if 'config.json' in names else 'no config.json and '}{shards} "
-                           f"{SHARD_GLOB} shards, the profile expects {m.expected_shards}; fix: set model.expected_shards "
-                           "to the revision's shard count, or model.hf_revision to the checkpoint's commit")
+        raise InvalidInput(
+            f"model.expected_shards: {m.hf_repo}@{m.hf_revision[:12]} has "
+            f"{'config.json and ' if 'config.json' in names else 'no config.json and '}{shards} "
+            f"{SHARD_GLOB} shards, the profile expects {m.expected_shards}; fix: set model.expected_shards "
+            "to the revision's shard count, or model.hf_revision to the checkpoint's commit"
+        )
     from huggingface_hub.utils.tqdm import disable_progress_bars
 
     if not progress:
@@ -425,19 +489,33 @@ def download(profile: Profile, say: Say = _say, progress: bool | None = None) ->
             todo.append(f)
             continue
         if stat.S_ISLNK(st.st_mode) or not stat.S_ISREG(st.st_mode):
-            raise InvalidInput(f"model.dir: {path} is {'a symlink' if stat.S_ISLNK(st.st_mode) else _kind(st.st_mode)}, "
-                               f"not the file {f.name} of the checkpoint; fix: remove it (rm {path}) and rerun `tp4 download`")
+            raise InvalidInput(
+                f"model.dir: {path} is {'a symlink' if stat.S_ISLNK(st.st_mode) else _kind(st.st_mode)}, "
+                f"not the file {f.name} of the checkpoint; fix: remove it (rm {path}) and rerun `tp4 download`"
+            )
         entry = cache["files"].get(f.name)
-        if entry is not None and entry["algo"] == f.algo and entry["digest"] == f.digest and _still_matches(path, entry):
+        if (
+            entry is not None
+            and entry["algo"] == f.algo
+            and entry["digest"] == f.digest
+            and _still_matches(path, entry)
+        ):
             continue
         if st.st_size == f.size:
             if not progress:
                 say(f"download: checking {f.name} ({_human(f.size)})")
             got = hash_file(path, f.algo, f.size)
             if got == f.digest:
-                cache["files"][f.name] = {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "algo": f.algo, "digest": f.digest}
+                cache["files"][f.name] = {
+                    "size": st.st_size,
+                    "mtime_ns": st.st_mtime_ns,
+                    "algo": f.algo,
+                    "digest": f.digest,
+                }
                 continue
-            say(f"download: {f.name} does not match the Hub's {f.algo} ({got[:12]}, want {f.digest[:12]}); removed, fetching it again")
+            say(
+                f"download: {f.name} does not match the Hub's {f.algo} ({got[:12]}, want {f.digest[:12]}); removed, fetching it again"
+            )
         else:
             say(f"download: {f.name} has {st.st_size} bytes, the Hub's has {f.size}; removed, fetching it again")
         path.unlink()
@@ -446,17 +524,25 @@ def download(profile: Profile, say: Say = _say, progress: bool | None = None) ->
     save_cache(model_dir, cache)
     if todo:
         total = sum(f.size for f in todo)
-        say(f"download: {len(todo)} of {len(files)} files ({_human(total)}) of {m.hf_repo}@{m.hf_revision[:12]} "
-            f"from {_endpoint()} into {model_dir}")
+        say(
+            f"download: {len(todo)} of {len(files)} files ({_human(total)}) of {m.hf_repo}@{m.hf_revision[:12]} "
+            f"from {_endpoint()} into {model_dir}"
+        )
     started = time.monotonic()
     result = fetch_all(model_dir, m.hf_repo, m.hf_revision, todo, cache, progress, say)
-    problems = [f"{x.name} does not match the Hub's {x.algo} (got {x.got}, want {x.want}); removed" for x in result.mismatches]
+    problems = [
+        f"{x.name} does not match the Hub's {x.algo} (got {x.got}, want {x.want}); removed" for x in result.mismatches
+    ]
     problems += result.errors
     if problems:
-        raise Tp4Error("download: " + ("1 file" if len(problems) == 1 else f"{len(problems)} files") + " failed:\n"
-                       + "\n".join(f"  - {p}" for p in problems)
-                       + "\nfix: rerun `tp4 download`: it keeps every verified file and resumes partial ones; a file "
-                       "that fails its hash again is corrupt at the endpoint (the Hub, or the mirror HF_ENDPOINT names)")
+        raise Tp4Error(
+            "download: "
+            + ("1 file" if len(problems) == 1 else f"{len(problems)} files")
+            + " failed:\n"
+            + "\n".join(f"  - {p}" for p in problems)
+            + "\nfix: rerun `tp4 download`: it keeps every verified file and resumes partial ones; a file "
+            "that fails its hash again is corrupt at the endpoint (the Hub, or the mirror HF_ENDPOINT names)"
+        )
     cache["complete"] = names
     save_cache(model_dir, cache)
     if todo:

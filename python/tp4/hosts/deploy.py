@@ -77,8 +77,16 @@ SWITCH_UNIT = "tp4-deploy-switch"
 ROLLBACK_UNIT = "tp4-deploy-rollback"
 # nixos-rebuild's prefix (nixos-rebuild-ng nix.py SWITCH_TO_CONFIGURATION_CMD_PREFIX) with --wait:
 # tp4 waits for the unit and takes its exit status; the locale archive of the session reaches it
-SYSTEMD_RUN = ("systemd-run", "--wait", "--collect", "--pipe", "--quiet", "--no-ask-password", "--service-type=exec",
-               "--setenv=LOCALE_ARCHIVE")
+SYSTEMD_RUN = (
+    "systemd-run",
+    "--wait",
+    "--collect",
+    "--pipe",
+    "--quiet",
+    "--no-ask-password",
+    "--service-type=exec",
+    "--setenv=LOCALE_ARCHIVE",
+)
 TOPLEVEL = "config.system.build.toplevel"
 # doctor's checks whose result is the post-check's "weights" column
 WEIGHTS_CHECKS = ("WEIGHTS.HEAD", "WEIGHTS.SHARD_FILES", "WEIGHTS.WORKER")
@@ -113,8 +121,9 @@ def attr_name(name: str) -> str:
     if _ATTR.fullmatch(name):
         return name
     if any(c in name for c in '"\\$') or any(ord(c) < 0x20 for c in name):
-        raise InvalidInput(f"node {name!r}: cannot name a nixosConfigurations attribute; fix: letters, digits, '.', '_' "
-                           "or '-' only")
+        raise InvalidInput(
+            f"node {name!r}: cannot name a nixosConfigurations attribute; fix: letters, digits, '.', '_' or '-' only"
+        )
     return f'"{name}"'
 
 
@@ -125,8 +134,16 @@ def installable(flake: str, node: str) -> str:
 def build_argv(flake: str, names: Sequence[str]) -> list[str]:
     """The one nix invocation that builds every host's system here (its log as JSON events, each
     build or download shown as a progress line)."""
-    return [*nix.base(), "build", "--no-link", "--json", "--log-format", "internal-json", "-v",
-            *(installable(flake, n) for n in names)]
+    return [
+        *nix.base(),
+        "build",
+        "--no-link",
+        "--json",
+        "--log-format",
+        "internal-json",
+        "-v",
+        *(installable(flake, n) for n in names),
+    ]
 
 
 def build(flake: str, names: Sequence[str], progress: Echo) -> dict[str, str]:
@@ -149,8 +166,10 @@ def build(flake: str, names: Sequence[str], progress: Echo) -> dict[str, str]:
         process.stop(proc)
         raise
     if proc.returncode != 0:
-        raise Tp4Error(f"building the systems (`nix build` of {', '.join(names)}) failed with exit code {proc.returncode}"
-                       + "".join(f"\n{line}" for line in tail))
+        raise Tp4Error(
+            f"building the systems (`nix build` of {', '.join(names)}) failed with exit code {proc.returncode}"
+            + "".join(f"\n{line}" for line in tail)
+        )
     return toplevels(out, names)
 
 
@@ -159,11 +178,15 @@ def store_uri(node: Node) -> str:
     a host or user no store address can hold, before anything runs."""
     ssh = node.rank.ssh
     if not _HOST.fullmatch(ssh.host):
-        raise InvalidInput(f"{node.name}: ssh address {ssh.host[:80]!r} cannot be a nix store address; fix: a host name or "
-                           "IP address of letters, digits, '.', '-' or ':', not starting with '-'")
+        raise InvalidInput(
+            f"{node.name}: ssh address {ssh.host[:80]!r} cannot be a nix store address; fix: a host name or "
+            "IP address of letters, digits, '.', '-' or ':', not starting with '-'"
+        )
     if not _USER.fullmatch(ssh.user):
-        raise InvalidInput(f"{node.name}: ssh user {ssh.user[:40]!r} is not a user name; fix: lower-case letters, digits, "
-                           "'_', '.' or '-', starting with a letter or '_'")
+        raise InvalidInput(
+            f"{node.name}: ssh user {ssh.user[:40]!r} is not a user name; fix: lower-case letters, digits, "
+            "'_', '.' or '-', starting with a letter or '_'"
+        )
     return f"ssh://{ssh.user}@{ssh.host}"
 
 
@@ -264,12 +287,16 @@ def hosts_of(nodes: Sequence[Node], on: Sequence[str]) -> list[Node]:
         if name not in by_name:
             raise InvalidInput(f"--on {name!r}: no such node in the profile; fix: one of {', '.join(by_name)}")
         if by_name[name].rank.service.kind != "nixos":
-            raise InvalidInput(f"--on {name}: the node is of kind plain, tp4 deploy switches NixOS hosts only; fix: "
-                               "kind = \"nixos\" in its profile entry (once it runs NixOS), or leave it out")
+            raise InvalidInput(
+                f"--on {name}: the node is of kind plain, tp4 deploy switches NixOS hosts only; fix: "
+                'kind = "nixos" in its profile entry (once it runs NixOS), or leave it out'
+            )
     chosen = [n for n in nodes if n.name in on] if on else [n for n in nodes if n.rank.service.kind == "nixos"]
     if not chosen:
-        raise InvalidInput("the profile has no node of kind nixos: tp4 deploy switches NixOS hosts; fix: kind = \"nixos\" "
-                           "in the profile entries of the hosts that run the tp4 NixOS modules")
+        raise InvalidInput(
+            'the profile has no node of kind nixos: tp4 deploy switches NixOS hosts; fix: kind = "nixos" '
+            "in the profile entries of the hosts that run the tp4 NixOS modules"
+        )
     for n in chosen:
         if n.remote is None:
             raise InvalidInput(f"{n.name}: tp4 deploy reaches every host over ssh (this is a local node)")
@@ -317,8 +344,9 @@ def _brief(exc: BaseException) -> str:
     return lines[0] + (f": {lines[-1]}" if len(lines) > 1 else "") if lines else type(exc).__name__
 
 
-def _run(node: Node, argv: Sequence[str], what: str, *, timeout: float = 120.0,
-         check: bool = True, input: str | None = None) -> process.CompletedProcess[str]:
+def _run(
+    node: Node, argv: Sequence[str], what: str, *, timeout: float = 120.0, check: bool = True, input: str | None = None
+) -> process.CompletedProcess[str]:
     try:
         return node.run(argv, timeout=timeout, purpose=f"{what} on {node.name}", check=check, input=input)
     except Tp4Error as exc:
@@ -330,20 +358,31 @@ def record(node: Node) -> int:
     out = _run(node, generations_argv(node), "reading the system generations").stdout
     gen = current_generation(out)
     if gen is None:
-        raise HostFailed(f"{SYSTEM_PROFILE} has no current generation: not a NixOS host, or never installed; fix: install "
-                         "NixOS on it first (nixos-anywhere, or the installer), or set kind = \"plain\"")
+        raise HostFailed(
+            f"{SYSTEM_PROFILE} has no current generation: not a NixOS host, or never installed; fix: install "
+            'NixOS on it first (nixos-anywhere, or the installer), or set kind = "plain"'
+        )
     return gen
 
 
 def copy(node: Node, toplevel: str) -> int:
     """Copy the closure of ``toplevel`` to the node (module doc); the number of paths sent."""
     try:
-        closure = process.run(closure_argv(toplevel), timeout=COPY_TIMEOUT, purpose="the closure of the system here").stdout.split()
-        missing = set(_run(node, missing_argv(), "asking which paths the host lacks", input="\n".join(closure) + "\n").stdout.split())
+        closure = process.run(
+            closure_argv(toplevel), timeout=COPY_TIMEOUT, purpose="the closure of the system here"
+        ).stdout.split()
+        missing = set(
+            _run(
+                node, missing_argv(), "asking which paths the host lacks", input="\n".join(closure) + "\n"
+            ).stdout.split()
+        )
         todo = [p for p in closure if p in missing]
         if todo:
-            process.pipe([export_argv(todo), process.Step(import_argv(node), remote=node.remote)], timeout=COPY_TIMEOUT,
-                         purpose=f"copying {len(todo)} paths to {node.name}")
+            process.pipe(
+                [export_argv(todo), process.Step(import_argv(node), remote=node.remote)],
+                timeout=COPY_TIMEOUT,
+                purpose=f"copying {len(todo)} paths to {node.name}",
+            )
     except Tp4Error as exc:
         raise HostFailed(f"copy: {exc.message}") from None
     if _run(node, is_system_argv(toplevel), "checking the copied system", check=False).returncode != 0:
@@ -366,15 +405,21 @@ def switch(node: Node, toplevel: str, state: HostState, progress: Echo) -> None:
     _run(node, set_argv(node, toplevel), "setting the system profile")
     state.switched = True
     state.after = record(node)
-    proc = _run(node, switch_argv(node, toplevel), "switch-to-configuration switch", timeout=SWITCH_TIMEOUT, check=False)
+    proc = _run(
+        node, switch_argv(node, toplevel), "switch-to-configuration switch", timeout=SWITCH_TIMEOUT, check=False
+    )
     if proc.returncode == 0:
         return
     if proc.returncode != 255:
         why = (proc.stderr.strip().splitlines() or [""])[-1]
-        raise HostFailed(f"switch-to-configuration switch failed with exit code {proc.returncode}" + (f": {why}" if why else ""))
+        raise HostFailed(
+            f"switch-to-configuration switch failed with exit code {proc.returncode}" + (f": {why}" if why else "")
+        )
     unit = f"{SWITCH_UNIT}.service"
-    progress(f"{node.name}: the ssh connection ended during the switch (sshd or the network restarting); waiting for "
-             f"{unit} to finish, on a new connection")
+    progress(
+        f"{node.name}: the ssh connection ended during the switch (sshd or the network restarting); waiting for "
+        f"{unit} to finish, on a new connection"
+    )
     own = fresh(node)
     deadline = time.monotonic() + SWITCH_TIMEOUT
     while True:
@@ -382,7 +427,9 @@ def switch(node: Node, toplevel: str, state: HostState, progress: Echo) -> None:
         now = (got.stdout.strip().splitlines() or [""])[-1]
         if got.returncode != 255 and now not in UNFINISHED:
             if now == "failed":
-                raise HostFailed(f"switch-to-configuration switch failed ({unit} failed; journalctl -u {unit} on the host)")
+                raise HostFailed(
+                    f"switch-to-configuration switch failed ({unit} failed; journalctl -u {unit} on the host)"
+                )
             return
         if time.monotonic() > deadline:
             raise HostFailed(f"{unit} did not finish within {SWITCH_TIMEOUT:g} s after the connection ended")
@@ -428,8 +475,9 @@ def rollback(node: Node, state: HostState) -> None:
         raise HostFailed(f"after the rollback the current generation is {now}, not {gen}")
 
 
-def _each(nodes: Sequence[Node], fn: Callable[[Node], object], states: dict[str, HostState],
-          progress: Echo, step: str) -> list[Node]:
+def _each(
+    nodes: Sequence[Node], fn: Callable[[Node], object], states: dict[str, HostState], progress: Echo, step: str
+) -> list[Node]:
     """``fn`` on every node at once; the nodes it failed on get their state's detail (and a
     progress line). Returns the nodes it passed on."""
     results = parallel(nodes, fn)
@@ -487,9 +535,17 @@ def deploy(plan: Plan, nodes: Sequence[Node], opts: Options, out: Echo, progress
         raise
 
 
-def _activate_and_check(plan: Plan, nodes: Sequence[Node], hosts: Sequence[Node], ready: Sequence[Node],
-                        activate: Callable[[Node], None], states: dict[str, HostState], opts: Options,
-                        out: Echo, progress: Echo) -> list[HostState]:
+def _activate_and_check(
+    plan: Plan,
+    nodes: Sequence[Node],
+    hosts: Sequence[Node],
+    ready: Sequence[Node],
+    activate: Callable[[Node], None],
+    states: dict[str, HostState],
+    opts: Options,
+    out: Echo,
+    progress: Echo,
+) -> list[HostState]:
     switched = _each(ready, activate, states, progress, "switch")
     # doctor over every node of the line (some checks compare nodes), read once for all hosts
     reachable = [n for n in switched if states[n.name].checks.get("ssh") == "ok"]
@@ -497,11 +553,23 @@ def _activate_and_check(plan: Plan, nodes: Sequence[Node], hosts: Sequence[Node]
         report = doctor.doctor(plan, nodes, opts.limits)
         for n in reachable:
             mine = [r for r in report.results if r.node == n.name]
-            weights = [r for r in mine if r.check in WEIGHTS_CHECKS and r.status == "fail" and r.check not in opts.skip_checks]
-            states[n.name].checks["weights"] = "ok" if not weights else "; ".join(f"{r.check}: {r.detail}" for r in weights)
-            blocking = [r for r in mine if r.blocking and r.status == "fail" and r.check not in opts.skip_checks
-                        and r.check not in WEIGHTS_CHECKS]
-            states[n.name].checks["doctor"] = "ok" if not blocking else "; ".join(f"{r.check}: {r.detail}" for r in blocking)
+            weights = [
+                r for r in mine if r.check in WEIGHTS_CHECKS and r.status == "fail" and r.check not in opts.skip_checks
+            ]
+            states[n.name].checks["weights"] = (
+                "ok" if not weights else "; ".join(f"{r.check}: {r.detail}" for r in weights)
+            )
+            blocking = [
+                r
+                for r in mine
+                if r.blocking
+                and r.status == "fail"
+                and r.check not in opts.skip_checks
+                and r.check not in WEIGHTS_CHECKS
+            ]
+            states[n.name].checks["doctor"] = (
+                "ok" if not blocking else "; ".join(f"{r.check}: {r.detail}" for r in blocking)
+            )
     for n in switched:
         st = states[n.name]
         bad = {k: v for k, v in st.checks.items() if v != "ok"}
@@ -514,7 +582,9 @@ def _activate_and_check(plan: Plan, nodes: Sequence[Node], hosts: Sequence[Node]
             progress(f"{n.name}: post-check passed (ssh, {RDMA_CHECK_UNIT}, weights, doctor)")
     failed = [n for n in hosts if states[n.name].result == "failed"]
     if failed:
-        back = [n for n in hosts if states[n.name].switched and (opts.all_or_nothing or states[n.name].result == "failed")]
+        back = [
+            n for n in hosts if states[n.name].switched and (opts.all_or_nothing or states[n.name].result == "failed")
+        ]
         if back:
             progress(f"rolling back {', '.join(n.name for n in back)} by generation number")
 
@@ -525,13 +595,18 @@ def _activate_and_check(plan: Plan, nodes: Sequence[Node], hosts: Sequence[Node]
         for n in back:
             st = states[n.name]
             got = results[n.name]
-            why = st.detail or f"rolled back with the others (--all-or-nothing; failed: {', '.join(f.name for f in failed)})"
+            why = (
+                st.detail
+                or f"rolled back with the others (--all-or-nothing; failed: {', '.join(f.name for f in failed)})"
+            )
             if isinstance(got, BaseException):
                 st.result = "rollback failed"
-                st.detail = (f"{why}; the rollback to generation {st.before} failed too: {_brief(got)}; fix: "
-                             f"on the host, nix-env -p {SYSTEM_PROFILE} --switch-generation {st.before} and "
-                             f"{generation_link(st.before or 0)}/bin/switch-to-configuration switch, or boot generation "
-                             f"{st.before} from the boot menu")
+                st.detail = (
+                    f"{why}; the rollback to generation {st.before} failed too: {_brief(got)}; fix: "
+                    f"on the host, nix-env -p {SYSTEM_PROFILE} --switch-generation {st.before} and "
+                    f"{generation_link(st.before or 0)}/bin/switch-to-configuration switch, or boot generation "
+                    f"{st.before} from the boot menu"
+                )
             else:
                 st.result = "rolled back"
                 st.detail = why
@@ -555,11 +630,14 @@ def wait_switch(node: Node, timeout: float = SWITCH_TIMEOUT) -> None:
         time.sleep(0.5)
 
 
-def _interrupted(hosts: Sequence[Node], ready: Sequence[Node], states: dict[str, HostState], out: Echo, progress: Echo) -> None:
+def _interrupted(
+    hosts: Sequence[Node], ready: Sequence[Node], states: dict[str, HostState], out: Echo, progress: Echo
+) -> None:
     """Ctrl-C (or TERM, HUP) after the copies: every host whose system profile changed goes back
     to its recorded generation, once its switch has finished there (the switch unit outlives the
     interrupted ssh command); the table says what each host is on. A second Ctrl-C gives the
     rollback up, and the hosts it had not reached are named."""
+
     def changed(n: Node) -> bool:
         st = states[n.name]
         if st.switched:
@@ -583,18 +661,22 @@ def _interrupted(hosts: Sequence[Node], ready: Sequence[Node], states: dict[str,
         results = parallel(ready, undo)
     if any(isinstance(r, BaseException) and not isinstance(r, Exception) for r in results.values()):
         pending = [n.name for n in ready if states[n.name].result not in ("rolled back", "unchanged")]
-        progress(f"interrupted again: the rollback was given up; {', '.join(pending) or 'no host'} may be on the new "
-                 f"generation (fix: tp4 deploy again, or on the host nix-env -p {SYSTEM_PROFILE} --switch-generation N "
-                 f"and {generation_link('N')}/bin/switch-to-configuration switch)")
+        progress(
+            f"interrupted again: the rollback was given up; {', '.join(pending) or 'no host'} may be on the new "
+            f"generation (fix: tp4 deploy again, or on the host nix-env -p {SYSTEM_PROFILE} --switch-generation N "
+            f"and {generation_link('N')}/bin/switch-to-configuration switch)"
+        )
         raise KeyboardInterrupt
     for n in ready:
         got = results[n.name]
         st = states[n.name]
         if isinstance(got, BaseException):
             st.result = "rollback failed"
-            st.detail = (f"interrupted (Ctrl-C); the rollback to generation {st.before} failed: {_brief(got)}; fix: on "
-                         f"the host, nix-env -p {SYSTEM_PROFILE} --switch-generation {st.before} and "
-                         f"{generation_link(st.before or 0)}/bin/switch-to-configuration switch")
+            st.detail = (
+                f"interrupted (Ctrl-C); the rollback to generation {st.before} failed: {_brief(got)}; fix: on "
+                f"the host, nix-env -p {SYSTEM_PROFILE} --switch-generation {st.before} and "
+                f"{generation_link(st.before or 0)}/bin/switch-to-configuration switch"
+            )
             progress(f"{n.name}: {st.detail}")
     _finish(hosts, states, out)
 
@@ -608,6 +690,7 @@ def _finish(hosts: Sequence[Node], states: dict[str, HostState], out: Echo) -> l
 
 def table(rows: Sequence[HostState]) -> list[str]:
     """host, from generation, to generation, result; then a line per host that did not deploy."""
+
     def gen(v: int | None) -> str:
         return "-" if v is None else str(v)
 
@@ -642,8 +725,10 @@ def dry_run(plan: Plan, nodes: Sequence[Node], opts: Options, out: Echo) -> None
         show(generations_argv(n), n)
         show(closure_argv(top))
         show(missing_argv(), n)
-        out(f"# {n.name}: (the closure on the last command's stdin) then, when the host lacks some of it: "
-            f"{shlex.join(export_argv(['<paths it lacks>']))} | {shlex.join(process.full_argv(import_argv(n), n.remote))}")
+        out(
+            f"# {n.name}: (the closure on the last command's stdin) then, when the host lacks some of it: "
+            f"{shlex.join(export_argv(['<paths it lacks>']))} | {shlex.join(process.full_argv(import_argv(n), n.remote))}"
+        )
         show(is_system_argv(top), n)
         out(f"# {n.name}: set the profile and switch" + (" (once every host is copied)" if opts.all_or_nothing else ""))
         show(set_argv(n, top), n)
@@ -652,11 +737,16 @@ def dry_run(plan: Plan, nodes: Sequence[Node], opts: Options, out: Echo) -> None
         out(f"# {n.name}: post-check from here, on a new ssh connection")
         show(ssh_check_argv(), fresh(n))
         show(unit_argv(), fresh(n))
-        out(f"# {n.name}: and tp4 doctor's blocking checks for it, read on every node of the line (one facts command per "
-            "node, as `tp4 -v doctor` logs it)" + (f"; not holding {', '.join(sorted(opts.skip_checks))} against it"
-                                                  if opts.skip_checks else ""))
-        out(f"# {n.name}: on a failed switch or post-check" + (" (or another host's)" if opts.all_or_nothing else "")
-            + f": back to {gen}")
+        out(
+            f"# {n.name}: and tp4 doctor's blocking checks for it, read on every node of the line (one facts command per "
+            "node, as `tp4 -v doctor` logs it)"
+            + (f"; not holding {', '.join(sorted(opts.skip_checks))} against it" if opts.skip_checks else "")
+        )
+        out(
+            f"# {n.name}: on a failed switch or post-check"
+            + (" (or another host's)" if opts.all_or_nothing else "")
+            + f": back to {gen}"
+        )
         show(switch_generation_argv(n, gen), n)
         show(rollback_argv(n, gen), n)
         show(generations_argv(n), n)

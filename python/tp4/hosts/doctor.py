@@ -71,52 +71,90 @@ class CheckSpec(NamedTuple):
 
 # every check, in the order of the table; the ids are stable (the evidence and serve name them).
 # Each id has one function (RUNS, below); a check that reads what another recorded comes after it.
-CHECKS: tuple[CheckSpec, ...] = tuple(CheckSpec(*c) for c in (
-    ("SSH.REACHABLE", "ssh reaches the node, its host key trusted", True),
-    ("RUNTIME.USABLE", "the container runtime works without sudo, with GPU access", True),
-    ("GPU.PRESENT", "nvidia-smi lists a GPU", True),
-    ("GPU.NO_FOREIGN_APPS", "no compute apps on the GPU", True),
-    ("GPU.DRIVER", "driver 580.x (the display reservation is qualified on it)", False),
-    ("GPU.NVIDIA_DRM", "nvidia_drm loaded with modeset=1 and fbdev=0 where the plan uses the display reservation", True),
-    ("HOST.HEADLESS", "boots to multi-user.target, no display manager running", False),
-    ("GPU.CLOCK_CAP", "the SM clock capped (upstream measured at `nvidia-smi -lgc 0,2200`)", False),
-    ("RDMA.DEVICES", "/dev/infiniband and every HCA of the plan", True),
-    ("RDMA.PORT_ACTIVE", "every HCA port ACTIVE", True),
-    ("RDMA.LINK_LAYER", "link layer Ethernet (RoCE)", True),
-    ("RDMA.IPV4", "an IPv4 address on every HCA's netdev", True),
-    ("RDMA.ONE_IPV4", "exactly one IPv4 address on every HCA's netdev (another shifts the port's GID table)", False),
-    ("RDMA.MTU", f"Ethernet MTU {FABRIC_MTU}", False),
-    ("RDMA.MTU_SAME", "the same MTU on every node", True),
-    ("RDMA.JUMBO_PING", "don't-fragment pings filling the MTU reach every peer through a fabric port (a ring: both "
-                        "neighbours; switched: every node)", False),
-    # the fabric's links and routes, the bootstrap interface and the rendezvous (docs/doctor.md: "Network")
-    ("RDMA.LINK_SPEED", f"every HCA's netdev at {LINK_SPEED_MBPS} Mb/s (a 200 GbE ConnectX-7 port of the Spark)", False),
-    ("NET.BOOTSTRAP_IFACE", "the bootstrap interface (NCCL_SOCKET_IFNAME, GLOO_SOCKET_IFNAME) present, up, with an IPv4 "
-                            "address", True),
-    ("NET.RENDEZVOUS_ROUTE", "the dist init address routable from every node (on the head: its own address)", True),
-    ("PEER.CONTROL_CHANNEL", "the head's dist init port answers TCP from every worker", True),
-    ("RING.ROUTES", "ring: every other node's fabric IP routed through a fabric port, via another node's address where "
-                    "not adjacent", True),
-    ("RING.IP_FORWARD", "ring: IPv4 forwarding on every node that another node's route goes through", True),
-    ("RDMA.GID", "a RoCE v2 IPv4-mapped GID of the port's address", True),
-    ("RDMA.GID_SAME_INDEX", "that GID at the same index on every node (a warning unless the plan pins every node's index)", True),
-    ("RDMA.MEMLOCK", "memlock unlimited for the runtime", True),
-    ("RDMA.COUNTERS", "RoCE error counters not rising", False),
-    ("KERNEL.KNOWN_BAD", "the kernel is not a known-bad one", True),
-    ("WEIGHTS.HEAD", "the checkpoint on the head: config.json and every shard", True),
-    ("WEIGHTS.SHARD_FILES", "every shard on the head a readable, non-empty regular file, as many as expected", True),
-    ("WEIGHTS.WORKER", "the weights visible on the worker through the plan's volume", True),
-    ("ENGRAM.SHARDS", "both packed Engram shards of the rank, or disk to pack them", True),
-    ("IMAGE.SAME", "the image on every node, with the same id and layers", True),
-    ("IMAGE.ARCH", "the image's architecture is the host's", True),
-    ("IMAGE.DIGEST", "the image is the pinned one (the tag's @sha256 digest, the id `tp4 build` recorded)", True),
-    ("DISK.FREE", "free disk for the next image", False),
-    ("PORTS.FREE", "the API, dist init and image store ports free on the head", True),
-    ("CLOCK.SKEW", "clocks within a second of each other", False),
-    ("MEMORY.FREE", "free memory for the engine", False),
-    ("RING.NCCL", "ring: the patched NCCL, the mesh unit active", True),
-    ("ARTIFACT.SHA256", "ring: the NCCL library's sha256 is the pinned one (fabric.nccl.sha256), else the same on every node", True),
-))
+CHECKS: tuple[CheckSpec, ...] = tuple(
+    CheckSpec(*c)
+    for c in (
+        ("SSH.REACHABLE", "ssh reaches the node, its host key trusted", True),
+        ("RUNTIME.USABLE", "the container runtime works without sudo, with GPU access", True),
+        ("GPU.PRESENT", "nvidia-smi lists a GPU", True),
+        ("GPU.NO_FOREIGN_APPS", "no compute apps on the GPU", True),
+        ("GPU.DRIVER", "driver 580.x (the display reservation is qualified on it)", False),
+        (
+            "GPU.NVIDIA_DRM",
+            "nvidia_drm loaded with modeset=1 and fbdev=0 where the plan uses the display reservation",
+            True,
+        ),
+        ("HOST.HEADLESS", "boots to multi-user.target, no display manager running", False),
+        ("GPU.CLOCK_CAP", "the SM clock capped (upstream measured at `nvidia-smi -lgc 0,2200`)", False),
+        ("RDMA.DEVICES", "/dev/infiniband and every HCA of the plan", True),
+        ("RDMA.PORT_ACTIVE", "every HCA port ACTIVE", True),
+        ("RDMA.LINK_LAYER", "link layer Ethernet (RoCE)", True),
+        ("RDMA.IPV4", "an IPv4 address on every HCA's netdev", True),
+        (
+            "RDMA.ONE_IPV4",
+            "exactly one IPv4 address on every HCA's netdev (another shifts the port's GID table)",
+            False,
+        ),
+        ("RDMA.MTU", f"Ethernet MTU {FABRIC_MTU}", False),
+        ("RDMA.MTU_SAME", "the same MTU on every node", True),
+        (
+            "RDMA.JUMBO_PING",
+            "don't-fragment pings filling the MTU reach every peer through a fabric port (a ring: both "
+            "neighbours; switched: every node)",
+            False,
+        ),
+        # the fabric's links and routes, the bootstrap interface and the rendezvous (docs/doctor.md: "Network")
+        (
+            "RDMA.LINK_SPEED",
+            f"every HCA's netdev at {LINK_SPEED_MBPS} Mb/s (a 200 GbE ConnectX-7 port of the Spark)",
+            False,
+        ),
+        (
+            "NET.BOOTSTRAP_IFACE",
+            "the bootstrap interface (NCCL_SOCKET_IFNAME, GLOO_SOCKET_IFNAME) present, up, with an IPv4 address",
+            True,
+        ),
+        ("NET.RENDEZVOUS_ROUTE", "the dist init address routable from every node (on the head: its own address)", True),
+        ("PEER.CONTROL_CHANNEL", "the head's dist init port answers TCP from every worker", True),
+        (
+            "RING.ROUTES",
+            "ring: every other node's fabric IP routed through a fabric port, via another node's address where "
+            "not adjacent",
+            True,
+        ),
+        ("RING.IP_FORWARD", "ring: IPv4 forwarding on every node that another node's route goes through", True),
+        ("RDMA.GID", "a RoCE v2 IPv4-mapped GID of the port's address", True),
+        (
+            "RDMA.GID_SAME_INDEX",
+            "that GID at the same index on every node (a warning unless the plan pins every node's index)",
+            True,
+        ),
+        ("RDMA.MEMLOCK", "memlock unlimited for the runtime", True),
+        ("RDMA.COUNTERS", "RoCE error counters not rising", False),
+        ("KERNEL.KNOWN_BAD", "the kernel is not a known-bad one", True),
+        ("WEIGHTS.HEAD", "the checkpoint on the head: config.json and every shard", True),
+        (
+            "WEIGHTS.SHARD_FILES",
+            "every shard on the head a readable, non-empty regular file, as many as expected",
+            True,
+        ),
+        ("WEIGHTS.WORKER", "the weights visible on the worker through the plan's volume", True),
+        ("ENGRAM.SHARDS", "both packed Engram shards of the rank, or disk to pack them", True),
+        ("IMAGE.SAME", "the image on every node, with the same id and layers", True),
+        ("IMAGE.ARCH", "the image's architecture is the host's", True),
+        ("IMAGE.DIGEST", "the image is the pinned one (the tag's @sha256 digest, the id `tp4 build` recorded)", True),
+        ("DISK.FREE", "free disk for the next image", False),
+        ("PORTS.FREE", "the API, dist init and image store ports free on the head", True),
+        ("CLOCK.SKEW", "clocks within a second of each other", False),
+        ("MEMORY.FREE", "free memory for the engine", False),
+        ("RING.NCCL", "ring: the patched NCCL, the mesh unit active", True),
+        (
+            "ARTIFACT.SHA256",
+            "ring: the NCCL library's sha256 is the pinned one (fabric.nccl.sha256), else the same on every node",
+            True,
+        ),
+    )
+)
 BY_ID = {c.id: c for c in CHECKS}
 
 
@@ -129,8 +167,9 @@ class Result(NamedTuple):
     blocking: bool  # the check is blocking (a failure of it stops serve)
 
     def contract(self) -> CheckResult:
-        return CheckResult(id=self.check, node=self.node, status=self.status, detail=self.detail, fix=self.fix,
-                           blocking=self.blocking)
+        return CheckResult(
+            id=self.check, node=self.node, status=self.status, detail=self.detail, fix=self.fix, blocking=self.blocking
+        )
 
     def to_json(self) -> dict[str, Json]:
         out: dict[str, Json] = self.contract().model_dump(mode="json")
@@ -170,9 +209,13 @@ class Limits:
         store's port, plus ``given``."""
         from tp4.image import imagestore
 
-        return cls(volume_kind="nfs" if profile.nfs.share else "local", expected_shards=profile.model.expected_shards,
-                   registry_port=imagestore.port_in_waiting(),
-                   image_id=built_image_id(profile.image.variant, profile.image.tag), **given)
+        return cls(
+            volume_kind="nfs" if profile.nfs.share else "local",
+            expected_shards=profile.model.expected_shards,
+            registry_port=imagestore.port_in_waiting(),
+            image_id=built_image_id(profile.image.variant, profile.image.tag),
+            **given,
+        )
 
 
 def built_image_id(variant: str, tag: str, flake: str | None = None) -> str | None:
@@ -370,6 +413,7 @@ counters 2
 s date; date +%s.%N
 """
 
+
 def _mount(rank: RankPlan, target: str) -> tuple[str, str] | None:
     for m in rank.run.mounts:
         if m.target == target:
@@ -406,7 +450,9 @@ def remote_args(plan: Plan, rank: RankPlan, limits: Limits) -> list[str]:
 
     model = _mount(rank, MODEL_MOUNT)
     engram = _mount(rank, ENGRAM_MOUNT)
-    nccl = _mount(rank, NCCL_MOUNT) or next(((m.type, m.source) for m in rank.run.mounts if m.source.endswith("/libnccl.so.2")), None)
+    nccl = _mount(rank, NCCL_MOUNT) or next(
+        ((m.type, m.source) for m in rank.run.mounts if m.source.endswith("/libnccl.so.2")), None
+    )
     peers = " ".join(r.host for r in ping_peers(plan, rank)) if limits.ping else ""
     rdv_host, rdv_port = rendezvous(plan)
     targets = " ".join(dict.fromkeys([*(r.host for r in plan.nodes if r.rank != rank.rank), rdv_host]))
@@ -416,11 +462,25 @@ def remote_args(plan: Plan, rank: RankPlan, limits: Limits) -> list[str]:
         ncclso = nccl[1] if nccl[1].endswith(".so.2") else f"{nccl[1]}/libnccl.so.2"
     state = _mount(rank, "/state")
     dfs = [d for d in (rank.run.workdir, engram[1] if engram else "", state[1] if state else "") if d]
-    return [limits.sysfs, f"{limits.interval:g}", rank.service.runtime, rank.run.image, " ".join(rank.gid.hcas),
-            model[1] if model and model[0] == "bind" else "", model[1] if model and model[0] == "volume" else "",
-            engram[1] if engram else "", " ".join(engram_files(plan, rank)),
-            peers, rank.service.unit or "", ncclso, rank.service.mesh_unit or "", targets, rdv_host,
-            str(rdv_port) if rank.rank != 0 else "", *dfs]
+    return [
+        limits.sysfs,
+        f"{limits.interval:g}",
+        rank.service.runtime,
+        rank.run.image,
+        " ".join(rank.gid.hcas),
+        model[1] if model and model[0] == "bind" else "",
+        model[1] if model and model[0] == "volume" else "",
+        engram[1] if engram else "",
+        " ".join(engram_files(plan, rank)),
+        peers,
+        rank.service.unit or "",
+        ncclso,
+        rank.service.mesh_unit or "",
+        targets,
+        rdv_host,
+        str(rdv_port) if rank.rank != 0 else "",
+        *dfs,
+    ]
 
 
 @dataclass
@@ -440,8 +500,13 @@ class Facts:
         return name in self.sections
 
     def contract(self) -> NodeFacts:
-        return NodeFacts(error=self.error, seconds=round(self.seconds, 3), received=self.received,
-                         derived=dict(self.derived), sections={k: list(v) for k, v in self.sections.items()})
+        return NodeFacts(
+            error=self.error,
+            seconds=round(self.seconds, 3),
+            received=self.received,
+            derived=dict(self.derived),
+            sections={k: list(v) for k, v in self.sections.items()},
+        )
 
     def to_json(self) -> dict[str, Json]:
         out: dict[str, Json] = self.contract().model_dump(mode="json")
@@ -471,8 +536,9 @@ def _target(node: Node) -> Target:
     from tp4.core import process
 
     def run(argv: Sequence[str], timeout: float) -> tuple[int, str, str]:
-        proc = process.run(list(argv), remote=node.remote, check=False, timeout=timeout,
-                           purpose=f"reading the facts of {node.name}")
+        proc = process.run(
+            list(argv), remote=node.remote, check=False, timeout=timeout, purpose=f"reading the facts of {node.name}"
+        )
         return proc.returncode, proc.stdout or "", proc.stderr or ""
 
     return Target(node.name, node.rank, run)
@@ -488,7 +554,9 @@ def gather_one(plan: Plan, target: Target, limits: Limits) -> Facts:
     try:
         rc, out, err = target.run(facts_argv(plan, target.rank, limits), limits.timeout + limits.interval)
     except Tp4Error as exc:
-        return Facts(error=exc.message.splitlines()[0] if exc.message else "unreachable", seconds=time.monotonic() - began)
+        return Facts(
+            error=exc.message.splitlines()[0] if exc.message else "unreachable", seconds=time.monotonic() - began
+        )
     facts = Facts(sections=parse(out), received=time.time(), seconds=time.monotonic() - began)
     if rc == 255 and not facts.sections:
         facts.error = (err.strip().splitlines() or ["ssh failed"])[-1]
@@ -523,7 +591,9 @@ class Context:
 
     def add(self, check: str, node: str, status: Status, detail: str, fix: str | None = None) -> None:
         spec = BY_ID[check]
-        self.results.append(Result(check, node, status, detail, fix if status in ("warn", "fail") else None, spec.blocking))
+        self.results.append(
+            Result(check, node, status, detail, fix if status in ("warn", "fail") else None, spec.blocking)
+        )
 
 
 class CheckRun(NamedTuple):
@@ -591,7 +661,11 @@ def _addresses(f: Facts) -> dict[str, tuple[int | None, list[str]]]:
         if not isinstance(link, dict) or not isinstance(link.get("ifname"), str):
             continue
         mtu = link.get("mtu")
-        addrs = [a["local"] for a in link.get("addr_info", []) if isinstance(a, dict) and a.get("family") == "inet" and isinstance(a.get("local"), str)]
+        addrs = [
+            a["local"]
+            for a in link.get("addr_info", [])
+            if isinstance(a, dict) and a.get("family") == "inet" and isinstance(a.get("local"), str)
+        ]
         out[link["ifname"]] = (mtu if isinstance(mtu, int) else None, addrs)
     return out
 
@@ -718,10 +792,13 @@ def _ssh_reachable(ctx: Context) -> None:
     for r in ctx.ranks:
         f = ctx.facts[r.name]
         if f.error is not None:
-            fix = ("compare the key's fingerprint with the node's own (ssh-keygen -lf /etc/ssh/ssh_host_ed25519_key.pub on "
-                   "its console), then trust it as the detail says" if "host key" in f.error or "trusts" in f.error else
-                   f"check that {r.ssh.user}@{r.ssh.host}:{r.ssh.port} answers (the node is up, sshd runs) and takes the key "
-                   f"{r.ssh.identity}")
+            fix = (
+                "compare the key's fingerprint with the node's own (ssh-keygen -lf /etc/ssh/ssh_host_ed25519_key.pub on "
+                "its console), then trust it as the detail says"
+                if "host key" in f.error or "trusts" in f.error
+                else f"check that {r.ssh.user}@{r.ssh.host}:{r.ssh.port} answers (the node is up, sshd runs) and takes the key "
+                f"{r.ssh.identity}"
+            )
             ctx.add("SSH.REACHABLE", r.name, "fail", f.error, fix)
             for spec in CHECKS[1:]:
                 ctx.add(spec.id, r.name, "n/a", "not checked: the node is unreachable")
@@ -733,21 +810,42 @@ def _ssh_reachable(ctx: Context) -> None:
 def _runtime_usable(ctx: Context, r: RankPlan, f: Facts) -> None:
     n, add, rt, user = r.name, ctx.add, r.service.runtime, r.ssh.user
     if (f.get("runtime") or [""])[0] != "present":
-        add("RUNTIME.USABLE", n, "fail", f"{rt} is not installed (not on the PATH of {user})",
-            f"install {rt} on {n} (the plan's runtime: cluster node `runtime`)")
+        add(
+            "RUNTIME.USABLE",
+            n,
+            "fail",
+            f"{rt} is not installed (not on the PATH of {user})",
+            f"install {rt} on {n} (the plan's runtime: cluster node `runtime`)",
+        )
     else:
         rc, out = _rc(f.get("image"))
         gpu = [x for x in f.get("gpu_access") if x.strip()]
         gpu_ok = bool(gpu) and ("nvidia" in " ".join(gpu) if rt == "docker" else True)
         if rc != 0 and not _no_such_image(out):
             why = (out or ["no output"])[-1]
-            add("RUNTIME.USABLE", n, "fail", f"`{rt} image inspect` fails for {user}: {why}",
-                f"let {user} use {rt} without sudo (docker: usermod -aG docker {user}, then log in again)")
+            add(
+                "RUNTIME.USABLE",
+                n,
+                "fail",
+                f"`{rt} image inspect` fails for {user}: {why}",
+                f"let {user} use {rt} without sudo (docker: usermod -aG docker {user}, then log in again)",
+            )
         elif not gpu_ok:
-            add("RUNTIME.USABLE", n, "fail", f"{rt} has no GPU access: "
-                + ("no CDI spec for nvidia.com/gpu in /etc/cdi or /var/run/cdi" if rt == "podman" else "no nvidia runtime in `docker info`"),
+            add(
+                "RUNTIME.USABLE",
+                n,
+                "fail",
+                f"{rt} has no GPU access: "
+                + (
+                    "no CDI spec for nvidia.com/gpu in /etc/cdi or /var/run/cdi"
+                    if rt == "podman"
+                    else "no nvidia runtime in `docker info`"
+                ),
                 "install nvidia-container-toolkit and generate the CDI spec: nvidia-ctk cdi generate --output=/etc/cdi/nvidia.yaml"
-                + (" (docker: nvidia-ctk runtime configure --runtime=docker, restart docker)" if rt == "docker" else ""))
+                + (
+                    " (docker: nvidia-ctk runtime configure --runtime=docker, restart docker)" if rt == "docker" else ""
+                ),
+            )
         else:
             add("RUNTIME.USABLE", n, "ok", f"{rt} works for {user}; GPU access: {gpu[0].strip()[:80]}")
 
@@ -771,8 +869,13 @@ def _gpu_present(ctx: Context, r: RankPlan, f: Facts) -> None:
         ctx.add("GPU.PRESENT", r.name, "fail", *NO_NVIDIA_SMI)
     elif (gpus := _gpus(f)) is None:
         listed = [x.strip() for x in f.get("gpus") if x.strip()]
-        ctx.add("GPU.PRESENT", r.name, "fail", f"nvidia-smi lists no GPU: {(listed or ['no output'])[0]}",
-                "check the driver (nvidia-smi must list the GB10); reboot after a driver update")
+        ctx.add(
+            "GPU.PRESENT",
+            r.name,
+            "fail",
+            f"nvidia-smi lists no GPU: {(listed or ['no output'])[0]}",
+            "check the driver (nvidia-smi must list the GB10); reboot after a driver update",
+        )
     else:
         name, _, _ = gpus[0].rpartition(",")
         ctx.add("GPU.PRESENT", r.name, "ok", f"{len(gpus)} GPU: {name.strip()}")
@@ -786,9 +889,14 @@ def _gpu_no_foreign_apps(ctx: Context, r: RankPlan, f: Facts) -> None:
         return
     apps = [x.strip() for x in f.get("gpu_apps") if x.strip() and not x.lower().startswith("no running")]
     if apps:
-        ctx.add("GPU.NO_FOREIGN_APPS", n, "fail", f"{len(apps)} compute app(s) on the GPU: {'; '.join(apps[:3])}",
-                "stop the other stack (its PIDs are listed) or `tp4 stop` a line left running; wait until "
-                "`nvidia-smi --query-compute-apps=pid --format=csv` lists nothing")
+        ctx.add(
+            "GPU.NO_FOREIGN_APPS",
+            n,
+            "fail",
+            f"{len(apps)} compute app(s) on the GPU: {'; '.join(apps[:3])}",
+            "stop the other stack (its PIDs are listed) or `tp4 stop` a line left running; wait until "
+            "`nvidia-smi --query-compute-apps=pid --format=csv` lists nothing",
+        )
     else:
         ctx.add("GPU.NO_FOREIGN_APPS", n, "ok", "no compute apps")
 
@@ -805,8 +913,13 @@ def _gpu_driver(ctx: Context, r: RankPlan, f: Facts) -> None:
         if driver.startswith("580."):
             ctx.add("GPU.DRIVER", n, "ok", f"driver {driver}")
         else:
-            ctx.add("GPU.DRIVER", n, "warn", f"driver {driver}: the display reservation is qualified on 580.x only "
-                    "(reported not to work on 595.84)", "use driver 580.x, or leave DSV41_ENGRAM_DRM_NODE unset")
+            ctx.add(
+                "GPU.DRIVER",
+                n,
+                "warn",
+                f"driver {driver}: the display reservation is qualified on 580.x only (reported not to work on 595.84)",
+                "use driver 580.x, or leave DSV41_ENGRAM_DRM_NODE unset",
+            )
 
 
 def _present(r: RankPlan, f: Facts) -> list[str]:
@@ -841,12 +954,22 @@ def _rdma_devices(ctx: Context, r: RankPlan, f: Facts) -> None:
     listed = set(f.get("ibdevs"))
     missing = [h for h in r.gid.hcas if h not in listed]
     if not devinf or devinf[0] != "present":
-        add("RDMA.DEVICES", n, "fail", "/dev/infiniband does not exist",
-            "load the RDMA modules and rdma-core (modprobe mlx5_ib ib_uverbs); the container gets --device /dev/infiniband")
+        add(
+            "RDMA.DEVICES",
+            n,
+            "fail",
+            "/dev/infiniband does not exist",
+            "load the RDMA modules and rdma-core (modprobe mlx5_ib ib_uverbs); the container gets --device /dev/infiniband",
+        )
     elif missing:
-        add("RDMA.DEVICES", n, "fail", f"no RDMA device {', '.join(missing)} under {ctx.limits.sysfs}/class/infiniband "
+        add(
+            "RDMA.DEVICES",
+            n,
+            "fail",
+            f"no RDMA device {', '.join(missing)} under {ctx.limits.sysfs}/class/infiniband "
             f"(there: {', '.join(sorted(listed)) or 'none'})",
-            "fix fabric.hcas to the node's devices (names are case-sensitive; see `ibdev2netdev`), or load mlx5_ib")
+            "fix fabric.hcas to the node's devices (names are case-sensitive; see `ibdev2netdev`), or load mlx5_ib",
+        )
     else:
         add("RDMA.DEVICES", n, "ok", f"/dev/infiniband, {', '.join(r.gid.hcas)}")
 
@@ -854,12 +977,21 @@ def _rdma_devices(ctx: Context, r: RankPlan, f: Facts) -> None:
 @node_check("RDMA.PORT_ACTIVE")
 def _rdma_port_active(ctx: Context, r: RankPlan, f: Facts) -> None:
     n, add, present = r.name, ctx.add, _present(r, f)
-    down = [f"{h} port 1 is {_hca(f, h).get('state') or 'unreadable'}" for h in present if "ACTIVE" not in _hca(f, h).get("state", "")]
+    down = [
+        f"{h} port 1 is {_hca(f, h).get('state') or 'unreadable'}"
+        for h in present
+        if "ACTIVE" not in _hca(f, h).get("state", "")
+    ]
     if not present:
         add("RDMA.PORT_ACTIVE", n, "fail", "no HCA of the plan to check", "see RDMA.DEVICES")
     elif down:
-        add("RDMA.PORT_ACTIVE", n, "fail", "; ".join(down),
-            "cable the port and bring its netdev up (ip link set <netdev> up); check the switch port")
+        add(
+            "RDMA.PORT_ACTIVE",
+            n,
+            "fail",
+            "; ".join(down),
+            "cable the port and bring its netdev up (ip link set <netdev> up); check the switch port",
+        )
     else:
         add("RDMA.PORT_ACTIVE", n, "ok", ", ".join(f"{h} {_hca(f, h).get('state')}" for h in present))
 
@@ -867,12 +999,21 @@ def _rdma_port_active(ctx: Context, r: RankPlan, f: Facts) -> None:
 @node_check("RDMA.LINK_LAYER")
 def _rdma_link_layer(ctx: Context, r: RankPlan, f: Facts) -> None:
     n, add, present = r.name, ctx.add, _present(r, f)
-    wrong = [f"{h} is {_hca(f, h).get('link_layer') or 'unreadable'}" for h in present if _hca(f, h).get("link_layer") != "Ethernet"]
+    wrong = [
+        f"{h} is {_hca(f, h).get('link_layer') or 'unreadable'}"
+        for h in present
+        if _hca(f, h).get("link_layer") != "Ethernet"
+    ]
     if not present:
         add("RDMA.LINK_LAYER", n, "fail", "no HCA of the plan to check", "see RDMA.DEVICES")
     elif wrong:
-        add("RDMA.LINK_LAYER", n, "fail", "; ".join(wrong) + " (RoCE needs Ethernet)",
-            "set the ConnectX port to Ethernet: mlxconfig -d <pci> set LINK_TYPE_P1=2 (then reboot)")
+        add(
+            "RDMA.LINK_LAYER",
+            n,
+            "fail",
+            "; ".join(wrong) + " (RoCE needs Ethernet)",
+            "set the ConnectX port to Ethernet: mlxconfig -d <pci> set LINK_TYPE_P1=2 (then reboot)",
+        )
     else:
         add("RDMA.LINK_LAYER", n, "ok", "Ethernet")
 
@@ -882,8 +1023,13 @@ def _rdma_ipv4(ctx: Context, r: RankPlan, f: Facts) -> None:
     n, add, present, addrs = r.name, ctx.add, _present(r, f), _addresses(f)
     _, noip, nodev = _fabric_ipv4(r, f)
     if nodev or noip or not present:
-        add("RDMA.IPV4", n, "fail", "; ".join(nodev + noip) or "no HCA of the plan to check",
-            "give every fabric netdev its IPv4 address (RoCE v2 derives its GIDs from it), netplan or NetworkManager")
+        add(
+            "RDMA.IPV4",
+            n,
+            "fail",
+            "; ".join(nodev + noip) or "no HCA of the plan to check",
+            "give every fabric netdev its IPv4 address (RoCE v2 derives its GIDs from it), netplan or NetworkManager",
+        )
     else:
         add("RDMA.IPV4", n, "ok", ", ".join(f"{h}: {','.join(addrs[_hca(f, h)['netdev']][1])}" for h in present))
 
@@ -893,15 +1039,23 @@ def _rdma_one_ipv4(ctx: Context, r: RankPlan, f: Facts) -> None:
     n, add, present, addrs = r.name, ctx.add, _present(r, f), _addresses(f)
     _, noip, nodev = _fabric_ipv4(r, f)
     # every IPv4 of a netdev adds RoCE GIDs, so an extra one moves the index NCCL_IB_GID_INDEX names
-    extra = {dev: addrs[dev][1] for dev in dict.fromkeys(_hca(f, h).get("netdev") for h in present)
-             if dev in addrs and len(addrs[dev][1]) > 1}
+    extra = {
+        dev: addrs[dev][1]
+        for dev in dict.fromkeys(_hca(f, h).get("netdev") for h in present)
+        if dev in addrs and len(addrs[dev][1]) > 1
+    }
     if not present or nodev or noip:
         add("RDMA.ONE_IPV4", n, "n/a", "see RDMA.IPV4")
     elif extra:
-        add("RDMA.ONE_IPV4", n, "warn", "; ".join(f"{dev} has {len(ips)} IPv4 addresses ({', '.join(ips)})" for dev, ips in extra.items())
+        add(
+            "RDMA.ONE_IPV4",
+            n,
+            "warn",
+            "; ".join(f"{dev} has {len(ips)} IPv4 addresses ({', '.join(ips)})" for dev, ips in extra.items())
             + ": each adds RoCE GIDs, which can move the index of the fabric address's GID",
             "keep only the fabric address on each fabric netdev (ip addr del <other>/<prefix> dev <netdev>; "
-            "persist it in netplan or NetworkManager)")
+            "persist it in netplan or NetworkManager)",
+        )
     else:
         add("RDMA.ONE_IPV4", n, "ok", "one IPv4 address per fabric netdev")
 
@@ -914,9 +1068,14 @@ def _rdma_mtu(ctx: Context, r: RankPlan, f: Facts) -> None:
     if not mtus:
         add("RDMA.MTU", n, "warn", "no fabric netdev to read", "see RDMA.IPV4")
     elif small:
-        add("RDMA.MTU", n, "fail", ", ".join(f"{k} has MTU {v}" for k, v in small.items())
+        add(
+            "RDMA.MTU",
+            n,
+            "fail",
+            ", ".join(f"{k} has MTU {v}" for k, v in small.items())
             + f" (not {FABRIC_MTU}: RoCE runs at a smaller MTU, prefill ~40 % slower at 1024)",
-            f"ip link set <netdev> mtu {FABRIC_MTU} (persist it in netplan/NetworkManager; the switch ports too)")
+            f"ip link set <netdev> mtu {FABRIC_MTU} (persist it in netplan/NetworkManager; the switch ports too)",
+        )
     else:
         add("RDMA.MTU", n, "ok", f"MTU {FABRIC_MTU}")
 
@@ -930,15 +1089,24 @@ def _rdma_gid(ctx: Context, r: RankPlan, f: Facts) -> None:
     for h in present:
         dev = _hca(f, h).get("netdev")
         ips = addrs.get(dev or "", (None, []))[1]
-        found[h] = gid_index_of(f, h, [ip for ip in ips if ip in fabric_ips] + [ip for ip in ips if ip not in fabric_ips])
+        found[h] = gid_index_of(
+            f, h, [ip for ip in ips if ip in fabric_ips] + [ip for ip in ips if ip not in fabric_ips]
+        )
     f.derived["gid_index"] = {h: i for h, i in found.items()}
     bad = [h for h, i in found.items() if i is None]
     if not present:
         add("RDMA.GID", n, "fail", "no HCA of the plan to check", "see RDMA.DEVICES")
     elif bad:
-        add("RDMA.GID", n, "fail", ", ".join(f"{h}: no RoCE v2 GID ::ffff:<its IPv4> in {ctx.limits.sysfs}/class/infiniband/{h}/ports/1/gids"
-                                             for h in bad),
-            "address the port's netdev (the GID table follows the IPv4 address), then check `show_gids`")
+        add(
+            "RDMA.GID",
+            n,
+            "fail",
+            ", ".join(
+                f"{h}: no RoCE v2 GID ::ffff:<its IPv4> in {ctx.limits.sysfs}/class/infiniband/{h}/ports/1/gids"
+                for h in bad
+            ),
+            "address the port's netdev (the GID table follows the IPv4 address), then check `show_gids`",
+        )
     else:
         add("RDMA.GID", n, "ok", ", ".join(f"{h} index {i}" for h, i in found.items()))
 
@@ -950,32 +1118,61 @@ def _rdma_memlock(ctx: Context, r: RankPlan, f: Facts) -> None:
     session_soft = _kib(soft_hard[0]) if soft_hard else None
     session_hard = _kib(soft_hard[1]) if len(soft_hard) > 1 else None
     cap = next((x.split()[1] for x in f.get("user") if x.startswith("CapEff:")), "0")
-    can_raise = (f.get("user") or [""])[0].strip() == "0" and int(cap, 16) & (1 << 24) != 0  # root with CAP_SYS_RESOURCE
+    can_raise = (f.get("user") or [""])[0].strip() == "0" and int(cap, 16) & (
+        1 << 24
+    ) != 0  # root with CAP_SYS_RESOURCE
     want = _plan_memlock(r)
     where, limit = f"the hard limit of {user}'s sessions ({rt} runs as {user})", session_hard
     if f.has("memlock_runtime"):
         parts = (f.get("memlock_runtime") or [""])[0].split()
-        limit, where, can_raise = (_kib(parts[3]) if len(parts) > 3 and parts[3].isdigit() else -1 if len(parts) > 3 else None), \
-            "dockerd's limit", True
+        limit, where, can_raise = (
+            (_kib(parts[3]) if len(parts) > 3 and parts[3].isdigit() else -1 if len(parts) > 3 else None),
+            "dockerd's limit",
+            True,
+        )
         if limit is not None and limit > 0:
             limit //= 1024  # /proc limits are bytes
     if f.has("memlock_unit"):
         v = (f.get("memlock_unit") or [""])[0].strip()
-        limit, where, can_raise = (-1 if v == "infinity" else int(v) // 1024 if v.isdigit() else None), f"LimitMEMLOCK of {r.service.unit}", False
+        limit, where, can_raise = (
+            (-1 if v == "infinity" else int(v) // 1024 if v.isdigit() else None),
+            f"LimitMEMLOCK of {r.service.unit}",
+            False,
+        )
     if want is None or limit is None:
         add("RDMA.MEMLOCK", n, "fail", f"memlock unreadable ({where}: {soft_hard})", "check `ulimit -l` of the runtime")
     elif not can_raise and limit >= 0 and (want < 0 or want > limit):
-        fix = (f"LimitMEMLOCK=infinity for {r.service.unit}" if f.has("memlock_unit") else
-               f"raise the memlock hard limit for {user} to unlimited (/etc/security/limits.d: `{user} - memlock unlimited`; "
-               "a systemd service: LimitMEMLOCK=infinity), then log in again")
-        add("RDMA.MEMLOCK", n, "fail", f"the plan asks memlock {_fmt_kib(want)}; {where} is {_fmt_kib(limit)}: the container cannot get it, "
-            "ibv_reg_mr of the KV pool fails", fix)
+        fix = (
+            f"LimitMEMLOCK=infinity for {r.service.unit}"
+            if f.has("memlock_unit")
+            else f"raise the memlock hard limit for {user} to unlimited (/etc/security/limits.d: `{user} - memlock unlimited`; "
+            "a systemd service: LimitMEMLOCK=infinity), then log in again"
+        )
+        add(
+            "RDMA.MEMLOCK",
+            n,
+            "fail",
+            f"the plan asks memlock {_fmt_kib(want)}; {where} is {_fmt_kib(limit)}: the container cannot get it, "
+            "ibv_reg_mr of the KV pool fails",
+            fix,
+        )
     elif want >= 0:
-        add("RDMA.MEMLOCK", n, "warn", f"the plan limits memlock to {_fmt_kib(want)} (cluster.memlock), not unlimited "
-            f"({where}: {_fmt_kib(limit)}); RDMA registers the KV pool", 'set cluster.memlock = "-1:-1" where the hosts allow it')
+        add(
+            "RDMA.MEMLOCK",
+            n,
+            "warn",
+            f"the plan limits memlock to {_fmt_kib(want)} (cluster.memlock), not unlimited "
+            f"({where}: {_fmt_kib(limit)}); RDMA registers the KV pool",
+            'set cluster.memlock = "-1:-1" where the hosts allow it',
+        )
     else:
-        add("RDMA.MEMLOCK", n, "ok", f"unlimited ({where}: {_fmt_kib(limit)}{', raised by the runtime' if can_raise else ''}"
-            f"; session soft {_fmt_kib(session_soft) if session_soft is not None else '?'})")
+        add(
+            "RDMA.MEMLOCK",
+            n,
+            "ok",
+            f"unlimited ({where}: {_fmt_kib(limit)}{', raised by the runtime' if can_raise else ''}"
+            f"; session soft {_fmt_kib(session_soft) if session_soft is not None else '?'})",
+        )
 
 
 @node_check("RDMA.COUNTERS")
@@ -987,12 +1184,22 @@ def _rdma_counters(ctx: Context, r: RankPlan, f: Facts) -> None:
     if ctx.limits.interval <= 0:
         add("RDMA.COUNTERS", n, "n/a", "not watched (no interval between the two reads)")
     elif not c1:
-        add("RDMA.COUNTERS", n, "warn", f"no RoCE counters ({', '.join(COUNTERS)}) under hw_counters or counters",
-            "load mlx5_ib (its hw_counters) to watch RoCE packet loss")
+        add(
+            "RDMA.COUNTERS",
+            n,
+            "warn",
+            f"no RoCE counters ({', '.join(COUNTERS)}) under hw_counters or counters",
+            "load mlx5_ib (its hw_counters) to watch RoCE packet loss",
+        )
     elif rising:
         dt = f"{t2 - t1:.1f} s" if t1 is not None and t2 is not None else "the interval"
-        add("RDMA.COUNTERS", n, "warn", "rising in " + dt + ": " + ", ".join(f"{h} {c} +{d}" for (h, c), d in sorted(rising.items())),
-            "RoCE is losing packets: enable PFC/ECN (lossless) on the switch and the NICs, check cables and the MTU of every hop")
+        add(
+            "RDMA.COUNTERS",
+            n,
+            "warn",
+            "rising in " + dt + ": " + ", ".join(f"{h} {c} +{d}" for (h, c), d in sorted(rising.items())),
+            "RoCE is losing packets: enable PFC/ECN (lossless) on the switch and the NICs, check cables and the MTU of every hop",
+        )
     else:
         add("RDMA.COUNTERS", n, "ok", f"{len(c1)} counters steady")
 
@@ -1015,8 +1222,14 @@ def _disk_free(ctx: Context, r: RankPlan, f: Facts) -> None:
     if store is None:
         add("DISK.FREE", n, "warn", "the image store's free space is unknown", f"check `{rt} info` on {n}")
     elif store[1] < ctx.limits.image_free_gib:
-        add("DISK.FREE", n, "warn", f"{store[1]:.1f} GiB free on {store[0]} (the image store), less than {ctx.limits.image_free_gib:g} GiB "
-            "for the next image", f"{rt} image prune, or tp4 images --prune")
+        add(
+            "DISK.FREE",
+            n,
+            "warn",
+            f"{store[1]:.1f} GiB free on {store[0]} (the image store), less than {ctx.limits.image_free_gib:g} GiB "
+            "for the next image",
+            f"{rt} image prune, or tp4 images --prune",
+        )
     else:
         add("DISK.FREE", n, "ok", f"{store[1]:.1f} GiB free on {store[0]}")
 
@@ -1027,18 +1240,25 @@ def _ports_free(ctx: Context, r: RankPlan, f: Facts) -> None:
     n, add = r.name, ctx.add
     if r.rank == 0:
         ports = {int(m) for m in re.findall(r":(\d+)\s", "\n".join(f.get("listening")) + "\n")}
-        wanted = [("API", int(ctx.plan.line.api.rsplit(":", 1)[1])), ("dist init", int(ctx.plan.line.dist_init_addr.rsplit(":", 1)[1]))]
+        wanted = [
+            ("API", int(ctx.plan.line.api.rsplit(":", 1)[1])),
+            ("dist init", int(ctx.plan.line.dist_init_addr.rsplit(":", 1)[1])),
+        ]
         if ctx.limits.registry_port is not None:
             wanted.append(("image store", ctx.limits.registry_port))
         used = [(what, port) for what, port in wanted if port in ports]
         if used:
             fixes = []
             if any(w != "image store" for w, _ in used):
-                fixes.append("stop what listens there (ss -ltnp), or `tp4 stop` a line left running, or change cluster.port / "
-                             "cluster.dist_port")
+                fixes.append(
+                    "stop what listens there (ss -ltnp), or `tp4 stop` a line left running, or change cluster.port / "
+                    "cluster.dist_port"
+                )
             if any(w == "image store" for w, _ in used):
-                fixes.append("the image store starts on its last port again: stop what took it, or start the store once "
-                             "on another (`tp4 image-store start --port N`)")
+                fixes.append(
+                    "the image store starts on its last port again: stop what took it, or start the store once "
+                    "on another (`tp4 image-store start --port N`)"
+                )
             add("PORTS.FREE", n, "fail", ", ".join(f"the {w} port {p} is in use" for w, p in used), "; ".join(fixes))
         else:
             add("PORTS.FREE", n, "ok", ", ".join(w for w, _ in wanted[:-1]) + f" and {wanted[-1][0]} ports free")
@@ -1049,13 +1269,20 @@ def _ports_free(ctx: Context, r: RankPlan, f: Facts) -> None:
 @node_check("MEMORY.FREE")
 def _memory_free(ctx: Context, r: RankPlan, f: Facts) -> None:
     n, add = r.name, ctx.add
-    mem = {x.split(":")[0]: int(x.split()[1]) for x in f.get("meminfo") if len(x.split()) >= 2 and x.split()[1].isdigit()}
+    mem = {
+        x.split(":")[0]: int(x.split()[1]) for x in f.get("meminfo") if len(x.split()) >= 2 and x.split()[1].isdigit()
+    }
     avail = mem.get("MemAvailable")
     if avail is None:
         add("MEMORY.FREE", n, "warn", "MemAvailable unreadable", "check /proc/meminfo")
     elif avail / (1024 * 1024) < ctx.limits.memory_gib:
-        add("MEMORY.FREE", n, "warn", f"{avail / 1048576:.1f} GiB available, less than {ctx.limits.memory_gib:g} GiB",
-            "stop what uses the memory (another stack, a desktop session: systemctl set-default multi-user.target)")
+        add(
+            "MEMORY.FREE",
+            n,
+            "warn",
+            f"{avail / 1048576:.1f} GiB available, less than {ctx.limits.memory_gib:g} GiB",
+            "stop what uses the memory (another stack, a desktop session: systemctl set-default multi-user.target)",
+        )
     else:
         add("MEMORY.FREE", n, "ok", f"{avail / 1048576:.1f} GiB available")
 
@@ -1069,14 +1296,30 @@ def _ring_nccl(ctx: Context, r: RankPlan, f: Facts) -> None:
         nccl = f.get("nccl")
         mesh = (f.get("mesh") or [""])[0].strip()
         if not nccl or nccl[0] != "present":
-            add("RING.NCCL", n, "fail", "the patched NCCL library is missing (fabric.nccl.host_dir/libnccl.so.2)",
-                "build NCCL 2.30.7 with the switchless patch into fabric.nccl.host_dir on every node")
+            add(
+                "RING.NCCL",
+                n,
+                "fail",
+                "the patched NCCL library is missing (fabric.nccl.host_dir/libnccl.so.2)",
+                "build NCCL 2.30.7 with the switchless patch into fabric.nccl.host_dir on every node",
+            )
         elif len(nccl) < 2 or not nccl[1].strip().isdigit() or int(nccl[1]) == 0:
-            add("RING.NCCL", n, "fail", "the NCCL library lacks SWITCHLESS_RING_ONLY (stock NCCL)",
-                "rebuild it with the switchless-ring patch")
+            add(
+                "RING.NCCL",
+                n,
+                "fail",
+                "the NCCL library lacks SWITCHLESS_RING_ONLY (stock NCCL)",
+                "rebuild it with the switchless-ring patch",
+            )
         elif mesh != "active":
             unit = r.service.mesh_unit
-            add("RING.NCCL", n, "fail", f"{unit} is {mesh or 'unknown'}", f"systemctl start {unit} (the ring mesh) and check its log")
+            add(
+                "RING.NCCL",
+                n,
+                "fail",
+                f"{unit} is {mesh or 'unknown'}",
+                f"systemctl start {unit} (the ring mesh) and check its log",
+            )
         else:
             add("RING.NCCL", n, "ok", f"patched NCCL, {r.service.mesh_unit} active")
 
@@ -1098,8 +1341,13 @@ def _weights_head(ctx: Context, r: RankPlan, f: Facts) -> None:
         if not d:
             ctx.add("WEIGHTS.HEAD", n, "fail", "the plan mounts no checkpoint directory on the head", "set model.dir")
         elif not config or shards < expected:
-            ctx.add("WEIGHTS.HEAD", n, "fail", f"{d}: " + ("no config.json, " if not config else "") + f"{shards} of {expected} shards",
-                    "tp4 download (the pinned checkpoint), or point model.dir at it")
+            ctx.add(
+                "WEIGHTS.HEAD",
+                n,
+                "fail",
+                f"{d}: " + ("no config.json, " if not config else "") + f"{shards} of {expected} shards",
+                "tp4 download (the pinned checkpoint), or point model.dir at it",
+            )
         else:
             ctx.add("WEIGHTS.HEAD", n, "ok", f"{d}: config.json, {shards} shards")
         return
@@ -1117,25 +1365,51 @@ def _weights_worker(ctx: Context, r: RankPlan, f: Facts) -> None:
     volume = next((m.source for m in r.run.mounts if m.type == "volume"), None)
     if volume is None:
         d2 = next((m.source for m in r.run.mounts if m.target.startswith("/models")), "?")
-        ctx.add("WEIGHTS.WORKER", n, "ok" if config else "fail", f"{d2}: " + ("config.json" if config else "no config.json"),
-                None if config else "copy the checkpoint to the node, or tp4 share")
+        ctx.add(
+            "WEIGHTS.WORKER",
+            n,
+            "ok" if config else "fail",
+            f"{d2}: " + ("config.json" if config else "no config.json"),
+            None if config else "copy the checkpoint to the node, or tp4 share",
+        )
         return
     if rc != 0 or not vol:
-        ctx.add("WEIGHTS.WORKER", n, "fail", f"the volume {volume} does not exist: {' '.join(vol)[:120]}",
-                "tp4 share (it creates the workers' weights volume)")
+        ctx.add(
+            "WEIGHTS.WORKER",
+            n,
+            "fail",
+            f"the volume {volume} does not exist: {' '.join(vol)[:120]}",
+            "tp4 share (it creates the workers' weights volume)",
+        )
         return
     parts = vol[0].split(" ", 2)
     opts = parts[2] if len(parts) > 2 else ""
     kind = "nfs" if '"type":"nfs' in opts.replace(" ", "") else "local"
     want = ctx.limits.volume_kind or kind
     if kind != want:
-        ctx.add("WEIGHTS.WORKER", n, "fail", f"the volume {volume} is {kind}, the profile says {want} (nfs.share)",
-                "tp4 share (re-creates the volume as the profile says), or set nfs.share")
+        ctx.add(
+            "WEIGHTS.WORKER",
+            n,
+            "fail",
+            f"the volume {volume} is {kind}, the profile says {want} (nfs.share)",
+            "tp4 share (re-creates the volume as the profile says), or set nfs.share",
+        )
     elif not config and kind == "nfs":
-        ctx.add("WEIGHTS.WORKER", n, "warn", f"the NFS volume {volume} ({opts[:120]}) is not mounted now: not verified",
-                "tp4 share checks that every worker sees the checkpoint")
+        ctx.add(
+            "WEIGHTS.WORKER",
+            n,
+            "warn",
+            f"the NFS volume {volume} ({opts[:120]}) is not mounted now: not verified",
+            "tp4 share checks that every worker sees the checkpoint",
+        )
     elif not config:
-        ctx.add("WEIGHTS.WORKER", n, "fail", f"the volume {volume} ({d}) holds no config.json", "tp4 share, or fill the volume")
+        ctx.add(
+            "WEIGHTS.WORKER",
+            n,
+            "fail",
+            f"the volume {volume} ({d}) holds no config.json",
+            "tp4 share, or fill the volume",
+        )
     else:
         ctx.add("WEIGHTS.WORKER", n, "ok", f"{kind} volume {volume}: config.json, {shards} shards")
 
@@ -1168,11 +1442,22 @@ def _engram(ctx: Context, r: RankPlan, f: Facts) -> None:
     engram = _mount(r, "/engram")
     free = _df(f).get(engram[1]) if engram else None
     if free is not None and free[1] >= ctx.limits.engram_free_gib:
-        ctx.add("ENGRAM.SHARDS", n, "warn", "; ".join(problems) + f"; {free[1]:.0f} GiB free on {free[0]} to pack them", "tp4 pack")
+        ctx.add(
+            "ENGRAM.SHARDS",
+            n,
+            "warn",
+            "; ".join(problems) + f"; {free[1]:.0f} GiB free on {free[0]} to pack them",
+            "tp4 pack",
+        )
     else:
         have = f"{free[1]:.1f} GiB free on {free[0]}" if free else "free space unknown"
-        ctx.add("ENGRAM.SHARDS", n, "fail", "; ".join(problems) + f"; {have}, less than {ctx.limits.engram_free_gib:g} GiB to pack them",
-                "free disk on the engram dir's filesystem, then tp4 pack")
+        ctx.add(
+            "ENGRAM.SHARDS",
+            n,
+            "fail",
+            "; ".join(problems) + f"; {have}, less than {ctx.limits.engram_free_gib:g} GiB to pack them",
+            "free disk on the engram dir's filesystem, then tp4 pack",
+        )
 
 
 @line_check("RDMA.MTU_SAME")
@@ -1181,8 +1466,13 @@ def _mtu_same(ctx: Context) -> None:
     per_node: dict[str, set[int]] = {}
     for r in up:
         addrs = _addresses(facts[r.name])
-        per_node[r.name] = {m for h in r.gid.hcas if (dev := _hca(facts[r.name], h).get("netdev")) in addrs
-                            for m in [addrs[dev or ""][0]] if m is not None}
+        per_node[r.name] = {
+            m
+            for h in r.gid.hcas
+            if (dev := _hca(facts[r.name], h).get("netdev")) in addrs
+            for m in [addrs[dev or ""][0]]
+            if m is not None
+        }
     counts: dict[int, int] = {}
     for mtus in per_node.values():
         for m in mtus:
@@ -1193,8 +1483,13 @@ def _mtu_same(ctx: Context) -> None:
         if common is None or not mtus:
             add("RDMA.MTU_SAME", r.name, "fail", "no fabric MTU to compare", "see RDMA.IPV4")
         elif mtus != {common}:
-            add("RDMA.MTU_SAME", r.name, "fail", f"MTU {', '.join(map(str, sorted(mtus)))} where the other nodes have {common}",
-                f"set the same MTU ({FABRIC_MTU}) on every fabric netdev of every node")
+            add(
+                "RDMA.MTU_SAME",
+                r.name,
+                "fail",
+                f"MTU {', '.join(map(str, sorted(mtus)))} where the other nodes have {common}",
+                f"set the same MTU ({FABRIC_MTU}) on every fabric netdev of every node",
+            )
         else:
             add("RDMA.MTU_SAME", r.name, "ok", f"MTU {common} like the others")
 
@@ -1218,16 +1513,26 @@ def _gid_same_index(ctx: Context) -> None:
         if not s:
             add("RDMA.GID_SAME_INDEX", r.name, "fail", "no RoCE v2 GID found", "see RDMA.GID")
         elif pinned is not None and s != {r.gid.value}:
-            add("RDMA.GID_SAME_INDEX", r.name, "fail", f"{pinned} pins index {r.gid.value}, the GID is at {', '.join(map(str, sorted(s)))}",
-                f"remove {pinned} (serve looks the index up), or set it to {min(s)}")
+            add(
+                "RDMA.GID_SAME_INDEX",
+                r.name,
+                "fail",
+                f"{pinned} pins index {r.gid.value}, the GID is at {', '.join(map(str, sorted(s)))}",
+                f"remove {pinned} (serve looks the index up), or set it to {min(s)}",
+            )
         elif len(s) > 1 or s != {common_gid}:
             # upstream's launcher resolves NCCL_IB_GID_INDEX per node (each rank its own), and so
             # does serve for an unpinned node: a line with different indices starts. A plan that
             # pins one index on every node fails above, on the node whose GID is elsewhere
-            add("RDMA.GID_SAME_INDEX", r.name, "warn", f"index {', '.join(map(str, sorted(s)))} where the other nodes have {common_gid}",
+            add(
+                "RDMA.GID_SAME_INDEX",
+                r.name,
+                "warn",
+                f"index {', '.join(map(str, sorted(s)))} where the other nodes have {common_gid}",
                 f"serve gives this rank its own NCCL_IB_GID_INDEX ({', '.join(map(str, sorted(s)))}), as upstream's "
                 "launcher does; to keep one index, readdress the node (extra addresses of the fabric netdev, an IPv6 "
-                "address, move the GID)")
+                "address, move the GID)",
+            )
         else:
             add("RDMA.GID_SAME_INDEX", r.name, "ok", f"index {common_gid} on every node")
 
@@ -1249,11 +1554,22 @@ def _image_same(ctx: Context) -> None:
     for r in up:
         img = images.get(r.name)
         if img is None:
-            add("IMAGE.SAME", r.name, "fail", f"no image {r.run.image} in {r.service.runtime}", "tp4 build (head), then tp4 distribute")
+            add(
+                "IMAGE.SAME",
+                r.name,
+                "fail",
+                f"no image {r.run.image} in {r.service.runtime}",
+                "tp4 build (head), then tp4 distribute",
+            )
         elif ref is not None and img != ref:
             what = "id" if img[0] != ref[0] else "layers"
-            add("IMAGE.SAME", r.name, "fail", f"{r.run.image} is {img[0][:12]}, the head's is {ref[0][:12]} (the {what} differ)",
-                "tp4 distribute (every node runs the head's image)")
+            add(
+                "IMAGE.SAME",
+                r.name,
+                "fail",
+                f"{r.run.image} is {img[0][:12]}, the head's is {ref[0][:12]} (the {what} differ)",
+                "tp4 distribute (every node runs the head's image)",
+            )
         else:
             add("IMAGE.SAME", r.name, "ok", f"{img[0][:12]}, {len(json.loads(img[1] or '[]') or [])} layers")
 
@@ -1276,7 +1592,13 @@ def _clock_skew(ctx: Context) -> None:
                 continue
             skew = offsets[r.name] - median
             if abs(skew) > ctx.limits.clock_skew:
-                add("CLOCK.SKEW", r.name, "warn", f"the clock is {skew:+.1f} s off the others", "enable NTP (timedatectl set-ntp true; chrony)")
+                add(
+                    "CLOCK.SKEW",
+                    r.name,
+                    "warn",
+                    f"the clock is {skew:+.1f} s off the others",
+                    "enable NTP (timedatectl set-ntp true; chrony)",
+                )
             else:
                 add("CLOCK.SKEW", r.name, "ok", f"{skew:+.2f} s")
 
@@ -1287,10 +1609,14 @@ def _clock_skew(ctx: Context) -> None:
 # `uname -m` against the image config's GOARCH (the OCI image spec's `architecture`)
 ARCH = {"aarch64": "arm64", "arm64": "arm64", "x86_64": "amd64", "amd64": "amd64"}
 DRM_NODE = "DSV41_ENGRAM_DRM_NODE"  # the plan uses the display reservation when a rank's env sets it
-DISPLAY_FIX = ("nvidia-drm.modeset=1 nvidia-drm.fbdev=0 last on the kernel command line, then reboot (NixOS: "
-               "tp4.host.displayReservation.enable = true appends them), or unset DSV41_ENGRAM_DRM_NODE in the profile")
-HEADLESS_FIX = ("systemctl set-default multi-user.target; systemctl disable --now display-manager.service "
-                "(NixOS: tp4.host.displayReservation.enable = true sets both)")
+DISPLAY_FIX = (
+    "nvidia-drm.modeset=1 nvidia-drm.fbdev=0 last on the kernel command line, then reboot (NixOS: "
+    "tp4.host.displayReservation.enable = true appends them), or unset DSV41_ENGRAM_DRM_NODE in the profile"
+)
+HEADLESS_FIX = (
+    "systemctl set-default multi-user.target; systemctl disable --now display-manager.service "
+    "(NixOS: tp4.host.displayReservation.enable = true sets both)"
+)
 
 
 def module_param(cmdline: str, module: str, param: str) -> str | None:
@@ -1320,8 +1646,14 @@ def _nvidia_drm(ctx: Context, r: RankPlan, f: Facts) -> None:
         ctx.add("GPU.NVIDIA_DRM", n, "n/a", f"the plan does not use the display reservation ({DRM_NODE} unset)")
         return
     if not lines or lines[0] != "loaded":
-        ctx.add("GPU.NVIDIA_DRM", n, "fail", f"nvidia_drm is not loaded ({ctx.limits.sysfs}/module/nvidia_drm is absent): "
-                f"{drm} ({DRM_NODE}) does not exist", "load nvidia-drm with " + DISPLAY_FIX)
+        ctx.add(
+            "GPU.NVIDIA_DRM",
+            n,
+            "fail",
+            f"nvidia_drm is not loaded ({ctx.limits.sysfs}/module/nvidia_drm is absent): "
+            f"{drm} ({DRM_NODE}) does not exist",
+            "load nvidia-drm with " + DISPLAY_FIX,
+        )
         return
     sysfs = dict(x.split(" ", 1) for x in lines[1:] if " " in x)
     cmdline = " ".join(f.get("cmdline"))
@@ -1339,11 +1671,22 @@ def _nvidia_drm(ctx: Context, r: RankPlan, f: Facts) -> None:
     unknown = [why for v, why in got.values() if v is None]
     detail = ", ".join(why for _, why in got.values())
     if wrong:
-        ctx.add("GPU.NVIDIA_DRM", n, "fail", f"nvidia_drm {detail}: the display reservation ({drm}) is not free "
-                "(it needs modeset=1 fbdev=0)", DISPLAY_FIX)
+        ctx.add(
+            "GPU.NVIDIA_DRM",
+            n,
+            "fail",
+            f"nvidia_drm {detail}: the display reservation ({drm}) is not free (it needs modeset=1 fbdev=0)",
+            DISPLAY_FIX,
+        )
     elif unknown:
-        ctx.add("GPU.NVIDIA_DRM", n, "warn", f"nvidia_drm {detail}", "run tp4 doctor as root, or set the parameters on the "
-                "kernel command line where they can be read: " + DISPLAY_FIX)
+        ctx.add(
+            "GPU.NVIDIA_DRM",
+            n,
+            "warn",
+            f"nvidia_drm {detail}",
+            "run tp4 doctor as root, or set the parameters on the "
+            "kernel command line where they can be read: " + DISPLAY_FIX,
+        )
     else:
         ctx.add("GPU.NVIDIA_DRM", n, "ok", f"nvidia_drm {detail}")
 
@@ -1362,8 +1705,11 @@ def _headless(ctx: Context, r: RankPlan, f: Facts) -> None:
     if dm in ("active", "activating", "reloading", "deactivating"):
         problems.append(f"display-manager.service is {dm}")
     if problems:
-        why = (f"a desktop takes the display reservation {r.env[DRM_NODE]} and memory" if r.env.get(DRM_NODE)
-               else "a desktop takes memory from the engine")
+        why = (
+            f"a desktop takes the display reservation {r.env[DRM_NODE]} and memory"
+            if r.env.get(DRM_NODE)
+            else "a desktop takes memory from the engine"
+        )
         ctx.add("HOST.HEADLESS", n, "fail", f"{'; '.join(problems)}: {why}", HEADLESS_FIX)
     else:
         ctx.add("HOST.HEADLESS", n, "ok", f"multi-user.target, display-manager.service {dm or 'absent'}")
@@ -1372,8 +1718,10 @@ def _headless(ctx: Context, r: RankPlan, f: Facts) -> None:
 @node_check("GPU.CLOCK_CAP")
 def _clock_cap(ctx: Context, r: RankPlan, f: Facts) -> None:
     n, cap = r.name, ctx.plan.line.gpu_clock_mhz
-    fix = (f"nvidia-smi -lgc 0,{cap} on a timer (a driver reload or a GPU reset drops it; NixOS: the module's "
-           "tp4-gpu-clock.timer applies the plan's cap), or set cluster.gpu_clock_mhz in the profile")
+    fix = (
+        f"nvidia-smi -lgc 0,{cap} on a timer (a driver reload or a GPU reset drops it; NixOS: the module's "
+        "tp4-gpu-clock.timer applies the plan's cap), or set cluster.gpu_clock_mhz in the profile"
+    )
     if cap is None:
         ctx.add("GPU.CLOCK_CAP", n, "n/a", "no cap asked (cluster.gpu_clock_mhz = 0)")
         return
@@ -1388,22 +1736,44 @@ def _clock_cap(ctx: Context, r: RankPlan, f: Facts) -> None:
     sm, top, reason = int(parts[0]), int(parts[1]), parts[2]
     timer = dict(x.split(" ", 1) for x in f.get("headless") if " " in x).get("tp4-gpu-clock.timer", "")
     if sm > cap:
-        ctx.add("GPU.CLOCK_CAP", n, "fail", f"the SM clock runs at {sm} MHz, above the cap of {cap} MHz "
-                "(upstream's numbers were measured capped)", fix)
+        ctx.add(
+            "GPU.CLOCK_CAP",
+            n,
+            "fail",
+            f"the SM clock runs at {sm} MHz, above the cap of {cap} MHz (upstream's numbers were measured capped)",
+            fix,
+        )
     elif top <= cap:
         ctx.add("GPU.CLOCK_CAP", n, "ok", f"SM clock {sm} MHz, the GPU's maximum {top} MHz is within {cap} MHz")
     elif r.service.kind == "nixos":
         if timer == "active":
             ctx.add("GPU.CLOCK_CAP", n, "ok", f"SM clock {sm} MHz (max {top}); tp4-gpu-clock.timer is active")
         else:
-            ctx.add("GPU.CLOCK_CAP", n, "fail", f"tp4-gpu-clock.timer is {timer or 'unknown'}: nothing caps the SM clock "
-                    f"(now {sm} MHz, the GPU's maximum {top} MHz)", fix)
+            ctx.add(
+                "GPU.CLOCK_CAP",
+                n,
+                "fail",
+                f"tp4-gpu-clock.timer is {timer or 'unknown'}: nothing caps the SM clock "
+                f"(now {sm} MHz, the GPU's maximum {top} MHz)",
+                fix,
+            )
     elif reason.lower() == "active":
-        ctx.add("GPU.CLOCK_CAP", n, "ok", f"SM clock {sm} MHz (max {top}), held by a clock setting "
-                "(clocks_event_reasons.applications_clocks_setting Active)")
+        ctx.add(
+            "GPU.CLOCK_CAP",
+            n,
+            "ok",
+            f"SM clock {sm} MHz (max {top}), held by a clock setting "
+            "(clocks_event_reasons.applications_clocks_setting Active)",
+        )
     else:
-        ctx.add("GPU.CLOCK_CAP", n, "warn", f"SM clock {sm} MHz now, but nothing shows a cap (max {top} MHz, "
-                f"clocks_event_reasons.applications_clocks_setting {reason}): the GPU may boost past {cap} MHz", fix)
+        ctx.add(
+            "GPU.CLOCK_CAP",
+            n,
+            "warn",
+            f"SM clock {sm} MHz now, but nothing shows a cap (max {top} MHz, "
+            f"clocks_event_reasons.applications_clocks_setting {reason}): the GPU may boost past {cap} MHz",
+            fix,
+        )
 
 
 @node_check("WEIGHTS.SHARD_FILES")
@@ -1413,7 +1783,9 @@ def _shard_files(ctx: Context, r: RankPlan, f: Facts) -> None:
         ctx.add("WEIGHTS.SHARD_FILES", n, "n/a", "the head's files only")
         return
     if not f.has("shard_files"):
-        ctx.add("WEIGHTS.SHARD_FILES", n, "n/a", "the plan mounts no checkpoint directory on the head: see WEIGHTS.HEAD")
+        ctx.add(
+            "WEIGHTS.SHARD_FILES", n, "n/a", "the plan mounts no checkpoint directory on the head: see WEIGHTS.HEAD"
+        )
         return
     expected = ctx.limits.expected_shards
     bad, total, totals = [], 0, set()
@@ -1442,9 +1814,14 @@ def _shard_files(ctx: Context, r: RankPlan, f: Facts) -> None:
         bad.insert(0, "names say -of-" + ", -of-".join(map(str, sorted(totals - {expected}))) + f", not -of-{expected}")
     if bad:
         more = f"; and {len(bad) - 4} more" if len(bad) > 4 else ""
-        ctx.add("WEIGHTS.SHARD_FILES", n, "fail", "; ".join(bad[:4]) + more,
-                "tp4 download again (it fetches what is missing or broken), remove shards of another checkpoint, and "
-                "make every shard readable (chmod a+r)")
+        ctx.add(
+            "WEIGHTS.SHARD_FILES",
+            n,
+            "fail",
+            "; ".join(bad[:4]) + more,
+            "tp4 download again (it fetches what is missing or broken), remove shards of another checkpoint, and "
+            "make every shard readable (chmod a+r)",
+        )
     else:
         ctx.add("WEIGHTS.SHARD_FILES", n, "ok", f"{count} shards, {total / 2**30:.1f} GiB, each readable and non-empty")
 
@@ -1473,9 +1850,14 @@ def _image_arch(ctx: Context, r: RankPlan, f: Facts) -> None:
     elif not machine_s:
         ctx.add("IMAGE.ARCH", n, "warn", "`uname -m` printed nothing", "check `uname -m` on the node")
     elif ARCH.get(machine_s, machine_s) != ARCH.get(config[0], config[0]):
-        ctx.add("IMAGE.ARCH", n, "fail", f"{r.run.image} is a {config[0]} image, the host is {machine_s} "
-                f"({ARCH.get(machine_s, machine_s)}): it cannot run here",
-                "build the image for the Sparks (tp4 build on a Spark, or --system aarch64-linux), then tp4 distribute")
+        ctx.add(
+            "IMAGE.ARCH",
+            n,
+            "fail",
+            f"{r.run.image} is a {config[0]} image, the host is {machine_s} "
+            f"({ARCH.get(machine_s, machine_s)}): it cannot run here",
+            "build the image for the Sparks (tp4 build on a Spark, or --system aarch64-linux), then tp4 distribute",
+        )
     else:
         ctx.add("IMAGE.ARCH", n, "ok", f"{config[0]} image on an {machine_s} host")
 
@@ -1486,8 +1868,12 @@ def _image_digest(ctx: Context, r: RankPlan, f: Facts) -> None:
     _, at, digest = ctx.plan.image.tag.partition("@")
     recorded = ctx.limits.image_id
     if not at and not recorded:
-        ctx.add("IMAGE.DIGEST", n, "n/a", "nothing pins the image: the tag has no @sha256 digest and no `tp4 build` record "
-                "names it")
+        ctx.add(
+            "IMAGE.DIGEST",
+            n,
+            "n/a",
+            "nothing pins the image: the tag has no @sha256 digest and no `tp4 build` record names it",
+        )
         return
     config, iid = _image_config(f), image_id(f)
     if config is None or iid is None:
@@ -1498,16 +1884,23 @@ def _image_digest(ctx: Context, r: RankPlan, f: Facts) -> None:
         if any(d.endswith("@" + digest) for d in config[1]):
             good.append(f"digest {digest[:19]}")
         else:
-            problems.append(f"its repo digests ({', '.join(d.rpartition('@')[2][:19] for d in config[1]) or 'none'}) "
-                            f"are not the tag's {digest[:19]}")
+            problems.append(
+                f"its repo digests ({', '.join(d.rpartition('@')[2][:19] for d in config[1]) or 'none'}) "
+                f"are not the tag's {digest[:19]}"
+            )
     if recorded:
         if iid == recorded:
             good.append(f"id {iid[:12]} as `tp4 build` recorded")
         else:
             problems.append(f"id {iid[:12]}, `tp4 build` recorded {recorded[:12]} for {ctx.plan.image.tag}")
     if problems:
-        ctx.add("IMAGE.DIGEST", n, "fail", f"{r.run.image}: " + "; ".join(problems),
-                "tp4 distribute (every node gets the recorded build), or tp4 build again")
+        ctx.add(
+            "IMAGE.DIGEST",
+            n,
+            "fail",
+            f"{r.run.image}: " + "; ".join(problems),
+            "tp4 distribute (every node gets the recorded build), or tp4 build again",
+        )
     else:
         ctx.add("IMAGE.DIGEST", n, "ok", ", ".join(good))
 
@@ -1524,7 +1917,9 @@ def _artifact_sha256(ctx: Context) -> None:
     pinned = ctx.plan.line.nccl_sha256
     head = ctx.plan.nodes[0].name
     ref = shas.get(head, (None, ""))[0]
-    fix = "copy one NCCL build (2.30.7 with the switchless patch) to every node, and pin its sha256 in fabric.nccl.sha256"
+    fix = (
+        "copy one NCCL build (2.30.7 with the switchless patch) to every node, and pin its sha256 in fabric.nccl.sha256"
+    )
     for r in up:
         f = ctx.facts[r.name]
         if ctx.plan.line.fabric != "ring" or not f.has("nccl"):
@@ -1534,15 +1929,28 @@ def _artifact_sha256(ctx: Context) -> None:
         else:
             sha, path = shas[r.name]
             if pinned and sha != pinned:
-                ctx.add("ARTIFACT.SHA256", r.name, "fail", f"{path}: sha256 {sha[:16]}..., fabric.nccl.sha256 pins "
-                        f"{pinned[:16]}...", fix)
+                ctx.add(
+                    "ARTIFACT.SHA256",
+                    r.name,
+                    "fail",
+                    f"{path}: sha256 {sha[:16]}..., fabric.nccl.sha256 pins {pinned[:16]}...",
+                    fix,
+                )
             elif pinned:
                 ctx.add("ARTIFACT.SHA256", r.name, "ok", f"{path}: sha256 {sha[:16]}... as pinned")
             elif ref is not None and sha != ref:
-                ctx.add("ARTIFACT.SHA256", r.name, "fail", f"{path}: sha256 {sha[:16]}..., the head's is {ref[:16]}...", fix)
+                ctx.add(
+                    "ARTIFACT.SHA256", r.name, "fail", f"{path}: sha256 {sha[:16]}..., the head's is {ref[:16]}...", fix
+                )
             else:
-                ctx.add("ARTIFACT.SHA256", r.name, "ok", f"{path}: sha256 {sha[:16]}..., the head's (not pinned: set "
-                        f"fabric.nccl.sha256 = \"{sha}\")")
+                ctx.add(
+                    "ARTIFACT.SHA256",
+                    r.name,
+                    "ok",
+                    f'{path}: sha256 {sha[:16]}..., the head\'s (not pinned: set fabric.nccl.sha256 = "{sha}")',
+                )
+
+
 # --- the network: the fabric's peers, links and routes, the bootstrap interface, the rendezvous ---------
 
 # `ip route get` types that carry no packet to the address (ip-route(8) ROUTE TYPES)
@@ -1586,8 +1994,11 @@ def _links(f: Facts) -> dict[str, Link]:
     for link in data if isinstance(data, list) else []:
         if isinstance(link, dict) and isinstance(link.get("ifname"), str):
             flags = link["flags"] if isinstance(link.get("flags"), list) else []
-            addrs = [a["local"] for a in link.get("addr_info", []) if isinstance(a, dict) and a.get("family") == "inet"
-                     and isinstance(a.get("local"), str)]
+            addrs = [
+                a["local"]
+                for a in link.get("addr_info", [])
+                if isinstance(a, dict) and a.get("family") == "inet" and isinstance(a.get("local"), str)
+            ]
             out[link["ifname"]] = Link("UP" in flags and "LOWER_UP" in flags, addrs)
     return out
 
@@ -1602,14 +2013,21 @@ def _fabric_netdevs(f: Facts) -> dict[str, str]:
     return out
 
 
-ROUTE_FIX = ("route every node's fabric IP through a fabric port: on a switch, the fabric ports of all nodes in one "
-             "subnet; on a ring, the mesh's routes via the neighbours (the mesh unit, sparkring's mesh-up)")
+ROUTE_FIX = (
+    "route every node's fabric IP through a fabric port: on a switch, the fabric ports of all nodes in one "
+    "subnet; on a ring, the mesh's routes via the neighbours (the mesh unit, sparkring's mesh-up)"
+)
 
 
 def _owners(ctx: Context) -> dict[str, str]:
     """Each address of a reachable node (not loopback) -> the node."""
-    return {a: r.name for r in ctx.up for _, addrs in _addresses(ctx.facts[r.name]).values() for a in addrs
-            if not a.startswith("127.")}
+    return {
+        a: r.name
+        for r in ctx.up
+        for _, addrs in _addresses(ctx.facts[r.name]).values()
+        for a in addrs
+        if not a.startswith("127.")
+    }
 
 
 @node_check("RDMA.JUMBO_PING")
@@ -1629,26 +2047,42 @@ def _jumbo_ping(ctx: Context, r: RankPlan, f: Facts) -> None:
         dev = next((x[4:].strip() for x in lines if x.startswith("dev ")), "")
         rc, out = _rc([x for x in lines if not x.startswith("dev ")])
         text = [x.strip() for x in out if x.strip()]
-        sent = next((m for x in text if (m := re.search(r"(\d+) packets transmitted, (\d+) (?:packets )?received", x))), None)
+        sent = next(
+            (m for x in text if (m := re.search(r"(\d+) packets transmitted, (\d+) (?:packets )?received", x))), None
+        )
         if not f.has(f"ping {peer.host}") or not dev:
             bad.append(f"{who}: no route")
             fixes.append(ROUTE_FIX)
         elif dev not in fabric:
-            bad.append(f"{who}: the route leaves through {dev}, not a fabric port ({', '.join(sorted(fabric)) or 'none'})")
+            bad.append(
+                f"{who}: the route leaves through {dev}, not a fabric port ({', '.join(sorted(fabric)) or 'none'})"
+            )
             fixes.append(ROUTE_FIX)
         elif rc == 0:
-            good.append(f"{who} via {dev}" + (f" ({sent[2]} of {sent[1]} replies)" if sent and sent[1] != sent[2] else ""))
+            good.append(
+                f"{who} via {dev}" + (f" ({sent[2]} of {sent[1]} replies)" if sent and sent[1] != sent[2] else "")
+            )
         else:
-            why = next((x for x in text if "too long" in x.lower() or "mtu" in x.lower() or "unreachable" in x.lower()),
-                       f"no reply to {PING_COUNT} packets within {PING_WAIT} s" if sent else (text or ["no output"])[-1])
+            why = next(
+                (x for x in text if "too long" in x.lower() or "mtu" in x.lower() or "unreachable" in x.lower()),
+                f"no reply to {PING_COUNT} packets within {PING_WAIT} s" if sent else (text or ["no output"])[-1],
+            )
             bad.append(f"{who} via {dev}: {why}")
             fixes.append(f"MTU {FABRIC_MTU} on both nodes' fabric netdevs and on every switch port between them")
     if bad:
-        ctx.add("RDMA.JUMBO_PING", r.name, "fail",
-                f"`ping -M do -s {JUMBO_PAYLOAD} -c {PING_COUNT} -W {PING_WAIT}` fails to " + "; ".join(bad)
-                + (f" (reached: {', '.join(good)})" if good else ""), "; ".join(dict.fromkeys(fixes)))
+        ctx.add(
+            "RDMA.JUMBO_PING",
+            r.name,
+            "fail",
+            f"`ping -M do -s {JUMBO_PAYLOAD} -c {PING_COUNT} -W {PING_WAIT}` fails to "
+            + "; ".join(bad)
+            + (f" (reached: {', '.join(good)})" if good else ""),
+            "; ".join(dict.fromkeys(fixes)),
+        )
     else:
-        ctx.add("RDMA.JUMBO_PING", r.name, "ok", f"{JUMBO_PAYLOAD}+28 bytes with don't-fragment reach " + ", ".join(good))
+        ctx.add(
+            "RDMA.JUMBO_PING", r.name, "ok", f"{JUMBO_PAYLOAD}+28 bytes with don't-fragment reach " + ", ".join(good)
+        )
 
 
 @node_check("RDMA.LINK_SPEED")
@@ -1667,9 +2101,14 @@ def _link_speed(ctx: Context, r: RankPlan, f: Facts) -> None:
         else:
             slow.append(f"{hca}/{netdev} speed unknown ({speed or 'unreadable'}: the link is down?)")
     if slow:
-        ctx.add("RDMA.LINK_SPEED", r.name, "fail", ", ".join(slow) + f", not {LINK_SPEED_MBPS} Mb/s",
-                f"reseat or replace the cable (DAC) and check the switch port: `ethtool <netdev>` must show Speed: "
-                f"{LINK_SPEED_MBPS}Mb/s; a port that trained lower carries the line at that speed")
+        ctx.add(
+            "RDMA.LINK_SPEED",
+            r.name,
+            "fail",
+            ", ".join(slow) + f", not {LINK_SPEED_MBPS} Mb/s",
+            f"reseat or replace the cable (DAC) and check the switch port: `ethtool <netdev>` must show Speed: "
+            f"{LINK_SPEED_MBPS}Mb/s; a port that trained lower carries the line at that speed",
+        )
     else:
         ctx.add("RDMA.LINK_SPEED", r.name, "ok", ", ".join(good) + f" at {LINK_SPEED_MBPS} Mb/s")
 
@@ -1681,7 +2120,9 @@ def _bootstrap_iface(ctx: Context, r: RankPlan, f: Facts) -> None:
         if r.env.get(var):
             names.setdefault(r.env[var], []).append(var)
     if not names:
-        ctx.add("NET.BOOTSTRAP_IFACE", r.name, "n/a", "the plan names no bootstrap interface (NCCL and Gloo choose one)")
+        ctx.add(
+            "NET.BOOTSTRAP_IFACE", r.name, "n/a", "the plan names no bootstrap interface (NCCL and Gloo choose one)"
+        )
         return
     links = _links(f)
     good, bad, fixes = [], [], []
@@ -1699,8 +2140,10 @@ def _bootstrap_iface(ctx: Context, r: RankPlan, f: Facts) -> None:
             good.append(f"{what}: {usable[0]} {links[usable[0]].ipv4[0]}")
         elif not found:
             bad.append(f"{what}: no such interface (there: {', '.join(sorted(links)) or 'none'})")
-            fixes.append("set fabric.socket_ifname to the node's management LAN interface (`ip -br addr`), the same name on "
-                         "every node")
+            fixes.append(
+                "set fabric.socket_ifname to the node's management LAN interface (`ip -br addr`), the same name on "
+                "every node"
+            )
         elif not any(links[n].ipv4 for n in found):
             bad.append(f"{what}: {', '.join(found)} has no IPv4 address")
             fixes.append(f"give {found[0]} its IPv4 address (NCCL and Gloo bind and advertise it)")
@@ -1721,17 +2164,34 @@ def _rendezvous_route(ctx: Context, r: RankPlan, f: Facts) -> None:
         if route is not None and route.kind == "local":
             ctx.add("NET.RENDEZVOUS_ROUTE", r.name, "ok", f"the dist init address {host} is the head's own")
         else:
-            ctx.add("NET.RENDEZVOUS_ROUTE", r.name, "fail", f"the dist init address {host} is not the head's ({text})",
-                    "cluster.head.ip must be an address of the head: its TCPStore listens there")
+            ctx.add(
+                "NET.RENDEZVOUS_ROUTE",
+                r.name,
+                "fail",
+                f"the dist init address {host} is not the head's ({text})",
+                "cluster.head.ip must be an address of the head: its TCPStore listens there",
+            )
         return
     if route is None:
-        ctx.add("NET.RENDEZVOUS_ROUTE", r.name, "fail", f"no route to the dist init address {host}: {text}",
-                f"route the head's address {host} from this node (a ring: the mesh's route via a neighbour, see RING.ROUTES)")
+        ctx.add(
+            "NET.RENDEZVOUS_ROUTE",
+            r.name,
+            "fail",
+            f"no route to the dist init address {host}: {text}",
+            f"route the head's address {host} from this node (a ring: the mesh's route via a neighbour, see RING.ROUTES)",
+        )
     elif route.kind == "local":
-        ctx.add("NET.RENDEZVOUS_ROUTE", r.name, "fail", f"the dist init address {host} is this node's own address",
-                "give every node its own fabric IP (cluster.*.ip)")
+        ctx.add(
+            "NET.RENDEZVOUS_ROUTE",
+            r.name,
+            "fail",
+            f"the dist init address {host} is this node's own address",
+            "give every node its own fabric IP (cluster.*.ip)",
+        )
     else:
-        ctx.add("NET.RENDEZVOUS_ROUTE", r.name, "ok", f"{host} via {route.dev}" + (f" and {route.via}" if route.via else ""))
+        ctx.add(
+            "NET.RENDEZVOUS_ROUTE", r.name, "ok", f"{host} via {route.dev}" + (f" and {route.via}" if route.via else "")
+        )
 
 
 @node_check("PEER.CONTROL_CHANNEL")
@@ -1745,17 +2205,36 @@ def _control_channel(ctx: Context, r: RankPlan, f: Facts) -> None:
     if not f.has(f"control {host} {port}"):
         ctx.add("PEER.CONTROL_CHANNEL", r.name, "n/a", "not checked")
     elif said == "no bash":
-        ctx.add("PEER.CONTROL_CHANNEL", r.name, "warn", "not checked: no bash on the node (the TCP check uses its /dev/tcp)",
-                f"install bash, or check `nc -zv {host} {port}` from the node by hand")
+        ctx.add(
+            "PEER.CONTROL_CHANNEL",
+            r.name,
+            "warn",
+            "not checked: no bash on the node (the TCP check uses its /dev/tcp)",
+            f"install bash, or check `nc -zv {host} {port}` from the node by hand",
+        )
     elif rc == 0:
-        ctx.add("PEER.CONTROL_CHANNEL", r.name, "ok", f"{host}:{port} accepted a connection (something listens there now)")
+        ctx.add(
+            "PEER.CONTROL_CHANNEL", r.name, "ok", f"{host}:{port} accepted a connection (something listens there now)"
+        )
     elif "refused" in said.lower():
-        ctx.add("PEER.CONTROL_CHANNEL", r.name, "ok", f"{host}:{port} answers (connection refused: nothing listens before serve)")
+        ctx.add(
+            "PEER.CONTROL_CHANNEL",
+            r.name,
+            "ok",
+            f"{host}:{port} answers (connection refused: nothing listens before serve)",
+        )
     else:
-        why = f"no answer within {CONTROL_WAIT} s" if rc == 124 else (said.rsplit(": ", 1)[-1] if said else f"exit {rc}")
-        ctx.add("PEER.CONTROL_CHANNEL", r.name, "fail", f"TCP to the dist init port {host}:{port}: {why}",
-                f"let TCP port {port} through to the head from every worker (a firewall that drops it stalls the line's "
-                "start until the rendezvous times out; a NixOS head opens it: tp4.host.firewall)")
+        why = (
+            f"no answer within {CONTROL_WAIT} s" if rc == 124 else (said.rsplit(": ", 1)[-1] if said else f"exit {rc}")
+        )
+        ctx.add(
+            "PEER.CONTROL_CHANNEL",
+            r.name,
+            "fail",
+            f"TCP to the dist init port {host}:{port}: {why}",
+            f"let TCP port {port} through to the head from every worker (a firewall that drops it stalls the line's "
+            "start until the rendezvous times out; a NixOS head opens it: tp4.host.firewall)",
+        )
 
 
 @node_check("RING.ROUTES")
@@ -1800,17 +2279,28 @@ def _ip_forward(ctx: Context, r: RankPlan, f: Facts) -> None:
         return
     value = (f.get("ip_forward") or [""])[0].strip()
     routes = ", ".join(f"{a}'s to {b.name} ({b.host})" for a, b in through)
-    fix = ("sysctl -w net.ipv4.ip_forward=1 and keep it across boots (/etc/sysctl.d/; spark-host sets it on every node "
-           "of a ring)")
+    fix = (
+        "sysctl -w net.ipv4.ip_forward=1 and keep it across boots (/etc/sysctl.d/; spark-host sets it on every node "
+        "of a ring)"
+    )
     if not through:
-        ctx.add("RING.IP_FORWARD", r.name, "ok", f"no node's route goes through it (net.ipv4.ip_forward={value or '?'})")
+        ctx.add(
+            "RING.IP_FORWARD", r.name, "ok", f"no node's route goes through it (net.ipv4.ip_forward={value or '?'})"
+        )
     elif value == "1":
         ctx.add("RING.IP_FORWARD", r.name, "ok", f"forwards the routes {routes}")
     elif value == "0":
-        ctx.add("RING.IP_FORWARD", r.name, "fail", f"net.ipv4.ip_forward is 0, and the routes {routes} go through it", fix)
+        ctx.add(
+            "RING.IP_FORWARD", r.name, "fail", f"net.ipv4.ip_forward is 0, and the routes {routes} go through it", fix
+        )
     else:
-        ctx.add("RING.IP_FORWARD", r.name, "warn", f"net.ipv4.ip_forward unreadable ({value or 'no answer'}), and the routes "
-                f"{routes} go through it", fix)
+        ctx.add(
+            "RING.IP_FORWARD",
+            r.name,
+            "warn",
+            f"net.ipv4.ip_forward unreadable ({value or 'no answer'}), and the routes {routes} go through it",
+            fix,
+        )
 
 
 # --- entry points ------------------------------------------------------------------------------------
@@ -1827,8 +2317,11 @@ class Report(NamedTuple):
 
     def evidence(self) -> dict[str, Json]:
         """`tp4 doctor --json`, built through its contract (tp4.core.contracts.doctor_evidence)."""
-        doc = DoctorEvidence(seconds=round(self.seconds, 3), nodes={name: f.contract() for name, f in self.facts.items()},
-                             checks=[x.contract() for x in self.results])
+        doc = DoctorEvidence(
+            seconds=round(self.seconds, 3),
+            nodes={name: f.contract() for name, f in self.facts.items()},
+            checks=[x.contract() for x in self.results],
+        )
         out: dict[str, Json] = doc.model_dump(mode="json", by_alias=True)
         return out
 
@@ -1865,7 +2358,9 @@ def table(plan: Plan, results: Sequence[Result]) -> list[str]:
     lines = ["check".ljust(width) + "  " + "  ".join(n.ljust(w) for n, w in zip(names, cols, strict=True))]
     for spec in CHECKS:
         row = [MARK[cell[(spec.id, n)].status] if (spec.id, n) in cell else "?" for n in names]
-        lines.append(spec.id.ljust(width) + "  " + "  ".join(v.ljust(w) for v, w in zip(row, cols, strict=True)).rstrip())
+        lines.append(
+            spec.id.ljust(width) + "  " + "  ".join(v.ljust(w) for v, w in zip(row, cols, strict=True)).rstrip()
+        )
     issues = [x for x in results if x.status in ("warn", "fail")]
     if issues:
         lines.append("")

@@ -33,10 +33,23 @@ class Node:
     def container(self) -> str:
         return self.rank.run.container
 
-    def run(self, argv: Sequence[str], *, check: bool = True, timeout: float | None = 60, purpose: str | None = None,
-            input: str | None = None) -> process.CompletedProcess[str]:
-        proc = process.run(list(argv), remote=self.remote, check=check, timeout=timeout,
-                           purpose=purpose or f"on {self.name}", input=input)
+    def run(
+        self,
+        argv: Sequence[str],
+        *,
+        check: bool = True,
+        timeout: float | None = 60,
+        purpose: str | None = None,
+        input: str | None = None,
+    ) -> process.CompletedProcess[str]:
+        proc = process.run(
+            list(argv),
+            remote=self.remote,
+            check=check,
+            timeout=timeout,
+            purpose=purpose or f"on {self.name}",
+            input=input,
+        )
         assert isinstance(proc.stdout, str)
         return proc
 
@@ -49,9 +62,17 @@ class Node:
 def nodes_of(plan: Plan, *, ssh_options: Sequence[str] = (), local_head: bool = False) -> list[Node]:
     out = []
     for rank in plan.nodes:
-        remote = None if (local_head and rank.rank == 0) else process.Remote(
-            host=rank.ssh.host, user=rank.ssh.user, identity=rank.ssh.identity, port=rank.ssh.port,
-            options=tuple(ssh_options))
+        remote = (
+            None
+            if (local_head and rank.rank == 0)
+            else process.Remote(
+                host=rank.ssh.host,
+                user=rank.ssh.user,
+                identity=rank.ssh.identity,
+                port=rank.ssh.port,
+                options=tuple(ssh_options),
+            )
+        )
         out.append(Node(rank, remote))
     return out
 

@@ -81,7 +81,9 @@ def _mount(rank: RankPlan, target: str) -> str:
     for m in rank.run.mounts:
         if m.target == target:
             return m.source
-    raise Tp4Error(f"{rank.name}: the run spec has no mount at {target}; fix: check the profile (tp4 plan shows the mounts)")
+    raise Tp4Error(
+        f"{rank.name}: the run spec has no mount at {target}; fix: check the profile (tp4 plan shows the mounts)"
+    )
 
 
 def engram_dir(rank: RankPlan) -> str:
@@ -94,10 +96,29 @@ def packer_argv(plan: Plan, rank: RankPlan) -> list[str]:
     """The packer's run on the rank's node, as upstream's `start.sh pack` runs it."""
     from tp4.line.plan import ENGRAM_MOUNT, MODEL_MOUNT
 
-    return [rank.service.runtime, "run", "--rm", "--network", "host",
-            "-v", f"{_mount(rank, MODEL_MOUNT)}:{MODEL_MOUNT}:ro", "-v", f"{engram_dir(rank)}:{ENGRAM_MOUNT}",
-            "-e", f"DSV41_SOURCE={MODEL_MOUNT}", "--entrypoint", "python3", rank.run.image,
-            PACKER, "--rank", str(rank.rank), "--tp", str(plan.line.tp), "--out", ENGRAM_MOUNT]
+    return [
+        rank.service.runtime,
+        "run",
+        "--rm",
+        "--network",
+        "host",
+        "-v",
+        f"{_mount(rank, MODEL_MOUNT)}:{MODEL_MOUNT}:ro",
+        "-v",
+        f"{engram_dir(rank)}:{ENGRAM_MOUNT}",
+        "-e",
+        f"DSV41_SOURCE={MODEL_MOUNT}",
+        "--entrypoint",
+        "python3",
+        rank.run.image,
+        PACKER,
+        "--rank",
+        str(rank.rank),
+        "--tp",
+        str(plan.line.tp),
+        "--out",
+        ENGRAM_MOUNT,
+    ]
 
 
 def parse_shards(text: str, names: Sequence[str]) -> list[Shard]:
@@ -120,8 +141,10 @@ def parse_shards(text: str, names: Sequence[str]) -> list[Shard]:
 
 def read_shards(plan: Plan, node: Node) -> list[Shard]:
     names = shard_names(plan, node.rank)
-    proc = node.run(["sh", "-c", _READ, "tp4-pack", engram_dir(node.rank), *names],
-                    purpose=f"reading the Engram shards of {node.name}")
+    proc = node.run(
+        ["sh", "-c", _READ, "tp4-pack", engram_dir(node.rank), *names],
+        purpose=f"reading the Engram shards of {node.name}",
+    )
     return parse_shards(proc.stdout, names)
 
 
@@ -158,7 +181,9 @@ def line_problems(plan: Plan, shards: dict[str, list[Shard]]) -> dict[str, list[
         for name, ss in shards.items():
             for s in ss:
                 if len(s.header) == 6 and s.magic != first:
-                    out.setdefault(name, []).append(f"{s.name}: magic {s.magic:#x}, another node's shards have {first:#x}")
+                    out.setdefault(name, []).append(
+                        f"{s.name}: magic {s.magic:#x}, another node's shards have {first:#x}"
+                    )
     if len(shards) != len(plan.nodes):
         return out
     for i, layer in enumerate(LAYERS):
@@ -168,8 +193,10 @@ def line_problems(plan: Plan, shards: dict[str, list[Shard]]) -> dict[str, list[
             s, r = ss[i], ranks[name].rank
             lo, hi = total * r // tp, total * (r + 1) // tp
             if (s.row_lo, s.row_hi) != (lo, hi):
-                out.setdefault(name, []).append(f"{s.name}: slice [{s.row_lo}, {s.row_hi}) of layer {layer}, rank {r} of {tp} "
-                                                f"of the {total} rows is [{lo}, {hi})")
+                out.setdefault(name, []).append(
+                    f"{s.name}: slice [{s.row_lo}, {s.row_hi}) of layer {layer}, rank {r} of {tp} "
+                    f"of the {total} rows is [{lo}, {hi})"
+                )
     return out
 
 
@@ -183,18 +210,23 @@ def _run_packer(plan: Plan, node: Node, stale: Sequence[str], out: Echo) -> floa
     began = time.monotonic()
     # upstream's docker creates a missing bind source; podman refuses it: make it first. A shard
     # that is not complete goes, so the packer (which skips what it finds) makes it again.
-    node.run(["sh", "-c", 'd=$1; shift; mkdir -p -- "$d" && cd -- "$d" && rm -f -- "$@"', "tp4-pack", d, *stale],
-             purpose=f"preparing the Engram dir of {node.name}")
+    node.run(
+        ["sh", "-c", 'd=$1; shift; mkdir -p -- "$d" && cd -- "$d" && rm -f -- "$@"', "tp4-pack", d, *stale],
+        purpose=f"preparing the Engram dir of {node.name}",
+    )
     out(f"pack: {node.name}: rank {rank.rank} of {plan.line.tp}: started")
-    proc = node.run(packer_argv(plan, rank), check=False, timeout=None, purpose=f"packing the Engram shards of {node.name}")
+    proc = node.run(
+        packer_argv(plan, rank), check=False, timeout=None, purpose=f"packing the Engram shards of {node.name}"
+    )
     seconds = time.monotonic() - began
     if proc.returncode != 0:
         text = (proc.stdout or "") + (proc.stderr or "")
         tail = [line for line in text.splitlines() if line.strip()][-TAIL:]
-        out(f"pack: {node.name}: FAILED in {seconds:.0f} s (exit {proc.returncode})"
-            + "".join(f"\n  | {line}" for line in tail))
-        raise Tp4Error(f"the packer exited {proc.returncode}"
-                       + (f": {tail[-1]}" if tail else ""))
+        out(
+            f"pack: {node.name}: FAILED in {seconds:.0f} s (exit {proc.returncode})"
+            + "".join(f"\n  | {line}" for line in tail)
+        )
+        raise Tp4Error(f"the packer exited {proc.returncode}" + (f": {tail[-1]}" if tail else ""))
     out(f"pack: {node.name}: done in {seconds:.0f} s")
     return seconds
 
@@ -236,9 +268,13 @@ def pack(plan: Plan, nodes: Sequence[Node], out: Echo) -> None:
         failed[name] = "; ".join(problems)
     if failed:
         order = [n.name for n in nodes if n.name in failed]
-        raise Tp4Error(f"pack: {len(order)} of {len(nodes)} nodes failed:\n"
-                       + "\n".join(f"  - {name}: {failed[name]}" for name in order)
-                       + "\nfix: see each node's output above; rerun `tp4 pack`: complete shards are kept")
+        raise Tp4Error(
+            f"pack: {len(order)} of {len(nodes)} nodes failed:\n"
+            + "\n".join(f"  - {name}: {failed[name]}" for name in order)
+            + "\nfix: see each node's output above; rerun `tp4 pack`: complete shards are kept"
+        )
     packed = sum(1 for v in results.values() if v == "packed")
-    out(f"pack: {2 * len(shards)} shards checked on {len(shards)} nodes ({packed} packed, {len(shards) - packed} skipped) "
-        f"in {time.monotonic() - began:.1f} s")
+    out(
+        f"pack: {2 * len(shards)} shards checked on {len(shards)} nodes ({packed} packed, {len(shards) - packed} skipped) "
+        f"in {time.monotonic() - began:.1f} s"
+    )

@@ -52,21 +52,28 @@ GANESHA_DIR = "nfs-ganesha"  # under the head's workdir
 GANESHA_START_WAIT = 10.0  # seconds
 
 # constant scripts; every value is an argument, never part of the script
-_SERVER_KIND = ('if command -v exportfs >/dev/null 2>&1 && { [ -d /proc/fs/nfsd ] || grep -qw nfsd /proc/filesystems '
-                '|| modinfo nfsd >/dev/null 2>&1; }; then echo kernel; '
-                'elif command -v ganesha.nfsd >/dev/null 2>&1; then echo ganesha; else echo none; fi')
-_CLIENT_KIND = ('if grep -qw nfs4\\? /proc/filesystems || modinfo nfs >/dev/null 2>&1; then echo kernel; '
-                'elif command -v nfs-cat >/dev/null 2>&1; then echo libnfs; else echo none; fi')
+_SERVER_KIND = (
+    "if command -v exportfs >/dev/null 2>&1 && { [ -d /proc/fs/nfsd ] || grep -qw nfsd /proc/filesystems "
+    "|| modinfo nfsd >/dev/null 2>&1; }; then echo kernel; "
+    "elif command -v ganesha.nfsd >/dev/null 2>&1; then echo ganesha; else echo none; fi"
+)
+_CLIENT_KIND = (
+    "if grep -qw nfs4\\? /proc/filesystems || modinfo nfs >/dev/null 2>&1; then echo kernel; "
+    "elif command -v nfs-cat >/dev/null 2>&1; then echo libnfs; else echo none; fi"
+)
 _WRITE = 'umask 022 && mkdir -p -- "$(dirname -- "$1")" && cat > "$1.tmp" && mv -f -- "$1.tmp" "$1"'
 _READ = '[ -f "$1" ] && cat -- "$1" || true'
-_MODEL = ('if [ ! -d "$1" ]; then echo missing; elif [ ! -f "$1/config.json" ]; then echo no-config; '
-          'else echo ok; fi')
+_MODEL = 'if [ ! -d "$1" ]; then echo missing; elif [ ! -f "$1/config.json" ]; then echo no-config; else echo ok; fi'
 # ganesha: alive when the pid file names a running ganesha.nfsd
-_GANESHA_PID = ('p=$(cat -- "$1" 2>/dev/null) && [ -n "$p" ] && kill -0 "$p" 2>/dev/null && '
-                'grep -q ganesha /proc/"$p"/comm && echo "$p" || true')
-_GANESHA_STOP = ('p=$(cat -- "$1" 2>/dev/null) || exit 0; [ -n "$p" ] && grep -q ganesha /proc/"$p"/comm 2>/dev/null || exit 0; '
-                 'kill "$p"; i=0; while kill -0 "$p" 2>/dev/null && [ $i -lt 100 ]; do sleep 0.1; i=$((i+1)); done')
-_GANESHA_START = ('rm -f -- "$2"; exec ganesha.nfsd -f "$1" -p "$2" -L "$3" -N NIV_EVENT </dev/null >/dev/null 2>&1')
+_GANESHA_PID = (
+    'p=$(cat -- "$1" 2>/dev/null) && [ -n "$p" ] && kill -0 "$p" 2>/dev/null && '
+    'grep -q ganesha /proc/"$p"/comm && echo "$p" || true'
+)
+_GANESHA_STOP = (
+    'p=$(cat -- "$1" 2>/dev/null) || exit 0; [ -n "$p" ] && grep -q ganesha /proc/"$p"/comm 2>/dev/null || exit 0; '
+    'kill "$p"; i=0; while kill -0 "$p" 2>/dev/null && [ $i -lt 100 ]; do sleep 0.1; i=$((i+1)); done'
+)
+_GANESHA_START = 'rm -f -- "$2"; exec ganesha.nfsd -f "$1" -p "$2" -L "$3" -N NIV_EVENT </dev/null >/dev/null 2>&1'
 
 
 @dataclass(frozen=True)
@@ -83,7 +90,9 @@ class WorkerShare:
 def kernel_exports_text(export: str, clients: Sequence[str]) -> str:
     """The line of /etc/exports.d/tp4.exports: the path quoted once (exports(5)), one entry per client."""
     entries = " ".join(f"{c}({EXPORT_OPTIONS})" for c in clients)
-    return f"# written by tp4 share: the checkpoint, read-only, to the line's workers\n{_exports_path(export)} {entries}\n"
+    return (
+        f"# written by tp4 share: the checkpoint, read-only, to the line's workers\n{_exports_path(export)} {entries}\n"
+    )
 
 
 def _exports_path(path: str) -> str:
@@ -94,36 +103,44 @@ def ganesha_config(export: str, clients: Sequence[str], state_dir: str) -> str:
     """tp4's whole Ganesha configuration: NFSv4 only (no rpcbind, NLM, RQUOTA or UDP), one export of
     the checkpoint, read-only to the listed clients and to nobody else."""
     q = json.dumps  # a Ganesha string: double quotes, backslash escapes
-    return ("# written by tp4 share: the checkpoint, read-only, to the line's workers\n"
-            "NFS_CORE_PARAM { Protocols = 4; Enable_NLM = false; Enable_RQUOTA = false; Enable_UDP = false; NFS_Port = 2049; }\n"
-            f"NFSV4 {{ Graceless = true; RecoveryBackend = fs; RecoveryRoot = {q(state_dir + '/recovery')}; }}\n"
-            "EXPORT_DEFAULTS { Access_Type = None; }\n"
-            "EXPORT {\n"
-            "  Export_Id = 1;\n"
-            f"  Path = {q(export)};\n"
-            f"  Pseudo = {q(export)};\n"
-            "  Access_Type = None;\n"
-            "  Squash = No_Root_Squash;\n"
-            "  Protocols = 4;\n"
-            "  Transports = TCP;\n"
-            "  SecType = sys;\n"
-            "  FSAL { Name = VFS; }\n"
-            f"  CLIENT {{ Clients = {', '.join(clients)}; Access_Type = RO; }}\n"
-            "}\n")
+    return (
+        "# written by tp4 share: the checkpoint, read-only, to the line's workers\n"
+        "NFS_CORE_PARAM { Protocols = 4; Enable_NLM = false; Enable_RQUOTA = false; Enable_UDP = false; NFS_Port = 2049; }\n"
+        f"NFSV4 {{ Graceless = true; RecoveryBackend = fs; RecoveryRoot = {q(state_dir + '/recovery')}; }}\n"
+        "EXPORT_DEFAULTS { Access_Type = None; }\n"
+        "EXPORT {\n"
+        "  Export_Id = 1;\n"
+        f"  Path = {q(export)};\n"
+        f"  Pseudo = {q(export)};\n"
+        "  Access_Type = None;\n"
+        "  Squash = No_Root_Squash;\n"
+        "  Protocols = 4;\n"
+        "  Transports = TCP;\n"
+        "  SecType = sys;\n"
+        "  FSAL { Name = VFS; }\n"
+        f"  CLIENT {{ Clients = {', '.join(clients)}; Access_Type = RO; }}\n"
+        "}\n"
+    )
 
 
 def _check_export_path(path: str) -> None:
     if any(c in path for c in '"\\') or any(c.isspace() and c != " " for c in path):
-        raise InvalidInput(f"model.dir: {path!r} holds a quote, a backslash or a tab, which an NFS export line cannot carry; "
-                           "fix: move the checkpoint to a path without them")
+        raise InvalidInput(
+            f"model.dir: {path!r} holds a quote, a backslash or a tab, which an NFS export line cannot carry; "
+            "fix: move the checkpoint to a path without them"
+        )
 
 
 def _src_of_route(node: Node, target: str) -> str:
-    proc = node.run(["ip", "-o", "route", "get", target], check=False, purpose=f"the route from {node.name} to {target}")
+    proc = node.run(
+        ["ip", "-o", "route", "get", target], check=False, purpose=f"the route from {node.name} to {target}"
+    )
     words = proc.stdout.split()
     if proc.returncode != 0 or "src" not in words or words.index("src") + 1 >= len(words):
-        raise Tp4Error(f"{node.name}: no route to {target} ({proc.stderr.strip() or proc.stdout.strip()}); "
-                       "fix: check the node's addresses, or set nfs.server_ips")
+        raise Tp4Error(
+            f"{node.name}: no route to {target} ({proc.stderr.strip() or proc.stdout.strip()}); "
+            "fix: check the node's addresses, or set nfs.server_ips"
+        )
     return words[words.index("src") + 1]
 
 
@@ -150,15 +167,20 @@ def share(profile: Profile, plan: Plan, nodes: Sequence[Node], out: Echo) -> Non
     _check_export_path(export)
     state = head.run(["sh", "-c", _MODEL, "sh", export], purpose=f"checking {export} on {head.name}").stdout.strip()
     if state == "missing":
-        raise Tp4Error(f"model.dir: {export} does not exist on {head.name}; fix: tp4 download, or set model.dir to the checkpoint")
+        raise Tp4Error(
+            f"model.dir: {export} does not exist on {head.name}; fix: tp4 download, or set model.dir to the checkpoint"
+        )
     if state != "ok":
-        raise Tp4Error(f"model.dir: {export} on {head.name} has no config.json; fix: tp4 download (the checkpoint is incomplete)")
+        raise Tp4Error(
+            f"model.dir: {export} on {head.name} has no config.json; fix: tp4 download (the checkpoint is incomplete)"
+        )
     nfs = plan.line.nfs
     if nfs is None:
-        raise InvalidInput("nfs.share: the plan has no NFS share for this line; fix: tp4 plan shows why (a ring, or one node)")
+        raise InvalidInput(
+            "nfs.share: the plan has no NFS share for this line; fix: tp4 plan shows why (a ring, or one node)"
+        )
     addrs = nfs.servers
-    clients: dict[str, object | BaseException] = parallel(
-        workers, lambda w: _src_of_route(w, addrs[workers.index(w)]))
+    clients: dict[str, object | BaseException] = parallel(workers, lambda w: _src_of_route(w, addrs[workers.index(w)]))
     _results(clients)
     shares = [WorkerShare(w, addrs[i], str(clients[w.name]), nfs.volumes[i]) for i, w in enumerate(workers)]
     client_addrs = sorted(set(s.client for s in shares))
@@ -168,22 +190,34 @@ def share(profile: Profile, plan: Plan, nodes: Sequence[Node], out: Echo) -> Non
         _check_nixos_export(head, export, client_addrs, kind)
         out(f"{head.name}: export {export} to {', '.join(client_addrs)} (NixOS module): present")
     elif kind == "kernel":
-        out(f"{head.name}: export {export} to {', '.join(client_addrs)} (kernel server): {_kernel_export(head, export, client_addrs)}")
+        out(
+            f"{head.name}: export {export} to {', '.join(client_addrs)} (kernel server): {_kernel_export(head, export, client_addrs)}"
+        )
     elif kind == "ganesha":
         workdir = plan.nodes[0].run.workdir
-        out(f"{head.name}: export {export} to {', '.join(client_addrs)} (NFS-Ganesha): "
-            f"{_ganesha_export(head, export, client_addrs, f'{workdir}/{GANESHA_DIR}')}")
+        out(
+            f"{head.name}: export {export} to {', '.join(client_addrs)} (NFS-Ganesha): "
+            f"{_ganesha_export(head, export, client_addrs, f'{workdir}/{GANESHA_DIR}')}"
+        )
     else:
-        raise Tp4Error(f"{head.name}: no NFS server (neither exportfs with the kernel's nfsd nor ganesha.nfsd); "
-                       "fix: install nfs-kernel-server on the head")
+        raise Tp4Error(
+            f"{head.name}: no NFS server (neither exportfs with the kernel's nfsd nor ganesha.nfsd); "
+            "fix: install nfs-kernel-server on the head"
+        )
 
     volume = profile.nfs.volume
     image = plan.image.tag
 
     def worker(s: WorkerShare) -> str:
-        changed = _check_nixos_volume(s, volume, export) if s.node.rank.service.kind == "nixos" else _volume(s, volume, export)
+        changed = (
+            _check_nixos_volume(s, volume, export)
+            if s.node.rank.service.kind == "nixos"
+            else _volume(s, volume, export)
+        )
         how = _sees(s, volume, export, image)
-        return f"{s.node.name}: volume {volume} (addr={s.server}, device=:{export}): {changed}; config.json visible {how}"
+        return (
+            f"{s.node.name}: volume {volume} (addr={s.server}, device=:{export}): {changed}; config.json visible {how}"
+        )
 
     done = parallel([s.node for s in shares], lambda n: worker(next(s for s in shares if s.node is n)))
     _results(done)
@@ -226,21 +260,27 @@ def _kernel_export(head: Node, export: str, clients: Sequence[str]) -> str:
         head.run(head.privileged(["exportfs", "-ra"]), purpose=f"exporting {export} on {head.name}")
     missing = _exportfs_has(_exported(head), export, clients)
     if missing:
-        raise Tp4Error(f"{head.name}: the kernel server does not export {export} to {', '.join(missing)} after exportfs -ra; "
-                       f"fix: check {KERNEL_EXPORTS} and the other exports on the head (exportfs -v)")
+        raise Tp4Error(
+            f"{head.name}: the kernel server does not export {export} to {', '.join(missing)} after exportfs -ra; "
+            f"fix: check {KERNEL_EXPORTS} and the other exports on the head (exportfs -v)"
+        )
     return "written" if changed else "unchanged"
 
 
 def ganesha_pid(head: Node, state_dir: str) -> str | None:
-    pid = head.run(head.privileged(["sh", "-c", _GANESHA_PID, "sh", f"{state_dir}/ganesha.pid"]),
-                   purpose=f"the NFS-Ganesha of {head.name}").stdout.strip()
+    pid = head.run(
+        head.privileged(["sh", "-c", _GANESHA_PID, "sh", f"{state_dir}/ganesha.pid"]),
+        purpose=f"the NFS-Ganesha of {head.name}",
+    ).stdout.strip()
     return pid or None
 
 
 def stop_ganesha(head: Node, state_dir: str) -> None:
     """Stop the NFS-Ganesha share started (its pid file's process only)."""
-    head.run(head.privileged(["sh", "-c", _GANESHA_STOP, "sh", f"{state_dir}/ganesha.pid"]),
-             purpose=f"stopping NFS-Ganesha on {head.name}")
+    head.run(
+        head.privileged(["sh", "-c", _GANESHA_STOP, "sh", f"{state_dir}/ganesha.pid"]),
+        purpose=f"stopping NFS-Ganesha on {head.name}",
+    )
 
 
 def _ganesha_export(head: Node, export: str, clients: Sequence[str], state_dir: str) -> str:
@@ -257,14 +297,20 @@ def _ganesha_export(head: Node, export: str, clients: Sequence[str], state_dir: 
         head.run(head.privileged(["mkdir", "-p", "--", f"{state_dir}/recovery"]))
     if running:
         stop_ganesha(head, state_dir)
-    head.run(head.privileged(["sh", "-c", _GANESHA_START, "sh", conf, f"{state_dir}/ganesha.pid", f"{state_dir}/ganesha.log"]),
-             purpose=f"starting NFS-Ganesha on {head.name}")
+    head.run(
+        head.privileged(
+            ["sh", "-c", _GANESHA_START, "sh", conf, f"{state_dir}/ganesha.pid", f"{state_dir}/ganesha.log"]
+        ),
+        purpose=f"starting NFS-Ganesha on {head.name}",
+    )
     deadline = time.monotonic() + GANESHA_START_WAIT
     while not ganesha_pid(head, state_dir):
         if time.monotonic() > deadline:
             log = head.run(head.privileged(["tail", "-n", "20", "--", f"{state_dir}/ganesha.log"]), check=False).stdout
-            raise Tp4Error(f"{head.name}: NFS-Ganesha did not start within {GANESHA_START_WAIT:.0f} s; its log:\n{log}"
-                           f"fix: see {state_dir}/ganesha.log on the head")
+            raise Tp4Error(
+                f"{head.name}: NFS-Ganesha did not start within {GANESHA_START_WAIT:.0f} s; its log:\n{log}"
+                f"fix: see {state_dir}/ganesha.log on the head"
+            )
         time.sleep(0.2)
     return ("written, " if changed else "") + ("restarted" if running else "started")
 
@@ -272,17 +318,22 @@ def _ganesha_export(head: Node, export: str, clients: Sequence[str], state_dir: 
 def _check_nixos_export(head: Node, export: str, clients: Sequence[str], kind: str) -> None:
     missing = _exportfs_has(_exported(head), export, clients) if kind == "kernel" else list(clients)
     if missing:
-        raise Tp4Error(f"{head.name}: the NixOS host does not export {export} to {', '.join(missing)}; "
-                       f"fix: set the module's NFS export (services.nfs.server.exports) to {export} for exactly those "
-                       "workers and switch the host")
+        raise Tp4Error(
+            f"{head.name}: the NixOS host does not export {export} to {', '.join(missing)}; "
+            f"fix: set the module's NFS export (services.nfs.server.exports) to {export} for exactly those "
+            "workers and switch the host"
+        )
 
 
 # --- a worker's volume ------------------------------------------------------------------------------
 
 
 def _inspect(node: Node, volume: str) -> tuple[str, dict[str, str]] | None:
-    proc = node.run([node.runtime, "volume", "inspect", "--format", "{{.Driver}} {{json .Options}}", "--", volume],
-                    check=False, purpose=f"the volume {volume} on {node.name}")
+    proc = node.run(
+        [node.runtime, "volume", "inspect", "--format", "{{.Driver}} {{json .Options}}", "--", volume],
+        check=False,
+        purpose=f"the volume {volume} on {node.name}",
+    )
     if proc.returncode != 0:
         return None
     driver, _, options = proc.stdout.strip().partition(" ")
@@ -291,8 +342,10 @@ def _inspect(node: Node, volume: str) -> tuple[str, dict[str, str]] | None:
     except ValueError:
         parsed = None
     if not isinstance(parsed, dict):
-        raise Tp4Error(f"{node.name}: {node.runtime} volume inspect {volume} gave {proc.stdout.strip()[:200]!r}, not a driver and "
-                       f"its options; fix: check the volume by hand ({node.runtime} volume inspect {volume})")
+        raise Tp4Error(
+            f"{node.name}: {node.runtime} volume inspect {volume} gave {proc.stdout.strip()[:200]!r}, not a driver and "
+            f"its options; fix: check the volume by hand ({node.runtime} volume inspect {volume})"
+        )
     return driver, {str(k): str(v) for k, v in parsed.items()}
 
 
@@ -302,8 +355,10 @@ def volume_options(node: Node, volume: str) -> dict[str, str] | None:
 
 
 def _users(node: Node, volume: str) -> list[str]:
-    proc = node.run([node.runtime, "ps", "-a", "--filter", f"volume={volume}", "--format", "{{.Names}}"],
-                    purpose=f"the containers using {volume} on {node.name}")
+    proc = node.run(
+        [node.runtime, "ps", "-a", "--filter", f"volume={volume}", "--format", "{{.Names}}"],
+        purpose=f"the containers using {volume} on {node.name}",
+    )
     return [line for line in proc.stdout.split() if line]
 
 
@@ -322,8 +377,10 @@ def _volume(s: WorkerShare, volume: str, export: str) -> str:
     if found is not None:
         users = _users(node, volume)
         if users:
-            raise Tp4Error(f"{node.name}: the volume {volume} has other options ({json.dumps(found[1], sort_keys=True)}) and "
-                           f"{', '.join(users)} use it; fix: tp4 stop (or remove those containers), then tp4 share again")
+            raise Tp4Error(
+                f"{node.name}: the volume {volume} has other options ({json.dumps(found[1], sort_keys=True)}) and "
+                f"{', '.join(users)} use it; fix: tp4 stop (or remove those containers), then tp4 share again"
+            )
         node.run([node.runtime, "volume", "rm", "--", volume], purpose=f"removing the old {volume} on {node.name}")
     node.run(_create_argv(node, volume, want), purpose=f"creating {volume} on {node.name}")
     return "replaced" if found is not None else "created"
@@ -333,8 +390,10 @@ def _check_nixos_volume(s: WorkerShare, volume: str, export: str) -> str:
     found = _inspect(s.node, volume)
     want = s.volume_options()
     if found != ("local", want):
-        raise Tp4Error(f"{s.node.name}: the NixOS host's volume {volume} is {'missing' if found is None else json.dumps(found[1], sort_keys=True)}, "
-                       f"not {json.dumps(want, sort_keys=True)}; fix: set the module's weights volume to that and switch the host")
+        raise Tp4Error(
+            f"{s.node.name}: the NixOS host's volume {volume} is {'missing' if found is None else json.dumps(found[1], sort_keys=True)}, "
+            f"not {json.dumps(want, sort_keys=True)}; fix: set the module's weights volume to that and switch the host"
+        )
     return "present (NixOS module)"
 
 
@@ -347,19 +406,36 @@ def _sees(s: WorkerShare, volume: str, export: str, image: str) -> str:
     node = s.node
     kind = node.run(["sh", "-c", _CLIENT_KIND], purpose=f"the NFS client of {node.name}").stdout.strip()
     if kind == "kernel":
-        argv = [node.runtime, "run", "--rm", "--pull=never", "--network", "none", "--entrypoint", "test",
-                "-v", f"{volume}:/tp4-weights:ro", image, "-f", "/tp4-weights/config.json"]
+        argv = [
+            node.runtime,
+            "run",
+            "--rm",
+            "--pull=never",
+            "--network",
+            "none",
+            "--entrypoint",
+            "test",
+            "-v",
+            f"{volume}:/tp4-weights:ro",
+            image,
+            "-f",
+            "/tp4-weights/config.json",
+        ]
         how = f"through the volume ({shlex.join(argv[:2])} of {image})"
     elif kind == "libnfs":
         argv = ["nfs-cat", nfs_url(s.server, export)]
         how = "through the user-space client (nfs-cat; no kernel NFS client on the node)"
     else:
-        raise Tp4Error(f"{node.name}: no NFS client (no nfs in the kernel, no nfs-cat); fix: install nfs-common on the worker")
+        raise Tp4Error(
+            f"{node.name}: no NFS client (no nfs in the kernel, no nfs-cat); fix: install nfs-common on the worker"
+        )
     proc = node.run(argv, check=False, timeout=120, purpose=f"reading config.json on {node.name}")
     if proc.returncode != 0:
-        raise Tp4Error(f"{node.name}: cannot read {export}/config.json from {s.server} {how.split(' (')[0]}: "
-                       f"{(proc.stderr.strip() or proc.stdout.strip())[-300:]}; fix: check that {s.server} is the head's "
-                       f"address toward {node.name} (nfs.server_ips) and that port 2049 is open")
+        raise Tp4Error(
+            f"{node.name}: cannot read {export}/config.json from {s.server} {how.split(' (')[0]}: "
+            f"{(proc.stderr.strip() or proc.stdout.strip())[-300:]}; fix: check that {s.server} is the head's "
+            f"address toward {node.name} (nfs.server_ips) and that port 2049 is open"
+        )
     return how
 
 

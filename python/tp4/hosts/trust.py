@@ -52,11 +52,17 @@ def scan(remote: process.Remote) -> tuple[str, tuple[Key, ...]]:
     """The name the node's key is looked up by and the keys ssh-keyscan fetched from it."""
     where = process.endpoint(remote)
     if knownhosts.host_problem(where.hostname) or any(c.isspace() or c in "#,|" for c in where.key_name):
-        raise InvalidInput(f"{remote.host}: ssh's configuration makes it HostName {where.hostname[:80]!r}, its key "
-                           f"recorded as {where.key_name[:80]!r}, which is not a host name; fix: correct the Host block "
-                           "of ~/.ssh/config for it")
-    proc = process.run(["ssh-keyscan", "-T", str(SCAN_TIMEOUT), "-p", str(where.port), "--", where.hostname],
-                       check=False, timeout=SCAN_TIMEOUT * 3, purpose=f"fetching the host keys of {where.key_name}")
+        raise InvalidInput(
+            f"{remote.host}: ssh's configuration makes it HostName {where.hostname[:80]!r}, its key "
+            f"recorded as {where.key_name[:80]!r}, which is not a host name; fix: correct the Host block "
+            "of ~/.ssh/config for it"
+        )
+    proc = process.run(
+        ["ssh-keyscan", "-T", str(SCAN_TIMEOUT), "-p", str(where.port), "--", where.hostname],
+        check=False,
+        timeout=SCAN_TIMEOUT * 3,
+        purpose=f"fetching the host keys of {where.key_name}",
+    )
     keys = []
     for line in proc.stdout.splitlines():
         fields = line.split()
@@ -68,8 +74,10 @@ def scan(remote: process.Remote) -> tuple[str, tuple[Key, ...]]:
             keys.append(Key(fields[1], fields[2]))
     if not keys:
         said = "; ".join(line for line in proc.stderr.strip().splitlines() if not line.startswith("#"))
-        raise Tp4Error(f"{where.key_name}: ssh-keyscan fetched no host key{' (' + said + ')' if said else ''}; "
-                       f"fix: check that the node is up and its sshd listens on port {where.port}")
+        raise Tp4Error(
+            f"{where.key_name}: ssh-keyscan fetched no host key{' (' + said + ')' if said else ''}; "
+            f"fix: check that the node is up and its sshd listens on port {where.port}"
+        )
     return where.key_name, tuple(dict.fromkeys(keys))
 
 
@@ -81,8 +89,11 @@ def judge(offered: Sequence[Key], recorded: Sequence[Key]) -> Status:
     mine = {(k.keytype, k.key) for k in recorded}
     types = {k.keytype for k in recorded}
     same = [k for k in offered if (k.keytype, k.key) in mine]
-    other = [k for k in offered if k.keytype in types and (k.keytype, k.key) not in mine
-             and not any(s.keytype == k.keytype for s in same)]
+    other = [
+        k
+        for k in offered
+        if k.keytype in types and (k.keytype, k.key) not in mine and not any(s.keytype == k.keytype for s in same)
+    ]
     return "trusted" if same and not other else "changed"
 
 
@@ -104,8 +115,10 @@ def examine(remotes: Sequence[process.Remote]) -> list[Verdict]:
         raise errors[0]
     if errors:
         code = max(e.exit_code for e in errors)
-        raise Tp4Error(f"{len(errors)} of {len(unique)} nodes gave no host key:\n"
-                       + "\n".join(f"  - {e}" for e in errors), exit_code=code)
+        raise Tp4Error(
+            f"{len(errors)} of {len(unique)} nodes gave no host key:\n" + "\n".join(f"  - {e}" for e in errors),
+            exit_code=code,
+        )
     scanned = [r for r in results if not isinstance(r, Tp4Error)]
     entries = knownhosts.read()
     verdicts = []
@@ -120,12 +133,20 @@ def refuse_changed(verdicts: Sequence[Verdict]) -> None:
     changed = [v for v in verdicts if v.status == "changed"]
     if not changed:
         return
-    lines = [f"the host key of {v.name} changed: recorded {', '.join(k.shown() for k in v.recorded)}; "
-             f"now offered {', '.join(k.shown() for k in v.offered)}" for v in changed]
+    lines = [
+        f"the host key of {v.name} changed: recorded {', '.join(k.shown() for k in v.recorded)}; "
+        f"now offered {', '.join(k.shown() for k in v.offered)}"
+        for v in changed
+    ]
     fix = " ".join(process.trust_command(v.remote, replace=True) for v in changed[:1])
-    raise HostKeyError("; ".join(lines) + f"; nothing was written to {knownhosts.path()}; if the change is expected "
-                       f"(the host was reinstalled), run `{fix}`" + (" for each of them" if len(changed) > 1 else "")
-                       + "; if not, someone may be intercepting the connection", host=changed[0].name, changed=True)
+    raise HostKeyError(
+        "; ".join(lines) + f"; nothing was written to {knownhosts.path()}; if the change is expected "
+        f"(the host was reinstalled), run `{fix}`"
+        + (" for each of them" if len(changed) > 1 else "")
+        + "; if not, someone may be intercepting the connection",
+        host=changed[0].name,
+        changed=True,
+    )
 
 
 def record(verdicts: Sequence[Verdict]) -> int:
@@ -133,8 +154,10 @@ def record(verdicts: Sequence[Verdict]) -> int:
     many nodes were recorded."""
     todo = [v for v in verdicts if v.status in ("new", "changed")]
     if todo:
-        knownhosts.update([v.name for v in todo if v.status == "changed"],
-                          [(v.name, k.keytype, k.key) for v in todo for k in v.offered])
+        knownhosts.update(
+            [v.name for v in todo if v.status == "changed"],
+            [(v.name, k.keytype, k.key) for v in todo for k in v.offered],
+        )
     return len(todo)
 
 

@@ -94,8 +94,15 @@ def parse(output: str) -> Facts:
     said = values.get("glibc", "")
     found = re.findall(r"(\d+)\.(\d+)", said)
     glibc = ".".join(found[-1]) if found else ""
-    return Facts(glibc=glibc, glibc_said=said, python=values.get("python", ""), gcc=values.get("gcc", ""),
-                 verbs_h=values.get("verbs.h", ""), libibverbs=values.get("libibverbs.so", ""), packages=packages)
+    return Facts(
+        glibc=glibc,
+        glibc_said=said,
+        python=values.get("python", ""),
+        gcc=values.get("gcc", ""),
+        verbs_h=values.get("verbs.h", ""),
+        libibverbs=values.get("libibverbs.so", ""),
+        packages=packages,
+    )
 
 
 def _major_minor(version: str) -> str:
@@ -105,32 +112,54 @@ def _major_minor(version: str) -> str:
 def differences(facts: Facts, row: str, attrs: Mapping[str, str]) -> list[str]:
     """Each row attribute the base does not bear out, with what it has and the fix."""
     problems = []
-    fix_row = f"fix: set it on the row {row!r} of sources.manifest to what the pinned image has, or pin a base that has it"
+    fix_row = (
+        f"fix: set it on the row {row!r} of sources.manifest to what the pinned image has, or pin a base that has it"
+    )
     if "glibc" in attrs and facts.glibc != attrs["glibc"]:
-        has = f"glibc {facts.glibc} ({facts.glibc_said})" if facts.glibc else "no glibc version (neither getconf nor ldd answered)"
-        problems.append(f"glibc={attrs['glibc']}: the base has {has}; {fix_row} (tp4-runtime's librow_store.so is "
-                        "checked against it)")
+        has = (
+            f"glibc {facts.glibc} ({facts.glibc_said})"
+            if facts.glibc
+            else "no glibc version (neither getconf nor ldd answered)"
+        )
+        problems.append(
+            f"glibc={attrs['glibc']}: the base has {has}; {fix_row} (tp4-runtime's librow_store.so is "
+            "checked against it)"
+        )
     if "python" in attrs and _major_minor(facts.python) != attrs["python"]:
         has = f"Python {facts.python}" if facts.python else "no python3"
-        problems.append(f"python={attrs['python']}: the base has {has}; {fix_row} (the wheels go into its site-packages)")
+        problems.append(
+            f"python={attrs['python']}: the base has {has}; {fix_row} (the wheels go into its site-packages)"
+        )
     if "gcc" in attrs:
         want = attrs["gcc"]
         if not facts.gcc:
-            problems.append(f"gcc={want}: the base has no gcc; b12x's RoCE proxy compiles itself with gcc at first use: "
-                            "pin a base with gcc")
+            problems.append(
+                f"gcc={want}: the base has no gcc; b12x's RoCE proxy compiles itself with gcc at first use: "
+                "pin a base with gcc"
+            )
         elif facts.gcc.split(".")[: len(want.split("."))] != want.split("."):
             problems.append(f"gcc={want}: the base has gcc {facts.gcc}; {fix_row}")
     if attrs.get("verbs") == "yes":
-        missing = [what for what, found in (("/usr/include/infiniband/verbs.h", facts.verbs_h),
-                                            ("libibverbs.so (what -libverbs links)", facts.libibverbs)) if not found]
+        missing = [
+            what
+            for what, found in (
+                ("/usr/include/infiniband/verbs.h", facts.verbs_h),
+                ("libibverbs.so (what -libverbs links)", facts.libibverbs),
+            )
+            if not found
+        ]
         if missing:
-            problems.append(f"verbs=yes: the base lacks {' and '.join(missing)}; b12x's RoCE proxy compiles itself with "
-                            "-libverbs at first use: pin a base with libibverbs-dev")
+            problems.append(
+                f"verbs=yes: the base lacks {' and '.join(missing)}; b12x's RoCE proxy compiles itself with "
+                "-libverbs at first use: pin a base with libibverbs-dev"
+            )
     for item in [i for i in attrs.get("packages", "").split(",") if i]:
         name, _, version = item.partition("==")
         held = facts.packages.get(_norm(name))
         if held is None:
-            problems.append(f"packages=...{item}...: the base holds no {name} (python3 -I, importlib.metadata); {fix_row}")
+            problems.append(
+                f"packages=...{item}...: the base holds no {name} (python3 -I, importlib.metadata); {fix_row}"
+            )
         elif version and held != version:
             problems.append(f"packages=...{item}...: the base holds {name} {held}; {fix_row}")
     return problems
@@ -148,7 +177,9 @@ def expected(target: str) -> Expected | None:
     if data is None:
         return None
     if not isinstance(data, dict) or not isinstance(data.get("row"), str) or not isinstance(data.get("attrs"), dict):
-        raise Tp4Error(f"{target}: baseFacts must be {{ row = <name>; attrs = {{ ... }}; }}, not {json.dumps(data)[:200]}")
+        raise Tp4Error(
+            f"{target}: baseFacts must be {{ row = <name>; attrs = {{ ... }}; }}, not {json.dumps(data)[:200]}"
+        )
     return Expected(data["row"], {str(k): str(v) for k, v in data["attrs"].items() if k in ATTRS})
 
 
@@ -165,8 +196,20 @@ def archive_image_id(path: str) -> str | None:
 
 
 def probe_argv(runtime: str, image: str, name: str) -> list[str]:
-    return [runtime, "run", "--rm", "--network", "none", "--name", name, "--entrypoint", "/bin/sh", image,
-            "-c", PROBE_SCRIPT]
+    return [
+        runtime,
+        "run",
+        "--rm",
+        "--network",
+        "none",
+        "--name",
+        name,
+        "--entrypoint",
+        "/bin/sh",
+        image,
+        "-c",
+        PROBE_SCRIPT,
+    ]
 
 
 def load_base(path: str, runtime: str, progress: Echo) -> str:
@@ -189,7 +232,9 @@ def probe(runtime: str, image: str) -> Facts:
         runtime_cli.remove_container(runtime, name)
         raise
     if proc.returncode != 0 and "end=1" not in proc.stdout:
-        raise Tp4Error(f"the base image's probe failed (exit code {proc.returncode}):\n{(proc.stderr or proc.stdout).strip()[-2000:]}")
+        raise Tp4Error(
+            f"the base image's probe failed (exit code {proc.returncode}):\n{(proc.stderr or proc.stdout).strip()[-2000:]}"
+        )
     return parse(proc.stdout)
 
 
@@ -206,8 +251,12 @@ def check(target: str, out_dir: Path, runtime: str, progress: Echo) -> Facts | N
     problems = differences(facts, want.row, want.attrs)
     if problems:
         lines = "\n".join(f"  {p}" for p in problems)
-        raise Tp4Error(f"the base image differs from its row {want.row!r} of sources.manifest (docs/sources.md, "
-                       f"\"The base image's row\"), so nothing was built on it:\n{lines}")
-    progress(f"base image: glibc {facts.glibc}, Python {facts.python}, gcc {facts.gcc or '-'}, "
-             f"verbs {'yes' if facts.verbs_h and facts.libibverbs else 'no'}, {len(facts.packages)} packages: as its row says")
+        raise Tp4Error(
+            f"the base image differs from its row {want.row!r} of sources.manifest (docs/sources.md, "
+            f'"The base image\'s row"), so nothing was built on it:\n{lines}'
+        )
+    progress(
+        f"base image: glibc {facts.glibc}, Python {facts.python}, gcc {facts.gcc or '-'}, "
+        f"verbs {'yes' if facts.verbs_h and facts.libibverbs else 'no'}, {len(facts.packages)} packages: as its row says"
+    )
     return facts

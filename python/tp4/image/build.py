@@ -98,8 +98,10 @@ def push_to_store(runtime: str, built: Built, record: Path, progress: Echo) -> P
         progress(f"pushing {built.id[:12]} to the image store {store.url}/{imagestore.DEFAULT_REPO}")
         digest = imagestore.push(runtime, built.id, store)
     except Tp4Error as exc:
-        progress(f"warning: the image is not in the head's image store ({exc}); `tp4 distribute` pushes it, "
-                 "or use `tp4 distribute --method archive`")
+        progress(
+            f"warning: the image is not in the head's image store ({exc}); `tp4 distribute` pushes it, "
+            "or use `tp4 distribute --method archive`"
+        )
         return None
     pushed = Pushed(id=built.id, repo=imagestore.DEFAULT_REPO, digest=digest)
     pushed.save(record)
@@ -109,7 +111,7 @@ def push_to_store(runtime: str, built: Built, record: Path, progress: Echo) -> P
 def pin_summary(labels: dict[str, str]) -> list[str]:
     """`component  commit` lines from the image's labels, the flake revision first."""
     pins = [("flake", labels[FLAKE_REV_LABEL])] if FLAKE_REV_LABEL in labels else []
-    pins += [(k[len(PIN_PREFIX):], v) for k, v in sorted(labels.items()) if k.startswith(PIN_PREFIX)]
+    pins += [(k[len(PIN_PREFIX) :], v) for k, v in sorted(labels.items()) if k.startswith(PIN_PREFIX)]
     width = max((len(name) for name, _ in pins), default=0)
     return [f"{name:<{width}}  {value}" for name, value in pins]
 
@@ -136,8 +138,10 @@ def record_path(flake: Path, attr: str) -> Path:
 def _missing_output_hint(exc: Tp4Error, system: str | None) -> Tp4Error:
     """The image exists for aarch64-linux only: say so when nix cannot find it on another host."""
     if system is None and "does not provide attribute" in exc.message and os.uname().machine != "aarch64":
-        return Tp4Error(exc.message + "\nhint: the image is built for aarch64-linux (the Sparks): run tp4 build "
-                        "on a Spark, or pass --system aarch64-linux with an aarch64 builder configured in nix")
+        return Tp4Error(
+            exc.message + "\nhint: the image is built for aarch64-linux (the Sparks): run tp4 build "
+            "on a Spark, or pass --system aarch64-linux with an aarch64 builder configured in nix"
+        )
     return exc
 
 
@@ -240,15 +244,19 @@ def run_checks(runtime: str, image: str, checks: Sequence[ImageCheck], out: Echo
         for line in result_lines(result, width):
             out(line)
     failed = [r.name for r in results if not r.ok]
-    out(f"checks: {len(results) - len(failed)} passed, {len(failed)} failed" + (f": {', '.join(failed)}" if failed else ""))
+    out(
+        f"checks: {len(results) - len(failed)} passed, {len(failed)} failed"
+        + (f": {', '.join(failed)}" if failed else "")
+    )
     return results
 
 
 # --- build ----------------------------------------------------------------------------------------
 
 
-def dry_run(flake: Path, attr: str, runtime: str, echo: Echo, *, system: str | None = None,
-            gpu_tests: bool = False) -> None:
+def dry_run(
+    flake: Path, attr: str, runtime: str, echo: Echo, *, system: str | None = None, gpu_tests: bool = False
+) -> None:
     """Print the exact commands `tp4 build` runs and the store paths involved; build nothing."""
     nix.require(flake)
     target = nix.installable(str(flake), attr, system)
@@ -263,8 +271,21 @@ def _dry_run(target: str, flake: Path, attr: str, runtime: str, echo: Echo, gpu_
     out_path = nix.eval_raw(target + ".outPath")
     drv = nix.derivation(target)
     plan = nix.dry_run(target)
-    run = [runtime, "run", "--rm", "--network", "none", "-e", "CUDA_VISIBLE_DEVICES=", "-e", "<env>",
-           "--entrypoint", "<command>", "<image id>", "<args>"]
+    run = [
+        runtime,
+        "run",
+        "--rm",
+        "--network",
+        "none",
+        "-e",
+        "CUDA_VISIBLE_DEVICES=",
+        "-e",
+        "<env>",
+        "--entrypoint",
+        "<command>",
+        "<image id>",
+        "<args>",
+    ]
     echo("commands:")
     if baseimage.expected(target) is not None:  # the base first, read against its row
         echo(f"  $ {shlex.join(nix.build_argv(target + '.base', flake / 'result-image-base'))}")
@@ -274,7 +295,9 @@ def _dry_run(target: str, flake: Path, attr: str, runtime: str, echo: Echo, gpu_
     echo(f"  $ {shlex.join(nix.build_argv(target, link))}")
     for line in describe_load_image(out_path, runtime):
         echo(f"  $ {line}")
-    echo(f"  $ {shlex.join([runtime, 'image', 'inspect', '--format', '{{.Id}} {{json .Config.Labels}}', '<loaded image>'])}")
+    echo(
+        f"  $ {shlex.join([runtime, 'image', 'inspect', '--format', '{{.Id}} {{json .Config.Labels}}', '<loaded image>'])}"
+    )
     echo(f"  $ {shlex.join(run)}    # each CPU check of the image's {CHECKS_LABEL} label")
     if gpu_tests:
         gpu = [*run[:5], *runtime_cli.GPU_FLAGS[runtime], *run[7:]]
@@ -296,8 +319,17 @@ def _dry_run(target: str, flake: Path, attr: str, runtime: str, echo: Echo, gpu_
             echo(f"    {p}")
 
 
-def build(flake: Path, attr: str, runtime: str, out: Echo, progress: Echo, *, system: str | None = None,
-          gpu_tests: bool = False, skip_checks: bool = False) -> Built:
+def build(
+    flake: Path,
+    attr: str,
+    runtime: str,
+    out: Echo,
+    progress: Echo,
+    *,
+    system: str | None = None,
+    gpu_tests: bool = False,
+    skip_checks: bool = False,
+) -> Built:
     """nix build; load the image under its own tag; run its in-image checks; on success tag it as
     the line's reference, print id and pins and record it for distribute. On failure the image is
     removed and the line's image and the record stay as they were."""
@@ -321,11 +353,24 @@ def build(flake: Path, attr: str, runtime: str, out: Echo, progress: Echo, *, sy
         raise Tp4Error(_loaded_as_line(runtime, line, record))
     try:
         if not line:
-            raise Tp4Error(f"the image {candidate} does not name the line's reference (label {LINE_REF_LABEL}), "
-                           "so tp4 cannot tag it for the line: build it with pkgs/image.nix")
+            raise Tp4Error(
+                f"the image {candidate} does not name the line's reference (label {LINE_REF_LABEL}), "
+                "so tp4 cannot tag it for the line: build it with pkgs/image.nix"
+            )
         previous = runtime_cli.inspect(runtime, line)
-        _verify(runtime, image_id, candidate, labels, out, progress, gpu_tests=gpu_tests, skip_checks=skip_checks,
-                line=line, previous=previous[0] if previous else None, record=record)
+        _verify(
+            runtime,
+            image_id,
+            candidate,
+            labels,
+            out,
+            progress,
+            gpu_tests=gpu_tests,
+            skip_checks=skip_checks,
+            line=line,
+            previous=previous[0] if previous else None,
+            record=record,
+        )
         runtime_cli.tag(runtime, image_id, line)
     except BaseException:
         _discard(runtime, candidate, progress)
@@ -360,8 +405,10 @@ def load_image(out_path: str, runtime: str, progress: Echo) -> str:
         try:
             return imagestore.load_layout_into_docker(out_path, imagestore.start(), echo=progress)
         except Tp4Error as exc:
-            progress(f"warning: the image store cannot take the image ({exc}); docker gets the whole image "
-                     "through its daemon instead")
+            progress(
+                f"warning: the image store cannot take the image ({exc}); docker gets the whole image "
+                "through its daemon instead"
+            )
     return runtime_cli.load(out_path, runtime, echo=progress)
 
 
@@ -372,24 +419,49 @@ def describe_load_image(out_path: str, runtime: str) -> list[str]:
 
         ref = runtime_cli.layout_ref(out_path) if os.path.exists(out_path) else "<ref>"
         store = f"127.0.0.1:<port>/{imagestore.DEFAULT_REPO}"
-        return [shlex.join(["skopeo", "copy", "--quiet", "--dest-tls-verify=false", runtime_cli.oci_source(out_path, ref),
-                            f"docker://{store}:<tag>"]) + "    # into the head's image store",
-                shlex.join(["docker", "pull", "--quiet", f"{store}@<digest>"]),
-                shlex.join(["docker", "tag", f"{store}@<digest>", ref])]
+        return [
+            shlex.join(
+                [
+                    "skopeo",
+                    "copy",
+                    "--quiet",
+                    "--dest-tls-verify=false",
+                    runtime_cli.oci_source(out_path, ref),
+                    f"docker://{store}:<tag>",
+                ]
+            )
+            + "    # into the head's image store",
+            shlex.join(["docker", "pull", "--quiet", f"{store}@<digest>"]),
+            shlex.join(["docker", "tag", f"{store}@<digest>", ref]),
+        ]
     return [runtime_cli.describe_load(out_path, runtime)]
 
 
-def _verify(runtime: str, image_id: str, candidate: str, labels: dict[str, str], out: Echo, progress: Echo, *,
-            gpu_tests: bool, skip_checks: bool, line: str, previous: str | None, record: Path) -> None:
+def _verify(
+    runtime: str,
+    image_id: str,
+    candidate: str,
+    labels: dict[str, str],
+    out: Echo,
+    progress: Echo,
+    *,
+    gpu_tests: bool,
+    skip_checks: bool,
+    line: str,
+    previous: str | None,
+    record: Path,
+) -> None:
     """Run the image's checks; raise, naming the failed ones, unless every one passed."""
     if skip_checks:
         progress(f"warning: --skip-checks: {line} gets {image_id[:12]} without its in-image checks")
         return
     checks = image_checks(labels, candidate)
     if checks is None:
-        raise Tp4Error(f"the image {candidate} carries no in-image checks (no {CHECKS_LABEL} label), so it is not "
-                       f"tagged {line}: build it with pkgs/image.nix (its label lists the registry's "
-                       "[[image_check]] entries), or pass --skip-checks to tag it untested")
+        raise Tp4Error(
+            f"the image {candidate} carries no in-image checks (no {CHECKS_LABEL} label), so it is not "
+            f"tagged {line}: build it with pkgs/image.nix (its label lists the registry's "
+            "[[image_check]] entries), or pass --skip-checks to tag it untested"
+        )
     selected = select_checks(checks, gpu=gpu_tests)
     gpu = sum(c.gpu for c in checks)
     if gpu_tests and not gpu:
@@ -405,8 +477,10 @@ def _verify(runtime: str, image_id: str, candidate: str, labels: dict[str, str],
         else:
             still = f"still is {previous[:12]}" if previous else "still has no image"
             fate = f"the image {image_id[:12]} is not tagged {line} and is removed; {line} {still}"
-        raise Tp4Error(f"{len(failed)} of {len(results)} in-image checks failed ({', '.join(failed)}): {fate}, "
-                       f"and {record.name} is unchanged")
+        raise Tp4Error(
+            f"{len(failed)} of {len(results)} in-image checks failed ({', '.join(failed)}): {fate}, "
+            f"and {record.name} is unchanged"
+        )
 
 
 def _discard(runtime: str, candidate: str, progress: Echo) -> None:
@@ -419,8 +493,10 @@ def _discard(runtime: str, candidate: str, progress: Echo) -> None:
 def _loaded_as_line(runtime: str, line: str, record: Path) -> str:
     """The image's own tag is the line's: loading it already moved the line's tag to an image
     whose checks have not run. Put the recorded line image back."""
-    msg = (f"the image was loaded as the line's reference {line} itself, before its checks could run: "
-           "build it under a tag of its own (pkgs/image.nix passes tag = null)")
+    msg = (
+        f"the image was loaded as the line's reference {line} itself, before its checks could run: "
+        "build it under a tag of its own (pkgs/image.nix passes tag = null)"
+    )
     try:
         before = Built.load(record)
     except Tp4Error:

@@ -89,6 +89,7 @@ def send(path: Path, runtime: str, remote: process.Remote) -> None:
 
 def check(ref: str, image_id: str, nodes: Sequence[process.Remote], runtime: str) -> list[Outcome]:
     """Which nodes have the image (same id), a different one, or none; copies nothing."""
+
     def one(remote: process.Remote) -> Outcome:
         try:
             found = remote_id(runtime, ref, remote)
@@ -145,8 +146,9 @@ def distribute(
     return [copied.get(n.host, before[n.host]) for n in nodes]
 
 
-def _by_archive(ref: str, image_id: str, todo: Sequence[process.Remote], runtime: str, echo: Echo,
-                archive_dir: Path | None) -> dict[str, Outcome]:
+def _by_archive(
+    ref: str, image_id: str, todo: Sequence[process.Remote], runtime: str, echo: Echo, archive_dir: Path | None
+) -> dict[str, Outcome]:
     path = archive(ref=ref, image_id=image_id, runtime=runtime, directory=archive_dir)
     size = path.stat().st_size
 
@@ -159,9 +161,12 @@ def _by_archive(ref: str, image_id: str, todo: Sequence[process.Remote], runtime
             return Outcome(remote.host, "failed", str(exc), time.monotonic() - start)
         seconds = time.monotonic() - start
         if found != image_id:
-            return Outcome(remote.host, "differs",
-                           f"after the copy {ref} is {(found or 'missing')[:12]}, the head has {image_id[:12]}",
-                           seconds)
+            return Outcome(
+                remote.host,
+                "differs",
+                f"after the copy {ref} is {(found or 'missing')[:12]}, the head has {image_id[:12]}",
+                seconds,
+            )
         return Outcome(remote.host, "copied", f"{size / 2**20:.0f} MiB in {seconds:.1f} s", seconds, bytes=size)
 
     echo(f"copying {path.name} ({size / 2**20:.0f} MiB) to {', '.join(n.host for n in todo)}")
@@ -172,8 +177,9 @@ def _by_archive(ref: str, image_id: str, todo: Sequence[process.Remote], runtime
 # --- by registry ----------------------------------------------------------------------------------
 
 
-def ensure_pushed(runtime: str, image_id: str, store: imagestore.Store, digest: str | None, repo: str,
-                  echo: Echo) -> str:
+def ensure_pushed(
+    runtime: str, image_id: str, store: imagestore.Store, digest: str | None, repo: str, echo: Echo
+) -> str:
     """The manifest digest of the image in the store: ``digest`` when the store has it, else
     the digest of a fresh push (which uploads only the blobs the store lacks)."""
     if digest and imagestore.has_manifest(store, repo, digest):
@@ -196,8 +202,11 @@ def _node_layer_lists(runtime: str, remote: process.Remote) -> list[tuple[str, .
     ids = process.run([runtime, "images", "-q", "--no-trunc"], remote=remote).stdout.split()
     if not ids:
         return []
-    out = process.run([runtime, "image", "inspect", "--format", "{{json .RootFS.Layers}}", *sorted(set(ids))],
-                      remote=remote, check=False).stdout
+    out = process.run(
+        [runtime, "image", "inspect", "--format", "{{json .RootFS.Layers}}", *sorted(set(ids))],
+        remote=remote,
+        check=False,
+    ).stdout
     return [tuple(json.loads(line) or ()) for line in out.splitlines() if line.strip().startswith("[")]
 
 
@@ -222,8 +231,11 @@ def tunneled(remote: process.Remote, port: int, store: imagestore.Store) -> proc
     """The node's ssh with a reverse tunnel: its 127.0.0.1:<port> reaches the store on the head;
     the connection fails when the port cannot be forwarded. A connection of its own, not the
     shared one: a forward asked through that would stay open as long as it does."""
-    return dataclasses.replace(remote, share_connection=False,
-                               options=(*remote.options, f"RemoteForward={port} {store.url}", "ExitOnForwardFailure=yes"))
+    return dataclasses.replace(
+        remote,
+        share_connection=False,
+        options=(*remote.options, f"RemoteForward={port} {store.url}", "ExitOnForwardFailure=yes"),
+    )
 
 
 def pull(runtime: str, remote: process.Remote, store: imagestore.Store, repo: str, digest: str) -> None:
@@ -232,8 +244,9 @@ def pull(runtime: str, remote: process.Remote, store: imagestore.Store, repo: st
     (so the image keeps one name), else a random one when that is taken there."""
     ports = [store.port, *random.sample(range(20000, 60000), 3)]
     for n, port in enumerate(ports):
-        proc = process.run(pull_argv(runtime, f"localhost:{port}/{repo}@{digest}"),
-                           remote=tunneled(remote, port, store), check=False)
+        proc = process.run(
+            pull_argv(runtime, f"localhost:{port}/{repo}@{digest}"), remote=tunneled(remote, port, store), check=False
+        )
         if proc.returncode == 0:
             return
         taken = proc.returncode == 255 and "remote port forwarding failed" in proc.stderr
@@ -244,8 +257,9 @@ def pull(runtime: str, remote: process.Remote, store: imagestore.Store, repo: st
 _MISMATCH = re.compile(r"[Dd]igest did not match, expected (sha256:[0-9a-f]{64}), got (sha256:[0-9a-f]{64})")
 
 
-def pull_failure(runtime: str, remote: process.Remote, store: imagestore.Store, repo: str, digest: str,
-                 code: int, stderr: str) -> str:
+def pull_failure(
+    runtime: str, remote: process.Remote, store: imagestore.Store, repo: str, digest: str, code: int, stderr: str
+) -> str:
     """Why a pull failed, from its exit and output, and what to do."""
     lines = [line for line in stderr.strip().splitlines() if line.strip()]
     errors = [line for line in lines if line.startswith(("Error", "error"))]
@@ -254,32 +268,46 @@ def pull_failure(runtime: str, remote: process.Remote, store: imagestore.Store, 
     mismatch = _MISMATCH.search(stderr)
     if mismatch:
         blob = mismatch.group(1)
-        return (f"{what} refused the blob {blob[:19]}: its bytes do not match its digest (got {mismatch.group(2)[:19]}), "
-                f"so the image store's copy is damaged:\n{shown}\n"
-                f"fix: remove {imagestore.blob_path(store, blob)} and run `tp4 build` again (it uploads what the store "
-                "lacks), then `tp4 distribute`")
+        return (
+            f"{what} refused the blob {blob[:19]}: its bytes do not match its digest (got {mismatch.group(2)[:19]}), "
+            f"so the image store's copy is damaged:\n{shown}\n"
+            f"fix: remove {imagestore.blob_path(store, blob)} and run `tp4 build` again (it uploads what the store "
+            "lacks), then `tp4 distribute`"
+        )
     if code < 0 or code == 255:
         how = f"killed by signal {-code}" if code < 0 else "exit code 255"
-        return (f"{what} broke: the ssh connection to {remote.destination} (and so its tunnel) ended ({how}):\n"
-                f"{shown}\nfix: run `tp4 distribute` again; the layers the node already has are not fetched again")
+        return (
+            f"{what} broke: the ssh connection to {remote.destination} (and so its tunnel) ended ({how}):\n"
+            f"{shown}\nfix: run `tp4 distribute` again; the layers the node already has are not fetched again"
+        )
     return f"{what} failed with exit code {code}:\n{shown}"
 
 
-def _by_registry(ref: str, image_id: str, todo: Sequence[process.Remote], runtime: str, echo: Echo,
-                 store: imagestore.Store | None, digest: str | None, repo: str) -> dict[str, Outcome]:
+def _by_registry(
+    ref: str,
+    image_id: str,
+    todo: Sequence[process.Remote],
+    runtime: str,
+    echo: Echo,
+    store: imagestore.Store | None,
+    digest: str | None,
+    repo: str,
+) -> dict[str, Outcome]:
     store = store or imagestore.start()
     digest = ensure_pushed(runtime, image_id, store, digest, repo, echo)
     head_layers = runtime_cli.layers(runtime, image_id)
     sizes = layer_sizes(store, repo, digest)
     if len(sizes) != len(head_layers):
-        raise Tp4Error(f"the store's manifest {repo}@{digest[:19]} lists {len(sizes)} layers, the head's image "
-                       f"{image_id[:12]} {len(head_layers)}: run `tp4 build` again")
+        raise Tp4Error(
+            f"the store's manifest {repo}@{digest[:19]} lists {len(sizes)} layers, the head's image "
+            f"{image_id[:12]} {len(head_layers)}: run `tp4 build` again"
+        )
 
     def copy(remote: process.Remote) -> Outcome:
         start = time.monotonic()
         try:
             lacking = missing_layers(head_layers, _node_layer_lists(runtime, remote))
-            moved = sum(sizes[len(sizes) - lacking:]) if lacking else 0
+            moved = sum(sizes[len(sizes) - lacking :]) if lacking else 0
             pull(runtime, remote, store, repo, digest)
             process.run([runtime, "tag", image_id, ref], remote=remote)
             found = remote_id(runtime, ref, remote)
@@ -288,14 +316,27 @@ def _by_registry(ref: str, image_id: str, todo: Sequence[process.Remote], runtim
             return Outcome(remote.host, "failed", str(exc), time.monotonic() - start)
         seconds = time.monotonic() - start
         if found != image_id:
-            return Outcome(remote.host, "differs",
-                           f"after the pull {ref} is {(found or 'missing')[:12]}, the head has {image_id[:12]}", seconds)
+            return Outcome(
+                remote.host,
+                "differs",
+                f"after the pull {ref} is {(found or 'missing')[:12]}, the head has {image_id[:12]}",
+                seconds,
+            )
         if layers != head_layers:
-            return Outcome(remote.host, "differs", f"its RootFS layers differ from the head's: {layer_diff(head_layers, layers)}",
-                           seconds)
-        return Outcome(remote.host, "copied",
-                       f"pulled {digest[:19]}: {lacking} of {len(head_layers)} layers, {moved / 2**20:.1f} MiB "
-                       f"in {seconds:.1f} s", seconds, bytes=moved, layers=lacking)
+            return Outcome(
+                remote.host,
+                "differs",
+                f"its RootFS layers differ from the head's: {layer_diff(head_layers, layers)}",
+                seconds,
+            )
+        return Outcome(
+            remote.host,
+            "copied",
+            f"pulled {digest[:19]}: {lacking} of {len(head_layers)} layers, {moved / 2**20:.1f} MiB in {seconds:.1f} s",
+            seconds,
+            bytes=moved,
+            layers=lacking,
+        )
 
     echo(f"pulling {repo}@{digest[:19]} from {store.url} (reverse ssh tunnels) to {', '.join(n.host for n in todo)}")
     with ThreadPoolExecutor(max_workers=len(todo)) as pool:
@@ -306,6 +347,9 @@ def layer_diff(head: Sequence[str], node: Sequence[str]) -> str:
     """Which layers differ, by position (short digests)."""
     if len(head) != len(node):
         return f"{len(node)} layers, the head has {len(head)}"
-    bad = [f"layer {i + 1} is {b.removeprefix('sha256:')[:12]}, the head's {a.removeprefix('sha256:')[:12]}"
-           for i, (a, b) in enumerate(zip(head, node, strict=True)) if a != b]
+    bad = [
+        f"layer {i + 1} is {b.removeprefix('sha256:')[:12]}, the head's {a.removeprefix('sha256:')[:12]}"
+        for i, (a, b) in enumerate(zip(head, node, strict=True))
+        if a != b
+    ]
     return "; ".join(bad)

@@ -72,8 +72,10 @@ class _Reader:
 
     def unpack(self, fmt: struct.Struct, offset: int) -> tuple[int, ...]:
         if offset < 0 or offset + fmt.size > len(self.data):
-            raise self.fail(f"truncated or corrupt ELF file (a {fmt.size}-byte record at offset {offset} "
-                            f"lies past its end, {len(self.data)} bytes)")
+            raise self.fail(
+                f"truncated or corrupt ELF file (a {fmt.size}-byte record at offset {offset} "
+                f"lies past its end, {len(self.data)} bytes)"
+            )
         return fmt.unpack_from(self.data, offset)
 
     def string(self, table: _Section, index: int) -> str:
@@ -92,8 +94,10 @@ class _Reader:
         header = self.unpack(_EHDR, 0)
         shoff, shentsize, shnum = header[5], header[10], header[11]
         if shoff == 0:
-            raise self.fail("has no section headers, so its symbol versions cannot be read; "
-                            "do not strip the section headers (sstrip) of a library the line checks")
+            raise self.fail(
+                "has no section headers, so its symbol versions cannot be read; "
+                "do not strip the section headers (sstrip) of a library the line checks"
+            )
         if shentsize != _SHDR.size:
             raise self.fail(f"corrupt ELF file (section header size {shentsize}, expected {_SHDR.size})")
         if shnum == 0:  # more than 0xff00 sections: the count is in section 0's sh_size
@@ -151,8 +155,11 @@ def needed_versions(path: str | Path) -> list[VersionNeed]:
             at = offset + aux
             for _ in range(count):
                 _, flags, index, name, next_aux = r.unpack(_VERNAUX, at)
-                needs.append(VersionNeed(library, r.string(strtab, name), bool(flags & VER_FLG_WEAK),
-                                         tuple(by_index.get(index, ()))))
+                needs.append(
+                    VersionNeed(
+                        library, r.string(strtab, name), bool(flags & VER_FLG_WEAK), tuple(by_index.get(index, ()))
+                    )
+                )
                 if next_aux == 0:
                     break
                 at += next_aux
@@ -203,8 +210,11 @@ def too_new(paths: list[Path], max_release: str) -> tuple[list[TooNew], dict[Pat
                 continue
             release = glibc_release(need.version)
             if release is None:
-                reason = ("private to the glibc it was linked against" if need.version == "GLIBC_PRIVATE"
-                          else f"not tied to a glibc release, so glibc {max_release} cannot be shown to have it")
+                reason = (
+                    "private to the glibc it was linked against"
+                    if need.version == "GLIBC_PRIVATE"
+                    else f"not tied to a glibc release, so glibc {max_release} cannot be shown to have it"
+                )
                 problems.append(TooNew(path, need, reason))
                 continue
             if release > limit:
@@ -231,7 +241,7 @@ def check_glibc(paths: list[Path], max_release: str, out: TextIO | None = None) 
         raise Tp4Error(
             f"{files} need{'s' if len(bad) == 1 else ''} glibc symbol versions the base image's glibc "
             f"{max_release} does not have (listed above); loaded there it would fail with "
-            f"\"version `GLIBC_...' not found\" only when the line boots on the Sparks. Build it so it "
+            f'"version `GLIBC_...\' not found" only when the line boots on the Sparks. Build it so it '
             f"does not use those symbols (glibc >= 2.38 headers turn strtol and friends into "
             f"__isoc23_* under _GNU_SOURCE, which g++ always defines), or, if the base image changed, "
             f"set glibc= on its row of sources.manifest to what `ldd --version` prints inside it"

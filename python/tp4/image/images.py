@@ -66,7 +66,7 @@ class Image:
 
     @property
     def pins(self) -> dict[str, str]:
-        return {k[len(PIN_PREFIX):]: v for k, v in sorted(self.labels.items()) if k.startswith(PIN_PREFIX)}
+        return {k[len(PIN_PREFIX) :]: v for k, v in sorted(self.labels.items()) if k.startswith(PIN_PREFIX)}
 
     @property
     def is_line(self) -> bool:
@@ -115,12 +115,15 @@ def _run(argv: list[str], remote: process.Remote | None) -> str:
     if proc.returncode != 0:
         if remote is not None and proc.returncode == 255:
             raise Tp4Error(f"cannot reach {remote.destination} over ssh:\n{proc.stderr.strip()}")
-        raise Tp4Error(f"`{' '.join(argv)}` failed on {node_name(remote)} with exit code {proc.returncode}:\n"
-                       f"{proc.stderr.strip()}")
+        raise Tp4Error(
+            f"`{' '.join(argv)}` failed on {node_name(remote)} with exit code {proc.returncode}:\n{proc.stderr.strip()}"
+        )
     return proc.stdout
 
 
-def _inspect_json(runtime: str, kind: str, ids: Sequence[str], remote: process.Remote | None) -> list[dict[str, object]]:
+def _inspect_json(
+    runtime: str, kind: str, ids: Sequence[str], remote: process.Remote | None
+) -> list[dict[str, object]]:
     if not ids:
         return []
     out = _run([runtime, kind, "inspect", *ids], remote)
@@ -152,7 +155,9 @@ def used_images(runtime: str, remote: process.Remote | None = None) -> dict[str,
 
 def list_images(runtime: str, remote: process.Remote | None = None) -> list[Image]:
     """The tp4 images of a node's runtime, newest first, each with the containers using it."""
-    ids = sorted(set(_run([runtime, "images", "-q", "--no-trunc", "--filter", f"label={LINE_REF_LABEL}"], remote).split()))
+    ids = sorted(
+        set(_run([runtime, "images", "-q", "--no-trunc", "--filter", f"label={LINE_REF_LABEL}"], remote).split())
+    )
     found = _inspect_json(runtime, "image", ids, remote)
     used = used_images(runtime, remote) if found else {}
     images = []
@@ -163,11 +168,18 @@ def list_images(runtime: str, remote: process.Remote | None = None) -> list[Imag
             continue
         image_id = runtime_cli.normalize_id(str(d.get("Id", "")))
         size = d.get("Size")
-        images.append(Image(
-            id=image_id, tags=_strs(d.get("RepoTags")), digests=_strs(d.get("RepoDigests")),
-            created=_created(str(d.get("Created", ""))), size=size if isinstance(size, int) else 0,
-            labels=labels, layers=_strs(_dict(d.get("RootFS")).get("Layers")), containers=used.get(image_id, ()),
-        ))
+        images.append(
+            Image(
+                id=image_id,
+                tags=_strs(d.get("RepoTags")),
+                digests=_strs(d.get("RepoDigests")),
+                created=_created(str(d.get("Created", ""))),
+                size=size if isinstance(size, int) else 0,
+                labels=labels,
+                layers=_strs(_dict(d.get("RootFS")).get("Layers")),
+                containers=used.get(image_id, ()),
+            )
+        )
     return sorted(images, key=lambda i: (i.created, i.id), reverse=True)
 
 
@@ -231,8 +243,19 @@ def plan_prune(images: Iterable[Image], keep: int) -> list[Decision]:
     return sorted(decisions, key=lambda d: (d.image.created, d.image.id), reverse=True)
 
 
-_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12, "pb": 10**15,
-          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+_UNITS = {
+    "": 1,
+    "b": 1,
+    "kb": 10**3,
+    "mb": 10**6,
+    "gb": 10**9,
+    "tb": 10**12,
+    "pb": 10**15,
+    "kib": 2**10,
+    "mib": 2**20,
+    "gib": 2**30,
+    "tib": 2**40,
+}
 
 
 def parse_size(value: object) -> int | None:
@@ -365,8 +388,9 @@ def _tree_bytes(root: Path) -> int:
 
 def manifest_image_id(store: Store, repo: str, digest: str) -> str | None:
     """The image id (config digest) a manifest in the store names; None for an index or on error."""
-    proc = process.run(["skopeo", "inspect", "--raw", "--tls-verify=false", f"docker://{store.url}/{repo}@{digest}"],
-                       check=False)
+    proc = process.run(
+        ["skopeo", "inspect", "--raw", "--tls-verify=false", f"docker://{store.url}/{repo}@{digest}"], check=False
+    )
     if proc.returncode != 0:
         return None
     try:
@@ -406,8 +430,9 @@ def running_store() -> tuple[Store | None, str]:
     return store, ""
 
 
-def prune_store(kept_ids: set[str], *, dry_run: bool = False, repo: str = STORE_REPO,
-                progress: Callable[[str], None] | None = None) -> StorePruned:
+def prune_store(
+    kept_ids: set[str], *, dry_run: bool = False, repo: str = STORE_REPO, progress: Callable[[str], None] | None = None
+) -> StorePruned:
     """Delete the store's manifests of images no node keeps, then garbage-collect its blobs
     (a dry run only lists them). A manifest whose image cannot be read stays."""
     store, why = running_store()
@@ -436,5 +461,6 @@ def prune_store(kept_ids: set[str], *, dry_run: bool = False, repo: str = STORE_
         imagestore.garbage_collect(store)
     except Tp4Error as exc:
         errors.append(f"garbage-collect: {exc.message}")
-    return StorePruned(deleted=tuple(deleted), kept=kept, freed=before - _tree_bytes(store.root / "data"),
-                       errors=tuple(errors))
+    return StorePruned(
+        deleted=tuple(deleted), kept=kept, freed=before - _tree_bytes(store.root / "data"), errors=tuple(errors)
+    )

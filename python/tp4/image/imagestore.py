@@ -128,8 +128,9 @@ def _free_port() -> int:
 _opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # 127.0.0.1: never a proxy
 
 
-def _request(store: Store, method: str, path: str, *, headers: dict[str, str] | None = None,
-             timeout: float = 10.0) -> tuple[int, bytes]:
+def _request(
+    store: Store, method: str, path: str, *, headers: dict[str, str] | None = None, timeout: float = 10.0
+) -> tuple[int, bytes]:
     req = urllib.request.Request(f"http://{store.url}{path}", method=method, headers=headers or {})
     try:
         with _opener.open(req, timeout=timeout) as resp:
@@ -186,8 +187,10 @@ def start(root: Path | None = None, port: int | None = None) -> Store:
         root.mkdir(parents=True, exist_ok=True)
         lock = open(root / "lock", "a")
     except OSError as exc:
-        raise Tp4Error(f"the image store's directory {root}: {exc.strerror or exc}; fix: make it writable, "
-                       "or set XDG_STATE_HOME to a writable directory") from None
+        raise Tp4Error(
+            f"the image store's directory {root}: {exc.strerror or exc}; fix: make it writable, "
+            "or set XDG_STATE_HOME to a writable directory"
+        ) from None
     with lock:
         # two tp4 commands starting the store at once: the second waits, then finds it running
         fcntl.flock(lock, fcntl.LOCK_EX)
@@ -198,8 +201,10 @@ def _start_locked(root: Path, port: int | None) -> Store:
     current = running(root)
     if current is not None:
         if port is not None and port != current.port:
-            raise Tp4Error(f"the image store under {root} already runs on port {current.port}, not {port}: "
-                           "stop it first (`tp4 image-store stop`), or leave the port out")
+            raise Tp4Error(
+                f"the image store under {root} already runs on port {current.port}, not {port}: "
+                "stop it first (`tp4 image-store stop`), or leave the port out"
+            )
         return current
     port = port or _configured_port(root) or _free_port()
     store = Store(root, port)
@@ -213,8 +218,10 @@ def _start_locked(root: Path, port: int | None) -> Store:
             store.access_log.replace(store.access_log.with_name("access.log.1"))
         log = open(store.access_log, "ab")
     except OSError as exc:
-        raise Tp4Error(f"the image store's directory {root}: {exc.strerror or exc}; fix: make it writable, "
-                       "or set XDG_STATE_HOME to a writable directory") from None
+        raise Tp4Error(
+            f"the image store's directory {root}: {exc.strerror or exc}; fix: make it writable, "
+            "or set XDG_STATE_HOME to a writable directory"
+        ) from None
     with log:
         # detached: the store outlives the command that started it, Ctrl-C of that command included
         child = process.start([REGISTRY, "serve", str(store.config)], stdout=log, stderr=process.STDOUT, detached=True)
@@ -225,9 +232,11 @@ def _start_locked(root: Path, port: int | None) -> Store:
             process.stop(child)
             _pidfile(root).unlink(missing_ok=True)
             tail = "\n".join(store.access_log.read_text(errors="replace").strip().splitlines()[-10:])
-            raise Tp4Error(f"the image store ({REGISTRY} serve {store.config}) did not answer on {store.url}"
-                           f"{' (it exited)' if child.poll() is not None else ''}:\n{tail}\n"
-                           "fix: is the port taken? pass another one (`tp4 image-store start --port N`)")
+            raise Tp4Error(
+                f"the image store ({REGISTRY} serve {store.config}) did not answer on {store.url}"
+                f"{' (it exited)' if child.poll() is not None else ''}:\n{tail}\n"
+                "fix: is the port taken? pass another one (`tp4 image-store start --port N`)"
+            )
         time.sleep(0.05)
     return store
 
@@ -292,16 +301,28 @@ def _skopeo_copy(source: str, dest: str, *, echo: process.Echo | None = None) ->
     with tempfile.TemporaryDirectory(prefix="tp4-push-") as tmp:
         digestfile = Path(tmp) / "digest"
         # the store listens on 127.0.0.1 without TLS (never on the fabric): hence --dest-tls-verify=false
-        process.run(["skopeo", "copy", "--quiet", "--dest-tls-verify=false", "--digestfile", str(digestfile),
-                     source, f"docker://{dest}"], echo=echo)
+        process.run(
+            [
+                "skopeo",
+                "copy",
+                "--quiet",
+                "--dest-tls-verify=false",
+                "--digestfile",
+                str(digestfile),
+                source,
+                f"docker://{dest}",
+            ],
+            echo=echo,
+        )
         digest = digestfile.read_text().strip()
     if not _DIGEST.fullmatch(digest):
         raise Tp4Error(f"skopeo wrote no manifest digest for {dest} (got {digest!r})")
     return digest
 
 
-def load_layout_into_docker(layout: str, store: Store, repo: str = DEFAULT_REPO, *,
-                            echo: process.Echo | None = None) -> str:
+def load_layout_into_docker(
+    layout: str, store: Store, repo: str = DEFAULT_REPO, *, echo: process.Echo | None = None
+) -> str:
     """Load an OCI layout (pkgs/oci.nix) into the head's docker without re-reading the layers it
     has: skopeo pushes the layout into the store (the store's blobs are skipped, unread), docker
     pulls it back by digest (docker's layers are skipped), and it is tagged with the layout's
@@ -336,7 +357,9 @@ def manifest(store: Store, repo: str, digest: str) -> dict[str, object] | None:
     """The manifest ``repo@digest`` as JSON, or None when the store has none."""
     import json
 
-    status, body = _request(store, "GET", f"/v2/{repo}/manifests/{digest}", headers={"Accept": ", ".join(MANIFEST_TYPES)})
+    status, body = _request(
+        store, "GET", f"/v2/{repo}/manifests/{digest}", headers={"Accept": ", ".join(MANIFEST_TYPES)}
+    )
     if status != 200:
         return None
     data = json.loads(body)
@@ -356,7 +379,9 @@ def delete(store: Store, repo: str, digest: str) -> None:
     """Delete a manifest (its blobs go at the next :func:`garbage_collect`)."""
     status, body = _request(store, "DELETE", f"/v2/{repo}/manifests/{digest}")
     if status not in (202, 404):
-        raise Tp4Error(f"the image store refused to delete {repo}@{digest}: HTTP {status} {body.decode(errors='replace')[:200]}")
+        raise Tp4Error(
+            f"the image store refused to delete {repo}@{digest}: HTTP {status} {body.decode(errors='replace')[:200]}"
+        )
 
 
 def garbage_collect(store: Store, *, untagged: bool = False) -> None:
@@ -370,7 +395,9 @@ def garbage_collect(store: Store, *, untagged: bool = False) -> None:
 
 def manifests(store: Store, repo: str) -> list[str]:
     """Digests of the manifests stored for ``repo`` (read from the storage: the API lists tags only)."""
-    revisions = store.data / "docker" / "registry" / "v2" / "repositories" / repo / "_manifests" / "revisions" / "sha256"
+    revisions = (
+        store.data / "docker" / "registry" / "v2" / "repositories" / repo / "_manifests" / "revisions" / "sha256"
+    )
     try:
         names = sorted(os.listdir(revisions))
     except FileNotFoundError:

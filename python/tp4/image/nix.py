@@ -31,8 +31,10 @@ MIN_VERSION = (2, 4)
 WHY_MIN_VERSION = "flakes and the flake.lock format (version 7) arrived in Nix 2.4"
 NIXPKGS_MIN_VERSION = (2, 18)
 WHY_NIXPKGS_MIN_VERSION = "the nixpkgs this flake pins refuses to evaluate on older Nix (its lib/minfeatures.nix)"
-INSTALL_HINT = ("install Nix 2.18 or newer (Debian 12's nix-bin is 2.8: use the Nix installer, or "
-                "`nix profile install nixpkgs#nixVersions.latest` from an existing Nix) and retry")
+INSTALL_HINT = (
+    "install Nix 2.18 or newer (Debian 12's nix-bin is 2.8: use the Nix installer, or "
+    "`nix profile install nixpkgs#nixVersions.latest` from an existing Nix) and retry"
+)
 FEATURES = ["--extra-experimental-features", "nix-command flakes"]
 
 
@@ -84,8 +86,15 @@ def locked_inputs(flake: Path) -> list[LockedInput]:
         if not isinstance(locked, dict):
             continue
         kind = str(locked.get("type", ""))
-        found.append(LockedInput(name=name, type=kind, url=_fetch_url(locked), store_path=_store_path(locked),
-                                 nixpkgs=kind == "github" and str(locked.get("repo", "")).lower() == "nixpkgs"))
+        found.append(
+            LockedInput(
+                name=name,
+                type=kind,
+                url=_fetch_url(locked),
+                store_path=_store_path(locked),
+                nixpkgs=kind == "github" and str(locked.get("repo", "")).lower() == "nixpkgs",
+            )
+        )
     return found
 
 
@@ -96,7 +105,9 @@ def _fetch_url(locked: Mapping[str, object]) -> str | None:
         api = "api.github.com" if host == "github.com" else f"{host}/api/v3"
         return f"https://{api}/repos/{locked.get('owner')}/{locked.get('repo')}/tarball/{locked.get('rev')}"
     if kind == "gitlab":
-        return f"https://{locked.get('host', 'gitlab.com')}/api/v4/projects/{locked.get('owner')}%2F{locked.get('repo')}"
+        return (
+            f"https://{locked.get('host', 'gitlab.com')}/api/v4/projects/{locked.get('owner')}%2F{locked.get('repo')}"
+        )
     if kind in ("tarball", "file", "git", "hg"):
         url = str(locked.get("url", ""))
         return url if "://" in url and not url.startswith(("file://", "git+file://", "path:")) else None
@@ -140,9 +151,11 @@ def check_fetchable(flake: Path) -> None:
     bad = {h: names for h, names in failed.items() if names}
     if bad:
         what = "; ".join(f"{', '.join(names)} from {host}" for host, names in bad.items())
-        raise Tp4Error(f"the flake's inputs are not in the Nix store and cannot be fetched ({what}): cannot resolve "
-                       f"{', '.join(bad)}, this machine looks offline. Run it on a machine with network access, "
-                       "or copy the inputs here first (`nix flake archive --to ssh://THIS-HOST` from a machine that has them)")
+        raise Tp4Error(
+            f"the flake's inputs are not in the Nix store and cannot be fetched ({what}): cannot resolve "
+            f"{', '.join(bad)}, this machine looks offline. Run it on a machine with network access, "
+            "or copy the inputs here first (`nix flake archive --to ssh://THIS-HOST` from a machine that has them)"
+        )
 
 
 def base() -> list[str]:
@@ -162,7 +175,11 @@ def require(flake: Path | None = None, *, what: str = "tp4 build") -> tuple[int,
     or when the flake's missing inputs cannot be fetched (see :func:`check_fetchable`)."""
     minimum, why = required_version(flake)
     need = ".".join(map(str, minimum))
-    hint = INSTALL_HINT if minimum >= NIXPKGS_MIN_VERSION else "install Nix (Debian/Ubuntu: apt-get install nix-bin) and retry"
+    hint = (
+        INSTALL_HINT
+        if minimum >= NIXPKGS_MIN_VERSION
+        else "install Nix (Debian/Ubuntu: apt-get install nix-bin) and retry"
+    )
     if shutil.which("nix") is None:
         raise Tp4Error(f"nix is not installed: {what} needs Nix >= {need} ({why}); {hint}")
     version = parse_version(process.run(["nix", "--version"]).stdout)

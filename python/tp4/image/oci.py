@@ -148,8 +148,14 @@ def read_layout(path: str | os.PathLike[str]) -> Layout:
     if not isinstance(diff_ids, list) or not all(isinstance(d, str) for d in diff_ids):
         raise OciError(f"{path}: config {config_digest} has no rootfs.diff_ids")
     labels = _obj(_obj(config.get("config", {}), "the image config").get("Labels") or {}, "Labels")
-    return Layout(str(path), ref, Blob(digest, size), Blob(config_digest, config_size),
-                  tuple(str(d) for d in diff_ids), {k: str(v) for k, v in labels.items()})
+    return Layout(
+        str(path),
+        ref,
+        Blob(digest, size),
+        Blob(config_digest, config_size),
+        tuple(str(d) for d in diff_ids),
+        {k: str(v) for k, v in labels.items()},
+    )
 
 
 # --- writing ----------------------------------------------------------------------------------
@@ -245,7 +251,7 @@ def read_graph(path: str | os.PathLike[str]) -> list[str]:
     while i < len(lines) and lines[i]:
         if i + 2 >= len(lines) or not lines[i].startswith(STORE + "/") or not lines[i + 2].isdigit():
             raise OciError(f"{path}: line {i + 1} is not a reference graph entry")
-        refs = lines[i + 3: i + 3 + int(lines[i + 2])]
+        refs = lines[i + 3 : i + 3 + int(lines[i + 2])]
         if len(refs) != int(lines[i + 2]) or not all(r.startswith(STORE + "/") for r in refs):
             raise OciError(f"{path}: line {i + 1}: the entry's references are cut short")
         paths.append(lines[i])
@@ -351,7 +357,7 @@ def site_packages_index(layers: Sequence[Path]) -> dict[str, dict[str, object]]:
                 else:
                     del state[sp]
             elif path.startswith(sp + "/"):
-                rel = path[len(sp) + 1:]
+                rel = path[len(sp) + 1 :]
                 top, _, rest = rel.partition("/")
                 if not rest:
                     if below_only:
@@ -381,7 +387,7 @@ def site_packages_index(layers: Sequence[Path]) -> dict[str, dict[str, object]]:
                     hides.append((parent, True))
                     continue
                 if name.startswith(WHITEOUT):
-                    hides.append((posixpath.join(parent, name[len(WHITEOUT):]), False))
+                    hides.append((posixpath.join(parent, name[len(WHITEOUT) :]), False))
                     continue
                 split = _site_split(path)
                 if split is None:
@@ -404,14 +410,19 @@ def site_packages_index(layers: Sequence[Path]) -> dict[str, dict[str, object]]:
                 entries[top] = record_tops(record)
             elif top not in entries or entries[top] is None:
                 entries[top] = [] if top.endswith(".dist-info") else None
+
     def behind_link(sp: str) -> list[str]:
         parts = sp.split("/")
         return [a for a in ("/".join(parts[:i]) for i in range(2, len(parts) + 1)) if a in symlinks]
 
-    return {sp: {"entries": sorted(entries),
-                 "records": {e: tops for e, tops in sorted(entries.items()) if tops is not None},
-                 "links": behind_link(sp)}
-            for sp, entries in sorted(state.items())}
+    return {
+        sp: {
+            "entries": sorted(entries),
+            "records": {e: tops for e, tops in sorted(entries.items()) if tops is not None},
+            "links": behind_link(sp),
+        }
+        for sp, entries in sorted(state.items())
+    }
 
 
 def site_install(tree: str, index: dict[str, dict[str, object]]) -> tuple[list[tuple[str, str]], list[str]]:
@@ -435,21 +446,26 @@ def site_install(tree: str, index: dict[str, dict[str, object]]) -> tuple[list[t
     candidates = holding or torch
     if len(candidates) != 1:
         found = ", ".join(sorted(index)) or "none"
-        raise OciError(f"--install {tree}: cannot tell which site-packages of the base image to install "
-                       f"{', '.join(sorted(dists))} into: {len(holding)} hold one of them, {len(torch)} hold torch "
-                       f"(its site-packages directories: {found})")
+        raise OciError(
+            f"--install {tree}: cannot tell which site-packages of the base image to install "
+            f"{', '.join(sorted(dists))} into: {len(holding)} hold one of them, {len(torch)} hold torch "
+            f"(its site-packages directories: {found})"
+        )
     sp = candidates[0]
     if index[sp].get("links"):
-        raise OciError(f"--install {tree}: the base's site-packages {sp} is reached through a symlink "
-                       f"({index[sp]['links']}): the links layer would put a directory in place of that link and hide "
-                       "all it points to, so tp4.image.oci cannot install into this base as it stands")
+        raise OciError(
+            f"--install {tree}: the base's site-packages {sp} is reached through a symlink "
+            f"({index[sp]['links']}): the links layer would put a directory in place of that link and hide "
+            "all it points to, so tp4.image.oci cannot install into this base as it stands"
+        )
     entries = set(index[sp]["entries"])  # type: ignore[call-overload]
     infos = dist_infos(sp)
     replaced = set(own)
     # pip uninstalls the installed versions of the same distributions; a dist-info whose files
     # the tree replaces describes files that are gone: both are hidden, with what they own alone
-    gone = {e for e, tops in infos.items()
-            if e not in replaced and (dist_info_name(e) in dists or set(tops) & replaced)}
+    gone = {
+        e for e, tops in infos.items() if e not in replaced and (dist_info_name(e) in dists or set(tops) & replaced)
+    }
     kept = {e: tops for e, tops in infos.items() if e not in gone}
     claimed = {t for tops in kept.values() for t in tops}
     hidden = set(gone)
@@ -469,6 +485,7 @@ def base_layers(archive: str, out: Path) -> list[Blob]:
     except (OSError, tarfile.TarError) as exc:
         raise OciError(f"{archive} is not a readable docker-archive ({exc})") from None
     with tar:
+
         def member(name: str) -> IO[bytes]:
             try:
                 f = tar.extractfile(name)
@@ -502,8 +519,10 @@ def base_layers(archive: str, out: Path) -> list[Blob]:
                     hashing.write(chunk)
             blob = hashing.blob()
             if blob.digest != diff_id:
-                raise OciError(f"{archive}: layer {name} has digest {blob.digest}, its config says {diff_id} "
-                               "(a compressed or corrupt layer)")
+                raise OciError(
+                    f"{archive}: layer {name} has digest {blob.digest}, its config says {diff_id} "
+                    "(a compressed or corrupt layer)"
+                )
             tmp.replace(blobs_dir / blob.digest.removeprefix("sha256:"))
             blobs.append(blob)
     (out / "config.json").write_bytes(config_bytes)

@@ -75,7 +75,13 @@ def load_argv(out_path: str, runtime: str, ref: str = "<ref>") -> tuple[list[str
     kind = image_kind(out_path)
     if kind == "oci":
         if runtime == "podman":
-            return None, ["skopeo", "copy", "--quiet", oci_source(out_path, ref), f"containers-storage:{local_ref(runtime, ref)}"]
+            return None, [
+                "skopeo",
+                "copy",
+                "--quiet",
+                oci_source(out_path, ref),
+                f"containers-storage:{local_ref(runtime, ref)}",
+            ]
         # skopeo does not read DOCKER_HOST (a rootless or remote docker): pass it on
         daemon = ["--dest-daemon-host", os.environ["DOCKER_HOST"]] if os.environ.get("DOCKER_HOST") else []
         return None, ["skopeo", "copy", "--quiet", *daemon, oci_source(out_path, ref), f"docker-daemon:{ref}"]
@@ -128,8 +134,9 @@ def loaded_ref(output: str) -> str:
 
 def inspect(runtime: str, ref: str, *, remote: process.Remote | None = None) -> tuple[str, dict[str, str]] | None:
     """(image id, labels) of an image in the runtime, or None when it has no such image."""
-    proc = process.run([runtime, "image", "inspect", "--format", "{{.Id}} {{json .Config.Labels}}", ref],
-                       remote=remote, check=False)
+    proc = process.run(
+        [runtime, "image", "inspect", "--format", "{{.Id}} {{json .Config.Labels}}", ref], remote=remote, check=False
+    )
     if proc.returncode != 0:
         if remote is not None and proc.returncode == 255:
             raise Tp4Error(f"cannot reach {remote.destination} over ssh:\n{proc.stderr.strip()}")
@@ -141,8 +148,9 @@ def inspect(runtime: str, ref: str, *, remote: process.Remote | None = None) -> 
 def layers(runtime: str, ref: str, *, remote: process.Remote | None = None) -> tuple[str, ...]:
     """The image's RootFS layers (diff ids, ``sha256:<hex>``, base first); () when the runtime
     has no such image."""
-    proc = process.run([runtime, "image", "inspect", "--format", "{{json .RootFS.Layers}}", ref],
-                       remote=remote, check=False)
+    proc = process.run(
+        [runtime, "image", "inspect", "--format", "{{json .RootFS.Layers}}", ref], remote=remote, check=False
+    )
     if proc.returncode != 0:
         if remote is not None and proc.returncode == 255:
             raise Tp4Error(f"cannot reach {remote.destination} over ssh:\n{proc.stderr.strip()}")
@@ -156,9 +164,11 @@ def normalize_id(image_id: str) -> str:
 
 def same_ref(a: str, b: str) -> bool:
     """Two references naming the same image name in a local store (podman adds localhost/)."""
+
     def norm(ref: str) -> str:
         ref = ref.removeprefix("localhost/").removeprefix("docker.io/").removeprefix("library/")
         return ref if ":" in ref.rsplit("/", 1)[-1] else ref + ":latest"
+
     return norm(a) == norm(b)
 
 

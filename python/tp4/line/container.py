@@ -37,10 +37,15 @@ class Health(NamedTuple):
     pkgs/image.nix writes into the image config). podman reads no health check from an OCI image's
     config, so serve and the NixOS unit give it to podman as `--health-*` flags."""
 
-    cmd: Annotated[tuple[str, ...], "the check, run in the container without a shell (exec form): boot.py's `health`, GET /health on 127.0.0.1:SERVER_PORT"]
+    cmd: Annotated[
+        tuple[str, ...],
+        "the check, run in the container without a shell (exec form): boot.py's `health`, GET /health on 127.0.0.1:SERVER_PORT",
+    ]
     interval: Annotated[int, "seconds between checks"]
     timeout: Annotated[int, "seconds one check may take"]
-    start_period: Annotated[int, "seconds after the start in which a failed check does not count (the weight load and warm-up)"]
+    start_period: Annotated[
+        int, "seconds after the start in which a failed check does not count (the weight load and warm-up)"
+    ]
     retries: Annotated[int, "failed checks in a row before the container is unhealthy"]
 
 

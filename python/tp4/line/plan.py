@@ -90,8 +90,13 @@ class GidIndex(NamedTuple):
     # `value`, not `index`: a NamedTuple field must not shadow tuple.index
     value: Annotated[int, "the index rendered into env (the node's pin, else fabric.gid_index)"]
     pinned_by: Annotated[str | None, "the profile field that pins it for this node; null when not pinned"]
-    lookup_by: Annotated[tuple[str, ...], ("the commands that look the index up on the node at start (the RoCE v2 IPv4 GID "
-                                           "of `hcas` for the node's fabric IP) and use it in place of `value`; empty when pinned")]
+    lookup_by: Annotated[
+        tuple[str, ...],
+        (
+            "the commands that look the index up on the node at start (the RoCE v2 IPv4 GID "
+            "of `hcas` for the node's fabric IP) and use it in place of `value`; empty when pinned"
+        ),
+    ]
     hcas: Annotated[tuple[str, ...], "the RDMA devices whose GID table is read"]
 
 
@@ -99,10 +104,20 @@ class Readiness(NamedTuple):
     """When the rank counts as up, from its own container log: what the NixOS module's readiness
     unit waits for (`tp4 bootlog wait`), the rank's part of tp4 serve's boot-log check."""
 
-    pattern: Annotated[str, ("a Python regular expression for the log line that says the rank is up: the head's "
-                             "`Ready: API on port <API port>`, a worker's SGLang `Load weight end.` (it prints no Ready)")]
-    timeout: Annotated[int, ("seconds the rank may take to print it: the head, the sum of serve's boot phase bounds "
-                             "from start to ready; a worker, its start and weight load")]
+    pattern: Annotated[
+        str,
+        (
+            "a Python regular expression for the log line that says the rank is up: the head's "
+            "`Ready: API on port <API port>`, a worker's SGLang `Load weight end.` (it prints no Ready)"
+        ),
+    ]
+    timeout: Annotated[
+        int,
+        (
+            "seconds the rank may take to print it: the head, the sum of serve's boot phase bounds "
+            "from start to ready; a worker, its start and weight load"
+        ),
+    ]
     required_lines: Annotated[bool, "the plan's required boot_lines must be in this rank's log (rank 0)"]
 
 
@@ -131,14 +146,29 @@ class Service(NamedTuple):
     kind: Annotated[HostKind, "plain (tp4 runs the container) or nixos (the module's unit runs it)"]
     runtime: Annotated[Runtime, "the node's container runtime"]
     unit: Annotated[str | None, "the systemd unit of the rank (nixos), else null"]
-    env_file: Annotated[str, "where serve writes the rank's environment (mode 0600; the container reads it, it never goes into argv)"]
-    mesh_unit: Annotated[str | None, "the systemd unit that brings the ring's mesh up before the rank (a ring line), else "
-                         "null: upstream's dsv41-mesh.service on a plain host, the NixOS module's tp4-mesh.service"]
+    env_file: Annotated[
+        str, "where serve writes the rank's environment (mode 0600; the container reads it, it never goes into argv)"
+    ]
+    mesh_unit: Annotated[
+        str | None,
+        "the systemd unit that brings the ring's mesh up before the rank (a ring line), else "
+        "null: upstream's dsv41-mesh.service on a plain host, the NixOS module's tp4-mesh.service",
+    ]
     ready: Annotated[Readiness, "when the rank is up, read from its own log"]
-    directories: Annotated[tuple[HostDir, ...], ("the host directories made before the start: the writable bind mounts "
-                                                 "(state, cache, Engram; never the checkpoint), and on a NixOS host the env file's")]
-    gpu_devices: Annotated[tuple[str, ...], ("the devices podman is given for run.gpus = all (NVIDIA's CDI device); "
-                                             "empty with docker, which takes --gpus all")]
+    directories: Annotated[
+        tuple[HostDir, ...],
+        (
+            "the host directories made before the start: the writable bind mounts "
+            "(state, cache, Engram; never the checkpoint), and on a NixOS host the env file's"
+        ),
+    ]
+    gpu_devices: Annotated[
+        tuple[str, ...],
+        (
+            "the devices podman is given for run.gpus = all (NVIDIA's CDI device); "
+            "empty with docker, which takes --gpus all"
+        ),
+    ]
     host_units: Annotated[HostUnits | None, "the NixOS host units around the rank unit (nixos); null on a plain host"]
 
 
@@ -175,11 +205,21 @@ class NfsShare(NamedTuple):
     """The head's NFS export of the checkpoint to the workers (tp4 share, the NixOS hosts)."""
 
     export: Annotated[str, "the head's checkpoint directory, exported read-only (the head's model bind mount)"]
-    servers: Annotated[tuple[str, ...], "per worker in rank order, the head's address it mounts from (nfs.server_ips: one for all, or one per worker)"]
+    servers: Annotated[
+        tuple[str, ...],
+        "per worker in rank order, the head's address it mounts from (nfs.server_ips: one for all, or one per worker)",
+    ]
     port: Annotated[int, "the NFS server's TCP port (NFSv4), opened on the head"]
-    export_options: Annotated[tuple[str, ...], "exports(5) options of the checkpoint (upstream files/nfs-share.sh's, without fsid=0)"]
-    mount_options: Annotated[tuple[str, ...], "the workers' NFS client options (the weights volume's and a NixOS worker's mount)"]
-    volumes: Annotated[tuple[VolumeOptions, ...], "per worker in rank order, its weights volume's options (tp4 share makes it, a NixOS worker's unit too)"]
+    export_options: Annotated[
+        tuple[str, ...], "exports(5) options of the checkpoint (upstream files/nfs-share.sh's, without fsid=0)"
+    ]
+    mount_options: Annotated[
+        tuple[str, ...], "the workers' NFS client options (the weights volume's and a NixOS worker's mount)"
+    ]
+    volumes: Annotated[
+        tuple[VolumeOptions, ...],
+        "per worker in rank order, its weights volume's options (tp4 share makes it, a NixOS worker's unit too)",
+    ]
 
 
 class LineFacts(NamedTuple):
@@ -189,15 +229,34 @@ class LineFacts(NamedTuple):
     fabric: Annotated[Fabric, "switched RoCE fabric or a switchless ring"]
     dist_init_addr: Annotated[str, "torch distributed init address (head IP:port)"]
     api: Annotated[str, "the OpenAI API URL on the head"]
-    gpu_clock_mhz: Annotated[int | None, ("the SM clock cap of every node's GPU in MHz (nvidia-smi -lgc 0,<MHz>; the NixOS "
-                                          "module's tp4-gpu-clock.timer); null: the clock is left alone")]
-    nccl_sha256: Annotated[str | None, ("the sha256 of the host NCCL build's libnccl.so.2 every node must carry "
-                                        "(fabric.nccl.sha256); null: unpinned (doctor compares the nodes with the head)")]
-    id: Annotated[str, "the line's name, the tp4.line label of every rank's container: the head's ssh host and the API port, other characters '_'"]
+    gpu_clock_mhz: Annotated[
+        int | None,
+        (
+            "the SM clock cap of every node's GPU in MHz (nvidia-smi -lgc 0,<MHz>; the NixOS "
+            "module's tp4-gpu-clock.timer); null: the clock is left alone"
+        ),
+    ]
+    nccl_sha256: Annotated[
+        str | None,
+        (
+            "the sha256 of the host NCCL build's libnccl.so.2 every node must carry "
+            "(fabric.nccl.sha256); null: unpinned (doctor compares the nodes with the head)"
+        ),
+    ]
+    id: Annotated[
+        str,
+        "the line's name, the tp4.line label of every rank's container: the head's ssh host and the API port, other characters '_'",
+    ]
     api_port: Annotated[int, "the API's TCP port on the head (cluster.port)"]
     dist_init_port: Annotated[int, "the torch distributed init port on the head (cluster.dist_port)"]
-    nfs: Annotated[NfsShare | None, "the head's NFS share of the checkpoint; null when every node holds its own copy (a ring, nfs.share = false)"]
-    ring_hairpin_queue: Annotated[int | None, "a ring's devlink hairpin_queue_size on the fabric functions (fabric.ring_hairpin_queue); null on a switched fabric"]
+    nfs: Annotated[
+        NfsShare | None,
+        "the head's NFS share of the checkpoint; null when every node holds its own copy (a ring, nfs.share = false)",
+    ]
+    ring_hairpin_queue: Annotated[
+        int | None,
+        "a ring's devlink hairpin_queue_size on the fabric functions (fabric.ring_hairpin_queue); null on a switched fabric",
+    ]
 
 
 class BootLine(NamedTuple):
@@ -225,7 +284,10 @@ class Plan(NamedTuple):
     forbidden_lines: Annotated[tuple[str, ...], "text that must never appear in any rank's log"]
     secrets: Annotated[dict[str, SecretRef], "references to secrets (never their values); {} when the API is open"]
     warnings: Annotated[tuple[str, ...], "validation warnings (the plan is still valid)"] = ()
-    notes: Annotated[tuple[str, ...], "where the plan renders a gate differently from the profile as written, and why; the layer each extra engine argument comes from"] = ()
+    notes: Annotated[
+        tuple[str, ...],
+        "where the plan renders a gate differently from the profile as written, and why; the layer each extra engine argument comes from",
+    ] = ()
 
     def to_json(self) -> dict[str, Json]:
         """The plan as JSON values (objects, arrays, strings, numbers, booleans, null), under its
@@ -272,8 +334,9 @@ def differences(running: Json, planned: Json, path: str = "") -> list[tuple[str,
     if isinstance(running, list) and isinstance(planned, list):
         out = []
         for i in range(max(len(running), len(planned))):
-            out += differences(running[i] if i < len(running) else None, planned[i] if i < len(planned) else None,
-                               f"{path}[{i}]")
+            out += differences(
+                running[i] if i < len(running) else None, planned[i] if i < len(planned) else None, f"{path}[{i}]"
+            )
         return out
     return [] if running == planned else [(path or "(plan)", running, planned)]
 
@@ -350,10 +413,10 @@ def resolve_gates(p: Profile, reg: Registry) -> tuple[dict[str, str], list[str]]
     preset = p._preset_gates or {}
     gates = dict(p.gates)
     own = p._own_gates
-    from_preset = {k for k, v in gates.items()
-                   if k in preset and (k not in own if own is not None else preset[k] == v)}
-    turned_off = {k for k, v in gates.items()
-                  if k not in from_preset and (g := reg.gate(k)) is not None and not g.is_on(v)}
+    from_preset = {k for k, v in gates.items() if k in preset and (k not in own if own is not None else preset[k] == v)}
+    turned_off = {
+        k for k, v in gates.items() if k not in from_preset and (g := reg.gate(k)) is not None and not g.is_on(v)
+    }
     notes: list[str] = []
     dropped: set[str] = set()
     changed = True
@@ -366,7 +429,9 @@ def resolve_gates(p: Profile, reg: Registry) -> tuple[dict[str, str], list[str]]
             cause = next((c for c in reg.needs_of(key) if c in turned_off or c in dropped), None)
             if cause is not None:
                 why = "the profile turns it off" if cause in turned_off else "it is dropped too"
-                notes.append(f"gates.{key}: the preset's {key}={gates.pop(key)} is dropped: it needs {cause}, and {why}")
+                notes.append(
+                    f"gates.{key}: the preset's {key}={gates.pop(key)} is dropped: it needs {cause}, and {why}"
+                )
                 dropped.add(key)
                 changed = True
     env = _render_env(p, 0, reg, gates)
@@ -376,7 +441,9 @@ def resolve_gates(p: Profile, reg: Registry) -> tuple[dict[str, str], list[str]]
             continue
         if rule.fails(env, reg):
             value = fill_line(rule.follow, env)
-            notes.append(f"gates.{key}: the preset's {key}={gates[key]} {fill_line(rule.reason, env)}; the plan sets {value}")
+            notes.append(
+                f"gates.{key}: the preset's {key}={gates[key]} {fill_line(rule.reason, env)}; the plan sets {value}"
+            )
             gates[key] = value
             env = _render_env(p, 0, reg, gates)
     return gates, notes
@@ -399,14 +466,16 @@ def render_head(p: Profile, reg: Registry) -> Rendered:
 def arg_notes(loaded: Loaded) -> list[str]:
     """The layer each argument of engine.extra_args comes from (the layers' lists add up), and
     each inherited one a layer's engine.drop_args removed."""
+
     def layer(name: str) -> str:
         return "the profile" if name == "profile" else name
 
-    return [f"engine.extra_args: {' '.join(o.words)} from {layer(o.layer)}" if o.dropped_by is None else
-            f"engine.extra_args: {' '.join(o.words)} from {layer(o.layer)} is dropped by {layer(o.dropped_by)}'s engine.drop_args"
-            for o in loaded.arg_origins]
-
-
+    return [
+        f"engine.extra_args: {' '.join(o.words)} from {layer(o.layer)}"
+        if o.dropped_by is None
+        else f"engine.extra_args: {' '.join(o.words)} from {layer(o.layer)} is dropped by {layer(o.dropped_by)}'s engine.drop_args"
+        for o in loaded.arg_origins
+    ]
 
 
 def _rank_value(p: Profile, knob: Knob, rank: int) -> str:
@@ -475,17 +544,33 @@ def engine_argv(env: dict[str, str], *, sps: bool, sts: bool) -> tuple[str, ...]
         return [_flag(key), g(key, default)]
 
     argv = [
-        "python", "-m", "sglang.launch_server",
-        *opt("MODEL_PATH", MOUNTS.model), *opt("SERVED_MODEL_NAME", "deepseek-v4.1-flash"),
-        "--trust-remote-code", "--load-format", "safetensors",
-        *opt("TP_SIZE", "4"), _flag("EP_SIZE"), g("EP_SIZE", g("TP_SIZE", "4")),
+        "python",
+        "-m",
+        "sglang.launch_server",
+        *opt("MODEL_PATH", MOUNTS.model),
+        *opt("SERVED_MODEL_NAME", "deepseek-v4.1-flash"),
+        "--trust-remote-code",
+        "--load-format",
+        "safetensors",
+        *opt("TP_SIZE", "4"),
+        _flag("EP_SIZE"),
+        g("EP_SIZE", g("TP_SIZE", "4")),
         *opt("ATTENTION_BACKEND", BOOT_DEFAULTS["ATTENTION_BACKEND"]),
         *opt("MOE_RUNNER_BACKEND", BOOT_DEFAULTS["MOE_RUNNER_BACKEND"]),
-        *opt("MEM_FRACTION_STATIC"), *opt("CHUNKED_PREFILL_SIZE"), *opt("CONTEXT_LENGTH"),
-        *opt("MAX_RUNNING_REQUESTS"), *opt("CUDA_GRAPH_MAX_BS_DECODE"),
-        "--random-seed", "0", "--enable-decoder-swa-bounded-replay",
-        "--tool-call-parser", "deepseekv41", "--reasoning-parser", "deepseek-v41",
-        *opt("HOST", "0.0.0.0"), *opt("SERVER_PORT", "8888"),
+        *opt("MEM_FRACTION_STATIC"),
+        *opt("CHUNKED_PREFILL_SIZE"),
+        *opt("CONTEXT_LENGTH"),
+        *opt("MAX_RUNNING_REQUESTS"),
+        *opt("CUDA_GRAPH_MAX_BS_DECODE"),
+        "--random-seed",
+        "0",
+        "--enable-decoder-swa-bounded-replay",
+        "--tool-call-parser",
+        "deepseekv41",
+        "--reasoning-parser",
+        "deepseek-v41",
+        *opt("HOST", "0.0.0.0"),
+        *opt("SERVER_PORT", "8888"),
     ]
     if g("SPEC_ALGO", "").lower() not in ("off", "none", "0", ""):
         argv += ["--speculative-algorithm", "DSPARK", *opt("DSPARK_BLOCK_SIZE")]
@@ -559,8 +644,15 @@ READY_UNIT = "tp4-rank-ready.service"
 
 # the bounds of tp4 serve's boot phases (seconds; `tp4 serve --timeout PHASE=S` changes them for
 # one serve); a NixOS rank's readiness takes their sum from start to its own last phase
-BOOT_TIMEOUTS = {"start": 600.0, "weights": 3600.0, "graphs": 1800.0, "smoke": 600.0, "warmup": 1800.0,
-                 "ready": 600.0, "completion": 180.0}
+BOOT_TIMEOUTS = {
+    "start": 600.0,
+    "weights": 3600.0,
+    "graphs": 1800.0,
+    "smoke": 600.0,
+    "warmup": 1800.0,
+    "ready": 600.0,
+    "completion": 180.0,
+}
 HEAD_READY_PHASES = ("start", "weights", "graphs", "smoke", "warmup", "ready")
 WORKER_READY_PHASES = ("start", "weights")
 # SGLang's model runner on every rank once the weights are loaded (a worker prints no Ready)
@@ -574,15 +666,22 @@ NFS_MOUNT_OPTIONS = ("nfsvers=4.2", "ro", "nconnect=8", "rsize=1048576", "wsize=
 
 def readiness(p: Profile, rank: int) -> Readiness:
     if rank == 0:
-        return Readiness(pattern=rf"^Ready: API on port {p.cluster.port}(?![0-9])",
-                         timeout=int(sum(BOOT_TIMEOUTS[k] for k in HEAD_READY_PHASES)), required_lines=True)
-    return Readiness(pattern=WORKER_READY, timeout=int(sum(BOOT_TIMEOUTS[k] for k in WORKER_READY_PHASES)),
-                     required_lines=False)
+        return Readiness(
+            pattern=rf"^Ready: API on port {p.cluster.port}(?![0-9])",
+            timeout=int(sum(BOOT_TIMEOUTS[k] for k in HEAD_READY_PHASES)),
+            required_lines=True,
+        )
+    return Readiness(
+        pattern=WORKER_READY, timeout=int(sum(BOOT_TIMEOUTS[k] for k in WORKER_READY_PHASES)), required_lines=False
+    )
 
 
 def host_dirs(run: RunSpec, user: str, env_file: str, kind: HostKind) -> tuple[HostDir, ...]:
-    binds = [HostDir(m.source, user, "0755") for m in run.mounts
-             if m.type == "bind" and not m.read_only and m.target != MOUNTS.model]
+    binds = [
+        HostDir(m.source, user, "0755")
+        for m in run.mounts
+        if m.type == "bind" and not m.read_only and m.target != MOUNTS.model
+    ]
     own = [HostDir(env_file.rsplit("/", 1)[0], "root", "0700")] if kind == "nixos" else []
     return tuple(binds + own)
 
@@ -597,16 +696,32 @@ def service(p: Profile, rank: int, run: RunSpec | None = None) -> Service:
     if node.kind == "nixos":
         # virtualisation.oci-containers names the unit of container C `<backend>-C.service`
         env_file = f"{NIXOS_ENV_DIR}/{container}.env"
-        return Service(kind="nixos", runtime=node.runtime, unit=f"{node.runtime}-{container}.service",
-                       env_file=env_file, mesh_unit=mesh, ready=readiness(p, rank),
-                       directories=host_dirs(run, user, env_file, "nixos"), gpu_devices=gpus,
-                       host_units=HostUnits(rdma_check=RDMA_CHECK_UNIT, weights_volume=WEIGHTS_VOLUME_UNIT if rank > 0 else None,
-                                            ready=READY_UNIT))
+        return Service(
+            kind="nixos",
+            runtime=node.runtime,
+            unit=f"{node.runtime}-{container}.service",
+            env_file=env_file,
+            mesh_unit=mesh,
+            ready=readiness(p, rank),
+            directories=host_dirs(run, user, env_file, "nixos"),
+            gpu_devices=gpus,
+            host_units=HostUnits(
+                rdma_check=RDMA_CHECK_UNIT, weights_volume=WEIGHTS_VOLUME_UNIT if rank > 0 else None, ready=READY_UNIT
+            ),
+        )
     workdir = expand(node.workdir, home_of(node, p.cluster))
     env_file = f"{workdir}/{container}.env"
-    return Service(kind="plain", runtime=node.runtime, unit=None, env_file=env_file, mesh_unit=mesh,
-                   ready=readiness(p, rank), directories=host_dirs(run, user, env_file, "plain"), gpu_devices=gpus,
-                   host_units=None)
+    return Service(
+        kind="plain",
+        runtime=node.runtime,
+        unit=None,
+        env_file=env_file,
+        mesh_unit=mesh,
+        ready=readiness(p, rank),
+        directories=host_dirs(run, user, env_file, "plain"),
+        gpu_devices=gpus,
+        host_units=None,
+    )
 
 
 def line_id(head_ssh_host: str, api_port: int) -> str:
@@ -622,10 +737,17 @@ def nfs_share(p: Profile, head_run: RunSpec) -> NfsShare | None:
     ips, workers = p.nfs.server_ips, len(p.nodes) - 1
     servers = tuple(ips) * workers if len(ips) == 1 else tuple(ips)
     export = head_run.mounts[0].source
-    volumes = tuple(VolumeOptions(type="nfs", o=",".join((f"addr={s}", *NFS_MOUNT_OPTIONS)), device=f":{export}")
-                    for s in servers)
-    return NfsShare(export=export, servers=servers, port=NFS_PORT, export_options=NFS_EXPORT_OPTIONS,
-                    mount_options=NFS_MOUNT_OPTIONS, volumes=volumes)
+    volumes = tuple(
+        VolumeOptions(type="nfs", o=",".join((f"addr={s}", *NFS_MOUNT_OPTIONS)), device=f":{export}") for s in servers
+    )
+    return NfsShare(
+        export=export,
+        servers=servers,
+        port=NFS_PORT,
+        export_options=NFS_EXPORT_OPTIONS,
+        mount_options=NFS_MOUNT_OPTIONS,
+        volumes=volumes,
+    )
 
 
 # The commands that look a node's RoCE v2 GID index up at start when the profile does not pin it.
@@ -636,9 +758,12 @@ def gid_index(p: Profile, rank: int) -> GidIndex:
     node = p.nodes[rank]
     where = "cluster.head" if rank == 0 else f"cluster.workers[{rank - 1}]"
     pinned = node.gid_index is not None
-    return GidIndex(value=node.gid_index if node.gid_index is not None else p.fabric.gid_index,
-                    pinned_by=f"{where}.gid_index" if pinned else None,
-                    lookup_by=() if pinned else GID_LOOKUP_BY, hcas=tuple(p.fabric.hcas))
+    return GidIndex(
+        value=node.gid_index if node.gid_index is not None else p.fabric.gid_index,
+        pinned_by=f"{where}.gid_index" if pinned else None,
+        lookup_by=() if pinned else GID_LOOKUP_BY,
+        hcas=tuple(p.fabric.hcas),
+    )
 
 
 def boot_lines(env: dict[str, str], reg: Registry) -> tuple[BootLine, ...]:
@@ -659,30 +784,45 @@ def build_plan(loaded: Loaded, registry: Registry | None = None) -> Plan:
     for rank, node in enumerate(p.nodes):
         env = _render_env(p, rank, reg, gates)
         run = run_spec(p, rank)
-        nodes.append(RankPlan(
-            rank=rank,
-            role="head" if rank == 0 else "worker",
-            name=node.name,
-            host=node.ip,
-            ssh=SshTarget(host=node.ssh or node.ip, user=node.user or p.cluster.user,
-                          identity=node.identity or p.cluster.identity, port=node.ssh_port or 22),
-            env=env,
-            argv=engine_argv(env, sps=p.engine.use_sps_table, sts=p.engine.use_sts_table),
-            run=run,
-            gid=gid_index(p, rank),
-            service=service(p, rank, run),
-        ))
+        nodes.append(
+            RankPlan(
+                rank=rank,
+                role="head" if rank == 0 else "worker",
+                name=node.name,
+                host=node.ip,
+                ssh=SshTarget(
+                    host=node.ssh or node.ip,
+                    user=node.user or p.cluster.user,
+                    identity=node.identity or p.cluster.identity,
+                    port=node.ssh_port or 22,
+                ),
+                env=env,
+                argv=engine_argv(env, sps=p.engine.use_sps_table, sts=p.engine.use_sts_table),
+                run=run,
+                gid=gid_index(p, rank),
+                service=service(p, rank, run),
+            )
+        )
     head_env = nodes[0].env
     return Plan(
         preset=p.preset,
         source=loaded.source,
         image=ImageRef(tag=p.image.tag, variant=p.image.variant, base=p.image.base),
-        line=LineFacts(nnodes=len(p.nodes), tp=p.engine.tp, ep=p.ep, fabric=p.fabric.mode,
-                       dist_init_addr=head_env["DIST_INIT_ADDR"], api=f"http://{p.cluster.head.ip}:{p.cluster.port}",
-                       gpu_clock_mhz=p.cluster.gpu_clock_mhz or None, nccl_sha256=p.fabric.nccl.sha256,
-                       id=line_id(nodes[0].ssh.host, p.cluster.port), api_port=p.cluster.port,
-                       dist_init_port=p.cluster.dist_port, nfs=nfs_share(p, nodes[0].run),
-                       ring_hairpin_queue=p.fabric.ring_hairpin_queue if p.fabric.mode == "ring" else None),
+        line=LineFacts(
+            nnodes=len(p.nodes),
+            tp=p.engine.tp,
+            ep=p.ep,
+            fabric=p.fabric.mode,
+            dist_init_addr=head_env["DIST_INIT_ADDR"],
+            api=f"http://{p.cluster.head.ip}:{p.cluster.port}",
+            gpu_clock_mhz=p.cluster.gpu_clock_mhz or None,
+            nccl_sha256=p.fabric.nccl.sha256,
+            id=line_id(nodes[0].ssh.host, p.cluster.port),
+            api_port=p.cluster.port,
+            dist_init_port=p.cluster.dist_port,
+            nfs=nfs_share(p, nodes[0].run),
+            ring_hairpin_queue=p.fabric.ring_hairpin_queue if p.fabric.mode == "ring" else None,
+        ),
         nodes=tuple(nodes),
         boot_lines=boot_lines(head_env, reg),
         forbidden_lines=tuple(reg.forbidden_lines),

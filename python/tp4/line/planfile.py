@@ -15,6 +15,7 @@ from tp4.core.errors import InvalidInput
 if TYPE_CHECKING:
     from tp4.line.plan import Json, Plan
 
+
 def plan_text(plan: Plan) -> str:
     return json.dumps(plan.to_json(), indent=2) + "\n"
 
@@ -44,8 +45,14 @@ def read_plan_json(path: Path) -> dict[str, Json]:
         raise InvalidInput(f"{path}: no such file; fix: write it with tp4 plan --json -o {path}") from None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise InvalidInput(f"{path}: not a plan file ({e}); fix: write it with tp4 plan --json -o {path}") from None
-    if not isinstance(data, dict) or not isinstance(data.get("schema"), str) or not data["schema"].startswith("tp4.plan/"):
-        raise InvalidInput(f"{path}: not a tp4 plan (no tp4.plan/ schema); fix: write it with tp4 plan --json -o {path}")
+    if (
+        not isinstance(data, dict)
+        or not isinstance(data.get("schema"), str)
+        or not data["schema"].startswith("tp4.plan/")
+    ):
+        raise InvalidInput(
+            f"{path}: not a tp4 plan (no tp4.plan/ schema); fix: write it with tp4 plan --json -o {path}"
+        )
     return data
 
 

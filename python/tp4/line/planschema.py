@@ -81,8 +81,13 @@ def _schema(tp: object) -> JsonSchema:
 def _object(tp: type) -> JsonSchema:
     fields = _fields(tp)
     props: dict[str, JsonSchema] = {name: {**_schema(hint), "description": meaning} for name, hint, meaning in fields}
-    return {"type": "object", "description": _doc(tp), "properties": props,
-            "required": [name for name, _, _ in fields], "additionalProperties": False}
+    return {
+        "type": "object",
+        "description": _doc(tp),
+        "properties": props,
+        "required": [name for name, _, _ in fields],
+        "additionalProperties": False,
+    }
 
 
 def _doc(tp: type) -> str:
@@ -91,20 +96,28 @@ def _doc(tp: type) -> str:
     return "" if text.startswith(tp.__name__ + "(") else " ".join(text.split())
 
 
-DIGEST_MEANING = ("`sha256:` and the SHA-256 of the plan's canonical JSON (keys sorted, no whitespace, UTF-8) "
-                  "without `digest` and `source` (python/tp4/line/plan.py digest_of); secrets are file references, so it holds none")
+DIGEST_MEANING = (
+    "`sha256:` and the SHA-256 of the plan's canonical JSON (keys sorted, no whitespace, UTF-8) "
+    "without `digest` and `source` (python/tp4/line/plan.py digest_of); secrets are file references, so it holds none"
+)
 
 
 def json_schema() -> JsonSchema:
     """The JSON Schema (draft 2020-12) of `tp4 plan --json`."""
     root = _object(Plan)
     props = typing.cast(dict[str, JsonSchema], root["properties"])
-    root["properties"] = {"schema": {"const": SCHEMA, "description": "this schema's version"},
-                          "digest": {"type": "string", "pattern": "^sha256:[0-9a-f]{64}$", "description": DIGEST_MEANING},
-                          **props}
+    root["properties"] = {
+        "schema": {"const": SCHEMA, "description": "this schema's version"},
+        "digest": {"type": "string", "pattern": "^sha256:[0-9a-f]{64}$", "description": DIGEST_MEANING},
+        **props,
+    }
     root["required"] = ["schema", "digest", *typing.cast(list[str], root["required"])]
-    return {"$schema": "https://json-schema.org/draft/2020-12/schema", "title": f"tp4 plan ({SCHEMA})", **root,
-            "$defs": {tp.__name__: _object(tp) for tp in _parts(Plan) if tp is not Plan}}
+    return {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "title": f"tp4 plan ({SCHEMA})",
+        **root,
+        "$defs": {tp.__name__: _object(tp) for tp in _parts(Plan) if tp is not Plan},
+    }
 
 
 def _type_words(tp: object) -> str:
@@ -206,22 +219,34 @@ def generate() -> str:
             out += [_doc(tp), ""]
         out += ["| field | type | meaning |", "|---|---|---|"]
         if tp is Plan:
-            out.append(f"| `schema` | `\"{SCHEMA}\"` | this schema's version |")
+            out.append(f'| `schema` | `"{SCHEMA}"` | this schema\'s version |')
             out.append(f"| `digest` | string | {DIGEST_MEANING} |")
         for name, hint, meaning in _fields(tp):
             out.append(f"| `{name}` | {_type_words(hint)} | {meaning.replace('|', chr(92) + '|')} |")
         out.append("")
-    out += ["## Environment keys", "",
-            "Every key the renderer puts into a rank's container environment besides the adapter gates "
-            "(adapters/registry.toml), in the order they are rendered (python/tp4/line/knobs.py).", "",
-            "| key | value from | ranks | ring only | upstream launcher passes it | engine flag |", "|---|---|---|---|---|---|"]
+    out += [
+        "## Environment keys",
+        "",
+        "Every key the renderer puts into a rank's container environment besides the adapter gates "
+        "(adapters/registry.toml), in the order they are rendered (python/tp4/line/knobs.py).",
+        "",
+        "| key | value from | ranks | ring only | upstream launcher passes it | engine flag |",
+        "|---|---|---|---|---|---|",
+    ]
     for k in KNOBS:
         flag = ", ".join(f"`{f}`" for f in (k.flag, *k.aliases) if f) or ""
-        out.append(f"| `{k.env}` | {_from(k)} | {_ranks(k)} | {'yes' if k.ring_only else ''} | "
-                   f"{'yes' if k.launcher and k.source != 'reserved' else 'no'} | {flag} |")
-    out += ["", "`tp4 profile import` reads these keys (and the launcher's own variables below) from an "
-            "upstream `.env` file into the fields named.", "",
-            "| launcher variable | profile field |", "|---|---|"]
+        out.append(
+            f"| `{k.env}` | {_from(k)} | {_ranks(k)} | {'yes' if k.ring_only else ''} | "
+            f"{'yes' if k.launcher and k.source != 'reserved' else 'no'} | {flag} |"
+        )
+    out += [
+        "",
+        "`tp4 profile import` reads these keys (and the launcher's own variables below) from an "
+        "upstream `.env` file into the fields named.",
+        "",
+        "| launcher variable | profile field |",
+        "|---|---|",
+    ]
     out += [f"| `{v.var}` | `{v.field}` |" for v in LAUNCHER_VARS]
     out += ["", "## JSON Schema", "", "```json", json.dumps(json_schema(), indent=2), "```", ""]
     return "\n".join(out)

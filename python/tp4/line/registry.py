@@ -47,7 +47,7 @@ _PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)(\+1)?\}")
 # the keys under which an entry gets its adapter's name and launcher (the Field aliases below
 # spell them out: the pydantic mypy plugin needs literal aliases)
 _ADAPTER, _LAUNCHER = "(adapter)", "(launcher)"
-_CONDITION_FORMS = 'VAR, !VAR, VAR=value, VAR!=value, VAR~item, VAR>=N or VAR<=N'
+_CONDITION_FORMS = "VAR, !VAR, VAR=value, VAR!=value, VAR~item, VAR>=N or VAR<=N"
 
 
 class Gate(BaseModel):
@@ -85,7 +85,9 @@ class Gate(BaseModel):
         if self.values and self.kind not in ("enum", "list"):
             return f"values are only for enum and list gates (kind is {self.kind}); fix: remove values or change kind"
         if (self.min is not None or self.max is not None) and self.kind not in ("int", "float"):
-            return f"min and max are only for int and float gates (kind is {self.kind}); fix: remove them or change kind"
+            return (
+                f"min and max are only for int and float gates (kind is {self.kind}); fix: remove them or change kind"
+            )
         if self.min is not None and self.max is not None and self.min > self.max:
             return f"min {self.min:g} is above max {self.max:g}; fix: swap them"
         if self.pattern is not None:
@@ -116,7 +118,7 @@ class Gate(BaseModel):
         """key is this gate, or a member of this family (the prefix and a number)."""
         if not self.family:
             return key == self.var
-        return key.startswith(self.prefix) and key[len(self.prefix):].isdigit()
+        return key.startswith(self.prefix) and key[len(self.prefix) :].isdigit()
 
     def is_on(self, value: str | None) -> bool:
         return value is not None and value.strip().lower() not in self.off
@@ -179,7 +181,9 @@ class Rule(BaseModel):
         return key if self.field != key and self.when == (key,) else None
 
     def fails(self, env: Mapping[str, str], registry: "Registry") -> bool:
-        return all(condition_holds(c, env, registry) for c in self.when) and not condition_holds(self.needs, env, registry)
+        return all(condition_holds(c, env, registry) for c in self.when) and not condition_holds(
+            self.needs, env, registry
+        )
 
     @property
     def family_var(self) -> str | None:
@@ -194,9 +198,16 @@ class Rule(BaseModel):
         def sub(text: str) -> str:
             return text.replace(var, key)
 
-        return self.model_copy(update={"when": tuple(sub(c) for c in self.when), "needs": sub(self.needs), "field": sub(self.field),
-                                       "reason": sub(self.reason), "fix": sub(self.fix),
-                                       "follow": None if self.follow is None else sub(self.follow)})
+        return self.model_copy(
+            update={
+                "when": tuple(sub(c) for c in self.when),
+                "needs": sub(self.needs),
+                "field": sub(self.field),
+                "reason": sub(self.reason),
+                "fix": sub(self.fix),
+                "follow": None if self.follow is None else sub(self.follow),
+            }
+        )
 
 
 class BootLine(BaseModel):
@@ -280,17 +291,17 @@ def _image_check(raw: object, where: str, problems: list[str]) -> ImageCheck | N
     file, args, argv = raw.get("file"), raw.get("args"), raw.get("argv")
     if (file is None) == (argv is None):
         problems.append(f"{where}: give exactly one of file (a Python test under {RUNTIME_DIR}) or argv")
-    if file is not None and (not isinstance(file, str) or not file or file.startswith("/")
-                             or ".." in file.split("/")):
+    if file is not None and (not isinstance(file, str) or not file or file.startswith("/") or ".." in file.split("/")):
         problems.append(f"{where}: file must be a path relative to {RUNTIME_DIR} (got {file!r})")
     if args is not None and (not _strings(args) or argv is not None):
         problems.append(f"{where}: args must be a list of strings, given with file (argv holds its own)")
     if argv is not None and (not _strings(argv) or not argv or not argv[0]):
         problems.append(f"{where}: argv must be a non-empty list of strings (got {argv!r})")
     env = raw.get("env", {})
-    if not isinstance(env, dict) or not all(isinstance(k, str) and _ENV_NAME.match(k) and isinstance(v, str)
-                                            for k, v in env.items()):
-        problems.append(f"{where}: env must be a table of NAME = \"string\" (got {env!r})")
+    if not isinstance(env, dict) or not all(
+        isinstance(k, str) and _ENV_NAME.match(k) and isinstance(v, str) for k, v in env.items()
+    ):
+        problems.append(f'{where}: env must be a table of NAME = "string" (got {env!r})')
         env = {}
     workdir = raw.get("workdir")
     if workdir is not None and (not isinstance(workdir, str) or not workdir.startswith("/")):
@@ -311,9 +322,16 @@ def _image_check(raw: object, where: str, problems: list[str]) -> ImageCheck | N
         return None
     command = ["python3", f"{RUNTIME_DIR}/{file}", *(args or [])] if file is not None else list(argv or ())
     # checked above, field by field: built without validating again
-    return ImageCheck.model_construct(name=name, argv=tuple(command), env=tuple(sorted(env.items())), workdir=workdir,
-                                      gpu=gpu, timeout=timeout, summary=summary,
-                                      images=None if images is None else tuple(images))
+    return ImageCheck.model_construct(
+        name=name,
+        argv=tuple(command),
+        env=tuple(sorted(env.items())),
+        workdir=workdir,
+        gpu=gpu,
+        timeout=timeout,
+        summary=summary,
+        images=None if images is None else tuple(images),
+    )
 
 
 def parse_image_checks(raw: object, source: str) -> tuple[ImageCheck, ...]:
@@ -411,8 +429,11 @@ class Registry(BaseModel):
         import difflib
 
         for family in self.families:
-            if key.startswith(family.prefix) and not key[len(family.prefix):].isdigit() \
-                    and difflib.SequenceMatcher(None, key, family.var).ratio() > 0.8:
+            if (
+                key.startswith(family.prefix)
+                and not key[len(family.prefix) :].isdigit()
+                and difflib.SequenceMatcher(None, key, family.var).ratio() > 0.8
+            ):
                 return f"{family.var} is a family: write the number for n, e.g. {family.prefix}0, {family.prefix}1"
         close = difflib.get_close_matches(key, [v for v, g in self.gates.items() if not g.family], n=1)
         if close:
@@ -427,17 +448,25 @@ def _cond_var(cond: str) -> str:
 
 # --- reading and checking the file ---------------------------------------------------------------
 
+
 def _rule_defaults(data: dict[str, Any]) -> dict[str, Any]:
     """A rule entry with its generated field, reason and fix (where it does not give them)."""
     when, needs = data.get("when"), data.get("needs")
-    if not (isinstance(when, list) and when and all(isinstance(c, str) and _COND.match(c.removeprefix("!")) for c in when)
-            and isinstance(needs, str)):
+    if not (
+        isinstance(when, list)
+        and when
+        and all(isinstance(c, str) and _COND.match(c.removeprefix("!")) for c in when)
+        and isinstance(needs, str)
+    ):
         return {"field": "", "reason": "", "fix": "", **data}  # only the real problem is reported
     first = _cond_var(when[0])
     field = data.get("field", f"gates.{first}")
     simple = when == [first] and field == f"gates.{first}"
-    reason = f"needs {describe_condition(needs)}" if simple else \
-        f"{' and '.join(describe_condition(c) for c in when)} needs {describe_condition(needs)}"
+    reason = (
+        f"needs {describe_condition(needs)}"
+        if simple
+        else f"{' and '.join(describe_condition(c) for c in when)} needs {describe_condition(needs)}"
+    )
     fix = f"set gates.{cond_fix(needs)}"
     if simple:
         fix += f", or turn {first} off"
@@ -496,15 +525,25 @@ _KEYS: dict[str, tuple[str, ...]] = {
 }
 # Keys of the old layout (schema 1), and what replaced them.
 _MOVED = {
-    ("gate", "needs"): 'a dependency is a rule now: add { when = ["<this gate>"], needs = "..." } to the adapter\'s rules',
-    ("adapter", "gate_prefixes"): f'a family is a gate whose var ends in {FAMILY}: {{ var = "NAME{FAMILY}", ... }} in gates',
+    (
+        "gate",
+        "needs",
+    ): 'a dependency is a rule now: add { when = ["<this gate>"], needs = "..." } to the adapter\'s rules',
+    (
+        "adapter",
+        "gate_prefixes",
+    ): f'a family is a gate whose var ends in {FAMILY}: {{ var = "NAME{FAMILY}", ... }} in gates',
     ("top level", "rule"): "rules belong to an adapter now: move each to the rules of the adapter whose gate it checks",
 }
 _TYPES = {
-    "string_type": ("a string", 'quote it: "..."'), "int_type": ("a whole number", "write a number without quotes"),
-    "float_type": ("a number", "write a number without quotes"), "bool_type": ("true or false", "write true or false"),
-    "tuple_type": ("a list", "write [ ... ]"), "list_type": ("a list", "write [ ... ]"),
-    "model_type": ("a table", "write { key = value, ... }"), "model_attributes_type": ("a table", "write { key = value, ... }"),
+    "string_type": ("a string", 'quote it: "..."'),
+    "int_type": ("a whole number", "write a number without quotes"),
+    "float_type": ("a number", "write a number without quotes"),
+    "bool_type": ("true or false", "write true or false"),
+    "tuple_type": ("a list", "write [ ... ]"),
+    "list_type": ("a list", "write [ ... ]"),
+    "model_type": ("a table", "write { key = value, ... }"),
+    "model_attributes_type": ("a table", "write { key = value, ... }"),
     "dict_type": ("a table", "write { key = value, ... }"),
 }
 
@@ -519,7 +558,12 @@ def _entry(data: object, loc: tuple[int | str, ...]) -> tuple[str, str, tuple[in
     name = raw.get("name") if isinstance(raw, dict) else None
     where = f"adapter {name}" if isinstance(name, str) else f"adapter #{loc[1] + 1}"
     rest = loc[2:]
-    if len(rest) < 2 or rest[0] not in ("gates", "rules", "boot") or not isinstance(rest[1], int) or not isinstance(raw, dict):
+    if (
+        len(rest) < 2
+        or rest[0] not in ("gates", "rules", "boot")
+        or not isinstance(rest[1], int)
+        or not isinstance(raw, dict)
+    ):
         return where, "adapter", rest
     entry = raw[rest[0]][rest[1]]
     entry = entry if isinstance(entry, dict) else {}
@@ -533,7 +577,11 @@ def _entry(data: object, loc: tuple[int | str, ...]) -> tuple[str, str, tuple[in
 
 def _rule_name(index: int, raw: Mapping[str, object]) -> str:
     when = raw.get("when")
-    shown = f" (when {', '.join(when)})" if isinstance(when, list) and when and all(isinstance(c, str) for c in when) else ""
+    shown = (
+        f" (when {', '.join(when)})"
+        if isinstance(when, list) and when and all(isinstance(c, str) for c in when)
+        else ""
+    )
     return f"rule {index + 1}{shown}"
 
 
@@ -556,7 +604,9 @@ def _message(data: object, err: "ErrorDetails") -> str:
     if kind_of == "missing":
         return f"{where}: {key} is required; fix: add {key} = ..."
     if kind_of == "literal_error":
-        choices = {"kind": typing.get_args(Kind), "level": typing.get_args(Level), "launcher": ("tp4",)}.get(key.split(".")[-1])
+        choices = {"kind": typing.get_args(Kind), "level": typing.get_args(Level), "launcher": ("tp4",)}.get(
+            key.split(".")[-1]
+        )
         if key == "schema":
             return f"{where}: schema {value!r} is not this layout (schema = {SCHEMA}); fix: migrate the file to schema {SCHEMA} (see its header)"
         if choices:
@@ -581,15 +631,22 @@ def _cross_check(reg: "Registry", data: Mapping[str, Any]) -> list[str]:
     gates and facts."""
     problems: list[str] = []
     if set(reg.images) != set(reg.image_order):
-        problems.append(f"images: has {', '.join(sorted(reg.images)) or 'none'}; fix: give one [images.<variant>] for each of "
-                        f"image_order ({', '.join(reg.image_order)})")
+        problems.append(
+            f"images: has {', '.join(sorted(reg.images)) or 'none'}; fix: give one [images.<variant>] for each of "
+            f"image_order ({', '.join(reg.image_order)})"
+        )
     for check in reg.image_checks:
         for variant in check.images or ():
             if variant not in reg.image_order:
-                problems.append(f"image_check {check.name}: images names {variant!r}; fix: use one of {', '.join(reg.image_order)}")
+                problems.append(
+                    f"image_check {check.name}: images names {variant!r}; fix: use one of {', '.join(reg.image_order)}"
+                )
     for key in ("attr", "ref"):
         values = [getattr(i, key) for i in reg.images.values()]
-        problems += [f"images: {key} {v!r} is given twice; fix: give every variant its own {key}" for v in sorted({v for v in values if values.count(v) > 1})]
+        problems += [
+            f"images: {key} {v!r} is given twice; fix: give every variant its own {key}"
+            for v in sorted({v for v in values if values.count(v) > 1})
+        ]
     owner: dict[str, str] = {}
     seen_adapters: set[str] = set()
     for adapter in reg.adapters:
@@ -604,27 +661,41 @@ def _cross_check(reg: "Registry", data: Mapping[str, Any]) -> list[str]:
                 problems.append(f"{where}: is also a fact (rendered by tp4); fix: remove one")
             owner.setdefault(gate.var, adapter.name)
             if gate.image not in reg.image_order:
-                problems.append(f"{where}: image {gate.image!r} is not in image_order; fix: use one of {', '.join(reg.image_order)}")
+                problems.append(
+                    f"{where}: image {gate.image!r} is not in image_order; fix: use one of {', '.join(reg.image_order)}"
+                )
         if adapter.image not in reg.image_order:
-            problems.append(f"adapter {adapter.name}: image {adapter.image!r} is not in image_order; fix: use one of {', '.join(reg.image_order)}")
+            problems.append(
+                f"adapter {adapter.name}: image {adapter.image!r} is not in image_order; fix: use one of {', '.join(reg.image_order)}"
+            )
         if adapter.moe_align is not None and (not adapter.gates or adapter.gates[0].kind != "switch"):
-            problems.append(f"adapter {adapter.name}: moe_align needs a switch as the adapter's first gate (it replaces the runner when on); fix: list that switch first")
+            problems.append(
+                f"adapter {adapter.name}: moe_align needs a switch as the adapter's first gate (it replaces the runner when on); fix: list that switch first"
+            )
     for family in reg.families:
         for var in reg.gates:
             if var != family.var and family.member(var):
-                problems.append(f"adapter {reg.gates[var].adapter}, gate {var}: is a member of the family {family.var} (adapter {family.adapter}); fix: remove one")
+                problems.append(
+                    f"adapter {reg.gates[var].adapter}, gate {var}: is a member of the family {family.var} (adapter {family.adapter}); fix: remove one"
+                )
 
     def known(var: str, where: str, family_ok: bool = False) -> bool:
         if var in reg.facts or (var in reg.gates and (family_ok or not var.endswith(FAMILY))):
             return True
         if var in reg.gates:
-            problems.append(f"{where}: names the family {var}, which only a rule's when may name (the rule then holds for each member set); "
-                            f"fix: name a member, e.g. {reg.gates[var].prefix}1")
+            problems.append(
+                f"{where}: names the family {var}, which only a rule's when may name (the rule then holds for each member set); "
+                f"fix: name a member, e.g. {reg.gates[var].prefix}1"
+            )
             return False
         import difflib
 
         close = difflib.get_close_matches(var, [*reg.gates, *reg.facts], n=1)
-        fix = f"did you mean {close[0]}?" if close else "name a gate of the registry, or add a variable tp4 renders to facts"
+        fix = (
+            f"did you mean {close[0]}?"
+            if close
+            else "name a gate of the registry, or add a variable tp4 renders to facts"
+        )
         problems.append(f"{where}: {var} is no gate and no fact; fix: {fix}")
         return False
 
@@ -652,9 +723,13 @@ def _cross_check(reg: "Registry", data: Mapping[str, Any]) -> list[str]:
         elif op == "~" and gate is not None and gate.kind == "list" and arg not in gate.values:
             problems.append(f"{where}: {cond!r} names no item of {var}; fix: use one of {', '.join(gate.values)}")
         elif op == "~" and gate is not None and gate.kind not in ("list", "text"):
-            problems.append(f"{where}: {cond!r}: {var} is a {gate.kind} gate, not a comma-separated list; fix: use = or !=")
+            problems.append(
+                f"{where}: {cond!r}: {var} is a {gate.kind} gate, not a comma-separated list; fix: use = or !="
+            )
         elif op in ("=", "!=") and gate is not None and gate.kind == "enum" and literal and arg not in gate.values:
-            problems.append(f"{where}: {cond!r}: {arg!r} is not a value of {var}; fix: use one of {', '.join(gate.values)}")
+            problems.append(
+                f"{where}: {cond!r}: {arg!r} is not a value of {var}; fix: use one of {', '.join(gate.values)}"
+            )
 
     for a, raw_adapter in zip(reg.adapters, data["adapter"], strict=True):
         for i, rule in enumerate(a.rules):
@@ -667,11 +742,17 @@ def _cross_check(reg: "Registry", data: Mapping[str, Any]) -> list[str]:
             if rule.field.startswith("gates."):
                 target = rule.field.removeprefix("gates.")
                 if known(target, where, family_ok=True) and target.endswith(FAMILY) and target != rule.family_var:
-                    problems.append(f"{where}: field {rule.field} names a family its when does not; fix: start when with {target}")
+                    problems.append(
+                        f"{where}: field {rule.field} names a family its when does not; fix: start when with {target}"
+                    )
             elif rule.follow is not None:
-                problems.append(f"{where}: follow is only for a rule on a gate (field = \"gates.NAME\"); fix: remove follow")
+                problems.append(
+                    f'{where}: follow is only for a rule on a gate (field = "gates.NAME"); fix: remove follow'
+                )
             if "fix" not in raw_adapter["rules"][i] and _cond_var(rule.needs) in reg.facts:
-                problems.append(f"{where}: needs {rule.needs!r} names a fact, not a gate, so no fix can be generated; fix: give fix")
+                problems.append(
+                    f"{where}: needs {rule.needs!r} names a fact, not a gate, so no fix can be generated; fix: give fix"
+                )
         for i, line in enumerate(a.boot):
             where = f"adapter {a.name}, boot line {i + 1}"
             for cond in line.when:
@@ -701,28 +782,62 @@ def _construct(data: Mapping[str, Any]) -> Registry:
 
     def gate(g: dict[str, Any]) -> Gate:
         return Gate.model_construct(
-            var=g["var"], adapter=g[_ADAPTER], kind=g.get("kind", "text"), image=g["image"], values=tuple(g.get("values", ())),
-            pattern=g.get("pattern"), form=g.get("form"), min=None if g.get("min") is None else float(g["min"]),
-            max=None if g.get("max") is None else float(g["max"]), off=tuple(g["off"]), default=g.get("default"),
-            forwarded=g.get("forwarded", False), launcher=g[_LAUNCHER])
+            var=g["var"],
+            adapter=g[_ADAPTER],
+            kind=g.get("kind", "text"),
+            image=g["image"],
+            values=tuple(g.get("values", ())),
+            pattern=g.get("pattern"),
+            form=g.get("form"),
+            min=None if g.get("min") is None else float(g["min"]),
+            max=None if g.get("max") is None else float(g["max"]),
+            off=tuple(g["off"]),
+            default=g.get("default"),
+            forwarded=g.get("forwarded", False),
+            launcher=g[_LAUNCHER],
+        )
 
     def rule(r: dict[str, Any]) -> Rule:
-        return Rule.model_construct(adapter=r[_ADAPTER], when=tuple(r["when"]), needs=r["needs"], field=r["field"], reason=r["reason"],
-                                    fix=r["fix"], level=r.get("level", "error"), follow=r.get("follow"))
+        return Rule.model_construct(
+            adapter=r[_ADAPTER],
+            when=tuple(r["when"]),
+            needs=r["needs"],
+            field=r["field"],
+            reason=r["reason"],
+            fix=r["fix"],
+            level=r.get("level", "error"),
+            follow=r.get("follow"),
+        )
 
     def boot(b: dict[str, Any]) -> BootLine:
-        return BootLine.model_construct(adapter=b[_ADAPTER], line=b["line"], when=tuple(b.get("when", ())), required=b.get("required", True))
+        return BootLine.model_construct(
+            adapter=b[_ADAPTER], line=b["line"], when=tuple(b.get("when", ())), required=b.get("required", True)
+        )
 
-    adapters = tuple(Adapter.model_construct(
-        name=a["name"], summary=a.get("summary", ""), image=a.get("image", "base"), launcher=a.get("launcher"), moe_align=a.get("moe_align"),
-        gates=tuple(gate(g) for g in a.get("gates", ())), rules=tuple(rule(r) for r in a.get("rules", ())),
-        boot=tuple(boot(b) for b in a.get("boot", ()))) for a in raw["adapter"])
+    adapters = tuple(
+        Adapter.model_construct(
+            name=a["name"],
+            summary=a.get("summary", ""),
+            image=a.get("image", "base"),
+            launcher=a.get("launcher"),
+            moe_align=a.get("moe_align"),
+            gates=tuple(gate(g) for g in a.get("gates", ())),
+            rules=tuple(rule(r) for r in a.get("rules", ())),
+            boot=tuple(boot(b) for b in a.get("boot", ())),
+        )
+        for a in raw["adapter"]
+    )
     return Registry.model_construct(
-        schema_version=raw["schema"], off_values=tuple(raw.get("off_values", ("", "0", "off", "false"))),
+        schema_version=raw["schema"],
+        off_values=tuple(raw.get("off_values", ("", "0", "off", "false"))),
         image_order=tuple(raw.get("image_order", ("base", "canary", "canary-roce"))),
-        images={k: ImageBuild.model_construct(**v) for k, v in raw.get("images", {}).items()}, forbidden_lines=tuple(raw.get("forbidden_lines", ())),
-        facts=tuple(raw.get("facts", ())), moe=Moe.model_construct(**raw["moe"]), adapters=adapters,
-        image_checks=parse_image_checks(data.get("image_check", []), "adapter registry"))
+        images={k: ImageBuild.model_construct(**v) for k, v in raw.get("images", {}).items()},
+        forbidden_lines=tuple(raw.get("forbidden_lines", ())),
+        facts=tuple(raw.get("facts", ())),
+        moe=Moe.model_construct(**raw["moe"]),
+        adapters=adapters,
+        image_checks=parse_image_checks(data.get("image_check", []), "adapter registry"),
+    )
 
 
 # registry.toml as parse_registry accepted it, as JSON with the digest of the TOML text
@@ -778,8 +893,11 @@ def write_json_twin(path: Path = REGISTRY_PATH) -> None:
     text = path.read_bytes()
     document = tomllib.loads(text.decode())
     parse_registry(document, f"adapter registry {path}")
-    twin = {"generated": f"from {path.name} by `python -m tp4.line.registry --write-json`; read only while source_sha256 is its digest",
-            "source_sha256": _digest(text), "document": document}
+    twin = {
+        "generated": f"from {path.name} by `python -m tp4.line.registry --write-json`; read only while source_sha256 is its digest",
+        "source_sha256": _digest(text),
+        "document": document,
+    }
     JSON_TWIN.write_text(json.dumps(twin, indent=1, ensure_ascii=False) + "\n")
 
 
@@ -870,12 +988,13 @@ def line_pattern(text: str) -> str:
     return ".*".join(re.escape(part) for part in text.split("..."))
 
 
-
 if __name__ == "__main__":
     import sys
 
     if sys.argv[1:] != ["--write-json"]:
-        sys.exit("usage: python -m tp4.line.registry --write-json  (parse adapters/registry.toml strictly and write its JSON twin)")
+        sys.exit(
+            "usage: python -m tp4.line.registry --write-json  (parse adapters/registry.toml strictly and write its JSON twin)"
+        )
     try:
         write_json_twin()
     except InvalidInput as exc:

@@ -78,8 +78,10 @@ def _run_names(report: Report) -> list[str]:
 def decode_chart(report: Report) -> bytes | None:
     from matplotlib import style
 
-    prompt_types = sorted({k[0] for run in report.runs for k, c in run.decode["aggregate"].items() if c.value is not None},
-                          key=_prompt_key)
+    prompt_types = sorted(
+        {k[0] for run in report.runs for k, c in run.decode["aggregate"].items() if c.value is not None},
+        key=_prompt_key,
+    )
     if not prompt_types:
         return None
     ref = report.reference
@@ -93,10 +95,19 @@ def decode_chart(report: Report) -> bytes | None:
         for i, prompt_type in enumerate(prompt_types):
             ax = axes[i // cols][i % cols]
             levels: set[int] = set()
-            ref_points = sorted((lv, float(c.value)) for (pt, lv), c in ref.decode["aggregate"].items()
-                                if pt == prompt_type and c.value is not None)
-            ax.plot([p[0] for p in ref_points], [p[1] for p in ref_points], "k--o", markersize=4, linewidth=1.2,
-                    label=f"reference {ref.name}")
+            ref_points = sorted(
+                (lv, float(c.value))
+                for (pt, lv), c in ref.decode["aggregate"].items()
+                if pt == prompt_type and c.value is not None
+            )
+            ax.plot(
+                [p[0] for p in ref_points],
+                [p[1] for p in ref_points],
+                "k--o",
+                markersize=4,
+                linewidth=1.2,
+                label=f"reference {ref.name}",
+            )
             levels.update(p[0] for p in ref_points)
             for j, run in enumerate(report.runs):
                 ok_x, ok_y, bad_x, bad_y = _points(run, prompt_type)
@@ -135,8 +146,14 @@ def prefill_chart(report: Report) -> bytes | None:
         lengths: set[int] = set()
         ref_rows = sorted((t, c) for t, c in ref.prefill.items() if c.value is not None)
         if ref_rows:
-            ax.plot([t for t, _ in ref_rows], [float(c.value or 0) for _, c in ref_rows], "k--o", markersize=4,
-                    linewidth=1.2, label=f"reference {ref.name} ({filler_text(ref.prefill_filler)})")
+            ax.plot(
+                [t for t, _ in ref_rows],
+                [float(c.value or 0) for _, c in ref_rows],
+                "k--o",
+                markersize=4,
+                linewidth=1.2,
+                label=f"reference {ref.name} ({filler_text(ref.prefill_filler)})",
+            )
             passes = [(t, float(v)) for t, c in ref_rows for v in c.samples]
             ax.plot([p[0] for p in passes], [p[1] for p in passes], "k.", markersize=4, alpha=0.5)
             lengths.update(t for t, _ in ref_rows)
@@ -145,24 +162,43 @@ def prefill_chart(report: Report) -> bytes | None:
             ok = [(t, float(c.value or 0)) for t, c in rows if c.status == "ok"]
             bad = [(t, float(c.value or 0)) for t, c in rows if c.status != "ok"]
             colour = f"C{j % 10}"
-            ax.plot([p[0] for p in ok], [p[1] for p in ok], "-o", color=colour, markersize=5, linewidth=1.8,
-                    label=f"{name} ({filler_text(run.prefill_filler)})")
+            ax.plot(
+                [p[0] for p in ok],
+                [p[1] for p in ok],
+                "-o",
+                color=colour,
+                markersize=5,
+                linewidth=1.8,
+                label=f"{name} ({filler_text(run.prefill_filler)})",
+            )
             if bad:
-                ax.plot([p[0] for p in bad], [p[1] for p in bad], "x", color=colour, markersize=9, markeredgewidth=2,
-                        label=f"{name}: invalid")
+                ax.plot(
+                    [p[0] for p in bad],
+                    [p[1] for p in bad],
+                    "x",
+                    color=colour,
+                    markersize=9,
+                    markeredgewidth=2,
+                    label=f"{name}: invalid",
+                )
             lengths.update(t for t, _ in rows)
         ticks = sorted(lengths)
         ax.set_xscale("log", base=2)
-        ax.set_xticks(ticks, [ref.prefill_labels.get(t) or (f"{t // 1024}k" if t % 1024 == 0 else str(t)) for t in ticks])
+        ax.set_xticks(
+            ticks, [ref.prefill_labels.get(t) or (f"{t // 1024}k" if t % 1024 == 0 else str(t)) for t in ticks]
+        )
         ax.minorticks_off()
         ax.grid(True, alpha=0.3)
         ax.set_ylim(bottom=0)
         ax.set_xlabel("prompt length (tokens)")
         ax.set_ylabel("prefill tok/s")
         ax.legend(fontsize=7, loc="lower right")
-        fig.suptitle("prefill: tok/s by prompt length (the fillers differ: not comparable, see the report)"
-                     if len({ref.prefill_filler} | {r.prefill_filler for r in report.runs if r.prefill}) > 1
-                     else "prefill: tok/s by prompt length", fontsize=11)
+        fig.suptitle(
+            "prefill: tok/s by prompt length (the fillers differ: not comparable, see the report)"
+            if len({ref.prefill_filler} | {r.prefill_filler for r in report.runs if r.prefill}) > 1
+            else "prefill: tok/s by prompt length",
+            fontsize=11,
+        )
         return _png(fig)
 
 
@@ -172,7 +208,9 @@ def _check_dir(out_dir: Path) -> None:
     except FileExistsError:
         raise InvalidInput(f"--out {out_dir}: exists and is not a directory; fix: name a directory") from None
     except OSError as exc:
-        raise InvalidInput(f"--out {out_dir}: cannot create it: {exc.strerror}; fix: name a directory you can write to") from None
+        raise InvalidInput(
+            f"--out {out_dir}: cannot create it: {exc.strerror}; fix: name a directory you can write to"
+        ) from None
 
 
 def _target(out_dir: Path, name: str) -> Path:
@@ -182,7 +220,9 @@ def _target(out_dir: Path, name: str) -> Path:
     except FileNotFoundError:
         return path
     if not stat.S_ISREG(st.st_mode):
-        raise InvalidInput(f"--out {out_dir}: {name} exists and is not a regular file; fix: remove it or choose another --out")
+        raise InvalidInput(
+            f"--out {out_dir}: {name} exists and is not a regular file; fix: remove it or choose another --out"
+        )
     return path
 
 
@@ -191,7 +231,9 @@ def _write(path: Path, data: bytes) -> None:
     try:
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     except OSError as exc:
-        raise InvalidInput(f"cannot write {path}: {exc.strerror}; fix: choose an --out directory you can write to") from None
+        raise InvalidInput(
+            f"cannot write {path}: {exc.strerror}; fix: choose an --out directory you can write to"
+        ) from None
     try:
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
@@ -208,8 +250,11 @@ def _write(path: Path, data: bytes) -> None:
 def write_charts(report: Report, out_dir: Path) -> list[Path]:
     """Draw every chart first, then write them: a failure leaves no chart half-written."""
     _check_dir(out_dir)
-    drawn = [(name, data) for name, data in ((DECODE_PNG, decode_chart(report)), (PREFILL_PNG, prefill_chart(report)))
-             if data is not None]
+    drawn = [
+        (name, data)
+        for name, data in ((DECODE_PNG, decode_chart(report)), (PREFILL_PNG, prefill_chart(report)))
+        if data is not None
+    ]
     targets = [(_target(out_dir, name), data) for name, data in drawn]
     for path, data in targets:
         _write(path, data)

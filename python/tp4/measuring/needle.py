@@ -56,54 +56,340 @@ DEFAULT_INTERVAL = 5.0
 CALIBRATION_CHARS = 32_000  # ~8k tokens of filler: a short request, a stable ratio
 PREVIEW = 120
 
-INTRO = ("Below is a long collection of unrelated notes. Exactly one sentence in it gives a secret passphrase. "
-         "Read all of the notes carefully.\n\n")
+INTRO = (
+    "Below is a long collection of unrelated notes. Exactly one sentence in it gives a secret passphrase. "
+    "Read all of the notes carefully.\n\n"
+)
 QUESTION = "\n\nWhat is the secret passphrase given in the notes above? Reply with the passphrase only."
 NEEDLE = "The secret passphrase is {code}."
 
 # the passphrase's words: none of them occurs in the filler's word lists
-CODE_WORDS = ("amber", "basalt", "cobalt", "dahlia", "ember", "falcon", "garnet", "heron", "indigo", "jasper",
-              "kestrel", "lichen", "magpie", "nutmeg", "onyx", "plover", "quartz", "raven", "saffron", "thistle",
-              "umber", "vervain", "walnut", "xenon", "yarrow", "zircon", "azure", "bramble", "cinder", "dunlin")
+CODE_WORDS = (
+    "amber",
+    "basalt",
+    "cobalt",
+    "dahlia",
+    "ember",
+    "falcon",
+    "garnet",
+    "heron",
+    "indigo",
+    "jasper",
+    "kestrel",
+    "lichen",
+    "magpie",
+    "nutmeg",
+    "onyx",
+    "plover",
+    "quartz",
+    "raven",
+    "saffron",
+    "thistle",
+    "umber",
+    "vervain",
+    "walnut",
+    "xenon",
+    "yarrow",
+    "zircon",
+    "azure",
+    "bramble",
+    "cinder",
+    "dunlin",
+)
 
 # --- the filler -----------------------------------------------------------------------------------
 
-_NAMES = ("Ada", "Bruno", "Chen", "Dara", "Elif", "Farid", "Greta", "Hugo", "Ines", "Jonas", "Kaito", "Lena", "Mateo",
-          "Nadia", "Oskar", "Priya", "Quinn", "Rosa", "Sven", "Tariq", "Uma", "Viktor", "Wanda", "Yusuf", "Zofia",
-          "Amara", "Bilal", "Carmen", "Dmitri", "Esther", "Felix", "Hana", "Ivan", "Julia", "Kofi", "Lucia", "Milan",
-          "Noor", "Olga", "Pavel")
-_ADJ = ("quiet", "narrow", "broad", "early", "late", "heavy", "light", "steady", "uneven", "distant", "nearby", "warm",
-        "cold", "damp", "dry", "bright", "dim", "ordinary", "unusual", "careful", "hasty", "modest", "large", "small",
-        "old", "new", "rough", "smooth", "plain", "crowded", "empty", "gentle", "sudden", "patient", "noisy", "silent",
-        "northern", "southern", "eastern", "western", "wooden", "stone", "paper", "glass", "iron", "woollen", "local",
-        "seasonal", "weekly", "hidden", "open", "simple", "complex", "faded", "fresh")
-_NOUNS = ("river", "market", "bridge", "library", "orchard", "harbor", "station", "workshop", "village", "meadow",
-          "factory", "garden", "tower", "kitchen", "school", "museum", "forest", "valley", "bakery", "mill",
-          "lighthouse", "theatre", "archive", "farm", "quarry", "canal", "chapel", "ferry", "warehouse", "courtyard",
-          "observatory", "greenhouse", "pier", "tunnel", "square", "clinic", "office", "studio", "barn", "depot")
-_PLURALS = ("letters", "baskets", "lanterns", "barrels", "maps", "ledgers", "boats", "crates", "bicycles", "chairs",
-            "windows", "bottles", "blankets", "candles", "ropes", "tools", "carts", "sacks", "coins", "keys",
-            "notebooks", "pamphlets", "tickets", "spools", "buckets", "shelves", "kettles", "jars", "parcels", "seeds")
-_VERBS = ("carried", "counted", "repaired", "painted", "moved", "sorted", "measured", "cleaned", "described",
-          "replaced", "inspected", "collected", "delivered", "recorded", "stacked", "weighed", "mended", "returned",
-          "borrowed", "ordered", "priced", "labelled", "shipped", "folded", "polished", "copied", "traded", "stored")
-_ADVERBS = ("slowly", "quickly", "carefully", "quietly", "twice", "again", "at dawn", "by noon", "in the rain",
-            "without help", "before dusk", "with some effort", "for the first time", "as usual", "on foot")
+_NAMES = (
+    "Ada",
+    "Bruno",
+    "Chen",
+    "Dara",
+    "Elif",
+    "Farid",
+    "Greta",
+    "Hugo",
+    "Ines",
+    "Jonas",
+    "Kaito",
+    "Lena",
+    "Mateo",
+    "Nadia",
+    "Oskar",
+    "Priya",
+    "Quinn",
+    "Rosa",
+    "Sven",
+    "Tariq",
+    "Uma",
+    "Viktor",
+    "Wanda",
+    "Yusuf",
+    "Zofia",
+    "Amara",
+    "Bilal",
+    "Carmen",
+    "Dmitri",
+    "Esther",
+    "Felix",
+    "Hana",
+    "Ivan",
+    "Julia",
+    "Kofi",
+    "Lucia",
+    "Milan",
+    "Noor",
+    "Olga",
+    "Pavel",
+)
+_ADJ = (
+    "quiet",
+    "narrow",
+    "broad",
+    "early",
+    "late",
+    "heavy",
+    "light",
+    "steady",
+    "uneven",
+    "distant",
+    "nearby",
+    "warm",
+    "cold",
+    "damp",
+    "dry",
+    "bright",
+    "dim",
+    "ordinary",
+    "unusual",
+    "careful",
+    "hasty",
+    "modest",
+    "large",
+    "small",
+    "old",
+    "new",
+    "rough",
+    "smooth",
+    "plain",
+    "crowded",
+    "empty",
+    "gentle",
+    "sudden",
+    "patient",
+    "noisy",
+    "silent",
+    "northern",
+    "southern",
+    "eastern",
+    "western",
+    "wooden",
+    "stone",
+    "paper",
+    "glass",
+    "iron",
+    "woollen",
+    "local",
+    "seasonal",
+    "weekly",
+    "hidden",
+    "open",
+    "simple",
+    "complex",
+    "faded",
+    "fresh",
+)
+_NOUNS = (
+    "river",
+    "market",
+    "bridge",
+    "library",
+    "orchard",
+    "harbor",
+    "station",
+    "workshop",
+    "village",
+    "meadow",
+    "factory",
+    "garden",
+    "tower",
+    "kitchen",
+    "school",
+    "museum",
+    "forest",
+    "valley",
+    "bakery",
+    "mill",
+    "lighthouse",
+    "theatre",
+    "archive",
+    "farm",
+    "quarry",
+    "canal",
+    "chapel",
+    "ferry",
+    "warehouse",
+    "courtyard",
+    "observatory",
+    "greenhouse",
+    "pier",
+    "tunnel",
+    "square",
+    "clinic",
+    "office",
+    "studio",
+    "barn",
+    "depot",
+)
+_PLURALS = (
+    "letters",
+    "baskets",
+    "lanterns",
+    "barrels",
+    "maps",
+    "ledgers",
+    "boats",
+    "crates",
+    "bicycles",
+    "chairs",
+    "windows",
+    "bottles",
+    "blankets",
+    "candles",
+    "ropes",
+    "tools",
+    "carts",
+    "sacks",
+    "coins",
+    "keys",
+    "notebooks",
+    "pamphlets",
+    "tickets",
+    "spools",
+    "buckets",
+    "shelves",
+    "kettles",
+    "jars",
+    "parcels",
+    "seeds",
+)
+_VERBS = (
+    "carried",
+    "counted",
+    "repaired",
+    "painted",
+    "moved",
+    "sorted",
+    "measured",
+    "cleaned",
+    "described",
+    "replaced",
+    "inspected",
+    "collected",
+    "delivered",
+    "recorded",
+    "stacked",
+    "weighed",
+    "mended",
+    "returned",
+    "borrowed",
+    "ordered",
+    "priced",
+    "labelled",
+    "shipped",
+    "folded",
+    "polished",
+    "copied",
+    "traded",
+    "stored",
+)
+_ADVERBS = (
+    "slowly",
+    "quickly",
+    "carefully",
+    "quietly",
+    "twice",
+    "again",
+    "at dawn",
+    "by noon",
+    "in the rain",
+    "without help",
+    "before dusk",
+    "with some effort",
+    "for the first time",
+    "as usual",
+    "on foot",
+)
 _UNITS = ("minutes", "hours", "days", "weeks", "months", "kilometres", "metres", "steps", "miles", "years")
-_ROLES = ("clerk", "keeper", "surveyor", "mayor", "teacher", "miller", "ferryman", "archivist", "baker", "engineer",
-          "gardener", "porter", "painter", "doctor", "carpenter")
-_GERUNDS = ("fishing", "weaving", "baking", "surveying", "printing", "sailing", "farming", "mapping", "brewing",
-            "building", "trading", "teaching", "gardening", "tailoring", "mining")
-_DAYS = ("Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday", "the next morning",
-         "the following week", "the last day of spring", "midsummer", "the first frost")
+_ROLES = (
+    "clerk",
+    "keeper",
+    "surveyor",
+    "mayor",
+    "teacher",
+    "miller",
+    "ferryman",
+    "archivist",
+    "baker",
+    "engineer",
+    "gardener",
+    "porter",
+    "painter",
+    "doctor",
+    "carpenter",
+)
+_GERUNDS = (
+    "fishing",
+    "weaving",
+    "baking",
+    "surveying",
+    "printing",
+    "sailing",
+    "farming",
+    "mapping",
+    "brewing",
+    "building",
+    "trading",
+    "teaching",
+    "gardening",
+    "tailoring",
+    "mining",
+)
+_DAYS = (
+    "Monday",
+    "Tuesday",
+    "Wednesday",
+    "Thursday",
+    "Friday",
+    "Saturday",
+    "Sunday",
+    "the next morning",
+    "the following week",
+    "the last day of spring",
+    "midsummer",
+    "the first frost",
+)
 _EVENTS = ("storm", "harvest", "fair", "flood", "festival", "election", "auction", "meeting", "eclipse", "parade")
 _PERIODS = ("morning", "evening", "week", "month", "season", "winter", "summer", "autumn", "spring")
 
 # each field: where its words come from; numbers come from the generator
 _POOLS: dict[str, Sequence[str]] = {
-    "name": _NAMES, "name2": _NAMES, "adj": _ADJ, "adj2": _ADJ, "noun": _NOUNS, "noun2": _NOUNS, "place": _NOUNS,
-    "plural": _PLURALS, "plural2": _PLURALS, "verb": _VERBS, "adv": _ADVERBS, "unit": _UNITS, "role": _ROLES,
-    "gerund": _GERUNDS, "day": _DAYS, "event": _EVENTS, "period": _PERIODS,
+    "name": _NAMES,
+    "name2": _NAMES,
+    "adj": _ADJ,
+    "adj2": _ADJ,
+    "noun": _NOUNS,
+    "noun2": _NOUNS,
+    "place": _NOUNS,
+    "plural": _PLURALS,
+    "plural2": _PLURALS,
+    "verb": _VERBS,
+    "adv": _ADVERBS,
+    "unit": _UNITS,
+    "role": _ROLES,
+    "gerund": _GERUNDS,
+    "day": _DAYS,
+    "event": _EVENTS,
+    "period": _PERIODS,
 }
 _TEMPLATES = (
     "The {adj} {noun} near the {place} {verb} {num} {plural} {adv}.",
@@ -200,7 +486,9 @@ def parse_lengths(text: str, field_name: str = "--lengths") -> tuple[int, ...]:
     if not text.strip() or any(not t for t in items):
         raise InvalidInput(f"{field_name} {text[:80]!r}: an empty length; {fix}")
     if len(items) > MAX_LENGTHS:
-        raise InvalidInput(f"{field_name}: {len(items)} lengths, more than {MAX_LENGTHS}; fix: run fewer lengths at once")
+        raise InvalidInput(
+            f"{field_name}: {len(items)} lengths, more than {MAX_LENGTHS}; fix: run fewer lengths at once"
+        )
     out: list[int] = []
     for item in items:
         m = _LENGTH.fullmatch(item)
@@ -208,7 +496,9 @@ def parse_lengths(text: str, field_name: str = "--lengths") -> tuple[int, ...]:
             raise InvalidInput(f"{field_name} {item[:40]!r}: not a token count; {fix}")
         value = int(m[1]) * {"": 1, "k": 1000, "m": 1_000_000}[m[2].lower()]
         if not MIN_LENGTH <= value <= MAX_LENGTH:
-            raise InvalidInput(f"{field_name} {item!r}: {value:,} tokens is outside {MIN_LENGTH:,}..{MAX_LENGTH:,}; {fix}")
+            raise InvalidInput(
+                f"{field_name} {item!r}: {value:,} tokens is outside {MIN_LENGTH:,}..{MAX_LENGTH:,}; {fix}"
+            )
         if value in out:
             raise InvalidInput(f"{field_name} {item!r}: {value:,} tokens is listed twice; fix: list each length once")
         out.append(value)
@@ -243,8 +533,12 @@ class Memory:
         self.low_water = value if self.low_water is None else min(self.low_water, value)
 
     def to_json(self) -> dict[str, api.Json]:
-        return {"beforeBytes": self.before, "lowWaterBytes": self.low_water, "samples": self.samples,
-                "error": self.errors[0] if self.errors else None}
+        return {
+            "beforeBytes": self.before,
+            "lowWaterBytes": self.low_water,
+            "samples": self.samples,
+            "error": self.errors[0] if self.errors else None,
+        }
 
 
 class Watcher:
@@ -296,8 +590,12 @@ class Calibration:
         return max(0, round((tokens - self.fixed_tokens) / self.tokens_per_char))
 
     def to_json(self) -> dict[str, api.Json]:
-        return {"fixedTokens": self.fixed_tokens, "charsPerToken": round(1 / self.tokens_per_char, 4),
-                "sampleChars": self.sample_chars, "sampleTokens": self.sample_tokens}
+        return {
+            "fixedTokens": self.fixed_tokens,
+            "charsPerToken": round(1 / self.tokens_per_char, 4),
+            "sampleChars": self.sample_chars,
+            "sampleTokens": self.sample_tokens,
+        }
 
 
 @dataclass
@@ -322,12 +620,21 @@ class Result:
 
     def to_json(self) -> dict[str, api.Json]:
         dev = self.deviation
-        return {"targetTokens": self.target_tokens, "promptTokens": self.prompt_tokens,
-                "deviation": None if dev is None else round(dev, 5), "promptChars": self.prompt_chars,
-                "depth": round(self.depth, 5), "needleOffsetChars": self.needle_offset, "passphrase": self.code,
-                "status": self.status, "seconds": None if self.seconds is None else round(self.seconds, 3),
-                "finishReason": self.finish_reason, "answerPreview": preview(self.answer), "error": self.error,
-                "memory": self.memory.to_json() if self.memory is not None else None}
+        return {
+            "targetTokens": self.target_tokens,
+            "promptTokens": self.prompt_tokens,
+            "deviation": None if dev is None else round(dev, 5),
+            "promptChars": self.prompt_chars,
+            "depth": round(self.depth, 5),
+            "needleOffsetChars": self.needle_offset,
+            "passphrase": self.code,
+            "status": self.status,
+            "seconds": None if self.seconds is None else round(self.seconds, 3),
+            "finishReason": self.finish_reason,
+            "answerPreview": preview(self.answer),
+            "error": self.error,
+            "memory": self.memory.to_json() if self.memory is not None else None,
+        }
 
 
 def preview(text: str, limit: int = PREVIEW) -> str:
@@ -341,14 +648,17 @@ def found(code: str, answer: str) -> bool:
 
 
 def _ask(ep: api.Endpoint, prompt: str, max_tokens: int, timeout: float) -> api.Completion:
-    return api.complete(ep, prompt, max_tokens=max_tokens, timeout=timeout, temperature=0.0,
-                        chat_template_kwargs=api.NO_THINKING)
+    return api.complete(
+        ep, prompt, max_tokens=max_tokens, timeout=timeout, temperature=0.0, chat_template_kwargs=api.NO_THINKING
+    )
 
 
 def _tokens(done: api.Completion, what: str) -> int:
     if done.usage is None:
-        raise Tp4Error(f"{what}: the answer has no usage.prompt_tokens, so prompts cannot be sized in tokens; "
-                       "fix: point tp4 at an engine that reports usage (SGLang does)")
+        raise Tp4Error(
+            f"{what}: the answer has no usage.prompt_tokens, so prompts cannot be sized in tokens; "
+            "fix: point tp4 at an engine that reports usage (SGLang does)"
+        )
     return done.usage.prompt_tokens
 
 
@@ -359,8 +669,10 @@ def calibrate(ep: api.Endpoint, seed: int, timeout: float) -> Calibration:
     sample = build(seed, "calibration", CALIBRATION_CHARS, 0.5)
     tokens = _tokens(_ask(ep, sample.text, 1, timeout), "calibration")
     if tokens <= fixed:
-        raise Tp4Error(f"calibration: {sample.filler_chars} characters of filler counted {tokens - fixed} tokens; "
-                       "fix: check that the endpoint counts prompt tokens in usage")
+        raise Tp4Error(
+            f"calibration: {sample.filler_chars} characters of filler counted {tokens - fixed} tokens; "
+            "fix: check that the endpoint counts prompt tokens in usage"
+        )
     return Calibration(fixed, (tokens - fixed) / sample.filler_chars, sample.filler_chars, tokens)
 
 
@@ -368,13 +680,31 @@ def _refused(exc: api.ApiError) -> bool:
     return exc.kind == "http" and exc.status == 400 and "context length" in exc.message.lower()
 
 
-def run_one(ep: api.Endpoint, cal: Calibration, target: int, index: int, *, seed: int, depth: float, max_tokens: int,
-            timeout: float, watch: Node | None, interval: float) -> tuple[Result, api.ApiError | None]:
+def run_one(
+    ep: api.Endpoint,
+    cal: Calibration,
+    target: int,
+    index: int,
+    *,
+    seed: int,
+    depth: float,
+    max_tokens: int,
+    timeout: float,
+    watch: Node | None,
+    interval: float,
+) -> tuple[Result, api.ApiError | None]:
     """One length: its result, and the error that stops the run (the API down, the key refused:
     every later length would meet it too) or None."""
     prompt = build(seed, f"length-{index}-{target}", cal.filler_chars(target), depth)
-    result = Result(target, "FAIL", prompt_chars=len(prompt.text), filler_chars=prompt.filler_chars, depth=prompt.depth,
-                    needle_offset=prompt.offset, code=prompt.code)
+    result = Result(
+        target,
+        "FAIL",
+        prompt_chars=len(prompt.text),
+        filler_chars=prompt.filler_chars,
+        depth=prompt.depth,
+        needle_offset=prompt.offset,
+        code=prompt.code,
+    )
     watcher = Watcher(watch, interval) if watch is not None else None
     started = time.monotonic()
     try:
@@ -385,8 +715,14 @@ def run_one(ep: api.Endpoint, cal: Calibration, target: int, index: int, *, seed
             done = _ask(ep, prompt.text, max_tokens, timeout)
     except api.ApiError as exc:
         result.seconds = time.monotonic() - started
-        result.error = (f"refused as too long: {exc.message}; fix: lengths below the line's context length (the profile's "
-                        "engine.context_length)") if _refused(exc) else exc.message
+        result.error = (
+            (
+                f"refused as too long: {exc.message}; fix: lengths below the line's context length (the profile's "
+                "engine.context_length)"
+            )
+            if _refused(exc)
+            else exc.message
+        )
         return result, exc if exc.kind in ("down", "auth") else None
     finally:
         if watcher is not None:
@@ -416,9 +752,19 @@ class Run:
         return "PASS" if ok else "FAIL"
 
 
-def run(ep: api.Endpoint, lengths: Sequence[int], *, depth: float = DEFAULT_DEPTH, seed: int, max_tokens: int = DEFAULT_MAX_TOKENS,
-        timeout: float = DEFAULT_TIMEOUT, watch: Node | None = None, interval: float = DEFAULT_INTERVAL,
-        calibration: Calibration | None = None, progress: Echo = lambda line: None) -> Run:
+def run(
+    ep: api.Endpoint,
+    lengths: Sequence[int],
+    *,
+    depth: float = DEFAULT_DEPTH,
+    seed: int,
+    max_tokens: int = DEFAULT_MAX_TOKENS,
+    timeout: float = DEFAULT_TIMEOUT,
+    watch: Node | None = None,
+    interval: float = DEFAULT_INTERVAL,
+    calibration: Calibration | None = None,
+    progress: Echo = lambda line: None,
+) -> Run:
     """Calibrate, then ask the needle at every length in order. Each answer's usage refines the
     sizing of the next length. A length the engine refuses (too long for its context) or answers
     without the passphrase is a FAIL and the next length runs; the API going down or refusing the
@@ -429,18 +775,32 @@ def run(ep: api.Endpoint, lengths: Sequence[int], *, depth: float = DEFAULT_DEPT
         from tp4.serving import serve
 
         if serve.mem_available(watch) is None:
-            raise Tp4Error(f"--watch-memory: {watch.name}: MemAvailable cannot be read from /proc/meminfo; fix: check that "
-                           f"the head is reachable (`tp4 status`), or run without --watch-memory")
+            raise Tp4Error(
+                f"--watch-memory: {watch.name}: MemAvailable cannot be read from /proc/meminfo; fix: check that "
+                f"the head is reachable (`tp4 status`), or run without --watch-memory"
+            )
     if calibration is None:
         progress(f"needle: calibrating the prompt size at {ep.url} (2 short requests)")
         calibration = calibrate(ep, seed, min(timeout, 600.0))
     cal = out.calibration = calibration
     progress(f"needle: seed {seed} (--seed {seed} gives the same filler and passphrases)")
-    progress(f"needle: {1 / cal.tokens_per_char:.2f} characters per token of filler, {cal.fixed_tokens} tokens without filler")
+    progress(
+        f"needle: {1 / cal.tokens_per_char:.2f} characters per token of filler, {cal.fixed_tokens} tokens without filler"
+    )
     for i, target in enumerate(lengths):
         progress(f"needle: {target:,} tokens, the passphrase at {depth:.0%} depth ...")
-        result, stop = run_one(ep, cal, target, i, seed=seed, depth=depth, max_tokens=max_tokens, timeout=timeout,
-                               watch=watch, interval=interval)
+        result, stop = run_one(
+            ep,
+            cal,
+            target,
+            i,
+            seed=seed,
+            depth=depth,
+            max_tokens=max_tokens,
+            timeout=timeout,
+            watch=watch,
+            interval=interval,
+        )
         out.results.append(result)
         if stop is not None:
             out.stopped = stop.message
@@ -449,12 +809,18 @@ def run(ep: api.Endpoint, lengths: Sequence[int], *, depth: float = DEFAULT_DEPT
         low = result.memory.low_water if result.memory is not None else None
         mem = f", MemAvailable low-water {gib(low)}" if low is not None else ""
         took = f" in {result.seconds:.1f} s" if result.seconds is not None else ""
-        progress(f"needle: {target:,} tokens: {result.status}{took} ({result.prompt_tokens or '?'} prompt tokens{mem})"
-                 + (f": {result.error}" if result.error else ""))
+        progress(
+            f"needle: {target:,} tokens: {result.status}{took} ({result.prompt_tokens or '?'} prompt tokens{mem})"
+            + (f": {result.error}" if result.error else "")
+        )
         if result.prompt_tokens is not None:
             filler_tokens = result.prompt_tokens - cal.fixed_tokens
-            if filler_tokens > 0 and result.filler_chars > cal.sample_chars:  # a larger sample than the last: a finer ratio
-                cal = Calibration(cal.fixed_tokens, filler_tokens / result.filler_chars, result.filler_chars, result.prompt_tokens)
+            if (
+                filler_tokens > 0 and result.filler_chars > cal.sample_chars
+            ):  # a larger sample than the last: a finer ratio
+                cal = Calibration(
+                    cal.fixed_tokens, filler_tokens / result.filler_chars, result.filler_chars, result.prompt_tokens
+                )
     return out
 
 

@@ -98,11 +98,11 @@ def _parse_constant(text: str) -> _Bad:
 
 def _loads(text: str, file: str) -> object:
     try:
-        value: object = json.loads(text, parse_float=_parse_float, parse_int=_parse_int,
-                                   parse_constant=_parse_constant)
+        value: object = json.loads(text, parse_float=_parse_float, parse_int=_parse_int, parse_constant=_parse_constant)
     except json.JSONDecodeError as exc:
-        raise InvalidInput(f"{file}: line {exc.lineno} column {exc.colno}: not valid JSON ({exc.msg}); "
-                           f"fix: {RESULT_FIX}") from None
+        raise InvalidInput(
+            f"{file}: line {exc.lineno} column {exc.colno}: not valid JSON ({exc.msg}); fix: {RESULT_FIX}"
+        ) from None
     except (ValueError, RecursionError) as exc:
         raise InvalidInput(f"{file}: not a readable JSON document ({type(exc).__name__}); fix: {RESULT_FIX}") from None
     return value
@@ -292,10 +292,22 @@ def _levels(job: Job, notes: list[str]) -> list[_Level]:
             status, reason = "invalid", invalid
         elif error is not None or level.streamsOk == 0:
             status, reason = "failed", error or "no stream finished"
-        per_line = {printable(name, 40): (share.requests, share.decodeTps)
-                    for name, share in ((extra.lines or {}) if extra is not None else {}).items()}
-        levels.append(_Level(prompt_type, level.concurrency, level.aggregateDecodeTps, level.medianDecodeTps,
-                             level.medianTtftMs, status, reason, per_line))
+        per_line = {
+            printable(name, 40): (share.requests, share.decodeTps)
+            for name, share in ((extra.lines or {}) if extra is not None else {}).items()
+        }
+        levels.append(
+            _Level(
+                prompt_type,
+                level.concurrency,
+                level.aggregateDecodeTps,
+                level.medianDecodeTps,
+                level.medianTtftMs,
+                status,
+                reason,
+                per_line,
+            )
+        )
     return levels
 
 
@@ -357,8 +369,11 @@ def _validated(src: _Src, model: type[M], doc: Mapping[str, object]) -> M:
 def _measurements(src: _Src, doc: object, arg: str) -> Measurements:
     top = src.obj(doc, "the document")
     if top.get("kind") == REFERENCE_KIND:
-        src.fail("kind", f"is {REFERENCE_KIND!r}: a reference data file, not a result",
-                 "pass it with --reference FILE, and a result.json as RESULT")
+        src.fail(
+            "kind",
+            f"is {REFERENCE_KIND!r}: a reference data file, not a result",
+            "pass it with --reference FILE, and a result.json as RESULT",
+        )
     notes: list[str] = []
     jobs: list[Job] = []
     bare_status: str | None = None
@@ -420,14 +435,24 @@ def _measurements(src: _Src, doc: object, arg: str) -> Measurements:
     status = result.status if bare_status is None else bare_status
     status = None if status is None else printable(status, 20)
     if status is not None and status != "PASS":
-        notes.append(f"the run's status is {status}" + (" (sparkDash: a stream lacked usage or its token count)"
-                                                        if kind == "sparkdash" else ""))
+        notes.append(
+            f"the run's status is {status}"
+            + (" (sparkDash: a stream lacked usage or its token count)" if kind == "sparkdash" else "")
+        )
     if extra is not None and extra.interrupted is True:
         notes.append("the run was interrupted: only the levels it finished are shown")
     label = result.label
-    return Measurements(name=printable(label or arg, 80), path=src.file, kind=kind, decode=decode,
-                        prefill={t: _cell(s) for t, s in prefill_samples.items()}, prefill_filler=filler,
-                        status=status, notes=tuple(notes), lines=lines)
+    return Measurements(
+        name=printable(label or arg, 80),
+        path=src.file,
+        kind=kind,
+        decode=decode,
+        prefill={t: _cell(s) for t, s in prefill_samples.items()},
+        prefill_filler=filler,
+        status=status,
+        notes=tuple(notes),
+        lines=lines,
+    )
 
 
 # --------------------------------------------------------------------------------------------
@@ -452,13 +477,19 @@ def read_reference(arg: str) -> Measurements:
         text = resources.files("tp4.data").joinpath(f"reference-{arg}.json").read_text(encoding="utf-8")
         return _reference_data(_Src(f"reference {arg}"), _loads(text, f"reference {arg}"), f"reference-{arg}.json")
     if "\0" in arg:
-        raise InvalidInput(f"--reference {arg!r}: a path cannot hold a NUL byte; fix: name a shipped reference or a file")
+        raise InvalidInput(
+            f"--reference {arg!r}: a path cannot hold a NUL byte; fix: name a shipped reference or a file"
+        )
     if not arg:
-        raise InvalidInput(f"--reference: the value is empty; fix: name a shipped reference ({', '.join(shipped_references())}) or a file")
+        raise InvalidInput(
+            f"--reference: the value is empty; fix: name a shipped reference ({', '.join(shipped_references())}) or a file"
+        )
     path = Path(arg)
     if not path.exists() and os.sep not in arg and not arg.endswith(".json"):
-        raise InvalidInput(f"--reference {arg}: neither a shipped reference ({', '.join(shipped_references())}) "
-                           "nor a file; fix: name one of those, a reference data file or a result.json")
+        raise InvalidInput(
+            f"--reference {arg}: neither a shipped reference ({', '.join(shipped_references())}) "
+            "nor a file; fix: name one of those, a reference data file or a result.json"
+        )
     file, doc = _read_document(arg, "reference file")
     src = _Src(file)
     top = src.obj(doc, "the document")
@@ -474,9 +505,14 @@ def _reference_data(src: _Src, doc: object, path: str) -> Measurements:
         if key not in REFERENCE_KEYS:
             src.fail(key, "is not a field of a reference", fix)
     name = printable(src.text(top, "name", "") or Path(path).stem, 80)
-    source = {k: printable(v, 1000) if isinstance(v, str) else [printable(x, 1000) for x in v if isinstance(x, str)]
-              for k, v in src.opt_obj(top, "source", "").items() if isinstance(v, str | list)}
-    notes = tuple(printable(src.text_value(n, f"notes[{i}]") or "", 1000) for i, n in enumerate(src.arr(top, "notes", "")))
+    source = {
+        k: printable(v, 1000) if isinstance(v, str) else [printable(x, 1000) for x in v if isinstance(x, str)]
+        for k, v in src.opt_obj(top, "source", "").items()
+        if isinstance(v, str | list)
+    }
+    notes = tuple(
+        printable(src.text_value(n, f"notes[{i}]") or "", 1000) for i, n in enumerate(src.arr(top, "notes", ""))
+    )
     decode: dict[Metric, dict[tuple[str, int], Cell]] = {"aggregate": {}, "perStream": {}, "ttft": {}}
     dec = src.opt_obj(top, "decode", "")
     for key in dec:
@@ -487,13 +523,19 @@ def _reference_data(src: _Src, doc: object, path: str) -> Measurements:
         level = src.whole_value(raw_level, f"decode.concurrency[{i}]", required=True)
         assert level is not None
         levels.append(level)
-    columns: tuple[tuple[Metric, str], ...] = (("aggregate", "aggregate"), ("perStream", "perStream"), ("ttft", "ttftMs"))
+    columns: tuple[tuple[Metric, str], ...] = (
+        ("aggregate", "aggregate"),
+        ("perStream", "perStream"),
+        ("ttft", "ttftMs"),
+    )
     for metric, key in columns:
         table = src.opt_obj(dec, key, "decode")
         for prompt_type, raw in table.items():
             at = f"decode.{key}.{prompt_type}"
             if not isinstance(raw, list) or len(raw) != len(levels):
-                src.fail(at, f"is {_describe(raw)}, not an array of {len(levels)} values (one per decode.concurrency)", fix)
+                src.fail(
+                    at, f"is {_describe(raw)}, not an array of {len(levels)} values (one per decode.concurrency)", fix
+                )
             for i, level in enumerate(levels):
                 value = src.num_value(raw[i], f"{at}[{i}]", fix)
                 if value is not None:
@@ -519,9 +561,17 @@ def _reference_data(src: _Src, doc: object, path: str) -> Measurements:
             src.fail(f"{at}.passes", "holds no value", fix)
         prefill[tokens] = Cell(median(values), samples=values)
         labels[tokens] = printable(src.text(row, "label", at) or str(tokens), 20)
-    return Measurements(name=name, path=path, kind="reference", decode=decode, prefill=prefill,
-                        prefill_filler=src.text(pre, "filler", "prefill"), prefill_labels=labels,
-                        notes=notes, source=source)
+    return Measurements(
+        name=name,
+        path=path,
+        kind="reference",
+        decode=decode,
+        prefill=prefill,
+        prefill_filler=src.text(pre, "filler", "prefill"),
+        prefill_labels=labels,
+        notes=notes,
+        source=source,
+    )
 
 
 # --------------------------------------------------------------------------------------------
@@ -576,8 +626,14 @@ def _prompt_key(prompt_type: str) -> tuple[int, str]:
     return (PROMPT_ORDER.index(prompt_type) if prompt_type in PROMPT_ORDER else len(PROMPT_ORDER), prompt_type)
 
 
-def _compare(spec: TableSpec, run: Cell | None, ref: Cell | None, tolerance: Fraction, fail_on: Fraction | None,
-             not_comparable: str | None) -> Compared:
+def _compare(
+    spec: TableSpec,
+    run: Cell | None,
+    ref: Cell | None,
+    tolerance: Fraction,
+    fail_on: Fraction | None,
+    not_comparable: str | None,
+) -> Compared:
     if run is None:
         return Compared(None)
     if ref is None or ref.value is None:
@@ -596,27 +652,33 @@ def _compare(spec: TableSpec, run: Cell | None, ref: Cell | None, tolerance: Fra
     if not_comparable is not None:
         return Compared(run, diff, why_not_judged=not_comparable)
     worse = -diff if spec.higher_is_better else diff
-    return Compared(run, diff, judged=True, flagged=abs(diff) > tolerance,
-                    regressed=fail_on is not None and worse > fail_on)
+    return Compared(
+        run, diff, judged=True, flagged=abs(diff) > tolerance, regressed=fail_on is not None and worse > fail_on
+    )
 
 
 def length_label(tokens: int, labels: Mapping[int, str]) -> str:
     return f"{tokens} ({labels[tokens]})" if tokens in labels and labels[tokens] != str(tokens) else str(tokens)
 
 
-def compare(runs: Sequence[Measurements], reference: Measurements, tolerance: Fraction,
-            fail_on: Fraction | None) -> Report:
+def compare(
+    runs: Sequence[Measurements], reference: Measurements, tolerance: Fraction, fail_on: Fraction | None
+) -> Report:
     rows: list[Row] = []
     regressions: list[Regression] = []
     notes: list[str] = []
     names = [run.name for run in runs]
-    runs = [replace(run, name=f"{run.name} #{i}") if names.count(run.name) > 1 else run for i, run in enumerate(runs, 1)]
+    runs = [
+        replace(run, name=f"{run.name} #{i}") if names.count(run.name) > 1 else run for i, run in enumerate(runs, 1)
+    ]
 
     def add(spec: TableSpec, row: Row) -> None:
         rows.append(row)
         for run, got in zip(runs, row.runs, strict=True):
             if got.regressed and got.cell is not None and row.reference is not None and row.reference.value is not None:
-                regressions.append(Regression(spec.short, run.name, row.label, got.cell.value, row.reference.value, got.diff_pct))
+                regressions.append(
+                    Regression(spec.short, run.name, row.label, got.cell.value, row.reference.value, got.diff_pct)
+                )
 
     for spec in TABLES:
         if spec.key == "prefill":
@@ -626,26 +688,46 @@ def compare(runs: Sequence[Measurements], reference: Measurements, tolerance: Fr
             for run in runs:
                 if run.prefill and run.prefill_filler != reference.prefill_filler:
                     if run.prefill_filler is None or reference.prefill_filler is None:
-                        notes.append(f"{run.name}: prefill not judged: the filler of the run ({filler_text(run.prefill_filler)}) "
-                                     f"or of the reference ({filler_text(reference.prefill_filler)}) is not known")
+                        notes.append(
+                            f"{run.name}: prefill not judged: the filler of the run ({filler_text(run.prefill_filler)}) "
+                            f"or of the reference ({filler_text(reference.prefill_filler)}) is not known"
+                        )
                     else:
-                        notes.append(f"{run.name}: prefill not judged: its filler ({filler_text(run.prefill_filler)}) differs from "
-                                     f"the reference's ({filler_text(reference.prefill_filler)}), so the numbers are not comparable")
+                        notes.append(
+                            f"{run.name}: prefill not judged: its filler ({filler_text(run.prefill_filler)}) differs from "
+                            f"the reference's ({filler_text(reference.prefill_filler)}), so the numbers are not comparable"
+                        )
             for tokens in keys:
                 ref = reference.prefill.get(tokens)
-                compared = tuple(_compare(spec, run.prefill.get(tokens), ref, tolerance, fail_on,
-                                          None if run.prefill_filler == reference.prefill_filler
-                                          and run.prefill_filler is not None else "not comparable (filler)")
-                                 for run in runs)
-                add(spec, Row(spec.key, None, None, tokens, length_label(tokens, reference.prefill_labels), ref, compared))
+                compared = tuple(
+                    _compare(
+                        spec,
+                        run.prefill.get(tokens),
+                        ref,
+                        tolerance,
+                        fail_on,
+                        None
+                        if run.prefill_filler == reference.prefill_filler and run.prefill_filler is not None
+                        else "not comparable (filler)",
+                    )
+                    for run in runs
+                )
+                add(
+                    spec,
+                    Row(spec.key, None, None, tokens, length_label(tokens, reference.prefill_labels), ref, compared),
+                )
             continue
         metric = METRIC_OF_TABLE[spec.key]
-        decode_keys = sorted({k for run in runs for k, c in run.decode[metric].items() if c.value is not None or c.status != "ok"},
-                             key=lambda k: (_prompt_key(k[0]), k[1]))
+        decode_keys = sorted(
+            {k for run in runs for k, c in run.decode[metric].items() if c.value is not None or c.status != "ok"},
+            key=lambda k: (_prompt_key(k[0]), k[1]),
+        )
         for prompt_type, level in decode_keys:
             ref = reference.decode[metric].get((prompt_type, level))
-            compared = tuple(_compare(spec, run.decode[metric].get((prompt_type, level)), ref, tolerance, fail_on, None)
-                             for run in runs)
+            compared = tuple(
+                _compare(spec, run.decode[metric].get((prompt_type, level)), ref, tolerance, fail_on, None)
+                for run in runs
+            )
             add(spec, Row(spec.key, prompt_type, level, None, f"{prompt_type} c{level}", ref, compared))
     return Report(reference, tuple(runs), tolerance, fail_on, tuple(rows), tuple(regressions), tuple(notes))
 
@@ -670,7 +752,9 @@ def reference_source(reference: Measurements) -> str:
     if isinstance(src.get("repository"), str):
         parts.append(f"in {src['repository']}")
     if isinstance(src.get("measured"), str) or isinstance(src.get("tool"), str):
-        parts.append("measured " + " with ".join(str(src[k]) for k in ("measured", "tool") if isinstance(src.get(k), str)))
+        parts.append(
+            "measured " + " with ".join(str(src[k]) for k in ("measured", "tool") if isinstance(src.get(k), str))
+        )
     raw = src.get("raw")
     if isinstance(raw, list) and raw:
         parts.append("raw output " + ", ".join(str(r) for r in raw))
@@ -705,10 +789,16 @@ def render_text(report: Report) -> str:
     out.append(f"reference {reference_source(ref)}")
     for i, run in enumerate(report.runs, 1):
         out.append(f"run {i}: {run.name} ({printable(run.path)}, {'tp4 bench' if run.kind == 'tp4' else 'sparkDash'})")
-    out.append(f"flagged (!): beyond ±{float(report.tolerance):g} % of the reference"
-               + (f"; REGRESSED: worse than the reference by more than {float(report.fail_on):g} %" if report.fail_on is not None else "")
-               + "; n/c: not comparable, not judged; invalid levels are shown, not judged"
-               + ("; a failed level the reference measured is a regression" if report.fail_on is not None else ""))
+    out.append(
+        f"flagged (!): beyond ±{float(report.tolerance):g} % of the reference"
+        + (
+            f"; REGRESSED: worse than the reference by more than {float(report.fail_on):g} %"
+            if report.fail_on is not None
+            else ""
+        )
+        + "; n/c: not comparable, not judged; invalid levels are shown, not judged"
+        + ("; a failed level the reference measured is a regression" if report.fail_on is not None else "")
+    )
     for spec in TABLES:
         rows = [r for r in report.rows if r.table == spec.key]
         if not rows:
@@ -735,31 +825,51 @@ def render_text(report: Report) -> str:
             out.append("")
             if ref.kind == "reference" and any(r.reference for r in rows):
                 shown_lengths = {r.target_tokens for r in rows}
-                passes = ", ".join(f"{length_label(t, ref.prefill_labels)}: " + " / ".join(_num(v) for v in c.samples)
-                                   for t, c in sorted(ref.prefill.items()) if t in shown_lengths)
+                passes = ", ".join(
+                    f"{length_label(t, ref.prefill_labels)}: " + " / ".join(_num(v) for v in c.samples)
+                    for t, c in sorted(ref.prefill.items())
+                    if t in shown_lengths
+                )
                 out.append(f"reference passes (ref is their median): {passes}")
-            out.append(f"prefill filler: reference {filler_text(ref.prefill_filler)}; "
-                       + "; ".join(f"{run.name} {filler_text(run.prefill_filler)}" for run in report.runs if run.prefill))
+            out.append(
+                f"prefill filler: reference {filler_text(ref.prefill_filler)}; "
+                + "; ".join(f"{run.name} {filler_text(run.prefill_filler)}" for run in report.runs if run.prefill)
+            )
             if REPEATED_TOKEN in {ref.prefill_filler} | {r.prefill_filler for r in report.runs}:
-                out.append("caveat: sparkDash 1.8.8's prefill filler is one repeated token, so every filler token hits the same "
-                           "Engram row and the row cache inflates its numbers (MiaAI-Lab/DeepSeek-v4.1-Flash-DGX-Sparks#21); "
-                           "prefill from a varied filler or real text is not comparable with them")
+                out.append(
+                    "caveat: sparkDash 1.8.8's prefill filler is one repeated token, so every filler token hits the same "
+                    "Engram row and the row cache inflates its numbers (MiaAI-Lab/DeepSeek-v4.1-Flash-DGX-Sparks#21); "
+                    "prefill from a varied filler or real text is not comparable with them"
+                )
     out += _lines_text(report)
     short = {spec.key: spec.short for spec in TABLES}
-    invalid = [(run.name, row.label, short[row.table], got.cell) for row in report.rows for run, got in zip(report.runs, row.runs, strict=True)
-               if got.cell is not None and got.cell.status != "ok" and row.table != "decodePerStream" and row.table != "ttft"]
-    excluded = [(run.name, row.label, short[row.table], got.cell) for row in report.rows
-                for run, got in zip(report.runs, row.runs, strict=True)
-                if got.cell is not None and got.cell.excluded and row.table in ("decodeAggregate", "prefill")]
+    invalid = [
+        (run.name, row.label, short[row.table], got.cell)
+        for row in report.rows
+        for run, got in zip(report.runs, row.runs, strict=True)
+        if got.cell is not None and got.cell.status != "ok" and row.table != "decodePerStream" and row.table != "ttft"
+    ]
+    excluded = [
+        (run.name, row.label, short[row.table], got.cell)
+        for row in report.rows
+        for run, got in zip(report.runs, row.runs, strict=True)
+        if got.cell is not None and got.cell.excluded and row.table in ("decodeAggregate", "prefill")
+    ]
     if invalid or excluded:
         out.append("")
         for name, label, table, cell in invalid:
             out.append(f"{cell.status}: {name} {table} {label}: {cell.reason or 'no reason given'}")
         for name, label, table, cell in excluded:
-            out.append(f"left out: {name} {table} {label}: {len(cell.excluded)} trial(s) ({'; '.join(cell.excluded)}); "
-                       f"the median of the {len(cell.samples)} valid one(s) is shown")
+            out.append(
+                f"left out: {name} {table} {label}: {len(cell.excluded)} trial(s) ({'; '.join(cell.excluded)}); "
+                f"the median of the {len(cell.samples)} valid one(s) is shown"
+            )
     notes = list(report.notes) + [f"{run.name}: {n}" for run in report.runs for n in run.notes]
-    shown = {spec.title.split(":")[0].split(" ")[0].lower() for spec in TABLES if any(r.table == spec.key for r in report.rows)}
+    shown = {
+        spec.title.split(":")[0].split(" ")[0].lower()
+        for spec in TABLES
+        if any(r.table == spec.key for r in report.rows)
+    }
     if ref.kind == "reference":  # its caveats for the tables shown; prefill's is said above
         notes += [f"reference: {n}" for n in ref.notes if n.split(":")[0].lower() in shown - {"prefill"}]
     if notes:
@@ -771,10 +881,14 @@ def render_text(report: Report) -> str:
     out.append(f"judged {judged} values; {flagged} beyond ±{float(report.tolerance):g} %")
     if report.fail_on is not None:
         if report.regressions:
-            out.append(f"regressions (worse than the reference by more than {float(report.fail_on):g} %): {len(report.regressions)}")
+            out.append(
+                f"regressions (worse than the reference by more than {float(report.fail_on):g} %): {len(report.regressions)}"
+            )
             for reg in report.regressions:
                 how = "failed" if reg.diff_pct is None else _pct(reg.diff_pct)
-                out.append(f"  {reg.run}: {reg.table} {reg.label}: {_num(reg.value)} against {_num(reg.reference)} ({how})")
+                out.append(
+                    f"  {reg.run}: {reg.table} {reg.label}: {_num(reg.value)} against {_num(reg.reference)} ({how})"
+                )
         else:
             out.append(f"no regression beyond {float(report.fail_on):g} %")
     return "\n".join(out) + "\n"
@@ -797,7 +911,10 @@ def _lines_text(report: Report) -> list[str]:
                 reqs, tps = run.lines[key].get(n, (None, None))
                 row += [_num(tps) if tps is not None else "-", f"{float(reqs):g}" if reqs is not None else "-"]
             table.append(row)
-        out += ["", f"decode behind the router, per line and aggregate (run {i}: {run.name}; each line's share from the router's per-worker request counts)"]
+        out += [
+            "",
+            f"decode behind the router, per line and aggregate (run {i}: {run.name}; each line's share from the router's per-worker request counts)",
+        ]
         out += _align(table, set(range(1, len(table[0]))))
     return out
 
@@ -809,17 +926,33 @@ def _f(value: Fraction | None) -> float | None:
 def _cell_json(cell: Cell | None) -> dict[str, object] | None:
     if cell is None:
         return None
-    return {"value": _f(cell.value), "status": cell.status, "reason": cell.reason, "samples": [float(v) for v in cell.samples],
-            "leftOut": list(cell.excluded)}
+    return {
+        "value": _f(cell.value),
+        "status": cell.status,
+        "reason": cell.reason,
+        "samples": [float(v) for v in cell.samples],
+        "leftOut": list(cell.excluded),
+    }
 
 
 def _run_json(run: Measurements) -> dict[str, object]:
-    doc: dict[str, object] = {"name": run.name, "path": run.path, "kind": run.kind, "status": run.status,
-                              "prefillFiller": run.prefill_filler, "notes": list(run.notes)}
+    doc: dict[str, object] = {
+        "name": run.name,
+        "path": run.path,
+        "kind": run.kind,
+        "status": run.status,
+        "prefillFiller": run.prefill_filler,
+        "notes": list(run.notes),
+    }
     if run.lines:
-        doc["lines"] = [{"promptType": k[0], "concurrency": k[1],
-                         "lines": {n: {"requests": _f(r), "decodeTps": _f(t)} for n, (r, t) in per.items()}}
-                        for k, per in run.lines.items()]
+        doc["lines"] = [
+            {
+                "promptType": k[0],
+                "concurrency": k[1],
+                "lines": {n: {"requests": _f(r), "decodeTps": _f(t)} for n, (r, t) in per.items()},
+            }
+            for k, per in run.lines.items()
+        ]
     return doc
 
 
@@ -833,19 +966,41 @@ def render_json(report: Report, charts: Iterable[Path]) -> str:
         else:
             item["promptType"], item["concurrency"] = row.prompt_type, row.concurrency
         item["reference"] = _cell_json(row.reference)
-        item["runs"] = [{**(_cell_json(got.cell) or {"value": None, "status": None}), "diffPct": _f(got.diff_pct),
-                         "judged": got.judged, "flagged": got.flagged, "regressed": got.regressed,
-                         "notJudged": got.why_not_judged} for got in row.runs]
+        item["runs"] = [
+            {
+                **(_cell_json(got.cell) or {"value": None, "status": None}),
+                "diffPct": _f(got.diff_pct),
+                "judged": got.judged,
+                "flagged": got.flagged,
+                "regressed": got.regressed,
+                "notJudged": got.why_not_judged,
+            }
+            for got in row.runs
+        ]
         tables.setdefault(row.table, []).append(item)
     doc = {
-        "reference": {**_run_json(ref), "source": dict(ref.source) if ref.source else None, "text": reference_source(ref),
-                      "notes": list(ref.notes)},
+        "reference": {
+            **_run_json(ref),
+            "source": dict(ref.source) if ref.source else None,
+            "text": reference_source(ref),
+            "notes": list(ref.notes),
+        },
         "runs": [_run_json(run) for run in report.runs],
         "tolerancePct": float(report.tolerance),
         "failOnRegressionPct": _f(report.fail_on),
         "tables": tables,
-        "regressions": [{"table": r.table, "run": r.run, "label": r.label, "value": _f(r.value), "reference": float(r.reference),
-                         "diffPct": _f(r.diff_pct), "failed": r.diff_pct is None} for r in report.regressions],
+        "regressions": [
+            {
+                "table": r.table,
+                "run": r.run,
+                "label": r.label,
+                "value": _f(r.value),
+                "reference": float(r.reference),
+                "diffPct": _f(r.diff_pct),
+                "failed": r.diff_pct is None,
+            }
+            for r in report.regressions
+        ],
         "notes": list(report.notes),
         "charts": [str(c) for c in charts],
     }

@@ -46,15 +46,26 @@ LOOKUP_FIXTURE: dict[str, Json] = {
     "function": {
         "name": "lookup_fixture",
         "description": "Look up the value of a named test fixture.",
-        "parameters": {"type": "object", "properties": {"name": {"type": "string", "description": "the fixture's name"}},
-                       "required": ["name"], "additionalProperties": False},
+        "parameters": {
+            "type": "object",
+            "properties": {"name": {"type": "string", "description": "the fixture's name"}},
+            "required": ["name"],
+            "additionalProperties": False,
+        },
     },
 }
 ANSWER_SCHEMA: dict[str, Json] = {
     "type": "json_schema",
-    "json_schema": {"name": "answer", "strict": True,
-                    "schema": {"type": "object", "properties": {"answer": {"type": "integer"}},
-                               "required": ["answer"], "additionalProperties": False}},
+    "json_schema": {
+        "name": "answer",
+        "strict": True,
+        "schema": {
+            "type": "object",
+            "properties": {"answer": {"type": "integer"}},
+            "required": ["answer"],
+            "additionalProperties": False,
+        },
+    },
 }
 
 _MAX_BODY = 16 << 20  # a completion's JSON; more is no answer of this API
@@ -81,9 +92,20 @@ class Endpoint(NamedTuple):
             port = parts.port
         except ValueError:
             parts, port = None, None
-        if (parts is None or parts.scheme != "http" or not parts.hostname or port is None or parts.path not in ("", "/")
-                or parts.query or parts.fragment or parts.username is not None or parts.password is not None):
-            raise InvalidInput(f"api: {url!r} is not an API address of the form http://HOST:PORT; fix: give the head's address and API port")
+        if (
+            parts is None
+            or parts.scheme != "http"
+            or not parts.hostname
+            or port is None
+            or parts.path not in ("", "/")
+            or parts.query
+            or parts.fragment
+            or parts.username is not None
+            or parts.password is not None
+        ):
+            raise InvalidInput(
+                f"api: {url!r} is not an API address of the form http://HOST:PORT; fix: give the head's address and API port"
+            )
         return cls(f"http://{parts.netloc}", model, key)
 
     @classmethod
@@ -110,7 +132,9 @@ class ApiError(Tp4Error):
 def _target(ep: Endpoint) -> tuple[str, int]:
     parts = urllib.parse.urlsplit(ep.url)
     if parts.scheme != "http" or not parts.hostname or parts.port is None:
-        raise InvalidInput(f"api: {ep.url!r} is not an API address of the form http://HOST:PORT; fix: build the endpoint with Endpoint.of")
+        raise InvalidInput(
+            f"api: {ep.url!r} is not an API address of the form http://HOST:PORT; fix: build the endpoint with Endpoint.of"
+        )
     return parts.hostname, parts.port
 
 
@@ -127,8 +151,10 @@ def _down(ep: Endpoint, exc: OSError, timeout: float) -> ApiError:
         why = f"the host name does not resolve ({exc.strerror})"
     else:
         why = exc.strerror or errno.errorcode.get(exc.errno or 0, type(exc).__name__)
-    return ApiError(f"{ep.url}: API down ({why}); fix: start the line with `tp4 serve`, or check that this is the head's API address",
-                    kind="down")
+    return ApiError(
+        f"{ep.url}: API down ({why}); fix: start the line with `tp4 serve`, or check that this is the head's API address",
+        kind="down",
+    )
 
 
 class _Call:
@@ -151,8 +177,9 @@ def _body(data: Mapping[str, Json] | None) -> bytes | None:
 
 
 @contextmanager
-def _request(ep: Endpoint, method: str, path: str, data: Mapping[str, Json] | None, timeout: float,
-             *, stream: bool = False) -> Iterator[_Call]:
+def _request(
+    ep: Endpoint, method: str, path: str, data: Mapping[str, Json] | None, timeout: float, *, stream: bool = False
+) -> Iterator[_Call]:
     """Connect, send, read the status line and headers within ``timeout``; errors are
     :class:`ApiError` (``down`` when no connection was made). The caller reads the body."""
     host, port = _target(ep)
@@ -189,8 +216,10 @@ def _request(ep: Endpoint, method: str, path: str, data: Mapping[str, Json] | No
 
 def _broken(where: str, exc: BaseException) -> ApiError:
     what = str(exc) or type(exc).__name__
-    return ApiError(f"{where}: the connection closed before a whole answer ({what}); fix: check the head's log (`tp4 logs`): the engine may have crashed",
-                    kind="broken")
+    return ApiError(
+        f"{where}: the connection closed before a whole answer ({what}); fix: check the head's log (`tp4 logs`): the engine may have crashed",
+        kind="broken",
+    )
 
 
 def _read_all(call: _Call, timeout: float, started: float) -> bytes:
@@ -204,7 +233,10 @@ def _read_all(call: _Call, timeout: float, started: float) -> bytes:
                 break
             size += len(part)
             if size > _MAX_BODY:
-                raise ApiError(f"{call.where}: the answer is larger than {_MAX_BODY >> 20} MiB, which no answer of this API is", kind="malformed")
+                raise ApiError(
+                    f"{call.where}: the answer is larger than {_MAX_BODY >> 20} MiB, which no answer of this API is",
+                    kind="malformed",
+                )
             chunks.append(part)
     except TimeoutError:
         raise ApiError(f"{call.where}: no answer within {_seconds(timeout)}", kind="timeout") from None
@@ -224,7 +256,9 @@ def _reason(body: bytes) -> str:
     if isinstance(doc, dict):
         error = doc.get("error")
         found = (error.get("message") if isinstance(error, dict) else error) or doc.get("message") or doc.get("detail")
-    text = found if isinstance(found, str) else json.dumps(found) if found is not None else body.decode("utf-8", "replace")
+    text = (
+        found if isinstance(found, str) else json.dumps(found) if found is not None else body.decode("utf-8", "replace")
+    )
     text = " ".join(text.split())
     return text[:300] + ("..." if len(text) > 300 else "")
 
@@ -239,10 +273,16 @@ def _status_error(ep: Endpoint, call: _Call, body: bytes) -> ApiError:
     reason = _redacted(ep, _reason(body)) or call.resp.reason
     if status == 401:
         if ep.key is None:
-            return ApiError(f"{call.where}: the API wants a key and none was sent (HTTP 401); fix: set api.key_file to the file holding the line's API key",
-                            kind="auth", status=status)
-        return ApiError(f"{call.where}: the API key was refused (HTTP 401); fix: check api.key_file: it must hold the key the line was started with",
-                        kind="auth", status=status)
+            return ApiError(
+                f"{call.where}: the API wants a key and none was sent (HTTP 401); fix: set api.key_file to the file holding the line's API key",
+                kind="auth",
+                status=status,
+            )
+        return ApiError(
+            f"{call.where}: the API key was refused (HTTP 401); fix: check api.key_file: it must hold the key the line was started with",
+            kind="auth",
+            status=status,
+        )
     return ApiError(f"{call.where}: HTTP {status}: {reason}", kind="http", status=status)
 
 
@@ -311,15 +351,34 @@ def _messages(messages: str | Sequence[Message]) -> list[Json]:
     return [dict(m) for m in messages]
 
 
-def _chat_body(ep: Endpoint, messages: str | Sequence[Message], max_tokens: int, temperature: float,
-               stream: bool, extra: Mapping[str, Json]) -> dict[str, Json]:
-    body: dict[str, Json] = {"model": ep.model, "messages": _messages(messages), "max_tokens": max_tokens,
-                             "temperature": temperature, **extra, "stream": stream}
+def _chat_body(
+    ep: Endpoint,
+    messages: str | Sequence[Message],
+    max_tokens: int,
+    temperature: float,
+    stream: bool,
+    extra: Mapping[str, Json],
+) -> dict[str, Json]:
+    body: dict[str, Json] = {
+        "model": ep.model,
+        "messages": _messages(messages),
+        "max_tokens": max_tokens,
+        "temperature": temperature,
+        **extra,
+        "stream": stream,
+    }
     return body
 
 
-def complete(ep: Endpoint, messages: str | Sequence[Message], *, max_tokens: int, timeout: float,
-             temperature: float = 0.0, **extra: Json) -> Completion:
+def complete(
+    ep: Endpoint,
+    messages: str | Sequence[Message],
+    *,
+    max_tokens: int,
+    timeout: float,
+    temperature: float = 0.0,
+    **extra: Json,
+) -> Completion:
     """One chat completion (a prompt is one user message); ``extra`` goes into the request body
     (``chat_template_kwargs``, ``response_format``, ``tools`` ...). The whole answer must come
     within ``timeout`` seconds."""
@@ -360,7 +419,9 @@ def _completion(where: str, doc: Json, seconds: float) -> Completion:
         if not isinstance(raw, dict) or not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
             raise bad("a tool call without a function name")
         args = fn.get("arguments")
-        calls.append(ToolCall(str(raw.get("id") or ""), str(fn["name"]), args if isinstance(args, str) else json.dumps(args)))
+        calls.append(
+            ToolCall(str(raw.get("id") or ""), str(fn["name"]), args if isinstance(args, str) else json.dumps(args))
+        )
     assert isinstance(doc, dict)
     return Completion(content or "", finish, seconds, _usage(doc.get("usage")), tuple(calls))
 
@@ -384,8 +445,15 @@ def _usage(raw: Json) -> Usage | None:
     return Usage(prompt, completion, total)
 
 
-def stream(ep: Endpoint, messages: str | Sequence[Message], *, max_tokens: int, timeout: float,
-           temperature: float = 0.0, **extra: Json) -> Streamed:
+def stream(
+    ep: Endpoint,
+    messages: str | Sequence[Message],
+    *,
+    max_tokens: int,
+    timeout: float,
+    temperature: float = 0.0,
+    **extra: Json,
+) -> Streamed:
     """A streamed chat completion, read as server-sent events up to ``data: [DONE]``.
     ``timeout`` bounds each wait: for the answer to start and between two chunks; a stream that
     stalls longer, or ends without [DONE], is an :class:`ApiError`."""
@@ -404,14 +472,20 @@ def stream(ep: Endpoint, messages: str | Sequence[Message], *, max_tokens: int, 
                 return Streamed("".join(content), finish, chunks, first, time.monotonic() - started)
             doc = _parse(call.where, event.encode())
             if isinstance(doc, dict) and doc.get("error") is not None:
-                raise ApiError(f"{call.where}: the stream reported an error: {_redacted(ep, _reason(event.encode()))}", kind="http",
-                               status=call.resp.status)
+                raise ApiError(
+                    f"{call.where}: the stream reported an error: {_redacted(ep, _reason(event.encode()))}",
+                    kind="http",
+                    status=call.resp.status,
+                )
             chunks += 1
             choice = _first_choice(doc)
             if choice is None:
                 if isinstance(doc, dict) and doc.get("choices") == []:
                     continue  # a usage-only chunk
-                raise ApiError(f"{call.where}: chunk {chunks} of the stream is not a completion chunk (no choices[0])", kind="malformed")
+                raise ApiError(
+                    f"{call.where}: chunk {chunks} of the stream is not a completion chunk (no choices[0])",
+                    kind="malformed",
+                )
             delta = choice.get("delta")
             text = delta.get("content") if isinstance(delta, dict) else None
             if isinstance(text, str) and text:
@@ -421,8 +495,10 @@ def stream(ep: Endpoint, messages: str | Sequence[Message], *, max_tokens: int, 
             reason = choice.get("finish_reason")
             if isinstance(reason, str):
                 finish = reason
-    raise ApiError(f"{ep.url}{path}: the stream ended after {chunks} chunks without data: [DONE]; fix: check the head's log (`tp4 logs`)",
-                   kind="broken")
+    raise ApiError(
+        f"{ep.url}{path}: the stream ended after {chunks} chunks without data: [DONE]; fix: check the head's log (`tp4 logs`)",
+        kind="broken",
+    )
 
 
 def _events(call: _Call, stall: float) -> Iterator[str]:
@@ -473,7 +549,9 @@ def load(ep: Endpoint, timeout: float) -> Load | None:
             raise ApiError(f"{ep.url}{path}: HTTP {status}", kind="http", status=status)
         found = _sum_load(doc)
         if found is None:
-            raise ApiError(f"{ep.url}{path}: the answer is not a load report (no running/waiting request counts)", kind="malformed")
+            raise ApiError(
+                f"{ep.url}{path}: the answer is not a load report (no running/waiting request counts)", kind="malformed"
+            )
         return found
     return None
 
@@ -547,7 +625,9 @@ def probe(ep: Endpoint, timeout: float) -> Liveness:
         return time.monotonic() - started
 
     try:
-        done = complete(ep, "Reply with one word: ready.", max_tokens=1, timeout=timeout, chat_template_kwargs=NO_THINKING)
+        done = complete(
+            ep, "Reply with one word: ready.", max_tokens=1, timeout=timeout, chat_template_kwargs=NO_THINKING
+        )
     except ApiError as exc:
         if exc.kind == "down":
             return Liveness("down", exc.message, took())
@@ -561,14 +641,34 @@ def probe(ep: Endpoint, timeout: float) -> Liveness:
     try:
         now = load(ep, follow)
     except ApiError as exc:
-        return Liveness("wedged", f"{shown} but no completion within {_seconds(timeout)}; the load is unknown ({exc.message})", took(), status)
+        return Liveness(
+            "wedged",
+            f"{shown} but no completion within {_seconds(timeout)}; the load is unknown ({exc.message})",
+            took(),
+            status,
+        )
     if now is None:
-        return Liveness("wedged", f"{shown} but no completion within {_seconds(timeout)}; the engine has no load endpoint to tell busy from wedged",
-                        took(), status)
+        return Liveness(
+            "wedged",
+            f"{shown} but no completion within {_seconds(timeout)}; the engine has no load endpoint to tell busy from wedged",
+            took(),
+            status,
+        )
     if now.running or now.waiting:
-        return Liveness("busy", f"no completion within {_seconds(timeout)}, but {now.running} running and {now.waiting} waiting: busy, not wedged",
-                        took(), status, now)
-    return Liveness("wedged", f"{shown} but no completion within {_seconds(timeout)}, and nothing running or waiting", took(), status, now)
+        return Liveness(
+            "busy",
+            f"no completion within {_seconds(timeout)}, but {now.running} running and {now.waiting} waiting: busy, not wedged",
+            took(),
+            status,
+            now,
+        )
+    return Liveness(
+        "wedged",
+        f"{shown} but no completion within {_seconds(timeout)}, and nothing running or waiting",
+        took(),
+        status,
+        now,
+    )
 
 
 # --- the smoke -----------------------------------------------------------------------------------------
@@ -603,34 +703,54 @@ def smoke(ep: Endpoint, *, full: bool, timeout: float = SMOKE_TIMEOUT) -> list[S
 def _arithmetic(ep: Endpoint, timeout: float) -> tuple[bool, str]:
     out = complete(ep, QUESTION, max_tokens=32, timeout=timeout, chat_template_kwargs=NO_THINKING)
     ok = out.content.strip() == "42" and out.finish_reason == "stop"
-    return ok, f"19 + 23 answered {_shown(out.content)} (finish_reason {out.finish_reason}){'' if ok else '; expected 42 (finish_reason stop)'}"
+    return (
+        ok,
+        f"19 + 23 answered {_shown(out.content)} (finish_reason {out.finish_reason}){'' if ok else '; expected 42 (finish_reason stop)'}",
+    )
 
 
 def _streamed(ep: Endpoint, timeout: float) -> tuple[bool, str]:
     out = stream(ep, QUESTION, max_tokens=32, timeout=timeout, chat_template_kwargs=NO_THINKING)
     ok = out.chunks > 0 and bool(out.content.strip())
     first = f"first token in {out.first_token_seconds:.2f} s" if out.first_token_seconds is not None else "no content"
-    return ok, f"{out.chunks} chunks to [DONE], {first}, content {_shown(out.content)}{'' if ok else '; expected some content'}"
+    return (
+        ok,
+        f"{out.chunks} chunks to [DONE], {first}, content {_shown(out.content)}{'' if ok else '; expected some content'}",
+    )
 
 
 def _json_schema(ep: Endpoint, timeout: float) -> tuple[bool, str]:
-    out = complete(ep, "What is 19 + 23? Answer with a JSON object whose field answer holds the number.", max_tokens=64,
-                   timeout=timeout, chat_template_kwargs=NO_THINKING, response_format=ANSWER_SCHEMA)
+    out = complete(
+        ep,
+        "What is 19 + 23? Answer with a JSON object whose field answer holds the number.",
+        max_tokens=64,
+        timeout=timeout,
+        chat_template_kwargs=NO_THINKING,
+        response_format=ANSWER_SCHEMA,
+    )
     try:
         doc = json.loads(out.content)
     except ValueError:
-        return False, f"the answer {_shown(out.content)} is not JSON; expected {{\"answer\": 42}}"
+        return False, f'the answer {_shown(out.content)} is not JSON; expected {{"answer": 42}}'
     ok = isinstance(doc, dict) and doc == {"answer": 42} and type(doc["answer"]) is int
     return ok, f"answered {_shown(out.content)}" + ("" if ok else '; expected {"answer": 42}')
 
 
 def _tool_call(ep: Endpoint, timeout: float) -> tuple[bool, str]:
-    ask: list[Message] = [{"role": "user", "content": f"Use the lookup_fixture tool to look up the fixture named '{FIXTURE_NAME}', then reply with its value only."}]
+    ask: list[Message] = [
+        {
+            "role": "user",
+            "content": f"Use the lookup_fixture tool to look up the fixture named '{FIXTURE_NAME}', then reply with its value only.",
+        }
+    ]
     first = complete(ep, ask, max_tokens=128, timeout=timeout, chat_template_kwargs=NO_THINKING, tools=[LOOKUP_FIXTURE])
     calls = [c for c in first.tool_calls if c.name == "lookup_fixture"]
     if not calls:
         named = ", ".join(c.name for c in first.tool_calls) or "none"
-        return False, f"no call of lookup_fixture (tool calls: {named}; answered {_shown(first.content)}, finish_reason {first.finish_reason})"
+        return (
+            False,
+            f"no call of lookup_fixture (tool calls: {named}; answered {_shown(first.content)}, finish_reason {first.finish_reason})",
+        )
     call = calls[0]
     try:
         args = json.loads(call.arguments)
@@ -639,13 +759,25 @@ def _tool_call(ep: Endpoint, timeout: float) -> tuple[bool, str]:
     if not isinstance(args, dict) or args.get("name") != FIXTURE_NAME:
         return False, f"lookup_fixture called with {_shown(call.arguments)}; expected name {FIXTURE_NAME!r}"
     result = json.dumps({"name": FIXTURE_NAME, "value": FIXTURE_VALUE})
-    follow: list[Message] = [*ask, {"role": "assistant", "content": None,
-                                    "tool_calls": [{"id": call.id, "type": "function", "function": {"name": call.name, "arguments": call.arguments}}]},
-                             {"role": "tool", "tool_call_id": call.id, "content": result}]
-    second = complete(ep, follow, max_tokens=128, timeout=timeout, chat_template_kwargs=NO_THINKING, tools=[LOOKUP_FIXTURE])
+    follow: list[Message] = [
+        *ask,
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {"id": call.id, "type": "function", "function": {"name": call.name, "arguments": call.arguments}}
+            ],
+        },
+        {"role": "tool", "tool_call_id": call.id, "content": result},
+    ]
+    second = complete(
+        ep, follow, max_tokens=128, timeout=timeout, chat_template_kwargs=NO_THINKING, tools=[LOOKUP_FIXTURE]
+    )
     ok = FIXTURE_VALUE in second.content
-    return ok, (f"called lookup_fixture({FIXTURE_NAME!r}), then answered {_shown(second.content)}"
-                f"{'' if ok else f'; expected the fixture value {FIXTURE_VALUE}'}")
+    return ok, (
+        f"called lookup_fixture({FIXTURE_NAME!r}), then answered {_shown(second.content)}"
+        f"{'' if ok else f'; expected the fixture value {FIXTURE_VALUE}'}"
+    )
 
 
 def _shown(text: str, limit: int = 80) -> str:

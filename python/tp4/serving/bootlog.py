@@ -68,7 +68,7 @@ def _clean(raw: str) -> tuple[str, datetime | None]:
     m = _RUNTIME_TS.match(text)
     if m is None:
         return text, None
-    return text[m.end():], _parse_ts(m["ts"])
+    return text[m.end() :], _parse_ts(m["ts"])
 
 
 def _parse_ts(ts: str) -> datetime | None:
@@ -140,7 +140,9 @@ class LogProblem(NamedTuple):
 
     rank: int
     node: str
-    check: str  # "no-log", "missing-line", "missing-optional-line", "forbidden-line", "source-differs", "source-missing"
+    check: (
+        str  # "no-log", "missing-line", "missing-optional-line", "forbidden-line", "source-differs", "source-missing"
+    )
     detail: str
 
     def text(self) -> str:
@@ -158,7 +160,9 @@ class SourceStamp(NamedTuple):
     line: str
 
 
-_SOURCE = re.compile(r"\bSOURCE_(?P<kind>COMMIT|PATCH)\b[:=]?\s+(?:(?P<tree>[A-Za-z_][\w.-]*)[:=]?\s+)?(?P<value>[0-9a-fA-F]{7,64})\b")
+_SOURCE = re.compile(
+    r"\bSOURCE_(?P<kind>COMMIT|PATCH)\b[:=]?\s+(?:(?P<tree>[A-Za-z_][\w.-]*)[:=]?\s+)?(?P<value>[0-9a-fA-F]{7,64})\b"
+)
 _ARMED = re.compile(r"\[(?P<adapter>\w+)\] armed: .*? on (?P<tree>b12x_next) (?P<value>[0-9a-fA-F]{7,40})\b")
 
 
@@ -190,9 +194,15 @@ def review_boot_logs(plan: Plan, logs: Mapping[int, str]) -> BootLogReview:
     lines: dict[int, list[str]] = {}
     for node in plan.nodes:
         if node.rank not in logs:
-            problems.append(LogProblem(node.rank, node.name, "no-log",
-                                       "no log of this rank to check; fix: read it with `tp4 logs --rank "
-                                       f"{node.rank}` (the container may never have started)"))
+            problems.append(
+                LogProblem(
+                    node.rank,
+                    node.name,
+                    "no-log",
+                    "no log of this rank to check; fix: read it with `tp4 logs --rank "
+                    f"{node.rank}` (the container may never have started)",
+                )
+            )
             continue
         lines[node.rank] = log_lines(logs[node.rank])
     head = plan.nodes[0]
@@ -202,12 +212,24 @@ def review_boot_logs(plan: Plan, logs: Mapping[int, str]) -> BootLogReview:
             if re.search(bl.pattern, head_text):
                 continue
             if bl.required:
-                problems.append(LogProblem(head.rank, head.name, "missing-line",
-                                           f"`{bl.text}` ({bl.adapter}) is not in the boot log, though the plan arms it; "
-                                           "fix: check that the image carries the adapter and that the rank's env has its gates (`tp4 plan`)"))
+                problems.append(
+                    LogProblem(
+                        head.rank,
+                        head.name,
+                        "missing-line",
+                        f"`{bl.text}` ({bl.adapter}) is not in the boot log, though the plan arms it; "
+                        "fix: check that the image carries the adapter and that the rank's env has its gates (`tp4 plan`)",
+                    )
+                )
             else:
-                notes.append(LogProblem(head.rank, head.name, "missing-optional-line",
-                                        f"`{bl.text}` ({bl.adapter}) is not in the boot log (evidence only, not a gate)"))
+                notes.append(
+                    LogProblem(
+                        head.rank,
+                        head.name,
+                        "missing-optional-line",
+                        f"`{bl.text}` ({bl.adapter}) is not in the boot log (evidence only, not a gate)",
+                    )
+                )
     for node in plan.nodes:
         found = 0
         for number, line in enumerate(lines.get(node.rank, ()), 1):
@@ -216,11 +238,18 @@ def review_boot_logs(plan: Plan, logs: Mapping[int, str]) -> BootLogReview:
                 continue
             found += 1
             if found <= MAX_FORBIDDEN_PER_RANK:
-                problems.append(LogProblem(node.rank, node.name, "forbidden-line",
-                                           f"line {number} has `{hits[0]}`: {_show(line)}"))
+                problems.append(
+                    LogProblem(node.rank, node.name, "forbidden-line", f"line {number} has `{hits[0]}`: {_show(line)}")
+                )
         if found > MAX_FORBIDDEN_PER_RANK:
-            problems.append(LogProblem(node.rank, node.name, "forbidden-line",
-                                       f"and {found - MAX_FORBIDDEN_PER_RANK} more lines with a forbidden text"))
+            problems.append(
+                LogProblem(
+                    node.rank,
+                    node.name,
+                    "forbidden-line",
+                    f"and {found - MAX_FORBIDDEN_PER_RANK} more lines with a forbidden text",
+                )
+            )
     problems += _stamps_agree(plan, lines)
     return BootLogReview(tuple(problems), tuple(notes))
 
@@ -242,22 +271,40 @@ def _stamps_agree(plan: Plan, lines: Mapping[int, list[str]]) -> list[LogProblem
         agree = [r for r, v in values.items() if v == common]
         for rank, per_rank in stamps.items():
             if label not in per_rank:
-                out.append(LogProblem(rank, names[rank], "source-missing",
-                                      f"prints no `{label}`; {_ranks(agree)} print {common}; "
-                                      "fix: run the same image on every node (`tp4 build` distributes it)"))
+                out.append(
+                    LogProblem(
+                        rank,
+                        names[rank],
+                        "source-missing",
+                        f"prints no `{label}`; {_ranks(agree)} print {common}; "
+                        "fix: run the same image on every node (`tp4 build` distributes it)",
+                    )
+                )
             elif per_rank[label].value != common:
-                out.append(LogProblem(rank, names[rank], "source-differs",
-                                      f"`{label}` is {per_rank[label].value} here, {common} on {_ranks(agree)} "
-                                      f"(line: {_show(per_rank[label].line)}); ranks built from different sources "
-                                      "compute different results; fix: run the same image on every node (`tp4 build` distributes it)"))
+                out.append(
+                    LogProblem(
+                        rank,
+                        names[rank],
+                        "source-differs",
+                        f"`{label}` is {per_rank[label].value} here, {common} on {_ranks(agree)} "
+                        f"(line: {_show(per_rank[label].line)}); ranks built from different sources "
+                        "compute different results; fix: run the same image on every node (`tp4 build` distributes it)",
+                    )
+                )
     # within a rank: the adapter's short commit is the stamp's
     for rank, per_rank in stamps.items():
         full = per_rank.get("SOURCE_COMMIT b12x_next")
         armed = next((s for k, s in per_rank.items() if k.endswith("armed commit of b12x_next")), None)
         if full and armed and not full.value.startswith(armed.value):
-            out.append(LogProblem(rank, names[rank], "source-differs",
-                                  f"the adapter runs b12x_next {armed.value}, the image's SOURCE_COMMIT is {full.value}; "
-                                  "fix: rebuild the image (`tp4 build`)"))
+            out.append(
+                LogProblem(
+                    rank,
+                    names[rank],
+                    "source-differs",
+                    f"the adapter runs b12x_next {armed.value}, the image's SOURCE_COMMIT is {full.value}; "
+                    "fix: rebuild the image (`tp4 build`)",
+                )
+            )
     return out
 
 
@@ -371,8 +418,9 @@ def _last(pattern: re.Pattern[str], lines: Iterable[str]) -> str | None:
     return found
 
 
-def boot_signature(head_log: str, *, pin: int | None, ready_seconds: float | None,
-                   started: datetime | None = None) -> BootSignature:
+def boot_signature(
+    head_log: str, *, pin: int | None, ready_seconds: float | None, started: datetime | None = None
+) -> BootSignature:
     """The signature of the boot whose rank-0 log this is. Time to Ready is `ready_seconds` when
     given; else, when the log carries the runtime's timestamps (`logs --timestamps`), the Ready
     line's time minus `started` (the boot's start) or minus the log's first line; else None."""
@@ -381,7 +429,7 @@ def boot_signature(head_log: str, *, pin: int | None, ready_seconds: float | Non
     fired = next((i for i, t in enumerate(lines) if _FIRED_UP.search(t)), None)
     rates: list[float] = []
     if fired is not None:
-        for text in lines[fired + 1:]:
+        for text in lines[fired + 1 :]:
             if _WARM_DONE.match(text) or _READY.match(text):
                 break
             m = _INPUT_TPS.search(text)
@@ -453,25 +501,53 @@ def judge(sig: BootSignature, *, last_good: BootSignature | None, floor: float |
     median = sig.warmup_tps_median
     slow = False
     if median is None:
-        findings.append(Finding("note", "not-judged", "warm-up throughput: no `input throughput (token/s)` between "
-                                "`The server is fired up and ready to roll` and `Warm-up done in` (WARMUP=0 or SKIP_SMOKE=1?); not judged"))
+        findings.append(
+            Finding(
+                "note",
+                "not-judged",
+                "warm-up throughput: no `input throughput (token/s)` between "
+                "`The server is fired up and ready to roll` and `Warm-up done in` (WARMUP=0 or SKIP_SMOKE=1?); not judged",
+            )
+        )
         threshold = None
     elif threshold is None:
-        findings.append(Finding("note", "not-judged", f"warm-up input throughput median {median:.1f} tok/s: not judged "
-                                "(no last good boot and no floor to compare with)"))
+        findings.append(
+            Finding(
+                "note",
+                "not-judged",
+                f"warm-up input throughput median {median:.1f} tok/s: not judged "
+                "(no last good boot and no floor to compare with)",
+            )
+        )
     elif median < threshold:
         slow = True
-        findings.append(Finding("slow", "slow-boot",
-                                f"slow boot: warm-up input throughput median {median:.1f} tok/s over {sig.warmup_batches} batches "
-                                f"is below {threshold:.1f} tok/s ({basis}); a boot with a byte-identical config can come up "
-                                f"many times slower and stay so; {restart}"))
+        findings.append(
+            Finding(
+                "slow",
+                "slow-boot",
+                f"slow boot: warm-up input throughput median {median:.1f} tok/s over {sig.warmup_batches} batches "
+                f"is below {threshold:.1f} tok/s ({basis}); a boot with a byte-identical config can come up "
+                f"many times slower and stay so; {restart}",
+            )
+        )
     if sig.retuned:
-        findings.append(Finding("warning", "retuned", "`tuning from scratch` in the head's log: the autotune cache was "
-                                f"redrawn, so this boot may run slower kernels; {restart}"))
+        findings.append(
+            Finding(
+                "warning",
+                "retuned",
+                "`tuning from scratch` in the head's log: the autotune cache was "
+                f"redrawn, so this boot may run slower kernels; {restart}",
+            )
+        )
     if sig.verify_graph_capture_s is not None and sig.verify_graph_capture_s > GRAPH_CAPTURE_WARN_S:
-        findings.append(Finding("warning", "graph-capture",
-                                f"the target-verify CUDA graph capture took {sig.verify_graph_capture_s:.1f} s "
-                                f"(over {GRAPH_CAPTURE_WARN_S:.0f} s); only a warning: healthy boots have taken 30 s"))
+        findings.append(
+            Finding(
+                "warning",
+                "graph-capture",
+                f"the target-verify CUDA graph capture took {sig.verify_graph_capture_s:.1f} s "
+                f"(over {GRAPH_CAPTURE_WARN_S:.0f} s); only a warning: healthy boots have taken 30 s",
+            )
+        )
     findings += _pin_findings(sig)
     return Verdict(slow=slow, threshold=threshold, findings=tuple(findings))
 
@@ -482,20 +558,39 @@ def _pin_findings(sig: BootSignature) -> list[Finding]:
         return []
     if pool is None or pool <= 0:
         if total is not None and total < pin:  # no memory-calculation line, but the engine clamped the pin
-            return [Finding("warning", "pin-above-pool",
-                            f"the MAX_TOTAL_TOKENS pin {pin} is above the pool the engine runs (max_total_num_tokens={total}): "
-                            f"it was silently clamped; fix: lower engine.max_total_tokens to at most {int(total * (1 - PIN_MARGIN))}")]
+            return [
+                Finding(
+                    "warning",
+                    "pin-above-pool",
+                    f"the MAX_TOTAL_TOKENS pin {pin} is above the pool the engine runs (max_total_num_tokens={total}): "
+                    f"it was silently clamped; fix: lower engine.max_total_tokens to at most {int(total * (1 - PIN_MARGIN))}",
+                )
+            ]
         return []
-    runs = f" (the engine runs max_total_num_tokens={sig.max_total_num_tokens})" if sig.max_total_num_tokens is not None else ""
+    runs = (
+        f" (the engine runs max_total_num_tokens={sig.max_total_num_tokens})"
+        if sig.max_total_num_tokens is not None
+        else ""
+    )
     fix = f"fix: lower engine.max_total_tokens to at most {int(pool * (1 - PIN_MARGIN))} (5 % under the pool); do not raise the memory fraction"
     if pin > pool:
-        return [Finding("warning", "pin-above-pool",
-                        f"the MAX_TOTAL_TOKENS pin {pin} is above the KV pool this boot computed (full_token={pool}){runs}: "
-                        f"such a pin either kills the boot or is silently clamped; {fix}")]
+        return [
+            Finding(
+                "warning",
+                "pin-above-pool",
+                f"the MAX_TOTAL_TOKENS pin {pin} is above the KV pool this boot computed (full_token={pool}){runs}: "
+                f"such a pin either kills the boot or is silently clamped; {fix}",
+            )
+        ]
     margin = (pool - pin) / pool
     if margin <= PIN_MARGIN:
-        return [Finding("warning", "pin-near-pool",
-                        f"the MAX_TOTAL_TOKENS pin {pin} is only {margin * 100:.1f} % below the KV pool this boot computed "
-                        f"(full_token={pool}){runs}: a boot with a little less free memory computes a smaller pool, "
-                        f"and a pin above it kills the boot or is silently clamped; {fix}")]
+        return [
+            Finding(
+                "warning",
+                "pin-near-pool",
+                f"the MAX_TOTAL_TOKENS pin {pin} is only {margin * 100:.1f} % below the KV pool this boot computed "
+                f"(full_token={pool}){runs}: a boot with a little less free memory computes a smaller pool, "
+                f"and a pin above it kills the boot or is silently clamped; {fix}",
+            )
+        ]
     return []

@@ -38,8 +38,16 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from tp4.core.contracts.fleet_plan import (FleetPlan, FleetPlanLine, FleetPlanRouter, HealthEndpoint, Policy, RouterHealth,
-                                      RouterKindName, RouterService)
+from tp4.core.contracts.fleet_plan import (
+    FleetPlan,
+    FleetPlanLine,
+    FleetPlanRouter,
+    HealthEndpoint,
+    Policy,
+    RouterHealth,
+    RouterKindName,
+    RouterService,
+)
 from tp4.core.errors import InvalidInput, Tp4Error
 from tp4.line.profile.models import _NAME, Int, _check_host, _check_identity, _check_path, _check_user
 from tp4.line.profile.problem import Problem
@@ -82,29 +90,38 @@ ROUTERS: dict[str, RouterKind] = {
 # The router's process: `python -c LAUNCHER KEYFILE MODULE ARGS...`. The key (when KEYFILE is not
 # empty) is read here and added to the router's own argument list in this process, so it is never
 # in an argv. A constant: every value is an argument.
-LAUNCHER = ("import importlib, sys\n"
-            "# tp4 fleet router launcher\n"
-            "key_file, module, args = sys.argv[1], sys.argv[2], sys.argv[3:]\n"
-            "if key_file:\n"
-            "    with open(key_file) as f:\n"
-            "        args += ['--api-key', f.read().strip()]\n"
-            "m = importlib.import_module(module)\n"
-            "m.launch_router(m.parse_router_args(args))\n")
+LAUNCHER = (
+    "import importlib, sys\n"
+    "# tp4 fleet router launcher\n"
+    "key_file, module, args = sys.argv[1], sys.argv[2], sys.argv[3:]\n"
+    "if key_file:\n"
+    "    with open(key_file) as f:\n"
+    "        args += ['--api-key', f.read().strip()]\n"
+    "m = importlib.import_module(module)\n"
+    "m.launch_router(m.parse_router_args(args))\n"
+)
 
 # constant scripts on the router's host; $1 is the state dir, every value an argument
 _START_TIME = 'sed "s/.*) //" /proc/"$1"/stat 2>/dev/null | cut -d" " -f20'
-_ALIVE = ('alive() { [ -f "$d/router.pid" ] && read -r p s < "$d/router.pid" && [ -n "$p" ] && '
-          f'[ "$(set -- "$p"; {_START_TIME})" = "$s" ]; }}; ')
-_START = ('d=$1; shift; umask 077; mkdir -p -- "$d" || exit 1; ' + _ALIVE
-          + 'if alive; then echo "running $p"; exit 0; fi; '
-          ': > "$d/router.log"; setsid "$@" < /dev/null >> "$d/router.log" 2>&1 & p=$!; '
-          f's=$(set -- "$p"; {_START_TIME}); echo "$p $s" > "$d/router.pid"; echo "started $p"')
-_PID = 'd=$1; ' + _ALIVE + 'if alive; then echo "$p"; fi'
-_STOP = ('d=$1; g=$2; ' + _ALIVE + 'if alive; then kill -TERM "$p" 2>/dev/null; i=0; '
-         'while alive && [ $i -lt $((g * 10)) ]; do sleep 0.1; i=$((i+1)); done; '
-         'if alive; then kill -KILL "$p" 2>/dev/null; sleep 0.2; fi; fi; '
-         'if alive; then echo "still running $p"; exit 1; fi; rm -f -- "$d/router.pid" "$d/api-key"')
-_WRITE_PRIVATE = 'umask 077 && mkdir -p -- "$(dirname -- "$1")" && cat > "$1.tmp" && chmod 600 "$1.tmp" && mv -f -- "$1.tmp" "$1"'
+_ALIVE = (
+    'alive() { [ -f "$d/router.pid" ] && read -r p s < "$d/router.pid" && [ -n "$p" ] && '
+    f'[ "$(set -- "$p"; {_START_TIME})" = "$s" ]; }}; '
+)
+_START = (
+    'd=$1; shift; umask 077; mkdir -p -- "$d" || exit 1; ' + _ALIVE + 'if alive; then echo "running $p"; exit 0; fi; '
+    ': > "$d/router.log"; setsid "$@" < /dev/null >> "$d/router.log" 2>&1 & p=$!; '
+    f's=$(set -- "$p"; {_START_TIME}); echo "$p $s" > "$d/router.pid"; echo "started $p"'
+)
+_PID = "d=$1; " + _ALIVE + 'if alive; then echo "$p"; fi'
+_STOP = (
+    "d=$1; g=$2; " + _ALIVE + 'if alive; then kill -TERM "$p" 2>/dev/null; i=0; '
+    "while alive && [ $i -lt $((g * 10)) ]; do sleep 0.1; i=$((i+1)); done; "
+    'if alive; then kill -KILL "$p" 2>/dev/null; sleep 0.2; fi; fi; '
+    'if alive; then echo "still running $p"; exit 1; fi; rm -f -- "$d/router.pid" "$d/api-key"'
+)
+_WRITE_PRIVATE = (
+    'umask 077 && mkdir -p -- "$(dirname -- "$1")" && cat > "$1.tmp" && chmod 600 "$1.tmp" && mv -f -- "$1.tmp" "$1"'
+)
 
 
 # --- the fleet file -------------------------------------------------------------------------------
@@ -119,33 +136,61 @@ class Health(Section):
     runs a one-token request through the scheduler), and wait longer than the line's own probe."""
 
     endpoint: HealthEndpoint = Field(
-        "/health_generate", description="What the router probes: /health_generate generates one token; /health only when the engine's SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION is on.")
-    timeout: Int = Field(30, ge=1, le=3600, description="Seconds a probe may take (--health-check-timeout-secs); above the lines' SGLANG_HEALTH_CHECK_TIMEOUT (20 s).")
+        "/health_generate",
+        description="What the router probes: /health_generate generates one token; /health only when the engine's SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION is on.",
+    )
+    timeout: Int = Field(
+        30,
+        ge=1,
+        le=3600,
+        description="Seconds a probe may take (--health-check-timeout-secs); above the lines' SGLANG_HEALTH_CHECK_TIMEOUT (20 s).",
+    )
     interval: Int = Field(10, ge=1, le=3600, description="Seconds between probes (--health-check-interval-secs).")
-    failure_threshold: Int = Field(3, ge=1, le=1000, description="Failed probes in a row before a line is taken out (--health-failure-threshold).")
-    success_threshold: Int = Field(2, ge=1, le=1000, description="Good probes in a row before it comes back (--health-success-threshold).")
+    failure_threshold: Int = Field(
+        3, ge=1, le=1000, description="Failed probes in a row before a line is taken out (--health-failure-threshold)."
+    )
+    success_threshold: Int = Field(
+        2, ge=1, le=1000, description="Good probes in a row before it comes back (--health-success-threshold)."
+    )
 
 
 class Metrics(Section):
-    port: Int = Field(29000, ge=1, le=65535, description="The router's Prometheus port, on the router host's loopback (--prometheus-port).")
+    port: Int = Field(
+        29000,
+        ge=1,
+        le=65535,
+        description="The router's Prometheus port, on the router host's loopback (--prometheus-port).",
+    )
 
 
 class Router(Section):
     kind: RouterKindName = Field("sglang-router", description="Which router package runs (ROUTERS).")
-    host: str = Field("local", description="Where the router runs: \"local\" (this machine) or the ssh address of a host.")
+    host: str = Field(
+        "local", description='Where the router runs: "local" (this machine) or the ssh address of a host.'
+    )
     user: str | None = Field(None, description="ssh user on the router's host (default: ssh's).")
     identity: str | None = Field(None, description="ssh identity for the router's host.")
     ssh_port: Int | None = Field(None, ge=1, le=65535, description="ssh port of the router's host.")
     bind: str = Field("0.0.0.0", description="Address the router's API binds (--host): an IPv4 or IPv6 address.")
     port: Int = Field(30000, ge=1, le=65535, description="The router's OpenAI API port (--port).")
     policy: Policy = Field(
-        "round_robin", description="How requests are spread (--policy); cache_aware may send all shared-prefix traffic to one line.")
-    python: str | None = Field(None, description="Python with the router installed, on the router's host (default: the Python running tp4).")
-    state_dir: str = Field("/var/tmp/tp4-router", description="The router's pid file, log and key file on its host (absolute).")
-    ready_timeout: Int = Field(300, ge=1, le=86400, description="Seconds serve waits for the router to report every line healthy.")
+        "round_robin",
+        description="How requests are spread (--policy); cache_aware may send all shared-prefix traffic to one line.",
+    )
+    python: str | None = Field(
+        None, description="Python with the router installed, on the router's host (default: the Python running tp4)."
+    )
+    state_dir: str = Field(
+        "/var/tmp/tp4-router", description="The router's pid file, log and key file on its host (absolute)."
+    )
+    ready_timeout: Int = Field(
+        300, ge=1, le=86400, description="Seconds serve waits for the router to report every line healthy."
+    )
     stop_grace: Int = Field(10, ge=0, le=3600, description="Seconds between TERM and KILL when the router stops.")
     service: RouterService = Field(
-        "process", description="How the router runs on its host: a plain process in its own session (\"process\"), or the NixOS module's tp4-router.service (\"unit\": nixosModules.tp4-router), started and stopped with systemctl.")
+        "process",
+        description='How the router runs on its host: a plain process in its own session ("process"), or the NixOS module\'s tp4-router.service ("unit": nixosModules.tp4-router), started and stopped with systemctl.',
+    )
     health: Health = Field(default_factory=Health)
     metrics: Metrics = Field(default_factory=Metrics)
 
@@ -182,14 +227,21 @@ class Router(Section):
 
 class LineEntry(Section):
     name: str = Field(description="The line's name in tp4 output.")
-    profile: str | None = Field(None, description="The line's profile, relative to the fleet file (default: the fleet's base).")
-    set: dict[str, object] = Field(default_factory=lambda: {}, description="A partial profile merged over the profile (its nodes, ports, any field).")
+    profile: str | None = Field(
+        None, description="The line's profile, relative to the fleet file (default: the fleet's base)."
+    )
+    set: dict[str, object] = Field(
+        default_factory=lambda: {},
+        description="A partial profile merged over the profile (its nodes, ports, any field).",
+    )
 
     @field_validator("name")
     @classmethod
     def _name(cls, v: str) -> str:
         if not _NAME.fullmatch(v):
-            raise ValueError(f"{v[:80]!r} is not a line name; fix: 1-63 letters, digits, '.', '_' or '-', starting with a letter or digit")
+            raise ValueError(
+                f"{v[:80]!r} is not a line name; fix: 1-63 letters, digits, '.', '_' or '-', starting with a letter or digit"
+            )
         return v
 
     @field_validator("profile")
@@ -267,8 +319,9 @@ def load(path: str | os.PathLike[str]) -> Fleet:
     try:
         fleet_file = FleetFile.model_validate(doc)
     except ValidationError as exc:
-        raise InvalidInput(f"{source}: {len(exc.errors())} problem(s)",
-                           [str(p) for p in _pydantic_problems(exc, doc, FleetFile)]) from None
+        raise InvalidInput(
+            f"{source}: {len(exc.errors())} problem(s)", [str(p) for p in _pydantic_problems(exc, doc, FleetFile)]
+        ) from None
     problems: list[str] = []
     warnings: list[str] = []
     root = Path(path).parent
@@ -277,12 +330,16 @@ def load(path: str | os.PathLike[str]) -> Fleet:
     for i, entry in enumerate(fleet_file.lines):
         where = f"lines[{i}] ({entry.name})"
         if entry.name in seen_names:
-            problems.append(f"lines[{i}].name: {entry.name!r} is also the name of lines[{seen_names[entry.name]}]; fix: give every line its own name")
+            problems.append(
+                f"lines[{i}].name: {entry.name!r} is also the name of lines[{seen_names[entry.name]}]; fix: give every line its own name"
+            )
             continue
         seen_names[entry.name] = i
         profile = entry.profile or fleet_file.base
         if profile is None:
-            problems.append(f"lines[{i}].profile: is required (the fleet has no base); fix: name the line's profile, or set base")
+            problems.append(
+                f"lines[{i}].profile: is required (the fleet has no base); fix: name the line's profile, or set base"
+            )
             continue
         profile_path = root / profile
         try:
@@ -318,13 +375,20 @@ def _rules(ff: FleetFile, lines: Sequence[Line]) -> tuple[list[Problem], list[Pr
             for node in line.plan.nodes:
                 value = node.ssh.host if attr == "ssh" else getattr(node, attr)
                 if value in owner and owner[value] != line.name:
-                    errors.append(Problem(f"lines[{i}] ({line.name})", f"{label} {value!r} is also in line {owner[value]}",
-                                          "every node belongs to one line: give each line its own nodes"))
+                    errors.append(
+                        Problem(
+                            f"lines[{i}] ({line.name})",
+                            f"{label} {value!r} is also in line {owner[value]}",
+                            "every node belongs to one line: give each line its own nodes",
+                        )
+                    )
                 owner.setdefault(value, line.name)
     # ports on the router's host: its API and metrics ports, and each line's API and dist init
     # port where the router shares a host with a line
     if r.port == r.metrics.port:
-        errors.append(Problem("router.metrics.port", f"equals router.port ({r.port})", "use two ports (default 30000 and 29000)"))
+        errors.append(
+            Problem("router.metrics.port", f"equals router.port ({r.port})", "use two ports (default 30000 and 29000)")
+        )
     for line in lines:
         addresses = {a for n in line.plan.nodes for a in (n.ssh.host, n.host)}
         if r.host not in addresses:
@@ -334,34 +398,71 @@ def _rules(ff: FleetFile, lines: Sequence[Line]) -> tuple[list[Problem], list[Pr
         for field_, port in (("router.port", r.port), ("router.metrics.port", r.metrics.port)):
             for what, taken in (("API", api_port), ("dist init", dist_port)):
                 if port == taken:
-                    errors.append(Problem(field_, f"{port} is line {line.name}'s {what} port on {r.host}, where the router runs",
-                                          "choose another port, or run the router on another host"))
+                    errors.append(
+                        Problem(
+                            field_,
+                            f"{port} is line {line.name}'s {what} port on {r.host}, where the router runs",
+                            "choose another port, or run the router on another host",
+                        )
+                    )
     # the same image and served model everywhere (a client of the router must not see which line answered)
-    for attr, allowed, label, flag in (("image", ff.allow.mixed_images, "image", "allow.mixed_images"),
-                                        ("model", ff.allow.mixed_models, "served model name", "allow.mixed_models")):
-        values = {line.name: (line.plan.image.tag if attr == "image" else line.plan.nodes[0].env.get("SERVED_MODEL_NAME", ""))
-                  for line in lines}
+    for attr, allowed, label, flag in (
+        ("image", ff.allow.mixed_images, "image", "allow.mixed_images"),
+        ("model", ff.allow.mixed_models, "served model name", "allow.mixed_models"),
+    ):
+        values = {
+            line.name: (line.plan.image.tag if attr == "image" else line.plan.nodes[0].env.get("SERVED_MODEL_NAME", ""))
+            for line in lines
+        }
         if len(set(values.values())) > 1 and not allowed:
             shown = ", ".join(f"{k}: {v}" for k, v in values.items())
-            errors.append(Problem("lines", f"the lines differ in their {label} ({shown})",
-                                  f"give every line the same one, or set {flag} = true"))
+            errors.append(
+                Problem(
+                    "lines",
+                    f"the lines differ in their {label} ({shown})",
+                    f"give every line the same one, or set {flag} = true",
+                )
+            )
     # one API key for all: the router passes one key to every line
-    keys = {line.name: (line.plan.secrets["API_KEY"].file if "API_KEY" in line.plan.secrets else None) for line in lines}
+    keys = {
+        line.name: (line.plan.secrets["API_KEY"].file if "API_KEY" in line.plan.secrets else None) for line in lines
+    }
     if len(set(keys.values())) > 1:
         shown = ", ".join(f"{k}: {v or 'none'}" for k, v in keys.items())
-        errors.append(Problem("lines", f"the lines have different api.key_file ({shown}); the router gives every line one key",
-                              "give every line the same api.key_file (or none)"))
+        errors.append(
+            Problem(
+                "lines",
+                f"the lines have different api.key_file ({shown}); the router gives every line one key",
+                "give every line the same api.key_file (or none)",
+            )
+        )
     # the health check must outwait each line's own generating probe
     own = max((_own_probe(line) for line in lines), default=SGLANG_HEALTH_TIMEOUT)
     if r.health.timeout <= own:
-        errors.append(Problem("router.health.timeout", f"{r.health.timeout} s is not above the lines' own generating probe ({own} s, {HEALTH_ENV}): "
-                              "the router would mark a busy, healthy line down", f"set it above {own} (default 30)"))
+        errors.append(
+            Problem(
+                "router.health.timeout",
+                f"{r.health.timeout} s is not above the lines' own generating probe ({own} s, {HEALTH_ENV}): "
+                "the router would mark a busy, healthy line down",
+                f"set it above {own} (default 30)",
+            )
+        )
     if r.health.endpoint != "/health_generate":
-        warnings.append(Problem("router.health.endpoint", f"{r.health.endpoint} generates only while the engine's SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION is on",
-                                'use "/health_generate"'))
+        warnings.append(
+            Problem(
+                "router.health.endpoint",
+                f"{r.health.endpoint} generates only while the engine's SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION is on",
+                'use "/health_generate"',
+            )
+        )
     if r.policy == "cache_aware":
-        warnings.append(Problem("router.policy", "cache_aware may send all shared-prefix traffic to one line (measured upstream: prose c32 296 tok/s against 673 with round_robin)",
-                                'use "round_robin" unless the traffic has few shared prefixes'))
+        warnings.append(
+            Problem(
+                "router.policy",
+                "cache_aware may send all shared-prefix traffic to one line (measured upstream: prose c32 296 tok/s against 673 with round_robin)",
+                'use "round_robin" unless the traffic has few shared prefixes',
+            )
+        )
     return errors, warnings, next(iter(keys.values()), None)
 
 
@@ -383,12 +484,34 @@ def router_args(fleet: Fleet, urls: Sequence[str]) -> list[str]:
     """The router's own arguments (common to every kind in ROUTERS), without the API key."""
     r = fleet.router
     h = r.health
-    return ["--host", r.bind, "--port", str(r.port), "--worker-urls", *urls, "--policy", r.policy,
-            "--health-check-endpoint", h.endpoint, "--health-check-timeout-secs", str(h.timeout),
-            "--health-check-interval-secs", str(h.interval), "--health-failure-threshold", str(h.failure_threshold),
-            "--health-success-threshold", str(h.success_threshold),
-            "--prometheus-host", METRICS_HOST, "--prometheus-port", str(r.metrics.port),
-            "--shutdown-grace-period-secs", str(r.stop_grace), "--log-level", "info"]
+    return [
+        "--host",
+        r.bind,
+        "--port",
+        str(r.port),
+        "--worker-urls",
+        *urls,
+        "--policy",
+        r.policy,
+        "--health-check-endpoint",
+        h.endpoint,
+        "--health-check-timeout-secs",
+        str(h.timeout),
+        "--health-check-interval-secs",
+        str(h.interval),
+        "--health-failure-threshold",
+        str(h.failure_threshold),
+        "--health-success-threshold",
+        str(h.success_threshold),
+        "--prometheus-host",
+        METRICS_HOST,
+        "--prometheus-port",
+        str(r.metrics.port),
+        "--shutdown-grace-period-secs",
+        str(r.stop_grace),
+        "--log-level",
+        "info",
+    ]
 
 
 def router_argv(fleet: Fleet, urls: Sequence[str]) -> list[str]:
@@ -414,19 +537,37 @@ def plan_json(fleet: Fleet) -> dict[str, object]:
     argv = router_argv(fleet, urls)
     r = fleet.router
     doc = FleetPlan(
-        source=fleet.source, url=fleet.url,
-        lines=[FleetPlanLine(name=line.name, api=line.api, nodes=[n.name for n in line.plan.nodes], image=line.plan.image.tag,
-                             model=line.plan.nodes[0].env.get("SERVED_MODEL_NAME"), source=line.loaded.source)
-               for line in fleet.lines],
+        source=fleet.source,
+        url=fleet.url,
+        lines=[
+            FleetPlanLine(
+                name=line.name,
+                api=line.api,
+                nodes=[n.name for n in line.plan.nodes],
+                image=line.plan.image.tag,
+                model=line.plan.nodes[0].env.get("SERVED_MODEL_NAME"),
+                source=line.loaded.source,
+            )
+            for line in fleet.lines
+        ],
         router=FleetPlanRouter(
-            kind=r.kind, host=r.host, port=r.port, policy=r.policy, metrics=f"http://{METRICS_HOST}:{r.metrics.port}/metrics",
-            health=RouterHealth(**r.health.model_dump()), state_dir=r.state_dir,
+            kind=r.kind,
+            host=r.host,
+            port=r.port,
+            policy=r.policy,
+            metrics=f"http://{METRICS_HOST}:{r.metrics.port}/metrics",
+            health=RouterHealth(**r.health.model_dump()),
+            state_dir=r.state_dir,
             api_key=f"read from {fleet.key_file} at serve time (never shown)" if fleet.key_file else None,
             argv=argv[:2] + ["<launcher>"] + argv[3:],
             # what nixosModules.tp4-router runs (its Python first): the launcher and the
             # arguments over every line; the key is read from the file, never here
-            service=r.service, python=r.python, command=argv),
-        warnings=list(fleet.warnings))
+            service=r.service,
+            python=r.python,
+            command=argv,
+        ),
+        warnings=list(fleet.warnings),
+    )
     return doc.model_dump(mode="json", by_alias=True)
 
 
@@ -434,16 +575,22 @@ def plan_text(fleet: Fleet) -> list[str]:
     out = [f"fleet: {len(fleet.lines)} lines behind {fleet.router.kind} at {fleet.url} ({fleet.source})"]
     for line in fleet.lines:
         p = line.plan
-        out.append(f"line {line.name}: {p.line.nnodes} nodes ({', '.join(n.name for n in p.nodes)}), TP {p.line.tp}, "
-                   f"api {p.line.api}, image {p.image.tag}, model {p.nodes[0].env.get('SERVED_MODEL_NAME')}, preset {p.preset}")
+        out.append(
+            f"line {line.name}: {p.line.nnodes} nodes ({', '.join(n.name for n in p.nodes)}), TP {p.line.tp}, "
+            f"api {p.line.api}, image {p.image.tag}, model {p.nodes[0].env.get('SERVED_MODEL_NAME')}, preset {p.preset}"
+        )
     r = fleet.router
     where = "this machine" if r.host == "local" else r.host
     how = "tp4-router.service (nixosModules.tp4-router)" if r.service == "unit" else "a process in its own session"
-    out.append(f"router: {r.kind} on {where} as {how}, policy {r.policy}, health {r.health.endpoint} every {r.health.interval} s "
-               f"(timeout {r.health.timeout} s, out after {r.health.failure_threshold}, back after {r.health.success_threshold}), "
-               f"metrics http://{METRICS_HOST}:{r.metrics.port}/metrics on its loopback")
+    out.append(
+        f"router: {r.kind} on {where} as {how}, policy {r.policy}, health {r.health.endpoint} every {r.health.interval} s "
+        f"(timeout {r.health.timeout} s, out after {r.health.failure_threshold}, back after {r.health.success_threshold}), "
+        f"metrics http://{METRICS_HOST}:{r.metrics.port}/metrics on its loopback"
+    )
     if fleet.key_file:
-        out.append(f"api key: read from {fleet.key_file} at serve time, given to the router in a file of mode 0600 (never shown)")
+        out.append(
+            f"api key: read from {fleet.key_file} at serve time, given to the router in a file of mode 0600 (never shown)"
+        )
     argv = router_argv(fleet, [line.api for line in fleet.lines])
     out.append("router argv: " + shlex.join(argv[:2]) + " <launcher> " + shlex.join(argv[3:]))
     return out
@@ -487,8 +634,9 @@ class RouterHost:
     def where(self) -> str:
         return "this machine" if self.remote is None else self.fleet.router.host
 
-    def run(self, argv: Sequence[str], *, check: bool = True, input: str | None = None, purpose: str,
-            timeout: float = 60) -> process.CompletedProcess[str]:
+    def run(
+        self, argv: Sequence[str], *, check: bool = True, input: str | None = None, purpose: str, timeout: float = 60
+    ) -> process.CompletedProcess[str]:
         from tp4.core import process
 
         return process.run(list(argv), remote=self.remote, check=check, input=input, timeout=timeout, purpose=purpose)
@@ -499,59 +647,95 @@ class RouterHost:
 
     def pid(self) -> int | None:
         if self.unit:
-            out = self.run(privileged(self.fleet, unit_pid_argv()), check=False, purpose=f"{ROUTER_UNIT}'s pid on {self.where}").stdout.strip()
+            out = self.run(
+                privileged(self.fleet, unit_pid_argv()), check=False, purpose=f"{ROUTER_UNIT}'s pid on {self.where}"
+            ).stdout.strip()
             return int(out) if out.isdigit() and int(out) > 0 else None
-        out = self.run(["sh", "-c", _PID, "sh", self.fleet.router.state_dir], purpose=f"the router's pid on {self.where}").stdout.strip()
+        out = self.run(
+            ["sh", "-c", _PID, "sh", self.fleet.router.state_dir], purpose=f"the router's pid on {self.where}"
+        ).stdout.strip()
         return int(out) if out.isdigit() else None
 
     def start(self, urls: Sequence[str], key: Secret | None) -> str:
         d = self.fleet.router.state_dir
         if key is not None:  # the router's own key file, mode 0600, written from stdin
-            self.run(["sh", "-c", _WRITE_PRIVATE, "sh", f"{d}/{KEY_FILE}"], input=key.reveal(), purpose=f"writing the router's key file on {self.where}")
+            self.run(
+                ["sh", "-c", _WRITE_PRIVATE, "sh", f"{d}/{KEY_FILE}"],
+                input=key.reveal(),
+                purpose=f"writing the router's key file on {self.where}",
+            )
         if self.unit:
             # the unit's command is the fleet plan's (every line): a line that did not come up is
             # one the router's health check keeps out
             self.run(privileged(self.fleet, unit_start_argv()), purpose=f"starting {ROUTER_UNIT} on {self.where}")
             return f"started {ROUTER_UNIT} (pid {self.pid() or '?'})"
-        out = self.run(["sh", "-c", _START, "sh", d, *router_argv(self.fleet, urls)], purpose=f"starting the router on {self.where}")
+        out = self.run(
+            ["sh", "-c", _START, "sh", d, *router_argv(self.fleet, urls)],
+            purpose=f"starting the router on {self.where}",
+        )
         return out.stdout.strip()
 
     def stop(self) -> str | None:
         """Stop the router (TERM, KILL after the grace); a problem, or None when none runs."""
         if self.unit:
-            proc = self.run(privileged(self.fleet, unit_stop_argv()), check=False, purpose=f"stopping {ROUTER_UNIT} on {self.where}",
-                            timeout=self.fleet.router.stop_grace + 60)
-            self.run(["rm", "-f", "--", f"{self.fleet.router.state_dir}/{KEY_FILE}"], check=False, purpose=f"removing the router's key file on {self.where}")
+            proc = self.run(
+                privileged(self.fleet, unit_stop_argv()),
+                check=False,
+                purpose=f"stopping {ROUTER_UNIT} on {self.where}",
+                timeout=self.fleet.router.stop_grace + 60,
+            )
+            self.run(
+                ["rm", "-f", "--", f"{self.fleet.router.state_dir}/{KEY_FILE}"],
+                check=False,
+                purpose=f"removing the router's key file on {self.where}",
+            )
             if proc.returncode != 0:
                 return f"router on {self.where}: systemctl stop {ROUTER_UNIT}: {(proc.stdout + proc.stderr).strip() or f'exit code {proc.returncode}'}"
             return None
-        proc = self.run(["sh", "-c", _STOP, "sh", self.fleet.router.state_dir, str(self.fleet.router.stop_grace)], check=False,
-                        purpose=f"stopping the router on {self.where}", timeout=self.fleet.router.stop_grace + 60)
+        proc = self.run(
+            ["sh", "-c", _STOP, "sh", self.fleet.router.state_dir, str(self.fleet.router.stop_grace)],
+            check=False,
+            purpose=f"stopping the router on {self.where}",
+            timeout=self.fleet.router.stop_grace + 60,
+        )
         if proc.returncode != 0:
             return f"router on {self.where}: {(proc.stdout + proc.stderr).strip() or 'could not be stopped'}"
         return None
 
     def log_tail(self, lines: int = LOG_TAIL) -> list[str]:
         if self.unit:
-            proc = self.run(privileged(self.fleet, unit_log_argv(lines)), check=False, purpose=f"{ROUTER_UNIT}'s journal on {self.where}")
+            proc = self.run(
+                privileged(self.fleet, unit_log_argv(lines)),
+                check=False,
+                purpose=f"{ROUTER_UNIT}'s journal on {self.where}",
+            )
             return [_plain(line) for line in proc.stdout.splitlines() if line.strip()]
-        proc = self.run(["tail", "-n", str(lines), "--", f"{self.fleet.router.state_dir}/{LOG_FILE}"], check=False,
-                        purpose=f"the router's log on {self.where}")
+        proc = self.run(
+            ["tail", "-n", str(lines), "--", f"{self.fleet.router.state_dir}/{LOG_FILE}"],
+            check=False,
+            purpose=f"the router's log on {self.where}",
+        )
         return [_plain(line) for line in proc.stdout.splitlines() if line.strip()]
 
     def metrics(self) -> str | None:
         """The router's /metrics, read on its host's loopback (where it listens)."""
-        script = ("import sys, urllib.request\n"
-                  "sys.stdout.write(urllib.request.urlopen(sys.argv[1], timeout=10).read().decode())\n")
+        script = (
+            "import sys, urllib.request\n"
+            "sys.stdout.write(urllib.request.urlopen(sys.argv[1], timeout=10).read().decode())\n"
+        )
         url = f"http://{METRICS_HOST}:{self.fleet.router.metrics.port}/metrics"
-        proc = self.run([python_of(self.fleet), "-c", script, url], check=False, purpose=f"the router's metrics on {self.where}")
+        proc = self.run(
+            [python_of(self.fleet), "-c", script, url], check=False, purpose=f"the router's metrics on {self.where}"
+        )
         return proc.stdout if proc.returncode == 0 else None
 
 
 # the router's per-worker counters (Prometheus text): smg's circuit-breaker outcomes (one per
 # request a worker answered, whatever the outcome; sglang-router 0.3.2 and smg), and the older
 # sglang-router's processed requests
-_WORKER_COUNTER = re.compile(r'^(smg_worker_cb_outcomes_total|sgl_router_processed_requests_total)\{([^}]*)\}\s+([0-9.eE+]+)\s*$')
+_WORKER_COUNTER = re.compile(
+    r"^(smg_worker_cb_outcomes_total|sgl_router_processed_requests_total)\{([^}]*)\}\s+([0-9.eE+]+)\s*$"
+)
 _WORKER_LABEL = re.compile(r'(?:^|,)worker="([^"]*)"')
 
 
@@ -645,8 +829,9 @@ def _prefixed(name: str, echo: Echo) -> Echo:
     return lambda text: echo(f"[{name}] {text}")
 
 
-def serve(fleet: Fleet, opts: Options, out: Echo, progress: Echo, *, all_lines: bool = False,
-          ssh_options: Sequence[str] = ()) -> Served:
+def serve(
+    fleet: Fleet, opts: Options, out: Echo, progress: Echo, *, all_lines: bool = False, ssh_options: Sequence[str] = ()
+) -> Served:
     """Every line in parallel, each verified by tp4.serving.serve (``opts`` with each line's own
     weights kind and shard count); then the router over the lines that
     came up, ready when it reports each of them healthy (module doc). Raises Tp4Error when no
@@ -659,7 +844,9 @@ def serve(fleet: Fleet, opts: Options, out: Echo, progress: Echo, *, all_lines: 
     host = RouterHost(fleet, router_remote(fleet, ssh_options))
     running = host.pid()
     if running is not None:
-        raise Tp4Error(f"the fleet's router already runs on {host.where} (pid {running}); fix: `tp4 fleet stop` first, or `tp4 fleet status`")
+        raise Tp4Error(
+            f"the fleet's router already runs on {host.where} (pid {running}); fix: `tp4 fleet stop` first, or `tp4 fleet status`"
+        )
     served = Served(fleet.url)
     started_router = False
     try:
@@ -668,10 +855,13 @@ def serve(fleet: Fleet, opts: Options, out: Echo, progress: Echo, *, all_lines: 
         def one(line: Line) -> None:
             nodes = line_nodes(line, ssh_options)
             profile = line.loaded.profile  # what doctor expects of this line's weights
-            own = dataclasses.replace(opts, volume_kind="nfs" if profile.nfs.share else "local",
-                                      expected_shards=profile.model.expected_shards)
+            own = dataclasses.replace(
+                opts, volume_kind="nfs" if profile.nfs.share else "local", expected_shards=profile.model.expected_shards
+            )
             try:
-                serve_mod.serve(line.plan, nodes, secrets, own, _prefixed(line.name, out), _prefixed(line.name, progress))
+                serve_mod.serve(
+                    line.plan, nodes, secrets, own, _prefixed(line.name, out), _prefixed(line.name, progress)
+                )
             except Tp4Error as exc:
                 done[line.name] = LineResult(line, False, exc.message)
                 return
@@ -687,13 +877,19 @@ def serve(fleet: Fleet, opts: Options, out: Echo, progress: Echo, *, all_lines: 
         for r in served.failed:
             progress(f"line {r.line.name} failed: {r.detail}")
         if not served.up:
-            raise Tp4Error("no line came up, so the router was not started:\n"
-                           + "\n".join(f"  line {r.line.name}: {r.detail}" for r in served.failed))
+            raise Tp4Error(
+                "no line came up, so the router was not started:\n"
+                + "\n".join(f"  line {r.line.name}: {r.detail}" for r in served.failed)
+            )
         if served.failed and all_lines:
-            raise Tp4Error(f"--all: {len(served.failed)} of {len(served.lines)} lines failed, so every line stops:\n"
-                           + "\n".join(f"  line {r.line.name}: {r.detail}" for r in served.failed))
+            raise Tp4Error(
+                f"--all: {len(served.failed)} of {len(served.lines)} lines failed, so every line stops:\n"
+                + "\n".join(f"  line {r.line.name}: {r.detail}" for r in served.failed)
+            )
         urls = [line.api for line in served.up]
-        progress(f"starting the router ({fleet.router.kind}) on {host.where} over {', '.join(line.name for line in served.up)}")
+        progress(
+            f"starting the router ({fleet.router.kind}) on {host.where} over {', '.join(line.name for line in served.up)}"
+        )
         started_router = True
         progress(f"router: {host.start(urls, secrets.get('API_KEY'))}")
         _wait_router(fleet, host, urls, secrets.get("API_KEY"), progress)
@@ -710,8 +906,10 @@ def serve(fleet: Fleet, opts: Options, out: Echo, progress: Echo, *, all_lines: 
                     progress(f"warning: {problem}")
         raise
     names = ", ".join(line.name for line in served.up)
-    out(f"ready: {fleet.url} ({fleet.router.kind}, {fleet.router.policy}) over {len(served.up)} of {len(served.lines)} lines: {names}; "
-        f"the router reports each healthy")
+    out(
+        f"ready: {fleet.url} ({fleet.router.kind}, {fleet.router.policy}) over {len(served.up)} of {len(served.lines)} lines: {names}; "
+        f"the router reports each healthy"
+    )
     return served
 
 
@@ -721,25 +919,38 @@ def _wait_router(fleet: Fleet, host: RouterHost, urls: Sequence[str], key: Secre
     last: list[WorkerHealth] | None = None
     while time.monotonic() < deadline:
         if host.pid() is None:
-            raise Tp4Error(f"the router on {host.where} exited before it was ready; its log:\n"
-                           + "\n".join(f"  | {line}" for line in host.log_tail()))
+            raise Tp4Error(
+                f"the router on {host.where} exited before it was ready; its log:\n"
+                + "\n".join(f"  | {line}" for line in host.log_tail())
+            )
         last = workers(fleet, key)
         if last is not None and want <= {w.url for w in last if w.healthy}:
             progress(f"router: every line healthy ({len(want)})")
             return
         time.sleep(0.5)
-    seen = "no answer from its /workers" if last is None else ", ".join(f"{w.url} {'healthy' if w.healthy else 'unhealthy'}" for w in last) or "no workers"
-    raise Tp4Error(f"the router on {host.where} did not report every line healthy within {fleet.router.ready_timeout} s ({seen}); "
-                   "its log:\n" + "\n".join(f"  | {line}" for line in host.log_tail()))
+    seen = (
+        "no answer from its /workers"
+        if last is None
+        else ", ".join(f"{w.url} {'healthy' if w.healthy else 'unhealthy'}" for w in last) or "no workers"
+    )
+    raise Tp4Error(
+        f"the router on {host.where} did not report every line healthy within {fleet.router.ready_timeout} s ({seen}); "
+        "its log:\n" + "\n".join(f"  | {line}" for line in host.log_tail())
+    )
 
 
-def _stop_lines(lines: Sequence[Line], secrets: Mapping[str, Secret], ssh_options: Sequence[str], progress: Echo) -> list[str]:
+def _stop_lines(
+    lines: Sequence[Line], secrets: Mapping[str, Secret], ssh_options: Sequence[str], progress: Echo
+) -> list[str]:
     from tp4.serving import serve as serve_mod
 
     def one(line: Line) -> list[str]:
         nodes = line_nodes(line, ssh_options)
         try:
-            return [f"line {line.name}: {p}" for p in serve_mod.stop(line.plan, nodes, secrets, lambda _: None, _prefixed(line.name, progress))]
+            return [
+                f"line {line.name}: {p}"
+                for p in serve_mod.stop(line.plan, nodes, secrets, lambda _: None, _prefixed(line.name, progress))
+            ]
         except Tp4Error as exc:
             return [f"line {line.name}: {exc.message}"]
 
@@ -764,7 +975,9 @@ def stop(fleet: Fleet, out: Echo, progress: Echo, *, ssh_options: Sequence[str] 
         problems.append(problem)
     problems += _stop_lines(fleet.lines, secrets, ssh_options, progress)
     if not problems:
-        out(f"stopped: the router on {host.where} and {len(fleet.lines)} lines ({', '.join(line.name for line in fleet.lines)})")
+        out(
+            f"stopped: the router on {host.where} and {len(fleet.lines)} lines ({', '.join(line.name for line in fleet.lines)})"
+        )
     return problems
 
 
@@ -785,15 +998,25 @@ def status(fleet: Fleet, *, ssh_options: Sequence[str] = (), probe_timeout: floa
     def one(line: Line) -> dict[str, object]:
         data = serve_mod.status(line.plan, line_nodes(line, ssh_options), secrets, probe_timeout=probe_timeout)
         in_router = line.api.rstrip("/") in health
-        return {"name": line.name, "api": line.api, "in_router": in_router,
-                "router_health": ("healthy" if health[line.api.rstrip("/")] else "unhealthy") if in_router else None,
-                "status": data}
+        return {
+            "name": line.name,
+            "api": line.api,
+            "in_router": in_router,
+            "router_health": ("healthy" if health[line.api.rstrip("/")] else "unhealthy") if in_router else None,
+            "status": data,
+        }
 
     with ThreadPoolExecutor(max_workers=len(fleet.lines)) as pool:
         lines = list(pool.map(one, fleet.lines))
-    router: dict[str, object] = {"kind": fleet.router.kind, "host": fleet.router.host, "url": fleet.url,
-                                 "state": "running" if pid is not None else ("unreachable" if error else "stopped"), "pid": pid,
-                                 "answers": seen is not None, "workers": [w._asdict() for w in seen or []]}
+    router: dict[str, object] = {
+        "kind": fleet.router.kind,
+        "host": fleet.router.host,
+        "url": fleet.url,
+        "state": "running" if pid is not None else ("unreachable" if error else "stopped"),
+        "pid": pid,
+        "answers": seen is not None,
+        "workers": [w._asdict() for w in seen or []],
+    }
     if error:
         router["error"] = error
     return {"schema": "tp4.fleet-status/1", "router": router, "lines": lines}

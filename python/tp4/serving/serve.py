@@ -98,9 +98,21 @@ def run_argv(rank: RankPlan, *, line: str, create: bool = False, digest: str = "
     ``digest``: the plan's, as the label PLAN_LABEL."""
     spec = rank.run
     runtime = rank.service.runtime
-    argv = [runtime, *(["create"] if create else ["run", "-d"]), "--name", spec.container, "--label", f"{LINE_LABEL}={line}",
-            "--label", f"{RANK_LABEL}={rank.rank}", *(["--label", f"{PLAN_LABEL}={digest}"] if digest else []),
-            "--network", spec.network, "--ipc", spec.ipc]
+    argv = [
+        runtime,
+        *(["create"] if create else ["run", "-d"]),
+        "--name",
+        spec.container,
+        "--label",
+        f"{LINE_LABEL}={line}",
+        "--label",
+        f"{RANK_LABEL}={rank.rank}",
+        *(["--label", f"{PLAN_LABEL}={digest}"] if digest else []),
+        "--network",
+        spec.network,
+        "--ipc",
+        spec.ipc,
+    ]
     if spec.privileged:
         argv.append("--privileged")
     for cap in spec.cap_add:
@@ -128,9 +140,18 @@ def run_argv(rank: RankPlan, *, line: str, create: bool = False, digest: str = "
 def health_flags(health: Health) -> list[str]:
     """podman's flags for a health check: the command as a JSON array (podman's exec form, run
     without a shell), the durations in seconds (modules/lib/rank.nix renders the same)."""
-    return ["--health-cmd", json.dumps(list(health.cmd), separators=(",", ":"), ensure_ascii=False),
-            "--health-interval", f"{health.interval}s", "--health-timeout", f"{health.timeout}s",
-            "--health-start-period", f"{health.start_period}s", "--health-retries", str(health.retries)]
+    return [
+        "--health-cmd",
+        json.dumps(list(health.cmd), separators=(",", ":"), ensure_ascii=False),
+        "--health-interval",
+        f"{health.interval}s",
+        "--health-timeout",
+        f"{health.timeout}s",
+        "--health-start-period",
+        f"{health.start_period}s",
+        "--health-retries",
+        str(health.retries),
+    ]
 
 
 def env_file_text(rank: RankPlan, secrets: Mapping[str, Secret]) -> str:
@@ -149,29 +170,39 @@ def env_file_text(rank: RankPlan, secrets: Mapping[str, Secret]) -> str:
     for key in sorted(env):
         value = env[key]
         if not ENV_KEY.fullmatch(key):
-            raise InvalidInput(f"{rank.name}: env key {key!r} is not a variable name, which an env file cannot carry; "
-                               "fix: use letters, digits and _ (not first a digit)")
+            raise InvalidInput(
+                f"{rank.name}: env key {key!r} is not a variable name, which an env file cannot carry; "
+                "fix: use letters, digits and _ (not first a digit)"
+            )
         if has_unsafe_chars(value):
-            raise InvalidInput(f"{rank.name}: the value of {key} holds a control character or a line break, which an env file "
-                               "cannot carry; fix: remove it from the profile")
+            raise InvalidInput(
+                f"{rank.name}: the value of {key} holds a control character or a line break, which an env file "
+                "cannot carry; fix: remove it from the profile"
+            )
         lines.append(f"{key}={value}")
     return "\n".join(lines) + "\n"
 
 
 # one constant script; the file's path is its argument (never part of the script)
-_WRITE_PRIVATE = 'umask 077 && mkdir -p -- "$(dirname -- "$1")" && cat > "$1.tmp" && chmod 600 "$1.tmp" && mv -f -- "$1.tmp" "$1"'
+_WRITE_PRIVATE = (
+    'umask 077 && mkdir -p -- "$(dirname -- "$1")" && cat > "$1.tmp" && chmod 600 "$1.tmp" && mv -f -- "$1.tmp" "$1"'
+)
 
 
 def write_private(node: Node, path: str, text: str) -> None:
     """Write ``text`` to ``path`` on the node, mode 0600, through stdin (never argv)."""
-    node.run(node.privileged(["sh", "-c", _WRITE_PRIVATE, "sh", path]), input=text,
-             purpose=f"writing {path} on {node.name}")
+    node.run(
+        node.privileged(["sh", "-c", _WRITE_PRIVATE, "sh", path]), input=text, purpose=f"writing {path} on {node.name}"
+    )
 
 
 def container_state(node: Node) -> str | None:
     """The state of the rank's container (running, exited, created...), None when there is none."""
-    proc = node.run([node.runtime, "inspect", "--format", "{{.State.Status}}", node.container], check=False,
-                    purpose=f"reading the state of {node.container} on {node.name}")
+    proc = node.run(
+        [node.runtime, "inspect", "--format", "{{.State.Status}}", node.container],
+        check=False,
+        purpose=f"reading the state of {node.container} on {node.name}",
+    )
     if proc.returncode != 0:
         return None
     return proc.stdout.strip() or None
@@ -218,8 +249,10 @@ def line_lock(plan: Plan, what: str) -> Iterator[None]:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "another tp4"
-            raise Tp4Error(f"the line {line_id(plan)} is busy: {holder} holds {path}; wait for it, or stop it "
-                           "(Ctrl-C in its terminal)") from None
+            raise Tp4Error(
+                f"the line {line_id(plan)} is busy: {holder} holds {path}; wait for it, or stop it "
+                "(Ctrl-C in its terminal)"
+            ) from None
         stale = os.pread(fd, 200, 0).decode(errors="replace").strip()
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"tp4 {what} (pid {os.getpid()}, started {time.strftime('%Y-%m-%d %H:%M:%S')})\n".encode(), 0)
@@ -290,8 +323,12 @@ def push_spec_tables(nodes: Sequence[Node], names: Sequence[str], echo: Echo) ->
         src = f"{_state_host_dir(head.rank)}/{name}"
         proc = head.run(["cat", "--", src], check=False, purpose=f"reading {src} on {head.name}")
         if proc.returncode != 0:
-            raise NodeFailure(head.name, "spec table", f"{src} cannot be read: {proc.stderr.strip()}; "
-                              "fix: put the table in the head's state dir, or turn engine.use_*_table off")
+            raise NodeFailure(
+                head.name,
+                "spec table",
+                f"{src} cannot be read: {proc.stderr.strip()}; "
+                "fix: put the table in the head's state dir, or turn engine.use_*_table off",
+            )
         data = proc.stdout
         want = hashlib.sha256(data.encode()).hexdigest()
         echo(f"spec table {name}: {want[:16]} from {head.name}")
@@ -299,10 +336,18 @@ def push_spec_tables(nodes: Sequence[Node], names: Sequence[str], echo: Echo) ->
         def copy(node: Node, data: str = data, name: str = name) -> str:
             path = f"{_state_host_dir(node.rank)}/{name}"
             if node is not head:
-                node.run(["sh", "-c", 'cat > "$1.tmp" && mv -f -- "$1.tmp" "$1"', "sh", path], input=data, check=False,
-                         purpose=f"copying {name} to {node.name}")
+                node.run(
+                    ["sh", "-c", 'cat > "$1.tmp" && mv -f -- "$1.tmp" "$1"', "sh", path],
+                    input=data,
+                    check=False,
+                    purpose=f"copying {name} to {node.name}",
+                )
             got = node.run(["sha256sum", "--", path], check=False, purpose=f"hashing {path} on {node.name}")
-            return got.stdout.split()[0] if got.returncode == 0 and got.stdout.split() else f"unreadable ({got.stderr.strip()})"
+            return (
+                got.stdout.split()[0]
+                if got.returncode == 0 and got.stdout.split()
+                else f"unreadable ({got.stderr.strip()})"
+            )
 
         results = parallel(nodes, copy)
         for node in nodes:
@@ -310,8 +355,12 @@ def push_spec_tables(nodes: Sequence[Node], names: Sequence[str], echo: Echo) ->
             if isinstance(got, BaseException):
                 raise NodeFailure(node.name, "spec table", f"{name}: {got}")
             if got != want:
-                raise NodeFailure(node.name, "spec table", f"{name} there is {str(got)[:16]}, the head's is {want[:16]}: "
-                                  "ranks would build different verify schedules and hang; fix the node's state dir")
+                raise NodeFailure(
+                    node.name,
+                    "spec table",
+                    f"{name} there is {str(got)[:16]}, the head's is {want[:16]}: "
+                    "ranks would build different verify schedules and hang; fix the node's state dir",
+                )
 
 
 # --- starting and stopping ------------------------------------------------------------------------
@@ -320,9 +369,11 @@ def push_spec_tables(nodes: Sequence[Node], names: Sequence[str], echo: Echo) ->
 # makes the $2 directories that follow (a plain host's writable bind mounts), writes stdin to the
 # env file $1 (mode 0600), then runs the rest of its arguments: one command per node starts the
 # rank, its environment never on a command line
-_WRITE_AND_RUN = ('f=$1 n=$2; shift 2; while [ "$n" -gt 0 ]; do mkdir -p -- "$1" || exit 125; n=$((n-1)); shift; done; '
-                  'umask 077 && mkdir -p -- "$(dirname -- "$f")" && cat > "$f.tmp" && chmod 600 "$f.tmp" '
-                  '&& mv -f -- "$f.tmp" "$f" && exec "$@"')
+_WRITE_AND_RUN = (
+    'f=$1 n=$2; shift 2; while [ "$n" -gt 0 ]; do mkdir -p -- "$1" || exit 125; n=$((n-1)); shift; done; '
+    'umask 077 && mkdir -p -- "$(dirname -- "$f")" && cat > "$f.tmp" && chmod 600 "$f.tmp" '
+    '&& mv -f -- "$f.tmp" "$f" && exec "$@"'
+)
 
 
 def made_dirs(rank: RankPlan) -> list[str]:
@@ -351,8 +402,12 @@ def start_argv(node: Node, *, line: str, digest: str = "") -> list[str]:
 
 
 def start_rank(node: Node, *, line: str, secrets: Mapping[str, Secret], digest: str = "") -> None:
-    node.run(start_argv(node, line=line, digest=digest), input=env_file_text(node.rank, secrets), timeout=300,
-             purpose=f"starting the rank of {node.name}")
+    node.run(
+        start_argv(node, line=line, digest=digest),
+        input=env_file_text(node.rank, secrets),
+        timeout=300,
+        purpose=f"starting the rank of {node.name}",
+    )
 
 
 # runs the rest of its arguments (`podman create ...`), then `podman container init` of the
@@ -371,8 +426,12 @@ def create_argv(node: Node, *, line: str, digest: str = "") -> list[str]:
 
 
 def create_rank(node: Node, *, line: str, secrets: Mapping[str, Secret], digest: str = "") -> None:
-    node.run(create_argv(node, line=line, digest=digest), input=env_file_text(node.rank, secrets), timeout=300,
-             purpose=f"creating the rank of {node.name}")
+    node.run(
+        create_argv(node, line=line, digest=digest),
+        input=env_file_text(node.rank, secrets),
+        timeout=300,
+        purpose=f"creating the rank of {node.name}",
+    )
 
 
 # stops the rank container $2 of runtime $1 (grace $3 s): TERM to the engine inside, the
@@ -404,8 +463,12 @@ def stop_argv(node: Node, *, grace: int = STOP_GRACE) -> list[str]:
 def stop_rank(node: Node, *, grace: int = STOP_GRACE) -> str | None:
     """Stop the rank in one command (:data:`_STOP`; a NixOS unit: stopped), also every other
     container of a line on the node. Idempotent; returns what could not be done, or None."""
-    proc = node.run(stop_argv(node, grace=grace), check=False, timeout=grace + 2 * REMOVE_TIMEOUT,
-                    purpose=f"stopping the rank of {node.name}")
+    proc = node.run(
+        stop_argv(node, grace=grace),
+        check=False,
+        timeout=grace + 2 * REMOVE_TIMEOUT,
+        purpose=f"stopping the rank of {node.name}",
+    )
     if proc.returncode == 255:
         raise Tp4Error(f"cannot reach {node.name} over ssh: {proc.stderr.strip()}")
     if node.rank.service.kind == "nixos":
@@ -426,8 +489,10 @@ def stop_nodes(nodes: Sequence[Node], echo: Echo, *, grace: int = STOP_GRACE) ->
         if isinstance(got, BaseException):
             why = getattr(got, "message", str(got))
             unreachable = "cannot reach" in why or "ssh" in why.split("\n", 1)[0]
-            problems.append(f"{node.name}: could not stop its rank ({why.splitlines()[0] if why else got!r})"
-                            + ("; the node is unreachable: the GPU there may still be busy" if unreachable else ""))
+            problems.append(
+                f"{node.name}: could not stop its rank ({why.splitlines()[0] if why else got!r})"
+                + ("; the node is unreachable: the GPU there may still be busy" if unreachable else "")
+            )
         elif got:
             problems.append(f"{node.name}: {got}")
         else:
@@ -468,15 +533,23 @@ def follow(node: Node, *, since: str | None = None) -> Follower:
     argv = [node.runtime, "logs", "-f"]
     if since:
         argv += ["--since", since]
-    proc = process.start([*argv, node.container], remote=node.remote, stdout=process.PIPE,
-                         stderr=process.STDOUT, text=True, errors="replace")
+    proc = process.start(
+        [*argv, node.container],
+        remote=node.remote,
+        stdout=process.PIPE,
+        stderr=process.STDOUT,
+        text=True,
+        errors="replace",
+    )
     return Follower(proc).start()
 
 
 def start_attached(node: Node) -> Follower:
     """Start the node's created container with its output attached (podman), as a Follower."""
     argv = [node.runtime, "start", "--attach", "--sig-proxy=false", node.container]
-    proc = process.start(argv, remote=node.remote, stdout=process.PIPE, stderr=process.STDOUT, text=True, errors="replace")
+    proc = process.start(
+        argv, remote=node.remote, stdout=process.PIPE, stderr=process.STDOUT, text=True, errors="replace"
+    )
     return Follower(proc).start()
 
 
@@ -511,8 +584,6 @@ class Options:
     replace: bool = False  # stop a line already running (from this plan or another) and serve this plan
 
 
-
-
 class Refused(Tp4Error):
     """Doctor's blocking checks failed: serve starts nothing and shows doctor's table."""
 
@@ -520,8 +591,11 @@ class Refused(Tp4Error):
         from tp4.hosts import doctor
 
         nodes = sorted({r.node for r in blocking}, key=[n.name for n in plan.nodes].index)
-        head = (f"serve refused: {len(blocking)} blocking check(s) failed on {', '.join(nodes)}: "
-                + ", ".join(dict.fromkeys(r.check for r in blocking)) + "; nothing was started")
+        head = (
+            f"serve refused: {len(blocking)} blocking check(s) failed on {', '.join(nodes)}: "
+            + ", ".join(dict.fromkeys(r.check for r in blocking))
+            + "; nothing was started"
+        )
         super().__init__("\n".join([head, *doctor.table(plan, results)]))
         self.blocking = list(blocking)
 
@@ -533,12 +607,16 @@ FORCED_CHECK = "GPU.NO_FOREIGN_APPS"
 def _state_of(node: Node) -> str:
     """The rank container's state ('' when there is none) and, after a space, the digest of the
     plan it was started from (PLAN_LABEL; none on a container started before plans had one); read-only."""
-    proc = node.run([node.runtime, "container", "inspect", "--format", _STATE_AND_PLAN, node.container], check=False,
-                    timeout=60, purpose=f"reading the state of {node.container} on {node.name}")
+    proc = node.run(
+        [node.runtime, "container", "inspect", "--format", _STATE_AND_PLAN, node.container],
+        check=False,
+        timeout=60,
+        purpose=f"reading the state of {node.container} on {node.name}",
+    )
     return proc.stdout.strip() if proc.returncode == 0 else ""
 
 
-_STATE_AND_PLAN = "{{.State.Status}} {{index .Config.Labels \"" + PLAN_LABEL + "\"}}"
+_STATE_AND_PLAN = '{{.State.Status}} {{index .Config.Labels "' + PLAN_LABEL + '"}}'
 
 
 def preflight(nodes: Sequence[Node], plan: Plan, opts: Options, echo: Echo) -> None:
@@ -548,8 +626,9 @@ def preflight(nodes: Sequence[Node], plan: Plan, opts: Options, echo: Echo) -> N
     any node; then removes what a crashed run left."""
     from tp4.hosts import doctor
 
-    limits = doctor.Limits(sysfs=opts.sysfs, interval=0.0, ping=False, volume_kind=opts.volume_kind,
-                           expected_shards=opts.expected_shards)
+    limits = doctor.Limits(
+        sysfs=opts.sysfs, interval=0.0, ping=False, volume_kind=opts.volume_kind, expected_shards=opts.expected_shards
+    )
 
     def read(node: Node) -> tuple[doctor.Facts, str]:
         facts = doctor.gather_one(plan, doctor._target(node), limits)
@@ -563,7 +642,10 @@ def preflight(nodes: Sequence[Node], plan: Plan, opts: Options, echo: Echo) -> N
         if isinstance(value, BaseException):
             if not isinstance(value, Exception):
                 raise value
-            facts[node.name], states[node.name] = doctor.Facts(error=getattr(value, "message", str(value)).splitlines()[0]), ""
+            facts[node.name], states[node.name] = (
+                doctor.Facts(error=getattr(value, "message", str(value)).splitlines()[0]),
+                "",
+            )
         else:
             assert isinstance(value, tuple)
             facts[node.name], states[node.name] = value
@@ -573,20 +655,32 @@ def preflight(nodes: Sequence[Node], plan: Plan, opts: Options, echo: Echo) -> N
             raise NodeFailure(node.name, "already running", already_running(plan, node, _label_value(running)))
         states[node.name] = state
     results = doctor.evaluate(plan, facts, limits)
-    blocking = [r for r in results if r.blocking and r.status == "fail" and not (opts.force and r.check == FORCED_CHECK)]
+    blocking = [
+        r for r in results if r.blocking and r.status == "fail" and not (opts.force and r.check == FORCED_CHECK)
+    ]
     if blocking:
         raise Refused(plan, results, blocking)
     stale = [n for n in nodes if states[n.name]]
     if stale:  # what a crashed run left (created, exited): removed, now that serve goes on
-        _raise_first(parallel(stale, lambda n: n.run([n.runtime, "rm", "-f", n.container], timeout=REMOVE_TIMEOUT,
-                                                      purpose=f"removing the stale {n.container} on {n.name}")))
+        _raise_first(
+            parallel(
+                stale,
+                lambda n: n.run(
+                    [n.runtime, "rm", "-f", n.container],
+                    timeout=REMOVE_TIMEOUT,
+                    purpose=f"removing the stale {n.container} on {n.name}",
+                ),
+            )
+        )
     head_id = doctor.image_id(facts[nodes[0].name]) or "?"
     forced = [r for r in results if r.check == FORCED_CHECK and r.status == "fail"]
     for r in forced:
         echo(f"warning: {r.node}: {r.detail} (--force: serving anyway)")
     warned = sorted({r.check for r in results if r.status in ("warn", "fail") and not r.blocking})
-    echo(f"checks: doctor's blocking checks pass on {len(nodes)} nodes, image {head_id[:12]} on every node"
-         + (f"; warnings: {', '.join(warned)} (tp4 doctor shows them)" if warned else ""))
+    echo(
+        f"checks: doctor's blocking checks pass on {len(nodes)} nodes, image {head_id[:12]} on every node"
+        + (f"; warnings: {', '.join(warned)} (tp4 doctor shows them)" if warned else "")
+    )
 
 
 class Ready(NamedTuple):
@@ -595,7 +689,9 @@ class Ready(NamedTuple):
     warnings: list[str]
 
 
-def serve(plan: Plan, nodes: Sequence[Node], secrets: Mapping[str, Secret], opts: Options, out: Echo, progress: Echo) -> Ready:
+def serve(
+    plan: Plan, nodes: Sequence[Node], secrets: Mapping[str, Secret], opts: Options, out: Echo, progress: Echo
+) -> Ready:
     """Bring the line up, verified, or leave nothing running (module docstring)."""
     with line_lock(plan, "serve"):
         if opts.replace:
@@ -612,7 +708,9 @@ def serve(plan: Plan, nodes: Sequence[Node], secrets: Mapping[str, Secret], opts
     raise AssertionError("unreachable")
 
 
-def _boot(plan: Plan, nodes: Sequence[Node], secrets: Mapping[str, Secret], opts: Options, out: Echo, progress: Echo) -> Ready:
+def _boot(
+    plan: Plan, nodes: Sequence[Node], secrets: Mapping[str, Secret], opts: Options, out: Echo, progress: Echo
+) -> Ready:
     line, digest = line_id(plan), plan.digest
     started: list[Node] = []
     follower: Follower | None = None
@@ -650,7 +748,11 @@ def _boot(plan: Plan, nodes: Sequence[Node], secrets: Mapping[str, Secret], opts
         else:
             try:
                 if ahead:
-                    head.run([head.runtime, "start", head.container], timeout=300, purpose=f"starting the rank of {head.name}")
+                    head.run(
+                        [head.runtime, "start", head.container],
+                        timeout=300,
+                        purpose=f"starting the rank of {head.name}",
+                    )
                 else:
                     start_rank(head, line=line, secrets=secrets, digest=digest)
             except Tp4Error as exc:
@@ -683,8 +785,10 @@ def _first_exit(stopped: Sequence[Node], states: dict[str, object | BaseExceptio
     takes the rest down), named with its exit code and last log lines; the others are listed."""
     finished: dict[str, tuple[str, str]] = {}
     for node in stopped:
-        got = node.run([node.runtime, "inspect", "--format", "{{.State.FinishedAt}}|{{.State.ExitCode}}", node.container],
-                       check=False).stdout.strip()
+        got = node.run(
+            [node.runtime, "inspect", "--format", "{{.State.FinishedAt}}|{{.State.ExitCode}}", node.container],
+            check=False,
+        ).stdout.strip()
         when, _, code = got.partition("|")
         finished[node.name] = (when or "~", code)
     tails = {n.name: log_tail(n) for n in stopped}
@@ -696,8 +800,12 @@ def _first_exit(stopped: Sequence[Node], states: dict[str, object | BaseExceptio
     first = min(stopped, key=lambda n: (follower(n), finished[n.name][0], n.rank.rank))
     code = finished[first.name][1]
     others = [n.name for n in stopped if n is not first]
-    detail = (f"its container is {states[first.name] or 'gone'}" + (f" (exit code {code})" if code else "")
-              + f" during the boot phase {phase}" + (f"; then {', '.join(others)} stopped too" if others else ""))
+    detail = (
+        f"its container is {states[first.name] or 'gone'}"
+        + (f" (exit code {code})" if code else "")
+        + f" during the boot phase {phase}"
+        + (f"; then {', '.join(others)} stopped too" if others else "")
+    )
     return NodeFailure(first.name, "rank exited", detail, tails[first.name])
 
 
@@ -743,9 +851,12 @@ def _wait_ready(plan: Plan, nodes: Sequence[Node], follower: Follower, opts: Opt
             states = parallel(nodes, container_state)
             head = nodes[0]
             if states[head.name] in NOT_STARTED:  # its `start --attach` failed
-                raise NodeFailure(head.name, "start", f"its container did not start (it is {states[head.name]})",
-                                  list(follower.tail))
-            stopped = [n for n in nodes if states[n.name] != "running" and not isinstance(states[n.name], BaseException)]
+                raise NodeFailure(
+                    head.name, "start", f"its container did not start (it is {states[head.name]})", list(follower.tail)
+                )
+            stopped = [
+                n for n in nodes if states[n.name] != "running" and not isinstance(states[n.name], BaseException)
+            ]
             if stopped:
                 raise _first_exit(stopped, states, phase)
             head = nodes[0]
@@ -763,7 +874,9 @@ def _wait_ready(plan: Plan, nodes: Sequence[Node], follower: Follower, opts: Opt
             if opts.tty:
                 _redraw("")
             if ready_on != port:
-                raise NodeFailure(nodes[0].name, "ready", f"the head is ready on port {ready_on}, the plan's API is {port}")
+                raise NodeFailure(
+                    nodes[0].name, "ready", f"the head is ready on port {ready_on}, the plan's API is {port}"
+                )
             progress(f"phase: ready (after {time.monotonic() - began:.0f} s): {line}")
             return time.monotonic() - began
         if got and got != phase and got in PHASES and PHASES.index(got) > PHASES.index(phase):
@@ -773,8 +886,15 @@ def _wait_ready(plan: Plan, nodes: Sequence[Node], follower: Follower, opts: Opt
             phase, phase_began = got, time.monotonic()
 
 
-def _verify_ready(plan: Plan, nodes: Sequence[Node], secrets: Mapping[str, Secret], opts: Options, seconds: float,
-                  out: Echo, progress: Echo) -> Ready:
+def _verify_ready(
+    plan: Plan,
+    nodes: Sequence[Node],
+    secrets: Mapping[str, Secret],
+    opts: Options,
+    seconds: float,
+    out: Echo,
+    progress: Echo,
+) -> Ready:
     from tp4.serving import api, bootlog
 
     head = nodes[0]
@@ -786,8 +906,12 @@ def _verify_ready(plan: Plan, nodes: Sequence[Node], secrets: Mapping[str, Secre
             api.complete(ep, "Reply with one word.", max_tokens=1, timeout=opts.timeouts["completion"])
         except Tp4Error as exc:
             reading.result()
-            raise NodeFailure(head.name, "completion", f"Ready was printed, but a one-token completion failed: {exc.message}",
-                              log_tail(head)) from None
+            raise NodeFailure(
+                head.name,
+                "completion",
+                f"Ready was printed, but a one-token completion failed: {exc.message}",
+                log_tail(head),
+            ) from None
         logs = reading.result()
     texts: dict[int, str] = {}
     for node in nodes:
@@ -807,9 +931,16 @@ def _verify_ready(plan: Plan, nodes: Sequence[Node], secrets: Mapping[str, Secre
         except ValueError:
             last_sig = None
     verdict = bootlog.judge(sig, last_good=last_sig, floor=opts.slow_floor)
-    warnings = [("slow boot: " if f.check == "slow-boot" else "") + f.text for f in verdict.findings if f.level != "note"]
-    record: dict[str, object] = {"ok": not verdict.slow, "ready_seconds": round(seconds, 2), "signature": sig.to_json(),
-                                 "warnings": warnings, "when": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    warnings = [
+        ("slow boot: " if f.check == "slow-boot" else "") + f.text for f in verdict.findings if f.level != "note"
+    ]
+    record: dict[str, object] = {
+        "ok": not verdict.slow,
+        "ready_seconds": round(seconds, 2),
+        "signature": sig.to_json(),
+        "warnings": warnings,
+        "when": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
     save_run(plan, record)
     out(f"ready: {plan.line.api} after {seconds:.1f} s (Ready, a one-token completion, {len(nodes)} boot logs checked)")
     for w in warnings:
@@ -826,8 +957,15 @@ def endpoint(plan: Plan, secrets: Mapping[str, Secret], *, url: str | None = Non
 # --- stop -----------------------------------------------------------------------------------------
 
 
-def stop(plan: Plan, nodes: Sequence[Node], secrets: Mapping[str, Secret], out: Echo, progress: Echo, *,
-         grace: int = STOP_GRACE) -> list[str]:
+def stop(
+    plan: Plan,
+    nodes: Sequence[Node],
+    secrets: Mapping[str, Secret],
+    out: Echo,
+    progress: Echo,
+    *,
+    grace: int = STOP_GRACE,
+) -> list[str]:
     """Stop every rank of the line (what a crashed serve left too), then check the API is down and
     no container of the line is left. Returns the problems (empty: stopped)."""
     from tp4.serving import api
@@ -864,7 +1002,9 @@ def write_running_plans(plan: Plan, nodes: Sequence[Node]) -> None:
 
     def write(n: Node) -> None:
         path = running_plan_path(n.rank)
-        n.run(_as_env_file(n, ["sh", "-c", _WRITE_PRIVATE, "sh", path]), input=text, purpose=f"writing {path} on {n.name}")
+        n.run(
+            _as_env_file(n, ["sh", "-c", _WRITE_PRIVATE, "sh", path]), input=text, purpose=f"writing {path} on {n.name}"
+        )
 
     _raise_first(parallel(nodes, write))
 
@@ -891,8 +1031,12 @@ def read_running_plan(node: Node, digest: str) -> dict[str, object] | None:
     ``digest``; None when it cannot be read or is not."""
     from tp4.line.plan import digest_of
 
-    proc = node.run(_as_env_file(node, ["cat", "--", running_plan_path(node.rank)]), check=False, timeout=30,
-                    purpose=f"reading the running plan on {node.name}")
+    proc = node.run(
+        _as_env_file(node, ["cat", "--", running_plan_path(node.rank)]),
+        check=False,
+        timeout=30,
+        purpose=f"reading the running plan on {node.name}",
+    )
     try:
         doc = json.loads(proc.stdout) if proc.returncode == 0 else None
     except ValueError:
@@ -911,8 +1055,13 @@ def compare_running(plan: Plan, nodes: Sequence[Node], digests: dict[str, tuple[
     want = plan.digest
     running = {name: d for name, (state, d) in digests.items() if state == "running"}
     other = {name: d for name, d in running.items() if d != want}
-    result: dict[str, object] = {"digest": want, "running": sorted(set(running.values())), "same": not other,
-                                 "fields": [], "summary": ""}
+    result: dict[str, object] = {
+        "digest": want,
+        "running": sorted(set(running.values())),
+        "same": not other,
+        "fields": [],
+        "summary": "",
+    }
     if not running:
         result["summary"] = f"no rank runs; this plan is {want}"
         return result
@@ -925,21 +1074,28 @@ def compare_running(plan: Plan, nodes: Sequence[Node], digests: dict[str, tuple[
     started = f"another plan ({theirs})" if theirs else "a plan without a digest"
     ranks = ", ".join(other)
     if doc is None:
-        result["summary"] = (f"{ranks} run(s) from {started}, not this plan ({want}); the fields cannot be named: "
-                             f"{node.name} holds no readable copy of that plan at {running_plan_path(node.rank)}")
+        result["summary"] = (
+            f"{ranks} run(s) from {started}, not this plan ({want}); the fields cannot be named: "
+            f"{node.name} holds no readable copy of that plan at {running_plan_path(node.rank)}"
+        )
         return result
     diffs = differences(doc, plan.to_json())  # type: ignore[arg-type]
     result["fields"] = [f"{path}: running {json.dumps(a)}, this plan {json.dumps(b)}" for path, a, b in diffs]
-    result["summary"] = (f"{ranks} run(s) from {started}, not this plan ({want}); {len(diffs)} field(s) differ: "
-                         + ", ".join(path for path, _, _ in diffs[:8]) + (", ..." if len(diffs) > 8 else ""))
+    result["summary"] = (
+        f"{ranks} run(s) from {started}, not this plan ({want}); {len(diffs)} field(s) differ: "
+        + ", ".join(path for path, _, _ in diffs[:8])
+        + (", ..." if len(diffs) > 8 else "")
+    )
     return result
 
 
 def already_running(plan: Plan, node: Node, digest: str) -> str:
     """Why serve refuses a line whose rank already runs on ``node``, with its plan's difference."""
     if digest == plan.digest:
-        return (f"{node.container} is running there from this plan ({digest}); fix: `tp4 status` shows it; "
-                "`tp4 stop` first, or `tp4 serve --replace` to restart it")
+        return (
+            f"{node.container} is running there from this plan ({digest}); fix: `tp4 status` shows it; "
+            "`tp4 stop` first, or `tp4 serve --replace` to restart it"
+        )
     cmp = compare_running(plan, [node], {node.name: ("running", digest)})
     return f"{cmp['summary']}; fix: `tp4 plan --against-running` shows the difference; `tp4 serve --replace` stops it and serves this plan"
 
@@ -960,13 +1116,20 @@ def replace_running(plan: Plan, nodes: Sequence[Node], progress: Echo) -> None:
 
 
 def _node_status(node: Node) -> dict[str, object]:
-    fmt = "{{.State.Status}}|{{.State.StartedAt}}|{{.Image}}|{{index .Config.Labels \"" + PLAN_LABEL + "\"}}"
+    fmt = '{{.State.Status}}|{{.State.StartedAt}}|{{.Image}}|{{index .Config.Labels "' + PLAN_LABEL + '"}}'
     proc = node.run([node.runtime, "inspect", "--format", fmt, node.container], check=False, timeout=20)
     if proc.returncode != 0:
         return {"node": node.name, "rank": node.rank.rank, "container": node.container, "state": "absent"}
     state, started, image, digest = (proc.stdout.strip().split("|") + ["", "", "", ""])[:4]
-    info: dict[str, object] = {"node": node.name, "rank": node.rank.rank, "container": node.container, "state": state,
-                               "started": started, "image": runtime_cli.normalize_id(image), "plan": _label_value(digest) or None}
+    info: dict[str, object] = {
+        "node": node.name,
+        "rank": node.rank.rank,
+        "container": node.container,
+        "state": state,
+        "started": started,
+        "image": runtime_cli.normalize_id(image),
+        "plan": _label_value(digest) or None,
+    }
     last = node.run([node.runtime, "logs", "--tail", "1", "--timestamps", node.container], check=False, timeout=20)
     text = ((last.stdout or "") + (last.stderr or "")).strip().splitlines()
     if text:
@@ -1003,13 +1166,17 @@ def _age(stamp: str) -> float | None:
     if not m:
         return None
     try:
-        when = datetime.fromisoformat(m.group(1) + (m.group(2) or "")[:7] + ("+00:00" if m.group(3) in (None, "Z") else m.group(3)))
+        when = datetime.fromisoformat(
+            m.group(1) + (m.group(2) or "")[:7] + ("+00:00" if m.group(3) in (None, "Z") else m.group(3))
+        )
     except ValueError:
         return None
     return round((datetime.now(timezone.utc) - when).total_seconds(), 1)
 
 
-def status(plan: Plan, nodes: Sequence[Node], secrets: Mapping[str, Secret], *, probe_timeout: float = 10.0) -> dict[str, object]:
+def status(
+    plan: Plan, nodes: Sequence[Node], secrets: Mapping[str, Secret], *, probe_timeout: float = 10.0
+) -> dict[str, object]:
     """Each node's rank and the line's liveness, as JSON values."""
     from tp4.serving import api
 
@@ -1018,20 +1185,34 @@ def status(plan: Plan, nodes: Sequence[Node], secrets: Mapping[str, Secret], *, 
     for node in nodes:
         got = results[node.name]
         if isinstance(got, BaseException):
-            node_info.append({"node": node.name, "rank": node.rank.rank, "state": "unreachable",
-                              "error": getattr(got, "message", str(got)).splitlines()[0]})
+            node_info.append(
+                {
+                    "node": node.name,
+                    "rank": node.rank.rank,
+                    "state": "unreachable",
+                    "error": getattr(got, "message", str(got)).splitlines()[0],
+                }
+            )
         else:
             node_info.append(got)
     ep = endpoint(plan, secrets)
     live = api.probe(ep, probe_timeout)
     record = load_run(plan)
-    digests = {str(i.get("node")): (str(i.get("state") or ""), str(i.get("plan") or ""))
-               for i in node_info if isinstance(i, dict) and i.get("state") not in ("absent", "unreachable")}
+    digests = {
+        str(i.get("node")): (str(i.get("state") or ""), str(i.get("plan") or ""))
+        for i in node_info
+        if isinstance(i, dict) and i.get("state") not in ("absent", "unreachable")
+    }
     return {
         "plan": compare_running(plan, nodes, digests),
-        "line": line_id(plan), "api": plan.line.api, "nodes": node_info,
-        "liveness": {"state": live.state, "detail": live.detail,
-                     "running": live.load.running if live.load else None,
-                     "waiting": live.load.waiting if live.load else None},
+        "line": line_id(plan),
+        "api": plan.line.api,
+        "nodes": node_info,
+        "liveness": {
+            "state": live.state,
+            "detail": live.detail,
+            "running": live.load.running if live.load else None,
+            "waiting": live.load.waiting if live.load else None,
+        },
         "boot": record,
     }

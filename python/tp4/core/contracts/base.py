@@ -15,7 +15,9 @@ JsonSchema = dict[str, Any]
 class Closed(BaseModel):
     """A document tp4 alone writes: every field named, no other key."""
 
-    model_config = ConfigDict(extra="forbid", strict=True, frozen=True, json_schema_serialization_defaults_required=True)
+    model_config = ConfigDict(
+        extra="forbid", strict=True, frozen=True, json_schema_serialization_defaults_required=True
+    )
 
 
 class Open(BaseModel):
@@ -68,9 +70,18 @@ def where(loc: tuple[int | str, ...]) -> str:
     return out or "the document"
 
 
-_WANTS = {"model_type": "an object", "model_attributes_type": "an object", "dict_type": "an object",
-          "list_type": "an array", "tuple_type": "an array", "string_type": "a string", "bool_type": "a boolean",
-          "int_type": "a whole number", "float_type": "a number", "int_from_float": "a whole number"}
+_WANTS = {
+    "model_type": "an object",
+    "model_attributes_type": "an object",
+    "dict_type": "an object",
+    "list_type": "an array",
+    "tuple_type": "an array",
+    "string_type": "a string",
+    "bool_type": "a boolean",
+    "int_type": "a whole number",
+    "float_type": "a number",
+    "int_from_float": "a whole number",
+}
 
 
 def problem(error: Any) -> tuple[str, str]:
@@ -94,8 +105,12 @@ def problems(exc: ValidationError) -> list[tuple[str, str]]:
     return [problem(e) for e in exc.errors()]
 
 
-def json_schema(model: type[BaseModel], title: str, schema_id: str | None = None,
-                mode: Literal["validation", "serialization"] = "serialization") -> JsonSchema:
+def json_schema(
+    model: type[BaseModel],
+    title: str,
+    schema_id: str | None = None,
+    mode: Literal["validation", "serialization"] = "serialization",
+) -> JsonSchema:
     """The JSON Schema (draft 2020-12) of a model's JSON: what its writer writes (serialization:
     a field with a default is always there), or what its reader takes (validation)."""
     schema = model.model_json_schema(mode=mode)

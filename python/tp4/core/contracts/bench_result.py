@@ -81,10 +81,17 @@ class StreamTp4(Closed):
     """tp4's additions to a stream: its times from the level's start, so the aggregates can be checked from the file."""
 
     t0Ms: Rate = Field(None, description="The request's start, ms from the level's start.")
-    tFirstMs: Rate = Field(None, description="The first visible (content or reasoning) delta, ms from the level's start.")
+    tFirstMs: Rate = Field(
+        None, description="The first visible (content or reasoning) delta, ms from the level's start."
+    )
     tLastMs: Rate = Field(None, description="The last visible delta, ms from the level's start.")
-    usageSeen: bool | None = Field(None, description="The stream ended with a usage object (else completion tokens are the text / 4).")
-    exact: bool | None = Field(None, description="The request carried min_tokens, ignore_eos and stop [] (else the engine refused them and tp4 fell back).")
+    usageSeen: bool | None = Field(
+        None, description="The stream ended with a usage object (else completion tokens are the text / 4)."
+    )
+    exact: bool | None = Field(
+        None,
+        description="The request carried min_tokens, ignore_eos and stop [] (else the engine refused them and tp4 fell back).",
+    )
 
 
 class HttpRequest(Open):
@@ -132,15 +139,21 @@ class Stream(Open):
     index: Count = Field(None, description="The stream's index in its level.")
     ttftContentMs: Rate = Field(None, description="ms from the request's start to the first content delta.")
     reasoningChunks: Count = Field(None, description="Reasoning deltas received.")
-    ttftMs: Rate = Field(None, description="ms from the request's start to the first visible (content or reasoning) delta.")
+    ttftMs: Rate = Field(
+        None, description="ms from the request's start to the first visible (content or reasoning) delta."
+    )
     decodeTps: Rate = Field(None, description="decodeTokens / decodeMs, in tok/s.")
     decodeTokens: Count = Field(None, description="completionTokens - 1.")
     completionTokens: Count = Field(None, description="From usage, else the visible text / 4.")
     prefillTps: Rate = Field(None, description="Prompt tokens / TTFT, in tok/s (`tp4 report` reads a prefill row's).")
     prefillTokens: Count = Field(None, description="usage.prompt_tokens.")
     totalMs: Rate = Field(None, description="ms from the request's start to its end.")
-    error: Anything = Field(None, description="null, or why the stream failed (`tp4 report` counts a prefill row with one as failed).")
-    prompt: str | None = Field(None, description="The prompt sent (not kept in a prefill row: see promptChars, promptSha256).")
+    error: Anything = Field(
+        None, description="null, or why the stream failed (`tp4 report` counts a prefill row with one as failed)."
+    )
+    prompt: str | None = Field(
+        None, description="The prompt sent (not kept in a prefill row: see promptChars, promptSha256)."
+    )
     http: Http | None = Field(None, description="The HTTP exchange.")
     usage: Usage | None = Field(None, description="The usage the engine returned (null: none).")
     contentPreview: ContentPreview | None = Field(None, description="The start and end of the visible text.")
@@ -162,13 +175,20 @@ class LineShare(Closed):
 class LevelTp4(Closed):
     """tp4's additions to a level."""
 
-    invalid: str | None = Field(None, description="null, or why the level is invalid (foreign traffic: the engine held more requests than the level sent); an invalid level is never judged.")
+    invalid: str | None = Field(
+        None,
+        description="null, or why the level is invalid (foreign traffic: the engine held more requests than the level sent); an invalid level is never judged.",
+    )
     maxRunning: Count = Field(None, description="The most requests the engine's load endpoint showed running.")
     maxInEngine: Count = Field(None, description="The most requests it showed in the engine (running plus waiting).")
     loadSamples: Count = Field(None, description="Reads of the load endpoint during the level.")
     samePrompts: bool | None = Field(None, description="Every stream of the level got the same prompt.")
-    salted: bool | None = Field(None, description="Every prompt opened with a unique salt line (nothing from the prefix cache).")
-    lines: dict[str, LineShare] | None = Field(None, description="Behind a fleet's router (`tp4 bench --fleet`): line name -> its share.")
+    salted: bool | None = Field(
+        None, description="Every prompt opened with a unique salt line (nothing from the prefix cache)."
+    )
+    lines: dict[str, LineShare] | None = Field(
+        None, description="Behind a fleet's router (`tp4 bench --fleet`): line name -> its share."
+    )
     linesFrom: str | None = Field(None, description="Where the shares come from.")
 
 
@@ -176,7 +196,9 @@ class Level(Open):
     """One concurrency level (sparkDash's result row): N streams at once."""
 
     concurrency: Positive = Field(description="Streams sent at once.")
-    streamsOk: Count = Field(None, description="Streams without error and with at least one decode token (0: the level failed).")
+    streamsOk: Count = Field(
+        None, description="Streams without error and with at least one decode token (0: the level failed)."
+    )
     streamsFailed: Count = Field(None, description="The other streams.")
     meanDecodeTps: Rate = Field(None, description="Mean per-stream decode tok/s over the OK streams.")
     medianDecodeTps: Rate = Field(None, description="Median per-stream decode tok/s (`tp4 report`'s per-stream value).")
@@ -184,7 +206,10 @@ class Level(Open):
     maxDecodeTps: Rate = Field(None, description="Highest per-stream decode tok/s.")
     meanTtftMs: Rate = Field(None, description="Mean TTFT, ms.")
     medianTtftMs: Rate = Field(None, description="Median TTFT, ms (`tp4 report`'s TTFT).")
-    aggregateDecodeTps: Rate = Field(None, description="Sum of decode tokens / (latest last delta - earliest first delta) (`tp4 report`'s aggregate).")
+    aggregateDecodeTps: Rate = Field(
+        None,
+        description="Sum of decode tokens / (latest last delta - earliest first delta) (`tp4 report`'s aggregate).",
+    )
     meanPrefillTps: Rate = Field(None, description="Mean per-stream prefill tok/s.")
     medianPrefillTps: Rate = Field(None, description="Median per-stream prefill tok/s.")
     aggregatePrefillTps: Rate = Field(None, description="Sum of prompt tokens / (latest first delta - earliest start).")
@@ -192,10 +217,14 @@ class Level(Open):
     totalDecodeTokens: Count = Field(None, description="Decode tokens of the OK streams.")
     totalCompletionTokens: Count = Field(None, description="Completion tokens of the OK streams.")
     durationMs: Rate = Field(None, description="The level's wall time, ms.")
-    error: Anything = Field(None, description="null, or why streams failed (any value but null, \"\" and false marks the level failed).")
+    error: Anything = Field(
+        None, description='null, or why streams failed (any value but null, "" and false marks the level failed).'
+    )
     streams: list[Stream] | None = Field(None, description="Every stream of the level.")
     model: str | None = Field(None, description="The model name.")
-    hardwareSamples: list[Anything] | None = Field(None, description="sparkDash's hardware samples (tp4: always empty).")
+    hardwareSamples: list[Anything] | None = Field(
+        None, description="sparkDash's hardware samples (tp4: always empty)."
+    )
     tp4: LevelTp4 | None = Field(None, description="tp4's additions.")
 
 
@@ -209,7 +238,10 @@ class JobConfig(Open):
     modelId: str | None = Field(None, description="The model name.")
     concurrencies: list[Positive] | None = Field(None, description="The levels the job runs.")
     maxTokens: Count = Field(None, description="max_tokens of every request.")
-    promptType: str | None = Field(None, description="The prompt type (prose, code, structured, json); missing: prose (sparkDash run.mjs's decode job).")
+    promptType: str | None = Field(
+        None,
+        description="The prompt type (prose, code, structured, json); missing: prose (sparkDash run.mjs's decode job).",
+    )
     debug: bool | None = Field(None, description="sparkDash's debug flag (tp4: false).")
 
 
@@ -226,7 +258,7 @@ class Job(Open):
     """One sparkDash decode job: one prompt type, one trial, its levels. `tp4 report` also reads a bare job as a file."""
 
     benchId: str | None = Field(None, description="The job's id.")
-    sparkId: str | None = Field(None, description="sparkDash's spark id (tp4: \"comparison\").")
+    sparkId: str | None = Field(None, description='sparkDash\'s spark id (tp4: "comparison").')
     status: str | None = Field(None, description="running, completed, ...")
     startedAt: str | None = Field(None, description="ISO 8601 time the job started.")
     completedAt: str | None = Field(None, description="ISO 8601 time it completed (null while running).")
@@ -248,7 +280,9 @@ class DecodeEntry(Open):
 class PrefillTp4(Closed):
     """tp4's additions to a prefill row."""
 
-    corpus: str | None = Field(None, description="The corpus the prompt's text came from (null: tp4's filler of common words).")
+    corpus: str | None = Field(
+        None, description="The corpus the prompt's text came from (null: tp4's filler of common words)."
+    )
     invalid: str | None = Field(None, description="null, or why the row is invalid (the engine held another request).")
     promptTokens: Count = Field(None, description="usage.prompt_tokens.")
     maxRunning: Count = Field(None, description="The most requests the load endpoint showed running.")
@@ -263,8 +297,13 @@ class PrefillRow(Open):
     salt: str | None = Field(None, description="The unique line the prompt opens with.")
     promptChars: Count = Field(None, description="Characters of the prompt.")
     promptSha256: str | None = Field(None, description="SHA-256 of the prompt.")
-    request: Stream | None = Field(None, description="The request, as a stream without its prompt; `request.prefillTps` is the row's rate.")
-    prefillTps: Rate = Field(None, description="sparkDash's prefill history keeps the rate on the row (read when request.prefillTps is missing).")
+    request: Stream | None = Field(
+        None, description="The request, as a stream without its prompt; `request.prefillTps` is the row's rate."
+    )
+    prefillTps: Rate = Field(
+        None,
+        description="sparkDash's prefill history keeps the rate on the row (read when request.prefillTps is missing).",
+    )
     error: Anything = Field(None, description="null, or why the row failed.")
     tp4: PrefillTp4 | None = Field(None, description="tp4's additions.")
 
@@ -275,9 +314,11 @@ class PrefillRow(Open):
 class Source(Open):
     """Which program wrote the file."""
 
-    repo: str | None = Field(None, description="\"tp4\", or sparkDash's repository.")
+    repo: str | None = Field(None, description='"tp4", or sparkDash\'s repository.')
     commit: str | None = Field(None, description="Its commit (tp4: its version).")
-    release: str | None = Field(None, description="Its release (sparkDash up to 1.8.8 filled prefill prompts with one repeated token).")
+    release: str | None = Field(
+        None, description="Its release (sparkDash up to 1.8.8 filled prefill prompts with one repeated token)."
+    )
 
 
 class RunConfig(Open):
@@ -304,7 +345,9 @@ class Calibration(Closed):
 
     charsPerToken: Rate = Field(None, description="Characters per prompt token.")
     overheadTokens: Number = Field(None, description="Tokens the chat template adds.")
-    samples: list[list[Count]] | None = Field(None, description="[characters, prompt tokens] of the two calibration requests.")
+    samples: list[list[Count]] | None = Field(
+        None, description="[characters, prompt tokens] of the two calibration requests."
+    )
 
 
 class ResultTp4(Closed):
@@ -313,28 +356,40 @@ class ResultTp4(Closed):
     version: str | None = Field(None, description="tp4's version.")
     kind: Literal["decode", "prefill"] | None = Field(None, description="Which bench.")
     plan_digest: str | None = Field(None, description="The digest of the line's plan (with --profile).")
-    plan: dict[str, Anything] | None = Field(None, description="The plan itself, as `tp4 plan --json` prints it (no secret, only the key file's path).")
+    plan: dict[str, Anything] | None = Field(
+        None, description="The plan itself, as `tp4 plan --json` prints it (no secret, only the key file's path)."
+    )
     image: str | None = Field(None, description="The plan's image reference.")
     pins: dict[str, str] | None = Field(None, description="Component -> commit of the source manifest.")
     profile: str | None = Field(None, description="The profile the plan came from.")
-    levels_done: list[str] | None = Field(None, description="Levels finished (KIND/TRIAL/CONCURRENCY, prefill/PASS/SIZE): a resumed run skips them.")
-    interrupted: bool | None = Field(None, description="true until the run finishes (a report shows an interrupted run's levels, with a note).")
+    levels_done: list[str] | None = Field(
+        None, description="Levels finished (KIND/TRIAL/CONCURRENCY, prefill/PASS/SIZE): a resumed run skips them."
+    )
+    interrupted: bool | None = Field(
+        None, description="true until the run finishes (a report shows an interrupted run's levels, with a note)."
+    )
     samePrompts: bool | None = Field(None, description="Every stream of a level got the same prompt.")
     salted: bool | None = Field(None, description="Prompts opened with a unique salt line.")
     corpus: str | None = Field(None, description="Prefill: the corpus's name (null: tp4's filler).")
     corpusChars: Count = Field(None, description="Prefill: characters of the corpus.")
-    filler: str | None = Field(None, description="What filled the prefill prompts when no corpus did (missing: tp4's filler of common words).")
+    filler: str | None = Field(
+        None, description="What filled the prefill prompts when no corpus did (missing: tp4's filler of common words)."
+    )
     c1Runs: Count = Field(None, description="Decode: runs of c1.")
     warmup: Count = Field(None, description="Decode: warm-up requests per prompt type.")
     timeout: Rate = Field(None, description="Decode: seconds a request may take.")
-    fellBack: bool | None = Field(None, description="Decode: the engine refused min_tokens / ignore_eos and requests ran without them.")
+    fellBack: bool | None = Field(
+        None, description="Decode: the engine refused min_tokens / ignore_eos and requests ran without them."
+    )
     calibration: Calibration | None = Field(None, description="Prefill: characters per token.")
 
 
 class BenchResult(Open):
     """A result.json of `tp4 bench` or of sparkDash: its decode jobs per trial and its prefill rows."""
 
-    status: str | None = Field(None, description="PASS, or FAIL (tp4: a level invalid or failed; sparkDash: a stream lacked usage).")
+    status: str | None = Field(
+        None, description="PASS, or FAIL (tp4: a level invalid or failed; sparkDash: a stream lacked usage)."
+    )
     label: str | None = Field(None, description="The run's name in a report.")
     started: str | None = Field(None, description="ISO 8601 time the run started.")
     finished: str | None = Field(None, description="ISO 8601 time it finished (null while running).")
@@ -348,5 +403,24 @@ class BenchResult(Open):
 
 
 MODELS: tuple[type[Open | Closed], ...] = (
-    BenchResult, ResultTp4, Calibration, RunConfig, Source, DecodeEntry, Job, JobConfig, JobProgress, Level, LevelTp4,
-    LineShare, Stream, StreamTp4, Http, HttpRequest, Usage, ContentPreview, PrefillRow, PrefillTp4)
+    BenchResult,
+    ResultTp4,
+    Calibration,
+    RunConfig,
+    Source,
+    DecodeEntry,
+    Job,
+    JobConfig,
+    JobProgress,
+    Level,
+    LevelTp4,
+    LineShare,
+    Stream,
+    StreamTp4,
+    Http,
+    HttpRequest,
+    Usage,
+    ContentPreview,
+    PrefillRow,
+    PrefillTp4,
+)

@@ -16,10 +16,14 @@ Status = Literal["ok", "warn", "fail", "n/a"]
 class NodeFacts(Closed):
     """What one node said (the sections of doctor's facts script), or why it could not be read."""
 
-    error: str | None = Field(description="null, or why the node's facts could not be read (then every check of it fails).")
+    error: str | None = Field(
+        description="null, or why the node's facts could not be read (then every check of it fails)."
+    )
     seconds: float = Field(description="How long the node took to answer, seconds.")
     received: float = Field(description="This machine's clock (Unix time) when the facts arrived.")
-    derived: dict[str, JsonValue] = Field(description="What the checks resolved from the facts (gid_index: HCA -> the RoCE v2 GID index found).")
+    derived: dict[str, JsonValue] = Field(
+        description="What the checks resolved from the facts (gid_index: HCA -> the RoCE v2 GID index found)."
+    )
     sections: dict[str, list[str]] = Field(description="The facts script's sections: name -> its output lines.")
 
 

@@ -42,17 +42,25 @@ class FleetPlanRouter(Closed):
     """The router, as `tp4 fleet serve` starts it."""
 
     kind: RouterKindName = Field(description="Which router package runs.")
-    host: str = Field(description="Where it runs: \"local\" (this machine) or the ssh address of a host.")
+    host: str = Field(description='Where it runs: "local" (this machine) or the ssh address of a host.')
     port: int = Field(description="The router's OpenAI API port.")
     policy: Policy = Field(description="How requests are spread over the lines.")
     metrics: str = Field(description="The router's Prometheus endpoint, on its host's loopback.")
     health: RouterHealth = Field(description="How it checks each line.")
     state_dir: str = Field(description="The router's pid file, log and key file on its host.")
-    api_key: str | None = Field(description="Where the API key is read from at serve time (never the key); null: no key.")
+    api_key: str | None = Field(
+        description="Where the API key is read from at serve time (never the key); null: no key."
+    )
     argv: list[str] = Field(description="The router's argv, the launcher script shown as `<launcher>`.")
-    service: RouterService = Field(description="How it runs: a plain process in its own session, or the NixOS module's tp4-router.service.")
-    python: str | None = Field(description="The Python the router runs with on its host (null: the Python running tp4).")
-    command: list[str] = Field(description="The full command (what nixosModules.tp4-router runs): its Python, the launcher and the arguments over every line; the key is read from its file.")
+    service: RouterService = Field(
+        description="How it runs: a plain process in its own session, or the NixOS module's tp4-router.service."
+    )
+    python: str | None = Field(
+        description="The Python the router runs with on its host (null: the Python running tp4)."
+    )
+    command: list[str] = Field(
+        description="The full command (what nixosModules.tp4-router runs): its Python, the launcher and the arguments over every line; the key is read from its file."
+    )
 
 
 class FleetPlan(Closed):

@@ -25,24 +25,47 @@ class Contract(NamedTuple):
 
 
 CONTRACTS: tuple[Contract, ...] = (
-    Contract("bench-result", "bench result (`result.json`)", bench_result.BenchResult, bench_result.MODELS,
-             "`tp4 bench decode --out DIR`, `tp4 bench prefill --out DIR` (python/tp4/measuring/throughput/result.py, run.py)",
-             "`tp4 report` (python/tp4/measuring/report.py), a resumed `tp4 bench`, sparkDash's readers",
-             "sparkDash's `result.json`: its field names, so a report reads sparkDash's own files too, and tp4's additions "
-             "under keys named `tp4` only. sparkDash's objects may hold keys this page does not name (they are kept and "
-             "not read); a `tp4` object holds exactly the fields named. Every field may be missing but a level's "
-             "`concurrency`, a prefill row's `targetTokens` and a decode entry's `job`. A file that does not fit is "
-             "refused with its path and the field's (`result.json: decode[0].job.results[2].aggregateDecodeTps: "
-             "true (a boolean), not a number; fix: …`), exit 2.", "validation"),
-    Contract("fleet-plan", "fleet plan (`tp4 fleet plan --json`)", fleet_plan.FleetPlan, fleet_plan.MODELS,
-             "`tp4 fleet plan --json` (python/tp4/serving/fleet.py plan_json)", "operators, scripts",
-             "No secret: the API key is named by its file."),
-    Contract("doctor-evidence", "doctor's evidence (`tp4 doctor --json FILE`)", doctor_evidence.DoctorEvidence,
-             doctor_evidence.MODELS, "`tp4 doctor --json FILE` (python/tp4/hosts/doctor.py Report.evidence)",
-             "operators, bug reports",
-             "The check ids and what each checks are in docs/doctor.md."),
-    Contract("images", "image listing (`tp4 images --json`)", images_listing.ImagesListing, images_listing.MODELS,
-             "`tp4 images --json` (python/tp4/cli/images.py)", "operators, scripts"),
+    Contract(
+        "bench-result",
+        "bench result (`result.json`)",
+        bench_result.BenchResult,
+        bench_result.MODELS,
+        "`tp4 bench decode --out DIR`, `tp4 bench prefill --out DIR` (python/tp4/measuring/throughput/result.py, run.py)",
+        "`tp4 report` (python/tp4/measuring/report.py), a resumed `tp4 bench`, sparkDash's readers",
+        "sparkDash's `result.json`: its field names, so a report reads sparkDash's own files too, and tp4's additions "
+        "under keys named `tp4` only. sparkDash's objects may hold keys this page does not name (they are kept and "
+        "not read); a `tp4` object holds exactly the fields named. Every field may be missing but a level's "
+        "`concurrency`, a prefill row's `targetTokens` and a decode entry's `job`. A file that does not fit is "
+        "refused with its path and the field's (`result.json: decode[0].job.results[2].aggregateDecodeTps: "
+        "true (a boolean), not a number; fix: …`), exit 2.",
+        "validation",
+    ),
+    Contract(
+        "fleet-plan",
+        "fleet plan (`tp4 fleet plan --json`)",
+        fleet_plan.FleetPlan,
+        fleet_plan.MODELS,
+        "`tp4 fleet plan --json` (python/tp4/serving/fleet.py plan_json)",
+        "operators, scripts",
+        "No secret: the API key is named by its file.",
+    ),
+    Contract(
+        "doctor-evidence",
+        "doctor's evidence (`tp4 doctor --json FILE`)",
+        doctor_evidence.DoctorEvidence,
+        doctor_evidence.MODELS,
+        "`tp4 doctor --json FILE` (python/tp4/hosts/doctor.py Report.evidence)",
+        "operators, bug reports",
+        "The check ids and what each checks are in docs/doctor.md.",
+    ),
+    Contract(
+        "images",
+        "image listing (`tp4 images --json`)",
+        images_listing.ImagesListing,
+        images_listing.MODELS,
+        "`tp4 images --json` (python/tp4/cli/images.py)",
+        "operators, scripts",
+    ),
 )
 
 
@@ -125,8 +148,10 @@ def generate_markdown() -> str:
     out = [INTRO]
     out += ["| document | written by | read by | JSON Schema |", "|---|---|---|---|"]
     for c in CONTRACTS:
-        out.append(f"| [{c.title}](#{c.name}) | {c.written_by} | {c.read_by} | "
-                   f"[schemas/{c.name}.schema.json](schemas/{c.name}.schema.json) |")
+        out.append(
+            f"| [{c.title}](#{c.name}) | {c.written_by} | {c.read_by} | "
+            f"[schemas/{c.name}.schema.json](schemas/{c.name}.schema.json) |"
+        )
     out.append("")
     for c in CONTRACTS:
         schema = schema_of(c)
@@ -144,7 +169,9 @@ def generate_markdown() -> str:
 
 def generate() -> dict[str, str]:
     """Path under the docs directory -> its text."""
-    files = {f"schemas/{c.name}.schema.json": json.dumps(schema_of(c), indent=2, ensure_ascii=False) + "\n"
-             for c in CONTRACTS}
+    files = {
+        f"schemas/{c.name}.schema.json": json.dumps(schema_of(c), indent=2, ensure_ascii=False) + "\n"
+        for c in CONTRACTS
+    }
     files["contracts.md"] = generate_markdown()
     return files

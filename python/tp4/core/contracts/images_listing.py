@@ -21,7 +21,9 @@ class ImageEntry(Closed):
     size: int = Field(description="Its size in bytes, as the runtime counts it.")
     line_ref: str = Field(description="Its tp4.line.ref label: the line reference it was built for.")
     line: bool = Field(description="The line's tag names this image.")
-    digest: str | None = Field(description="The manifest digest of the head's registry (when pushed or pulled by digest); null: none.")
+    digest: str | None = Field(
+        description="The manifest digest of the head's registry (when pushed or pulled by digest); null: none."
+    )
     flake_rev: str | None = Field(description="The flake revision it was built from (its label); null: not recorded.")
     pins: dict[str, str] = Field(description="Component -> commit, from its pin labels.")
     containers: list[str] = Field(description="The containers (any state) created from it.")
@@ -31,7 +33,7 @@ class ImageEntry(Closed):
 class ImagesNode(Closed):
     """What one node's runtime holds."""
 
-    node: str = Field(description="\"head\", or the worker's ssh address.")
+    node: str = Field(description='"head", or the worker\'s ssh address.')
     host: str | None = Field(description="The ssh host (null: the head, this machine).")
     error: str | None = Field(description="null, or why the node could not be asked (then `tp4 images` exits 1).")
     line: dict[str, str] = Field(description="Line reference -> id of the image its tag names on this node.")

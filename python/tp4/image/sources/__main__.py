@@ -42,8 +42,9 @@ def main(argv: list[str]) -> int:
 
         m = mf.load(mf.chosen_path(opts.manifest))
         mf.check(m)
-        for line in fetching.fetch_named(m, opts.name, Path(opts.to), opts.inputs, offline=opts.offline,
-                                         quiet=opts.quiet):
+        for line in fetching.fetch_named(
+            m, opts.name, Path(opts.to), opts.inputs, offline=opts.offline, quiet=opts.quiet
+        ):
             print(line)
         return 0
     except Tp4Error as exc:

@@ -26,8 +26,10 @@ from tp4.image.sources.manifest import Manifest, parse
 
 SUFFIX = ".json"
 REGENERATE = "tp4 sources json"
-GENERATED = (f"the parse of the manifest beside it, written by `{REGENERATE}` (and by `tp4 sources lock`); "
-             "pkgs/sources.nix reads it and refuses it while source_sha256 is not the manifest's sha256")
+GENERATED = (
+    f"the parse of the manifest beside it, written by `{REGENERATE}` (and by `tp4 sources lock`); "
+    "pkgs/sources.nix reads it and refuses it while source_sha256 is not the manifest's sha256"
+)
 
 
 def path_of(manifest_path: str | os.PathLike[str]) -> Path:

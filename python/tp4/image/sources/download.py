@@ -103,9 +103,13 @@ def host_of(url: str) -> str:
     return netloc.split(":", 1)[0]
 
 
-def offline_error(host: str, what: str, alternative: str = "point TP4_SOURCES_MIRROR at a reachable mirror") -> Tp4Error:
-    return Tp4Error(f"{what}: cannot resolve {host}: this machine looks offline (no DNS answer for the name); "
-                    f"run it on a machine with network access, or {alternative}")
+def offline_error(
+    host: str, what: str, alternative: str = "point TP4_SOURCES_MIRROR at a reachable mirror"
+) -> Tp4Error:
+    return Tp4Error(
+        f"{what}: cannot resolve {host}: this machine looks offline (no DNS answer for the name); "
+        f"run it on a machine with network access, or {alternative}"
+    )
 
 
 def unresolvable(exc: BaseException) -> bool:
@@ -122,7 +126,11 @@ def unresolvable(exc: BaseException) -> bool:
         if isinstance(e, socket.gaierror) or type(e).__name__ == "NameResolutionError":
             return True
         # requests wraps urllib3's MaxRetryError, whose `reason` holds the real cause
-        todo += [e.__cause__, e.__context__, getattr(e, "reason", None) if isinstance(getattr(e, "reason", None), BaseException) else None]
+        todo += [
+            e.__cause__,
+            e.__context__,
+            getattr(e, "reason", None) if isinstance(getattr(e, "reason", None), BaseException) else None,
+        ]
         todo += [a for a in e.args if isinstance(a, BaseException)]
     return False
 
@@ -154,8 +162,16 @@ def _session() -> requests.Session:
     return session
 
 
-def _stream(url: str, sink: Callable[[bytes], None], reset: Callable[[], None], *, label: str,
-            progress: Progress, timeout: float = 60.0, headers: dict[str, str] | None = None) -> int:
+def _stream(
+    url: str,
+    sink: Callable[[bytes], None],
+    reset: Callable[[], None],
+    *,
+    label: str,
+    progress: Progress,
+    timeout: float = 60.0,
+    headers: dict[str, str] | None = None,
+) -> int:
     """GET ``url`` into ``sink`` with retries; ``reset`` discards a partial attempt. Returns bytes."""
     import requests
 
@@ -186,8 +202,11 @@ def _stream(url: str, sink: Callable[[bytes], None], reset: Callable[[], None], 
                 return received
         except _Retry as exc:
             last = str(exc)
-        except (requests.exceptions.ConnectionError, requests.exceptions.Timeout,
-                requests.exceptions.ChunkedEncodingError) as exc:
+        except (
+            requests.exceptions.ConnectionError,
+            requests.exceptions.Timeout,
+            requests.exceptions.ChunkedEncodingError,
+        ) as exc:
             if unresolvable(exc):
                 raise offline_error(host_of(real), f"{label}: download of {real}") from None
             last = _reason(exc, real)
@@ -199,13 +218,19 @@ def _stream(url: str, sink: Callable[[bytes], None], reset: Callable[[], None], 
             else:
                 raise
         if not progress.quiet:
-            print(("\n" if progress.tty else "") + f"{label}: {last}; " + ("retrying" if attempt < retries else "giving up"),
-                  file=progress.stream, flush=True)
+            print(
+                ("\n" if progress.tty else "")
+                + f"{label}: {last}; "
+                + ("retrying" if attempt < retries else "giving up"),
+                file=progress.stream,
+                flush=True,
+            )
     raise Tp4Error(f"{label}: download of {real} failed after {retries + 1} attempts ({last})")
 
 
-def download(url: str, dest: Path, sha256: str | None, *, label: str, quiet: bool = False,
-             headers: dict[str, str] | None = None) -> str:
+def download(
+    url: str, dest: Path, sha256: str | None, *, label: str, quiet: bool = False, headers: dict[str, str] | None = None
+) -> str:
     """Download to ``dest``; with ``sha256`` the file only appears if its hash matches.
 
     Returns the sha256 (hex). On any failure nothing is left at ``dest`` or beside it.

@@ -55,8 +55,10 @@ def check_bytes(row: Row, path: Path, origin: str) -> None:
         # the unpacked tree (Nix's builtins.fetchTarball of a row with tree-sha256=)
         actual = nar.nar_sha256(path).hex()
         if actual != row.tree_sha256:
-            raise Tp4Error(f"{origin} for {row.name}: {path} does not match the pin\n"
-                           f"  expected tree-sha256 {row.tree_sha256}\n  got                  {actual}")
+            raise Tp4Error(
+                f"{origin} for {row.name}: {path} does not match the pin\n"
+                f"  expected tree-sha256 {row.tree_sha256}\n  got                  {actual}"
+            )
         return
     if row.kind == "git":
         actual = nar.nar_sha256(path).hex()
@@ -84,8 +86,16 @@ def wheel_pip_args(row: Row) -> list[str]:
     w = row.wheel()
     m = re.fullmatch(r"cp(\d)(\d+)", w["python"])
     version = f"{m[1]}.{m[2]}" if m and w["abi"] not in ("abi3", "none") else IMAGE_PYTHON
-    args = ["--only-binary=:all:", "--no-deps", "--python-version", version, "--implementation", "cp",
-            "--abi", w["abi"]]
+    args = [
+        "--only-binary=:all:",
+        "--no-deps",
+        "--python-version",
+        version,
+        "--implementation",
+        "cp",
+        "--abi",
+        w["abi"],
+    ]
     for plat in w["platform"].split("."):
         args += ["--platform", plat]
     return [*args, f"{row.component}=={row.commit}"]
@@ -114,8 +124,18 @@ def _pip_download(row: Row, tmp: str) -> None:
 
     from tp4.image.sources import download
 
-    argv = [sys.executable, "-m", "pip", "download", "--disable-pip-version-check", "--retries", "0",
-            "-d", tmp, *wheel_pip_args(row)]
+    argv = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--disable-pip-version-check",
+        "--retries",
+        "0",
+        "-d",
+        tmp,
+        *wheel_pip_args(row),
+    ]
     retries = download._retries()
     for attempt in range(retries + 1):
         if attempt:
@@ -125,15 +145,20 @@ def _pip_download(row: Row, tmp: str) -> None:
             return
         # pip does not say why an index gave nothing; a name that does not resolve is final
         indexes = re.search(r"Looking in indexes: (.*)", proc.stdout)
-        for url in (indexes.group(1).split(", ") if indexes else []):
+        for url in indexes.group(1).split(", ") if indexes else []:
             host = download.host_of(url.strip())
             if "://" in url and not url.startswith("file:") and not _resolves(host):
-                raise download.offline_error(host, f"{row.name}: pip download",
-                                             "give pip a reachable index (PIP_INDEX_URL)") from None
-        if not re.search(r"IncompleteRead|ConnectionError|ProtocolError|Read timed out|connection broken", proc.stderr, re.I):
+                raise download.offline_error(
+                    host, f"{row.name}: pip download", "give pip a reachable index (PIP_INDEX_URL)"
+                ) from None
+        if not re.search(
+            r"IncompleteRead|ConnectionError|ProtocolError|Read timed out|connection broken", proc.stderr, re.I
+        ):
             break  # pip's own answer (no such version, a hash mismatch, ...): final
     tail = "\n".join(proc.stderr.strip().splitlines()[-10:])
-    raise Tp4Error(f"{row.name}: pip download {row.component}=={row.commit} failed with exit code {proc.returncode}\n{tail}")
+    raise Tp4Error(
+        f"{row.name}: pip download {row.component}=={row.commit} failed with exit code {proc.returncode}\n{tail}"
+    )
 
 
 def _resolves(host: str) -> bool:
@@ -163,11 +188,16 @@ def obtain(row: Row, inputs: Mapping[str, Path], *, offline: bool, quiet: bool =
     if row.kind in ("image", "local"):
         raise Tp4Error(
             f"{row.name} is a {row.kind} row: "
-            + ("Nix gets it with dockerTools.pullImage (or `docker pull` by digest)" if row.kind == "image"
-               else "it names a file in upstream's repository; give it a URL row")
+            + (
+                "Nix gets it with dockerTools.pullImage (or `docker pull` by digest)"
+                if row.kind == "image"
+                else "it names a file in upstream's repository; give it a URL row"
+            )
         )
     if offline:
-        raise Tp4Error(f"{row.name}: no --input {row.name}=PATH given and downloads are off (offline or in a Nix build)")
+        raise Tp4Error(
+            f"{row.name}: no --input {row.name}=PATH given and downloads are off (offline or in a Nix build)"
+        )
     cache = cache_dir()
     cache.mkdir(parents=True, exist_ok=True)
     cached = cache / f"{row.sha256[:32]}-{_safe(row.file_name if row.kind != 'git' else row.component)}"
@@ -217,8 +247,10 @@ def tree_of_archive(archive: Path, work: Path) -> Path:
     top = sorted(unpacked.iterdir())
     if len(top) != 1 or not top[0].is_dir() or top[0].is_symlink():
         names = ", ".join(p.name for p in top[:5]) or "nothing"
-        raise Tp4Error(f"{archive.name}: a tree hash needs one top-level directory (as fetchzip's stripRoot); "
-                       f"the archive holds {names}")
+        raise Tp4Error(
+            f"{archive.name}: a tree hash needs one top-level directory (as fetchzip's stripRoot); "
+            f"the archive holds {names}"
+        )
     return top[0]
 
 
@@ -246,8 +278,9 @@ def _obtain_tree(row: Row, cache: Path, *, quiet: bool) -> Path:
     return cached
 
 
-def fetch(manifest: Manifest, name: str, to: Path, inputs: Mapping[str, Path], *, offline: bool,
-          quiet: bool = False) -> dict[str, str]:
+def fetch(
+    manifest: Manifest, name: str, to: Path, inputs: Mapping[str, Path], *, offline: bool, quiet: bool = False
+) -> dict[str, str]:
     """Produce ``name`` (a tree, or a row) at ``to`` exactly as the image contains it."""
     transforms.check_destination(to)
     tree = manifest.tree_by_name.get(name)
@@ -275,8 +308,7 @@ def fetch(manifest: Manifest, name: str, to: Path, inputs: Mapping[str, Path], *
     return stamps
 
 
-def fetch_named(manifest: Manifest, name: str, to: Path, inputs: list[str], *, offline: bool,
-                quiet: bool) -> list[str]:
+def fetch_named(manifest: Manifest, name: str, to: Path, inputs: list[str], *, offline: bool, quiet: bool) -> list[str]:
     """`tp4 sources fetch NAME`: the tree (or row) at ``to``; the lines it prints (SOURCE_* stamps,
     then the tree's NAR hash)."""
     from tp4.core.errors import InvalidInput

@@ -44,8 +44,12 @@ def git(args: Sequence[str], *, cwd: Path | None = None, timeout: float) -> str:
     process.log.debug("$ %s", shown + (f"    # in {cwd}" if cwd else ""))
     runner = gitpython.Git(str(cwd) if cwd else None)
     try:
-        handle = runner.execute([gitpython.Git.GIT_PYTHON_GIT_EXECUTABLE or "git", *args], as_process=True,
-                                env={"GIT_TERMINAL_PROMPT": "0"}, process_group=0)
+        handle = runner.execute(
+            [gitpython.Git.GIT_PYTHON_GIT_EXECUTABLE or "git", *args],
+            as_process=True,
+            env={"GIT_TERMINAL_PROMPT": "0"},
+            process_group=0,
+        )
     except gitpython.GitCommandNotFound as exc:
         raise Tp4Error("`git` is not installed or not on PATH; install it and retry") from exc
     popen = handle.proc
@@ -56,7 +60,7 @@ def git(args: Sequence[str], *, cwd: Path | None = None, timeout: float) -> str:
     finally:
         handle.proc = None  # waited for here: GitPython must not kill or wait for it again
     out = done.stdout
-    return (out.decode(errors="replace") if isinstance(out, bytes) else out or "")
+    return out.decode(errors="replace") if isinstance(out, bytes) else out or ""
 
 
 def ls_remote(url: str, ref: str, *, timeout: float = LS_REMOTE_TIMEOUT) -> str:

@@ -23,7 +23,9 @@ from tp4.image.sources.manifest import UNLOCKED, Manifest, Row, git_remote, repl
 
 GITHUB_API = "https://api.github.com"
 _HEX40 = re.compile(r"[0-9a-f]{40}")
-_ARCHIVE = re.compile(r"https://github\.com/(?P<owner>[^/]+)/(?P<repo>[^/]+)/archive/(?P<ref>.+?)(?P<ext>\.tar\.gz|\.tgz|\.zip)")
+_ARCHIVE = re.compile(
+    r"https://github\.com/(?P<owner>[^/]+)/(?P<repo>[^/]+)/archive/(?P<ref>.+?)(?P<ext>\.tar\.gz|\.tgz|\.zip)"
+)
 _RAW = re.compile(r"https://raw\.githubusercontent\.com/(?P<owner>[^/]+)/(?P<repo>[^/]+)/(?P<ref>[^/]+)/(?P<path>.+)")
 
 
@@ -121,17 +123,29 @@ def _image_hash(row: Row, manifest_path: Path | None) -> str:
     nix.require(flake, what=f"tp4 sources lock {row.name}")
     img = row.image()
     # built, then run here (through the funnel) rather than `nix run`: the same program
-    built = process.run([*nix.base(), "build", "--no-link", "--json", "--inputs-from", str(flake),
-                         "nixpkgs#nix-prefetch-docker"])
+    built = process.run(
+        [*nix.base(), "build", "--no-link", "--json", "--inputs-from", str(flake), "nixpkgs#nix-prefetch-docker"]
+    )
     try:
         tool = Path(json.loads(built.stdout)[0]["outputs"]["out"]) / "bin" / "nix-prefetch-docker"
     except (ValueError, KeyError, IndexError, TypeError) as exc:
         raise Tp4Error(f"nix build of nixpkgs#nix-prefetch-docker gave no output path: {built.stdout[:200]!r}") from exc
-    proc = process.run([
-        str(tool),
-        "--json", "--image-name", img["name"], "--image-digest", img["digest"],
-        "--arch", row.arch, "--os", "linux", "--final-image-tag", img["tag"],
-    ])
+    proc = process.run(
+        [
+            str(tool),
+            "--json",
+            "--image-name",
+            img["name"],
+            "--image-digest",
+            img["digest"],
+            "--arch",
+            row.arch,
+            "--os",
+            "linux",
+            "--final-image-tag",
+            img["tag"],
+        ]
+    )
     try:
         answer = json.loads(proc.stdout)
         value = answer.get("hash") or answer["sha256"]  # newer versions print an SRI `hash`
@@ -148,15 +162,20 @@ def tree_sha256(archive: Path) -> str:
 
 def check_tree_lockable(row: Row) -> None:
     if row.kind != "archive":
-        raise InvalidInput(f"--tree {row.name}: it is a {row.kind} row; --tree is for archive rows "
-                           "(GitHub archive/*.tar.gz), fetched by the hash of their unpacked tree")
+        raise InvalidInput(
+            f"--tree {row.name}: it is a {row.kind} row; --tree is for archive rows "
+            "(GitHub archive/*.tar.gz), fetched by the hash of their unpacked tree"
+        )
     if row.attrs.get("strip") != "1":
-        raise InvalidInput(f"--tree {row.name}: the row has strip={row.attrs.get('strip', '0')}; a tree hash is of "
-                           "the archive's one top directory (fetchzip's stripRoot), so the row needs strip=1")
+        raise InvalidInput(
+            f"--tree {row.name}: the row has strip={row.attrs.get('strip', '0')}; a tree hash is of "
+            "the archive's one top directory (fetchzip's stripRoot), so the row needs strip=1"
+        )
 
 
-def lock_row(row: Row, ref: str | None = None, *, quiet: bool = False, manifest_path: Path | None = None,
-             tree: bool = False) -> Row:
+def lock_row(
+    row: Row, ref: str | None = None, *, quiet: bool = False, manifest_path: Path | None = None, tree: bool = False
+) -> Row:
     """The row with its commit resolved (from ``ref``, or its own commit column if that is a ref)
     and its sha256 computed from a fresh download; with ``tree`` (archive rows) also the NAR hash
     of the unpacked tree, as ``tree-sha256=``."""
@@ -197,8 +216,9 @@ def lock_row(row: Row, ref: str | None = None, *, quiet: bool = False, manifest_
     return replace(row, commit=commit, url=url, sha256=sha)
 
 
-def lock(manifest: Manifest, names: list[str], *, ref: str | None = None, quiet: bool = False,
-         tree: bool = False) -> list[Change]:
+def lock(
+    manifest: Manifest, names: list[str], *, ref: str | None = None, quiet: bool = False, tree: bool = False
+) -> list[Change]:
     """Lock ``names`` (default: every unlocked row) and rewrite the manifest file once at the end.
     ``tree``: also record each named archive row's tree hash (``tree-sha256=``)."""
     if manifest.path is None:
@@ -206,8 +226,10 @@ def lock(manifest: Manifest, names: list[str], *, ref: str | None = None, quiet:
     if ref and len(names) != 1:
         raise InvalidInput("--ref moves one row: name it (tp4 sources lock NAME --ref BRANCH)")
     if tree and not names:
-        raise InvalidInput("--tree needs the rows it applies to: tp4 sources lock --tree ROW [ROW...] "
-                           "(archive rows with strip=1, e.g. GitHub archive/*.tar.gz)")
+        raise InvalidInput(
+            "--tree needs the rows it applies to: tp4 sources lock --tree ROW [ROW...] "
+            "(archive rows with strip=1, e.g. GitHub archive/*.tar.gz)"
+        )
     rows = [manifest.row(n) for n in names] if names else [r for r in manifest.rows if r.sha256 == UNLOCKED]
     if tree:
         for row in rows:  # every named row checked before anything is downloaded

@@ -310,7 +310,7 @@ class Manifest:
         """Rows named by an ``add=`` source, each with its name inside the group."""
         if source.endswith("/*"):
             prefix = source[:-1]
-            return [(row, row.component[len(prefix):]) for row in self.group(prefix)]
+            return [(row, row.component[len(prefix) :]) for row in self.group(prefix)]
         row = self.row(source)
         return [(row, row.file_name)]
 
@@ -350,7 +350,12 @@ class Manifest:
                 for r in self.rows
             ],
             "trees": [
-                {"name": t.name, "attrs": dict(t.attrs), "line": t.line, "inputs": [r.name for r in self.inputs(t.name)]}
+                {
+                    "name": t.name,
+                    "attrs": dict(t.attrs),
+                    "line": t.line,
+                    "inputs": [r.name for r in self.inputs(t.name)],
+                }
                 for t in self.trees
             ],
         }
@@ -437,8 +442,9 @@ def parse(text: str, path: Path | None = None) -> Manifest:
                 raise InvalidInput(
                     f"line {entry.line}: a row needs four columns `component commit sha256 url`, got {len(t)}"
                 )
-            rows.append(Row(t[0], t[1], t[2], t[3], attrs=_attrs(t[4:], entry.line), line=entry.line,
-                            end_line=entry.end_line))
+            rows.append(
+                Row(t[0], t[1], t[2], t[3], attrs=_attrs(t[4:], entry.line), line=entry.line, end_line=entry.end_line)
+            )
     except InvalidInput as exc:
         raise InvalidInput(label + exc.message) from None
     return Manifest(tuple(rows), tuple(trees), path, text)
@@ -516,7 +522,9 @@ def _check_commit_url(row: Row, problems: list[str]) -> None:
         if not m:
             problems.append(f"{where}: {row.url!r} must be pypi:<name>-<version>-<python>-<abi>-<platform>.whl")
         elif m["version"] != row.commit or not _VERSION.fullmatch(row.commit):
-            problems.append(f"{where}: the version column {row.commit!r} must equal the wheel's version {m['version']!r}")
+            problems.append(
+                f"{where}: the version column {row.commit!r} must equal the wheel's version {m['version']!r}"
+            )
         return
     if kind == "image":
         m = _IMAGE.fullmatch(row.url)
@@ -557,9 +565,13 @@ def _check_attrs(row: Row, problems: list[str]) -> None:
         problems.append(f"{row.where}: size={row.attrs['size']!r} is a size such as ~33GB, 120MB or 8kB")
     if "tree-sha256" in row.attrs:
         if not _HEX64.fullmatch(row.attrs["tree-sha256"]):
-            problems.append(f"{row.where}: tree-sha256= is 64 lowercase hex digits (`tp4 sources lock --tree {row.name}`)")
+            problems.append(
+                f"{row.where}: tree-sha256= is 64 lowercase hex digits (`tp4 sources lock --tree {row.name}`)"
+            )
         if row.attrs.get("strip") != "1":
-            problems.append(f"{row.where}: tree-sha256= hashes the archive's one top directory, so the row needs strip=1")
+            problems.append(
+                f"{row.where}: tree-sha256= hashes the archive's one top directory, so the row needs strip=1"
+            )
     if row.attrs.get("eol", "lf") != "lf":
         problems.append(f"{row.where}: eol= only takes lf (CRLF to LF)")
     if row.attrs.get("mode", "644") not in ("644", "755"):
@@ -567,8 +579,10 @@ def _check_attrs(row: Row, problems: list[str]) -> None:
     if "dir" in row.attrs and not (row.attrs["dir"] == "." or _rel_path_ok(row.attrs["dir"])):
         problems.append(f"{row.where}: dir={row.attrs['dir']!r} is not a relative path inside the tree")
     if "root" in row.attrs and not re.fullmatch(r"(/[A-Za-z0-9._-]+)+", row.attrs["root"]):
-        problems.append(f"{row.where}: root={row.attrs['root']!r} is not an absolute path (letters, digits, '.', '_', "
-                        "'-' between slashes): the tree root the script assumes, e.g. /sgl-workspace/sglang")
+        problems.append(
+            f"{row.where}: root={row.attrs['root']!r} is not an absolute path (letters, digits, '.', '_', "
+            "'-' between slashes): the tree root the script assumes, e.g. /sgl-workspace/sglang"
+        )
     # what `tp4 build` reads from the image before building on it (tp4/image/baseimage.py)
     if kind == "image" and "python" in row.attrs and not re.fullmatch(r"[0-9]+\.[0-9]+", row.attrs["python"]):
         problems.append(f"{row.where}: python= is MAJOR.MINOR, the image's python3 (e.g. 3.12)")
@@ -576,13 +590,20 @@ def _check_attrs(row: Row, problems: list[str]) -> None:
         problems.append(f"{row.where}: gcc= is the image's gcc version or its leading part (e.g. 13 or 13.3)")
     if kind == "image" and row.attrs.get("verbs", "yes") not in ("yes", "no"):
         problems.append(f"{row.where}: verbs= is yes (the image has verbs.h and libibverbs.so) or no")
-    if kind == "image" and "packages" in row.attrs and not all(
+    if (
+        kind == "image"
+        and "packages" in row.attrs
+        and not all(
             re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*(==[A-Za-z0-9.+!_-]+)?", item)
-            for item in row.attrs["packages"].split(",")):
+            for item in row.attrs["packages"].split(",")
+        )
+    ):
         problems.append(f"{row.where}: packages= is a comma-separated list of NAME or NAME==VERSION (pip's names)")
     if kind == "image" and not re.fullmatch(r"[0-9]+\.[0-9]+", row.attrs.get("glibc", "")):
-        problems.append(f"{row.where}: an image row needs glibc=MAJOR.MINOR, the glibc of the image (what "
-                        f"`ldd --version` prints in it; tp4-runtime's library is checked against it)")
+        problems.append(
+            f"{row.where}: an image row needs glibc=MAJOR.MINOR, the glibc of the image (what "
+            f"`ldd --version` prints in it; tp4-runtime's library is checked against it)"
+        )
 
 
 def _check_tree(tree: Tree, m: Manifest, problems: list[str]) -> None:
@@ -595,7 +616,9 @@ def _check_tree(tree: Tree, m: Manifest, problems: list[str]) -> None:
     if src is None:
         problems.append(f"{where}: from={tree.source!r} names no row")
     elif src.kind not in ("archive", "file", "git"):
-        problems.append(f"{where}: from={tree.source!r} is a {src.kind} row; a tree starts from an archive, file or git row")
+        problems.append(
+            f"{where}: from={tree.source!r} is a {src.kind} row; a tree starts from an archive, file or git row"
+        )
     for key in ("keep", "require", "drop"):
         for p in split_list(tree.attrs.get(key)):
             if not _rel_path_ok(p):
@@ -657,7 +680,9 @@ def validate(m: Manifest) -> Report:
         _check_attrs(row, problems)
     for tree in m.trees:
         if tree.name in seen:
-            problems.append(f"tree {tree.name!r} (line {tree.line}): the name is already used on line {seen[tree.name]}")
+            problems.append(
+                f"tree {tree.name!r} (line {tree.line}): the name is already used on line {seen[tree.name]}"
+            )
         seen.setdefault(tree.name, tree.line)
         if not _NAME.fullmatch(tree.name):
             problems.append(f"tree {tree.name!r} (line {tree.line}): not a valid name")

@@ -225,9 +225,7 @@ _NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ012
 
 def check_store_name(name: str) -> None:
     if not name or len(name) > 211 or name.startswith(".") or not set(name) <= _NAME_CHARS:
-        raise ValueError(
-            f"{name!r} is not a valid store path name (1-211 of [A-Za-z0-9+-._?=], not starting with '.')"
-        )
+        raise ValueError(f"{name!r} is not a valid store path name (1-211 of [A-Za-z0-9+-._?=], not starting with '.')")
 
 
 def store_path(name: str, sha256: bytes, *, recursive: bool = True, store_dir: str = STORE_DIR) -> str:

@@ -94,6 +94,7 @@ def unpack_archive(archive: Path, dest: Path, strip: int = 0) -> None:
 def _check_member(member: tarfile.TarInfo, dest: Path) -> None:
     """What tarfile's ``data`` filter refuses: paths or links leaving ``dest``, absolute link
     targets, device files and FIFOs; also drops set-id bits."""
+
     def inside(rel: str) -> bool:
         path = os.path.normpath(os.path.join(dest, rel))
         return path == str(dest) or path.startswith(str(dest) + os.sep)
@@ -185,7 +186,10 @@ def _rename_patterns(old: str, new: str) -> list[tuple[re.Pattern[bytes], bytes]
         (re.compile(rb"\b" + re.escape(lower_old) + rb"\b(?!-)"), lower_new),
         # knobs at a word start: B12X_FOO -> B12X_NEXT_FOO; B12X_NEXT_FOO, _B12X_FOO and
         # VLLM_B12X_FOO stay (upstream's perl: s/\bB12X_(?!NEXT_)/B12X_NEXT_/g)
-        (re.compile(rb"\b" + re.escape(upper_old) + rb"(?!" + re.escape(upper_new[len(upper_old):]) + rb")"), upper_new),
+        (
+            re.compile(rb"\b" + re.escape(upper_old) + rb"(?!" + re.escape(upper_new[len(upper_old) :]) + rb")"),
+            upper_new,
+        ),
     ]
 
 
@@ -248,8 +252,17 @@ def apply_patch(root: Path, patch: Path, *, strip: int = 1, fuzz: int = 0, direc
         raise Tp4Error(f"patch {label}: directory {directory!r} does not exist in the tree")
     proc = process.run(
         [
-            "patch", f"-p{strip}", f"--fuzz={fuzz}", "--no-backup-if-mismatch", "--batch", "--forward",
-            "--reject-file=-", "-i", str(patch.resolve()), "-d", str(where),
+            "patch",
+            f"-p{strip}",
+            f"--fuzz={fuzz}",
+            "--no-backup-if-mismatch",
+            "--batch",
+            "--forward",
+            "--reject-file=-",
+            "-i",
+            str(patch.resolve()),
+            "-d",
+            str(where),
         ],
         check=False,
     )
@@ -258,8 +271,13 @@ def apply_patch(root: Path, patch: Path, *, strip: int = 1, fuzz: int = 0, direc
     escaped = "dangerous file name" in output  # GNU patch skips paths leaving the directory
     if proc.returncode != 0 or worst > fuzz or escaped:
         tail = "\n".join(output.strip().splitlines()[-20:])
-        reason = ("names a file outside the tree" if escaped else
-                  f"needed fuzz {worst} > {fuzz}" if proc.returncode == 0 else "did not apply cleanly")
+        reason = (
+            "names a file outside the tree"
+            if escaped
+            else f"needed fuzz {worst} > {fuzz}"
+            if proc.returncode == 0
+            else "did not apply cleanly"
+        )
         raise Tp4Error(
             f"patch {label} (-p{strip} --fuzz={fuzz} in {directory}) {reason}:\n{tail}\n"
             "the pinned source and the patch disagree; fix the pin or the patch row"
@@ -294,12 +312,14 @@ def _place_source(row: Row, path: Path, work: Path) -> None:
     elif row.kind == "git":
         shutil.copytree(path, work, symlinks=True, dirs_exist_ok=True)
     else:
-        add_file(work, path, row.file_name, eol_lf=row.attrs.get("eol") == "lf",
-                 executable=row.attrs.get("mode") == "755")
+        add_file(
+            work, path, row.file_name, eol_lf=row.attrs.get("eol") == "lf", executable=row.attrs.get("mode") == "755"
+        )
 
 
-def build_tree(manifest: Manifest, tree: Tree, inputs: Mapping[str, Path], work: Path, *,
-               log: Callable[[str], None] | None = None) -> dict[str, str]:
+def build_tree(
+    manifest: Manifest, tree: Tree, inputs: Mapping[str, Path], work: Path, *, log: Callable[[str], None] | None = None
+) -> dict[str, str]:
     """Run a tree's steps in ``work`` (an empty directory); ``inputs`` maps row names to checked
     files. Returns the stamps written (SOURCE_COMMIT/SOURCE_PATCH)."""
     say = log or (lambda _msg: None)
@@ -314,8 +334,13 @@ def build_tree(manifest: Manifest, tree: Tree, inputs: Mapping[str, Path], work:
         for row, member in manifest.expand(src):
             target = dest + member if dest.endswith("/") else dest
             say(f"{tree.name}: add {row.name} -> {target}")
-            add_file(work, inputs[row.name], target, eol_lf=row.attrs.get("eol") == "lf",
-                     executable=row.attrs.get("mode") == "755")
+            add_file(
+                work,
+                inputs[row.name],
+                target,
+                eol_lf=row.attrs.get("eol") == "lf",
+                executable=row.attrs.get("mode") == "755",
+            )
     rename = tree.attrs.get("rename")
     if rename:
         old, new = rename.split(":", 1)
@@ -332,8 +357,14 @@ def build_tree(manifest: Manifest, tree: Tree, inputs: Mapping[str, Path], work:
     for name in tree.patches:
         row = manifest.row(name)
         say(f"{tree.name}: patch {name}")
-        apply_patch(work, inputs[name], strip=row.int_attr("p", 1), fuzz=row.int_attr("fuzz", 0),
-                    directory=row.attrs.get("dir", "."), name=name)
+        apply_patch(
+            work,
+            inputs[name],
+            strip=row.int_attr("p", 1),
+            fuzz=row.int_attr("fuzz", 0),
+            directory=row.attrs.get("dir", "."),
+            name=name,
+        )
         patch_bytes.append(inputs[name].read_bytes())
     for name in tree.runs:
         say(f"{tree.name}: run {name}")
@@ -366,13 +397,17 @@ def rooted_script(data: bytes, root: str, work: Path, *, name: str) -> bytes:
     no longer describes it."""
     target = str(work.resolve()).encode()
     if not re.fullmatch(rb"(/[A-Za-z0-9._+-]+)+", target):
-        raise Tp4Error(f"{name}: the build directory {target.decode(errors='replace')!r} cannot stand in for {root} "
-                       "in a Python string; fix: build in a directory whose path has no quotes, spaces or escapes")
+        raise Tp4Error(
+            f"{name}: the build directory {target.decode(errors='replace')!r} cannot stand in for {root} "
+            "in a Python string; fix: build in a directory whose path has no quotes, spaces or escapes"
+        )
     pattern = re.compile(re.escape(root.encode()) + rb"(?![A-Za-z0-9._+-])")
     rewritten, count = pattern.subn(lambda _m: target, data)
     if count == 0:
-        raise Tp4Error(f"{name}: names no path under root={root}; the manifest row no longer matches the script: "
-                       "drop root= from the row, or check the pinned script")
+        raise Tp4Error(
+            f"{name}: names no path under root={root}; the manifest row no longer matches the script: "
+            "drop root= from the row, or check the pinned script"
+        )
     return rewritten
 
 

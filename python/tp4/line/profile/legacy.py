@@ -61,10 +61,25 @@ DEFAULT_USER = "zurih"
 # bash's blanks: only space and tab separate words (a form feed or \v is part of a word)
 _BLANKS = " \t"
 _WORD_END = ("", "\n", ";", " ", "\t")
-_CR = ("a carriage return (a Windows line ending): bash keeps it in the value (TP_SIZE=4\\r is not 4); "
-       "fix: convert the file to Unix line endings (dos2unix {file})")
-_ANSI = {"a": "\a", "b": "\b", "e": "\x1b", "E": "\x1b", "f": "\f", "n": "\n", "r": "\r", "t": "\t", "v": "\v",
-         "\\": "\\", "'": "'", '"': '"', "?": "?"}
+_CR = (
+    "a carriage return (a Windows line ending): bash keeps it in the value (TP_SIZE=4\\r is not 4); "
+    "fix: convert the file to Unix line endings (dos2unix {file})"
+)
+_ANSI = {
+    "a": "\a",
+    "b": "\b",
+    "e": "\x1b",
+    "E": "\x1b",
+    "f": "\f",
+    "n": "\n",
+    "r": "\r",
+    "t": "\t",
+    "v": "\v",
+    "\\": "\\",
+    "'": "'",
+    '"': '"',
+    "?": "?",
+}
 
 
 @dataclass
@@ -87,8 +102,11 @@ def redact(text: str) -> str:
     from tp4.line.profile.models import looks_like_secret
 
     text = re.sub(r"(--api-key[= ]+)\S+", r"\1<hidden>", text)
-    return re.sub(r"\b([A-Za-z_][A-Za-z0-9_]*)=(\S*)",
-                  lambda m: f"{m.group(1)}=<hidden>" if looks_like_secret(m.group(1)) else m.group(0), text)
+    return re.sub(
+        r"\b([A-Za-z_][A-Za-z0-9_]*)=(\S*)",
+        lambda m: f"{m.group(1)}=<hidden>" if looks_like_secret(m.group(1)) else m.group(0),
+        text,
+    )
 
 
 def _shown(value: str, limit: int = 60) -> str:
@@ -145,7 +163,11 @@ def _join_lines(text: str) -> tuple[str, list[int]]:
                 ch, i, state = nxt, i + 1, "ansi"
             elif ch == "#" and (not out or out[-1] in " \t\n;&|()<>"):
                 state = "comment"
-        elif (state == "double" and ch == '"') or (state in ("single", "ansi") and ch == "'") or (state == "comment" and ch == "\n"):
+        elif (
+            (state == "double" and ch == '"')
+            or (state in ("single", "ansi") and ch == "'")
+            or (state == "comment" and ch == "\n")
+        ):
             state = "plain"
         put(ch)
         i += 1
@@ -156,8 +178,10 @@ class _Parser:
     def __init__(self, text: str, source: str) -> None:
         nul = text.find("\x00")
         if nul >= 0:
-            raise InvalidInput(f"{source} line {text.count(chr(10), 0, nul) + 1}: a NUL byte; bash drops it, so the value "
-                               "would differ; fix: remove it")
+            raise InvalidInput(
+                f"{source} line {text.count(chr(10), 0, nul) + 1}: a NUL byte; bash drops it, so the value "
+                "would differ; fix: remove it"
+            )
         self.text, self.lines = _join_lines(text)
         self.source = source
         self.pos = 0
@@ -199,7 +223,7 @@ class _Parser:
 
     def rest_of_line(self) -> str:
         end = self.text.find("\n", self.pos)
-        return self.text[self.pos:end if end >= 0 else len(self.text)]
+        return self.text[self.pos : end if end >= 0 else len(self.text)]
 
     def parse(self) -> list[Assignment]:
         while self.pos < len(self.text):
@@ -221,7 +245,7 @@ class _Parser:
         if _is_name_start(self.peek()):
             while _is_name_char(self.peek()):
                 self.advance()
-        return self.text[start:self.pos]
+        return self.text[start : self.pos]
 
     def _not_assignment(self, line: int, text: str) -> NoReturn:
         from tp4.line.profile.models import looks_like_secret
@@ -229,7 +253,7 @@ class _Parser:
         shown = _shown(text.strip())
         secret = next((m for m in re.finditer(r"[A-Za-z_][A-Za-z0-9_]*", shown) if looks_like_secret(m.group(0))), None)
         if secret is not None:  # HF_TOKEN hf_...: the rest may be the secret itself
-            shown = shown[:secret.end()] + " <rest hidden>"
+            shown = shown[: secret.end()] + " <rest hidden>"
         self.fail(line, f"not a KEY=VALUE assignment: {shown!r}; only assignments (and comments) are read")
 
     def _command(self) -> None:
@@ -261,8 +285,11 @@ class _Parser:
             if append and exported:
                 self.fail(line, "`export NAME+=value` is not read; fix: write NAME+=value without export")
             if word in ("HOME", "USER"):
-                self.fail(line, f"{word}=...: it would change what $HOME, ~ and $USER mean for the rest of the file; tp4 reads "
-                                "them as the home and name of WORKER_USER; fix: remove the line (set WORKER_USER)")
+                self.fail(
+                    line,
+                    f"{word}=...: it would change what $HOME, ~ and $USER mean for the rest of the file; tp4 reads "
+                    "them as the home and name of WORKER_USER; fix: remove the line (set WORKER_USER)",
+                )
             self.advance()
             if append:
                 self.advance()
@@ -293,11 +320,17 @@ class _Parser:
                     from tp4.line.profile.models import looks_like_secret
 
                     shown = "the next word" if looks_like_secret(done[-1].name) else repr(word)
-                    self.fail(line, f"a value with spaces must be quoted: bash would run {shown} as a command, with the "
-                                    "assignments in its environment only; fix: quote the value, or put each assignment on its own line")
+                    self.fail(
+                        line,
+                        f"a value with spaces must be quoted: bash would run {shown} as a command, with the "
+                        "assignments in its environment only; fix: quote the value, or put each assignment on its own line",
+                    )
                 continue
             if blanks:
-                self.fail(line, "a value with spaces must be quoted (bash would run the rest as a command); fix: quote the value")
+                self.fail(
+                    line,
+                    "a value with spaces must be quoted (bash would run the rest as a command); fix: quote the value",
+                )
             self.fail(line, f"unexpected {ch!r}; only plain assignments are read")
 
     def _value(self, line: int) -> str:
@@ -319,8 +352,11 @@ class _Parser:
                 elif nxt in "\"'\\":
                     parts.append("~")  # a quoted character in the tilde-prefix: bash leaves it as it is
                 else:
-                    self.fail(line, f"'~{_shown(nxt)}...': bash would expand ~user, ~+ or ~- from the launcher's system; "
-                                    "fix: write the path literally (~/ is read as the home of WORKER_USER)")
+                    self.fail(
+                        line,
+                        f"'~{_shown(nxt)}...': bash would expand ~user, ~+ or ~- from the launcher's system; "
+                        "fix: write the path literally (~/ is read as the home of WORKER_USER)",
+                    )
                 continue
             tilde_here = False
             if ch == "'":
@@ -358,7 +394,7 @@ class _Parser:
             if self.peek() == "\r":
                 self.cr()
             self.advance()
-        text = self.text[start:self.pos]
+        text = self.text[start : self.pos]
         self.advance()
         return text
 
@@ -390,8 +426,11 @@ class _Parser:
                 parts.append(self.advance())
 
     def _special(self, line: int, shown: str) -> NoReturn:
-        self.fail(line, f"{shown} is a special parameter of the shell running the launcher (its arguments, process ids, "
-                        "last status or flags), so its value depends on how the launcher is run; fix: write the value literally")
+        self.fail(
+            line,
+            f"{shown} is a special parameter of the shell running the launcher (its arguments, process ids, "
+            "last status or flags), so its value depends on how the launcher is run; fix: write the value literally",
+        )
 
     def _dollar(self, line: int, *, quoted: bool) -> str:
         self.advance()  # '$'
@@ -437,11 +476,17 @@ class _Parser:
         elif op in ("-", "+"):
             self.advance()
         elif op in ("=", "?") or (op == ":" and self.peek(1) in ("=", "?")):
-            self.fail(line, f"${{{name}{op}...}} assigns {name} or stops the launcher as a side effect; "
-                            f"fix: set {name} on its own line")
+            self.fail(
+                line,
+                f"${{{name}{op}...}} assigns {name} or stops the launcher as a side effect; "
+                f"fix: set {name} on its own line",
+            )
         else:
-            self.fail(line, "unsupported ${...} expansion; use $VAR, ${VAR}, ${VAR:-default}, ${VAR-default}, "
-                            "${VAR:+word} or ${VAR+word}")
+            self.fail(
+                line,
+                "unsupported ${...} expansion; use $VAR, ${VAR}, ${VAR:-default}, ${VAR-default}, "
+                "${VAR:+word} or ${VAR+word}",
+            )
         word = self._brace_word(line)
         self.advance()  # '}'
         is_set = name in self.vars or name in ("HOME", "USER")
@@ -469,8 +514,11 @@ class _Parser:
                     self.fail(line, "quotes inside ${...:-...} are not read; fix: write the default without quotes")
                 parts.append(self._dollar(line, quoted=True))
             elif ch in "\"'\\`~{;&|<>()":
-                self.fail(line, f"{ch!r} inside ${{...:-...}} is not read; fix: write the default without quotes, "
-                                "escapes, ~ or shell operators")
+                self.fail(
+                    line,
+                    f"{ch!r} inside ${{...:-...}} is not read; fix: write the default without quotes, "
+                    "escapes, ~ or shell operators",
+                )
             else:
                 parts.append(self.advance())
 
@@ -508,13 +556,19 @@ class _Parser:
                 self.advance()
                 parts.append("\\" + esc)  # bash keeps an escape it does not know
             else:
-                self.fail(line, f"the escape \\{_shown(esc)} in $'...' is not read (\\u, \\U and \\c depend on the locale); "
-                                "fix: write the character itself")
+                self.fail(
+                    line,
+                    f"the escape \\{_shown(esc)} in $'...' is not read (\\u, \\U and \\c depend on the locale); "
+                    "fix: write the character itself",
+                )
 
     def _ansi_code(self, line: int, code: int, shown: str) -> str:
         if code == 0 or code > 0x7F:
-            self.fail(line, f"{shown} in $'...': bash cuts the value at a NUL byte and keeps bytes above 0x7f raw; "
-                            "fix: write the character itself")
+            self.fail(
+                line,
+                f"{shown} in $'...': bash cuts the value at a NUL byte and keeps bytes above 0x7f raw; "
+                "fix: write the character itself",
+            )
         return chr(code)
 
     def _lookup(self, name: str, line: int) -> str:
@@ -526,9 +580,12 @@ class _Parser:
             return _USER
         if name in self.vars:
             return self.vars[name]
-        self.fail(line, f"${name} is not set earlier in the file: the launcher sources it under `set -u` and stops there "
-                        f"({name}: unbound variable), and tp4 reads the file alone, not the launcher's environment; "
-                        f"fix: set {name} above this line, use ${{{name}:-default}}, or write the value")
+        self.fail(
+            line,
+            f"${name} is not set earlier in the file: the launcher sources it under `set -u` and stops there "
+            f"({name}: unbound variable), and tp4 reads the file alone, not the launcher's environment; "
+            f"fix: set {name} above this line, use ${{{name}:-default}}, or write the value",
+        )
 
 
 def parse_env_text(text: str, source: str = "<env>") -> tuple[list[Assignment], list[str]]:
@@ -539,14 +596,19 @@ def parse_env_text(text: str, source: str = "<env>") -> tuple[list[Assignment], 
     user_lines = [a for a in assignments if a.name == "WORKER_USER"]
     user = user_lines[-1].value if user_lines else DEFAULT_USER
     if _HOME in user or _USER in user:
-        parser.fail(user_lines[-1].line, "WORKER_USER: the user name cannot come from $HOME, $USER or ~ (tp4 reads them as "
-                                         "WORKER_USER's own home and name); fix: write the name")
+        parser.fail(
+            user_lines[-1].line,
+            "WORKER_USER: the user name cannot come from $HOME, $USER or ~ (tp4 reads them as "
+            "WORKER_USER's own home and name); fix: write the name",
+        )
     home = "/root" if user == "root" else f"/home/{user}"
     if parser.home_lines:
         lines = ", ".join(str(n) for n in sorted(set(parser.home_lines)))
-        notes.append(f"{source} line {lines}: $HOME and ~ read as {home} and $USER as {user}: the home and name of WORKER_USER"
-                     f"{'' if user_lines else ' (not set: the launcher default)'}, as bash gives them when the launcher runs "
-                     "as that user; host paths under it are written ~/... (each node's own home)")
+        notes.append(
+            f"{source} line {lines}: $HOME and ~ read as {home} and $USER as {user}: the home and name of WORKER_USER"
+            f"{'' if user_lines else ' (not set: the launcher default)'}, as bash gives them when the launcher runs "
+            "as that user; host paths under it are written ~/... (each node's own home)"
+        )
     out = [Assignment(a.name, a.value.replace(_HOME, home).replace(_USER, user), a.line) for a in assignments]
     return out, notes
 
@@ -574,6 +636,7 @@ def _bit(var: str) -> Callable[[str], int]:
         if v not in ("0", "1"):
             raise ValueError(f"{var} must be 0 or 1, got {_shown(v)!r}")
         return int(v)
+
     return conv
 
 
@@ -584,6 +647,7 @@ def _fraction(var: str) -> Callable[[str], Any]:
         f = float(v)
         whole, _, frac = repr(f).partition(".")
         return f if f"{whole}.{frac.ljust(2, '0')}" == v else v
+
     return conv
 
 
@@ -629,8 +693,11 @@ def _converter(kind: Imports, var: str) -> Callable[[str], Any]:
 # the knob table's container keys and the launcher's own variables (tp4.line.knobs)
 TYPED: dict[str, tuple[tuple[str, ...], Callable[[str], Any]]] = {
     **{v.var: (tuple(v.field.split(".")), _converter(v.imports, v.var)) for v in LAUNCHER_VARS},
-    **{k.env: (tuple(k.field.split(".")), _converter(k.imports, k.env)) for k in KNOBS
-       if k.imports is not None and k.imports != "fixed"},
+    **{
+        k.env: (tuple(k.field.split(".")), _converter(k.imports, k.env))
+        for k in KNOBS
+        if k.imports is not None and k.imports != "fixed"
+    },
 }
 # Host paths: under WORKER_USER's home they are written ~/..., which tp4 expands to each node's home.
 HOME_RELATIVE = tuple(v.var for v in LAUNCHER_VARS if v.imports == "path")
@@ -641,22 +708,39 @@ LAUNCHER_ONLY = {
     "BUILD_DOCKERFILE": "the image variant is taken from it",
     "BUILD_ARGS": "tp4 builds the image with nix from pinned sources; no docker build arguments",
     "NNODES": "derived from the worker list",
-    "WORKER_IPS": "imported as cluster.workers", "WORKER_HOSTS": "imported as cluster.workers",
-    "GLOO_SOCKET_IFNAME": "imported as fabric.socket_ifname", "NCCL_SOCKET_IFNAME": "imported as fabric.socket_ifname",
-    "NCCL_SWITCHLESS_RING_ONLY": "imported as fabric.mode", "NCCL_OVERLAY_PIP": "imported as fabric.nccl.mount",
-    "NFS_SHARE": "imported as nfs.share", "NFS_SERVER_IP": "imported as nfs.server_ips",
-    "WORKER_DIR": "imported as cluster.workers[].workdir", "WORKER_ENGRAM_DIR": "imported as cluster.workers[].engram_dir",
+    "WORKER_IPS": "imported as cluster.workers",
+    "WORKER_HOSTS": "imported as cluster.workers",
+    "GLOO_SOCKET_IFNAME": "imported as fabric.socket_ifname",
+    "NCCL_SOCKET_IFNAME": "imported as fabric.socket_ifname",
+    "NCCL_SWITCHLESS_RING_ONLY": "imported as fabric.mode",
+    "NCCL_OVERLAY_PIP": "imported as fabric.nccl.mount",
+    "NFS_SHARE": "imported as nfs.share",
+    "NFS_SERVER_IP": "imported as nfs.server_ips",
+    "WORKER_DIR": "imported as cluster.workers[].workdir",
+    "WORKER_ENGRAM_DIR": "imported as cluster.workers[].engram_dir",
     "ENGRAM_DIR": "imported as cluster.head.engram_dir",
-    "API_KEY": "keys are never imported", "WORKER_PASS": "passwords are never imported; tp4 uses ssh keys only",
+    "API_KEY": "keys are never imported",
+    "WORKER_PASS": "passwords are never imported; tp4 uses ssh keys only",
     "EXTRA_CONTAINER_ENV": "imported as [gates] and [env]",
-    "FORCE": "a per-run switch", "DOCTOR_STRICT": "a per-run switch",
-    "REMOTE_TIMEOUT": "tp4 sets its own timeouts", "PULL_TIMEOUT": "tp4 sets its own timeouts",
+    "FORCE": "a per-run switch",
+    "DOCTOR_STRICT": "a per-run switch",
+    "REMOTE_TIMEOUT": "tp4 sets its own timeouts",
+    "PULL_TIMEOUT": "tp4 sets its own timeouts",
     "BUILD_TIMEOUT": "tp4 sets its own timeouts",
-    "NCCL_CONTAINER_DIR": "tp4 mounts a host NCCL at /nccl", "WORKER_FABRIC_IPS": "set nfs.server_ips per worker",
-    "NFS_OPTS": "tp4 fixes the NFS mount options", "NFS_OPTS_CLIENT": "tp4 fixes the NFS mount options",
-    "NFS_IMAGE": "not used", "NFS_CONTAINER": "not used", "HF_EXPORT_ROOT": "not used",
-    "NFS_REUSE_EXPORT": "not used", "TP4_ENV_FILE": "not used", "STATE_DIR": "see cluster.head.state_dir",
-    "LOG_DIR": "not used", "SERVE_LOG": "not used", "ENV_FILE": "not used", "ENV_EXAMPLE": "not used",
+    "NCCL_CONTAINER_DIR": "tp4 mounts a host NCCL at /nccl",
+    "WORKER_FABRIC_IPS": "set nfs.server_ips per worker",
+    "NFS_OPTS": "tp4 fixes the NFS mount options",
+    "NFS_OPTS_CLIENT": "tp4 fixes the NFS mount options",
+    "NFS_IMAGE": "not used",
+    "NFS_CONTAINER": "not used",
+    "HF_EXPORT_ROOT": "not used",
+    "NFS_REUSE_EXPORT": "not used",
+    "TP4_ENV_FILE": "not used",
+    "STATE_DIR": "see cluster.head.state_dir",
+    "LOG_DIR": "not used",
+    "SERVE_LOG": "not used",
+    "ENV_FILE": "not used",
+    "ENV_EXAMPLE": "not used",
     "SGLANG_RUST_BUILD_MODE": "the launcher never forwards this line; it only acts inside EXTRA_CONTAINER_ENV",
     "DSV41_PREFILL_EMPTY_CACHE_TOKENS": "the launcher never forwards this line; it only acts inside EXTRA_CONTAINER_ENV",
 }
@@ -690,8 +774,10 @@ class ImportFailed(InvalidInput):
         super().__init__(message, problems)
         self.unknown = list(unknown)
         if self.unknown:
-            self.message += ("\nnot imported (variables the TP4 launcher does not read, so nothing above counts them):\n"
-                             + "\n".join(f"  - {u}" for u in self.unknown))
+            self.message += (
+                "\nnot imported (variables the TP4 launcher does not read, so nothing above counts them):\n"
+                + "\n".join(f"  - {u}" for u in self.unknown)
+            )
             self.args = (self.message,)
 
 
@@ -712,8 +798,10 @@ def _secret_note(where: str, name: str, inside: str = "") -> str:
     if name in API_KEY_NAMES:
         fix = "write the key to a file (mode 600) and set api.key_file"
     else:
-        fix = ("keep it in a file (mode 600) outside the profile; tp4 takes credentials only from files "
-               "(the serving API key: api.key_file)")
+        fix = (
+            "keep it in a file (mode 600) outside the profile; tp4 takes credentials only from files "
+            "(the serving API key: api.key_file)"
+        )
     return f"{where}: {inside}{name} looks like a secret: not imported, and never written to a profile, a message or a plan; fix: {fix}"
 
 
@@ -806,7 +894,11 @@ def _each_variable(imp: _Import) -> None:
             apply_typed(name, value, a, setting(a))
         elif name in LAUNCHER_ONLY or name in RANK_KEYS or re.fullmatch(r"WORKER\d+_(IP|HOST)|NFS_SERVER_IP_\d+", name):
             reason = LAUNCHER_ONLY.get(name, "")
-            if reason and not reason.startswith("imported as") and name not in ("BUILD_DOCKERFILE", "NNODES", "EXTRA_CONTAINER_ENV", "API_KEY"):
+            if (
+                reason
+                and not reason.startswith("imported as")
+                and name not in ("BUILD_DOCKERFILE", "NNODES", "EXTRA_CONTAINER_ENV", "API_KEY")
+            ):
                 notes.append(f"{where(a)}: {name} not imported: {reason}")
         elif reg.gate(name) is not None:
             gate = reg.gate(name)
@@ -814,8 +906,10 @@ def _each_variable(imp: _Import) -> None:
                 doc.setdefault("gates", {})[name] = value
                 origin[f"gates.{name}"] = setting(a)
             else:
-                notes.append(f"{where(a)}: {name} is an adapter gate the launcher only passes through EXTRA_CONTAINER_ENV; "
-                             f"not imported (fix: move it into EXTRA_CONTAINER_ENV if it is meant)")
+                notes.append(
+                    f"{where(a)}: {name} is an adapter gate the launcher only passes through EXTRA_CONTAINER_ENV; "
+                    f"not imported (fix: move it into EXTRA_CONTAINER_ENV if it is meant)"
+                )
         elif name in FIXED:
             continue
         elif looks_like_secret(name):
@@ -823,8 +917,10 @@ def _each_variable(imp: _Import) -> None:
         else:
             unknown.append(name)
             hint = difflib.get_close_matches(name, known, n=1, cutoff=0.7)
-            unknown_text.append(f"{name} ({where(a)}) is not a variable the TP4 launcher reads; not imported"
-                                + (f" (did you mean {hint[0]}?)" if hint else ""))
+            unknown_text.append(
+                f"{name} ({where(a)}) is not a variable the TP4 launcher reads; not imported"
+                + (f" (did you mean {hint[0]}?)" if hint else "")
+            )
 
 
 @_step("WORKER_IPS", "WORKER_HOSTS", "WORKER_DIR", "WORKER_ENGRAM_DIR")
@@ -848,7 +944,9 @@ def _workers(imp: _Import) -> None:
         hosts = list(ips)
         host_at = ip_at
     if len(ips) != len(hosts):
-        errors.append(f"{source}: WORKER_IPS has {len(ips)} entries but WORKER_HOSTS has {len(hosts)}; fix: give one host name per IP, in rank order")
+        errors.append(
+            f"{source}: WORKER_IPS has {len(ips)} entries but WORKER_HOSTS has {len(hosts)}; fix: give one host name per IP, in rank order"
+        )
     if not ips:
         errors.append(f"{source}: no workers; fix: set WORKER_IPS and WORKER_HOSTS (rank order)")
     workers: list[dict[str, Any]] = []
@@ -883,26 +981,41 @@ def _head(imp: _Import) -> None:
         origin["cluster.head.engram_dir"] = setting(final["ENGRAM_DIR"])
     nnodes = get("NNODES")
     if nnodes is not None and nnodes != str(len(ips) + 1):
-        errors.append(f"{where(final['NNODES'])}: NNODES={_shown(nnodes)} but there are {len(ips)} workers; fix: NNODES must be workers + 1 (or remove it)")
+        errors.append(
+            f"{where(final['NNODES'])}: NNODES={_shown(nnodes)} but there are {len(ips)} workers; fix: NNODES must be workers + 1 (or remove it)"
+        )
 
     # The head's checkout: upstream runs from the checkout holding the file; its state-tp4/ is the head's /state.
     told = head_checkout is not None
     if head_checkout is not None and not head_checkout.strip():
-        raise InvalidInput("--head-checkout: the path is empty; fix: name the head's checkout (e.g. ~/dsv41-4x-spark), "
-                           "or leave the option out to use the directory of the imported file")
+        raise InvalidInput(
+            "--head-checkout: the path is empty; fix: name the head's checkout (e.g. ~/dsv41-4x-spark), "
+            "or leave the option out to use the directory of the imported file"
+        )
     checkout = head_checkout if head_checkout is not None else os.path.dirname(os.path.abspath(source))
     if not checkout.startswith("~"):
         checkout = os.path.abspath(checkout)
     workdir = _home_rel(checkout, home)
     head["workdir"] = workdir
-    how = "from --head-checkout DIR" if told else f"the directory of {Path(source).name}; --head-checkout DIR names another"
+    how = (
+        "from --head-checkout DIR"
+        if told
+        else f"the directory of {Path(source).name}; --head-checkout DIR names another"
+    )
     origin["cluster.head.workdir"] = _Origin(None, f"the head's checkout {_shown(workdir, 1000)} ({how})")
-    elsewhere = "" if workdir.startswith("~") else (
-        f"; it is not under {home}, the home of WORKER_USER as whom tp4 runs the head: if the head's user differs, "
-        "set cluster.head.user and cluster.head.home")
-    notes.append(f"the head's checkout is {_shown(workdir, 1000)} ({how}): upstream runs from the "
-                 f"checkout that holds the file, so the head's /state is {_shown(workdir, 1000)}/state-tp4 (API key, DSpark tables, "
-                 f"b12x caches){elsewhere}")
+    elsewhere = (
+        ""
+        if workdir.startswith("~")
+        else (
+            f"; it is not under {home}, the home of WORKER_USER as whom tp4 runs the head: if the head's user differs, "
+            "set cluster.head.user and cluster.head.home"
+        )
+    )
+    notes.append(
+        f"the head's checkout is {_shown(workdir, 1000)} ({how}): upstream runs from the "
+        f"checkout that holds the file, so the head's /state is {_shown(workdir, 1000)}/state-tp4 (API key, DSpark tables, "
+        f"b12x caches){elsewhere}"
+    )
 
 
 @_step("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
@@ -912,14 +1025,23 @@ def _bootstrap_iface(imp: _Import) -> None:
     errors, get, setting, source = imp.errors, imp.get, imp.setting, imp.source
     gloo, nsock = get("GLOO_SOCKET_IFNAME"), get("NCCL_SOCKET_IFNAME")
     if gloo is not None and nsock is not None and gloo != nsock:
-        errors.append(f"{source}: GLOO_SOCKET_IFNAME={_shown(gloo)} and NCCL_SOCKET_IFNAME={_shown(nsock)} differ; "
-                      "fix: give both the same interface (tp4 bootstraps both on fabric.socket_ifname)")
+        errors.append(
+            f"{source}: GLOO_SOCKET_IFNAME={_shown(gloo)} and NCCL_SOCKET_IFNAME={_shown(nsock)} differ; "
+            "fix: give both the same interface (tp4 bootstraps both on fabric.socket_ifname)"
+        )
     if gloo or nsock:
         _set(doc, ("fabric", "socket_ifname"), gloo or nsock)
         origin["fabric.socket_ifname"] = setting(final["GLOO_SOCKET_IFNAME" if gloo else "NCCL_SOCKET_IFNAME"])
 
 
-@_step("NCCL_SWITCHLESS_RING_ONLY", "NCCL_OVERLAY_PIP", "NFS_SHARE", "DSV41_SERIAL_WEIGHT_LOAD", "NCCL_WORKER_DIR", "NCCL_HOST_DIR")
+@_step(
+    "NCCL_SWITCHLESS_RING_ONLY",
+    "NCCL_OVERLAY_PIP",
+    "NFS_SHARE",
+    "DSV41_SERIAL_WEIGHT_LOAD",
+    "NCCL_WORKER_DIR",
+    "NCCL_HOST_DIR",
+)
 def _switches(imp: _Import) -> None:
     """The launcher's 0/1 switches: fabric.mode, fabric.nccl.mount (upstream's default follows the ring), nfs.share."""
     final, doc, origin, errors = imp.final, imp.doc, imp.origin, imp.errors
@@ -944,18 +1066,24 @@ def _switches(imp: _Import) -> None:
         _set(doc, ("fabric", "nccl", "mount"), "overlay" if overlay == "1" else "none")
         origin["fabric.nccl.mount"] = setting(final[overlay_var])
         if overlay_var != "NCCL_OVERLAY_PIP" and overlay == "1":
-            notes.append(f"{where(final[overlay_var])}: NCCL_OVERLAY_PIP is not set, and upstream defaults it to "
-                         "NCCL_SWITCHLESS_RING_ONLY (1): the patched NCCL is bound over the image's pip NCCL "
-                         '(fabric.nccl.mount = "overlay")')
+            notes.append(
+                f"{where(final[overlay_var])}: NCCL_OVERLAY_PIP is not set, and upstream defaults it to "
+                "NCCL_SWITCHLESS_RING_ONLY (1): the patched NCCL is bound over the image's pip NCCL "
+                '(fabric.nccl.mount = "overlay")'
+            )
     if "NFS_SHARE" in switch:
         _set(doc, ("nfs", "share"), switch["NFS_SHARE"] == "1")
         origin["nfs.share"] = setting(final["NFS_SHARE"])
     worker_dir = get("NCCL_WORKER_DIR")
     if worker_dir and not worker_dir.startswith("/"):
-        errors.append(f"{where(final['NCCL_WORKER_DIR'])}: NCCL_WORKER_DIR={_shown(worker_dir)} must be absolute; fix: give an absolute path")
+        errors.append(
+            f"{where(final['NCCL_WORKER_DIR'])}: NCCL_WORKER_DIR={_shown(worker_dir)} must be absolute; fix: give an absolute path"
+        )
     if overlay != "1" and get("NCCL_HOST_DIR"):
-        notes.append("NCCL_HOST_DIR: upstream mounts it at /nccl only when a library exists there; "
-                     'tp4 makes that explicit: set fabric.nccl.mount = "dir" if the host has one')
+        notes.append(
+            "NCCL_HOST_DIR: upstream mounts it at /nccl only when a library exists there; "
+            'tp4 makes that explicit: set fabric.nccl.mount = "dir" if the host has one'
+        )
 
 
 @_step("NFS_SERVER_IP", "NFS_SERVER_IPS")
@@ -985,14 +1113,22 @@ def _image_variant(imp: _Import) -> None:
     tag = get("IMAGE") or ""
     if dockerfile is not None:
         if dockerfile not in _VARIANTS:
-            errors.append(f"{where(final['BUILD_DOCKERFILE'])}: BUILD_DOCKERFILE={_shown(dockerfile)!r} is not one of {', '.join(_VARIANTS)}")
+            errors.append(
+                f"{where(final['BUILD_DOCKERFILE'])}: BUILD_DOCKERFILE={_shown(dockerfile)!r} is not one of {', '.join(_VARIANTS)}"
+            )
         else:
             _set(doc, ("image", "variant"), _VARIANTS[dockerfile])
             origin["image.variant"] = setting(final["BUILD_DOCKERFILE"])
     else:
-        _set(doc, ("image", "variant"), "canary-roce" if tag.endswith(":canary-roce") else "canary" if tag.endswith(":canary") else "base")
+        _set(
+            doc,
+            ("image", "variant"),
+            "canary-roce" if tag.endswith(":canary-roce") else "canary" if tag.endswith(":canary") else "base",
+        )
         if "IMAGE" in final:
-            origin["image.variant"] = _Origin(final["IMAGE"].line, f"IMAGE={_shown(tag)} (no BUILD_DOCKERFILE: the variant is read from the tag)")
+            origin["image.variant"] = _Origin(
+                final["IMAGE"].line, f"IMAGE={_shown(tag)} (no BUILD_DOCKERFILE: the variant is read from the tag)"
+            )
 
 
 @_step("API_KEY")
@@ -1001,8 +1137,10 @@ def _api_key(imp: _Import) -> None:
     final, notes, get, where = imp.final, imp.notes, imp.get, imp.where
     api = get("API_KEY")
     if api is not None and api.strip().lower() not in OFF_KEYS:
-        notes.append(f"{where(final['API_KEY'])}: API_KEY: the key was not imported, and is never written to a profile, a message "
-                     "or a plan; fix: write it to a file (mode 600) and set api.key_file")
+        notes.append(
+            f"{where(final['API_KEY'])}: API_KEY: the key was not imported, and is never written to a profile, a message "
+            "or a plan; fix: write it to a file (mode 600) and set api.key_file"
+        )
 
 
 @_step("EXTRA_CONTAINER_ENV")
@@ -1018,18 +1156,24 @@ def _extra_container_env(imp: _Import) -> None:
             if not item:
                 continue
             if not _EXTRA_ITEM.match(item):
-                errors.append(f"{where(extra)}: EXTRA_CONTAINER_ENV item {_shown(item)!r} is not KEY=VALUE (the launcher "
-                              "stops on it); fix: write NAME=value with a name of letters, digits and '_', not starting with a digit")
+                errors.append(
+                    f"{where(extra)}: EXTRA_CONTAINER_ENV item {_shown(item)!r} is not KEY=VALUE (the launcher "
+                    "stops on it); fix: write NAME=value with a name of letters, digits and '_', not starting with a digit"
+                )
                 continue
             key, value = item.split("=", 1)
             at = _Origin(extra.line, f"EXTRA_CONTAINER_ENV item {key}={_shown(value)}")
             if key in API_KEY_NAMES or looks_like_secret(key):
                 notes.append(_secret_note(where(extra), key, "EXTRA_CONTAINER_ENV item "))
             elif key in RANK_KEYS or key == "NCCL_IB_GID_INDEX":
-                errors.append(f"{where(extra)}: EXTRA_CONTAINER_ENV sets {key}, which tp4 renders per rank; fix: remove it")
+                errors.append(
+                    f"{where(extra)}: EXTRA_CONTAINER_ENV sets {key}, which tp4 renders per rank; fix: remove it"
+                )
             elif key in FIXED:
                 if value != FIXED[key]:
-                    errors.append(f"{where(extra)}: EXTRA_CONTAINER_ENV sets {key}={_shown(value)}; tp4 fixes it to {FIXED[key]}; fix: remove it")
+                    errors.append(
+                        f"{where(extra)}: EXTRA_CONTAINER_ENV sets {key}={_shown(value)}; tp4 fixes it to {FIXED[key]}; fix: remove it"
+                    )
             elif reg.gate(key) is not None:
                 doc.setdefault("gates", {})[key] = value
                 origin[f"gates.{key}"] = at
@@ -1040,8 +1184,10 @@ def _extra_container_env(imp: _Import) -> None:
                 origin[f"env.{key}"] = at
                 hint = difflib.get_close_matches(key, list(reg.gates), n=1, cutoff=0.85)
                 if hint:
-                    notes.append(f"{where(extra)}: EXTRA_CONTAINER_ENV item {key} is not an adapter gate, so it is imported "
-                                 f"into [env] as it is; did you mean {hint[0]}?")
+                    notes.append(
+                        f"{where(extra)}: EXTRA_CONTAINER_ENV item {key} is not an adapter gate, so it is imported "
+                        f"into [env] as it is; did you mean {hint[0]}?"
+                    )
 
 
 @_step("EXTRA_SGLANG_ARGS")
@@ -1053,14 +1199,25 @@ def _no_key_in_args(imp: _Import) -> None:
         kept, dropped = _without_api_key(args)
         if dropped:
             doc["engine"]["extra_args"] = kept
-            notes.append(_secret_note(where(final["EXTRA_SGLANG_ARGS"]), "--api-key", "EXTRA_SGLANG_ARGS ")
-                         .replace("--api-key looks like a secret", "--api-key carries the API key")
-                         .replace("fix: keep it in a file (mode 600) outside the profile; tp4 takes credentials only from files "
-                                  "(the serving API key: api.key_file)", "fix: write the key to a file (mode 600) and set api.key_file"))
+            notes.append(
+                _secret_note(where(final["EXTRA_SGLANG_ARGS"]), "--api-key", "EXTRA_SGLANG_ARGS ")
+                .replace("--api-key looks like a secret", "--api-key carries the API key")
+                .replace(
+                    "fix: keep it in a file (mode 600) outside the profile; tp4 takes credentials only from files "
+                    "(the serving API key: api.key_file)",
+                    "fix: write the key to a file (mode 600) and set api.key_file",
+                )
+            )
 
 
-def import_assignments(assignments: list[Assignment], source: str, parse_notes: list[str] | None = None, *,
-                       head_checkout: str | None = None, strict: bool = False) -> ImportResult:
+def import_assignments(
+    assignments: list[Assignment],
+    source: str,
+    parse_notes: list[str] | None = None,
+    *,
+    head_checkout: str | None = None,
+    strict: bool = False,
+) -> ImportResult:
     """Map the assignments of an upstream profile onto a tp4 profile, step by step (_STEPS).
     head_checkout: the head's checkout (cluster.head.workdir); default the directory of `source`.
     strict: warnings are errors."""
@@ -1071,11 +1228,19 @@ def import_assignments(assignments: list[Assignment], source: str, parse_notes: 
     for a in assignments:
         final[a.name] = a  # bash: the last assignment wins
     user = final["WORKER_USER"].value if "WORKER_USER" in final and final["WORKER_USER"].value else DEFAULT_USER
-    imp = _Import(source, final, reg, "/root" if user == "root" else f"/home/{user}", head_checkout,
-                  notes=list(parse_notes or []))
+    imp = _Import(
+        source, final, reg, "/root" if user == "root" else f"/home/{user}", head_checkout, notes=list(parse_notes or [])
+    )
     for _, run in _STEPS:
         run(imp)
-    errors, notes, unknown, unknown_text, doc, origin = imp.errors, imp.notes, imp.unknown, imp.unknown_text, imp.doc, imp.origin
+    errors, notes, unknown, unknown_text, doc, origin = (
+        imp.errors,
+        imp.notes,
+        imp.unknown,
+        imp.unknown_text,
+        imp.doc,
+        imp.origin,
+    )
     if errors:
         raise ImportFailed(f"{source}: {len(errors)} problem(s); nothing was imported", errors, unknown_text)
 
@@ -1089,15 +1254,23 @@ def import_assignments(assignments: list[Assignment], source: str, parse_notes: 
         loaded = parse_document(doc, source)
     except InvalidInput as exc:
         problems = [terms(str(p)) for p in exc.problems] or [str(exc)]
-        raise ImportFailed(f"{source}: the imported profile is not valid ({len(problems)} problem(s)); nothing was written",
-                           problems, unknown_text) from None
+        raise ImportFailed(
+            f"{source}: the imported profile is not valid ({len(problems)} problem(s)); nothing was written",
+            problems,
+            unknown_text,
+        ) from None
     warnings = [terms(str(w)) for w in loaded.warnings]  # each `field: reason; fix: ...`
     if strict and warnings:
-        raise ImportFailed(f"{source}: {len(warnings)} warning(s), which --strict makes errors; nothing was written",
-                           warnings, unknown_text)
+        raise ImportFailed(
+            f"{source}: {len(warnings)} warning(s), which --strict makes errors; nothing was written",
+            warnings,
+            unknown_text,
+        )
     p = loaded.profile
-    header = (f"# Imported by `tp4 profile import` from {Path(source).name}.\n"
-              "# On the launcher-defaults preset: every value below comes from that file.\n")
+    header = (
+        f"# Imported by `tp4 profile import` from {Path(source).name}.\n"
+        "# On the launcher-defaults preset: every value below comes from that file.\n"
+    )
     summary = f"{len(p.nodes)} nodes, TP {p.engine.tp}, EP {p.ep}, image {p.image.tag} ({p.image.variant})"
     return ImportResult(header + dumps(doc), doc, summary, notes, unknown, warnings, unknown_text)
 
@@ -1105,9 +1278,15 @@ def import_assignments(assignments: list[Assignment], source: str, parse_notes: 
 # --- messages in the terms of the imported file ------------------------------------------------------
 
 # profile field -> the variable of the upstream profile that sets it (beyond TYPED's own rows)
-_FIELD_VARS_EXTRA = {"fabric.mode": "NCCL_SWITCHLESS_RING_ONLY", "fabric.nccl.mount": "NCCL_OVERLAY_PIP",
-                     "nfs.share": "NFS_SHARE", "fabric.socket_ifname": "NCCL_SOCKET_IFNAME", "cluster.workers": "WORKER_IPS",
-                     "image.variant": "BUILD_DOCKERFILE", "cluster.head.engram_dir": "ENGRAM_DIR"}
+_FIELD_VARS_EXTRA = {
+    "fabric.mode": "NCCL_SWITCHLESS_RING_ONLY",
+    "fabric.nccl.mount": "NCCL_OVERLAY_PIP",
+    "nfs.share": "NFS_SHARE",
+    "fabric.socket_ifname": "NCCL_SOCKET_IFNAME",
+    "cluster.workers": "WORKER_IPS",
+    "image.variant": "BUILD_DOCKERFILE",
+    "cluster.head.engram_dir": "ENGRAM_DIR",
+}
 _SECTIONS = r"(?:cluster|fabric|model|nfs|image|engine|engram|runtime|api)"
 
 
@@ -1139,10 +1318,15 @@ def _translate(text: str, gates: Any) -> str:
     fields = _field_vars()
     text = re.sub(r'add "([^"]*)", "([^"]*)" to engine\.extra_args', r"add \1 \2 to EXTRA_SGLANG_ARGS", text)
     text = re.sub(r'gates\.(\w+) = "([^"]*)" or more', r"\1=\2 (or more) in EXTRA_CONTAINER_ENV", text)
-    text = re.sub(r'gates\.(\w+) to a list containing "([^"]*)"', r"\1 to a list containing \2 in EXTRA_CONTAINER_ENV", text)
+    text = re.sub(
+        r'gates\.(\w+) to a list containing "([^"]*)"', r"\1 to a list containing \2 in EXTRA_CONTAINER_ENV", text
+    )
     text = re.sub(r'gates\.(\w+) = "([^"]*)"', r"\1=\2 in EXTRA_CONTAINER_ENV", text)
-    text = re.sub(r'\b([A-Z][A-Z0-9_]+) = "([^"]*)"',
-                  lambda m: f"{m.group(1)}={m.group(2)} in EXTRA_CONTAINER_ENV" if m.group(1) in gates else m.group(0), text)
+    text = re.sub(
+        r'\b([A-Z][A-Z0-9_]+) = "([^"]*)"',
+        lambda m: f"{m.group(1)}={m.group(2)} in EXTRA_CONTAINER_ENV" if m.group(1) in gates else m.group(0),
+        text,
+    )
     text = re.sub(r"\bgates\.(\w+)", r"\1 (in EXTRA_CONTAINER_ENV)", text)
 
     def assign(m: re.Match[str]) -> str:
@@ -1180,7 +1364,7 @@ def _in_file_terms(problem: str, origin: dict[str, _Origin], source: str, gates:
 
 def _home_rel(path: str, home: str) -> str:
     if path == home or path.startswith(home + "/"):
-        return "~" + path[len(home):]
+        return "~" + path[len(home) :]
     return path
 
 

@@ -76,8 +76,9 @@ def preset_layers(name: str) -> list[tuple[str, Doc]]:
             import difflib
 
             hint = difflib.get_close_matches(current, preset_names(), n=1)
-            problem = (f"preset: unknown preset {current!r}; fix: use one of {', '.join(preset_names())}"
-                       + (f" (did you mean {hint[0]!r}?)" if hint else ""))
+            problem = f"preset: unknown preset {current!r}; fix: use one of {', '.join(preset_names())}" + (
+                f" (did you mean {hint[0]!r}?)" if hint else ""
+            )
             raise InvalidInput("the profile names no preset tp4 has", [problem])
         path = PRESETS / f"{current}.toml"
         layer = _read_toml(path.read_text(), f"preset {current}")
@@ -109,8 +110,12 @@ def _stacked(doc: Doc, source: str) -> tuple[Doc, tuple[ArgOrigin, ...], dict[st
     twice, a drop of nothing inherited)."""
     preset = doc.get("preset", "production")
     if not isinstance(preset, str):
-        raise InvalidInput("the profile names no preset tp4 has",
-                           [f"preset: got {_shown(preset)}; must be a string naming a preset; fix: use one of {', '.join(preset_names())}"])
+        raise InvalidInput(
+            "the profile names no preset tp4 has",
+            [
+                f"preset: got {_shown(preset)}; must be a string naming a preset; fix: use one of {', '.join(preset_names())}"
+            ],
+        )
     layers = [_Layer(f"preset {name}", _where(f"preset {name}"), layer) for name, layer in preset_layers(preset)]
     layers.append(_Layer("profile", source, doc))
     result: Doc = {}
@@ -130,7 +135,9 @@ def _stacked(doc: Doc, source: str) -> tuple[Doc, tuple[ArgOrigin, ...], dict[st
                 if dropped:
                     engine["drop_args"] = [_flag(a.words[0]) for a in dropped]
     if problems:
-        raise InvalidInput(f"{source}: the layers' engine.extra_args do not merge ({len(problems)} problem(s))", problems)
+        raise InvalidInput(
+            f"{source}: the layers' engine.extra_args do not merge ({len(problems)} problem(s))", problems
+        )
     result["preset"] = preset
     return _image_tag(result), (*args, *dropped), preset_gates
 
@@ -166,8 +173,12 @@ def _merge_args(layer: _Layer, args: list[ArgOrigin], dropped: list[ArgOrigin], 
         return None
     own = engine.get("extra_args", [])
     drops = engine.get("drop_args", [])
-    if not (isinstance(own, list) and all(isinstance(w, str) for w in own)
-            and isinstance(drops, list) and all(isinstance(w, str) for w in drops)):
+    if not (
+        isinstance(own, list)
+        and all(isinstance(w, str) for w in own)
+        and isinstance(drops, list)
+        and all(isinstance(w, str) for w in drops)
+    ):
         return None
     inherited = sorted({f for a in args if (f := _flag(a.words[0])) is not None})
     for i, name in enumerate(drops):
@@ -179,8 +190,12 @@ def _merge_args(layer: _Layer, args: list[ArgOrigin], dropped: list[ArgOrigin], 
             problems.append(
                 f"engine.drop_args[{i}]: {name[:60]!r} in {layer.where} is not a flag a lower layer sets in "
                 f"engine.extra_args, so there is nothing to drop; fix: "
-                + (f"name one of {', '.join(inherited)} (a flag, without its value), or remove it"
-                   if inherited else "remove it (the layers below set no extra_args)"))
+                + (
+                    f"name one of {', '.join(inherited)} (a flag, without its value), or remove it"
+                    if inherited
+                    else "remove it (the layers below set no extra_args)"
+                )
+            )
             continue
         for a in hits:
             args.remove(a)
@@ -190,11 +205,17 @@ def _merge_args(layer: _Layer, args: list[ArgOrigin], dropped: list[ArgOrigin], 
         flag = _flag(words[0])
         first = seen.get(flag) if flag is not None else None
         if first is not None:
-            twice = (f"twice in {layer.where}" if first.layer == layer.name
-                     else f"by {_where(first.layer)} and again by {layer.where}")
-            fix = ("remove one of them" if first.layer == layer.name else
-                   f"to change the inherited value, add \"{flag}\" to engine.drop_args in {layer.where} and keep "
-                   "yours; otherwise remove yours")
+            twice = (
+                f"twice in {layer.where}"
+                if first.layer == layer.name
+                else f"by {_where(first.layer)} and again by {layer.where}"
+            )
+            fix = (
+                "remove one of them"
+                if first.layer == layer.name
+                else f'to change the inherited value, add "{flag}" to engine.drop_args in {layer.where} and keep '
+                "yours; otherwise remove yours"
+            )
             problems.append(f"engine.extra_args: {flag} is given {twice}; fix: {fix}")
             continue
         origin = ArgOrigin(words, layer.name)
@@ -226,7 +247,7 @@ def _own_index(problem: Problem, origins: tuple[ArgOrigin, ...]) -> Problem:
         return problem
     import dataclasses
 
-    return dataclasses.replace(problem, field=f"engine.extra_args[{k - inherited}]" + problem.field[m.end():])
+    return dataclasses.replace(problem, field=f"engine.extra_args[{k - inherited}]" + problem.field[m.end() :])
 
 
 def _image_tag(doc: Doc) -> Doc:
@@ -283,8 +304,11 @@ def _pydantic_problems(exc: ValidationError, doc: Doc, model: type[BaseModel] | 
 
             known = _known_fields(model or models.Profile, loc[:-1])
             hint = difflib.get_close_matches(str(loc[-1]), known, n=1)
-            fix = f"did you mean {hint[0]!r}?" if hint else (
-                "remove it; known fields here: " + ", ".join(sorted(known)) if known else "remove it")
+            fix = (
+                f"did you mean {hint[0]!r}?"
+                if hint
+                else ("remove it; known fields here: " + ", ".join(sorted(known)) if known else "remove it")
+            )
             if loc[-1] in ("api_key", "key"):
                 fix = "never put a key in a profile: write it to a file (mode 600) and set api.key_file"
             problems.append(Problem(where, "unknown field", fix))
@@ -292,10 +316,14 @@ def _pydantic_problems(exc: ValidationError, doc: Doc, model: type[BaseModel] | 
             problems.append(Problem(where, "is required", "set it"))
         elif err["type"] == "too_long":
             most = err["ctx"]["max_length"]
-            problems.append(Problem(where, f"has {err['ctx']['actual_length']} items, more than {most}", f"list at most {most}"))
+            problems.append(
+                Problem(where, f"has {err['ctx']['actual_length']} items, more than {most}", f"list at most {most}")
+            )
         elif err["type"] == "too_short":
             least = err["ctx"]["min_length"]
-            problems.append(Problem(where, f"has {err['ctx']['actual_length']} items, fewer than {least}", f"list at least {least}"))
+            problems.append(
+                Problem(where, f"has {err['ctx']['actual_length']} items, fewer than {least}", f"list at least {least}")
+            )
         elif err["type"] in _BOUNDS and isinstance(err["input"], int | float):
             reason, fix, key = _BOUNDS[err["type"]]
             bound = err["ctx"][key]
@@ -303,26 +331,37 @@ def _pydantic_problems(exc: ValidationError, doc: Doc, model: type[BaseModel] | 
         elif err["type"] == "literal_error":
             problems.append(Problem(where, f"{_shown(err['input'])} is not allowed", f"use {err['ctx']['expected']}"))
         elif err["msg"].startswith("Input should be "):
-            kind = _TOML_KINDS.get(err["type"], err["msg"][len("Input should be "):])
-            problems.append(Problem(where, f"got {_shown(err['input'])}; must be {kind}", _kind_fix(err["type"], err["input"])))
+            kind = _TOML_KINDS.get(err["type"], err["msg"][len("Input should be ") :])
+            problems.append(
+                Problem(where, f"got {_shown(err['input'])}; must be {kind}", _kind_fix(err["type"], err["input"]))
+            )
         else:
             msg = err["msg"]
             if msg.startswith("Value error, "):
-                msg = msg[len("Value error, "):]
+                msg = msg[len("Value error, ") :]
             reason, _, fix = msg.partition("; fix: ")
             problems.append(Problem(where, reason, fix or "see `tp4 profile reference` for what this field takes"))
     return problems
 
 
-_TOML_KINDS = {"model_type": "a table", "dict_type": "a table", "model_attributes_type": "a table",
-               "list_type": "an array", "string_type": "a string", "int_type": "a whole number",
-               "bool_type": "true or false", "float_type": "a number"}
+_TOML_KINDS = {
+    "model_type": "a table",
+    "dict_type": "a table",
+    "model_attributes_type": "a table",
+    "list_type": "an array",
+    "string_type": "a string",
+    "int_type": "a whole number",
+    "bool_type": "true or false",
+    "float_type": "a number",
+}
 
 
 def _kind_fix(kind: str, value: object) -> str:
     """How to write a value of the right TOML kind, from what was written."""
     if kind == "string_type":
-        text = str(value).lower() if isinstance(value, bool) else str(value) if isinstance(value, int | float) else "..."
+        text = (
+            str(value).lower() if isinstance(value, bool) else str(value) if isinstance(value, int | float) else "..."
+        )
         return f'write it in quotes, e.g. "{text}"'
     if kind in ("int_type", "float_type"):
         return "write the number without quotes, e.g. 4"
@@ -344,8 +383,10 @@ def _shown(value: object) -> str:
     return repr(value)[:60]
 
 
-_BOUNDS = {"less_than_equal": ("above the maximum", "at most", "le"),
-           "greater_than_equal": ("below the minimum", "at least", "ge")}
+_BOUNDS = {
+    "less_than_equal": ("above the maximum", "at most", "le"),
+    "greater_than_equal": ("below the minimum", "at least", "ge"),
+}
 
 
 def _known_fields(model: type[BaseModel], loc: Loc) -> list[str]:
@@ -426,7 +467,9 @@ def parse_document(doc: Doc, source: str) -> Loaded:
                 errors = [e for e in errors if e in other_errors]
                 warnings = [w for w in warnings if w in other_warnings]
             # and what names a bad field (`equals cluster.port (8888)`) read its stand-in
-            names = {_loc(loc) for loc in bad} | {str(loc[-1]) for loc in bad if len(loc) == 2 and loc[0] in ("gates", "env")}
+            names = {_loc(loc) for loc in bad} | {
+                str(loc[-1]) for loc in bad if len(loc) == 2 and loc[0] in ("gates", "env")
+            }
             errors = [e for e in errors if not any(_names(str(e), n) for n in names)]
             warnings = [w for w in warnings if not any(_names(str(w), n) for n in names)]
         seen = {p.field for p in problems}
@@ -465,8 +508,11 @@ def _checked(profile: Profile, doc: Doc, preset_gates: dict[str, Any]) -> tuple[
 def strict(loaded: Loaded) -> Loaded:
     """`--strict`: the profile's warnings are errors (exit 2)."""
     if loaded.warnings:
-        raise InvalidInput(f"{loaded.source}: {len(loaded.warnings)} warning(s), errors under --strict; "
-                           "fix: address each, or drop --strict", loaded.warnings)
+        raise InvalidInput(
+            f"{loaded.source}: {len(loaded.warnings)} warning(s), errors under --strict; "
+            "fix: address each, or drop --strict",
+            loaded.warnings,
+        )
     return loaded
 
 

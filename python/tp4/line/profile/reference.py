@@ -46,8 +46,11 @@ def _default(info: Any) -> str:
     return f"`{json.dumps(value)}`"
 
 
-_HOW = {"add": "adds to the lower layers' list", "replace": "replaces the lower layers' list whole",
-        "drop": "removes from the lower layers' engine.extra_args"}
+_HOW = {
+    "add": "adds to the lower layers' list",
+    "replace": "replaces the lower layers' list whole",
+    "drop": "removes from the lower layers' engine.extra_args",
+}
 
 
 def _layering(path: str, ann: Any) -> str:
@@ -80,19 +83,33 @@ def _section(model: type[BaseModel], prefix: str, out: list[str]) -> None:
 
 
 def generate() -> str:
-    out = [BEGIN, "", "Defaults are the upstream launcher's (preset `launcher-defaults`); presets and your profile override them: "
-           "tables key by key, values replaced, and each list as its **Layers:** note says (`engine.extra_args` adds to "
-           "the presets' flags, `engine.drop_args` removes one of them, the other lists are replaced whole).",
-           "Node tables (`cluster.head`, each `[[cluster.workers]]`) take the fields of `cluster.head`."]
+    out = [
+        BEGIN,
+        "",
+        "Defaults are the upstream launcher's (preset `launcher-defaults`); presets and your profile override them: "
+        "tables key by key, values replaced, and each list as its **Layers:** note says (`engine.extra_args` adds to "
+        "the presets' flags, `engine.drop_args` removes one of them, the other lists are replaced whole).",
+        "Node tables (`cluster.head`, each `[[cluster.workers]]`) take the fields of `cluster.head`.",
+    ]
     _section(models.Profile, "", out)
-    out += ["", "#### Adapter gates (`[gates]`, from adapters/registry.toml)", "",
-            "A gate written `NAME<n>` is a family: set it as NAME0, NAME1, … (n = 0, 1, …).", "",
-            "| adapter | image | gate | values | launcher passes | needs (when on) |", "|---|---|---|---|---|---|"]
+    out += [
+        "",
+        "#### Adapter gates (`[gates]`, from adapters/registry.toml)",
+        "",
+        "A gate written `NAME<n>` is a family: set it as NAME0, NAME1, … (n = 0, 1, …).",
+        "",
+        "| adapter | image | gate | values | launcher passes | needs (when on) |",
+        "|---|---|---|---|---|---|",
+    ]
     reg = load_registry()
     plain = [r for r in reg.rules if r.dependent is not None and r.level == "error"]
     for adapter in reg.adapters:
         for g in adapter.gates:
-            values = {"switch": "0 / 1", "enum": " / ".join(g.values), "list": "comma list of " + ", ".join(g.values)}.get(g.kind, g.kind)
+            values = {
+                "switch": "0 / 1",
+                "enum": " / ".join(g.values),
+                "list": "comma list of " + ", ".join(g.values),
+            }.get(g.kind, g.kind)
             if g.kind in ("int", "float") and (g.min is not None or g.max is not None):
                 values += f" {'' if g.min is None else f'>= {g.min:g}'}{'' if g.max is None else f' <= {g.max:g}'}"
             if g.family:
@@ -100,8 +117,13 @@ def generate() -> str:
             passes = f"`{g.default}`" if g.forwarded else "when set"
             needs = ", ".join(f"`{r.needs}`" for r in plain if r.dependent == g.var)
             out.append(f"| {adapter.name} | {g.image} | `{g.var}` | {values} | {passes} | {needs} |")
-    out += ["", "#### Rules between settings (each adapter's `rules` in adapters/registry.toml; a gate's plain needs are in the table above)", "",
-            "| field | when | needs | level |", "|---|---|---|---|"]
+    out += [
+        "",
+        "#### Rules between settings (each adapter's `rules` in adapters/registry.toml; a gate's plain needs are in the table above)",
+        "",
+        "| field | when | needs | level |",
+        "|---|---|---|---|",
+    ]
     for r in reg.rules:
         if r not in plain:
             out.append(f"| `{r.field}` | {', '.join(f'`{c}`' for c in r.when)} | `{r.needs}` | {r.level} |")

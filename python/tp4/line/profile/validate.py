@@ -27,8 +27,9 @@ RANK_KEYS = knobs.RANK_KEYS
 OWNED_FLAGS = knobs.owned_flags()
 
 
-def validate(profile: Profile, gates: Mapping[str, str], head_env: Mapping[str, str],
-             reg: Registry) -> tuple[list[Problem], list[Problem]]:
+def validate(
+    profile: Profile, gates: Mapping[str, str], head_env: Mapping[str, str], reg: Registry
+) -> tuple[list[Problem], list[Problem]]:
     """The rules over a parsed profile and what the renderer made of it (parse, render, then
     check: the loader renders with tp4.line.plan.render_head and passes the result here). ``gates``
     are the gates as the plan runs them (a preset gate that a rollback leaves without the gate it
@@ -54,8 +55,11 @@ def validate(profile: Profile, gates: Mapping[str, str], head_env: Mapping[str, 
     # --- cluster: one Spark per rank, unique names and addresses ---
     nnodes = len(profile.nodes)
     if nnodes != tp:
-        err("cluster.workers", f"{nnodes} node{'s' if nnodes != 1 else ''} (head + {len(cl.workers)} worker{'s' if len(cl.workers) != 1 else ''}) for engine.tp = {tp}; every Spark runs one rank",
-            f"list {tp - 1} workers, or set engine.tp = {nnodes}")
+        err(
+            "cluster.workers",
+            f"{nnodes} node{'s' if nnodes != 1 else ''} (head + {len(cl.workers)} worker{'s' if len(cl.workers) != 1 else ''}) for engine.tp = {tp}; every Spark runs one rank",
+            f"list {tp - 1} workers, or set engine.tp = {nnodes}",
+        )
     for attr, label in (("name", "name"), ("ip", "fabric IP"), ("ssh", "ssh address")):
         seen: dict[str, str] = {}
         for rank, node in enumerate(profile.nodes):
@@ -68,51 +72,93 @@ def validate(profile: Profile, gates: Mapping[str, str], head_env: Mapping[str, 
     if cl.port == cl.dist_port:
         err("cluster.dist_port", f"equals cluster.port ({cl.port})", "use distinct ports (upstream: 8888 and 20000)")
     if profile.nfs.share and len(profile.nfs.server_ips) not in (1, len(cl.workers)):
-        err("nfs.server_ips", f"{len(profile.nfs.server_ips)} addresses for {len(cl.workers)} workers",
-            "give one address for all workers or one per worker, in worker order")
+        err(
+            "nfs.server_ips",
+            f"{len(profile.nfs.server_ips)} addresses for {len(cl.workers)} workers",
+            "give one address for all workers or one per worker, in worker order",
+        )
 
     # --- engine sizes ---
     if not CONTEXT_MIN <= eng.context_length <= CONTEXT_MAX:
-        err("engine.context_length", f"{eng.context_length} is outside {CONTEXT_MIN}..{CONTEXT_MAX} (boot.py refuses it)",
-            f"set a value from {CONTEXT_MIN} to {CONTEXT_MAX} (the model maximum)")
+        err(
+            "engine.context_length",
+            f"{eng.context_length} is outside {CONTEXT_MIN}..{CONTEXT_MAX} (boot.py refuses it)",
+            f"set a value from {CONTEXT_MIN} to {CONTEXT_MAX} (the model maximum)",
+        )
     if tp % ep != 0 or reg.moe.experts % ep != 0:
-        err("engine.ep", f"EP {ep} must divide engine.tp ({tp}) and the {reg.moe.experts} experts", "use 1, 2 or 4 at TP4")
+        err(
+            "engine.ep",
+            f"EP {ep} must divide engine.tp ({tp}) and the {reg.moe.experts} experts",
+            "use 1, 2 or 4 at TP4",
+        )
     else:
         moe = reg.moe
         width = moe.expert_width * ep // tp
         runner = next((a for a in reg.adapters if a.moe_align and a.gates[0].is_on(env0.get(a.gates[0].var))), None)
         if runner is not None and runner.moe_align:
             if width % runner.moe_align:
-                err("engine.ep", f"EP {ep} at TP {tp} gives {width}-wide experts per rank; {runner.name} needs a multiple of {runner.moe_align}",
-                    "raise engine.ep (at TP8 use 2)")
+                err(
+                    "engine.ep",
+                    f"EP {ep} at TP {tp} gives {width}-wide experts per rank; {runner.name} needs a multiple of {runner.moe_align}",
+                    "raise engine.ep (at TP8 use 2)",
+                )
         elif width % moe.align:
             alternatives = [a for a in reg.adapters if a.moe_align and width % a.moe_align == 0]
-            fix = " or ".join(f'set gates.{a.gates[0].var} = "1" (needs image.variant = "{a.image}")' for a in alternatives)
-            fix = (fix + ", or " if fix else "") + f"raise engine.ep so {moe.expert_width} * ep / tp is a multiple of {moe.align}"
-            err("engine.ep", f"EP {ep} at TP {tp} gives {width}-wide experts per rank; {moe.runner} needs a multiple of {moe.align}", fix)
+            fix = " or ".join(
+                f'set gates.{a.gates[0].var} = "1" (needs image.variant = "{a.image}")' for a in alternatives
+            )
+            fix = (
+                fix + ", or " if fix else ""
+            ) + f"raise engine.ep so {moe.expert_width} * ep / tp is a multiple of {moe.align}"
+            err(
+                "engine.ep",
+                f"EP {ep} at TP {tp} gives {width}-wide experts per rank; {moe.runner} needs a multiple of {moe.align}",
+                fix,
+            )
     # every "X needs Y" of the registry (its rules; a family's once per member set)
     for rule in reg.rules_for(gates):
         if all(condition_holds(c, env0, reg) for c in rule.when) and not condition_holds(rule.needs, env0, reg):
             report = err if rule.level == "error" else warn
-            report(rule.field, fill_line(rule.reason, env0) or f"needs {describe_condition(rule.needs)}", fill_line(rule.fix, env0))
+            report(
+                rule.field,
+                fill_line(rule.reason, env0) or f"needs {describe_condition(rule.needs)}",
+                fill_line(rule.fix, env0),
+            )
     if eng.max_running_requests >= 8 and not _has_flag_value(eng.extra_args, "--min-free-slots-delay", "1"):
         # it boots and serves, with 2-3 of the slots idle: a performance caveat
-        warn("engine.extra_args", f"max_running_requests = {eng.max_running_requests} without --min-free-slots-delay 1: DSpark's admission delayer holds 2-3 slots free",
-            'add "--min-free-slots-delay", "1" to engine.extra_args, or lower engine.max_running_requests below 8')
+        warn(
+            "engine.extra_args",
+            f"max_running_requests = {eng.max_running_requests} without --min-free-slots-delay 1: DSpark's admission delayer holds 2-3 slots free",
+            'add "--min-free-slots-delay", "1" to engine.extra_args, or lower engine.max_running_requests below 8',
+        )
     for i, arg in enumerate(eng.extra_args):
         flag = arg.split("=", 1)[0]
         if flag in OWNED_FLAGS:
-            err(f"engine.extra_args[{i}]", f"{flag} is set by tp4 from {OWNED_FLAGS[flag]}", f"remove it and set {OWNED_FLAGS[flag]}")
+            err(
+                f"engine.extra_args[{i}]",
+                f"{flag} is set by tp4 from {OWNED_FLAGS[flag]}",
+                f"remove it and set {OWNED_FLAGS[flag]}",
+            )
     if eng.use_sps_table:
-        err("engine.use_sps_table", "with the SPS table the first mixed batch dies in the Engram target-verify path", "set it to false (production does)")
+        err(
+            "engine.use_sps_table",
+            "with the SPS table the first mixed batch dies in the Engram target-verify path",
+            "set it to false (production does)",
+        )
     if profile.engine.offload_mode == "ram":
         err("engine.offload_mode", "ram offload pins ~189 GiB, which never fits on a Spark", 'use "nvme"')
     if cl.memlock != "-1:-1":
-        warn("cluster.memlock", f"{cl.memlock} limits locked memory: RDMA registers the KV pool and NCCL's buffers, which needs it unlimited",
-             'keep "-1:-1" on Sparks; a limit is for hosts without RDMA')
+        warn(
+            "cluster.memlock",
+            f"{cl.memlock} limits locked memory: RDMA registers the KV pool and NCCL's buffers, which needs it unlimited",
+            'keep "-1:-1" on Sparks; a limit is for hosts without RDMA',
+        )
     if eng.max_total_tokens > 8_000_000:
-        warn("engine.max_total_tokens", f"{eng.max_total_tokens} is above the measured 8M pin; a pin above the smallest KV budget a boot computes kills the boot or is clamped",
-             "read `DSV4 memory calculation: ... full_token=<N>` from a boot and stay under it")
+        warn(
+            "engine.max_total_tokens",
+            f"{eng.max_total_tokens} is above the measured 8M pin; a pin above the smallest KV budget a boot computes kills the boot or is clamped",
+            "read `DSV4 memory calculation: ... full_token=<N>` from a boot and stay under it",
+        )
 
     # --- [gates] and [env] ---
     typed = knobs.typed_env_keys()
@@ -130,8 +176,11 @@ def validate(profile: Profile, gates: Mapping[str, str], head_env: Mapping[str, 
         if reason:
             err(field, f"{value!r} {reason}", f"see adapter {gate.adapter} in adapters/registry.toml")
         if gate.is_on(value) and reg.image_rank(gate.image) > image_rank:
-            err(field, f"needs the {gate.image} image (adapter {gate.adapter}); image.variant is {profile.image.variant}",
-                f'set image.variant = "{gate.image}" (preset canary-roce or production), or set {key} = "0"')
+            err(
+                field,
+                f"needs the {gate.image} image (adapter {gate.adapter}); image.variant is {profile.image.variant}",
+                f'set image.variant = "{gate.image}" (preset canary-roce or production), or set {key} = "0"',
+            )
     for key in profile.env:
         field = f"env.{key}"
         if key in RANK_KEYS:
@@ -146,11 +195,19 @@ def validate(profile: Profile, gates: Mapping[str, str], head_env: Mapping[str, 
         err("fabric.nccl.worker_dir", "must be absolute (NCCL_WORKER_DIR)", "give an absolute path")
     if fab.mode == "ring":
         if nnodes != 4 or tp != 4:
-            err("fabric.mode", f"a switchless ring needs exactly four nodes at TP 4 (have {nnodes} nodes, TP {tp})", "use the switched fabric")
+            err(
+                "fabric.mode",
+                f"a switchless ring needs exactly four nodes at TP 4 (have {nnodes} nodes, TP {tp})",
+                "use the switched fabric",
+            )
         if ep not in (1, 2, 4):
             err("engine.ep", f"EP {ep} on a ring", "use 1, 2 or 4")
         if nccl.mount != "overlay":
-            err("fabric.nccl.mount", "a ring needs the patched NCCL over the image's pip NCCL", 'set fabric.nccl.mount = "overlay"')
+            err(
+                "fabric.nccl.mount",
+                "a ring needs the patched NCCL over the image's pip NCCL",
+                'set fabric.nccl.mount = "overlay"',
+            )
         if nccl.algo != "Ring":
             err("fabric.nccl.algo", f"{nccl.algo!r} on a ring", 'set "Ring"')
         if nccl.net != "IB":
@@ -160,9 +217,17 @@ def validate(profile: Profile, gates: Mapping[str, str], head_env: Mapping[str, 
         if nccl.ib_subnet_aware_routing != 1:
             err("fabric.nccl.ib_subnet_aware_routing", "must be 1 on a ring", "set 1")
         if not 1 <= nccl.min_nchannels <= nccl.max_nchannels:
-            err("fabric.nccl.min_nchannels", f"{nccl.min_nchannels} is not within 1..max_nchannels ({nccl.max_nchannels})", "set 1 <= min_nchannels <= max_nchannels (4 and 4)")
+            err(
+                "fabric.nccl.min_nchannels",
+                f"{nccl.min_nchannels} is not within 1..max_nchannels ({nccl.max_nchannels})",
+                "set 1 <= min_nchannels <= max_nchannels (4 and 4)",
+            )
         if profile.nfs.share:
-            err("nfs.share", "a ring has no NFS path to the workers; every node needs a full local checkpoint", "set nfs.share = false and copy the checkpoint to every node")
+            err(
+                "nfs.share",
+                "a ring has no NFS path to the workers; every node needs a full local checkpoint",
+                "set nfs.share = false and copy the checkpoint to every node",
+            )
     return errors, warnings
 
 

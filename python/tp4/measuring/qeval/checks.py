@@ -138,8 +138,13 @@ class Code:
     kind: Kind = field(default="code", init=False)
 
     def program(self, answer: str, nonce: str, cpu_seconds: int) -> str:
-        return _RUNNER.format(nonce=nonce, cpu=int(cpu_seconds), source=extract_code(answer),
-                              asserts=list(self.asserts), function=self.function)
+        return _RUNNER.format(
+            nonce=nonce,
+            cpu=int(cpu_seconds),
+            source=extract_code(answer),
+            asserts=list(self.asserts),
+            function=self.function,
+        )
 
     def verdict(self, outcome: Outcome, nonce: str, *, seconds_limit: float, memory_mib: int) -> Verdict:
         reports: list[dict[str, Json]] = []
@@ -163,8 +168,11 @@ class Code:
             return Verdict(False, f"stopped at the time limit ({seconds_limit:g} s): killed, no verdict")
         code = outcome.exit_code
         if code == 137:
-            return Verdict(False, f"killed (SIGKILL, exit 137): over the memory limit ({memory_mib} MiB), "
-                                  f"the CPU time or the time limit ({seconds_limit:g} s)")
+            return Verdict(
+                False,
+                f"killed (SIGKILL, exit 137): over the memory limit ({memory_mib} MiB), "
+                f"the CPU time or the time limit ({seconds_limit:g} s)",
+            )
         if code == 152:  # 128 + SIGXCPU
             return Verdict(False, "stopped at the CPU time limit (SIGXCPU)")
         return Verdict(False, f"the program ended without a verdict (exit code {code})")
@@ -218,7 +226,9 @@ class JsonAnswer:
 
 # --- numeric ---------------------------------------------------------------------------------------
 
-_NUMBER = re.compile(r"(?<![\w.])[-+−]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:[eE][-+]?\d+)?(?![\w])|(?<![\w.])[-+−]?\.\d+")
+_NUMBER = re.compile(
+    r"(?<![\w.])[-+−]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:[eE][-+]?\d+)?(?![\w])|(?<![\w.])[-+−]?\.\d+"
+)
 
 
 def last_number(text: str) -> float | None:
@@ -242,7 +252,11 @@ class Numeric:
 
     def score(self, answer: Answer) -> Verdict:
         got = last_number(answer.text)
-        want = f"{self.value:.12g}" + (f" ± {self.tolerance:g}" if self.tolerance else "") + (f" (± {self.relative:.0e} relative)" if self.relative else "")
+        want = (
+            f"{self.value:.12g}"
+            + (f" ± {self.tolerance:g}" if self.tolerance else "")
+            + (f" (± {self.relative:.0e} relative)" if self.relative else "")
+        )
         if got is None:
             return _runaway(answer) or Verdict(False, f"no number in the answer {_shown(answer.text)}; expected {want}")
         ok = math.isclose(got, self.value, rel_tol=self.relative, abs_tol=self.tolerance) or got == self.value
@@ -288,7 +302,11 @@ class EndsWith:
     def check(self, text: str) -> str | None:
         words = _words(text)
         last = words[-1] if words else ""
-        return None if last.lower() == self.word.lower() and text.rstrip(" .!\n").endswith(last) else f"the last word is {last!r}; expected {self.word!r}"
+        return (
+            None
+            if last.lower() == self.word.lower() and text.rstrip(" .!\n").endswith(last)
+            else f"the last word is {last!r}; expected {self.word!r}"
+        )
 
 
 @dataclass(frozen=True)
@@ -401,12 +419,14 @@ class Prose:
         words = [w.lower() for w in _words(text)]
         if not self.least <= len(words) <= self.most:
             return Verdict(False, f"{len(words)} words; expected {self.least} to {self.most}")
-        grams = Counter(tuple(words[i:i + self.ngram]) for i in range(len(words) - self.ngram + 1))
+        grams = Counter(tuple(words[i : i + self.ngram]) for i in range(len(words) - self.ngram + 1))
         if grams:
             gram, n = grams.most_common(1)[0]
             if n > self.repeats:
                 return Verdict(False, f"the {self.ngram}-word phrase {' '.join(gram)!r} repeats {n} times")
-        sentences = Counter(" ".join(_words(s)).lower() for s in re.split(r"(?<=[.!?])\s+|\n+", text) if len(_words(s)) >= 4)
+        sentences = Counter(
+            " ".join(_words(s)).lower() for s in re.split(r"(?<=[.!?])\s+|\n+", text) if len(_words(s)) >= 4
+        )
         if sentences:
             said, n = sentences.most_common(1)[0]
             if n > 1:

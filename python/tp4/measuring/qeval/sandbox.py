@@ -74,7 +74,9 @@ class Sandbox:
 
     def __post_init__(self) -> None:
         if self.runtime not in ("podman", "docker"):
-            raise InvalidInput(f"sandbox runtime: {self.runtime!r} is neither podman nor docker; fix: name the node's container runtime")
+            raise InvalidInput(
+                f"sandbox runtime: {self.runtime!r} is neither podman nor docker; fix: name the node's container runtime"
+            )
         check_image(self.image)
 
     def argv(self, name: str) -> list[str]:
@@ -84,12 +86,28 @@ class Sandbox:
             # podman lays tmpfs over /run, /tmp and /var/tmp of a read-only container by default
             argv += ["--read-only-tmpfs=false", f"--timeout={math.ceil(lim.seconds)}"]
         argv += [
-            "--tmpfs", f"/tmp:rw,nosuid,nodev,size={lim.tmpfs_mib}m,mode=1777",
-            "--cap-drop=all", "--security-opt", "no-new-privileges",
-            "--user", "65534:65534", "--workdir", "/tmp",
-            f"--cpus={lim.cpus:g}", f"--memory={lim.memory_mib}m", f"--memory-swap={lim.memory_mib}m",
-            f"--pids-limit={lim.pids}", "--ipc=none", "--log-driver=none",
-            "--entrypoint", "python3", "--", self.image, "-I", "-B", "-",
+            "--tmpfs",
+            f"/tmp:rw,nosuid,nodev,size={lim.tmpfs_mib}m,mode=1777",
+            "--cap-drop=all",
+            "--security-opt",
+            "no-new-privileges",
+            "--user",
+            "65534:65534",
+            "--workdir",
+            "/tmp",
+            f"--cpus={lim.cpus:g}",
+            f"--memory={lim.memory_mib}m",
+            f"--memory-swap={lim.memory_mib}m",
+            f"--pids-limit={lim.pids}",
+            "--ipc=none",
+            "--log-driver=none",
+            "--entrypoint",
+            "python3",
+            "--",
+            self.image,
+            "-I",
+            "-B",
+            "-",
         ]
         return argv
 
@@ -98,7 +116,9 @@ class Sandbox:
         of the sandbox itself (the runtime, the image, ssh) is a :class:`SandboxError`."""
         name = PREFIX + secrets.token_hex(6)
         started = time.monotonic()
-        popen = process.start(self.argv(name), remote=self.remote, stdin=process.PIPE, stdout=process.PIPE, stderr=process.PIPE)
+        popen = process.start(
+            self.argv(name), remote=self.remote, stdin=process.PIPE, stdout=process.PIPE, stderr=process.PIPE
+        )
         try:
             code, out, err, stopped, first = _collect(popen, program.encode(), started + self.limits.seconds + STARTUP)
         finally:
@@ -108,9 +128,11 @@ class Sandbox:
         self._remove(name)
         text = out.decode(errors="replace")
         if code in _RUNTIME_FAILED and _STARTED not in text:
-            raise SandboxError(f"sandbox on {self.where}: `{self.runtime} run` of {self.image} failed (exit code {code}) "
-                               f"before the program started; fix: check that {self.where} is reachable, runs {self.runtime} "
-                               f"and holds the image (--sandbox-image){_err_tail(err.decode(errors='replace'))}")
+            raise SandboxError(
+                f"sandbox on {self.where}: `{self.runtime} run` of {self.image} failed (exit code {code}) "
+                f"before the program started; fix: check that {self.where} is reachable, runs {self.runtime} "
+                f"and holds the image (--sandbox-image){_err_tail(err.decode(errors='replace'))}"
+            )
         timed_out = stopped == "time"
         # podman's --timeout (conmon kills it; podman run then exits 255): the program ran (from
         # its first output, the runner's "started") up to the limit; a memory kill comes sooner
@@ -122,19 +144,34 @@ class Sandbox:
     def _remove(self, name: str) -> None:
         """The container is gone (--rm), or is removed now; left behind, it is an error."""
         for _ in range(3):
-            proc = process.run([self.runtime, "ps", "-a", "-q", "--filter", f"name=^{name}$"], remote=self.remote,
-                               check=False, timeout=STARTUP, purpose=f"checking that the sandbox container {name} is gone")
+            proc = process.run(
+                [self.runtime, "ps", "-a", "-q", "--filter", f"name=^{name}$"],
+                remote=self.remote,
+                check=False,
+                timeout=STARTUP,
+                purpose=f"checking that the sandbox container {name} is gone",
+            )
             if proc.returncode == 0 and not proc.stdout.strip():
                 return
-            process.run([self.runtime, "rm", "-f", "-t", "0", name] if self.runtime == "podman" else [self.runtime, "rm", "-f", name],
-                        remote=self.remote, check=False, timeout=STARTUP, purpose=f"removing the sandbox container {name}")
+            process.run(
+                [self.runtime, "rm", "-f", "-t", "0", name]
+                if self.runtime == "podman"
+                else [self.runtime, "rm", "-f", name],
+                remote=self.remote,
+                check=False,
+                timeout=STARTUP,
+                purpose=f"removing the sandbox container {name}",
+            )
             time.sleep(0.5)
-        raise SandboxError(f"sandbox on {self.where}: the container {name} is still there after `{self.runtime} rm -f`; "
-                           f"fix: remove it by hand (`{self.runtime} rm -f {name}`) and check the runtime")
+        raise SandboxError(
+            f"sandbox on {self.where}: the container {name} is still there after `{self.runtime} rm -f`; "
+            f"fix: remove it by hand (`{self.runtime} rm -f {name}`) and check the runtime"
+        )
 
 
-def _collect(popen: process.Popen[bytes], program: bytes,
-             deadline: float) -> tuple[int | None, bytes, bytes, str | None, float | None]:
+def _collect(
+    popen: process.Popen[bytes], program: bytes, deadline: float
+) -> tuple[int | None, bytes, bytes, str | None, float | None]:
     """Feed the program, read stdout (at most OUTPUT_CAP bytes) and the tail of stderr until the
     command ends; (exit code, stdout, stderr, why it was stopped: "time", "output" or None, when
     the first stdout came)."""
@@ -186,12 +223,16 @@ _IMAGE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/:@+-]{0,254}")
 
 def check_image(image: str) -> str:
     if not _IMAGE.fullmatch(image):
-        raise InvalidInput(f"--sandbox-image {image[:80]!r}: not an image reference; fix: name an image with python3 on the worker, "
-                           "e.g. the line's image tag")
+        raise InvalidInput(
+            f"--sandbox-image {image[:80]!r}: not an image reference; fix: name an image with python3 on the worker, "
+            "e.g. the line's image tag"
+        )
     return image
 
 
-_HOST = re.compile(r"(?:(?P<user>[A-Za-z_][A-Za-z0-9_.-]{0,31})@)?(?P<host>[A-Za-z0-9][A-Za-z0-9.-]{0,252}|\[[0-9A-Fa-f:.]+\])(?::(?P<port>[0-9]{1,5}))?")
+_HOST = re.compile(
+    r"(?:(?P<user>[A-Za-z_][A-Za-z0-9_.-]{0,31})@)?(?P<host>[A-Za-z0-9][A-Za-z0-9.-]{0,252}|\[[0-9A-Fa-f:.]+\])(?::(?P<port>[0-9]{1,5}))?"
+)
 
 
 def parse_host(text: str) -> process.Remote:
@@ -199,8 +240,10 @@ def parse_host(text: str) -> process.Remote:
     m = _HOST.fullmatch(text)
     port = int(m["port"]) if m and m["port"] else None
     if m is None or (port is not None and not 0 < port < 65536):
-        raise InvalidInput(f"--sandbox-host {text[:80]!r}: expected [USER@]HOST[:PORT] (a worker's ssh address) or `local`; "
-                           "fix: name a worker, e.g. root@spark2")
+        raise InvalidInput(
+            f"--sandbox-host {text[:80]!r}: expected [USER@]HOST[:PORT] (a worker's ssh address) or `local`; "
+            "fix: name a worker, e.g. root@spark2"
+        )
     return process.Remote(host=m["host"].strip("[]"), user=m["user"], port=port)
 
 
@@ -235,5 +278,7 @@ def refuse_head(where: str, head_names: set[str], how: str) -> None:
     ours = addresses(where) | {where}
     head = set().union(*(addresses(n) for n in head_names)) | head_names
     if ours & head:
-        raise InvalidInput(f"{how}: {where} is the head (it serves the API); model-generated code never runs on the head; "
-                           "fix: name a worker (rank > 0) with --sandbox-node or --sandbox-host")
+        raise InvalidInput(
+            f"{how}: {where} is the head (it serves the API); model-generated code never runs on the head; "
+            "fix: name a worker (rank > 0) with --sandbox-node or --sandbox-host"
+        )

@@ -45,9 +45,16 @@ class TaskResult:
 
     def to_json(self) -> dict[str, Json]:
         first = self.answer[:PREVIEW] + ("..." if len(self.answer) > PREVIEW else "")
-        return {"id": self.id, "kind": self.kind, "passed": self.passed, "reason": self.reason, "seconds": round(self.seconds, 3),
-                "answer": {"first": first, "chars": len(self.answer)}, "finish_reason": self.finish_reason,
-                "completion_tokens": self.completion_tokens}
+        return {
+            "id": self.id,
+            "kind": self.kind,
+            "passed": self.passed,
+            "reason": self.reason,
+            "seconds": round(self.seconds, 3),
+            "answer": {"first": first, "chars": len(self.answer)},
+            "finish_reason": self.finish_reason,
+            "completion_tokens": self.completion_tokens,
+        }
 
 
 def select(only: Sequence[str] = (), kinds: Sequence[str] = ()) -> tuple[Task, ...]:
@@ -55,7 +62,9 @@ def select(only: Sequence[str] = (), kinds: Sequence[str] = ()) -> tuple[Task, .
     known = {t.id for t in TASKS}
     unknown = [i for i in only if i not in known]
     if unknown:
-        raise InvalidInput(f"--only: no task {', '.join(repr(u[:60]) for u in unknown)}; fix: one of the ids `tp4 qeval --list` shows")
+        raise InvalidInput(
+            f"--only: no task {', '.join(repr(u[:60]) for u in unknown)}; fix: one of the ids `tp4 qeval --list` shows"
+        )
     bad = [k for k in kinds if k not in KINDS]
     if bad:
         raise InvalidInput(f"--kind: {bad[0][:40]!r} is no kind; fix: one of {', '.join(KINDS)}")
@@ -66,8 +75,9 @@ def select(only: Sequence[str] = (), kinds: Sequence[str] = ()) -> tuple[Task, .
 
 
 def ask(ep: Endpoint, task: Task, timeout: float) -> api.Completion:
-    return api.complete(ep, task.prompt, max_tokens=task.max_tokens, timeout=timeout, temperature=0.0,
-                        chat_template_kwargs=NO_THINKING)
+    return api.complete(
+        ep, task.prompt, max_tokens=task.max_tokens, timeout=timeout, temperature=0.0, chat_template_kwargs=NO_THINKING
+    )
 
 
 def score(task: Task, answer: Answer, sandbox: Sandbox | None) -> Verdict:
@@ -77,12 +87,20 @@ def score(task: Task, answer: Answer, sandbox: Sandbox | None) -> Verdict:
             raise Tp4Error(f"{task.id}: a code task needs a sandbox; fix: --profile (a worker), or --sandbox-host")
         nonce = secrets.token_hex(16)
         outcome = sandbox.run(scorer.program(answer.text, nonce, max(1, int(sandbox.limits.seconds))))
-        return scorer.verdict(outcome, nonce, seconds_limit=sandbox.limits.seconds, memory_mib=sandbox.limits.memory_mib)
+        return scorer.verdict(
+            outcome, nonce, seconds_limit=sandbox.limits.seconds, memory_mib=sandbox.limits.memory_mib
+        )
     return scorer.score(answer)
 
 
-def run(tasks: Sequence[Task], ep: Endpoint, sandbox: Sandbox | None, *, timeout: float = REQUEST_TIMEOUT,
-        progress: Callable[[TaskResult, int, int], None] | None = None) -> list[TaskResult]:
+def run(
+    tasks: Sequence[Task],
+    ep: Endpoint,
+    sandbox: Sandbox | None,
+    *,
+    timeout: float = REQUEST_TIMEOUT,
+    progress: Callable[[TaskResult, int, int], None] | None = None,
+) -> list[TaskResult]:
     """Every task in turn. An API that is down or refuses the key stops the run (every later
     answer would fail alike); any other failed request fails its task, with the reason."""
     results: list[TaskResult] = []
@@ -93,11 +111,21 @@ def run(tasks: Sequence[Task], ep: Endpoint, sandbox: Sandbox | None, *, timeout
         except api.ApiError as exc:
             if exc.kind in ("down", "auth"):
                 raise Tp4Error(f"qeval stopped at task {task.id} ({i} of {len(tasks)}): {exc.message}") from None
-            result = TaskResult(task.id, task.kind, False, f"no answer: {exc.message}", time.monotonic() - started, "", None, None)
+            result = TaskResult(
+                task.id, task.kind, False, f"no answer: {exc.message}", time.monotonic() - started, "", None, None
+            )
         else:
             verdict = score(task, Answer(out.content, out.finish_reason), sandbox)
-            result = TaskResult(task.id, task.kind, verdict.passed, verdict.reason, time.monotonic() - started, out.content,
-                                out.finish_reason, out.usage.completion_tokens if out.usage else None)
+            result = TaskResult(
+                task.id,
+                task.kind,
+                verdict.passed,
+                verdict.reason,
+                time.monotonic() - started,
+                out.content,
+                out.finish_reason,
+                out.usage.completion_tokens if out.usage else None,
+            )
         results.append(result)
         if progress is not None:
             progress(result, i, len(tasks))
@@ -121,15 +149,21 @@ class Diff:
     not_in_baseline: list[str]
 
     def to_json(self) -> dict[str, Json]:
-        return {"newly_failing": list(self.newly_failing), "newly_passing": list(self.newly_passing),
-                "not_in_baseline": list(self.not_in_baseline)}
+        return {
+            "newly_failing": list(self.newly_failing),
+            "newly_passing": list(self.newly_passing),
+            "not_in_baseline": list(self.not_in_baseline),
+        }
 
 
 def parse_baseline(text: str, where: str) -> Baseline:
     """A baseline file's contents (either form, module doc); errors name the field and the fix."""
+
     def bad(field: str, why: str) -> InvalidInput:
-        return InvalidInput(f"--baseline {where}: {field}: {why}; fix: pass a file written by `tp4 qeval --out`, or a baseline "
-                            "in the form of python/tp4/data/qeval-baseline.json")
+        return InvalidInput(
+            f"--baseline {where}: {field}: {why}; fix: pass a file written by `tp4 qeval --out`, or a baseline "
+            "in the form of python/tp4/data/qeval-baseline.json"
+        )
 
     try:
         doc = json.loads(text)
@@ -149,21 +183,25 @@ def parse_baseline(text: str, where: str) -> Baseline:
     if kind == BASELINE_KIND:
         raw = doc.get("results")
         if not isinstance(raw, dict):
-            raise bad("results", "missing or not an object of task id -> \"pass\" | \"fail\"")
+            raise bad("results", 'missing or not an object of task id -> "pass" | "fail"')
         for key, value in raw.items():
             if value not in ("pass", "fail"):
-                raise bad(f"results.{key[:60]}", f"{json.dumps(value)[:40]} is neither \"pass\" nor \"fail\"")
+                raise bad(f"results.{key[:60]}", f'{json.dumps(value)[:40]} is neither "pass" nor "fail"')
             results[key] = value == "pass"
     elif kind == "qeval":
         tasks = doc.get("tasks")
         if not isinstance(tasks, list):
             raise bad("tasks", "missing or not a list")
         for n, item in enumerate(tasks):
-            if not isinstance(item, dict) or not isinstance(item.get("id"), str) or not isinstance(item.get("passed"), bool):
+            if (
+                not isinstance(item, dict)
+                or not isinstance(item.get("id"), str)
+                or not isinstance(item.get("passed"), bool)
+            ):
                 raise bad(f"tasks[{n}]", "not an object with a string id and a boolean passed")
             results[str(item["id"])] = item["passed"] is True
     else:
-        raise bad("tp4.kind", f"expected \"{BASELINE_KIND}\" or \"qeval\", found {json.dumps(kind)[:40]}")
+        raise bad("tp4.kind", f'expected "{BASELINE_KIND}" or "qeval", found {json.dumps(kind)[:40]}')
     return Baseline(label, suite, results)
 
 
@@ -182,8 +220,12 @@ def compare(baseline: Baseline, results: Sequence[TaskResult]) -> Diff:
 
 def baseline_doc(results: Sequence[TaskResult], label: str, note: str) -> dict[str, Json]:
     """The baseline form of a run's results."""
-    return {"tp4": {"kind": BASELINE_KIND, "version": __version__, "suite": suite_digest()}, "label": label, "note": note,
-            "results": {r.id: "pass" if r.passed else "fail" for r in results}}
+    return {
+        "tp4": {"kind": BASELINE_KIND, "version": __version__, "suite": suite_digest()},
+        "label": label,
+        "note": note,
+        "results": {r.id: "pass" if r.passed else "fail" for r in results},
+    }
 
 
 # --- the results document ---------------------------------------------------------------------------
@@ -202,25 +244,53 @@ def now() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def results_doc(results: Sequence[TaskResult], *, ep: Endpoint, sandbox: Sandbox | None, started: str, finished: str,
-                label: str, baseline: Baseline | None, baseline_path: str | None) -> dict[str, Json]:
+def results_doc(
+    results: Sequence[TaskResult],
+    *,
+    ep: Endpoint,
+    sandbox: Sandbox | None,
+    started: str,
+    finished: str,
+    label: str,
+    baseline: Baseline | None,
+    baseline_path: str | None,
+) -> dict[str, Json]:
     kinds = by_kind(results)
     doc: dict[str, Json] = {
         "tp4": {"version": __version__, "kind": "qeval", "suite": suite_digest()},
-        "label": label, "started": started, "finished": finished,
+        "label": label,
+        "started": started,
+        "finished": finished,
         "endpoint": {"url": ep.url, "model": ep.model},
-        "sandbox": None if sandbox is None else {
-            "node": sandbox.where, "image": sandbox.image, "runtime": sandbox.runtime,
-            "limits": {"seconds": sandbox.limits.seconds, "cpus": sandbox.limits.cpus, "memory_mib": sandbox.limits.memory_mib,
-                       "pids": sandbox.limits.pids, "tmpfs_mib": sandbox.limits.tmpfs_mib}},
-        "score": {"passed": sum(r.passed for r in results), "total": len(results),
-                  "by_kind": {k: {"passed": p, "total": t} for k, (p, t) in kinds.items()}},
+        "sandbox": None
+        if sandbox is None
+        else {
+            "node": sandbox.where,
+            "image": sandbox.image,
+            "runtime": sandbox.runtime,
+            "limits": {
+                "seconds": sandbox.limits.seconds,
+                "cpus": sandbox.limits.cpus,
+                "memory_mib": sandbox.limits.memory_mib,
+                "pids": sandbox.limits.pids,
+                "tmpfs_mib": sandbox.limits.tmpfs_mib,
+            },
+        },
+        "score": {
+            "passed": sum(r.passed for r in results),
+            "total": len(results),
+            "by_kind": {k: {"passed": p, "total": t} for k, (p, t) in kinds.items()},
+        },
         "tasks": [r.to_json() for r in results],
         "baseline": None,
     }
     if baseline is not None:
-        doc["baseline"] = {"file": baseline_path, "label": baseline.label, "same_suite": baseline.suite in (None, suite_digest()),
-                           **compare(baseline, results).to_json()}
+        doc["baseline"] = {
+            "file": baseline_path,
+            "label": baseline.label,
+            "same_suite": baseline.suite in (None, suite_digest()),
+            **compare(baseline, results).to_json(),
+        }
     return doc
 
 

@@ -106,7 +106,9 @@ class SseSplitter:
             if event.startswith(b"data:") and b"\n" not in event:  # the common case: one data line
                 out.append(event[6:] if event[5:6] == b" " else event[5:])
                 continue
-            lines = [line[6:] if line[5:6] == b" " else line[5:] for line in event.split(b"\n") if line.startswith(b"data:")]
+            lines = [
+                line[6:] if line[5:6] == b" " else line[5:] for line in event.split(b"\n") if line.startswith(b"data:")
+            ]
             if lines:
                 out.append(b"\n".join(lines))
         self._buf = (buf[pos:] if pos else buf) + held
@@ -150,7 +152,9 @@ def _reason(body: bytes) -> str:
     if isinstance(doc, dict):
         error = doc.get("error")
         found = (error.get("message") if isinstance(error, dict) else error) or doc.get("message") or doc.get("detail")
-    text = found if isinstance(found, str) else json.dumps(found) if found is not None else body.decode("utf-8", "replace")
+    text = (
+        found if isinstance(found, str) else json.dumps(found) if found is not None else body.decode("utf-8", "replace")
+    )
     text = " ".join(text.split())
     return text[:300]
 
@@ -165,8 +169,13 @@ class Client:
         if key is not None:
             headers["authorization"] = "Bearer " + key.reveal()
         limits = httpx.Limits(max_connections=connections + 4, max_keepalive_connections=connections + 4)
-        self.http = httpx.AsyncClient(base_url=self.url, headers=headers, limits=limits, trust_env=False,
-                                      timeout=httpx.Timeout(timeout, connect=min(timeout, 10.0)))
+        self.http = httpx.AsyncClient(
+            base_url=self.url,
+            headers=headers,
+            limits=limits,
+            trust_env=False,
+            timeout=httpx.Timeout(timeout, connect=min(timeout, 10.0)),
+        )
         self.extended = True  # min_tokens / ignore_eos / stop accepted (until an HTTP 400 says otherwise)
         self.fell_back = False
 
@@ -178,7 +187,9 @@ class Client:
         try:
             resp = await self.http.get(path, timeout=timeout)
         except httpx.HTTPError as exc:
-            raise Tp4Error(f"{self.url}{path}: {_message(exc)}; fix: check --url (or the profile's line.api) and that the API is up") from None
+            raise Tp4Error(
+                f"{self.url}{path}: {_message(exc)}; fix: check --url (or the profile's line.api) and that the API is up"
+            ) from None
         if resp.status_code != 200:
             return resp.status_code, None
         try:
@@ -191,10 +202,14 @@ class Client:
         that does not answer, or refuses the key, is a Tp4Error (exit 1)."""
         status, doc = await self.get_json("/v1/models", timeout=min(self.timeout, 15.0))
         if status == 401:
-            raise Tp4Error(f"{self.url}/v1/models: the API key was refused or is missing (HTTP 401); "
-                           "fix: give the line's key (--api-key-file FILE with --url; the profile's api.key_file with --profile)")
+            raise Tp4Error(
+                f"{self.url}/v1/models: the API key was refused or is missing (HTTP 401); "
+                "fix: give the line's key (--api-key-file FILE with --url; the profile's api.key_file with --profile)"
+            )
         if status != 200 or not isinstance(doc, dict) or not isinstance(doc.get("data"), list):
-            raise Tp4Error(f"{self.url}/v1/models: HTTP {status}, not an OpenAI-compatible model list; fix: point --url at the API (http://HOST:PORT)")
+            raise Tp4Error(
+                f"{self.url}/v1/models: HTTP {status}, not an OpenAI-compatible model list; fix: point --url at the API (http://HOST:PORT)"
+            )
         ids = [m.get("id") for m in doc["data"] if isinstance(m, dict) and isinstance(m.get("id"), str)]
         if not ids:
             raise Tp4Error(f"{self.url}/v1/models: no model is served; fix: start the line (`tp4 serve`)")
@@ -202,17 +217,30 @@ class Client:
 
     def body(self, prompt: str, max_tokens: int, *, exact: bool) -> dict[str, object]:
         body: dict[str, object] = {
-            "model": self.model, "messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens,
-            "temperature": 0, "stream": True, "stream_options": {"include_usage": True},
-            "chat_template_kwargs": dict(NO_THINKING)}
+            "model": self.model,
+            "messages": [{"role": "user", "content": prompt}],
+            "max_tokens": max_tokens,
+            "temperature": 0,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+            "chat_template_kwargs": dict(NO_THINKING),
+        }
         if exact and self.extended:
             body.update({"min_tokens": max_tokens, "ignore_eos": True, "stop": []})
         else:
             body["top_p"] = 1
         return body
 
-    async def stream(self, index: int, prompt: str, max_tokens: int, *, exact: bool = True, timeout: float | None = None,
-                     on_event: Callable[[], None] | None = None) -> StreamResult:
+    async def stream(
+        self,
+        index: int,
+        prompt: str,
+        max_tokens: int,
+        *,
+        exact: bool = True,
+        timeout: float | None = None,
+        on_event: Callable[[], None] | None = None,
+    ) -> StreamResult:
         """One streamed completion of ``prompt``; ``exact`` asks for exactly ``max_tokens`` tokens
         (min_tokens, ignore_eos, stop []; retried without them on HTTP 400, as sparkDash does).
         Errors are recorded in the result, never raised."""
@@ -236,8 +264,13 @@ class Client:
         clock = time.perf_counter
         loads = json.loads
         r.t0 = clock()
-        async with self.http.stream("POST", CHAT, content=payload, headers={"content-type": "application/json"},
-                                    timeout=httpx.Timeout(None, connect=min(limit, 10.0), write=limit, pool=limit)) as resp:
+        async with self.http.stream(
+            "POST",
+            CHAT,
+            content=payload,
+            headers={"content-type": "application/json"},
+            timeout=httpx.Timeout(None, connect=min(limit, 10.0), write=limit, pool=limit),
+        ) as resp:
             r.status = resp.status_code
             r.headers = {k: v for k, v in resp.headers.items() if k.lower() in _HEADERS_KEPT}
             if resp.status_code != 200:
@@ -333,8 +366,10 @@ class Watch:
         """The reason a level that sent ``sent`` requests is invalid (foreign traffic), or None."""
         if self.max_in_engine is None or self.max_in_engine <= sent:
             return None
-        return (f"foreign traffic: up to {self.max_in_engine} requests were in the engine (at most {self.max_running} running, "
-                f"{self.max_waiting} waiting) while this level sent {sent}")
+        return (
+            f"foreign traffic: up to {self.max_in_engine} requests were in the engine (at most {self.max_running} running, "
+            f"{self.max_waiting} waiting) while this level sent {sent}"
+        )
 
 
 def _ints(entry: dict[str, object], *keys: str) -> list[int] | None:
@@ -428,8 +463,16 @@ class LoadWatcher:
                 pass
 
 
-async def wave(client: Client, watcher: LoadWatcher, prompts: list[str], max_tokens: int, *, exact: bool = True,
-               timeout: float | None = None, on_event: Callable[[], None] | None = None) -> tuple[list[StreamResult], Watch, float, float]:
+async def wave(
+    client: Client,
+    watcher: LoadWatcher,
+    prompts: list[str],
+    max_tokens: int,
+    *,
+    exact: bool = True,
+    timeout: float | None = None,
+    on_event: Callable[[], None] | None = None,
+) -> tuple[list[StreamResult], Watch, float, float]:
     """All ``prompts`` at once (one stream each), the load watched meanwhile. Returns the
     streams, the watch, and the wave's start and end on the perf_counter clock."""
     await watcher.idle()
@@ -438,8 +481,12 @@ async def wave(client: Client, watcher: LoadWatcher, prompts: list[str], max_tok
     watching = asyncio.create_task(watcher.watch(watch, stop))
     start = time.perf_counter()
     try:
-        streams = await asyncio.gather(*(client.stream(i, p, max_tokens, exact=exact, timeout=timeout, on_event=on_event)
-                                         for i, p in enumerate(prompts)))
+        streams = await asyncio.gather(
+            *(
+                client.stream(i, p, max_tokens, exact=exact, timeout=timeout, on_event=on_event)
+                for i, p in enumerate(prompts)
+            )
+        )
     finally:
         end = time.perf_counter()
         stop.set()

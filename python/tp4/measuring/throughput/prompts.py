@@ -25,18 +25,26 @@ from pathlib import Path
 from tp4.core.errors import InvalidInput
 
 PROMPTS: dict[str, str] = {
-    "structured": ("Write the whole numbers from 1 to 200 in increasing order, one number per line, "
-                   "with nothing else: no words, no punctuation, no blank lines."),
-    "prose": ("Explain to a new programmer how a hash map works: what a hash function does, how keys "
-              "become bucket indices, what happens when two keys collide, why the table is resized as it "
-              "fills, and what the average and worst-case lookup costs are. Write plain paragraphs."),
-    "code": ("Write fifty small Python functions named clamp_00, clamp_01, and so on up to clamp_49. "
-             "Function clamp_NN takes a number x and returns x limited to the range from -NN to NN "
-             "inclusive. Give each function a one-line docstring and type hints. Output only code."),
-    "json": ("Produce a JSON array of 40 objects, each describing one GPU of a cluster at one moment, with "
-             "the keys \"node\" (a string like \"spark-03\"), \"gpu\" (an integer), \"util_pct\", "
-             "\"mem_used_gib\", \"mem_total_gib\", \"temp_c\", \"power_w\" and \"sm_clock_mhz\" (numbers). "
-             "Output only the JSON."),
+    "structured": (
+        "Write the whole numbers from 1 to 200 in increasing order, one number per line, "
+        "with nothing else: no words, no punctuation, no blank lines."
+    ),
+    "prose": (
+        "Explain to a new programmer how a hash map works: what a hash function does, how keys "
+        "become bucket indices, what happens when two keys collide, why the table is resized as it "
+        "fills, and what the average and worst-case lookup costs are. Write plain paragraphs."
+    ),
+    "code": (
+        "Write fifty small Python functions named clamp_00, clamp_01, and so on up to clamp_49. "
+        "Function clamp_NN takes a number x and returns x limited to the range from -NN to NN "
+        "inclusive. Give each function a one-line docstring and type hints. Output only code."
+    ),
+    "json": (
+        "Produce a JSON array of 40 objects, each describing one GPU of a cluster at one moment, with "
+        'the keys "node" (a string like "spark-03"), "gpu" (an integer), "util_pct", '
+        '"mem_used_gib", "mem_total_gib", "temp_c", "power_w" and "sm_clock_mhz" (numbers). '
+        "Output only the JSON."
+    ),
 }
 TYPES = tuple(PROMPTS)
 
@@ -45,7 +53,8 @@ PREFILL_TAIL = "\nReply OK."
 
 # the varied-word filler: common English words drawn at random per request, so no one token
 # repeats through the prompt (a single repeated token hits one Engram row: MiaAI-Lab#21)
-WORDS = tuple("""
+WORDS = tuple(
+    """
 the of and to in is was for on that with as by at from this be are have it an not which or his
 but they one had all their were been has more when there can who would about into after other
 new time some year only people these first two over could any most also than its many then
@@ -56,7 +65,8 @@ bridge forest harbor valley table paper street voice color silver copper stone g
 quiet rapid gentle early late simple careful bright narrow broad ancient modern hidden open
 measure follow carry build write answer travel gather divide repair borrow listen change
 explain describe compare include reduce observe protect remember discover continue arrive
-""".split())
+""".split()
+)
 
 SALT_BYTES = 6  # 12 hex digits: unique within any run
 
@@ -95,7 +105,7 @@ def filler(chars: int, seed: str) -> str:
         sentence = sentence[0].upper() + sentence[1:] + "."
         out.append(sentence)
         size += len(sentence) + 1
-    return " ".join(out)[:max(chars, 0)]
+    return " ".join(out)[: max(chars, 0)]
 
 
 # --- the corpus --------------------------------------------------------------------------------------
@@ -184,7 +194,9 @@ def load_corpus(directory: str) -> Corpus:
     except FileNotFoundError:
         raise InvalidInput(f"--corpus: {where} does not exist; fix: {fix}") from None
     except OSError as exc:
-        raise InvalidInput(f"--corpus: {where} cannot be read ({exc.strerror or errno.errorcode.get(exc.errno or 0)}); fix: {fix}") from None
+        raise InvalidInput(
+            f"--corpus: {where} cannot be read ({exc.strerror or errno.errorcode.get(exc.errno or 0)}); fix: {fix}"
+        ) from None
     if not stat.S_ISDIR(st.st_mode):
         raise InvalidInput(f"--corpus: {where} is {_kind(st.st_mode)}, not a directory; fix: {fix}")
     documents: list[str] = []
@@ -210,6 +222,10 @@ def load_corpus(directory: str) -> Corpus:
     if unreadable and str(where) in unreadable:
         raise InvalidInput(f"--corpus: {where} cannot be listed (permission denied); fix: {fix}")
     if not documents:
-        what = "holds no files" if seen == 0 else f"holds no readable text file ({seen} entries skipped: not regular files, unreadable or binary)"
+        what = (
+            "holds no files"
+            if seen == 0
+            else f"holds no readable text file ({seen} entries skipped: not regular files, unreadable or binary)"
+        )
         raise InvalidInput(f"--corpus: {where} {what}; fix: {fix}")
     return Corpus(where.name or str(where), tuple(documents), skipped + len(unreadable))

@@ -47,13 +47,15 @@ METHOD_DECODE = (
     "(completion tokens - 1) / (last visible delta - first); a level's aggregate = sum of decode tokens / (latest last "
     "delta - earliest first delta). c1 runs {c1_runs} time(s) (report its median), other levels {trials}. {prompts} "
     "{salt} The engine's load endpoint is read every 0.25 s; a level during which the engine held more requests than "
-    "the level sent is marked invalid (tp4.invalid).")
+    "the level sent is marked invalid (tp4.invalid)."
+)
 METHOD_PREFILL = (
     "tp4 bench prefill: per pass and prompt size, one streamed chat completion (max_tokens {max_tokens}, temperature 0, "
     "thinking off, include_usage) of a prompt sized to the target token count (chars per token calibrated once from "
     "usage.prompt_tokens), opening with a unique salt line so nothing comes from the prefix cache; the body is {body}. "
     "prefillTps = usage.prompt_tokens / TTFT (first visible delta - request start). A request during which the engine "
-    "held another request is marked invalid (tp4.invalid).")
+    "held another request is marked invalid (tp4.invalid)."
+)
 
 
 def now_iso() -> str:
@@ -78,21 +80,54 @@ def stream_json(r: StreamResult, url: str, model: str, level_start: float) -> Do
     prompt_tokens = r.prompt_tokens
     prefill_tps = prompt_tokens / (ttft / 1000.0) if prompt_tokens is not None and ttft and ttft > 0 else None
     text = r.text
-    usage = None if r.usage is None else {"promptTokens": r.usage.get("prompt_tokens"), "completionTokens": r.usage.get("completion_tokens"),
-                                          "totalTokens": r.usage.get("total_tokens")}
+    usage = (
+        None
+        if r.usage is None
+        else {
+            "promptTokens": r.usage.get("prompt_tokens"),
+            "completionTokens": r.usage.get("completion_tokens"),
+            "totalTokens": r.usage.get("total_tokens"),
+        }
+    )
     return {
-        "index": r.index, "ttftContentMs": _r(_ms(r.t0, r.t_first_content)), "reasoningChunks": r.reasoning_chunks,
-        "ttftMs": _r(ttft), "decodeTps": _r(decode_tps), "decodeTokens": decode_tokens, "completionTokens": completion,
-        "prefillTps": _r(prefill_tps), "prefillTokens": prompt_tokens, "totalMs": _r(_ms(r.t0, r.t_end)), "error": r.error,
+        "index": r.index,
+        "ttftContentMs": _r(_ms(r.t0, r.t_first_content)),
+        "reasoningChunks": r.reasoning_chunks,
+        "ttftMs": _r(ttft),
+        "decodeTps": _r(decode_tps),
+        "decodeTokens": decode_tokens,
+        "completionTokens": completion,
+        "prefillTps": _r(prefill_tps),
+        "prefillTokens": prompt_tokens,
+        "totalMs": _r(_ms(r.t0, r.t_end)),
+        "error": r.error,
         "prompt": r.prompt,
-        "http": {"url": url, "status": r.status, "headers": r.headers, "completionId": r.completion_id, "finishReason": r.finish_reason,
-                 "sseEventCount": r.events, "firstSseDataPreview": r.first_data,
-                 "request": {"model": model, "maxTokens": r.max_tokens, "temperature": 0, "stream": True, "promptChars": len(r.prompt)}},
+        "http": {
+            "url": url,
+            "status": r.status,
+            "headers": r.headers,
+            "completionId": r.completion_id,
+            "finishReason": r.finish_reason,
+            "sseEventCount": r.events,
+            "firstSseDataPreview": r.first_data,
+            "request": {
+                "model": model,
+                "maxTokens": r.max_tokens,
+                "temperature": 0,
+                "stream": True,
+                "promptChars": len(r.prompt),
+            },
+        },
         "usage": usage,
         "contentPreview": {"first": text[:PREVIEW], "last": text[-PREVIEW:], "chars": len(text)},
         "decodeMs": _r(decode_ms),
-        "tp4": {"t0Ms": _r(_ms(level_start, r.t0)), "tFirstMs": _r(_ms(level_start, r.t_first)), "tLastMs": _r(_ms(level_start, r.t_last)),
-                "usageSeen": r.usage is not None, "exact": r.extended},
+        "tp4": {
+            "t0Ms": _r(_ms(level_start, r.t0)),
+            "tFirstMs": _r(_ms(level_start, r.t_first)),
+            "tLastMs": _r(_ms(level_start, r.t_last)),
+            "usageSeen": r.usage is not None,
+            "exact": r.extended,
+        },
     }
 
 
@@ -106,8 +141,18 @@ def _stats(values: Sequence[float]) -> tuple[float | None, float | None, float |
     return statistics.fmean(values), statistics.median(values), min(values), max(values)
 
 
-def level_json(concurrency: int, streams: list[StreamResult], watch: Watch, url: str, model: str, start: float, end: float,
-               *, same_prompts: bool, salted: bool) -> Doc:
+def level_json(
+    concurrency: int,
+    streams: list[StreamResult],
+    watch: Watch,
+    url: str,
+    model: str,
+    start: float,
+    end: float,
+    *,
+    same_prompts: bool,
+    salted: bool,
+) -> Doc:
     """One concurrency level: sparkDash's result row, ``tp4`` {invalid, maxRunning, ...}."""
     rows = [stream_json(r, url, model, start) for r in streams]
     ok = [(s, r) for s, r in zip(rows, streams, strict=True) if _ok(s)]
@@ -126,30 +171,77 @@ def level_json(concurrency: int, streams: list[StreamResult], watch: Watch, url:
     mean, median, low, high = _stats(decode)
     failed = len(rows) - len(ok)
     errors = sorted({s["error"] for s in rows if s["error"]})
-    error = None if not failed else (f"{failed} of {len(rows)} streams failed" + (f": {'; '.join(errors)[:500]}" if errors else ": no decode tokens"))
+    error = (
+        None
+        if not failed
+        else (
+            f"{failed} of {len(rows)} streams failed"
+            + (f": {'; '.join(errors)[:500]}" if errors else ": no decode tokens")
+        )
+    )
     return {
-        "concurrency": concurrency, "streamsOk": len(ok), "streamsFailed": failed,
-        "meanDecodeTps": _r(mean), "medianDecodeTps": _r(median), "minDecodeTps": _r(low), "maxDecodeTps": _r(high),
-        "meanTtftMs": _r(statistics.fmean(ttft) if ttft else None), "medianTtftMs": _r(statistics.median(ttft) if ttft else None),
+        "concurrency": concurrency,
+        "streamsOk": len(ok),
+        "streamsFailed": failed,
+        "meanDecodeTps": _r(mean),
+        "medianDecodeTps": _r(median),
+        "minDecodeTps": _r(low),
+        "maxDecodeTps": _r(high),
+        "meanTtftMs": _r(statistics.fmean(ttft) if ttft else None),
+        "medianTtftMs": _r(statistics.median(ttft) if ttft else None),
         "aggregateDecodeTps": _r(aggregate),
-        "meanPrefillTps": _r(statistics.fmean(prefill) if prefill else None), "medianPrefillTps": _r(statistics.median(prefill) if prefill else None),
+        "meanPrefillTps": _r(statistics.fmean(prefill) if prefill else None),
+        "medianPrefillTps": _r(statistics.median(prefill) if prefill else None),
         "aggregatePrefillTps": _r(aggregate_prefill),
-        "totalPrefillTokens": total_prefill, "totalDecodeTokens": total_decode,
+        "totalPrefillTokens": total_prefill,
+        "totalDecodeTokens": total_decode,
         "totalCompletionTokens": sum(s["completionTokens"] for s, _ in ok),
-        "durationMs": _r((end - start) * 1000.0), "error": error, "streams": rows, "model": model, "hardwareSamples": [],
-        "tp4": {"invalid": watch.invalid(concurrency), "maxRunning": watch.max_running, "maxInEngine": watch.max_in_engine,
-                "loadSamples": watch.samples, "samePrompts": same_prompts, "salted": salted},
+        "durationMs": _r((end - start) * 1000.0),
+        "error": error,
+        "streams": rows,
+        "model": model,
+        "hardwareSamples": [],
+        "tp4": {
+            "invalid": watch.invalid(concurrency),
+            "maxRunning": watch.max_running,
+            "maxInEngine": watch.max_in_engine,
+            "loadSamples": watch.samples,
+            "samePrompts": same_prompts,
+            "salted": salted,
+        },
     }
 
 
-def prefill_row(trial: int, target: int, salt: str, prompt: str, sha: str, r: StreamResult, watch: Watch, url: str, model: str,
-                corpus: str | None) -> Doc:
+def prefill_row(
+    trial: int,
+    target: int,
+    salt: str,
+    prompt: str,
+    sha: str,
+    r: StreamResult,
+    watch: Watch,
+    url: str,
+    model: str,
+    corpus: str | None,
+) -> Doc:
     request = stream_json(r, url, model, r.t0)
     request.pop("prompt")  # the row keeps its size and hash, not 100k+ tokens of text
     invalid = watch.invalid(1)
-    return {"trial": trial, "targetTokens": target, "salt": salt, "promptChars": len(prompt), "promptSha256": sha,
-            "request": request, "tp4": {"corpus": corpus, "invalid": invalid, "promptTokens": r.prompt_tokens,
-                                        "maxRunning": watch.max_running, "head": prompt[:200]}}
+    return {
+        "trial": trial,
+        "targetTokens": target,
+        "salt": salt,
+        "promptChars": len(prompt),
+        "promptSha256": sha,
+        "request": request,
+        "tp4": {
+            "corpus": corpus,
+            "invalid": invalid,
+            "promptTokens": r.prompt_tokens,
+            "maxRunning": watch.max_running,
+            "head": prompt[:200],
+        },
+    }
 
 
 # --- the file ------------------------------------------------------------------------------------------
@@ -165,12 +257,16 @@ def read(path: Path) -> Doc | None:
     except FileNotFoundError:
         return None
     except OSError as exc:
-        raise InvalidInput(f"--out: {path} cannot be checked ({exc.strerror}); fix: choose another --out directory") from None
+        raise InvalidInput(
+            f"--out: {path} cannot be checked ({exc.strerror}); fix: choose another --out directory"
+        ) from None
     text = read_input(path, "--out result", "choose another --out directory", limit=512 << 20)
     try:
         doc = json.loads(text)
     except ValueError as exc:
-        raise InvalidInput(f"--out: {path} is not JSON ({exc}); fix: choose another --out directory, or remove the file") from None
+        raise InvalidInput(
+            f"--out: {path} is not JSON ({exc}); fix: choose another --out directory, or remove the file"
+        ) from None
     if not isinstance(doc, dict) or not isinstance(doc.get("tp4"), dict) or not isinstance(doc.get("config"), dict):
         raise InvalidInput(f"--out: {path} is not a tp4 bench result; fix: choose another --out directory")
     try:
@@ -179,8 +275,10 @@ def read(path: Path) -> Doc | None:
         found = problems(exc)
         where, reason = found[0]
         more = f" ({len(found) - 1} more problem(s) after this one)" if len(found) > 1 else ""
-        raise InvalidInput(f"--out: {path}: {where}: {reason}{more}, not a result this tp4 bench can resume; "
-                           "fix: choose another --out directory, or remove the file") from None
+        raise InvalidInput(
+            f"--out: {path}: {where}: {reason}{more}, not a result this tp4 bench can resume; "
+            "fix: choose another --out directory, or remove the file"
+        ) from None
     return doc
 
 
@@ -190,7 +288,9 @@ def write(path: Path, doc: Doc) -> None:
     try:
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     except OSError as exc:
-        raise InvalidInput(f"--out: cannot write in {path.parent} ({exc.strerror}); fix: choose a directory you can write to") from None
+        raise InvalidInput(
+            f"--out: cannot write in {path.parent} ({exc.strerror}); fix: choose a directory you can write to"
+        ) from None
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
             fh.write(data)
@@ -200,7 +300,9 @@ def write(path: Path, doc: Doc) -> None:
         os.replace(tmp, path)
     except OSError as exc:
         Path(tmp).unlink(missing_ok=True)
-        raise InvalidInput(f"--out: cannot write {path} ({exc.strerror}); fix: choose a directory you can write to") from None
+        raise InvalidInput(
+            f"--out: cannot write {path} ({exc.strerror}); fix: choose a directory you can write to"
+        ) from None
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
@@ -217,16 +319,24 @@ def prepare_out(directory: str, *, create: bool = True) -> Path:
         while not os.path.lexists(parent) and parent != parent.parent:
             parent = parent.parent
         if not parent.is_dir():
-            raise InvalidInput(f"--out: cannot create {out}: {parent} is not a directory; fix: choose a directory you can write to")
+            raise InvalidInput(
+                f"--out: cannot create {out}: {parent} is not a directory; fix: choose a directory you can write to"
+            )
         if not os.access(parent, os.W_OK | os.X_OK):
-            raise InvalidInput(f"--out: cannot create {out}: {parent} is not writable; fix: choose a directory you can write to")
+            raise InvalidInput(
+                f"--out: cannot create {out}: {parent} is not writable; fix: choose a directory you can write to"
+            )
         return out / RESULT
     try:
         out.mkdir(parents=True, exist_ok=True)
     except FileExistsError:
-        raise InvalidInput(f"--out: {out} exists and is not a directory; fix: name a directory (new or a run's own)") from None
+        raise InvalidInput(
+            f"--out: {out} exists and is not a directory; fix: name a directory (new or a run's own)"
+        ) from None
     except OSError as exc:
-        raise InvalidInput(f"--out: cannot create {out} ({exc.strerror}); fix: choose a directory you can write to") from None
+        raise InvalidInput(
+            f"--out: cannot create {out} ({exc.strerror}); fix: choose a directory you can write to"
+        ) from None
     if not out.is_dir():
         raise InvalidInput(f"--out: {out} is not a directory; fix: name a directory (new or a run's own)")
     if not os.access(out, os.W_OK | os.X_OK):
@@ -244,7 +354,9 @@ def prepare_out(directory: str, *, create: bool = True) -> Path:
         os.close(fd)
         os.unlink(tmp)
     except OSError as exc:
-        raise InvalidInput(f"--out: cannot write in {out} ({exc.strerror}); fix: choose a directory you can write to") from None
+        raise InvalidInput(
+            f"--out: cannot write in {out} ({exc.strerror}); fix: choose a directory you can write to"
+        ) from None
     return target
 
 

@@ -64,9 +64,21 @@ class DecodeConfig:
         return [c for c in self.levels if trial <= (self.c1_runs if c == 1 else self.trials)]
 
     def json(self, base: str, model: str) -> dict[str, Any]:
-        return {"kind": "decode", "base": base, "model": model, "trials": self.trials, "levels": list(self.levels), "sizes": [],
-                "maxTokens": self.max_tokens, "promptTypes": list(self.types), "c1Runs": self.c1_runs, "warmup": self.warmup,
-                "samePrompts": self.same_prompts, "sharedPrefix": self.shared_prefix, "temperature": 0}
+        return {
+            "kind": "decode",
+            "base": base,
+            "model": model,
+            "trials": self.trials,
+            "levels": list(self.levels),
+            "sizes": [],
+            "maxTokens": self.max_tokens,
+            "promptTypes": list(self.types),
+            "c1Runs": self.c1_runs,
+            "warmup": self.warmup,
+            "samePrompts": self.same_prompts,
+            "sharedPrefix": self.shared_prefix,
+            "temperature": 0,
+        }
 
 
 @dataclass(frozen=True)
@@ -81,8 +93,18 @@ class PrefillConfig:
         return self.timeout if self.timeout is not None else min(2.7e6, max(90.0, 60.0 + 0.008 * tokens))
 
     def json(self, base: str, model: str, corpus: str | None) -> dict[str, Any]:
-        return {"kind": "prefill", "base": base, "model": model, "trials": self.passes, "levels": [1], "sizes": list(self.sizes),
-                "maxTokens": self.max_tokens, "promptTypes": [], "corpus": corpus, "temperature": 0}
+        return {
+            "kind": "prefill",
+            "base": base,
+            "model": model,
+            "trials": self.passes,
+            "levels": [1],
+            "sizes": list(self.sizes),
+            "maxTokens": self.max_tokens,
+            "promptTypes": [],
+            "corpus": corpus,
+            "temperature": 0,
+        }
 
 
 class Progress:
@@ -146,18 +168,39 @@ def _version() -> str:
         return "unknown"
 
 
-def _new_doc(kind: str, config: dict[str, Any], target: Target, label: str | None, method: str, extra: dict[str, Any]) -> dict[str, Any]:
+def _new_doc(
+    kind: str, config: dict[str, Any], target: Target, label: str | None, method: str, extra: dict[str, Any]
+) -> dict[str, Any]:
     version = _version()
     return {
-        "status": "FAIL", "label": label or f"tp4 bench {kind}", "started": R.now_iso(), "finished": None,
-        "source": {"repo": "tp4", "commit": version, "release": version}, "node": target.node, "config": config,
-        "prefill": [], "decode": [], "method": method,
-        "tp4": {"version": version, "kind": kind, "plan_digest": target.plan_digest, "plan": target.plan, "image": target.image, "pins": target.pins,
-                "profile": target.profile, "levels_done": [], "interrupted": True, **extra},
+        "status": "FAIL",
+        "label": label or f"tp4 bench {kind}",
+        "started": R.now_iso(),
+        "finished": None,
+        "source": {"repo": "tp4", "commit": version, "release": version},
+        "node": target.node,
+        "config": config,
+        "prefill": [],
+        "decode": [],
+        "method": method,
+        "tp4": {
+            "version": version,
+            "kind": kind,
+            "plan_digest": target.plan_digest,
+            "plan": target.plan,
+            "image": target.image,
+            "pins": target.pins,
+            "profile": target.profile,
+            "levels_done": [],
+            "interrupted": True,
+            **extra,
+        },
     }
 
 
-def _open(out: str | None, kind: str, config: dict[str, Any], force: bool, progress: Progress) -> tuple[Path | None, dict[str, Any] | None]:
+def _open(
+    out: str | None, kind: str, config: dict[str, Any], force: bool, progress: Progress
+) -> tuple[Path | None, dict[str, Any] | None]:
     """(the result path, the unfinished run there to resume) for --out; refuses a finished run
     (unless force) and a run of another configuration (unless force: started over)."""
     if out is None:
@@ -168,10 +211,14 @@ def _open(out: str | None, kind: str, config: dict[str, Any], force: bool, progr
         return path, None
     if old["tp4"].get("kind") != kind or old["config"] != config:
         diff = R.differences(old["config"], config)
-        raise InvalidInput(f"--out: {path} holds a run of another configuration ({'; '.join(diff)[:600]}); "
-                           "fix: rerun with that run's options to resume it, choose another --out, or pass --force to start over")
+        raise InvalidInput(
+            f"--out: {path} holds a run of another configuration ({'; '.join(diff)[:600]}); "
+            "fix: rerun with that run's options to resume it, choose another --out, or pass --force to start over"
+        )
     if not old["tp4"].get("interrupted", False):
-        raise InvalidInput(f"--out: {path} holds a finished run; fix: choose another --out, or pass --force to run again over it")
+        raise InvalidInput(
+            f"--out: {path} holds a finished run; fix: choose another --out, or pass --force to run again over it"
+        )
     progress.line(f"resuming {path}: {len(old['tp4'].get('levels_done') or [])} levels done")
     return path, old
 
@@ -189,15 +236,19 @@ def _fmt(value: float | None, spec: str = ".1f") -> str:
     return "-" if value is None else format(value, spec)
 
 
-async def _connect(target: Target, timeout: float, connections: int, progress: Progress) -> tuple[Client, LoadWatcher, str]:
+async def _connect(
+    target: Target, timeout: float, connections: int, progress: Progress
+) -> tuple[Client, LoadWatcher, str]:
     client = Client(target.url, target.model or "default", target.key, timeout=timeout, connections=connections)
     try:
         served = await client.check()
         client.model = target.model or served
         watcher = LoadWatcher(client)
         if await watcher.probe() is None:
-            progress.line(f"warning: {target.url} answers neither /v1/loads nor /get_load: foreign traffic is not watched "
-                          "(point --url at the engine, not a router, to have it watched)")
+            progress.line(
+                f"warning: {target.url} answers neither /v1/loads nor /get_load: foreign traffic is not watched "
+                "(point --url at the engine, not a router, to have it watched)"
+            )
     except BaseException:
         await client.close()
         raise
@@ -208,8 +259,10 @@ async def _connect(target: Target, timeout: float, connections: int, progress: P
 
 
 def decode_prompts(cfg: DecodeConfig, kind: str, concurrency: int) -> list[str]:
-    return [P.salted(P.decode_prompt(kind, i, concurrency, cfg.same_prompts), None if cfg.shared_prefix else P.salt())
-            for i in range(concurrency)]
+    return [
+        P.salted(P.decode_prompt(kind, i, concurrency, cfg.same_prompts), None if cfg.shared_prefix else P.salt())
+        for i in range(concurrency)
+    ]
 
 
 def _job(doc: dict[str, Any], kind: str, trial: int, cfg: DecodeConfig, url: str, model: str) -> dict[str, Any]:
@@ -219,29 +272,69 @@ def _job(doc: dict[str, Any], kind: str, trial: int, cfg: DecodeConfig, url: str
             return job
     port = urllib.parse.urlsplit(url).port
     levels = cfg.levels_of(trial)
-    job = {"benchId": f"tp4-{kind}-{trial}-{int(time.time())}", "sparkId": "comparison", "status": "running", "startedAt": R.now_iso(),
-           "completedAt": None, "config": {"port": port, "modelId": model, "concurrencies": levels, "maxTokens": cfg.max_tokens,
-                                           "promptType": kind, "debug": False},
-           "progress": {"currentConcurrency": None, "completedLevels": 0, "totalLevels": len(levels), "message": ""}, "results": []}
+    job = {
+        "benchId": f"tp4-{kind}-{trial}-{int(time.time())}",
+        "sparkId": "comparison",
+        "status": "running",
+        "startedAt": R.now_iso(),
+        "completedAt": None,
+        "config": {
+            "port": port,
+            "modelId": model,
+            "concurrencies": levels,
+            "maxTokens": cfg.max_tokens,
+            "promptType": kind,
+            "debug": False,
+        },
+        "progress": {"currentConcurrency": None, "completedLevels": 0, "totalLevels": len(levels), "message": ""},
+        "results": [],
+    }
     doc["decode"].append({"trial": trial, "job": job})
     return job
 
 
-async def _decode(cfg: DecodeConfig, target: Target, out: str | None, force: bool, label: str | None, progress: Progress) -> Outcome:
+async def _decode(
+    cfg: DecodeConfig, target: Target, out: str | None, force: bool, label: str | None, progress: Progress
+) -> Outcome:
     client, watcher, model = await _connect(target, cfg.timeout, max(cfg.levels), progress)
     try:
         config = cfg.json(target.url, model)
         path, doc = _open(out, "decode", config, force, progress)
         if doc is None:
-            prompts_text = ("--same-prompts: every stream of every level sends its type's one prompt." if cfg.same_prompts else
-                            "Stream i of N > 1 gets the suffix ' (stream i/N)' (sparkDash's prompt sets).")
-            salt_text = ("--shared-prefix: no salt (streams share a prefix)." if cfg.shared_prefix else
-                         "Every prompt opens with a unique salt line, so no two share a prefix.")
-            method = R.METHOD_DECODE.format(warmup=cfg.warmup, max_tokens=cfg.max_tokens, c1_runs=cfg.c1_runs, trials=cfg.trials,
-                                            prompts=prompts_text, salt=salt_text)
-            doc = _new_doc("decode", config, target, label, method,
-                           {"samePrompts": cfg.same_prompts, "salted": not cfg.shared_prefix, "corpus": None, "c1Runs": cfg.c1_runs,
-                            "warmup": cfg.warmup, "timeout": cfg.timeout, "fellBack": False})
+            prompts_text = (
+                "--same-prompts: every stream of every level sends its type's one prompt."
+                if cfg.same_prompts
+                else "Stream i of N > 1 gets the suffix ' (stream i/N)' (sparkDash's prompt sets)."
+            )
+            salt_text = (
+                "--shared-prefix: no salt (streams share a prefix)."
+                if cfg.shared_prefix
+                else "Every prompt opens with a unique salt line, so no two share a prefix."
+            )
+            method = R.METHOD_DECODE.format(
+                warmup=cfg.warmup,
+                max_tokens=cfg.max_tokens,
+                c1_runs=cfg.c1_runs,
+                trials=cfg.trials,
+                prompts=prompts_text,
+                salt=salt_text,
+            )
+            doc = _new_doc(
+                "decode",
+                config,
+                target,
+                label,
+                method,
+                {
+                    "samePrompts": cfg.same_prompts,
+                    "salted": not cfg.shared_prefix,
+                    "corpus": None,
+                    "c1Runs": cfg.c1_runs,
+                    "warmup": cfg.warmup,
+                    "timeout": cfg.timeout,
+                    "fellBack": False,
+                },
+            )
         _save(path, doc)
         done = set(doc["tp4"]["levels_done"])
         total = sum(len(cfg.levels_of(t)) for t in range(1, cfg.jobs() + 1)) * len(cfg.types)
@@ -254,7 +347,9 @@ async def _decode(cfg: DecodeConfig, target: Target, out: str | None, force: boo
                 warm = await client.stream(0, P.salted(P.PROMPTS[kind], P.salt()), cfg.max_tokens)
                 if warm.error is not None:
                     if _all_down([warm]):
-                        raise Tp4Error(f"{target.url}: the warm-up found the API down ({warm.error}); fix: check the line (`tp4 status`), then rerun to resume")
+                        raise Tp4Error(
+                            f"{target.url}: the warm-up found the API down ({warm.error}); fix: check the line (`tp4 status`), then rerun to resume"
+                        )
                     progress.line(f"warning: {kind}: warm-up {w + 1} failed: {warm.error}")
             for trial, c in todo:
                 job = _job(doc, kind, trial, cfg, target.url, model)
@@ -263,11 +358,25 @@ async def _decode(cfg: DecodeConfig, target: Target, out: str | None, force: boo
                 progress.live(title)
                 ticker = Ticker(progress, title)
                 before = await _line_counts(target)
-                streams, watch, start, end = await wave(client, watcher, decode_prompts(cfg, kind, c), cfg.max_tokens, on_event=ticker.tick)
+                streams, watch, start, end = await wave(
+                    client, watcher, decode_prompts(cfg, kind, c), cfg.max_tokens, on_event=ticker.tick
+                )
                 if _all_down(streams):
-                    raise Tp4Error(f"{target.url}: the API went down during {kind} c{c} ({streams[0].error}); the finished levels are kept"
-                                   f"{' in ' + str(path) if path else ''}; fix: check the line (`tp4 status`), then rerun the same command to resume")
-                level = R.level_json(c, streams, watch, target.url, model, start, end, same_prompts=cfg.same_prompts, salted=not cfg.shared_prefix)
+                    raise Tp4Error(
+                        f"{target.url}: the API went down during {kind} c{c} ({streams[0].error}); the finished levels are kept"
+                        f"{' in ' + str(path) if path else ''}; fix: check the line (`tp4 status`), then rerun the same command to resume"
+                    )
+                level = R.level_json(
+                    c,
+                    streams,
+                    watch,
+                    target.url,
+                    model,
+                    start,
+                    end,
+                    same_prompts=cfg.same_prompts,
+                    salted=not cfg.shared_prefix,
+                )
                 if before is not None:
                     await _per_line(target, level, before, c)
                 job["results"].append(level)
@@ -281,12 +390,23 @@ async def _decode(cfg: DecodeConfig, target: Target, out: str | None, force: boo
                 _save(path, doc)
                 note = f"  INVALID: {level['tp4']['invalid']}" if level["tp4"]["invalid"] else ""
                 note += f"  FAILED: {level['error']}" if level["streamsFailed"] else ""
-                progress.line(f"[{len(done)}/{total}] {kind} trial {trial} c{c}: aggregate {_fmt(level['aggregateDecodeTps'])} tok/s, "
-                              f"per stream {_fmt(level['medianDecodeTps'])} tok/s, TTFT {_fmt(level['medianTtftMs'], '.0f')} ms{note}")
+                progress.line(
+                    f"[{len(done)}/{total}] {kind} trial {trial} c{c}: aggregate {_fmt(level['aggregateDecodeTps'])} tok/s, "
+                    f"per stream {_fmt(level['medianDecodeTps'])} tok/s, TTFT {_fmt(level['medianTtftMs'], '.0f')} ms{note}"
+                )
         if client.fell_back:
-            progress.line("note: the engine refused min_tokens/ignore_eos/stop (HTTP 400); requests were sent without them, as sparkDash does")
-        return _finish(doc, path, [(f"{e['job']['config']['promptType']} trial {e['trial']} c{lv['concurrency']}", lv)
-                                   for e in doc["decode"] for lv in e["job"]["results"]])
+            progress.line(
+                "note: the engine refused min_tokens/ignore_eos/stop (HTTP 400); requests were sent without them, as sparkDash does"
+            )
+        return _finish(
+            doc,
+            path,
+            [
+                (f"{e['job']['config']['promptType']} trial {e['trial']} c{lv['concurrency']}", lv)
+                for e in doc["decode"]
+                for lv in e["job"]["results"]
+            ],
+        )
     finally:
         await client.close()
 
@@ -317,12 +437,17 @@ async def _per_line(target: Target, level: dict[str, Any], before: dict[str, int
     for name in target.lines:
         n = got[name]
         share = n / total if total else 0.0
-        lines[name] = {"requests": n, "decodeTokens": round(decode_tokens * share),
-                       "decodeTps": None if aggregate is None else round(aggregate * share, 3)}
+        lines[name] = {
+            "requests": n,
+            "decodeTokens": round(decode_tokens * share),
+            "decodeTps": None if aggregate is None else round(aggregate * share, 3),
+        }
     level["tp4"]["lines"] = lines
     level["tp4"]["linesFrom"] = "the router's per-worker request counts"
     if total > sent and level["tp4"]["invalid"] is None:
-        level["tp4"]["invalid"] = f"foreign traffic: the router counted {total} requests to the lines while this level sent {sent}"
+        level["tp4"]["invalid"] = (
+            f"foreign traffic: the router counted {total} requests to the lines while this level sent {sent}"
+        )
 
 
 def _finish(doc: dict[str, Any], path: Path | None, levels: list[tuple[str, dict[str, Any]]]) -> Outcome:
@@ -346,7 +471,9 @@ def decode_summary(doc: dict[str, Any]) -> list[str]:
     for entry in doc["decode"]:
         for level in entry["job"]["results"]:
             rows.setdefault((entry["job"]["config"]["promptType"], level["concurrency"]), []).append(level)
-    out = [f"{'prompt type':<12} {'conc':>4} {'runs':>4} {'aggregate tok/s':>16} {'per stream tok/s':>17} {'TTFT ms':>9}  note"]
+    out = [
+        f"{'prompt type':<12} {'conc':>4} {'runs':>4} {'aggregate tok/s':>16} {'per stream tok/s':>17} {'TTFT ms':>9}  note"
+    ]
 
     def med(levels: list[dict[str, Any]], key: str) -> float | None:
         values = [lv[key] for lv in levels if lv[key] is not None]
@@ -355,8 +482,10 @@ def decode_summary(doc: dict[str, Any]) -> list[str]:
     for (kind, c), levels in rows.items():
         note = "invalid (foreign traffic)" if any(lv["tp4"]["invalid"] for lv in levels) else ""
         note = note or ("failed streams" if any(lv["streamsFailed"] for lv in levels) else "")
-        out.append(f"{kind:<12} {c:>4} {len(levels):>4} {_fmt(med(levels, 'aggregateDecodeTps')):>16} {_fmt(med(levels, 'medianDecodeTps')):>17} "
-                   f"{_fmt(med(levels, 'medianTtftMs'), '.0f'):>9}  {note}")
+        out.append(
+            f"{kind:<12} {c:>4} {len(levels):>4} {_fmt(med(levels, 'aggregateDecodeTps')):>16} {_fmt(med(levels, 'medianDecodeTps')):>17} "
+            f"{_fmt(med(levels, 'medianTtftMs'), '.0f'):>9}  {note}"
+        )
     return out + lines_summary(rows)
 
 
@@ -366,7 +495,7 @@ def lines_summary(rows: dict[tuple[str, int], list[dict[str, Any]]]) -> list[str
     names: list[str] = []
     for levels in rows.values():
         for lv in levels:
-            for name in (lv["tp4"].get("lines") or {}):
+            for name in lv["tp4"].get("lines") or {}:
                 if name not in names:
                     names.append(name)
     if not names:
@@ -378,14 +507,22 @@ def lines_summary(rows: dict[tuple[str, int], list[dict[str, Any]]]) -> list[str
             got = [lv["tp4"]["lines"][name] for lv in levels if name in (lv["tp4"].get("lines") or {})]
             reqs = [g["requests"] for g in got]
             tps = [g["decodeTps"] for g in got if g["decodeTps"] is not None]
-            row += [_fmt(statistics.median(reqs) if reqs else None, ".0f"), _fmt(statistics.median(tps) if tps else None)]
+            row += [
+                _fmt(statistics.median(reqs) if reqs else None, ".0f"),
+                _fmt(statistics.median(tps) if tps else None),
+            ]
         table.append(row)
     widths = [max(len(r[i]) for r in table) for i in range(len(table[0]))]
-    text = [" ".join(cell.ljust(w) if i == 0 else cell.rjust(w) for i, (cell, w) in enumerate(zip(r, widths, strict=True))) for r in table]
+    text = [
+        " ".join(cell.ljust(w) if i == 0 else cell.rjust(w) for i, (cell, w) in enumerate(zip(r, widths, strict=True)))
+        for r in table
+    ]
     return ["", "per line (the router's per-worker request counts; tok/s: the level's aggregate in proportion)", *text]
 
 
-def run_decode(cfg: DecodeConfig, target: Target, *, out: str | None, force: bool, label: str | None, progress: Progress) -> Outcome:
+def run_decode(
+    cfg: DecodeConfig, target: Target, *, out: str | None, force: bool, label: str | None, progress: Progress
+) -> Outcome:
     try:
         return asyncio.run(_decode(cfg, target, out, force, label, progress))
     finally:
@@ -415,32 +552,63 @@ async def _calibrate(client: Client, corpus: P.Corpus | None, max_tokens: int, p
         r = await client.stream(0, _prefill_prompt(_body(corpus, chars, s, i), s), max_tokens, timeout=120.0)
         if r.error is not None or r.prompt_tokens is None:
             why = r.error or "the answer had no usage.prompt_tokens (stream_options.include_usage)"
-            raise Tp4Error(f"{client.url}: calibrating the prompt size failed: {why}; fix: check the endpoint answers streamed completions with usage")
+            raise Tp4Error(
+                f"{client.url}: calibrating the prompt size failed: {why}; fix: check the endpoint answers streamed completions with usage"
+            )
         tokens.append(r.prompt_tokens)
     (a, b), (ta, tb) = CALIBRATION_CHARS, tokens
     if tb <= ta:
-        raise Tp4Error(f"{client.url}: calibrating the prompt size failed: {b} characters gave {tb} prompt tokens, {a} gave {ta}; "
-                       "fix: check that usage.prompt_tokens counts the prompt")
+        raise Tp4Error(
+            f"{client.url}: calibrating the prompt size failed: {b} characters gave {tb} prompt tokens, {a} gave {ta}; "
+            "fix: check that usage.prompt_tokens counts the prompt"
+        )
     per_token = (b - a) / (tb - ta)
-    return {"charsPerToken": round(per_token, 4), "overheadTokens": round(ta - a / per_token, 2), "samples": [[a, ta], [b, tb]]}
+    return {
+        "charsPerToken": round(per_token, 4),
+        "overheadTokens": round(ta - a / per_token, 2),
+        "samples": [[a, ta], [b, tb]],
+    }
 
 
-async def _prefill(cfg: PrefillConfig, target: Target, out: str | None, force: bool, label: str | None, progress: Progress,
-                   corpus: P.Corpus | None) -> Outcome:
+async def _prefill(
+    cfg: PrefillConfig,
+    target: Target,
+    out: str | None,
+    force: bool,
+    label: str | None,
+    progress: Progress,
+    corpus: P.Corpus | None,
+) -> Outcome:
     if corpus is None and cfg.corpus is not None:
         corpus = P.load_corpus(cfg.corpus)
     if corpus is not None and corpus.skipped:
-        progress.line(f"note: --corpus {cfg.corpus}: {corpus.skipped} entries skipped (not regular text files, unreadable or beyond the size limits)")
+        progress.line(
+            f"note: --corpus {cfg.corpus}: {corpus.skipped} entries skipped (not regular text files, unreadable or beyond the size limits)"
+        )
     client, watcher, model = await _connect(target, 120.0, 1, progress)
     try:
         config = cfg.json(target.url, model, corpus.name if corpus else None)
         path, doc = _open(out, "prefill", config, force, progress)
         if doc is None:
-            body = (f"real text: the documents of the corpus {corpus.name!r} joined in path order" if corpus else
-                    "a filler of common words drawn at random per request (no one token repeated)")
-            doc = _new_doc("prefill", config, target, label, R.METHOD_PREFILL.format(max_tokens=cfg.max_tokens, body=body),
-                           {"samePrompts": False, "salted": True, "corpus": corpus.name if corpus else None,
-                            "corpusChars": corpus.chars if corpus else None, "calibration": None})
+            body = (
+                f"real text: the documents of the corpus {corpus.name!r} joined in path order"
+                if corpus
+                else "a filler of common words drawn at random per request (no one token repeated)"
+            )
+            doc = _new_doc(
+                "prefill",
+                config,
+                target,
+                label,
+                R.METHOD_PREFILL.format(max_tokens=cfg.max_tokens, body=body),
+                {
+                    "samePrompts": False,
+                    "salted": True,
+                    "corpus": corpus.name if corpus else None,
+                    "corpusChars": corpus.chars if corpus else None,
+                    "calibration": None,
+                },
+            )
         if doc["tp4"].get("calibration") is None:
             doc["tp4"]["calibration"] = await _calibrate(client, corpus, cfg.max_tokens, progress)
         _save(path, doc)
@@ -455,15 +623,34 @@ async def _prefill(cfg: PrefillConfig, target: Target, out: str | None, force: b
                 s = P.salt()
                 chars = max(0, round((size - cal["overheadTokens"]) * cal["charsPerToken"]))
                 if corpus is not None and chars > corpus.chars and trial == 1:
-                    progress.line(f"note: {size} tokens need {chars} characters; the corpus has {corpus.chars}: its text repeats")
+                    progress.line(
+                        f"note: {size} tokens need {chars} characters; the corpus has {corpus.chars}: its text repeats"
+                    )
                 prompt = _prefill_prompt(_body(corpus, chars, s, trial * 7 + n), s)
-                progress.live(f"[{len(done) + 1}/{total}] prefill pass {trial} {size} tokens ({len(prompt)} characters)")
-                streams, watch, _, _ = await wave(client, watcher, [prompt], cfg.max_tokens, timeout=cfg.request_timeout(size))
+                progress.live(
+                    f"[{len(done) + 1}/{total}] prefill pass {trial} {size} tokens ({len(prompt)} characters)"
+                )
+                streams, watch, _, _ = await wave(
+                    client, watcher, [prompt], cfg.max_tokens, timeout=cfg.request_timeout(size)
+                )
                 r = streams[0]
                 if _all_down(streams):
-                    raise Tp4Error(f"{target.url}: the API went down during prefill {size} ({r.error}); the finished rows are kept"
-                                   f"{' in ' + str(path) if path else ''}; fix: check the line (`tp4 status`), then rerun the same command to resume")
-                row = R.prefill_row(trial, size, s, prompt, P.sha256(prompt), r, watch, target.url, model, corpus.name if corpus else None)
+                    raise Tp4Error(
+                        f"{target.url}: the API went down during prefill {size} ({r.error}); the finished rows are kept"
+                        f"{' in ' + str(path) if path else ''}; fix: check the line (`tp4 status`), then rerun the same command to resume"
+                    )
+                row = R.prefill_row(
+                    trial,
+                    size,
+                    s,
+                    prompt,
+                    P.sha256(prompt),
+                    r,
+                    watch,
+                    target.url,
+                    model,
+                    corpus.name if corpus else None,
+                )
                 doc["prefill"].append(row)
                 done.add(key)
                 doc["tp4"]["levels_done"].append(key)
@@ -471,9 +658,13 @@ async def _prefill(cfg: PrefillConfig, target: Target, out: str | None, force: b
                 req = row["request"]
                 note = f"  INVALID: {row['tp4']['invalid']}" if row["tp4"]["invalid"] else ""
                 note += f"  FAILED: {req['error']}" if req["error"] else ""
-                progress.line(f"[{len(done)}/{total}] prefill pass {trial} {size}: {req['prefillTokens']} prompt tokens, "
-                              f"TTFT {_fmt(req['ttftMs'], '.0f')} ms, {_fmt(req['prefillTps'], '.0f')} tok/s{note}")
-        return _finish(doc, path, [(f"prefill pass {row['trial']} {row['targetTokens']}", row) for row in doc["prefill"]])
+                progress.line(
+                    f"[{len(done)}/{total}] prefill pass {trial} {size}: {req['prefillTokens']} prompt tokens, "
+                    f"TTFT {_fmt(req['ttftMs'], '.0f')} ms, {_fmt(req['prefillTps'], '.0f')} tok/s{note}"
+                )
+        return _finish(
+            doc, path, [(f"prefill pass {row['trial']} {row['targetTokens']}", row) for row in doc["prefill"]]
+        )
     finally:
         await client.close()
 
@@ -488,13 +679,23 @@ def prefill_summary(doc: dict[str, Any]) -> list[str]:
         tokens = "/".join(str(r["request"]["prefillTokens"]) for r in rows)
         note = "invalid (foreign traffic)" if any(r["tp4"]["invalid"] for r in rows) else ""
         note = note or ("failed" if any(r["request"]["error"] for r in rows) else "")
-        out.append(f"{size:>8} {tokens:>14} {' / '.join(_fmt(v, '.0f') for v in values):<28} "
-                   f"{_fmt(statistics.median(values) if values else None, '.0f'):>8}  {note}")
+        out.append(
+            f"{size:>8} {tokens:>14} {' / '.join(_fmt(v, '.0f') for v in values):<28} "
+            f"{_fmt(statistics.median(values) if values else None, '.0f'):>8}  {note}"
+        )
     return out
 
 
-def run_prefill(cfg: PrefillConfig, target: Target, *, out: str | None, force: bool, label: str | None, progress: Progress,
-                corpus: P.Corpus | None = None) -> Outcome:
+def run_prefill(
+    cfg: PrefillConfig,
+    target: Target,
+    *,
+    out: str | None,
+    force: bool,
+    label: str | None,
+    progress: Progress,
+    corpus: P.Corpus | None = None,
+) -> Outcome:
     try:
         return asyncio.run(_prefill(cfg, target, out, force, label, progress, corpus))
     finally:
