@@ -1,5 +1,5 @@
-"""ruff over the whole Python tree and mypy (strict, pydantic's plugin) over the tp4 package,
-each with its settings in python/pyproject.toml."""
+"""ruff's linter and formatter over the whole Python tree and mypy (strict, pydantic's plugin)
+over the tp4 package, each with its settings in python/pyproject.toml."""
 
 from __future__ import annotations
 
@@ -15,12 +15,36 @@ import pytest
 pytestmark = pytest.mark.unit
 
 
-def test_ruff_finds_nothing(repo):
+def _ruff() -> Path:
     # beside the interpreter (the venv, a python3.withPackages env), else on PATH (`nix develop`)
     ruff = Path(sys.executable).with_name("ruff")
-    ruff = ruff if ruff.exists() else Path(shutil.which("ruff") or "ruff")
+    return ruff if ruff.exists() else Path(shutil.which("ruff") or "ruff")
+
+
+def test_every_python_file_is_as_ruff_format_leaves_it(repo):
+    """The code is formatted by `ruff format` (120 columns, python/pyproject.toml); fix: run
+    `.venv/bin/ruff format --config python/pyproject.toml python tests bench`."""
     proc = subprocess.run(
-        [str(ruff), "check", "--config", str(repo / "python/pyproject.toml"), "python", "tests", "bench"],
+        [
+            str(_ruff()),
+            "format",
+            "--check",
+            "--config",
+            str(repo / "python/pyproject.toml"),
+            "python",
+            "tests",
+            "bench",
+        ],
+        cwd=repo,
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-1000:]
+
+
+def test_ruff_finds_nothing(repo):
+    proc = subprocess.run(
+        [str(_ruff()), "check", "--config", str(repo / "python/pyproject.toml"), "python", "tests", "bench"],
         cwd=repo,
         capture_output=True,
         text=True,
