@@ -55,7 +55,7 @@ import json, os, shutil, subprocess, sys
 units, other = {units!r}, {other!r}
 args = sys.argv[1:]
 path = os.path.join(units, args[-1] + ".json") if args else ""
-if not (args[0] in ("start", "stop", "show") and os.path.isfile(path)):
+if not (args and args[0] in ("start", "stop", "show") and os.path.isfile(path)):
     os.execv(other, [other, *args])
 unit = json.load(open(path))
 if args[0] == "show":  # show -p PROPERTY --value [--] UNIT: the unit's setting, as systemd prints it
@@ -176,8 +176,11 @@ def install_units(cluster: NixosCluster, plan_file: Path, work: Path) -> dict[st
             "name": unit["name"], "run": oci_run_argv(unit["name"], c),
             # the unit's Environment (oci-containers) and environment.TP4_PLAN (modules/tp4-line.nix)
             "environment": {"PODMAN_SYSTEMD_UNIT": unit["unit"], "TP4_PLAN": c["labels"]["tp4.plan"]},
-            # what doctor asks of the unit (RDMA.MEMLOCK): the module's serviceConfig
-            "show": {"LimitMEMLOCK": unit["serviceConfig"]["LimitMEMLOCK"]}}))
+            # what tp4 asks of the unit: the module's serviceConfig (doctor's RDMA.MEMLOCK) and its
+            # Environment as systemctl prints it (space-separated assignments), TP4_PLAN the plan
+            # the host configuration was built from (serve compares it with the plan it serves)
+            "show": {"LimitMEMLOCK": unit["serviceConfig"]["LimitMEMLOCK"],
+                     "Environment": f"PODMAN_SYSTEMD_UNIT={unit['unit']} TP4_PLAN={c['labels']['tp4.plan']}"}}))
         for d in unit["directories"]:  # systemd.tmpfiles.rules: d <path> <mode> <user> - -
             host.run("install", "-d", "-m", d["mode"], "-o", d["user"], "--", d["path"])
         units[rank.name] = unit
@@ -253,9 +256,26 @@ def test_the_plan_files_digest_reaches_status_through_the_nixos_unit_and_another
         assert refused.returncode == 1 and "already running" in refused.stderr
         assert f"from another plan ({digest}), not this plan ({new})" in refused.stderr and "--replace" in refused.stderr
         assert [n["plan"] for n in json.loads(tp4("status", "--profile", profile, "--json").stdout)["nodes"]] == [digest] * 4
+        # the hosts were built from the committed plan file: --replace with another plan would start
+        # their units, which run that file's container, with this plan's env file; serve refuses
+        # before it stops anything, naming the unit's plan and how to deploy this one
+        replaced = tp4("serve", "--profile", str(changed), "--replace")
+        assert replaced.returncode == 1, replaced.stderr
+        head = line.plan.nodes[0]
+        assert (f"{head.name}: deployed plan: its NixOS unit {head.service.unit} was built from plan {digest}, "
+                f"not this plan ({new})") in replaced.stderr, replaced.stderr
+        assert "4 NixOS node(s)" in replaced.stderr and "tp4 plan --json -o plan.json" in replaced.stderr
+        assert "replacing" not in replaced.stderr and "Traceback" not in replaced.stderr
+        assert [n["plan"] for n in json.loads(tp4("status", "--profile", profile, "--json").stdout)["nodes"]] == [digest] * 4
 
         stop = tp4("stop", "--profile", profile)
         assert stop.returncode == 0, stop.stderr
+        assert_nothing_left(line)
+        # a stopped line: the changed plan is refused all the same, and nothing starts
+        refused = tp4("serve", "--profile", str(changed))
+        assert refused.returncode == 1, refused.stderr
+        assert f"{head.name}: deployed plan: its NixOS unit {head.service.unit} was built from plan {digest}" in refused.stderr
+        assert "started" not in refused.stderr
     finally:
         for host in line.hosts:
             host.run("podman", "rm", "-f", "-a", "-t", "0", check=False)
