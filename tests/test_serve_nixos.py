@@ -254,7 +254,8 @@ def test_the_plan_files_digest_reaches_status_through_the_nixos_unit_and_another
         assert diff.returncode == 1 and "4 field(s) differ: nodes[0].env.TP4_STANDIN_NOTE" in diff.stdout
         refused = tp4("serve", "--profile", str(changed))
         assert refused.returncode == 1 and "already running" in refused.stderr
-        assert f"from another plan ({digest}), not this plan ({new})" in refused.stderr and "--replace" in refused.stderr
+        assert f"from another plan ({digest}), not this plan ({new})" in refused.stderr
+        assert "commit it and deploy the hosts (tp4 deploy), then `tp4 serve --replace` stops it" in refused.stderr
         assert [n["plan"] for n in json.loads(tp4("status", "--profile", profile, "--json").stdout)["nodes"]] == [digest] * 4
         # the hosts were built from the committed plan file: --replace with another plan would start
         # their units, which run that file's container, with this plan's env file; serve refuses

@@ -991,7 +991,11 @@ def already_running(plan: Plan, node: Node, digest: str) -> str:
         return (f"{node.container} is running there from this plan ({digest}); fix: `tp4 status` shows it; "
                 "`tp4 stop` first, or `tp4 serve --replace` to restart it")
     cmp = compare_running(plan, [node], {node.name: ("running", digest)})
-    return f"{cmp['summary']}; fix: `tp4 plan --against-running` shows the difference; `tp4 serve --replace` stops it and serves this plan"
+    # a NixOS unit runs the plan its host was built from (check_deployed): that host is switched first
+    deploy = ("write this plan's file (tp4 plan --json -o plan.json), commit it and deploy the hosts (tp4 deploy), then "
+              if node.rank.service.kind == "nixos" else "")
+    return (f"{cmp['summary']}; fix: `tp4 plan --against-running` shows the difference; {deploy}"
+            "`tp4 serve --replace` stops it and serves this plan")
 
 
 def replace_running(plan: Plan, nodes: Sequence[Node], progress: Echo) -> None:
