@@ -217,9 +217,12 @@ def test_the_plan_files_digest_reaches_status_through_the_nixos_unit_and_another
         assert proc.returncode == 0, proc.stderr
         assert f"profile: {profile} (plan {digest})" in proc.stderr.splitlines()
         for node, host in zip(line.nodes(), line.hosts, strict=True):
-            # the unit's container: the module's labels, oci-containers' --rm and the cidfile
-            got = json.loads(host.run("podman", "inspect", "--format", "{{json .Config.Labels}}", node.container).stdout)
+            # the unit's container: created by the unit's `podman run` (podman keeps its argv), with
+            # the module's labels, oci-containers' --rm and the cidfile
             c = units[node.name]["container"]
+            created = json.loads(host.run("podman", "inspect", "--format", "{{json .Config.CreateCommand}}", node.container).stdout)
+            assert created == oci_run_argv(node.container, c)
+            got = json.loads(host.run("podman", "inspect", "--format", "{{json .Config.Labels}}", node.container).stdout)
             assert {k: got.get(k) for k in c["labels"]} == c["labels"]
             assert host.run("podman", "inspect", "--format", "{{.HostConfig.AutoRemove}}", node.container).stdout.strip() == "true"
             cid = host.run("cat", f"/run/{node.container}/ctr-id").stdout.strip()
