@@ -17,8 +17,11 @@ gives):
   (the log `podman logs` reads: what serve follows and status reads, as it reads the journal);
 * no systemd: the stand-in plays the unit's parts that matter to `podman run`: its
   ``RuntimeDirectory`` (/run/<name>, holding the cidfile), its ExecStartPre (``podman rm -f``),
-  its ``Environment`` (PODMAN_SYSTEMD_UNIT, TP4_PLAN) and its stop (preStop, postStop); the unit's
-  ordering (RDMA check, weights volume), its hardening and LimitMEMLOCK are not played;
+  its ``Environment`` (PODMAN_SYSTEMD_UNIT, TP4_PLAN) and its stop (preStop, postStop), and
+  ``systemctl show`` of the two properties tp4 reads (LimitMEMLOCK for doctor, Environment for
+  serve's TP4_PLAN); the unit's ordering (RDMA check, weights volume) and hardening are not
+  played, nor LimitMEMLOCK=infinity (the hosts' hard limit stays: the plan's memlock is
+  cluster.memlock, within it, as tests/line_cluster.py says);
 * systemd-tmpfiles makes the rank's directories (``rankUnit.directories``) at activation: the
   test makes them as the rules say; the weights volume unit's volume is the cluster's podman volume
   (tests/line_cluster.py), which the module is told is the local weights directory
