@@ -6,7 +6,8 @@ neither argv nor a log ever holds it), where it runs from ``service`` (a plain h
 container with the node's runtime; a NixOS host: tp4 writes the env file and starts the module's
 unit). Every command goes through :mod:`tp4.core.process` (one ssh connection per node, reused).
 
-* :func:`serve` checks the nodes, writes the env files, pushes the speculative tables, starts the
+* :func:`serve` checks the nodes (a NixOS node's unit must have been built from this plan:
+  :func:`check_deployed`), writes the env files, pushes the speculative tables, starts the
   workers in parallel (a plain head's container is created beside them, podman's initialized
   too) and then the head,
   follows the head's log through the boot phases, and
