@@ -25,9 +25,10 @@ exec``: that one also enters a new mount namespace and remounts /sys there, wher
 no cgroups, so ``podman run`` in a session would fail. sshd gets a private mount namespace of its
 own (``unshare --mount``), shared by its sessions: ``prepare(host)`` (called before the host's
 sshd starts; it may add to ``host.env``) can put files under ``host.root`` (``<dir>/root``), and
-each of its top directories ``dev`` and ``etc`` is laid over the machine's /dev or /etc in that
-namespace (an overlay whose upper layer is a tmpfs holding a copy of the tree): the host's
-sessions see them, the machine does not, and they go with the namespace. ``host.bind(src,
+each of its top directories ``dev``, ``etc`` and ``run`` (where ``prepare`` made one) is laid over
+the machine's /dev, /etc or /run in that namespace (an overlay whose upper layer is a tmpfs
+holding a copy of the tree): the host's sessions see them and what they write there, the machine
+does not, and they go with the namespace. ``host.bind(src,
 dst)`` (in ``prepare``) binds a directory of the host over one of the machine's there, e.g. a
 host-local /nix/var/nix/profiles (the hosts share this machine's /nix/store).
 
@@ -56,7 +57,7 @@ from tp4.core.process import Remote
 
 SSHD = shutil.which("sshd") or "/usr/sbin/sshd"
 # the top directories of host.root that are laid over the machine's (in sshd's mount namespace)
-OVERLAID = ("dev", "etc")
+OVERLAID = ("dev", "etc", "run")
 # the sessions' ~/.bashrc (module doc): a fresh account's
 FRESH_BASHRC = (
     Path("/etc/skel/.bashrc").read_text()
@@ -72,7 +73,7 @@ dir=$1; shift
 mnt=$dir/mnt
 mkdir -p "$mnt"
 mount -t tmpfs tp4-netns "$mnt"
-for top in dev etc; do
+for top in dev etc run; do
   [ -d "$dir/root/$top" ] || continue
   mkdir -p "$mnt/$top.lower" "$mnt/$top.work"
   cp -a "$dir/root/$top" "$mnt/$top.upper"

@@ -194,6 +194,28 @@ def test_a_nixos_node_runs_its_rank_as_the_modules_unit():
     assert create[n + 5 : n + 7] == ["podman", "create"] and create[n + 7 :] == run[3:]
 
 
+def test_the_plan_a_nixos_unit_was_built_from_is_read_from_its_environment():
+    """serve reads a NixOS rank unit's TP4_PLAN (modules/tp4-line.nix) from `systemctl show -p
+    Environment --value`, which prints the assignments space-separated, a value with spaces in
+    double quotes; it refuses another plan than the one the unit was built from."""
+    p = build_plan(load_text(NIXOS, "t"))
+    head = nodes_of(p)[0]
+    assert serve.unit_plan_argv(head) == [
+        "systemctl",
+        "show",
+        "-p",
+        "Environment",
+        "--value",
+        "--",
+        "podman-dsv41-head.service",
+    ]
+    env = 'LOCALE_ARCHIVE=/nix/store/x/lib/locale/locale-archive "PATH=/a b:/c" PODMAN_SYSTEMD_UNIT=podman-dsv41-head.service TP4_PLAN=sha256:ab12'
+    assert serve.unit_plan(env) == "sha256:ab12"
+    assert serve.unit_plan("PODMAN_SYSTEMD_UNIT=podman-dsv41-head.service") is None
+    assert serve.unit_plan("") is None
+    assert serve.unit_plan('A="unclosed TP4_PLAN=sha256:cd') == "sha256:cd"
+
+
 paths = st.text(alphabet=st.sampled_from(list("ab -$()'\";|&`*")), min_size=1, max_size=10).map(lambda s: "/srv/" + s)
 
 

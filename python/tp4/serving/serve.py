@@ -6,7 +6,8 @@ neither argv nor a log ever holds it), where it runs from ``service`` (a plain h
 container with the node's runtime; a NixOS host: tp4 writes the env file and starts the module's
 unit). Every command goes through :mod:`tp4.core.process` (one ssh connection per node, reused).
 
-* :func:`serve` checks the nodes, writes the env files, pushes the speculative tables, starts the
+* :func:`serve` checks the nodes (a NixOS node's unit must have been built from this plan:
+  :func:`check_deployed`), writes the env files, pushes the speculative tables, starts the
   workers in parallel (a plain head's container is created beside them, podman's initialized
   too) and then the head,
   follows the head's log through the boot phases, and
@@ -654,6 +655,8 @@ def preflight(nodes: Sequence[Node], plan: Plan, opts: Options, echo: Echo) -> N
         if state == "running":
             raise NodeFailure(node.name, "already running", already_running(plan, node, _label_value(running)))
         states[node.name] = state
+    if not opts.replace:  # serve checked it before stopping the running line
+        check_deployed(plan, nodes)
     results = doctor.evaluate(plan, facts, limits)
     blocking = [
         r for r in results if r.blocking and r.status == "fail" and not (opts.force and r.check == FORCED_CHECK)
@@ -689,12 +692,67 @@ class Ready(NamedTuple):
     warnings: list[str]
 
 
+def unit_plan_argv(node: Node) -> list[str]:
+    """What reads the Environment of a NixOS node's rank unit (its TP4_PLAN, modules/tp4-line.nix)."""
+    unit = node.rank.service.unit
+    assert unit is not None
+    return ["systemctl", "show", "-p", "Environment", "--value", "--", unit]
+
+
+def unit_plan(environment: str) -> str | None:
+    """TP4_PLAN of a unit's Environment as `systemctl show -p Environment --value` prints it
+    (space-separated assignments, a value with spaces in double quotes); None when it has none."""
+    try:
+        words = shlex.split(environment)
+    except ValueError:
+        words = environment.split()
+    found = [w.partition("=")[2] for w in words if w.startswith("TP4_PLAN=")]
+    return found[-1] if found else None
+
+
+def check_deployed(plan: Plan, nodes: Sequence[Node]) -> None:
+    """A NixOS node's unit runs the container of the plan its host configuration was built from
+    (the committed plan file), with the env file serve writes: serve refuses, before anything
+    changes, a plan other than the one a unit was built from (its TP4_PLAN), which would run that
+    plan's container with this plan's environment. A unit that cannot be read or names no plan is
+    left to the start (preflight names an unreachable node)."""
+    nixos = [n for n in nodes if n.rank.service.kind == "nixos"]
+    got = parallel(
+        nixos,
+        lambda n: n.run(
+            unit_plan_argv(n), check=False, timeout=30, purpose=f"reading the plan of {n.rank.service.unit} on {n.name}"
+        ),
+    )
+    wrong: list[tuple[Node, str]] = []
+    for n in nixos:
+        proc = got[n.name]
+        if isinstance(proc, BaseException) or not isinstance(proc, process.CompletedProcess) or proc.returncode != 0:
+            continue
+        built = unit_plan(proc.stdout)
+        if built is not None and built != plan.digest:
+            wrong.append((n, built))
+    if not wrong:
+        return
+    first, built = wrong[0]
+    others = [n.name for n, _ in wrong[1:]]
+    raise NodeFailure(
+        first.name,
+        "deployed plan",
+        f"its NixOS unit {first.rank.service.unit} was built from plan {built}, not this plan ({plan.digest})"
+        + (f"; so were the units of {', '.join(others)}" if others else "")
+        + f" ({len(wrong)} NixOS node(s)): a start would run that plan's container with this plan's env file; "
+        "fix: write this plan's file (tp4 plan --json -o plan.json), commit it and deploy the hosts "
+        "(tp4 deploy), then serve",
+    )
+
+
 def serve(
     plan: Plan, nodes: Sequence[Node], secrets: Mapping[str, Secret], opts: Options, out: Echo, progress: Echo
 ) -> Ready:
     """Bring the line up, verified, or leave nothing running (module docstring)."""
     with line_lock(plan, "serve"):
-        if opts.replace:
+        if opts.replace:  # before the running line is stopped (preflight checks it otherwise)
+            check_deployed(plan, nodes)
             replace_running(plan, nodes, progress)
         preflight(nodes, plan, opts, progress)
         for attempt in (1, 2):
@@ -1097,7 +1155,16 @@ def already_running(plan: Plan, node: Node, digest: str) -> str:
             "`tp4 stop` first, or `tp4 serve --replace` to restart it"
         )
     cmp = compare_running(plan, [node], {node.name: ("running", digest)})
-    return f"{cmp['summary']}; fix: `tp4 plan --against-running` shows the difference; `tp4 serve --replace` stops it and serves this plan"
+    # a NixOS unit runs the plan its host was built from (check_deployed): that host is switched first
+    deploy = (
+        "write this plan's file (tp4 plan --json -o plan.json), commit it and deploy the hosts (tp4 deploy), then "
+        if node.rank.service.kind == "nixos"
+        else ""
+    )
+    return (
+        f"{cmp['summary']}; fix: `tp4 plan --against-running` shows the difference; {deploy}"
+        "`tp4 serve --replace` stops it and serves this plan"
+    )
 
 
 def replace_running(plan: Plan, nodes: Sequence[Node], progress: Echo) -> None:
