@@ -91,7 +91,7 @@ def flake_with_base_attrs(work: Path, name: str, attrs: str) -> Path:
 
 
 CHECK = re.compile(
-    r"PYTHONPATH=(/nix/store/[a-z0-9]{32}-tp4-elf)/python PYTHONDONTWRITEBYTECODE=1 (\S+) -m tp4\.elf"
+    r"PYTHONPATH=(/nix/store/[a-z0-9]{32}-tp4-elf)/python PYTHONDONTWRITEBYTECODE=1 (\S+) -m tp4\.image\.elf"
     r" \\\n\s+check-glibc --max ([0-9.]+) adapter/librow_store\.so\n"
 )  # a version is a safe word: unquoted
 
@@ -106,7 +106,13 @@ def test_the_build_checks_the_library_against_the_manifests_glibc(tmp_path):
     # after the compile and patchelf, so it checks the file that goes into the image
     assert rt["buildPhase"].index("patchelf --remove-rpath") < m.start()
     files = sorted(str(p.relative_to(pick)) for p in Path(pick).rglob("*") if p.is_file())
-    assert files == ["python/tp4/__init__.py", "python/tp4/image/elf.py", "python/tp4/core/errors.py"]
+    assert files == [
+        "python/tp4/__init__.py",
+        "python/tp4/core/__init__.py",
+        "python/tp4/core/errors.py",
+        "python/tp4/image/__init__.py",
+        "python/tp4/image/elf.py",
+    ]
 
     other = evaluate(tmp_path, flake_with_base_attrs(tmp_path, "older", "arch=arm64  glibc=2.17"))
     assert CHECK.search(other["buildPhase"])[3] == "2.17"
