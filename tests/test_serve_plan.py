@@ -261,3 +261,34 @@ def test_the_env_file_and_the_plan_beside_it_never_go_through_a_planted_path(tmp
     )
     assert run.returncode == privatefiles.REFUSED and "started" not in run.stdout
     assert f"{d} is writable by group or others" in run.stderr and "sk-env-2" not in run.stderr + env.read_text()
+
+
+def test_the_files_tp4_keeps_here_never_go_through_a_planted_tmp_link(tmp_path):
+    """The build and push records, the checkpoint's hash cache and doctor's evidence were written
+    through `<file>.tmp`: a link planted there would have had its target overwritten. Now a new
+    file beside the target (created exclusively) is renamed over it."""
+    from tp4.core.privatefiles import replace_file
+    from tp4.hosts import checkpoint
+    from tp4.image.build import Built
+
+    victim = tmp_path / "victim"
+    victim.write_text("victim\n")
+    built = tmp_path / "built.json"
+    (tmp_path / "built.json.tmp").symlink_to(victim)
+    Built("/nix/store/x", "ref", "sha256:1").save(built)
+    assert Built.load(built).ref == "ref"
+    (tmp_path / f"{checkpoint.CACHE_NAME}.tmp").symlink_to(victim)
+    checkpoint.save_cache(tmp_path, {"schema": checkpoint.SCHEMA, "files": {}})
+    (tmp_path / "evidence.json").symlink_to(victim)  # a link at the target itself is replaced
+    replace_file(tmp_path / "evidence.json", "{}\n")
+    assert victim.read_text() == "victim\n" and not (tmp_path / "evidence.json").is_symlink()
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(  # no temporary left
+        [
+            "victim",
+            "built.json",
+            "built.json.tmp",
+            checkpoint.CACHE_NAME,
+            f"{checkpoint.CACHE_NAME}.tmp",
+            "evidence.json",
+        ]
+    )

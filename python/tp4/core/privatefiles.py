@@ -14,9 +14,16 @@ plan serve leaves beside it, the NFS server's config, a spec table).
 * ``write_private FILE``: ``private_dir`` of FILE's directory, then ``write_file FILE 600``.
 
 Constants only: every value is an argument of the script, never part of it.
+
+Here, in Python: :func:`replace_file` is ``write_file``'s twin (a new file beside the target,
+created exclusively, renamed over it), for the files tp4 keeps on the machine it runs on.
 """
 
 from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
 
 # exit code of a refused directory (the message on stderr names the directory and the fix)
 REFUSED = 3
@@ -56,3 +63,20 @@ WRITE_PRIVATE = WRITE_PRIVATE_SH + 'write_private "$1"'
 
 # `sh -c WRITE_SHARED sh FILE MODE` < data: FILE of MODE (not secret), through a new file beside it
 WRITE_SHARED = WRITE_FILE_SH + 'write_file "$1" "$2"'
+
+
+def replace_file(path: str | os.PathLike[str], text: str, mode: int = 0o644) -> Path:
+    """Write ``text`` to ``path`` through a new file beside it (``mkstemp``: O_CREAT|O_EXCL, so no
+    planted ``<path>.tmp`` link receives it), of ``mode``, renamed over ``path`` (a link there is
+    replaced, never followed). Raises OSError; nothing is left behind on failure."""
+    out = Path(path)
+    fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=f".{out.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+        os.chmod(tmp, mode)
+        os.replace(tmp, out)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return out

@@ -273,11 +273,9 @@ def save_run(plan: Plan, record: dict[str, object]) -> Path:
     d = runs_dir(plan)
     d.mkdir(parents=True, exist_ok=True)
     path = d / "current.json"
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
-    tmp.replace(path)
+    privatefiles.replace_file(path, json.dumps(record, indent=2, sort_keys=True) + "\n")
     if record.get("ok"):
-        (d / "last-good.json").write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
+        privatefiles.replace_file(d / "last-good.json", json.dumps(record, indent=2, sort_keys=True) + "\n")
     return path
 
 

@@ -302,8 +302,8 @@ def _proc_addresses() -> set[Address]:
     try:
         with open("/proc/net/if_inet6", encoding="ascii", errors="replace") as f:
             for line in f:
-                word = line.split()[:1]
-                if word and len(word[0]) == 32 and (ip := _ip(":".join(word[0][i : i + 4] for i in range(0, 32, 4)))):
+                hexa = (line.split() or [""])[0]
+                if len(hexa) == 32 and (ip := _ip(":".join(hexa[i : i + 4] for i in range(0, 32, 4)))):
                     found.add(ip)
     except OSError:
         pass
