@@ -417,6 +417,33 @@ def test_the_router_on_this_machine(hosts: DoctorCluster, tmp_path: Path) -> Non
             os.kill(pid, 9)
 
 
+def test_over_ssh_the_router_hosts_shell_checks_its_state_dir_and_resolves_the_default(
+    hosts: DoctorCluster, tmp_path: Path
+) -> None:
+    """The check runs on the router's host, in the script ssh runs there: a world-writable state
+    directory with a planted api-key.tmp link is refused before the key is sent, the victim
+    unchanged; the default state directory is the one that host's shell resolves."""
+    f = Fleet(hosts, tmp_path, key="sk-remote-topsecret-1")
+    state = Path(f.fleet.router.state_dir)
+    state.mkdir()
+    state.chmod(0o777)
+    victim = tmp_path / "victim"
+    victim.write_text(VICTIM)
+    (state / "api-key.tmp").symlink_to(victim)
+    remote = fleet.router_remote(f.fleet)
+    assert remote is not None
+    with pytest.raises(Tp4Error) as err:
+        fleet.RouterHost(f.fleet, remote).start([line.api for line in f.fleet.lines], Secret("sk-remote-topsecret-1"))
+    assert "is writable by group or others" in err.value.message and "$ ssh" not in err.value.message
+    assert "sk-remote" not in err.value.message and victim.read_text() == VICTIM
+    assert sorted(p.name for p in state.iterdir()) == ["api-key.tmp"]
+    f.path.write_text(fleet_text(hosts, tmp_path).replace(f"state_dir = {json.dumps(str(state))}\n", ""))
+    default = fleet.load(f.path)
+    assert default.router.state_dir is None
+    home = process.run(["sh", "-c", 'printf "%s" "$HOME"'], remote=remote).stdout
+    assert fleet.RouterHost(default, remote).state_dir == f"{home}/.local/state/tp4/router"
+
+
 def test_a_router_that_does_not_start_stops_every_line(hosts: DoctorCluster, tmp_path: Path) -> None:
     f = Fleet(hosts, tmp_path)
     f.path.write_text(fleet_text(hosts, tmp_path, python=str(tmp_path / "no-such-python")))
