@@ -685,7 +685,7 @@ class Engine(Section):
     )
     extra_args: list[EngineArg] = Field(
         default_factory=lambda: [],
-        description="Extra engine arguments, one word per item (EXTRA_SGLANG_ARGS); a flag's values follow it as their own items.",
+        description="Extra engine arguments, one word per item (EXTRA_SGLANG_ARGS); a flag's values follow it as their own items. A flag that takes a secret (--api-key, --admin-api-key, key, token, secret or password in its name) is refused: the API key goes in api.key_file.",
     )
     drop_args: list[EngineArg] = Field(
         default_factory=lambda: [],
