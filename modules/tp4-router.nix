@@ -26,6 +26,11 @@ let
   plan = builtins.fromJSON (builtins.readFile cfg.fleetPlan);
   r = plan.router or { };
   command = r.command or [ ];
+  # the plan's state directory (/var/lib/tp4-router unless the fleet file names one), relative to
+  # /var/lib for StateDirectory; null when it lies elsewhere
+  stateDir = r.state_dir or "/var/lib/tp4-router";
+  underVarLib = builtins.match "/var/lib/(.+)" stateDir;
+  stateDirectory = if underVarLib == null then null else builtins.head underVarLib;
   # the Python that runs the launcher: the option's, else the fleet file's router.python
   python = if cfg.python != null then "${cfg.python}/bin/python3" else r.python or null;
 in
@@ -121,14 +126,28 @@ in
         LockPersonality = true;
         RestrictRealtime = true;
         LimitNOFILE = 65536;
-      };
+      }
+      // (
+        if stateDirectory == null then
+          { }
+        else
+          {
+            StateDirectory = stateDirectory;
+            StateDirectoryMode = "0700";
+          }
+      );
       unitConfig = {
         StartLimitIntervalSec = 3600;
         StartLimitBurst = 5;
       };
     };
 
-    systemd.tmpfiles.rules = [ "d ${r.state_dir or "/var/tmp/tp4-router"} 0700 root root -" ];
+    # the router's state directory (the key file tp4 fleet serve writes as root): the unit's own
+    # StateDirectory under /var/lib (systemd.exec(5): created at start, owned by the unit's user,
+    # root, of StateDirectoryMode), or the fleet file's router.state_dir elsewhere, made by tmpfiles;
+    # mode 0700 either way: tp4 refuses a state directory another user may write
+    systemd.tmpfiles.rules =
+      if stateDirectory == null then [ "d ${stateDir} 0700 root root -" ] else [ ];
 
     networking.firewall.allowedTCPPorts = mkIf (cfg.openFirewall && r ? port) [ r.port ];
   };

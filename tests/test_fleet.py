@@ -35,7 +35,7 @@ from tp4.core import process
 from tp4.serving import fleet, serve
 from tp4.core.apikey import Secret
 from tp4.hosts.doctor import engram_files
-from tp4.core.errors import InvalidInput
+from tp4.core.errors import InvalidInput, Tp4Error
 from tp4.hosts.nodes import nodes_of
 from tp4.line.plan import Plan
 
@@ -417,6 +417,33 @@ def test_the_router_on_this_machine(hosts: DoctorCluster, tmp_path: Path) -> Non
             os.kill(pid, 9)
 
 
+def test_over_ssh_the_router_hosts_shell_checks_its_state_dir_and_resolves_the_default(
+    hosts: DoctorCluster, tmp_path: Path
+) -> None:
+    """The check runs on the router's host, in the script ssh runs there: a world-writable state
+    directory with a planted api-key.tmp link is refused before the key is sent, the victim
+    unchanged; the default state directory is the one that host's shell resolves."""
+    f = Fleet(hosts, tmp_path, key="sk-remote-topsecret-1")
+    state = Path(f.fleet.router.state_dir)
+    state.mkdir()
+    state.chmod(0o777)
+    victim = tmp_path / "victim"
+    victim.write_text(VICTIM)
+    (state / "api-key.tmp").symlink_to(victim)
+    remote = fleet.router_remote(f.fleet)
+    assert remote is not None
+    with pytest.raises(Tp4Error) as err:
+        fleet.RouterHost(f.fleet, remote).start([line.api for line in f.fleet.lines], Secret("sk-remote-topsecret-1"))
+    assert "is writable by group or others" in err.value.message and "$ ssh" not in err.value.message
+    assert "sk-remote" not in err.value.message and victim.read_text() == VICTIM
+    assert sorted(p.name for p in state.iterdir()) == ["api-key.tmp"]
+    f.path.write_text(fleet_text(hosts, tmp_path).replace(f"state_dir = {json.dumps(str(state))}\n", ""))
+    default = fleet.load(f.path)
+    assert default.router.state_dir is None
+    home = process.run(["sh", "-c", 'printf "%s" "$HOME"'], remote=remote).stdout
+    assert fleet.RouterHost(default, remote).state_dir == f"{home}/.local/state/tp4/router"
+
+
 def test_a_router_that_does_not_start_stops_every_line(hosts: DoctorCluster, tmp_path: Path) -> None:
     f = Fleet(hosts, tmp_path)
     f.path.write_text(fleet_text(hosts, tmp_path, python=str(tmp_path / "no-such-python")))
@@ -673,7 +700,7 @@ def test_plan_shows_no_key_and_json(tmp_path: Path) -> None:
     path = fleet_of(tmp_path, base=keyed)
     f = fleet.load(path)
     argv = fleet.router_argv(f, [line.api for line in f.lines])
-    assert argv[3] == f"{f.router.state_dir}/{fleet.KEY_FILE}" and not any("sk-very" in a for a in argv)
+    assert argv[3] == f"{fleet.DEFAULT_STATE_DIR}/{fleet.KEY_FILE}" and not any("sk-very" in a for a in argv)
     for extra in ((), ("--json",)):
         proc = tp4("fleet", "plan", "-f", str(path), *extra)
         assert proc.returncode == 0, proc.stderr
@@ -730,7 +757,8 @@ def test_the_router_as_the_nixos_unit_is_started_and_stopped_with_systemctl(tmp_
         "-c",
         fleet.LAUNCHER,
     ]
-    assert command[3] == f"{f.router.state_dir}/{fleet.KEY_FILE}" and "sk-unit-secret" not in json.dumps(data)
+    assert command[3] == f"{fleet.UNIT_STATE_DIR}/{fleet.KEY_FILE}" and "sk-unit-secret" not in json.dumps(data)
+    assert router["state_dir"] == "/var/lib/tp4-router"  # the unit's StateDirectory
     with pytest.raises(InvalidInput):
         fleet.load(fleet_of(tmp_path, router='service = "container"'))
 
@@ -798,7 +826,7 @@ def test_no_fleet_value_changes_the_router_argv_except_in_its_own_field(
         r.python or sys.executable,
         "-c",
         fleet.LAUNCHER,
-        f"{r.state_dir}/api-key" if key else "",
+        f"{fleet.state_dir_of(f) or fleet.DEFAULT_STATE_DIR}/api-key" if key else "",
         fleet.ROUTERS[r.kind].module,
         "--host",
         r.bind,
@@ -832,3 +860,102 @@ def test_no_fleet_value_changes_the_router_argv_except_in_its_own_field(
     flags = [a for a in argv[5:] if a.startswith("-")]
     assert flags == [a for a in expected[5:] if a.startswith("--")]
     assert all("\n" not in a and "\0" not in a for a in argv[3:])
+
+
+# --- the router's state directory: nobody else's ---------------------------------------------------
+
+VICTIM = "the victim's own file\n"
+
+
+def local_router(tmp_path: Path, state_dir: Path | None) -> fleet.RouterHost:
+    """A router on this machine whose "Python" is true(1): start writes the key file and the log,
+    then runs nothing."""
+    text = 'host = "local"\npython = "/bin/true"' + (f"\nstate_dir = {json.dumps(str(state_dir))}" if state_dir else "")
+    return fleet.RouterHost(fleet.load(fleet_of(tmp_path, router=text)), None)
+
+
+def test_the_default_state_dir_is_the_router_users_xdg_state_dir_not_var_tmp(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    f = fleet.load(fleet_of(tmp_path))
+    assert f.router.state_dir is None and fleet.plan_json(f)["router"]["state_dir"] == fleet.DEFAULT_STATE_DIR
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "xdg"))
+    assert fleet.RouterHost(f, None).state_dir == f"{tmp_path}/xdg/tp4/router"
+    monkeypatch.setenv("XDG_STATE_HOME", "relative")  # not absolute: ignored (XDG base directory spec)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert fleet.RouterHost(f, None).state_dir == f"{tmp_path}/home/.local/state/tp4/router"
+    monkeypatch.delenv("XDG_STATE_HOME")
+    host = fleet.RouterHost(f, None)
+    assert host.pid() is None  # nothing runs; the directory is the home's
+    assert host.state_dir == f"{tmp_path}/home/.local/state/tp4/router"
+
+
+def test_a_world_writable_state_dir_with_a_planted_key_link_is_refused_and_the_victim_never_gets_the_key(
+    tmp_path: Path,
+) -> None:
+    """Another user made the state directory first, world-writable, with api-key.tmp (and
+    api-key) symlinks to a file of theirs: the start is refused naming the fix, and the victim
+    neither changes nor receives the key."""
+    d = tmp_path / "shared"
+    d.mkdir()
+    d.chmod(0o777)
+    victim = tmp_path / "victim"
+    victim.write_text(VICTIM)
+    (d / "api-key.tmp").symlink_to(victim)
+    host = local_router(tmp_path, d)
+    with pytest.raises(Tp4Error) as err:
+        host.start(["http://10.0.0.1:8888"], Secret("sk-planted-123"))
+    assert f"{d} is writable by group or others" in err.value.message and f"chmod go-w -- {d}" in err.value.message
+    assert "sk-planted" not in err.value.message
+    assert victim.read_text() == VICTIM and sorted(p.name for p in d.iterdir()) == ["api-key.tmp"]
+    d.chmod(0o770)  # group-writable: refused as well
+    with pytest.raises(Tp4Error, match="writable by group or others"):
+        host.start(["http://10.0.0.1:8888"], None)
+    assert not (d / "router.log").exists()
+
+
+def test_a_state_dir_of_another_user_or_a_symlink_is_refused(tmp_path: Path) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("needs root to give a directory to another user")
+    theirs = tmp_path / "theirs"
+    theirs.mkdir(mode=0o700)
+    os.chown(theirs, 65534, 65534)
+    with pytest.raises(Tp4Error, match="belongs to another user"):
+        local_router(tmp_path, theirs).start(["http://10.0.0.1:8888"], Secret("sk-x-1"))
+    assert list(theirs.iterdir()) == []
+    mine = tmp_path / "mine"
+    mine.mkdir(mode=0o700)
+    (tmp_path / "link").symlink_to(mine)
+    with pytest.raises(Tp4Error, match="is a symbolic link"):
+        local_router(tmp_path, tmp_path / "link").start(["http://10.0.0.1:8888"], Secret("sk-x-1"))
+    assert list(mine.iterdir()) == []
+
+
+def test_in_its_own_state_dir_the_key_replaces_planted_links_and_a_linked_log_is_not_truncated(tmp_path: Path) -> None:
+    """Links at api-key, api-key.tmp and router.log (as an old, insecure directory may hold):
+    the key file replaces its link (the victims unchanged, mode 0600), and a linked log refuses
+    the start instead of truncating its target."""
+    d = tmp_path / "state"
+    d.mkdir(mode=0o700)
+    victims = {name: tmp_path / f"victim-{name}" for name in ("api-key", "api-key.tmp", "router.log")}
+    for name, victim in victims.items():
+        victim.write_text(VICTIM)
+        (d / name).symlink_to(victim)
+    host = local_router(tmp_path, d)
+    with pytest.raises(Tp4Error, match="router.log is a symbolic link"):
+        host.start(["http://10.0.0.1:8888"], Secret("sk-mine-42"))
+    assert all(v.read_text() == VICTIM for v in victims.values())
+    key = d / "api-key"
+    assert not key.is_symlink() and key.read_text() == "sk-mine-42" and (key.stat().st_mode & 0o777) == 0o600
+    assert sorted(p.name for p in d.iterdir()) == ["api-key", "api-key.tmp", "router.log"]  # no temporary left
+    (d / "router.log").unlink()
+    assert host.start(["http://10.0.0.1:8888"], None).startswith("started ")
+    log = d / "router.log"
+    assert not log.is_symlink() and (log.stat().st_mode & 0o777) == 0o600
+    assert all(v.read_text() == VICTIM for v in victims.values())
+
+
+def test_a_missing_state_dir_is_made_private(tmp_path: Path) -> None:
+    d = tmp_path / "new" / "state"
+    local_router(tmp_path, d).start(["http://10.0.0.1:8888"], Secret("sk-new-7"))
+    assert (d.stat().st_mode & 0o777) == 0o700 and (d / "api-key").read_text() == "sk-new-7"

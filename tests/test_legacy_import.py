@@ -536,7 +536,8 @@ def test_secrets_are_dropped_with_a_note_and_never_printed(tp4_cli, tmp_path):
         FIXTURE.read_text() + "HF_TOKEN=hf_topsecret5\nDB_SECRET=topsecret6\n"
         f'EXTRA_CONTAINER_ENV="DSV41_INDEXER_CHUNKED=1 DSV41_MOE_B12X_NEXT=1 {items} API_KEY=sk-topsecret7"\n'
         'EXTRA_DOCKER_ENV="HF_TOKEN=hf_topsecret8"\n'
-        'EXTRA_SGLANG_ARGS="--min-free-slots-delay 1 --api-key sk-topsecret9 --api-key=sk-topsecret10"\n'
+        'EXTRA_SGLANG_ARGS="--min-free-slots-delay 1 --api-key sk-topsecret9 --api-key=sk-topsecret10 '
+        '--admin-api-key sk-topsecret11 --hf-token=hf_topsecret12"\n'
     )
     env = tmp_path / ".env.tp4"
     env.write_text(text)
@@ -552,6 +553,10 @@ def test_secrets_are_dropped_with_a_note_and_never_printed(tp4_cli, tmp_path):
         assert any(f"{name} looks like a secret: not imported" in n for n in notes), name
     assert any("EXTRA_CONTAINER_ENV item SGLANG_API_KEY" in n and "set api.key_file" in n for n in notes)
     assert any("--api-key carries the API key" in n and "set api.key_file" in n for n in notes)
+    # every engine flag that takes a secret is dropped with its value, the note naming the flag
+    assert any("--admin-api-key takes the admin API key" in n and "the admin API stays off" in n for n in notes)
+    assert any("--hf-token takes a secret: not imported" in n for n in notes)
+    assert "admin-api-key" not in out.read_text() and "hf-token" not in out.read_text()
     assert (
         '"--min-free-slots-delay", "1"' in out.read_text().replace("\n", " ")
         or "--min-free-slots-delay" in out.read_text()

@@ -1047,7 +1047,9 @@ def test_the_router_unit_runs_the_fleet_plans_command(walks, work, lines):
     assert value(w, "systemd.services.tp4-router.restartIfChanged") is False
     assert not any(s["path"] == "systemd.services.tp4-router.wantedBy" for s in w["set"])
     assert [30000] in [s["value"] for s in w["set"] if s["path"] == "networking.firewall.allowedTCPPorts"]
-    assert "d /var/tmp/tp4-router 0700 root root -" in value(w, "systemd.tmpfiles.rules")
+    # the router's state directory: the unit's own StateDirectory (/var/lib/tp4-router), 0700
+    assert (sc["StateDirectory"], sc["StateDirectoryMode"]) == ("tp4-router", "0700")
+    assert not any("tp4-router" in rule for rule in value(w, "systemd.tmpfiles.rules"))
     assert all(a["assertion"] for a in _assertions(w)), [a["message"] for a in _assertions(w) if not a["assertion"]]
 
     profile, plan = lines["switched"]

@@ -623,3 +623,48 @@ def test_every_gate_image_requirement_is_enforced(gate, preset):
         return
     found = problems(doc(preset, gates={gate.var: _on_value(gate)}))
     assert any(p.startswith(f"gates.{gate.var}:") and gate.image in p for p in found), found
+
+
+# --- engine flags that take a secret: never in a profile ------------------------------------------
+
+SECRET_ARGS = [
+    (["--admin-api-key", "sk-admin-topsecret"], "--admin-api-key", "the admin API stays off"),
+    (["--admin-api-key=sk-admin-topsecret"], "--admin-api-key", "the admin API stays off"),
+    (["--api-key", "sk-topsecret"], "--api-key", "set api.key_file"),
+    (["--hf-token", "hf topsecret"], "--hf-token", "as api.key_file does"),
+    (["--ssl-keyfile-password=topsecret"], "--ssl-keyfile-password", "as api.key_file does"),
+    (["--Client_Secret", "topsecret"], "--Client_Secret", "as api.key_file does"),
+    (["--db-passwd", "topsecret"], "--db-passwd", "as api.key_file does"),
+]
+
+
+@pytest.mark.parametrize(("args", "flag", "fix"), SECRET_ARGS)
+def test_an_engine_flag_that_takes_a_secret_is_refused_naming_the_flag_never_the_value(
+    args, flag, fix, tp4_cli, tmp_path
+):
+    got = problems(doc(engine={"extra_args": ["--foo", "1", *args]}))
+    assert any(p.startswith(f"engine.extra_args[2]: {flag} takes ") and fix in p for p in got), got
+    assert "topsecret" not in "\n".join(got)
+    # engine.drop_args names flags: one that takes a secret is refused too, its value never shown
+    dropped = problems(doc(engine={"drop_args": [args[0]]}))
+    assert "topsecret" not in "\n".join(dropped) and any(flag in p for p in dropped), dropped
+    # the CLI: profile check exits 2, the secret nowhere in its output
+    path = tmp_path / "p.toml"
+    words = ", ".join(f'"{w}"' for w in ["--foo", "1", *args])
+    path.write_text(
+        '[cluster.head]\nname = "h"\nip = "10.0.0.1"\n[[cluster.workers]]\nname = "w"\nip = "10.0.0.2"\n'
+        f"[engine]\ntp = 2\nextra_args = [{words}]\n"
+    )
+    code, out, err = tp4_cli("profile", "check", path)
+    assert code == 2 and flag in err and "topsecret" not in out + err, (code, out, err)
+    code, out, err = tp4_cli("plan", "--profile", path)
+    assert code == 2 and "topsecret" not in out + err
+
+
+def test_flags_that_only_resemble_a_secret_pass():
+    from tp4.line.profile.models import secret_flag
+
+    for word in ("--ssl-keyfile", "--max-prefill-tokens", "--tokenizer-path", "--keep-mm-feature-on-device", "key"):
+        assert secret_flag(word) is None, word
+    for word in ("--api-key", "--admin-api-key=x", "-api-key", "--HF_TOKEN", "--kv-secret", "--password"):
+        assert secret_flag(word) is not None, word

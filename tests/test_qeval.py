@@ -247,6 +247,66 @@ def test_hostile_input_exits_2(args: list[str], needle: str) -> None:
     assert "Traceback" not in proc.stderr and "internal error" not in proc.stderr
 
 
+# --- never on the head, never this machine: the sandbox host's addresses -----------------------------
+
+OUTSIDE = "http://192.0.2.10:9"  # an API on no machine (TEST-NET-1): this machine is not its head
+
+
+def _own_address() -> str:
+    """An address of one of this machine's interfaces that is not loopback: the one its route
+    out leaves from (stable while netns tests elsewhere add and remove interfaces), which
+    /proc/net lists."""
+    import socket
+
+    from tp4.measuring.qeval import sandbox as sb
+
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect(("192.0.2.1", 9))
+            own = s.getsockname()[0]
+    except OSError:
+        pytest.skip("this machine has no route out")
+    assert sb._ip(own) in sb._proc_addresses()
+    return own
+
+
+@pytest.mark.parametrize(
+    "host",
+    ["127.0.0.9", "0.0.0.0", "[::1]", "[::ffff:127.0.0.1]", "0", "127.1", "[::]", "localhost", "OWN", "HOSTNAME"],
+)
+def test_a_sandbox_host_that_is_this_machine_is_refused_however_it_is_spelt(host: str) -> None:
+    import socket
+
+    host = {"OWN": _own_address(), "HOSTNAME": socket.gethostname()}.get(host, host)
+    proc = tp4("qeval", "--url", OUTSIDE, "--kind", "code", "--sandbox-host", f"root@{host}", "--sandbox-image", "img")
+    assert proc.returncode == 2, (proc.stdout, proc.stderr)
+    assert f"--sandbox-host root@{host}: {host.strip('[]')} is this machine (address " in proc.stderr, proc.stderr
+    assert "never on the head" in proc.stderr and "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize(
+    "api", ["http://127.0.0.9:9", "http://0.0.0.0:9", "http://[::1]:9", "http://[::ffff:127.0.0.1]:9"]
+)
+def test_sandbox_host_local_is_refused_when_the_api_is_this_machine_however_it_is_spelt(api: str) -> None:
+    proc = tp4("qeval", "--url", api, "--kind", "code", "--sandbox-host", "local", "--sandbox-image", "img")
+    assert proc.returncode == 2 and "this machine serves the API" in proc.stderr, proc.stderr
+
+
+def test_the_heads_addresses_and_an_unresolvable_name_are_refused() -> None:
+    from tp4.core.errors import InvalidInput
+    from tp4.measuring.qeval import sandbox as sb
+
+    heads = {"10.0.0.1", "spark1", "192.0.2.7"}
+    for where in ("10.0.0.1", "[::ffff:10.0.0.1]", "192.0.2.7", "spark1"):
+        with pytest.raises(InvalidInput, match="is the head"):
+            sb.refuse_head(where.strip("[]"), heads, f"--sandbox-host {where}")
+    with pytest.raises(InvalidInput, match="does not resolve here"):
+        sb.refuse_head("no-such-host.invalid", heads, "--sandbox-host no-such-host.invalid")
+    sb.refuse_head("192.0.2.8", heads, "--sandbox-host 192.0.2.8")  # another machine: a worker
+    assert sb.resolve("0x7f000001") == {sb._ip("127.0.0.1")} and sb.this_machine(sb.resolve("0x7f000001"))
+    assert {sb._ip("127.0.0.1"), sb._ip("::1")} <= sb.local_addresses()
+
+
 def test_list_and_help() -> None:
     proc = tp4("qeval", "--list", "--kind", "numeric")
     assert proc.returncode == 0 and len(proc.stdout.splitlines()) == sum(t.kind == "numeric" for t in TASKS)

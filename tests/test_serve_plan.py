@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tp4.core import process
+from tp4.core import privatefiles, process
 
 from tp4.serving import serve
 from tp4.core.apikey import Secret
@@ -241,3 +241,76 @@ def json_str(value: str) -> str:
     import json
 
     return json.dumps(value)
+
+
+def test_the_env_file_and_the_plan_beside_it_never_go_through_a_planted_path(tmp_path):
+    """serve's writers (the env file with the start, the plan beside it, a spec table) create
+    their file through a new one beside it: a planted `<file>.tmp` link to a victim neither
+    changes it nor receives the secret; a directory others may write refuses a secret."""
+    import subprocess
+
+    from tp4.hosts import share
+
+    d = tmp_path / "work"
+    d.mkdir(mode=0o755)
+    victim = tmp_path / "victim"
+    victim.write_text("victim\n")
+    env = d / "dsv41-head.env"
+    for name in ("dsv41-head.env.tmp", "dsv41-head.plan.json.tmp", "t.json.tmp", "exports.tmp"):
+        (d / name).symlink_to(victim)
+    run = subprocess.run(
+        ["sh", "-c", serve._WRITE_AND_RUN, "sh", str(env), "0", "cat", str(env)],
+        input="API_KEY=sk-env-1\n",
+        capture_output=True,
+        text=True,
+    )
+    assert run.returncode == 0 and run.stdout == "API_KEY=sk-env-1\n", run.stderr
+    assert (env.stat().st_mode & 0o777) == 0o600
+    for script, path, *mode in (
+        (serve._WRITE_PRIVATE, d / "dsv41-head.plan.json"),
+        (privatefiles.WRITE_SHARED, d / "t.json", "644"),
+        (share._WRITE, d / "exports", "644"),
+    ):
+        got = subprocess.run(["sh", "-c", script, "sh", str(path), *mode], input="x", capture_output=True, text=True)
+        assert got.returncode == 0 and path.read_text() == "x" and not path.is_symlink(), got.stderr
+    assert victim.read_text() == "victim\n"
+    d.chmod(0o777)
+    run = subprocess.run(
+        ["sh", "-c", serve._WRITE_AND_RUN, "sh", str(env), "0", "echo", "started"],
+        input="API_KEY=sk-env-2\n",
+        capture_output=True,
+        text=True,
+    )
+    assert run.returncode == privatefiles.REFUSED and "started" not in run.stdout
+    assert f"{d} is writable by group or others" in run.stderr and "sk-env-2" not in run.stderr + env.read_text()
+
+
+def test_the_files_tp4_keeps_here_never_go_through_a_planted_tmp_link(tmp_path):
+    """The build and push records, the checkpoint's hash cache and doctor's evidence were written
+    through `<file>.tmp`: a link planted there would have had its target overwritten. Now a new
+    file beside the target (created exclusively) is renamed over it."""
+    from tp4.core.privatefiles import replace_file
+    from tp4.hosts import checkpoint
+    from tp4.image.build import Built
+
+    victim = tmp_path / "victim"
+    victim.write_text("victim\n")
+    built = tmp_path / "built.json"
+    (tmp_path / "built.json.tmp").symlink_to(victim)
+    Built("/nix/store/x", "ref", "sha256:1").save(built)
+    assert Built.load(built).ref == "ref"
+    (tmp_path / f"{checkpoint.CACHE_NAME}.tmp").symlink_to(victim)
+    checkpoint.save_cache(tmp_path, {"schema": checkpoint.SCHEMA, "files": {}})
+    (tmp_path / "evidence.json").symlink_to(victim)  # a link at the target itself is replaced
+    replace_file(tmp_path / "evidence.json", "{}\n")
+    assert victim.read_text() == "victim\n" and not (tmp_path / "evidence.json").is_symlink()
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(  # no temporary left
+        [
+            "victim",
+            "built.json",
+            "built.json.tmp",
+            checkpoint.CACHE_NAME,
+            f"{checkpoint.CACHE_NAME}.tmp",
+            "evidence.json",
+        ]
+    )

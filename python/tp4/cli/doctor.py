@@ -4,7 +4,6 @@ for each failure (tp4.hosts.doctor)."""
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import click
@@ -60,10 +59,10 @@ def doctor(
         click.echo(line)
     if json_path is not None:
         path = Path(json_path)
-        tmp = path.with_name(path.name + ".tmp")
+        from tp4.core.privatefiles import replace_file
+
         try:
-            tmp.write_text(json.dumps(report.evidence(), indent=2) + "\n")
-            os.replace(tmp, path)
+            replace_file(path, json.dumps(report.evidence(), indent=2) + "\n")
         except OSError as exc:
             raise Tp4Error(
                 f"--json {json_path}: cannot write it: {exc.strerror}; fix: a writable path", exit_code=2

@@ -102,8 +102,9 @@ def _sandbox(
             "fix: name an image with python3 that the sandbox host holds"
         )
     if host == "local":
-        here = sb.local_addresses()
-        if {a for n in heads for a in sb.addresses(n)} & here:
+        # the head is this machine when the API's or the profile's head address is loopback,
+        # unspecified or one of this machine's own
+        if sb.this_machine({a for n in heads for a in sb.resolve(n)}) is not None:
             raise InvalidInput(
                 f"--sandbox-host local: this machine serves the API ({ep.url}), so it is the head; model-generated "
                 "code never runs on the head; fix: run tp4 qeval from a worker, or --sandbox-host a worker"

@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, TypedDict
 from urllib.parse import quote
 
 from tp4.core.errors import InvalidInput, Tp4Error
+from tp4.core.privatefiles import replace_file
 
 if TYPE_CHECKING:
     from tp4.line.profile.models import Profile
@@ -163,9 +164,7 @@ def load_cache(model_dir: Path, repo: str, revision: str) -> Cache:
 
 
 def save_cache(model_dir: Path, cache: Cache) -> None:
-    tmp = model_dir / f"{CACHE_NAME}.tmp"
-    tmp.write_text(json.dumps(cache, indent=1, sort_keys=True) + "\n")
-    os.replace(tmp, model_dir / CACHE_NAME)
+    replace_file(model_dir / CACHE_NAME, json.dumps(cache, indent=1, sort_keys=True) + "\n")
 
 
 def _still_matches(path: Path, entry: Entry | None) -> bool:

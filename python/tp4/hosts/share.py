@@ -36,6 +36,7 @@ import shlex
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from tp4.core.privatefiles import WRITE_SHARED
 from tp4.core.errors import InvalidInput, Tp4Error
 from tp4.line.plan import NFS_EXPORT_OPTIONS, NFS_MOUNT_OPTIONS, Plan, VolumeOptions, expand, home_of
 from tp4.line.profile.models import Profile
@@ -61,7 +62,8 @@ _CLIENT_KIND = (
     "if grep -qw nfs4\\? /proc/filesystems || modinfo nfs >/dev/null 2>&1; then echo kernel; "
     "elif command -v nfs-cat >/dev/null 2>&1; then echo libnfs; else echo none; fi"
 )
-_WRITE = 'umask 022 && mkdir -p -- "$(dirname -- "$1")" && cat > "$1.tmp" && mv -f -- "$1.tmp" "$1"'
+# mode 0644 through a new file beside it (never a planted "$1.tmp"): tp4.core.privatefiles
+_WRITE = "umask 022; " + WRITE_SHARED
 _READ = '[ -f "$1" ] && cat -- "$1" || true'
 _MODEL = 'if [ ! -d "$1" ]; then echo missing; elif [ ! -f "$1/config.json" ]; then echo no-config; else echo ok; fi'
 # ganesha: alive when the pid file names a running ganesha.nfsd
@@ -233,7 +235,9 @@ def _read(node: Node, path: str) -> str:
 
 
 def _write(node: Node, path: str, text: str) -> None:
-    node.run(node.privileged(["sh", "-c", _WRITE, "sh", path]), input=text, purpose=f"writing {path} on {node.name}")
+    node.run(
+        node.privileged(["sh", "-c", _WRITE, "sh", path, "644"]), input=text, purpose=f"writing {path} on {node.name}"
+    )
 
 
 def _exported(node: Node) -> str:

@@ -26,6 +26,7 @@ from tp4.core import process
 
 from tp4.image import baseimage, nix, runtime_cli
 from tp4.core.errors import InvalidInput, Tp4Error
+from tp4.core.privatefiles import replace_file
 from tp4.line.registry import ImageCheck, parse_image_checks
 
 PIN_PREFIX = "tp4.pin."
@@ -45,9 +46,7 @@ class Built:
     id: str
 
     def save(self, path: Path) -> None:
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(json.dumps(asdict(self), indent=2) + "\n")
-        tmp.replace(path)
+        replace_file(path, json.dumps(asdict(self), indent=2) + "\n")
 
     @classmethod
     def load(cls, path: Path) -> Built:
@@ -69,9 +68,7 @@ class Pushed:
     digest: str
 
     def save(self, path: Path) -> None:
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(json.dumps(asdict(self), indent=2) + "\n")
-        tmp.replace(path)
+        replace_file(path, json.dumps(asdict(self), indent=2) + "\n")
 
     @classmethod
     def load(cls, path: Path) -> Pushed | None:

@@ -49,6 +49,7 @@ from tp4.core.contracts.fleet_plan import (
     RouterService,
 )
 from tp4.core.errors import InvalidInput, Tp4Error
+from tp4.core.privatefiles import PRIVATE_DIR_SH, WRITE_PRIVATE
 from tp4.line.profile.models import _NAME, Int, _check_host, _check_identity, _check_path, _check_user
 from tp4.line.profile.problem import Problem
 
@@ -68,6 +69,16 @@ SGLANG_HEALTH_TIMEOUT = 20
 HEALTH_ENV = "SGLANG_HEALTH_CHECK_TIMEOUT"
 METRICS_HOST = "127.0.0.1"
 KEY_FILE = "api-key"
+# the router's state directory when the fleet file names none: the unit's StateDirectory
+# (nixosModules.tp4-router), else the router user's XDG state directory on its host, resolved
+# there by its own shell (STATE_DIR_SH); shown as DEFAULT_STATE_DIR where no host is asked
+UNIT_STATE_DIR = "/var/lib/tp4-router"
+DEFAULT_STATE_DIR = "$XDG_STATE_HOME/tp4/router"
+STATE_DIR_SH = (
+    "s=${XDG_STATE_HOME:-}; case $s in /*) ;; *) s=${HOME:-}/.local/state;; esac; "
+    'case $s in /*) printf "%s\\n" "$s/tp4/router";; *) echo "tp4: no absolute XDG_STATE_HOME or HOME on this host; '
+    'fix: set router.state_dir" >&2; exit 3;; esac'
+)
 PID_FILE = "router.pid"
 LOG_FILE = "router.log"
 LOG_TAIL = 20
@@ -101,15 +112,28 @@ LAUNCHER = (
     "m.launch_router(m.parse_router_args(args))\n"
 )
 
-# constant scripts on the router's host; $1 is the state dir, every value an argument
+# constant scripts on the router's host; $1 is the state dir, every value an argument. The state
+# dir must be the router user's own, writable by nobody else (tp4.core.privatefiles.private_dir):
+# the key file and the log are written there
+# a fresh log: never truncated through a symlink (a link there is refused; the file is created
+# exclusively, set -C)
+_NEW_LOG = (
+    'if [ -L "$d/router.log" ]; then echo "tp4: $d/router.log is a symbolic link, refused; fix: remove it" >&2; exit 3; fi; '
+    'rm -f -- "$d/router.log" && (set -C && : > "$d/router.log") || exit 1; '
+)
 _START_TIME = 'sed "s/.*) //" /proc/"$1"/stat 2>/dev/null | cut -d" " -f20'
 _ALIVE = (
     'alive() { [ -f "$d/router.pid" ] && read -r p s < "$d/router.pid" && [ -n "$p" ] && '
     f'[ "$(set -- "$p"; {_START_TIME})" = "$s" ]; }}; '
 )
 _START = (
-    'd=$1; shift; umask 077; mkdir -p -- "$d" || exit 1; ' + _ALIVE + 'if alive; then echo "running $p"; exit 0; fi; '
-    ': > "$d/router.log"; setsid "$@" < /dev/null >> "$d/router.log" 2>&1 & p=$!; '
+    "d=$1; shift; umask 077; "
+    + PRIVATE_DIR_SH
+    + 'private_dir "$d" || exit 3; '
+    + _ALIVE
+    + 'if alive; then echo "running $p"; exit 0; fi; '
+    + _NEW_LOG
+    + 'setsid "$@" < /dev/null >> "$d/router.log" 2>&1 & p=$!; '
     f's=$(set -- "$p"; {_START_TIME}); echo "$p $s" > "$d/router.pid"; echo "started $p"'
 )
 _PID = "d=$1; " + _ALIVE + 'if alive; then echo "$p"; fi'
@@ -118,9 +142,6 @@ _STOP = (
     "while alive && [ $i -lt $((g * 10)) ]; do sleep 0.1; i=$((i+1)); done; "
     'if alive; then kill -KILL "$p" 2>/dev/null; sleep 0.2; fi; fi; '
     'if alive; then echo "still running $p"; exit 1; fi; rm -f -- "$d/router.pid" "$d/api-key"'
-)
-_WRITE_PRIVATE = (
-    'umask 077 && mkdir -p -- "$(dirname -- "$1")" && cat > "$1.tmp" && chmod 600 "$1.tmp" && mv -f -- "$1.tmp" "$1"'
 )
 
 
@@ -180,8 +201,11 @@ class Router(Section):
     python: str | None = Field(
         None, description="Python with the router installed, on the router's host (default: the Python running tp4)."
     )
-    state_dir: str = Field(
-        "/var/tmp/tp4-router", description="The router's pid file, log and key file on its host (absolute)."
+    state_dir: str | None = Field(
+        None,
+        description="The router's pid file, log and key file on its host (absolute; a directory of the router's user, "
+        "writable by nobody else). Default: $XDG_STATE_HOME/tp4/router (else ~/.local/state/tp4/router) of the "
+        "router's user on its host; with service = \"unit\", /var/lib/tp4-router (the unit's StateDirectory).",
     )
     ready_timeout: Int = Field(
         300, ge=1, le=86400, description="Seconds serve waits for the router to report every line healthy."
@@ -514,11 +538,21 @@ def router_args(fleet: Fleet, urls: Sequence[str]) -> list[str]:
     ]
 
 
-def router_argv(fleet: Fleet, urls: Sequence[str]) -> list[str]:
-    """The command that runs the router on its host: the launcher, the key file (empty without a
-    key: the key itself is never here) and the router's arguments."""
+def state_dir_of(fleet: Fleet) -> str | None:
+    """The router's state directory where it is known without asking its host: the fleet file's,
+    or the unit's; None: the router user's XDG state directory there (STATE_DIR_SH)."""
     r = fleet.router
-    key = f"{r.state_dir}/{KEY_FILE}" if fleet.key_file else ""
+    return r.state_dir or (UNIT_STATE_DIR if r.service == "unit" else None)
+
+
+def router_argv(fleet: Fleet, urls: Sequence[str], state_dir: str | None = None) -> list[str]:
+    """The command that runs the router on its host: the launcher, the key file (empty without a
+    key: the key itself is never here) and the router's arguments. ``state_dir``: the router's
+    state directory as its host resolved it (default: :func:`state_dir_of`, else shown as
+    DEFAULT_STATE_DIR)."""
+    r = fleet.router
+    d = state_dir or state_dir_of(fleet) or DEFAULT_STATE_DIR
+    key = f"{d}/{KEY_FILE}" if fleet.key_file else ""
     return [python_of(fleet), "-c", LAUNCHER, key, ROUTERS[r.kind].module, *router_args(fleet, urls)]
 
 
@@ -557,7 +591,7 @@ def plan_json(fleet: Fleet) -> dict[str, object]:
             policy=r.policy,
             metrics=f"http://{METRICS_HOST}:{r.metrics.port}/metrics",
             health=RouterHealth(**r.health.model_dump()),
-            state_dir=r.state_dir,
+            state_dir=state_dir_of(fleet) or DEFAULT_STATE_DIR,
             api_key=f"read from {fleet.key_file} at serve time (never shown)" if fleet.key_file else None,
             argv=argv[:2] + ["<launcher>"] + argv[3:],
             # what nixosModules.tp4-router runs (its Python first): the launcher and the
@@ -629,6 +663,16 @@ def privileged(fleet: Fleet, argv: list[str]) -> list[str]:
 class RouterHost:
     fleet: Fleet
     remote: process.Remote | None
+    _state_dir: str | None = field(default=None, init=False, repr=False)
+
+    @property
+    def state_dir(self) -> str:
+        """The router's state directory on its host (the default resolved there, once)."""
+        if self._state_dir is None:
+            self._state_dir = state_dir_of(self.fleet) or self.run(
+                ["sh", "-c", STATE_DIR_SH], purpose=f"the router's state directory on {self.where}"
+            ).stdout.rstrip("\n")
+        return self._state_dir
 
     @property
     def where(self) -> str:
@@ -652,15 +696,16 @@ class RouterHost:
             ).stdout.strip()
             return int(out) if out.isdigit() and int(out) > 0 else None
         out = self.run(
-            ["sh", "-c", _PID, "sh", self.fleet.router.state_dir], purpose=f"the router's pid on {self.where}"
+            ["sh", "-c", _PID, "sh", self.state_dir], purpose=f"the router's pid on {self.where}"
         ).stdout.strip()
         return int(out) if out.isdigit() else None
 
     def start(self, urls: Sequence[str], key: Secret | None) -> str:
-        d = self.fleet.router.state_dir
+        d = self.state_dir
         if key is not None:  # the router's own key file, mode 0600, written from stdin
+            write = ["sh", "-c", WRITE_PRIVATE, "sh", f"{d}/{KEY_FILE}"]
             self.run(
-                ["sh", "-c", _WRITE_PRIVATE, "sh", f"{d}/{KEY_FILE}"],
+                privileged(self.fleet, write) if self.unit else write,  # the unit's directory is root's
                 input=key.reveal(),
                 purpose=f"writing the router's key file on {self.where}",
             )
@@ -670,7 +715,7 @@ class RouterHost:
             self.run(privileged(self.fleet, unit_start_argv()), purpose=f"starting {ROUTER_UNIT} on {self.where}")
             return f"started {ROUTER_UNIT} (pid {self.pid() or '?'})"
         out = self.run(
-            ["sh", "-c", _START, "sh", d, *router_argv(self.fleet, urls)],
+            ["sh", "-c", _START, "sh", d, *router_argv(self.fleet, urls, d)],
             purpose=f"starting the router on {self.where}",
         )
         return out.stdout.strip()
@@ -685,7 +730,7 @@ class RouterHost:
                 timeout=self.fleet.router.stop_grace + 60,
             )
             self.run(
-                ["rm", "-f", "--", f"{self.fleet.router.state_dir}/{KEY_FILE}"],
+                privileged(self.fleet, ["rm", "-f", "--", f"{self.state_dir}/{KEY_FILE}"]),
                 check=False,
                 purpose=f"removing the router's key file on {self.where}",
             )
@@ -693,7 +738,7 @@ class RouterHost:
                 return f"router on {self.where}: systemctl stop {ROUTER_UNIT}: {(proc.stdout + proc.stderr).strip() or f'exit code {proc.returncode}'}"
             return None
         proc = self.run(
-            ["sh", "-c", _STOP, "sh", self.fleet.router.state_dir, str(self.fleet.router.stop_grace)],
+            ["sh", "-c", _STOP, "sh", self.state_dir, str(self.fleet.router.stop_grace)],
             check=False,
             purpose=f"stopping the router on {self.where}",
             timeout=self.fleet.router.stop_grace + 60,
@@ -711,7 +756,7 @@ class RouterHost:
             )
             return [_plain(line) for line in proc.stdout.splitlines() if line.strip()]
         proc = self.run(
-            ["tail", "-n", str(lines), "--", f"{self.fleet.router.state_dir}/{LOG_FILE}"],
+            ["tail", "-n", str(lines), "--", f"{self.state_dir}/{LOG_FILE}"],
             check=False,
             purpose=f"the router's log on {self.where}",
         )

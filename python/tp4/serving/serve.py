@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal, NamedTuple
 
-from tp4.core import process
+from tp4.core import privatefiles, process
 
 from tp4.image import runtime_cli
 from tp4.core.errors import InvalidInput, Tp4Error
@@ -184,10 +184,9 @@ def env_file_text(rank: RankPlan, secrets: Mapping[str, Secret]) -> str:
     return "\n".join(lines) + "\n"
 
 
-# one constant script; the file's path is its argument (never part of the script)
-_WRITE_PRIVATE = (
-    'umask 077 && mkdir -p -- "$(dirname -- "$1")" && cat > "$1.tmp" && chmod 600 "$1.tmp" && mv -f -- "$1.tmp" "$1"'
-)
+# one constant script; the file's path is its argument (never part of the script): a private
+# directory's file of mode 0600, never through a path another user may plant (tp4.core.privatefiles)
+_WRITE_PRIVATE = privatefiles.WRITE_PRIVATE
 
 
 def write_private(node: Node, path: str, text: str) -> None:
@@ -275,11 +274,9 @@ def save_run(plan: Plan, record: dict[str, object]) -> Path:
     d = runs_dir(plan)
     d.mkdir(parents=True, exist_ok=True)
     path = d / "current.json"
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
-    tmp.replace(path)
+    privatefiles.replace_file(path, json.dumps(record, indent=2, sort_keys=True) + "\n")
     if record.get("ok"):
-        (d / "last-good.json").write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
+        privatefiles.replace_file(d / "last-good.json", json.dumps(record, indent=2, sort_keys=True) + "\n")
     return path
 
 
@@ -338,7 +335,7 @@ def push_spec_tables(nodes: Sequence[Node], names: Sequence[str], echo: Echo) ->
             path = f"{_state_host_dir(node.rank)}/{name}"
             if node is not head:
                 node.run(
-                    ["sh", "-c", 'cat > "$1.tmp" && mv -f -- "$1.tmp" "$1"', "sh", path],
+                    ["sh", "-c", privatefiles.WRITE_SHARED, "sh", path, "644"],
                     input=data,
                     check=False,
                     purpose=f"copying {name} to {node.name}",
@@ -371,9 +368,9 @@ def push_spec_tables(nodes: Sequence[Node], names: Sequence[str], echo: Echo) ->
 # env file $1 (mode 0600), then runs the rest of its arguments: one command per node starts the
 # rank, its environment never on a command line
 _WRITE_AND_RUN = (
-    'f=$1 n=$2; shift 2; while [ "$n" -gt 0 ]; do mkdir -p -- "$1" || exit 125; n=$((n-1)); shift; done; '
-    'umask 077 && mkdir -p -- "$(dirname -- "$f")" && cat > "$f.tmp" && chmod 600 "$f.tmp" '
-    '&& mv -f -- "$f.tmp" "$f" && exec "$@"'
+    privatefiles.WRITE_PRIVATE_SH
+    + 'f=$1 n=$2; shift 2; while [ "$n" -gt 0 ]; do mkdir -p -- "$1" || exit 125; n=$((n-1)); shift; done; '
+    'umask 077 && write_private "$f" && exec "$@"'
 )
 
 

@@ -47,7 +47,11 @@ class FleetPlanRouter(Closed):
     policy: Policy = Field(description="How requests are spread over the lines.")
     metrics: str = Field(description="The router's Prometheus endpoint, on its host's loopback.")
     health: RouterHealth = Field(description="How it checks each line.")
-    state_dir: str = Field(description="The router's pid file, log and key file on its host.")
+    state_dir: str = Field(
+        description="The router's pid file, log and key file on its host: the fleet file's router.state_dir, "
+        "/var/lib/tp4-router for the unit (its StateDirectory), else $XDG_STATE_HOME/tp4/router of the router's user, "
+        "resolved on its host."
+    )
     api_key: str | None = Field(
         description="Where the API key is read from at serve time (never the key); null: no key."
     )

@@ -28,8 +28,9 @@ engine argv (upstream `start.sh`, `files/nccl.sh`, `boot.py`). The result sits o
 `launcher-defaults` preset, so every value comes from the file or from the launcher's defaults.
 The head's working directory is the checkout holding the file (its state-tp4/ is the head's
 /state), unless told otherwise. Anything that looks like a credential (API_KEY, SGLANG_API_KEY,
-HF_TOKEN, *_SECRET, *_PASSWORD, --api-key in EXTRA_SGLANG_ARGS, also as EXTRA_CONTAINER_ENV
-items) is dropped with a note saying where it goes instead; it never reaches the profile, a
+HF_TOKEN, *_SECRET, *_PASSWORD, also as EXTRA_CONTAINER_ENV items; in EXTRA_SGLANG_ARGS every flag
+that takes a secret: --api-key, --admin-api-key, any flag whose name holds key, token, secret or
+password) is dropped with a note saying where it goes instead; it never reaches the profile, a
 message or a plan. Messages name the file's variable, value and line, and the profile field.
 """
 
@@ -99,9 +100,14 @@ def _is_name_char(ch: str) -> bool:
 
 def redact(text: str) -> str:
     """Text shown in a message, with anything that looks like a credential's value hidden."""
-    from tp4.line.profile.models import looks_like_secret
+    from tp4.line.profile.models import looks_like_secret, secret_flag
 
-    text = re.sub(r"(--api-key[= ]+)\S+", r"\1<hidden>", text)
+    # an engine flag that takes a secret (--api-key, --admin-api-key, --hf-token...): its value
+    text = re.sub(
+        r"(--[A-Za-z0-9_-]+)([= ]+)\S+",
+        lambda m: f"{m.group(1)}{m.group(2)}<hidden>" if secret_flag(m.group(1)) else m.group(0),
+        text,
+    )
     return re.sub(
         r"\b([A-Za-z_][A-Za-z0-9_]*)=(\S*)",
         lambda m: f"{m.group(1)}=<hidden>" if looks_like_secret(m.group(1)) else m.group(0),
@@ -805,17 +811,21 @@ def _secret_note(where: str, name: str, inside: str = "") -> str:
     return f"{where}: {inside}{name} looks like a secret: not imported, and never written to a profile, a message or a plan; fix: {fix}"
 
 
-def _without_api_key(args: list[str]) -> tuple[list[str], bool]:
+def _without_secret_flags(args: list[str]) -> tuple[list[str], list[str]]:
+    """``args`` without the engine flags that take a secret (models.secret_flag), each with its
+    value (``--flag value`` or ``--flag=value``); and those flags, in order."""
+    from tp4.line.profile.models import secret_flag
+
     out: list[str] = []
-    dropped = False
+    dropped: list[str] = []
     skip = False
     for arg in args:
+        flag = secret_flag(arg)
         if skip:
             skip = False
-        elif arg == "--api-key":
-            dropped = skip = True
-        elif arg.startswith("--api-key="):
-            dropped = True
+        elif flag is not None:
+            dropped.append(flag)
+            skip = "=" not in arg
         else:
             out.append(arg)
     return out, dropped
@@ -1192,21 +1202,33 @@ def _extra_container_env(imp: _Import) -> None:
 
 @_step("EXTRA_SGLANG_ARGS")
 def _no_key_in_args(imp: _Import) -> None:
-    """--api-key in EXTRA_SGLANG_ARGS is dropped, with a note."""
+    """Every engine flag that takes a secret (--api-key, --admin-api-key, any flag whose name
+    holds key, token, secret or password) in EXTRA_SGLANG_ARGS is dropped with its value, with a
+    note naming the flag, never the value, and the fix."""
+    from tp4.line.profile.models import secret_flag_problem
+
     final, doc, notes, where = imp.final, imp.doc, imp.notes, imp.where
     args = doc.get("engine", {}).get("extra_args")
     if args:
-        kept, dropped = _without_api_key(args)
+        kept, dropped = _without_secret_flags(args)
         if dropped:
             doc["engine"]["extra_args"] = kept
-            notes.append(
-                _secret_note(where(final["EXTRA_SGLANG_ARGS"]), "--api-key", "EXTRA_SGLANG_ARGS ")
-                .replace("--api-key looks like a secret", "--api-key carries the API key")
-                .replace(
-                    "fix: keep it in a file (mode 600) outside the profile; tp4 takes credentials only from files "
-                    "(the serving API key: api.key_file)",
-                    "fix: write the key to a file (mode 600) and set api.key_file",
+        for flag in dict.fromkeys(dropped):
+            if flag == "--api-key":
+                notes.append(
+                    _secret_note(where(final["EXTRA_SGLANG_ARGS"]), "--api-key", "EXTRA_SGLANG_ARGS ")
+                    .replace("--api-key looks like a secret", "--api-key carries the API key")
+                    .replace(
+                        "fix: keep it in a file (mode 600) outside the profile; tp4 takes credentials only from files "
+                        "(the serving API key: api.key_file)",
+                        "fix: write the key to a file (mode 600) and set api.key_file",
+                    )
                 )
+                continue
+            reason, fix = secret_flag_problem(flag)
+            notes.append(
+                f"{where(final['EXTRA_SGLANG_ARGS'])}: EXTRA_SGLANG_ARGS {reason.split(':', 1)[0]}: not imported, and "
+                f"never written to a profile, a message or a plan; fix: {fix}"
             )
 
 

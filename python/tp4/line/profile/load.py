@@ -148,6 +148,17 @@ class _Layer(NamedTuple):
     doc: Doc
 
 
+def _shown_word(word: str) -> str:
+    """An item of engine.drop_args or extra_args as a message shows it: a secret flag's value never
+    (``--admin-api-key=<not shown>``), anything else cut at 60 characters."""
+    from tp4.line.profile.models import secret_flag
+
+    flag = secret_flag(word)
+    if flag is not None:
+        return repr(flag + ("=<not shown>" if "=" in word else ""))
+    return repr(word[:60])
+
+
 def _flag(word: str) -> str | None:
     """The flag a word of extra_args starts (`--name` or `--name=value`), or None for a value."""
     return word.partition("=")[0] if word.startswith("--") else None
@@ -183,12 +194,13 @@ def _merge_args(layer: _Layer, args: list[ArgOrigin], dropped: list[ArgOrigin], 
     inherited = sorted({f for a in args if (f := _flag(a.words[0])) is not None})
     for i, name in enumerate(drops):
         hits = [a for a in args if a.words and _flag(a.words[0]) == name]
+        shown = _shown_word(name)
         if name in drops[:i]:
-            problems.append(f"engine.drop_args[{i}]: {name[:60]!r} is named twice in {layer.where}; fix: remove one")
+            problems.append(f"engine.drop_args[{i}]: {shown} is named twice in {layer.where}; fix: remove one")
             continue
         if not hits:
             problems.append(
-                f"engine.drop_args[{i}]: {name[:60]!r} in {layer.where} is not a flag a lower layer sets in "
+                f"engine.drop_args[{i}]: {shown} in {layer.where} is not a flag a lower layer sets in "
                 f"engine.extra_args, so there is nothing to drop; fix: "
                 + (
                     f"name one of {', '.join(inherited)} (a flag, without its value), or remove it"

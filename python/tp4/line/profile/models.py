@@ -47,6 +47,43 @@ def has_unsafe_chars(value: str) -> bool:
     return bool(_UNSAFE.search(value))
 
 
+# Engine flags that take a secret: a flag one of whose words (split on '-' and '_') is one of
+# these. Never in a profile: engine arguments are in the plan, its notes and the engine's argv.
+# SGLang's --api-key and --admin-api-key, --ssl-keyfile-password, --hf-token...; not
+# --ssl-keyfile (a path) nor --max-total-tokens (other words).
+SECRET_FLAG_WORDS = frozenset({"key", "apikey", "token", "secret", "password", "passwd"})
+
+
+def secret_flag(word: str) -> str | None:
+    """The flag ``word`` starts (``--name`` or ``--name=value``) when it takes a secret, else None."""
+    if not word.startswith("-"):
+        return None
+    flag = word.partition("=")[0]
+    parts = re.split(r"[-_]+", flag.lstrip("-").lower())
+    return flag if SECRET_FLAG_WORDS.intersection(parts) else None
+
+
+def secret_flag_problem(flag: str) -> tuple[str, str]:
+    """Why a secret flag is refused in engine arguments (never showing its value), and the fix."""
+    why = "engine arguments are in the plan and the engine's argv, which are not secret (its value is not shown)"
+    if flag == "--api-key":
+        return (
+            f"--api-key takes the API key: {why}",
+            "remove it, write the key to a file (mode 600) and set api.key_file",
+        )
+    if flag == "--admin-api-key":
+        return (
+            f"--admin-api-key takes the admin API key, which SGLang reads only from this flag (no environment "
+            f"variable) and the image's launcher from no file: {why}",
+            "remove it: not supported by tp4, the admin API stays off",
+        )
+    return (
+        f"{flag} takes a secret: {why}",
+        "remove it: tp4 passes an engine secret only from a file (mode 600), as api.key_file does for the API key, "
+        "and has none for this flag",
+    )
+
+
 def _whole_number(value: object) -> object:
     """TOML integers only: `true` is not 1 and 4.0 is not 4."""
     if isinstance(value, bool) or not isinstance(value, int):
@@ -86,6 +123,19 @@ def _env_key(key: str) -> str:
 
 
 EnvKey = Annotated[str, AfterValidator(_env_key)]
+
+
+def _no_secret_flag(v: str) -> str:
+    flag = secret_flag(v)
+    if flag is not None:
+        reason, fix = secret_flag_problem(flag)
+        raise ValueError(f"{reason}; fix: {fix}")
+    return v
+
+
+# an item of engine.extra_args or drop_args: refused, naming the flag only, when it takes a
+# secret (checked item by item, before anything that would show an item or the value after it)
+EngineArg = Annotated[str, AfterValidator(_no_secret_flag)]
 
 
 def Form(regex: str, words: str, example: str) -> AfterValidator:  # noqa: N802 (reads as a type)
@@ -633,11 +683,11 @@ class Engine(Section):
     host: Annotated[str, Form(r"[0-9A-Fa-f.:]+", "an IPv4 or IPv6 address", "0.0.0.0")] = Field(
         "0.0.0.0", description="Bind address of the API (HOST)."
     )
-    extra_args: list[str] = Field(
+    extra_args: list[EngineArg] = Field(
         default_factory=lambda: [],
-        description="Extra engine arguments, one word per item (EXTRA_SGLANG_ARGS); a flag's values follow it as their own items.",
+        description="Extra engine arguments, one word per item (EXTRA_SGLANG_ARGS); a flag's values follow it as their own items. A flag that takes a secret (--api-key, --admin-api-key, key, token, secret or password in its name) is refused: the API key goes in api.key_file.",
     )
-    drop_args: list[str] = Field(
+    drop_args: list[EngineArg] = Field(
         default_factory=lambda: [],
         description='Flags of the presets\' `engine.extra_args` this layer removes, each with its values (e.g. ["--sleep-on-idle"]); each must be a flag a lower layer sets.',
     )

@@ -25,6 +25,7 @@ The image is any image with ``python3`` (default: the line's image, which every 
 
 from __future__ import annotations
 
+import ipaddress
 import math
 import os
 import re
@@ -247,38 +248,113 @@ def parse_host(text: str) -> process.Remote:
     return process.Remote(host=m["host"].strip("[]"), user=m["user"], port=port)
 
 
-def addresses(host: str) -> set[str]:
-    """The addresses ``host`` names (itself when it does not resolve)."""
-    found = {host}
+# seconds a name may take to resolve (getaddrinfo has no timeout of its own)
+RESOLVE_TIMEOUT = 5.0
+
+Address = ipaddress.IPv4Address | ipaddress.IPv6Address
+
+
+def _ip(text: str) -> Address | None:
+    """``text`` as an address (an IPv4-mapped IPv6 address as its IPv4 one, a zone dropped)."""
     try:
-        for info in socket.getaddrinfo(host, None):
-            found.add(str(info[4][0]))
-    except (OSError, UnicodeError):
+        ip = ipaddress.ip_address(text.strip("[]").split("%", 1)[0])
+    except ValueError:
+        return None
+    return ip.ipv4_mapped if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped else ip
+
+
+def resolve(host: str, timeout: float = RESOLVE_TIMEOUT) -> set[Address]:
+    """The addresses ``host`` names, as the system resolves it (``0``, ``127.1`` and ``0x7f000001``
+    too); empty when it does not resolve within ``timeout`` seconds."""
+    literal = _ip(host)
+    if literal is not None:
+        return {literal}
+    found: set[Address] = set()
+
+    def lookup() -> None:
+        try:
+            infos = socket.getaddrinfo(host.strip("[]"), None)
+        except (OSError, UnicodeError, ValueError):
+            return
+        found.update(ip for ip in (_ip(str(info[4][0])) for info in infos) if ip is not None)
+
+    worker = threading.Thread(target=lookup, name="tp4-qeval-resolve", daemon=True)
+    worker.start()
+    worker.join(timeout)
+    return set(found) if not worker.is_alive() else set()
+
+
+def _proc_addresses() -> set[Address]:
+    """This machine's interface addresses from the kernel (/proc/net: the IPv4 local routes of
+    fib_trie, and if_inet6), without a subprocess; empty where /proc cannot be read."""
+    found: set[Address] = set()
+    try:
+        with open("/proc/net/fib_trie", encoding="ascii", errors="replace") as f:
+            last = ""
+            for line in f:
+                word = line.strip()
+                if word.startswith("|-- "):
+                    last = word[4:]
+                elif word.startswith("/32 host LOCAL") and (ip := _ip(last)) is not None:
+                    found.add(ip)
+    except OSError:
+        pass
+    try:
+        with open("/proc/net/if_inet6", encoding="ascii", errors="replace") as f:
+            for line in f:
+                hexa = (line.split() or [""])[0]
+                if len(hexa) == 32 and (ip := _ip(":".join(hexa[i : i + 4] for i in range(0, 32, 4)))):
+                    found.add(ip)
+    except OSError:
         pass
     return found
 
 
-def local_addresses() -> set[str]:
-    """Addresses of this machine: loopback, its host name's, and the source address of a route
-    out (no packet is sent: a UDP connect only picks the interface)."""
-    found = {"127.0.0.1", "::1", "localhost"} | addresses(socket.gethostname())
+def local_addresses() -> set[Address]:
+    """Addresses of this machine: its interfaces' (/proc/net), its host name's, and the source
+    address of a route out (no packet is sent: a UDP connect only picks the interface)."""
+    found = _proc_addresses() | resolve(socket.gethostname())
     for family, target in ((socket.AF_INET, "192.0.2.1"), (socket.AF_INET6, "2001:db8::1")):
         try:
             with socket.socket(family, socket.SOCK_DGRAM) as s:
                 s.connect((target, 9))
-                found.add(str(s.getsockname()[0]))
+                ip = _ip(str(s.getsockname()[0]))
+                if ip is not None:
+                    found.add(ip)
         except OSError:
             pass
     return found
 
 
+def this_machine(ips: set[Address], here: set[Address] | None = None) -> Address | None:
+    """One of ``ips`` that reaches this machine: loopback (127.0.0.0/8, ::1), unspecified
+    (0.0.0.0, ::) or an address of its own (``here``, default :func:`local_addresses`)."""
+    here = local_addresses() if here is None else here
+    return next((ip for ip in sorted(ips, key=str) if ip.is_loopback or ip.is_unspecified or ip in here), None)
+
+
 def refuse_head(where: str, head_names: set[str], how: str) -> None:
-    """Refuse (exit 2) a sandbox host that is the head: any of ``head_names`` (host names and
-    addresses of rank 0 and of the API), compared by name and by resolved address."""
-    ours = addresses(where) | {where}
-    head = set().union(*(addresses(n) for n in head_names)) | head_names
-    if ours & head:
+    """Refuse (exit 2) a sandbox host over ssh that is the head or this machine: any of
+    ``head_names`` (host names and addresses of rank 0 and of the API), compared by name and by
+    resolved address; any loopback, unspecified or local address (this machine runs code only
+    as ``--sandbox-host local``, which checks that it is not the head); a name that does not
+    resolve (it cannot be checked)."""
+    ours = resolve(where)
+    head = set().union(*(resolve(n) for n in head_names))
+    if where in head_names or ours & head:
         raise InvalidInput(
             f"{how}: {where} is the head (it serves the API); model-generated code never runs on the head; "
+            "fix: name a worker (rank > 0) with --sandbox-node or --sandbox-host"
+        )
+    if not ours:
+        raise InvalidInput(
+            f"{how}: {where} does not resolve here (within {RESOLVE_TIMEOUT:g} s), so it cannot be checked against "
+            "the head; fix: name a worker by its address, or by a name this machine resolves"
+        )
+    mine = this_machine(ours)
+    if mine is not None:
+        raise InvalidInput(
+            f"{how}: {where} is this machine (address {mine}: loopback, unspecified or one of its own); "
+            "model-generated code runs here only with --sandbox-host local, and never on the head; "
             "fix: name a worker (rank > 0) with --sandbox-node or --sandbox-host"
         )
