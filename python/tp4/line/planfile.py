@@ -39,12 +39,14 @@ def write_plan(path: Path, plan: Plan) -> None:
 
 def read_plan_json(path: Path) -> dict[str, Json]:
     """A plan file's JSON object (bad input: exit 2 naming the file and the fix)."""
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise InvalidInput(f"{path}: no such file; fix: write it with tp4 plan --json -o {path}") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise InvalidInput(f"{path}: not a plan file ({e}); fix: write it with tp4 plan --json -o {path}") from None
+    from tp4.core.userfiles import parse_json, read_input
+
+    fix = f"write it with tp4 plan --json -o {path}"
+    if not os.path.lexists(path):
+        raise InvalidInput(f"{path}: no such file; fix: {fix}")
+    # a regular file of bounded size (a FIFO or /dev/zero is refused, never read), then JSON of
+    # bounded depth and number length: every refusal names the file and the fix
+    data = parse_json(read_input(path, "plan file", fix), f"{path}: not a plan file", fix)
     if (
         not isinstance(data, dict)
         or not isinstance(data.get("schema"), str)
