@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -24,6 +25,15 @@ def write_plan(path: Path, plan: Plan) -> None:
     """Replace `path` with the plan's JSON: a temporary file in the same directory, renamed over it."""
     text = plan_text(plan)
     parent = path.parent if str(path.parent) else Path(".")
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:  # a new path (or one the write below reports)
+        mode = None
+    if mode is not None and not stat.S_ISREG(mode):
+        from tp4.core.userfiles import file_kind
+
+        # renaming over it would replace the device itself (-o /dev/zero as root breaks /dev/zero)
+        raise InvalidInput(f"-o {path} is {file_kind(mode)}; fix: name a regular file or a new path")
     if not parent.is_dir():
         raise InvalidInput(f"-o {path}: {parent} is not a directory; fix: create it, or write the plan elsewhere")
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=parent)
