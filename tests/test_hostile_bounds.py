@@ -428,9 +428,17 @@ def test_a_verification_cache_that_is_no_file_is_no_cache(tmp_path, kind):
     assert result and result[0]["complete"] == [] and result[0]["files"] == {}
 
 
+WRITERS = {
+    "plan -o": ["plan", "--profile", str(EXAMPLE_PROFILE), "-o"],
+    "doctor --json": ["doctor", "--profile", str(EXAMPLE_PROFILE), "--json"],
+}
+
+
+@pytest.mark.parametrize("writer", sorted(WRITERS))
 @pytest.mark.parametrize("kind", ["device", "link to a device", "fifo"])
-def test_plan_output_never_replaces_what_is_not_a_regular_file(tmp_path, full_device, kind):
-    """`tp4 plan -o /dev/zero` renamed the plan over the device node itself (as root)."""
+def test_an_output_file_never_replaces_what_is_not_a_regular_file(tmp_path, full_device, kind, writer):
+    """`tp4 plan -o /dev/zero` renamed the plan over the device node itself (as root); doctor's
+    --json did the same after a whole run, through FILE.tmp."""
     target = {"device": full_device, "fifo": tmp_path / "fifo"}.get(kind)
     if kind == "link to a device":
         target = tmp_path / "link"
@@ -438,7 +446,7 @@ def test_plan_output_never_replaces_what_is_not_a_regular_file(tmp_path, full_de
     elif kind == "fifo":
         os.mkfifo(target)
     before = sorted(tmp_path.iterdir())
-    proc = _tp4("plan", "--profile", str(EXAMPLE_PROFILE), "-o", str(target), cwd=tmp_path)
+    proc = _tp4(*WRITERS[writer], str(target), cwd=tmp_path)
     assert_user_error(proc, str(target), "regular file")
     assert sorted(tmp_path.iterdir()) == before
     assert stat.S_ISCHR(os.stat(full_device).st_mode)
