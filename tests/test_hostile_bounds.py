@@ -19,6 +19,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tp4.core.errors import Tp4Error
 from tp4.image.sources import manifest as mf
@@ -450,3 +452,91 @@ def test_an_output_file_never_replaces_what_is_not_a_regular_file(tmp_path, full
     assert_user_error(proc, str(target), "regular file")
     assert sorted(tmp_path.iterdir()) == before
     assert stat.S_ISCHR(os.stat(full_device).st_mode)
+
+
+# --- the classes, not only the examples ------------------------------------------------------------
+
+_TOKENS = st.sampled_from(["$A", "$B", "${A}", "${U:-$A$B}", '"$A$B$A"', "${A:+$B$B}", "xyz", "~", ":~"])
+_LINE = st.tuples(st.sampled_from(["A", "B", "C"]), st.sampled_from(["=", "+="]), st.lists(_TOKENS, max_size=12))
+
+
+@given(lines=st.lists(_LINE, min_size=1, max_size=30), user=st.integers(0, 3000))
+@settings(max_examples=300, deadline=None)
+def test_no_env_file_expands_past_the_bounds(lines, user):
+    """Any file of assignments that repeat expansions: every value within the bound, the whole
+    within its bound, or InvalidInput naming a line; nothing else (the bounds made small, so the
+    refusals are reached quickly)."""
+    from tp4.core.errors import InvalidInput
+    from tp4.line.profile import legacy
+
+    text = f"WORKER_USER={'u' * user}\nA=ab\nB=cd\n" + "".join(f"{n}{op}{''.join(t)}\n" for n, op, t in lines)
+    built: list[int] = []  # the length of every string the parser's steps return: never past the bound
+
+    def measured(step):
+        def run(self, *args, **kwargs):
+            out = step(self, *args, **kwargs)
+            built.append(len(out))
+            return out
+
+        return run
+
+    try:
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(legacy, "MAX_VALUE_BYTES", 4096)
+            mp.setattr(legacy, "MAX_EXPANDED_BYTES", 16384)
+            for name in ("_value", "_double", "_dollar", "_brace_word"):
+                mp.setattr(legacy._Parser, name, measured(getattr(legacy._Parser, name)))
+            try:
+                found, _ = legacy.parse_env_text(text, "t.env")
+            finally:
+                assert max(built, default=0) <= 4096, max(built)
+    except InvalidInput as exc:
+        assert exc.message.startswith("t.env line "), exc.message
+        assert "fix:" in exc.message and len(exc.message) < 1000
+        return
+    assert all(len(a.value) <= 4096 for a in found)
+    assert sum(len(a.value) for a in found) <= 16384
+
+
+@given(depth=st.integers(1, 3000), shape=st.sampled_from(["[", "{", "."]))
+@settings(max_examples=60, deadline=None)
+def test_no_nesting_reaches_a_caller(depth, shape):
+    """JSON and TOML of any depth: a value nested at most MAX_DEPTH deep, or InvalidInput."""
+    from tp4.core import userfiles
+    from tp4.core.errors import InvalidInput
+
+    if shape == "[":
+        docs = [("json", "[" * depth + "]" * depth), ("toml", "a = " + "[" * depth + "]" * depth)]
+    elif shape == "{":
+        docs = [("json", '{"a":' * depth + "1" + "}" * depth), ("toml", "a = " + "{a = " * depth + "1" + "}" * depth)]
+    else:
+        docs = [("toml", "a" + ".a" * depth + " = 1")]
+    for kind, text in docs:
+        parse = userfiles.parse_json if kind == "json" else userfiles.parse_toml
+        try:
+            parse(text, "t")
+        except InvalidInput as exc:
+            assert exc.message.startswith("t") and "fix:" in exc.message
+            assert depth > userfiles.MAX_DEPTH - 2 or "not valid TOML" in exc.message, (depth, exc.message)
+        else:
+            assert depth <= userfiles.MAX_DEPTH, depth
+
+
+@given(digits=st.integers(1, 9000), sign=st.sampled_from(["", "-"]), where=st.integers(0, 3))
+@settings(max_examples=60, deadline=None)
+def test_no_number_length_reaches_a_caller(digits, sign, where):
+    """An integer of any length: a value, or InvalidInput naming its line; never ValueError."""
+    from tp4.core import userfiles
+    from tp4.core.errors import InvalidInput
+
+    number = sign + "7" * digits
+    for parse, text in (
+        (userfiles.parse_json, "\n" * where + '{"a": ' + number + "}"),
+        (userfiles.parse_toml, "\n" * where + "a = " + number),
+    ):
+        try:
+            doc = parse(text, "t")
+        except InvalidInput as exc:
+            assert digits > userfiles.MAX_INT_DIGITS and f"(line {where + 1})" in exc.message, exc.message
+        else:
+            assert digits <= userfiles.MAX_INT_DIGITS and doc == {"a": int(number)}
