@@ -540,3 +540,30 @@ def test_no_number_length_reaches_a_caller(digits, sign, where):
             assert digits > userfiles.MAX_INT_DIGITS and f"(line {where + 1})" in exc.message, exc.message
         else:
             assert digits <= userfiles.MAX_INT_DIGITS and doc == {"a": int(number)}
+
+
+def test_a_file_that_becomes_a_fifo_while_hashed_is_refused_not_waited_on(tmp_path):
+    """nar hashes what lstat called a regular file; a FIFO put in its place before the open is
+    refused on the descriptor instead of blocking `tp4 sources hash` for ever."""
+    import hashlib
+
+    from tp4.image.sources import nar
+
+    fifo = tmp_path / "f"
+    os.mkfifo(fifo)
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            nar._Sink(hashlib.sha256()).file(os.fsencode(fifo), 10)
+        except OSError as exc:
+            errors.append(exc)
+
+    reader = threading.Thread(target=run)
+    reader.start()
+    reader.join(10)
+    if reader.is_alive():
+        os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+        reader.join()
+        pytest.fail("the hash waited on a FIFO")
+    assert errors and "no longer a regular file" in str(errors[0])
