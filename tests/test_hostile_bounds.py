@@ -567,3 +567,30 @@ def test_a_file_that_becomes_a_fifo_while_hashed_is_refused_not_waited_on(tmp_pa
         reader.join()
         pytest.fail("the hash waited on a FIFO")
     assert errors and "no longer a regular file" in str(errors[0])
+
+
+@pytest.mark.parametrize("kind", ["/dev/zero", "fifo", "dangling link"])
+def test_a_fetch_input_that_is_no_file_is_refused(tmp_path, kind):
+    """`--input ROW=/dev/zero` hashed zeros for ever; a FIFO waited for a writer."""
+    path = tmp_path / "sources.manifest"
+    path.write_text(f"a  {'a' * 40}  {'b' * 64}  https://example.invalid/{'a' * 40}/a\n")
+    named = {"/dev/zero": "/dev/zero", "fifo": str(tmp_path / "fifo"), "dangling link": str(tmp_path / "link")}[kind]
+    if kind == "fifo":
+        os.mkfifo(named)
+    elif kind == "dangling link":
+        os.symlink(tmp_path / "nowhere", named)
+    proc = _tp4(
+        "sources",
+        "fetch",
+        "a",
+        "--to",
+        "out",
+        "--input",
+        f"a={named}",
+        "--manifest",
+        str(path),
+        cwd=tmp_path,
+        timeout=30,
+    )
+    assert_user_error(proc, f"--input a={named}", "fix:")
+    assert not (tmp_path / "out").exists()
