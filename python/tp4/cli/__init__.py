@@ -187,9 +187,63 @@ def _stopped() -> None:
     sys.exit(code)
 
 
+class StdoutUnwritable(Exception):
+    """Standard output refused a write (`> /dev/full`, a closed pipe, a full disk): not an OSError,
+    so neither click's EPIPE handling nor a command's own `except OSError` takes it for its own."""
+
+    def __init__(self, cause: OSError) -> None:
+        super().__init__(cause.strerror or str(cause))
+        self.cause = cause
+
+
+class _Stdout:
+    """sys.stdout, with a failed write or flush raised as StdoutUnwritable; everything else is the
+    stream's own (click sees its encoding and finds it writable, and uses it as it is)."""
+
+    def __init__(self, stream: Any) -> None:
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        try:
+            return int(self._stream.write(text))
+        except OSError as exc:
+            raise StdoutUnwritable(exc) from None
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except OSError as exc:
+            raise StdoutUnwritable(exc) from None
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
+def _cannot_write_stdout(exc: StdoutUnwritable) -> None:
+    """Say so on stderr and exit 1; what is still buffered goes to /dev/null, so the interpreter's
+    own flush at exit finds nothing to fail on (it would print a traceback and exit 120)."""
+    stream = sys.stdout._stream if isinstance(sys.stdout, _Stdout) else sys.stdout
+    try:
+        fd = stream.fileno()
+    except (AttributeError, OSError, ValueError):  # not a file (a test's capture): nothing buffered at exit
+        fd = None
+    if fd is not None:
+        import os
+
+        null = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(null, fd)
+        os.close(null)
+    try:
+        click.echo(f"error: cannot write standard output ({exc}); tp4 stopped there", err=True)
+    except OSError:  # stderr is gone too
+        pass
+    sys.exit(1)
+
+
 def main(argv: list[str] | None = None) -> None:
     """Console entry point: Tp4Error becomes `error: ...` and its exit code, never a traceback;
-    Ctrl-C stops every child, says `interrupted` and exits 130 (SIGTERM 143, SIGHUP 129)."""
+    Ctrl-C stops every child, says `interrupted` and exits 130 (SIGTERM 143, SIGHUP 129); a
+    standard output that cannot be written says so and exits 1."""
     _received.clear()
     previous: dict[int, Callable[[int, FrameType | None], Any] | int | None] = {}
     try:
@@ -198,9 +252,21 @@ def main(argv: list[str] | None = None) -> None:
                 previous[sig] = signal.signal(sig, _interrupt)
     except ValueError:  # not the main thread (an embedding program): leave its handlers alone
         pass
+    stdout = sys.stdout
+    if stdout is not None and not isinstance(stdout, _Stdout):
+        sys.stdout = _Stdout(stdout)
     try:
-        _main(argv)
+        try:
+            _main(argv)
+        finally:
+            # what is still buffered is written now, while a failure can still be said plainly
+            if sys.stdout is not None:
+                sys.stdout.flush()
+    except StdoutUnwritable as exc:
+        _cannot_write_stdout(exc)
     finally:
+        if isinstance(sys.stdout, _Stdout):
+            sys.stdout = stdout
         for sig, handler in previous.items():
             if handler is not None:  # None: a handler not set from Python, which cannot be put back
                 signal.signal(sig, handler)
@@ -244,8 +310,8 @@ def _main(argv: list[str] | None) -> None:
         sys.exit(exc.exit_code)
     except KeyboardInterrupt:
         _stopped()
-    except BrokenPipeError:
-        sys.exit(0)
+    except StdoutUnwritable:
+        raise  # main() says it, after the last flush
     except Exception as exc:  # a bug in tp4: say so plainly, the traceback only with -v
         if _verbose:
             import traceback

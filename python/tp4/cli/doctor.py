@@ -4,12 +4,10 @@ for each failure (tp4.hosts.doctor)."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import click
 
 from tp4.cli.common import load_line, profile_option, ssh_option, strict_option, sysfs_option, sysfs_root
-from tp4.core.errors import Tp4Error
 
 
 @click.command("doctor")
@@ -49,6 +47,10 @@ def doctor(
     from tp4.hosts import doctor as doctor_mod
     from tp4.hosts.nodes import nodes_of
 
+    from tp4.core.userfiles import check_output, write_output
+
+    if json_path is not None:  # before the nodes are asked: a device or a FIFO is refused, never replaced
+        check_output(json_path, "--json", force=True)
     sysfs = sysfs_root(sysfs)
     chosen = load_line(profile_path, strict)
     loaded, plan = chosen.loaded, chosen.plan
@@ -58,15 +60,9 @@ def doctor(
     for line in doctor_mod.table(plan, report.results):
         click.echo(line)
     if json_path is not None:
-        path = Path(json_path)
-        from tp4.core.privatefiles import replace_file
-
-        try:
-            replace_file(path, json.dumps(report.evidence(), indent=2) + "\n")
-        except OSError as exc:
-            raise Tp4Error(
-                f"--json {json_path}: cannot write it: {exc.strerror}; fix: a writable path", exit_code=2
-            ) from None
+        # a temporary file of its own beside it, renamed over it (never FILE.tmp, a name another
+        # user could plant), and only over a regular file
+        write_output(json_path, json.dumps(report.evidence(), indent=2) + "\n", "--json", force=True)
     blocking = report.blocking
     click.echo(
         f"doctor: {len(plan.nodes)} nodes in {report.seconds:.2f} s: "

@@ -166,7 +166,10 @@ def json_cmd(manifest_file: str | None, check: bool) -> None:
             raise Tp4Error(why)
         click.echo(f"{companion.path_of(m.path or '')}: current")
         return
-    companion.write(m.path or "", m.text)
+    with companion.locked(m.path or ""):  # a `tp4 sources lock` running now writes before or after, never between
+        m = _read(m.path or "")
+        mf.check(m)
+        companion.write(m.path or "", m.text)
     click.echo(f"wrote {companion.path_of(m.path or '')}")
 
 

@@ -162,17 +162,23 @@ def parse(text: str) -> list[Entry]:
     return entries
 
 
+def _text(file: Path) -> str:
+    """The file's text, "" when there is none; a FIFO, a device (`TP4_KNOWN_HOSTS=/dev/zero`) or
+    a directory is refused without being read, a file past tp4's input size cap too."""
+    from tp4.core.userfiles import read_input
+
+    if not os.path.exists(file):
+        return ""
+    return read_input(
+        file,
+        "tp4's known hosts",
+        f"point {ENV} at a regular file (or unset it: {dirs.state_dir() / 'known_hosts'})",
+        errors="replace",
+    )
+
+
 def read(file: Path | None = None) -> list[Entry]:
-    file = file or path()
-    try:
-        return parse(file.read_text(errors="replace"))
-    except FileNotFoundError:
-        return []
-    except OSError as exc:
-        raise Tp4Error(
-            f"cannot read tp4's known hosts {file}: {exc.strerror}; fix: make it readable, "
-            f"or point {ENV} at another file"
-        ) from None
+    return parse(_text(file or path()))
 
 
 def keys_for(name: str, entries: Sequence[Entry]) -> list[Entry]:
@@ -203,12 +209,10 @@ def update(remove: Iterable[str], add: Iterable[tuple[str, str, str]], file: Pat
     for name, keytype, key in new:
         if any(c.isspace() for c in name + keytype + key) or not name or name.startswith(("#", "@")):
             raise ValueError(f"not a known_hosts entry: {name!r} {keytype!r}")  # names were checked: a bug
+    _text(file)  # a device or a FIFO is refused before a lock file is made beside it (in /dev)
     try:
         with _locked(file):
-            try:
-                lines = file.read_text(errors="replace").splitlines()
-            except FileNotFoundError:
-                lines = []
+            lines = _text(file).splitlines()
             entries = {e.line: e for e in parse("\n".join(lines))}
             kept, removed = [], 0
             for n, line in enumerate(lines, 1):

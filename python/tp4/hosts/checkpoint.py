@@ -136,9 +136,13 @@ def shard_count(model_dir: Path) -> int:
 
 def load_cache(model_dir: Path, repo: str, revision: str) -> Cache:
     empty: Cache = {"schema": SCHEMA, "repo": repo, "revision": revision, "complete": [], "files": {}}
+    from tp4.core.errors import InvalidInput
+    from tp4.core.userfiles import read_input
+
     try:
-        data = json.loads((model_dir / CACHE_NAME).read_text())
-    except (OSError, ValueError):
+        # a regular file of bounded size: a FIFO or a device put there is not waited on or read
+        data = json.loads(read_input(model_dir / CACHE_NAME, "verification cache"))
+    except (InvalidInput, ValueError, RecursionError):
         return empty
     if (
         not isinstance(data, dict)

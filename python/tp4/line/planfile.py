@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -24,6 +25,15 @@ def write_plan(path: Path, plan: Plan) -> None:
     """Replace `path` with the plan's JSON: a temporary file in the same directory, renamed over it."""
     text = plan_text(plan)
     parent = path.parent if str(path.parent) else Path(".")
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:  # a new path (or one the write below reports)
+        mode = None
+    if mode is not None and not stat.S_ISREG(mode):
+        from tp4.core.userfiles import file_kind
+
+        # renaming over it would replace the device itself (-o /dev/zero as root breaks /dev/zero)
+        raise InvalidInput(f"-o {path} is {file_kind(mode)}; fix: name a regular file or a new path")
     if not parent.is_dir():
         raise InvalidInput(f"-o {path}: {parent} is not a directory; fix: create it, or write the plan elsewhere")
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=parent)
@@ -39,12 +49,14 @@ def write_plan(path: Path, plan: Plan) -> None:
 
 def read_plan_json(path: Path) -> dict[str, Json]:
     """A plan file's JSON object (bad input: exit 2 naming the file and the fix)."""
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise InvalidInput(f"{path}: no such file; fix: write it with tp4 plan --json -o {path}") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise InvalidInput(f"{path}: not a plan file ({e}); fix: write it with tp4 plan --json -o {path}") from None
+    from tp4.core.userfiles import parse_json, read_input
+
+    fix = f"write it with tp4 plan --json -o {path}"
+    if not os.path.lexists(path):
+        raise InvalidInput(f"{path}: no such file; fix: {fix}")
+    # a regular file of bounded size (a FIFO or /dev/zero is refused, never read), then JSON of
+    # bounded depth and number length: every refusal names the file and the fix
+    data = parse_json(read_input(path, "plan file", fix), f"{path}: not a plan file", fix)
     if (
         not isinstance(data, dict)
         or not isinstance(data.get("schema"), str)

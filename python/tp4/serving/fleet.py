@@ -336,10 +336,14 @@ def load(path: str | os.PathLike[str]) -> Fleet:
     """The fleet file at ``path``, every line loaded and planned, the rules between them checked.
     Raises InvalidInput listing every problem."""
     from tp4.line.profile.load import _pydantic_problems, _read_toml, merge, parse_document
-    from tp4.core.userfiles import read_input
+    from tp4.core.userfiles import parse_toml, read_input
 
     source = str(path)
-    doc = _read_toml(read_input(path, "fleet file", "pass an existing fleet file (docs/fleet.md)"), source)
+    doc = parse_toml(
+        read_input(path, "fleet file", "pass an existing fleet file (docs/fleet.md)"),
+        source,
+        "correct the fleet file (docs/fleet.md)",
+    )
     try:
         fleet_file = FleetFile.model_validate(doc)
     except ValidationError as exc:

@@ -9,15 +9,20 @@ naming :data:`REGENERATE`.
 
 One write path: :func:`write` writes the manifest and its companion together (``tp4 sources
 lock`` and ``tp4 sources json`` both go through it), each through a temporary file renamed into
-place; if the second rename fails the first is undone, so both change or neither does.
+place; if the second rename fails the first is undone, so both change or neither does. A run
+that rewrites the manifest reads it again and writes it inside :func:`locked`, so two runs at
+once (two `tp4 sources lock` of different rows) both land, one after the other.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import json
 import os
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -63,6 +68,37 @@ def stale(manifest_path: str | os.PathLike[str]) -> str | None:
     if have == want:
         return None
     return f"{twin} is not the parse of {manifest_path}; fix: run `{REGENERATE}` and commit both files"
+
+
+@contextlib.contextmanager
+def locked(manifest_path: str | os.PathLike[str]) -> Iterator[None]:
+    """An exclusive flock(2) on the manifest file itself (the real file behind a link), held
+    while the caller reads it again and rewrites it. A rewrite renames a new file into place,
+    so a lock won on a file that is no longer the manifest is let go and taken on the new one:
+    whoever holds it holds the file at the path. Nothing is created beside the manifest."""
+    real = Path(manifest_path).resolve()
+    while True:
+        try:
+            fd = os.open(real, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+        except OSError as exc:
+            raise Tp4Error(f"cannot open {real} to lock it: {exc.strerror}; nothing was changed") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            held = os.fstat(fd)
+            try:
+                now = os.stat(real)
+            except FileNotFoundError:
+                now = None
+        except OSError as exc:
+            os.close(fd)
+            raise Tp4Error(f"cannot lock {real}: {exc.strerror}; nothing was changed") from None
+        if now is not None and (now.st_dev, now.st_ino) == (held.st_dev, held.st_ino):
+            break
+        os.close(fd)  # replaced (or removed) while we waited: lock what is there now
+    try:
+        yield
+    finally:
+        os.close(fd)  # closing the last descriptor releases the lock
 
 
 def _temp_beside(path: Path, content: str) -> str:

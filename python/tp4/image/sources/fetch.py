@@ -30,6 +30,19 @@ def in_nix_build() -> bool:
     return bool(os.environ.get("NIX_BUILD_TOP"))
 
 
+def _not_a_file(path: str) -> str | None:
+    """What a path is when it is neither a regular file nor a directory (following links)."""
+    import stat
+
+    from tp4.core.userfiles import file_kind
+
+    try:
+        mode = os.stat(path).st_mode
+    except OSError as exc:
+        return f"cannot be read ({exc.strerror})"
+    return None if stat.S_ISREG(mode) or stat.S_ISDIR(mode) else f"is {file_kind(mode)}, not a regular file"
+
+
 def parse_inputs(values: list[str], manifest: Manifest) -> dict[str, Path]:
     inputs: dict[str, Path] = {}
     problems = []
@@ -41,6 +54,8 @@ def parse_inputs(values: list[str], manifest: Manifest) -> dict[str, Path]:
             problems.append(f"--input {name}: no such row in {manifest.label}")
         elif not os.path.lexists(path):
             problems.append(f"--input {name}={path}: no such file")
+        elif (kind := _not_a_file(path)) is not None:  # /dev/zero would be hashed for ever, a FIFO waited on
+            problems.append(f"--input {name}={path}: {kind}; fix: name the file (or tree) the row was fetched as")
         else:
             inputs[name] = Path(path)
     if problems:

@@ -240,6 +240,26 @@ def lock(
         changes.append(Change(row.name, row, new))
     updated = {c.name: c.new for c in changes if c.new != c.old}
     if updated:
-        # the manifest and its JSON companion (what Nix reads), together: both or neither
-        companion.write(manifest.path, replace_rows(manifest, updated))
+        _write(manifest, updated)
     return changes
+
+
+def _write(manifest: Manifest, updated: dict[str, Row]) -> None:
+    """Put the new rows into the manifest as it is now, under its lock: another run may have
+    rewritten it during the downloads, and writing the text read before them would drop its pins.
+    A row that run changed too is refused (which pin is meant is the user's call)."""
+    from tp4.image.sources.manifest import load
+
+    path = manifest.path
+    assert path is not None
+    with companion.locked(path):
+        current = load(path)
+        for name in updated:
+            now = current.by_name.get(name)
+            if now is None or now.render() != manifest.by_name[name].render():
+                raise Tp4Error(
+                    f"{name}: the row changed in {path} while this run was locking it (another `tp4 sources lock`?); "
+                    f"nothing was written; fix: run `tp4 sources lock {name}` again"
+                )
+        # the manifest and its JSON companion (what Nix reads), together: both or neither
+        companion.write(path, replace_rows(current, updated))

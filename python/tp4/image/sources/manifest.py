@@ -62,6 +62,7 @@ ROW_ATTRS: dict[str, frozenset[str]] = {kind: attrs | {"size"} for kind, attrs i
 _SIZE = re.compile(r"~?[0-9]+(\.[0-9]+)?(kB|MB|GB)")
 TREE_ATTRS = frozenset({"from", "keep", "require", "add", "rename", "patches", "run", "drop", "stamp", "expect-patch"})
 INT_ATTRS = frozenset({"strip", "p", "fuzz"})
+MAX_INT_ATTR_DIGITS = 3  # strip=, p= and fuzz= are small counts
 DEFAULT_ARCH = "arm64"
 
 
@@ -561,6 +562,11 @@ def _check_attrs(row: Row, problems: list[str]) -> None:
             problems.append(f"{row.where}: unknown attribute {key!r}{hint}")
         elif key in INT_ATTRS and not value.isdigit():
             problems.append(f"{row.where}: {key}={value!r} is not a non-negative integer")
+        elif key in INT_ATTRS and len(value) > MAX_INT_ATTR_DIGITS:  # int() of 4,300+ digits raises
+            problems.append(
+                f"{row.where}: {key}={value[:12]}... has {len(value)} digits; {key} counts path components "
+                f"or lines, at most {'9' * MAX_INT_ATTR_DIGITS}; fix: write the small number meant (strip=1)"
+            )
     if "size" in row.attrs and not _SIZE.fullmatch(row.attrs["size"]):
         problems.append(f"{row.where}: size={row.attrs['size']!r} is a size such as ~33GB, 120MB or 8kB")
     if "tree-sha256" in row.attrs:

@@ -67,8 +67,12 @@ class _Sink:
         self.put(size.to_bytes(8, "little"))
         self.flush()
         remaining = size
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        # lstat said a regular file; if a FIFO or a device took its place since, opening it must
+        # not wait for a writer, and it is refused on the descriptor, never read
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_NOCTTY | getattr(os, "O_CLOEXEC", 0))
         try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise OSError(f"{os.fsdecode(path)} is no longer a regular file")
             while remaining > 0:
                 n = os.readv(fd, [self.view])
                 if n <= 0:

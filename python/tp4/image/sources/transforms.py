@@ -61,6 +61,7 @@ def unpack_archive(archive: Path, dest: Path, strip: int = 0) -> None:
     try:
         with tarfile.open(archive) as tar:
             members = []
+            kept: set[str] = set()  # the names extracted so far: what a hard link may point to
             for member in tar:
                 if member.type in (tarfile.XGLTYPE, tarfile.XHDTYPE):
                     continue
@@ -77,7 +78,14 @@ def unpack_archive(archive: Path, dest: Path, strip: int = 0) -> None:
                     link = _strip(member.linkname, strip)
                     if link is None:
                         raise Tp4Error(f"{archive.name}: hard link {member.name!r} points outside the stripped tree")
+                    if link not in kept:  # tarfile would raise a bare KeyError looking for it
+                        raise Tp4Error(
+                            f"{archive.name}: hard link {member.name!r} points to {member.linkname!r}, which is not "
+                            f"a file earlier in the archive (after strip={strip}); the archive is not what the "
+                            "manifest row expects; fix: check the row's URL and strip="
+                        )
                     member.linkname = link
+                kept.add(name)
                 members.append(member)
             if hasattr(tarfile, "data_filter"):
                 tar.extractall(dest, members=members, filter="data")

@@ -66,6 +66,13 @@ _CR = (
     "a carriage return (a Windows line ending): bash keeps it in the value (TP_SIZE=4\\r is not 4); "
     "fix: convert the file to Unix line endings (dos2unix {file})"
 )
+# Bounds on what expansion may build: `X=$X$X` forty times is ~150 bytes of file and 2 TB of value.
+# No setting of a profile is near these (the kernel takes at most 128 KiB in one argv word or env
+# value); a file past them is refused naming the line and variable, before the memory is spent.
+MAX_VALUE_BYTES = 1 << 20  # one expanded value
+MAX_EXPANDED_BYTES = 16 << 20  # every value of the file together
+MAX_NESTING = 32  # ${A:-${B:-...}} inside one another
+
 _ANSI = {
     "a": "\a",
     "b": "\b",
@@ -194,9 +201,29 @@ class _Parser:
         self.vars: dict[str, str] = {}
         self.out: list[Assignment] = []
         self.home_lines: list[int] = []
+        self.name = ""  # the variable being assigned, for a refusal's message
+        self.expanded = 0  # the bytes of every value so far (MAX_EXPANDED_BYTES)
+        self.nesting = 0  # ${...} open around the parser's position (MAX_NESTING)
 
     def fail(self, line: int, msg: str) -> NoReturn:
         raise InvalidInput(f"{self.source} line {line}: {msg}")
+
+    def too_long(self, line: int, size: int) -> NoReturn:
+        self.fail(
+            line,
+            f"{self.name}: its value expands to more than {MAX_VALUE_BYTES} bytes ({size} so far; "
+            "$-expansions repeat what earlier lines set); no setting is that long (the kernel takes at most "
+            f"128 KiB in one argument); fix: write {self.name}'s value without repeating expansions",
+        )
+
+    def grown(self, line: int, parts: list[str], size: int, piece: str) -> int:
+        """parts with piece appended, and their new size: refused past MAX_VALUE_BYTES before any
+        join builds the string."""
+        size += len(piece)
+        if size > MAX_VALUE_BYTES:
+            self.too_long(line, size)
+        parts.append(piece)
+        return size
 
     def cr(self) -> NoReturn:
         self.fail(self.line, _CR.format(file=self.source))
@@ -299,9 +326,21 @@ class _Parser:
             self.advance()
             if append:
                 self.advance()
+            self.name = word
             value = self._value(line)
             if append:
-                value = self.vars.get(word, "") + value
+                before = self.vars.get(word, "")
+                if len(before) + len(value) > MAX_VALUE_BYTES:
+                    self.too_long(line, len(before) + len(value))
+                value = before + value
+            self.expanded += len(value)
+            if self.expanded > MAX_EXPANDED_BYTES:
+                self.fail(
+                    line,
+                    f"{word}: the file's values expand to more than {MAX_EXPANDED_BYTES} bytes together "
+                    "($-expansions repeat what earlier lines set); a profile is a few KiB; "
+                    f"fix: write {word}'s value without repeating expansions",
+                )
             done.append(Assignment(word, value, line))
             if not exported:
                 self.vars[word] = value
@@ -341,6 +380,7 @@ class _Parser:
 
     def _value(self, line: int) -> str:
         parts: list[str] = []
+        size = 0
         tilde_here = True  # bash expands ~ at the start of an assignment's value and after an unquoted ':'
         while True:
             ch = self.peek()
@@ -367,10 +407,10 @@ class _Parser:
             tilde_here = False
             if ch == "'":
                 self.advance()
-                parts.append(self._single(line))
+                size = self.grown(line, parts, size, self._single(line))
             elif ch == '"':
                 self.advance()
-                parts.append(self._double(line))
+                size = self.grown(line, parts, size, self._double(line))
             elif ch == "\\":
                 self.advance()
                 nxt = self.peek()
@@ -381,7 +421,7 @@ class _Parser:
                 else:
                     parts.append(self.advance())
             elif ch == "$":
-                parts.append(self._dollar(line, quoted=False))
+                size = self.grown(line, parts, size, self._dollar(line, quoted=False))
             elif ch == "`":
                 self.fail(line, "command substitution is not supported; write the value literally")
             elif ch in "()<>|&":
@@ -389,7 +429,7 @@ class _Parser:
             else:
                 if ch == ":":
                     tilde_here = True
-                parts.append(self.advance())
+                size = self.grown(line, parts, size, self.advance())
         return "".join(parts)
 
     def _single(self, line: int) -> str:
@@ -406,6 +446,7 @@ class _Parser:
 
     def _double(self, line: int) -> str:
         parts: list[str] = []
+        size = 0
         while True:
             ch = self.peek()
             if ch == "":
@@ -425,7 +466,7 @@ class _Parser:
                 self.advance()
                 parts.append(nxt if nxt in '$`"\\' else "\\" + nxt)
             elif ch == "$":
-                parts.append(self._dollar(line, quoted=True))
+                size = self.grown(line, parts, size, self._dollar(line, quoted=True))
             elif ch == "`":
                 self.fail(line, "command substitution is not supported; write the value literally")
             else:
@@ -447,7 +488,17 @@ class _Parser:
             self.fail(line, "$[...] arithmetic is not supported; write the number literally")
         if ch == "{":
             self.advance()
-            return self._braced(line)
+            if self.nesting >= MAX_NESTING:
+                self.fail(
+                    line,
+                    f"{self.name}: ${{...}} nested more than {MAX_NESTING} deep inside one another; "
+                    f"fix: set the defaults on lines of their own (A=${{B:-x}}, then C=${{A:-y}})",
+                )
+            self.nesting += 1
+            try:
+                return self._braced(line)
+            finally:
+                self.nesting -= 1
         if ch == "'" and not quoted:
             self.advance()
             return self._ansi_c(line)
@@ -507,6 +558,7 @@ class _Parser:
 
     def _brace_word(self, line: int) -> str:
         parts: list[str] = []
+        size = 0
         while True:
             ch = self.peek()
             if ch == "}":
@@ -518,7 +570,7 @@ class _Parser:
             if ch == "$":
                 if self.peek(1) in ("'", '"'):
                     self.fail(line, "quotes inside ${...:-...} are not read; fix: write the default without quotes")
-                parts.append(self._dollar(line, quoted=True))
+                size = self.grown(line, parts, size, self._dollar(line, quoted=True))
             elif ch in "\"'\\`~{;&|<>()":
                 self.fail(
                     line,
@@ -615,6 +667,20 @@ def parse_env_text(text: str, source: str = "<env>") -> tuple[list[Assignment], 
             f"{'' if user_lines else ' (not set: the launcher default)'}, as bash gives them when the launcher runs "
             "as that user; host paths under it are written ~/... (each node's own home)"
         )
+    # $HOME, ~ and $USER stand for home and user: bound what replacing them builds, as expansion is
+    total = 0
+    for a in assignments:
+        size = len(a.value) + a.value.count(_HOME) * (len(home) - 1) + a.value.count(_USER) * (len(user) - 1)
+        total += size
+        if size > MAX_VALUE_BYTES or total > MAX_EXPANDED_BYTES:
+            parser.name = a.name
+            if size > MAX_VALUE_BYTES:
+                parser.too_long(a.line, size)
+            parser.fail(
+                a.line,
+                f"{a.name}: the file's values expand to more than {MAX_EXPANDED_BYTES} bytes together with "
+                f"$HOME, ~ and $USER read as {_shown(home)} and {_shown(user)}; fix: write the values without them",
+            )
     out = [Assignment(a.name, a.value.replace(_HOME, home).replace(_USER, user), a.line) for a in assignments]
     return out, notes
 

@@ -9,7 +9,6 @@ layers below, engine.drop_args removes from them, the other lists are replaced w
 from __future__ import annotations
 
 import re
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -17,7 +16,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from tp4.core.errors import InvalidInput
 from tp4.line.profile.problem import Problem
 from tp4.line.registry import DATA
-from tp4.core.userfiles import read_input
+from tp4.core.userfiles import parse_toml, read_input
 
 if TYPE_CHECKING:
     from pydantic import BaseModel, ValidationError
@@ -56,10 +55,8 @@ def preset_names() -> list[str]:
 
 
 def _read_toml(text: str, where: str) -> Doc:
-    try:
-        return tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise InvalidInput(f"{where} is not valid TOML: {exc}") from exc
+    # a syntax error, nesting 5,000 deep or a 5,000-digit number: the user's file, said plainly
+    return parse_toml(text, where, "correct the file (`tp4 profile reference` says what each field takes)")
 
 
 def preset_layers(name: str) -> list[tuple[str, Doc]]:

@@ -154,7 +154,7 @@ class Code:
                 continue
             try:
                 doc = json.loads(rest)
-            except ValueError:
+            except (ValueError, RecursionError):  # RecursionError: nested thousands deep
                 continue
             if isinstance(doc, dict):
                 reports.append(doc)
@@ -207,7 +207,7 @@ class JsonAnswer:
         text = strip_fence(answer.text).strip()
         try:
             doc: Json = json.loads(text)
-        except ValueError as exc:
+        except (ValueError, RecursionError) as exc:  # RecursionError: an answer nested thousands deep
             runaway = _runaway(answer)
             return runaway or Verdict(False, f"not JSON ({exc}): {_shown(text)}")
         errors = sorted(Draft202012Validator(self.schema).iter_errors(doc), key=lambda e: list(e.absolute_path))

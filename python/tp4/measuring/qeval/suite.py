@@ -165,10 +165,14 @@ def parse_baseline(text: str, where: str) -> Baseline:
             "in the form of python/tp4/data/qeval-baseline.json"
         )
 
-    try:
-        doc = json.loads(text)
-    except ValueError as exc:
-        raise bad("the file", f"not JSON ({exc})") from None
+    from tp4.core.userfiles import parse_json
+
+    # a syntax error, nesting 5,000 deep or a 5,000-digit number: said plainly, never exit 70
+    doc = parse_json(
+        text,
+        f"--baseline {where}: the file",
+        "pass a file written by `tp4 qeval --out`, or a baseline in the form of python/tp4/data/qeval-baseline.json",
+    )
     if not isinstance(doc, dict):
         raise bad("the file", "not a JSON object")
     meta = doc.get("tp4")

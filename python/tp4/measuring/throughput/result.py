@@ -250,7 +250,7 @@ def prefill_row(
 def read(path: Path) -> Doc | None:
     """The result.json in an out directory, or None when there is none; anything that is not a
     tp4 result there is InvalidInput (never overwritten)."""
-    from tp4.core.userfiles import read_input
+    from tp4.core.userfiles import parse_json, read_input
 
     try:
         os.lstat(path)
@@ -261,12 +261,8 @@ def read(path: Path) -> Doc | None:
             f"--out: {path} cannot be checked ({exc.strerror}); fix: choose another --out directory"
         ) from None
     text = read_input(path, "--out result", "choose another --out directory", limit=512 << 20)
-    try:
-        doc = json.loads(text)
-    except ValueError as exc:
-        raise InvalidInput(
-            f"--out: {path} is not JSON ({exc}); fix: choose another --out directory, or remove the file"
-        ) from None
+    # a syntax error, nesting 5,000 deep or a 5,000-digit number: said plainly, never exit 70
+    doc = parse_json(text, f"--out: {path}", "choose another --out directory, or remove the file")
     if not isinstance(doc, dict) or not isinstance(doc.get("tp4"), dict) or not isinstance(doc.get("config"), dict):
         raise InvalidInput(f"--out: {path} is not a tp4 bench result; fix: choose another --out directory")
     try:
