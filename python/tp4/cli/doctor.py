@@ -4,13 +4,10 @@ for each failure (tp4.hosts.doctor)."""
 from __future__ import annotations
 
 import json
-import os
-from pathlib import Path
 
 import click
 
 from tp4.cli.common import load_line, profile_option, ssh_option, strict_option, sysfs_option, sysfs_root
-from tp4.core.errors import Tp4Error
 
 
 @click.command("doctor")
@@ -52,6 +49,10 @@ def doctor(
 
     sysfs = sysfs_root(sysfs)
     chosen = load_line(profile_path, strict)
+    if json_path is not None:  # before the checks run: a path it cannot write is said at once
+        from tp4.core.userfiles import check_output
+
+        check_output(json_path, "--json", force=True)
     loaded, plan = chosen.loaded, chosen.plan
     nodes = nodes_of(plan, ssh_options=ssh_options)
     limits = doctor_mod.Limits.of_profile(loaded.profile, sysfs=sysfs, interval=interval)
@@ -59,15 +60,11 @@ def doctor(
     for line in doctor_mod.table(plan, report.results):
         click.echo(line)
     if json_path is not None:
-        path = Path(json_path)
-        tmp = path.with_name(path.name + ".tmp")
-        try:
-            tmp.write_text(json.dumps(report.evidence(), indent=2) + "\n")
-            os.replace(tmp, path)
-        except OSError as exc:
-            raise Tp4Error(
-                f"--json {json_path}: cannot write it: {exc.strerror}; fix: a writable path", exit_code=2
-            ) from None
+        from tp4.core.userfiles import write_output
+
+        # a regular file or a new path only (a rename over a FIFO or a device replaced it, and as
+        # root over /dev/null the device itself), written whole or not at all
+        write_output(json_path, json.dumps(report.evidence(), indent=2) + "\n", "--json", force=True)
     blocking = report.blocking
     click.echo(
         f"doctor: {len(plan.nodes)} nodes in {report.seconds:.2f} s: "
