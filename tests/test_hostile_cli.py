@@ -52,7 +52,6 @@ import shutil
 import signal
 import stat
 import subprocess
-import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -344,7 +343,7 @@ def _result_json() -> str:
 
 
 @pytest.fixture(scope="module")
-def world(tmp_path_factory) -> Iterator[Path]:
+def world(tmp_path_factory, request) -> Iterator[Path]:
     """HOME, XDG dirs, the profile, fleet, manifest, key files: all in scratch; network ends on
     closed loopback ports; the repository tree hashed before and compared after every case."""
     root = tmp_path_factory.mktemp("hostile-cli")
@@ -423,11 +422,13 @@ def world(tmp_path_factory) -> Iterator[Path]:
         with contextlib.suppress(Exception):
             imagestore.stop(root / "state" / "tp4" / "registry")
         _stop_our_processes(root)
-        if RUNS:  # the size of the walk, for the record (issue 25 asks for it)
-            print(
-                f"\nhostile CLI walk: {len(RUNS)} invocations, {len(set(RUNS))} classes, {len(PARAMS)} options",
-                file=sys.__stderr__,
-            )
+        plugins = request.config.pluginmanager
+        reporter, capture = plugins.get_plugin("terminalreporter"), plugins.get_plugin("capturemanager")
+        if RUNS and reporter is not None and capture is not None:  # the size of the walk, for the record
+            with capture.global_and_fixture_disabled():
+                reporter.write_line(
+                    f"\nhostile CLI walk: {len(RUNS)} invocations, {len(set(RUNS))} classes, {len(PARAMS)} options"
+                )
         assert _tree_hash(REPO) == repo_before, "the walk changed a file of the repository"
 
 
