@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from tp4.core.errors import InvalidInput
+
 pytestmark = pytest.mark.unit
 
 REPO = Path(__file__).resolve().parent.parent
@@ -60,7 +62,8 @@ def test_a_failed_write_leaves_the_old_file(tp4_cli, tmp_path, monkeypatch):
         raise OSError("disk full")
 
     monkeypatch.setattr(os, "replace", broken)
-    with pytest.raises(OSError):
+    # said as a plan that cannot be written (tp4.core.userfiles.write_output), not a traceback
+    with pytest.raises(InvalidInput, match="cannot write plan"):
         from tp4.line.plan import build_plan
         from tp4.line.planfile import write_plan
         from tp4.line.profile import load_file

@@ -12,8 +12,10 @@ May import: tp4.core, tp4.line, tp4.image, tp4.hosts, tp4.serving, tp4.measuring
 
 from __future__ import annotations
 
+import errno
 import gc
 import importlib
+import os
 import signal
 import sys
 from collections.abc import Callable
@@ -30,7 +32,7 @@ if sys.implementation.name == "cpython":
 
 import click  # after the collector is tuned: click's import is part of the cost
 
-from tp4.core.errors import Tp4Error
+from tp4.core.errors import InvalidInput, Tp4Error
 
 # name -> (module, attribute, one-line help shown in `tp4 --help` without importing the module)
 SUBCOMMANDS: dict[str, tuple[str, str, str]] = {
@@ -290,11 +292,72 @@ def _exit_for_refusals(shown: str = "") -> None:
     sys.exit(refusals[0].exit_code)
 
 
+# The kernel's bound on one argv word (MAX_ARG_STRLEN, 32 pages, with its NUL): no exec passes a
+# longer one, nor a NUL inside one; a caller in-process (tests, an embedding program) can.
+MAX_ARG_BYTES = 32 * 4096 - 1
+
+
+def _param_of(args: list[str], index: int) -> str:
+    """How usage names the option or argument whose value is ``args[index]`` (``--port``,
+    ``HOST``), read from the command tree the way click parses it; "an argument" when unsure."""
+    cmd: click.Command = cli
+    i, positional, dashdash = 0, 0, False
+    while i < len(args):
+        word = args[i]
+        if not dashdash and word == "--":
+            dashdash = True
+        elif not dashdash and word.startswith("-") and len(word) > 1:
+            name, eq, _ = word.partition("=")
+            option = next((p for p in cmd.params if isinstance(p, click.Option) and name in p.opts), None)
+            if option is not None and i == index:
+                return name
+            if option is not None and not eq and not option.is_flag and not option.count:
+                if i + 1 == index:
+                    return name
+                i += 1
+        elif isinstance(cmd, click.Group) and not dashdash:
+            sub = cmd.get_command(click.Context(cmd), word)
+            if sub is None or i == index:
+                return "an argument"
+            cmd = sub
+        else:
+            arguments = [p for p in cmd.params if isinstance(p, click.Argument)]
+            taken = 0
+            for argument in arguments:
+                taken += argument.nargs if argument.nargs > 0 else len(args)
+                if positional < taken:
+                    if i == index:
+                        return argument.human_readable_name
+                    break
+            positional += 1
+        i += 1
+    return "an argument"
+
+
+def _check_words(args: list[str]) -> None:
+    """Refuse, naming its option, a word no exec could have passed: one with a NUL, or longer
+    than the kernel's bound on one argv word."""
+    for index, word in enumerate(args):
+        if "\x00" in word:
+            raise InvalidInput(
+                f"{_param_of(args, index)}: {word[:60]!r} holds a NUL character, which no argument can carry; "
+                "fix: remove it"
+            )
+        size = len(word.encode("utf-8", "surrogateescape"))
+        if size > MAX_ARG_BYTES:
+            raise InvalidInput(
+                f"{_param_of(args, index)}: a value of {size:,} bytes, more than the {MAX_ARG_BYTES + 1:,} the "
+                f"kernel passes as one argument ({word[:40]!r}...); fix: shorten it"
+            )
+
+
 def _main(argv: list[str] | None) -> None:
     process = sys.modules.get("tp4.core.process")
     if process is not None:  # an earlier run in this interpreter (tests, an embedding program)
         process.host_key_failures.clear()
     try:
+        if argv is not None:
+            _check_words([str(a) for a in argv])
         rv = cli.main(args=argv, prog_name="tp4", standalone_mode=False)
     except Tp4Error as exc:
         click.echo(f"error: {exc.message}", err=True)
@@ -312,15 +375,46 @@ def _main(argv: list[str] | None) -> None:
         _stopped()
     except StdoutUnwritable:
         raise  # main() says it, after the last flush
+    except OSError as exc:
+        if exc.errno != errno.ENAMETOOLONG or not _too_long(exc, sys.argv[1:] if argv is None else argv):
+            _internal(exc)
+        sys.exit(2)
     except Exception as exc:  # a bug in tp4: say so plainly, the traceback only with -v
-        if _verbose:
-            import traceback
-
-            traceback.print_exc()
-        click.echo(
-            f"error: internal error ({type(exc).__name__}: {exc}); rerun with -v for the traceback and report it",
-            err=True,
-        )
-        sys.exit(70)
+        _internal(exc)
     _exit_for_refusals()
     sys.exit(rv if isinstance(rv, int) else 0)
+
+
+def _too_long(exc: OSError, argv: list[str]) -> bool:
+    """A path the system refuses as too long (ENAMETOOLONG) is the user's, whatever reads it: say
+    which option gave it. False when no argument holds it (then it is tp4's own)."""
+    name = str(exc.filename or "")
+    args = [str(a) for a in argv]
+    # the path the system refused holds the word, or (a parent being made) its start
+    found = [
+        i
+        for i, word in enumerate(args)
+        if len(word) > 32 and (word.split("=")[-1][:64] in name or os.path.basename(name)[:64] in word)
+    ]
+    if not found:
+        return False
+    index = max(found, key=lambda i: len(args[i]))
+    click.echo(
+        f"error: {_param_of(args, index)}: a path of {len(args[index]):,} characters, longer than the system "
+        f"takes (255 bytes a name, 4,095 a path): {args[index][:40]!r}...; fix: shorten it",
+        err=True,
+    )
+    return True
+
+
+def _internal(exc: BaseException) -> None:
+    """A bug in tp4: said plainly, the traceback only with -v; exit 70. Called in an except block."""
+    if _verbose:
+        import traceback
+
+        traceback.print_exc()
+    click.echo(
+        f"error: internal error ({type(exc).__name__}: {exc}); rerun with -v for the traceback and report it",
+        err=True,
+    )
+    sys.exit(70)

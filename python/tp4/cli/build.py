@@ -152,6 +152,8 @@ def distribute(
     Every worker must end with the head's image id and RootFS layers, or the command fails
     naming the worker.
     """
+    # every input first (the profile, --worker, --user, --port), before the head's image is looked up
+    nodes = profile_remotes(workers, profile_path, user, identity, port, ssh_options, strict)
     runtime = runtime_cli.detect(runtime)
     digest = None
     if image_ref is None:
@@ -166,7 +168,6 @@ def distribute(
     image_id = found[0]
     if pushed is not None and pushed.id == image_id:
         digest = pushed.digest
-    nodes = profile_remotes(workers, profile_path, user, identity, port, ssh_options, strict)
     click.echo(f"image {image_ref} {image_id[:12]}")
     if check_only:
         outcomes = distribute_mod.check(image_ref, image_id, nodes, runtime)

@@ -234,16 +234,25 @@ def diff(manifest_file: str | None, old: str, new: str | None) -> None:
 
 
 @sources.command("hash")
-@manifest_option
 @click.argument("path", type=click.Path(exists=True, file_okay=True, dir_okay=True))
 @click.option("--format", "fmt", type=click.Choice(["sri", "nix32", "hex"]), default="sri", show_default=True)
 @click.option(
     "--store-path", "store_name", metavar="NAME", help="Also print where `nix store add-path --name NAME` puts it."
 )
-def hash_cmd(manifest_file: str | None, path: str, fmt: str, store_name: str | None) -> None:
-    """The NAR hash of PATH, as `nix hash path` prints it (the hash a Nix fixed-output tree needs)."""
+def hash_cmd(path: str, fmt: str, store_name: str | None) -> None:
+    """The NAR hash of PATH, as `nix hash path` prints it (the hash a Nix fixed-output tree needs).
+    It reads no manifest (it took --manifest and ignored it)."""
     from tp4.image.sources import nar
 
+    if store_name is not None:  # before the hash is printed: a refused name leaves no half answer
+        try:
+            nar.check_store_name(store_name)
+        except ValueError:
+            shown = repr(store_name[:60]) + ("..." if len(store_name) > 60 else "")
+            raise InvalidInput(
+                f"--store-path {shown}: not a valid store path name; fix: 1-211 of [A-Za-z0-9+-._?=], "
+                "not starting with '.'"
+            ) from None
     try:
         digest = nar.nar_sha256(path)
     except ValueError as exc:  # a FIFO, socket or device inside the tree
@@ -261,4 +270,4 @@ def hash_cmd(manifest_file: str | None, path: str, fmt: str, store_name: str | N
         try:
             click.echo(nar.store_path(store_name, digest))
         except ValueError as exc:
-            raise InvalidInput(str(exc)) from None
+            raise InvalidInput(f"--store-path: {exc}") from None

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import stat
-import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -22,29 +20,18 @@ def plan_text(plan: Plan) -> str:
 
 
 def write_plan(path: Path, plan: Plan) -> None:
-    """Replace `path` with the plan's JSON: a temporary file in the same directory, renamed over it."""
-    text = plan_text(plan)
-    parent = path.parent if str(path.parent) else Path(".")
-    try:
-        mode = os.stat(path).st_mode
-    except OSError:  # a new path (or one the write below reports)
-        mode = None
-    if mode is not None and not stat.S_ISREG(mode):
-        from tp4.core.userfiles import file_kind
+    """Replace `path` with the plan's JSON: a temporary file in the same directory, renamed over it.
+    Only a regular file is replaced (a FIFO, a device or a directory is refused, as is a directory
+    tp4 cannot write in), through the one writer of user files."""
+    from tp4.core.userfiles import write_output
 
-        # renaming over it would replace the device itself (-o /dev/zero as root breaks /dev/zero)
-        raise InvalidInput(f"-o {path} is {file_kind(mode)}; fix: name a regular file or a new path")
+    parent = path.parent if str(path.parent) else Path(".")
     if not parent.is_dir():
         raise InvalidInput(f"-o {path}: {parent} is not a directory; fix: create it, or write the plan elsewhere")
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    new = not os.path.lexists(path)
+    write_output(path, plan_text(plan), "plan", force=True)
+    if new:  # a plan is read by the host configuration and its services, not only by its writer
+        os.chmod(path, 0o644)
 
 
 def read_plan_json(path: Path) -> dict[str, Json]:

@@ -322,6 +322,14 @@ def prepare_out(directory: str, *, create: bool = True) -> Path:
             raise InvalidInput(
                 f"--out: cannot create {out}: {parent} is not writable; fix: choose a directory you can write to"
             )
+        # access() says yes to root everywhere: a directory made and removed again is the real
+        # answer (/proc, a read-only mount), before the endpoint is asked rather than after a level
+        try:
+            os.rmdir(tempfile.mkdtemp(prefix=".tp4-out-probe.", dir=parent))
+        except OSError as exc:
+            raise InvalidInput(
+                f"--out: cannot create {out}: {exc.strerror} in {parent}; fix: choose a directory you can write to"
+            ) from None
         return out / RESULT
     try:
         out.mkdir(parents=True, exist_ok=True)
