@@ -136,7 +136,7 @@ def test_the_store_outlives_ctrl_c_of_the_command_that_started_it(tmp_path):
     try:
         found = imagestore.running(root)
         assert found is not None
-        pid = int((root / "pid").read_text().split()[0])
+        pid = json.loads((root / "pid").read_text())["pid"]
         assert os.getsid(pid) == pid  # its own session: the terminal's Ctrl-C never reaches it
     finally:
         imagestore.stop(root)

@@ -3,7 +3,9 @@
 
 * State lives under :func:`default_root` (``$XDG_STATE_HOME/tp4/registry``): ``config.yml``
   (written by tp4), ``data/`` (the blob and manifest storage), ``access.log`` (the registry's
-  output: access lines and its own log) and ``pid`` (``<pid> <port>`` of the running registry).
+  output: access lines and its own log) and ``pid`` (the running registry: its pid, start time,
+  program and argv, and its port; :mod:`tp4.core.pidfile`). ``stop`` signals that process only
+  while it is still that registry: a pid file naming anything else is refused.
 * It listens on 127.0.0.1 only, without TLS or auth: nothing on the fabric can reach it. A worker
   reaches it through the ssh connection tp4 opens to it anyway, with a reverse tunnel for the
   length of one pull (:mod:`tp4.image.distribute`).
@@ -21,7 +23,6 @@ from __future__ import annotations
 import fcntl
 import os
 import re
-import signal
 import socket
 import tempfile
 import time
@@ -30,11 +31,12 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from tp4.core import dirs, process
+from tp4.core import dirs, pidfile, process
 from tp4.core.errors import Tp4Error
 
 REGISTRY = "docker-registry"
 DEFAULT_REPO = "dsv41-4x-spark"
+WHAT = "image store (docker-registry)"
 START_TIMEOUT = 15.0
 # a start moves a larger access log aside to access.log.1 (served_bytes reads the current one)
 ACCESS_LOG_MAX = 64 * 2**20
@@ -147,35 +149,28 @@ def _answers(store: Store) -> bool:
         return False
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:  # a zombie (our own child that exited) is not alive
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().rsplit(")", 1)[-1].split()[0] != "Z"
-    except OSError:
-        return True
+def _expect(root: Path) -> pidfile.Expect:
+    """The registry tp4 starts under ``root``: ``docker-registry serve <root>/config.yml``."""
+    return pidfile.Expect(REGISTRY, ("serve", str(root.absolute() / "config.yml")))
 
 
-def _read_pid(root: Path) -> tuple[int, int] | None:
-    try:
-        pid, port = _pidfile(root).read_text().split()
-        return int(pid), int(port)
-    except (OSError, ValueError):
-        return None
+def _record(root: Path) -> pidfile.Record | None:
+    """The pid file's record of the registry when that registry still runs (module doc of
+    tp4.core.pidfile); :class:`tp4.core.pidfile.Stale` when the file names another process."""
+    return pidfile.running(_pidfile(root), _expect(root), WHAT)
 
 
 def running(root: Path | None = None) -> Store | None:
     """The registry tp4 started under ``root``, when its process lives and /v2/ answers."""
     root = root or default_root()
-    found = _read_pid(root)
-    if found is None or not _alive(found[0]):
+    try:
+        record = _record(root)
+    except pidfile.Stale:
+        return None  # not tp4's registry: `stop` says so; `start` starts one and records it
+    port = record.extra.get("port") if record is not None else None
+    if record is None or not isinstance(port, int):
         return None
-    store = Store(root, found[1])
+    store = Store(root, port)
     return store if _answers(store) else None
 
 
@@ -225,7 +220,11 @@ def _start_locked(root: Path, port: int | None) -> Store:
     with log:
         # detached: the store outlives the command that started it, Ctrl-C of that command included
         child = process.start([REGISTRY, "serve", str(store.config)], stdout=log, stderr=process.STDOUT, detached=True)
-    _pidfile(root).write_text(f"{child.pid} {port}\n")
+    try:
+        pidfile.write(_pidfile(root), child.pid, port=port)
+    except (Tp4Error, OSError) as exc:
+        process.stop(child)
+        raise Tp4Error(f"the image store's pid file {_pidfile(root)}: {exc}; fix: make {root} writable") from None
     deadline = time.monotonic() + START_TIMEOUT
     while not _answers(store):
         if child.poll() is not None or time.monotonic() > deadline:
@@ -242,29 +241,11 @@ def _start_locked(root: Path, port: int | None) -> Store:
 
 
 def stop(root: Path | None = None) -> bool:
-    """Stop the registry running under ``root``; False when none was running."""
-    root = root or default_root()
-    found = _read_pid(root)
-    _pidfile(root).unlink(missing_ok=True)
-    if found is None or not _alive(found[0]):
-        return False
-    pid = found[0]
-    os.kill(pid, signal.SIGTERM)
-    deadline = time.monotonic() + process.GRACE * 2
-    while _alive(pid) and time.monotonic() < deadline:
-        _reap(pid)
-        time.sleep(0.05)
-    if _alive(pid):
-        os.kill(pid, signal.SIGKILL)
-    _reap(pid)
-    return True
-
-
-def _reap(pid: int) -> None:
-    try:
-        os.waitpid(pid, os.WNOHANG)
-    except ChildProcessError:
-        pass
+    """Stop the registry tp4 started under ``root``; False when none was running. Only the
+    process its pid file records is signalled, and only while it is still that process
+    (tp4.core.pidfile): a pid file naming anything else is refused (Tp4Error), nothing signalled."""
+    root = (root or default_root()).absolute()
+    return pidfile.stop(_pidfile(root), _expect(root), WHAT, grace=process.GRACE * 2)
 
 
 def push(runtime: str, ref: str, store: Store, repo: str = DEFAULT_REPO, *, tag: str | None = None) -> str:

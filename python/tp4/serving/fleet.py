@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from tp4.core import pidfile
 from tp4.core.contracts.fleet_plan import (
     FleetPlan,
     FleetPlanLine,
@@ -101,11 +102,16 @@ LAUNCHER = (
     "m.launch_router(m.parse_router_args(args))\n"
 )
 
+# a line of the router's /proc/PID/cmdline: the launcher's marker, or the title a router gives itself
+_ROUTER_CMDLINE = "^(# tp4 fleet router launcher$|" + "|".join(re.escape(k.title) for k in ROUTERS.values()) + ")"
+
 # constant scripts on the router's host; $1 is the state dir, every value an argument
 _START_TIME = 'sed "s/.*) //" /proc/"$1"/stat 2>/dev/null | cut -d" " -f20'
 _ALIVE = (
-    'alive() { [ -f "$d/router.pid" ] && read -r p s < "$d/router.pid" && [ -n "$p" ] && '
-    f'[ "$(set -- "$p"; {_START_TIME})" = "$s" ]; }}; '
+    # the pid file's process, only while it is the router started (tp4.core.pidfile.SAME_SH): a pid
+    # > 1 whose start time is the recorded one, running the launcher (or titled as a router)
+    pidfile.SAME_SH + 'alive() { [ -f "$d/router.pid" ] && read -r p s < "$d/router.pid" && '
+    f'same "$p" "$s" -qE {shlex.quote(_ROUTER_CMDLINE)}; }}; '
 )
 _START = (
     'd=$1; shift; umask 077; mkdir -p -- "$d" || exit 1; ' + _ALIVE + 'if alive; then echo "running $p"; exit 0; fi; '
