@@ -366,3 +366,18 @@ def test_the_remote_kill_signals_only_the_group_its_wrapper_recorded(tmp_path, v
         assert wrapped.wait(timeout=10) != 0
     finally:
         wrapped.kill()
+
+
+@pytest.mark.parametrize("kind", ["fifo", "directory", "huge"])
+def test_a_pid_file_that_is_no_small_regular_file_is_refused_without_hanging(tmp_path, no_kill, kind):
+    path = tmp_path / "pid"
+    if kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "directory":
+        path.mkdir()
+    else:
+        with open(path, "wb") as fh:
+            fh.truncate(2**30)  # sparse: read no further than a record can be
+    with pytest.raises(pidfile.Stale):
+        pidfile.stop(path, SLEEP, "sleep")
+    assert no_kill == []

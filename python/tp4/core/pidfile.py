@@ -174,10 +174,12 @@ def read(path: Path, expect: Expect, what: str) -> Record | None:
         if exc.errno == errno.ELOOP:
             raise _stale(path, "is a symlink", what) from None
         raise Tp4Error(f"cannot read the pid file {path}: {exc.strerror or exc}; fix: remove it") from None
-    with os.fdopen(fd, "rb") as fh:
-        if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
             raise _stale(path, "is not a regular file", what)
-        raw = fh.read(65536)
+        raw = os.read(fd, 65536)
+    finally:
+        os.close(fd)
     try:
         data = json.loads(raw)
     except (ValueError, RecursionError):
