@@ -112,6 +112,8 @@ _ALIVE = (
     # > 1 whose start time is the recorded one, running the launcher (or titled as a router)
     pidfile.SAME_SH + 'alive() { [ -f "$d/router.pid" ] && read -r p s < "$d/router.pid" && '
     f'same "$p" "$s" -qE {shlex.quote(_ROUTER_CMDLINE)}; }}; '
+    # the process alive() saw, until it is gone, its zombie included: what a stop waits for
+    f'started() {{ [ "$(set -- "$p"; {_START_TIME})" = "$s" ]; }}; '
 )
 _START = (
     'd=$1; shift; umask 077; mkdir -p -- "$d" || exit 1; ' + _ALIVE + 'if alive; then echo "running $p"; exit 0; fi; '
@@ -121,8 +123,8 @@ _START = (
 _PID = "d=$1; " + _ALIVE + 'if alive; then echo "$p"; fi'
 _STOP = (
     "d=$1; g=$2; " + _ALIVE + 'if alive; then kill -TERM "$p" 2>/dev/null; i=0; '
-    "while alive && [ $i -lt $((g * 10)) ]; do sleep 0.1; i=$((i+1)); done; "
-    'if alive; then kill -KILL "$p" 2>/dev/null; sleep 0.2; fi; fi; '
+    "while started && [ $i -lt $((g * 10)) ]; do sleep 0.1; i=$((i+1)); done; "
+    'if alive; then kill -KILL "$p" 2>/dev/null; fi; while started && [ $i -lt $((g * 10 + 20)) ]; do sleep 0.1; i=$((i+1)); done; fi; '
     'if alive; then echo "still running $p"; exit 1; fi; rm -f -- "$d/router.pid" "$d/api-key"'
 )
 _WRITE_PRIVATE = (
