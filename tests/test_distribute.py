@@ -6,6 +6,7 @@ namespaces have no route to the head's loopback, so the tunnel is their only way
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -87,12 +88,33 @@ def reset(hosts):
 
 
 @pytest.mark.parametrize("method", ["registry", "archive"])
-def test_copies_to_every_worker_then_skips(hosts, head, tp4_cli, method):
+def test_copies_to_every_worker_then_skips(hosts, head, tp4_cli, method, monkeypatch, caplog):
     reset(hosts)
     head_id = runtime_cli.inspect("podman", REF)[0]
+    endpoints = []
+    real_endpoint = imagestore.pull_endpoint
+
+    @contextlib.contextmanager
+    def recorded(store):
+        with real_endpoint(store) as endpoint:
+            endpoints.append(endpoint)
+            yield endpoint
+
+    monkeypatch.setattr(imagestore, "pull_endpoint", recorded)
+    caplog.set_level("DEBUG", logger="tp4.core.process")
 
     code, out, err = tp4_cli(*worker_args(hosts, head, method=method))
     assert code == 0, err
+    if method == "registry":
+        # the workers pulled with a credential of this distribution only: in no argv (the funnel's
+        # log), no output, no file left on a worker, and the endpoint is gone
+        assert len(endpoints) == 1 and "localhost:" in caplog.text
+        store = imagestore.running()
+        shown = caplog.text + out + err
+        assert not any(s in shown for s in (*endpoints[0].credential.secrets, *store.credential.secrets))
+        assert all(h.run("sh", "-c", "ls -a /tmp ${TMPDIR:-/tmp}").stdout.count("tp4-pull.") == 0 for h in hosts)
+        with socket.socket() as sock, pytest.raises(OSError):
+            sock.connect(("127.0.0.1", endpoints[0].port))
     assert all(node_id(h) == head_id for h in hosts)
     assert out.count(": copied: ") == 3
     assert f"all 3 workers have {head_id[:12]}" in out

@@ -280,15 +280,32 @@ def test_registry_prune_deletes_the_manifests_no_node_keeps_and_collects_their_b
         assert m and float(m.group(1)) >= 0.4, out  # the old build's 512 KiB layer (gzip cannot shrink random bytes)
         assert not imagestore.blob_path(store, blob).exists()
         for digest in (digests[line], digests[worker_line]):  # what is kept still pulls
-            process.run(["skopeo", "inspect", "--tls-verify=false", f"docker://{store.url}/dsv41-4x-spark@{digest}"])
+            skopeo_inspect(store, digest)
     finally:
         imagestore.stop(store.root)
 
 
+def skopeo_inspect(store, digest: str, *flags: str) -> str:
+    """`skopeo inspect` of a manifest in the store, with tp4's credential (the store refuses
+    anonymous reads) in an auth file."""
+    from tp4.image import imagestore
+
+    with imagestore.auth_dir(store.credential, store.url) as auth:
+        return process.run(
+            [
+                "skopeo",
+                "inspect",
+                *flags,
+                "--tls-verify=false",
+                "--authfile",
+                str(auth / "config.json"),
+                f"docker://{store.url}/dsv41-4x-spark@{digest}",
+            ]
+        ).stdout
+
+
 def manifest_layer_digests(store, digest: str) -> list[str]:
-    raw = process.run(
-        ["skopeo", "inspect", "--raw", "--tls-verify=false", f"docker://{store.url}/dsv41-4x-spark@{digest}"]
-    ).stdout
+    raw = skopeo_inspect(store, digest, "--raw")
     return [layer["digest"] for layer in json.loads(raw)["layers"]]
 
 

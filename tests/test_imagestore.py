@@ -12,6 +12,8 @@ import socket
 import subprocess
 import sys
 import tarfile
+import urllib.error
+import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -136,7 +138,7 @@ def test_the_store_outlives_ctrl_c_of_the_command_that_started_it(tmp_path):
     try:
         found = imagestore.running(root)
         assert found is not None
-        pid = int((root / "pid").read_text().split()[0])
+        pid = json.loads((root / "pid").read_text())["pid"]
         assert os.getsid(pid) == pid  # its own session: the terminal's Ctrl-C never reaches it
     finally:
         imagestore.stop(root)
@@ -216,7 +218,11 @@ def test_served_bytes_count_the_blobs_pulled(store, images, tmp_path, monkeypatc
     manifest = imagestore.manifest(store, REPO, digest)
     assert imagestore.served_bytes(store) == 0
     monkeypatch.setenv("CONTAINERS_STORAGE_CONF", str(storage_conf(tmp_path / "puller")))
-    process.run(["podman", "pull", "--tls-verify=false", f"localhost:{store.port}/{REPO}@{digest}"])
+    with imagestore.auth_dir(store.credential, f"localhost:{store.port}") as auth:
+        process.run(
+            ["podman", "pull", "--tls-verify=false", f"localhost:{store.port}/{REPO}@{digest}"],
+            env={"REGISTRY_AUTH_FILE": str(auth / "config.json")},
+        )
     assert runtime_cli.inspect("podman", images[0]) is not None
     blobs = sum(layer["size"] for layer in manifest["layers"]) + manifest["config"]["size"]
     assert imagestore.served_bytes(store) == blobs
@@ -255,3 +261,109 @@ def test_the_cli_starts_reports_and_stops_the_store(tmp_path, tp4_cli, images):
         code, out, err = tp4_cli("image-store", "stop", "--root", root)
     assert code == 0 and "stopped" in out
     assert imagestore.running(root) is None
+
+
+# --- authentication -----------------------------------------------------------------------------------
+
+
+def _anonymous(store, method: str, path: str) -> int:
+    """The HTTP status of a request without any credential (as any local process can send)."""
+    req = urllib.request.Request(f"http://{store.url}{path}", method=method)
+    try:
+        with urllib.request.build_opener(urllib.request.ProxyHandler({})).open(req, timeout=10) as resp:
+            return int(resp.status)
+    except urllib.error.HTTPError as exc:
+        return exc.code
+
+
+def test_the_store_refuses_anonymous_pushes_deletes_and_pulls(store, images, tmp_path, monkeypatch):
+    """Any local process (a rank container with host networking) reaches 127.0.0.1: without tp4's
+    credential it can neither push, nor delete, nor read."""
+    digest = imagestore.push("podman", images[0], store)
+    assert _anonymous(store, "POST", f"/v2/{REPO}/blobs/uploads/") == 401
+    assert _anonymous(store, "DELETE", f"/v2/{REPO}/manifests/{digest}") == 401
+    assert _anonymous(store, "GET", f"/v2/{REPO}/manifests/{digest}") == 401
+    assert _anonymous(store, "GET", "/v2/") == 401
+    wrong = imagestore.Credential(imagestore.PUSH_USER, "not-the-password")
+    assert imagestore._request(store, "DELETE", f"/v2/{REPO}/manifests/{digest}", credential=wrong)[0] == 401
+    assert imagestore.has_manifest(store, REPO, digest)
+    # a real client without the credential: refused
+    proc = process.run(
+        [
+            "skopeo",
+            "copy",
+            "--dest-tls-verify=false",
+            f"containers-storage:{images[1]}",
+            f"docker://{store.url}/{REPO}:x",
+        ],
+        check=False,
+    )
+    assert proc.returncode != 0 and ("401" in proc.stderr or "unauthorized" in proc.stderr.lower()), proc.stderr
+    monkeypatch.setenv("CONTAINERS_STORAGE_CONF", str(storage_conf(tmp_path / "puller")))
+    proc = process.run(["podman", "pull", "--tls-verify=false", f"localhost:{store.port}/{REPO}@{digest}"], check=False)
+    assert proc.returncode != 0
+    assert imagestore.manifests(store, REPO) == [digest]
+
+
+def test_the_credential_is_private_bcrypt_and_kept_across_restarts(tmp_path):
+    root = tmp_path / "registry"
+    store = imagestore.start(root)
+    try:
+        cred = store.credential
+        assert cred.user == imagestore.PUSH_USER and len(cred.password) >= 32
+        assert root.stat().st_mode & 0o777 == 0o700
+        for name in (imagestore.CREDENTIAL, imagestore.HTPASSWD):
+            assert (root / name).stat().st_mode & 0o777 == 0o600
+        user, hashed = (root / imagestore.HTPASSWD).read_text().strip().split(":", 1)
+        assert user == cred.user and hashed.startswith("$2") and cred.password not in hashed
+        assert cred.password not in store.config.read_text()
+        assert f"path: {root / imagestore.HTPASSWD}" in store.config.read_text()
+    finally:
+        imagestore.stop(root)
+    again = imagestore.start(root)
+    try:
+        assert again.credential == cred and imagestore._answers(again)
+    finally:
+        imagestore.stop(root)
+
+
+def test_the_pull_endpoint_is_read_only_with_its_own_credential_and_ends_with_its_block(store, images):
+    digest = imagestore.push("podman", images[0], store)
+    with imagestore.pull_endpoint(store) as endpoint:
+        pull = endpoint.credential
+        assert pull.user == imagestore.PULL_USER and pull.password != store.credential.password
+        probe = imagestore.Store(store.root, endpoint.port)
+        ask = imagestore._request
+        assert ask(probe, "GET", f"/v2/{REPO}/manifests/{digest}", credential=pull)[0] == 200
+        # the pull credential can neither push nor delete; nothing can without a credential
+        assert ask(probe, "POST", f"/v2/{REPO}/blobs/uploads/", credential=pull)[0] == 405
+        assert ask(probe, "DELETE", f"/v2/{REPO}/manifests/{digest}", credential=pull)[0] == 405
+        assert _anonymous(probe, "GET", f"/v2/{REPO}/manifests/{digest}") == 401
+        assert _anonymous(probe, "DELETE", f"/v2/{REPO}/manifests/{digest}") == 401
+        # nor can tp4's push credential be used there: the endpoint knows only its own user
+        assert ask(probe, "GET", "/v2/", credential=store.credential)[0] == 401
+        # and the pull credential is nothing to the store itself
+        assert ask(store, "GET", "/v2/", credential=pull)[0] == 401
+        private = [p for p in store.root.iterdir() if p.name.startswith("pull-")]
+        assert len(private) == 1 and private[0].stat().st_mode & 0o777 == 0o700
+    assert not any(p.name.startswith("pull-") for p in store.root.iterdir())
+    with socket.socket() as sock, pytest.raises(OSError):
+        sock.connect(("127.0.0.1", endpoint.port))
+    assert imagestore.has_manifest(store, REPO, digest)
+
+
+def test_no_credential_in_argv_or_the_log(store, images, caplog, capfd):
+    """Every command of a push goes through the funnel, which logs its argv: the password is in
+    none of them (auth files), nor in anything printed."""
+    caplog.set_level("DEBUG", logger="tp4.core.process")
+    digest = imagestore.push("podman", images[0], store)
+    imagestore.manifests(store, REPO)
+    from tp4.image import images as images_module
+
+    assert images_module.manifest_image_id(store, REPO, digest) == images[0]
+    cred = store.credential
+    logged = caplog.text
+    assert "skopeo copy" in logged and "--dest-authfile" in logged
+    out, err = capfd.readouterr()
+    for secret in cred.secrets:
+        assert secret not in logged and secret not in out and secret not in err

@@ -199,8 +199,9 @@ def test_stopping_a_remote_command_reaps_it_before_the_wrapper_exits(hosts):
     try:
         assert _wait_until(lambda: bool(_running("sleep 41.25")), 10)
         child = process._live[id(follower)]
-        group = process.run(["cat", child.pidfile], remote=hosts[0].remote).stdout.strip()
-        assert group.isdigit()
+        # the group (its leader's pid) and the leader's start time, which the kill checks
+        group, started = process.run(["cat", child.pidfile], remote=hosts[0].remote).stdout.split()
+        assert group.isdigit() and started.isdigit()
         process.stop(follower, remote_first=True)
         assert follower.returncode == 143  # the wrapper's trap, after the command ended
         left = process.run(

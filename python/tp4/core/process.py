@@ -55,6 +55,7 @@ from types import FrameType
 from typing import IO, Any, AnyStr, Literal, overload
 
 from tp4.core.errors import HostKeyError, Tp4Error
+from tp4.core.pidfile import SAME_SH, START_SH
 
 log = logging.getLogger("tp4.core.process")
 
@@ -80,16 +81,21 @@ CLEANUP_TIMEOUT = 15.0
 # command whose shell died first would stay a zombie in the group until the host's init reaps
 # it, and the kill below would wait out its grace for it (a container's or sandbox's pid 1 may
 # take seconds).
+# The file holds the group's leader (its id is the group's) and the leader's start time: the kill
+# signals the group only while its leader is still that process, with the file's name in its
+# command line (tp4.core.pidfile.SAME_SH), never a group whose id was reused.
 _REMOTE_WRAPPER = (
-    'f=$1; shift; (umask 077; set -C; read -r _ _ _ _ g _ < /proc/$$/stat && echo "$g" > "$f") 2>/dev/null; '
+    "f=$1; shift; (umask 077; set -C; read -r _ _ _ _ g _ < /proc/$$/stat && "
+    f's=$(set -- "$g"; {START_SH}) && echo "$g $s" > "$f") 2>/dev/null; '
     "trap 'rm -f \"$f\"; exit 129' HUP; trap 'rm -f \"$f\"; exit 130' INT; trap 'rm -f \"$f\"; exit 143' TERM; "
     '"$@"; s=$?; rm -f "$f"; exit $s'
 )
 # kills the process group named in $1: SIGTERM, then SIGKILL after GRACE seconds
 _REMOTE_KILL = (
     'f=$1; n=0; while [ ! -f "$f" ] && [ $n -lt 20 ]; do sleep 0.05; n=$((n+1)); done; '  # just started
-    '[ -f "$f" ] || exit 0; read -r g < "$f"; rm -f "$f"; '
-    'case $g in ""|*[!0-9]*|0|1) exit 0;; esac; '
+    '[ -f "$f" ] && [ -O "$f" ] || exit 0; read -r g t < "$f"; rm -f "$f"; '
+    + SAME_SH
+    + 'same "$g" "$t" -qF "$f" || exit 0; '
     f"kill -TERM -$g 2>/dev/null; n=0; while kill -0 -$g 2>/dev/null && [ $n -lt {int(GRACE * 20)} ]; "
     "do sleep 0.05; n=$((n+1)); done; kill -KILL -$g 2>/dev/null; exit 0"
 )

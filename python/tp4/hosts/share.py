@@ -36,6 +36,7 @@ import shlex
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from tp4.core import pidfile
 from tp4.core.privatefiles import WRITE_SHARED
 from tp4.core.errors import InvalidInput, Tp4Error
 from tp4.line.plan import NFS_EXPORT_OPTIONS, NFS_MOUNT_OPTIONS, Plan, VolumeOptions, expand, home_of
@@ -66,16 +67,27 @@ _CLIENT_KIND = (
 _WRITE = "umask 022; " + WRITE_SHARED
 _READ = '[ -f "$1" ] && cat -- "$1" || true'
 _MODEL = 'if [ ! -d "$1" ]; then echo missing; elif [ ! -f "$1/config.json" ]; then echo no-config; else echo ok; fi'
-# ganesha: alive when the pid file names a running ganesha.nfsd
-_GANESHA_PID = (
-    'p=$(cat -- "$1" 2>/dev/null) && [ -n "$p" ] && kill -0 "$p" 2>/dev/null && '
-    'grep -q ganesha /proc/"$p"/comm && echo "$p" || true'
+# ganesha: alive when its pid file ($1, written by ganesha.nfsd itself) names the ganesha.nfsd
+# tp4 started (tp4.core.pidfile.SAME_SH): a pid > 1 named ganesha (its comm) whose command line has
+# `-p $1`, and whose start time is the one recorded in $1.start when tp4 first saw it running
+# (recorded then; removed by a start and a stop). A pid file naming anything else: not running,
+# and nothing is signalled.
+_GANESHA_ALIVE = (
+    pidfile.SAME_SH
+    + 'alive() { [ -f "$1" ] && read -r p < "$1" || return 1; s=; [ -f "$1.start" ] && read -r s < "$1.start"; '
+    + f'[ -n "$s" ] || s=$(set -- "$p"; {pidfile.START_SH}); '
+    + 'same "$p" "$s" -qxF "$1" && grep -q ganesha /proc/"$p"/comm 2>/dev/null || return 1; '
+    + '[ -f "$1.start" ] || (umask 077; set -C; echo "$s" > "$1.start") 2>/dev/null; return 0; }; '
 )
+_GANESHA_PID = _GANESHA_ALIVE + 'if alive "$1"; then echo "$p"; fi'
 _GANESHA_STOP = (
-    'p=$(cat -- "$1" 2>/dev/null) || exit 0; [ -n "$p" ] && grep -q ganesha /proc/"$p"/comm 2>/dev/null || exit 0; '
-    'kill "$p"; i=0; while kill -0 "$p" 2>/dev/null && [ $i -lt 100 ]; do sleep 0.1; i=$((i+1)); done'
+    _GANESHA_ALIVE
+    + 'if alive "$1"; then kill "$p"; i=0; while alive "$1" && [ $i -lt 100 ]; do sleep 0.1; i=$((i+1)); done; fi; '
+    'rm -f -- "$1.start"'
 )
-_GANESHA_START = 'rm -f -- "$2"; exec ganesha.nfsd -f "$1" -p "$2" -L "$3" -N NIV_EVENT </dev/null >/dev/null 2>&1'
+_GANESHA_START = (
+    'rm -f -- "$2" "$2.start"; exec ganesha.nfsd -f "$1" -p "$2" -L "$3" -N NIV_EVENT </dev/null >/dev/null 2>&1'
+)
 
 
 @dataclass(frozen=True)

@@ -8,9 +8,11 @@ For each worker, in parallel:
 2. otherwise copy it, by one of two methods:
 
    * ``registry`` (the default): the worker pulls the image by its manifest digest from the
-     head's image store (:mod:`tp4.image.imagestore`, a registry bound to 127.0.0.1 on the head),
+     head's image store (:mod:`tp4.image.imagestore`, a registry bound to 127.0.0.1 on the head;
+     the workers reach its read-only pull endpoint, with a pull credential made for this
+     distribution, handed to the node on stdin into an auth file removed after the pull),
      through a reverse tunnel of the ssh connection that runs the pull
-     (``ssh -o RemoteForward=<port> 127.0.0.1:<store port>``, for the length of the pull only):
+     (``ssh -o RemoteForward=<port> 127.0.0.1:<endpoint port>``, for the length of the pull only):
      ``<runtime> pull localhost:<port>/<repo>@sha256:<digest>``, then tagged as the line's
      reference. The runtime fetches only the layers the node lacks and checks each blob against
      its digest. podman needs ``--tls-verify=false`` for the loopback registry (it is plain
@@ -227,7 +229,22 @@ def pull_argv(runtime: str, source: str) -> list[str]:
     return [runtime, "pull", "--tls-verify=false", source] if runtime == "podman" else [runtime, "pull", source]
 
 
-def tunneled(remote: process.Remote, port: int, store: imagestore.Store) -> process.Remote:
+# Runs a pull on the node with the pull credential from stdin in an auth file of a private
+# temporary directory, removed when the pull ends (a kill of the pull included): podman reads it
+# as REGISTRY_AUTH_FILE, docker as DOCKER_CONFIG/config.json. Never in argv.
+_WITH_AUTH = (
+    'umask 077; d=$(mktemp -d "${TMPDIR:-/tmp}/tp4-pull.XXXXXXXX") || exit 1; '
+    "trap 'rm -rf -- \"$d\"' EXIT; trap 'exit 129' HUP; trap 'exit 130' INT; trap 'exit 143' TERM; "
+    'cat > "$d/config.json" || exit 1; DOCKER_CONFIG=$d REGISTRY_AUTH_FILE=$d/config.json "$@"'
+)
+
+
+def authed_pull_argv(runtime: str, source: str) -> list[str]:
+    """:func:`pull_argv` under the wrapper that takes the credential on stdin (_WITH_AUTH)."""
+    return ["sh", "-c", _WITH_AUTH, "sh", *pull_argv(runtime, source)]
+
+
+def tunneled(remote: process.Remote, port: int, store: imagestore.Store | imagestore.PullEndpoint) -> process.Remote:
     """The node's ssh with a reverse tunnel: its 127.0.0.1:<port> reaches the store on the head;
     the connection fails when the port cannot be forwarded. A connection of its own, not the
     shared one: a forward asked through that would stay open as long as it does."""
@@ -238,14 +255,27 @@ def tunneled(remote: process.Remote, port: int, store: imagestore.Store) -> proc
     )
 
 
-def pull(runtime: str, remote: process.Remote, store: imagestore.Store, repo: str, digest: str) -> None:
+def pull(
+    runtime: str,
+    remote: process.Remote,
+    store: imagestore.Store,
+    repo: str,
+    digest: str,
+    endpoint: imagestore.PullEndpoint,
+) -> None:
     """``<runtime> pull localhost:<port>/<repo>@<digest>`` on the node through a reverse tunnel to
-    the store, open for the length of the pull. The node's end of the tunnel is the store's port
+    the store's pull endpoint, open for the length of the pull, with the pull credential (an auth
+    file on the node for the length of the pull). The node's end of the tunnel is the store's port
     (so the image keeps one name), else a random one when that is taken there."""
     ports = [store.port, *random.sample(range(20000, 60000), 3)]
+    cred = endpoint.credential
     for n, port in enumerate(ports):
         proc = process.run(
-            pull_argv(runtime, f"localhost:{port}/{repo}@{digest}"), remote=tunneled(remote, port, store), check=False
+            authed_pull_argv(runtime, f"localhost:{port}/{repo}@{digest}"),
+            remote=tunneled(remote, port, endpoint),
+            input=cred.auth_json(f"localhost:{port}"),
+            secrets=cred.secrets,
+            check=False,
         )
         if proc.returncode == 0:
             return
@@ -308,7 +338,7 @@ def _by_registry(
         try:
             lacking = missing_layers(head_layers, _node_layer_lists(runtime, remote))
             moved = sum(sizes[len(sizes) - lacking :]) if lacking else 0
-            pull(runtime, remote, store, repo, digest)
+            pull(runtime, remote, store, repo, digest, endpoint)
             process.run([runtime, "tag", image_id, ref], remote=remote)
             found = remote_id(runtime, ref, remote)
             layers = runtime_cli.layers(runtime, ref, remote=remote)
@@ -338,9 +368,15 @@ def _by_registry(
             layers=lacking,
         )
 
-    echo(f"pulling {repo}@{digest[:19]} from {store.url} (reverse ssh tunnels) to {', '.join(n.host for n in todo)}")
-    with ThreadPoolExecutor(max_workers=len(todo)) as pool:
-        return {o.node: o for o in pool.map(copy, todo)}
+    # the workers pull from a read-only endpoint with a credential that lives as long as this
+    # distribution (tp4.image.imagestore.pull_endpoint): never tp4's own, which may push and delete
+    with imagestore.pull_endpoint(store) as endpoint:
+        echo(
+            f"pulling {repo}@{digest[:19]} from {store.url} (read-only, reverse ssh tunnels) to "
+            f"{', '.join(n.host for n in todo)}"
+        )
+        with ThreadPoolExecutor(max_workers=len(todo)) as pool:
+            return {o.node: o for o in pool.map(copy, todo)}
 
 
 def layer_diff(head: Sequence[str], node: Sequence[str]) -> str:

@@ -388,9 +388,24 @@ def _tree_bytes(root: Path) -> int:
 
 def manifest_image_id(store: Store, repo: str, digest: str) -> str | None:
     """The image id (config digest) a manifest in the store names; None for an index or on error."""
-    proc = process.run(
-        ["skopeo", "inspect", "--raw", "--tls-verify=false", f"docker://{store.url}/{repo}@{digest}"], check=False
-    )
+    imagestore = _imagestore()
+    if imagestore is None:
+        return None
+    cred = imagestore.read_credential(store.root)
+    with imagestore.auth_dir(cred, store.url) as auth:  # tp4's credential in an auth file, never in argv
+        proc = process.run(
+            [
+                "skopeo",
+                "inspect",
+                "--raw",
+                "--tls-verify=false",
+                "--authfile",
+                str(auth / "config.json"),
+                f"docker://{store.url}/{repo}@{digest}",
+            ],
+            check=False,
+            secrets=cred.secrets,
+        )
     if proc.returncode != 0:
         return None
     try:

@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from tp4.core import pidfile
 from tp4.core.contracts.fleet_plan import (
     FleetPlan,
     FleetPlanLine,
@@ -112,6 +113,9 @@ LAUNCHER = (
     "m.launch_router(m.parse_router_args(args))\n"
 )
 
+# a line of the router's /proc/PID/cmdline: the launcher's marker, or the title a router gives itself
+_ROUTER_CMDLINE = "^(# tp4 fleet router launcher$|" + "|".join(re.escape(k.title) for k in ROUTERS.values()) + ")"
+
 # constant scripts on the router's host; $1 is the state dir, every value an argument. The state
 # dir must be the router user's own, writable by nobody else (tp4.core.privatefiles.private_dir):
 # the key file and the log are written there
@@ -123,8 +127,12 @@ _NEW_LOG = (
 )
 _START_TIME = 'sed "s/.*) //" /proc/"$1"/stat 2>/dev/null | cut -d" " -f20'
 _ALIVE = (
-    'alive() { [ -f "$d/router.pid" ] && read -r p s < "$d/router.pid" && [ -n "$p" ] && '
-    f'[ "$(set -- "$p"; {_START_TIME})" = "$s" ]; }}; '
+    # the pid file's process, only while it is the router started (tp4.core.pidfile.SAME_SH): a pid
+    # > 1 whose start time is the recorded one, running the launcher (or titled as a router)
+    pidfile.SAME_SH + 'alive() { [ -f "$d/router.pid" ] && read -r p s < "$d/router.pid" && '
+    f'same "$p" "$s" -qE {shlex.quote(_ROUTER_CMDLINE)}; }}; '
+    # the process alive() saw, until it is gone, its zombie included: what a stop waits for
+    f'started() {{ [ "$(set -- "$p"; {_START_TIME})" = "$s" ]; }}; '
 )
 _START = (
     "d=$1; shift; umask 077; "
@@ -139,8 +147,8 @@ _START = (
 _PID = "d=$1; " + _ALIVE + 'if alive; then echo "$p"; fi'
 _STOP = (
     "d=$1; g=$2; " + _ALIVE + 'if alive; then kill -TERM "$p" 2>/dev/null; i=0; '
-    "while alive && [ $i -lt $((g * 10)) ]; do sleep 0.1; i=$((i+1)); done; "
-    'if alive; then kill -KILL "$p" 2>/dev/null; sleep 0.2; fi; fi; '
+    "while started && [ $i -lt $((g * 10)) ]; do sleep 0.1; i=$((i+1)); done; "
+    'if alive; then kill -KILL "$p" 2>/dev/null; fi; while started && [ $i -lt $((g * 10 + 20)) ]; do sleep 0.1; i=$((i+1)); done; fi; '
     'if alive; then echo "still running $p"; exit 1; fi; rm -f -- "$d/router.pid" "$d/api-key"'
 )
 
