@@ -50,3 +50,59 @@ def test_plain_floats_still_pass(value):
     from tp4.line.registry import load_registry
 
     assert load_registry().gate(FLOAT_GATE).check(value) is None
+
+
+# --- addresses: parsed with ipaddress, host names by RFC 1123; IPv6 in brackets in every URL ------
+
+
+@pytest.mark.parametrize(
+    "value", [":", "999.999.999.999", "0", "a-", "10.0.0", "10.0.0.256", "0.0.0.0", "::", "fe80::1%eth0", "spark1"]
+)
+@pytest.mark.parametrize("path", ["cluster.head.ip", "cluster.workers.1.ip"])
+def test_a_fabric_ip_is_an_ip_address(path, value):
+    from test_hostile_input import _field, _set
+
+    refused(_set(doc(), path, value), _field(path), repr(value), "fix:")
+
+
+@pytest.mark.parametrize("value", [":", "999.999.999.999", "0", "a-", "-a", "a..b", "a_b", "x" * 64, "1.2.3"])
+def test_an_ssh_address_is_an_ip_address_or_a_host_name(value):
+    refused(at(doc(), "cluster.head.ssh", value), "cluster.head.ssh", repr(value), "fix:")
+
+
+@pytest.mark.parametrize("value", ["10.0.0.9", "fd00::9", "spark9", "spark9.lan", "spark9.lan.", "a-b.c0"])
+def test_good_ssh_addresses_pass(value):
+    from tp4.line.profile.load import parse_document
+
+    parse_document(at(doc(), "cluster.head.ssh", value), "t.toml")
+
+
+def _v6_profile(tmp_path, head: str = "fd00::1", port: int = 8888):
+    text = f'preset = "production"\n[cluster]\nport = {port}\n[cluster.head]\nname = "spark1"\nip = "{head}"\n'
+    for i in (2, 3, 4):
+        text += f'[[cluster.workers]]\nname = "spark{i}"\nip = "fd00::{i}"\n'
+    path = tmp_path / "v6.toml"
+    path.write_text(text)
+    return path
+
+
+def test_an_ipv6_head_is_bracketed_in_the_api_url_and_the_dist_init_address(tmp_path):
+    from tp4.hosts.doctor import rendezvous
+    from tp4.line.plan import build_plan
+    from tp4.line.profile import load_file
+    from tp4.serving.api import Endpoint
+
+    plan = build_plan(load_file(str(_v6_profile(tmp_path)), "fix"))
+    assert plan.line.api == "http://[fd00::1]:8888"
+    assert plan.line.dist_init_addr == "[fd00::1]:20000"
+    assert plan.nodes[0].env["DIST_INIT_ADDR"] == "[fd00::1]:20000"
+    assert rendezvous(plan) == ("fd00::1", 20000)
+    assert Endpoint.from_plan(plan.line.api, {}, None).url == "http://[fd00::1]:8888"
+
+
+def test_smoke_accepts_the_plan_of_an_ipv6_head(tmp_path, tp4_cli):
+    # nothing listens on [::1]:1: the smoke runs and finds the API down (exit 1), never refusing its plan
+    code, out, err = tp4_cli("smoke", "--profile", _v6_profile(tmp_path, head="::1", port=1))
+    assert code == 1, (code, out, err)
+    assert "http://[::1]:1: API down" in out, out
+    assert "not an API address" not in out + err

@@ -440,7 +440,9 @@ def ping_peers(plan: Plan, rank: RankPlan) -> list[RankPlan]:
 
 def rendezvous(plan: Plan) -> tuple[str, int]:
     """The dist init address (host, port): the head's torch TCPStore every rank connects to."""
-    host, _, port = plan.line.dist_init_addr.rpartition(":")
+    from tp4.core.netaddr import split_host_port
+
+    host, port = split_host_port(plan.line.dist_init_addr) or (plan.line.dist_init_addr, "")
     return host, int(port) if port.isdigit() else 0
 
 
