@@ -106,3 +106,64 @@ def test_smoke_accepts_the_plan_of_an_ipv6_head(tmp_path, tp4_cli):
     assert code == 1, (code, out, err)
     assert "http://[::1]:1: API down" in out, out
     assert "not an API address" not in out + err
+
+
+# --- the fleet router's bind: an address or host, the port separate ------------------------------
+
+FLEET_BASE = """preset = "production"
+[cluster.head]
+name = "s1"
+ip = "10.0.0.1"
+[[cluster.workers]]
+name = "s2"
+ip = "10.0.0.2"
+[engine]
+tp = 2
+[nfs]
+share = false
+"""
+FLEET_LINE_B = """[lines.set.cluster.head]
+name = "s3"
+ip = "10.0.0.3"
+[[lines.set.cluster.workers]]
+name = "s4"
+ip = "10.0.0.4"
+"""
+
+
+def fleet_problems(tmp_path, router: str = "", b: str = FLEET_LINE_B) -> list[str]:
+    from tp4.core.errors import InvalidInput
+    from tp4.serving import fleet
+
+    (tmp_path / "base.toml").write_text(FLEET_BASE)
+    path = tmp_path / "fleet.toml"
+    path.write_text(f'base = "base.toml"\n[[lines]]\nname = "a"\n\n[[lines]]\nname = "b"\n{b}\n[router]\n{router}\n')
+    with pytest.raises(InvalidInput) as exc:
+        fleet.load(path)
+    assert exc.value.exit_code == 2
+    return exc.value.problems
+
+
+@pytest.mark.parametrize(
+    "bind,words",
+    [
+        ("0.0.0.0:1", ("holds a port", "bind = '0.0.0.0' and port = 1")),
+        ("[::]:30000", ("holds a port", "bind = '::'")),
+        ("localhost:8080", ("holds a port",)),
+        ("999.999.999.999", ("not an IPv4",)),
+        (":", ("not an IPv4",)),
+        ("[::1]", ("brackets",)),
+        ("a-", ("not a host name",)),
+        ("224.0.0.1", ("multicast",)),
+    ],
+)
+def test_a_router_bind_is_an_address_without_a_port(tmp_path, bind, words):
+    found = [p for p in fleet_problems(tmp_path, f"bind = {bind!r}".replace("'", '"')) if p.startswith("router.bind:")]
+    assert found and all(w in found[0] for w in words), found
+
+
+@pytest.mark.parametrize("bind", ["0.0.0.0", "::", "10.0.0.9", "fd00::9", "localhost", "router.lan"])
+def test_a_router_bind_of_an_address_or_a_host_passes(bind):
+    from tp4.serving import fleet
+
+    assert fleet.Router.model_validate({"bind": bind}).bind == bind

@@ -52,6 +52,19 @@ def host_problem(value: str) -> str | None:
     return name_problem(value)
 
 
+def bind_problem(value: str) -> str | None:
+    """None if a server can bind value: an IP address (0.0.0.0 or :: for every address) or a host
+    name; else why not."""
+    if ":" in value or value.replace(".", "").isdigit():
+        if value.startswith("[") and value.endswith("]"):
+            return "is an IPv6 address in brackets (brackets belong in URLs, not in an address)"
+        problem = ip_problem(value)
+        if problem and "unspecified" in problem and "%" not in value and ipaddress.ip_address(value).is_unspecified:
+            return None
+        return problem
+    return name_problem(value)
+
+
 def is_ipv6(host: str) -> bool:
     try:
         return ipaddress.ip_address(host).version == 6
