@@ -167,3 +167,47 @@ def test_a_router_bind_of_an_address_or_a_host_passes(bind):
     from tp4.serving import fleet
 
     assert fleet.Router.model_validate({"bind": bind}).bind == bind
+
+
+# --- lengths: no argv word or environment string longer than the kernel takes -------------------
+
+BIG = "x" * 131072  # with its NUL one byte over MAX_ARG_STRLEN
+
+
+@pytest.mark.parametrize(
+    "path,value,field",
+    [
+        ("env.MY_FLAG", BIG, "env.MY_FLAG"),
+        ("engine.extra_args", ["--served-model-name", BIG], "engine.extra_args[1]"),
+        ("model.dir", "/" + BIG, "model.dir"),
+        ("cluster.head.workdir", "/" + BIG, "cluster.head.workdir"),
+    ],
+    ids=["env", "extra_args", "model.dir", "workdir"],
+)
+def test_a_word_longer_than_the_kernel_takes_is_refused_naming_the_field(path, value, field):
+    refused_with(at(doc(), path, value), field, "MAX_ARG_STRLEN", "fix:")
+
+
+def test_an_environment_string_counts_its_key():
+    # "MY_FLAG=" + value + NUL: a value 8 bytes shorter than the limit is still over it
+    refused_with(doc(env={"MY_FLAG": "x" * (131072 - 8)}), "env.MY_FLAG", "environment string")
+    from tp4.line.profile.load import parse_document
+
+    parse_document(doc(env={"MY_FLAG": "x" * (131072 - 9)}), "t.toml")
+
+
+def test_the_environment_and_arguments_together_are_bounded():
+    env = {f"MY_FLAG_{i}": "x" * 100_000 for i in range(12)}
+    refused_with(doc(env=env), "env", "together", "ARG_MAX")
+
+
+def test_profile_check_refuses_a_word_over_the_limit(tmp_path, tp4_cli):
+    path = tmp_path / "p.toml"
+    path.write_text(
+        'preset = "production"\n[cluster.head]\nname = "spark1"\nip = "10.0.0.1"\n'
+        + "".join(f'[[cluster.workers]]\nname = "spark{i}"\nip = "10.0.0.{i}"\n' for i in (2, 3, 4))
+        + f'[env]\nMY_FLAG = "{BIG}"\n'
+    )
+    code, out, err = tp4_cli("profile", "check", path)
+    assert_user_error(code, out, err)
+    assert "env.MY_FLAG" in err and "MAX_ARG_STRLEN" in err and len(err) < 2000, err[:3000]
