@@ -211,3 +211,30 @@ def test_profile_check_refuses_a_word_over_the_limit(tmp_path, tp4_cli):
     code, out, err = tp4_cli("profile", "check", path)
     assert_user_error(code, out, err)
     assert "env.MY_FLAG" in err and "MAX_ARG_STRLEN" in err and len(err) < 2000, err[:3000]
+
+
+# --- the sources manifest: no control or blank character in any field -----------------------------
+
+HEX40, HEX64 = "a" * 40, "b" * 64
+
+
+@pytest.mark.parametrize("char", ["\x0b", "\x0c", "\x00", "\x1b", "\x7f", "\x85", "\xa0", "\u2028", "\u200b", "\ufeff"])
+@pytest.mark.parametrize("column", [0, 1, 2, 3, 4])
+def test_a_manifest_field_with_a_control_character_is_refused(tmp_path, tp4_cli, char, column):
+    fields = ["thing", HEX40, HEX64, f"https://example.org/thing/archive/{HEX40}.tar.gz", "strip=1"]
+    fields[column] += char
+    path = tmp_path / "m"
+    path.write_text("  ".join(fields[:4]) + "\n    " + fields[4] + "\n")
+    code, out, err = tp4_cli("sources", "verify", "--manifest", path)
+    assert_user_error(code, out, err)
+    assert "line 1:" in err and f"U+{ord(char):04X}" in err and "fix:" in err, err
+
+
+def test_a_url_ending_in_a_vertical_tab_no_longer_reads_as_another_kind():
+    from tp4.core.errors import InvalidInput
+    from tp4.image.sources import manifest as mf
+
+    text = f"thing  {HEX40}  {HEX64}  https://example.org/a.tar.gz\x0b\n"
+    with pytest.raises(InvalidInput, match="control or blank"):
+        mf.parse(text)
+    assert mf.parse(text.replace("\x0b", "")).rows[0].kind == "archive"
