@@ -238,3 +238,45 @@ def test_a_url_ending_in_a_vertical_tab_no_longer_reads_as_another_kind():
     with pytest.raises(InvalidInput, match="control or blank"):
         mf.parse(text)
     assert mf.parse(text.replace("\x0b", "")).rows[0].kind == "archive"
+
+
+# --- echoed values are clipped: one helper (tp4.core.errors.clip), and no message line over 1000 --
+
+
+@pytest.mark.parametrize(
+    "set_",
+    [
+        'preset = "{v}"',
+        "{v} = 1",
+        '[lines.set.gates]\nDSV41_L2_PREFETCH_MB = "{v}"',
+        '[lines.set.cluster.head]\nname = "s3"\nip = "10.0.0.3"\nssh = "-{v}"',
+        '[lines.set.cluster.head]\nname = "{v}"\nip = "10.0.0.3"',
+    ],
+    ids=["preset", "key", "gate", "ssh", "name"],
+)
+def test_a_fleet_set_error_never_echoes_a_long_value_in_full(tmp_path, tp4_cli, set_):
+    (tmp_path / "base.toml").write_text(FLEET_BASE)
+    body = set_.format(v="x" * 5000)
+    table = "" if body.startswith("[") else "[lines.set]\n"
+    path = tmp_path / "fleet.toml"
+    path.write_text(f'base = "base.toml"\n[[lines]]\nname = "a"\n{table}{body}\n')
+    code, out, err = tp4_cli("fleet", "plan", "--fleet", path)
+    assert_user_error(code, out, err)
+    assert "x" * 1000 not in err and len(err) < 2500, len(err)
+    assert "lines[0] (a)" in err
+
+
+def test_clip_quotes_a_short_value_whole_and_a_long_one_with_its_length():
+    from tp4.core.errors import clip
+
+    assert clip("abc") == "'abc'"
+    assert clip("x" * 5000) == repr("x" * 80) + "... (5000 characters)"
+
+
+def test_no_error_line_is_longer_than_the_bound():
+    from tp4.core.errors import MAX_LINE_CHARS, InvalidInput
+
+    exc = InvalidInput("head " + "y" * 5000 + " tail", ["field: " + "z" * 5000 + "; fix: do this"])
+    assert all(len(line) <= MAX_LINE_CHARS for line in exc.message.split("\n"))
+    assert exc.problems[0].startswith("field: ") and exc.problems[0].endswith("; fix: do this")
+    assert "characters left out" in exc.problems[0]

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from tp4.core.errors import clip
 from tp4.line import knobs
 from tp4.line.profile.models import Profile
 from tp4.line.profile.problem import Problem
@@ -174,7 +175,7 @@ def validate(
             continue
         reason = gate.check(value)
         if reason:
-            err(field, f"{value!r} {reason}", f"see adapter {gate.adapter} in adapters/registry.toml")
+            err(field, f"{clip(value)} {reason}", f"see adapter {gate.adapter} in adapters/registry.toml")
         if gate.is_on(value) and reg.image_rank(gate.image) > image_rank:
             err(
                 field,
