@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from test_hostile_input import INTERNAL, assert_user_error, at, doc, problems, refused
+from test_hostile_input import assert_user_error, at, doc, problems, refused
 
 pytestmark = pytest.mark.unit
 
@@ -280,3 +280,88 @@ def test_no_error_line_is_longer_than_the_bound():
     assert all(len(line) <= MAX_LINE_CHARS for line in exc.message.split("\n"))
     assert exc.problems[0].startswith("field: ") and exc.problems[0].endswith("; fix: do this")
     assert "characters left out" in exc.problems[0]
+
+
+# --- numbers on the command line: one click type (tp4.cli.common.Number), ASCII, finite, bounded ----
+
+
+def _numeric_options():
+    import click
+
+    from tp4.cli import cli
+
+    ctx = click.Context(cli)
+
+    def walk(name, command):
+        yield name, command
+        if isinstance(command, click.Group):
+            for sub in command.list_commands(ctx):
+                yield from walk(f"{name} {sub}", command.get_command(ctx, sub))
+
+    for name, command in walk("tp4", cli):
+        for param in command.params:
+            yield name, param
+
+
+def test_every_numeric_option_uses_the_one_number_type():
+    import click
+
+    from tp4.cli.common import Number
+
+    loose = (click.types.IntParamType, click.types.FloatParamType)  # INT, FLOAT, IntRange, FloatRange
+    bad = [f"{name} {p.opts[0]}" for name, p in _numeric_options() if isinstance(p.type, loose)]
+    assert not bad, f"use tp4.cli.common.Number (Int, Float, PORT) for: {bad}"
+    ports = [(name, p) for name, p in _numeric_options() if p.opts and p.opts[0] == "--port"]
+    assert ports and all(p.type.low == 1 and p.type.high == 65535 and p.type.integer for _, p in ports), ports
+    assert all(isinstance(p.type, Number) for _, p in ports)
+
+
+HOSTILE_NUMBERS = ["nan", "inf", "-inf", "1e400", "٣", " 3", "3 ", "+3", "3_000", "-0", "0x10", "", "9" * 4400]
+
+
+@pytest.mark.parametrize("value", HOSTILE_NUMBERS, ids=lambda v: repr(v[:12]))
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("serve", "--slow-floor"),
+        ("images", "--port"),
+        ("hosts", "trust", "--port"),
+        ("plan", "--rank"),
+        ("stop", "--grace"),
+        ("qeval", "--timeout"),
+    ],
+    ids=" ".join,
+)
+def test_a_hostile_number_is_refused_naming_the_option(tp4_cli, args, value):
+    code, out, err = tp4_cli(*args, value)
+    assert code == 2, (code, out, err[-500:])
+    assert f"Invalid value for '{args[-1]}'" in err and "fix:" in err, err[-500:]
+    assert "Traceback" not in err and len(err) < 2000
+
+
+@pytest.mark.parametrize("value", ["=5", "start=nan", "=", "start=", "٣", "1_0", "ready=inf", "start=1e400"])
+def test_a_hostile_serve_timeout_is_refused(value):
+    from tp4.cli.common import timeouts
+    from tp4.core.errors import InvalidInput
+
+    with pytest.raises(InvalidInput, match="--timeout"):
+        timeouts((value,))
+
+
+def test_plain_timeouts_still_work():
+    from tp4.cli.common import timeouts
+
+    assert timeouts(("start=30", "0.5"))["start"] == 0.5
+    assert timeouts(("ready=1e3",))["ready"] == 1000.0
+
+
+@pytest.mark.parametrize("text,integer,expected", [("22", True, 22), ("0.5", False, 0.5), ("2e3", False, 2000.0)])
+def test_plain_numbers_still_parse(text, integer, expected):
+    from tp4.cli.common import parse_number
+
+    assert parse_number(text, 0, 65535, integer=integer) == expected
+
+
+def test_a_port_out_of_range_is_refused_before_anything_suggests_it(tp4_cli):
+    code, out, err = tp4_cli("images", "--worker", "192.0.2.1", "--port", "99999999999999999999")
+    assert code == 2 and "Invalid value for '--port'" in err and "1 to 65535" in err, err

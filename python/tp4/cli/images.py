@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -11,9 +12,9 @@ import click
 from tp4.image import runtime_cli
 from tp4.image import images as images_mod
 from tp4.image.build import pin_summary
-from tp4.cli.common import profile_option, profile_remotes, ssh_option, strict_option
+from tp4.cli.common import PORT, profile_option, profile_remotes, ssh_option, strict_option
 from tp4.core.contracts.images_listing import ImageEntry, ImagesListing, ImagesNode
-from tp4.core.errors import Tp4Error
+from tp4.core.errors import Tp4Error, clip
 from tp4.core.process import Remote
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -31,15 +32,23 @@ class KeepCount(click.ParamType[int]):
         if isinstance(value, int) and not isinstance(value, bool):
             number = value
         else:
-            try:
-                number = int(str(value).strip(), 10)
-            except ValueError:
+            text = str(value)
+            # ASCII digits only (int() takes "٣", " 3", "+3" and "3_000"); a number of more than 20
+            # digits is out of range without being converted
+            if not re.fullmatch(r"-?[0-9]+", text, re.ASCII):
                 self.fail(
-                    f"{str(value)!r} is not a whole number; fix: pass how many of the newest builds to keep, "
+                    f"{clip(text)} is not a whole number; fix: pass how many of the newest builds to keep, "
                     f"0 to {MAX_KEEP}",
                     param,
                     ctx,
                 )
+            if len(text) > 20:
+                self.fail(
+                    f"{clip(text, 20)} is out of range; fix: pass how many of the newest builds to keep, 0 to {MAX_KEEP}",
+                    param,
+                    ctx,
+                )
+            number = int(text)
         if not 0 <= number <= MAX_KEEP:
             self.fail(
                 f"{number} is out of range; fix: pass how many of the newest builds to keep, 0 to {MAX_KEEP}",
@@ -69,7 +78,7 @@ def node_options(f: F) -> F:
             ),
             click.option("--user", default=None, help="ssh user on the workers."),
             click.option("--identity", default=None, help="ssh private key."),
-            click.option("--port", type=int, default=None, help="ssh port."),
+            click.option("--port", type=PORT, default=None, help="ssh port."),
             ssh_option,
             strict_option,
         ]

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 import click
 
 from tp4.core import schemas
-from tp4.cli.common import json_option, load_line, profile_option, ssh_option, strict_option
+from tp4.cli.common import Int, json_option, load_line, profile_option, ssh_option, strict_option
 from tp4.core.errors import InvalidInput
 from tp4.core.netaddr import host_port
 
@@ -71,7 +71,7 @@ def _human(plan: Plan, rank: int | None) -> str:
 
 @click.command()
 @profile_option
-@click.option("--rank", type=int, default=None, help="Show only this rank.")
+@click.option("--rank", type=Int(0, 255), default=None, help="Show only this rank.")
 @json_option(f"Machine-readable plan (schema {schemas.PLAN}, see docs/plan-schema.md), with its digest.")
 @click.option(
     "--output",
