@@ -365,3 +365,22 @@ def test_plain_numbers_still_parse(text, integer, expected):
 def test_a_port_out_of_range_is_refused_before_anything_suggests_it(tp4_cli):
     code, out, err = tp4_cli("images", "--worker", "192.0.2.1", "--port", "99999999999999999999")
     assert code == 2 and "Invalid value for '--port'" in err and "1 to 65535" in err, err
+
+
+# --- images: a hostile --worker is refused before anything runs; failures say why, not "see above" --
+
+
+@pytest.mark.parametrize("worker", ["-oProxyCommand=x", "a;b", "a/b", "$(id)", "a\x00b"])
+def test_a_hostile_worker_is_refused_before_any_node_is_asked(tp4_cli, worker):
+    code, out, err = tp4_cli("images", "--worker", worker)
+    assert_user_error(code, out, err)
+    assert err.startswith("error: --worker:") and "fix:" in err and out == "", err
+    assert "see above" not in err
+
+
+def test_an_images_failure_says_each_nodes_reason_in_the_error(tp4_cli, tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))  # no known host: 192.0.2.1 is untrusted
+    code, out, err = tp4_cli("images", "--json", "--worker", "192.0.2.1")
+    assert code in (1, 2), (code, err)
+    assert "see above" not in err
+    assert "could not list the images of" in err and "192.0.2.1 (" in err and "trust" in err, err

@@ -296,6 +296,15 @@ def profile_remotes(
     from tp4.core.process import Remote
 
     names = [h for item in hosts for h in item.replace(",", " ").split()]
+    if not names and any(item.strip(", ") == "" for item in hosts):
+        raise InvalidInput(
+            "--worker: the host is empty; fix: pass a worker's ssh name or address, or leave --worker out"
+        )
+    if names:
+        from tp4.core.knownhosts import check_host
+
+        for name in names:  # refused before any node is asked, as the profile's hosts are
+            check_host(name, "--worker")
     if names:
         return [Remote(host=h, user=user, identity=identity, port=port, options=ssh_options) for h in names]
     plan = load_line(profile_path, strict).plan

@@ -172,9 +172,11 @@ def images(ctx: click.Context, /, as_json: bool, **opts: Any) -> None:
             _print_node(n, head, digest)
     failed = [n for n in nodes if n.error]
     if failed:
+        # each node's reason in the error itself: the listing may have gone to a file, or be JSON
         raise Tp4Error(
-            "could not list the images of " + ", ".join(n.name for n in failed) + ": see above; "
-            "check the ssh settings (--user, --identity, --ssh-option) and that the node is up"
+            "could not list the images of "
+            + "; ".join(f"{n.name} ({n.error})" for n in failed)
+            + "; fix: check the ssh settings (--worker, --user, --identity, --ssh-option) and that the node is up"
         )
 
 
@@ -250,7 +252,12 @@ def prune(ctx: click.Context, /, keep: int, dry_run: bool, **opts: Any) -> None:
     bad = [r for r in results if not r.ok]
     if bad or (store_result is not None and store_result.errors):
         names = [r.node for r in bad] + (["registry"] if store_result is not None and store_result.errors else [])
-        raise Tp4Error("prune did not finish on " + ", ".join(names) + ": see above; fix the cause and run it again")
+        reasons = [
+            f"{r.node} ({r.error or '; '.join(c for _, c in r.failed) or 'not every image removed'})" for r in bad
+        ]
+        if store_result is not None and store_result.errors:
+            reasons.append(f"registry ({'; '.join(store_result.errors)})")
+        raise Tp4Error("prune did not finish on " + "; ".join(reasons) + "; fix the cause and run it again")
 
 
 def _print_store(r: images_mod.StorePruned, verb: str, dry_run: bool) -> None:
