@@ -4,6 +4,8 @@ messages that misled. Each is refused as a user error naming the field, with the
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from test_hostile_input import assert_user_error, at, doc, problems, refused
@@ -384,3 +386,19 @@ def test_an_images_failure_says_each_nodes_reason_in_the_error(tp4_cli, tmp_path
     assert code in (1, 2), (code, err)
     assert "see above" not in err
     assert "could not list the images of" in err and "192.0.2.1 (" in err and "trust" in err, err
+
+
+# --- profile import -o: a dangling symbolic link exists ----------------------------------------------
+
+
+@pytest.mark.parametrize("force", [False, True])
+def test_import_never_replaces_a_dangling_symlink(tmp_path, tp4_cli, force):
+    from test_hostile_input import ENV_FILE
+
+    target = tmp_path / "out.toml"
+    target.symlink_to(tmp_path / "missing" / "victim.toml")
+    code, out, err = tp4_cli("profile", "import", ENV_FILE, "-o", target, *(["--force"] if force else []))
+    assert_user_error(code, out, err)
+    assert "symbolic link" in err and "fix:" in err, err
+    assert target.is_symlink() and os.readlink(target) == str(tmp_path / "missing" / "victim.toml")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out.toml"]
