@@ -402,3 +402,33 @@ def test_import_never_replaces_a_dangling_symlink(tmp_path, tp4_cli, force):
     assert "symbolic link" in err and "fix:" in err, err
     assert target.is_symlink() and os.readlink(target) == str(tmp_path / "missing" / "victim.toml")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out.toml"]
+
+
+# --- the image store's config.yml: its directory quoted as YAML, or refused -------------------------
+
+
+@pytest.mark.parametrize("name", ["a#b", "a #b", "a: b", "a'b", 'a"b', "a\\b", "ü ß", "- x", "[x]", "{x}", "&x *y"])
+def test_the_store_directory_reaches_config_yml_verbatim(name):
+    from pathlib import Path
+
+    import yaml
+
+    from tp4.image import imagestore
+
+    root = Path("/state") / name / "tp4" / "registry"
+    parsed = yaml.safe_load(imagestore.config_text(root, 5000))
+    assert parsed["storage"]["filesystem"]["rootdirectory"] == str(root / "data")
+    assert parsed["http"]["addr"] == "127.0.0.1:5000"
+
+
+@pytest.mark.parametrize("char", ["\n", "\r", "\x00", "\x1b", "\x85", "\u2028", "\x7f", "\udcff"])
+def test_a_store_directory_config_yml_cannot_carry_is_refused_before_anything_is_made(tmp_path, char):
+    from tp4.core.errors import InvalidInput
+    from tp4.image import imagestore
+
+    if char == "\x00":
+        pytest.skip("no path holds a NUL")
+    root = tmp_path / f"state{char}x" / "tp4" / "registry"
+    with pytest.raises(InvalidInput, match="XDG_STATE_HOME"):
+        imagestore.start(root)
+    assert list(tmp_path.iterdir()) == []
