@@ -460,3 +460,51 @@ def test_doctor_reads_free_space_of_a_path_with_spaces(tmp_path):
         assert mount.startswith("/") and free > 0, (mount, free)
     facts.sections["store"] = [str(here)]
     assert doctor._store_free(facts) == found[str(here)]
+
+
+# --- the checkpoint's common link: only a link is ever replaced ---------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["regular file", "directory", "link to a file", "fifo"])
+def test_the_common_link_never_replaces_what_is_not_a_model_link(tmp_path, kind):
+    from tp4.core.errors import InvalidInput
+    from tp4.hosts.checkpoint import link
+
+    model = tmp_path / "model"
+    model.mkdir()
+    common = tmp_path / "common"
+    if kind == "regular file":
+        common.write_text("someone's data")
+    elif kind == "directory":
+        common.mkdir()
+    elif kind == "fifo":
+        os.mkfifo(common)
+    else:
+        (tmp_path / "notes.txt").write_text("notes")
+        common.symlink_to(tmp_path / "notes.txt")
+    before = (common.is_symlink(), common.is_file(), common.is_dir())
+    said = []
+    with pytest.raises(InvalidInput, match="model.common_link") as exc:
+        link(model, common, said.append)
+    assert "fix:" in str(exc.value) and said == []
+    assert (common.is_symlink(), common.is_file(), common.is_dir()) == before
+    if kind == "regular file":
+        assert common.read_text() == "someone's data"
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []
+
+
+@pytest.mark.parametrize("kind", ["nothing", "link to another model", "dangling link"])
+def test_the_common_link_is_made_or_moved_to_the_model(tmp_path, kind):
+    from tp4.hosts.checkpoint import link
+
+    model, old = tmp_path / "model", tmp_path / "old-model"
+    model.mkdir()
+    common = tmp_path / "common"
+    if kind == "link to another model":
+        old.mkdir()
+        common.symlink_to(old)
+    elif kind == "dangling link":
+        common.symlink_to(tmp_path / "removed-model")
+    said = []
+    link(model, common, said.append)
+    assert os.readlink(common) == str(model) and said
