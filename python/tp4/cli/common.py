@@ -113,7 +113,7 @@ def parse_number(text: str, low: float, high: float, *, integer: bool = False, l
     return number
 
 
-class Number(click.ParamType):
+class Number(click.ParamType[Any]):
     """The one click type of a numeric option: a finite number, or a whole number, within bounds,
     written in ASCII digits (:func:`parse_number`). A refused value names the option (click's
     "Invalid value for '--port'") and what to pass; exit 2."""
@@ -342,7 +342,7 @@ def timeouts(items: tuple[str, ...]) -> dict[str, float]:
             seconds = parse_number(value, 0, 7 * 86400, low_open=True)
         except ValueError as exc:
             raise InvalidInput(
-                f"--timeout {clip(item)}: {exc}; fix: pass PHASE=SECONDS or SECONDS, seconds above 0 up to 604800 "
+                f"--timeout {clip(item)}: {exc}; fix: pass PHASE=SECONDS or SECONDS, seconds between 0 and 604800 "
                 f"(phases: {', '.join(result)})"
             ) from None
         if not phase:

@@ -251,7 +251,6 @@ def prune(ctx: click.Context, /, keep: int, dry_run: bool, **opts: Any) -> None:
         click.echo("registry: skipped, as not every node could be asked which images it keeps")
     bad = [r for r in results if not r.ok]
     if bad or (store_result is not None and store_result.errors):
-        names = [r.node for r in bad] + (["registry"] if store_result is not None and store_result.errors else [])
         reasons = [
             f"{r.node} ({r.error or '; '.join(c for _, c in r.failed) or 'not every image removed'})" for r in bad
         ]

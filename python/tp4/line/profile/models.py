@@ -115,7 +115,10 @@ def _check_host(v: _MaybeStr) -> _MaybeStr:
 
 def _check_ip(v: str) -> str:
     """A fabric address: an IP address (ipaddress), which the plan puts in URLs and dist-init."""
-    problem = None if _HOST.fullmatch(v) else f"is not {netaddr.IP_WORDS}"
+    if v.startswith("-"):
+        problem: str | None = "starts with '-', which ssh would read as an option"
+    else:
+        problem = None if _HOST.fullmatch(v) else f"is not {netaddr.IP_WORDS}"
     if problem is None:
         problem = netaddr.ip_problem(v)
     if problem:
