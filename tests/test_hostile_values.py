@@ -508,3 +508,31 @@ def test_the_common_link_is_made_or_moved_to_the_model(tmp_path, kind):
     said = []
     link(model, common, said.append)
     assert os.readlink(common) == str(model) and said
+
+
+# --- outputs the CLI replaces: a regular file or a new path, never a device --------------------------
+
+
+@pytest.mark.parametrize("kind", ["char device", "fifo", "dangling link"])
+@pytest.mark.parametrize("command", [("plan", "-o"), ("doctor", "--json")], ids=" ".join)
+def test_an_output_that_is_no_regular_file_is_never_replaced(tmp_path, tp4_cli, command, kind):
+    target = tmp_path / "out"
+    if kind == "char device":
+        target.symlink_to("/dev/null")  # stands for any device: a rename over it replaces the device
+    elif kind == "fifo":
+        os.mkfifo(target)
+    else:
+        target.symlink_to(tmp_path / "nowhere")
+    code, out, err = tp4_cli(*command, target)
+    assert_user_error(code, out, err)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+    assert target.is_fifo() if kind == "fifo" else target.is_symlink()
+
+
+@pytest.mark.parametrize("value", ["٣", " 5", "5 ", "nan", "1e3", "+5"])
+def test_a_hostile_percentage_is_refused(value):
+    from tp4.core.errors import InvalidInput
+    from tp4.measuring.report import parse_percent
+
+    with pytest.raises(InvalidInput, match="not a percentage"):
+        parse_percent(value, "--fail-on-regression")

@@ -51,6 +51,10 @@ def doctor(
     from tp4.hosts.nodes import nodes_of
 
     sysfs = sysfs_root(sysfs)
+    if json_path is not None:
+        from tp4.core.userfiles import check_output
+
+        check_output(json_path, "--json", force=True)  # a regular file or a new path: never a device
     chosen = load_line(profile_path, strict)
     loaded, plan = chosen.loaded, chosen.plan
     nodes = nodes_of(plan, ssh_options=ssh_options)

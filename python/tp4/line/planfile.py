@@ -22,7 +22,12 @@ def plan_text(plan: Plan) -> str:
 
 def write_plan(path: Path, plan: Plan) -> None:
     """Replace `path` with the plan's JSON: a temporary file in the same directory, renamed over it."""
+    from tp4.core.userfiles import check_output
+
     text = plan_text(plan)
+    # an existing path is replaced only when it is a regular file (never /dev/zero, a FIFO or a
+    # link to nothing: as root, a rename over a device replaces the device)
+    check_output(path, "plan -o", force=True)
     parent = path.parent if str(path.parent) else Path(".")
     if not parent.is_dir():
         raise InvalidInput(f"-o {path}: {parent} is not a directory; fix: create it, or write the plan elsewhere")
