@@ -536,3 +536,93 @@ def test_a_hostile_percentage_is_refused(value):
 
     with pytest.raises(InvalidInput, match="not a percentage"):
         parse_percent(value, "--fail-on-regression")
+
+
+# --- the classes, not only the examples (hypothesis) -------------------------------------------------
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+
+@given(text=st.text(max_size=30))
+@settings(max_examples=300, deadline=None)
+def test_an_integer_gate_passes_exactly_the_canonical_ascii_integers(text):
+    import re
+
+    from tp4.line.registry import load_registry
+
+    gate = load_registry().gate(INT_GATE)  # min 0
+    canonical = re.fullmatch(r"0|[1-9][0-9]{0,17}", text, re.ASCII) is not None or text.lower() in gate.off
+    assert (gate.check(text) is None) == canonical, text
+
+
+@given(number=st.floats(allow_nan=True, allow_infinity=True), text=st.text(max_size=12))
+@settings(max_examples=300, deadline=None)
+def test_a_float_gate_never_passes_a_non_finite_or_non_ascii_number(number, text):
+    import math
+
+    from tp4.line.registry import load_registry
+
+    gate = load_registry().gate(FLOAT_GATE)  # min 0.0
+    for value in (repr(number), text):
+        if gate.check(value) is None and value.lower() not in gate.off:  # an off value turns it off
+            assert value.isascii() and value == value.strip() and "_" not in value
+            assert math.isfinite(float(value)) and float(value) >= 0
+
+
+@given(text=st.text(max_size=40))
+@settings(max_examples=300, deadline=None)
+def test_a_fabric_ip_is_accepted_only_as_an_ip_address(text):
+    import ipaddress
+
+    from tp4.line.profile.models import _check_ip
+
+    try:
+        _check_ip(text)
+    except ValueError as exc:
+        assert "fix:" in str(exc)
+        return
+    address = ipaddress.ip_address(text)
+    assert not address.is_unspecified and not address.is_multicast
+
+
+@given(text=st.text(max_size=40))
+@settings(max_examples=300, deadline=None)
+def test_an_ipv6_address_is_always_bracketed_in_a_url(text):
+    import ipaddress
+
+    from tp4.core import netaddr
+
+    url = f"http://{netaddr.host_port(text, 8888)}"
+    try:
+        v6 = ipaddress.ip_address(text).version == 6
+    except ValueError:
+        v6 = False
+    assert url.startswith("http://[") == v6
+    if v6:
+        assert netaddr.split_host_port(netaddr.host_port(text, 8888)) == (text, "8888")
+
+
+@given(text=st.text(max_size=30), integer=st.booleans())
+@settings(max_examples=400, deadline=None)
+def test_a_cli_number_is_accepted_only_in_its_ascii_form_and_bounds(text, integer):
+    import math
+
+    from tp4.cli.common import parse_number
+
+    try:
+        value = parse_number(text, 1, 65535, integer=integer)
+    except ValueError as exc:
+        assert "expected" in str(exc) or "is not" in str(exc)
+        return
+    assert text.isascii() and text == text.strip() and "_" not in text and "+" not in text[:1]
+    assert math.isfinite(value) and 1 <= value <= 65535
+
+
+@given(message=st.text(max_size=3000), problems=st.lists(st.text(max_size=3000), max_size=3))
+@settings(max_examples=100, deadline=None)
+def test_no_error_line_is_ever_longer_than_the_bound(message, problems):
+    from tp4.core.errors import MAX_LINE_CHARS, InvalidInput
+
+    exc = InvalidInput(message, problems)
+    assert all(len(line) <= MAX_LINE_CHARS for line in exc.message.split("\n"))

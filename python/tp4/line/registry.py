@@ -150,7 +150,7 @@ class Gate(BaseModel):
     def check(self, value: str) -> str | None:
         """None if value is allowed, else the reason it is not."""
         kind = self.kind
-        if kind in ("int", "float") and not self.forwarded and value.strip().lower() in self.off:
+        if kind in ("int", "float") and not self.forwarded and value == value.strip() and value.lower() in self.off:
             return None  # the launcher passes it only when set: an off value turns the gate off (upstream `start.sh`)
         if kind == "switch":
             if value not in ("0", "1"):
