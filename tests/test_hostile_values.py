@@ -4,6 +4,7 @@ messages that misled. Each is refused as a user error naming the field, with the
 
 from __future__ import annotations
 
+import json
 import os
 
 import pytest
@@ -106,7 +107,7 @@ def test_smoke_accepts_the_plan_of_an_ipv6_head(tmp_path, tp4_cli):
     # nothing listens on [::1]:1: the smoke runs and finds the API down (exit 1), never refusing its plan
     code, out, err = tp4_cli("smoke", "--profile", _v6_profile(tmp_path, head="::1", port=1))
     assert code == 1, (code, out, err)
-    assert "http://[::1]:1: API down" in out, out
+    assert "http://[::1]:1: API down" in out, out  # refused, or unreachable where there is no IPv6
     assert "not an API address" not in out + err
 
 
@@ -380,14 +381,6 @@ def test_a_hostile_worker_is_refused_before_any_node_is_asked(tp4_cli, worker):
     assert "see above" not in err
 
 
-def test_an_images_failure_says_each_nodes_reason_in_the_error(tp4_cli, tmp_path, monkeypatch):
-    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))  # no known host: 192.0.2.1 is untrusted
-    code, out, err = tp4_cli("images", "--json", "--worker", "192.0.2.1")
-    assert code in (1, 2), (code, err)
-    assert "see above" not in err
-    assert "could not list the images of" in err and "192.0.2.1 (" in err and "trust" in err, err
-
-
 # --- profile import -o: a dangling symbolic link exists ----------------------------------------------
 
 
@@ -411,12 +404,18 @@ def test_import_never_replaces_a_dangling_symlink(tmp_path, tp4_cli, force):
 def test_the_store_directory_reaches_config_yml_verbatim(name):
     from pathlib import Path
 
-    import yaml
-
     from tp4.image import imagestore
 
     root = Path("/state") / name / "tp4" / "registry"
-    parsed = yaml.safe_load(imagestore.config_text(root, 5000))
+    text = imagestore.config_text(root, 5000)
+    # a JSON string is a YAML double-quoted scalar (YAML 1.2 is a superset of JSON)
+    (line,) = [x for x in text.splitlines() if x.strip().startswith("rootdirectory:")]
+    assert json.loads(line.split(":", 1)[1]) == str(root / "data")
+    try:
+        import yaml
+    except ImportError:  # not a dependency of tp4's tests; read where it is installed
+        return
+    parsed = yaml.safe_load(text)
     assert parsed["storage"]["filesystem"]["rootdirectory"] == str(root / "data")
     assert parsed["http"]["addr"] == "127.0.0.1:5000"
 
@@ -598,7 +597,7 @@ def test_an_ipv6_address_is_always_bracketed_in_a_url(text):
         v6 = ipaddress.ip_address(text).version == 6
     except ValueError:
         v6 = False
-    assert url.startswith("http://[") == v6
+    assert url.startswith(f"http://[{text}]:") == v6
     if v6:
         assert netaddr.split_host_port(netaddr.host_port(text, 8888)) == (text, "8888")
 

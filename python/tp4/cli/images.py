@@ -91,7 +91,7 @@ NODE_KEYS = ("runtime", "profile_path", "workers", "user", "identity", "port", "
 
 
 def _resolve(opts: dict[str, Any]) -> tuple[str, list[Remote]]:
-    runtime = runtime_cli.detect(opts["runtime"])
+    # the input first (a hostile --worker is refused as such), then what this machine has
     workers = profile_remotes(
         opts["workers"],
         opts["profile_path"],
@@ -101,7 +101,7 @@ def _resolve(opts: dict[str, Any]) -> tuple[str, list[Remote]]:
         opts["ssh_options"],
         opts["strict"],
     )
-    return runtime, workers
+    return runtime_cli.detect(opts["runtime"]), workers
 
 
 def _mib(n: int | None) -> str:
