@@ -203,7 +203,9 @@ class NodeSpec(Section):
 
     name: str = Field(description="Node name used in tp4 output (upstream WORKER_HOSTS for workers).")
     ssh: str | None = Field(None, description="ssh address of the node; default: `ip`.")
-    ip: str = Field(description="Fabric IP (HEAD_IP / WORKER_IPS): dist init, GID lookup, HOST_IP.")
+    ip: str = Field(
+        description="Fabric IP (HEAD_IP / WORKER_IPS): dist init, GID lookup, HOST_IP. An IPv4 or IPv6 address; the plan brackets an IPv6 head in its API URL and dist init address ([fd00::1]:20000, what SGLang's --dist-init-addr reads)."
+    )
     user: str | None = Field(None, description="ssh user; default: `cluster.user` (WORKER_USER).")
     identity: str | None = Field(None, description="ssh identity file; default: `cluster.identity`.")
     ssh_port: Int | None = Field(None, ge=1, le=65535, description="ssh port; default 22.")
