@@ -175,9 +175,19 @@ def images(ctx: click.Context, /, as_json: bool, **opts: Any) -> None:
         # each node's reason in the error itself: the listing may have gone to a file, or be JSON
         raise Tp4Error(
             "could not list the images of "
-            + "; ".join(f"{n.name} ({n.error})" for n in failed)
+            + "; ".join(f"{n.name} ({_reason(n.error)})" for n in failed)
             + "; fix: check the ssh settings (--worker, --user, --identity, --ssh-option) and that the node is up"
         )
+
+
+def _reason(error: str | None) -> str:
+    """A node's failure as the final error names it; a host-key refusal is said once, on its own
+    line after it (tp4.cli's rule for refusals), so here it is only pointed at."""
+    from tp4.core import process
+
+    if any(error == refusal.message for refusal in process.host_key_failures.values()):
+        return "ssh refused its host key: see the error below"
+    return str(error)
 
 
 def _print_node(
@@ -252,7 +262,8 @@ def prune(ctx: click.Context, /, keep: int, dry_run: bool, **opts: Any) -> None:
     bad = [r for r in results if not r.ok]
     if bad or (store_result is not None and store_result.errors):
         reasons = [
-            f"{r.node} ({r.error or '; '.join(c for _, c in r.failed) or 'not every image removed'})" for r in bad
+            f"{r.node} ({_reason(r.error) if r.error else '; '.join(c for _, c in r.failed) or 'not every image removed'})"
+            for r in bad
         ]
         if store_result is not None and store_result.errors:
             reasons.append(f"registry ({'; '.join(store_result.errors)})")
