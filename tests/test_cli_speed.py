@@ -73,7 +73,7 @@ def test_plan_still_validates_with_no_plugins(repo: Path, tmp_path: Path) -> Non
     proc, report = run_probe(repo, "plan", "--profile", str(bad))
     assert proc.returncode == 2
     assert "engine.tp: 5001 is above the maximum 8" in proc.stderr
-    assert "cluster.head.ip:" in proc.stderr and "not starting with '-'" in proc.stderr
+    assert "cluster.head.ip:" in proc.stderr and "starts with '-'" in proc.stderr
 
 
 def test_verbose_configures_debug_logging(repo: Path) -> None:

@@ -225,7 +225,10 @@ def legacy_profiles(draw):
         "WORKER_HOSTS": " ".join(
             draw(
                 st.lists(
-                    st.from_regex(r"[a-z][a-z0-9-]{0,10}", fullmatch=True), min_size=3, max_size=3, unique=True
+                    st.from_regex(r"[a-z](?:[a-z0-9-]{0,9}[a-z0-9])?", fullmatch=True),
+                    min_size=3,
+                    max_size=3,
+                    unique=True,
                 ).filter(lambda xs: "head" not in xs)
             )
         ),

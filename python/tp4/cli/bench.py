@@ -8,15 +8,14 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
-import math
 import re
 from collections.abc import Callable
 from typing import TYPE_CHECKING, TypeVar
 
 import click
 
-from tp4.cli.common import profile_option
-from tp4.core.errors import InvalidInput, Tp4Error
+from tp4.cli.common import parse_number, profile_option
+from tp4.core.errors import InvalidInput, Tp4Error, clip
 
 if TYPE_CHECKING:
     from tp4.measuring.throughput.run import Outcome, Target
@@ -112,12 +111,11 @@ def counts(field: str, text: str, low: int, high: int, fix: str) -> tuple[int, .
 
 def seconds(field: str, text: str) -> float:
     try:
-        value = float(text)
+        return parse_number(text, 1, 86400)
     except ValueError:
-        value = math.nan
-    if not math.isfinite(value) or not 1 <= value <= 86400:
-        raise InvalidInput(f"{field}: {text!r} is not a number of seconds in 1..86400; fix: give e.g. {field} 360")
-    return value
+        raise InvalidInput(
+            f"{field}: {clip(text)} is not a number of seconds in 1..86400; fix: give e.g. {field} 360"
+        ) from None
 
 
 def prompt_types_of(text: str) -> tuple[str, ...]:

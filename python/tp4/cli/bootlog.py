@@ -6,6 +6,7 @@ from pathlib import Path
 
 import click
 
+from tp4.cli.common import Float, Int
 from tp4.core.errors import InvalidInput
 
 
@@ -22,8 +23,14 @@ def bootlog() -> None:
     type=click.Path(dir_okay=False),
     help="The line's plan file (tp4 plan --json -o FILE), as the host configuration holds it.",
 )
-@click.option("--rank", type=int, required=True, help="This node's rank in the plan.")
-@click.option("--poll", type=float, default=5.0, show_default=True, help="Seconds between two reads of the log.")
+@click.option("--rank", type=Int(0, 255), required=True, help="This node's rank in the plan.")
+@click.option(
+    "--poll",
+    type=Float(0, 3600, low_open=True),
+    default=5.0,
+    show_default=True,
+    help="Seconds between two reads of the log.",
+)
 def wait(plan_file: str, rank: int, poll: float) -> None:
     """Wait until this node's rank shows it is ready in its container's log (the plan's
     service.ready), then check the plan's boot lines on it: exit 0 ready, 1 failed (a forbidden

@@ -9,7 +9,7 @@ import click
 from tp4.image import build as build_mod
 from tp4.image import nix, runtime_cli
 from tp4.image import distribute as distribute_mod
-from tp4.cli.common import dry_run_option, profile_option, profile_remotes, ssh_option, strict_option
+from tp4.cli.common import PORT, dry_run_option, profile_option, profile_remotes, ssh_option, strict_option
 from tp4.core.errors import InvalidInput, Tp4Error
 
 flake_option = click.option(
@@ -112,7 +112,7 @@ def build(
 )
 @click.option("--user", default=None, help="ssh user on the workers.")
 @click.option("--identity", default=None, help="ssh private key.")
-@click.option("--port", type=int, default=None, help="ssh port.")
+@click.option("--port", type=PORT, default=None, help="ssh port.")
 @ssh_option
 @click.option(
     "--image", "image_ref", default=None, help="Image reference on the head (default: the one `tp4 build` loaded)."
@@ -199,7 +199,7 @@ root_option = click.option(
 @root_option
 @click.option(
     "--port",
-    type=click.IntRange(1, 65535),
+    type=PORT,
     default=None,
     help="Port on 127.0.0.1 (default: the last one used, else a free one).",
 )

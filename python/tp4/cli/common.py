@@ -11,14 +11,16 @@ CLI modules import shared names from here, never each other's private ones."""
 
 from __future__ import annotations
 
+import math
 import os
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
 import click
 
-from tp4.core.errors import InvalidInput
+from tp4.core.errors import InvalidInput, clip
 
 if TYPE_CHECKING:
     from tp4.core.apikey import Secret
@@ -72,6 +74,78 @@ sysfs_option = _option(
     hidden=True,
     help="The sysfs root doctor's checks read on every node.",
 )
+
+
+# --- numbers: read as written, in ASCII, finite and bounded ------------------------------------------
+
+# Python's int() and float() (and click's INT, FLOAT, IntRange and FloatRange, built on them) accept
+# "٣", " 3", "+3", "3_000" and "nan" (a NaN passes every range check): an option's number is one of
+# these forms and nothing else.
+_WHOLE = re.compile(r"-?(?:0|[1-9][0-9]*)", re.ASCII)
+_DECIMAL = re.compile(r"-?(?:[0-9]{1,18}(?:\.[0-9]{0,18})?|\.[0-9]{1,18})(?:[eE][-+]?[0-9]{1,3})?", re.ASCII)
+
+
+def _shown_number(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() and abs(x) < 1e15 else f"{x:g}"
+
+
+def _bound_words(low: float, high: float, low_open: bool) -> str:
+    return f"{'above' if low_open else 'from'} {_shown_number(low)} {'up ' if low_open else ''}to {_shown_number(high)}"
+
+
+def parse_number(text: str, low: float, high: float, *, integer: bool = False, low_open: bool = False) -> float:
+    """``text`` as a number in [low, high] (``low_open``: above low); ValueError saying what it
+    must be otherwise. Whole numbers: ASCII digits, a leading '-' only, no leading zeros, no -0;
+    other numbers: ASCII decimals with an optional exponent, finite."""
+    words = f"{'a whole number' if integer else 'a number'} {_bound_words(low, high, low_open)}"
+    if integer:
+        if not _WHOLE.fullmatch(text) or text == "-0":
+            raise ValueError(f"{clip(text)} is not {words} (ASCII digits: no sign but -, no spaces, no leading zeros)")
+        if len(text) > 19:  # beyond 64 bits: out of any bound, and never converted (4,300 digits raise)
+            raise ValueError(f"{clip(text, 20)} is out of range: expected {words}")
+        number: float = int(text)
+    else:
+        if not _DECIMAL.fullmatch(text):
+            raise ValueError(f"{clip(text)} is not {words} (written like 1, 0.5 or 2e3)")
+        number = float(text)
+    if not math.isfinite(number) or number < low or number > high or (low_open and number == low):
+        raise ValueError(f"{text} is out of range: expected {words}")
+    return number
+
+
+class Number(click.ParamType[Any]):
+    """The one click type of a numeric option: a finite number, or a whole number, within bounds,
+    written in ASCII digits (:func:`parse_number`). A refused value names the option (click's
+    "Invalid value for '--port'") and what to pass; exit 2."""
+
+    def __init__(self, low: float, high: float, *, integer: bool = False, low_open: bool = False) -> None:
+        self.low, self.high, self.integer, self.low_open = low, high, integer, low_open
+        self.name = "integer" if integer else "number"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if isinstance(value, bool):
+            self.fail(f"{value!r} is not a number", param, ctx)
+        text = repr(value) if isinstance(value, float) else str(value)
+        try:
+            number = parse_number(text, self.low, self.high, integer=self.integer, low_open=self.low_open)
+        except ValueError as exc:
+            self.fail(f"{exc}; fix: pass {self.words()}", param, ctx)
+        return int(number) if self.integer else number
+
+    def words(self) -> str:
+        return f"{'a whole number' if self.integer else 'a number'} {_bound_words(self.low, self.high, self.low_open)}"
+
+
+def Int(low: int, high: int) -> Number:  # noqa: N802 (reads as a type)
+    return Number(low, high, integer=True)
+
+
+def Float(low: float, high: float, *, low_open: bool = False) -> Number:  # noqa: N802
+    return Number(low, high, low_open=low_open)
+
+
+# a TCP port: what every --port takes (ssh's, the API's, a registry's)
+PORT = Int(1, 65535)
 
 
 def json_option(help: str) -> Callable[[F], F]:
@@ -222,6 +296,15 @@ def profile_remotes(
     from tp4.core.process import Remote
 
     names = [h for item in hosts for h in item.replace(",", " ").split()]
+    if not names and any(item.strip(", ") == "" for item in hosts):
+        raise InvalidInput(
+            "--worker: the host is empty; fix: pass a worker's ssh name or address, or leave --worker out"
+        )
+    if names:
+        from tp4.core.knownhosts import check_host
+
+        for name in names:  # refused before any node is asked, as the profile's hosts are
+            check_host(name, "--worker")
     if names:
         return [Remote(host=h, user=user, identity=identity, port=port, options=ssh_options) for h in names]
     plan = load_line(profile_path, strict).plan
@@ -254,17 +337,20 @@ def timeouts(items: tuple[str, ...]) -> dict[str, float]:
         if not sep:
             phase, value = "", item
         try:
-            seconds = float(value)
-        except ValueError:
-            seconds = -1.0
-        if not (0 < seconds <= 7 * 86400) or seconds != seconds:
-            raise InvalidInput(f"--timeout {item!r}: expected PHASE=SECONDS or SECONDS, seconds between 0 and 604800")
+            if sep and not phase:
+                raise ValueError("the phase before '=' is empty")
+            seconds = parse_number(value, 0, 7 * 86400, low_open=True)
+        except ValueError as exc:
+            raise InvalidInput(
+                f"--timeout {clip(item)}: {exc}; fix: pass PHASE=SECONDS or SECONDS, seconds between 0 and 604800 "
+                f"(phases: {', '.join(result)})"
+            ) from None
         if not phase:
             result = {k: seconds for k in result}
         elif phase in result:
             result[phase] = seconds
         else:
-            raise InvalidInput(f"--timeout {item!r}: unknown phase {phase!r}; fix: one of {', '.join(result)}")
+            raise InvalidInput(f"--timeout {clip(item)}: unknown phase {clip(phase)}; fix: one of {', '.join(result)}")
     return result
 
 

@@ -8,6 +8,7 @@ from pathlib import Path
 import click
 
 from tp4.cli.common import (
+    Float,
     dry_run_option,
     err as _err,
     load_line,
@@ -52,7 +53,7 @@ from tp4.core.errors import InvalidInput
 )
 @click.option(
     "--check-timeout",
-    type=click.FloatRange(min=1, max=3600),
+    type=Float(1, 3600),
     default=60,
     show_default=True,
     metavar="SECONDS",

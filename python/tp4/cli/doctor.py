@@ -7,7 +7,8 @@ import json
 
 import click
 
-from tp4.cli.common import load_line, profile_option, ssh_option, strict_option, sysfs_option, sysfs_root
+from tp4.cli.common import Float, load_line, profile_option, ssh_option, strict_option, sysfs_option, sysfs_root
+from tp4.core.errors import Tp4Error
 
 
 @click.command("doctor")
@@ -22,7 +23,7 @@ from tp4.cli.common import load_line, profile_option, ssh_option, strict_option,
 )
 @click.option(
     "--interval",
-    type=click.FloatRange(min=0, max=60),
+    type=Float(0, 60),
     default=2.0,
     show_default=True,
     metavar="SECONDS",

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 import click
 
 from tp4.cli.common import (
+    Float,
     render_status,
     ssh_option,
     strict_option,
@@ -163,14 +164,14 @@ def render(data: dict[str, object]) -> list[str]:
 @click.option("--watch", is_flag=True, help="Refresh until Ctrl-C.")
 @click.option(
     "--interval",
-    type=click.FloatRange(1, 3600),
+    type=Float(1, 3600),
     default=10,
     show_default=True,
     help="Seconds between refreshes with --watch.",
 )
 @click.option(
     "--probe-timeout",
-    type=click.FloatRange(0.1, 600),
+    type=Float(0.1, 600),
     default=10,
     show_default=True,
     help="Seconds each line's one-token completion may take.",

@@ -8,7 +8,7 @@ import click
 
 from tp4.hosts import trust as trust_mod
 from tp4.core import knownhosts
-from tp4.cli.common import profile_option, profile_remotes
+from tp4.cli.common import PORT, profile_option, profile_remotes
 from tp4.core.errors import InvalidInput
 from tp4.core.process import Remote
 
@@ -42,7 +42,7 @@ def _remotes(profile_path: str | None, names: tuple[str, ...], port: int | None)
     metavar="HOST",
     help="A host's ssh name or address instead of the profile's nodes; repeatable.",
 )
-@click.option("--port", type=click.IntRange(1, 65535), default=None, help="ssh port (default: the node's, else 22).")
+@click.option("--port", type=PORT, default=None, help="ssh port (default: the node's, else 22).")
 @click.option(
     "--yes", "-y", is_flag=True, help="Record the keys shown without asking (needed when stdin is not a terminal)."
 )
@@ -109,9 +109,7 @@ def list_() -> None:
 
 @hosts.command("forget")
 @click.argument("host")
-@click.option(
-    "--port", type=click.IntRange(1, 65535), default=None, help="ssh port the key was recorded for (default 22)."
-)
+@click.option("--port", type=PORT, default=None, help="ssh port the key was recorded for (default 22).")
 def forget(host: str, port: int | None) -> None:
     """Remove the recorded keys of HOST: tp4 refuses to connect to it until it is trusted again."""
     name, removed = trust_mod.forget(Remote(host=knownhosts.check_host(host, "HOST"), port=_port(port)))

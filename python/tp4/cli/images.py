@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -11,9 +12,9 @@ import click
 from tp4.image import runtime_cli
 from tp4.image import images as images_mod
 from tp4.image.build import pin_summary
-from tp4.cli.common import profile_option, profile_remotes, ssh_option, strict_option
+from tp4.cli.common import PORT, profile_option, profile_remotes, ssh_option, strict_option
 from tp4.core.contracts.images_listing import ImageEntry, ImagesListing, ImagesNode
-from tp4.core.errors import Tp4Error
+from tp4.core.errors import Tp4Error, clip
 from tp4.core.process import Remote
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -31,15 +32,23 @@ class KeepCount(click.ParamType[int]):
         if isinstance(value, int) and not isinstance(value, bool):
             number = value
         else:
-            try:
-                number = int(str(value).strip(), 10)
-            except ValueError:
+            text = str(value)
+            # ASCII digits only (int() takes "٣", " 3", "+3" and "3_000"); a number of more than 20
+            # digits is out of range without being converted
+            if not re.fullmatch(r"-?[0-9]+", text, re.ASCII):
                 self.fail(
-                    f"{str(value)!r} is not a whole number; fix: pass how many of the newest builds to keep, "
+                    f"{clip(text)} is not a whole number; fix: pass how many of the newest builds to keep, "
                     f"0 to {MAX_KEEP}",
                     param,
                     ctx,
                 )
+            if len(text) > 20:
+                self.fail(
+                    f"{clip(text, 20)} is out of range; fix: pass how many of the newest builds to keep, 0 to {MAX_KEEP}",
+                    param,
+                    ctx,
+                )
+            number = int(text)
         if not 0 <= number <= MAX_KEEP:
             self.fail(
                 f"{number} is out of range; fix: pass how many of the newest builds to keep, 0 to {MAX_KEEP}",
@@ -69,7 +78,7 @@ def node_options(f: F) -> F:
             ),
             click.option("--user", default=None, help="ssh user on the workers."),
             click.option("--identity", default=None, help="ssh private key."),
-            click.option("--port", type=int, default=None, help="ssh port."),
+            click.option("--port", type=PORT, default=None, help="ssh port."),
             ssh_option,
             strict_option,
         ]
@@ -82,7 +91,7 @@ NODE_KEYS = ("runtime", "profile_path", "workers", "user", "identity", "port", "
 
 
 def _resolve(opts: dict[str, Any]) -> tuple[str, list[Remote]]:
-    runtime = runtime_cli.detect(opts["runtime"])
+    # the input first (a hostile --worker is refused as such), then what this machine has
     workers = profile_remotes(
         opts["workers"],
         opts["profile_path"],
@@ -92,7 +101,7 @@ def _resolve(opts: dict[str, Any]) -> tuple[str, list[Remote]]:
         opts["ssh_options"],
         opts["strict"],
     )
-    return runtime, workers
+    return runtime_cli.detect(opts["runtime"]), workers
 
 
 def _mib(n: int | None) -> str:
@@ -163,10 +172,22 @@ def images(ctx: click.Context, /, as_json: bool, **opts: Any) -> None:
             _print_node(n, head, digest)
     failed = [n for n in nodes if n.error]
     if failed:
+        # each node's reason in the error itself: the listing may have gone to a file, or be JSON
         raise Tp4Error(
-            "could not list the images of " + ", ".join(n.name for n in failed) + ": see above; "
-            "check the ssh settings (--user, --identity, --ssh-option) and that the node is up"
+            "could not list the images of "
+            + "; ".join(f"{n.name} ({_reason(n.error)})" for n in failed)
+            + "; fix: check the ssh settings (--worker, --user, --identity, --ssh-option) and that the node is up"
         )
+
+
+def _reason(error: str | None) -> str:
+    """A node's failure as the final error names it; a host-key refusal is said once, on its own
+    line after it (tp4.cli's rule for refusals), so here it is only pointed at."""
+    from tp4.core import process
+
+    if any(error == refusal.message for refusal in process.host_key_failures.values()):
+        return "ssh refused its host key: see the error below"
+    return str(error)
 
 
 def _print_node(
@@ -240,8 +261,13 @@ def prune(ctx: click.Context, /, keep: int, dry_run: bool, **opts: Any) -> None:
         click.echo("registry: skipped, as not every node could be asked which images it keeps")
     bad = [r for r in results if not r.ok]
     if bad or (store_result is not None and store_result.errors):
-        names = [r.node for r in bad] + (["registry"] if store_result is not None and store_result.errors else [])
-        raise Tp4Error("prune did not finish on " + ", ".join(names) + ": see above; fix the cause and run it again")
+        reasons = [
+            f"{r.node} ({_reason(r.error) if r.error else '; '.join(c for _, c in r.failed) or 'not every image removed'})"
+            for r in bad
+        ]
+        if store_result is not None and store_result.errors:
+            reasons.append(f"registry ({'; '.join(store_result.errors)})")
+        raise Tp4Error("prune did not finish on " + "; ".join(reasons) + "; fix the cause and run it again")
 
 
 def _print_store(r: images_mod.StorePruned, verb: str, dry_run: bool) -> None:

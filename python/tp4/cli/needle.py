@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING
 
 import click
 
-from tp4.cli.common import load_served, profile_option, ssh_option, strict_option
-from tp4.core.errors import InvalidInput, Tp4Error
+from tp4.cli.common import load_served, parse_number, profile_option, ssh_option, strict_option
+from tp4.core.errors import InvalidInput, Tp4Error, clip
 
 if TYPE_CHECKING:
     from tp4.measuring import needle as needle_mod
@@ -33,16 +33,12 @@ METHOD = (
 
 
 def _number(text: str, name: str, low: float, high: float, fix: str, *, integer: bool = False) -> float:
-    value: float
     try:
-        value = int(text, 10) if integer else float(text)
+        return parse_number(text, low, high, integer=integer)
     except ValueError:
-        value = float("nan")
-    if not low <= value <= high:  # nan, inf, booleans spelt as words and a number past 64 bits fail here
         raise InvalidInput(
-            f"{name} {text[:40]!r}: expected {'a whole number' if integer else 'a number'} from {low:g} to {high:g}; fix: {fix}"
-        )
-    return value
+            f"{name} {clip(text, 40)}: expected {'a whole number' if integer else 'a number'} from {low:g} to {high:g}; fix: {fix}"
+        ) from None
 
 
 def _out_path(value: str | None) -> Path | None:

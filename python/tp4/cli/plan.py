@@ -9,8 +9,9 @@ from typing import TYPE_CHECKING
 import click
 
 from tp4.core import schemas
-from tp4.cli.common import json_option, load_line, profile_option, ssh_option, strict_option
+from tp4.cli.common import Int, json_option, load_line, profile_option, ssh_option, strict_option
 from tp4.core.errors import InvalidInput
+from tp4.core.netaddr import host_port
 
 if TYPE_CHECKING:
     from tp4.line.plan import Plan
@@ -32,7 +33,7 @@ def _human(plan: Plan, rank: int | None) -> str:
         ssh, run, gid = node.ssh, node.run, node.gid
         out += [
             "",
-            f"rank {node.rank} ({node.role}) {node.name}  fabric {node.host}  ssh {ssh.user}@{ssh.host}:{ssh.port}",
+            f"rank {node.rank} ({node.role}) {node.name}  fabric {node.host}  ssh {ssh.user}@{host_port(ssh.host, ssh.port)}",
             f"  container {run.container} image {run.image} command {' '.join(run.command)}",
             f"  --network {run.network} --ipc {run.ipc} --privileged --cap-add {','.join(run.cap_add)} --gpus {run.gpus} --shm-size {run.shm_size}",
             f"  ulimits memlock={run.ulimits.memlock} stack={run.ulimits.stack}  devices " + " ".join(run.devices),
@@ -70,7 +71,7 @@ def _human(plan: Plan, rank: int | None) -> str:
 
 @click.command()
 @profile_option
-@click.option("--rank", type=int, default=None, help="Show only this rank.")
+@click.option("--rank", type=Int(0, 255), default=None, help="Show only this rank.")
 @json_option(f"Machine-readable plan (schema {schemas.PLAN}, see docs/plan-schema.md), with its digest.")
 @click.option(
     "--output",

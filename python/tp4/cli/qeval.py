@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 import click
 
-from tp4.cli.common import load_served, profile_option, ssh_option, strict_option
+from tp4.cli.common import Float, Int, load_served, profile_option, ssh_option, strict_option
 from tp4.core.errors import InvalidInput, Tp4Error
 
 if TYPE_CHECKING:
@@ -186,7 +186,7 @@ def _line_of(result: TaskResult, width: int) -> str:
 )
 @click.option(
     "--code-seconds",
-    type=click.FloatRange(1, 600),
+    type=Float(1, 600),
     default=10.0,
     show_default=True,
     help="Wall-clock limit of one code task's run.",
@@ -208,14 +208,12 @@ def _line_of(result: TaskResult, width: int) -> str:
 )
 @click.option(
     "--fail-below",
-    type=click.IntRange(0, 100000),
+    type=Int(0, 100000),
     default=None,
     metavar="N",
     help="Exit 1 when fewer than N tasks pass.",
 )
-@click.option(
-    "--timeout", type=click.FloatRange(1, 7200), default=300.0, show_default=True, help="Seconds one answer may take."
-)
+@click.option("--timeout", type=Float(1, 7200), default=300.0, show_default=True, help="Seconds one answer may take.")
 @click.option("--label", default=None, help="A label stored with the results (default: the model and the API address).")
 @click.option(
     "--json",

@@ -10,6 +10,8 @@ from typing import TYPE_CHECKING
 import click
 
 from tp4.cli.common import (
+    Float,
+    Int,
     err,
     json_option,
     load_served,
@@ -59,7 +61,7 @@ def _line(
 )
 @click.option(
     "--slow-floor",
-    type=click.FloatRange(min=0, min_open=True, max=1e9),
+    type=Float(0, 1e9, low_open=True),
     default=None,
     metavar="TOKENS/S",
     help="Warm-up input throughput below which a boot is slow (default: half the last good boot's).",
@@ -115,9 +117,7 @@ def serve(
 
 @click.command("stop")
 @profile_option
-@click.option(
-    "--grace", type=click.IntRange(0, 3600), default=10, show_default=True, help="Seconds between TERM and KILL."
-)
+@click.option("--grace", type=Int(0, 3600), default=10, show_default=True, help="Seconds between TERM and KILL.")
 @ssh_option
 @strict_option
 def stop(profile_path: str | None, grace: int, ssh_options: tuple[str, ...], strict: bool) -> None:
@@ -137,14 +137,14 @@ def stop(profile_path: str | None, grace: int, ssh_options: tuple[str, ...], str
 @click.option("--watch", is_flag=True, help="Refresh until Ctrl-C.")
 @click.option(
     "--interval",
-    type=click.FloatRange(1, 3600),
+    type=Float(1, 3600),
     default=10,
     show_default=True,
     help="Seconds between refreshes with --watch (status reads no GPU tool: an nvidia-smi poll costs the decode steps).",
 )
 @click.option(
     "--probe-timeout",
-    type=click.FloatRange(0.1, 600),
+    type=Float(0.1, 600),
     default=10,
     show_default=True,
     help="Seconds the one-token completion may take before the line is busy or wedged.",
@@ -186,10 +186,10 @@ def status(
 
 @click.command("logs")
 @profile_option
-@click.option("--rank", type=click.IntRange(0, 255), default=0, show_default=True, help="Whose log.")
+@click.option("--rank", type=Int(0, 255), default=0, show_default=True, help="Whose log.")
 @click.option("-f", "--follow", is_flag=True, help="Follow it.")
 @click.option("--since", default=None, metavar="T", help="Only lines since T (e.g. 10m, 2026-12-01T10:00:00).")
-@click.option("--tail", "tail", type=click.IntRange(1, 1_000_000), default=None, help="Only the last N lines.")
+@click.option("--tail", "tail", type=Int(1, 1_000_000), default=None, help="Only the last N lines.")
 @ssh_option
 @strict_option
 def logs(

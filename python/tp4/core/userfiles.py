@@ -93,6 +93,11 @@ def check_output(path: str | os.PathLike[str], what: str, *, force: bool) -> os.
         st = os.stat(out)
     except FileNotFoundError:
         st = None
+        if os.path.lexists(out):  # a symbolic link to nothing: it exists, and is no regular file
+            raise InvalidInput(
+                f"{what} {out} is a symbolic link to {os.readlink(out)!r}, which does not exist; fix: remove the "
+                "link, or choose another -o"
+            ) from None
     except OSError as exc:
         raise InvalidInput(f"cannot write {what} {out}: {exc.strerror}") from None
     if st is not None:

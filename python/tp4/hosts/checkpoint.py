@@ -226,17 +226,26 @@ def prepare_dir(model_dir: Path) -> None:
 
 
 def link(model_dir: Path, common: Path, say: Say) -> None:
-    """`ln -sfn MODEL_DIR COMMON_MODEL`: a symlink or file at common_link is replaced; a real
-    directory there is refused (ln would put the link inside it, where nothing looks)."""
+    """`ln -sfn MODEL_DIR COMMON_MODEL`, for a link only: a symbolic link at common_link that
+    points to a directory (a model's, as tp4 makes it) or to nothing (a model removed since) is
+    replaced; anything else there (a regular file, a directory, a link to a file) is refused,
+    never replaced (a file is someone's data; ln would put the link inside a directory)."""
     target = os.path.abspath(model_dir)
     try:
         if os.readlink(common) == target:
             return
     except OSError:
         pass
-    if common.is_dir() and not common.is_symlink():
+    if common.is_symlink():
+        if common.exists() and not common.is_dir():
+            raise InvalidInput(
+                f"model.common_link: {common} is a link to {os.readlink(common)!r}, which is no model directory; "
+                "fix: remove the link if it is not needed, or set model.common_link to a free path"
+            )
+    elif os.path.lexists(common):
+        what = "a directory" if common.is_dir() else "a regular file" if common.is_file() else "not a link"
         raise InvalidInput(
-            f"model.common_link: {common} is a directory, not a link; fix: move it away, or set "
+            f"model.common_link: {common} is {what}, not a link tp4 made; fix: move it away, or set "
             "model.common_link to a free path"
         )
     tmp = common.with_name(f".{common.name}.tp4-link.{os.getpid()}")

@@ -354,7 +354,9 @@ s df
 for x in "$@"; do
   d=$x
   while [ ! -e "$d" ] && [ "$d" != / ]; do d=$(dirname -- "$d"); done
-  echo "$x $(df -Pk -- "$d" | sed -n '2p')"
+  printf 'path %s\n' "$x"
+  r=$(df -k --output=avail,target -- "$d" 2>/dev/null | sed -n 2p)
+  printf 'free %s\n' "${r:-- -}"
 done
 s meminfo; grep -E '^(MemTotal|MemAvailable):' /proc/meminfo
 s listening; ss -Hltn 2>&1
@@ -440,7 +442,9 @@ def ping_peers(plan: Plan, rank: RankPlan) -> list[RankPlan]:
 
 def rendezvous(plan: Plan) -> tuple[str, int]:
     """The dist init address (host, port): the head's torch TCPStore every rank connects to."""
-    host, _, port = plan.line.dist_init_addr.rpartition(":")
+    from tp4.core.netaddr import split_host_port
+
+    host, port = split_host_port(plan.line.dist_init_addr) or (plan.line.dist_init_addr, "")
     return host, int(port) if port.isdigit() else 0
 
 
@@ -735,12 +739,19 @@ def _known_bad() -> list[dict[str, str]]:
 
 
 def _df(f: Facts) -> dict[str, tuple[str, float]]:
-    """asked path -> (mount point, free GiB)."""
+    """asked path -> (mount point, free GiB). Each path is two lines, `path <asked path>` and
+    `free <KiB available> <mount point>` (df --output=avail,target): a path or a mount point
+    with spaces stays whole (the fields are never split on blanks)."""
     out: dict[str, tuple[str, float]] = {}
+    asked: str | None = None
     for line in f.get("df"):
-        parts = line.split()
-        if len(parts) >= 7 and parts[4].isdigit():
-            out[parts[0]] = (parts[6], int(parts[4]) / (1024 * 1024))
+        if line.startswith("path "):
+            asked = line[5:]
+        elif line.startswith("free ") and asked is not None:
+            avail, _, target = line[5:].lstrip().partition(" ")
+            if avail.isdigit() and target:
+                out[asked] = (target, int(avail) / (1024 * 1024))
+            asked = None
     return out
 
 
@@ -748,11 +759,7 @@ def _store_free(f: Facts) -> tuple[str, float] | None:
     store = (f.get("store") or [""])[0].strip()
     if not store:
         return None
-    for line in f.get("df"):
-        parts = line.split()
-        if parts and parts[0] == store and len(parts) >= 7 and parts[4].isdigit():
-            return parts[6], int(parts[4]) / (1024 * 1024)
-    return None
+    return _df(f).get(store)
 
 
 def _no_such_image(lines: list[str]) -> bool:

@@ -48,7 +48,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tp4.core import dirs, pidfile, process
-from tp4.core.errors import Tp4Error
+from tp4.core.errors import InvalidInput, Tp4Error, clip
 
 REGISTRY = "docker-registry"
 REALM = "tp4-image-store"
@@ -218,6 +218,21 @@ def _pidfile(root: Path) -> Path:
     return root / "pid"
 
 
+def yaml_path(path: Path) -> str:
+    """path as a YAML double-quoted scalar (JSON's string form, which YAML reads the same), so a
+    '#', ': ' or a quote in $XDG_STATE_HOME is part of the path. A character YAML cannot carry
+    literally or folds (a control character, a line or paragraph separator, an undecodable byte)
+    is refused: the registry would store its data somewhere else."""
+    text = str(path)
+    bad = next((c for c in text if not c.isprintable()), None)
+    if bad is not None:
+        raise InvalidInput(
+            f"image store directory {clip(text)} holds the character {bad!r}, which its config.yml cannot carry; "
+            "fix: set XDG_STATE_HOME to a path of printable characters (or unset it for ~/.local/state)"
+        )
+    return json.dumps(text, ensure_ascii=False)
+
+
 def config_text(root: Path, port: int) -> str:
     """The registry's config.yml: filesystem storage under ``root/data``, deletes allowed, HTTP
     on 127.0.0.1:<port> only, access log on (to its output, which goes to access.log), every
@@ -232,7 +247,7 @@ def config_text(root: Path, port: int) -> str:
         "    disabled: false\n"
         "storage:\n"
         "  filesystem:\n"
-        f"    rootdirectory: {root / 'data'}\n"
+        f"    rootdirectory: {yaml_path(root / 'data')}\n"
         "  delete:\n"
         "    enabled: true\n"
         "  maintenance:\n"
@@ -245,7 +260,7 @@ def config_text(root: Path, port: int) -> str:
         "auth:\n"
         "  htpasswd:\n"
         f"    realm: {REALM}\n"
-        f"    path: {root / HTPASSWD}\n"
+        f"    path: {yaml_path(root / HTPASSWD)}\n"
     )
 
 
@@ -334,6 +349,7 @@ def start(root: Path | None = None, port: int | None = None) -> Store:
     """Start the registry under ``root`` on 127.0.0.1:``port`` (default: the port of its last
     start, else a free one) and wait until it answers; a running one is reused."""
     root = (root or default_root()).absolute()
+    yaml_path(root / "data")  # a path config.yml cannot carry is refused before anything is made
     try:
         root.mkdir(parents=True, exist_ok=True)
         lock = open(root / "lock", "a")
@@ -568,7 +584,7 @@ def pull_config_text(data: Path, htpasswd: Path, port: int) -> str:
         "    disabled: false\n"
         "storage:\n"
         "  filesystem:\n"
-        f"    rootdirectory: {data}\n"
+        f"    rootdirectory: {yaml_path(data)}\n"
         "  delete:\n"
         "    enabled: false\n"
         "  maintenance:\n"
@@ -583,7 +599,7 @@ def pull_config_text(data: Path, htpasswd: Path, port: int) -> str:
         "auth:\n"
         "  htpasswd:\n"
         f"    realm: {REALM}-pull\n"
-        f"    path: {htpasswd}\n"
+        f"    path: {yaml_path(htpasswd)}\n"
     )
 
 

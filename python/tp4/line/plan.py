@@ -15,7 +15,7 @@ import json
 import re
 from typing import TYPE_CHECKING, Annotated, Literal, NamedTuple
 
-from tp4.core import schemas
+from tp4.core import netaddr, schemas
 from tp4.line.container import HEALTH, MOUNTS, PODMAN_GPU_DEVICES, Health
 from tp4.line.knobs import BY_ENV, KNOBS, Knob
 from tp4.line.registry import Registry, condition_holds, fill_line, line_pattern, load_registry
@@ -227,8 +227,11 @@ class LineFacts(NamedTuple):
     tp: Annotated[int, "tensor parallel size"]
     ep: Annotated[int, "expert parallel size"]
     fabric: Annotated[Fabric, "switched RoCE fabric or a switchless ring"]
-    dist_init_addr: Annotated[str, "torch distributed init address (head IP:port)"]
-    api: Annotated[str, "the OpenAI API URL on the head"]
+    dist_init_addr: Annotated[
+        str,
+        "torch distributed init address (head IP:port; an IPv6 head in brackets, [fd00::1]:20000, the form SGLang's --dist-init-addr reads)",
+    ]
+    api: Annotated[str, "the OpenAI API URL on the head (an IPv6 head in brackets: http://[fd00::1]:8888)"]
     gpu_clock_mhz: Annotated[
         int | None,
         (
@@ -490,7 +493,9 @@ def _rank_value(p: Profile, knob: Knob, rank: int) -> str:
         case "nnodes":
             return str(len(p.nodes))
         case "dist_init_addr":
-            return f"{p.cluster.head.ip}:{p.cluster.dist_port}"
+            # an IPv6 head in brackets: SGLang reads "[v6]:port" (configure_ipv6) and splits anything
+            # else on ':' (sgl-project/sglang python/sglang/srt/utils.py at 4ebfeba)
+            return netaddr.host_port(p.cluster.head.ip, p.cluster.dist_port)
     raise AssertionError(f"knob {knob.env}: no rank value")
 
 
@@ -814,7 +819,7 @@ def build_plan(loaded: Loaded, registry: Registry | None = None) -> Plan:
             ep=p.ep,
             fabric=p.fabric.mode,
             dist_init_addr=head_env["DIST_INIT_ADDR"],
-            api=f"http://{p.cluster.head.ip}:{p.cluster.port}",
+            api=f"http://{netaddr.host_port(p.cluster.head.ip, p.cluster.port)}",
             gpu_clock_mhz=p.cluster.gpu_clock_mhz or None,
             nccl_sha256=p.fabric.nccl.sha256,
             id=line_id(nodes[0].ssh.host, p.cluster.port),

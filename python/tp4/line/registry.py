@@ -7,6 +7,7 @@ cross-checked (duplicate gates, condition syntax, every variable a condition or 
 a misspelt key, a wrong type or an unknown kind is an error naming the adapter and the entry,
 worded here, never pydantic's wording."""
 
+import math
 import re
 import tomllib
 import typing
@@ -41,6 +42,13 @@ Level = Literal["error", "warning"]
 FAMILY = "<n>"
 _VAR = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(?:<n>)?")
 _COND = re.compile(r"^(?P<var>[A-Za-z_][A-Za-z0-9_]*(?:<n>)?)(?:(?P<op>>=|<=|!=|=|~)(?P<arg>.*))?$")
+# Gate numbers: ASCII only (re.ASCII: \d would match any Unicode digit), no sign but a leading
+# '-', no '_', no spaces, no leading zeros (bash arithmetic reads 010 as octal), 18 digits at most
+# (an int64 the engine reads with int() or atoi()).
+GATE_INT_DIGITS = 18
+GATE_FLOAT_CHARS = 32
+_GATE_INT = re.compile(r"-?(?:0|[1-9][0-9]*)", re.ASCII)
+_GATE_FLOAT = re.compile(r"-?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][-+]?[0-9]+)?", re.ASCII)
 _PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)(\+1)?\}")
 # Keys the parser fills from an entry's adapter: never keys of the file (an entry that writes
 # `adapter = ...` gets "unknown key").
@@ -123,19 +131,39 @@ class Gate(BaseModel):
     def is_on(self, value: str | None) -> bool:
         return value is not None and value.strip().lower() not in self.off
 
+    def _number(self, value: str) -> int | float | None:
+        """value parsed as the launcher and the engine read it (int() / float() of the text, and
+        bash arithmetic for some): only plain ASCII forms, finite, of bounded length; else None.
+        Python's int() and float() alone accept "٣", " 3", "+3", "3_000", "nan", "inf" and 1e400."""
+        if self.kind == "int":
+            if not _GATE_INT.fullmatch(value) or value == "-0" or len(value.lstrip("-")) > GATE_INT_DIGITS:
+                return None
+            # a '-' passes here only for min's check to refuse it (must be at least N) where negatives are not allowed
+            return int(value)
+        if len(value) > GATE_FLOAT_CHARS or not _GATE_FLOAT.fullmatch(value):
+            return None
+        number = float(value)
+        if not math.isfinite(number):
+            return None
+        return number
+
     def check(self, value: str) -> str | None:
         """None if value is allowed, else the reason it is not."""
         kind = self.kind
-        if kind in ("int", "float") and not self.forwarded and value.strip().lower() in self.off:
+        if kind in ("int", "float") and not self.forwarded and value == value.strip() and value.lower() in self.off:
             return None  # the launcher passes it only when set: an off value turns the gate off (upstream `start.sh`)
         if kind == "switch":
             if value not in ("0", "1"):
                 return "must be 0 or 1"
         elif kind in ("int", "float"):
-            try:
-                number = int(value) if kind == "int" else float(value)
-            except ValueError:
-                return f"must be {'an integer' if kind == 'int' else 'a number'}"
+            number = self._number(value)
+            if number is None:
+                if kind == "int":
+                    return (
+                        f"must be a whole number in ASCII digits (no '+', spaces, '_', leading zeros or -0),"
+                        f" at most {GATE_INT_DIGITS} digits"
+                    )
+                return "must be a finite number written in ASCII (digits, one '.', an optional exponent: 0.5, 1e-3)"
             if self.min is not None and number < self.min:
                 return f"must be at least {self.min:g}"
             if self.max is not None and number > self.max:

@@ -32,7 +32,7 @@ from tp4.core.contracts.base import Bad as _Bad
 from tp4.core.contracts.base import describe as _describe
 from tp4.core.contracts.base import problems as contract_problems
 from tp4.core.contracts.bench_result import BenchResult, Job, Source
-from tp4.core.errors import InvalidInput
+from tp4.core.errors import InvalidInput, clip
 from tp4.core.userfiles import read_input
 
 # A sparkDash result.json holds every stream's previews and headers: a few MiB for a full sweep.
@@ -1009,6 +1009,8 @@ def render_json(report: Report, charts: Iterable[Path]) -> str:
 
 def parse_percent(text: str, option: str) -> Fraction:
     """A percentage as typed (`5`, `2.5`), exact; NaN, inf, negatives and fractions refused."""
-    if not re.fullmatch(r"\d{1,6}(\.\d{1,6})?", text.strip()):
-        raise InvalidInput(f"{option}: {text!r} is not a percentage; fix: pass a number of percent such as 5 or 2.5")
-    return Fraction(text.strip())
+    if not re.fullmatch(r"[0-9]{1,6}(\.[0-9]{1,6})?", text):  # ASCII digits, as written: no '٣', no blanks
+        raise InvalidInput(
+            f"{option}: {clip(text)} is not a percentage; fix: pass a number of percent such as 5 or 2.5"
+        )
+    return Fraction(text)

@@ -49,6 +49,7 @@ from tp4.core.contracts.fleet_plan import (
     RouterKindName,
     RouterService,
 )
+from tp4.core import netaddr
 from tp4.core.errors import InvalidInput, Tp4Error
 from tp4.core.privatefiles import PRIVATE_DIR_SH, WRITE_PRIVATE
 from tp4.line.profile.models import _NAME, Int, _check_host, _check_identity, _check_path, _check_user
@@ -200,7 +201,10 @@ class Router(Section):
     user: str | None = Field(None, description="ssh user on the router's host (default: ssh's).")
     identity: str | None = Field(None, description="ssh identity for the router's host.")
     ssh_port: Int | None = Field(None, ge=1, le=65535, description="ssh port of the router's host.")
-    bind: str = Field("0.0.0.0", description="Address the router's API binds (--host): an IPv4 or IPv6 address.")
+    bind: str = Field(
+        "0.0.0.0",
+        description="Address the router's API binds (--host): an IPv4 or IPv6 address (0.0.0.0 or :: for all) or a host name, without the port (router.port).",
+    )
     port: Int = Field(30000, ge=1, le=65535, description="The router's OpenAI API port (--port).")
     policy: Policy = Field(
         "round_robin",
@@ -234,8 +238,17 @@ class Router(Section):
     @field_validator("bind")
     @classmethod
     def _bind(cls, v: str) -> str:
-        if not re.fullmatch(r"[0-9A-Fa-f.:]{2,45}", v):
-            raise ValueError(f"{v[:80]!r} is not an IP address; fix: an IPv4 or IPv6 address such as 0.0.0.0")
+        split = netaddr.split_host_port(v)
+        if split is not None and split[1].isdigit() and netaddr.bind_problem(split[0]) is None:
+            raise ValueError(
+                f"{v[:80]!r} holds a port; fix: bind = {split[0]!r} and port = {split[1][:6]} (the port is router.port)"
+            )
+        problem = netaddr.bind_problem(v)
+        if problem:
+            raise ValueError(
+                f"{v[:80]!r} {problem}; fix: an IPv4 or IPv6 address of the router's host (0.0.0.0 or :: for all), "
+                "or its host name, without a port (the port is router.port)"
+            )
         return v
 
     @field_validator("user")
@@ -332,7 +345,7 @@ class Fleet:
         """The router's API as clients reach it."""
         r = self.router
         host = r.bind if r.bind not in ("0.0.0.0", "::") else ("127.0.0.1" if r.host == "local" else r.host)
-        return f"http://[{host}]:{r.port}" if ":" in host else f"http://{host}:{r.port}"
+        return f"http://{netaddr.host_port(host, r.port)}"
 
 
 def _line_problems(where: str, exc: InvalidInput) -> list[str]:

@@ -426,6 +426,23 @@ def _attrs(tokens: list[str], line: int) -> dict[str, str]:
     return attrs
 
 
+# Characters no field may hold: control characters (C0, DEL, C1) and every other kind of blank or
+# invisible separator. Only space, tab and CR separate tokens; anything else stayed inside a token,
+# where a URL ending in "\v" read as a file instead of an archive, or a name looked like another.
+_UNSEEN = re.compile(r"[\x00-\x1f\x7f-\xa0\u1680\u180e\u2000-\u200f\u2028-\u202f\u205f-\u2064\u3000\ufeff]")
+
+
+def _check_tokens(entry: _Logical) -> None:
+    for token in entry.tokens:
+        m = _UNSEEN.search(token)
+        if m:
+            shown = token if len(token) <= 80 else token[:77] + "..."
+            raise InvalidInput(
+                f"line {entry.line}: {shown!r} holds the control or blank character {m[0]!r} (U+{ord(m[0]):04X}); "
+                "fix: remove it (a field is printable text without blanks)"
+            )
+
+
 def parse(text: str, path: Path | None = None) -> Manifest:
     """Parse manifest text. Raises InvalidInput on syntax errors (not on semantic ones: see validate)."""
     rows: list[Row] = []
@@ -433,6 +450,7 @@ def parse(text: str, path: Path | None = None) -> Manifest:
     label = f"{path}: " if path else ""
     try:
         for entry in _entries(text):
+            _check_tokens(entry)
             t = entry.tokens
             if t[0] == "tree":
                 if len(t) < 2:

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from tp4.core.errors import InvalidInput
+from tp4.core.errors import InvalidInput, clip
 from tp4.line.profile.problem import Problem
 from tp4.line.registry import DATA
 from tp4.core.userfiles import parse_toml, read_input
@@ -73,7 +73,7 @@ def preset_layers(name: str) -> list[tuple[str, Doc]]:
             import difflib
 
             hint = difflib.get_close_matches(current, preset_names(), n=1)
-            problem = f"preset: unknown preset {current!r}; fix: use one of {', '.join(preset_names())}" + (
+            problem = f"preset: unknown preset {clip(current)}; fix: use one of {', '.join(preset_names())}" + (
                 f" (did you mean {hint[0]!r}?)" if hint else ""
             )
             raise InvalidInput("the profile names no preset tp4 has", [problem])

@@ -27,6 +27,8 @@ from pydantic import (
     model_validator,
 )
 
+from tp4.core import netaddr
+
 # The line's hardware: one GPU per Spark, one rank per node; tp4 supports lines of up to 8 nodes.
 MAX_NODES = 8
 # A DGX Spark (GB10) has 128 GB of unified memory: no per-node size may exceed it.
@@ -155,11 +157,22 @@ _MaybeStr = TypeVar("_MaybeStr", bound=str | None)
 
 
 def _check_host(v: _MaybeStr) -> _MaybeStr:
-    if v is not None and not _HOST.fullmatch(v):
-        raise ValueError(
-            f"{v[:80]!r} is not a host name or IP address; fix: use letters, digits, '.', '-' or ':' "
-            "(an IPv6 address), not starting with '-'"
-        )
+    """An ssh address: an IP address or an RFC 1123 host name (never starting with '-')."""
+    if v is not None and (not _HOST.fullmatch(v) or netaddr.host_problem(v)):
+        raise ValueError(f"{v[:80]!r} is not a host name or IP address; fix: write {netaddr.HOST_WORDS}")
+    return v
+
+
+def _check_ip(v: str) -> str:
+    """A fabric address: an IP address (ipaddress), which the plan puts in URLs and dist-init."""
+    if v.startswith("-"):
+        problem: str | None = "starts with '-', which ssh would read as an option"
+    else:
+        problem = None if _HOST.fullmatch(v) else f"is not {netaddr.IP_WORDS}"
+    if problem is None:
+        problem = netaddr.ip_problem(v)
+    if problem:
+        raise ValueError(f"{v[:80]!r} {problem}; fix: write {netaddr.IP_WORDS}, the node's address on the fabric")
     return v
 
 
@@ -240,7 +253,9 @@ class NodeSpec(Section):
 
     name: str = Field(description="Node name used in tp4 output (upstream WORKER_HOSTS for workers).")
     ssh: str | None = Field(None, description="ssh address of the node; default: `ip`.")
-    ip: str = Field(description="Fabric IP (HEAD_IP / WORKER_IPS): dist init, GID lookup, HOST_IP.")
+    ip: str = Field(
+        description="Fabric IP (HEAD_IP / WORKER_IPS): dist init, GID lookup, HOST_IP. An IPv4 or IPv6 address; the plan brackets an IPv6 head in its API URL and dist init address ([fd00::1]:20000, what SGLang's --dist-init-addr reads)."
+    )
     user: str | None = Field(None, description="ssh user; default: `cluster.user` (WORKER_USER).")
     identity: str | None = Field(None, description="ssh identity file; default: `cluster.identity`.")
     ssh_port: Int | None = Field(None, ge=1, le=65535, description="ssh port; default 22.")
@@ -295,10 +310,15 @@ class NodeSpec(Section):
             )
         return v
 
-    @field_validator("ip", "ssh")
+    @field_validator("ssh")
     @classmethod
     def _host(cls, v: str | None) -> str | None:
         return _check_host(v)
+
+    @field_validator("ip")
+    @classmethod
+    def _ip(cls, v: str) -> str:
+        return _check_ip(v)
 
     @field_validator("user")
     @classmethod

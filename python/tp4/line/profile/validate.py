@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from tp4.core.errors import clip
 from tp4.line import knobs
 from tp4.line.profile.models import Profile
 from tp4.line.profile.problem import Problem
@@ -174,7 +175,7 @@ def validate(
             continue
         reason = gate.check(value)
         if reason:
-            err(field, f"{value!r} {reason}", f"see adapter {gate.adapter} in adapters/registry.toml")
+            err(field, f"{clip(value)} {reason}", f"see adapter {gate.adapter} in adapters/registry.toml")
         if gate.is_on(value) and reg.image_rank(gate.image) > image_rank:
             err(
                 field,
@@ -228,7 +229,61 @@ def validate(
                 "a ring has no NFS path to the workers; every node needs a full local checkpoint",
                 "set nfs.share = false and copy the checkpoint to every node",
             )
+    errors.extend(kernel_limits(profile, head_env))
     return errors, warnings
+
+
+# The kernel's limits on what execve takes (linux include/uapi/linux/binfmts.h): one argv word or
+# environment string ("KEY=value") of at most MAX_ARG_STRLEN = 32 pages = 131072 bytes with its
+# NUL; all of argv and the environment together within ARG_MAX, a quarter of the stack limit
+# (2 MiB under the usual 8 MiB). Every profile string reaches an argv or an environment (the
+# container runtime's, the engine's): one over the first limit fails the launch with E2BIG.
+MAX_ARG_STRLEN = 131072
+# what argv and the environment of one rank may take together: half the usual ARG_MAX, leaving the
+# other half to what tp4 and the runtime add around them
+ARG_BUDGET = 1 << 20
+
+
+def kernel_limits(profile: Profile, head_env: Mapping[str, str]) -> list[Problem]:
+    """Every string of the profile that, as one argv word or environment string, is longer than
+    the kernel takes, and the rank's environment and engine arguments over the budget together."""
+    found: list[Problem] = []
+
+    def walk(value: object, path: str, env_key: str | None = None) -> None:
+        if isinstance(value, str):
+            word = f"{env_key}={value}" if env_key is not None else value
+            size = len(word.encode("utf-8", "surrogatepass")) + 1
+            if size > MAX_ARG_STRLEN:
+                found.append(
+                    Problem(
+                        path,
+                        f"is {size} bytes as one {'environment string' if env_key else 'argument'}, over the kernel's "
+                        f"limit of {MAX_ARG_STRLEN} (MAX_ARG_STRLEN): the launch would fail with E2BIG",
+                        "shorten it (a long value belongs in a file the line mounts)",
+                    )
+                )
+        elif isinstance(value, Mapping):
+            for k, v in value.items():
+                key = str(k)
+                walk(v, f"{path}.{key}" if path else key, key if path in ("env", "gates") else None)
+        elif isinstance(value, (list, tuple)):
+            for i, v in enumerate(value):
+                walk(v, f"{path}[{i}]")
+
+    walk(profile.model_dump(), "")
+    total = sum(len(f"{k}={v}".encode("utf-8", "surrogatepass")) + 1 for k, v in head_env.items()) + sum(
+        len(a.encode("utf-8", "surrogatepass")) + 1 for a in profile.engine.extra_args
+    )
+    if total > ARG_BUDGET:
+        found.append(
+            Problem(
+                "env",
+                f"the rank's environment and engine.extra_args take {total} bytes together, over the {ARG_BUDGET} "
+                "tp4 allows (the kernel's ARG_MAX is 2 MiB for argv and environment together)",
+                "shorten [env], [gates] and engine.extra_args",
+            )
+        )
+    return found
 
 
 def _has_flag_value(args: list[str], flag: str, value: str) -> bool:
