@@ -8,7 +8,6 @@ import json
 import click
 
 from tp4.cli.common import Float, load_line, profile_option, ssh_option, strict_option, sysfs_option, sysfs_root
-from tp4.core.errors import Tp4Error
 
 
 @click.command("doctor")
