@@ -507,6 +507,10 @@ FILLERS = {
 }
 # a required value the command's own validation needs to be right, beside the hostile one
 FILLER_BY_COMMAND = {("sources", "fetch", "name"): "sglang-canary"}  # a locked row: fetch gets to --to
+# options given beside every hostile value of a command, so that it gets past a refusal of the
+# test's own line: qeval refuses a code sandbox on this machine, and the line's workers are
+# loopback addresses here; without code tasks it needs no sandbox and reaches its other options
+EXTRA_BY_COMMAND = {("qeval",): ["--kind", "json"]}
 
 
 class Hung(BaseException):
@@ -536,6 +540,7 @@ def argv_for(p: Param, value: str, inputs: Path, case: Path) -> list[str]:
             q.required or q.name == "profile_path" or q.name == "fleet_path" and not has_profile
         ):
             opts += [max(q.opts, key=len), (filler or "x").format(inputs=inputs, case=case)]
+    opts += EXTRA_BY_COMMAND.get(p.command, [])
     if isinstance(p.param, click.Option):
         opts += [p.flag, value]
     else:

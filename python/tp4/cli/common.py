@@ -295,7 +295,9 @@ def profile_remotes(
     ``head``, the plan's head (rank 0) too."""
     from tp4.core.process import Remote
 
-    names = [h for item in hosts for h in item.replace(",", " ").split()]
+    # a list is split at commas and spaces only: any other blank (a newline, a tab) is part of a
+    # name, which check_host refuses, never a separator that turns one value into two hosts
+    names = [h for item in hosts for h in item.replace(",", " ").split(" ") if h]
     if not names and any(item.strip(", ") == "" for item in hosts):
         raise InvalidInput(
             "--worker: the host is empty; fix: pass a worker's ssh name or address, or leave --worker out"
