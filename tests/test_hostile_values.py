@@ -420,13 +420,11 @@ def test_the_store_directory_reaches_config_yml_verbatim(name):
     assert parsed["http"]["addr"] == "127.0.0.1:5000"
 
 
-@pytest.mark.parametrize("char", ["\n", "\r", "\x00", "\x1b", "\x85", "\u2028", "\x7f", "\udcff"])
+@pytest.mark.parametrize("char", ["\n", "\r", "\x1b", "\x85", "\u2028", "\x7f", "\udcff"])  # no path holds a NUL
 def test_a_store_directory_config_yml_cannot_carry_is_refused_before_anything_is_made(tmp_path, char):
     from tp4.core.errors import InvalidInput
     from tp4.image import imagestore
 
-    if char == "\x00":
-        pytest.skip("no path holds a NUL")
     root = tmp_path / f"state{char}x" / "tp4" / "registry"
     with pytest.raises(InvalidInput, match="XDG_STATE_HOME"):
         imagestore.start(root)
