@@ -60,6 +60,7 @@ in
     "python/tp4/core/errors.py"
     "python/tp4/core/userfiles.py"
     "python/tp4/core/process.py"
+    "python/tp4/core/pidfile.py"
     "python/tp4/image/__init__.py"
     "python/tp4/image/sources"
     "python/tp4/data/sources.manifest"

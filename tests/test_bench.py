@@ -574,7 +574,8 @@ def test_prefill_on_a_corpus(standin: Callable[..., Standin], tmp_path: Path) ->
         assert r["tp4"]["head"].startswith(f"[tp4-prefill {r['salt']}]\n{prompts.PREFILL_HEAD}")
         assert req["prefillTokens"] == pytest.approx(r["targetTokens"], rel=0.2)
         assert req["prefillTps"] == pytest.approx(4000, rel=0.2)
-        assert req["ttftMs"] == pytest.approx(req["prefillTokens"] / 4000 * 1000, abs=40)
+        # the stand-in's prefill pace plus what a busy 2-core machine adds: within a quarter (or 40 ms)
+        assert req["ttftMs"] == pytest.approx(req["prefillTokens"] / 4000 * 1000, rel=0.25, abs=40)
     heads = "".join(r["tp4"]["head"] for r in rows)
     assert "The guide" in heads or "def clamp" in heads or "caf\ufffd" in heads
     assert "caf\ufffd" in "".join(prompts.load_corpus(str(corpus)).documents)  # undecodable bytes replaced
