@@ -184,7 +184,8 @@ def test_decode_numbers_are_the_rates_set_and_sparkdash_formulas(
             assert st["completionTokens"] == 31 and st["decodeTokens"] == 30
             assert st["http"]["sseEventCount"] == 13 and st["http"]["finishReason"] == "length"
             assert math.ceil(st["contentPreview"]["chars"] / 4) != 31  # the text estimate would be wrong here
-            assert st["decodeMs"] == pytest.approx(300, abs=25)
+            # the stand-in's pace, plus what a busy 2-core machine adds
+            assert st["decodeMs"] == pytest.approx(300, rel=0.35)
             assert st["decodeTps"] == pytest.approx(100, rel=0.08)
             assert st["decodeTps"] == pytest.approx(30 / (st["decodeMs"] / 1000), rel=1e-3)
             expected_ttft = st["prefillTokens"] / 500 * 1000

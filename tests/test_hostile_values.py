@@ -431,34 +431,6 @@ def test_a_store_directory_config_yml_cannot_carry_is_refused_before_anything_is
     assert list(tmp_path.iterdir()) == []
 
 
-# --- doctor's df: paths and mount points with spaces stay whole -------------------------------------
-
-
-def test_doctor_reads_free_space_of_a_path_with_spaces(tmp_path):
-    import subprocess
-
-    from tp4.hosts import doctor
-
-    script = doctor.FACTS_SCRIPT
-    part = script[script.index("s df\n") : script.index("s meminfo")]
-    here = tmp_path / "my models" / "engram dir"
-    here.mkdir(parents=True)
-    missing = tmp_path / "not yet" / "made here"
-    text = subprocess.run(
-        ["sh", "-c", "s() { printf '== %s\\n' \"$*\"; }\n" + part, "tp4-doctor", str(here), str(missing)],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
-    facts = doctor.Facts(sections={"df": text.splitlines()[1:]})
-    found = doctor._df(facts)
-    assert set(found) == {str(here), str(missing)}, text
-    for mount, free in found.values():
-        assert mount.startswith("/") and free > 0, (mount, free)
-    facts.sections["store"] = [str(here)]
-    assert doctor._store_free(facts) == found[str(here)]
-
-
 # --- the checkpoint's common link: only a link is ever replaced ---------------------------------------
 
 

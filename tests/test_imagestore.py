@@ -317,7 +317,7 @@ def test_the_credential_is_private_bcrypt_and_kept_across_restarts(tmp_path):
         user, hashed = (root / imagestore.HTPASSWD).read_text().strip().split(":", 1)
         assert user == cred.user and hashed.startswith("$2") and cred.password not in hashed
         assert cred.password not in store.config.read_text()
-        assert f"path: {root / imagestore.HTPASSWD}" in store.config.read_text()
+        assert f"path: {json.dumps(str(root / imagestore.HTPASSWD))}" in store.config.read_text()  # YAML-quoted
     finally:
         imagestore.stop(root)
     again = imagestore.start(root)

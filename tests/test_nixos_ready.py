@@ -223,7 +223,7 @@ def test_a_container_that_stopped_before_ready_fails(plan, tmp_path, state):
     ("args", "message"),
     [
         (["--rank", "4"], "--rank 4: the plan has ranks 0..3"),
-        (["--rank", "0", "--poll", "0"], "--poll 0.0: not a positive number"),
+        (["--rank", "0", "--poll", "0"], "Invalid value for '--poll': 0 is out of range: expected a number above 0"),
     ],
 )
 def test_bad_arguments_are_usage_errors(plan, tmp_path, args, message):

@@ -346,6 +346,13 @@ def refuse_head(where: str, head_names: set[str], how: str) -> None:
             f"{how}: {where} is the head (it serves the API); model-generated code never runs on the head; "
             "fix: name a worker (rank > 0) with --sandbox-node or --sandbox-host"
         )
+    name = socket.gethostname().lower()
+    if where.lower().rstrip(".") in {name, name.split(".")[0]}:  # this machine by its own name, resolvable or not
+        raise InvalidInput(
+            f"{how}: {where} is this machine (its host name); "
+            "model-generated code runs here only with --sandbox-host local, and never on the head; "
+            "fix: name a worker (rank > 0) with --sandbox-node or --sandbox-host"
+        )
     if not ours:
         raise InvalidInput(
             f"{how}: {where} does not resolve here (within {RESOLVE_TIMEOUT:g} s), so it cannot be checked against "
