@@ -6,9 +6,10 @@ Reusable by every test that needs nodes over ssh (distribute, deploy, serve)::
         hosts[0].remote        # a tp4.core.process.Remote for that host (key auth, BatchMode)
         hosts.rate_limit("50mbit")
 
-Each host is ``<subnet>.<2+i>`` in namespace ``tp4t<pid>h<i>``; the bridge ``tp4t<pid>`` holds
+Each host is ``<subnet>.<2+i>`` in namespace ``tp4t<pid><k>h<i>``; the bridge ``tp4t<pid><k>`` holds
 ``<subnet>.1`` (the "head" side, the test process). Traffic stays on this bridge. The subnet is
-``10.77.<n>`` with ``n`` from the process id, so two test runs on one machine do not collide.
+``10.77.<n>`` with ``n`` from the process id and the cluster's number ``k`` in the run, so two test
+runs on one machine, and two clusters of one run, do not collide.
 Each host's sshd sets ``CONTAINERS_STORAGE_CONF`` in its sessions, so ``podman`` run over ssh on
 that host uses the host's own image store (``<dir>/storage``): the hosts share one filesystem but
 not images. ``env=`` adds environment to every session (``SetEnv``); ``Host.run`` runs a command
@@ -43,6 +44,7 @@ Needs root, iproute2, util-linux (nsenter, unshare) and openssh-server.
 
 from __future__ import annotations
 
+import itertools
 import os
 import shutil
 import subprocess
@@ -139,6 +141,9 @@ class Host:
         return process.run(list(argv), remote=self.remote, check=check)
 
 
+_INSTANCES = itertools.count()
+
+
 class NetnsHosts:
     def __init__(
         self,
@@ -152,8 +157,12 @@ class NetnsHosts:
     ) -> None:
         self.workdir = Path(workdir)
         self.count = count
-        self.prefix = f"tp4t{os.getpid() % 100000}"
-        self.subnet = subnet or f"10.77.{os.getpid() % 200 + 20}"
+        # names and subnet of this cluster alone: each cluster of a test run has its own (a letter
+        # and a subnet per instance), so hosts a failed teardown left behind never answer for the
+        # next cluster's addresses with their old host keys
+        n = next(_INSTANCES)
+        self.prefix = f"tp4t{os.getpid() % 100000}{'abcdefghijklmnopqrstuvwxyz'[n % 26]}"
+        self.subnet = subnet or f"10.77.{(os.getpid() + 7 * n) % 200 + 20}"
         self.bridge = self.prefix
         self.hosts: list[Host] = []
         self.extra_env = dict(env or {})
