@@ -264,8 +264,9 @@ def _own_address() -> str:
         with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
             s.connect(("192.0.2.1", 9))
             own = s.getsockname()[0]
-    except OSError:
-        pytest.skip("this machine has no route out")
+    except OSError:  # no route out: any address of its own interfaces that is not loopback
+        own = next((str(ip) for ip in sorted(sb._proc_addresses(), key=str) if not ip.is_loopback), "")
+        assert own, "this machine has no address but loopback"
     assert sb._ip(own) in sb._proc_addresses()
     return own
 
