@@ -1,11 +1,15 @@
-"""README.md stays true: its two commands, and the profile reference generated from the models."""
+"""README.md stays true: its two commands, its walk-through (the steps that run offline, run in
+order), where the CLI reads its data from, every relative link of README.md and docs/*.md, and the
+profile reference in docs/profile.md generated from the models."""
 
 from __future__ import annotations
 
 import os
 import re
+import shlex
 import shutil
 import subprocess
+import sys
 import zipfile
 from pathlib import Path
 
@@ -13,6 +17,15 @@ from tp4.line.profile.reference import BEGIN, END, generate
 
 MAIN = "bash python/setup.sh && .venv/bin/tp4 plan"
 TESTS = "bash tests/run"
+# the walk-through's steps that need no Spark, no Nix 2.18 and no network (the others say `# needs ...`)
+OFFLINE_STEPS = [
+    "tp4 profile check profile.toml",
+    "tp4 hosts list",
+    "tp4 sources verify",
+    "tp4 plan --profile profile.toml",
+    "tp4 plan --profile profile.toml --json -o plan.json",
+    "tp4 plan --profile profile.toml --check plan.json",
+]
 
 
 def test_readme_states_the_two_commands_and_ci_runs_the_test_command(repo):
@@ -21,10 +34,106 @@ def test_readme_states_the_two_commands_and_ci_runs_the_test_command(repo):
     assert re.search(r"^exec bash tests/run$", (repo / ".ci/run").read_text(), re.M)
 
 
-def test_profile_reference_is_generated(repo):
+def test_profile_reference_is_generated_in_docs_profile(repo):
+    doc = (repo / "docs" / "profile.md").read_text()
+    section = doc[doc.index(BEGIN) : doc.index(END) + len(END)]
+    assert section == generate(), (
+        "docs/profile.md's profile reference is stale: regenerate it with `tp4 profile reference`"
+    )
+    assert BEGIN not in (repo / "README.md").read_text(), "the reference lives in docs/profile.md only"
+
+
+def test_readme_is_the_overview_and_speaks_to_an_operator(repo):
     readme = (repo / "README.md").read_text()
-    section = readme[readme.index(BEGIN) : readme.index(END) + len(END)]
-    assert section == generate(), "README's profile reference is stale: regenerate it with `tp4 profile reference`"
+    assert len(readme.splitlines()) < 250
+    headings = re.findall(r"^### (\d)\. (.+)$", readme, re.M)
+    assert [h[1] for h in headings] == ["Hosts", "Prepare", "Build", "Deploy or serve", "Verify", "Measure"]
+    # words an operator of the line does not know
+    for name in ["README.md", *sorted(str(p.relative_to(repo)) for p in (repo / "docs").glob("*.md"))]:
+        text = (repo / name).read_text()
+        for word in (r"the seed\b", r"\bthe issue\b", r"\bissue \d", r"upstream's author", r"\bcoming\b"):
+            assert not re.search(word, text, re.I), f"{name}: {word}"
+
+
+def _walkthrough(repo: Path) -> str:
+    readme = (repo / "README.md").read_text()
+    return readme[
+        readme.index("## The job, step by step") : readme.index("\n## ", readme.index("## The job, step by step") + 5)
+    ]
+
+
+def _steps(section: str) -> list[str]:
+    lines = []
+    for block in re.findall(r"^```bash\n(.*?)^```$", section, re.M | re.S):
+        lines += [line.strip() for line in block.splitlines() if line.strip().startswith("tp4 ")]
+    return lines
+
+
+def test_walkthrough_offline_steps_run_in_order(repo, tmp_path):
+    """Every step of the walk-through that needs no Spark runs, in the README's order, on the
+    README's own profile, from a directory outside the checkout."""
+    section = _walkthrough(repo)
+    steps = _steps(section)
+    assert len(steps) >= 15, steps
+    offline = [s for s in steps if "# needs " not in s]
+    assert [s.split("#")[0].strip() for s in offline] == OFFLINE_STEPS
+    profile = re.search(r"^```toml\n(.*?)^```$", section, re.M | re.S)
+    assert profile is not None
+    (tmp_path / "profile.toml").write_text(profile.group(1))
+    env = {k: v for k, v in os.environ.items() if k != "TP4_PROFILE"}
+    env.update(PYTHONPATH=str(repo / "python"), TP4_KNOWN_HOSTS=str(tmp_path / "known_hosts"))
+    for step in offline:
+        argv = [sys.executable, "-m", "tp4", *shlex.split(step.split("#")[0])[1:]]
+        proc = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0, f"{step}: {proc.stdout[-1000:]}{proc.stderr[-2000:]}"
+        assert "Traceback" not in proc.stderr, step
+    assert (tmp_path / "plan.json").is_file()
+
+
+def _slug(heading: str) -> str:
+    """GitHub's anchor of a Markdown heading."""
+    text = re.sub(r"[^\w\- ]", "", heading.strip().lower())
+    return text.replace(" ", "-")
+
+
+def _anchors(text: str) -> set[str]:
+    seen: dict[str, int] = {}
+    out = set()
+    for heading in re.findall(r"^#{1,6} (.+)$", re.sub(r"^```.*?^```$", "", text, flags=re.M | re.S), re.M):
+        slug = _slug(heading)
+        n = seen.get(slug, 0)
+        seen[slug] = n + 1
+        out.add(slug if n == 0 else f"{slug}-{n}")
+    return out | set(re.findall(r'<a (?:id|name)="([^"]+)"', text))
+
+
+def test_every_relative_link_of_readme_and_docs_points_at_a_file_and_anchor(repo):
+    broken = []
+    pages = [repo / "README.md", *sorted((repo / "docs").glob("*.md"))]
+    for page in pages:
+        text = re.sub(r"^```.*?^```$", "", page.read_text(), flags=re.M | re.S)
+        text = re.sub(r"`[^`\n]*`", "", text)
+        for target in re.findall(r"\]\(([^)\s]+)\)", text):
+            if re.match(r"[a-z]+:", target):
+                continue
+            path, _, anchor = target.partition("#")
+            dest = (page.parent / path).resolve() if path else page
+            if not dest.exists():
+                broken.append(f"{page.relative_to(repo)}: {target}")
+            elif anchor and dest.suffix == ".md" and anchor not in _anchors(dest.read_text()):
+                broken.append(f"{page.relative_to(repo)}: {target} (no such heading)")
+    assert broken == []
+
+
+def test_anchors_are_the_ones_github_makes():
+    assert _anchors(
+        '# Title\n## 1. Hosts\n## Which profile a command uses\n```\n# not a heading\n```\n<a id="x"></a>\n'
+    ) == {
+        "title",
+        "1-hosts",
+        "which-profile-a-command-uses",
+        "x",
+    }
 
 
 def _copy_checkout(repo: Path, copy: Path) -> None:
