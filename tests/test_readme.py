@@ -209,3 +209,10 @@ def test_main_command_works_on_a_copy_of_the_checkout(repo, tmp_path):
         names = set(whl.namelist())
         assert {"tp4/data/registry.toml", "tp4/data/presets/production.toml"} <= names
         assert whl.read("tp4/data/sources.manifest").decode() == (repo / "sources.manifest").read_text()
+
+
+def test_the_root_tracks_no_empty_file(repo):
+    """A stray output redirect (an empty `oom` once) is not part of the repository."""
+    names = subprocess.run(["git", "ls-files"], cwd=repo, capture_output=True, text=True, check=True).stdout.split()
+    empty = [n for n in names if "/" not in n and (repo / n).is_file() and (repo / n).stat().st_size == 0]
+    assert empty == []
