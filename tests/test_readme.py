@@ -216,3 +216,27 @@ def test_the_root_tracks_no_empty_file(repo):
     names = subprocess.run(["git", "ls-files"], cwd=repo, capture_output=True, text=True, check=True).stdout.split()
     empty = [n for n in names if "/" not in n and (repo / n).is_file() and (repo / n).stat().st_size == 0]
     assert empty == []
+
+
+def test_every_commands_help_speaks_to_an_operator():
+    """What `tp4 ... --help` prints uses no word an operator does not know (as README and docs)."""
+    import click
+
+    from tp4.cli import cli
+
+    found = []
+
+    def walk(cmd: click.Command, path: list[str]) -> None:
+        ctx = click.Context(cmd, info_name=" ".join(path))
+        text = " ".join((cmd.get_help(ctx) + " " + (cmd.get_short_help_str(200) if path else "")).split())
+        for word in (r"the seed\b", r"\bthe issue\b", r"\bissue \d", r"upstream's author"):
+            if re.search(word, text, re.I):
+                found.append(f"{' '.join(path)}: {word}")
+        if isinstance(cmd, click.Group):
+            for name in cmd.list_commands(ctx):
+                sub = cmd.get_command(ctx, name)
+                if sub is not None:
+                    walk(sub, [*path, name])
+
+    walk(cli, ["tp4"])
+    assert found == []
