@@ -240,3 +240,15 @@ def test_every_commands_help_speaks_to_an_operator():
 
     walk(cli, ["tp4"])
     assert found == []
+
+
+def test_every_preset_as_shown_speaks_to_an_operator(tp4_cli):
+    """`tp4 profile show-preset NAME` prints the preset's file, its comments included."""
+    from tp4.line.profile.load import PRESETS
+
+    for preset in sorted(PRESETS.glob("*.toml")):
+        code, out, err = tp4_cli("profile", "show-preset", preset.stem)
+        assert code == 0, err
+        text = " ".join(out.split())
+        for word in (r"\bseed\b", r"\bthe issue\b", r"\bissue \d", r"upstream's author"):
+            assert not re.search(word, text, re.I), f"{preset.stem}: {word}"
