@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Set up tp4 on a fresh Debian 12 machine: a virtualenv at <repo>/.venv with the tp4 CLI.
+# Set up tp4 on a fresh Debian 12 machine: a virtualenv at <repo>/.venv with the tp4 CLI, installed
+# editable from this checkout.
 #   bash python/setup.sh          the CLI only (enough for `tp4 plan`, `tp4 profile`)
 #   bash python/setup.sh --test   also the system tools and Python packages the tests use
 #                                 (nix, busybox, sshd, podman, docker, skopeo, umoci, iproute2, iptables, g++, binutils,
@@ -72,10 +73,9 @@ for pkg in lock["package"]:
     print(f"{line} {hashes}")
 PY
 "$repo/.venv/bin/pip" install -q --disable-pip-version-check --require-hashes -r "$reqs"
-if [ "$want_test" = 1 ]; then
-  "$repo/.venv/bin/pip" install -q --disable-pip-version-check --no-deps --no-build-isolation -e "$repo/python" 2>/dev/null \
-    || "$repo/.venv/bin/pip" install -q --disable-pip-version-check --no-deps -e "$repo/python"
-else
-  "$repo/.venv/bin/pip" install -q --disable-pip-version-check --no-deps "$repo/python"
-fi
+# tp4 itself, editable: the CLI runs this checkout's python/tp4 and reads its data (python/tp4/data:
+# adapters/registry.toml, the presets, sources.manifest), so an edit there reaches the next command.
+# The wheel and the Nix package carry their own copy of that data.
+"$repo/.venv/bin/pip" install -q --disable-pip-version-check --no-deps --no-build-isolation -e "$repo/python" 2>/dev/null \
+  || "$repo/.venv/bin/pip" install -q --disable-pip-version-check --no-deps -e "$repo/python"
 echo "setup: tp4 installed in $repo/.venv (run $repo/.venv/bin/tp4)" >&2

@@ -35,7 +35,7 @@ SUBCOMMANDS: dict[str, tuple[str, str, str]] = {
     "needle": (
         "tp4.cli.needle",
         "needle",
-        "Long-context retrieval: a phrase in filler at a set depth, at the seed's lengths.",
+        "Long-context retrieval: a phrase in filler at a set depth, at the published line's lengths.",
     ),
 }
 

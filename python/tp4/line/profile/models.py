@@ -4,7 +4,7 @@ Field defaults are the upstream launcher's own defaults (what upstream `start.sh
 variable is unset), or the TP4 example's value (upstream `.env.tp4.example`) where the launcher
 default is not known (docs/upstream.md). Presets (tp4/data/presets/*.toml) are layers on top of
 these defaults. Each field's description names the upstream variable it replaces, so the profile reference in
-README.md is generated from this module.
+docs/profile.md is generated from this module.
 
 Two things here keep `tp4 plan` fast (bench/bench_plan.py): no `from __future__ import
 annotations` (pydantic would evaluate every annotation string again, ~2 ms), and default

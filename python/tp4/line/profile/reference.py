@@ -1,5 +1,5 @@
 """The profile reference (Markdown), generated from the models and the adapter registry.
-README.md carries it between markers; a test keeps the two equal (`tp4 profile reference`)."""
+docs/profile.md carries it between markers; a test keeps the two equal (`tp4 profile reference`)."""
 
 from __future__ import annotations
 
