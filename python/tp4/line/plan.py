@@ -408,7 +408,9 @@ def resolve_gates(p: Profile, reg: Registry) -> tuple[dict[str, str], list[str]]
     """The profile's gates as the line runs them, and a note for each gate the preset set that
     does not apply as set. Rolling a layer back is one change (seed "Rollback"): a gate the preset
     sets whose needed gate the profile turns off is dropped, since upstream's adapter does nothing
-    without it; a preset gate that fails a registry rule with `follow` takes the followed value.
+    without it, and so is one that fails a warning rule on it (the rule says when the gate stops
+    acting: DSV41_FAST_LOAD_TP_SLICE=auto at EP 2); a preset gate that fails a registry rule with
+    `follow` takes the followed value.
     A gate counts as the preset's when the preset chain sets it (recorded on the Profile by the
     loader, which reads the preset files: the renderer never does) and the profile document does
     not (or, when the document's own gates are not recorded, when it has the preset's value); one
@@ -437,6 +439,21 @@ def resolve_gates(p: Profile, reg: Registry) -> tuple[dict[str, str], list[str]]
                 )
                 dropped.add(key)
                 changed = True
+        # a warning rule on a gate says when that gate stops acting (DSV41_FAST_LOAD_TP_SLICE=auto
+        # only acts at EP 1): the preset's gate is dropped with a note, as above, instead of
+        # leaving a warning that --strict turns into an error; one the profile sets is warned about
+        env = _render_env(p, 0, reg, gates)
+        for rule in reg.rules_for(gates):
+            key = rule.field.removeprefix("gates.")
+            if rule.level != "warning" or rule.follow is not None or key not in from_preset - dropped:
+                continue
+            if key in gates and rule.fails(env, reg):
+                notes.append(
+                    f"gates.{key}: the preset's {key}={gates.pop(key)} is dropped: {fill_line(rule.reason, env)}"
+                )
+                dropped.add(key)
+                changed = True
+                break
     env = _render_env(p, 0, reg, gates)
     for rule in reg.rules_for(gates):
         key = rule.field.removeprefix("gates.")
