@@ -69,7 +69,8 @@ def import_(env_file: str, output: str, force: bool, head_checkout: str | None, 
     name of WORKER_USER, as whom tp4 runs the line; host paths under that home are written ~/...
     The result renders the same container env and engine argv as the upstream launcher would
     for ENV_FILE. Secrets are never imported; unknown variables are reported; warnings are shown
-    (errors with --strict); nothing is written unless the result is valid.
+    (errors with --strict); nothing is written unless the result is valid. A file of a line tp4
+    does not render (the TP3 .env.example, the TP8 .env.tp8, a GLM line's file) is refused as such.
     """
     from tp4.line.profile.legacy import import_env_file
     from tp4.core.userfiles import check_output, write_output

@@ -1315,6 +1315,7 @@ def import_assignments(
     final: dict[str, Assignment] = {}
     for a in assignments:
         final[a.name] = a  # bash: the last assignment wins
+    _refuse_other_tp(final, source)
     user = final["WORKER_USER"].value if "WORKER_USER" in final and final["WORKER_USER"].value else DEFAULT_USER
     imp = _Import(
         source, final, reg, "/root" if user == "root" else f"/home/{user}", head_checkout, notes=list(parse_notes or [])
@@ -1456,7 +1457,54 @@ def _home_rel(path: str, home: str) -> str:
     return path
 
 
+RENDERS = (
+    "tp4 renders upstream's DeepSeek-V4.1-Flash TP4 line: 4 Sparks, TP_SIZE=4, the file start-tp4.sh reads "
+    "(.env.tp4, from .env.tp4.example)"
+)
+# what a file of another upstream line holds that a DeepSeek-V4.1 .env never does: a bash array
+# (the GLM lines' HOSTS=(...)), or a GLM / vLLM name in a setting
+_ARRAY = re.compile(r"^\s*(?:export\s+)?([A-Za-z_][A-Za-z0-9_]*)\+?=\(")
+_OTHER_MODEL = re.compile(r"glm|vllm", re.IGNORECASE)
+_OTHER_TP = {
+    "3": "upstream's 3-Spark TP3 profile (.env.example: heads padded 64->96 by tp3_pad, image dsv41-3x-spark)",
+    "8": "upstream's 8-Spark TP8 line (.env.tp8, run by start-tp8.sh with its own state-tp8/ and logs-tp8/)",
+}
+
+
+def refuse_other_line(text: str, source: str) -> None:
+    """Refuse a file of a line tp4 does not render, saying what it is, before it is read as a
+    DeepSeek-V4.1 TP4 .env (a GLM line's file would otherwise fail on a parse detail)."""
+    for number, raw in enumerate(text.splitlines(), 1):
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        array = _ARRAY.match(line)
+        named = _OTHER_MODEL.search(line.split("#", 1)[0])
+        if array or named:
+            what = (
+                f"{array.group(1)}=(...) is a bash array, which no DeepSeek-V4.1 .env holds (a GLM line's HOSTS=() is one)"
+                if array
+                else f"it names {named.group(0)!r}"  # type: ignore[union-attr]
+            )
+            raise InvalidInput(
+                f"{source} line {number}: this is not a DeepSeek-V4.1 line: {what}; {RENDERS}; "
+                "fix: import that line's .env.tp4"
+            )
+
+
+def _refuse_other_tp(final: dict[str, Assignment], source: str) -> None:
+    tp = final.get("TP_SIZE")
+    if tp is None or not re.fullmatch(r"[0-9]{1,4}", tp.value) or int(tp.value) == 4:
+        return  # a value that is no plain number is refused by engine.tp's own check
+    what = _OTHER_TP.get(str(int(tp.value)), f"a TP{int(tp.value)} line")
+    raise InvalidInput(
+        f"{source} line {tp.line}: TP_SIZE={_shown(tp.value)}: this is {what}, which tp4 does not render; {RENDERS}; "
+        "fix: import the .env.tp4 of the TP4 line"
+    )
+
+
 def import_env_text(text: str, source: str, *, head_checkout: str | None = None, strict: bool = False) -> ImportResult:
+    refuse_other_line(text, source)
     assignments, notes = parse_env_text(text, source)
     return import_assignments(assignments, source, notes, head_checkout=head_checkout, strict=strict)
 
