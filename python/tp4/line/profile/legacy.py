@@ -58,7 +58,10 @@ _USER = "\x00USER\x00"
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _EXTRA_ITEM = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
 OFF_KEYS = ("", "none", "off", "dummy", "0")
+# upstream's launcher defaults for WORKER_USER and SSH_IDENTITY (the author's own login): an
+# imported file without them is written with them; a tp4 profile's own defaults are the local user's
 DEFAULT_USER = "zurih"
+DEFAULT_IDENTITY = "~/.ssh/id_ed25519_shared"
 # bash's blanks: only space and tab separate words (a form feed or \v is part of a word)
 _BLANKS = " \t"
 _WORD_END = ("", "\n", ";", " ", "\t")
@@ -997,6 +1000,25 @@ def _each_variable(imp: _Import) -> None:
                 f"{name} ({where(a)}) is not a variable the TP4 launcher reads; not imported"
                 + (f" (did you mean {hint[0]}?)" if hint else "")
             )
+
+
+@_step("WORKER_USER", "SSH_IDENTITY")
+def _launcher_login(imp: _Import) -> None:
+    """The ssh login upstream's launcher uses for a file without WORKER_USER or SSH_IDENTITY: its
+    own defaults, facts of the imported file, written out (a profile without them logs in as the
+    local user with ssh's own keys)."""
+    for var, path, default in (
+        ("WORKER_USER", ("cluster", "user"), DEFAULT_USER),
+        ("SSH_IDENTITY", ("cluster", "identity"), DEFAULT_IDENTITY),
+    ):
+        if imp.get(var):
+            continue
+        _set(imp.doc, path, default)
+        imp.notes.append(
+            f"{imp.source}: {var} not set: upstream's launcher default {default} is written as {'.'.join(path)}, "
+            "as the launcher logs in; fix: set it to your own (without it tp4 logs in "
+            + ("as the local user)" if var == "WORKER_USER" else "with ssh's own keys)")
+        )
 
 
 @_step("WORKER_IPS", "WORKER_HOSTS", "WORKER_DIR", "WORKER_ENGRAM_DIR")
