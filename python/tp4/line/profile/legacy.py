@@ -39,7 +39,7 @@ from __future__ import annotations
 import difflib
 import os
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
@@ -645,7 +645,8 @@ class _Parser:
             line,
             f"${name} is not set earlier in the file: the launcher sources it under `set -u` and stops there "
             f"({name}: unbound variable), and tp4 reads the file alone, not the launcher's environment; "
-            f"fix: set {name} above this line, use ${{{name}:-default}}, or write the value",
+            f"fix: set {name} above this line, use ${{{name}:-default}}, or write the value (an experiment arm "
+            "that extends its base file's value: tp4 profile import .env.tp4 --overlay ARM.env)",
         )
 
 
@@ -1046,7 +1047,10 @@ def _workers(imp: _Import) -> None:
             f"{source}: WORKER_IPS has {len(ips)} entries but WORKER_HOSTS has {len(hosts)}; fix: give one host name per IP, in rank order"
         )
     if not ips:
-        errors.append(f"{source}: no workers; fix: set WORKER_IPS and WORKER_HOSTS (rank order)")
+        errors.append(
+            f"{source}: no workers; fix: set WORKER_IPS and WORKER_HOSTS (rank order), or, for an experiment "
+            "arm, import its base file with the arm as an overlay: tp4 profile import .env.tp4 --overlay ARM.env"
+        )
     workers: list[dict[str, Any]] = []
     for i, (ip, host) in enumerate(zip(ips, hosts, strict=False)):  # unequal lengths were reported above
         w: dict[str, Any] = {"name": host, "ssh": host, "ip": ip}
@@ -1327,10 +1331,11 @@ def import_assignments(
     *,
     head_checkout: str | None = None,
     strict: bool = False,
+    overlays: tuple[str, ...] = (),
 ) -> ImportResult:
     """Map the assignments of an upstream profile onto a tp4 profile, step by step (_STEPS).
     head_checkout: the head's checkout (cluster.head.workdir); default the directory of `source`.
-    strict: warnings are errors."""
+    strict: warnings are errors. overlays: the files read after `source` (named in the header)."""
     from tp4.line.registry import load_registry
 
     reg = load_registry()
@@ -1379,8 +1384,10 @@ def import_assignments(
         )
     p = loaded.profile
     header = (
-        f"# Imported by `tp4 profile import` from {Path(source).name}.\n"
-        "# On the launcher-defaults preset: every value below comes from that file.\n"
+        f"# Imported by `tp4 profile import` from {Path(source).name}"
+        + "".join(f" + {Path(o).name}" for o in overlays)
+        + (" (overlays read after it, as upstream's arm.sh appends an arm).\n" if overlays else ".\n")
+        + f"# On the launcher-defaults preset: every value below comes from {'those files' if overlays else 'that file'}.\n"
     )
     summary = f"{len(p.nodes)} nodes, TP {p.engine.tp}, EP {p.ep}, image {p.image.tag} ({p.image.variant})"
     return ImportResult(header + dumps(doc), doc, summary, notes, unknown, warnings, unknown_text)
@@ -1531,7 +1538,58 @@ def import_env_text(text: str, source: str, *, head_checkout: str | None = None,
     return import_assignments(assignments, source, notes, head_checkout=head_checkout, strict=strict)
 
 
-def import_env_file(path: str, *, head_checkout: str | None = None, strict: bool = False) -> ImportResult:
+def import_env_file(
+    path: str, *, overlays: Sequence[str] = (), head_checkout: str | None = None, strict: bool = False
+) -> ImportResult:
+    """Import ``path``; each overlay (an experiment arm, upstream's scripts/tp4/arms/*.env) is read
+    after it, in order, as upstream's arm.sh appends an arm to a copy of .env.tp4 (the last
+    assignment wins, and an arm may use what the base set). Messages name each file's own lines."""
     from tp4.core.userfiles import read_input
 
-    return import_env_text(read_input(path, "env file"), str(path), head_checkout=head_checkout, strict=strict)
+    base = str(path)
+    if not overlays:
+        return import_env_text(read_input(base, "env file"), base, head_checkout=head_checkout, strict=strict)
+    texts = [(base, read_input(base, "env file"))] + [(str(o), read_input(str(o), "overlay file")) for o in overlays]
+    combined = ""
+    starts: list[tuple[int, str]] = []  # (first line in the combined text, file)
+    for name, text in texts:
+        refuse_other_line(text, name)
+        if text and not text.endswith("\n"):
+            text += "\n"  # a file's last line ends there, not in the next file's first line
+        starts.append((combined.count("\n") + 1, name))
+        combined += text
+
+    def at(number: int) -> str:
+        first, name = next((f, n) for f, n in reversed(starts) if f <= number)
+        return f"{name} line {number - first + 1}"
+
+    def relabel(message: str) -> str:
+        def lines(m: re.Match[str]) -> str:
+            numbers = [int(n) for n in m.group(1).split(", ")]
+            out: dict[str, list[str]] = {}
+            for n in numbers:
+                name, _, local = at(n).rpartition(" line ")
+                out.setdefault(name, []).append(local)
+            return "; ".join(f"{name} line {', '.join(ns)}" for name, ns in out.items())
+
+        return re.sub(re.escape(base) + r" line ([0-9]+(?:, [0-9]+)*)", lines, message)
+
+    if head_checkout is None:
+        head_checkout = os.path.dirname(os.path.abspath(base))
+    try:
+        refuse_other_line(combined, base)
+        assignments, notes = parse_env_text(combined, base)
+        result = import_assignments(
+            assignments, base, notes, head_checkout=head_checkout, strict=strict, overlays=tuple(map(str, overlays))
+        )
+    except InvalidInput as exc:
+        exc.message = relabel(exc.message)
+        exc.args = (exc.message,)
+        exc.problems = [relabel(p) for p in exc.problems]
+        if isinstance(exc, ImportFailed):
+            exc.unknown = [relabel(u) for u in exc.unknown]
+        raise
+    result.notes = [relabel(n) for n in result.notes]
+    result.warnings = [relabel(w) for w in result.warnings]
+    result.unknown_text = [relabel(u) for u in result.unknown_text]
+    return result
