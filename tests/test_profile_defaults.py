@@ -99,3 +99,14 @@ def test_an_imported_file_keeps_upstreams_launcher_login(operator):
     assert any("WORKER_USER not set: upstream's launcher default zurih" in n for n in result.notes)
     plan = build_plan(load_text(result.toml, "imported.toml"))
     assert {n.ssh.user for n in plan.nodes} == {"zurih"}
+
+
+def test_doctor_names_the_key_ssh_offers_when_the_profile_sets_none(operator):
+    from tp4.hosts import doctor
+
+    plan = build_plan(load_text(SMALLEST, "smallest.toml"))
+    facts = {r.name: doctor.Facts(sections={"date": ["1000.0"]}, received=1000.0) for r in plan.nodes}
+    facts[plan.nodes[2].name] = doctor.Facts(error="ssh: connect to host 10.0.0.3: Connection refused")
+    r = next(r for r in doctor.evaluate(plan, facts) if r.check == "SSH.REACHABLE" and r.node == plan.nodes[2].name)
+    assert r.fix is not None and f"{operator}@10.0.0.3:22" in r.fix
+    assert "a key ssh offers by default" in r.fix and "None" not in r.fix
