@@ -68,6 +68,7 @@ def test_another_tp_size_is_refused_as_a_line_tp4_does_not_render():
         ("  export HOSTS=(spark1 spark2)\n", "HOSTS=(...) is a bash array"),
         ("# a comment\nMODEL=zai-org/GLM-5.3-FP8\n", "it names 'GLM'"),
         ("IMAGE=vllm-glm53:latest\n", "it names 'vllm'"),
+        ("export VLLM_HOST_IP=10.0.0.1\n", "it names 'VLLM'"),
     ],
 )
 def test_a_glm_line_is_refused_as_not_a_deepseek_line(text, what):
@@ -78,6 +79,8 @@ def test_a_glm_line_is_refused_as_not_a_deepseek_line(text, what):
 
 def test_the_tp4_production_file_still_imports():
     assert import_env_text(FIXTURE.read_text(), "p.env").toml
+    # reusing a GLM line's running NFS exporter is a DeepSeek line's setting, not another line
+    assert import_env_text(FIXTURE.read_text() + "NFS_CONTAINER=glm53-nfs\n", "p.env").toml
 
 
 def test_the_cli_refuses_with_exit_2_and_writes_nothing(tp4_cli, tmp_path):

@@ -1494,6 +1494,10 @@ RENDERS = (
 # (the GLM lines' HOSTS=(...)), or a GLM / vLLM name in a setting
 _ARRAY = re.compile(r"^\s*(?:export\s+)?([A-Za-z_][A-Za-z0-9_]*)\+?=\(")
 _OTHER_MODEL = re.compile(r"glm|vllm", re.IGNORECASE)
+# where a file says which model and engine it runs (not NFS_CONTAINER: a DeepSeek line may reuse a
+# GLM line's running NFS exporter, glm53-nfs)
+_MODEL_VARS = ("MODEL", "MODEL_DIR", "MODEL_PATH", "MODEL_NAME", "HF_REPO", "SERVED_MODEL_NAME", "IMAGE")
+_ASSIGNED = re.compile(r"^(?:export\s+)?([A-Za-z_][A-Za-z0-9_]*)=(.*)$")
 _OTHER_TP = {
     "3": "upstream's 3-Spark TP3 profile (.env.example: heads padded 64->96 by tp3_pad, image dsv41-3x-spark)",
     "8": "upstream's 8-Spark TP8 line (.env.tp8, run by start-tp8.sh with its own state-tp8/ and logs-tp8/)",
@@ -1508,7 +1512,12 @@ def refuse_other_line(text: str, source: str) -> None:
         if not line or line.startswith("#"):
             continue
         array = _ARRAY.match(line)
-        named = _OTHER_MODEL.search(line.split("#", 1)[0])
+        assigned = _ASSIGNED.match(line)
+        named = None
+        if assigned and assigned.group(1).startswith("VLLM_"):
+            named = _OTHER_MODEL.search(assigned.group(1))
+        elif assigned and assigned.group(1) in _MODEL_VARS:
+            named = _OTHER_MODEL.search(assigned.group(2).split("#", 1)[0])
         if array or named:
             what = (
                 f"{array.group(1)}=(...) is a bash array, which no DeepSeek-V4.1 .env holds (a GLM line's HOSTS=() is one)"
