@@ -197,8 +197,9 @@ Rules the types do not show:
 - `argv` never contains `--api-key`: boot.py adds it from the key file at serve time, and the key
   never appears in a plan, a log or an argv. Workers get no API key at all.
 - `notes`: rolling a layer back is one change. A gate the preset sets that needs a gate the
-  profile turns off is left out of `env` (upstream's adapter does nothing without it), and a
-  preset gate that only restates a setting follows it (`DSV41_FAST_LOAD_EP_SIZE` follows
+  profile turns off is left out of `env` (upstream's adapter does nothing without it), and so is
+  one the change leaves inert (`DSV41_FAST_LOAD_TP_SLICE=auto` at EP 2: a registry warning rule
+  on the gate says when it stops acting), and a preset gate that only restates a setting follows it (`DSV41_FAST_LOAD_EP_SIZE` follows
   `engine.ep`); each such gate gets a note. A gate the profile sets itself is never changed: the
   validator reports what it needs. The presets' and the profile's `engine.extra_args` add up:
   a note names the layer (`preset NAME`, `the profile`) each argument of `EXTRA_SGLANG_ARGS`
