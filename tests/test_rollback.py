@@ -17,7 +17,7 @@ import pytest
 
 from tp4.core.errors import InvalidInput
 from tp4.line.plan import build_plan
-from tp4.line.profile.load import DEFAULT_PROFILE, merge, parse_document
+from tp4.line.profile.load import DEFAULT_PROFILE, merge, parse_document, strict
 from upstream_oracle import bash_source, upstream_argv, upstream_env
 
 pytestmark = pytest.mark.unit
@@ -61,7 +61,7 @@ ROWS = [
         {"engine": {"ep": 2}, "gates": {"DSV41_MOE_B12X_NEXT": "0"}},
         {"EP_SIZE": "2"},
         {"DSV41_MOE_B12X_NEXT": "0"},
-        {"DSV41_MOE_B12X_NEXT_DETERMINISTIC"},
+        {"DSV41_MOE_B12X_NEXT_DETERMINISTIC", "DSV41_FAST_LOAD_TP_SLICE"},
         {"DSV41_FAST_LOAD_EP_SIZE": "2"},
     ),
     (
@@ -195,13 +195,38 @@ def test_the_fast_load_ep_follows_engine_ep_only_when_the_preset_set_it():
     # EP follows engine.ep
     plan = tp4_plan({"engine": {"ep": 2}})
     assert plan.nodes[0].env["DSV41_FAST_LOAD_EP_SIZE"] == "2" and plan.nodes[0].env["DSV41_MOE_B12X_NEXT"] == "1"
-    assert [n.split(":")[0] for n in gate_notes(plan.notes)] == ["gates.DSV41_FAST_LOAD_EP_SIZE"]
+    assert [n.split(":")[0] for n in gate_notes(plan.notes)] == [
+        "gates.DSV41_FAST_LOAD_TP_SLICE",
+        "gates.DSV41_FAST_LOAD_EP_SIZE",
+    ]
     with pytest.raises(InvalidInput) as exc:
         tp4_plan({"engine": {"ep": 2}, "gates": {"DSV41_FAST_LOAD_EP_SIZE": "4"}})
     assert any(
         p.startswith('gates.DSV41_FAST_LOAD_EP_SIZE: does not match engine.ep (2); fix: set it to "2"')
         for p in exc.value.problems
     ), exc.value.problems
+
+
+@pytest.mark.parametrize("row,change", [(r[0], r[1]) for r in ROWS], ids=[r[0] for r in ROWS])
+def test_each_rollback_row_is_clean_under_strict(row, change):
+    """A rollback row is one change that leaves no warning: a preset gate that stops acting under
+    it (DSV41_FAST_LOAD_TP_SLICE=auto only acts at EP 1) is dropped with a note, not warned about."""
+    loaded = strict(parse_document(merge(tomllib.loads(DEFAULT_PROFILE.read_text()), change), "rollback"))
+    assert loaded.warnings == []
+
+
+def test_a_gate_the_profile_sets_that_stops_acting_is_still_warned_about():
+    loaded = parse_document(
+        merge(
+            tomllib.loads(DEFAULT_PROFILE.read_text()),
+            {"engine": {"ep": 2}, "gates": {"DSV41_MOE_B12X_NEXT": "0", "DSV41_FAST_LOAD_TP_SLICE": "auto"}},
+        ),
+        "rollback",
+    )
+    assert any(w.startswith("gates.DSV41_FAST_LOAD_TP_SLICE: auto only acts at EP 1") for w in loaded.warnings), (
+        loaded.warnings
+    )
+    assert build_plan(loaded).nodes[0].env["DSV41_FAST_LOAD_TP_SLICE"] == "auto"
 
 
 def test_tp4_plan_prints_and_carries_the_notes(tp4_cli, tmp_path):

@@ -60,8 +60,19 @@ def show_preset(name: str, merged: bool) -> None:
     help="The head's checkout of the upstream repository (its state-tp4/ is the head's /state); "
     "default: the directory of ENV_FILE.",
 )
+@click.option(
+    "--overlay",
+    "overlays",
+    metavar="ARM.env",
+    multiple=True,
+    type=click.Path(dir_okay=False),
+    help="An experiment arm (upstream's scripts/tp4/arms/*.env) read after ENV_FILE, as upstream's arm.sh "
+    "appends it: its assignments win. Repeatable, in order.",
+)
 @click.option("--strict", is_flag=True, help="Treat warnings as errors: nothing is written if there is one.")
-def import_(env_file: str, output: str, force: bool, head_checkout: str | None, strict: bool) -> None:
+def import_(
+    env_file: str, output: str, force: bool, head_checkout: str | None, overlays: tuple[str, ...], strict: bool
+) -> None:
     """Import a bash-syntax upstream profile (.env.tp4) into a tp4 profile.
 
     The file is read as bash reads it (`set -a; source`), without running it: a construct whose
@@ -69,13 +80,16 @@ def import_(env_file: str, output: str, force: bool, head_checkout: str | None, 
     name of WORKER_USER, as whom tp4 runs the line; host paths under that home are written ~/...
     The result renders the same container env and engine argv as the upstream launcher would
     for ENV_FILE. Secrets are never imported; unknown variables are reported; warnings are shown
-    (errors with --strict); nothing is written unless the result is valid.
+    (errors with --strict); nothing is written unless the result is valid. A file of a line tp4
+    does not render (the TP3 .env.example, the TP8 .env.tp8, a GLM line's file) is refused as such.
+    An experiment arm imports as an overlay on its base file: `tp4 profile import .env.tp4 --overlay
+    scripts/tp4/arms/c-stack-ep1.env -o arm.toml`.
     """
     from tp4.line.profile.legacy import import_env_file
     from tp4.core.userfiles import check_output, write_output
 
     check_output(output, "profile", force=force)
-    result = import_env_file(env_file, head_checkout=head_checkout, strict=strict)
+    result = import_env_file(env_file, overlays=overlays, head_checkout=head_checkout, strict=strict)
     out = write_output(output, result.toml, "profile", force=force)
     click.echo(f"wrote {out}: {result.summary}")
     for note in result.notes:

@@ -4,4 +4,4 @@
 from __future__ import annotations
 
 # `tp4 plan --json` (python/tp4/line/plan.py; docs/plan-schema.md is generated from the models)
-PLAN = "tp4.plan/1.9"
+PLAN = "tp4.plan/1.10"

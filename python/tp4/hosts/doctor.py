@@ -803,8 +803,12 @@ def _ssh_reachable(ctx: Context) -> None:
                 "compare the key's fingerprint with the node's own (ssh-keygen -lf /etc/ssh/ssh_host_ed25519_key.pub on "
                 "its console), then trust it as the detail says"
                 if "host key" in f.error or "trusts" in f.error
-                else f"check that {r.ssh.user}@{r.ssh.host}:{r.ssh.port} answers (the node is up, sshd runs) and takes the key "
-                f"{r.ssh.identity}"
+                else f"check that {r.ssh.user}@{r.ssh.host}:{r.ssh.port} answers (the node is up, sshd runs) and takes "
+                + (
+                    f"the key {r.ssh.identity}"
+                    if r.ssh.identity
+                    else "a key ssh offers by default (~/.ssh/id_*, the agent)"
+                )
             )
             ctx.add("SSH.REACHABLE", r.name, "fail", f.error, fix)
             for spec in CHECKS[1:]:

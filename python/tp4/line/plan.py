@@ -16,6 +16,7 @@ import re
 from typing import TYPE_CHECKING, Annotated, Literal, NamedTuple
 
 from tp4.core import netaddr, schemas
+from tp4.core.errors import InvalidInput
 from tp4.line.container import HEALTH, MOUNTS, PODMAN_GPU_DEVICES, Health
 from tp4.line.knobs import BY_ENV, KNOBS, Knob
 from tp4.line.registry import Registry, condition_holds, fill_line, line_pattern, load_registry
@@ -46,7 +47,7 @@ class SshTarget(NamedTuple):
 
     host: Annotated[str, "ssh address (the node's `ssh`, default its fabric IP)"]
     user: Annotated[str, "ssh user"]
-    identity: Annotated[str, "ssh identity file on the machine running tp4"]
+    identity: Annotated[str | None, "ssh identity file on the machine running tp4; null: ssh's own choice (no -i)"]
     port: Annotated[int, "ssh port"]
 
 
@@ -389,10 +390,35 @@ def _field_value(p: Profile, knob: Knob, rank: int) -> str | None:
     return None if knob.omit_if is not None and text == knob.omit_if else text
 
 
+def local_user() -> str:
+    """The name of the local user running tp4, as ssh takes it when no user is given ($LOGNAME,
+    $USER, else the account's name): a profile without cluster.user runs the line as them."""
+    import getpass
+
+    from tp4.line.profile.models import _check_user
+
+    try:
+        name = getpass.getuser()
+    except (KeyError, OSError):
+        name = ""
+    try:
+        return str(_check_user(name))
+    except ValueError as exc:
+        raise InvalidInput(
+            f"cluster.user: not set, and the local user's name ({name[:40]!r}) is no ssh user name "
+            f"({str(exc).split('; fix: ', 1)[-1]}); fix: set cluster.user to the user tp4 logs in as on the nodes"
+        ) from None
+
+
+def user_of(node: NodeSpec, cluster: Cluster) -> str:
+    """The ssh user of a node: its own, the cluster's, else the local user's (as ssh does)."""
+    return node.user or cluster.user or local_user()
+
+
 def home_of(node: NodeSpec, cluster: Cluster) -> str:
     if node.home:
         return node.home
-    user = node.user or cluster.user
+    user = user_of(node, cluster)
     return "/root" if user == "root" else f"/home/{user}"
 
 
@@ -408,7 +434,9 @@ def resolve_gates(p: Profile, reg: Registry) -> tuple[dict[str, str], list[str]]
     """The profile's gates as the line runs them, and a note for each gate the preset set that
     does not apply as set. Rolling a layer back is one change (seed "Rollback"): a gate the preset
     sets whose needed gate the profile turns off is dropped, since upstream's adapter does nothing
-    without it; a preset gate that fails a registry rule with `follow` takes the followed value.
+    without it, and so is one that fails a warning rule on it (the rule says when the gate stops
+    acting: DSV41_FAST_LOAD_TP_SLICE=auto at EP 2); a preset gate that fails a registry rule with
+    `follow` takes the followed value.
     A gate counts as the preset's when the preset chain sets it (recorded on the Profile by the
     loader, which reads the preset files: the renderer never does) and the profile document does
     not (or, when the document's own gates are not recorded, when it has the preset's value); one
@@ -437,6 +465,21 @@ def resolve_gates(p: Profile, reg: Registry) -> tuple[dict[str, str], list[str]]
                 )
                 dropped.add(key)
                 changed = True
+        # a warning rule on a gate says when that gate stops acting (DSV41_FAST_LOAD_TP_SLICE=auto
+        # only acts at EP 1): the preset's gate is dropped with a note, as above, instead of
+        # leaving a warning that --strict turns into an error; one the profile sets is warned about
+        env = _render_env(p, 0, reg, gates)
+        for rule in reg.rules_for(gates):
+            key = rule.field.removeprefix("gates.")
+            if rule.level != "warning" or rule.follow is not None or key not in from_preset - dropped:
+                continue
+            if key in gates and rule.fails(env, reg):
+                notes.append(
+                    f"gates.{key}: the preset's {key}={gates.pop(key)} is dropped: {fill_line(rule.reason, env)}"
+                )
+                dropped.add(key)
+                changed = True
+                break
     env = _render_env(p, 0, reg, gates)
     for rule in reg.rules_for(gates):
         key = rule.field.removeprefix("gates.")
@@ -696,7 +739,7 @@ def service(p: Profile, rank: int, run: RunSpec | None = None) -> Service:
     run = run or run_spec(p, rank)
     container = p.cluster.head_container if rank == 0 else p.cluster.worker_container
     mesh = MESH_UNITS[node.kind] if p.fabric.mode == "ring" else None
-    user = node.user or p.cluster.user
+    user = user_of(node, p.cluster)
     gpus = PODMAN_GPU_DEVICES if node.runtime == "podman" else ()
     if node.kind == "nixos":
         # virtualisation.oci-containers names the unit of container C `<backend>-C.service`
@@ -797,7 +840,7 @@ def build_plan(loaded: Loaded, registry: Registry | None = None) -> Plan:
                 host=node.ip,
                 ssh=SshTarget(
                     host=node.ssh or node.ip,
-                    user=node.user or p.cluster.user,
+                    user=user_of(node, p.cluster),
                     identity=node.identity or p.cluster.identity,
                     port=node.ssh_port or 22,
                 ),

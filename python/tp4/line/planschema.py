@@ -183,6 +183,8 @@ removed within `tp4.plan/1`:
   container label `tp4.plan`).
 - 1.8 added what a NixOS host reads from the committed plan instead of the profile: `line.id`, `line.api_port`, `line.dist_init_port`, `line.nfs` (the head's export, each worker's server address, the export and mount options), `line.ring_hairpin_queue`, and per rank `service.ready`, `service.directories`, `service.gpu_devices` and `service.host_units`.
 - 1.9 added `line.nfs.volumes` (each worker's weights volume options, which tp4 share and a NixOS worker make alike).
+- 1.10 lets `nodes[].ssh.identity` be null: a profile that names no key lets ssh choose its own (no `-i`),
+  and `nodes[].ssh.user` defaults to the local user running tp4.
 
 Rules the types do not show:
 - `digest` is computed over every other field except `source` (one profile, one digest, wherever
@@ -197,8 +199,9 @@ Rules the types do not show:
 - `argv` never contains `--api-key`: boot.py adds it from the key file at serve time, and the key
   never appears in a plan, a log or an argv. Workers get no API key at all.
 - `notes`: rolling a layer back is one change. A gate the preset sets that needs a gate the
-  profile turns off is left out of `env` (upstream's adapter does nothing without it), and a
-  preset gate that only restates a setting follows it (`DSV41_FAST_LOAD_EP_SIZE` follows
+  profile turns off is left out of `env` (upstream's adapter does nothing without it), and so is
+  one the change leaves inert (`DSV41_FAST_LOAD_TP_SLICE=auto` at EP 2: a registry warning rule
+  on the gate says when it stops acting), and a preset gate that only restates a setting follows it (`DSV41_FAST_LOAD_EP_SIZE` follows
   `engine.ep`); each such gate gets a note. A gate the profile sets itself is never changed: the
   validator reports what it needs. The presets' and the profile's `engine.extra_args` add up:
   a note names the layer (`preset NAME`, `the profile`) each argument of `EXTRA_SGLANG_ARGS`

@@ -188,7 +188,8 @@ class Rule(BaseModel):
     """X needs Y, the registry's one form of a dependency: while every condition of `when`
     holds, `needs` must hold. A failure is reported on `field` (default: gates.<the first
     condition's variable>) with `reason` and `fix` (generated when not given; `{VAR}` is that
-    variable's value), as an error or, with level = "warning", a warning. `follow`: a value the
+    variable's value), as an error or, with level = "warning", a warning (a warning rule on a gate says when
+    the gate stops acting: a preset's gate that fails it is dropped from the plan with a note). `follow`: a value the
     preset sets for that gate that fails the rule is replaced by this one (the plan notes it)."""
 
     model_config = _MODEL

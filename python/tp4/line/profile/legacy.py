@@ -39,7 +39,7 @@ from __future__ import annotations
 import difflib
 import os
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
@@ -58,7 +58,10 @@ _USER = "\x00USER\x00"
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _EXTRA_ITEM = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
 OFF_KEYS = ("", "none", "off", "dummy", "0")
+# upstream's launcher defaults for WORKER_USER and SSH_IDENTITY (the author's own login): an
+# imported file without them is written with them; a tp4 profile's own defaults are the local user's
 DEFAULT_USER = "zurih"
+DEFAULT_IDENTITY = "~/.ssh/id_ed25519_shared"
 # bash's blanks: only space and tab separate words (a form feed or \v is part of a word)
 _BLANKS = " \t"
 _WORD_END = ("", "\n", ";", " ", "\t")
@@ -642,7 +645,8 @@ class _Parser:
             line,
             f"${name} is not set earlier in the file: the launcher sources it under `set -u` and stops there "
             f"({name}: unbound variable), and tp4 reads the file alone, not the launcher's environment; "
-            f"fix: set {name} above this line, use ${{{name}:-default}}, or write the value",
+            f"fix: set {name} above this line, use ${{{name}:-default}}, or write the value (an experiment arm "
+            "that extends its base file's value: tp4 profile import .env.tp4 --overlay ARM.env)",
         )
 
 
@@ -999,6 +1003,25 @@ def _each_variable(imp: _Import) -> None:
             )
 
 
+@_step("WORKER_USER", "SSH_IDENTITY")
+def _launcher_login(imp: _Import) -> None:
+    """The ssh login upstream's launcher uses for a file without WORKER_USER or SSH_IDENTITY: its
+    own defaults, facts of the imported file, written out (a profile without them logs in as the
+    local user with ssh's own keys)."""
+    for var, path, default in (
+        ("WORKER_USER", ("cluster", "user"), DEFAULT_USER),
+        ("SSH_IDENTITY", ("cluster", "identity"), DEFAULT_IDENTITY),
+    ):
+        if imp.get(var):
+            continue
+        _set(imp.doc, path, default)
+        imp.notes.append(
+            f"{imp.source}: {var} not set: upstream's launcher default {default} is written as {'.'.join(path)}, "
+            "as the launcher logs in; fix: set it to your own (without it tp4 logs in "
+            + ("as the local user)" if var == "WORKER_USER" else "with ssh's own keys)")
+        )
+
+
 @_step("WORKER_IPS", "WORKER_HOSTS", "WORKER_DIR", "WORKER_ENGRAM_DIR")
 def _workers(imp: _Import) -> None:
     """cluster.workers: WORKER_IPS/WORKER_HOSTS or WORKERn_IP/WORKERn_HOST, with WORKER_DIR and WORKER_ENGRAM_DIR."""
@@ -1024,7 +1047,10 @@ def _workers(imp: _Import) -> None:
             f"{source}: WORKER_IPS has {len(ips)} entries but WORKER_HOSTS has {len(hosts)}; fix: give one host name per IP, in rank order"
         )
     if not ips:
-        errors.append(f"{source}: no workers; fix: set WORKER_IPS and WORKER_HOSTS (rank order)")
+        errors.append(
+            f"{source}: no workers; fix: set WORKER_IPS and WORKER_HOSTS (rank order), or, for an experiment "
+            "arm, import its base file with the arm as an overlay: tp4 profile import .env.tp4 --overlay ARM.env"
+        )
     workers: list[dict[str, Any]] = []
     for i, (ip, host) in enumerate(zip(ips, hosts, strict=False)):  # unequal lengths were reported above
         w: dict[str, Any] = {"name": host, "ssh": host, "ip": ip}
@@ -1305,16 +1331,18 @@ def import_assignments(
     *,
     head_checkout: str | None = None,
     strict: bool = False,
+    overlays: tuple[str, ...] = (),
 ) -> ImportResult:
     """Map the assignments of an upstream profile onto a tp4 profile, step by step (_STEPS).
     head_checkout: the head's checkout (cluster.head.workdir); default the directory of `source`.
-    strict: warnings are errors."""
+    strict: warnings are errors. overlays: the files read after `source` (named in the header)."""
     from tp4.line.registry import load_registry
 
     reg = load_registry()
     final: dict[str, Assignment] = {}
     for a in assignments:
         final[a.name] = a  # bash: the last assignment wins
+    _refuse_other_tp(final, source)
     user = final["WORKER_USER"].value if "WORKER_USER" in final and final["WORKER_USER"].value else DEFAULT_USER
     imp = _Import(
         source, final, reg, "/root" if user == "root" else f"/home/{user}", head_checkout, notes=list(parse_notes or [])
@@ -1356,8 +1384,10 @@ def import_assignments(
         )
     p = loaded.profile
     header = (
-        f"# Imported by `tp4 profile import` from {Path(source).name}.\n"
-        "# On the launcher-defaults preset: every value below comes from that file.\n"
+        f"# Imported by `tp4 profile import` from {Path(source).name}"
+        + "".join(f" + {Path(o).name}" for o in overlays)
+        + (" (overlays read after it, as upstream's arm.sh appends an arm).\n" if overlays else ".\n")
+        + f"# On the launcher-defaults preset: every value below comes from {'those files' if overlays else 'that file'}.\n"
     )
     summary = f"{len(p.nodes)} nodes, TP {p.engine.tp}, EP {p.ep}, image {p.image.tag} ({p.image.variant})"
     return ImportResult(header + dumps(doc), doc, summary, notes, unknown, warnings, unknown_text)
@@ -1456,12 +1486,119 @@ def _home_rel(path: str, home: str) -> str:
     return path
 
 
+RENDERS = (
+    "tp4 renders upstream's DeepSeek-V4.1-Flash TP4 line: 4 Sparks, TP_SIZE=4, the file start-tp4.sh reads "
+    "(.env.tp4, from .env.tp4.example)"
+)
+# what a file of another upstream line holds that a DeepSeek-V4.1 .env never does: a bash array
+# (the GLM lines' HOSTS=(...)), or a GLM / vLLM name in a setting
+_ARRAY = re.compile(r"^\s*(?:export\s+)?([A-Za-z_][A-Za-z0-9_]*)\+?=\(")
+_OTHER_MODEL = re.compile(r"glm|vllm", re.IGNORECASE)
+# where a file says which model and engine it runs (not NFS_CONTAINER: a DeepSeek line may reuse a
+# GLM line's running NFS exporter, glm53-nfs)
+_MODEL_VARS = ("MODEL", "MODEL_DIR", "MODEL_PATH", "MODEL_NAME", "HF_REPO", "SERVED_MODEL_NAME", "IMAGE")
+_ASSIGNED = re.compile(r"^(?:export\s+)?([A-Za-z_][A-Za-z0-9_]*)=(.*)$")
+_OTHER_TP = {
+    "3": "upstream's 3-Spark TP3 profile (.env.example: heads padded 64->96 by tp3_pad, image dsv41-3x-spark)",
+    "8": "upstream's 8-Spark TP8 line (.env.tp8, run by start-tp8.sh with its own state-tp8/ and logs-tp8/)",
+}
+
+
+def refuse_other_line(text: str, source: str) -> None:
+    """Refuse a file of a line tp4 does not render, saying what it is, before it is read as a
+    DeepSeek-V4.1 TP4 .env (a GLM line's file would otherwise fail on a parse detail)."""
+    for number, raw in enumerate(text.splitlines(), 1):
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        array = _ARRAY.match(line)
+        assigned = _ASSIGNED.match(line)
+        named = None
+        if assigned and assigned.group(1).startswith("VLLM_"):
+            named = _OTHER_MODEL.search(assigned.group(1))
+        elif assigned and assigned.group(1) in _MODEL_VARS:
+            named = _OTHER_MODEL.search(assigned.group(2).split("#", 1)[0])
+        if array or named:
+            what = (
+                f"{array.group(1)}=(...) is a bash array, which no DeepSeek-V4.1 .env holds (a GLM line's HOSTS=() is one)"
+                if array
+                else f"it names {named.group(0)!r}"  # type: ignore[union-attr]
+            )
+            raise InvalidInput(
+                f"{source} line {number}: this is not a DeepSeek-V4.1 line: {what}; {RENDERS}; "
+                "fix: import that line's .env.tp4"
+            )
+
+
+def _refuse_other_tp(final: dict[str, Assignment], source: str) -> None:
+    tp = final.get("TP_SIZE")
+    if tp is None or not re.fullmatch(r"[0-9]{1,4}", tp.value) or int(tp.value) == 4:
+        return  # a value that is no plain number is refused by engine.tp's own check
+    what = _OTHER_TP.get(str(int(tp.value)), f"a TP{int(tp.value)} line")
+    raise InvalidInput(
+        f"{source} line {tp.line}: TP_SIZE={_shown(tp.value)}: this is {what}, which tp4 does not render; {RENDERS}; "
+        "fix: import the .env.tp4 of the TP4 line"
+    )
+
+
 def import_env_text(text: str, source: str, *, head_checkout: str | None = None, strict: bool = False) -> ImportResult:
+    refuse_other_line(text, source)
     assignments, notes = parse_env_text(text, source)
     return import_assignments(assignments, source, notes, head_checkout=head_checkout, strict=strict)
 
 
-def import_env_file(path: str, *, head_checkout: str | None = None, strict: bool = False) -> ImportResult:
+def import_env_file(
+    path: str, *, overlays: Sequence[str] = (), head_checkout: str | None = None, strict: bool = False
+) -> ImportResult:
+    """Import ``path``; each overlay (an experiment arm, upstream's scripts/tp4/arms/*.env) is read
+    after it, in order, as upstream's arm.sh appends an arm to a copy of .env.tp4 (the last
+    assignment wins, and an arm may use what the base set). Messages name each file's own lines."""
     from tp4.core.userfiles import read_input
 
-    return import_env_text(read_input(path, "env file"), str(path), head_checkout=head_checkout, strict=strict)
+    base = str(path)
+    if not overlays:
+        return import_env_text(read_input(base, "env file"), base, head_checkout=head_checkout, strict=strict)
+    texts = [(base, read_input(base, "env file"))] + [(str(o), read_input(str(o), "overlay file")) for o in overlays]
+    combined = ""
+    starts: list[tuple[int, str]] = []  # (first line in the combined text, file)
+    for name, text in texts:
+        refuse_other_line(text, name)
+        if text and not text.endswith("\n"):
+            text += "\n"  # a file's last line ends there, not in the next file's first line
+        starts.append((combined.count("\n") + 1, name))
+        combined += text
+
+    def at(number: int) -> str:
+        first, name = next((f, n) for f, n in reversed(starts) if f <= number)
+        return f"{name} line {number - first + 1}"
+
+    def relabel(message: str) -> str:
+        def lines(m: re.Match[str]) -> str:
+            numbers = [int(n) for n in m.group(1).split(", ")]
+            out: dict[str, list[str]] = {}
+            for n in numbers:
+                name, _, local = at(n).rpartition(" line ")
+                out.setdefault(name, []).append(local)
+            return "; ".join(f"{name} line {', '.join(ns)}" for name, ns in out.items())
+
+        return re.sub(re.escape(base) + r" line ([0-9]+(?:, [0-9]+)*)", lines, message)
+
+    if head_checkout is None:
+        head_checkout = os.path.dirname(os.path.abspath(base))
+    try:
+        refuse_other_line(combined, base)
+        assignments, notes = parse_env_text(combined, base)
+        result = import_assignments(
+            assignments, base, notes, head_checkout=head_checkout, strict=strict, overlays=tuple(map(str, overlays))
+        )
+    except InvalidInput as exc:
+        exc.message = relabel(exc.message)
+        exc.args = (exc.message,)
+        exc.problems = [relabel(p) for p in exc.problems]
+        if isinstance(exc, ImportFailed):
+            exc.unknown = [relabel(u) for u in exc.unknown]
+        raise
+    result.notes = [relabel(n) for n in result.notes]
+    result.warnings = [relabel(w) for w in result.warnings]
+    result.unknown_text = [relabel(u) for u in result.unknown_text]
+    return result

@@ -259,7 +259,9 @@ class NodeSpec(Section):
     user: str | None = Field(None, description="ssh user; default: `cluster.user` (WORKER_USER).")
     identity: str | None = Field(None, description="ssh identity file; default: `cluster.identity`.")
     ssh_port: Int | None = Field(None, ge=1, le=65535, description="ssh port; default 22.")
-    home: str | None = Field(None, description="Home directory of `user`; default /home/<user> (/root for root).")
+    home: str | None = Field(
+        None, description="Home directory of `user` on the node; default /home/<user> (/root for root)."
+    )
     workdir: str = Field("~/dsv41-4x-spark", description="Working directory on the node (WORKER_DIR).")
     state_dir: str | None = Field(
         None, description="Mounted at /state; default `<workdir>/state-tp4` on the head, `<workdir>/state` on workers."
@@ -356,8 +358,20 @@ class Cluster(Section):
     workers: list[NodeSpec] = Field(
         default_factory=lambda: [], max_length=MAX_NODES - 1, description="Workers in rank order (rank = index + 1)."
     )
-    user: str = Field("zurih", description="Default ssh user of every node (WORKER_USER).")
-    identity: str = Field("~/.ssh/id_ed25519_shared", description="Default ssh identity (SSH_IDENTITY).")
+    user: str | None = Field(
+        None,
+        description="Default ssh user of every node (WORKER_USER); default: the local user running tp4, as ssh "
+        "takes it ($USER, else the account's name). The plan records the user it was rendered with, so two "
+        "operators' plans of a profile without it differ in the user and the home under it: set it for a line "
+        "several people run. `tp4 profile import` writes upstream's own default (zurih) for a file without "
+        "WORKER_USER, as upstream's launcher runs it.",
+    )
+    identity: str | None = Field(
+        None,
+        description="Default ssh identity (SSH_IDENTITY); default: none, ssh's own choice (its default keys, the "
+        "agent, ~/.ssh/config). `tp4 profile import` writes upstream's own default (~/.ssh/id_ed25519_shared) "
+        "for a file without SSH_IDENTITY.",
+    )
     port: Int = Field(8888, ge=1, le=65535, description="OpenAI API port on the head (PORT / SERVER_PORT).")
     dist_port: Int = Field(20000, ge=1, le=65535, description="torch distributed init port on the head (DIST_PORT).")
     head_container: str = Field("dsv41-head", description="Container name on the head (HEAD_CTN).")
@@ -398,12 +412,12 @@ class Cluster(Section):
 
     @field_validator("user")
     @classmethod
-    def _user(cls, v: str) -> str:
+    def _user(cls, v: str | None) -> str | None:
         return _check_user(v)
 
     @field_validator("identity")
     @classmethod
-    def _identity(cls, v: str) -> str:
+    def _identity(cls, v: str | None) -> str | None:
         return _check_identity(v)
 
     @field_validator("shm_size")
