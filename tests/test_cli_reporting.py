@@ -65,3 +65,39 @@ def test_images_help_states_the_exit_codes_it_returns(command, one_node_down, tp
     code, out, err = tp4_cli(*command, *dry, "--runtime", "podman", "--worker", "192.0.2.7")
     assert code == 2, out + err
     assert "not a host tp4 trusts yet" in err
+
+
+def _commands():
+    """Every command of the CLI with its path, groups included."""
+    import click
+
+    from tp4.cli import cli
+
+    todo: list[tuple[tuple[str, ...], click.Command]] = [((), cli)]
+    while todo:
+        path, cmd = todo.pop()
+        yield path, cmd
+        if isinstance(cmd, click.Group):
+            ctx = click.Context(cmd)
+            todo += [((*path, name), cmd.get_command(ctx, name)) for name in cmd.list_commands(ctx)]
+
+
+def test_every_schema_version_a_help_text_names_is_the_one_the_code_writes(tp4_cli):
+    """A help text names a document's version only through tp4.core.schemas, whose constants are
+    the versions the contracts (the models that write the documents) carry."""
+    import re
+
+    from tp4.core import schemas
+    from tp4.core.contracts import doctor_evidence, fleet_plan, images_listing
+    from tp4.line import plan
+
+    known = {v for k, v in vars(schemas).items() if k.isupper() and isinstance(v, str)}
+    assert schemas.DOCTOR == doctor_evidence.SCHEMA and schemas.FLEET == fleet_plan.SCHEMA
+    assert schemas.IMAGES == images_listing.SCHEMA and schemas.PLAN == plan.SCHEMA
+    named = {}
+    for path, _ in _commands():
+        text = _help(tp4_cli, *path)
+        for version in re.findall(r"tp4\.[a-z-]+/[0-9][0-9.]*[0-9]|tp4\.[a-z-]+/[0-9]", text):
+            named[version] = path
+    assert named, "no help text names a schema: the walk found no command"
+    assert {v: p for v, p in named.items() if v not in known} == {}

@@ -7,6 +7,7 @@ import json
 
 import click
 
+from tp4.core import schemas
 from tp4.cli.common import Float, load_line, profile_option, ssh_option, strict_option, sysfs_option, sysfs_root
 
 
@@ -18,7 +19,7 @@ from tp4.cli.common import Float, load_line, profile_option, ssh_option, strict_
     type=click.Path(dir_okay=False),
     default=None,
     metavar="FILE",
-    help="Write the evidence (tp4.doctor/1: every node's facts and every check) to FILE.",
+    help=f"Write the evidence ({schemas.DOCTOR}: every node's facts and every check) to FILE.",
 )
 @click.option(
     "--interval",

@@ -18,6 +18,7 @@ from tp4.cli.common import (
     sysfs_root,
     timeouts as parse_timeouts,
 )
+from tp4.core import schemas
 from tp4.core.errors import InvalidInput, Tp4Error
 
 if TYPE_CHECKING:
@@ -65,7 +66,7 @@ def fleet() -> None:
 
 @fleet.command("plan")
 @fleet_option
-@click.option("--json", "as_json", is_flag=True, help="One JSON object (schema tp4.fleet/1).")
+@click.option("--json", "as_json", is_flag=True, help=f"One JSON object (schema {schemas.FLEET}).")
 @strict_option
 def plan(fleet_path: str, as_json: bool, strict: bool) -> None:
     """Each line's plan summary and the router's command (the API key never shown)."""
@@ -160,7 +161,7 @@ def render(data: dict[str, object]) -> list[str]:
 
 @fleet.command("status")
 @fleet_option
-@click.option("--json", "as_json", is_flag=True, help="One JSON object (schema tp4.fleet-status/1).")
+@click.option("--json", "as_json", is_flag=True, help=f"One JSON object (schema {schemas.FLEET_STATUS}).")
 @click.option("--watch", is_flag=True, help="Refresh until Ctrl-C.")
 @click.option(
     "--interval",

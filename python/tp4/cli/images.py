@@ -14,6 +14,7 @@ from tp4.image import images as images_mod
 from tp4.image.build import pin_summary
 from tp4.cli.common import PORT, profile_option, profile_remotes, ssh_option, strict_option
 from tp4.core.contracts.images_listing import ImageEntry, ImagesListing, ImagesNode
+from tp4.core import schemas
 from tp4.core.errors import Tp4Error, clip
 from tp4.core.process import Remote
 
@@ -114,7 +115,7 @@ def _when(image: images_mod.Image) -> str:
 
 @click.group("images", invoke_without_command=True)
 @node_options
-@click.option("--json", "as_json", is_flag=True, help="The listing as JSON.")
+@click.option("--json", "as_json", is_flag=True, help=f"The listing as JSON (schema {schemas.IMAGES}).")
 @click.pass_context
 def images(ctx: click.Context, /, as_json: bool, **opts: Any) -> None:
     """The tp4 images (label tp4.line.ref) on the head and every worker.

@@ -5,3 +5,15 @@ from __future__ import annotations
 
 # `tp4 plan --json` (python/tp4/line/plan.py; docs/plan-schema.md is generated from the models)
 PLAN = "tp4.plan/1.9"
+
+# `tp4 doctor --json` (tp4.core.contracts.doctor_evidence)
+DOCTOR = "tp4.doctor/1"
+
+# `tp4 fleet plan --json` (tp4.core.contracts.fleet_plan)
+FLEET = "tp4.fleet/1"
+
+# `tp4 fleet status --json` (tp4.serving.fleet.status_document)
+FLEET_STATUS = "tp4.fleet-status/1"
+
+# `tp4 images --json` (tp4.core.contracts.images_listing)
+IMAGES = "tp4.images/1"

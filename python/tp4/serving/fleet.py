@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from tp4.core import pidfile
+from tp4.core import pidfile, schemas
 from tp4.core.contracts.fleet_plan import (
     FleetPlan,
     FleetPlanLine,
@@ -1089,7 +1089,7 @@ def status(fleet: Fleet, *, ssh_options: Sequence[str] = (), probe_timeout: floa
     }
     if error:
         router["error"] = error
-    return {"schema": "tp4.fleet-status/1", "router": router, "lines": lines}
+    return {"schema": schemas.FLEET_STATUS, "router": router, "lines": lines}
 
 
 def healthy(data: dict[str, object]) -> bool:
