@@ -65,7 +65,7 @@ def trust(profile_path: str | None, names: tuple[str, ...], port: int | None, ye
         f"(ssh-keyscan, at most {trust_mod.SCAN_TIMEOUT} s)…",
         err=True,
     )
-    verdicts = trust_mod.examine(remotes)
+    verdicts = trust_mod.examine(remotes, progress=lambda line: click.echo(line, err=True))
     for v in verdicts:
         if v.status == "trusted":
             click.echo(f"{v.name}: already trusted ({', '.join(k.shown() for k in v.recorded)})")
