@@ -101,3 +101,35 @@ def test_every_schema_version_a_help_text_names_is_the_one_the_code_writes(tp4_c
             named[version] = path
     assert named, "no help text names a schema: the walk found no command"
     assert {v: p for v, p in named.items() if v not in known} == {}
+
+
+def test_setup_says_each_step_as_it_starts(tmp_path):
+    """python/setup.sh takes a minute or more: a numbered line per step on stderr, in order. Run on
+    a copy of the script whose virtualenv's pip only records what it was asked."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parent.parent
+    (tmp_path / "python").mkdir()
+    shutil.copy(repo / "python" / "setup.sh", tmp_path / "python" / "setup.sh")
+    shutil.copy(repo / "python" / "poetry.lock", tmp_path / "python" / "poetry.lock")
+    bin_ = tmp_path / ".venv" / "bin"
+    bin_.mkdir(parents=True)
+    (bin_ / "python").symlink_to(sys.executable)
+    (bin_ / "pip").write_text('#!/bin/sh\necho "pip $*" >> "$(dirname "$0")/pip.log"\n')
+    (bin_ / "pip").chmod(0o755)
+    proc = subprocess.run(
+        ["bash", str(tmp_path / "python" / "setup.sh")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 0, proc.stderr
+    steps = [line for line in proc.stderr.splitlines() if line.startswith("setup: [")]
+    assert [s.split("]")[0] for s in steps] == ["setup: [1/4", "setup: [2/4", "setup: [3/4", "setup: [4/4"], proc.stderr
+    assert "checking the system tools" in steps[0] and "using the virtualenv" in steps[1]
+    assert "Python packages python/poetry.lock pins" in steps[2] and "installing tp4 itself" in steps[3]
+    assert "--require-hashes" in (bin_ / "pip.log").read_text()
