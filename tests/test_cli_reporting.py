@@ -106,7 +106,6 @@ def test_every_schema_version_a_help_text_names_is_the_one_the_code_writes(tp4_c
 def test_setup_says_each_step_as_it_starts(tmp_path):
     """python/setup.sh takes a minute or more: a numbered line per step on stderr, in order. Run on
     a copy of the script whose virtualenv's pip only records what it was asked."""
-    import os
     import shutil
     import subprocess
     import sys
