@@ -88,12 +88,13 @@ def test_every_schema_version_a_help_text_names_is_the_one_the_code_writes(tp4_c
     import re
 
     from tp4.core import schemas
-    from tp4.core.contracts import doctor_evidence, fleet_plan, images_listing
+    from tp4.core.contracts import doctor_evidence, fleet_plan, host_keys, images_listing
     from tp4.line import plan
 
     known = {v for k, v in vars(schemas).items() if k.isupper() and isinstance(v, str)}
     assert schemas.DOCTOR == doctor_evidence.SCHEMA and schemas.FLEET == fleet_plan.SCHEMA
     assert schemas.IMAGES == images_listing.SCHEMA and schemas.PLAN == plan.SCHEMA
+    assert schemas.HOST_KEYS == host_keys.SCHEMA
     named = {}
     for path, _ in _commands():
         text = _help(tp4_cli, *path)
@@ -132,3 +133,44 @@ def test_setup_says_each_step_as_it_starts(tmp_path):
     assert "checking the system tools" in steps[0] and "using the virtualenv" in steps[1]
     assert "Python packages python/poetry.lock pins" in steps[2] and "installing tp4 itself" in steps[3]
     assert "--require-hashes" in (bin_ / "pip.log").read_text()
+
+
+def _validate(doc: object, name: str) -> None:
+    """doc against the committed docs/schemas/NAME.schema.json."""
+    import json
+    from pathlib import Path
+
+    import jsonschema
+
+    schema = json.loads(
+        (Path(__file__).resolve().parent.parent / "docs" / "schemas" / f"{name}.schema.json").read_text()
+    )
+    jsonschema.Draft202012Validator(schema).validate(doc)
+
+
+def test_hosts_list_json_holds_every_key_and_fits_its_schema(tmp_path, monkeypatch, tp4_cli):
+    import json
+    import subprocess
+
+    from tp4.core import schemas
+
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(tmp_path / "k")], check=True)
+    pub = (tmp_path / "k.pub").read_text().split()
+    known = tmp_path / "known_hosts"
+    known.write_text(f"spark1 {pub[0]} {pub[1]}\n@revoked [spark2]:2222 {pub[0]} {pub[1]}\n")
+    monkeypatch.setenv("TP4_KNOWN_HOSTS", str(known))
+    code, out, err = tp4_cli("hosts", "list", "--json")
+    assert code == 0, err
+    doc = json.loads(out)
+    _validate(doc, "host-keys")
+    fingerprint = subprocess.run(["ssh-keygen", "-lf", str(tmp_path / "k.pub")], capture_output=True, text=True)
+    assert doc["schema"] == schemas.HOST_KEYS and doc["file"] == str(known)
+    assert [(k["names"], k["kind"], k["marker"], k["line"]) for k in doc["keys"]] == [
+        ("spark1", "ED25519", "", 1),
+        ("[spark2]:2222", "ED25519", "@revoked", 2),
+    ]
+    assert all(k["fingerprint"] == fingerprint.stdout.split()[1] for k in doc["keys"])
+    # none recorded: an empty list, still the document
+    monkeypatch.setenv("TP4_KNOWN_HOSTS", str(tmp_path / "none"))
+    code, out, err = tp4_cli("hosts", "list", "--json")
+    assert code == 0 and json.loads(out)["keys"] == [], err

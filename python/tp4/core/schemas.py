@@ -17,3 +17,6 @@ FLEET_STATUS = "tp4.fleet-status/1"
 
 # `tp4 images --json` (tp4.core.contracts.images_listing)
 IMAGES = "tp4.images/1"
+
+# `tp4 hosts list --json` (tp4.core.contracts.host_keys)
+HOST_KEYS = "tp4.host-keys/1"

@@ -8,7 +8,7 @@ from typing import Any, Literal, NamedTuple
 
 from pydantic import BaseModel
 
-from tp4.core.contracts import bench_result, doctor_evidence, fleet_plan, images_listing
+from tp4.core.contracts import bench_result, doctor_evidence, fleet_plan, host_keys, images_listing
 from tp4.core.contracts.base import JsonSchema, json_schema
 
 
@@ -65,6 +65,15 @@ CONTRACTS: tuple[Contract, ...] = (
         images_listing.MODELS,
         "`tp4 images --json` (python/tp4/cli/images.py)",
         "operators, scripts",
+    ),
+    Contract(
+        "host-keys",
+        "host keys (`tp4 hosts list --json`)",
+        host_keys.HostKeys,
+        host_keys.MODELS,
+        "`tp4 hosts list --json` (python/tp4/cli/hosts.py)",
+        "operators, scripts",
+        "Fingerprints only: the keys themselves stay in the known_hosts file.",
     ),
 )
 
