@@ -174,3 +174,26 @@ def test_hosts_list_json_holds_every_key_and_fits_its_schema(tmp_path, monkeypat
     monkeypatch.setenv("TP4_KNOWN_HOSTS", str(tmp_path / "none"))
     code, out, err = tp4_cli("hosts", "list", "--json")
     assert code == 0 and json.loads(out)["keys"] == [], err
+
+
+def test_doctor_json_prints_the_evidence_on_stdout_and_json_file_still_writes_it(tmp_path, monkeypatch, tp4_cli):
+    """`--json` alone: the evidence on stdout (the table on stderr), valid against its schema;
+    `--json FILE` writes it as before. The nodes are not trusted: refused before any connection,
+    each a blocking failure (exit 1, as the help says)."""
+    import json
+    from pathlib import Path
+
+    profile = Path(__file__).resolve().parent.parent / "examples" / "spark-line" / "profile.toml"
+    monkeypatch.setenv("TP4_KNOWN_HOSTS", str(tmp_path / "known_hosts"))
+    process.host_key_failures.clear()
+    assert "exits 1 on a blocking failure (a node ssh cannot reach or whose host key" in _help(tp4_cli, "doctor")
+    code, out, err = tp4_cli("doctor", "--json", "--profile", str(profile))
+    assert code == 1, err
+    doc = json.loads(out)
+    _validate(doc, "doctor-evidence")
+    assert set(doc["nodes"]) == {"spark1", "spark2", "spark3", "spark4"}
+    assert "FAIL spark2 SSH.REACHABLE" in err and "doctor: 4 nodes in" in err
+    code, out, err = tp4_cli("doctor", "--profile", str(profile), "--json", str(tmp_path / "evidence.json"))
+    assert code == 1, err
+    _validate(json.loads((tmp_path / "evidence.json").read_text()), "doctor-evidence")
+    assert "FAIL spark2 SSH.REACHABLE" in out

@@ -18,8 +18,11 @@ from tp4.cli.common import Float, load_line, profile_option, ssh_option, strict_
     "json_path",
     type=click.Path(dir_okay=False),
     default=None,
-    metavar="FILE",
-    help=f"Write the evidence ({schemas.DOCTOR}: every node's facts and every check) to FILE.",
+    is_flag=False,
+    flag_value="-",
+    metavar="[FILE]",
+    help=f"The evidence ({schemas.DOCTOR}: every node's facts and every check) as JSON: on stdout (the "
+    "table then goes to stderr), or written to FILE.",
 )
 @click.option(
     "--interval",
@@ -44,13 +47,17 @@ def doctor(
     runtime, the GPU, RDMA (ports, link layer, IPv4, MTU, a jumbo ping, the RoCE v2 GID index,
     memlock, error counters), the kernel, weights, Engram shards, the image, disk, ports, clocks
     and memory. Prints one table (check x node) and a fix for each warning and failure; exits 1
-    on a blocking failure."""
+    on a blocking failure (a node ssh cannot reach or whose host key tp4 does not trust is one),
+    2 on invalid input (the profile, an option)."""
     from tp4.hosts import doctor as doctor_mod
     from tp4.hosts.nodes import nodes_of
 
     from tp4.core.userfiles import check_output, write_output
 
-    if json_path is not None:  # before the nodes are asked: a device or a FIFO is refused, never replaced
+    to_stdout = json_path == "-"
+    if (
+        json_path is not None and not to_stdout
+    ):  # before the nodes are asked: a device or a FIFO is refused, never replaced
         check_output(json_path, "--json", force=True)
     sysfs = sysfs_root(sysfs)
     chosen = load_line(profile_path, strict)
@@ -59,15 +66,18 @@ def doctor(
     limits = doctor_mod.Limits.of_profile(loaded.profile, sysfs=sysfs, interval=interval)
     report = doctor_mod.doctor(plan, nodes, limits)
     for line in doctor_mod.table(plan, report.results):
-        click.echo(line)
-    if json_path is not None:
+        click.echo(line, err=to_stdout)
+    if to_stdout:
+        click.echo(json.dumps(report.evidence(), indent=2))
+    elif json_path is not None:
         # a temporary file of its own beside it, renamed over it (never FILE.tmp, a name another
         # user could plant), and only over a regular file
         write_output(json_path, json.dumps(report.evidence(), indent=2) + "\n", "--json", force=True)
     blocking = report.blocking
     click.echo(
         f"doctor: {len(plan.nodes)} nodes in {report.seconds:.2f} s: "
-        + (f"{len(blocking)} blocking failure(s)" if blocking else "ready")
+        + (f"{len(blocking)} blocking failure(s)" if blocking else "ready"),
+        err=to_stdout,
     )
     if blocking:
         raise SystemExit(1)
