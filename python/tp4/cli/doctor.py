@@ -15,14 +15,19 @@ from tp4.cli.common import Float, load_line, profile_option, ssh_option, strict_
 @profile_option
 @click.option(
     "--json",
+    "as_json",
+    is_flag=True,
+    help=f"The evidence ({schemas.DOCTOR}: every node's facts and every check) as JSON on stdout; the table "
+    "then goes to stderr.",
+)
+@click.option(
+    "--output",
+    "-o",
     "json_path",
     type=click.Path(dir_okay=False),
     default=None,
-    is_flag=False,
-    flag_value="-",
-    metavar="[FILE]",
-    help=f"The evidence ({schemas.DOCTOR}: every node's facts and every check) as JSON: on stdout (the "
-    "table then goes to stderr), or written to FILE.",
+    metavar="FILE",
+    help=f"Write the evidence ({schemas.DOCTOR}, as --json prints it) to FILE (replaced whole, never half-written).",
 )
 @click.option(
     "--interval",
@@ -37,6 +42,7 @@ from tp4.cli.common import Float, load_line, profile_option, ssh_option, strict_
 @strict_option
 def doctor(
     profile_path: str | None,
+    as_json: bool,
     json_path: str | None,
     interval: float,
     sysfs: str,
@@ -54,11 +60,9 @@ def doctor(
 
     from tp4.core.userfiles import check_output, write_output
 
-    to_stdout = json_path == "-"
-    if (
-        json_path is not None and not to_stdout
-    ):  # before the nodes are asked: a device or a FIFO is refused, never replaced
-        check_output(json_path, "--json", force=True)
+    to_stdout = as_json
+    if json_path is not None:  # before the nodes are asked: a device or a FIFO is refused, never replaced
+        check_output(json_path, "--output", force=True)
     sysfs = sysfs_root(sysfs)
     chosen = load_line(profile_path, strict)
     loaded, plan = chosen.loaded, chosen.plan
@@ -69,10 +73,10 @@ def doctor(
         click.echo(line, err=to_stdout)
     if to_stdout:
         click.echo(json.dumps(report.evidence(), indent=2))
-    elif json_path is not None:
+    if json_path is not None:
         # a temporary file of its own beside it, renamed over it (never FILE.tmp, a name another
         # user could plant), and only over a regular file
-        write_output(json_path, json.dumps(report.evidence(), indent=2) + "\n", "--json", force=True)
+        write_output(json_path, json.dumps(report.evidence(), indent=2) + "\n", "--output", force=True)
     blocking = report.blocking
     click.echo(
         f"doctor: {len(plan.nodes)} nodes in {report.seconds:.2f} s: "

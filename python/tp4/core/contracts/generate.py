@@ -51,10 +51,10 @@ CONTRACTS: tuple[Contract, ...] = (
     ),
     Contract(
         "doctor-evidence",
-        "doctor's evidence (`tp4 doctor --json [FILE]`)",
+        "doctor's evidence (`tp4 doctor --json`, `-o FILE`)",
         doctor_evidence.DoctorEvidence,
         doctor_evidence.MODELS,
-        "`tp4 doctor --json` (stdout) or `--json FILE` (python/tp4/hosts/doctor.py Report.evidence)",
+        "`tp4 doctor --json` (stdout) or `-o FILE` (python/tp4/hosts/doctor.py Report.evidence)",
         "operators, bug reports",
         "The check ids and what each checks are in docs/doctor.md.",
     ),
