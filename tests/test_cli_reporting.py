@@ -176,9 +176,9 @@ def test_hosts_list_json_holds_every_key_and_fits_its_schema(tmp_path, monkeypat
     assert code == 0 and json.loads(out)["keys"] == [], err
 
 
-def test_doctor_json_prints_the_evidence_on_stdout_and_json_file_still_writes_it(tmp_path, monkeypatch, tp4_cli):
+def test_doctor_json_prints_the_evidence_on_stdout_and_output_writes_it(tmp_path, monkeypatch, tp4_cli):
     """`--json` alone: the evidence on stdout (the table on stderr), valid against its schema;
-    `--json FILE` writes it as before. The nodes are not trusted: refused before any connection,
+    `-o FILE` writes it (as `tp4 plan --json -o FILE`). The nodes are not trusted: refused before any connection,
     each a blocking failure (exit 1, as the help says)."""
     import json
     from pathlib import Path
@@ -193,7 +193,40 @@ def test_doctor_json_prints_the_evidence_on_stdout_and_json_file_still_writes_it
     _validate(doc, "doctor-evidence")
     assert set(doc["nodes"]) == {"spark1", "spark2", "spark3", "spark4"}
     assert "FAIL spark2 SSH.REACHABLE" in err and "doctor: 4 nodes in" in err
-    code, out, err = tp4_cli("doctor", "--profile", str(profile), "--json", str(tmp_path / "evidence.json"))
+    code, out, err = tp4_cli("doctor", "--profile", str(profile), "-o", str(tmp_path / "evidence.json"))
     assert code == 1, err
     _validate(json.loads((tmp_path / "evidence.json").read_text()), "doctor-evidence")
     assert "FAIL spark2 SSH.REACHABLE" in out
+
+
+@pytest.mark.parametrize(
+    "command, wanted",
+    [
+        (["stop", "--grace", "7"], ["sudo -n systemctl stop podman-dsv41-head.service"]),
+        (["serve"], ["systemctl start podman-dsv41-head.service", "< env file on stdin (mode 0600)"]),
+    ],
+)
+def test_serve_and_stop_dry_run_print_each_hosts_command_and_run_nothing(command, wanted, monkeypatch, tp4_cli):
+    """--dry-run: the commands host by host (ssh … -- user@host '<cmd>'), exit 0, no process
+    started (the funnel refuses any), on a line whose nodes this machine cannot reach."""
+    import shlex
+    from pathlib import Path
+
+    def refuse(*args, **kwargs):
+        raise AssertionError(f"a dry run started a process: {args}")
+
+    monkeypatch.setattr(process, "_spawn", refuse)
+    monkeypatch.setattr(process, "start", refuse)
+    profile = Path(__file__).resolve().parent.parent / "examples" / "spark-line" / "profile.toml"
+    code, out, err = tp4_cli(*command, "--dry-run", "--profile", str(profile))
+    assert code == 0, err
+    lines = out.splitlines()
+    assert [line.split(":")[0] for line in lines] == (
+        ["spark1", "spark2", "spark3", "spark4"] if command[0] == "stop" else ["spark2", "spark3", "spark4", "spark1"]
+    ), out
+    for line in lines:  # spark<N> is 10.0.0.<N> in the example profile
+        name, command_line = line.split(": ", 1)
+        words = shlex.split(command_line.split("  < ")[0])
+        assert words[0] == "ssh" and words[words.index("--") + 1] == f"tp4@10.0.0.{name[-1]}", line
+    assert all(w in out for w in wanted), out
+    assert "dry run: nothing was run, no host was asked" in err

@@ -12,6 +12,7 @@ import click
 from tp4.cli.common import (
     Float,
     Int,
+    dry_run_option,
     err,
     json_option,
     load_served,
@@ -38,6 +39,13 @@ def _line(
     """(plan, nodes, secrets) of the profile the rule chooses (announced on stderr)."""
     served = load_served(profile_path, strict, ssh_options)
     return served.plan, served.nodes, served.secrets
+
+
+def _rehearsed(lines: list[str]) -> None:
+    """A dry run's commands on stdout, one a line, host first; a note on stderr."""
+    for line in lines:
+        click.echo(line)
+    click.echo("dry run: nothing was run, no host was asked", err=True)
 
 
 @click.command("serve")
@@ -74,6 +82,7 @@ def _line(
 @sysfs_option
 @ssh_option
 @strict_option
+@dry_run_option
 def serve(
     profile_path: str | None,
     force: bool,
@@ -84,6 +93,7 @@ def serve(
     sysfs: str,
     ssh_options: tuple[str, ...],
     strict: bool,
+    dry_run: bool,
 ) -> None:
     """Start the line and prove it ready, or leave nothing running.
 
@@ -95,11 +105,15 @@ def serve(
     are named with that rank's last log lines. A line already running is refused, naming the
     plan it runs from and the fields that differ from this one, unless --replace. Every rank's
     container carries the plan's digest (label tp4.line.plan) and the plan is left beside its env file.
+    --dry-run prints the commands that start the ranks, host by host, and asks no host.
     """
     from tp4.serving import serve as serve_mod
 
     sysfs = sysfs_root(sysfs)
     served = load_served(profile_path, strict, ssh_options)
+    if dry_run:
+        _rehearsed(serve_mod.rehearse_serve(served.plan, served.nodes))
+        return
     loaded = served.line.loaded
     opts = serve_mod.Options(
         force=force,
@@ -120,12 +134,17 @@ def serve(
 @click.option("--grace", type=Int(0, 3600), default=10, show_default=True, help="Seconds between TERM and KILL.")
 @ssh_option
 @strict_option
-def stop(profile_path: str | None, grace: int, ssh_options: tuple[str, ...], strict: bool) -> None:
+@dry_run_option
+def stop(profile_path: str | None, grace: int, ssh_options: tuple[str, ...], strict: bool, dry_run: bool) -> None:
     """Stop every rank of the line (also what a crashed serve left) and check that the API is down
-    and no container of the line remains. Idempotent."""
+    and no container of the line remains. Idempotent. --dry-run prints the command each node
+    would run, and asks no host."""
     from tp4.serving import serve as serve_mod
 
     plan, nodes, secrets = _line(profile_path, strict, ssh_options)
+    if dry_run:
+        _rehearsed(serve_mod.rehearse_stop(nodes, grace=grace))
+        return
     problems = serve_mod.stop(plan, nodes, secrets, out, err, grace=grace)
     if problems:
         raise Tp4Error("not everything stopped:\n" + "\n".join(f"  {p}" for p in problems))
