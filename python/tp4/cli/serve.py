@@ -111,9 +111,6 @@ def serve(
 
     sysfs = sysfs_root(sysfs)
     served = load_served(profile_path, strict, ssh_options)
-    if dry_run:
-        _rehearsed(serve_mod.rehearse_serve(served.plan, served.nodes))
-        return
     loaded = served.line.loaded
     opts = serve_mod.Options(
         force=force,
@@ -126,6 +123,9 @@ def serve(
         expected_shards=loaded.profile.model.expected_shards,
         replace=replace,
     )
+    if dry_run:  # after every option is checked: a dry run refuses what the real one would
+        _rehearsed(serve_mod.rehearse_serve(served.plan, served.nodes))
+        return
     serve_mod.serve(served.plan, served.nodes, served.secrets, opts, out, err)
 
 
