@@ -88,13 +88,13 @@ def test_every_schema_version_a_help_text_names_is_the_one_the_code_writes(tp4_c
     import re
 
     from tp4.core import schemas
-    from tp4.core.contracts import doctor_evidence, fleet_plan, host_keys, images_listing
+    from tp4.core.contracts import doctor_evidence, fleet_plan, host_keys, images_listing, profile_check
     from tp4.line import plan
 
     known = {v for k, v in vars(schemas).items() if k.isupper() and isinstance(v, str)}
     assert schemas.DOCTOR == doctor_evidence.SCHEMA and schemas.FLEET == fleet_plan.SCHEMA
     assert schemas.IMAGES == images_listing.SCHEMA and schemas.PLAN == plan.SCHEMA
-    assert schemas.HOST_KEYS == host_keys.SCHEMA
+    assert schemas.HOST_KEYS == host_keys.SCHEMA and schemas.PROFILE_CHECK == profile_check.SCHEMA
     named = {}
     for path, _ in _commands():
         text = _help(tp4_cli, *path)
@@ -230,3 +230,25 @@ def test_serve_and_stop_dry_run_print_each_hosts_command_and_run_nothing(command
         assert words[0] == "ssh" and words[words.index("--") + 1] == f"tp4@10.0.0.{name[-1]}", line
     assert all(w in out for w in wanted), out
     assert "dry run: nothing was run, no host was asked" in err
+
+
+def test_profile_check_json_describes_a_valid_profile_and_lists_an_invalid_ones_problems(tmp_path, tp4_cli):
+    import json
+    from pathlib import Path
+
+    profile = Path(__file__).resolve().parent.parent / "examples" / "spark-line" / "profile.toml"
+    code, out, err = tp4_cli("profile", "check", "--json", str(profile))
+    assert code == 0, err
+    doc = json.loads(out)
+    _validate(doc, "profile-check")
+    assert doc["ok"] is True and doc["nodes"] == ["spark1", "spark2", "spark3", "spark4"] and doc["tp"] == 4
+    assert doc["problems"] == [] and doc["preset"] == "production"
+
+    bad = tmp_path / "bad.toml"
+    bad.write_text('preset = "nope"\n')
+    code, out, err = tp4_cli("profile", "check", "--json", str(bad))
+    assert code == 2
+    doc = json.loads(out)
+    _validate(doc, "profile-check")
+    assert doc["ok"] is False and doc["preset"] is None and len(doc["problems"]) == 1
+    assert doc["problems"][0].startswith("preset: unknown preset 'nope'; fix:") and "error:" in err

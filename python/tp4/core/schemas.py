@@ -20,3 +20,6 @@ IMAGES = "tp4.images/1"
 
 # `tp4 hosts list --json` (tp4.core.contracts.host_keys)
 HOST_KEYS = "tp4.host-keys/1"
+
+# `tp4 profile check --json` (tp4.core.contracts.profile_check)
+PROFILE_CHECK = "tp4.profile-check/1"

@@ -8,7 +8,7 @@ from typing import Any, Literal, NamedTuple
 
 from pydantic import BaseModel
 
-from tp4.core.contracts import bench_result, doctor_evidence, fleet_plan, host_keys, images_listing
+from tp4.core.contracts import bench_result, doctor_evidence, fleet_plan, host_keys, images_listing, profile_check
 from tp4.core.contracts.base import JsonSchema, json_schema
 
 
@@ -74,6 +74,15 @@ CONTRACTS: tuple[Contract, ...] = (
         "`tp4 hosts list --json` (python/tp4/cli/hosts.py)",
         "operators, scripts",
         "Fingerprints only: the keys themselves stay in the known_hosts file.",
+    ),
+    Contract(
+        "profile-check",
+        "profile check (`tp4 profile check --json`)",
+        profile_check.ProfileCheck,
+        profile_check.MODELS,
+        "`tp4 profile check --json` (python/tp4/cli/profile.py)",
+        "operators, scripts, CI",
+        "Printed for an invalid profile too (`ok` false, every problem listed), then exit 2.",
     ),
 )
 
