@@ -252,3 +252,23 @@ def test_profile_check_json_describes_a_valid_profile_and_lists_an_invalid_ones_
     _validate(doc, "profile-check")
     assert doc["ok"] is False and doc["preset"] is None and len(doc["problems"]) == 1
     assert doc["problems"][0].startswith("preset: unknown preset 'nope'; fix:") and "error:" in err
+
+
+@pytest.mark.parametrize("command", ["serve", "stop"])
+def test_fleet_serve_and_stop_dry_run_print_every_lines_and_the_routers_commands(command, monkeypatch, tp4_cli):
+    from pathlib import Path
+
+    def refuse(*args, **kwargs):
+        raise AssertionError(f"a dry run started a process: {args}")
+
+    monkeypatch.setattr(process, "_spawn", refuse)
+    monkeypatch.setattr(process, "start", refuse)
+    fleet = Path(__file__).resolve().parent.parent / "examples" / "fleet" / "fleet.toml"
+    code, out, err = tp4_cli("fleet", command, "--dry-run", "--fleet", str(fleet))
+    assert code == 0, err
+    heads = [line.split(": ssh ")[0] for line in out.splitlines() if ": ssh " in line]
+    nodes = {f"line a: spark{i}" for i in range(1, 5)} | {f"line b: spark{i}" for i in range(5, 9)}
+    assert set(heads) == nodes | {"router 10.0.0.1"}, out
+    # the router starts after the lines and stops before them
+    assert (heads[-1] if command == "serve" else heads[0]) == "router 10.0.0.1"
+    assert "@10.0.0.5 " in out and "dry run: nothing was run, no host was asked" in err
