@@ -88,13 +88,14 @@ def test_every_schema_version_a_help_text_names_is_the_one_the_code_writes(tp4_c
     import re
 
     from tp4.core import schemas
-    from tp4.core.contracts import doctor_evidence, fleet_plan, host_keys, images_listing, profile_check
+    from tp4.core.contracts import doctor_evidence, fleet_plan, host_keys, images_listing, profile_check, smoke_report
     from tp4.line import plan
 
     known = {v for k, v in vars(schemas).items() if k.isupper() and isinstance(v, str)}
     assert schemas.DOCTOR == doctor_evidence.SCHEMA and schemas.FLEET == fleet_plan.SCHEMA
     assert schemas.IMAGES == images_listing.SCHEMA and schemas.PLAN == plan.SCHEMA
     assert schemas.HOST_KEYS == host_keys.SCHEMA and schemas.PROFILE_CHECK == profile_check.SCHEMA
+    assert schemas.SMOKE == smoke_report.SCHEMA
     named = {}
     for path, _ in _commands():
         text = _help(tp4_cli, *path)
@@ -272,3 +273,23 @@ def test_fleet_serve_and_stop_dry_run_print_every_lines_and_the_routers_commands
     # the router starts after the lines and stops before them
     assert (heads[-1] if command == "serve" else heads[0]) == "router 10.0.0.1"
     assert "@10.0.0.5 " in out and "dry run: nothing was run, no host was asked" in err
+
+
+def test_smoke_json_holds_every_check_and_fits_its_schema(monkeypatch, tp4_cli):
+    import json
+    from pathlib import Path
+
+    from tp4.serving import api
+
+    results = [api.SmokeResult("arithmetic", True, "42", 0.5), api.SmokeResult("stream", False, "no [DONE]", 1.25)]
+    monkeypatch.setattr(api, "smoke", lambda ep, full: results)
+    profile = Path(__file__).resolve().parent.parent / "examples" / "spark-line" / "profile.toml"
+    code, out, err = tp4_cli("smoke", "--json", "--profile", str(profile))
+    assert code == 1 and "smoke failed: stream" in err
+    doc = json.loads(out)
+    _validate(doc, "smoke")
+    assert doc["ok"] is False and doc["api"].startswith("http://10.0.0.1:")
+    assert [(c["name"], c["ok"], c["detail"]) for c in doc["checks"]] == [
+        ("arithmetic", True, "42"),
+        ("stream", False, "no [DONE]"),
+    ]

@@ -25,6 +25,7 @@ from tp4.cli.common import (
     sysfs_root,
     timeouts as parse_timeouts,
 )
+from tp4.core import schemas
 from tp4.core.errors import InvalidInput, Tp4Error
 
 if TYPE_CHECKING:
@@ -244,17 +245,28 @@ def logs(
 @click.command("smoke")
 @profile_option
 @click.option("--full", is_flag=True, help="Also upstream's JSON-schema and tool-call checks.")
+@json_option(f"Every check as one JSON object on stdout (schema {schemas.SMOKE}).")
 @ssh_option
 @strict_option
-def smoke(profile_path: str | None, full: bool, ssh_options: tuple[str, ...], strict: bool) -> None:
+def smoke(profile_path: str | None, full: bool, as_json: bool, ssh_options: tuple[str, ...], strict: bool) -> None:
     """Upstream's arithmetic check (19 + 23 must be 42, finish reason stop) and a streamed
-    completion against the line's API; --full adds the JSON-schema and tool-call checks."""
+    completion against the line's API; --full adds the JSON-schema and tool-call checks. Exit 1
+    when a check failed."""
+    from tp4.core.contracts.smoke_report import SmokeCheck, SmokeReport
     from tp4.serving import api
     from tp4.serving import serve as serve_mod
 
     plan, _, secrets = _line(profile_path, strict, ssh_options)
-    results = api.smoke(serve_mod.endpoint(plan, secrets), full=full)
-    for r in results:
+    ep = serve_mod.endpoint(plan, secrets)
+    results = api.smoke(ep, full=full)
+    if as_json:  # built through its contract (tp4.core.contracts.smoke_report)
+        report = SmokeReport(
+            api=ep.url,
+            ok=all(r.ok for r in results),
+            checks=[SmokeCheck(name=r.name, ok=r.ok, detail=r.detail, seconds=round(r.seconds, 3)) for r in results],
+        )
+        click.echo(json.dumps(report.model_dump(mode="json", by_alias=True), indent=2))
+    for r in results if not as_json else []:
         click.echo(f"{'ok' if r.ok else 'FAIL':<4} {r.name:<12} {r.seconds:5.1f} s  {r.detail}")
     failed = [r.name for r in results if not r.ok]
     if failed:

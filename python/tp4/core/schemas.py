@@ -23,3 +23,6 @@ HOST_KEYS = "tp4.host-keys/1"
 
 # `tp4 profile check --json` (tp4.core.contracts.profile_check)
 PROFILE_CHECK = "tp4.profile-check/1"
+
+# `tp4 smoke --json` (tp4.core.contracts.smoke_report)
+SMOKE = "tp4.smoke/1"

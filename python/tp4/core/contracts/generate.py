@@ -8,7 +8,15 @@ from typing import Any, Literal, NamedTuple
 
 from pydantic import BaseModel
 
-from tp4.core.contracts import bench_result, doctor_evidence, fleet_plan, host_keys, images_listing, profile_check
+from tp4.core.contracts import (
+    bench_result,
+    doctor_evidence,
+    fleet_plan,
+    host_keys,
+    images_listing,
+    profile_check,
+    smoke_report,
+)
 from tp4.core.contracts.base import JsonSchema, json_schema
 
 
@@ -83,6 +91,15 @@ CONTRACTS: tuple[Contract, ...] = (
         "`tp4 profile check --json` (python/tp4/cli/profile.py)",
         "operators, scripts, CI",
         "Printed for an invalid profile too (`ok` false, every problem listed), then exit 2.",
+    ),
+    Contract(
+        "smoke",
+        "smoke check (`tp4 smoke --json`)",
+        smoke_report.SmokeReport,
+        smoke_report.MODELS,
+        "`tp4 smoke --json` (python/tp4/cli/serve.py)",
+        "operators, scripts, CI",
+        "No secret: the API key is never in it.",
     ),
 )
 
