@@ -88,7 +88,15 @@ def test_every_schema_version_a_help_text_names_is_the_one_the_code_writes(tp4_c
     import re
 
     from tp4.core import schemas
-    from tp4.core.contracts import doctor_evidence, fleet_plan, host_keys, images_listing, profile_check, smoke_report
+    from tp4.core.contracts import (
+        doctor_evidence,
+        fleet_plan,
+        host_keys,
+        images_listing,
+        profile_check,
+        smoke_report,
+        sources_report,
+    )
     from tp4.line import plan
 
     known = {v for k, v in vars(schemas).items() if k.isupper() and isinstance(v, str)}
@@ -96,6 +104,7 @@ def test_every_schema_version_a_help_text_names_is_the_one_the_code_writes(tp4_c
     assert schemas.IMAGES == images_listing.SCHEMA and schemas.PLAN == plan.SCHEMA
     assert schemas.HOST_KEYS == host_keys.SCHEMA and schemas.PROFILE_CHECK == profile_check.SCHEMA
     assert schemas.SMOKE == smoke_report.SCHEMA
+    assert schemas.SOURCES_VERIFY == sources_report.VERIFY_SCHEMA and schemas.SOURCES_DIFF == sources_report.DIFF_SCHEMA
     named = {}
     for path, _ in _commands():
         text = _help(tp4_cli, *path)
@@ -293,3 +302,42 @@ def test_smoke_json_holds_every_check_and_fits_its_schema(monkeypatch, tp4_cli):
         ("arithmetic", True, "42"),
         ("stream", False, "no [DONE]"),
     ]
+
+
+def test_sources_verify_and_diff_json_fit_their_schemas(tmp_path, tp4_cli):
+    import json
+
+    from tp4.image.sources import manifest as mf
+
+    code, out, err = tp4_cli("sources", "verify", "--json")
+    assert code == 0, err
+    doc = json.loads(out)
+    _validate(doc, "sources-verify")
+    shipped = mf.parse(mf.chosen_path(None).read_text(), mf.chosen_path(None))
+    assert doc["ok"] is True and doc["rows"] == len(shipped.rows) and doc["trees"] == len(shipped.trees)
+    assert doc["unlocked"] == len(doc["warnings"]) == sum(not r.locked for r in shipped.rows)
+
+    # a row removed and another re-pinned: both in the diff, as the text diff has them
+    text = mf.chosen_path(None).read_text()
+    row = next(r for r in shipped.rows if r.locked and r.sha256)
+    other = next(r for r in shipped.rows if r.name != row.name and r.locked and r.sha256)
+    old = tmp_path / "old.manifest"
+    old.write_text(text)
+    new = tmp_path / "new.manifest"
+    new.write_text(text.replace(row.sha256, "0" * 64))
+    code, out, err = tp4_cli("sources", "diff", "--json", str(old), str(new))
+    assert code == 0, err
+    doc = json.loads(out)
+    _validate(doc, "sources-diff")
+    assert [(c["change"], c["kind"], c["name"]) for c in doc["changes"]] == [("changed", "row", row.name)], doc
+    assert doc["changes"][0]["details"] == [f"sha256: {row.sha256} -> {'0' * 64}"]
+    assert other.name not in out
+
+    # a manifest with a problem: the document says it, then exit 2 as without --json
+    broken = tmp_path / "broken.manifest"
+    broken.write_text(text.replace(row.sha256, "xyz"))
+    code, out, err = tp4_cli("sources", "verify", "--json", "--manifest", str(broken))
+    assert code == 2, err
+    doc = json.loads(out)
+    _validate(doc, "sources-verify")
+    assert doc["ok"] is False and doc["problems"] and "error:" in err

@@ -26,3 +26,7 @@ PROFILE_CHECK = "tp4.profile-check/1"
 
 # `tp4 smoke --json` (tp4.core.contracts.smoke_report)
 SMOKE = "tp4.smoke/1"
+
+# `tp4 sources verify --json`, `tp4 sources diff --json` (tp4.core.contracts.sources_report)
+SOURCES_VERIFY = "tp4.sources-verify/1"
+SOURCES_DIFF = "tp4.sources-diff/1"

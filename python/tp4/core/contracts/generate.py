@@ -16,6 +16,7 @@ from tp4.core.contracts import (
     images_listing,
     profile_check,
     smoke_report,
+    sources_report,
 )
 from tp4.core.contracts.base import JsonSchema, json_schema
 
@@ -100,6 +101,22 @@ CONTRACTS: tuple[Contract, ...] = (
         "`tp4 smoke --json` (python/tp4/cli/serve.py)",
         "operators, scripts, CI",
         "No secret: the API key is never in it.",
+    ),
+    Contract(
+        "sources-verify",
+        "sources check (`tp4 sources verify --json`)",
+        sources_report.SourcesVerify,
+        sources_report.VERIFY_MODELS,
+        "`tp4 sources verify --json` (python/tp4/cli/sources.py)",
+        "operators, scripts, CI",
+    ),
+    Contract(
+        "sources-diff",
+        "sources diff (`tp4 sources diff --json`)",
+        sources_report.SourcesDiff,
+        sources_report.DIFF_MODELS,
+        "`tp4 sources diff --json` (python/tp4/cli/sources.py)",
+        "operators, scripts, CI",
     ),
 )
 
