@@ -92,6 +92,7 @@ def test_every_schema_version_a_help_text_names_is_the_one_the_code_writes(tp4_c
         doctor_evidence,
         fleet_plan,
         host_keys,
+        image_store_status,
         images_listing,
         profile_check,
         smoke_report,
@@ -103,7 +104,7 @@ def test_every_schema_version_a_help_text_names_is_the_one_the_code_writes(tp4_c
     assert schemas.DOCTOR == doctor_evidence.SCHEMA and schemas.FLEET == fleet_plan.SCHEMA
     assert schemas.IMAGES == images_listing.SCHEMA and schemas.PLAN == plan.SCHEMA
     assert schemas.HOST_KEYS == host_keys.SCHEMA and schemas.PROFILE_CHECK == profile_check.SCHEMA
-    assert schemas.SMOKE == smoke_report.SCHEMA
+    assert schemas.SMOKE == smoke_report.SCHEMA and schemas.IMAGE_STORE == image_store_status.SCHEMA
     assert schemas.SOURCES_VERIFY == sources_report.VERIFY_SCHEMA and schemas.SOURCES_DIFF == sources_report.DIFF_SCHEMA
     named = {}
     for path, _ in _commands():
@@ -341,3 +342,14 @@ def test_sources_verify_and_diff_json_fit_their_schemas(tmp_path, tp4_cli):
     doc = json.loads(out)
     _validate(doc, "sources-verify")
     assert doc["ok"] is False and doc["problems"] and "error:" in err
+
+
+def test_image_store_status_json_says_it_does_not_run_and_exits_1(tmp_path, tp4_cli):
+    import json
+
+    root = tmp_path / "registry"
+    code, out, err = tp4_cli("image-store", "status", "--json", "--root", str(root))
+    assert code == 1 and "is not running" in err
+    doc = json.loads(out)
+    _validate(doc, "image-store")
+    assert doc["running"] is False and doc["url"] is None and doc["root"] == str(root) and doc["manifests"] == []

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import click
@@ -10,6 +11,7 @@ from tp4.image import build as build_mod
 from tp4.image import nix, runtime_cli
 from tp4.image import distribute as distribute_mod
 from tp4.cli.common import PORT, dry_run_option, profile_option, profile_remotes, ssh_option, strict_option
+from tp4.core import schemas
 from tp4.core.errors import InvalidInput, Tp4Error
 
 flake_option = click.option(
@@ -222,16 +224,34 @@ def image_store_stop(root: Path | None) -> None:
 
 @image_store.command("status")
 @root_option
-def image_store_status(root: Path | None) -> None:
-    """Whether the image store runs, where, and the manifests it holds."""
+@click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    help=f"The status as one JSON object on stdout (schema {schemas.IMAGE_STORE}), also when it does not run.",
+)
+def image_store_status(root: Path | None, as_json: bool) -> None:
+    """Whether the image store runs, where, and the manifests it holds. Exit 1 when it does not run."""
+    from tp4.core.contracts.image_store_status import ImageStoreStatus
     from tp4.image import imagestore
 
     store = imagestore.running(root)
+    if as_json:  # built through its contract (tp4.core.contracts.image_store_status)
+        doc = ImageStoreStatus(
+            running=store is not None,
+            root=str(store.root if store is not None else root or imagestore.default_root()),
+            url=store.url if store is not None else None,
+            repo=imagestore.DEFAULT_REPO,
+            manifests=list(imagestore.manifests(store, imagestore.DEFAULT_REPO)) if store is not None else [],
+        )
+        click.echo(json.dumps(doc.model_dump(mode="json", by_alias=True), indent=2))
     if store is None:
         raise Tp4Error(
             f"the image store under {root or imagestore.default_root()} is not running: "
             "start it with `tp4 image-store start`"
         )
+    if as_json:
+        return
     click.echo(f"image store {store.url} ({store.root})")
     for digest in imagestore.manifests(store, imagestore.DEFAULT_REPO):
         click.echo(f"  {imagestore.DEFAULT_REPO}@{digest}")

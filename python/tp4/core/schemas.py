@@ -30,3 +30,6 @@ SMOKE = "tp4.smoke/1"
 # `tp4 sources verify --json`, `tp4 sources diff --json` (tp4.core.contracts.sources_report)
 SOURCES_VERIFY = "tp4.sources-verify/1"
 SOURCES_DIFF = "tp4.sources-diff/1"
+
+# `tp4 image-store status --json` (tp4.core.contracts.image_store_status)
+IMAGE_STORE = "tp4.image-store/1"

@@ -13,6 +13,7 @@ from tp4.core.contracts import (
     doctor_evidence,
     fleet_plan,
     host_keys,
+    image_store_status,
     images_listing,
     profile_check,
     smoke_report,
@@ -117,6 +118,14 @@ CONTRACTS: tuple[Contract, ...] = (
         sources_report.DIFF_MODELS,
         "`tp4 sources diff --json` (python/tp4/cli/sources.py)",
         "operators, scripts, CI",
+    ),
+    Contract(
+        "image-store",
+        "image store status (`tp4 image-store status --json`)",
+        image_store_status.ImageStoreStatus,
+        image_store_status.MODELS,
+        "`tp4 image-store status --json` (python/tp4/cli/build.py)",
+        "operators, scripts",
     ),
 )
 
