@@ -89,6 +89,7 @@ def test_every_schema_version_a_help_text_names_is_the_one_the_code_writes(tp4_c
 
     from tp4.core import schemas
     from tp4.core.contracts import (
+        distribute_check,
         doctor_evidence,
         fleet_plan,
         host_keys,
@@ -105,6 +106,7 @@ def test_every_schema_version_a_help_text_names_is_the_one_the_code_writes(tp4_c
     assert schemas.IMAGES == images_listing.SCHEMA and schemas.PLAN == plan.SCHEMA
     assert schemas.HOST_KEYS == host_keys.SCHEMA and schemas.PROFILE_CHECK == profile_check.SCHEMA
     assert schemas.SMOKE == smoke_report.SCHEMA and schemas.IMAGE_STORE == image_store_status.SCHEMA
+    assert schemas.DISTRIBUTE_CHECK == distribute_check.SCHEMA
     assert schemas.SOURCES_VERIFY == sources_report.VERIFY_SCHEMA and schemas.SOURCES_DIFF == sources_report.DIFF_SCHEMA
     named = {}
     for path, _ in _commands():
@@ -353,3 +355,30 @@ def test_image_store_status_json_says_it_does_not_run_and_exits_1(tmp_path, tp4_
     doc = json.loads(out)
     _validate(doc, "image-store")
     assert doc["running"] is False and doc["url"] is None and doc["root"] == str(root) and doc["manifests"] == []
+
+
+def test_distribute_check_json_names_every_worker_and_fits_its_schema(monkeypatch, tp4_cli):
+    import json
+
+    from tp4.image import distribute as distribute_mod
+
+    image_id = "sha256:" + "a" * 64
+    monkeypatch.setattr(runtime_cli, "detect", lambda preferred=None, **_: "podman")
+    monkeypatch.setattr(runtime_cli, "inspect", lambda runtime, ref, **_: (image_id, {}))
+    monkeypatch.setattr(
+        distribute_mod,
+        "check",
+        lambda ref, i, nodes, runtime: [
+            distribute_mod.Outcome(nodes[0].host, "present", i),
+            distribute_mod.Outcome(nodes[1].host, "missing", f"no image {ref}"),
+        ],
+    )
+    argv = ["distribute", "--check", "--json", "--image", "line:1", "--worker", "192.0.2.7", "--worker", "192.0.2.8"]
+    code, out, err = tp4_cli(*argv)
+    assert code == 1 and "192.0.2.8: missing" in err
+    doc = json.loads(out)
+    _validate(doc, "distribute-check")
+    assert doc["ok"] is False and doc["id"] == image_id and doc["image"] == "line:1"
+    assert [(w["node"], w["status"]) for w in doc["workers"]] == [("192.0.2.7", "present"), ("192.0.2.8", "missing")]
+    code, out, err = tp4_cli("distribute", "--json", "--image", "line:1", "--worker", "192.0.2.7")
+    assert code == 2 and "--check --json" in err and out == ""

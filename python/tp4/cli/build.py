@@ -121,6 +121,12 @@ def build(
 )
 @click.option("--check", "check_only", is_flag=True, help="Only report which workers have the head's image.")
 @click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    help=f"With --check: the report as one JSON object on stdout (schema {schemas.DISTRIBUTE_CHECK}).",
+)
+@click.option(
     "--method",
     type=click.Choice(distribute_mod.METHODS),
     default="registry",
@@ -142,6 +148,7 @@ def distribute(
     ssh_options: tuple[str, ...],
     image_ref: str | None,
     check_only: bool,
+    as_json: bool,
     method: str,
     strict: bool,
 ) -> None:
@@ -155,6 +162,8 @@ def distribute(
     naming the worker.
     """
     # every input first (the profile, --worker, --user, --port), before the head's image is looked up
+    if as_json and not check_only:
+        raise InvalidInput("--json reports --check: pass --check --json (a copy reports as it goes, in text)")
     nodes = profile_remotes(workers, profile_path, user, identity, port, ssh_options, strict)
     runtime = runtime_cli.detect(runtime)
     digest = None
@@ -170,8 +179,19 @@ def distribute(
     image_id = found[0]
     if pushed is not None and pushed.id == image_id:
         digest = pushed.digest
-    click.echo(f"image {image_ref} {image_id[:12]}")
-    if check_only:
+    click.echo(f"image {image_ref} {image_id[:12]}", err=as_json)
+    if check_only and as_json:  # built through its contract (tp4.core.contracts.distribute_check)
+        from tp4.core.contracts.distribute_check import DistributeCheck, WorkerImage
+
+        outcomes = distribute_mod.check(image_ref, image_id, nodes, runtime)
+        doc = DistributeCheck(
+            image=image_ref,
+            id=image_id,
+            ok=all(o.ok for o in outcomes),
+            workers=[WorkerImage(node=o.node, status=o.status, detail=o.detail) for o in outcomes],
+        )
+        click.echo(json.dumps(doc.model_dump(mode="json", by_alias=True), indent=2))
+    elif check_only:
         outcomes = distribute_mod.check(image_ref, image_id, nodes, runtime)
         for o in outcomes:
             click.echo(f"{o.node}: {o.status}{': ' + o.detail if o.detail and o.status != 'present' else ''}")
@@ -180,7 +200,7 @@ def distribute(
     bad = [o for o in outcomes if not o.ok]
     if bad:
         raise Tp4Error("; ".join(f"{o.node}: {o.status} ({o.detail})" for o in bad))
-    click.echo(f"all {len(outcomes)} workers have {image_id[:12]}")
+    click.echo(f"all {len(outcomes)} workers have {image_id[:12]}", err=as_json)
 
 
 @click.group("image-store")

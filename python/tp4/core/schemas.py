@@ -33,3 +33,6 @@ SOURCES_DIFF = "tp4.sources-diff/1"
 
 # `tp4 image-store status --json` (tp4.core.contracts.image_store_status)
 IMAGE_STORE = "tp4.image-store/1"
+
+# `tp4 distribute --check --json` (tp4.core.contracts.distribute_check)
+DISTRIBUTE_CHECK = "tp4.distribute-check/1"

@@ -10,6 +10,7 @@ from pydantic import BaseModel
 
 from tp4.core.contracts import (
     bench_result,
+    distribute_check,
     doctor_evidence,
     fleet_plan,
     host_keys,
@@ -125,6 +126,14 @@ CONTRACTS: tuple[Contract, ...] = (
         image_store_status.ImageStoreStatus,
         image_store_status.MODELS,
         "`tp4 image-store status --json` (python/tp4/cli/build.py)",
+        "operators, scripts",
+    ),
+    Contract(
+        "distribute-check",
+        "workers' images (`tp4 distribute --check --json`)",
+        distribute_check.DistributeCheck,
+        distribute_check.MODELS,
+        "`tp4 distribute --check --json` (python/tp4/cli/build.py)",
         "operators, scripts",
     ),
 )
