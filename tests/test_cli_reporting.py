@@ -382,3 +382,19 @@ def test_distribute_check_json_names_every_worker_and_fits_its_schema(monkeypatc
     assert [(w["node"], w["status"]) for w in doc["workers"]] == [("192.0.2.7", "present"), ("192.0.2.8", "missing")]
     code, out, err = tp4_cli("distribute", "--json", "--image", "line:1", "--worker", "192.0.2.7")
     assert code == 2 and "--check --json" in err and out == ""
+
+
+def test_pack_dry_run_prints_each_nodes_packer_and_runs_nothing(monkeypatch, tp4_cli):
+    from pathlib import Path
+
+    def refuse(*args, **kwargs):
+        raise AssertionError(f"a dry run started a process: {args}")
+
+    monkeypatch.setattr(process, "_spawn", refuse)
+    monkeypatch.setattr(process, "start", refuse)
+    profile = Path(__file__).resolve().parent.parent / "examples" / "spark-line" / "profile.toml"
+    code, out, err = tp4_cli("pack", "--dry-run", "--profile", str(profile))
+    assert code == 0, err
+    heads = [line.split(": ssh ")[0] for line in out.splitlines() if ": ssh " in line]
+    assert heads == ["spark1", "spark2", "spark3", "spark4"], out
+    assert all(f"tp4@10.0.0.{i} " in out for i in range(1, 5)) and "dry run: nothing was run" in err

@@ -6,7 +6,15 @@ from typing import TYPE_CHECKING
 
 import click
 
-from tp4.cli.common import load_line, profile_option, ssh_option, strict_option, sysfs_option, sysfs_root
+from tp4.cli.common import (
+    dry_run_option,
+    load_line,
+    profile_option,
+    ssh_option,
+    strict_option,
+    sysfs_option,
+    sysfs_root,
+)
 from tp4.core.errors import Tp4Error
 
 if TYPE_CHECKING:
@@ -50,13 +58,20 @@ def share(profile_path: str | None, ssh_options: tuple[str, ...], strict: bool) 
 @profile_option
 @ssh_option
 @strict_option
-def pack(profile_path: str | None, ssh_options: tuple[str, ...], strict: bool) -> None:
+@dry_run_option
+def pack(profile_path: str | None, ssh_options: tuple[str, ...], strict: bool, dry_run: bool) -> None:
     """Pack the Engram row shards of every rank with the image's packer, on every node at once
     (the checkpoint as the rank mounts it, into its engram dir), then check every shard's header.
-    A node whose two shards are complete is skipped; exit 1 naming each node that failed."""
+    A node whose two shards are complete is skipped; exit 1 naming each node that failed.
+    --dry-run prints each node's packer command and asks no node."""
     from tp4.hosts import pack as pack_mod
 
     _, plan, nodes = _line(profile_path, strict, ssh_options)
+    if dry_run:
+        for line in pack_mod.rehearse(plan, nodes):
+            click.echo(line)
+        click.echo("dry run: nothing was run, no host was asked", err=True)
+        return
     pack_mod.pack(plan, nodes, click.echo)
 
 
