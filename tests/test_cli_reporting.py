@@ -398,3 +398,36 @@ def test_pack_dry_run_prints_each_nodes_packer_and_runs_nothing(monkeypatch, tp4
     heads = [line.split(": ssh ")[0] for line in out.splitlines() if ": ssh " in line]
     assert heads == ["spark1", "spark2", "spark3", "spark4"], out
     assert all(f"tp4@10.0.0.{i} " in out for i in range(1, 5)) and "dry run: nothing was run" in err
+
+
+def _no_process(monkeypatch):
+    def refuse(*args, **kwargs):
+        raise AssertionError(f"a dry run started a process: {args}")
+
+    monkeypatch.setattr(process, "_spawn", refuse)
+    monkeypatch.setattr(process, "start", refuse)
+
+
+def _plain_line(tmp_path):
+    """The example line on hosts that are not NixOS (share writes the export and the volumes)."""
+    from pathlib import Path
+
+    example = Path(__file__).resolve().parent.parent / "examples" / "spark-line" / "profile.toml"
+    profile = tmp_path / "profile.toml"
+    profile.write_text(example.read_text().replace('kind = "nixos"', 'kind = "plain"'))
+    return profile
+
+
+def test_download_dry_run_says_what_the_head_fetches_and_never_shows_a_token(tmp_path, monkeypatch, tp4_cli):
+    _no_process(monkeypatch)
+    monkeypatch.setenv("HF_TOKEN", "hf_secretsecretsecret")
+    import huggingface_hub.constants
+
+    monkeypatch.setattr(huggingface_hub.constants, "ENDPOINT", "https://me:hunter22@mirror.invalid/hf")
+    code, out, err = tp4_cli("download", "--dry-run", "--profile", str(_plain_line(tmp_path)))
+    assert code == 0, err
+    assert "hf_secretsecretsecret" not in out + err and "hunter22" not in out + err
+    assert all(line.startswith("head (this machine): ") for line in out.splitlines()[1:]), out
+    assert "https://mirror.invalid/hf" in out and "depends on the directory" in out
+    assert "ln -sfn /home/tp4/NewModels/DeepSeek-V4.1-Flash " in out
+    assert not (tmp_path / "home").exists()
