@@ -431,3 +431,26 @@ def test_download_dry_run_says_what_the_head_fetches_and_never_shows_a_token(tmp
     assert "https://mirror.invalid/hf" in out and "depends on the directory" in out
     assert "ln -sfn /home/tp4/NewModels/DeepSeek-V4.1-Flash " in out
     assert not (tmp_path / "home").exists()
+
+
+@pytest.mark.parametrize("method", ["registry", "archive"])
+def test_distribute_dry_run_prints_each_workers_copy_and_runs_nothing(method, tmp_path, monkeypatch, tp4_cli):
+    import shlex
+
+    _no_process(monkeypatch)
+    ref = "dsv41-4x-spark:canary-roce"
+    args = ["distribute", "--dry-run", "--runtime", "podman", "--image", ref, "--method", method]
+    code, out, err = tp4_cli(*args, "--profile", str(_plain_line(tmp_path)))
+    assert code == 0, err
+    assert "dry run: nothing was run, no host was asked" in err
+    for n in (2, 3, 4):
+        mine = [line for line in out.splitlines() if line.startswith(f"10.0.0.{n}: ")]
+        assert "depends on the worker" in mine[0] and "image inspect" in mine[0]
+        copy = next(line for line in mine if ("pull" if method == "registry" else "load") in line)
+        words = shlex.split(copy.split(": ", 1)[1].split("  < ")[0])
+        assert words[0] == "ssh" and words[words.index("--") + 1] == f"tp4@10.0.0.{n}"
+        if method == "registry":
+            assert "RemoteForward=<port> 127.0.0.1:<pull endpoint port>" in words
+            assert "--tls-verify=false" in words[-1] and "the pull credential on stdin" in copy
+    code, out, err = tp4_cli(*args, "--check", "--profile", str(_plain_line(tmp_path)))
+    assert code == 2 and "--dry-run" in err

@@ -136,6 +136,7 @@ def build(
     "(for a head without the image store).",
 )
 @strict_option
+@dry_run_option
 def distribute(
     flake_dir: Path | None,
     attr: str,
@@ -151,6 +152,7 @@ def distribute(
     as_json: bool,
     method: str,
     strict: bool,
+    dry_run: bool,
 ) -> None:
     """Copy the head's image to the workers in parallel; skip workers that already have it.
 
@@ -160,12 +162,29 @@ def distribute(
     --tls-verify=false, as the store is plain HTTP reachable only through the tunnel.
     Every worker must end with the head's image id and RootFS layers, or the command fails
     naming the worker.
+
+    --dry-run prints the commands of the copy, worker by worker, from the build records (the image
+    reference and the store's digest) and asks no worker: each worker's copy runs only where it
+    lacks the head's image, which the output says depends on the worker.
     """
     # every input first (the profile, --worker, --user, --port), before the head's image is looked up
     if as_json and not check_only:
         raise InvalidInput("--json reports --check: pass --check --json (a copy reports as it goes, in text)")
+    if dry_run and check_only:
+        raise InvalidInput("--dry-run rehearses a copy; --check only asks the workers: pass one of them")
+    digest = None
     nodes = profile_remotes(workers, profile_path, user, identity, port, ssh_options, strict)
-    runtime = runtime_cli.detect(runtime)
+    runtime = runtime_cli.detect(runtime, required=not dry_run)
+    if dry_run:
+        if image_ref is None:
+            flake = nix.find_flake(flake_dir)
+            built = build_mod.Built.load(build_mod.record_path(flake, attr))
+            image_ref, recorded = built.ref, build_mod.Pushed.load(build_mod.store_record_path(flake, attr))
+            digest = recorded.digest if recorded is not None and recorded.id == built.id else None
+        for line in distribute_mod.rehearse(image_ref, nodes, runtime, method=method, digest=digest):
+            click.echo(line)
+        click.echo("dry run: nothing was run, no host was asked", err=True)
+        return
     digest = None
     if image_ref is None:
         flake = nix.find_flake(flake_dir)
