@@ -418,6 +418,30 @@ def _plain_line(tmp_path):
     return profile
 
 
+def test_share_dry_run_prints_the_export_and_every_workers_volume_and_says_what_depends_on_the_hosts(
+    tmp_path, monkeypatch, tp4_cli
+):
+    import shlex
+
+    _no_process(monkeypatch)
+    code, out, err = tp4_cli("share", "--dry-run", "--profile", str(_plain_line(tmp_path)))
+    assert code == 0, err
+    assert "dry run: nothing was run, no host was asked" in err
+    commands = [line for line in out.splitlines() if line.startswith("spark")]
+    for line in commands:  # every command as the funnel runs it: ssh … -- tp4@10.0.0.<N> '<cmd>'
+        name, command_line = line.split(": ", 1)
+        words = shlex.split(command_line.split("  (")[0].split("  < ")[0])
+        assert words[0] == "ssh" and words[words.index("--") + 1] == f"tp4@10.0.0.{name[-1]}", line
+    assert [c.split(":")[0] for c in commands[:5]] == ["spark1", "spark2", "spark3", "spark4", "spark1"]
+    # the export line names each worker's address as the head sees it: asked at run time, so a placeholder
+    assert "<spark2's address toward 10.0.0.1>(ro," in out and "sudo -n exportfs -ra" in out
+    assert "the next commands depend on it" in out and "depends on" in out
+    for n in (2, 3, 4):
+        create = next(c for c in commands if c.startswith(f"spark{n}:") and "volume create" in c)
+        assert "--opt type=nfs" in create and "addr=10.0.0.1" in create and "dsv41-weights" in create
+        assert any(c.startswith(f"spark{n}:") and "/tp4-weights/config.json" in c for c in commands)
+
+
 def test_download_dry_run_says_what_the_head_fetches_and_never_shows_a_token(tmp_path, monkeypatch, tp4_cli):
     _no_process(monkeypatch)
     monkeypatch.setenv("HF_TOKEN", "hf_secretsecretsecret")
@@ -431,6 +455,28 @@ def test_download_dry_run_says_what_the_head_fetches_and_never_shows_a_token(tmp
     assert "https://mirror.invalid/hf" in out and "depends on the directory" in out
     assert "ln -sfn /home/tp4/NewModels/DeepSeek-V4.1-Flash " in out
     assert not (tmp_path / "home").exists()
+
+
+def test_prepare_dry_run_prints_every_step_in_order_from_the_same_rehearsals(tmp_path, monkeypatch, tp4_cli):
+    _no_process(monkeypatch)
+    profile = str(_plain_line(tmp_path))
+    code, out, err = tp4_cli("prepare", "--dry-run", "--profile", profile)
+    assert code == 0, err
+    steps = [line for line in out.splitlines() if line.startswith("# prepare: step")]
+    assert steps == [f"# prepare: step {i}/4: {s}" for i, s in enumerate(["doctor", "download", "share", "pack"], 1)]
+    doctor_part = out.split(steps[1])[0]
+    assert sum(line.startswith("spark") for line in doctor_part.splitlines()) == 4
+    assert "<FACTS_SCRIPT>" in doctor_part and "tp4-doctor" in doctor_part
+    # the later steps are what `tp4 download|share|pack --dry-run` print, in that order
+    for command, step in (("download", 1), ("share", 2), ("pack", 3)):
+        code, alone, err = tp4_cli(command, "--dry-run", "--profile", profile)
+        assert code == 0, err
+        body = "\n".join(line for line in alone.splitlines() if not line.startswith("profile: "))
+        part = out.split(steps[step])[1].split(steps[step + 1])[0] if step < 3 else out.split(steps[step])[1]
+        assert part.strip("\n") == body, command
+    # options are checked first, as in a real run
+    code, out, err = tp4_cli("prepare", "--dry-run", "--profile", profile, "--sysfs", "relative/sys")
+    assert code == 2 and "--sysfs" in err
 
 
 @pytest.mark.parametrize("method", ["registry", "archive"])
