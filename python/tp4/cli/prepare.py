@@ -115,13 +115,16 @@ def prepare(profile_path: str | None, sysfs: str, ssh_options: tuple[str, ...], 
     loaded, plan, nodes = _line(profile_path, strict, ssh_options)
     if dry_run:
         limits = doctor_mod.Limits.of_profile(loaded.profile, sysfs=sysfs)
-        steps = (
+        # doctor's script is the same long constant on every node: shown by name, its arguments as they run
+        facts = [
             [
-                _as_run(n, [*argv[:2], "<FACTS_SCRIPT>", *argv[3:]])
-                for n in nodes
-                for argv in [doctor_mod.facts_argv(plan, n.rank, limits)]
-                if argv[2] == doctor_mod.FACTS_SCRIPT
+                a if a != doctor_mod.FACTS_SCRIPT else "<FACTS_SCRIPT>"
+                for a in doctor_mod.facts_argv(plan, n.rank, limits)
             ]
+            for n in nodes
+        ]
+        steps = (
+            [_as_run(n, argv) for n, argv in zip(nodes, facts, strict=True)]
             + ["(the run stops here on a blocking failure other than what the next steps make)"],
             checkpoint_mod.rehearse(loaded.profile),
             share_mod.rehearse(loaded.profile, plan, nodes),
