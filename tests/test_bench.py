@@ -867,3 +867,36 @@ def test_progress_is_one_redrawn_line_on_a_terminal(standin: Callable[..., Stand
     # each finished level is a line of its own, the live line cleared before it
     assert "\r\x1b[K[1/2] prose trial 1 c1: aggregate" in text and "[2/2] prose trial 1 c2: aggregate" in text
     assert "prose" in stdout and "\x1b" not in stdout
+
+
+def test_a_level_starts_on_connections_already_open(standin: Callable[..., Standin]) -> None:
+    """Every stream of a level finds its connection open and idle in the pool when the level
+    starts (Client.warm): no TCP connect is timed in its TTFT, as none is at c1."""
+    import asyncio
+
+    from tp4.measuring.throughput.loadgen import Client, LoadWatcher, wave
+
+    s = standin(TP4_STANDIN_DECODE_TPS="200")
+    seen: list[int] = []
+
+    async def go() -> None:
+        client = Client(s.url, MODEL, None, timeout=30, connections=6)
+        try:
+            await client.check()
+            watcher = LoadWatcher(client)
+            await watcher.probe()
+            pool = client.http._transport._pool  # type: ignore[attr-defined]  # httpcore's pool
+            stream = client.stream
+
+            async def counted(*args: Any, **kwargs: Any) -> Any:
+                seen.append(sum(1 for c in pool.connections if c.is_idle()))
+                return await stream(*args, **kwargs)
+
+            client.stream = counted  # type: ignore[method-assign]
+            streams, _, _, _ = await wave(client, watcher, [f"p{i}" for i in range(6)], 12)
+            assert all(r.error is None and r.completion_tokens == 12 for r in streams)
+        finally:
+            await client.close()
+
+    asyncio.run(go())
+    assert len(seen) == 6 and seen[0] >= 6, seen

@@ -8,6 +8,11 @@ non-empty), ``t_last`` at the last one, ``t_end`` when the stream is over. Token
 the ``usage`` the server sends at the end (``stream_options.include_usage``), never from events:
 on the line one SSE event carries about three tokens (speculative decoding).
 
+A level's connections are opened before it starts (:meth:`Client.warm`: one kept-alive connection
+per stream, in the pool), so that no stream's time to first token holds a TCP connect or the
+client's work of opening one: under concurrency that work queues behind the other streams' and
+reads tens of milliseconds at c16 (bench/bench_vs_sglang.py compares with SGLang's client).
+
 The body is read as raw bytes and split into server-sent events here (``aiter_raw`` and
 :class:`SseSplitter`), which is cheaper per event than a line iterator; bench/bench_loadgen.py
 measures how many events one process takes in.
@@ -181,6 +186,36 @@ class Client:
 
     async def close(self) -> None:
         await self.http.aclose()
+
+    async def warm(self, connections: int) -> None:
+        """Have at least ``connections`` open connections idle in the pool: as many small requests
+        (``GET /v1/models``) at once, each holding its connection (its body unread) until all have
+        one, so that each opens (or reuses) a connection of its own. A failure is left to the
+        streams to report."""
+        if connections <= 0:
+            return
+        gate = asyncio.Event()
+        held = 0
+
+        async def one() -> None:
+            nonlocal held
+            try:
+                resp = await self.http.send(self.http.build_request("GET", "/v1/models"), stream=True)
+            except (httpx.HTTPError, OSError):
+                gate.set()
+                return
+            try:
+                held += 1
+                if held == connections:
+                    gate.set()
+                await asyncio.wait_for(gate.wait(), min(self.timeout, 10.0))
+                await resp.aread()
+            except (httpx.HTTPError, TimeoutError, OSError):
+                gate.set()
+            finally:
+                await resp.aclose()
+
+        await asyncio.gather(*(one() for _ in range(connections)))
 
     async def get_json(self, path: str, timeout: float = 5.0) -> tuple[int, object]:
         """(status, JSON body or None) of a GET; a connection error is a Tp4Error naming the URL."""
@@ -476,6 +511,7 @@ async def wave(
     """All ``prompts`` at once (one stream each), the load watched meanwhile. Returns the
     streams, the watch, and the wave's start and end on the perf_counter clock."""
     await watcher.idle()
+    await client.warm(len(prompts) + 1)  # the streams' connections, and one for the watcher
     watch = Watch()
     stop = asyncio.Event()
     watching = asyncio.create_task(watcher.watch(watch, stop))
