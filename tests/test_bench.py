@@ -900,3 +900,48 @@ def test_a_level_starts_on_connections_already_open(standin: Callable[..., Stand
 
     asyncio.run(go())
     assert len(seen) == 6 and seen[0] >= 6, seen
+
+
+def test_streams_take_their_t0_in_turn_each_written_at_once(standin: Callable[..., Standin]) -> None:
+    """A stream takes its t0 only when no other stream is between its t0 and its request written
+    (the client's turn to send): the streams of a level do not each wait, after their t0, for the
+    others' share of the sending work. While the turn is held, no stream starts."""
+    import asyncio
+
+    from tp4.measuring.throughput.loadgen import Client
+
+    s = standin(TP4_STANDIN_DECODE_TPS="200")
+    marks: list[tuple[str, int]] = []
+
+    async def go() -> None:
+        client = Client(s.url, MODEL, None, timeout=30, connections=4)
+        try:
+            await client.check()
+            await client.warm(4)
+            http_stream = client.http.stream
+
+            def stream(*args: Any, **kwargs: Any) -> Any:  # called right after a stream's t0
+                index = len([m for m in marks if m[0] == "t0"])
+                marks.append(("t0", index))
+                trace = kwargs["extensions"]["trace"]
+
+                async def traced(name: str, info: dict[str, object]) -> None:
+                    if name.endswith("send_request_body.complete"):
+                        marks.append(("written", index))
+                    await trace(name, info)
+
+                return http_stream(*args, **{**kwargs, "extensions": {"trace": traced}})
+
+            client.http.stream = stream  # type: ignore[method-assign]
+            await client._sending.acquire()  # someone else's turn: nothing starts
+            level = asyncio.gather(*(client.stream(i, f"p{i}", 6) for i in range(4)))
+            await asyncio.sleep(0.3)
+            assert marks == []
+            client._sending.release()
+            streams = await level
+            assert all(r.error is None and r.completion_tokens == 6 for r in streams)
+        finally:
+            await client.close()
+
+    asyncio.run(go())
+    assert marks == [(kind, i) for i in range(4) for kind in ("t0", "written")], marks

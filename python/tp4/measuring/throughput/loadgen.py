@@ -181,6 +181,8 @@ class Client:
             trust_env=False,
             timeout=httpx.Timeout(timeout, connect=min(timeout, 10.0)),
         )
+        # one request on its way at a time, from its t0 until its body is written (see _stream)
+        self._sending = asyncio.Lock()
         self.extended = True  # min_tokens / ignore_eos / stop accepted (until an HTTP 400 says otherwise)
         self.fell_back = False
 
@@ -297,84 +299,114 @@ class Client:
     async def _stream(self, r: StreamResult, exact: bool, limit: float, on_event: Callable[[], None] | None) -> bool:
         payload = json.dumps(self.body(r.prompt, r.max_tokens, exact=exact)).encode()
         clock = time.perf_counter
+        # A level's streams start together. Left to interleave, each would take its t0 and then
+        # wait while the others do their share of the client's work of sending (tens of ms at
+        # c16); in turn, each takes its t0 and is written at once, as a client sending one
+        # request at a time is (SGLang's: t0 just before the POST). The turn ends when the body
+        # is on the wire (httpcore's trace), or when anything else comes first.
+        await self._sending.acquire()
+        sending = True
+
+        def sent() -> None:
+            nonlocal sending
+            if sending:
+                sending = False
+                self._sending.release()
+
+        async def trace(name: str, info: dict[str, object]) -> None:
+            del info
+            if name.endswith(("send_request_body.complete", ".failed")):
+                sent()
+
+        try:
+            r.t0 = clock()
+            async with self.http.stream(
+                "POST",
+                CHAT,
+                content=payload,
+                headers={"content-type": "application/json"},
+                timeout=httpx.Timeout(None, connect=min(limit, 10.0), write=limit, pool=limit),
+                extensions={"trace": trace},
+            ) as resp:
+                sent()
+                return await self._read(r, resp, on_event)
+        finally:
+            sent()
+
+    async def _read(self, r: StreamResult, resp: httpx.Response, on_event: Callable[[], None] | None) -> bool:
+        """The answer of one stream (its status, its events), into ``r``; True: send it again
+        without min_tokens/ignore_eos/stop."""
+        clock = time.perf_counter
         loads = json.loads
-        r.t0 = clock()
-        async with self.http.stream(
-            "POST",
-            CHAT,
-            content=payload,
-            headers={"content-type": "application/json"},
-            timeout=httpx.Timeout(None, connect=min(limit, 10.0), write=limit, pool=limit),
-        ) as resp:
-            r.status = resp.status_code
-            r.headers = {k: v for k, v in resp.headers.items() if k.lower() in _HEADERS_KEPT}
-            if resp.status_code != 200:
-                body = await resp.aread()
-                if resp.status_code == 400 and r.extended:
-                    self.extended, self.fell_back = False, True  # the engine refused min_tokens/ignore_eos/stop
-                    return True
-                r.error = f"HTTP {resp.status_code}: {_reason(body)}"
-                return False
-            splitter = SseSplitter()
-            encoded = resp.headers.get("content-encoding", "identity").lower() not in ("", "identity")
-            chunks = resp.aiter_bytes() if encoded else resp.aiter_raw()
-            async for raw in chunks:
-                now = clock()
-                for data in splitter.feed(raw):
-                    if data == b"[DONE]":
-                        r.done = True
-                        break
-                    r.events += 1
-                    if r.first_data is None:
-                        r.first_data = data[:PREVIEW].decode("utf-8", "replace")
-                    try:
-                        doc = loads(data)
-                    except ValueError:
-                        r.error = f"SSE event {r.events} is not JSON"
-                        return False
-                    if not isinstance(doc, dict):
-                        continue
-                    if doc.get("error"):
-                        r.error = f"the stream reported an error: {_reason(data)}"
-                        return False
-                    if r.completion_id is None and isinstance(doc.get("id"), str):
-                        r.completion_id = doc["id"]
-                    usage = doc.get("usage")
-                    if isinstance(usage, dict):
-                        r.usage = {k: v for k, v in usage.items() if isinstance(v, int) and not isinstance(v, bool)}
-                    choices = doc.get("choices")
-                    if not choices or not isinstance(choices, list) or not isinstance(choices[0], dict):
-                        continue
-                    choice = choices[0]
-                    delta = choice.get("delta")
-                    if isinstance(delta, dict):
-                        content = delta.get("content")
-                        reasoning = delta.get("reasoning_content") or delta.get("reasoning")
-                        visible = False
-                        if content and isinstance(content, str):
-                            if r.t_first_content is None:
-                                r.t_first_content = now
-                            r.content.append(content)
-                            r.visible_chars += len(content)
-                            visible = True
-                        if reasoning and isinstance(reasoning, str):
-                            r.reasoning_chunks += 1
-                            r.visible_chars += len(reasoning)
-                            visible = True
-                        if visible:
-                            if r.t_first is None:
-                                r.t_first = now
-                            r.t_last = now
-                    finish = choice.get("finish_reason")
-                    if isinstance(finish, str):
-                        r.finish_reason = finish
-                if on_event is not None:
-                    on_event()
-                if r.done:
+        r.status = resp.status_code
+        r.headers = {k: v for k, v in resp.headers.items() if k.lower() in _HEADERS_KEPT}
+        if resp.status_code != 200:
+            body = await resp.aread()
+            if resp.status_code == 400 and r.extended:
+                self.extended, self.fell_back = False, True  # the engine refused min_tokens/ignore_eos/stop
+                return True
+            r.error = f"HTTP {resp.status_code}: {_reason(body)}"
+            return False
+        splitter = SseSplitter()
+        encoded = resp.headers.get("content-encoding", "identity").lower() not in ("", "identity")
+        chunks = resp.aiter_bytes() if encoded else resp.aiter_raw()
+        async for raw in chunks:
+            now = clock()
+            for data in splitter.feed(raw):
+                if data == b"[DONE]":
+                    r.done = True
                     break
-            r.t_end = clock()
-            if not r.done:
-                r.error = "the stream ended without data: [DONE]"
+                r.events += 1
+                if r.first_data is None:
+                    r.first_data = data[:PREVIEW].decode("utf-8", "replace")
+                try:
+                    doc = loads(data)
+                except ValueError:
+                    r.error = f"SSE event {r.events} is not JSON"
+                    return False
+                if not isinstance(doc, dict):
+                    continue
+                if doc.get("error"):
+                    r.error = f"the stream reported an error: {_reason(data)}"
+                    return False
+                if r.completion_id is None and isinstance(doc.get("id"), str):
+                    r.completion_id = doc["id"]
+                usage = doc.get("usage")
+                if isinstance(usage, dict):
+                    r.usage = {k: v for k, v in usage.items() if isinstance(v, int) and not isinstance(v, bool)}
+                choices = doc.get("choices")
+                if not choices or not isinstance(choices, list) or not isinstance(choices[0], dict):
+                    continue
+                choice = choices[0]
+                delta = choice.get("delta")
+                if isinstance(delta, dict):
+                    content = delta.get("content")
+                    reasoning = delta.get("reasoning_content") or delta.get("reasoning")
+                    visible = False
+                    if content and isinstance(content, str):
+                        if r.t_first_content is None:
+                            r.t_first_content = now
+                        r.content.append(content)
+                        r.visible_chars += len(content)
+                        visible = True
+                    if reasoning and isinstance(reasoning, str):
+                        r.reasoning_chunks += 1
+                        r.visible_chars += len(reasoning)
+                        visible = True
+                    if visible:
+                        if r.t_first is None:
+                            r.t_first = now
+                        r.t_last = now
+                finish = choice.get("finish_reason")
+                if isinstance(finish, str):
+                    r.finish_reason = finish
+            if on_event is not None:
+                on_event()
+            if r.done:
+                break
+        r.t_end = clock()
+        if not r.done:
+            r.error = "the stream ended without data: [DONE]"
         return False
 
 
@@ -482,7 +514,12 @@ class LoadWatcher:
             await asyncio.sleep(0.05)
 
     async def watch(self, into: Watch, stop: asyncio.Event) -> None:
-        """Sample every INTERVAL until ``stop`` is set (one read after it too)."""
+        """Sample every INTERVAL until ``stop`` is set (one read after it too). The first read
+        comes after one INTERVAL, not while the level's requests are being sent."""
+        try:
+            await asyncio.wait_for(stop.wait(), self.INTERVAL)
+        except TimeoutError:
+            pass
         while self.path is not None:
             try:
                 now = await self.read()
