@@ -900,7 +900,9 @@ def handler(engine: Engine) -> type[BaseHTTPRequestHandler]:
                     body = {**body, "messages": [{"role": "user", "content": prompt}]}
                 messages = body["messages"]
                 prompt = " ".join(str(m.get("content", "")) for m in messages if m.get("role") != "tool")
-                # SGLang's protocol: max_completion_tokens, when given, is the limit (max_tokens is its older name)
+                # SGLang's protocol: max_completion_tokens, when given, is the limit (max_tokens is its older name):
+                # sglang 0.5.23 srt/entrypoints/openai/protocol.py line 1214 (`self.max_completion_tokens or
+                # self.max_tokens`), serving_chat.py line 1180
                 max_tokens = int(body.get("max_completion_tokens") or body.get("max_tokens") or 256)
                 wrong = "wrong-answer" in engine.faults and self.headers.get(BOOT_HEADER) != "1"
                 answer, calls = reply(body, prompt, wrong)
@@ -1005,7 +1007,7 @@ def handler(engine: Engine) -> type[BaseHTTPRequestHandler]:
                 self.wfile.flush()
 
             def chunk(delta: dict[str, Any], finish_reason: str | None, **extra: object) -> None:
-                if self.text_api:
+                if self.text_api:  # sglang 0.5.23 protocol.py lines 546-575: CompletionStreamResponse
                     text = delta.get("content")
                     if not text and finish_reason is None:
                         return  # the completions API has no role or tool-call chunk
