@@ -945,3 +945,22 @@ def test_streams_take_their_t0_in_turn_each_written_at_once(standin: Callable[..
 
     asyncio.run(go())
     assert marks == [(kind, i) for i in range(4) for kind in ("t0", "written")], marks
+
+
+def test_warming_more_connections_than_the_pool_holds_does_not_wait(standin: Callable[..., Standin]) -> None:
+    import asyncio
+
+    from tp4.measuring.throughput.loadgen import Client
+
+    s = standin()
+
+    async def go() -> float:
+        client = Client(s.url, MODEL, None, timeout=30, connections=1)
+        try:
+            started = time.monotonic()
+            await client.warm(12)  # the pool holds 5
+            return time.monotonic() - started
+        finally:
+            await client.close()
+
+    assert asyncio.run(go()) < 2.0

@@ -173,7 +173,8 @@ class Client:
         headers = {"accept-encoding": "identity", "user-agent": "tp4-bench"}
         if key is not None:
             headers["authorization"] = "Bearer " + key.reveal()
-        limits = httpx.Limits(max_connections=connections + 4, max_keepalive_connections=connections + 4)
+        self.pool_size = connections + 4
+        limits = httpx.Limits(max_connections=self.pool_size, max_keepalive_connections=self.pool_size)
         self.http = httpx.AsyncClient(
             base_url=self.url,
             headers=headers,
@@ -194,6 +195,7 @@ class Client:
         (``GET /v1/models``) at once, each holding its connection (its body unread) until all have
         one, so that each opens (or reuses) a connection of its own. A failure is left to the
         streams to report."""
+        connections = min(connections, self.pool_size)  # more would wait for a connection held here
         if connections <= 0:
             return
         gate = asyncio.Event()
