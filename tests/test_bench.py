@@ -869,98 +869,83 @@ def test_progress_is_one_redrawn_line_on_a_terminal(standin: Callable[..., Stand
     assert "prose" in stdout and "\x1b" not in stdout
 
 
-def test_a_level_starts_on_connections_already_open(standin: Callable[..., Standin]) -> None:
-    """Every stream of a level finds its connection open and idle in the pool when the level
-    starts (Client.warm): no TCP connect is timed in its TTFT, as none is at c1."""
+def test_every_stream_opens_its_own_connection_after_its_t0(standin: Callable[..., Standin]) -> None:
+    """As SGLang's bench_serving (a new aiohttp session per request, its start taken before the
+    POST): each stream of a level opens a new connection after its t0, none is reused from an
+    earlier level or opened before it, and none is kept once the stream is over; the streams'
+    connects are all under way before any request is written (they start together, not in
+    turn)."""
     import asyncio
 
     from tp4.measuring.throughput.loadgen import Client, LoadWatcher, wave
 
     s = standin(TP4_STANDIN_DECODE_TPS="200")
-    seen: list[int] = []
-
-    async def go() -> None:
-        client = Client(s.url, MODEL, None, timeout=30, connections=6)
-        try:
-            await client.check()
-            watcher = LoadWatcher(client)
-            await watcher.probe()
-            pool = client.http._transport._pool  # type: ignore[attr-defined]  # httpcore's pool
-            stream = client.stream
-
-            async def counted(*args: Any, **kwargs: Any) -> Any:
-                seen.append(sum(1 for c in pool.connections if c.is_idle()))
-                return await stream(*args, **kwargs)
-
-            client.stream = counted  # type: ignore[method-assign]
-            streams, _, _, _ = await wave(client, watcher, [f"p{i}" for i in range(6)], 12)
-            assert all(r.error is None and r.completion_tokens == 12 for r in streams)
-        finally:
-            await client.close()
-
-    asyncio.run(go())
-    assert len(seen) == 6 and seen[0] >= 6, seen
-
-
-def test_streams_take_their_t0_in_turn_each_written_at_once(standin: Callable[..., Standin]) -> None:
-    """A stream takes its t0 only when no other stream is between its t0 and its request written
-    (the client's turn to send): the streams of a level do not each wait, after their t0, for the
-    others' share of the sending work. While the turn is held, no stream starts."""
-    import asyncio
-
-    from tp4.measuring.throughput.loadgen import Client
-
-    s = standin(TP4_STANDIN_DECODE_TPS="200")
-    marks: list[tuple[str, int]] = []
+    marks: list[tuple[str, float]] = []
+    waves: list[list[Any]] = []
 
     async def go() -> None:
         client = Client(s.url, MODEL, None, timeout=30, connections=4)
         try:
             await client.check()
-            await client.warm(4)
-            http_stream = client.http.stream
+            watcher = LoadWatcher(client)
+            await watcher.probe()
+            pool = client.streams._transport._pool  # type: ignore[attr-defined]  # httpcore's pool
+            backend = pool._network_backend
+            connect_tcp = backend.connect_tcp
 
-            def stream(*args: Any, **kwargs: Any) -> Any:  # called right after a stream's t0
-                index = len([m for m in marks if m[0] == "t0"])
-                marks.append(("t0", index))
-                trace = kwargs["extensions"]["trace"]
+            async def connect(*args: Any, **kwargs: Any) -> Any:
+                marks.append(("connect", time.perf_counter()))
+                stream = await connect_tcp(*args, **kwargs)
+                write = stream.write
 
-                async def traced(name: str, info: dict[str, object]) -> None:
-                    if name.endswith("send_request_body.complete"):
-                        marks.append(("written", index))
-                    await trace(name, info)
+                async def written(*a: Any, **k: Any) -> Any:
+                    marks.append(("write", time.perf_counter()))
+                    return await write(*a, **k)
 
-                return http_stream(*args, **{**kwargs, "extensions": {"trace": traced}})
+                stream.write = written
+                return stream
 
-            client.http.stream = stream  # type: ignore[method-assign]
-            await client._sending.acquire()  # someone else's turn: nothing starts
-            level = asyncio.gather(*(client.stream(i, f"p{i}", 6) for i in range(4)))
-            await asyncio.sleep(0.3)
-            assert marks == []
-            client._sending.release()
-            streams = await level
-            assert all(r.error is None and r.completion_tokens == 6 for r in streams)
+            backend.connect_tcp = connect
+            for _ in range(2):
+                streams, _, _, _ = await wave(client, watcher, [f"p{i}" for i in range(4)], 6)
+                assert all(r.error is None and r.completion_tokens == 6 for r in streams)
+                assert pool.connections == []  # none kept for the next level
+                waves.append(streams)
         finally:
             await client.close()
 
     asyncio.run(go())
-    assert marks == [(kind, i) for i in range(4) for kind in ("t0", "written")], marks
+    connects = [t for kind, t in marks if kind == "connect"]
+    assert len(connects) == 8, marks  # 2 levels x 4 streams, each its own connection
+    for n, streams in enumerate(waves):
+        mine = connects[4 * n : 4 * n + 4]
+        assert min(mine) >= min(r.t0 for r in streams)  # opened after the level's first t0
+        assert max(r.t0 for r in streams) <= min(r.t_first for r in streams)
+        first_write = min(t for kind, t in marks if kind == "write" and t >= min(mine))
+        assert max(mine) <= first_write, marks  # all four connects begun before any request is written
 
 
-def test_warming_more_connections_than_the_pool_holds_does_not_wait(standin: Callable[..., Standin]) -> None:
+def test_streams_connect_on_asyncio_s_own_streams_and_a_refused_connect_is_a_stream_error() -> None:
+    """The streams of an http:// endpoint connect through asyncio's own streams (the client work
+    of httpcore's anyio backend, under concurrency, reads as TTFT); https keeps httpcore's own
+    backend. A refused connect through it is the stream's error, never raised."""
     import asyncio
 
-    from tp4.measuring.throughput.loadgen import Client
+    from tp4.measuring.throughput.loadgen import AsyncioBackend, Client
 
-    s = standin()
+    port = free_port()  # nothing listens there
 
-    async def go() -> float:
-        client = Client(s.url, MODEL, None, timeout=30, connections=1)
+    async def go() -> tuple[Any, Any, Any]:
+        plain = Client(f"http://127.0.0.1:{port}", MODEL, None, timeout=5, connections=2)
+        tls = Client(f"https://127.0.0.1:{port}", MODEL, None, timeout=5, connections=2)
         try:
-            started = time.monotonic()
-            await client.warm(12)  # the pool holds 5
-            return time.monotonic() - started
+            r = await plain.stream(0, "p", 4)
+            backends = [c.streams._transport._pool._network_backend for c in (plain, tls)]  # type: ignore[attr-defined]
+            return r, *backends
         finally:
-            await client.close()
+            await plain.close()
+            await tls.close()
 
-    assert asyncio.run(go()) < 2.0
+    r, plain_backend, tls_backend = asyncio.run(go())
+    assert isinstance(plain_backend, AsyncioBackend) and not isinstance(tls_backend, AsyncioBackend)
+    assert r.error is not None and r.error.startswith("no connection"), r.error

@@ -8,10 +8,13 @@ non-empty), ``t_last`` at the last one, ``t_end`` when the stream is over. Token
 the ``usage`` the server sends at the end (``stream_options.include_usage``), never from events:
 on the line one SSE event carries about three tokens (speculative decoding).
 
-A level's connections are opened before it starts (:meth:`Client.warm`: one kept-alive connection
-per stream, in the pool), so that no stream's time to first token holds a TCP connect or the
-client's work of opening one: under concurrency that work queues behind the other streams' and
-reads tens of milliseconds at c16 (bench/bench_vs_sglang.py compares with SGLang's client).
+Every stream opens a connection of its own after its ``t0`` and closes it when it is over (a
+pool that keeps no idle connection), as SGLang's ``bench_serving`` does (a new aiohttp session
+per request, its ``st`` taken before the POST): a time to first token holds the connect, here as
+there, and the streams of a level start together (bench/bench_vs_sglang.py compares the two).
+The streams' connections are asyncio's own (:class:`AsyncioBackend`, as aiohttp's are), not
+anyio's, whose connect and writes cost several times more client work: under concurrency that
+work queues behind the other streams' and reads as time to first token.
 
 The body is read as raw bytes and split into server-sent events here (``aiter_raw`` and
 :class:`SseSplitter`), which is cheaper per event than a line iterator; bench/bench_loadgen.py
@@ -23,11 +26,14 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import select
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
+import httpcore
 import httpx
 
 from tp4.core.apikey import Secret
@@ -164,62 +170,115 @@ def _reason(body: bytes) -> str:
     return text[:300]
 
 
+class _AsyncioStream(httpcore.AsyncNetworkStream):
+    """One TCP connection as asyncio's streams, with httpcore's exceptions."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.reader, self.writer = reader, writer
+
+    async def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
+        try:
+            async with asyncio.timeout(timeout):
+                return await self.reader.read(max_bytes)
+        except TimeoutError as exc:
+            raise httpcore.ReadTimeout(str(exc)) from exc
+        except OSError as exc:
+            raise httpcore.ReadError(str(exc)) from exc
+
+    async def write(self, buffer: bytes, timeout: float | None = None) -> None:
+        if not buffer:
+            return
+        try:
+            async with asyncio.timeout(timeout):
+                self.writer.write(buffer)
+                await self.writer.drain()
+        except TimeoutError as exc:
+            raise httpcore.WriteTimeout(str(exc)) from exc
+        except OSError as exc:
+            raise httpcore.WriteError(str(exc)) from exc
+
+    async def aclose(self) -> None:
+        self.writer.close()
+
+    def get_extra_info(self, info: str) -> Any:
+        sock = self.writer.get_extra_info("socket")
+        if info == "socket":
+            return sock
+        if info == "client_addr":
+            return self.writer.get_extra_info("sockname")
+        if info == "server_addr":
+            return self.writer.get_extra_info("peername")
+        if info == "is_readable":  # an idle connection the server closed reads as readable
+            return sock is None or bool(select.select([sock], [], [], 0)[0])
+        return None
+
+
+class AsyncioBackend(httpcore.AsyncNetworkBackend):
+    """Plain TCP connections for httpcore on asyncio's own streams (``loop.create_connection``, as
+    aiohttp connects), for ``http://`` endpoints: a connect and a write cost a fraction of the
+    client work of httpcore's default (anyio) backend."""
+
+    async def connect_tcp(
+        self,
+        host: str,
+        port: int,
+        timeout: float | None = None,
+        local_address: str | None = None,
+        socket_options: Iterable[Any] | None = None,
+    ) -> httpcore.AsyncNetworkStream:
+        try:
+            async with asyncio.timeout(timeout):
+                reader, writer = await asyncio.open_connection(
+                    host, port, local_addr=(local_address, 0) if local_address else None
+                )
+        except TimeoutError as exc:
+            raise httpcore.ConnectTimeout(str(exc)) from exc
+        except OSError as exc:
+            raise httpcore.ConnectError(str(exc)) from exc
+        sock = writer.get_extra_info("socket")
+        for option in socket_options or ():
+            sock.setsockopt(*option)
+        return _AsyncioStream(reader, writer)
+
+    async def connect_unix_socket(
+        self, path: str, timeout: float | None = None, socket_options: Iterable[Any] | None = None
+    ) -> httpcore.AsyncNetworkStream:
+        raise httpcore.ConnectError("tp4 bench connects over TCP only")
+
+    async def sleep(self, seconds: float) -> None:
+        await asyncio.sleep(seconds)
+
+
 class Client:
-    """The API of one run: a shared connection pool, the key in the Authorization header only,
-    no proxy consulted (``trust_env=False``: a request goes to the address given)."""
+    """The API of one run: the key in the Authorization header only, no proxy consulted
+    (``trust_env=False``: a request goes to the address given). The short requests (the model,
+    the load) share kept-alive connections (``http``); every stream opens one of its own and
+    closes it when done (``streams``: a pool that keeps none idle)."""
 
     def __init__(self, url: str, model: str, key: Secret | None, *, timeout: float, connections: int) -> None:
         self.url, self.model, self.timeout = url.rstrip("/"), model, timeout
         headers = {"accept-encoding": "identity", "user-agent": "tp4-bench"}
         if key is not None:
             headers["authorization"] = "Bearer " + key.reveal()
-        self.pool_size = connections + 4
-        limits = httpx.Limits(max_connections=self.pool_size, max_keepalive_connections=self.pool_size)
-        self.http = httpx.AsyncClient(
-            base_url=self.url,
-            headers=headers,
-            limits=limits,
-            trust_env=False,
-            timeout=httpx.Timeout(timeout, connect=min(timeout, 10.0)),
+        common: dict[str, Any] = {
+            "base_url": self.url,
+            "headers": headers,
+            "trust_env": False,
+            "timeout": httpx.Timeout(timeout, connect=min(timeout, 10.0)),
+        }
+        self.http = httpx.AsyncClient(limits=httpx.Limits(max_connections=4, max_keepalive_connections=4), **common)
+        self.streams = httpx.AsyncClient(
+            limits=httpx.Limits(max_connections=connections, max_keepalive_connections=0), **common
         )
-        # one request on its way at a time, from its t0 until its body is written (see _stream)
-        self._sending = asyncio.Lock()
+        if self.url.startswith("http://"):  # https keeps httpcore's own backend (its TLS)
+            # httpx takes no network backend as an argument; its transport's httpcore pool does
+            self.streams._transport._pool._network_backend = AsyncioBackend()  # type: ignore[attr-defined]
         self.extended = True  # min_tokens / ignore_eos / stop accepted (until an HTTP 400 says otherwise)
         self.fell_back = False
 
     async def close(self) -> None:
         await self.http.aclose()
-
-    async def warm(self, connections: int) -> None:
-        """Have at least ``connections`` open connections idle in the pool: as many small requests
-        (``GET /v1/models``) at once, each holding its connection (its body unread) until all have
-        one, so that each opens (or reuses) a connection of its own. A failure is left to the
-        streams to report."""
-        connections = min(connections, self.pool_size)  # more would wait for a connection held here
-        if connections <= 0:
-            return
-        gate = asyncio.Event()
-        held = 0
-
-        async def one() -> None:
-            nonlocal held
-            try:
-                resp = await self.http.send(self.http.build_request("GET", "/v1/models"), stream=True)
-            except (httpx.HTTPError, OSError):
-                gate.set()
-                return
-            try:
-                held += 1
-                if held == connections:
-                    gate.set()
-                await asyncio.wait_for(gate.wait(), min(self.timeout, 10.0))
-                await resp.aread()
-            except (httpx.HTTPError, TimeoutError, OSError):
-                gate.set()
-            finally:
-                await resp.aclose()
-
-        await asyncio.gather(*(one() for _ in range(connections)))
+        await self.streams.aclose()
 
     async def get_json(self, path: str, timeout: float = 5.0) -> tuple[int, object]:
         """(status, JSON body or None) of a GET; a connection error is a Tp4Error naming the URL."""
@@ -301,39 +360,15 @@ class Client:
     async def _stream(self, r: StreamResult, exact: bool, limit: float, on_event: Callable[[], None] | None) -> bool:
         payload = json.dumps(self.body(r.prompt, r.max_tokens, exact=exact)).encode()
         clock = time.perf_counter
-        # A level's streams start together. Left to interleave, each would take its t0 and then
-        # wait while the others do their share of the client's work of sending (tens of ms at
-        # c16); in turn, each takes its t0 and is written at once, as a client sending one
-        # request at a time is (SGLang's: t0 just before the POST). The turn ends when the body
-        # is on the wire (httpcore's trace), or when anything else comes first.
-        await self._sending.acquire()
-        sending = True
-
-        def sent() -> None:
-            nonlocal sending
-            if sending:
-                sending = False
-                self._sending.release()
-
-        async def trace(name: str, info: dict[str, object]) -> None:
-            del info
-            if name.endswith(("send_request_body.complete", ".failed")):
-                sent()
-
-        try:
-            r.t0 = clock()
-            async with self.http.stream(
-                "POST",
-                CHAT,
-                content=payload,
-                headers={"content-type": "application/json"},
-                timeout=httpx.Timeout(None, connect=min(limit, 10.0), write=limit, pool=limit),
-                extensions={"trace": trace},
-            ) as resp:
-                sent()
-                return await self._read(r, resp, on_event)
-        finally:
-            sent()
+        r.t0 = clock()
+        async with self.streams.stream(
+            "POST",
+            CHAT,
+            content=payload,
+            headers={"content-type": "application/json"},
+            timeout=httpx.Timeout(None, connect=min(limit, 10.0), write=limit, pool=limit),
+        ) as resp:
+            return await self._read(r, resp, on_event)
 
     async def _read(self, r: StreamResult, resp: httpx.Response, on_event: Callable[[], None] | None) -> bool:
         """The answer of one stream (its status, its events), into ``r``; True: send it again
@@ -550,7 +585,6 @@ async def wave(
     """All ``prompts`` at once (one stream each), the load watched meanwhile. Returns the
     streams, the watch, and the wave's start and end on the perf_counter clock."""
     await watcher.idle()
-    await client.warm(len(prompts) + 1)  # the streams' connections, and one for the watcher
     watch = Watch()
     stop = asyncio.Event()
     watching = asyncio.create_task(watcher.watch(watch, stop))
