@@ -26,8 +26,8 @@ Per level and run, in their own processes, interleaved (the order alternates eve
           formula as tp4's (sparkDash's): sum of (output_len - 1) / (max last token - min first
           token), the last token at start + ttft + sum(itl)
 
-Printed: per level, the medians over --runs of both and the ratios tp4 / sglang. The goal
-(exit 1 when missed): every ratio within 3 % of 1. The first run installs SGLang's client (pip
+Printed: per level, the medians over --runs of both, the ratios tp4 / sglang, and each
+client's range over the runs (min-max). The goal (exit 1 when missed): every ratio within 3 % of 1. The first run installs SGLang's client (pip
 reaches the package index by name); later runs reuse the venv, offline.
 """
 
@@ -323,6 +323,18 @@ def compare(args: argparse.Namespace) -> int:
         print(
             f"{c:>4} {med[('tp4', 'medianTtftMs')]:>9.1f} {med[('sglang', 'medianTtftMs')]:>8.1f} {ttft:>6.3f}   "
             f"{med[('tp4', 'aggregateDecodeTps')]:>8.1f} {med[('sglang', 'aggregateDecodeTps')]:>8.1f} {agg:>6.3f}"
+        )
+    print("range over the runs (min-max):")
+    for c in levels:
+        span = {
+            (client, key): f"{min(r[key] for r in rows[(client, c)]):.1f}-{max(r[key] for r in rows[(client, c)]):.1f}"
+            for client in ("tp4", "sglang")
+            for key in ("medianTtftMs", "aggregateDecodeTps")
+        }
+        print(
+            f"  c{c}: TTFT tp4 {span[('tp4', 'medianTtftMs')]} ms, sglang {span[('sglang', 'medianTtftMs')]} ms; "
+            f"aggregate tp4 {span[('tp4', 'aggregateDecodeTps')]} tok/s, "
+            f"sglang {span[('sglang', 'aggregateDecodeTps')]} tok/s"
         )
     ok = worst <= GOAL
     print(f"largest deviation {worst * 100:.1f} % (goal: within {GOAL * 100:g} %): {'met' if ok else 'MISSED'}")
