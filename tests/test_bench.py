@@ -869,10 +869,12 @@ def test_progress_is_one_redrawn_line_on_a_terminal(standin: Callable[..., Stand
     assert "prose" in stdout and "\x1b" not in stdout
 
 
-def test_every_stream_opens_its_own_connection_after_its_t0(standin: Callable[..., Standin]) -> None:
+def test_every_stream_opens_its_own_connection_after_its_t0(
+    standin: Callable[..., Standin], monkeypatch: pytest.MonkeyPatch
+) -> None:
     """As SGLang's bench_serving (a new aiohttp session per request, its start taken before the
     POST): each stream of a level opens a new connection after its t0, none is reused from an
-    earlier level or opened before it, and none is kept once the stream is over; the streams'
+    earlier level or opened before it, and each is closed once its stream is over; the streams'
     connects are all under way before any request is written (they start together, not in
     turn)."""
     import asyncio
@@ -881,7 +883,22 @@ def test_every_stream_opens_its_own_connection_after_its_t0(standin: Callable[..
 
     s = standin(TP4_STANDIN_DECODE_TPS="200")
     marks: list[tuple[str, float]] = []
+    writers: list[Any] = []
     waves: list[list[Any]] = []
+    open_connection = asyncio.open_connection
+
+    async def connect(*args: Any, **kwargs: Any) -> Any:
+        marks.append(("connect", time.perf_counter()))
+        reader, writer = await open_connection(*args, **kwargs)
+        write = writer.write
+
+        def written(data: bytes) -> None:
+            marks.append(("write", time.perf_counter()))
+            write(data)
+
+        writer.write = written
+        writers.append(writer)
+        return reader, writer
 
     async def go() -> None:
         client = Client(s.url, MODEL, None, timeout=30, connections=4)
@@ -889,27 +906,11 @@ def test_every_stream_opens_its_own_connection_after_its_t0(standin: Callable[..
             await client.check()
             watcher = LoadWatcher(client)
             await watcher.probe()
-            pool = client.streams._transport._pool  # type: ignore[attr-defined]  # httpcore's pool
-            backend = pool._network_backend
-            connect_tcp = backend.connect_tcp
-
-            async def connect(*args: Any, **kwargs: Any) -> Any:
-                marks.append(("connect", time.perf_counter()))
-                stream = await connect_tcp(*args, **kwargs)
-                write = stream.write
-
-                async def written(*a: Any, **k: Any) -> Any:
-                    marks.append(("write", time.perf_counter()))
-                    return await write(*a, **k)
-
-                stream.write = written
-                return stream
-
-            backend.connect_tcp = connect
+            monkeypatch.setattr(asyncio, "open_connection", connect)
             for _ in range(2):
                 streams, _, _, _ = await wave(client, watcher, [f"p{i}" for i in range(4)], 6)
                 assert all(r.error is None and r.completion_tokens == 6 for r in streams)
-                assert pool.connections == []  # none kept for the next level
+                assert all(w.is_closing() for w in writers)  # none kept for the next level
                 waves.append(streams)
         finally:
             await client.close()
@@ -925,27 +926,37 @@ def test_every_stream_opens_its_own_connection_after_its_t0(standin: Callable[..
         assert max(mine) <= first_write, marks  # all four connects begun before any request is written
 
 
-def test_streams_connect_on_asyncio_s_own_streams_and_a_refused_connect_is_a_stream_error() -> None:
-    """The streams of an http:// endpoint connect through asyncio's own streams (the client work
-    of httpcore's anyio backend, under concurrency, reads as TTFT); https keeps httpcore's own
-    backend. A refused connect through it is the stream's error, never raised."""
+def test_a_stream_that_cannot_connect_or_is_cut_off_is_its_error_never_raised() -> None:
+    """The streams' own connections: a refused connect and an answer cut off mid-way are the
+    stream's error (as they were through httpx), and an https endpoint is connected with TLS."""
     import asyncio
+    import ssl
 
-    from tp4.measuring.throughput.loadgen import AsyncioBackend, Client
+    from tp4.measuring.throughput.loadgen import Client
 
     port = free_port()  # nothing listens there
 
+    async def cut_off(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n")
+        writer.write(b'10\r\ndata: {"id": "x"}\n\n')  # half a chunk, then the connection closes
+        await writer.drain()
+        writer.close()
+
     async def go() -> tuple[Any, Any, Any]:
-        plain = Client(f"http://127.0.0.1:{port}", MODEL, None, timeout=5, connections=2)
+        server = await asyncio.start_server(cut_off, "127.0.0.1", 0)
+        cut = server.sockets[0].getsockname()[1]
+        refused = Client(f"http://127.0.0.1:{port}", MODEL, None, timeout=5, connections=2)
+        broken = Client(f"http://127.0.0.1:{cut}", MODEL, None, timeout=5, connections=2)
         tls = Client(f"https://127.0.0.1:{port}", MODEL, None, timeout=5, connections=2)
         try:
-            r = await plain.stream(0, "p", 4)
-            backends = [c.streams._transport._pool._network_backend for c in (plain, tls)]  # type: ignore[attr-defined]
-            return r, *backends
+            return await refused.stream(0, "p", 4), await broken.stream(0, "p", 4), tls._tls
         finally:
-            await plain.close()
-            await tls.close()
+            for c in (refused, broken, tls):
+                await c.close()
+            server.close()
 
-    r, plain_backend, tls_backend = asyncio.run(go())
-    assert isinstance(plain_backend, AsyncioBackend) and not isinstance(tls_backend, AsyncioBackend)
-    assert r.error is not None and r.error.startswith("no connection"), r.error
+    no_connection, cut_off_answer, context = asyncio.run(go())
+    assert no_connection.error is not None and no_connection.error.startswith("no connection"), no_connection.error
+    assert cut_off_answer.error is not None and cut_off_answer.error.startswith("the connection closed mid-answer")
+    assert isinstance(context, ssl.SSLContext)

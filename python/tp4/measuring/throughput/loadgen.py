@@ -8,13 +8,13 @@ non-empty), ``t_last`` at the last one, ``t_end`` when the stream is over. Token
 the ``usage`` the server sends at the end (``stream_options.include_usage``), never from events:
 on the line one SSE event carries about three tokens (speculative decoding).
 
-Every stream opens a connection of its own after its ``t0`` and closes it when it is over (a
-pool that keeps no idle connection), as SGLang's ``bench_serving`` does (a new aiohttp session
-per request, its ``st`` taken before the POST): a time to first token holds the connect, here as
-there, and the streams of a level start together (bench/bench_vs_sglang.py compares the two).
-The streams' connections are asyncio's own (:class:`AsyncioBackend`, as aiohttp's are), not
-anyio's, whose connect and writes cost several times more client work: under concurrency that
-work queues behind the other streams' and reads as time to first token.
+Every stream opens a connection of its own after its ``t0`` and closes it when it is over, as
+SGLang's ``bench_serving`` does (a new aiohttp session per request, its ``st`` taken before the
+POST): a time to first token holds the connect, here as there, and the streams of a level start
+together (bench/bench_vs_sglang.py compares the two). That connection is asyncio's own
+(``asyncio.open_connection``, as aiohttp connects) and the HTTP/1.1 exchange is h11's (httpx's
+own parser), without httpx's pool and anyio layers: their client work per request, under
+concurrency, queues behind the other streams' and reads as time to first token.
 
 The body is read as raw bytes and split into server-sent events here (``aiter_raw`` and
 :class:`SseSplitter`), which is cheaper per event than a line iterator; bench/bench_loadgen.py
@@ -26,14 +26,16 @@ from __future__ import annotations
 import asyncio
 import json
 import math
-import select
 import socket
+import ssl
 import time
-from collections.abc import Callable, Iterable
+import urllib.parse
+import zlib
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import httpcore
+import h11
 import httpx
 
 from tp4.core.apikey import Secret
@@ -170,90 +172,53 @@ def _reason(body: bytes) -> str:
     return text[:300]
 
 
-class _AsyncioStream(httpcore.AsyncNetworkStream):
-    """One TCP connection as asyncio's streams, with httpcore's exceptions."""
+class _Answer:
+    """The response of one stream's POST, read with h11 from its own asyncio connection: what
+    :meth:`Client._read` reads of an httpx response (status, headers, the raw body in pieces)."""
 
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self.reader, self.writer = reader, writer
+    def __init__(self, conn: h11.Connection, head: h11.Response, reader: asyncio.StreamReader) -> None:
+        self.conn, self.reader = conn, reader
+        self.status_code = head.status_code
+        self.headers = httpx.Headers([(k.decode("latin-1"), v.decode("latin-1")) for k, v in head.headers])
 
-    async def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
-        try:
-            async with asyncio.timeout(timeout):
-                return await self.reader.read(max_bytes)
-        except TimeoutError as exc:
-            raise httpcore.ReadTimeout(str(exc)) from exc
-        except OSError as exc:
-            raise httpcore.ReadError(str(exc)) from exc
+    async def aiter_raw(self) -> AsyncIterator[bytes]:
+        while True:
+            try:
+                event = self.conn.next_event()
+            except h11.RemoteProtocolError as exc:
+                raise httpx.RemoteProtocolError(str(exc)) from exc
+            if event is h11.NEED_DATA:
+                try:
+                    data = await self.reader.read(65536)
+                except OSError as exc:
+                    raise httpx.ReadError(str(exc) or type(exc).__name__) from exc
+                try:
+                    self.conn.receive_data(data)
+                except h11.RemoteProtocolError as exc:
+                    raise httpx.RemoteProtocolError(str(exc)) from exc
+            elif isinstance(event, h11.Data):
+                yield bytes(event.data)
+            else:  # the end of the message, or of the connection
+                return
 
-    async def write(self, buffer: bytes, timeout: float | None = None) -> None:
-        if not buffer:
-            return
-        try:
-            async with asyncio.timeout(timeout):
-                self.writer.write(buffer)
-                await self.writer.drain()
-        except TimeoutError as exc:
-            raise httpcore.WriteTimeout(str(exc)) from exc
-        except OSError as exc:
-            raise httpcore.WriteError(str(exc)) from exc
+    async def aiter_bytes(self) -> AsyncIterator[bytes]:
+        encoding = self.headers.get("content-encoding", "identity").lower()
+        if encoding not in ("gzip", "deflate"):
+            raise httpx.DecodingError(f"content-encoding {encoding} is not read (tp4 asks for identity)")
+        decoder = zlib.decompressobj(zlib.MAX_WBITS | 32)  # gzip or zlib, by its header
+        async for raw in self.aiter_raw():
+            if out := decoder.decompress(raw):
+                yield out
 
-    async def aclose(self) -> None:
-        self.writer.close()
-
-    def get_extra_info(self, info: str) -> Any:
-        sock = self.writer.get_extra_info("socket")
-        if info == "socket":
-            return sock
-        if info == "client_addr":
-            return self.writer.get_extra_info("sockname")
-        if info == "server_addr":
-            return self.writer.get_extra_info("peername")
-        if info == "is_readable":  # an idle connection the server closed reads as readable
-            return sock is None or bool(select.select([sock], [], [], 0)[0])
-        return None
-
-
-class AsyncioBackend(httpcore.AsyncNetworkBackend):
-    """Plain TCP connections for httpcore on asyncio's own streams (``loop.create_connection``, as
-    aiohttp connects), for ``http://`` endpoints: a connect and a write cost a fraction of the
-    client work of httpcore's default (anyio) backend."""
-
-    async def connect_tcp(
-        self,
-        host: str,
-        port: int,
-        timeout: float | None = None,
-        local_address: str | None = None,
-        socket_options: Iterable[Any] | None = None,
-    ) -> httpcore.AsyncNetworkStream:
-        try:
-            async with asyncio.timeout(timeout):
-                reader, writer = await asyncio.open_connection(
-                    host, port, local_addr=(local_address, 0) if local_address else None
-                )
-        except TimeoutError as exc:
-            raise httpcore.ConnectTimeout(str(exc)) from exc
-        except OSError as exc:
-            raise httpcore.ConnectError(str(exc)) from exc
-        sock = writer.get_extra_info("socket")
-        for option in socket_options or ():
-            sock.setsockopt(*option)
-        return _AsyncioStream(reader, writer)
-
-    async def connect_unix_socket(
-        self, path: str, timeout: float | None = None, socket_options: Iterable[Any] | None = None
-    ) -> httpcore.AsyncNetworkStream:
-        raise httpcore.ConnectError("tp4 bench connects over TCP only")
-
-    async def sleep(self, seconds: float) -> None:
-        await asyncio.sleep(seconds)
+    async def aread(self) -> bytes:
+        return b"".join([chunk async for chunk in self.aiter_raw()])
 
 
 class Client:
     """The API of one run: the key in the Authorization header only, no proxy consulted
     (``trust_env=False``: a request goes to the address given). The short requests (the model,
-    the load) share kept-alive connections (``http``); every stream opens one of its own and
-    closes it when done (``streams``: a pool that keeps none idle)."""
+    the load) share httpx's kept-alive connections (``http``); every stream opens one of its own
+    and closes it when done (:meth:`_stream`)."""
 
     def __init__(self, url: str, model: str, key: Secret | None, *, timeout: float, connections: int) -> None:
         self.url, self.model, self.timeout = url.rstrip("/"), model, timeout
@@ -267,18 +232,18 @@ class Client:
             "timeout": httpx.Timeout(timeout, connect=min(timeout, 10.0)),
         }
         self.http = httpx.AsyncClient(limits=httpx.Limits(max_connections=4, max_keepalive_connections=4), **common)
-        self.streams = httpx.AsyncClient(
-            limits=httpx.Limits(max_connections=connections, max_keepalive_connections=0), **common
-        )
-        if self.url.startswith("http://"):  # https keeps httpcore's own backend (its TLS)
-            # httpx takes no network backend as an argument; its transport's httpcore pool does
-            self.streams._transport._pool._network_backend = AsyncioBackend()  # type: ignore[attr-defined]
+        # the streams' own connections (see _stream): where to, and the head of every POST
+        split = urllib.parse.urlsplit(self.url)
+        self._tls = ssl.create_default_context() if split.scheme == "https" else None
+        self._host = split.hostname or "localhost"
+        self._port = split.port or (443 if self._tls else 80)
+        self._target = split.path.rstrip("/") + CHAT
+        self._head = [("host", split.netloc), ("content-type", "application/json"), *headers.items()]
         self.extended = True  # min_tokens / ignore_eos / stop accepted (until an HTTP 400 says otherwise)
         self.fell_back = False
 
     async def close(self) -> None:
         await self.http.aclose()
-        await self.streams.aclose()
 
     async def get_json(self, path: str, timeout: float = 5.0) -> tuple[int, object]:
         """(status, JSON body or None) of a GET; a connection error is a Tp4Error naming the URL."""
@@ -359,18 +324,47 @@ class Client:
 
     async def _stream(self, r: StreamResult, exact: bool, limit: float, on_event: Callable[[], None] | None) -> bool:
         payload = json.dumps(self.body(r.prompt, r.max_tokens, exact=exact)).encode()
+        conn = h11.Connection(h11.CLIENT)
+        head = [*self._head, ("content-length", str(len(payload)))]
         clock = time.perf_counter
         r.t0 = clock()
-        async with self.streams.stream(
-            "POST",
-            CHAT,
-            content=payload,
-            headers={"content-type": "application/json"},
-            timeout=httpx.Timeout(None, connect=min(limit, 10.0), write=limit, pool=limit),
-        ) as resp:
-            return await self._read(r, resp, on_event)
+        try:
+            async with asyncio.timeout(min(limit, 10.0)):
+                reader, writer = await asyncio.open_connection(
+                    self._host, self._port, ssl=self._tls, server_hostname=self._host if self._tls else None
+                )
+        except TimeoutError as exc:
+            raise httpx.ConnectTimeout("timed out") from exc
+        except OSError as exc:
+            raise httpx.ConnectError(str(exc) or type(exc).__name__) from exc
+        try:
+            writer.write(
+                conn.send(h11.Request(method="POST", target=self._target, headers=head))
+                + conn.send(h11.Data(data=payload))
+                + conn.send(h11.EndOfMessage())
+            )
+            while True:
+                try:
+                    event = conn.next_event()
+                except h11.RemoteProtocolError as exc:
+                    raise httpx.RemoteProtocolError(str(exc)) from exc
+                if event is h11.NEED_DATA:
+                    try:
+                        data = await reader.read(65536)
+                    except OSError as exc:
+                        raise httpx.ReadError(str(exc) or type(exc).__name__) from exc
+                    try:
+                        conn.receive_data(data)
+                    except h11.RemoteProtocolError as exc:
+                        raise httpx.RemoteProtocolError(str(exc)) from exc
+                elif isinstance(event, h11.Response):
+                    return await self._read(r, _Answer(conn, event, reader), on_event)
+                elif isinstance(event, h11.ConnectionClosed):
+                    raise httpx.RemoteProtocolError("the server closed the connection without an answer")
+        finally:
+            writer.close()
 
-    async def _read(self, r: StreamResult, resp: httpx.Response, on_event: Callable[[], None] | None) -> bool:
+    async def _read(self, r: StreamResult, resp: _Answer, on_event: Callable[[], None] | None) -> bool:
         """The answer of one stream (its status, its events), into ``r``; True: send it again
         without min_tokens/ignore_eos/stop."""
         clock = time.perf_counter
