@@ -1,6 +1,6 @@
-"""The load generator of `tp4 bench`: streamed OpenAI chat completions over one
-``httpx.AsyncClient``, timed as sparkDash times them, and a watcher of the engine's load
-endpoint that sees foreign traffic.
+"""The load generator of `tp4 bench`: streamed OpenAI chat completions, each on a connection of
+its own (h11 over asyncio), timed as sparkDash times them, and a watcher of the engine's load
+endpoint that sees foreign traffic (httpx, as the other short requests).
 
 One stream (:meth:`Client.stream`) takes its times on one clock (``time.perf_counter``): ``t0``
 just before the request is sent, ``t_first`` at the first visible delta (content or reasoning,
