@@ -410,6 +410,26 @@ def test_a_bare_sparkdash_job_and_a_job_without_prompt_type(tmp_path):
     assert float(run.prefill[65536].value) == 5750.0
 
 
+def test_a_run_that_is_not_pass_is_told_with_the_files_own_cause(tmp_path):
+    failed = sparkdash_result()
+    failed["status"] = "FAIL"
+    failed["error"] = "stream 3 at c8: no usage in the final SSE event"
+    run = report.read_result(str(write(tmp_path, "failed", failed)))
+    assert "the run's status is FAIL: stream 3 at c8: no usage in the final SSE event" in run.notes
+    assert not any("a stream lacked usage" in n for n in run.notes)  # no fixed reason any more
+    interrupted = job("code", [level(c, wave(c, 9.0, 80.0, 1)) for c in (1, 2)])
+    interrupted["status"] = "running"
+    interrupted["progress"].update(currentConcurrency=4, message="Running c4")
+    run = report.read_result(str(write(tmp_path, "interrupted", interrupted)))
+    assert run.notes[-1] == (
+        "the run's status is running: a decode job was left running: the run was interrupted at c4 (Running c4)"
+    )
+    silent = sparkdash_result()
+    silent["status"] = "FAIL"
+    run = report.read_result(str(write(tmp_path, "silent", silent)))
+    assert "the run's status is FAIL: the file records no cause" in run.notes
+
+
 def test_sparkdash_result_against_the_published_line(tmp_path, tp4_cli):
     doc = sparkdash_result()
     path = write(tmp_path, "sd", doc)
