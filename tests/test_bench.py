@@ -166,6 +166,18 @@ def test_decode_numbers_are_the_rates_set_and_sparkdash_formulas(
         (e["trial"], e["job"]["config"]["concurrencies"], [lv["concurrency"] for lv in e["job"]["results"]])
         for e in doc["decode"]
     ] == [(1, [1, 2], [1, 2]), (2, [1], [1])]
+    for entry in doc["decode"]:  # a finished job as sparkDash leaves it: epoch-ms times, no level running, "Done"
+        job = entry["job"]
+        assert job["status"] == "completed" and job["error"] is None and "owner" in job
+        assert isinstance(job["startedAt"], int) and isinstance(job["completedAt"], int)
+        assert 1_700_000_000_000 < job["startedAt"] <= job["completedAt"]
+        assert job["durationMs"] == job["completedAt"] - job["startedAt"]
+        assert job["progress"] == {
+            "currentConcurrency": None,
+            "completedLevels": 2 if entry["trial"] == 1 else 1,
+            "totalLevels": 2 if entry["trial"] == 1 else 1,
+            "message": "Done",
+        }
     for _, _, level in levels(doc):
         c = level["concurrency"]
         assert level["streamsOk"] == c and level["streamsFailed"] == 0 and level["error"] is None

@@ -410,6 +410,18 @@ def test_a_bare_sparkdash_job_and_a_job_without_prompt_type(tmp_path):
     assert float(run.prefill[65536].value) == 5750.0
 
 
+def test_job_times_in_epoch_milliseconds_as_sparkdash_writes_them_and_iso_as_earlier_tp4_did(tmp_path):
+    doc = sparkdash_result()
+    first, second = (entry["job"] for entry in doc["decode"])
+    first.update(startedAt=1764849600000, completedAt=1764849900000, durationMs=300000, error=None, owner=None)
+    second.update(startedAt="2026-09-26T10:00:00.000Z")  # a tp4 result of an earlier version
+    run = report.read_result(str(write(tmp_path, "ms", doc)))
+    assert ("prose", 8) in run.decode["aggregate"]
+    first["startedAt"] = -1
+    with pytest.raises(InvalidInput, match="startedAt"):
+        report.read_result(str(write(tmp_path, "bad", doc)))
+
+
 def test_a_run_that_is_not_pass_is_told_with_the_files_own_cause(tmp_path):
     failed = sparkdash_result()
     failed["status"] = "FAIL"

@@ -260,8 +260,17 @@ class Job(Open):
     benchId: str | None = Field(None, description="The job's id.")
     sparkId: str | None = Field(None, description='sparkDash\'s spark id (tp4: "comparison").')
     status: str | None = Field(None, description="running, completed, ...")
-    startedAt: str | None = Field(None, description="ISO 8601 time the job started.")
-    completedAt: str | None = Field(None, description="ISO 8601 time it completed (null while running).")
+    startedAt: Count | str = Field(
+        None,
+        description="When the job started, in epoch milliseconds as sparkDash writes it "
+        "(a tp4 result of an earlier version: an ISO 8601 string).",
+    )
+    completedAt: Count | str = Field(
+        None, description="When it completed, epoch milliseconds (null while running; earlier tp4: ISO 8601)."
+    )
+    durationMs: Number = Field(None, description="completedAt - startedAt (null while running).")
+    error: Anything = Field(None, description="null, or why the job stopped (sparkDash's message).")
+    owner: Anything = Field(None, description="sparkDash's job owner (tp4: null).")
     config: JobConfig | None = Field(None, description="The job's configuration.")
     progress: JobProgress | None = Field(None, description="How far it got.")
     results: list[Level] | None = Field(None, description="One entry per finished level.")

@@ -24,6 +24,7 @@ import os
 import stat
 import statistics
 import tempfile
+import time
 from collections.abc import Sequence
 from datetime import datetime, timezone
 from pathlib import Path
@@ -60,6 +61,11 @@ METHOD_PREFILL = (
 
 def now_iso() -> str:
     return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
+
+
+def now_ms() -> int:
+    """Epoch milliseconds: sparkDash's job times (startedAt, completedAt)."""
+    return time.time_ns() // 1_000_000
 
 
 def _r(value: float | None, digits: int = 3) -> float | None:

@@ -276,8 +276,11 @@ def _job(doc: dict[str, Any], kind: str, trial: int, cfg: DecodeConfig, url: str
         "benchId": f"tp4-{kind}-{trial}-{int(time.time())}",
         "sparkId": "comparison",
         "status": "running",
-        "startedAt": R.now_iso(),
+        "startedAt": R.now_ms(),
         "completedAt": None,
+        "durationMs": None,
+        "error": None,
+        "owner": None,
         "config": {
             "port": port,
             "modelId": model,
@@ -382,7 +385,15 @@ async def _decode(
                 job["results"].append(level)
                 job["progress"].update(completedLevels=len(job["results"]), message=f"c{c} done")
                 if len(job["results"]) == job["progress"]["totalLevels"]:
-                    job.update(status="completed", completedAt=R.now_iso())
+                    completed = R.now_ms()
+                    started = job["startedAt"]
+                    job.update(
+                        status="completed",
+                        completedAt=completed,
+                        durationMs=completed - started if isinstance(started, int) else None,
+                    )
+                    # how sparkDash leaves a finished job: no level running, message "Done"
+                    job["progress"].update(currentConcurrency=None, message="Done")
                 key = f"{kind}/{trial}/{c}"
                 done.add(key)
                 doc["tp4"]["levels_done"].append(key)
