@@ -587,6 +587,12 @@ def test_prefill_on_a_corpus(standin: Callable[..., Standin], tmp_path: Path) ->
         assert req["prefillTokens"] == pytest.approx(r["targetTokens"], rel=0.2)
         assert req["prefillTps"] == pytest.approx(4000, rel=0.2)
         assert req["ttftMs"] == pytest.approx(req["prefillTokens"] / 4000 * 1000, abs=40)
+        # sparkDash's flat request: the HTTP exchange beside the numbers, its times in epoch ms
+        assert "http" not in req and "prompt" not in req and "tp4" not in req
+        assert req["httpStatus"] == 200 and req["finishReason"] and req["sseEventCount"] > 0 and req["model"] == MODEL
+        assert isinstance(req["responseHeaders"], dict) and req["completionId"] and req["firstSseDataPreview"]
+        assert 1_700_000_000_000 < req["t0"] < req["tFirst"] <= req["tLast"]
+        assert req["tFirst"] - req["t0"] == pytest.approx(req["ttftMs"], abs=0.01)
     heads = "".join(r["tp4"]["head"] for r in rows)
     assert "The guide" in heads or "def clamp" in heads or "caf\ufffd" in heads
     assert "caf\ufffd" in "".join(prompts.load_corpus(str(corpus)).documents)  # undecodable bytes replaced

@@ -283,6 +283,32 @@ class DecodeEntry(Open):
     job: Job = Field(description="The job.")
 
 
+class PrefillRequest(Open):
+    """A prefill row's request, flat as sparkDash writes it (a tp4 result of an earlier version
+    nested the HTTP fields under `http`; `tp4 report` still reads it)."""
+
+    ttftContentMs: Rate = Field(None, description="ms from the request's start to the first content delta.")
+    reasoningChunks: Count = Field(None, description="Reasoning deltas received.")
+    ttftMs: Rate = Field(None, description="ms from the request's start to the first visible delta.")
+    completionTokens: Count = Field(None, description="From usage, else the visible text / 4.")
+    prefillTps: Rate = Field(None, description="Prompt tokens / TTFT, in tok/s: the row's rate.")
+    prefillTokens: Count = Field(None, description="usage.prompt_tokens.")
+    totalMs: Rate = Field(None, description="ms from the request's start to its end.")
+    error: Anything = Field(None, description="null, or why the request failed (the row counts as failed).")
+    httpStatus: Count = Field(None, description="The HTTP status (null: no answer).")
+    responseHeaders: dict[str, Anything] | None = Field(None, description="The response headers.")
+    completionId: str | None = Field(None, description="The completion's id.")
+    finishReason: str | None = Field(None, description="The finish reason of the last choice.")
+    sseEventCount: Count = Field(None, description="Server-sent events received.")
+    firstSseDataPreview: str | None = Field(None, description="The start of the first event's data.")
+    model: str | None = Field(None, description="The model name sent.")
+    t0: Rate = Field(None, description="The request's start, epoch milliseconds.")
+    tFirst: Rate = Field(None, description="The first visible delta, epoch milliseconds.")
+    tLast: Rate = Field(None, description="The last visible delta, epoch milliseconds.")
+    usage: Usage | None = Field(None, description="The usage the engine returned (null: none).")
+    contentPreview: ContentPreview | None = Field(None, description="The start and end of the visible text.")
+
+
 # --- a prefill row ---------------------------------------------------------------------------------
 
 
@@ -306,8 +332,8 @@ class PrefillRow(Open):
     salt: str | None = Field(None, description="The unique line the prompt opens with.")
     promptChars: Count = Field(None, description="Characters of the prompt.")
     promptSha256: str | None = Field(None, description="SHA-256 of the prompt.")
-    request: Stream | None = Field(
-        None, description="The request, as a stream without its prompt; `request.prefillTps` is the row's rate."
+    request: PrefillRequest | None = Field(
+        None, description="The request (sparkDash's flat fields); `request.prefillTps` is the row's rate."
     )
     prefillTps: Rate = Field(
         None,
@@ -431,5 +457,6 @@ MODELS: tuple[type[Open | Closed], ...] = (
     Usage,
     ContentPreview,
     PrefillRow,
+    PrefillRequest,
     PrefillTp4,
 )

@@ -218,6 +218,41 @@ def level_json(
     }
 
 
+def prefill_request(r: StreamResult, url: str, model: str) -> Doc:
+    """A prefill row's request as sparkDash writes it: the stream's numbers with the HTTP exchange
+    flat beside them (httpStatus, responseHeaders, ...) and its times t0, tFirst, tLast in epoch
+    milliseconds; not the prompt (the row keeps its size and hash, not 100k+ tokens of text)."""
+    stream = stream_json(r, url, model, r.t0)
+    http = stream["http"]
+    epoch = time.time() - time.perf_counter()  # the perf_counter clock's zero, in epoch seconds
+
+    def at(t: float | None) -> float | None:
+        return None if t is None else _r((epoch + t) * 1000.0)
+
+    return {
+        "ttftContentMs": stream["ttftContentMs"],
+        "reasoningChunks": stream["reasoningChunks"],
+        "ttftMs": stream["ttftMs"],
+        "completionTokens": stream["completionTokens"],
+        "prefillTps": stream["prefillTps"],
+        "prefillTokens": stream["prefillTokens"],
+        "totalMs": stream["totalMs"],
+        "error": stream["error"],
+        "httpStatus": http["status"],
+        "responseHeaders": http["headers"],
+        "completionId": http["completionId"],
+        "finishReason": http["finishReason"],
+        "sseEventCount": http["sseEventCount"],
+        "firstSseDataPreview": http["firstSseDataPreview"],
+        "model": model,
+        "t0": at(r.t0),
+        "tFirst": at(r.t_first),
+        "tLast": at(r.t_last),
+        "usage": stream["usage"],
+        "contentPreview": stream["contentPreview"],
+    }
+
+
 def prefill_row(
     trial: int,
     target: int,
@@ -230,8 +265,7 @@ def prefill_row(
     model: str,
     corpus: str | None,
 ) -> Doc:
-    request = stream_json(r, url, model, r.t0)
-    request.pop("prompt")  # the row keeps its size and hash, not 100k+ tokens of text
+    request = prefill_request(r, url, model)
     invalid = watch.invalid(1)
     return {
         "trial": trial,
