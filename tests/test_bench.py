@@ -160,6 +160,9 @@ def test_decode_numbers_are_the_rates_set_and_sparkdash_formulas(
     assert proc.returncode == 0, proc.stderr
     doc = load(out)
     assert doc["status"] == "PASS" and doc["tp4"]["interrupted"] is False and doc["finished"]
+    # sparkDash's names keep sparkDash's meanings: node is its Node.js version, source.commit a git commit
+    assert doc["node"] is None and doc["tp4"]["host"] == "127.0.0.1"
+    assert doc["source"]["commit"] is None and doc["source"]["release"] == doc["tp4"]["version"]
     assert doc["config"]["model"] == MODEL and doc["config"]["levels"] == [1, 2] and doc["config"]["maxTokens"] == 31
     # c1 twice (trials 1 and 2), c2 once: one job per trial, with the levels it ran
     assert [
@@ -195,6 +198,7 @@ def test_decode_numbers_are_the_rates_set_and_sparkdash_formulas(
             }
             assert st["completionTokens"] == 31 and st["decodeTokens"] == 30
             assert st["http"]["sseEventCount"] == 13 and st["http"]["finishReason"] == "length"
+            assert st["http"]["url"] == s.url.rstrip("/") + "/v1/chat/completions"  # the full URL, as sparkDash's
             assert math.ceil(st["contentPreview"]["chars"] / 4) != 31  # the text estimate would be wrong here
             assert st["decodeMs"] == pytest.approx(300, abs=25)
             assert st["decodeTps"] == pytest.approx(100, rel=0.08)
@@ -642,7 +646,11 @@ def test_the_line_profile_is_the_endpoint_and_the_plan_is_recorded(
     assert proc.returncode == 0, proc.stderr
     doc = load(tmp_path / "out")
     plan = json.loads(tp4("plan", "--profile", profile, "--json").stdout)
-    assert doc["config"]["base"] == f"http://127.0.0.1:{s.port}" and doc["node"] == "127.0.0.1"
+    assert (
+        doc["config"]["base"] == f"http://127.0.0.1:{s.port}"
+        and doc["node"] is None
+        and doc["tp4"]["host"] == "127.0.0.1"
+    )
     assert doc["tp4"]["image"] == plan["image"]["tag"] and doc["tp4"]["plan_digest"] == plan["digest"]
     assert doc["tp4"]["plan"] == plan  # the plan itself, as `tp4 plan --json` prints it
     assert doc["tp4"]["pins"] and all(isinstance(v, str) for v in doc["tp4"]["pins"].values())

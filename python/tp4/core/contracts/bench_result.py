@@ -107,7 +107,7 @@ class HttpRequest(Open):
 class Http(Open):
     """The HTTP exchange of one stream."""
 
-    url: str | None = Field(None, description="The chat completions URL.")
+    url: str | None = Field(None, description="The full chat completions URL (…/v1/chat/completions).")
     status: Count = Field(None, description="The HTTP status (null: no answer).")
     headers: dict[str, Anything] | None = Field(None, description="The response headers.")
     completionId: str | None = Field(None, description="The completion's id.")
@@ -350,7 +350,7 @@ class Source(Open):
     """Which program wrote the file."""
 
     repo: str | None = Field(None, description='"tp4", or sparkDash\'s repository.')
-    commit: str | None = Field(None, description="Its commit (tp4: its version).")
+    commit: str | None = Field(None, description="Its git commit (tp4: null; its version is tp4.version).")
     release: str | None = Field(
         None, description="Its release (sparkDash up to 1.8.8 filled prefill prompts with one repeated token)."
     )
@@ -389,6 +389,7 @@ class ResultTp4(Closed):
     """tp4's additions to the file: what ran, against which line."""
 
     version: str | None = Field(None, description="tp4's version.")
+    host: str | None = Field(None, description="The host the API runs on (sparkDash's `node` is its Node.js version).")
     kind: Literal["decode", "prefill"] | None = Field(None, description="Which bench.")
     plan_digest: str | None = Field(None, description="The digest of the line's plan (with --profile).")
     plan: dict[str, Anything] | None = Field(
@@ -429,7 +430,9 @@ class BenchResult(Open):
     started: str | None = Field(None, description="ISO 8601 time the run started.")
     finished: str | None = Field(None, description="ISO 8601 time it finished (null while running).")
     source: Source | None = Field(None, description="Which program wrote the file.")
-    node: str | None = Field(None, description="The host the API runs on.")
+    node: str | None = Field(
+        None, description="sparkDash: the Node.js version it ran on (tp4: null; the API's host is tp4.host)."
+    )
     config: RunConfig | None = Field(None, description="The run's configuration.")
     prefill: list[PrefillRow] | None = Field(None, description="The prefill rows, per pass and size.")
     decode: list[DecodeEntry] | None = Field(None, description="The decode jobs, per prompt type and trial.")

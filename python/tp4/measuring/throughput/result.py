@@ -32,7 +32,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from tp4.measuring.throughput.loadgen import PREVIEW, StreamResult, Watch
+from tp4.measuring.throughput.loadgen import CHAT, PREVIEW, StreamResult, Watch
 from tp4.core.contracts.base import problems
 from tp4.core.contracts.bench_result import BenchResult
 from tp4.core.errors import InvalidInput
@@ -109,7 +109,7 @@ def stream_json(r: StreamResult, url: str, model: str, level_start: float) -> Do
         "error": r.error,
         "prompt": r.prompt,
         "http": {
-            "url": url,
+            "url": url.rstrip("/") + CHAT,
             "status": r.status,
             "headers": r.headers,
             "completionId": r.completion_id,

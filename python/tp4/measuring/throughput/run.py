@@ -177,14 +177,15 @@ def _new_doc(
         "label": label or f"tp4 bench {kind}",
         "started": R.now_iso(),
         "finished": None,
-        "source": {"repo": "tp4", "commit": version, "release": version},
-        "node": target.node,
+        "source": {"repo": "tp4", "commit": None, "release": version},
+        "node": None,  # sparkDash's Node.js version: tp4 runs on none; the API's host is tp4.host
         "config": config,
         "prefill": [],
         "decode": [],
         "method": method,
         "tp4": {
             "version": version,
+            "host": target.node,
             "kind": kind,
             "plan_digest": target.plan_digest,
             "plan": target.plan,
