@@ -163,7 +163,12 @@ def test_decode_numbers_are_the_rates_set_and_sparkdash_formulas(
     # sparkDash's names keep sparkDash's meanings: node is its Node.js version, source.commit a git commit
     assert doc["node"] is None and doc["tp4"]["host"] == "127.0.0.1"
     assert doc["source"]["commit"] is None and doc["source"]["release"] == doc["tp4"]["version"]
-    assert doc["config"]["model"] == MODEL and doc["config"]["levels"] == [1, 2] and doc["config"]["maxTokens"] == 31
+    # sparkDash's run.mjs flags as it writes them (numbers as the text of its command line), tp4's own under tp4
+    config = doc["config"]
+    assert config["model"] == MODEL and config["levels"] == "1,2" and config["trials"] == "1"
+    assert config["decode-only"] is True and config["prefill-only"] is False and config["extended-concurrency"] is False
+    assert config["base"].endswith("/v1") and config["out"] == str(out) and config["sizes"] == ""
+    assert config["tp4"]["levels"] == [1, 2] and config["tp4"]["maxTokens"] == 31 and "maxTokens" not in config
     # c1 twice (trials 1 and 2), c2 once: one job per trial, with the levels it ran
     assert [
         (e["trial"], e["job"]["config"]["concurrencies"], [lv["concurrency"] for lv in e["job"]["results"]])
@@ -515,7 +520,7 @@ def test_same_prompts_salts_and_shared_prefix(standin: Callable[..., Standin], t
         x.startswith("[tp4-bench ") and len(x) == len("[tp4-bench ]") + 12 for x in salts
     )
     doc = load(tmp_path / "a")
-    assert doc["config"]["samePrompts"] is False and all(
+    assert doc["config"]["tp4"]["samePrompts"] is False and all(
         lv["tp4"]["salted"] and not lv["tp4"]["samePrompts"] for _, _, lv in levels(doc)
     )
 
@@ -577,9 +582,7 @@ def test_prefill_on_a_corpus(standin: Callable[..., Standin], tmp_path: Path) ->
     assert proc.returncode == 0, proc.stderr
     assert "3 entries skipped" in proc.stderr
     doc = load(out)
-    assert (
-        doc["tp4"]["kind"] == "prefill" and doc["tp4"]["corpus"] == "corpus" and doc["config"]["sizes"] == [300, 1500]
-    )
+    assert doc["tp4"]["kind"] == "prefill" and doc["tp4"]["corpus"] == "corpus" and doc["config"]["sizes"] == "300,1500"
     assert doc["tp4"]["calibration"]["charsPerToken"] > 1
     rows = doc["prefill"]
     assert [(r["trial"], r["targetTokens"]) for r in rows] == [(1, 300), (1, 1500), (2, 300), (2, 1500)]
@@ -647,7 +650,7 @@ def test_the_line_profile_is_the_endpoint_and_the_plan_is_recorded(
     doc = load(tmp_path / "out")
     plan = json.loads(tp4("plan", "--profile", profile, "--json").stdout)
     assert (
-        doc["config"]["base"] == f"http://127.0.0.1:{s.port}"
+        doc["config"]["base"] == f"http://127.0.0.1:{s.port}/v1"
         and doc["node"] is None
         and doc["tp4"]["host"] == "127.0.0.1"
     )
@@ -838,7 +841,7 @@ def test_the_key_goes_in_the_header_only(standin: Callable[..., Standin], tmp_pa
     proc = tp4(*args, "--api-key-file", key_file, "--out", out)
     assert proc.returncode == 0, proc.stderr
     assert key not in (out / "result.json").read_text() + proc.stdout + proc.stderr
-    assert load(out)["config"]["base"] == s.url
+    assert load(out)["config"]["base"] == s.url + "/v1"
     (tmp_path / "wrong").write_text("sk-wrong-key\n")
     (tmp_path / "wrong").chmod(0o600)
     for extra in (("--api-key-file", tmp_path / "wrong"), ()):

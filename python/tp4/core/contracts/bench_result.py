@@ -356,23 +356,75 @@ class Source(Open):
     )
 
 
-class RunConfig(Open):
-    """The run's configuration (a different one refuses to resume into the same --out)."""
+class RunConfigTp4(Closed):
+    """tp4's own configuration of the run: a different one refuses to resume into the same --out."""
 
-    kind: Literal["decode", "prefill"] | None = Field(None, description="tp4: which bench.")
-    base: str | None = Field(None, description="The API's /v1 URL.")
-    model: str | None = Field(None, description="The model name.")
+    kind: Literal["decode", "prefill"] | None = Field(None, description="Which bench.")
     trials: Count = Field(None, description="Trials (decode) or passes (prefill).")
     levels: list[Positive] | None = Field(None, description="Concurrency levels.")
     sizes: list[Positive] | None = Field(None, description="Prefill prompt sizes, tokens.")
-    maxTokens: Count = Field(None, description="tp4: max_tokens of every request.")
-    promptTypes: list[str] | None = Field(None, description="tp4: the decode prompt types.")
-    c1Runs: Count = Field(None, description="tp4 decode: runs of c1.")
-    warmup: Count = Field(None, description="tp4 decode: discarded warm-up requests per prompt type.")
-    samePrompts: bool | None = Field(None, description="tp4 decode: every stream of a level gets the same prompt.")
-    sharedPrefix: bool | None = Field(None, description="tp4 decode: prompts share their start (no salt line).")
-    temperature: Number = Field(None, description="tp4: the temperature (0).")
-    corpus: str | None = Field(None, description="tp4 prefill: --corpus as given.")
+    maxTokens: Count = Field(None, description="max_tokens of every request.")
+    promptTypes: list[str] | None = Field(None, description="The decode prompt types.")
+    c1Runs: Count = Field(None, description="Decode: runs of c1.")
+    warmup: Count = Field(None, description="Decode: discarded warm-up requests per prompt type.")
+    samePrompts: bool | None = Field(None, description="Decode: every stream of a level gets the same prompt.")
+    sharedPrefix: bool | None = Field(None, description="Decode: prompts share their start (no salt line).")
+    temperature: Count = Field(None, description="The temperature (0).")
+    corpus: str | None = Field(None, description="Prefill: --corpus as given.")
+
+
+def _csv(values: list[int]) -> str:
+    return ",".join(str(v) for v in values)
+
+
+class RunConfig(Open):
+    """The run's configuration: the flags of sparkDash's run.mjs, as it writes them (numbers as the
+    comma-separated text given on its command line), and tp4's own configuration under ``tp4``.
+    tp4's earlier files held tp4's keys at this level, with lists and numbers: `tp4 report` still reads them."""
+
+    base: str | None = Field(None, description="The API's /v1 URL.")
+    out: str | None = Field(None, description="The result directory (--out; null: none).")
+    label: str | None = Field(None, description="--label as given (null: none).")
+    trials: str | int | None = Field(None, description='Trials (decode) or passes (prefill), as text: "2".')
+    levels: str | list[Positive] | None = Field(None, description='Concurrency levels, as text: "1,2,4,8".')
+    decode_only: bool | None = Field(None, alias="decode-only", description="Only the decode bench ran.")
+    prompt_type: str | None = Field(
+        None, alias="prompt-type", description="The decode prompt types, comma-separated (null: no decode)."
+    )
+    model: str | None = Field(None, description="The model name.")
+    sizes: str | list[Positive] | None = Field(
+        None, description='Prefill prompt sizes in tokens, as text: "4096,16384".'
+    )
+    prefill_only: bool | None = Field(None, alias="prefill-only", description="Only the prefill bench ran.")
+    extended_concurrency: bool | None = Field(
+        None, alias="extended-concurrency", description="A level above sparkDash's 32 (its C64/C128) is allowed."
+    )
+    tp4: RunConfigTp4 | None = Field(None, description="tp4's own configuration (missing: a sparkDash file).")
+
+    @classmethod
+    def build(cls, *, base: str, out: str | None, label: str | None, model: str, tp4: RunConfigTp4) -> "RunConfig":
+        """The configuration tp4 writes: sparkDash's flags derived from tp4's own configuration."""
+        decode = tp4.kind == "decode"
+        return cls.model_validate(
+            {
+                "base": base.rstrip("/") + "/v1",
+                "out": out,
+                "label": label,
+                "trials": str(tp4.trials),
+                "levels": _csv(tp4.levels or []),
+                "decode-only": decode,
+                "prompt-type": ",".join(tp4.promptTypes or []) if decode else None,
+                "model": model,
+                "sizes": _csv(tp4.sizes or []),
+                "prefill-only": not decode,
+                "extended-concurrency": max(tp4.levels or [1]) > 32,
+                "tp4": tp4,
+            }
+        )
+
+    def document(self) -> dict[str, Any]:
+        """The JSON object, keys as sparkDash spells them."""
+        return self.model_dump(mode="json", by_alias=True, exclude_unset=False)
 
 
 class Calibration(Closed):
@@ -445,6 +497,7 @@ MODELS: tuple[type[Open | Closed], ...] = (
     ResultTp4,
     Calibration,
     RunConfig,
+    RunConfigTp4,
     Source,
     DecodeEntry,
     Job,

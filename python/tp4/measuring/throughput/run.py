@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from tp4.core.apikey import Secret
+from tp4.core.contracts.bench_result import RunConfig, RunConfigTp4
 from tp4.measuring.throughput import prompts as P
 from tp4.measuring.throughput import result as R
 from tp4.measuring.throughput.loadgen import Client, LoadWatcher, StreamResult, wave
@@ -63,22 +64,23 @@ class DecodeConfig:
         """The levels trial ``trial`` runs: c1 in the first c1_runs trials, the others in the first ``trials``."""
         return [c for c in self.levels if trial <= (self.c1_runs if c == 1 else self.trials)]
 
-    def json(self, base: str, model: str) -> dict[str, Any]:
-        return {
-            "kind": "decode",
-            "base": base,
-            "model": model,
-            "trials": self.trials,
-            "levels": list(self.levels),
-            "sizes": [],
-            "maxTokens": self.max_tokens,
-            "promptTypes": list(self.types),
-            "c1Runs": self.c1_runs,
-            "warmup": self.warmup,
-            "samePrompts": self.same_prompts,
-            "sharedPrefix": self.shared_prefix,
-            "temperature": 0,
-        }
+    def json(self, base: str, model: str, out: str | None, label: str | None) -> dict[str, Any]:
+        own = RunConfigTp4(
+            kind="decode",
+            trials=self.trials,
+            levels=list(self.levels),
+            sizes=[],
+            maxTokens=self.max_tokens,
+            promptTypes=list(self.types),
+            c1Runs=self.c1_runs,
+            warmup=self.warmup,
+            samePrompts=self.same_prompts,
+            sharedPrefix=self.shared_prefix,
+            temperature=0,
+        )
+        return RunConfig.build(
+            base=base, out=None if out is None else str(out), label=label, model=model, tp4=own
+        ).document()
 
 
 @dataclass(frozen=True)
@@ -92,19 +94,20 @@ class PrefillConfig:
     def request_timeout(self, tokens: int) -> float:
         return self.timeout if self.timeout is not None else min(2.7e6, max(90.0, 60.0 + 0.008 * tokens))
 
-    def json(self, base: str, model: str, corpus: str | None) -> dict[str, Any]:
-        return {
-            "kind": "prefill",
-            "base": base,
-            "model": model,
-            "trials": self.passes,
-            "levels": [1],
-            "sizes": list(self.sizes),
-            "maxTokens": self.max_tokens,
-            "promptTypes": [],
-            "corpus": corpus,
-            "temperature": 0,
-        }
+    def json(self, base: str, model: str, corpus: str | None, out: str | None, label: str | None) -> dict[str, Any]:
+        own = RunConfigTp4(
+            kind="prefill",
+            trials=self.passes,
+            levels=[1],
+            sizes=list(self.sizes),
+            maxTokens=self.max_tokens,
+            promptTypes=[],
+            corpus=corpus,
+            temperature=0,
+        )
+        return RunConfig.build(
+            base=base, out=None if out is None else str(out), label=label, model=model, tp4=own
+        ).document()
 
 
 class Progress:
@@ -210,8 +213,9 @@ def _open(
     old = R.read(path)
     if old is None or force:
         return path, None
-    if old["tp4"].get("kind") != kind or old["config"] != config:
-        diff = R.differences(old["config"], config)
+    # only tp4's own configuration decides: --out and --label may be spelled another way on resume
+    if old["tp4"].get("kind") != kind or old["config"].get("tp4") != config["tp4"]:
+        diff = R.differences(old["config"].get("tp4") or old["config"], config["tp4"])
         raise InvalidInput(
             f"--out: {path} holds a run of another configuration ({'; '.join(diff)[:600]}); "
             "fix: rerun with that run's options to resume it, choose another --out, or pass --force to start over"
@@ -302,7 +306,7 @@ async def _decode(
 ) -> Outcome:
     client, watcher, model = await _connect(target, cfg.timeout, max(cfg.levels), progress)
     try:
-        config = cfg.json(target.url, model)
+        config = cfg.json(target.url, model, out, label)
         path, doc = _open(out, "decode", config, force, progress)
         if doc is None:
             prompts_text = (
@@ -599,7 +603,7 @@ async def _prefill(
         )
     client, watcher, model = await _connect(target, 120.0, 1, progress)
     try:
-        config = cfg.json(target.url, model, corpus.name if corpus else None)
+        config = cfg.json(target.url, model, corpus.name if corpus else None, out, label)
         path, doc = _open(out, "prefill", config, force, progress)
         if doc is None:
             body = (
