@@ -19,7 +19,7 @@ import math
 from fractions import Fraction
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, PlainValidator, WithJsonSchema
+from pydantic import Field, PlainSerializer, PlainValidator, WithJsonSchema
 from pydantic_core import PydanticCustomError
 
 from tp4.core.contracts.base import Bad, Closed, Open, describe
@@ -62,10 +62,20 @@ def _positive(value: object) -> int:
     return int(number)
 
 
+def _json_number(value: Fraction | None) -> int | float | None:
+    """A number as JSON holds it (the writer builds the file through these models)."""
+    if value is None:
+        return None
+    return int(value) if value.denominator == 1 else float(value)
+
+
+_AS_JSON = PlainSerializer(_json_number, when_used="json")
 # a number, null or absent
-Number = Annotated[Fraction | None, PlainValidator(_number), WithJsonSchema({"type": ["number", "null"]})]
+Number = Annotated[Fraction | None, PlainValidator(_number), _AS_JSON, WithJsonSchema({"type": ["number", "null"]})]
 # a non-negative number (a rate, a time), null or absent
-Rate = Annotated[Fraction | None, PlainValidator(_rate), WithJsonSchema({"type": ["number", "null"], "minimum": 0})]
+Rate = Annotated[
+    Fraction | None, PlainValidator(_rate), _AS_JSON, WithJsonSchema({"type": ["number", "null"], "minimum": 0})
+]
 # a whole number >= 0 (a count), null or absent
 Count = Annotated[int | None, PlainValidator(_count), WithJsonSchema({"type": ["integer", "null"], "minimum": 0})]
 # a whole number >= 1, required (a concurrency, a prompt size)

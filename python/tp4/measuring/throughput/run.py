@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from tp4.core.apikey import Secret
-from tp4.core.contracts.bench_result import RunConfig, RunConfigTp4
+from tp4.core.contracts.bench_result import BenchResult, ResultTp4, RunConfig, RunConfigTp4, Source
 from tp4.measuring.throughput import prompts as P
 from tp4.measuring.throughput import result as R
 from tp4.measuring.throughput.loadgen import Client, LoadWatcher, StreamResult, wave
@@ -175,31 +175,34 @@ def _new_doc(
     kind: str, config: dict[str, Any], target: Target, label: str | None, method: str, extra: dict[str, Any]
 ) -> dict[str, Any]:
     version = _version()
-    return {
-        "status": "FAIL",
-        "label": label or f"tp4 bench {kind}",
-        "started": R.now_iso(),
-        "finished": None,
-        "source": {"repo": "tp4", "commit": None, "release": version},
-        "node": None,  # sparkDash's Node.js version: tp4 runs on none; the API's host is tp4.host
-        "config": config,
-        "prefill": [],
-        "decode": [],
-        "method": method,
-        "tp4": {
-            "version": version,
-            "host": target.node,
-            "kind": kind,
-            "plan_digest": target.plan_digest,
-            "plan": target.plan,
-            "image": target.image,
-            "pins": target.pins,
-            "profile": target.profile,
-            "levels_done": [],
-            "interrupted": True,
-            **extra,
-        },
-    }
+    doc = BenchResult(
+        status="FAIL",
+        label=label or f"tp4 bench {kind}",
+        started=R.now_iso(),
+        finished=None,
+        source=Source(repo="tp4", commit=None, release=version),
+        node=None,  # sparkDash's Node.js version: tp4 runs on none; the API's host is tp4.host
+        config=RunConfig.model_validate(config),
+        prefill=[],
+        decode=[],
+        method=method,
+        tp4=ResultTp4.model_validate(
+            {
+                "version": version,
+                "host": target.node,
+                "kind": kind,
+                "plan_digest": target.plan_digest,
+                "plan": target.plan,
+                "image": target.image,
+                "pins": target.pins,
+                "profile": target.profile,
+                "levels_done": [],
+                "interrupted": True,
+                **extra,
+            }
+        ),
+    )
+    return doc.model_dump(mode="json", by_alias=True, exclude_unset=True)
 
 
 def _open(
