@@ -20,6 +20,7 @@ renamed over it), so a run killed at any moment leaves the last finished level o
 from __future__ import annotations
 
 import json
+from fractions import Fraction
 import os
 import stat
 import statistics
@@ -34,6 +35,7 @@ from pydantic import ValidationError
 
 from tp4.measuring.throughput.loadgen import CHAT, PREVIEW, StreamResult, Watch
 from tp4.core.contracts.base import problems
+from tp4.core.contracts import bench_result as C
 from tp4.core.contracts.bench_result import BenchResult
 from tp4.core.errors import InvalidInput
 
@@ -89,52 +91,60 @@ def stream_json(r: StreamResult, url: str, model: str, level_start: float) -> Do
     usage = (
         None
         if r.usage is None
-        else {
-            "promptTokens": r.usage.get("prompt_tokens"),
-            "completionTokens": r.usage.get("completion_tokens"),
-            "totalTokens": r.usage.get("total_tokens"),
-        }
+        else C.Usage(
+            promptTokens=_count(r.usage.get("prompt_tokens")),
+            completionTokens=_count(r.usage.get("completion_tokens")),
+            totalTokens=_count(r.usage.get("total_tokens")),
+        )
     )
-    return {
-        "index": r.index,
-        "ttftContentMs": _r(_ms(r.t0, r.t_first_content)),
-        "reasoningChunks": r.reasoning_chunks,
-        "ttftMs": _r(ttft),
-        "decodeTps": _r(decode_tps),
-        "decodeTokens": decode_tokens,
-        "completionTokens": completion,
-        "prefillTps": _r(prefill_tps),
-        "prefillTokens": prompt_tokens,
-        "totalMs": _r(_ms(r.t0, r.t_end)),
-        "error": r.error,
-        "prompt": r.prompt,
-        "http": {
-            "url": url.rstrip("/") + CHAT,
-            "status": r.status,
-            "headers": r.headers,
-            "completionId": r.completion_id,
-            "finishReason": r.finish_reason,
-            "sseEventCount": r.events,
-            "firstSseDataPreview": r.first_data,
-            "request": {
-                "model": model,
-                "maxTokens": r.max_tokens,
-                "temperature": 0,
-                "stream": True,
-                "promptChars": len(r.prompt),
-            },
-        },
-        "usage": usage,
-        "contentPreview": {"first": text[:PREVIEW], "last": text[-PREVIEW:], "chars": len(text)},
-        "decodeMs": _r(decode_ms),
-        "tp4": {
-            "t0Ms": _r(_ms(level_start, r.t0)),
-            "tFirstMs": _r(_ms(level_start, r.t_first)),
-            "tLastMs": _r(_ms(level_start, r.t_last)),
-            "usageSeen": r.usage is not None,
-            "exact": r.extended,
-        },
-    }
+    stream = C.Stream(
+        index=r.index,
+        ttftContentMs=_q(_ms(r.t0, r.t_first_content)),
+        reasoningChunks=r.reasoning_chunks,
+        ttftMs=_q(ttft),
+        decodeTps=_q(decode_tps),
+        decodeTokens=decode_tokens,
+        completionTokens=completion,
+        prefillTps=_q(prefill_tps),
+        prefillTokens=prompt_tokens,
+        totalMs=_q(_ms(r.t0, r.t_end)),
+        error=r.error,
+        prompt=r.prompt,
+        http=C.Http(
+            url=url.rstrip("/") + CHAT,
+            status=r.status,
+            headers=r.headers,
+            completionId=r.completion_id,
+            finishReason=r.finish_reason,
+            sseEventCount=r.events,
+            firstSseDataPreview=r.first_data,
+            request=C.HttpRequest(
+                model=model, maxTokens=r.max_tokens, temperature=Fraction(0), stream=True, promptChars=len(r.prompt)
+            ),
+        ),
+        usage=usage,
+        contentPreview=C.ContentPreview(first=text[:PREVIEW], last=text[-PREVIEW:], chars=len(text)),
+        decodeMs=_q(decode_ms),
+        tp4=C.StreamTp4(
+            t0Ms=_q(_ms(level_start, r.t0)),
+            tFirstMs=_q(_ms(level_start, r.t_first)),
+            tLastMs=_q(_ms(level_start, r.t_last)),
+            usageSeen=r.usage is not None,
+            exact=r.extended,
+        ),
+    )
+    return stream.model_dump(mode="json", by_alias=True, exclude_unset=True)
+
+
+def _q(value: float | None, digits: int = 3) -> Fraction | None:
+    """A rounded measurement as the model holds it (exactly the float written)."""
+    rounded = _r(value, digits)
+    return None if rounded is None else Fraction(rounded)
+
+
+def _count(value: object) -> int | None:
+    """A usage count as the engine sent it, or null when it is not a whole number >= 0."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
 
 
 def _ok(s: Doc) -> bool:
