@@ -90,3 +90,14 @@ def test_tp4s_fields_are_sparkdashs_where_sparkdash_has_them_and_the_rest_sit_un
     assert {p for p in ours if p.startswith(".config.") and p.count(".") == 2} - {
         p for p in theirs if p.startswith(".config.")
     } == {".config.tp4"}
+
+
+def test_earlier_tp4_configs_and_sparkdashs_are_read_by_the_same_model() -> None:
+    from tp4.core.contracts.bench_result import RunConfig
+
+    # earlier tp4 files: tp4's keys at the top of config, numbers and lists (tp4 report still reads them)
+    old = RunConfig.model_validate({"base": "http://h:8888", "trials": 2, "levels": [1, 2], "maxTokens": 256})
+    assert old.levels == [1, 2] and old.trials == 2 and old.tp4 is None
+    theirs = RunConfig.model_validate(json.loads(SPARKDASH.read_text())["config"])
+    assert theirs.levels == "1,2,4,8,16" and theirs.decode_only is True and theirs.prompt_type == "prose"
+    assert theirs.document() == {**json.loads(SPARKDASH.read_text())["config"], "tp4": None}
