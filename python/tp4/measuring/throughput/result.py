@@ -34,7 +34,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from tp4.measuring.throughput.loadgen import CHAT, PREVIEW, StreamResult, Watch
-from tp4.core.contracts.base import problems
+from tp4.core.contracts.base import Closed, Open, problems
 from tp4.core.contracts import bench_result as C
 from tp4.core.contracts.bench_result import BenchResult
 from tp4.core.errors import InvalidInput
@@ -80,6 +80,15 @@ def _ms(a: float | None, b: float | None) -> float | None:
 
 def stream_json(r: StreamResult, url: str, model: str, level_start: float) -> Doc:
     """One stream's sparkDash fields (and its times from the level's start under ``tp4``)."""
+    return _dump(stream_model(r, url, model, level_start))
+
+
+def _dump(model: Open | Closed) -> Doc:
+    return model.model_dump(mode="json", by_alias=True, exclude_unset=True)
+
+
+def stream_model(r: StreamResult, url: str, model: str, level_start: float) -> C.Stream:
+    """One stream, typed by the result model."""
     ttft = _ms(r.t0, r.t_first)
     completion = r.completion_tokens
     decode_tokens = max(completion - 1, 0)
@@ -133,7 +142,7 @@ def stream_json(r: StreamResult, url: str, model: str, level_start: float) -> Do
             exact=r.extended,
         ),
     )
-    return stream.model_dump(mode="json", by_alias=True, exclude_unset=True)
+    return stream
 
 
 def _q(value: float | None, digits: int = 3) -> Fraction | None:
@@ -170,7 +179,8 @@ def level_json(
     salted: bool,
 ) -> Doc:
     """One concurrency level: sparkDash's result row, ``tp4`` {invalid, maxRunning, ...}."""
-    rows = [stream_json(r, url, model, start) for r in streams]
+    models = [stream_model(r, url, model, start) for r in streams]
+    rows = [_dump(m) for m in models]
     ok = [(s, r) for s, r in zip(rows, streams, strict=True) if _ok(s)]
     decode = [s["decodeTps"] for s, _ in ok if s["decodeTps"] is not None]
     ttft = [s["ttftMs"] for s, _ in ok if s["ttftMs"] is not None]
@@ -195,37 +205,38 @@ def level_json(
             + (f": {'; '.join(errors)[:500]}" if errors else ": no decode tokens")
         )
     )
-    return {
-        "concurrency": concurrency,
-        "streamsOk": len(ok),
-        "streamsFailed": failed,
-        "meanDecodeTps": _r(mean),
-        "medianDecodeTps": _r(median),
-        "minDecodeTps": _r(low),
-        "maxDecodeTps": _r(high),
-        "meanTtftMs": _r(statistics.fmean(ttft) if ttft else None),
-        "medianTtftMs": _r(statistics.median(ttft) if ttft else None),
-        "aggregateDecodeTps": _r(aggregate),
-        "meanPrefillTps": _r(statistics.fmean(prefill) if prefill else None),
-        "medianPrefillTps": _r(statistics.median(prefill) if prefill else None),
-        "aggregatePrefillTps": _r(aggregate_prefill),
-        "totalPrefillTokens": total_prefill,
-        "totalDecodeTokens": total_decode,
-        "totalCompletionTokens": sum(s["completionTokens"] for s, _ in ok),
-        "durationMs": _r((end - start) * 1000.0),
-        "error": error,
-        "streams": rows,
-        "model": model,
-        "hardwareSamples": [],
-        "tp4": {
-            "invalid": watch.invalid(concurrency),
-            "maxRunning": watch.max_running,
-            "maxInEngine": watch.max_in_engine,
-            "loadSamples": watch.samples,
-            "samePrompts": same_prompts,
-            "salted": salted,
-        },
-    }
+    level = C.Level(
+        concurrency=concurrency,
+        streamsOk=len(ok),
+        streamsFailed=failed,
+        meanDecodeTps=_q(mean),
+        medianDecodeTps=_q(median),
+        minDecodeTps=_q(low),
+        maxDecodeTps=_q(high),
+        meanTtftMs=_q(statistics.fmean(ttft) if ttft else None),
+        medianTtftMs=_q(statistics.median(ttft) if ttft else None),
+        aggregateDecodeTps=_q(aggregate),
+        meanPrefillTps=_q(statistics.fmean(prefill) if prefill else None),
+        medianPrefillTps=_q(statistics.median(prefill) if prefill else None),
+        aggregatePrefillTps=_q(aggregate_prefill),
+        totalPrefillTokens=total_prefill,
+        totalDecodeTokens=total_decode,
+        totalCompletionTokens=sum(s["completionTokens"] for s, _ in ok),
+        durationMs=_q((end - start) * 1000.0),
+        error=error,
+        streams=models,
+        model=model,
+        hardwareSamples=[],
+        tp4=C.LevelTp4(
+            invalid=watch.invalid(concurrency),
+            maxRunning=watch.max_running,
+            maxInEngine=watch.max_in_engine,
+            loadSamples=watch.samples,
+            samePrompts=same_prompts,
+            salted=salted,
+        ),
+    )
+    return _dump(level)
 
 
 def prefill_request(r: StreamResult, url: str, model: str) -> Doc:
