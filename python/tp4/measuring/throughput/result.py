@@ -239,39 +239,41 @@ def level_json(
     return _dump(level)
 
 
-def prefill_request(r: StreamResult, url: str, model: str) -> Doc:
+def prefill_request(r: StreamResult, url: str, model: str) -> C.PrefillRequest:
     """A prefill row's request as sparkDash writes it: the stream's numbers with the HTTP exchange
     flat beside them (httpStatus, responseHeaders, ...) and its times t0, tFirst, tLast in epoch
     milliseconds; not the prompt (the row keeps its size and hash, not 100k+ tokens of text)."""
-    stream = stream_json(r, url, model, r.t0)
-    http = stream["http"]
+    stream = stream_model(r, url, model, r.t0)
+    http = stream.http
+    assert http is not None  # stream_model always sets it
     epoch = time.time() - time.perf_counter()  # the perf_counter clock's zero, in epoch seconds
 
-    def at(t: float | None) -> float | None:
-        return None if t is None else _r((epoch + t) * 1000.0)
+    def at(t: float | None) -> Fraction | None:
+        return None if t is None else _q((epoch + t) * 1000.0)
 
-    return {
-        "ttftContentMs": stream["ttftContentMs"],
-        "reasoningChunks": stream["reasoningChunks"],
-        "ttftMs": stream["ttftMs"],
-        "completionTokens": stream["completionTokens"],
-        "prefillTps": stream["prefillTps"],
-        "prefillTokens": stream["prefillTokens"],
-        "totalMs": stream["totalMs"],
-        "error": stream["error"],
-        "httpStatus": http["status"],
-        "responseHeaders": http["headers"],
-        "completionId": http["completionId"],
-        "finishReason": http["finishReason"],
-        "sseEventCount": http["sseEventCount"],
-        "firstSseDataPreview": http["firstSseDataPreview"],
-        "model": model,
-        "t0": at(r.t0),
-        "tFirst": at(r.t_first),
-        "tLast": at(r.t_last),
-        "usage": stream["usage"],
-        "contentPreview": stream["contentPreview"],
-    }
+    request = C.PrefillRequest(
+        ttftContentMs=stream.ttftContentMs,
+        reasoningChunks=stream.reasoningChunks,
+        ttftMs=stream.ttftMs,
+        completionTokens=stream.completionTokens,
+        prefillTps=stream.prefillTps,
+        prefillTokens=stream.prefillTokens,
+        totalMs=stream.totalMs,
+        error=stream.error,
+        httpStatus=http.status,
+        responseHeaders=http.headers,
+        completionId=http.completionId,
+        finishReason=http.finishReason,
+        sseEventCount=http.sseEventCount,
+        firstSseDataPreview=http.firstSseDataPreview,
+        model=model,
+        t0=at(r.t0),
+        tFirst=at(r.t_first),
+        tLast=at(r.t_last),
+        usage=stream.usage,
+        contentPreview=stream.contentPreview,
+    )
+    return request
 
 
 def prefill_row(
@@ -286,23 +288,22 @@ def prefill_row(
     model: str,
     corpus: str | None,
 ) -> Doc:
-    request = prefill_request(r, url, model)
-    invalid = watch.invalid(1)
-    return {
-        "trial": trial,
-        "targetTokens": target,
-        "salt": salt,
-        "promptChars": len(prompt),
-        "promptSha256": sha,
-        "request": request,
-        "tp4": {
-            "corpus": corpus,
-            "invalid": invalid,
-            "promptTokens": r.prompt_tokens,
-            "maxRunning": watch.max_running,
-            "head": prompt[:200],
-        },
-    }
+    row = C.PrefillRow(
+        trial=trial,
+        targetTokens=target,
+        salt=salt,
+        promptChars=len(prompt),
+        promptSha256=sha,
+        request=prefill_request(r, url, model),
+        tp4=C.PrefillTp4(
+            corpus=corpus,
+            invalid=watch.invalid(1),
+            promptTokens=_count(r.prompt_tokens),
+            maxRunning=watch.max_running,
+            head=prompt[:200],
+        ),
+    )
+    return _dump(row)
 
 
 # --- the file ------------------------------------------------------------------------------------------
