@@ -14,7 +14,16 @@ from pathlib import Path
 from typing import Any
 
 from tp4.core.apikey import Secret
-from tp4.core.contracts.bench_result import BenchResult, ResultTp4, RunConfig, RunConfigTp4, Source
+from tp4.core.contracts.bench_result import (
+    BenchResult,
+    Job,
+    JobConfig,
+    JobProgress,
+    ResultTp4,
+    RunConfig,
+    RunConfigTp4,
+    Source,
+)
 from tp4.measuring.throughput import prompts as P
 from tp4.measuring.throughput import result as R
 from tp4.measuring.throughput.loadgen import Client, LoadWatcher, StreamResult, wave
@@ -280,26 +289,21 @@ def _job(doc: dict[str, Any], kind: str, trial: int, cfg: DecodeConfig, url: str
             return job
     port = urllib.parse.urlsplit(url).port
     levels = cfg.levels_of(trial)
-    job = {
-        "benchId": f"tp4-{kind}-{trial}-{int(time.time())}",
-        "sparkId": "comparison",
-        "status": "running",
-        "startedAt": R.now_ms(),
-        "completedAt": None,
-        "durationMs": None,
-        "error": None,
-        "owner": None,
-        "config": {
-            "port": port,
-            "modelId": model,
-            "concurrencies": levels,
-            "maxTokens": cfg.max_tokens,
-            "promptType": kind,
-            "debug": False,
-        },
-        "progress": {"currentConcurrency": None, "completedLevels": 0, "totalLevels": len(levels), "message": ""},
-        "results": [],
-    }
+    job = Job(
+        benchId=f"tp4-{kind}-{trial}-{int(time.time())}",
+        sparkId="comparison",
+        status="running",
+        startedAt=R.now_ms(),
+        completedAt=None,
+        durationMs=None,
+        error=None,
+        owner=None,
+        config=JobConfig(
+            port=port, modelId=model, concurrencies=levels, maxTokens=cfg.max_tokens, promptType=kind, debug=False
+        ),
+        progress=JobProgress(currentConcurrency=None, completedLevels=0, totalLevels=len(levels), message=""),
+        results=[],
+    ).model_dump(mode="json", by_alias=True, exclude_unset=True)
     doc["decode"].append({"trial": trial, "job": job})
     return job
 
