@@ -174,6 +174,16 @@ def test_a_streamed_completion(healthy: Head) -> None:
     assert prose.finish_reason == "length" and prose.chunks == 4 and len(prose.content.split()) == 5
 
 
+def test_a_request_whose_answer_was_read_is_no_longer_running(healthy: Head) -> None:
+    """As SGLang's scheduler drops a finished request before its last chunk is written, a client
+    that has read an answer never finds it still running (a watchdog or bench would count it)."""
+    for _ in range(40):
+        api.stream(healthy.ep, "Say something.", max_tokens=2, timeout=10)
+        assert api.load(healthy.ep, timeout=5) == Load(0, 0)
+        api.complete(healthy.ep, "Say something.", max_tokens=2, timeout=10)
+        assert api.load(healthy.ep, timeout=5) == Load(0, 0)
+
+
 def test_load_and_health(healthy: Head) -> None:
     assert api.load(healthy.ep, timeout=5) == Load(0, 0)
     assert api.health(healthy.ep, timeout=5) == 200

@@ -160,12 +160,32 @@ def test_decode_numbers_are_the_rates_set_and_sparkdash_formulas(
     assert proc.returncode == 0, proc.stderr
     doc = load(out)
     assert doc["status"] == "PASS" and doc["tp4"]["interrupted"] is False and doc["finished"]
-    assert doc["config"]["model"] == MODEL and doc["config"]["levels"] == [1, 2] and doc["config"]["maxTokens"] == 31
+    # sparkDash's names keep sparkDash's meanings: node is its Node.js version, source.commit a git commit
+    assert doc["node"] is None and doc["tp4"]["host"] == "127.0.0.1"
+    assert doc["source"]["commit"] is None and doc["source"]["release"] == doc["tp4"]["version"]
+    # sparkDash's run.mjs flags as it writes them (numbers as the text of its command line), tp4's own under tp4
+    config = doc["config"]
+    assert config["model"] == MODEL and config["levels"] == "1,2" and config["trials"] == "1"
+    assert config["decode-only"] is True and config["prefill-only"] is False and config["extended-concurrency"] is False
+    assert config["base"].endswith("/v1") and config["out"] == str(out) and config["sizes"] == ""
+    assert config["tp4"]["levels"] == [1, 2] and config["tp4"]["maxTokens"] == 31 and "maxTokens" not in config
     # c1 twice (trials 1 and 2), c2 once: one job per trial, with the levels it ran
     assert [
         (e["trial"], e["job"]["config"]["concurrencies"], [lv["concurrency"] for lv in e["job"]["results"]])
         for e in doc["decode"]
     ] == [(1, [1, 2], [1, 2]), (2, [1], [1])]
+    for entry in doc["decode"]:  # a finished job as sparkDash leaves it: epoch-ms times, no level running, "Done"
+        job = entry["job"]
+        assert job["status"] == "completed" and job["error"] is None and "owner" in job
+        assert isinstance(job["startedAt"], int) and isinstance(job["completedAt"], int)
+        assert 1_700_000_000_000 < job["startedAt"] <= job["completedAt"]
+        assert job["durationMs"] == job["completedAt"] - job["startedAt"]
+        assert job["progress"] == {
+            "currentConcurrency": None,
+            "completedLevels": 2 if entry["trial"] == 1 else 1,
+            "totalLevels": 2 if entry["trial"] == 1 else 1,
+            "message": "Done",
+        }
     for _, _, level in levels(doc):
         c = level["concurrency"]
         assert level["streamsOk"] == c and level["streamsFailed"] == 0 and level["error"] is None
@@ -183,6 +203,7 @@ def test_decode_numbers_are_the_rates_set_and_sparkdash_formulas(
             }
             assert st["completionTokens"] == 31 and st["decodeTokens"] == 30
             assert st["http"]["sseEventCount"] == 13 and st["http"]["finishReason"] == "length"
+            assert st["http"]["url"] == s.url.rstrip("/") + "/v1/chat/completions"  # the full URL, as sparkDash's
             assert math.ceil(st["contentPreview"]["chars"] / 4) != 31  # the text estimate would be wrong here
             # the stand-in's pace, plus what a busy 2-core machine adds
             assert st["decodeMs"] == pytest.approx(300, rel=0.35)
@@ -500,7 +521,7 @@ def test_same_prompts_salts_and_shared_prefix(standin: Callable[..., Standin], t
         x.startswith("[tp4-bench ") and len(x) == len("[tp4-bench ]") + 12 for x in salts
     )
     doc = load(tmp_path / "a")
-    assert doc["config"]["samePrompts"] is False and all(
+    assert doc["config"]["tp4"]["samePrompts"] is False and all(
         lv["tp4"]["salted"] and not lv["tp4"]["samePrompts"] for _, _, lv in levels(doc)
     )
 
@@ -562,9 +583,7 @@ def test_prefill_on_a_corpus(standin: Callable[..., Standin], tmp_path: Path) ->
     assert proc.returncode == 0, proc.stderr
     assert "3 entries skipped" in proc.stderr
     doc = load(out)
-    assert (
-        doc["tp4"]["kind"] == "prefill" and doc["tp4"]["corpus"] == "corpus" and doc["config"]["sizes"] == [300, 1500]
-    )
+    assert doc["tp4"]["kind"] == "prefill" and doc["tp4"]["corpus"] == "corpus" and doc["config"]["sizes"] == "300,1500"
     assert doc["tp4"]["calibration"]["charsPerToken"] > 1
     rows = doc["prefill"]
     assert [(r["trial"], r["targetTokens"]) for r in rows] == [(1, 300), (1, 1500), (2, 300), (2, 1500)]
@@ -577,6 +596,12 @@ def test_prefill_on_a_corpus(standin: Callable[..., Standin], tmp_path: Path) ->
         assert req["prefillTps"] == pytest.approx(4000, rel=0.2)
         # the stand-in's prefill pace plus what a busy 2-core machine adds: within a quarter (or 40 ms)
         assert req["ttftMs"] == pytest.approx(req["prefillTokens"] / 4000 * 1000, rel=0.25, abs=40)
+        # sparkDash's flat request: the HTTP exchange beside the numbers, its times in epoch ms
+        assert "http" not in req and "prompt" not in req and "tp4" not in req
+        assert req["httpStatus"] == 200 and req["finishReason"] and req["sseEventCount"] > 0 and req["model"] == MODEL
+        assert isinstance(req["responseHeaders"], dict) and req["completionId"] and req["firstSseDataPreview"]
+        assert 1_700_000_000_000 < req["t0"] < req["tFirst"] <= req["tLast"]
+        assert req["tFirst"] - req["t0"] == pytest.approx(req["ttftMs"], abs=0.01)
     heads = "".join(r["tp4"]["head"] for r in rows)
     assert "The guide" in heads or "def clamp" in heads or "caf\ufffd" in heads
     assert "caf\ufffd" in "".join(prompts.load_corpus(str(corpus)).documents)  # undecodable bytes replaced
@@ -626,7 +651,11 @@ def test_the_line_profile_is_the_endpoint_and_the_plan_is_recorded(
     assert proc.returncode == 0, proc.stderr
     doc = load(tmp_path / "out")
     plan = json.loads(tp4("plan", "--profile", profile, "--json").stdout)
-    assert doc["config"]["base"] == f"http://127.0.0.1:{s.port}" and doc["node"] == "127.0.0.1"
+    assert (
+        doc["config"]["base"] == f"http://127.0.0.1:{s.port}/v1"
+        and doc["node"] is None
+        and doc["tp4"]["host"] == "127.0.0.1"
+    )
     assert doc["tp4"]["image"] == plan["image"]["tag"] and doc["tp4"]["plan_digest"] == plan["digest"]
     assert doc["tp4"]["plan"] == plan  # the plan itself, as `tp4 plan --json` prints it
     assert doc["tp4"]["pins"] and all(isinstance(v, str) for v in doc["tp4"]["pins"].values())
@@ -814,7 +843,7 @@ def test_the_key_goes_in_the_header_only(standin: Callable[..., Standin], tmp_pa
     proc = tp4(*args, "--api-key-file", key_file, "--out", out)
     assert proc.returncode == 0, proc.stderr
     assert key not in (out / "result.json").read_text() + proc.stdout + proc.stderr
-    assert load(out)["config"]["base"] == s.url
+    assert load(out)["config"]["base"] == s.url + "/v1"
     (tmp_path / "wrong").write_text("sk-wrong-key\n")
     (tmp_path / "wrong").chmod(0o600)
     for extra in (("--api-key-file", tmp_path / "wrong"), ()):

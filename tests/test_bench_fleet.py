@@ -154,7 +154,7 @@ success_threshold = 1
         )
         assert proc.returncode == 0, proc.stdout + proc.stderr
         doc = json.loads((out / "result.json").read_text())
-        assert doc["node"] == "127.0.0.1" and doc["config"]["base"] == f.url
+        assert doc["node"] is None and doc["tp4"]["host"] == "127.0.0.1" and doc["config"]["base"] == f.url + "/v1"
         for entry in doc["decode"]:
             for level in entry["job"]["results"]:
                 lines = level["tp4"]["lines"]

@@ -410,6 +410,38 @@ def test_a_bare_sparkdash_job_and_a_job_without_prompt_type(tmp_path):
     assert float(run.prefill[65536].value) == 5750.0
 
 
+def test_job_times_in_epoch_milliseconds_as_sparkdash_writes_them_and_iso_as_earlier_tp4_did(tmp_path):
+    doc = sparkdash_result()
+    first, second = (entry["job"] for entry in doc["decode"])
+    first.update(startedAt=1764849600000, completedAt=1764849900000, durationMs=300000, error=None, owner=None)
+    second.update(startedAt="2026-09-26T10:00:00.000Z")  # a tp4 result of an earlier version
+    run = report.read_result(str(write(tmp_path, "ms", doc)))
+    assert ("prose", 8) in run.decode["aggregate"]
+    first["startedAt"] = -1
+    with pytest.raises(InvalidInput, match="startedAt"):
+        report.read_result(str(write(tmp_path, "bad", doc)))
+
+
+def test_a_run_that_is_not_pass_is_told_with_the_files_own_cause(tmp_path):
+    failed = sparkdash_result()
+    failed["status"] = "FAIL"
+    failed["error"] = "stream 3 at c8: no usage in the final SSE event"
+    run = report.read_result(str(write(tmp_path, "failed", failed)))
+    assert "the run's status is FAIL: stream 3 at c8: no usage in the final SSE event" in run.notes
+    assert not any("a stream lacked usage" in n for n in run.notes)  # no fixed reason any more
+    interrupted = job("code", [level(c, wave(c, 9.0, 80.0, 1)) for c in (1, 2)])
+    interrupted["status"] = "running"
+    interrupted["progress"].update(currentConcurrency=4, message="Running c4")
+    run = report.read_result(str(write(tmp_path, "interrupted", interrupted)))
+    assert run.notes[-1] == (
+        "the run's status is running: a decode job was left running: the run was interrupted at c4 (Running c4)"
+    )
+    silent = sparkdash_result()
+    silent["status"] = "FAIL"
+    run = report.read_result(str(write(tmp_path, "silent", silent)))
+    assert "the run's status is FAIL: the file records no cause" in run.notes
+
+
 def test_sparkdash_result_against_the_published_line(tmp_path, tp4_cli):
     doc = sparkdash_result()
     path = write(tmp_path, "sd", doc)
@@ -651,6 +683,51 @@ def test_charts_are_valid_pngs_of_the_expected_size_and_not_blank(tmp_path, tp4_
     assert code == 0, err
     assert (out_dir / "report-decode.png").read_bytes() == first
     assert b"Software" not in first and b"matplotlib" not in first.lower()
+
+
+def test_charts_label_the_decode_axis_list_only_runs_with_data_and_draw_the_reference_on_top(tmp_path):
+    from tp4.measuring import charts
+
+    ref_doc = sparkdash_result()
+    same = copy.deepcopy(ref_doc)
+    same["label"] = "same-as-reference"
+    decode_only = tp4_result(invalid=None)
+    decode_only["prefill"] = []
+    prefill_only = sparkdash_result()
+    prefill_only["label"] = "prefill-only"
+    prefill_only["decode"] = []
+    runs = [
+        report.read_result(str(write(tmp_path, n, d)))
+        for n, d in (("s", same), ("d", decode_only), ("p", prefill_only))
+    ]
+    ref = report.read_result(str(write(tmp_path, "ref", ref_doc)))
+    rep = report.compare(runs, ref, Fraction(5), None)
+
+    fig = charts.decode_figure(rep)
+    panels = [ax for ax in fig.axes if ax.get_visible()]
+    assert len(panels) == 4
+    assert [ax.get_xlabel() for ax in panels[2:]] == ["concurrency (streams)"] * 2  # the bottom row says what x is
+    legend = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert legend == ["reference sparkdash-tp4-20261201", "same-as-reference", "tp4-x1.0"]  # no "prefill-only"
+    prose = next(ax for ax in panels if ax.get_title() == "prose")
+    ref_line = next(ln for ln in prose.get_lines() if ln.get_label().startswith("reference"))
+    twin = next(ln for ln in prose.get_lines() if ln.get_label() == "same-as-reference")
+    assert list(twin.get_ydata()) == list(ref_line.get_ydata())  # the run lies exactly on the reference ...
+    assert ref_line.get_visible() and ref_line.get_linestyle() == "--"
+    assert ref_line.get_zorder() > max(
+        ln.get_zorder() for ln in prose.get_lines() if ln is not ref_line
+    )  # ... under it
+
+    fig = charts.prefill_figure(rep)
+    (ax,) = fig.axes
+    legend = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert [t.split(" (")[0] for t in legend] == [
+        "reference sparkdash-tp4-20261201",
+        "same-as-reference",
+        "prefill-only",
+    ]
+    ref_line = ax.get_lines()[0]
+    assert ref_line.get_zorder() > max(ln.get_zorder() for ln in ax.get_lines()[2:])
 
 
 def test_one_prompt_type_gives_one_panel_and_no_prefill_chart(tmp_path, tp4_cli):

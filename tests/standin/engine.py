@@ -915,6 +915,7 @@ def handler(engine: Engine) -> type[BaseHTTPRequestHandler]:
             boot = self.headers.get(BOOT_HEADER) == "1"
             with engine.lock:
                 engine.running += 1
+            self.counted = True
             try:
                 if not boot and engine.wedged(count=True):
                     # a wedged rank: the request finishes only if the engine recovers
@@ -926,6 +927,14 @@ def handler(engine: Engine) -> type[BaseHTTPRequestHandler]:
                     time.sleep(number("TP4_STANDIN_BUSY_SECONDS", 5))
                 self.complete(prompt, max_tokens, bool(body.get("stream")), answer, calls)
             finally:
+                self.finished()
+
+        def finished(self) -> None:
+            """The request leaves the running count once, before its last bytes are sent: SGLang's
+            scheduler drops a finished request from its batch before the tokenizer manager writes
+            the final chunk, so a client that has read the answer never sees it still running."""
+            if getattr(self, "counted", False):
+                self.counted = False
                 with engine.lock:
                     engine.running -= 1
 
@@ -959,6 +968,8 @@ def handler(engine: Engine) -> type[BaseHTTPRequestHandler]:
                 "completion_tokens": completion_tokens,
                 "total_tokens": prompt_tokens + completion_tokens,
             }
+            if not stream:
+                self.finished()
             if not stream and self.text_api:
                 self.send_json(
                     200,
@@ -1035,6 +1046,7 @@ def handler(engine: Engine) -> type[BaseHTTPRequestHandler]:
                 chunk({"tool_calls": [{"index": i, **c} for i, c in enumerate(calls)]}, None)
             for text in pacing.events([] if calls else tokens):
                 chunk({"content": text}, None)
+            self.finished()
             chunk({}, finish, usage=usage)
             send(b"data: [DONE]\n\n")
             self.wfile.write(b"0\r\n\r\n")

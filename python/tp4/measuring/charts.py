@@ -22,6 +22,7 @@ from tp4.core.errors import InvalidInput
 from tp4.measuring.report import Measurements, Report, _prompt_key, filler_text
 
 if TYPE_CHECKING:
+    from matplotlib.artist import Artist
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
@@ -75,7 +76,16 @@ def _run_names(report: Report) -> list[str]:
     return [run.name if len(run.name) <= 40 else "…" + run.name[-39:] for run in report.runs]
 
 
+REFERENCE_ZORDER = 4  # above the runs' lines (matplotlib draws lines at 2): a run equal to the reference hides it not
+
+
 def decode_chart(report: Report) -> bytes | None:
+    fig = decode_figure(report)
+    return None if fig is None else _png(fig)
+
+
+def decode_figure(report: Report) -> Figure | None:
+    """The decode chart: one panel per prompt type, aggregate tok/s by concurrency."""
     from matplotlib import style
 
     prompt_types = sorted(
@@ -106,22 +116,40 @@ def decode_chart(report: Report) -> bytes | None:
                 "k--o",
                 markersize=4,
                 linewidth=1.2,
-                label=f"reference {ref.name}",
+                zorder=REFERENCE_ZORDER,
+                label=f"reference {ref.name}" if ref_points else "_nolegend_",
             )
             levels.update(p[0] for p in ref_points)
             for j, run in enumerate(report.runs):
                 ok_x, ok_y, bad_x, bad_y = _points(run, prompt_type)
                 colour = f"C{j % 10}"
-                ax.plot(ok_x, ok_y, "-o", color=colour, markersize=5, linewidth=1.8, label=names[j])
+                ax.plot(
+                    ok_x,
+                    ok_y,
+                    "-o",
+                    color=colour,
+                    markersize=5,
+                    linewidth=1.8,
+                    label=names[j] if ok_x else "_nolegend_",
+                )
                 if bad_x:
-                    ax.plot(bad_x, bad_y, "x", color=colour, markersize=9, markeredgewidth=2)
+                    ax.plot(bad_x, bad_y, "x", color=colour, markersize=9, markeredgewidth=2, label=names[j])
                     marked = True
                 levels.update(ok_x + bad_x)
             _log2_axis(ax, sorted(levels), "c")
             ax.set_title(prompt_type, fontsize=10)
             if i % cols == 0:
                 ax.set_ylabel("aggregate tok/s")
-        handles, labels = axes[0][0].get_legend_handles_labels()
+            if i + cols >= len(prompt_types):  # the lowest panel of its column
+                ax.set_xlabel("concurrency (streams)")
+        # one entry per run that has data in some panel (its first line), the reference first
+        seen: dict[str, Artist] = {}
+        for row in axes:
+            for ax in row:
+                for handle, label in zip(*ax.get_legend_handles_labels(), strict=True):
+                    seen.setdefault(label, handle)
+        labels = [label for label in [f"reference {ref.name}", *names] if label in seen]
+        handles = [seen[label] for label in labels]
         if marked:
             from matplotlib.lines import Line2D
 
@@ -131,10 +159,16 @@ def decode_chart(report: Report) -> bytes | None:
         for k in range(len(prompt_types), rows * cols):
             axes[k // cols][k % cols].set_visible(False)
         fig.suptitle("decode: aggregate tok/s by concurrency", fontsize=11)
-        return _png(fig)
+        return fig
 
 
 def prefill_chart(report: Report) -> bytes | None:
+    fig = prefill_figure(report)
+    return None if fig is None else _png(fig)
+
+
+def prefill_figure(report: Report) -> Figure | None:
+    """The prefill chart: tok/s by prompt length."""
     from matplotlib import style
 
     if not any(run.prefill for run in report.runs):
@@ -152,10 +186,13 @@ def prefill_chart(report: Report) -> bytes | None:
                 "k--o",
                 markersize=4,
                 linewidth=1.2,
+                zorder=REFERENCE_ZORDER,
                 label=f"reference {ref.name} ({filler_text(ref.prefill_filler)})",
             )
             passes = [(t, float(v)) for t, c in ref_rows for v in c.samples]
-            ax.plot([p[0] for p in passes], [p[1] for p in passes], "k.", markersize=4, alpha=0.5)
+            ax.plot(
+                [p[0] for p in passes], [p[1] for p in passes], "k.", markersize=4, alpha=0.5, zorder=REFERENCE_ZORDER
+            )
             lengths.update(t for t, _ in ref_rows)
         for j, (run, name) in enumerate(zip(report.runs, _run_names(report), strict=True)):
             rows = sorted((t, c) for t, c in run.prefill.items() if c.value is not None)
@@ -169,7 +206,7 @@ def prefill_chart(report: Report) -> bytes | None:
                 color=colour,
                 markersize=5,
                 linewidth=1.8,
-                label=f"{name} ({filler_text(run.prefill_filler)})",
+                label=f"{name} ({filler_text(run.prefill_filler)})" if ok else "_nolegend_",
             )
             if bad:
                 ax.plot(
@@ -199,7 +236,7 @@ def prefill_chart(report: Report) -> bytes | None:
             else "prefill: tok/s by prompt length",
             fontsize=11,
         )
-        return _png(fig)
+        return fig
 
 
 def _check_dir(out_dir: Path) -> None:

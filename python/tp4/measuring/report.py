@@ -311,6 +311,30 @@ def _levels(job: Job, notes: list[str]) -> list[_Level]:
     return levels
 
 
+def _status_cause(top: Mapping[str, object], jobs: Sequence[Job], levels: Sequence[_Level]) -> str:
+    """Why a run is not PASS, in the file's own words: its `error`, a job's `error` or a job left
+    `running` (an interrupted sparkDash run), else the failed levels' reasons."""
+    causes: list[str] = []
+    if (error := _error(top.get("error"))) is not None:
+        causes.append(printable(error, 300))
+    for job in jobs:
+        extra = job.model_extra or {}
+        if (error := _error(extra.get("error"))) is not None:
+            causes.append(printable(error, 300))
+        if job.status == "running":
+            progress = job.progress
+            message = printable(progress.message, 120) if progress is not None and progress.message else None
+            at = progress.currentConcurrency if progress is not None else None
+            causes.append(
+                "a decode job was left running: the run was interrupted"
+                + (f" at c{at}" if at is not None else "")
+                + (f" ({message})" if message else "")
+            )
+    causes += [f"c{lv.concurrency} {lv.prompt_type}: {lv.reason}" for lv in levels if lv.status != "ok" and lv.reason]
+    causes = list(dict.fromkeys(causes))
+    return "; ".join(causes) if causes else "the file records no cause"
+
+
 def _error(value: object) -> str | None:
     """sparkDash's `error`: null, a message, or (from some versions) an object; any of them
     but null marks the level failed."""
@@ -435,10 +459,7 @@ def _measurements(src: _Src, doc: object, arg: str) -> Measurements:
     status = result.status if bare_status is None else bare_status
     status = None if status is None else printable(status, 20)
     if status is not None and status != "PASS":
-        notes.append(
-            f"the run's status is {status}"
-            + (" (sparkDash: a stream lacked usage or its token count)" if kind == "sparkdash" else "")
-        )
+        notes.append(f"the run's status is {status}: {_status_cause(top, jobs, levels)}")
     if extra is not None and extra.interrupted is True:
         notes.append("the run was interrupted: only the levels it finished are shown")
     label = result.label

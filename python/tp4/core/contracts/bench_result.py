@@ -19,7 +19,7 @@ import math
 from fractions import Fraction
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, PlainValidator, WithJsonSchema
+from pydantic import Field, PlainSerializer, PlainValidator, WithJsonSchema
 from pydantic_core import PydanticCustomError
 
 from tp4.core.contracts.base import Bad, Closed, Open, describe
@@ -62,10 +62,20 @@ def _positive(value: object) -> int:
     return int(number)
 
 
+def _json_number(value: Fraction | None) -> int | float | None:
+    """A number as JSON holds it (the writer builds the file through these models)."""
+    if value is None:
+        return None
+    return int(value) if value.denominator == 1 else float(value)
+
+
+_AS_JSON = PlainSerializer(_json_number, when_used="json")
 # a number, null or absent
-Number = Annotated[Fraction | None, PlainValidator(_number), WithJsonSchema({"type": ["number", "null"]})]
+Number = Annotated[Fraction | None, PlainValidator(_number), _AS_JSON, WithJsonSchema({"type": ["number", "null"]})]
 # a non-negative number (a rate, a time), null or absent
-Rate = Annotated[Fraction | None, PlainValidator(_rate), WithJsonSchema({"type": ["number", "null"], "minimum": 0})]
+Rate = Annotated[
+    Fraction | None, PlainValidator(_rate), _AS_JSON, WithJsonSchema({"type": ["number", "null"], "minimum": 0})
+]
 # a whole number >= 0 (a count), null or absent
 Count = Annotated[int | None, PlainValidator(_count), WithJsonSchema({"type": ["integer", "null"], "minimum": 0})]
 # a whole number >= 1, required (a concurrency, a prompt size)
@@ -107,7 +117,7 @@ class HttpRequest(Open):
 class Http(Open):
     """The HTTP exchange of one stream."""
 
-    url: str | None = Field(None, description="The chat completions URL.")
+    url: str | None = Field(None, description="The full chat completions URL (…/v1/chat/completions).")
     status: Count = Field(None, description="The HTTP status (null: no answer).")
     headers: dict[str, Anything] | None = Field(None, description="The response headers.")
     completionId: str | None = Field(None, description="The completion's id.")
@@ -260,8 +270,17 @@ class Job(Open):
     benchId: str | None = Field(None, description="The job's id.")
     sparkId: str | None = Field(None, description='sparkDash\'s spark id (tp4: "comparison").')
     status: str | None = Field(None, description="running, completed, ...")
-    startedAt: str | None = Field(None, description="ISO 8601 time the job started.")
-    completedAt: str | None = Field(None, description="ISO 8601 time it completed (null while running).")
+    startedAt: Count | str = Field(
+        None,
+        description="When the job started, in epoch milliseconds as sparkDash writes it "
+        "(a tp4 result of an earlier version: an ISO 8601 string).",
+    )
+    completedAt: Count | str = Field(
+        None, description="When it completed, epoch milliseconds (null while running; earlier tp4: ISO 8601)."
+    )
+    durationMs: Number = Field(None, description="completedAt - startedAt (null while running).")
+    error: Anything = Field(None, description="null, or why the job stopped (sparkDash's message).")
+    owner: Anything = Field(None, description="sparkDash's job owner (tp4: null).")
     config: JobConfig | None = Field(None, description="The job's configuration.")
     progress: JobProgress | None = Field(None, description="How far it got.")
     results: list[Level] | None = Field(None, description="One entry per finished level.")
@@ -272,6 +291,32 @@ class DecodeEntry(Open):
 
     trial: Count = Field(None, description="The trial, from 1 (the c1 runs beyond --trials are jobs with c1 only).")
     job: Job = Field(description="The job.")
+
+
+class PrefillRequest(Open):
+    """A prefill row's request, flat as sparkDash writes it (a tp4 result of an earlier version
+    nested the HTTP fields under `http`; `tp4 report` still reads it)."""
+
+    ttftContentMs: Rate = Field(None, description="ms from the request's start to the first content delta.")
+    reasoningChunks: Count = Field(None, description="Reasoning deltas received.")
+    ttftMs: Rate = Field(None, description="ms from the request's start to the first visible delta.")
+    completionTokens: Count = Field(None, description="From usage, else the visible text / 4.")
+    prefillTps: Rate = Field(None, description="Prompt tokens / TTFT, in tok/s: the row's rate.")
+    prefillTokens: Count = Field(None, description="usage.prompt_tokens.")
+    totalMs: Rate = Field(None, description="ms from the request's start to its end.")
+    error: Anything = Field(None, description="null, or why the request failed (the row counts as failed).")
+    httpStatus: Count = Field(None, description="The HTTP status (null: no answer).")
+    responseHeaders: dict[str, Anything] | None = Field(None, description="The response headers.")
+    completionId: str | None = Field(None, description="The completion's id.")
+    finishReason: str | None = Field(None, description="The finish reason of the last choice.")
+    sseEventCount: Count = Field(None, description="Server-sent events received.")
+    firstSseDataPreview: str | None = Field(None, description="The start of the first event's data.")
+    model: str | None = Field(None, description="The model name sent.")
+    t0: Rate = Field(None, description="The request's start, epoch milliseconds.")
+    tFirst: Rate = Field(None, description="The first visible delta, epoch milliseconds.")
+    tLast: Rate = Field(None, description="The last visible delta, epoch milliseconds.")
+    usage: Usage | None = Field(None, description="The usage the engine returned (null: none).")
+    contentPreview: ContentPreview | None = Field(None, description="The start and end of the visible text.")
 
 
 # --- a prefill row ---------------------------------------------------------------------------------
@@ -297,8 +342,8 @@ class PrefillRow(Open):
     salt: str | None = Field(None, description="The unique line the prompt opens with.")
     promptChars: Count = Field(None, description="Characters of the prompt.")
     promptSha256: str | None = Field(None, description="SHA-256 of the prompt.")
-    request: Stream | None = Field(
-        None, description="The request, as a stream without its prompt; `request.prefillTps` is the row's rate."
+    request: PrefillRequest | None = Field(
+        None, description="The request (sparkDash's flat fields); `request.prefillTps` is the row's rate."
     )
     prefillTps: Rate = Field(
         None,
@@ -315,29 +360,81 @@ class Source(Open):
     """Which program wrote the file."""
 
     repo: str | None = Field(None, description='"tp4", or sparkDash\'s repository.')
-    commit: str | None = Field(None, description="Its commit (tp4: its version).")
+    commit: str | None = Field(None, description="Its git commit (tp4: null; its version is tp4.version).")
     release: str | None = Field(
         None, description="Its release (sparkDash up to 1.8.8 filled prefill prompts with one repeated token)."
     )
 
 
-class RunConfig(Open):
-    """The run's configuration (a different one refuses to resume into the same --out)."""
+class RunConfigTp4(Closed):
+    """tp4's own configuration of the run: a different one refuses to resume into the same --out."""
 
-    kind: Literal["decode", "prefill"] | None = Field(None, description="tp4: which bench.")
-    base: str | None = Field(None, description="The API's /v1 URL.")
-    model: str | None = Field(None, description="The model name.")
+    kind: Literal["decode", "prefill"] | None = Field(None, description="Which bench.")
     trials: Count = Field(None, description="Trials (decode) or passes (prefill).")
     levels: list[Positive] | None = Field(None, description="Concurrency levels.")
     sizes: list[Positive] | None = Field(None, description="Prefill prompt sizes, tokens.")
-    maxTokens: Count = Field(None, description="tp4: max_tokens of every request.")
-    promptTypes: list[str] | None = Field(None, description="tp4: the decode prompt types.")
-    c1Runs: Count = Field(None, description="tp4 decode: runs of c1.")
-    warmup: Count = Field(None, description="tp4 decode: discarded warm-up requests per prompt type.")
-    samePrompts: bool | None = Field(None, description="tp4 decode: every stream of a level gets the same prompt.")
-    sharedPrefix: bool | None = Field(None, description="tp4 decode: prompts share their start (no salt line).")
-    temperature: Number = Field(None, description="tp4: the temperature (0).")
-    corpus: str | None = Field(None, description="tp4 prefill: --corpus as given.")
+    maxTokens: Count = Field(None, description="max_tokens of every request.")
+    promptTypes: list[str] | None = Field(None, description="The decode prompt types.")
+    c1Runs: Count = Field(None, description="Decode: runs of c1.")
+    warmup: Count = Field(None, description="Decode: discarded warm-up requests per prompt type.")
+    samePrompts: bool | None = Field(None, description="Decode: every stream of a level gets the same prompt.")
+    sharedPrefix: bool | None = Field(None, description="Decode: prompts share their start (no salt line).")
+    temperature: Count = Field(None, description="The temperature (0).")
+    corpus: str | None = Field(None, description="Prefill: --corpus as given.")
+
+
+def _csv(values: list[int]) -> str:
+    return ",".join(str(v) for v in values)
+
+
+class RunConfig(Open):
+    """The run's configuration: the flags of sparkDash's run.mjs, as it writes them (numbers as the
+    comma-separated text given on its command line), and tp4's own configuration under ``tp4``.
+    tp4's earlier files held tp4's keys at this level, with lists and numbers: `tp4 report` still reads them."""
+
+    base: str | None = Field(None, description="The API's /v1 URL.")
+    out: str | None = Field(None, description="The result directory (--out; null: none).")
+    label: str | None = Field(None, description="--label as given (null: none).")
+    trials: str | int | None = Field(None, description='Trials (decode) or passes (prefill), as text: "2".')
+    levels: str | list[Positive] | None = Field(None, description='Concurrency levels, as text: "1,2,4,8".')
+    decode_only: bool | None = Field(None, alias="decode-only", description="Only the decode bench ran.")
+    prompt_type: str | None = Field(
+        None, alias="prompt-type", description="The decode prompt types, comma-separated (null: no decode)."
+    )
+    model: str | None = Field(None, description="The model name.")
+    sizes: str | list[Positive] | None = Field(
+        None, description='Prefill prompt sizes in tokens, as text: "4096,16384".'
+    )
+    prefill_only: bool | None = Field(None, alias="prefill-only", description="Only the prefill bench ran.")
+    extended_concurrency: bool | None = Field(
+        None, alias="extended-concurrency", description="A level above sparkDash's 32 (its C64/C128) is allowed."
+    )
+    tp4: RunConfigTp4 | None = Field(None, description="tp4's own configuration (missing: a sparkDash file).")
+
+    @classmethod
+    def build(cls, *, base: str, out: str | None, label: str | None, model: str, tp4: RunConfigTp4) -> "RunConfig":
+        """The configuration tp4 writes: sparkDash's flags derived from tp4's own configuration."""
+        decode = tp4.kind == "decode"
+        return cls.model_validate(
+            {
+                "base": base.rstrip("/") + "/v1",
+                "out": out,
+                "label": label,
+                "trials": str(tp4.trials),
+                "levels": _csv(tp4.levels or []),
+                "decode-only": decode,
+                "prompt-type": ",".join(tp4.promptTypes or []) if decode else None,
+                "model": model,
+                "sizes": _csv(tp4.sizes or []),
+                "prefill-only": not decode,
+                "extended-concurrency": max(tp4.levels or [1]) > 32,
+                "tp4": tp4,
+            }
+        )
+
+    def document(self) -> dict[str, Any]:
+        """The JSON object, keys as sparkDash spells them."""
+        return self.model_dump(mode="json", by_alias=True, exclude_unset=False)
 
 
 class Calibration(Closed):
@@ -354,6 +451,7 @@ class ResultTp4(Closed):
     """tp4's additions to the file: what ran, against which line."""
 
     version: str | None = Field(None, description="tp4's version.")
+    host: str | None = Field(None, description="The host the API runs on (sparkDash's `node` is its Node.js version).")
     kind: Literal["decode", "prefill"] | None = Field(None, description="Which bench.")
     plan_digest: str | None = Field(None, description="The digest of the line's plan (with --profile).")
     plan: dict[str, Anything] | None = Field(
@@ -394,7 +492,9 @@ class BenchResult(Open):
     started: str | None = Field(None, description="ISO 8601 time the run started.")
     finished: str | None = Field(None, description="ISO 8601 time it finished (null while running).")
     source: Source | None = Field(None, description="Which program wrote the file.")
-    node: str | None = Field(None, description="The host the API runs on.")
+    node: str | None = Field(
+        None, description="sparkDash: the Node.js version it ran on (tp4: null; the API's host is tp4.host)."
+    )
     config: RunConfig | None = Field(None, description="The run's configuration.")
     prefill: list[PrefillRow] | None = Field(None, description="The prefill rows, per pass and size.")
     decode: list[DecodeEntry] | None = Field(None, description="The decode jobs, per prompt type and trial.")
@@ -407,6 +507,7 @@ MODELS: tuple[type[Open | Closed], ...] = (
     ResultTp4,
     Calibration,
     RunConfig,
+    RunConfigTp4,
     Source,
     DecodeEntry,
     Job,
@@ -422,5 +523,6 @@ MODELS: tuple[type[Open | Closed], ...] = (
     Usage,
     ContentPreview,
     PrefillRow,
+    PrefillRequest,
     PrefillTp4,
 )

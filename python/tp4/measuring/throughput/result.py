@@ -20,10 +20,12 @@ renamed over it), so a run killed at any moment leaves the last finished level o
 from __future__ import annotations
 
 import json
+from fractions import Fraction
 import os
 import stat
 import statistics
 import tempfile
+import time
 from collections.abc import Sequence
 from datetime import datetime, timezone
 from pathlib import Path
@@ -31,8 +33,9 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from tp4.measuring.throughput.loadgen import PREVIEW, StreamResult, Watch
-from tp4.core.contracts.base import problems
+from tp4.measuring.throughput.loadgen import CHAT, PREVIEW, StreamResult, Watch
+from tp4.core.contracts.base import Closed, Open, problems
+from tp4.core.contracts import bench_result as C
 from tp4.core.contracts.bench_result import BenchResult
 from tp4.core.errors import InvalidInput
 
@@ -62,6 +65,11 @@ def now_iso() -> str:
     return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
 
 
+def now_ms() -> int:
+    """Epoch milliseconds: sparkDash's job times (startedAt, completedAt)."""
+    return time.time_ns() // 1_000_000
+
+
 def _r(value: float | None, digits: int = 3) -> float | None:
     return None if value is None else round(value, digits)
 
@@ -72,6 +80,15 @@ def _ms(a: float | None, b: float | None) -> float | None:
 
 def stream_json(r: StreamResult, url: str, model: str, level_start: float) -> Doc:
     """One stream's sparkDash fields (and its times from the level's start under ``tp4``)."""
+    return _dump(stream_model(r, url, model, level_start))
+
+
+def _dump(model: Open | Closed) -> Doc:
+    return model.model_dump(mode="json", by_alias=True, exclude_unset=True)
+
+
+def stream_model(r: StreamResult, url: str, model: str, level_start: float) -> C.Stream:
+    """One stream, typed by the result model."""
     ttft = _ms(r.t0, r.t_first)
     completion = r.completion_tokens
     decode_tokens = max(completion - 1, 0)
@@ -83,52 +100,60 @@ def stream_json(r: StreamResult, url: str, model: str, level_start: float) -> Do
     usage = (
         None
         if r.usage is None
-        else {
-            "promptTokens": r.usage.get("prompt_tokens"),
-            "completionTokens": r.usage.get("completion_tokens"),
-            "totalTokens": r.usage.get("total_tokens"),
-        }
+        else C.Usage(
+            promptTokens=_count(r.usage.get("prompt_tokens")),
+            completionTokens=_count(r.usage.get("completion_tokens")),
+            totalTokens=_count(r.usage.get("total_tokens")),
+        )
     )
-    return {
-        "index": r.index,
-        "ttftContentMs": _r(_ms(r.t0, r.t_first_content)),
-        "reasoningChunks": r.reasoning_chunks,
-        "ttftMs": _r(ttft),
-        "decodeTps": _r(decode_tps),
-        "decodeTokens": decode_tokens,
-        "completionTokens": completion,
-        "prefillTps": _r(prefill_tps),
-        "prefillTokens": prompt_tokens,
-        "totalMs": _r(_ms(r.t0, r.t_end)),
-        "error": r.error,
-        "prompt": r.prompt,
-        "http": {
-            "url": url,
-            "status": r.status,
-            "headers": r.headers,
-            "completionId": r.completion_id,
-            "finishReason": r.finish_reason,
-            "sseEventCount": r.events,
-            "firstSseDataPreview": r.first_data,
-            "request": {
-                "model": model,
-                "maxTokens": r.max_tokens,
-                "temperature": 0,
-                "stream": True,
-                "promptChars": len(r.prompt),
-            },
-        },
-        "usage": usage,
-        "contentPreview": {"first": text[:PREVIEW], "last": text[-PREVIEW:], "chars": len(text)},
-        "decodeMs": _r(decode_ms),
-        "tp4": {
-            "t0Ms": _r(_ms(level_start, r.t0)),
-            "tFirstMs": _r(_ms(level_start, r.t_first)),
-            "tLastMs": _r(_ms(level_start, r.t_last)),
-            "usageSeen": r.usage is not None,
-            "exact": r.extended,
-        },
-    }
+    stream = C.Stream(
+        index=r.index,
+        ttftContentMs=_q(_ms(r.t0, r.t_first_content)),
+        reasoningChunks=r.reasoning_chunks,
+        ttftMs=_q(ttft),
+        decodeTps=_q(decode_tps),
+        decodeTokens=decode_tokens,
+        completionTokens=completion,
+        prefillTps=_q(prefill_tps),
+        prefillTokens=prompt_tokens,
+        totalMs=_q(_ms(r.t0, r.t_end)),
+        error=r.error,
+        prompt=r.prompt,
+        http=C.Http(
+            url=url.rstrip("/") + CHAT,
+            status=r.status,
+            headers=r.headers,
+            completionId=r.completion_id,
+            finishReason=r.finish_reason,
+            sseEventCount=r.events,
+            firstSseDataPreview=r.first_data,
+            request=C.HttpRequest(
+                model=model, maxTokens=r.max_tokens, temperature=Fraction(0), stream=True, promptChars=len(r.prompt)
+            ),
+        ),
+        usage=usage,
+        contentPreview=C.ContentPreview(first=text[:PREVIEW], last=text[-PREVIEW:], chars=len(text)),
+        decodeMs=_q(decode_ms),
+        tp4=C.StreamTp4(
+            t0Ms=_q(_ms(level_start, r.t0)),
+            tFirstMs=_q(_ms(level_start, r.t_first)),
+            tLastMs=_q(_ms(level_start, r.t_last)),
+            usageSeen=r.usage is not None,
+            exact=r.extended,
+        ),
+    )
+    return stream
+
+
+def _q(value: float | None, digits: int = 3) -> Fraction | None:
+    """A rounded measurement as the model holds it (exactly the float written)."""
+    rounded = _r(value, digits)
+    return None if rounded is None else Fraction(rounded)
+
+
+def _count(value: object) -> int | None:
+    """A usage count as the engine sent it, or null when it is not a whole number >= 0."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
 
 
 def _ok(s: Doc) -> bool:
@@ -154,7 +179,8 @@ def level_json(
     salted: bool,
 ) -> Doc:
     """One concurrency level: sparkDash's result row, ``tp4`` {invalid, maxRunning, ...}."""
-    rows = [stream_json(r, url, model, start) for r in streams]
+    models = [stream_model(r, url, model, start) for r in streams]
+    rows = [_dump(m) for m in models]
     ok = [(s, r) for s, r in zip(rows, streams, strict=True) if _ok(s)]
     decode = [s["decodeTps"] for s, _ in ok if s["decodeTps"] is not None]
     ttft = [s["ttftMs"] for s, _ in ok if s["ttftMs"] is not None]
@@ -179,37 +205,75 @@ def level_json(
             + (f": {'; '.join(errors)[:500]}" if errors else ": no decode tokens")
         )
     )
-    return {
-        "concurrency": concurrency,
-        "streamsOk": len(ok),
-        "streamsFailed": failed,
-        "meanDecodeTps": _r(mean),
-        "medianDecodeTps": _r(median),
-        "minDecodeTps": _r(low),
-        "maxDecodeTps": _r(high),
-        "meanTtftMs": _r(statistics.fmean(ttft) if ttft else None),
-        "medianTtftMs": _r(statistics.median(ttft) if ttft else None),
-        "aggregateDecodeTps": _r(aggregate),
-        "meanPrefillTps": _r(statistics.fmean(prefill) if prefill else None),
-        "medianPrefillTps": _r(statistics.median(prefill) if prefill else None),
-        "aggregatePrefillTps": _r(aggregate_prefill),
-        "totalPrefillTokens": total_prefill,
-        "totalDecodeTokens": total_decode,
-        "totalCompletionTokens": sum(s["completionTokens"] for s, _ in ok),
-        "durationMs": _r((end - start) * 1000.0),
-        "error": error,
-        "streams": rows,
-        "model": model,
-        "hardwareSamples": [],
-        "tp4": {
-            "invalid": watch.invalid(concurrency),
-            "maxRunning": watch.max_running,
-            "maxInEngine": watch.max_in_engine,
-            "loadSamples": watch.samples,
-            "samePrompts": same_prompts,
-            "salted": salted,
-        },
-    }
+    level = C.Level(
+        concurrency=concurrency,
+        streamsOk=len(ok),
+        streamsFailed=failed,
+        meanDecodeTps=_q(mean),
+        medianDecodeTps=_q(median),
+        minDecodeTps=_q(low),
+        maxDecodeTps=_q(high),
+        meanTtftMs=_q(statistics.fmean(ttft) if ttft else None),
+        medianTtftMs=_q(statistics.median(ttft) if ttft else None),
+        aggregateDecodeTps=_q(aggregate),
+        meanPrefillTps=_q(statistics.fmean(prefill) if prefill else None),
+        medianPrefillTps=_q(statistics.median(prefill) if prefill else None),
+        aggregatePrefillTps=_q(aggregate_prefill),
+        totalPrefillTokens=total_prefill,
+        totalDecodeTokens=total_decode,
+        totalCompletionTokens=sum(s["completionTokens"] for s, _ in ok),
+        durationMs=_q((end - start) * 1000.0),
+        error=error,
+        streams=models,
+        model=model,
+        hardwareSamples=[],
+        tp4=C.LevelTp4(
+            invalid=watch.invalid(concurrency),
+            maxRunning=watch.max_running,
+            maxInEngine=watch.max_in_engine,
+            loadSamples=watch.samples,
+            samePrompts=same_prompts,
+            salted=salted,
+        ),
+    )
+    return _dump(level)
+
+
+def prefill_request(r: StreamResult, url: str, model: str) -> C.PrefillRequest:
+    """A prefill row's request as sparkDash writes it: the stream's numbers with the HTTP exchange
+    flat beside them (httpStatus, responseHeaders, ...) and its times t0, tFirst, tLast in epoch
+    milliseconds; not the prompt (the row keeps its size and hash, not 100k+ tokens of text)."""
+    stream = stream_model(r, url, model, r.t0)
+    http = stream.http
+    assert http is not None  # stream_model always sets it
+    epoch = time.time() - time.perf_counter()  # the perf_counter clock's zero, in epoch seconds
+
+    def at(t: float | None) -> Fraction | None:
+        return None if t is None else _q((epoch + t) * 1000.0)
+
+    request = C.PrefillRequest(
+        ttftContentMs=stream.ttftContentMs,
+        reasoningChunks=stream.reasoningChunks,
+        ttftMs=stream.ttftMs,
+        completionTokens=stream.completionTokens,
+        prefillTps=stream.prefillTps,
+        prefillTokens=stream.prefillTokens,
+        totalMs=stream.totalMs,
+        error=stream.error,
+        httpStatus=http.status,
+        responseHeaders=http.headers,
+        completionId=http.completionId,
+        finishReason=http.finishReason,
+        sseEventCount=http.sseEventCount,
+        firstSseDataPreview=http.firstSseDataPreview,
+        model=model,
+        t0=at(r.t0),
+        tFirst=at(r.t_first),
+        tLast=at(r.t_last),
+        usage=stream.usage,
+        contentPreview=stream.contentPreview,
+    )
+    return request
 
 
 def prefill_row(
@@ -224,24 +288,22 @@ def prefill_row(
     model: str,
     corpus: str | None,
 ) -> Doc:
-    request = stream_json(r, url, model, r.t0)
-    request.pop("prompt")  # the row keeps its size and hash, not 100k+ tokens of text
-    invalid = watch.invalid(1)
-    return {
-        "trial": trial,
-        "targetTokens": target,
-        "salt": salt,
-        "promptChars": len(prompt),
-        "promptSha256": sha,
-        "request": request,
-        "tp4": {
-            "corpus": corpus,
-            "invalid": invalid,
-            "promptTokens": r.prompt_tokens,
-            "maxRunning": watch.max_running,
-            "head": prompt[:200],
-        },
-    }
+    row = C.PrefillRow(
+        trial=trial,
+        targetTokens=target,
+        salt=salt,
+        promptChars=len(prompt),
+        promptSha256=sha,
+        request=prefill_request(r, url, model),
+        tp4=C.PrefillTp4(
+            corpus=corpus,
+            invalid=watch.invalid(1),
+            promptTokens=_count(r.prompt_tokens),
+            maxRunning=watch.max_running,
+            head=prompt[:200],
+        ),
+    )
+    return _dump(row)
 
 
 # --- the file ------------------------------------------------------------------------------------------

@@ -14,6 +14,16 @@ from pathlib import Path
 from typing import Any
 
 from tp4.core.apikey import Secret
+from tp4.core.contracts.bench_result import (
+    BenchResult,
+    Job,
+    JobConfig,
+    JobProgress,
+    ResultTp4,
+    RunConfig,
+    RunConfigTp4,
+    Source,
+)
 from tp4.measuring.throughput import prompts as P
 from tp4.measuring.throughput import result as R
 from tp4.measuring.throughput.loadgen import Client, LoadWatcher, StreamResult, wave
@@ -63,22 +73,23 @@ class DecodeConfig:
         """The levels trial ``trial`` runs: c1 in the first c1_runs trials, the others in the first ``trials``."""
         return [c for c in self.levels if trial <= (self.c1_runs if c == 1 else self.trials)]
 
-    def json(self, base: str, model: str) -> dict[str, Any]:
-        return {
-            "kind": "decode",
-            "base": base,
-            "model": model,
-            "trials": self.trials,
-            "levels": list(self.levels),
-            "sizes": [],
-            "maxTokens": self.max_tokens,
-            "promptTypes": list(self.types),
-            "c1Runs": self.c1_runs,
-            "warmup": self.warmup,
-            "samePrompts": self.same_prompts,
-            "sharedPrefix": self.shared_prefix,
-            "temperature": 0,
-        }
+    def json(self, base: str, model: str, out: str | None, label: str | None) -> dict[str, Any]:
+        own = RunConfigTp4(
+            kind="decode",
+            trials=self.trials,
+            levels=list(self.levels),
+            sizes=[],
+            maxTokens=self.max_tokens,
+            promptTypes=list(self.types),
+            c1Runs=self.c1_runs,
+            warmup=self.warmup,
+            samePrompts=self.same_prompts,
+            sharedPrefix=self.shared_prefix,
+            temperature=0,
+        )
+        return RunConfig.build(
+            base=base, out=None if out is None else str(out), label=label, model=model, tp4=own
+        ).document()
 
 
 @dataclass(frozen=True)
@@ -92,19 +103,20 @@ class PrefillConfig:
     def request_timeout(self, tokens: int) -> float:
         return self.timeout if self.timeout is not None else min(2.7e6, max(90.0, 60.0 + 0.008 * tokens))
 
-    def json(self, base: str, model: str, corpus: str | None) -> dict[str, Any]:
-        return {
-            "kind": "prefill",
-            "base": base,
-            "model": model,
-            "trials": self.passes,
-            "levels": [1],
-            "sizes": list(self.sizes),
-            "maxTokens": self.max_tokens,
-            "promptTypes": [],
-            "corpus": corpus,
-            "temperature": 0,
-        }
+    def json(self, base: str, model: str, corpus: str | None, out: str | None, label: str | None) -> dict[str, Any]:
+        own = RunConfigTp4(
+            kind="prefill",
+            trials=self.passes,
+            levels=[1],
+            sizes=list(self.sizes),
+            maxTokens=self.max_tokens,
+            promptTypes=[],
+            corpus=corpus,
+            temperature=0,
+        )
+        return RunConfig.build(
+            base=base, out=None if out is None else str(out), label=label, model=model, tp4=own
+        ).document()
 
 
 class Progress:
@@ -172,30 +184,34 @@ def _new_doc(
     kind: str, config: dict[str, Any], target: Target, label: str | None, method: str, extra: dict[str, Any]
 ) -> dict[str, Any]:
     version = _version()
-    return {
-        "status": "FAIL",
-        "label": label or f"tp4 bench {kind}",
-        "started": R.now_iso(),
-        "finished": None,
-        "source": {"repo": "tp4", "commit": version, "release": version},
-        "node": target.node,
-        "config": config,
-        "prefill": [],
-        "decode": [],
-        "method": method,
-        "tp4": {
-            "version": version,
-            "kind": kind,
-            "plan_digest": target.plan_digest,
-            "plan": target.plan,
-            "image": target.image,
-            "pins": target.pins,
-            "profile": target.profile,
-            "levels_done": [],
-            "interrupted": True,
-            **extra,
-        },
-    }
+    doc = BenchResult(
+        status="FAIL",
+        label=label or f"tp4 bench {kind}",
+        started=R.now_iso(),
+        finished=None,
+        source=Source(repo="tp4", commit=None, release=version),
+        node=None,  # sparkDash's Node.js version: tp4 runs on none; the API's host is tp4.host
+        config=RunConfig.model_validate(config),
+        prefill=[],
+        decode=[],
+        method=method,
+        tp4=ResultTp4.model_validate(
+            {
+                "version": version,
+                "host": target.node,
+                "kind": kind,
+                "plan_digest": target.plan_digest,
+                "plan": target.plan,
+                "image": target.image,
+                "pins": target.pins,
+                "profile": target.profile,
+                "levels_done": [],
+                "interrupted": True,
+                **extra,
+            }
+        ),
+    )
+    return doc.model_dump(mode="json", by_alias=True, exclude_unset=True)
 
 
 def _open(
@@ -209,8 +225,9 @@ def _open(
     old = R.read(path)
     if old is None or force:
         return path, None
-    if old["tp4"].get("kind") != kind or old["config"] != config:
-        diff = R.differences(old["config"], config)
+    # only tp4's own configuration decides: --out and --label may be spelled another way on resume
+    if old["tp4"].get("kind") != kind or old["config"].get("tp4") != config["tp4"]:
+        diff = R.differences(old["config"].get("tp4") or old["config"], config["tp4"])
         raise InvalidInput(
             f"--out: {path} holds a run of another configuration ({'; '.join(diff)[:600]}); "
             "fix: rerun with that run's options to resume it, choose another --out, or pass --force to start over"
@@ -272,23 +289,21 @@ def _job(doc: dict[str, Any], kind: str, trial: int, cfg: DecodeConfig, url: str
             return job
     port = urllib.parse.urlsplit(url).port
     levels = cfg.levels_of(trial)
-    job = {
-        "benchId": f"tp4-{kind}-{trial}-{int(time.time())}",
-        "sparkId": "comparison",
-        "status": "running",
-        "startedAt": R.now_iso(),
-        "completedAt": None,
-        "config": {
-            "port": port,
-            "modelId": model,
-            "concurrencies": levels,
-            "maxTokens": cfg.max_tokens,
-            "promptType": kind,
-            "debug": False,
-        },
-        "progress": {"currentConcurrency": None, "completedLevels": 0, "totalLevels": len(levels), "message": ""},
-        "results": [],
-    }
+    job = Job(
+        benchId=f"tp4-{kind}-{trial}-{int(time.time())}",
+        sparkId="comparison",
+        status="running",
+        startedAt=R.now_ms(),
+        completedAt=None,
+        durationMs=None,
+        error=None,
+        owner=None,
+        config=JobConfig(
+            port=port, modelId=model, concurrencies=levels, maxTokens=cfg.max_tokens, promptType=kind, debug=False
+        ),
+        progress=JobProgress(currentConcurrency=None, completedLevels=0, totalLevels=len(levels), message=""),
+        results=[],
+    ).model_dump(mode="json", by_alias=True, exclude_unset=True)
     doc["decode"].append({"trial": trial, "job": job})
     return job
 
@@ -298,7 +313,7 @@ async def _decode(
 ) -> Outcome:
     client, watcher, model = await _connect(target, cfg.timeout, max(cfg.levels), progress)
     try:
-        config = cfg.json(target.url, model)
+        config = cfg.json(target.url, model, out, label)
         path, doc = _open(out, "decode", config, force, progress)
         if doc is None:
             prompts_text = (
@@ -382,7 +397,15 @@ async def _decode(
                 job["results"].append(level)
                 job["progress"].update(completedLevels=len(job["results"]), message=f"c{c} done")
                 if len(job["results"]) == job["progress"]["totalLevels"]:
-                    job.update(status="completed", completedAt=R.now_iso())
+                    completed = R.now_ms()
+                    started = job["startedAt"]
+                    job.update(
+                        status="completed",
+                        completedAt=completed,
+                        durationMs=completed - started if isinstance(started, int) else None,
+                    )
+                    # how sparkDash leaves a finished job: no level running, message "Done"
+                    job["progress"].update(currentConcurrency=None, message="Done")
                 key = f"{kind}/{trial}/{c}"
                 done.add(key)
                 doc["tp4"]["levels_done"].append(key)
@@ -587,7 +610,7 @@ async def _prefill(
         )
     client, watcher, model = await _connect(target, 120.0, 1, progress)
     try:
-        config = cfg.json(target.url, model, corpus.name if corpus else None)
+        config = cfg.json(target.url, model, corpus.name if corpus else None, out, label)
         path, doc = _open(out, "prefill", config, force, progress)
         if doc is None:
             body = (
