@@ -8,8 +8,9 @@ Reusable by every test that needs nodes over ssh (distribute, deploy, serve)::
 
 Each host is ``<subnet>.<2+i>`` in namespace ``tp4t<pid><k>h<i>``; the bridge ``tp4t<pid><k>`` holds
 ``<subnet>.1`` (the "head" side, the test process). Traffic stays on this bridge. The subnet is
-``10.77.<n>`` with ``n`` from the process id and the cluster's number ``k`` in the run, so two test
-runs on one machine, and two clusters of one run, do not collide.
+``10.77.<n>``: the first from ``n`` (derived from the process id and the cluster's number ``k`` in
+the run) that no interface of the machine holds, so two test runs on one machine, and two clusters
+of one run, do not collide.
 Each host's sshd sets ``CONTAINERS_STORAGE_CONF`` in its sessions, so ``podman`` run over ssh on
 that host uses the host's own image store (``<dir>/storage``): the hosts share one filesystem but
 not images. ``env=`` adds environment to every session (``SetEnv``); ``Host.run`` runs a command
@@ -46,6 +47,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -144,6 +146,19 @@ class Host:
 _INSTANCES = itertools.count()
 
 
+def _free_subnet(first: str) -> str:
+    """The first 10.77.<n> from ``first`` on that no interface of the machine's network namespace
+    holds: two test runs at once (a fresh-machine CI in a chroot shares the network namespace)
+    may derive the same subnet from their process ids, and two bridges of one /24 break both."""
+    taken = set(re.findall(r"inet 10\.77\.(\d+)\.", process.run(["ip", "-4", "-o", "addr", "show"]).stdout))
+    start = int(first.rsplit(".", 1)[1])
+    for k in range(200):
+        n = (start - 20 + k) % 200 + 20
+        if str(n) not in taken:
+            return f"10.77.{n}"
+    raise RuntimeError("every subnet 10.77.20-219 is held by an interface: remove the bridges a run left behind")
+
+
 class NetnsHosts:
     def __init__(
         self,
@@ -163,6 +178,7 @@ class NetnsHosts:
         n = next(_INSTANCES)
         self.prefix = f"tp4t{os.getpid() % 100000}{'abcdefghijklmnopqrstuvwxyz'[n % 26]}"
         self.subnet = subnet or f"10.77.{(os.getpid() + 7 * n) % 200 + 20}"
+        self._own_subnet = subnet is None
         self.bridge = self.prefix
         self.hosts: list[Host] = []
         self.extra_env = dict(env or {})
@@ -214,6 +230,8 @@ class NetnsHosts:
         self._set_known_hosts = True
         self.known_hosts.unlink(missing_ok=True)
         self._ip("link", "add", self.bridge, "type", "bridge")
+        if self._own_subnet:
+            self.subnet = _free_subnet(self.subnet)
         self._ip("addr", "add", f"{self.subnet}.1/24", "dev", self.bridge)
         self._ip("link", "set", self.bridge, "up")
         for i in range(self.count):

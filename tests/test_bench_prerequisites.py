@@ -164,19 +164,16 @@ def test_bench_vs_sglang_tp4_side_reads_tp4_bench_on_the_standin(repo, tmp_path)
 
 
 def test_bench_vs_sglang_runs_both_clients_once(repo):
-    """The whole comparison, once, where SGLang's client is installed (its venv under ~/.cache,
-    made by the script's first run: pip fetches sglang by name, which a test does not do)."""
-    b = _bench_vs_sglang(repo)
-    venv = os.path.expanduser(f"~/.cache/tp4-bench-sglang/{b.SGLANG}")
-    if not os.path.exists(os.path.join(venv, "bin", "python")):
-        pytest.skip(f"SGLang's client is not installed in {venv} (run bench/bench_vs_sglang.py once)")
+    """The whole comparison, once. The script's first run installs SGLang's client in its venv under
+    ~/.cache (pip, sglang by package name with no dependencies, then what its benchmark module
+    imports), as a user's first run does; later runs reuse it."""
     done = subprocess.run(
         [sys.executable, str(repo / "bench" / "bench_vs_sglang.py"), "--runs", "1", "--levels", "1,2"]
         + ["--max-tokens", "12", "--decode-tps", "200", "--ttft-ms", "100"],
         env={**os.environ, "PYTHONPATH": str(repo / "python")},
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=900,
     )
     assert "Traceback" not in done.stderr and done.returncode in (0, 1), done.stderr
     rows = [line.split() for line in done.stdout.splitlines() if line.split()[:1] in (["1"], ["2"])]
