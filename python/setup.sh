@@ -51,8 +51,10 @@ if [ ${#apt_pkgs[@]} -gt 0 ]; then
   sudo=""
   [ "$(id -u)" = 0 ] || sudo=sudo
   echo "setup: installing ${apt_pkgs[*]} (apt-get)" >&2
-  $sudo apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${apt_pkgs[@]}" >/dev/null
+  # another apt-get on this machine holds the package lock for a while: wait for it, not fail
+  lock=(-o DPkg::Lock::Timeout=900)
+  $sudo apt-get "${lock[@]}" update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get "${lock[@]}" install -y -qq "${apt_pkgs[@]}" >/dev/null
 fi
 
 if [ ! -x "$repo/.venv/bin/python" ]; then
