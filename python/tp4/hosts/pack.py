@@ -231,6 +231,19 @@ def _run_packer(plan: Plan, node: Node, stale: Sequence[str], out: Echo) -> floa
     return seconds
 
 
+def rehearse(plan: Plan, nodes: Sequence[Node]) -> list[str]:
+    """`tp4 pack --dry-run`: the packer each node runs when a shard of its rank is missing or
+    incomplete (a dry run asks no node which), as it would run there; nothing is run."""
+    import shlex
+
+    from tp4.core import process
+
+    return [
+        f"{n.name}: {shlex.join(process.full_argv(packer_argv(plan, n.rank), n.remote))}  (when a shard is not complete)"
+        for n in nodes
+    ]
+
+
 def pack(plan: Plan, nodes: Sequence[Node], out: Echo) -> None:
     """The whole command: raises Tp4Error (exit 1) naming every node that failed."""
     from tp4.hosts.nodes import parallel

@@ -565,6 +565,38 @@ def quote(argv: Sequence[str]) -> str:
     return shlex.join(argv)
 
 
+# --- rehearsals (--dry-run) ------------------------------------------------------------------------
+# What serve and stop would run, host by host, from the plan alone: nothing is run, no host is asked.
+
+
+def _as_run(node: Node, argv: Sequence[str], note: str = "") -> str:
+    """One command as it would run on the node: ``ssh … -- DEST '<cmd>'`` (quoted once), or local."""
+    return f"{node.name}: {shlex.join(process.full_argv(argv, node.remote))}{note}"
+
+
+def rehearse_serve(plan: Plan, nodes: Sequence[Node]) -> list[str]:
+    """The commands `tp4 serve` runs to start the line, in order (the workers in parallel, then
+    the head), after doctor's read-only checks; each env file goes on stdin, never in argv."""
+    line, digest = line_id(plan), plan.digest
+    head, workers = nodes[0], list(nodes[1:])
+    env = "  < env file on stdin (mode 0600)"
+    lines = [_as_run(n, start_argv(n, line=line, digest=digest), env) for n in workers]
+    if head.rank.service.kind == "plain":
+        lines.append(_as_run(head, create_argv(head, line=line, digest=digest), env))
+        if head.runtime == "podman":
+            lines.append(_as_run(head, [head.runtime, "start", "--attach", "--sig-proxy=false", head.container]))
+        else:
+            lines.append(_as_run(head, [head.runtime, "start", head.container]))
+    else:
+        lines.append(_as_run(head, start_argv(head, line=line, digest=digest), env))
+    return lines
+
+
+def rehearse_stop(nodes: Sequence[Node], *, grace: int = STOP_GRACE) -> list[str]:
+    """The command `tp4 stop` runs on every node (in parallel)."""
+    return [_as_run(n, stop_argv(n, grace=grace)) for n in nodes]
+
+
 # --- serve ----------------------------------------------------------------------------------------
 
 
