@@ -1,0 +1,141 @@
+"""`tp4 up` end to end on four netns hosts laid out as good Sparks (tests/doctor_hosts.py: real
+sshd and podman, the stand-in engine's image under the plan's tag on every host, an RDMA sysfs
+tree and a stub nvidia-smi per host), with the checkpoint pinned to a local stand-in of the Hub
+and the image's stand-in packer (tests/test_prepare.py's fixtures):
+
+1. from hosts with nothing prepared (no checkpoint, no Engram shard): every step runs and the
+   line is Ready, smoke passes;
+2. a second `tp4 up` of the same profile changes nothing: the same containers run, nothing is
+   fetched or packed again, and it finishes fast;
+3. a profile change that only the ranks see (an env knob) restarts the ranks and redoes nothing
+   else: no download, no pack."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from doctor_hosts import DoctorCluster
+from test_download import Hub
+from test_prepare import blank, cluster, hub, profile, tp4  # noqa: F401 (cluster, hub: fixtures)
+
+from tp4.core import process
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def container_ids(c: DoctorCluster) -> dict[str, str]:
+    """Each host's rank container id ('' when none)."""
+    ids = {}
+    for node in c.nodes():
+        proc = process.run(
+            [node.runtime, "container", "inspect", "--format", "{{.Id}}", node.container],
+            remote=node.remote,
+            check=False,
+            timeout=60,
+        )
+        ids[node.name] = proc.stdout.strip() if proc.returncode == 0 else ""
+    return ids
+
+
+def resolves(stand_in: Hub) -> int:
+    return len([q for q in stand_in.requests if q[0] == "GET" and "/resolve/" in q[1]])
+
+
+def stop(path: str) -> None:
+    stopped = subprocess.run(
+        [sys.executable, "-m", "tp4", "stop", "--profile", path],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": str(REPO / "python")},
+    )
+    assert stopped.returncode == 0, stopped.stdout + stopped.stderr
+
+
+def test_up_from_nothing_to_ready_then_nothing_changes_then_a_profile_change_restarts_only_the_ranks(
+    cluster: DoctorCluster,  # noqa: F811
+    hub: Hub,  # noqa: F811
+) -> None:
+    blank(cluster)
+    path = str(profile(cluster))
+    try:
+        r = tp4(hub, cluster, "up", "--profile", path)
+        out = r.stdout + r.stderr
+        assert r.returncode == 0, out
+        for i, name in enumerate(("doctor", "image", "distribute", "prepare", "serve", "smoke")):
+            assert f"up: step {i + 1}/6: {name}" in r.stderr, out
+        assert "up: doctor: done" in r.stderr and "but what the prepare step makes: " in r.stderr, out
+        assert "up: image: skipped" in r.stderr and "built and checked: reused" in r.stderr, out
+        assert "up: distribute: skipped" in r.stderr and "every worker has" in r.stderr, out
+        assert "(4 packed, 0 skipped)" in r.stdout, out
+        assert "4 boot logs checked" in r.stdout, out
+        assert "ok   arithmetic" in r.stdout, out
+        table = r.stdout[r.stdout.index("step        outcome") :]
+        assert [row.split()[:2] for row in table.splitlines()[1:7]] == [
+            ["doctor", "done"],
+            ["image", "skipped"],
+            ["distribute", "skipped"],
+            ["prepare", "done"],
+            ["serve", "done"],
+            ["smoke", "done"],
+        ], table
+        assert sorted(p.name for p in cluster.model_dir.iterdir() if not p.name.startswith(".tp4-")) == sorted(
+            hub.files
+        )
+        first = container_ids(cluster)
+        assert all(first.values()), first
+
+        # the same profile again: nothing changes, only smoke runs
+        gets = resolves(hub)
+        began = time.monotonic()
+        again = tp4(hub, cluster, "up", "--profile", path)
+        seconds = time.monotonic() - began
+        out = again.stdout + again.stderr
+        assert again.returncode == 0, out
+        assert "on every rank: only smoke verifies it" in again.stderr, out
+        assert "up: step 6/6: smoke" in again.stderr and "up: step 5/6" not in again.stderr, out
+        assert container_ids(cluster) == first
+        assert resolves(hub) == gets and "packed" not in again.stdout
+        print(f"second tp4 up: {seconds:.2f} s")
+
+        # a change only the ranks see (the Engram stats interval, an env knob): the ranks restart,
+        # nothing is downloaded or packed again
+        changed = Path(path).with_name("changed.toml")
+        changed.write_text(Path(path).read_text() + "\n[engram]\nstats_seconds = 30\n")
+        third = tp4(hub, cluster, "up", "--profile", str(changed))
+        out = third.stdout + third.stderr
+        assert third.returncode == 0, out
+        assert "the line runs another plan" in third.stderr, out
+        assert "up: doctor: skipped" in third.stderr, out
+        assert "(0 packed, 4 skipped)" in third.stdout, out
+        assert resolves(hub) == gets
+        assert "the ranks of the other plan stopped first" in third.stderr, out
+        restarted = container_ids(cluster)
+        assert all(restarted.values()) and not set(restarted.values()) & set(first.values()), (first, restarted)
+    finally:
+        stop(path)
+
+
+def test_up_stopped_by_doctor_names_the_check_and_the_command_to_resume(
+    cluster: DoctorCluster,  # noqa: F811
+    hub: Hub,  # noqa: F811
+) -> None:
+    blank(cluster)
+    asked = len(hub.requests)
+    port = cluster.port(cluster.hosts[1], cluster.plan.nodes[1].gid.hcas[0]) / "link_layer"
+    port.write_text("InfiniBand\n")
+    try:
+        r = tp4(hub, cluster, "up", "--profile", str(profile(cluster)))
+    finally:
+        port.write_text("Ethernet\n")
+    out = r.stdout + r.stderr
+    assert r.returncode == 1, out
+    assert "up: stopped at step 1/6 (doctor): 1 blocking failure(s):" in r.stderr, out
+    assert f"  - RDMA.LINK_LAYER on {cluster.plan.nodes[1].name}: " in r.stderr, out
+    assert "`tp4 up --from doctor`" in r.stderr, out
+    assert "doctor      failed" in r.stderr and "image       not run" in r.stderr, out
+    assert len(hub.requests) == asked  # download never ran
