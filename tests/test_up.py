@@ -13,6 +13,7 @@ and the image's stand-in packer (tests/test_prepare.py's fixtures):
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import time
@@ -139,3 +140,48 @@ def test_up_stopped_by_doctor_names_the_check_and_the_command_to_resume(
     assert "`tp4 up --from doctor`" in r.stderr, out
     assert "doctor      failed" in r.stderr and "image       not run" in r.stderr, out
     assert len(hub.requests) == asked  # download never ran
+
+
+def test_up_from_a_later_step_skips_the_earlier_ones_and_a_failing_step_says_how_to_resume(
+    cluster: DoctorCluster,  # noqa: F811
+    hub: Hub,  # noqa: F811
+) -> None:
+    path = str(profile(cluster))
+    stop(path)  # no line runs: smoke has nothing to talk to
+    r = tp4(hub, cluster, "up", "--profile", path, "--from", "smoke", timeout=120)
+    out = r.stdout + r.stderr
+    assert r.returncode == 1, out
+    assert "up: step 1/6" not in r.stderr and "up: step 6/6: smoke" in r.stderr, out
+    for name in ("doctor", "image", "distribute", "prepare", "serve"):
+        assert re.search(rf"^{name} +skipped +0\.0  --from smoke$", r.stderr, re.M), out
+    assert re.search(r"^smoke +failed ", r.stderr, re.M), out
+    assert "up: stopped at step 6/6 (smoke): " in r.stderr and "`tp4 up --from smoke`" in r.stderr, out
+    assert not any(container_ids(cluster).values())  # nothing was started
+
+
+def test_up_dry_run_prints_every_steps_commands_host_by_host_and_asks_no_host(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "TP4_PROFILE"}
+    env.update(PYTHONPATH=str(REPO / "python"), TP4_KNOWN_HOSTS=str(tmp_path / "known_hosts"))
+    # the embedded example's hosts do not exist here: a step that asked one would fail
+    r = subprocess.run(
+        [sys.executable, "-m", "tp4", "up", "--dry-run"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+        cwd=tmp_path,
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
+    from tp4.line.plan import build_plan
+    from tp4.line.profile import load_default
+
+    plan = build_plan(load_default())
+    for i, name in enumerate(("doctor", "image", "distribute", "prepare", "serve", "smoke")):
+        assert f"step {i + 1}/6: {name}\n" in r.stdout
+    sections = r.stdout.split("step 5/6: serve\n")[1].split("step 6/6")[0]
+    for n in plan.nodes:  # every rank's stop (a line of another plan) and start, on its own host
+        # its stop (a line of another plan), then its start (the head: create, then start)
+        assert sum(line.startswith(f"  {n.name}: ssh ") for line in sections.splitlines()) >= 2, sections
+        assert f"pack_engram.py --rank {n.rank} " in r.stdout
+    assert "/v1/chat/completions" in r.stdout
+    assert not (tmp_path / "known_hosts").exists()
