@@ -69,7 +69,7 @@ def test_up_from_nothing_to_ready_then_nothing_changes_then_a_profile_change_res
         assert r.returncode == 0, out
         for i, name in enumerate(("doctor", "image", "distribute", "prepare", "serve", "smoke")):
             assert f"up: step {i + 1}/6: {name}" in r.stderr, out
-        assert "up: doctor: done" in r.stderr and "but what the prepare step makes: " in r.stderr, out
+        assert "up: doctor: done" in r.stderr and "but what later steps make: " in r.stderr, out
         assert "up: image: skipped" in r.stderr and "built and checked: reused" in r.stderr, out
         assert "up: distribute: skipped" in r.stderr and "every worker has" in r.stderr, out
         assert "(4 packed, 0 skipped)" in r.stdout, out
@@ -185,3 +185,26 @@ def test_up_dry_run_prints_every_steps_commands_host_by_host_and_asks_no_host(tm
         assert f"pack_engram.py --rank {n.rank} " in r.stdout
     assert "/v1/chat/completions" in r.stdout
     assert not (tmp_path / "known_hosts").exists()
+
+
+def test_up_without_the_plans_image_on_the_head_passes_doctor_and_stops_at_the_image_step(
+    cluster: DoctorCluster,  # noqa: F811
+    hub: Hub,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    """The image is what the image step makes: doctor's IMAGE.SAME does not stop up before it;
+    with no flake to build from, the image step stops with its own message and the resume command."""
+    head = cluster.nodes()[0]
+    tag = cluster.plan.image.tag
+    image_id = process.run([head.runtime, "image", "inspect", "--format", "{{.Id}}", tag], remote=head.remote)
+    process.run([head.runtime, "untag", tag, tag], remote=head.remote)
+    try:
+        r = tp4(hub, cluster, "up", "--profile", str(profile(cluster)), "--flake", str(tmp_path), timeout=300)
+    finally:
+        process.run([head.runtime, "tag", image_id.stdout.strip(), tag], remote=head.remote)
+    out = r.stdout + r.stderr
+    assert r.returncode == 2, out
+    assert "up: doctor: done" in r.stderr and "IMAGE.SAME (image, distribute)" in r.stderr, out
+    assert "up: stopped at step 2/6 (image): no flake.nix in " in r.stderr, out
+    assert "`tp4 up --from image`" in r.stderr, out
+    assert re.search(r"^distribute +not run", r.stderr, re.M), out

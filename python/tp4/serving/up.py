@@ -3,7 +3,7 @@
 The steps, in order (:data:`STEPS`), each the code path of its own command:
 
 1. ``doctor``: doctor's checks on every node (tp4.hosts.doctor, as `tp4 prepare` runs them):
-   a blocking failure stops here, but for what a later step makes (:data:`MADE_BY`).
+   a blocking failure stops here, but for what a later step makes (:data:`UP_MADE_BY`).
 2. ``image``: the plan's image on the head. Present under the plan's tag (which `tp4 build`
    sets only once the image's checks passed): reused. Absent: built, checked and pushed to the
    head's image store (tp4.image.build.build, as `tp4 build --image VARIANT`).
@@ -55,6 +55,8 @@ MADE_BY = {
     "WEIGHTS.WORKER": "share",
     "ENGRAM.SHARDS": "pack",
 }
+# up's own steps make more: the head's image (the image step) and the workers' copies of it (distribute)
+UP_MADE_BY = {**MADE_BY, "IMAGE.SAME": "image, distribute"}
 
 
 @dataclass
@@ -144,7 +146,7 @@ def _doctor(line: Line, opts: Options, state: State, out: Echo) -> str:
     report = doctor_mod.doctor(line.plan, line.nodes, limits)
     for text in doctor_mod.table(line.plan, report.results):
         out(text)
-    blocking = [r for r in report.blocking if r.check not in MADE_BY]
+    blocking = [r for r in report.blocking if r.check not in UP_MADE_BY]
     if blocking:
         raise Tp4Error(
             f"{len(blocking)} blocking failure(s):\n"
@@ -152,8 +154,8 @@ def _doctor(line: Line, opts: Options, state: State, out: Echo) -> str:
                 f"  - {r.check} on {r.node}: {r.detail}" + (f"; fix: {r.fix}" if r.fix else "") for r in blocking
             )
         )
-    later = sorted({f"{r.check} ({MADE_BY[r.check]})" for r in report.blocking})
-    return "no blocking failure" + (f" but what the prepare step makes: {', '.join(later)}" if later else "")
+    later = sorted({f"{r.check} ({UP_MADE_BY[r.check]})" for r in report.blocking})
+    return "no blocking failure" + (f" but what later steps make: {', '.join(later)}" if later else "")
 
 
 def head_image(line: Line) -> str | None:
