@@ -208,3 +208,32 @@ def test_up_without_the_plans_image_on_the_head_passes_doctor_and_stops_at_the_i
     assert "up: stopped at step 2/6 (image): no flake.nix in " in r.stderr, out
     assert "`tp4 up --from image`" in r.stderr, out
     assert re.search(r"^distribute +not run", r.stderr, re.M), out
+
+
+def test_a_line_up_from_this_plan_that_fails_smoke_is_not_told_to_rerun_smoke(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """Rerunning smoke does not mend a line that runs this plan and answers wrongly (or not): the
+    fix names `tp4 status` and `tp4 serve --replace`; no other step runs."""
+    import pytest
+
+    from tp4.core.errors import Tp4Error
+    from tp4.line.plan import build_plan
+    from tp4.line.profile import load_default
+    from tp4.serving import serve as serve_mod
+    from tp4.serving import up
+
+    plan = build_plan(load_default())
+    line = up.Line(load_default(), plan, [], {})
+    ran: list[str] = []
+    monkeypatch.setattr(up, "read_state", lambda _: up.State({n.name: ("running", plan.digest) for n in plan.nodes}))
+
+    def smoke(*args: object) -> str:
+        ran.append("smoke")
+        raise Tp4Error("smoke failed: arithmetic")
+
+    monkeypatch.setattr(up, "_smoke", smoke)
+    with pytest.raises(up.Stopped) as stopped:
+        up.run(line, up.Options(serve=serve_mod.Options()), lambda _: None, lambda _: None)
+    assert ran == ["smoke"]
+    assert "up: stopped at step 6/6 (smoke): smoke failed: arithmetic" in stopped.value.message
+    assert "`tp4 serve --replace` restarts its ranks" in stopped.value.message
+    assert "--from smoke" not in stopped.value.message

@@ -109,12 +109,12 @@ class Skip(Exception):
 class Stopped(Tp4Error):
     """A step failed: its own message, then the command that resumes there."""
 
-    def __init__(self, step: str, message: str, exit_code: int, table: list[str]):
+    def __init__(self, step: str, message: str, exit_code: int, table: list[str], *, fix: str = ""):
         i = STEPS.index(step)
         super().__init__(
             "\n".join(table)
             + f"\nup: stopped at step {i + 1}/{len(STEPS)} ({step}): {message}\n"
-            + f"fix: the fix above, then `tp4 up --from {step}` (or `tp4 up`: the steps done are skipped)",
+            + (fix or f"fix: the fix above, then `tp4 up --from {step}` (or `tp4 up`: the steps done are skipped)"),
             exit_code=exit_code,
         )
         self.step = step
@@ -302,7 +302,16 @@ def run(line: Line, opts: Options, out: Echo, progress: Echo) -> list[Outcome]:
         except Tp4Error as exc:
             outcomes.append(Outcome(name, "failed", time.monotonic() - t0, exc.message.splitlines()[0]))
             outcomes += [Outcome(rest, "not run") for rest in STEPS[i + 1 :]]
-            raise Stopped(name, exc.message, exc.exit_code, summary(outcomes, time.monotonic() - began)) from None
+            # a line that runs this plan and fails its smoke is not fixed by running smoke again
+            fix = (
+                "fix: the line runs this plan but does not answer as it should: `tp4 status` tells busy from wedged; "
+                "`tp4 serve --replace` restarts its ranks"
+                if up_already
+                else ""
+            )
+            raise Stopped(
+                name, exc.message, exc.exit_code, summary(outcomes, time.monotonic() - began), fix=fix
+            ) from None
         seconds = time.monotonic() - t0
         outcomes.append(Outcome(name, status, seconds, detail))
         progress(f"up: {name}: {status} in {seconds:.1f} s: {detail}")
