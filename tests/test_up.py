@@ -19,6 +19,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 from doctor_hosts import DoctorCluster
 from test_download import Hub
 from test_prepare import blank, cluster, hub, profile, tp4  # noqa: F401 (cluster, hub: fixtures)
@@ -199,7 +200,10 @@ def test_up_without_the_plans_image_on_the_head_passes_doctor_and_stops_at_the_i
     image_id = process.run([head.runtime, "image", "inspect", "--format", "{{.Id}}", tag], remote=head.remote)
     process.run([head.runtime, "untag", tag, tag], remote=head.remote)
     try:
-        r = tp4(hub, cluster, "up", "--profile", str(profile(cluster)), "--flake", str(tmp_path), timeout=300)
+        with pytest.MonkeyPatch.context() as env:  # the flake tp4 up finds: none (TP4_FLAKE, nix.find_flake)
+            env.setenv("TP4_FLAKE", str(tmp_path))
+            env.chdir(tmp_path)
+            r = tp4(hub, cluster, "up", "--profile", str(profile(cluster)), timeout=300)
     finally:
         process.run([head.runtime, "tag", image_id.stdout.strip(), tag], remote=head.remote)
     out = r.stdout + r.stderr
@@ -213,8 +217,6 @@ def test_up_without_the_plans_image_on_the_head_passes_doctor_and_stops_at_the_i
 def test_a_line_up_from_this_plan_that_fails_smoke_is_not_told_to_rerun_smoke(monkeypatch) -> None:  # type: ignore[no-untyped-def]
     """Rerunning smoke does not mend a line that runs this plan and answers wrongly (or not): the
     fix names `tp4 status` and `tp4 serve --replace`; no other step runs."""
-    import pytest
-
     from tp4.core.errors import Tp4Error
     from tp4.line.plan import build_plan
     from tp4.line.profile import load_default

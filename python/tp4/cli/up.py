@@ -73,6 +73,10 @@ def up(
     from tp4.serving import up as up_mod
 
     sysfs = sysfs_root(sysfs)
+    if flake_dir is not None:  # refused before anything is read or asked, a dry run too
+        from tp4.image import nix
+
+        flake_dir = nix.find_flake(flake_dir)
     served = load_served(profile_path, strict, ssh_options)
     loaded = served.line.loaded
     serve_opts = serve_mod.Options(
