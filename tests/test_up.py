@@ -184,6 +184,7 @@ def test_up_dry_run_prints_every_steps_commands_host_by_host_and_asks_no_host(tm
         # its stop (a line of another plan), then its start (the head: create, then start)
         assert sum(line.startswith(f"  {n.name}: ssh ") for line in sections.splitlines()) >= 2, sections
         assert f"pack_engram.py --rank {n.rank} " in r.stdout
+    assert "  download: head (this machine): fetch into " in r.stdout  # download's own rehearsal
     assert "/v1/chat/completions" in r.stdout
     assert not (tmp_path / "known_hosts").exists()
 

@@ -24,6 +24,7 @@ import fnmatch
 import hashlib
 import json
 import os
+import shlex
 import stat
 import sys
 import threading
@@ -454,6 +455,34 @@ def fetch_all(
     if invalid:
         raise invalid[0]
     return result
+
+
+def _without_userinfo(url: str) -> str:
+    """An endpoint as shown: a user:password@ in it (HF_ENDPOINT) is never printed."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    parts = urlsplit(url)
+    return urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2])) if "@" in parts.netloc else url
+
+
+def rehearse(profile: Profile) -> list[str]:
+    """`tp4 download --dry-run`: what download does on the head (this machine), from the profile
+    alone: neither the Hub nor the directory is asked, so which files it fetches is said to depend
+    on what model.dir holds. The token is never shown (huggingface_hub sends it as a header)."""
+    m = profile.model
+    model_dir, common = paths_of(profile)
+    where = "head (this machine)"
+    return [
+        f"{where}: (skipped when {model_dir}/.tp4-verified.json lists every file of {m.hf_repo}@{m.hf_revision} as "
+        "verified and each is unchanged: depends on the directory, not read in a dry run)",
+        f"{where}: ask {_without_userinfo(_endpoint())} for the files of {m.hf_repo} at {m.hf_revision} with their hashes "
+        f"(config.json and {m.expected_shards} {SHARD_GLOB} shards expected)",
+        f"{where}: fetch into {model_dir} the files it lacks or whose hash differs, {PARALLEL} at once, each "
+        "through .tp4-download/<name>.partial (resumed) and checked against the Hub's sha256 (git sha1 for a "
+        "small file) before it is renamed into place (which files: depends on the directory)",
+        f"{where}: {shlex.join(['ln', '-sfn', str(model_dir), str(common)])}  (a link only; anything else there is "
+        "refused)",
+    ]
 
 
 def download(profile: Profile, say: Say = _say, progress: bool | None = None) -> int:

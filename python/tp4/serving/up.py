@@ -336,6 +336,7 @@ def rehearse(line: Line, opts: Options) -> list[str]:
     """Every step's commands, host by host, from the plan alone: no host is asked, nothing runs.
     What a step runs only when something is missing says so."""
     from tp4.core import process
+    from tp4.hosts import checkpoint as checkpoint_mod
     from tp4.hosts import doctor as doctor_mod
     from tp4.hosts import pack as pack_mod
     from tp4.image import distribute as distribute_mod
@@ -385,10 +386,7 @@ def rehearse(line: Line, opts: Options) -> list[str]:
                 + ")"
             )
         elif name == "prepare":
-            lines.append(
-                f"  download: the pinned checkpoint into {line.loaded.profile.model.dir} on this host "
-                "(skipped when verified complete)"
-            )
+            lines += [f"  download: {text}" for text in checkpoint_mod.rehearse(line.loaded.profile)]
             lines.append(
                 "  share: "
                 + (
