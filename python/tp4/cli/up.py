@@ -68,7 +68,10 @@ def up(
     every step ends the run on stdout. A failing step stops the run with its own message and the
     command that resumes there (`tp4 up --from STEP`). A line that already runs this plan is left
     as it is (only smoke runs); a line that runs another plan keeps serving until the serve step
-    restarts its ranks. --dry-run prints every step's commands, host by host, and runs nothing."""
+    restarts its ranks. --dry-run prints every step's commands, host by host, and runs nothing.
+    Run it on the head, as `tp4 build` and `tp4 distribute`. Exit 0 when the line is up and its
+    smoke passed, else the failing step's code (1: a check or a step failed; 2: bad input or a
+    refused host key)."""
     from tp4.serving import serve as serve_mod
     from tp4.serving import up as up_mod
 
