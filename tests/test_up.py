@@ -25,6 +25,8 @@ from test_download import Hub
 from test_prepare import blank, cluster, hub, profile, tp4  # noqa: F401 (cluster, hub: fixtures)
 
 from tp4.core import process
+from tp4.hosts.doctor import engram_files
+from tp4.hosts.pack import engram_dir
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -118,6 +120,19 @@ def test_up_from_nothing_to_ready_then_nothing_changes_then_a_profile_change_res
         assert "the ranks of the other plan stopped first" in third.stderr, out
         restarted = container_ids(cluster)
         assert all(restarted.values()) and not set(restarted.values()) & set(first.values()), (first, restarted)
+
+        # back to the first profile with a shard of rank 1 gone: the packer has work, so the ranks
+        # of the running plan stop before it runs (it reads the checkpoint into their memory)
+        rank = cluster.plan.nodes[1]
+        (Path(engram_dir(rank)) / engram_files(cluster.plan, rank)[0]).unlink()
+        fourth = tp4(hub, cluster, "up", "--profile", path)
+        out = fourth.stdout + fourth.stderr
+        assert fourth.returncode == 0, out
+        assert f"up: prepare: pack has work on {rank.name} while the line runs another plan: " in fourth.stderr, out
+        assert "(1 packed, 3 skipped)" in fourth.stdout, out
+        assert "the ranks of the other plan stopped first" not in fourth.stderr, out  # stopped already
+        assert "4 boot logs checked" in fourth.stdout, out
+        assert resolves(hub) == gets
     finally:
         stop(path)
 

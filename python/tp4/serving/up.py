@@ -18,7 +18,8 @@ The steps, in order (:data:`STEPS`), each the code path of its own command:
 Before the first step, up reads which plan each rank runs (one `inspect` per node, the label
 serve puts on every rank). A line that runs this plan on every rank is up: every step but smoke
 is skipped, so a second `tp4 up` changes nothing. A line that runs another plan keeps serving
-while the image, distribute and prepare steps run (each does only what the new plan lacks);
+while the image, distribute and prepare steps run (each does only what the new plan lacks; when
+the packer has work, the ranks stop before it runs: it reads the checkpoint into their memory);
 doctor's checks then run in serve, once the old ranks have stopped (a running rank holds the
 ports and the GPU doctor checks), and only the ranks restart.
 
@@ -220,15 +221,47 @@ def _distribute(line: Line, opts: Options, state: State, out: Echo) -> str:
     return f"{copied} of {len(workers)} workers got {image_id[:12]}"
 
 
-def _prepare(line: Line, opts: Options, state: State, out: Echo) -> str:
+def unpacked(line: Line) -> list[str]:
+    """The nodes where `tp4 pack` has work: a shard of the rank missing or not complete (pack's
+    own reading and checks); a node that cannot be read counts as one."""
+    from tp4.hosts import pack as pack_mod
+    from tp4.hosts.nodes import parallel
+
+    got = parallel(line.nodes, lambda n: pack_mod.read_shards(line.plan, n))
+    names = []
+    for n in line.nodes:
+        shards = got[n.name]
+        if not isinstance(shards, list) or any(
+            pack_mod.shard_problem(line.plan, n.rank, s) is not None for s in shards
+        ):
+            names.append(n.name)
+    return names
+
+
+def _prepare(line: Line, opts: Options, state: State, out: Echo, progress: Echo) -> str:
     from tp4.hosts import checkpoint as checkpoint_mod
     from tp4.hosts import pack as pack_mod
     from tp4.hosts import share as share_mod
+    from tp4.serving import serve as serve_mod
+
+    def pack() -> None:
+        if state.any_running():
+            to_pack = unpacked(line)
+            if to_pack:  # the packer reads the checkpoint into the memory the running rank holds
+                progress(
+                    f"up: prepare: pack has work on {', '.join(to_pack)} while the line runs another plan: "
+                    "stopping its ranks first"
+                )
+                problems = serve_mod.stop_nodes(line.nodes, progress)
+                if problems:
+                    raise Tp4Error("not everything stopped:\n" + "\n".join(f"  {p}" for p in problems))
+                state.running = {}
+        pack_mod.pack(line.plan, line.nodes, out)
 
     for name, run in (
         ("download", lambda: checkpoint_mod.download(line.loaded.profile)),
         ("share", lambda: share_mod.share(line.loaded.profile, line.plan, line.nodes, out)),
-        ("pack", lambda: pack_mod.pack(line.plan, line.nodes, out)),
+        ("pack", pack),
     ):
         out(f"up: prepare: {name}")
         try:
@@ -280,7 +313,7 @@ def run(line: Line, opts: Options, out: Echo, progress: Echo) -> list[Outcome]:
         "doctor": lambda: _doctor(line, opts, state, out),
         "image": lambda: _image(line, opts, state, out, progress),
         "distribute": lambda: _distribute(line, opts, state, out),
-        "prepare": lambda: _prepare(line, opts, state, out),
+        "prepare": lambda: _prepare(line, opts, state, out, progress),
         "serve": lambda: _serve(line, opts, state, out, progress),
         "smoke": lambda: _smoke(line, opts, state, out),
     }
