@@ -230,7 +230,7 @@ def test_up_without_the_plans_image_on_the_head_passes_doctor_and_stops_at_the_i
     assert re.search(r"^distribute +not run", r.stderr, re.M), out
 
 
-def test_a_line_up_from_this_plan_that_fails_smoke_is_not_told_to_rerun_smoke(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+def test_a_line_up_from_this_plan_that_fails_smoke_is_not_told_to_rerun_smoke(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     """Rerunning smoke does not mend a line that runs this plan and answers wrongly (or not): the
     fix names `tp4 status` and `tp4 serve --replace`; no other step runs."""
     from tp4.core.errors import Tp4Error
@@ -239,6 +239,7 @@ def test_a_line_up_from_this_plan_that_fails_smoke_is_not_told_to_rerun_smoke(mo
     from tp4.serving import serve as serve_mod
     from tp4.serving import up
 
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path))  # up's lock
     plan = build_plan(load_default())
     line = up.Line(load_default(), plan, [], {})
     ran: list[str] = []
@@ -255,3 +256,23 @@ def test_a_line_up_from_this_plan_that_fails_smoke_is_not_told_to_rerun_smoke(mo
     assert "up: stopped at step 6/6 (smoke): smoke failed: arithmetic" in stopped.value.message
     assert "`tp4 serve --replace` restarts its ranks" in stopped.value.message
     assert "--from smoke" not in stopped.value.message
+
+
+def test_a_second_tp4_up_of_the_line_is_refused_while_one_runs(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """Two `tp4 up` of one line would race in every step: the second is refused naming the first;
+    none of its steps runs."""
+    import pytest
+
+    from tp4.core.errors import Tp4Error
+    from tp4.line.plan import build_plan
+    from tp4.line.profile import load_default
+    from tp4.serving import serve as serve_mod
+    from tp4.serving import up
+
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path))
+    plan = build_plan(load_default())
+    line = up.Line(load_default(), plan, [], {})
+    monkeypatch.setattr(up, "read_state", lambda _: pytest.fail("a step ran"))
+    with serve_mod.line_lock(plan, "up", kind="up.lock"):
+        with pytest.raises(Tp4Error, match=r"is busy: tp4 up \(pid [0-9]+, started "):
+            up.run(line, up.Options(serve=serve_mod.Options()), lambda _: None, lambda _: None)

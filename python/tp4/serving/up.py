@@ -297,7 +297,15 @@ def _smoke(line: Line, opts: Options, state: State, out: Echo) -> str:
 
 
 def run(line: Line, opts: Options, out: Echo, progress: Echo) -> list[Outcome]:
-    """Every step from ``opts.start`` on; raises :class:`Stopped` at the first that fails."""
+    """Every step from ``opts.start`` on; raises :class:`Stopped` at the first that fails. One
+    `tp4 up` of a line at a time (a second is refused naming the first)."""
+    from tp4.serving import serve as serve_mod
+
+    with serve_mod.line_lock(line.plan, "up", kind="up.lock"):
+        return _run(line, opts, out, progress)
+
+
+def _run(line: Line, opts: Options, out: Echo, progress: Echo) -> list[Outcome]:
     began = time.monotonic()
     state = read_state(line)
     first = STEPS.index(opts.start)
