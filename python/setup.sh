@@ -11,6 +11,12 @@ repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 want_test=0
 [ "${1:-}" = "--test" ] && want_test=1
 
+# a line per step on stderr: the whole setup takes a minute or more, never silently
+steps=4
+step_no=0
+step() { step_no=$((step_no + 1)); echo "setup: [$step_no/$steps] $*" >&2; }
+
+step "checking the system tools$([ "$want_test" = 1 ] && echo ' (and those the tests use)')"
 apt_pkgs=()
 need() { command -v "$1" >/dev/null 2>&1 || apt_pkgs+=("$2"); }
 python3 -c 'import venv, ensurepip' 2>/dev/null || apt_pkgs+=(python3-venv)
@@ -44,13 +50,16 @@ fi
 if [ ${#apt_pkgs[@]} -gt 0 ]; then
   sudo=""
   [ "$(id -u)" = 0 ] || sudo=sudo
-  echo "setup: installing ${apt_pkgs[*]}" >&2
+  echo "setup: installing ${apt_pkgs[*]} (apt-get)" >&2
   $sudo apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${apt_pkgs[@]}" >/dev/null
 fi
 
 if [ ! -x "$repo/.venv/bin/python" ]; then
+  step "creating the virtualenv $repo/.venv"
   python3 -m venv "$repo/.venv"
+else
+  step "using the virtualenv $repo/.venv"
 fi
 "$repo/.venv/bin/pip" install -q --disable-pip-version-check --upgrade pip >/dev/null 2>&1 || true
 # Install exactly what python/poetry.lock pins (versions and file hashes), then tp4 itself.
@@ -72,7 +81,9 @@ for pkg in lock["package"]:
     hashes = " ".join(f"--hash={f['hash']}" for f in pkg.get("files", []))
     print(f"{line} {hashes}")
 PY
+step "installing the $(grep -c . "$reqs") Python packages python/poetry.lock pins (hashes checked)"
 "$repo/.venv/bin/pip" install -q --disable-pip-version-check --require-hashes -r "$reqs"
+step "installing tp4 itself from $repo/python (editable)"
 # tp4 itself, editable: the CLI runs this checkout's python/tp4 and reads its data (python/tp4/data:
 # adapters/registry.toml, the presets, sources.manifest), so an edit there reaches the next command.
 # The wheel and the Nix package carry their own copy of that data.

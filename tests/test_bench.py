@@ -869,3 +869,96 @@ def test_progress_is_one_redrawn_line_on_a_terminal(standin: Callable[..., Stand
     # each finished level is a line of its own, the live line cleared before it
     assert "\r\x1b[K[1/2] prose trial 1 c1: aggregate" in text and "[2/2] prose trial 1 c2: aggregate" in text
     assert "prose" in stdout and "\x1b" not in stdout
+
+
+def test_every_stream_opens_its_own_connection_after_its_t0(
+    standin: Callable[..., Standin], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As SGLang's bench_serving (a new aiohttp session per request, its start taken before the
+    POST): each stream of a level opens a new connection after its t0, none is reused from an
+    earlier level or opened before it, and each is closed once its stream is over; the streams'
+    connects are all under way before any request is written (they start together, not in
+    turn)."""
+    import asyncio
+
+    from tp4.measuring.throughput.loadgen import Client, LoadWatcher, wave
+
+    s = standin(TP4_STANDIN_DECODE_TPS="200")
+    marks: list[tuple[str, float]] = []
+    writers: list[Any] = []
+    waves: list[list[Any]] = []
+    open_connection = asyncio.open_connection
+
+    async def connect(*args: Any, **kwargs: Any) -> Any:
+        marks.append(("connect", time.perf_counter()))
+        reader, writer = await open_connection(*args, **kwargs)
+        write = writer.write
+
+        def written(data: bytes) -> None:
+            marks.append(("write", time.perf_counter()))
+            write(data)
+
+        writer.write = written
+        writers.append(writer)
+        return reader, writer
+
+    async def go() -> None:
+        client = Client(s.url, MODEL, None, timeout=30, connections=4)
+        try:
+            await client.check()
+            watcher = LoadWatcher(client)
+            await watcher.probe()
+            monkeypatch.setattr(asyncio, "open_connection", connect)
+            for _ in range(2):
+                streams, _, _, _ = await wave(client, watcher, [f"p{i}" for i in range(4)], 6)
+                assert all(r.error is None and r.completion_tokens == 6 for r in streams)
+                assert all(w.is_closing() for w in writers)  # none kept for the next level
+                waves.append(streams)
+        finally:
+            await client.close()
+
+    asyncio.run(go())
+    connects = [t for kind, t in marks if kind == "connect"]
+    assert len(connects) == 8, marks  # 2 levels x 4 streams, each its own connection
+    for n, streams in enumerate(waves):
+        mine = connects[4 * n : 4 * n + 4]
+        assert min(mine) >= min(r.t0 for r in streams)  # opened after the level's first t0
+        assert max(r.t0 for r in streams) <= min(r.t_first for r in streams)
+        first_write = min(t for kind, t in marks if kind == "write" and t >= min(mine))
+        assert max(mine) <= first_write, marks  # all four connects begun before any request is written
+
+
+def test_a_stream_that_cannot_connect_or_is_cut_off_is_its_error_never_raised() -> None:
+    """The streams' own connections: a refused connect and an answer cut off mid-way are the
+    stream's error (as they were through httpx), and an https endpoint is connected with TLS."""
+    import asyncio
+    import ssl
+
+    from tp4.measuring.throughput.loadgen import Client
+
+    port = free_port()  # nothing listens there
+
+    async def cut_off(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n")
+        writer.write(b'10\r\ndata: {"id": "x"}\n\n')  # half a chunk, then the connection closes
+        await writer.drain()
+        writer.close()
+
+    async def go() -> tuple[Any, Any, Any]:
+        server = await asyncio.start_server(cut_off, "127.0.0.1", 0)
+        cut = server.sockets[0].getsockname()[1]
+        refused = Client(f"http://127.0.0.1:{port}", MODEL, None, timeout=5, connections=2)
+        broken = Client(f"http://127.0.0.1:{cut}", MODEL, None, timeout=5, connections=2)
+        tls = Client(f"https://127.0.0.1:{port}", MODEL, None, timeout=5, connections=2)
+        try:
+            return await refused.stream(0, "p", 4), await broken.stream(0, "p", 4), tls._tls
+        finally:
+            for c in (refused, broken, tls):
+                await c.close()
+            server.close()
+
+    no_connection, cut_off_answer, context = asyncio.run(go())
+    assert no_connection.error is not None and no_connection.error.startswith("no connection"), no_connection.error
+    assert cut_off_answer.error is not None and cut_off_answer.error.startswith("the connection closed mid-answer")
+    assert isinstance(context, ssl.SSLContext)

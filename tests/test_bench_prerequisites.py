@@ -127,3 +127,58 @@ def test_bench_doctor_and_pack_name_what_is_missing(repo, tmp_path, script):
     assert "Traceback" not in proc.stderr
     assert f"{script} needs" in proc.stderr and "podman" in proc.stderr
     assert "bash python/setup.sh --test" in proc.stderr
+
+
+def _bench_vs_sglang(repo):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_vs_sglang", repo / "bench" / "bench_vs_sglang.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_bench_vs_sglang_tp4_side_reads_tp4_bench_on_the_standin(repo, tmp_path):
+    """The tp4 half of bench/bench_vs_sglang.py: `tp4 bench decode` on the stand-in with its TTFT
+    floor, one level, read back as median TTFT and aggregate (the SGLang half needs its venv)."""
+    import json
+
+    b = _bench_vs_sglang(repo)
+    port = b.free_port()
+    proc = b.start_engine(port, 100, 200, tmp_path / "engine.log")
+    try:
+        done = subprocess.run(
+            [sys.executable, str(repo / "bench" / "bench_vs_sglang.py"), "--as-client", "tp4"]
+            + ["--url", f"http://127.0.0.1:{port}", "--levels", "2", "--max-tokens", "12"],
+            env={**os.environ, "PYTHONPATH": str(repo / "python")},
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    finally:
+        b.stop_engine(proc)
+    assert done.returncode == 0, done.stderr
+    got = json.loads(done.stdout.strip().splitlines()[-1])
+    assert 100 <= got["medianTtftMs"] < 400  # the engine's floor, and the client's share
+    assert 0 < got["aggregateDecodeTps"] < 2 * 200 * 1.5
+
+
+def test_bench_vs_sglang_runs_both_clients_once(repo):
+    """The whole comparison, once, where SGLang's client is installed (its venv under ~/.cache,
+    made by the script's first run: pip fetches sglang by name, which a test does not do)."""
+    b = _bench_vs_sglang(repo)
+    venv = os.path.expanduser(f"~/.cache/tp4-bench-sglang/{b.SGLANG}")
+    if not os.path.exists(os.path.join(venv, "bin", "python")):
+        pytest.skip(f"SGLang's client is not installed in {venv} (run bench/bench_vs_sglang.py once)")
+    done = subprocess.run(
+        [sys.executable, str(repo / "bench" / "bench_vs_sglang.py"), "--runs", "1", "--levels", "1,2"]
+        + ["--max-tokens", "12", "--decode-tps", "200", "--ttft-ms", "100"],
+        env={**os.environ, "PYTHONPATH": str(repo / "python")},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert "Traceback" not in done.stderr and done.returncode in (0, 1), done.stderr
+    rows = [line.split() for line in done.stdout.splitlines() if line.split()[:1] in (["1"], ["2"])]
+    assert [r[0] for r in rows] == ["1", "2"] and all(0.5 < float(r[3]) < 2 and 0.5 < float(r[6]) < 2 for r in rows)
+    assert "largest deviation" in done.stdout

@@ -133,7 +133,7 @@ def test_good_hosts_pass_every_check_in_one_command_per_node(
 
 def test_cli_table_json_evidence_and_exit_codes(good: DoctorCluster, tmp_path: Path) -> None:
     evidence = tmp_path / "doctor.json"
-    proc = tp4("doctor", "--profile", str(good.profile), "--json", str(evidence), "--sysfs", SYSFS, "--interval", "0.5")
+    proc = tp4("doctor", "--profile", str(good.profile), "-o", str(evidence), "--sysfs", SYSFS, "--interval", "0.5")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     lines = proc.stdout.splitlines()
     assert lines[0].split() == ["check", "node1", "node2", "node3", "node4"]
@@ -154,7 +154,7 @@ def test_cli_table_json_evidence_and_exit_codes(good: DoctorCluster, tmp_path: P
         assert (c["fix"] is None) == (c["status"] in ("ok", "n/a"))
     # a blocking failure: exit 1, the evidence still written
     (good.port(good.hosts[1], HCA1) / "state").write_text("1: DOWN\n")
-    proc = tp4("doctor", "--profile", str(good.profile), "--json", str(evidence), "--sysfs", SYSFS, "--interval", "0.5")
+    proc = tp4("doctor", "--profile", str(good.profile), "-o", str(evidence), "--sysfs", SYSFS, "--interval", "0.5")
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert f"FAIL node2 RDMA.PORT_ACTIVE (blocking): {HCA1} port 1 is 1: DOWN" in proc.stdout
     assert proc.stdout.rstrip().endswith("1 blocking failure(s)")
@@ -168,14 +168,16 @@ def test_cli_bad_json_path_is_a_user_error(good: DoctorCluster, tmp_path: Path) 
         "doctor",
         "--profile",
         str(good.profile),
-        "--json",
+        "-o",
         str(tmp_path / "no" / "dir" / "x.json"),
         "--sysfs",
         SYSFS,
         "--interval",
         "0",
     )
-    assert proc.returncode == 2 and "--json" in proc.stderr and "fix:" in proc.stderr and "Traceback" not in proc.stderr
+    assert (
+        proc.returncode == 2 and "--output" in proc.stderr and "fix:" in proc.stderr and "Traceback" not in proc.stderr
+    )
 
 
 # --- RDMA --------------------------------------------------------------------------------------------

@@ -431,7 +431,7 @@ def test_a_verification_cache_that_is_no_file_is_no_cache(tmp_path, kind):
 
 WRITERS = {
     "plan -o": ["plan", "--profile", str(EXAMPLE_PROFILE), "-o"],
-    "doctor --json": ["doctor", "--profile", str(EXAMPLE_PROFILE), "--json"],
+    "doctor -o": ["doctor", "--profile", str(EXAMPLE_PROFILE), "-o"],
 }
 
 

@@ -784,7 +784,7 @@ def test_distribute_checks_its_inputs_before_looking_for_the_image(tmp_path, tp4
 
 
 @pytest.mark.parametrize("kind", ["fifo", "link to /dev/null", "dangling link's directory missing"])
-def test_doctor_json_is_checked_before_the_checks_and_never_replaces_a_special_file(tmp_path, tp4_cli, kind):
+def test_doctor_output_is_checked_before_the_checks_and_never_replaces_a_special_file(tmp_path, tp4_cli, kind):
     profile = tmp_path / "profile.toml"
     profile.write_text(PROFILE.format(root=tmp_path))
     target = tmp_path / "evidence.json"
@@ -794,8 +794,8 @@ def test_doctor_json_is_checked_before_the_checks_and_never_replaces_a_special_f
         target.symlink_to("/dev/null")
     else:
         target = tmp_path / "no" / "evidence.json"
-    code, out, err = tp4_cli("doctor", "--profile", profile, "--json", target)
-    assert code == 2 and "--json" in err and "; fix: " in err and "internal error" not in err, (code, err)
+    code, out, err = tp4_cli("doctor", "--profile", profile, "-o", target)
+    assert code == 2 and "--output" in err and "; fix: " in err and "internal error" not in err, (code, err)
     assert "SSH.REACHABLE" not in out, "the path is refused before any node is asked"
     if kind == "fifo":
         assert target.is_fifo()

@@ -483,7 +483,7 @@ def test_the_common_link_is_made_or_moved_to_the_model(tmp_path, kind):
 
 
 @pytest.mark.parametrize("kind", ["char device", "fifo", "dangling link"])
-@pytest.mark.parametrize("command", [("plan", "-o"), ("doctor", "--json")], ids=" ".join)
+@pytest.mark.parametrize("command", [("plan", "-o"), ("doctor", "-o")], ids=" ".join)
 def test_an_output_that_is_no_regular_file_is_never_replaced(tmp_path, tp4_cli, command, kind):
     target = tmp_path / "out"
     if kind == "char device":

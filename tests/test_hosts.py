@@ -426,4 +426,8 @@ def test_trust_names_every_node_that_gave_no_key(tmp_path, monkeypatch, tp4_cli)
     assert "3 of 3 nodes gave no host key" in err
     for h in hosts:
         assert f"  - [{h}]:9: ssh-keyscan fetched no host key" in err, err
+        assert err.count(f"[{h}]:9: ssh-keyscan fetched no host key") == 1, err  # told once
+    # progress: a line per node as its scan ends, counted
+    done = re.findall(r"^\[(\d)/3\] (\S+): failed \(named in the error at the end\)$", err, re.M)
+    assert [d for d, _ in done] == ["1", "2", "3"] and sorted(h for _, h in done) == hosts, err
     assert not (tmp_path / "known_hosts").exists() and "Traceback" not in err

@@ -148,7 +148,8 @@ def test_a_worker_that_cannot_be_reached_is_named_and_the_others_still_listed(ho
         "images", *node_args(hosts, [hosts[0]]), "--worker", nobody, "--ssh-option", "ConnectTimeout=3"
     )
     assert code == 1
-    assert f"{nobody}: cannot list its images: cannot reach" in out
+    assert f"{nobody}: cannot list its images (the reason is in the error below)" in out
+    assert "cannot reach" in err and "cannot reach" not in out  # said once
     assert f"{LINE} is {line_id[:12]}" in out and f"{hosts[0].address}: 0 tp4 images; no line image" in out
     assert f"could not list the images of {nobody}" in err and "Traceback" not in err
 

@@ -500,3 +500,128 @@ def test_in_podman_from_the_test_image(plan: Plan, line: Line, tmp_path: Path) -
         process.run(["podman", "rm", "-f", name], env=env, check=False)
         process.run(["podman", "rmi", "-a", "-f"], env=env, check=False)
         subprocess.run(["rm", "-rf", str(store)], check=False)
+
+
+# --- the engine's API boundary, as clients (tp4 bench, SGLang's bench_serving) meet it -------------------------
+
+
+class LocalEngine:
+    """The engine role alone on 127.0.0.1 (no network namespace, no boot.py), with the given controls."""
+
+    def __init__(self, tmp: Path, env: dict[str, str]) -> None:
+        import socket
+
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = int(s.getsockname()[1])
+        self.log = tmp / f"engine-{self.port}.log"
+        full = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "TP4_STANDIN_PACE": "0", **env}
+        argv = [PYTHON, "-u", str(ENGINE), "python", "-m", "sglang.launch_server", "--model-path", "/models/x"]
+        argv += ["--served-model-name", "m", "--host", "127.0.0.1", "--port", str(self.port)]
+        with open(self.log, "wb") as out:
+            self.proc = subprocess.Popen(argv, env=full, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        deadline = time.monotonic() + 20
+        while "fired up and ready" not in self.log.read_text(errors="replace"):
+            assert self.proc.poll() is None and time.monotonic() < deadline, self.log.read_text()[-2000:]
+            time.sleep(0.02)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait()
+
+
+@pytest.fixture
+def engine(tmp_path: Path) -> Iterator[Callable[..., LocalEngine]]:
+    started: list[LocalEngine] = []
+
+    def go(**env: str) -> LocalEngine:
+        started.append(LocalEngine(tmp_path, env))
+        return started[-1]
+
+    try:
+        yield go
+    finally:
+        for e in started:
+            e.stop()
+
+
+def post(conn: Any, path: str, body: dict[str, Any]) -> tuple[Any, list[tuple[float, dict[str, Any]]] | dict[str, Any]]:
+    """POST on an open http.client connection: (response, its SSE events with their arrival times,
+    or its JSON body)."""
+    started = time.monotonic()
+    conn.request("POST", path, json.dumps(body), {"Content-Type": "application/json"})
+    resp = conn.getresponse()
+    if not body.get("stream"):
+        return resp, json.loads(resp.read())
+    events: list[tuple[float, dict[str, Any]]] = []
+    while line := resp.readline():
+        text = line.decode().strip()
+        if text.startswith("data: ") and text != "data: [DONE]":
+            events.append((time.monotonic() - started, json.loads(text[6:])))
+    return resp, events
+
+
+def chat(prompt: str = "Say something.", **extra: Any) -> dict[str, Any]:
+    return {"model": "m", "messages": [{"role": "user", "content": prompt}], **extra}
+
+
+def test_max_completion_tokens_is_the_limit_as_sglang_reads_it(engine: Callable[..., LocalEngine]) -> None:
+    import http.client
+
+    e = engine()
+    conn = http.client.HTTPConnection("127.0.0.1", e.port, timeout=10)
+    # SGLang's bench_serving asks max_completion_tokens with ignore_eos: exactly that many
+    _, out = post(conn, "/v1/chat/completions", chat(max_completion_tokens=10, ignore_eos=True))
+    assert isinstance(out, dict) and out["usage"]["completion_tokens"] == 10
+    assert out["choices"][0]["finish_reason"] == "length"
+    # without ignore_eos the answer is cut at it; it wins over max_tokens
+    _, out = post(conn, "/v1/chat/completions", chat(max_completion_tokens=4, max_tokens=100))
+    assert isinstance(out, dict) and out["usage"]["completion_tokens"] == 4
+    assert len(out["choices"][0]["message"]["content"].split()) == 4
+    _, out = post(conn, "/v1/chat/completions", chat(max_tokens=3))
+    assert isinstance(out, dict) and out["usage"]["completion_tokens"] == 3
+
+
+def test_completions_api_plain_and_streamed(engine: Callable[..., LocalEngine]) -> None:
+    import http.client
+
+    e = engine()
+    conn = http.client.HTTPConnection("127.0.0.1", e.port, timeout=10)
+    resp, out = post(conn, "/v1/completions", {"model": "m", "prompt": QUESTION, "max_tokens": 8})
+    assert resp.status == 200 and isinstance(out, dict)
+    assert out["object"] == "text_completion" and out["choices"][0]["text"].strip() == "42"
+    assert out["choices"][0]["finish_reason"] == "stop" and out["usage"]["completion_tokens"] == 2
+    body = {"model": "m", "prompt": ["Tell", "me"], "max_tokens": 7, "ignore_eos": True, "stream": True}
+    body["stream_options"] = {"include_usage": True}
+    resp, events = post(conn, "/v1/completions", body)
+    assert resp.status == 200 and isinstance(events, list)
+    docs = [d for _, d in events]
+    assert {d["object"] for d in docs} == {"text_completion"}
+    assert all("delta" not in d["choices"][0] for d in docs)
+    assert len("".join(d["choices"][0]["text"] for d in docs).split()) == 7
+    assert docs[-1]["choices"][0]["finish_reason"] == "length" and docs[-1]["usage"]["completion_tokens"] == 7
+    assert post(conn, "/v1/embeddings", {"input": "x"})[0].status == 404
+
+
+def test_every_streamed_request_is_paced_on_a_kept_alive_connection(engine: Callable[..., LocalEngine]) -> None:
+    import http.client
+
+    e = engine(TP4_STANDIN_DECODE_TPS="60", TP4_STANDIN_TOKENS_PER_EVENT="3", TP4_STANDIN_TTFT_SECONDS="0.2")
+    conn = http.client.HTTPConnection("127.0.0.1", e.port, timeout=10)
+    sockets = []
+    # a plain request (neither ignore_eos nor min_tokens) is paced as a benchmark's is
+    for extra in ({}, {"ignore_eos": True}):
+        resp, events = post(conn, "/v1/chat/completions", chat(max_tokens=12, stream=True, **extra))
+        assert resp.status == 200 and resp.getheader("Transfer-Encoding") == "chunked"
+        assert resp.getheader("Connection") != "close" and not resp.will_close
+        sockets.append(conn.sock)
+        assert isinstance(events, list)
+        content = [
+            (t, d["choices"][0]["delta"]["content"]) for t, d in events if d["choices"][0]["delta"].get("content")
+        ]
+        assert [len(c.split()) for _, c in content] == [3, 3, 3, 3]
+        first, last = content[0][0], content[-1][0]
+        assert first >= 0.19, first  # the TTFT floor
+        assert last - first >= 3 * 3 / 60 - 0.02, (first, last)  # three gaps of 3 tokens at 60 tok/s
+    assert sockets[0] is sockets[1]  # the second request went on the same connection

@@ -75,20 +75,28 @@ completions hang (those already hanging finish once it recovers) and ``/health_g
 as SGLang's does, while ``/health`` stays 200; ``{"wedged": null}`` goes back to what the
 `wedge` fault says. Nothing changes until a test posts it.
 
-Bench timing (`tp4 bench`; :func:`exact_length` and :class:`Pacing`). A request that asks for its
-length exactly (``ignore_eos`` or ``min_tokens``, as a benchmark does) gets exactly ``max_tokens``
-completion tokens (finish_reason ``length``), and a streamed answer is paced as below; any other
-request streams one token per event at once, as before (the serve tests' default):
+Bench timing (`tp4 bench`, SGLang's `bench_serving`; :func:`exact_length` and :class:`Pacing`). A
+request that asks for its length exactly (``ignore_eos`` or ``min_tokens``, as a benchmark does)
+gets exactly ``max_tokens`` completion tokens (finish_reason ``length``); the length asked is
+``max_completion_tokens`` when given, else ``max_tokens`` (SGLang's order). Every streamed answer
+is paced as below, whatever the request asked:
 
   TP4_STANDIN_DECODE_TPS        per-stream decode rate in tokens/s: the events of a stream are sent
                                 at first + j * tokens_per_event / rate (0, the default: as fast as it can)
-  TP4_STANDIN_TOKENS_PER_EVENT  completion tokens per SSE event (default 3 for such requests, as
-                                the line's speculative decoding sends; the last event may carry fewer)
+  TP4_STANDIN_TOKENS_PER_EVENT  completion tokens per SSE event (default 3, as the line's
+                                speculative decoding sends; the last event may carry fewer)
   TP4_STANDIN_PREFILL_TPS       prefill rate in tokens/s: the first content event comes
                                 prompt_tokens / rate after the request (0, the default: at once);
                                 prompt tokens are the prompt's words
+  TP4_STANDIN_TTFT_SECONDS      a floor under that: the first content event comes no sooner than
+                                this after the request was read (default 0)
   TP4_STANDIN_NO_MIN_TOKENS     1: a request with min_tokens or ignore_eos is refused with HTTP 400
                                 (an engine without them; sparkDash retries without)
+
+A streamed answer is sent with ``Transfer-Encoding: chunked`` on a connection kept alive for the
+next request, as SGLang's server (uvicorn) sends it; ``POST /v1/completions`` (``prompt`` a string
+or a list of strings, joined) answers as ``/v1/chat/completions`` does, in the completions API's
+shape (``text_completion``, ``choices[].text``).
 
 boot.py hands the engine the API key in TP4_STANDIN_API_KEY (upstream appends --api-key to the
 argv, which the host's process table would show) and its pid in TP4_STANDIN_BOOT_PID (the engine
@@ -794,6 +802,7 @@ def dummy_health_handler() -> type[BaseHTTPRequestHandler]:
 def handler(engine: Engine) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
+        disable_nagle_algorithm = True  # TCP_NODELAY, as asyncio (uvicorn, SGLang's server) sets it
 
         def log_message(self, format: str, *args: Any) -> None:
             del format, args  # SGLang logs no access lines by default
@@ -878,14 +887,23 @@ def handler(engine: Engine) -> type[BaseHTTPRequestHandler]:
                 return
             if not self.authorized():
                 return
-            if self.path.split("?")[0] != "/v1/chat/completions":
+            path = self.path.split("?")[0]
+            if path not in ("/v1/chat/completions", "/v1/completions"):
                 self.send_json(404, {"detail": "Not Found"})
                 return
+            self.text_api = path == "/v1/completions"
             try:
                 body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"{}")
+                if self.text_api:
+                    given = body["prompt"]
+                    prompt = given if isinstance(given, str) else " ".join(str(p) for p in given)
+                    body = {**body, "messages": [{"role": "user", "content": prompt}]}
                 messages = body["messages"]
                 prompt = " ".join(str(m.get("content", "")) for m in messages if m.get("role") != "tool")
-                max_tokens = int(body.get("max_tokens") or 256)
+                # SGLang's protocol: max_completion_tokens, when given, is the limit (max_tokens is its older name):
+                # sglang 0.5.23 srt/entrypoints/openai/protocol.py line 1214 (`self.max_completion_tokens or
+                # self.max_tokens`), serving_chat.py line 1180
+                max_tokens = int(body.get("max_completion_tokens") or body.get("max_tokens") or 256)
                 wrong = "wrong-answer" in engine.faults and self.headers.get(BOOT_HEADER) != "1"
                 answer, calls = reply(body, prompt, wrong)
                 answer = exact_length(body, answer, max_tokens)
@@ -895,7 +913,6 @@ def handler(engine: Engine) -> type[BaseHTTPRequestHandler]:
             if (refusal := context_refusal(prompt)) is not None:
                 return self.send_json(400, refusal)
             boot = self.headers.get(BOOT_HEADER) == "1"
-            self.bench_request = bool(body.get("ignore_eos") or body.get("min_tokens"))
             with engine.lock:
                 engine.running += 1
             try:
@@ -942,6 +959,19 @@ def handler(engine: Engine) -> type[BaseHTTPRequestHandler]:
                 "completion_tokens": completion_tokens,
                 "total_tokens": prompt_tokens + completion_tokens,
             }
+            if not stream and self.text_api:
+                self.send_json(
+                    200,
+                    {
+                        "id": ident,
+                        "object": "text_completion",
+                        "created": int(time.time()),
+                        "model": engine.served_name,
+                        "usage": usage,
+                        "choices": [{"index": 0, "text": "".join(tokens), "logprobs": None, "finish_reason": finish}],
+                    },
+                )
+                return
             if not stream:
                 self.send_json(
                     200,
@@ -965,37 +995,50 @@ def handler(engine: Engine) -> type[BaseHTTPRequestHandler]:
                     },
                 )
                 return
+            # uvicorn's streaming response: chunked, the connection kept alive for the next request
             self.send_response(200)
             self.send_header("Content-Type", "text/event-stream")
             self.send_header("Cache-Control", "no-cache")
-            self.send_header("Connection", "close")
+            self.send_header("Transfer-Encoding", "chunked")
             self.end_headers()
 
-            def chunk(delta: dict[str, Any], finish_reason: str | None, **extra: object) -> None:
-                data = {
-                    "id": ident,
-                    "object": "chat.completion.chunk",
-                    "created": int(time.time()),
-                    "model": engine.served_name,
-                    "choices": [{"index": 0, "delta": delta, "finish_reason": finish_reason}],
-                    **extra,
-                }
-                self.wfile.write(f"data: {json.dumps(data)}\n\n".encode())
+            def send(data: bytes) -> None:
+                self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
                 self.wfile.flush()
 
-            pacing = Pacing.of(self.bench_request, prompt_tokens)
+            def chunk(delta: dict[str, Any], finish_reason: str | None, **extra: object) -> None:
+                if self.text_api:  # sglang 0.5.23 protocol.py lines 546-575: CompletionStreamResponse
+                    text = delta.get("content")
+                    if not text and finish_reason is None:
+                        return  # the completions API has no role or tool-call chunk
+                    choice: dict[str, Any] = {"index": 0, "text": text or "", "logprobs": None}
+                    kind = "text_completion"
+                else:
+                    choice, kind = {"index": 0, "delta": delta}, "chat.completion.chunk"
+                data = {
+                    "id": ident,
+                    "object": kind,
+                    "created": int(time.time()),
+                    "model": engine.served_name,
+                    "choices": [{**choice, "finish_reason": finish_reason}],
+                    **extra,
+                }
+                send(f"data: {json.dumps(data)}\n\n".encode())
+
+            pacing = Pacing.of(prompt_tokens)
             chunk({"role": "assistant", "content": ""}, None)
             if "stall" in engine.faults:
                 engine.stopping.wait()
+                self.close_connection = True
                 return
             if calls:
                 chunk({"tool_calls": [{"index": i, **c} for i, c in enumerate(calls)]}, None)
             for text in pacing.events([] if calls else tokens):
                 chunk({"content": text}, None)
             chunk({}, finish, usage=usage)
-            self.wfile.write(b"data: [DONE]\n\n")
+            send(b"data: [DONE]\n\n")
+            self.wfile.write(b"0\r\n\r\n")
             self.wfile.flush()
-            self.close_connection = True
 
     return Handler
 
@@ -1165,21 +1208,20 @@ def exact_length(body: dict[str, Any], answer: list[str], max_tokens: int) -> li
 class Pacing:
     """How a streamed answer is timed and cut into SSE events (the module docstring's bench
     timing): the first content event at prompt_tokens / TP4_STANDIN_PREFILL_TPS after the
-    request, event j at first + j * per_event / TP4_STANDIN_DECODE_TPS."""
+    request (no sooner than TP4_STANDIN_TTFT_SECONDS), event j at first + j * per_event /
+    TP4_STANDIN_DECODE_TPS."""
 
     def __init__(self, per_event: int, decode_tps: float, prefill_seconds: float) -> None:
         self.per_event, self.decode_tps, self.prefill_seconds = max(1, per_event), decode_tps, prefill_seconds
         self.started = time.monotonic()
 
     @classmethod
-    def of(cls, bench: bool, prompt_tokens: int) -> Pacing:
-        if not bench:
-            return cls(1, 0.0, 0.0)
+    def of(cls, prompt_tokens: int) -> Pacing:
         prefill = number("TP4_STANDIN_PREFILL_TPS", 0)
         return cls(
             int(number("TP4_STANDIN_TOKENS_PER_EVENT", 3)),
             number("TP4_STANDIN_DECODE_TPS", 0),
-            prompt_tokens / prefill if prefill > 0 else 0.0,
+            max(prompt_tokens / prefill if prefill > 0 else 0.0, number("TP4_STANDIN_TTFT_SECONDS", 0)),
         )
 
     def events(self, tokens: list[str]) -> Iterator[str]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import click
@@ -10,6 +11,7 @@ from tp4.image import build as build_mod
 from tp4.image import nix, runtime_cli
 from tp4.image import distribute as distribute_mod
 from tp4.cli.common import PORT, dry_run_option, profile_option, profile_remotes, ssh_option, strict_option
+from tp4.core import schemas
 from tp4.core.errors import InvalidInput, Tp4Error
 
 flake_option = click.option(
@@ -119,6 +121,12 @@ def build(
 )
 @click.option("--check", "check_only", is_flag=True, help="Only report which workers have the head's image.")
 @click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    help=f"With --check: the report as one JSON object on stdout (schema {schemas.DISTRIBUTE_CHECK}).",
+)
+@click.option(
     "--method",
     type=click.Choice(distribute_mod.METHODS),
     default="registry",
@@ -128,6 +136,7 @@ def build(
     "(for a head without the image store).",
 )
 @strict_option
+@dry_run_option
 def distribute(
     flake_dir: Path | None,
     attr: str,
@@ -140,8 +149,10 @@ def distribute(
     ssh_options: tuple[str, ...],
     image_ref: str | None,
     check_only: bool,
+    as_json: bool,
     method: str,
     strict: bool,
+    dry_run: bool,
 ) -> None:
     """Copy the head's image to the workers in parallel; skip workers that already have it.
 
@@ -151,10 +162,29 @@ def distribute(
     --tls-verify=false, as the store is plain HTTP reachable only through the tunnel.
     Every worker must end with the head's image id and RootFS layers, or the command fails
     naming the worker.
+
+    --dry-run prints the commands of the copy, worker by worker, from the build records (the image
+    reference and the store's digest) and asks no worker: each worker's copy runs only where it
+    lacks the head's image, which the output says depends on the worker.
     """
     # every input first (the profile, --worker, --user, --port), before the head's image is looked up
+    if as_json and not check_only:
+        raise InvalidInput("--json reports --check: pass --check --json (a copy reports as it goes, in text)")
+    if dry_run and check_only:
+        raise InvalidInput("--dry-run rehearses a copy; --check only asks the workers: pass one of them")
+    digest = None
     nodes = profile_remotes(workers, profile_path, user, identity, port, ssh_options, strict)
-    runtime = runtime_cli.detect(runtime)
+    runtime = runtime_cli.detect(runtime, required=not dry_run)
+    if dry_run:
+        if image_ref is None:
+            flake = nix.find_flake(flake_dir)
+            built = build_mod.Built.load(build_mod.record_path(flake, attr))
+            image_ref, recorded = built.ref, build_mod.Pushed.load(build_mod.store_record_path(flake, attr))
+            digest = recorded.digest if recorded is not None and recorded.id == built.id else None
+        for line in distribute_mod.rehearse(image_ref, nodes, runtime, method=method, digest=digest):
+            click.echo(line)
+        click.echo("dry run: nothing was run, no host was asked", err=True)
+        return
     digest = None
     if image_ref is None:
         flake = nix.find_flake(flake_dir)
@@ -168,8 +198,19 @@ def distribute(
     image_id = found[0]
     if pushed is not None and pushed.id == image_id:
         digest = pushed.digest
-    click.echo(f"image {image_ref} {image_id[:12]}")
-    if check_only:
+    click.echo(f"image {image_ref} {image_id[:12]}", err=as_json)
+    if check_only and as_json:  # built through its contract (tp4.core.contracts.distribute_check)
+        from tp4.core.contracts.distribute_check import DistributeCheck, WorkerImage
+
+        outcomes = distribute_mod.check(image_ref, image_id, nodes, runtime)
+        doc = DistributeCheck(
+            image=image_ref,
+            id=image_id,
+            ok=all(o.ok for o in outcomes),
+            workers=[WorkerImage(node=o.node, status=o.status, detail=o.detail) for o in outcomes],
+        )
+        click.echo(json.dumps(doc.model_dump(mode="json", by_alias=True), indent=2))
+    elif check_only:
         outcomes = distribute_mod.check(image_ref, image_id, nodes, runtime)
         for o in outcomes:
             click.echo(f"{o.node}: {o.status}{': ' + o.detail if o.detail and o.status != 'present' else ''}")
@@ -178,7 +219,7 @@ def distribute(
     bad = [o for o in outcomes if not o.ok]
     if bad:
         raise Tp4Error("; ".join(f"{o.node}: {o.status} ({o.detail})" for o in bad))
-    click.echo(f"all {len(outcomes)} workers have {image_id[:12]}")
+    click.echo(f"all {len(outcomes)} workers have {image_id[:12]}", err=as_json)
 
 
 @click.group("image-store")
@@ -222,16 +263,34 @@ def image_store_stop(root: Path | None) -> None:
 
 @image_store.command("status")
 @root_option
-def image_store_status(root: Path | None) -> None:
-    """Whether the image store runs, where, and the manifests it holds."""
+@click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    help=f"The status as one JSON object on stdout (schema {schemas.IMAGE_STORE}), also when it does not run.",
+)
+def image_store_status(root: Path | None, as_json: bool) -> None:
+    """Whether the image store runs, where, and the manifests it holds. Exit 1 when it does not run."""
+    from tp4.core.contracts.image_store_status import ImageStoreStatus
     from tp4.image import imagestore
 
     store = imagestore.running(root)
+    if as_json:  # built through its contract (tp4.core.contracts.image_store_status)
+        doc = ImageStoreStatus(
+            running=store is not None,
+            root=str(store.root if store is not None else root or imagestore.default_root()),
+            url=store.url if store is not None else None,
+            repo=imagestore.DEFAULT_REPO,
+            manifests=list(imagestore.manifests(store, imagestore.DEFAULT_REPO)) if store is not None else [],
+        )
+        click.echo(json.dumps(doc.model_dump(mode="json", by_alias=True), indent=2))
     if store is None:
         raise Tp4Error(
             f"the image store under {root or imagestore.default_root()} is not running: "
             "start it with `tp4 image-store start`"
         )
+    if as_json:
+        return
     click.echo(f"image store {store.url} ({store.root})")
     for digest in imagestore.manifests(store, imagestore.DEFAULT_REPO):
         click.echo(f"  {imagestore.DEFAULT_REPO}@{digest}")

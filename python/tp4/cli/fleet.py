@@ -11,6 +11,7 @@ import click
 
 from tp4.cli.common import (
     Float,
+    dry_run_option,
     render_status,
     ssh_option,
     strict_option,
@@ -18,6 +19,7 @@ from tp4.cli.common import (
     sysfs_root,
     timeouts as parse_timeouts,
 )
+from tp4.core import schemas
 from tp4.core.errors import InvalidInput, Tp4Error
 
 if TYPE_CHECKING:
@@ -65,7 +67,7 @@ def fleet() -> None:
 
 @fleet.command("plan")
 @fleet_option
-@click.option("--json", "as_json", is_flag=True, help="One JSON object (schema tp4.fleet/1).")
+@click.option("--json", "as_json", is_flag=True, help=f"One JSON object (schema {schemas.FLEET}).")
 @strict_option
 def plan(fleet_path: str, as_json: bool, strict: bool) -> None:
     """Each line's plan summary and the router's command (the API key never shown)."""
@@ -95,6 +97,7 @@ def plan(fleet_path: str, as_json: bool, strict: bool) -> None:
 @sysfs_option
 @ssh_option
 @strict_option
+@dry_run_option
 def serve(
     fleet_path: str,
     all_lines: bool,
@@ -103,16 +106,21 @@ def serve(
     sysfs: str,
     ssh_options: tuple[str, ...],
     strict: bool,
+    dry_run: bool,
 ) -> None:
     """Serve every line in parallel (each proved ready as `tp4 serve` does), then the router over
     the lines that came up; ready when the router reports each of them healthy. A line that
-    fails is reported and left out (exit 1, the others keep serving), unless --all."""
+    fails is reported and left out (exit 1, the others keep serving), unless --all. --dry-run
+    prints every line's commands and the router's, host by host, and asks no host."""
     from tp4.serving import fleet as fleet_mod
     from tp4.serving import serve as serve_mod
 
     sysfs = sysfs_root(sysfs)
     loaded = _load(fleet_path, strict)
     opts = serve_mod.Options(force=force, timeouts=parse_timeouts(timeouts), tty=False, sysfs=sysfs)
+    if dry_run:  # after every option is checked
+        _rehearsed(fleet_mod.rehearse_serve(loaded, ssh_options))
+        return
     served = fleet_mod.serve(loaded, opts, _out, _err, all_lines=all_lines, ssh_options=ssh_options)
     if served.failed:
         failed = "\n".join(f"  line {r.line.name}: {r.detail}" for r in served.failed)
@@ -126,14 +134,26 @@ def serve(
 @fleet_option
 @ssh_option
 @strict_option
-def stop(fleet_path: str, ssh_options: tuple[str, ...], strict: bool) -> None:
-    """Stop the router and every line (also what a crashed serve left). Idempotent."""
+@dry_run_option
+def stop(fleet_path: str, ssh_options: tuple[str, ...], strict: bool, dry_run: bool) -> None:
+    """Stop the router and every line (also what a crashed serve left). Idempotent. --dry-run
+    prints the router's and every line's commands, host by host, and asks no host."""
     from tp4.serving import fleet as fleet_mod
 
     loaded = _load(fleet_path, strict)
+    if dry_run:
+        _rehearsed(fleet_mod.rehearse_stop(loaded, ssh_options))
+        return
     problems = fleet_mod.stop(loaded, _out, _err, ssh_options=ssh_options)
     if problems:
         raise Tp4Error("not everything stopped:\n" + "\n".join(f"  {p}" for p in problems))
+
+
+def _rehearsed(lines: list[str]) -> None:
+    """A dry run's commands on stdout, one a line, where first; a note on stderr."""
+    for line in lines:
+        _out(line)
+    click.echo("dry run: nothing was run, no host was asked", err=True)
 
 
 def render(data: dict[str, object]) -> list[str]:
@@ -160,7 +180,7 @@ def render(data: dict[str, object]) -> list[str]:
 
 @fleet.command("status")
 @fleet_option
-@click.option("--json", "as_json", is_flag=True, help="One JSON object (schema tp4.fleet-status/1).")
+@click.option("--json", "as_json", is_flag=True, help=f"One JSON object (schema {schemas.FLEET_STATUS}).")
 @click.option("--watch", is_flag=True, help="Refresh until Ctrl-C.")
 @click.option(
     "--interval",

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import sys
 
 import click
 
 from tp4.hosts import trust as trust_mod
-from tp4.core import knownhosts
+from tp4.core import knownhosts, schemas
+from tp4.core.contracts.host_keys import HostKey, HostKeys
 from tp4.cli.common import PORT, profile_option, profile_remotes
 from tp4.core.errors import InvalidInput
 from tp4.core.process import Remote
@@ -65,7 +67,7 @@ def trust(profile_path: str | None, names: tuple[str, ...], port: int | None, ye
         f"(ssh-keyscan, at most {trust_mod.SCAN_TIMEOUT} s)…",
         err=True,
     )
-    verdicts = trust_mod.examine(remotes)
+    verdicts = trust_mod.examine(remotes, progress=lambda line: click.echo(line, err=True))
     for v in verdicts:
         if v.status == "trusted":
             click.echo(f"{v.name}: already trusted ({', '.join(k.shown() for k in v.recorded)})")
@@ -95,9 +97,29 @@ def trust(profile_path: str | None, names: tuple[str, ...], port: int | None, ye
 
 
 @hosts.command("list")
-def list_() -> None:
+@click.option(
+    "--json", "as_json", is_flag=True, help=f"The recorded keys as one JSON object (schema {schemas.HOST_KEYS})."
+)
+def list_(as_json: bool) -> None:
     """The recorded keys: name, key type and fingerprint, one a line."""
     entries = knownhosts.read()
+    if as_json:  # built through its contract (tp4.core.contracts.host_keys)
+        listing = HostKeys(
+            file=str(knownhosts.path()),
+            keys=[
+                HostKey(
+                    names=None if e.hashed else e.names,
+                    keytype=e.keytype,
+                    kind=knownhosts.kind(e.keytype),
+                    fingerprint=e.fingerprint,
+                    marker=e.marker,
+                    line=e.line,
+                )
+                for e in entries
+            ],
+        )
+        click.echo(json.dumps(listing.model_dump(mode="json", by_alias=True), indent=2))
+        return
     if not entries:
         click.echo(f"no host keys recorded in {knownhosts.path()}: run `tp4 hosts trust`", err=True)
         return

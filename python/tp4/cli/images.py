@@ -14,6 +14,7 @@ from tp4.image import images as images_mod
 from tp4.image.build import pin_summary
 from tp4.cli.common import PORT, profile_option, profile_remotes, ssh_option, strict_option
 from tp4.core.contracts.images_listing import ImageEntry, ImagesListing, ImagesNode
+from tp4.core import schemas
 from tp4.core.errors import Tp4Error, clip
 from tp4.core.process import Remote
 
@@ -114,7 +115,7 @@ def _when(image: images_mod.Image) -> str:
 
 @click.group("images", invoke_without_command=True)
 @node_options
-@click.option("--json", "as_json", is_flag=True, help="The listing as JSON.")
+@click.option("--json", "as_json", is_flag=True, help=f"The listing as JSON (schema {schemas.IMAGES}).")
 @click.pass_context
 def images(ctx: click.Context, /, as_json: bool, **opts: Any) -> None:
     """The tp4 images (label tp4.line.ref) on the head and every worker.
@@ -122,7 +123,8 @@ def images(ctx: click.Context, /, as_json: bool, **opts: Any) -> None:
     Per node and image: id, tags, created time, the manifest digest of the head's registry
     (when pushed or pulled by digest), the flake revision and pins from its labels, and the
     containers (running or stopped) that use it. A worker whose line image is not the head's is
-    marked DIFFERS. Exit 1 when a node cannot be asked.
+    marked DIFFERS. Exit 1 when a node cannot be asked (each such node is named once, with its
+    reason, in the error at the end), 2 when ssh refused a node's host key (`tp4 hosts trust`).
     """
     ctx.obj = opts
     if ctx.invoked_subcommand is not None:
@@ -196,7 +198,8 @@ def _print_node(
     digest: Callable[[images_mod.NodeImages, images_mod.Image], str | None],
 ) -> None:
     if node.error:
-        click.echo(f"{node.name}: cannot list its images: {node.error}")
+        # the reason is said once, in the error that ends the run (it names every such node)
+        click.echo(f"{node.name}: cannot list its images (the reason is in the error below)")
         click.echo()
         return
     lines = ", ".join(f"{ref} is {i[:12]}" for ref, i in sorted(node.line_ids().items())) or "no line image"
@@ -232,7 +235,9 @@ def prune(ctx: click.Context, /, keep: int, dry_run: bool, **opts: Any) -> None:
     Each node keeps the images its containers (running or stopped) use, the image the line's
     tag names and the newest N; images without the tp4.line.ref label are never touched. The
     registry keeps the manifests of every image a node keeps; the others are deleted and its
-    blobs garbage-collected (skipped with a note when the registry does not run).
+    blobs garbage-collected (skipped with a note when the registry does not run). Exit 1 when
+    a node or the registry could not be pruned (each named once, with its reason, in the error at
+    the end), 2 when ssh refused a node's host key (`tp4 hosts trust`).
     """
     parent: dict[str, Any] = ctx.obj or {}
     merged = {k: opts[k] if opts[k] not in (None, (), False) else parent.get(k, opts[k]) for k in NODE_KEYS}
@@ -241,7 +246,8 @@ def prune(ctx: click.Context, /, keep: int, dry_run: bool, **opts: Any) -> None:
     verb = "would remove" if dry_run else "removed"
     for r in results:
         if r.error:
-            click.echo(f"{r.node}: cannot prune: {r.error}")
+            # the reason is said once, in the error that ends the run
+            click.echo(f"{r.node}: cannot prune (the reason is in the error below)")
             continue
         gone = [d.image for d in r.decisions if d.remove] if dry_run else list(r.removed)
         freed = "" if dry_run else f", freed {_mib(r.freed)}"

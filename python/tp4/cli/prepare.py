@@ -6,7 +6,15 @@ from typing import TYPE_CHECKING
 
 import click
 
-from tp4.cli.common import load_line, profile_option, ssh_option, strict_option, sysfs_option, sysfs_root
+from tp4.cli.common import (
+    dry_run_option,
+    load_line,
+    profile_option,
+    ssh_option,
+    strict_option,
+    sysfs_option,
+    sysfs_root,
+)
 from tp4.core.errors import Tp4Error
 from tp4.serving.up import MADE_BY  # doctor's blocking checks a later step makes pass (as in `tp4 up`)
 
@@ -25,17 +33,37 @@ def _line(profile_path: str | None, strict: bool, ssh_options: tuple[str, ...]) 
     return line.loaded, line.plan, nodes_of(line.plan, ssh_options=ssh_options)
 
 
+def _as_run(node: Node, argv: list[str]) -> str:
+    import shlex
+
+    from tp4.core import process
+
+    return f"{node.name}: {shlex.join(process.full_argv(argv, node.remote))}"
+
+
+def _rehearsed(lines: list[str]) -> None:
+    for line in lines:
+        click.echo(line)
+    click.echo("dry run: nothing was run, no host was asked", err=True)
+
+
 @click.command("share")
 @profile_option
 @ssh_option
 @strict_option
-def share(profile_path: str | None, ssh_options: tuple[str, ...], strict: bool) -> None:
+@dry_run_option
+def share(profile_path: str | None, ssh_options: tuple[str, ...], strict: bool, dry_run: bool) -> None:
     """Export the head's checkpoint read-only to exactly the plan's workers (NFSv4) and make each
     worker's weights volume, then check that every worker sees config.json. Idempotent: what
-    already matches is left alone. A ring, or nfs.share = false: nothing to do."""
+    already matches is left alone. A ring, or nfs.share = false: nothing to do.
+    --dry-run prints each host's commands and asks no host; the steps that depend on a host's
+    answer (its NFS server, the worker's address, a volume already there) are said so."""
     from tp4.hosts import share as share_mod
 
     loaded, plan, nodes = _line(profile_path, strict, ssh_options)
+    if dry_run:
+        _rehearsed(share_mod.rehearse(loaded.profile, plan, nodes))
+        return
     share_mod.share(loaded.profile, plan, nodes, click.echo)
 
 
@@ -43,13 +71,18 @@ def share(profile_path: str | None, ssh_options: tuple[str, ...], strict: bool) 
 @profile_option
 @ssh_option
 @strict_option
-def pack(profile_path: str | None, ssh_options: tuple[str, ...], strict: bool) -> None:
+@dry_run_option
+def pack(profile_path: str | None, ssh_options: tuple[str, ...], strict: bool, dry_run: bool) -> None:
     """Pack the Engram row shards of every rank with the image's packer, on every node at once
     (the checkpoint as the rank mounts it, into its engram dir), then check every shard's header.
-    A node whose two shards are complete is skipped; exit 1 naming each node that failed."""
+    A node whose two shards are complete is skipped; exit 1 naming each node that failed.
+    --dry-run prints each node's packer command and asks no node."""
     from tp4.hosts import pack as pack_mod
 
     _, plan, nodes = _line(profile_path, strict, ssh_options)
+    if dry_run:
+        _rehearsed(pack_mod.rehearse(plan, nodes))
+        return
     pack_mod.pack(plan, nodes, click.echo)
 
 
@@ -58,10 +91,14 @@ def pack(profile_path: str | None, ssh_options: tuple[str, ...], strict: bool) -
 @sysfs_option
 @ssh_option
 @strict_option
-def prepare(profile_path: str | None, sysfs: str, ssh_options: tuple[str, ...], strict: bool) -> None:
+@dry_run_option
+def prepare(profile_path: str | None, sysfs: str, ssh_options: tuple[str, ...], strict: bool, dry_run: bool) -> None:
     """doctor, download, share, pack: everything the line needs before `tp4 serve`, stopping at
     the first blocking failure. Every step is idempotent: rerun it after a fix and it goes on
-    where it stopped. doctor's checkpoint and Engram checks are left to the steps that make them."""
+    where it stopped. doctor's checkpoint and Engram checks are left to the steps that make them.
+    --dry-run prints every step's commands in order, host by host (as `tp4 download`, `tp4 share`
+    and `tp4 pack --dry-run` print them), and asks no host: whether a step stops the run or
+    skips its work depends on what the hosts answer, which the output says."""
     from tp4.hosts import doctor as doctor_mod
     from tp4.hosts import checkpoint as checkpoint_mod
     from tp4.hosts import pack as pack_mod
@@ -69,6 +106,31 @@ def prepare(profile_path: str | None, sysfs: str, ssh_options: tuple[str, ...], 
 
     sysfs = sysfs_root(sysfs)
     loaded, plan, nodes = _line(profile_path, strict, ssh_options)
+    if dry_run:
+        limits = doctor_mod.Limits.of_profile(loaded.profile, sysfs=sysfs)
+        # doctor's script is the same long constant on every node: shown by name, its arguments as they run
+        facts = [
+            [
+                a if a != doctor_mod.FACTS_SCRIPT else "<FACTS_SCRIPT>"
+                for a in doctor_mod.facts_argv(plan, n.rank, limits)
+            ]
+            for n in nodes
+        ]
+        steps = (
+            [_as_run(n, argv) for n, argv in zip(nodes, facts, strict=True)]
+            + ["(the run stops here on a blocking failure other than what the next steps make)"],
+            checkpoint_mod.rehearse(loaded.profile),
+            share_mod.rehearse(loaded.profile, plan, nodes),
+            pack_mod.rehearse(plan, nodes),
+        )
+        lines = []
+        for i, commands in enumerate(steps):
+            lines += [f"# prepare: step {i + 1}/{len(STEPS)}: {STEPS[i]}", *commands]
+        lines[1:1] = [
+            "(<FACTS_SCRIPT>: doctor's one read-only script, the same on every node; `tp4 -v doctor` logs it in full)"
+        ]
+        _rehearsed(lines)
+        return
 
     def step(i: int) -> None:
         click.echo(f"prepare: step {i + 1}/{len(STEPS)}: {STEPS[i]}")

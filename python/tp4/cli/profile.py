@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import json
+
 import click
+
+from tp4.core import schemas
 
 
 @click.group()
@@ -13,16 +17,63 @@ def profile() -> None:
 @profile.command()
 @click.argument("file", type=click.Path())  # tp4.core.userfiles says what a path that is not a file is
 @click.option("--strict", is_flag=True, help="Treat warnings (performance caveats) as errors (exit 2).")
-def check(file: str, strict: bool) -> None:
+@click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    help=f"The check as one JSON object on stdout (schema {schemas.PROFILE_CHECK}), also for an invalid profile.",
+)
+def check(file: str, strict: bool, as_json: bool) -> None:
     """Validate FILE; every problem is listed with the field and the fix (exit code 2). Warnings
     go to stderr and do not fail the check, unless --strict."""
+    from tp4.core.contracts.profile_check import ProfileCheck
+    from tp4.core.errors import InvalidInput
     from tp4.line.profile import load_file
     from tp4.line.profile.load import strict as require_no_warnings
 
-    loaded = load_file(file, "name an existing profile file (a TOML file such as the one `tp4 profile import` writes)")
-    if strict:
-        require_no_warnings(loaded)
+    def emit(doc: ProfileCheck) -> None:
+        click.echo(json.dumps(doc.model_dump(mode="json", by_alias=True), indent=2))
+
+    try:
+        loaded = load_file(
+            file, "name an existing profile file (a TOML file such as the one `tp4 profile import` writes)"
+        )
+        if strict:
+            require_no_warnings(loaded)
+    except InvalidInput as exc:
+        if as_json:  # the document first; the error (stderr, exit 2) as without --json
+            emit(
+                ProfileCheck(
+                    file=file,
+                    ok=False,
+                    preset=None,
+                    nodes=[],
+                    tp=None,
+                    ep=None,
+                    image=None,
+                    warnings=[],
+                    problems=exc.problems or [exc.message],
+                )
+            )
+        raise
     p = loaded.profile
+    if as_json:
+        for w in loaded.warnings:
+            click.echo(f"warning: {w}", err=True)
+        emit(
+            ProfileCheck(
+                file=file,
+                ok=True,
+                preset=p.preset,
+                nodes=[n.name for n in p.nodes],
+                tp=p.engine.tp,
+                ep=p.ep,
+                image=p.image.tag,
+                warnings=list(loaded.warnings),
+                problems=[],
+            )
+        )
+        return
     for w in loaded.warnings:
         click.echo(f"warning: {w}", err=True)
     click.echo(f"ok: {file}: preset {p.preset}, {len(p.nodes)} nodes, TP {p.engine.tp}, EP {p.ep}, image {p.image.tag}")

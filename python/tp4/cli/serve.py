@@ -12,6 +12,7 @@ import click
 from tp4.cli.common import (
     Float,
     Int,
+    dry_run_option,
     err,
     json_option,
     load_served,
@@ -24,6 +25,7 @@ from tp4.cli.common import (
     sysfs_root,
     timeouts as parse_timeouts,
 )
+from tp4.core import schemas
 from tp4.core.errors import InvalidInput, Tp4Error
 
 if TYPE_CHECKING:
@@ -38,6 +40,13 @@ def _line(
     """(plan, nodes, secrets) of the profile the rule chooses (announced on stderr)."""
     served = load_served(profile_path, strict, ssh_options)
     return served.plan, served.nodes, served.secrets
+
+
+def _rehearsed(lines: list[str]) -> None:
+    """A dry run's commands on stdout, one a line, host first; a note on stderr."""
+    for line in lines:
+        click.echo(line)
+    click.echo("dry run: nothing was run, no host was asked", err=True)
 
 
 @click.command("serve")
@@ -74,6 +83,7 @@ def _line(
 @sysfs_option
 @ssh_option
 @strict_option
+@dry_run_option
 def serve(
     profile_path: str | None,
     force: bool,
@@ -84,6 +94,7 @@ def serve(
     sysfs: str,
     ssh_options: tuple[str, ...],
     strict: bool,
+    dry_run: bool,
 ) -> None:
     """Start the line and prove it ready, or leave nothing running.
 
@@ -95,6 +106,7 @@ def serve(
     are named with that rank's last log lines. A line already running is refused, naming the
     plan it runs from and the fields that differ from this one, unless --replace. Every rank's
     container carries the plan's digest (label tp4.line.plan) and the plan is left beside its env file.
+    --dry-run prints the commands that start the ranks, host by host, and asks no host.
     """
     from tp4.serving import serve as serve_mod
 
@@ -112,6 +124,9 @@ def serve(
         expected_shards=loaded.profile.model.expected_shards,
         replace=replace,
     )
+    if dry_run:  # after every option is checked: a dry run refuses what the real one would
+        _rehearsed(serve_mod.rehearse_serve(served.plan, served.nodes))
+        return
     serve_mod.serve(served.plan, served.nodes, served.secrets, opts, out, err)
 
 
@@ -120,12 +135,17 @@ def serve(
 @click.option("--grace", type=Int(0, 3600), default=10, show_default=True, help="Seconds between TERM and KILL.")
 @ssh_option
 @strict_option
-def stop(profile_path: str | None, grace: int, ssh_options: tuple[str, ...], strict: bool) -> None:
+@dry_run_option
+def stop(profile_path: str | None, grace: int, ssh_options: tuple[str, ...], strict: bool, dry_run: bool) -> None:
     """Stop every rank of the line (also what a crashed serve left) and check that the API is down
-    and no container of the line remains. Idempotent."""
+    and no container of the line remains. Idempotent. --dry-run prints the command each node
+    would run, and asks no host."""
     from tp4.serving import serve as serve_mod
 
     plan, nodes, secrets = _line(profile_path, strict, ssh_options)
+    if dry_run:
+        _rehearsed(serve_mod.rehearse_stop(nodes, grace=grace))
+        return
     problems = serve_mod.stop(plan, nodes, secrets, out, err, grace=grace)
     if problems:
         raise Tp4Error("not everything stopped:\n" + "\n".join(f"  {p}" for p in problems))
@@ -225,17 +245,28 @@ def logs(
 @click.command("smoke")
 @profile_option
 @click.option("--full", is_flag=True, help="Also upstream's JSON-schema and tool-call checks.")
+@json_option(f"Every check as one JSON object on stdout (schema {schemas.SMOKE}).")
 @ssh_option
 @strict_option
-def smoke(profile_path: str | None, full: bool, ssh_options: tuple[str, ...], strict: bool) -> None:
+def smoke(profile_path: str | None, full: bool, as_json: bool, ssh_options: tuple[str, ...], strict: bool) -> None:
     """Upstream's arithmetic check (19 + 23 must be 42, finish reason stop) and a streamed
-    completion against the line's API; --full adds the JSON-schema and tool-call checks."""
+    completion against the line's API; --full adds the JSON-schema and tool-call checks. Exit 1
+    when a check failed."""
+    from tp4.core.contracts.smoke_report import SmokeCheck, SmokeReport
     from tp4.serving import api
     from tp4.serving import serve as serve_mod
 
     plan, _, secrets = _line(profile_path, strict, ssh_options)
-    results = api.smoke(serve_mod.endpoint(plan, secrets), full=full)
-    for r in results:
+    ep = serve_mod.endpoint(plan, secrets)
+    results = api.smoke(ep, full=full)
+    if as_json:  # built through its contract (tp4.core.contracts.smoke_report)
+        report = SmokeReport(
+            api=ep.url,
+            ok=all(r.ok for r in results),
+            checks=[SmokeCheck(name=r.name, ok=r.ok, detail=r.detail, seconds=round(r.seconds, 3)) for r in results],
+        )
+        click.echo(json.dumps(report.model_dump(mode="json", by_alias=True), indent=2))
+    for r in results if not as_json else []:
         click.echo(f"{'ok' if r.ok else 'FAIL':<4} {r.name:<12} {r.seconds:5.1f} s  {r.detail}")
     failed = [r.name for r in results if not r.ok]
     if failed:

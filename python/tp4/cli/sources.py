@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Mapping
 from pathlib import Path
 
 import click
 
+from tp4.core import schemas
 from tp4.core.errors import InvalidInput, Tp4Error
 from tp4.image.sources import manifest as mf
 
@@ -63,20 +65,53 @@ def list_cmd(manifest_file: str | None, as_json: bool) -> None:
 @sources.command()
 @manifest_option
 @click.option("--download", is_flag=True, help="Also download every locked row and check its sha256.")
+@click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    help=f"The check as one JSON object on stdout (schema {schemas.SOURCES_VERIFY}), also when it fails.",
+)
 @click.argument("names", nargs=-1)
-def verify(manifest_file: str | None, download: bool, names: tuple[str, ...]) -> None:
+def verify(manifest_file: str | None, download: bool, as_json: bool, names: tuple[str, ...]) -> None:
     """Check the manifest: columns, hashes, URLs naming their commit, no duplicates, every patch in
-    a tree's order. Unlocked rows are reported as warnings."""
+    a tree's order. Unlocked rows are reported as warnings. Exit 2 on a problem of the manifest,
+    1 when a downloaded row does not match its hash."""
+    from tp4.core.contracts.sources_report import SourcesVerify
+
     m = _load(manifest_file, strict=False)
     report = mf.validate(m)
     for warning in report.warnings:
         click.echo(f"warning: {warning}", err=True)
+    rows: list[mf.Row] = []
+
+    def emit(problems: list[str]) -> None:
+        if as_json:  # the document first; the error (stderr) and exit as without --json
+            doc = SourcesVerify(
+                manifest=str(m.label),
+                ok=not problems,
+                rows=len(rows),
+                unlocked=sum(not r.locked for r in rows),
+                trees=len(m.trees),
+                downloaded=download and not problems,
+                warnings=list(report.warnings),
+                problems=problems,
+            )
+            click.echo(json.dumps(doc.model_dump(mode="json", by_alias=True), indent=2))
+
     if report.errors:
+        emit(list(report.errors))
         raise InvalidInput(f"{m.label}: {len(report.errors)} problem(s)", report.errors)
-    rows = [m.row(n) for n in names] if names else list(m.rows)
+    try:
+        rows = [m.row(n) for n in names] if names else list(m.rows)
+        if download:
+            _verify_downloads(rows)
+    except Tp4Error as exc:
+        emit(exc.message.splitlines())
+        raise
     unlocked = sum(not r.locked for r in rows)
-    if download:
-        _verify_downloads(rows)
+    if as_json:
+        emit([])
+        return
     checked = "downloaded and hash-checked" if download else "checked"
     click.echo(f"{m.label}: {len(rows)} rows {checked} ({unlocked} unlocked), {len(m.trees)} trees: ok")
 
@@ -207,19 +242,27 @@ def _describe_attrs(old: Mapping[str, str], new: Mapping[str, str]) -> list[str]
 @manifest_option
 @click.argument("old", metavar="OLD_MANIFEST")
 @click.argument("new", metavar="[NEW_MANIFEST]", required=False)
-def diff(manifest_file: str | None, old: str, new: str | None) -> None:
+@click.option(
+    "--json", "as_json", is_flag=True, help=f"The changes as one JSON object on stdout (schema {schemas.SOURCES_DIFF})."
+)
+def diff(manifest_file: str | None, old: str, new: str | None, as_json: bool) -> None:
     """What changed from OLD_MANIFEST to NEW_MANIFEST (default: --manifest): rows and trees added,
     removed, re-pinned or re-hashed."""
+    from tp4.core.contracts.sources_report import SourcesChange, SourcesDiff
+
     a = _read(old)
     b = _read(new) if new else _load(manifest_file, strict=False)
+    changes: list[SourcesChange] = []
     lines = []
     for kind, left, right in (("row", a.by_name, b.by_name), ("tree", a.tree_by_name, b.tree_by_name)):
         for name in left:
             if name not in right:
                 lines.append(f"- {kind} {name}")
+                changes.append(SourcesChange(change="removed", kind=kind, name=name, details=[]))
         for name, item in right.items():
             if name not in left:
                 lines.append(f"+ {kind} {name}")
+                changes.append(SourcesChange(change="added", kind=kind, name=name, details=[]))
                 continue
             before = left[name]
             parts = []
@@ -230,6 +273,11 @@ def diff(manifest_file: str | None, old: str, new: str | None) -> None:
             parts += _describe_attrs(dict(before.attrs), dict(item.attrs))
             if parts:
                 lines.append(f"~ {kind} {name}\n" + "\n".join(f"    {p}" for p in parts))
+                changes.append(SourcesChange(change="changed", kind=kind, name=name, details=parts))
+    if as_json:
+        doc = SourcesDiff(old=str(a.label), new=str(b.label), changes=changes)
+        click.echo(json.dumps(doc.model_dump(mode="json", by_alias=True), indent=2))
+        return
     click.echo("\n".join(lines) if lines else "no changes")
 
 

@@ -36,7 +36,7 @@ import shlex
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from tp4.core import pidfile
+from tp4.core import pidfile, process
 from tp4.core.privatefiles import WRITE_SHARED
 from tp4.core.errors import InvalidInput, Tp4Error
 from tp4.line.plan import NFS_EXPORT_OPTIONS, NFS_MOUNT_OPTIONS, Plan, VolumeOptions, expand, home_of
@@ -418,25 +418,31 @@ def nfs_url(server: str, export: str, name: str = "config.json") -> str:
     return f"nfs://{server}{export.rstrip('/')}/{name}?version=4"
 
 
+def _volume_test_argv(node: Node, volume: str, image: str) -> list[str]:
+    """A container of the plan's image that mounts the volume and finds config.json in it."""
+    mount = f"{volume}:/tp4-weights:ro"
+    test = ["-f", "/tp4-weights/config.json"]
+    return [
+        node.runtime,
+        "run",
+        "--rm",
+        "--pull=never",
+        "--network",
+        "none",
+        "--entrypoint",
+        "test",
+        "-v",
+        mount,
+        image,
+        *test,
+    ]
+
+
 def _sees(s: WorkerShare, volume: str, export: str, image: str) -> str:
     node = s.node
     kind = node.run(["sh", "-c", _CLIENT_KIND], purpose=f"the NFS client of {node.name}").stdout.strip()
     if kind == "kernel":
-        argv = [
-            node.runtime,
-            "run",
-            "--rm",
-            "--pull=never",
-            "--network",
-            "none",
-            "--entrypoint",
-            "test",
-            "-v",
-            f"{volume}:/tp4-weights:ro",
-            image,
-            "-f",
-            "/tp4-weights/config.json",
-        ]
+        argv = _volume_test_argv(node, volume, image)
         how = f"through the volume ({shlex.join(argv[:2])} of {image})"
     elif kind == "libnfs":
         argv = ["nfs-cat", nfs_url(s.server, export)]
@@ -462,3 +468,84 @@ def ganesha_dir(plan: Plan) -> str:
 def model_dir(profile: Profile) -> str:
     head = profile.cluster.head
     return expand(profile.model.dir, home_of(head, profile.cluster))
+
+
+# --- dry run --------------------------------------------------------------------------------------
+
+
+def rehearse(profile: Profile, plan: Plan, nodes: Sequence[Node]) -> list[str]:
+    """`tp4 share --dry-run`: the commands share runs, host by host, in order, from the plan alone
+    (no node asked). What runs next depends on what the hosts answer (the head's NFS server, each
+    worker's address toward the head, the volume already there): each such step is said so."""
+
+    def on(node: Node, argv: Sequence[str], note: str = "") -> str:
+        return f"{node.name}: {shlex.join(process.full_argv(argv, node.remote))}{note}"
+
+    if plan.line.fabric == "ring":
+        return ["share: ring fabric: every node holds its own copy of the checkpoint; nothing to share"]
+    if not profile.nfs.share:
+        return ["share: nfs.share = false: the workers use their own weights volume; nothing to share"]
+    head, workers = nodes[0], list(nodes[1:])
+    nfs = plan.line.nfs
+    if not workers or nfs is None:
+        return ["share: the line has no workers; nothing to share"]
+    export = plan.nodes[0].run.mounts[0].source
+    _check_export_path(export)
+    clients = [f"<{w.name}'s address toward {nfs.servers[i]}>" for i, w in enumerate(workers)]
+    state = ganesha_dir(plan)
+    conf = f"{state}/ganesha.conf"
+    lines = [on(head, ["sh", "-c", _MODEL, "sh", export], "  (stops unless the checkpoint has config.json)")]
+    lines += [
+        on(w, ["ip", "-o", "route", "get", nfs.servers[i]], "  (its src: the export's client)")
+        for i, w in enumerate(workers)
+    ]
+    lines.append(on(head, ["sh", "-c", _SERVER_KIND], "  (the head's NFS server; the next commands depend on it)"))
+    if head.rank.service.kind == "nixos":
+        lines.append(on(head, head.privileged(["exportfs", "-v"]), "  (NixOS: the module's export is only checked)"))
+    else:
+        lines += [
+            "# when the head's server is the kernel's (and the file differs from what share writes):",
+            on(head, head.privileged(["sh", "-c", _READ, "sh", KERNEL_EXPORTS])),
+            on(
+                head,
+                head.privileged(["sh", "-c", _WRITE, "sh", KERNEL_EXPORTS, "644"]),
+                "  < the export line on stdin:",
+            )
+            + "\n    "
+            + kernel_exports_text(export, clients).rstrip("\n").replace("\n", "\n    "),
+            on(head, head.privileged(["exportfs", "-ra"])),
+            on(head, head.privileged(["exportfs", "-v"])),
+            "# when it is NFS-Ganesha (the config written when it differs, the server (re)started when it changed):",
+            on(head, head.privileged(["sh", "-c", _READ, "sh", conf])),
+            on(head, head.privileged(["sh", "-c", _WRITE, "sh", conf, "644"]), "  < tp4's Ganesha config on stdin"),
+            on(head, head.privileged(["mkdir", "-p", "--", f"{state}/recovery"])),
+            on(
+                head,
+                head.privileged(
+                    ["sh", "-c", _GANESHA_START, "sh", conf, f"{state}/ganesha.pid", f"{state}/ganesha.log"]
+                ),
+            ),
+        ]
+    volume, image = profile.nfs.volume, plan.image.tag
+    for i, w in enumerate(workers):
+        s = WorkerShare(w, nfs.servers[i], clients[i], nfs.volumes[i])
+        lines.append(on(w, [w.runtime, "volume", "inspect", "--format", "{{.Driver}} {{json .Options}}", "--", volume]))
+        if w.rank.service.kind != "nixos":
+            lines.append(
+                on(
+                    w,
+                    _create_argv(w, volume, s.volume_options()),
+                    "  (unless the volume has these options; one with "
+                    "others is removed first when no container uses it)",
+                )
+            )
+        lines.append(on(w, ["sh", "-c", _CLIENT_KIND], "  (the worker's NFS client; the check below depends on it)"))
+        lines.append(
+            on(
+                w,
+                _volume_test_argv(w, volume, image),
+                "  (a kernel NFS client)",
+            )
+        )
+        lines.append(on(w, ["nfs-cat", nfs_url(s.server, export)], "  (else, the user-space client)"))
+    return lines

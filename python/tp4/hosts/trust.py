@@ -10,8 +10,8 @@ fingerprints are shown before anything is recorded.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from typing import Literal
 
@@ -104,12 +104,24 @@ def _scan_each(remote: process.Remote) -> tuple[str, tuple[Key, ...]] | Tp4Error
         return exc
 
 
-def examine(remotes: Sequence[process.Remote]) -> list[Verdict]:
-    """Every node's verdict, the nodes scanned in parallel; one node per known_hosts name. When
+def examine(remotes: Sequence[process.Remote], progress: Callable[[str], None] | None = None) -> list[Verdict]:
+    """Every node's verdict, the nodes scanned in parallel; one node per known_hosts name. Each
+    node is told to ``progress`` as its scan ends (done/total, its name, keys or failure). When
     nodes cannot be scanned, one error names every one of them (invalid input first: exit 2)."""
     unique = list({process.key_name(r): r for r in reversed(remotes)}.values())[::-1]
+    results: list[tuple[str, tuple[Key, ...]] | Tp4Error | None] = [None] * len(unique)
     with ThreadPoolExecutor(max_workers=max(1, len(unique))) as pool:
-        results = list(pool.map(_scan_each, unique))
+        futures = {pool.submit(_scan_each, remote): i for i, remote in enumerate(unique)}
+        for done, future in enumerate(as_completed(futures), 1):
+            i = futures[future]
+            results[i] = result = future.result()
+            if progress is not None:
+                said = (
+                    "failed (named in the error at the end)"
+                    if isinstance(result, Tp4Error)
+                    else f"{len(result[1])} key{'s' if len(result[1]) != 1 else ''} fetched"
+                )
+                progress(f"[{done}/{len(unique)}] {unique[i].host}: {said}")
     errors = [r for r in results if isinstance(r, Tp4Error)]
     if len(errors) == 1:
         raise errors[0]
@@ -119,7 +131,7 @@ def examine(remotes: Sequence[process.Remote]) -> list[Verdict]:
             f"{len(errors)} of {len(unique)} nodes gave no host key:\n" + "\n".join(f"  - {e}" for e in errors),
             exit_code=code,
         )
-    scanned = [r for r in results if not isinstance(r, Tp4Error)]
+    scanned = [r for r in results if r is not None and not isinstance(r, Tp4Error)]
     entries = knownhosts.read()
     verdicts = []
     for remote, (name, offered) in zip(unique, scanned, strict=True):

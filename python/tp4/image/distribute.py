@@ -248,10 +248,14 @@ def tunneled(remote: process.Remote, port: int, store: imagestore.Store | images
     """The node's ssh with a reverse tunnel: its 127.0.0.1:<port> reaches the store on the head;
     the connection fails when the port cannot be forwarded. A connection of its own, not the
     shared one: a forward asked through that would stay open as long as it does."""
+    return _with_forward(remote, str(port), store.url)
+
+
+def _with_forward(remote: process.Remote, port: str, url: str) -> process.Remote:
     return dataclasses.replace(
         remote,
         share_connection=False,
-        options=(*remote.options, f"RemoteForward={port} {store.url}", "ExitOnForwardFailure=yes"),
+        options=(*remote.options, f"RemoteForward={port} {url}", "ExitOnForwardFailure=yes"),
     )
 
 
@@ -389,3 +393,53 @@ def layer_diff(head: Sequence[str], node: Sequence[str]) -> str:
         if a != b
     ]
     return "; ".join(bad)
+
+
+# --- dry run --------------------------------------------------------------------------------------
+
+
+def rehearse(
+    ref: str, nodes: Sequence[process.Remote], runtime: str, *, method: str = "registry", digest: str | None = None
+) -> list[str]:
+    """`tp4 distribute --dry-run`: the commands a copy runs, worker by worker, from the build
+    records alone: no worker is asked whether it has the image, so the copy is printed for every
+    worker and said to run only where the worker lacks the head's image; the pull credential is
+    never shown (it goes on stdin). Ports that the store and its pull endpoint take at run time
+    are shown as placeholders."""
+    import shlex
+
+    def on(remote: process.Remote | None, argv: Sequence[str], note: str = "") -> str:
+        return (
+            f"{remote.host if remote else 'head (this machine)'}: {shlex.join(process.full_argv(argv, remote))}{note}"
+        )
+
+    inspect = [runtime, "image", "inspect", "--format", "{{.Id}} {{json .Config.Labels}}", ref]
+    lines = [on(None, inspect, "  (the head's image id)")]
+    if method == "archive":
+        lines += [
+            on(None, [runtime, "save", "-o", f"{cache_dir()}/<image id>.tar.partial", ref], "  (once per image id)"),
+        ]
+    else:
+        where = digest[:19] if digest else "<digest of the push>"
+        lines += [
+            "head (this machine): the image store, started when not running (tp4 image-store start)",
+            f"head (this machine): the image pushed to the store unless it holds {imagestore.DEFAULT_REPO}@{where} "
+            "(only the blobs it lacks move)",
+            "head (this machine): a read-only pull endpoint over the store, with a credential made for this run",
+        ]
+    for remote in nodes:
+        lines.append(on(remote, inspect, "  (skipped below when it is the head's image id: depends on the worker)"))
+        if method == "archive":
+            lines.append(
+                on(dataclasses.replace(remote, share_connection=False), [runtime, "load"], "  < the archive on stdin")
+            )
+        else:
+            source = f"localhost:<port>/{imagestore.DEFAULT_REPO}@{digest or '<digest>'}"
+            tunnel = _with_forward(remote, "<port>", "127.0.0.1:<pull endpoint port>")
+            lines += [
+                on(remote, [runtime, "images", "-q", "--no-trunc"], "  (which layers it lacks)"),
+                on(tunnel, authed_pull_argv(runtime, source), "  < the pull credential on stdin (never shown)"),
+                on(remote, [runtime, "tag", "<image id>", ref]),
+            ]
+        lines.append(on(remote, inspect, "  (must be the head's image id and RootFS layers)"))
+    return lines

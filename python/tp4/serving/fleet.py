@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from tp4.core import pidfile
+from tp4.core import pidfile, schemas
 from tp4.core.contracts.fleet_plan import (
     FleetPlan,
     FleetPlanLine,
@@ -1031,6 +1031,55 @@ def _stop_lines(
     return problems
 
 
+def _router_as_run(fleet: Fleet, argv: Sequence[str], ssh_options: Sequence[str]) -> str:
+    from tp4.core import process
+
+    where = "router" if fleet.router.host == "local" else f"router {fleet.router.host}"
+    return f"{where}: {shlex.join(process.full_argv(argv, router_remote(fleet, ssh_options)))}"
+
+
+def _router_state_dir(fleet: Fleet) -> str:
+    """The router's state directory as a dry run shows it: the fleet's, else the default its host
+    resolves ($XDG_STATE_HOME/tp4/router)."""
+    return state_dir_of(fleet) or DEFAULT_STATE_DIR
+
+
+def rehearse_serve(fleet: Fleet, ssh_options: Sequence[str] = ()) -> list[str]:
+    """`tp4 fleet serve --dry-run`: each line's commands (as `tp4 serve --dry-run` prints them,
+    prefixed by the line), then the router's start over every line; nothing is run."""
+    from tp4.serving import serve as serve_mod
+
+    out = [
+        f"line {line.name}: {cmd}"
+        for line in fleet.lines
+        for cmd in serve_mod.rehearse_serve(line.plan, line_nodes(line, ssh_options))
+    ]
+    if fleet.router.service == "unit":
+        argv = privileged(fleet, unit_start_argv())
+    else:
+        d = _router_state_dir(fleet)
+        argv = ["sh", "-c", _START, "sh", d, *router_argv(fleet, [line.api for line in fleet.lines], d)]
+    return [*out, _router_as_run(fleet, argv, ssh_options)]
+
+
+def rehearse_stop(fleet: Fleet, ssh_options: Sequence[str] = ()) -> list[str]:
+    """`tp4 fleet stop --dry-run`: the router's stop, then each line's (as `tp4 stop --dry-run`)."""
+    from tp4.serving import serve as serve_mod
+
+    if fleet.router.service == "unit":
+        argv = privileged(fleet, unit_stop_argv())
+    else:
+        argv = ["sh", "-c", _STOP, "sh", _router_state_dir(fleet), str(fleet.router.stop_grace)]
+    return [
+        _router_as_run(fleet, argv, ssh_options),
+        *(
+            f"line {line.name}: {cmd}"
+            for line in fleet.lines
+            for cmd in serve_mod.rehearse_stop(line_nodes(line, ssh_options))
+        ),
+    ]
+
+
 def stop(fleet: Fleet, out: Echo, progress: Echo, *, ssh_options: Sequence[str] = ()) -> list[str]:
     """Stop the router, then every line (also what a crashed serve left); the problems (empty:
     nothing of the fleet runs)."""
@@ -1089,7 +1138,7 @@ def status(fleet: Fleet, *, ssh_options: Sequence[str] = (), probe_timeout: floa
     }
     if error:
         router["error"] = error
-    return {"schema": "tp4.fleet-status/1", "router": router, "lines": lines}
+    return {"schema": schemas.FLEET_STATUS, "router": router, "lines": lines}
 
 
 def healthy(data: dict[str, object]) -> bool:

@@ -1,4 +1,4 @@
-"""Doctor's evidence: `tp4 doctor --json FILE` (tp4.hosts.doctor.Report.evidence builds it through
+"""Doctor's evidence: `tp4 doctor --json`, `-o FILE` (tp4.hosts.doctor.Report.evidence builds it through
 :class:`DoctorEvidence`): what every node said and every check's verdict on it."""
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ class CheckResult(Closed):
 
 
 class DoctorEvidence(Closed):
-    """`tp4 doctor --json FILE`: every node's facts and every check."""
+    """`tp4 doctor --json`, `-o FILE`: every node's facts and every check."""
 
     schema_: Literal["tp4.doctor/1"] = Field(SCHEMA, alias="schema", description="This document's version.")
     seconds: float = Field(description="How long doctor took, seconds.")

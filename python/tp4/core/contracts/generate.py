@@ -8,7 +8,18 @@ from typing import Any, Literal, NamedTuple
 
 from pydantic import BaseModel
 
-from tp4.core.contracts import bench_result, doctor_evidence, fleet_plan, images_listing
+from tp4.core.contracts import (
+    bench_result,
+    distribute_check,
+    doctor_evidence,
+    fleet_plan,
+    host_keys,
+    image_store_status,
+    images_listing,
+    profile_check,
+    smoke_report,
+    sources_report,
+)
 from tp4.core.contracts.base import JsonSchema, json_schema
 
 
@@ -51,10 +62,10 @@ CONTRACTS: tuple[Contract, ...] = (
     ),
     Contract(
         "doctor-evidence",
-        "doctor's evidence (`tp4 doctor --json FILE`)",
+        "doctor's evidence (`tp4 doctor --json`, `-o FILE`)",
         doctor_evidence.DoctorEvidence,
         doctor_evidence.MODELS,
-        "`tp4 doctor --json FILE` (python/tp4/hosts/doctor.py Report.evidence)",
+        "`tp4 doctor --json` (stdout) or `-o FILE` (python/tp4/hosts/doctor.py Report.evidence)",
         "operators, bug reports",
         "The check ids and what each checks are in docs/doctor.md.",
     ),
@@ -64,6 +75,65 @@ CONTRACTS: tuple[Contract, ...] = (
         images_listing.ImagesListing,
         images_listing.MODELS,
         "`tp4 images --json` (python/tp4/cli/images.py)",
+        "operators, scripts",
+    ),
+    Contract(
+        "host-keys",
+        "host keys (`tp4 hosts list --json`)",
+        host_keys.HostKeys,
+        host_keys.MODELS,
+        "`tp4 hosts list --json` (python/tp4/cli/hosts.py)",
+        "operators, scripts",
+        "Fingerprints only: the keys themselves stay in the known_hosts file.",
+    ),
+    Contract(
+        "profile-check",
+        "profile check (`tp4 profile check --json`)",
+        profile_check.ProfileCheck,
+        profile_check.MODELS,
+        "`tp4 profile check --json` (python/tp4/cli/profile.py)",
+        "operators, scripts, CI",
+        "Printed for an invalid profile too (`ok` false, every problem listed), then exit 2.",
+    ),
+    Contract(
+        "smoke",
+        "smoke check (`tp4 smoke --json`)",
+        smoke_report.SmokeReport,
+        smoke_report.MODELS,
+        "`tp4 smoke --json` (python/tp4/cli/serve.py)",
+        "operators, scripts, CI",
+        "No secret: the API key is never in it.",
+    ),
+    Contract(
+        "sources-verify",
+        "sources check (`tp4 sources verify --json`)",
+        sources_report.SourcesVerify,
+        sources_report.VERIFY_MODELS,
+        "`tp4 sources verify --json` (python/tp4/cli/sources.py)",
+        "operators, scripts, CI",
+    ),
+    Contract(
+        "sources-diff",
+        "sources diff (`tp4 sources diff --json`)",
+        sources_report.SourcesDiff,
+        sources_report.DIFF_MODELS,
+        "`tp4 sources diff --json` (python/tp4/cli/sources.py)",
+        "operators, scripts, CI",
+    ),
+    Contract(
+        "image-store",
+        "image store status (`tp4 image-store status --json`)",
+        image_store_status.ImageStoreStatus,
+        image_store_status.MODELS,
+        "`tp4 image-store status --json` (python/tp4/cli/build.py)",
+        "operators, scripts",
+    ),
+    Contract(
+        "distribute-check",
+        "workers' images (`tp4 distribute --check --json`)",
+        distribute_check.DistributeCheck,
+        distribute_check.MODELS,
+        "`tp4 distribute --check --json` (python/tp4/cli/build.py)",
         "operators, scripts",
     ),
 )

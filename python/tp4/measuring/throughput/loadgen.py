@@ -1,12 +1,20 @@
-"""The load generator of `tp4 bench`: streamed OpenAI chat completions over one
-``httpx.AsyncClient``, timed as sparkDash times them, and a watcher of the engine's load
-endpoint that sees foreign traffic.
+"""The load generator of `tp4 bench`: streamed OpenAI chat completions, each on a connection of
+its own (h11 over asyncio), timed as sparkDash times them, and a watcher of the engine's load
+endpoint that sees foreign traffic (httpx, as the other short requests).
 
 One stream (:meth:`Client.stream`) takes its times on one clock (``time.perf_counter``): ``t0``
 just before the request is sent, ``t_first`` at the first visible delta (content or reasoning,
 non-empty), ``t_last`` at the last one, ``t_end`` when the stream is over. Tokens are counted from
 the ``usage`` the server sends at the end (``stream_options.include_usage``), never from events:
 on the line one SSE event carries about three tokens (speculative decoding).
+
+Every stream opens a connection of its own after its ``t0`` and closes it when it is over, as
+SGLang's ``bench_serving`` does (a new aiohttp session per request, its ``st`` taken before the
+POST): a time to first token holds the connect, here as there, and the streams of a level start
+together (bench/bench_vs_sglang.py compares the two). That connection is asyncio's own
+(``asyncio.open_connection``, as aiohttp connects) and the HTTP/1.1 exchange is h11's (httpx's
+own parser), without httpx's pool and anyio layers: their client work per request, under
+concurrency, queues behind the other streams' and reads as time to first token.
 
 The body is read as raw bytes and split into server-sent events here (``aiter_raw`` and
 :class:`SseSplitter`), which is cheaper per event than a line iterator; bench/bench_loadgen.py
@@ -19,10 +27,15 @@ import asyncio
 import json
 import math
 import socket
+import ssl
 import time
-from collections.abc import Callable
+import urllib.parse
+import zlib
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
+from typing import Any
 
+import h11
 import httpx
 
 from tp4.core.apikey import Secret
@@ -159,23 +172,73 @@ def _reason(body: bytes) -> str:
     return text[:300]
 
 
+class _Answer:
+    """The response of one stream's POST, read with h11 from its own asyncio connection: what
+    :meth:`Client._read` reads of an httpx response (status, headers, the raw body in pieces)."""
+
+    def __init__(self, conn: h11.Connection, head: h11.Response, reader: asyncio.StreamReader) -> None:
+        self.conn, self.reader = conn, reader
+        self.status_code = head.status_code
+        self.headers = httpx.Headers([(k.decode("latin-1"), v.decode("latin-1")) for k, v in head.headers])
+
+    async def aiter_raw(self) -> AsyncIterator[bytes]:
+        while True:
+            try:
+                event = self.conn.next_event()
+            except h11.RemoteProtocolError as exc:
+                raise httpx.RemoteProtocolError(str(exc)) from exc
+            if event is h11.NEED_DATA:
+                try:
+                    data = await self.reader.read(65536)
+                except OSError as exc:
+                    raise httpx.ReadError(str(exc) or type(exc).__name__) from exc
+                try:
+                    self.conn.receive_data(data)
+                except h11.RemoteProtocolError as exc:
+                    raise httpx.RemoteProtocolError(str(exc)) from exc
+            elif isinstance(event, h11.Data):
+                yield bytes(event.data)
+            else:  # the end of the message, or of the connection
+                return
+
+    async def aiter_bytes(self) -> AsyncIterator[bytes]:
+        encoding = self.headers.get("content-encoding", "identity").lower()
+        if encoding not in ("gzip", "deflate"):
+            raise httpx.DecodingError(f"content-encoding {encoding} is not read (tp4 asks for identity)")
+        decoder = zlib.decompressobj(zlib.MAX_WBITS | 32)  # gzip or zlib, by its header
+        async for raw in self.aiter_raw():
+            if out := decoder.decompress(raw):
+                yield out
+
+    async def aread(self) -> bytes:
+        return b"".join([chunk async for chunk in self.aiter_raw()])
+
+
 class Client:
-    """The API of one run: a shared connection pool, the key in the Authorization header only,
-    no proxy consulted (``trust_env=False``: a request goes to the address given)."""
+    """The API of one run: the key in the Authorization header only, no proxy consulted
+    (``trust_env=False``: a request goes to the address given). The short requests (the model,
+    the load) share httpx's kept-alive connections (``http``); every stream opens one of its own
+    and closes it when done (:meth:`_stream`)."""
 
     def __init__(self, url: str, model: str, key: Secret | None, *, timeout: float, connections: int) -> None:
         self.url, self.model, self.timeout = url.rstrip("/"), model, timeout
         headers = {"accept-encoding": "identity", "user-agent": "tp4-bench"}
         if key is not None:
             headers["authorization"] = "Bearer " + key.reveal()
-        limits = httpx.Limits(max_connections=connections + 4, max_keepalive_connections=connections + 4)
-        self.http = httpx.AsyncClient(
-            base_url=self.url,
-            headers=headers,
-            limits=limits,
-            trust_env=False,
-            timeout=httpx.Timeout(timeout, connect=min(timeout, 10.0)),
-        )
+        common: dict[str, Any] = {
+            "base_url": self.url,
+            "headers": headers,
+            "trust_env": False,
+            "timeout": httpx.Timeout(timeout, connect=min(timeout, 10.0)),
+        }
+        self.http = httpx.AsyncClient(limits=httpx.Limits(max_connections=4, max_keepalive_connections=4), **common)
+        # the streams' own connections (see _stream): where to, and the head of every POST
+        split = urllib.parse.urlsplit(self.url)
+        self._tls = ssl.create_default_context() if split.scheme == "https" else None
+        self._host = split.hostname or "localhost"
+        self._port = split.port or (443 if self._tls else 80)
+        self._target = split.path.rstrip("/") + CHAT
+        self._head = [("host", split.netloc), ("content-type", "application/json"), *headers.items()]
         self.extended = True  # min_tokens / ignore_eos / stop accepted (until an HTTP 400 says otherwise)
         self.fell_back = False
 
@@ -261,85 +324,120 @@ class Client:
 
     async def _stream(self, r: StreamResult, exact: bool, limit: float, on_event: Callable[[], None] | None) -> bool:
         payload = json.dumps(self.body(r.prompt, r.max_tokens, exact=exact)).encode()
+        conn = h11.Connection(h11.CLIENT)
+        head = [*self._head, ("content-length", str(len(payload)))]
+        clock = time.perf_counter
+        r.t0 = clock()
+        try:
+            async with asyncio.timeout(min(limit, 10.0)):
+                reader, writer = await asyncio.open_connection(
+                    self._host, self._port, ssl=self._tls, server_hostname=self._host if self._tls else None
+                )
+        except TimeoutError as exc:
+            raise httpx.ConnectTimeout("timed out") from exc
+        except OSError as exc:
+            raise httpx.ConnectError(str(exc) or type(exc).__name__) from exc
+        try:
+            writer.write(
+                conn.send(h11.Request(method="POST", target=self._target, headers=head))
+                + conn.send(h11.Data(data=payload))
+                + conn.send(h11.EndOfMessage())
+            )
+            while True:
+                try:
+                    event = conn.next_event()
+                except h11.RemoteProtocolError as exc:
+                    raise httpx.RemoteProtocolError(str(exc)) from exc
+                if event is h11.NEED_DATA:
+                    try:
+                        data = await reader.read(65536)
+                    except OSError as exc:
+                        raise httpx.ReadError(str(exc) or type(exc).__name__) from exc
+                    try:
+                        conn.receive_data(data)
+                    except h11.RemoteProtocolError as exc:
+                        raise httpx.RemoteProtocolError(str(exc)) from exc
+                elif isinstance(event, h11.Response):
+                    return await self._read(r, _Answer(conn, event, reader), on_event)
+                elif isinstance(event, h11.ConnectionClosed):
+                    raise httpx.RemoteProtocolError("the server closed the connection without an answer")
+        finally:
+            writer.close()
+
+    async def _read(self, r: StreamResult, resp: _Answer, on_event: Callable[[], None] | None) -> bool:
+        """The answer of one stream (its status, its events), into ``r``; True: send it again
+        without min_tokens/ignore_eos/stop."""
         clock = time.perf_counter
         loads = json.loads
-        r.t0 = clock()
-        async with self.http.stream(
-            "POST",
-            CHAT,
-            content=payload,
-            headers={"content-type": "application/json"},
-            timeout=httpx.Timeout(None, connect=min(limit, 10.0), write=limit, pool=limit),
-        ) as resp:
-            r.status = resp.status_code
-            r.headers = {k: v for k, v in resp.headers.items() if k.lower() in _HEADERS_KEPT}
-            if resp.status_code != 200:
-                body = await resp.aread()
-                if resp.status_code == 400 and r.extended:
-                    self.extended, self.fell_back = False, True  # the engine refused min_tokens/ignore_eos/stop
-                    return True
-                r.error = f"HTTP {resp.status_code}: {_reason(body)}"
-                return False
-            splitter = SseSplitter()
-            encoded = resp.headers.get("content-encoding", "identity").lower() not in ("", "identity")
-            chunks = resp.aiter_bytes() if encoded else resp.aiter_raw()
-            async for raw in chunks:
-                now = clock()
-                for data in splitter.feed(raw):
-                    if data == b"[DONE]":
-                        r.done = True
-                        break
-                    r.events += 1
-                    if r.first_data is None:
-                        r.first_data = data[:PREVIEW].decode("utf-8", "replace")
-                    try:
-                        doc = loads(data)
-                    except ValueError:
-                        r.error = f"SSE event {r.events} is not JSON"
-                        return False
-                    if not isinstance(doc, dict):
-                        continue
-                    if doc.get("error"):
-                        r.error = f"the stream reported an error: {_reason(data)}"
-                        return False
-                    if r.completion_id is None and isinstance(doc.get("id"), str):
-                        r.completion_id = doc["id"]
-                    usage = doc.get("usage")
-                    if isinstance(usage, dict):
-                        r.usage = {k: v for k, v in usage.items() if isinstance(v, int) and not isinstance(v, bool)}
-                    choices = doc.get("choices")
-                    if not choices or not isinstance(choices, list) or not isinstance(choices[0], dict):
-                        continue
-                    choice = choices[0]
-                    delta = choice.get("delta")
-                    if isinstance(delta, dict):
-                        content = delta.get("content")
-                        reasoning = delta.get("reasoning_content") or delta.get("reasoning")
-                        visible = False
-                        if content and isinstance(content, str):
-                            if r.t_first_content is None:
-                                r.t_first_content = now
-                            r.content.append(content)
-                            r.visible_chars += len(content)
-                            visible = True
-                        if reasoning and isinstance(reasoning, str):
-                            r.reasoning_chunks += 1
-                            r.visible_chars += len(reasoning)
-                            visible = True
-                        if visible:
-                            if r.t_first is None:
-                                r.t_first = now
-                            r.t_last = now
-                    finish = choice.get("finish_reason")
-                    if isinstance(finish, str):
-                        r.finish_reason = finish
-                if on_event is not None:
-                    on_event()
-                if r.done:
+        r.status = resp.status_code
+        r.headers = {k: v for k, v in resp.headers.items() if k.lower() in _HEADERS_KEPT}
+        if resp.status_code != 200:
+            body = await resp.aread()
+            if resp.status_code == 400 and r.extended:
+                self.extended, self.fell_back = False, True  # the engine refused min_tokens/ignore_eos/stop
+                return True
+            r.error = f"HTTP {resp.status_code}: {_reason(body)}"
+            return False
+        splitter = SseSplitter()
+        encoded = resp.headers.get("content-encoding", "identity").lower() not in ("", "identity")
+        chunks = resp.aiter_bytes() if encoded else resp.aiter_raw()
+        async for raw in chunks:
+            now = clock()
+            for data in splitter.feed(raw):
+                if data == b"[DONE]":
+                    r.done = True
                     break
-            r.t_end = clock()
-            if not r.done:
-                r.error = "the stream ended without data: [DONE]"
+                r.events += 1
+                if r.first_data is None:
+                    r.first_data = data[:PREVIEW].decode("utf-8", "replace")
+                try:
+                    doc = loads(data)
+                except ValueError:
+                    r.error = f"SSE event {r.events} is not JSON"
+                    return False
+                if not isinstance(doc, dict):
+                    continue
+                if doc.get("error"):
+                    r.error = f"the stream reported an error: {_reason(data)}"
+                    return False
+                if r.completion_id is None and isinstance(doc.get("id"), str):
+                    r.completion_id = doc["id"]
+                usage = doc.get("usage")
+                if isinstance(usage, dict):
+                    r.usage = {k: v for k, v in usage.items() if isinstance(v, int) and not isinstance(v, bool)}
+                choices = doc.get("choices")
+                if not choices or not isinstance(choices, list) or not isinstance(choices[0], dict):
+                    continue
+                choice = choices[0]
+                delta = choice.get("delta")
+                if isinstance(delta, dict):
+                    content = delta.get("content")
+                    reasoning = delta.get("reasoning_content") or delta.get("reasoning")
+                    visible = False
+                    if content and isinstance(content, str):
+                        if r.t_first_content is None:
+                            r.t_first_content = now
+                        r.content.append(content)
+                        r.visible_chars += len(content)
+                        visible = True
+                    if reasoning and isinstance(reasoning, str):
+                        r.reasoning_chunks += 1
+                        r.visible_chars += len(reasoning)
+                        visible = True
+                    if visible:
+                        if r.t_first is None:
+                            r.t_first = now
+                        r.t_last = now
+                finish = choice.get("finish_reason")
+                if isinstance(finish, str):
+                    r.finish_reason = finish
+            if on_event is not None:
+                on_event()
+            if r.done:
+                break
+        r.t_end = clock()
+        if not r.done:
+            r.error = "the stream ended without data: [DONE]"
         return False
 
 
@@ -447,7 +545,12 @@ class LoadWatcher:
             await asyncio.sleep(0.05)
 
     async def watch(self, into: Watch, stop: asyncio.Event) -> None:
-        """Sample every INTERVAL until ``stop`` is set (one read after it too)."""
+        """Sample every INTERVAL until ``stop`` is set (one read after it too). The first read
+        comes after one INTERVAL, not while the level's requests are being sent."""
+        try:
+            await asyncio.wait_for(stop.wait(), self.INTERVAL)
+        except TimeoutError:
+            pass
         while self.path is not None:
             try:
                 now = await self.read()
