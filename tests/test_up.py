@@ -276,3 +276,41 @@ def test_a_second_tp4_up_of_the_line_is_refused_while_one_runs(tmp_path: Path, m
     with serve_mod.line_lock(plan, "up", kind="up.lock"):
         with pytest.raises(Tp4Error, match=r"is busy: tp4 up \(pid [0-9]+, started "):
             up.run(line, up.Options(serve=serve_mod.Options()), lambda _: None, lambda _: None)
+
+
+def test_up_dry_run_shows_share_and_distribute_as_their_own_dry_runs_print_them(
+    tmp_path: Path, monkeypatch, tp4_cli
+) -> None:  # type: ignore[no-untyped-def]
+    """One code path: up's distribute step and the share part of its prepare step are what
+    `tp4 distribute --dry-run` and `tp4 share --dry-run` print (indented under up's step)."""
+    import textwrap
+
+    from tp4.line.plan import build_plan
+    from tp4.line.profile import load_file
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise AssertionError(f"a dry run started a process: {args}")
+
+    monkeypatch.setattr(process, "_spawn", refuse)
+    monkeypatch.setattr(process, "start", refuse)
+    monkeypatch.setenv("TP4_FLAKE", str(tmp_path))  # no build records: the same digest placeholder in both
+    monkeypatch.chdir(tmp_path)
+    example = REPO / "examples" / "spark-line" / "profile.toml"
+    profile = tmp_path / "profile.toml"  # hosts that are not NixOS: share writes the export and the volumes
+    profile.write_text(example.read_text().replace('kind = "nixos"', 'kind = "plain"'))
+    code, up_out, err = tp4_cli("up", "--dry-run", "--profile", str(profile))
+    assert code == 0, err
+    tag = build_plan(load_file(profile)).image.tag
+
+    def alone(*args: str) -> str:
+        code, out, err = tp4_cli(*args, "--dry-run", "--profile", str(profile))
+        assert code == 0, err
+        return "\n".join(line for line in out.splitlines() if not line.startswith("profile: "))
+
+    distribute_step = up_out.split("step 3/6: distribute\n")[1].split("step 4/6")[0]
+    assert distribute_step.rstrip("\n") == textwrap.indent(
+        alone("distribute", "--runtime", "podman", "--image", tag), "  "
+    ), distribute_step
+    share_text = textwrap.indent(alone("share"), "  ")
+    prepare_step = up_out.split("step 4/6: prepare\n")[1].split("step 5/6")[0]
+    assert share_text in prepare_step and "sudo -n exportfs -ra" in share_text, prepare_step

@@ -373,6 +373,27 @@ def summary(outcomes: Sequence[Outcome], total: float) -> list[str]:
 # --- --dry-run ------------------------------------------------------------------------------------
 
 
+def _indented(text: str) -> str:
+    """A line of another command's rehearsal, indented under up's step (its continuation lines too)."""
+    return "  " + text.replace("\n", "\n  ")
+
+
+def _recorded_digest(line: Line, opts: Options) -> str | None:
+    """The store digest `tp4 build` recorded for the plan's image when it is the build's own image
+    (as `tp4 distribute --dry-run` reads it from the build records); None without a flake or record."""
+    from tp4.image import build as build_mod
+    from tp4.image import nix
+
+    try:
+        flake = nix.find_flake(opts.flake)
+        attr = build_mod.image_attr(line.plan.image.variant)
+        built = build_mod.Built.load(build_mod.record_path(flake, attr))
+    except Tp4Error:
+        return None
+    pushed = build_mod.Pushed.load(build_mod.store_record_path(flake, attr))
+    return pushed.digest if pushed is not None and pushed.id == built.id else None
+
+
 def rehearse(line: Line, opts: Options) -> list[str]:
     """Every step's commands, host by host, from the plan alone: no host is asked, nothing runs.
     What a step runs only when something is missing says so."""
@@ -380,6 +401,7 @@ def rehearse(line: Line, opts: Options) -> list[str]:
     from tp4.hosts import checkpoint as checkpoint_mod
     from tp4.hosts import doctor as doctor_mod
     from tp4.hosts import pack as pack_mod
+    from tp4.hosts import share as share_mod
     from tp4.image import distribute as distribute_mod
     from tp4.serving import serve as serve_mod
 
@@ -417,25 +439,15 @@ def rehearse(line: Line, opts: Options) -> list[str]:
                 f"  (absent: `tp4 build --image {plan.image.variant}` on the head: nix build, load, in-image checks, "
                 "tag, push to the image store; `tp4 build --dry-run` prints its commands)"
             )
-        elif name == "distribute":
-            for n in nodes[1:]:
-                lines.append(on(n, [n.runtime, "image", "inspect", "--format", "{{.Id}}", tag]))
-            lines.append(
-                "  (a worker without the head's image id pulls the layers it lacks from the head's image store "
-                "through a reverse ssh tunnel: "
-                + shlex.join(distribute_mod.pull_argv(head.runtime, "127.0.0.1:PORT/REPO@DIGEST"))
-                + ")"
+        elif name == "distribute":  # `tp4 distribute --dry-run`'s own rehearsal, of the copy _distribute runs
+            remotes = [n.remote for n in nodes[1:] if n.remote is not None]
+            rehearsed = distribute_mod.rehearse(
+                tag, remotes, head.runtime, method="registry", digest=_recorded_digest(line, opts)
             )
+            lines += [_indented(text) for text in rehearsed]
         elif name == "prepare":
             lines += [f"  download: {text}" for text in checkpoint_mod.rehearse(line.loaded.profile)]
-            lines.append(
-                "  share: "
-                + (
-                    "the head exports model.dir to the workers (NFSv4)"
-                    if line.loaded.profile.nfs.share
-                    else "nothing to share (nfs.share = false)"
-                )
-            )
+            lines += [_indented(text) for text in share_mod.rehearse(line.loaded.profile, plan, nodes)]
             lines += [f"  {text}" for text in pack_mod.rehearse(plan, nodes)]
         elif name == "serve":
             lines.append("  (a line running another plan: its ranks stop first)")
