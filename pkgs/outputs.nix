@@ -95,7 +95,7 @@ let
     { inherit (lineFor.${system}) sources; } // onlyUnlocked "packages" allPackages.${system}
   );
 
-  # `nix run .#serve -- [--profile FILE]` (default ./profile.toml) and the same for stop and status
+  # `nix run .#serve -- [--profile FILE]` (default ./profile.toml) and the same for up, stop and status
   apps = forAll (
     system: pkgs:
     let
@@ -112,6 +112,7 @@ let
         program = tp4;
         meta.description = "The tp4 CLI: build, deploy and serve the TP4 line";
       };
+      up = command "up" "Doctor, image, distribute, prepare, serve and smoke the TP4 line from one plan";
       serve = command "serve" "Start the TP4 line and prove it ready, or leave nothing running";
       stop = command "stop" "Stop every rank of the TP4 line";
       status = command "status" "The TP4 line's nodes and liveness";

@@ -263,8 +263,8 @@ def test_cli_package_from_the_poetry_pyproject(work, flake):
 def test_flake_outputs(work, flake, manifest):
     out = evaluate(work, flake, "apps", "a: builtins.mapAttrs (s: v: v.default.program) a")
     assert all(p.endswith("-tp4-0.1.0/bin/tp4") for p in out.values()) and set(out) == {"aarch64-linux", "x86_64-linux"}
-    # nix run .#serve -- [--profile FILE]: a script that execs `tp4 serve "$@"` (and stop, status)
-    for name in ("serve", "stop", "status"):
+    # nix run .#serve -- [--profile FILE]: a script that execs `tp4 serve "$@"` (and up, stop, status)
+    for name in ("up", "serve", "stop", "status"):
         app = evaluate(work, flake, f"apps.aarch64-linux.{name}", "a: { inherit (a) type program; }")
         assert app["type"] == "app" and app["program"].endswith(f"-tp4-{name}")
     text = (REPO / "pkgs" / "outputs.nix").read_text()

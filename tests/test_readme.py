@@ -21,6 +21,7 @@ TESTS = "bash tests/run"
 OFFLINE_STEPS = [
     "tp4 profile check profile.toml",
     "tp4 hosts list",
+    "tp4 up --profile profile.toml --dry-run",
     "tp4 sources verify",
     "tp4 plan --profile profile.toml",
     "tp4 plan --profile profile.toml --json -o plan.json",

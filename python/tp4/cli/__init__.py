@@ -48,6 +48,11 @@ SUBCOMMANDS: dict[str, tuple[str, str, str]] = {
         "serve",
         "Start the line and prove it ready (Ready, a completion, every boot log), or leave nothing running.",
     ),
+    "up": (
+        "tp4.cli.up",
+        "up",
+        "doctor, image, distribute, prepare, serve, smoke from one plan; a line already up is left as it is.",
+    ),
     "stop": ("tp4.cli.serve", "stop", "Stop every rank of the line and check that nothing is left."),
     "status": (
         "tp4.cli.serve",

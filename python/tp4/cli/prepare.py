@@ -16,20 +16,13 @@ from tp4.cli.common import (
     sysfs_root,
 )
 from tp4.core.errors import Tp4Error
+from tp4.serving.up import MADE_BY  # doctor's blocking checks a later step makes pass (as in `tp4 up`)
 
 if TYPE_CHECKING:
     from tp4.line.plan import Plan
     from tp4.line.profile.load import Loaded
     from tp4.hosts.nodes import Node
 
-# doctor's blocking checks that a later step of `tp4 prepare` makes pass: not a reason to stop
-# before that step (a fresh line has no checkpoint and no shards yet)
-MADE_BY = {
-    "WEIGHTS.HEAD": "download",
-    "WEIGHTS.SHARD_FILES": "download",
-    "WEIGHTS.WORKER": "share",
-    "ENGRAM.SHARDS": "pack",
-}
 STEPS = ("doctor", "download", "share", "pack")
 
 

@@ -234,11 +234,12 @@ def line_id(plan: Plan) -> str:
 
 
 @contextmanager
-def line_lock(plan: Plan, what: str) -> Iterator[None]:
+def line_lock(plan: Plan, what: str, *, kind: str = "lock") -> Iterator[None]:
     """One serve or stop of a line at a time (a lock on the head, where tp4 runs): the second is
     refused naming the holder's pid and start time. The lock is an flock, so a holder that died
-    releases it and the next run takes it over."""
-    path = _state_dir() / "lines" / f"{line_id(plan)}.lock"
+    releases it and the next run takes it over. ``kind``: another lock of the line (`tp4 up`
+    holds ``up.lock`` around its steps, serve's own inside it)."""
+    path = _state_dir() / "lines" / f"{line_id(plan)}.{kind}"
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)

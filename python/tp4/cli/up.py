@@ -1,0 +1,98 @@
+"""`tp4 up`: doctor, image, distribute, prepare, serve and smoke from one plan (tp4.serving.up)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+
+from tp4.cli.common import (
+    dry_run_option,
+    err,
+    load_served,
+    out,
+    profile_option,
+    ssh_option,
+    strict_option,
+    sysfs_option,
+    sysfs_root,
+    timeouts as parse_timeouts,
+)
+from tp4.serving.up import STEPS
+
+
+@click.command("up")
+@profile_option
+@click.option(
+    "--from",
+    "start",
+    type=click.Choice(STEPS),
+    default="doctor",
+    show_default=True,
+    help="Start at this step (what a stopped run says to resume with); the earlier ones are skipped.",
+)
+@dry_run_option
+@click.option(
+    "--flake",
+    "flake_dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Directory of the flake the image step builds from when the head lacks the plan's image "
+    "(default: the nearest flake.nix above the current directory, or $TP4_FLAKE).",
+)
+@click.option(
+    "--timeout",
+    "timeouts",
+    multiple=True,
+    metavar="[PHASE=]SECONDS",
+    help="Bound a boot phase of the serve step (start, weights, graphs, smoke, warmup, ready, completion), or all; repeatable.",
+)
+@sysfs_option
+@ssh_option
+@strict_option
+def up(
+    profile_path: str | None,
+    start: str,
+    dry_run: bool,
+    flake_dir: Path | None,
+    timeouts: tuple[str, ...],
+    sysfs: str,
+    ssh_options: tuple[str, ...],
+    strict: bool,
+) -> None:
+    """From hosts that answer ssh to a verified serving line, from one plan: doctor's blocking
+    checks, the image (reused when the head has the plan's image, else built, checked and
+    pushed), distribute (the layers the workers lack), prepare (download, share, pack: each skips
+    what is complete), serve, smoke. Each step prints its progress and time on stderr; a table of
+    every step ends the run on stdout. A failing step stops the run with its own message and the
+    command that resumes there (`tp4 up --from STEP`). A line that already runs this plan is left
+    as it is (only smoke runs); a line that runs another plan keeps serving until the serve step
+    restarts its ranks. --dry-run prints every step's commands, host by host, and runs nothing.
+    Run it on the head, as `tp4 build` and `tp4 distribute`. Exit 0 when the line is up and its
+    smoke passed, else the failing step's code (1: a check or a step failed; 2: bad input or a
+    refused host key)."""
+    from tp4.serving import serve as serve_mod
+    from tp4.serving import up as up_mod
+
+    sysfs = sysfs_root(sysfs)
+    if flake_dir is not None:  # refused before anything is read or asked, a dry run too
+        from tp4.image import nix
+
+        flake_dir = nix.find_flake(flake_dir)
+    served = load_served(profile_path, strict, ssh_options)
+    loaded = served.line.loaded
+    serve_opts = serve_mod.Options(
+        timeouts=parse_timeouts(timeouts),
+        tty=sys.stderr.isatty(),
+        sysfs=sysfs,
+        volume_kind="nfs" if loaded.profile.nfs.share else "local",
+        expected_shards=loaded.profile.model.expected_shards,
+    )
+    line = up_mod.Line(loaded, served.plan, served.nodes, served.secrets)
+    opts = up_mod.Options(serve=serve_opts, start=start, flake=flake_dir)
+    if dry_run:
+        for text in up_mod.rehearse(line, opts):
+            out(text)
+        return
+    up_mod.run(line, opts, out, err)

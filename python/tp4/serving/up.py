@@ -1,0 +1,461 @@
+"""`tp4 up`: one command from hosts that answer ssh to a verified serving line, from ONE plan.
+
+The steps, in order (:data:`STEPS`), each the code path of its own command:
+
+1. ``doctor``: doctor's checks on every node (tp4.hosts.doctor, as `tp4 prepare` runs them):
+   a blocking failure stops here, but for what a later step makes (:data:`UP_MADE_BY`).
+2. ``image``: the plan's image on the head. Present under the plan's tag (which `tp4 build`
+   sets only once the image's checks passed): reused. Absent: built, checked and pushed to the
+   head's image store (tp4.image.build.build, as `tp4 build --image VARIANT`).
+3. ``distribute``: the workers that lack the head's image id get the layers they lack
+   (tp4.image.distribute, as `tp4 distribute`); a worker that has it is skipped.
+4. ``prepare``: download, share, pack (tp4.hosts.checkpoint, share, pack, as `tp4 prepare`),
+   each skipping what is complete.
+5. ``serve``: tp4.serving.serve.serve; a line running another plan is replaced (its ranks stop,
+   this plan's start), as `tp4 serve --replace`.
+6. ``smoke``: upstream's arithmetic check and a streamed completion (tp4.serving.api.smoke).
+
+Before the first step, up reads which plan each rank runs (one `inspect` per node, the label
+serve puts on every rank). A line that runs this plan on every rank is up: every step but smoke
+is skipped, so a second `tp4 up` changes nothing. A line that runs another plan keeps serving
+while the image, distribute and prepare steps run (each does only what the new plan lacks; when
+the packer has work, the ranks stop before it runs: it reads the checkpoint into their memory);
+doctor's checks then run in serve, once the old ranks have stopped (a running rank holds the
+ports and the GPU doctor checks), and only the ranks restart.
+
+A failing step stops up with its own message and the command that resumes there
+(`tp4 up --from STEP`); a summary table (step, outcome, seconds) ends every run."""
+
+from __future__ import annotations
+
+import shlex
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from tp4.core.errors import Tp4Error
+
+if TYPE_CHECKING:
+    from tp4.core.apikey import Secret
+    from tp4.hosts.nodes import Node
+    from tp4.line.plan import Plan
+    from tp4.line.profile.load import Loaded
+    from tp4.serving.serve import Options as ServeOptions
+
+Echo = Callable[[str], None]
+
+STEPS = ("doctor", "image", "distribute", "prepare", "serve", "smoke")
+
+# doctor's blocking checks that a later step makes pass: not a reason to stop before that step
+# (a fresh line has no checkpoint and no shards yet); `tp4 prepare` uses the same table
+MADE_BY = {
+    "WEIGHTS.HEAD": "download",
+    "WEIGHTS.SHARD_FILES": "download",
+    "WEIGHTS.WORKER": "share",
+    "ENGRAM.SHARDS": "pack",
+}
+# up's own steps make more: the head's image (the image step) and the workers' copies of it (distribute)
+UP_MADE_BY = {**MADE_BY, "IMAGE.SAME": "image, distribute"}
+
+
+@dataclass
+class Line:
+    """What every step reads: the profile, its plan, its nodes, its secrets."""
+
+    loaded: Loaded
+    plan: Plan
+    nodes: list[Node]
+    secrets: Mapping[str, Secret]
+
+
+@dataclass
+class Options:
+    serve: ServeOptions
+    start: str = "doctor"  # --from
+    flake: Path | None = None  # where `tp4 build` finds the flake (default: nix.find_flake's rule)
+
+
+@dataclass
+class Outcome:
+    step: str
+    status: str  # "done", "skipped", "failed", "not run"
+    seconds: float = 0.0
+    detail: str = ""
+
+
+@dataclass
+class State:
+    """What up learnt before the first step: each rank's state and the plan digest it runs."""
+
+    running: dict[str, tuple[str, str]] = field(default_factory=dict)
+
+    def runs(self, plan: Plan) -> bool:
+        """Every rank runs, from this plan."""
+        return bool(self.running) and all(s == "running" and d == plan.digest for s, d in self.running.values())
+
+    def other(self, plan: Plan) -> list[str]:
+        """The digests of the ranks that run but not from this plan ('' when one carries none)."""
+        return sorted({d for s, d in self.running.values() if s == "running" and d != plan.digest})
+
+    def any_running(self) -> bool:
+        return any(s == "running" for s, _ in self.running.values())
+
+
+class Skip(Exception):
+    """A step that has nothing to do: its reason."""
+
+
+class Stopped(Tp4Error):
+    """A step failed: its own message, then the command that resumes there."""
+
+    def __init__(self, step: str, message: str, exit_code: int, table: list[str], *, fix: str = ""):
+        i = STEPS.index(step)
+        super().__init__(
+            "\n".join(table)
+            + f"\nup: stopped at step {i + 1}/{len(STEPS)} ({step}): {message}\n"
+            + (fix or f"fix: the fix above, then `tp4 up --from {step}` (or `tp4 up`: the steps done are skipped)"),
+            exit_code=exit_code,
+        )
+        self.step = step
+
+
+def read_state(line: Line) -> State:
+    from tp4.serving import serve as serve_mod
+
+    return State(serve_mod.running_digests(line.nodes))
+
+
+# --- the steps --------------------------------------------------------------------------------------
+
+
+def _doctor(line: Line, opts: Options, state: State, out: Echo) -> str:
+    from tp4.hosts import doctor as doctor_mod
+
+    if state.any_running():
+        raise Skip(
+            "the line runs"
+            + (
+                f" plan {', '.join(d or 'without a digest' for d in state.other(line.plan))}"
+                if state.other(line.plan)
+                else ""
+            )
+            + ": serve runs doctor's blocking checks once its ranks stop"
+        )
+    limits = doctor_mod.Limits.of_profile(line.loaded.profile, sysfs=opts.serve.sysfs)
+    report = doctor_mod.doctor(line.plan, line.nodes, limits)
+    for text in doctor_mod.table(line.plan, report.results):
+        out(text)
+    blocking = [r for r in report.blocking if r.check not in UP_MADE_BY]
+    if blocking:
+        raise Tp4Error(
+            f"{len(blocking)} blocking failure(s):\n"
+            + "\n".join(
+                f"  - {r.check} on {r.node}: {r.detail}" + (f"; fix: {r.fix}" if r.fix else "") for r in blocking
+            )
+        )
+    later = sorted({f"{r.check} ({UP_MADE_BY[r.check]})" for r in report.blocking})
+    return "no blocking failure" + (f" but what later steps make: {', '.join(later)}" if later else "")
+
+
+def head_image(line: Line) -> str | None:
+    """The id of the plan's image on the head (rank 0), None when it has none."""
+    from tp4.image import runtime_cli
+
+    head = line.nodes[0]
+    found = runtime_cli.inspect(head.runtime, line.plan.image.tag, remote=head.remote)
+    return None if found is None else runtime_cli.normalize_id(found[0])
+
+
+def _image(line: Line, opts: Options, state: State, out: Echo, progress: Echo) -> str:
+    from tp4.image import build as build_mod
+    from tp4.image import nix
+
+    tag = line.plan.image.tag
+    have = head_image(line)
+    if have is not None:
+        raise Skip(f"the head has {tag} ({have[:12]}), built and checked: reused")
+    flake = nix.find_flake(opts.flake)
+    attr = build_mod.image_attr(line.plan.image.variant)
+    built = build_mod.build(flake, attr, line.nodes[0].runtime, out, progress)
+    if not build_mod.Pushed.load(build_mod.store_record_path(flake, attr)):
+        progress("image: not in the head's image store; distribute pushes it")
+    return f"built, checked and tagged {built.ref} ({built.id[:12]})"
+
+
+def _distribute(line: Line, opts: Options, state: State, out: Echo) -> str:
+    from tp4.image import build as build_mod
+    from tp4.image import distribute as distribute_mod
+    from tp4.image import nix
+
+    workers = line.nodes[1:]
+    if not workers:
+        raise Skip("no workers")
+    tag = line.plan.image.tag
+    image_id = head_image(line)
+    if image_id is None:
+        raise Tp4Error(f"the head has no image {tag}: run `tp4 up --from image`")
+    runtime = line.nodes[0].runtime
+    remotes = [n.remote for n in workers if n.remote is not None]
+    if len(remotes) < len(workers):  # a plan's worker is always reached over ssh (tp4.hosts.nodes)
+        raise Tp4Error("a worker without an ssh address: distribute reaches workers over ssh")
+    before = distribute_mod.check(tag, image_id, remotes, runtime)
+    if all(o.status == "present" for o in before):
+        raise Skip(f"every worker has {image_id[:12]}")
+    digest = None
+    try:
+        flake = nix.find_flake(opts.flake)
+        pushed = build_mod.Pushed.load(
+            build_mod.store_record_path(flake, build_mod.image_attr(line.plan.image.variant))
+        )
+        if pushed is not None and pushed.id.removeprefix("sha256:") == image_id.removeprefix("sha256:"):
+            digest = pushed.digest
+    except Tp4Error:
+        pass  # no flake here: distribute pushes the image to the store itself
+    outcomes = distribute_mod.distribute(tag, image_id, remotes, runtime, out, method="registry", digest=digest)
+    bad = [o for o in outcomes if not o.ok]
+    if bad:
+        raise Tp4Error("; ".join(f"{o.node}: {o.status} ({o.detail})" for o in bad))
+    copied = sum(1 for o in before if o.status != "present")
+    return f"{copied} of {len(workers)} workers got {image_id[:12]}"
+
+
+def unpacked(line: Line) -> list[str]:
+    """The nodes where `tp4 pack` has work: a shard of the rank missing or not complete (pack's
+    own reading and checks); a node that cannot be read counts as one."""
+    from tp4.hosts import pack as pack_mod
+    from tp4.hosts.nodes import parallel
+
+    got = parallel(line.nodes, lambda n: pack_mod.read_shards(line.plan, n))
+    names = []
+    for n in line.nodes:
+        shards = got[n.name]
+        if not isinstance(shards, list) or any(
+            pack_mod.shard_problem(line.plan, n.rank, s) is not None for s in shards
+        ):
+            names.append(n.name)
+    return names
+
+
+def _prepare(line: Line, opts: Options, state: State, out: Echo, progress: Echo) -> str:
+    from tp4.hosts import checkpoint as checkpoint_mod
+    from tp4.hosts import pack as pack_mod
+    from tp4.hosts import share as share_mod
+    from tp4.serving import serve as serve_mod
+
+    def pack() -> None:
+        if state.any_running():
+            to_pack = unpacked(line)
+            if to_pack:  # the packer reads the checkpoint into the memory the running rank holds
+                progress(
+                    f"up: prepare: pack has work on {', '.join(to_pack)} while the line runs another plan: "
+                    "stopping its ranks first"
+                )
+                problems = serve_mod.stop_nodes(line.nodes, progress)
+                if problems:
+                    raise Tp4Error("not everything stopped:\n" + "\n".join(f"  {p}" for p in problems))
+                state.running = {}
+        pack_mod.pack(line.plan, line.nodes, out)
+
+    for name, run in (
+        ("download", lambda: checkpoint_mod.download(line.loaded.profile)),
+        ("share", lambda: share_mod.share(line.loaded.profile, line.plan, line.nodes, out)),
+        ("pack", pack),
+    ):
+        out(f"up: prepare: {name}")
+        try:
+            run()
+        except Tp4Error as exc:
+            raise Tp4Error(f"{name}: {exc.message}", exit_code=exc.exit_code) from None
+    return "download, share and pack complete"
+
+
+def _serve(line: Line, opts: Options, state: State, out: Echo, progress: Echo) -> str:
+    import dataclasses
+
+    from tp4.serving import serve as serve_mod
+
+    served = dataclasses.replace(opts.serve, replace=state.any_running())
+    ready = serve_mod.serve(line.plan, line.nodes, line.secrets, served, out, progress)
+    return f"ready after {ready.seconds:.1f} s" + (
+        " (the ranks of the other plan stopped first)" if served.replace else ""
+    )
+
+
+def _smoke(line: Line, opts: Options, state: State, out: Echo) -> str:
+    from tp4.serving import api
+    from tp4.serving import serve as serve_mod
+
+    results = api.smoke(serve_mod.endpoint(line.plan, line.secrets), full=False)
+    for r in results:
+        out(f"{'ok' if r.ok else 'FAIL':<4} {r.name:<12} {r.seconds:5.1f} s  {r.detail}")
+    failed = [r.name for r in results if not r.ok]
+    if failed:
+        raise Tp4Error(f"smoke failed: {', '.join(failed)}")
+    return ", ".join(r.name for r in results) + " passed"
+
+
+def run(line: Line, opts: Options, out: Echo, progress: Echo) -> list[Outcome]:
+    """Every step from ``opts.start`` on; raises :class:`Stopped` at the first that fails. One
+    `tp4 up` of a line at a time (a second is refused naming the first)."""
+    from tp4.serving import serve as serve_mod
+
+    with serve_mod.line_lock(line.plan, "up", kind="up.lock"):
+        return _run(line, opts, out, progress)
+
+
+def _run(line: Line, opts: Options, out: Echo, progress: Echo) -> list[Outcome]:
+    began = time.monotonic()
+    state = read_state(line)
+    first = STEPS.index(opts.start)
+    up_already = state.runs(line.plan)
+    if up_already:
+        progress(f"up: the line runs this plan ({line.plan.digest}) on every rank: only smoke verifies it")
+    elif state.any_running():
+        progress(
+            f"up: the line runs another plan ({', '.join(d or 'no digest' for d in state.other(line.plan))}); "
+            f"this plan is {line.plan.digest}: only what the change needs is redone, then the ranks restart"
+        )
+    steps: dict[str, Callable[[], str]] = {
+        "doctor": lambda: _doctor(line, opts, state, out),
+        "image": lambda: _image(line, opts, state, out, progress),
+        "distribute": lambda: _distribute(line, opts, state, out),
+        "prepare": lambda: _prepare(line, opts, state, out, progress),
+        "serve": lambda: _serve(line, opts, state, out, progress),
+        "smoke": lambda: _smoke(line, opts, state, out),
+    }
+    outcomes: list[Outcome] = []
+    for i, name in enumerate(STEPS):
+        if i < first:
+            outcomes.append(Outcome(name, "skipped", 0.0, f"--from {opts.start}"))
+            continue
+        if up_already and name != "smoke":
+            outcomes.append(Outcome(name, "skipped", 0.0, f"the line runs this plan ({line.plan.digest})"))
+            continue
+        progress(f"up: step {i + 1}/{len(STEPS)}: {name}")
+        t0 = time.monotonic()
+        try:
+            detail = steps[name]()
+            status = "done"
+        except Skip as why:
+            detail, status = str(why), "skipped"
+        except Tp4Error as exc:
+            outcomes.append(Outcome(name, "failed", time.monotonic() - t0, exc.message.splitlines()[0]))
+            outcomes += [Outcome(rest, "not run") for rest in STEPS[i + 1 :]]
+            # a line that runs this plan and fails its smoke is not fixed by running smoke again
+            fix = (
+                "fix: the line runs this plan but does not answer as it should: `tp4 status` tells busy from wedged; "
+                "`tp4 serve --replace` restarts its ranks"
+                if up_already
+                else ""
+            )
+            raise Stopped(
+                name, exc.message, exc.exit_code, summary(outcomes, time.monotonic() - began), fix=fix
+            ) from None
+        seconds = time.monotonic() - t0
+        outcomes.append(Outcome(name, status, seconds, detail))
+        progress(f"up: {name}: {status} in {seconds:.1f} s: {detail}")
+    for text in summary(outcomes, time.monotonic() - began):
+        out(text)
+    return outcomes
+
+
+def summary(outcomes: Sequence[Outcome], total: float) -> list[str]:
+    """The table that ends every run: step, outcome, seconds, what it did."""
+    rows = [f"{'step':<11} {'outcome':<8} {'seconds':>8}  detail"]
+    for o in outcomes:
+        rows.append(f"{o.step:<11} {o.status:<8} {o.seconds:8.1f}  {o.detail}")
+    rows.append(f"{'total':<11} {'':<8} {total:8.1f}")
+    return rows
+
+
+# --- --dry-run ------------------------------------------------------------------------------------
+
+
+def _indented(text: str) -> str:
+    """A line of another command's rehearsal, indented under up's step (its continuation lines too)."""
+    return "  " + text.replace("\n", "\n  ")
+
+
+def _recorded_digest(line: Line, opts: Options) -> str | None:
+    """The store digest `tp4 build` recorded for the plan's image when it is the build's own image
+    (as `tp4 distribute --dry-run` reads it from the build records); None without a flake or record."""
+    from tp4.image import build as build_mod
+    from tp4.image import nix
+
+    try:
+        flake = nix.find_flake(opts.flake)
+        attr = build_mod.image_attr(line.plan.image.variant)
+        built = build_mod.Built.load(build_mod.record_path(flake, attr))
+    except Tp4Error:
+        return None
+    pushed = build_mod.Pushed.load(build_mod.store_record_path(flake, attr))
+    return pushed.digest if pushed is not None and pushed.id == built.id else None
+
+
+def rehearse(line: Line, opts: Options) -> list[str]:
+    """Every step's commands, host by host, from the plan alone: no host is asked, nothing runs.
+    What a step runs only when something is missing says so."""
+    from tp4.core import process
+    from tp4.hosts import checkpoint as checkpoint_mod
+    from tp4.hosts import doctor as doctor_mod
+    from tp4.hosts import pack as pack_mod
+    from tp4.hosts import share as share_mod
+    from tp4.image import distribute as distribute_mod
+    from tp4.serving import serve as serve_mod
+
+    plan, nodes = line.plan, line.nodes
+    head = nodes[0]
+    tag = plan.image.tag
+
+    def on(node: Node, argv: Sequence[str], note: str = "") -> str:
+        return f"  {node.name}: {shlex.join(process.full_argv(list(argv), node.remote))}{note}"
+
+    lines: list[str] = []
+    first = STEPS.index(opts.start)
+    inspect = [
+        on(n, [n.runtime, "container", "inspect", "--format", serve_mod._STATE_AND_PLAN, n.container]) for n in nodes
+    ]
+    lines += ["before the steps: which plan each rank runs (a line running this plan: only smoke runs)", *inspect]
+    for i, name in enumerate(STEPS):
+        if i < first:
+            continue
+        lines.append(f"step {i + 1}/{len(STEPS)}: {name}")
+        if name == "doctor":
+            limits = doctor_mod.Limits.of_profile(line.loaded.profile, sysfs=opts.serve.sysfs)
+            for n in nodes:
+                argv = [
+                    "sh",
+                    "-c",
+                    "<tp4.hosts.doctor.FACTS_SCRIPT>",
+                    "tp4-doctor",
+                    *doctor_mod.remote_args(plan, n.rank, limits),
+                ]
+                lines.append(on(n, argv, "  (read-only; skipped when the line runs)"))
+        elif name == "image":
+            lines.append(on(head, [head.runtime, "image", "inspect", "--format", "{{.Id}}", tag]))
+            lines.append(
+                f"  (absent: `tp4 build --image {plan.image.variant}` on the head: nix build, load, in-image checks, "
+                "tag, push to the image store; `tp4 build --dry-run` prints its commands)"
+            )
+        elif name == "distribute":  # `tp4 distribute --dry-run`'s own rehearsal, of the copy _distribute runs
+            remotes = [n.remote for n in nodes[1:] if n.remote is not None]
+            rehearsed = distribute_mod.rehearse(
+                tag, remotes, head.runtime, method="registry", digest=_recorded_digest(line, opts)
+            )
+            lines += [_indented(text) for text in rehearsed]
+        elif name == "prepare":
+            lines += [f"  download: {text}" for text in checkpoint_mod.rehearse(line.loaded.profile)]
+            lines += [_indented(text) for text in share_mod.rehearse(line.loaded.profile, plan, nodes)]
+            lines += [f"  {text}" for text in pack_mod.rehearse(plan, nodes)]
+        elif name == "serve":
+            lines.append("  (a line running another plan: its ranks stop first)")
+            lines += [f"  {text}" for text in serve_mod.rehearse_stop(nodes)]
+            lines.append("  then:")
+            lines += [f"  {text}" for text in serve_mod.rehearse_serve(plan, nodes)]
+        elif name == "smoke":
+            lines.append(
+                f"  POST {serve_mod.endpoint(plan, line.secrets).url}/v1/chat/completions (arithmetic, stream)"
+            )
+    return lines

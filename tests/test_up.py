@@ -1,0 +1,316 @@
+"""`tp4 up` end to end on four netns hosts laid out as good Sparks (tests/doctor_hosts.py: real
+sshd and podman, the stand-in engine's image under the plan's tag on every host, an RDMA sysfs
+tree and a stub nvidia-smi per host), with the checkpoint pinned to a local stand-in of the Hub
+and the image's stand-in packer (tests/test_prepare.py's fixtures):
+
+1. from hosts with nothing prepared (no checkpoint, no Engram shard): every step runs and the
+   line is Ready, smoke passes;
+2. a second `tp4 up` of the same profile changes nothing: the same containers run, nothing is
+   fetched or packed again, and it finishes fast;
+3. a profile change that only the ranks see (an env knob) restarts the ranks and redoes nothing
+   else: no download, no pack."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from doctor_hosts import DoctorCluster
+from test_download import Hub
+from test_prepare import blank, cluster, hub, profile, tp4  # noqa: F401 (cluster, hub: fixtures)
+
+from tp4.core import process
+from tp4.hosts.doctor import engram_files
+from tp4.hosts.pack import engram_dir
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def container_ids(c: DoctorCluster) -> dict[str, str]:
+    """Each host's rank container id ('' when none)."""
+    ids = {}
+    for node in c.nodes():
+        proc = process.run(
+            [node.runtime, "container", "inspect", "--format", "{{.Id}}", node.container],
+            remote=node.remote,
+            check=False,
+            timeout=60,
+        )
+        ids[node.name] = proc.stdout.strip() if proc.returncode == 0 else ""
+    return ids
+
+
+def resolves(stand_in: Hub) -> int:
+    return len([q for q in stand_in.requests if q[0] == "GET" and "/resolve/" in q[1]])
+
+
+def stop(path: str) -> None:
+    stopped = subprocess.run(
+        [sys.executable, "-m", "tp4", "stop", "--profile", path],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": str(REPO / "python")},
+    )
+    assert stopped.returncode == 0, stopped.stdout + stopped.stderr
+
+
+def test_up_from_nothing_to_ready_then_nothing_changes_then_a_profile_change_restarts_only_the_ranks(
+    cluster: DoctorCluster,  # noqa: F811
+    hub: Hub,  # noqa: F811
+) -> None:
+    blank(cluster)
+    path = str(profile(cluster))
+    try:
+        r = tp4(hub, cluster, "up", "--profile", path)
+        out = r.stdout + r.stderr
+        assert r.returncode == 0, out
+        for i, name in enumerate(("doctor", "image", "distribute", "prepare", "serve", "smoke")):
+            assert f"up: step {i + 1}/6: {name}" in r.stderr, out
+        assert "up: doctor: done" in r.stderr and "but what later steps make: " in r.stderr, out
+        assert "up: image: skipped" in r.stderr and "built and checked: reused" in r.stderr, out
+        assert "up: distribute: skipped" in r.stderr and "every worker has" in r.stderr, out
+        assert "(4 packed, 0 skipped)" in r.stdout, out
+        assert "4 boot logs checked" in r.stdout, out
+        assert "ok   arithmetic" in r.stdout, out
+        table = r.stdout[r.stdout.index("step        outcome") :]
+        assert [row.split()[:2] for row in table.splitlines()[1:7]] == [
+            ["doctor", "done"],
+            ["image", "skipped"],
+            ["distribute", "skipped"],
+            ["prepare", "done"],
+            ["serve", "done"],
+            ["smoke", "done"],
+        ], table
+        assert sorted(p.name for p in cluster.model_dir.iterdir() if not p.name.startswith(".tp4-")) == sorted(
+            hub.files
+        )
+        first = container_ids(cluster)
+        assert all(first.values()), first
+
+        # the same profile again: nothing changes, only smoke runs
+        gets = resolves(hub)
+        began = time.monotonic()
+        again = tp4(hub, cluster, "up", "--profile", path)
+        seconds = time.monotonic() - began
+        out = again.stdout + again.stderr
+        assert again.returncode == 0, out
+        assert "on every rank: only smoke verifies it" in again.stderr, out
+        assert "up: step 6/6: smoke" in again.stderr and "up: step 5/6" not in again.stderr, out
+        assert container_ids(cluster) == first
+        assert resolves(hub) == gets and "packed" not in again.stdout
+        print(f"second tp4 up: {seconds:.2f} s")
+
+        # a change only the ranks see (the Engram stats interval, an env knob): the ranks restart,
+        # nothing is downloaded or packed again
+        changed = Path(path).with_name("changed.toml")
+        changed.write_text(Path(path).read_text() + "\n[engram]\nstats_seconds = 30\n")
+        third = tp4(hub, cluster, "up", "--profile", str(changed))
+        out = third.stdout + third.stderr
+        assert third.returncode == 0, out
+        assert "the line runs another plan" in third.stderr, out
+        assert "up: doctor: skipped" in third.stderr, out
+        assert "(0 packed, 4 skipped)" in third.stdout, out
+        assert resolves(hub) == gets
+        assert "the ranks of the other plan stopped first" in third.stderr, out
+        restarted = container_ids(cluster)
+        assert all(restarted.values()) and not set(restarted.values()) & set(first.values()), (first, restarted)
+
+        # back to the first profile with a shard of rank 1 gone: the packer has work, so the ranks
+        # of the running plan stop before it runs (it reads the checkpoint into their memory)
+        rank = cluster.plan.nodes[1]
+        (Path(engram_dir(rank)) / engram_files(cluster.plan, rank)[0]).unlink()
+        fourth = tp4(hub, cluster, "up", "--profile", path)
+        out = fourth.stdout + fourth.stderr
+        assert fourth.returncode == 0, out
+        assert f"up: prepare: pack has work on {rank.name} while the line runs another plan: " in fourth.stderr, out
+        assert "(1 packed, 3 skipped)" in fourth.stdout, out
+        assert "the ranks of the other plan stopped first" not in fourth.stderr, out  # stopped already
+        assert "4 boot logs checked" in fourth.stdout, out
+        assert resolves(hub) == gets
+    finally:
+        stop(path)
+
+
+def test_up_stopped_by_doctor_names_the_check_and_the_command_to_resume(
+    cluster: DoctorCluster,  # noqa: F811
+    hub: Hub,  # noqa: F811
+) -> None:
+    blank(cluster)
+    asked = len(hub.requests)
+    port = cluster.port(cluster.hosts[1], cluster.plan.nodes[1].gid.hcas[0]) / "link_layer"
+    port.write_text("InfiniBand\n")
+    try:
+        r = tp4(hub, cluster, "up", "--profile", str(profile(cluster)))
+    finally:
+        port.write_text("Ethernet\n")
+    out = r.stdout + r.stderr
+    assert r.returncode == 1, out
+    assert "up: stopped at step 1/6 (doctor): 1 blocking failure(s):" in r.stderr, out
+    assert f"  - RDMA.LINK_LAYER on {cluster.plan.nodes[1].name}: " in r.stderr, out
+    assert "`tp4 up --from doctor`" in r.stderr, out
+    assert "doctor      failed" in r.stderr and "image       not run" in r.stderr, out
+    assert len(hub.requests) == asked  # download never ran
+
+
+def test_up_from_a_later_step_skips_the_earlier_ones_and_a_failing_step_says_how_to_resume(
+    cluster: DoctorCluster,  # noqa: F811
+    hub: Hub,  # noqa: F811
+) -> None:
+    path = str(profile(cluster))
+    stop(path)  # no line runs: smoke has nothing to talk to
+    r = tp4(hub, cluster, "up", "--profile", path, "--from", "smoke", timeout=120)
+    out = r.stdout + r.stderr
+    assert r.returncode == 1, out
+    assert "up: step 1/6" not in r.stderr and "up: step 6/6: smoke" in r.stderr, out
+    for name in ("doctor", "image", "distribute", "prepare", "serve"):
+        assert re.search(rf"^{name} +skipped +0\.0  --from smoke$", r.stderr, re.M), out
+    assert re.search(r"^smoke +failed ", r.stderr, re.M), out
+    assert "up: stopped at step 6/6 (smoke): " in r.stderr and "`tp4 up --from smoke`" in r.stderr, out
+    assert not any(container_ids(cluster).values())  # nothing was started
+
+
+def test_up_dry_run_prints_every_steps_commands_host_by_host_and_asks_no_host(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "TP4_PROFILE"}
+    env.update(PYTHONPATH=str(REPO / "python"), TP4_KNOWN_HOSTS=str(tmp_path / "known_hosts"))
+    # the embedded example's hosts do not exist here: a step that asked one would fail
+    r = subprocess.run(
+        [sys.executable, "-m", "tp4", "up", "--dry-run"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+        cwd=tmp_path,
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
+    from tp4.line.plan import build_plan
+    from tp4.line.profile import load_default
+
+    plan = build_plan(load_default())
+    for i, name in enumerate(("doctor", "image", "distribute", "prepare", "serve", "smoke")):
+        assert f"step {i + 1}/6: {name}\n" in r.stdout
+    sections = r.stdout.split("step 5/6: serve\n")[1].split("step 6/6")[0]
+    for n in plan.nodes:  # every rank's stop (a line of another plan) and start, on its own host
+        # its stop (a line of another plan), then its start (the head: create, then start)
+        assert sum(line.startswith(f"  {n.name}: ssh ") for line in sections.splitlines()) >= 2, sections
+        assert f"pack_engram.py --rank {n.rank} " in r.stdout
+    assert "  download: head (this machine): fetch into " in r.stdout  # download's own rehearsal
+    assert "/v1/chat/completions" in r.stdout
+    assert not (tmp_path / "known_hosts").exists()
+
+
+def test_up_without_the_plans_image_on_the_head_passes_doctor_and_stops_at_the_image_step(
+    cluster: DoctorCluster,  # noqa: F811
+    hub: Hub,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    """The image is what the image step makes: doctor's IMAGE.SAME does not stop up before it;
+    with no flake to build from, the image step stops with its own message and the resume command."""
+    head = cluster.nodes()[0]
+    tag = cluster.plan.image.tag
+    image_id = process.run([head.runtime, "image", "inspect", "--format", "{{.Id}}", tag], remote=head.remote)
+    process.run([head.runtime, "untag", tag, tag], remote=head.remote)
+    try:
+        with pytest.MonkeyPatch.context() as env:  # the flake tp4 up finds: none (TP4_FLAKE, nix.find_flake)
+            env.setenv("TP4_FLAKE", str(tmp_path))
+            env.chdir(tmp_path)
+            r = tp4(hub, cluster, "up", "--profile", str(profile(cluster)), timeout=300)
+    finally:
+        process.run([head.runtime, "tag", image_id.stdout.strip(), tag], remote=head.remote)
+    out = r.stdout + r.stderr
+    assert r.returncode == 2, out
+    assert "up: doctor: done" in r.stderr and "IMAGE.SAME (image, distribute)" in r.stderr, out
+    assert "up: stopped at step 2/6 (image): no flake.nix in " in r.stderr, out
+    assert "`tp4 up --from image`" in r.stderr, out
+    assert re.search(r"^distribute +not run", r.stderr, re.M), out
+
+
+def test_a_line_up_from_this_plan_that_fails_smoke_is_not_told_to_rerun_smoke(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """Rerunning smoke does not mend a line that runs this plan and answers wrongly (or not): the
+    fix names `tp4 status` and `tp4 serve --replace`; no other step runs."""
+    from tp4.core.errors import Tp4Error
+    from tp4.line.plan import build_plan
+    from tp4.line.profile import load_default
+    from tp4.serving import serve as serve_mod
+    from tp4.serving import up
+
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path))  # up's lock
+    plan = build_plan(load_default())
+    line = up.Line(load_default(), plan, [], {})
+    ran: list[str] = []
+    monkeypatch.setattr(up, "read_state", lambda _: up.State({n.name: ("running", plan.digest) for n in plan.nodes}))
+
+    def smoke(*args: object) -> str:
+        ran.append("smoke")
+        raise Tp4Error("smoke failed: arithmetic")
+
+    monkeypatch.setattr(up, "_smoke", smoke)
+    with pytest.raises(up.Stopped) as stopped:
+        up.run(line, up.Options(serve=serve_mod.Options()), lambda _: None, lambda _: None)
+    assert ran == ["smoke"]
+    assert "up: stopped at step 6/6 (smoke): smoke failed: arithmetic" in stopped.value.message
+    assert "`tp4 serve --replace` restarts its ranks" in stopped.value.message
+    assert "--from smoke" not in stopped.value.message
+
+
+def test_a_second_tp4_up_of_the_line_is_refused_while_one_runs(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """Two `tp4 up` of one line would race in every step: the second is refused naming the first;
+    none of its steps runs."""
+    import pytest
+
+    from tp4.core.errors import Tp4Error
+    from tp4.line.plan import build_plan
+    from tp4.line.profile import load_default
+    from tp4.serving import serve as serve_mod
+    from tp4.serving import up
+
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path))
+    plan = build_plan(load_default())
+    line = up.Line(load_default(), plan, [], {})
+    monkeypatch.setattr(up, "read_state", lambda _: pytest.fail("a step ran"))
+    with serve_mod.line_lock(plan, "up", kind="up.lock"):
+        with pytest.raises(Tp4Error, match=r"is busy: tp4 up \(pid [0-9]+, started "):
+            up.run(line, up.Options(serve=serve_mod.Options()), lambda _: None, lambda _: None)
+
+
+def test_up_dry_run_shows_share_and_distribute_as_their_own_dry_runs_print_them(
+    tmp_path: Path, monkeypatch, tp4_cli
+) -> None:  # type: ignore[no-untyped-def]
+    """One code path: up's distribute step and the share part of its prepare step are what
+    `tp4 distribute --dry-run` and `tp4 share --dry-run` print (indented under up's step)."""
+    import textwrap
+
+    from tp4.line.plan import build_plan
+    from tp4.line.profile import load_file
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise AssertionError(f"a dry run started a process: {args}")
+
+    monkeypatch.setattr(process, "_spawn", refuse)
+    monkeypatch.setattr(process, "start", refuse)
+    monkeypatch.setenv("TP4_FLAKE", str(tmp_path))  # no build records: the same digest placeholder in both
+    monkeypatch.chdir(tmp_path)
+    example = REPO / "examples" / "spark-line" / "profile.toml"
+    profile = tmp_path / "profile.toml"  # hosts that are not NixOS: share writes the export and the volumes
+    profile.write_text(example.read_text().replace('kind = "nixos"', 'kind = "plain"'))
+    code, up_out, err = tp4_cli("up", "--dry-run", "--profile", str(profile))
+    assert code == 0, err
+    tag = build_plan(load_file(profile)).image.tag
+
+    def alone(*args: str) -> str:
+        code, out, err = tp4_cli(*args, "--dry-run", "--profile", str(profile))
+        assert code == 0, err
+        return "\n".join(line for line in out.splitlines() if not line.startswith("profile: "))
+
+    distribute_step = up_out.split("step 3/6: distribute\n")[1].split("step 4/6")[0]
+    assert distribute_step.rstrip("\n") == textwrap.indent(
+        alone("distribute", "--runtime", "podman", "--image", tag), "  "
+    ), distribute_step
+    share_text = textwrap.indent(alone("share"), "  ")
+    prepare_step = up_out.split("step 4/6: prepare\n")[1].split("step 5/6")[0]
+    assert share_text in prepare_step and "sudo -n exportfs -ra" in share_text, prepare_step
