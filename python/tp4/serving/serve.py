@@ -1262,6 +1262,9 @@ def status(
     ep = endpoint(plan, secrets)
     live = api.probe(ep, probe_timeout)
     record = load_run(plan)
+    from tp4.serving.linestate import classify  # the one classification `tp4 watch` acts on
+
+    verdict = classify({str(i.get("node")): str(i.get("state") or "") for i in node_info if isinstance(i, dict)}, live)
     digests = {
         str(i.get("node")): (str(i.get("state") or ""), str(i.get("plan") or ""))
         for i in node_info
@@ -1272,6 +1275,8 @@ def status(
         "line": line_id(plan),
         "api": plan.line.api,
         "nodes": node_info,
+        "state": verdict.state,
+        "state_detail": verdict.detail,
         "liveness": {
             "state": live.state,
             "detail": live.detail,
