@@ -51,6 +51,23 @@ def test_one_classification(ranks: dict[str, str], live: Liveness, state: str) -
         assert all(f"{n}: rank" in got.detail for n, s in ranks.items() if s not in ("running", "created"))
 
 
+def test_requests_that_may_all_be_the_probes_own_are_no_progress() -> None:
+    one = Liveness("busy", "no completion within 2 s, but 1 running and 0 waiting", 2.0, 200, Load(1, 0))
+    assert classify(RUNNING, one).state == "busy"
+    got = classify(RUNNING, one, own_in_flight=1)
+    assert got.state == "wedged" and "own 1 timed-out probe(s)" in got.detail
+    assert classify(RUNNING, BUSY, own_in_flight=3).state == "busy"  # 5 in flight: others' too
+    assert classify(RUNNING, BUSY, own_in_flight=5).state == "wedged"
+
+
+def test_the_watchdog_counts_its_own_stuck_probes(tmp_path: Path) -> None:
+    stuck = [Liveness("busy", "x", 2.0, 200, Load(n, 0)) for n in (1, 2, 3)]
+    fake = Fake([(RUNNING, ALIVE)] + [(RUNNING, s) for s in stuck] + [(RUNNING, ALIVE)])
+    dog, _ = fake.dog(tmp_path)
+    dog.run(looks=5)
+    assert fake.restarts == 1 and fake.bundles[0] == ("wedged", ["ready", "wedged", "wedged", "wedged"])
+
+
 def test_a_wedge_is_acted_on_only_after_k_consecutive_looks() -> None:
     c = w.Confirm(3)
     assert [c.see(s) for s in ("wedged", "wedged", "busy", "wedged", "wedged")] == [False] * 5

@@ -36,10 +36,15 @@ class Verdict(NamedTuple):
     detail: str
 
 
-def classify(ranks: Mapping[str, str], live: Liveness) -> Verdict:
+def classify(ranks: Mapping[str, str], live: Liveness, *, own_in_flight: int = 0) -> Verdict:
     """The line's state from each rank's container state (node name -> ``running``, ``exited``,
     ``absent``, ``unreachable``, ...) and the liveness probe. A rank that does not run makes the
-    line down whatever the API says (a wedged survivor would never recover alone)."""
+    line down whatever the API says (a wedged survivor would never recover alone).
+
+    ``own_in_flight``: how many of the caller's own probes may still be in flight (a probe that
+    timed out is abandoned, but a wedged engine still counts it as running or waiting: it never
+    gets to the abort). A line whose running and waiting requests could all be those probes has
+    nothing in flight that progresses: wedged, not busy."""
     gone = {name: s for name, s in ranks.items() if s != "running" and s not in STARTING}
     if gone:
         return Verdict("down", "; ".join(f"{name}: rank {s or 'absent'}" for name, s in gone.items()))
@@ -47,6 +52,13 @@ def classify(ranks: Mapping[str, str], live: Liveness) -> Verdict:
     if live.state == "alive":
         return Verdict("ready", live.detail)
     if live.state == "busy":
+        load = live.load
+        if load is not None and load.running + load.waiting <= own_in_flight:
+            return Verdict(
+                "wedged",
+                f"no completion in time, and the {load.running + load.waiting} request(s) running or waiting "
+                f"may all be this watcher's own {own_in_flight} timed-out probe(s): nothing else is in flight",
+            )
         return Verdict("busy", live.detail)
     if live.state == "down":  # no connection: the engine is not listening (yet)
         if starting:

@@ -1239,9 +1239,15 @@ def _age(stamp: str) -> float | None:
 
 
 def status(
-    plan: Plan, nodes: Sequence[Node], secrets: Mapping[str, Secret], *, probe_timeout: float = 10.0
+    plan: Plan,
+    nodes: Sequence[Node],
+    secrets: Mapping[str, Secret],
+    *,
+    probe_timeout: float = 10.0,
+    others_in_flight: int = 0,
 ) -> dict[str, object]:
-    """Each node's rank and the line's liveness, as JSON values."""
+    """Each node's rank and the line's liveness, as JSON values. ``others_in_flight``: probes of
+    the caller that timed out before this one and may still be in flight (the watchdog's)."""
     from tp4.serving import api
 
     results = parallel(nodes, _node_status)
@@ -1264,7 +1270,9 @@ def status(
     record = load_run(plan)
     from tp4.serving.linestate import classify  # the one classification `tp4 watch` acts on
 
-    verdict = classify({str(i.get("node")): str(i.get("state") or "") for i in node_info if isinstance(i, dict)}, live)
+    ranks = {str(i.get("node")): str(i.get("state") or "") for i in node_info if isinstance(i, dict)}
+    # this probe's own request, when it timed out, and the caller's earlier ones
+    verdict = classify(ranks, live, own_in_flight=1 + others_in_flight)
     digests = {
         str(i.get("node")): (str(i.get("state") or ""), str(i.get("plan") or ""))
         for i in node_info

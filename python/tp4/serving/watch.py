@@ -416,10 +416,16 @@ class Watchdog:
         # stopped on purpose before the watch began, is left alone until it is up)
         self.armed = False
         self.looks = 0
+        self.timed_out = 0
 
     def look(self) -> Look:
         ranks, live = self.look_()
-        got = Look(self.clock(), ranks, live, classify(ranks, live))
+        # the probes that timed out on consecutive looks, this one included, may all still be in
+        # flight; counted up to the confirmation (a wedge is acted on by then), so that the late
+        # answers of a slow but progressing line never outnumber its real requests
+        self.timed_out = self.timed_out + 1 if live.state in ("busy", "wedged") else 0
+        own = min(self.timed_out, self.settings.confirm)
+        got = Look(self.clock(), ranks, live, classify(ranks, live, own_in_flight=own))
         self.history.append(got)
         with self.gauges.lock:
             self.gauges.state = got.verdict.state
@@ -549,8 +555,14 @@ def evidence(
             missing.append(f"{node.name}: log: {getattr(got, 'message', str(got)).splitlines()[0]}")
         else:
             put(f"log-rank{node.rank.rank}-{node.name}.txt", "\n".join(str(x) for x in got) + "\n")  # type: ignore[attr-defined]
+    stuck = 0  # the watchdog's probes that timed out on the last looks: they may still be in flight
+    for look in reversed(history):
+        if look.live.state not in ("busy", "wedged"):
+            break
+        stuck += 1
     try:
-        put("status.json", json.dumps(serve.status(plan, nodes, secrets, probe_timeout=5), indent=2, sort_keys=True))
+        now = serve.status(plan, nodes, secrets, probe_timeout=5, others_in_flight=stuck)
+        put("status.json", json.dumps(now, indent=2, sort_keys=True))
     except Tp4Error as exc:
         missing.append(f"status: {exc.message.splitlines()[0]}")
     record = serve.load_run(plan)
