@@ -313,3 +313,49 @@ def test_a_bad_metrics_address_is_refused(bad: str) -> None:
     with pytest.raises(InvalidInput, match="--metrics"):
         w.parse_listen(bad)
     assert w.parse_listen("off") is None and w.parse_listen("127.0.0.1:9478") == ("127.0.0.1", 9478)
+
+
+def test_install_writes_a_unit_systemd_accepts_with_the_watch_argv_intact(tmp_path: Path) -> None:
+    """`tp4 watch --install` on a plain head: systemd-analyze verifies the unit, and systemd
+    parses ExecStart= back into exactly the argv (a path with a space, % and $ included)."""
+    import shutil
+    import subprocess
+    import sys
+
+    assert shutil.which("systemd-analyze"), "systemd-analyze (package systemd) is needed"
+    repo = Path(__file__).resolve().parent.parent
+    units = tmp_path / "units"
+    units.mkdir()
+    odd = tmp_path / "ev 50%$HOME.jsonl"
+    proc = subprocess.run(
+        [sys.executable, "-m", "tp4", "watch", "--install", "--unit-dir", str(units)]
+        + ["--profile", str(repo / "examples/fleet/profile.toml"), "--events", str(odd), "--interval", "5"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(repo / "python"), "XDG_STATE_HOME": str(tmp_path / "state")},
+        timeout=60,
+    )
+    assert proc.returncode == 0, proc.stderr
+    unit = units / "tp4-watch.service"
+    assert f"wrote {unit}" in proc.stdout and unit.stat().st_mode & 0o777 == 0o644
+    text = unit.read_text()
+    assert "RestartPreventExitStatus=3" in text and "NoNewPrivileges=yes" in text
+    assert f'ReadWritePaths="{tmp_path / "state"}"' in text
+    verify = subprocess.run(["systemd-analyze", "verify", str(unit)], capture_output=True, text=True, timeout=60)
+    assert verify.returncode == 0, verify.stderr
+    words = [w.replace("$$", "$").replace("%%", "%") for w in _exec_words(text)]
+    assert words[:4] == [sys.executable, "-m", "tp4", "watch"]
+    assert words[words.index("--events") + 1] == str(odd)
+    assert words[words.index("--interval") + 1] == "5"
+
+
+def _exec_words(text: str) -> list[str]:
+    import shlex
+
+    line = next(x for x in text.splitlines() if x.startswith("ExecStart="))
+    return shlex.split(line.removeprefix("ExecStart="))
+
+
+def test_a_word_a_unit_cannot_carry_is_refused() -> None:
+    with pytest.raises(InvalidInput, match="control character"):
+        w.unit_text(["tp4", "a\nb"], user="u", state_home="/s")

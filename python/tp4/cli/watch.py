@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import click
 
@@ -65,6 +66,18 @@ from tp4.cli.common import (
     metavar="HOST:PORT|off",
     help="Where the Prometheus metrics are served (GET /metrics).",
 )
+@click.option(
+    "--install",
+    is_flag=True,
+    help="Write the systemd unit tp4-watch.service (this watch, as you) into --unit-dir instead of watching.",
+)
+@click.option(
+    "--unit-dir",
+    default="/etc/systemd/system",
+    show_default=True,
+    metavar="DIR",
+    help="Where --install writes the unit.",
+)
 @click.option("--looks", type=Int(1, 10**9), default=None, hidden=True, help="Stop after this many looks (tests).")
 @sysfs_option
 @ssh_option
@@ -80,6 +93,8 @@ def watch(
     events_out: str | None,
     webhook_file: str | None,
     metrics: str,
+    install: bool,
+    unit_dir: str,
     looks: int | None,
     sysfs: str,
     ssh_options: tuple[str, ...],
@@ -95,11 +110,28 @@ def watch(
     from tp4.serving import watch as w
 
     sysfs = sysfs_root(sysfs)
+    if install or unit_dir != "/etc/systemd/system":
+        _unit_dir(unit_dir)
     listen = w.parse_listen(metrics)
     webhook = w.read_webhook(webhook_file) if webhook_file else None
     if events_out:
         w.events_file(events_out)
     served = load_served(profile_path, strict, ssh_options)
+    if install:
+        from pathlib import Path
+
+        options = [
+            *("--interval", f"{interval:g}", "--probe-timeout", f"{probe_timeout:g}", "--confirm", str(confirm)),
+            *("--max-restarts", str(max_restarts), "--window", f"{window:g}", "--backoff", f"{backoff:g}"),
+            *(["--events", str(Path(events_out).resolve())] if events_out else []),
+            *(["--webhook-file", str(Path(webhook_file).resolve())] if webhook_file else []),
+            *("--metrics", metrics),
+            *(["--sysfs", sysfs] if sysfs != "/sys" else []),
+            *[f"--ssh-option={o}" for o in ssh_options],
+            *(["--strict"] if strict else []),
+        ]
+        _install(unit_dir, served.line.choice.path, options)
+        return
     plan, nodes, secrets = served.plan, served.nodes, served.secrets
     loaded = served.line.loaded
     opts = serve_mod.Options(
@@ -138,3 +170,46 @@ def watch(
     finally:
         if server is not None:
             server.close()
+
+
+def _install(unit_dir: str, profile: str | None, options: list[str]) -> None:
+    """Write tp4-watch.service: this watch (its options as given, paths made absolute) as the
+    current user, its state where that user's `tp4 status` reads it."""
+    import getpass
+    from pathlib import Path
+
+    from tp4.core import dirs, privatefiles
+    from tp4.core.errors import InvalidInput
+    from tp4.serving import watch as w
+
+    d = _unit_dir(unit_dir)
+    if profile is None:
+        raise InvalidInput("--install: the line's profile is the embedded example; fix: --profile FILE")
+    argv = [sys.executable, "-m", "tp4", "watch", "--profile", str(Path(profile).resolve()), *options]
+    text = w.unit_text(argv, user=getpass.getuser(), state_home=str(dirs.state_dir().parent))
+    path = d / w.UNIT_NAME
+    try:
+        privatefiles.replace_file(path, text, 0o644)
+    except OSError as exc:
+        raise InvalidInput(
+            f"--unit-dir {unit_dir}: cannot write {w.UNIT_NAME} ({exc.strerror}); fix: run as root, or another --unit-dir"
+        ) from None
+    click.echo(f"wrote {path}; start it: systemctl daemon-reload && systemctl enable --now {w.UNIT_NAME}")
+
+
+def _unit_dir(unit_dir: str) -> Path:
+    """--unit-dir, checked before anything runs: an existing directory."""
+    import os
+    import stat
+
+    from tp4.core.errors import InvalidInput
+
+    try:
+        is_dir = stat.S_ISDIR(os.stat(unit_dir).st_mode)
+    except (OSError, ValueError):
+        is_dir = False
+    if not is_dir:
+        raise InvalidInput(
+            f"--unit-dir {unit_dir!r}: not a directory; fix: the systemd unit directory (/etc/systemd/system)"
+        )
+    return Path(unit_dir)

@@ -600,3 +600,60 @@ def stop_line(nodes: Sequence[Node], progress: Echo) -> list[str]:
     from tp4.serving import serve
 
     return serve.stop_nodes(nodes, progress)
+
+
+# --- the unit of a plain head ----------------------------------------------------------------------
+
+UNIT_NAME = "tp4-watch.service"
+
+
+def _unit_word(word: str, *, command: bool = False) -> str:
+    """One word of a unit setting, quoted for systemd (systemd.service "Command lines",
+    systemd.unit "Specifiers"): in double quotes, backslash and quote escaped, ``%`` doubled (a
+    specifier); in a command line (``command``) ``$`` doubled too (a variable there). A word with
+    a control character is refused (a unit file is line-based)."""
+    if any(ord(c) < 32 or ord(c) == 127 for c in word):
+        raise InvalidInput(f"--install: {word!r} holds a control character, which a unit file cannot carry")
+    escaped = word.replace("\\", "\\\\").replace('"', '\\"').replace("%", "%%")
+    if command:
+        escaped = escaped.replace("$", "$$")
+    return f'"{escaped}"'
+
+
+def unit_text(argv: Sequence[str], *, user: str, state_home: str) -> str:
+    """The systemd unit `tp4 watch --install` writes on a plain head: ``argv`` (the watch itself,
+    without --install) as the operator ``user``, its state where that user's `tp4 status` reads it,
+    restarted on failure but not after giving up (exit 3), with the sandboxing a service that only
+    talks to the network and writes its state directory needs."""
+    return "\n".join(
+        [
+            "# written by `tp4 watch --install` (docs/watch.md)",
+            "[Unit]",
+            "Description=tp4 watch: the line's watchdog",
+            "Wants=network-online.target",
+            "After=network-online.target",
+            "",
+            "[Service]",
+            "Type=simple",
+            f"User={user}",
+            f"Environment={_unit_word('XDG_STATE_HOME=' + state_home)}",
+            "ExecStart=" + " ".join(_unit_word(w, command=True) for w in argv),
+            "Restart=on-failure",
+            "RestartSec=30",
+            f"RestartPreventExitStatus={EXIT_GAVE_UP}",
+            "NoNewPrivileges=yes",
+            "PrivateTmp=yes",
+            "ProtectSystem=strict",
+            "ProtectHome=read-only",
+            f"ReadWritePaths={_unit_word(state_home)}",
+            "ProtectKernelTunables=yes",
+            "ProtectKernelModules=yes",
+            "ProtectControlGroups=yes",
+            "RestrictSUIDSGID=yes",
+            "LockPersonality=yes",
+            "",
+            "[Install]",
+            "WantedBy=multi-user.target",
+            "",
+        ]
+    )
