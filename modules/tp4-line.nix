@@ -246,6 +246,11 @@ in
           RestartPreventExitStatus = 3;
         };
       };
+      # scrapeConfigs: a list of scrape_config submodules (job_name, static_configs = a list of
+      # { targets; labels }), nixpkgs nixos/modules/services/monitoring/prometheus/default.nix
+      # (promTypes.scrape_config, promTypes.static_config, options.services.prometheus.scrapeConfigs;
+      # read in the stored copy at 020e024506ab147265c4a5757af92da617ef2dfb, the pinned commit is
+      # not stored; the same shape at 80f38e9032a8fc3af44a04800e1e149f30b00603)
       services.prometheus.scrapeConfigs = mkIf (config.services.prometheus.enable or false) [
         {
           job_name = "tp4-watch";
