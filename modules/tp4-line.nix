@@ -33,6 +33,15 @@ let
     else
       throw "tp4.package: the rank's readiness unit runs tp4's boot-log check (tp4 bootlog wait) and no tp4 is set; fix: use the flake's nixosModules (they set tp4.package) or set tp4.package to the flake's packages.<system>.tp4";
   r = config.tp4.settings.rankUnit;
+  # the rank unit's hardening (modules/lib/rank.nix `hardening`), without its limits and restarts
+  watchHardening = builtins.intersectAttrs {
+    NoNewPrivileges = null;
+    LockPersonality = null;
+    RestrictRealtime = null;
+    SystemCallArchitectures = null;
+    RestrictAddressFamilies = null;
+  } r.serviceConfig;
+  linePlan = builtins.fromJSON (builtins.readFile config.tp4.planFile);
   serviceName = lib.removeSuffix ".service" r.unit;
   users = lib.unique (map (d: d.user) r.directories);
   # above oci-containers' own unit settings (it sets Restart itself), below mkForce
@@ -88,6 +97,36 @@ in
           A docker-archive (or oci-archive) file of the plan's `run.image`, tagged with that name,
           loaded with `<runtime> load -i` instead of {option}`tp4.line.image.stream`.
         '';
+      };
+    };
+
+    watch = {
+      enable = mkEnableOption "tp4-watch.service on the head: `tp4 watch` (docs/watch.md) restarts a wedged line or one whose rank is gone, never a busy one, and keeps the evidence";
+      profile = mkOption {
+        type = types.nullOr types.path;
+        default = null;
+        description = ''
+          The line's profile, the one {option}`tp4.planFile` was written from (`tp4 watch
+          --profile`): the watchdog serves the line again from it after a restart.
+        '';
+      };
+      metricsPort = mkOption {
+        type = types.port;
+        default = 9478;
+        description = ''
+          The loopback port of the watchdog's Prometheus metrics (`--metrics 127.0.0.1:PORT`).
+          With {option}`services.prometheus.enable`, a scrape job `tp4-watch` reads it and a job
+          `tp4-sglang` reads the head's SGLang `/metrics` on the line's API port.
+        '';
+      };
+      extraArgs = mkOption {
+        type = types.listOf types.str;
+        default = [ ];
+        example = [
+          "--interval"
+          "5"
+        ];
+        description = "More options of `tp4 watch` (docs/watch.md), appended to its command line.";
       };
     };
 
@@ -169,5 +208,59 @@ in
 
       systemd.tmpfiles.rules = map (d: "d ${d.path} ${d.mode} ${d.user} - -") r.directories;
     }
+    (mkIf cfg.watch.enable {
+      assertions = [
+        {
+          assertion = config.tp4.settings.rank == 0;
+          message = "tp4.line.watch: ${config.tp4.node} is not the line's head; fix: enable the watchdog on the head only";
+        }
+        {
+          assertion = cfg.watch.profile != null;
+          message = "tp4.line.watch.profile: the watchdog serves the line again from its profile and none is set; fix: set it to the profile the plan file was written from";
+        }
+      ];
+      # `tp4 watch` in the foreground, as a service: restarted on failure, not after it gave up
+      # and stopped the line (exit 3); hardened like the rank unit (its `hardening`,
+      # modules/lib/rank.nix), its events and evidence in its state directory
+      systemd.services.tp4-watch = {
+        description = "tp4 watch: the line's watchdog (docs/watch.md)";
+        wantedBy = [ "multi-user.target" ];
+        wants = [ "network-online.target" ];
+        after = [ "network-online.target" ];
+        environment.XDG_STATE_HOME = "/var/lib/tp4-watch";
+        serviceConfig = watchHardening // {
+          ExecStart = escapeSystemdExecArgs (
+            [
+              "${tp4}/bin/tp4"
+              "watch"
+              "--profile"
+              "${cfg.watch.profile}"
+              "--metrics"
+              "127.0.0.1:${toString cfg.watch.metricsPort}"
+            ]
+            ++ cfg.watch.extraArgs
+          );
+          StateDirectory = "tp4-watch";
+          Restart = "on-failure";
+          RestartSec = "30s";
+          RestartPreventExitStatus = 3;
+        };
+      };
+      # scrapeConfigs: a list of scrape_config submodules (job_name, static_configs = a list of
+      # { targets; labels }), nixpkgs nixos/modules/services/monitoring/prometheus/default.nix
+      # (promTypes.scrape_config, promTypes.static_config, options.services.prometheus.scrapeConfigs;
+      # read in the stored copy at 020e024506ab147265c4a5757af92da617ef2dfb, the pinned commit is
+      # not stored; the same shape at 80f38e9032a8fc3af44a04800e1e149f30b00603)
+      services.prometheus.scrapeConfigs = mkIf (config.services.prometheus.enable or false) [
+        {
+          job_name = "tp4-watch";
+          static_configs = [ { targets = [ "127.0.0.1:${toString cfg.watch.metricsPort}" ]; } ];
+        }
+        {
+          job_name = "tp4-sglang";
+          static_configs = [ { targets = [ "127.0.0.1:${toString linePlan.line.api_port}" ]; } ];
+        }
+      ];
+    })
   ]);
 }

@@ -4,7 +4,8 @@
 #   bash python/setup.sh          the CLI only (enough for `tp4 plan`, `tp4 profile`)
 #   bash python/setup.sh --test   also the system tools and Python packages the tests use
 #                                 (nix, busybox, sshd, podman, docker, skopeo, umoci, iproute2, iptables, g++, binutils,
-#                                 nfs-ganesha + its VFS backend, libnfs-utils; the dev group, and the router
+#                                 nfs-ganesha + its VFS backend, libnfs-utils,
+#                                 prometheus; the dev group, and the router
 #                                 group: SGLang's router, which tp4 fleet runs)
 set -euo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -41,6 +42,8 @@ if [ "$want_test" = 1 ]; then
   need readelf binutils
   need objdump binutils
   need patch patch
+  # tp4 watch's metrics test scrapes the watchdog with the real Prometheus
+  need prometheus prometheus
   # tp4 share's tests: a user-space NFS server (VFS backend) in the head's namespace, a user-space client
   need ganesha.nfsd nfs-ganesha
   [ -e /usr/lib/x86_64-linux-gnu/ganesha/libfsalvfs.so ] || [ -e /usr/lib/aarch64-linux-gnu/ganesha/libfsalvfs.so ] || apt_pkgs+=(nfs-ganesha-vfs)

@@ -179,11 +179,11 @@ def fixture_config(
           ring = {{ meshUp = {mesh}; meshDown = {mesh}; marker = {{ package = {marker}; program = "mlx5-rdma-tx-rewrite-probe"; }}; }};
           kernel = {{ version = {json.dumps(declared_default(MODULES / "spark-host.nix", "tp4.host.kernel.version"))}; allowOther = false; }};
         }};
-        line = {{ enable = true; image = {image}; autoStart = false; }};
+        line = {{ enable = true; image = {image}; autoStart = false; watch = {{ enable = {"true" if name == "spark1" else "false"}; profile = {nix_path(EXAMPLE / "profile.toml")}; metricsPort = {declared_default(MODULES / "tp4-line.nix", "tp4.line.watch.metricsPort")}; extraArgs = [ ]; }}; }};
         router = {{ enable = {"true" if router else "false"}; fleetPlan = {nix_path(router) if router else "null"}; fleet = null; package = null; python = null; openFirewall = true; }};
       }};
       boot = {{ kernelParams = {kernel_params}; kernelPackages.kernel = {nix_attrs(kernel)}; }};
-      services = {{ xserver.enable = false; displayManager = {{ enable = false; gdm.enable = false; }}; desktopManager.gnome.enable = false; }};
+      services = {{ xserver.enable = false; displayManager = {{ enable = false; gdm.enable = false; }}; desktopManager.gnome.enable = false; prometheus.enable = true; }};
       users.users.tp4 = {{ }};
       virtualisation.podman.package = "/nix/store/podman";
       hardware.nvidia.package.bin = "/nix/store/nvidia-bin";
@@ -458,6 +458,28 @@ def test_the_rank_unit_is_hardened_as_far_as_its_runtime_allows(walks):
     section = docs.split("## Hardening of the rank unit", 1)[1].split("\n## ", 1)[0]
     rows = {m.group(1): m.group(2) for m in re.finditer(r"^\| `([A-Za-z]+)` \| (applied|left out) \|", section, re.M)}
     assert rows == {k: "applied" if k in HARDENING else "left out" for k in OLLAMA}
+
+
+def test_the_watchdog_runs_on_the_head_hardened_like_the_rank_with_its_scrape_jobs(walks, lines):
+    """tp4.line.watch.enable on the head: tp4-watch.service runs `tp4 watch` on the profile with
+    the rank unit's hardening, restarted on failure but not after it gave up (exit 3), and
+    services.prometheus (enabled in the fixture) gets a job for the watchdog's loopback metrics
+    and one for the head's SGLang /metrics on the line's API port."""
+    head = walks[("tp4-line.nix", "head")]
+    sc = value(head, "systemd.services.tp4-watch.serviceConfig")
+    assert {k: sc[k] for k in HARDENING} == HARDENING
+    assert sc["Restart"] == "on-failure" and sc["RestartPreventExitStatus"] == 3
+    assert sc["StateDirectory"] == "tp4-watch"
+    exec_start = sc["ExecStart"]
+    assert exec_start.startswith('"/nix/store/tp4/bin/tp4" "watch" "--profile" ')
+    assert '"--metrics" "127.0.0.1:9478"' in exec_start
+    api_port = json.loads(lines["switched"][1].read_text())["line"]["api_port"]
+    jobs = value(head, "services.prometheus.scrapeConfigs")
+    assert [j["job_name"] for j in jobs] == ["tp4-watch", "tp4-sglang"]
+    assert jobs[0]["static_configs"] == [{"targets": ["127.0.0.1:9478"]}]
+    assert jobs[1]["static_configs"] == [{"targets": [f"127.0.0.1:{api_port}"]}]
+    worker = walks[("tp4-line.nix", "worker")]
+    assert not [s for s in worker["set"] if s["path"].startswith(("systemd.services.tp4-watch", "services.prometheus"))]
 
 
 def test_the_readiness_unit_runs_beside_the_rank_and_is_bounded(walks):

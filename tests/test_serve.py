@@ -92,7 +92,7 @@ def test_a_clean_serve_is_ready_and_a_clean_stop_leaves_nothing(line: LineCluste
     status = tp4("status", "--profile", profile, "--json")
     assert status.returncode == 0, status.stderr
     data = json.loads(status.stdout)
-    assert data["liveness"]["state"] == "alive"
+    assert data["liveness"]["state"] == "alive" and data["state"] == "ready"
     assert [n["state"] for n in data["nodes"]] == ["running"] * 4
     assert data["boot"]["ok"] is True and data["boot"]["signature"]["warmup_tps_median"] > 0
 
@@ -361,8 +361,10 @@ def test_status_finds_the_wedge_and_tells_busy_from_wedged(line: LineCluster, tm
     assert proc.returncode == 0, proc.stderr
     status = tp4("status", "--profile", wedged, "--json", "--probe-timeout", "2")
     assert status.returncode == 1
-    live = json.loads(status.stdout)["liveness"]
+    data = json.loads(status.stdout)
+    live = data["liveness"]
     assert live["state"] == "wedged" and "health 200" in live["detail"]
+    assert data["state"] == "wedged"  # the classification `tp4 watch` acts on (tp4.serving.watch.classify)
     assert tp4("stop", "--profile", wedged).returncode == 0
     assert_nothing_left(line)
 
@@ -373,6 +375,7 @@ def test_status_finds_the_wedge_and_tells_busy_from_wedged(line: LineCluster, tm
     status = tp4("status", "--profile", busy, "--probe-timeout", "2")
     assert status.returncode == 0, status.stdout + status.stderr
     assert ": busy (running " in status.stdout
+    assert "state: busy: " in status.stdout
     assert tp4("stop", "--profile", busy).returncode == 0
     assert_nothing_left(line)
 

@@ -60,6 +60,11 @@ SUBCOMMANDS: dict[str, tuple[str, str, str]] = {
         "Each node's rank and the line's liveness (a real completion; busy is not wedged).",
     ),
     "logs": ("tp4.cli.serve", "logs", "A rank's log."),
+    "watch": (
+        "tp4.cli.watch",
+        "watch",
+        "Watch the line: restart it when it is wedged or a rank is down (never when busy); metrics, events.",
+    ),
     "bootlog": (
         "tp4.cli.bootlog",
         "bootlog",

@@ -379,6 +379,8 @@ def render_status(data: dict[str, object]) -> list[str]:
     if isinstance(live, dict):
         load = "" if live.get("running") is None else f" (running {live.get('running')}, waiting {live.get('waiting')})"
         lines.append(f"line {data.get('api')}: {live.get('state')}{load}: {live.get('detail')}")
+    if data.get("state"):
+        lines.append(f"state: {data.get('state')}: {data.get('state_detail')}")
     boot = data.get("boot")
     if isinstance(boot, dict):
         sig = boot.get("signature") if isinstance(boot.get("signature"), dict) else {}

@@ -183,7 +183,8 @@ def status(
     """Each node's rank (state, uptime, image, the digest of the plan it runs from, last log line)
     and the line: a real one-token completion, running and waiting requests (busy is not wedged),
     the current boot's signature, and whether the line runs this plan (else the fields that
-    differ). Exit 1 when the line is neither alive nor busy."""
+    differ). The line's state is the one `tp4 watch` acts on: ready, busy, wedged, down or booting.
+    Exit 1 when the line is neither ready nor busy."""
     from tp4.serving import serve as serve_mod
 
     plan, nodes, secrets = _line(profile_path, strict, ssh_options)
@@ -195,8 +196,7 @@ def status(
             for line in render_status(data):
                 click.echo(line)
         if not watch:
-            live = data.get("liveness")
-            if isinstance(live, dict) and live.get("state") not in ("alive", "busy"):
+            if data.get("state") not in ("ready", "busy"):
                 raise SystemExit(1)
             return
         time.sleep(interval)

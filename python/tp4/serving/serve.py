@@ -1272,9 +1272,15 @@ def _age(stamp: str) -> float | None:
 
 
 def status(
-    plan: Plan, nodes: Sequence[Node], secrets: Mapping[str, Secret], *, probe_timeout: float = 10.0
+    plan: Plan,
+    nodes: Sequence[Node],
+    secrets: Mapping[str, Secret],
+    *,
+    probe_timeout: float = 10.0,
+    others_in_flight: int = 0,
 ) -> dict[str, object]:
-    """Each node's rank and the line's liveness, as JSON values."""
+    """Each node's rank and the line's liveness, as JSON values. ``others_in_flight``: probes of
+    the caller that timed out before this one and may still be in flight (the watchdog's)."""
     from tp4.serving import api
 
     results = parallel(nodes, _node_status)
@@ -1295,6 +1301,11 @@ def status(
     ep = endpoint(plan, secrets)
     live = api.probe(ep, probe_timeout)
     record = load_run(plan)
+    from tp4.serving.linestate import classify  # the one classification `tp4 watch` acts on
+
+    ranks = {str(i.get("node")): str(i.get("state") or "") for i in node_info if isinstance(i, dict)}
+    # this probe's own request, when it timed out, and the caller's earlier ones
+    verdict = classify(ranks, live, own_in_flight=1 + others_in_flight)
     digests = {
         str(i.get("node")): (str(i.get("state") or ""), str(i.get("plan") or ""))
         for i in node_info
@@ -1305,6 +1316,8 @@ def status(
         "line": line_id(plan),
         "api": plan.line.api,
         "nodes": node_info,
+        "state": verdict.state,
+        "state_detail": verdict.detail,
         "liveness": {
             "state": live.state,
             "detail": live.detail,

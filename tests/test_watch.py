@@ -1,0 +1,361 @@
+"""`tp4 watch`'s core without a cluster: the classification `tp4 status` shares, the confirmation
+of a wedge over consecutive looks, the restart bound and its back-off, the events (file, webhook
+read from a file of mode 0600), the Prometheus text on loopback."""
+
+from __future__ import annotations
+
+import http.server
+import json
+import os
+import threading
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tp4.core.errors import InvalidInput, Tp4Error
+from tp4.serving.api import Liveness, Load
+from tp4.serving import watch as w
+from tp4.serving.linestate import classify
+
+RUNNING = {"a": "running", "b": "running"}
+ALIVE = Liveness("alive", "one token in 0.05 s", 0.05, 200)
+BUSY = Liveness("busy", "no completion within 2 s, but 4 running and 1 waiting", 2.0, 200, Load(4, 1))
+WEDGED = Liveness(
+    "wedged", "health 200 but no completion within 2 s, and nothing running or waiting", 2.0, 200, Load(0, 0)
+)
+NOCONN = Liveness("down", "connection refused", 0.0)
+ERROR = Liveness("error", "HTTP 503", 0.1, 200)
+
+
+@pytest.mark.parametrize(
+    ("ranks", "live", "state"),
+    [
+        (RUNNING, ALIVE, "ready"),
+        (RUNNING, BUSY, "busy"),
+        (RUNNING, WEDGED, "wedged"),
+        (RUNNING, ERROR, "wedged"),
+        (RUNNING, NOCONN, "booting"),
+        ({"a": "running", "b": "created"}, NOCONN, "booting"),
+        ({"a": "running", "b": "exited"}, ALIVE, "down"),  # a survivor answering does not make the line ready
+        ({"a": "running", "b": "absent"}, WEDGED, "down"),
+        ({"a": "running", "b": "unreachable"}, BUSY, "down"),
+        ({"a": "exited", "b": "exited"}, NOCONN, "down"),
+    ],
+)
+def test_one_classification(ranks: dict[str, str], live: Liveness, state: str) -> None:
+    got = classify(ranks, live)
+    assert got.state == state
+    if state == "down":
+        assert all(f"{n}: rank" in got.detail for n, s in ranks.items() if s not in ("running", "created"))
+
+
+def test_requests_that_may_all_be_the_probes_own_are_no_progress() -> None:
+    one = Liveness("busy", "no completion within 2 s, but 1 running and 0 waiting", 2.0, 200, Load(1, 0))
+    assert classify(RUNNING, one).state == "busy"
+    got = classify(RUNNING, one, own_in_flight=1)
+    assert got.state == "wedged" and "own 1 timed-out probe(s)" in got.detail
+    assert classify(RUNNING, BUSY, own_in_flight=3).state == "busy"  # 5 in flight: others' too
+    assert classify(RUNNING, BUSY, own_in_flight=5).state == "wedged"
+
+
+def test_the_watchdog_counts_its_own_stuck_probes(tmp_path: Path) -> None:
+    stuck = [Liveness("busy", "x", 2.0, 200, Load(n, 0)) for n in (1, 2, 3)]
+    fake = Fake([(RUNNING, ALIVE)] + [(RUNNING, s) for s in stuck] + [(RUNNING, ALIVE)])
+    dog, _ = fake.dog(tmp_path)
+    dog.run(looks=5)
+    assert fake.restarts == 1 and fake.bundles[0] == ("wedged", ["ready", "wedged", "wedged", "wedged"])
+
+
+def test_a_wedge_is_acted_on_only_after_k_consecutive_looks() -> None:
+    c = w.Confirm(3)
+    assert [c.see(s) for s in ("wedged", "wedged", "busy", "wedged", "wedged")] == [False] * 5
+    assert c.see("wedged") is True
+    c = w.Confirm(3)
+    assert [c.see(s) for s in ("busy",) * 10] == [False] * 10  # busy is never acted on
+    c = w.Confirm(2)
+    assert [c.see(s) for s in ("down", "down")] == [False, True]
+
+
+def test_the_restart_budget_backs_off_and_is_bounded() -> None:
+    b = w.RestartBudget(limit=3, window=3600, backoff=30)
+    assert b.allowed(0) and b.wait(0) == 0
+    b.record(0)
+    assert b.wait(10) == 30
+    b.record(40)
+    assert b.wait(50) == 60
+    b.record(110)
+    assert not b.allowed(120)
+    assert b.allowed(3601) and b.wait(3601) == 60  # the first restart left the window
+
+
+class Fake:
+    """A line for the watchdog: a script of looks; restarts and stops recorded."""
+
+    def __init__(self, looks: list[tuple[dict[str, str], Liveness]], fail_restart: bool = False) -> None:
+        self.looks, self.restarts, self.stops, self.bundles = list(looks), 0, 0, []
+        self.fail_restart = fail_restart
+        self.now = 1000.0
+        self.slept: list[float] = []
+
+    def look(self) -> tuple[dict[str, str], Liveness]:
+        return self.looks.pop(0)
+
+    def restart(self) -> None:
+        from tp4.core.errors import Tp4Error
+
+        self.restarts += 1
+        if self.fail_restart:
+            raise Tp4Error("node2: rank exited: boom")
+
+    def stop(self) -> list[str]:
+        self.stops += 1
+        return []
+
+    def evidence(self, state: str, history: list[w.Look]) -> Path:
+        self.bundles.append((state, [h.verdict.state for h in history]))
+        return Path(f"/evidence/{len(self.bundles)}")
+
+    def sleep(self, s: float) -> None:
+        self.slept.append(s)
+        self.now += s
+
+    def dog(self, tmp_path: Path, **settings: float) -> tuple[w.Watchdog, list[str]]:
+        echoed: list[str] = []
+        events = w.Events(echoed.append, tmp_path / "events.jsonl", clock=lambda: self.now)
+        dog = w.Watchdog(
+            w.Settings(**settings),  # type: ignore[arg-type]
+            events,
+            w.Gauges(line="l"),
+            look=self.look,
+            restart=self.restart,
+            stop=self.stop,
+            evidence=self.evidence,
+            clock=lambda: self.now,
+            sleep=self.sleep,
+        )
+        return dog, echoed
+
+
+def events(tmp_path: Path) -> list[dict[str, object]]:
+    return [json.loads(line) for line in (tmp_path / "events.jsonl").read_text().splitlines()]
+
+
+def test_a_busy_line_is_never_restarted(tmp_path: Path) -> None:
+    fake = Fake([(RUNNING, BUSY)] * 20)
+    dog, _ = fake.dog(tmp_path, interval=15)
+    dog.run(looks=20)
+    assert fake.restarts == 0 and fake.bundles == []
+    assert [(e["event"], e["state"]) for e in events(tmp_path)] == [("state", "busy"), ("armed", "busy")]
+    assert fake.slept == [15.0] * 19
+
+
+def test_a_wedge_confirmed_three_times_saves_the_evidence_and_restarts(tmp_path: Path) -> None:
+    fake = Fake(
+        [(RUNNING, ALIVE), (RUNNING, WEDGED), (RUNNING, WEDGED), (RUNNING, BUSY)]
+        + [(RUNNING, WEDGED)] * 3
+        + [(RUNNING, ALIVE)]
+    )
+    dog, echoed = fake.dog(tmp_path)
+    dog.run(looks=8)
+    assert fake.restarts == 1
+    assert fake.bundles == [("wedged", ["ready", "wedged", "wedged", "busy", "wedged", "wedged", "wedged"])]
+    kinds = [(e["event"], e["state"]) for e in events(tmp_path)]
+    assert kinds == [
+        ("state", "ready"),
+        ("armed", "ready"),
+        ("state", "wedged"),
+        ("state", "busy"),
+        ("state", "wedged"),
+        ("restart", "wedged"),
+        ("ready", "ready"),
+    ]
+    assert any("evidence in /evidence/1" in line for line in echoed)
+    assert dog.gauges.wedges == 1 and dog.gauges.restarts == 1
+
+
+def test_past_the_bound_the_line_is_stopped_and_the_watchdog_says_so(tmp_path: Path) -> None:
+    fake = Fake([(RUNNING, BUSY)] + [({"a": "running", "b": "exited"}, ALIVE)] * 6)
+    dog, _ = fake.dog(tmp_path, confirm=1, max_restarts=2, backoff=30)
+    with pytest.raises(w.GaveUp, match="after 2 restarts within 3600 s: stopped it; evidence in /evidence/3"):
+        dog.run(looks=7)
+    assert fake.restarts == 2 and fake.stops == 1
+    assert 30.0 in fake.slept  # the second restart waited the back-off
+    assert [e["event"] for e in events(tmp_path)][-1] == "gave-up"
+
+
+def test_a_restart_that_fails_is_an_event_and_the_next_down_look_acts(tmp_path: Path) -> None:
+    fake = Fake(
+        [(RUNNING, ALIVE)] + [(RUNNING, WEDGED)] * 2 + [({"a": "absent", "b": "absent"}, NOCONN)] * 2, fail_restart=True
+    )
+    dog, _ = fake.dog(tmp_path, confirm=2, backoff=0)
+    dog.run(looks=5)
+    assert fake.restarts == 3  # after a failed restart each look that finds the line down acts
+    assert [e["event"] for e in events(tmp_path)].count("restart-failed") == 3
+
+
+def test_a_line_never_seen_up_is_not_healed_and_no_node_answering_is_an_error(tmp_path: Path) -> None:
+    fake = Fake(
+        [({"a": "absent", "b": "absent"}, NOCONN)] * 5
+        + [(RUNNING, NOCONN), (RUNNING, ALIVE)]
+        + [({"a": "exited", "b": "running"}, NOCONN)] * 3
+    )
+    dog, _ = fake.dog(tmp_path)
+    dog.run(looks=10)
+    assert fake.restarts == 1 and fake.bundles[0][0] == "down"
+    assert [e["event"] for e in events(tmp_path)] == ["state", "state", "state", "armed", "state", "restart", "ready"]
+    fake = Fake([({"a": "unreachable", "b": "unreachable"}, NOCONN)])
+    dog, _ = fake.dog(tmp_path)
+    with pytest.raises(Tp4Error, match=r"no node of the line answers over ssh \(a, b\)"):
+        dog.run(looks=1)
+
+
+@pytest.mark.parametrize("make", ["missing/x", "dir", "fifo", "link"])
+def test_a_bad_events_file_is_refused(tmp_path: Path, make: str) -> None:
+    p = tmp_path / make
+    if make == "dir":
+        p.mkdir()
+    elif make == "fifo":
+        os.mkfifo(p)
+    elif make == "link":
+        p.symlink_to(tmp_path / "elsewhere")
+    with pytest.raises(InvalidInput, match="--events"):
+        w.events_file(str(p))
+    assert w.events_file(str(tmp_path / "ok.jsonl")) == tmp_path / "ok.jsonl"
+
+
+def test_the_events_file_is_private(tmp_path: Path) -> None:
+    e = w.Events(lambda _: None, tmp_path / "d" / "events.jsonl")
+    e.emit("state", "ready", "x")
+    assert (tmp_path / "d" / "events.jsonl").stat().st_mode & 0o777 == 0o600
+
+
+@pytest.fixture
+def hook() -> Iterator[tuple[str, list[dict[str, object]]]]:
+    got: list[dict[str, object]] = []
+
+    class H(http.server.BaseHTTPRequestHandler):
+        def do_POST(self) -> None:  # noqa: N802
+            got.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
+            self.send_response(204)
+            self.end_headers()
+
+        def log_message(self, *a: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}/hook?token=s3cret", got
+    server.shutdown()
+
+
+def test_the_webhook_gets_each_event_and_its_url_is_never_shown(
+    tmp_path: Path, hook: tuple[str, list[dict[str, object]]]
+) -> None:
+    url, got = hook
+    f = tmp_path / "hook"
+    f.write_text(url + "\n")
+    f.chmod(0o600)
+    echoed: list[str] = []
+    e = w.Events(echoed.append, tmp_path / "events.jsonl", w.read_webhook(str(f)))
+    e.emit("restart", "wedged", "x")
+    assert got and got[0]["event"] == "restart"
+    bad = w.Events(echoed.append, None, "http://127.0.0.1:1/hook?token=s3cret")
+    bad.emit("state", "down", "y")
+    assert "the webhook did not take the event" in echoed[-1]
+    assert not any("s3cret" in line for line in echoed)
+    assert "s3cret" not in (tmp_path / "events.jsonl").read_text()
+
+
+@pytest.mark.parametrize(
+    ("mode", "text", "why"),
+    [
+        (0o644, "http://h/x", "others may read it (mode 0644); fix: chmod 600"),
+        (0o600, "not a url", "does not hold one http(s) URL"),
+        (0o600, "http://h/x http://other/", "does not hold one http(s) URL"),
+    ],
+)
+def test_a_bad_webhook_file_is_refused(tmp_path: Path, mode: int, text: str, why: str) -> None:
+    f = tmp_path / "hook"
+    f.write_text(text)
+    f.chmod(mode)
+    with pytest.raises(InvalidInput, match="--webhook-file") as exc:
+        w.read_webhook(str(f))
+    assert why in exc.value.message and "h/x" not in exc.value.message
+    with pytest.raises(InvalidInput, match="cannot be read"):
+        w.read_webhook(str(tmp_path / "none"))
+    os.symlink(f, tmp_path / "link")
+    with pytest.raises(InvalidInput, match="cannot be read"):
+        w.read_webhook(str(tmp_path / "link"))
+
+
+def test_metrics_on_loopback(tmp_path: Path) -> None:
+    fake = Fake([({"a": "running", "b": "running"}, ALIVE), ({"a": "running", "b": "exited"}, NOCONN)])
+    dog, _ = fake.dog(tmp_path, confirm=5)
+    server = w.Metrics(dog.gauges, ("127.0.0.1", 0))
+    try:
+        dog.step()
+        text = urllib.request.urlopen(f"http://127.0.0.1:{server.port}/metrics").read().decode()
+        assert 'tp4_line_state{line="l",state="ready"} 0' in text
+        assert 'tp4_probe_ttft_seconds{line="l"} 0.050000' in text
+        assert 'tp4_rank_up{line="l",node="b"} 1' in text
+        assert 'tp4_line_restarts_total{line="l"} 0' in text and 'tp4_wedges_total{line="l"} 0' in text
+        dog.step()
+        text = urllib.request.urlopen(f"http://127.0.0.1:{server.port}/metrics").read().decode()
+        assert 'tp4_line_state{line="l",state="down"} 3' in text and 'tp4_rank_up{line="l",node="b"} 0' in text
+    finally:
+        server.close()
+
+
+@pytest.mark.parametrize("bad", ["9478", "host:", ":80", "h:0", "h:70000", "h:x"])
+def test_a_bad_metrics_address_is_refused(bad: str) -> None:
+    with pytest.raises(InvalidInput, match="--metrics"):
+        w.parse_listen(bad)
+    assert w.parse_listen("off") is None and w.parse_listen("127.0.0.1:9478") == ("127.0.0.1", 9478)
+
+
+def test_install_writes_a_unit_systemd_accepts_with_the_watch_argv_intact(tmp_path: Path) -> None:
+    """`tp4 watch --install` on a plain head: systemd-analyze verifies the unit, and systemd
+    parses ExecStart= back into exactly the argv (a path with a space, % and $ included)."""
+    import shutil
+    import subprocess
+    import sys
+
+    assert shutil.which("systemd-analyze"), "systemd-analyze (package systemd) is needed"
+    repo = Path(__file__).resolve().parent.parent
+    units = tmp_path / "units"
+    units.mkdir()
+    odd = tmp_path / "ev 50%$HOME.jsonl"
+    proc = subprocess.run(
+        [sys.executable, "-m", "tp4", "watch", "--install", "--unit-dir", str(units)]
+        + ["--profile", str(repo / "examples/fleet/profile.toml"), "--events", str(odd), "--interval", "5"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(repo / "python"), "XDG_STATE_HOME": str(tmp_path / "state")},
+        timeout=60,
+    )
+    assert proc.returncode == 0, proc.stderr
+    unit = units / "tp4-watch.service"
+    assert f"wrote {unit}" in proc.stdout and unit.stat().st_mode & 0o777 == 0o644
+    text = unit.read_text()
+    assert "RestartPreventExitStatus=3" in text and "NoNewPrivileges=yes" in text
+    assert f'ReadWritePaths="{tmp_path / "state"}"' in text
+    verify = subprocess.run(["systemd-analyze", "verify", str(unit)], capture_output=True, text=True, timeout=60)
+    assert verify.returncode == 0, verify.stderr
+    words = [w.replace("$$", "$").replace("%%", "%") for w in _exec_words(text)]
+    assert words[:4] == [sys.executable, "-m", "tp4", "watch"]
+    assert words[words.index("--events") + 1] == str(odd)
+    assert words[words.index("--interval") + 1] == "5"
+
+
+def _exec_words(text: str) -> list[str]:
+    import shlex
+
+    line = next(x for x in text.splitlines() if x.startswith("ExecStart="))
+    return shlex.split(line.removeprefix("ExecStart="))
+
+
+def test_a_word_a_unit_cannot_carry_is_refused() -> None:
+    with pytest.raises(InvalidInput, match="control character"):
+        w.unit_text(["tp4", "a\nb"], user="u", state_home="/s")

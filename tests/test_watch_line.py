@@ -1,0 +1,152 @@
+"""`tp4 watch` on the netns cluster (real sshd, real podman, the stand-in engine; tests/doctor_hosts.py):
+a line served by `tp4 serve` is wedged through the stand-in's control (/health stays 200, completions
+hang) and then loses a rank; the watchdog confirms each, saves the evidence, restarts the line and
+finds it ready again, its events in the JSON-lines file and its counters on the metrics endpoint.
+A busy line under the same watchdog is never restarted."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from doctor_hosts import SYSFS, DoctorCluster
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DoctorCluster]:
+    with DoctorCluster(tmp_path_factory.mktemp("watch")) as c:
+        c.reset()
+        yield c
+
+
+def env(state: Path) -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": str(REPO / "python"), "XDG_STATE_HOME": str(state)}
+
+
+def tp4(state: Path, *args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "tp4", *args], capture_output=True, text=True, timeout=timeout, env=env(state)
+    )
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def events(path: Path) -> list[dict[str, object]]:
+    try:
+        return [json.loads(line) for line in path.read_text().splitlines()]
+    except FileNotFoundError:
+        return []
+
+
+def wait_event(path: Path, kind: str, count: int, seconds: float, proc: subprocess.Popen[str]) -> None:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if sum(1 for e in events(path) if e["event"] == kind) >= count:
+            return
+        assert proc.poll() is None, f"watch exited {proc.returncode}: {events(path)}"
+        time.sleep(0.5)
+    raise AssertionError(f"no {count}x {kind} within {seconds} s: {[(e['event'], e['state']) for e in events(path)]}")
+
+
+def metrics(port: int) -> str:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
+        return resp.read().decode()
+
+
+def set_wedged(api: str, value: bool) -> None:
+    req = urllib.request.Request(f"{api}/standin/wedge", data=json.dumps({"wedged": value}).encode())
+    with urllib.request.urlopen(req, timeout=10) as resp:
+        assert json.loads(resp.read())["wedged"] is value
+
+
+def watch(state: Path, profile: str, log: Path, port: int, *more: str) -> subprocess.Popen[str]:
+    argv = [sys.executable, "-m", "tp4", "watch", "--profile", profile, "--interval", "1", "--probe-timeout", "2"]
+    argv += ["--confirm", "2", "--backoff", "1", "--events", str(log), "--metrics", f"127.0.0.1:{port}"]
+    argv += ["--sysfs", SYSFS, *more]
+    return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env(state))
+
+
+def test_a_wedge_and_a_lost_rank_are_healed_with_their_evidence(cluster: DoctorCluster, tmp_path: Path) -> None:
+    state, profile, log, port = tmp_path / "state", str(cluster.profile), tmp_path / "events.jsonl", free_port()
+    served = tp4(state, "serve", "--profile", profile, "--sysfs", SYSFS)
+    assert served.returncode == 0, served.stderr
+    proc = watch(state, profile, log, port)
+    try:
+        wait_event(log, "armed", 1, 60, proc)
+        assert 'state="ready"} 0' in metrics(port)
+
+        set_wedged(cluster.api(), True)  # /health stays 200, completions hang
+        wait_event(log, "ready", 1, 240, proc)
+        kinds = [(e["event"], e["state"]) for e in events(log)]
+        assert ("restart", "wedged") in kinds and kinds.index(("state", "wedged")) < kinds.index(("restart", "wedged"))
+        restart = next(e for e in events(log) if e["event"] == "restart")
+        bundle = Path(str(restart["evidence"]))
+        assert bundle.is_relative_to(state / "tp4" / "runs")
+        names = {p.name for p in bundle.iterdir()}
+        assert {"probes.jsonl", "status.json", "boot.json", "roce-counters.json"} <= names, names
+        assert sum(1 for n in names if n.startswith("log-rank")) == 4
+        status = json.loads((bundle / "status.json").read_text())
+        assert status["state"] == "wedged", status["state_detail"]
+        probes = [json.loads(line) for line in (bundle / "probes.jsonl").read_text().splitlines()]
+        assert [p["state"] for p in probes][-2:] == ["wedged", "wedged"]
+        assert set(json.loads((bundle / "roce-counters.json").read_text())) == {n.name for n in cluster.plan.nodes}
+        text = metrics(port)
+        assert 'tp4_line_restarts_total{line="' in text and "tp4_wedges_total" in text
+        assert any(line.startswith("tp4_wedges_total") and line.endswith(" 1") for line in text.splitlines()), text
+        assert 'state="ready"} 0' in text
+
+        # a rank that goes away: down, healed the same way
+        cluster.hosts[2].run("podman", "rm", "-f", "-t", "0", cluster.plan.nodes[2].run.container)
+        wait_event(log, "ready", 2, 240, proc)
+        down = [e for e in events(log) if e["event"] == "restart"][1]
+        assert down["state"] == "down" and f"{cluster.plan.nodes[2].name}: rank absent" in str(down["detail"])
+        assert any(
+            line.startswith("tp4_line_restarts_total") and line.endswith(" 2") for line in metrics(port).splitlines()
+        )
+        assert tp4(state, "status", "--profile", profile, "--json").returncode == 0
+    finally:
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+        tp4(state, "stop", "--profile", profile)
+    assert "Traceback" not in err, err
+    assert "watch: restart: wedged" in err
+
+
+def test_a_busy_line_is_not_restarted(cluster: DoctorCluster, tmp_path: Path) -> None:
+    state, log, port = tmp_path / "state", tmp_path / "events.jsonl", free_port()
+    busy = tmp_path / "busy.toml"
+    busy.write_text(
+        cluster.profile.read_text()
+        + '\n[env]\nTP4_STANDIN_FAULT = "busy"\nTP4_STANDIN_FAULT_RANK = "0"\nTP4_STANDIN_BUSY_SECONDS = "4"\n'
+    )
+    served = tp4(state, "serve", "--profile", str(busy), "--sysfs", SYSFS)
+    assert served.returncode == 0, served.stderr
+    proc = watch(state, str(busy), log, port)
+    try:
+        wait_event(log, "armed", 1, 60, proc)
+        time.sleep(12)  # several looks, each probe past its deadline while requests run
+        kinds = [(e["event"], e["state"]) for e in events(log)]
+        assert ("state", "busy") in kinds, kinds
+        assert not any(k in ("restart", "gave-up") for k, _ in kinds), kinds
+        assert any(
+            line.startswith("tp4_line_restarts_total") and line.endswith(" 0") for line in metrics(port).splitlines()
+        )
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.communicate(timeout=60)
+        tp4(state, "stop", "--profile", str(busy))
