@@ -40,9 +40,8 @@ from tp4.cli.common import (
 @click.option(
     "--confirm-interval",
     type=Float(0, 3600, low_open=True),
-    default=2,
-    show_default=True,
-    help="Seconds between the looks that confirm a wedged or down look (at most --interval).",
+    default=None,
+    help="Seconds between the looks that confirm a wedged or down look, at most --interval.  [default: 2, or --interval when shorter]",
 )
 @click.option("--max-restarts", type=Int(0, 100), default=3, show_default=True, help="Restarts allowed per window.")
 @click.option("--window", type=Float(1, 7 * 86400), default=3600, show_default=True, help="The window, in seconds.")
@@ -94,7 +93,7 @@ def watch(
     interval: float,
     probe_timeout: float,
     confirm: int,
-    confirm_interval: float,
+    confirm_interval: float | None,
     max_restarts: int,
     window: float,
     backoff: float,
@@ -119,7 +118,9 @@ def watch(
     from tp4.serving import watch as w
 
     sysfs = sysfs_root(sysfs)
-    if confirm_interval > interval:
+    if confirm_interval is None:
+        confirm_interval = min(w.DEFAULT_CONFIRM_INTERVAL, interval)
+    elif confirm_interval > interval:
         from tp4.core.errors import InvalidInput
 
         raise InvalidInput(
