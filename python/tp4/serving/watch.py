@@ -541,7 +541,11 @@ class Watchdog:
             n += 1
             if looks is not None and n >= looks:
                 return
-            every = min(self.settings.confirm_interval, self.settings.interval) if self.confirming() else self.settings.interval
+            every = (
+                min(self.settings.confirm_interval, self.settings.interval)
+                if self.confirming()
+                else self.settings.interval
+            )
             self.sleep(max(0.0, every - (self.clock() - began)))
 
 
