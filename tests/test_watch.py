@@ -176,6 +176,7 @@ def test_a_wedge_confirmed_three_times_saves_the_evidence_and_restarts(tmp_path:
         ("state", "wedged"),
         ("state", "busy"),
         ("state", "wedged"),
+        ("confirmed", "wedged"),
         ("restart", "wedged"),
         ("ready", "ready"),
     ]
@@ -212,7 +213,10 @@ def test_a_line_never_seen_up_is_not_healed_and_no_node_answering_is_an_error(tm
     dog, _ = fake.dog(tmp_path)
     dog.run(looks=10)
     assert fake.restarts == 1 and fake.bundles[0][0] == "down"
-    assert [e["event"] for e in events(tmp_path)] == ["state", "state", "state", "armed", "state", "restart", "ready"]
+    assert [e["event"] for e in events(tmp_path)] == [
+        *("state", "state", "state", "armed", "state"),
+        *("confirmed", "restart", "ready"),
+    ]
     fake = Fake([({"a": "unreachable", "b": "unreachable"}, NOCONN)])
     dog, _ = fake.dog(tmp_path)
     with pytest.raises(Tp4Error, match=r"no node of the line answers over ssh \(a, b\)"):

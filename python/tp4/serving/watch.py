@@ -481,6 +481,8 @@ class Watchdog:
     def heal(self, got: Look) -> None:
         state = got.verdict.state
         seen = f"{state} on {self.confirm.streak} consecutive looks: {got.verdict.detail}"
+        # the moment of detection (the evidence takes seconds to gather before the restart event)
+        self.events.emit("confirmed", state, seen)
         bundle = self.evidence_(state, list(self.history))
         now = self.clock()
         if not self.budget.allowed(now):
