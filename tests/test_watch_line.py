@@ -105,7 +105,21 @@ def watch(state: Path, profile: str, log: Path, port: int, *more: str) -> subpro
     argv = [sys.executable, "-m", "tp4", "watch", "--profile", profile, "--interval", "1", "--probe-timeout", "2"]
     argv += ["--confirm", "2", "--backoff", "1", "--events", str(log), "--metrics", f"127.0.0.1:{port}"]
     argv += ["--sysfs", SYSFS, *more]
-    return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env(state))
+    # its output into a file: a restart's serve prints every rank's boot log, more than a pipe holds
+    # unread (the watch would block writing it)
+    with open(stderr_of(log), "w") as out:
+        return subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, text=True, env=env(state))
+
+
+def stderr_of(log: Path) -> Path:
+    return log.with_name(log.name + ".stderr")
+
+
+def stop_watch(proc: subprocess.Popen[str], log: Path) -> str:
+    """Ctrl-C to the watch; what it printed."""
+    proc.send_signal(signal.SIGINT)
+    proc.wait(timeout=60)
+    return stderr_of(log).read_text()
 
 
 def test_a_wedge_and_a_lost_rank_are_healed_with_their_evidence(cluster: DoctorCluster, tmp_path: Path) -> None:
@@ -147,8 +161,7 @@ def test_a_wedge_and_a_lost_rank_are_healed_with_their_evidence(cluster: DoctorC
         )
         assert tp4(state, "status", "--profile", profile, "--json").returncode == 0
     finally:
-        proc.send_signal(signal.SIGINT)
-        out, err = proc.communicate(timeout=60)
+        err = stop_watch(proc, log)
         tp4(state, "stop", "--profile", profile)
     assert "Traceback" not in err, err
     assert "watch: restart: wedged" in err
@@ -179,8 +192,7 @@ def test_a_wedge_that_holds_foreign_requests_is_healed(cluster: DoctorCluster, t
         for t in held:
             t.join(30)
     finally:
-        proc.send_signal(signal.SIGINT)
-        _, err = proc.communicate(timeout=60)
+        err = stop_watch(proc, log)
         tp4(state, "stop", "--profile", str(profile))
     assert "Traceback" not in err, err
 
@@ -209,6 +221,5 @@ def test_a_busy_line_is_not_restarted(cluster: DoctorCluster, tmp_path: Path) ->
             line.startswith("tp4_line_restarts_total") and line.endswith(" 0") for line in metrics(port).splitlines()
         )
     finally:
-        proc.send_signal(signal.SIGINT)
-        proc.communicate(timeout=60)
+        stop_watch(proc, log)
         tp4(state, "stop", "--profile", str(busy))
