@@ -159,7 +159,7 @@ def test_a_line_stopped_by_tp4_stop_stays_stopped_and_is_healed_again_once_serve
     state, profile, log, port = tmp_path / "state", str(cluster.profile), tmp_path / "events.jsonl", free_port()
     served = tp4(state, "serve", "--profile", profile, "--sysfs", SYSFS)
     assert served.returncode == 0, served.stderr
-    proc = watch(state, profile, log, port)
+    proc = watch(state, profile, log, port, "--backoff", "10")
     try:
         wait_event(log, "armed", 1, 60, proc)
         stopped = tp4(state, "stop", "--profile", profile)
@@ -190,6 +190,19 @@ def test_a_line_stopped_by_tp4_stop_stays_stopped_and_is_healed_again_once_serve
         after = json.loads(tp4(state, "status", "--profile", profile, "--json").stdout)
         assert after["state"] == "ready" and after["stopped"] is None, after["state_detail"]
         assert [e["event"] for e in events(log)].count("stopped") == 1
+
+        # a `tp4 stop` while a restart waits its back-off (the second in the window: --backoff 10)
+        # wins: the restart does not serve the line again
+        cluster.hosts[1].run("podman", "rm", "-f", "-t", "0", cluster.plan.nodes[1].run.container)
+        wait_event(log, "restart", 2, 60, proc)
+        assert [e for e in events(log) if e["event"] == "restart"][1]["backoff"] == 10
+        stopped = tp4(state, "stop", "--profile", profile)
+        assert stopped.returncode == 0, stopped.stderr
+        wait_event(log, "stopped", 2, 60, proc)
+        kinds = [e["event"] for e in events(log)]
+        assert kinds.count("ready") == 1 and kinds[-2:] == ["restart-failed", "stopped"], kinds
+        assert "during the restart: not served again" in str(events(log)[-2]["detail"])
+        assert json.loads(tp4(state, "status", "--profile", profile, "--json").stdout)["state"] == "down"
     finally:
         proc.send_signal(signal.SIGINT)
         out, err = proc.communicate(timeout=60)

@@ -604,12 +604,17 @@ def evidence(
 def restart_line(
     plan: Plan, nodes: Sequence[Node], secrets: Mapping[str, Secret], opts: serve_Options, progress: Echo
 ) -> None:
-    """Stop every rank, then serve the line again and verify it ready as `tp4 serve` does."""
+    """Stop every rank, then serve the line again and verify it ready as `tp4 serve` does; not
+    when `tp4 stop` stopped the line meanwhile (during the back-off, the evidence or this stop):
+    then a failed restart, and the next look finds the line stopped on purpose."""
     from tp4.serving import serve
 
     problems = serve.stop_nodes(nodes, progress)
     if problems:
         raise Tp4Error("the line did not stop: " + "; ".join(problems))
+    record = serve.read_stop(nodes[0])
+    if record is not None:
+        raise Tp4Error(f"{stop_words(record)} during the restart: not served again")
     serve.serve(plan, nodes, secrets, opts, progress, progress)
 
 
