@@ -1382,7 +1382,8 @@ def status(
     ep = endpoint(plan, secrets)
     live = api.probe(ep, probe_timeout)
     record = load_run(plan)
-    from tp4.serving.linestate import classify, stopped_on_purpose  # the one classification `tp4 watch` acts on
+    # the one classification `tp4 watch` acts on, and the stop record both read
+    from tp4.serving.linestate import classify, stopped_on_purpose
 
     ranks = {str(i.get("node")): str(i.get("state") or "") for i in node_info if isinstance(i, dict)}
     # this probe's own request, when it timed out, and the caller's earlier ones

@@ -9,8 +9,9 @@ line's state directory, stops every rank, serves the line again and verifies it 
 serve` does. Restarts are bounded (default 3 an hour) with a back-off that doubles with each
 restart in the window; past the bound it stops the line, keeps the evidence and says so. It never
 restarts a busy line, nor one found down that `tp4 stop` stopped on purpose (its stop record on
-the head): that one is left stopped until it is seen up again. Every event goes to the echo (stderr), to a JSON-lines file, and to an
-optional webhook; :class:`Metrics` serves the Prometheus text format on loopback.
+the head, tp4.serving.serve.read_stop): that one is left stopped until it is seen up again.
+Every event goes to the echo (stderr), to a JSON-lines file, and to an optional webhook;
+:class:`Metrics` serves the Prometheus text format on loopback.
 """
 
 from __future__ import annotations
