@@ -593,11 +593,13 @@ def rehearse_serve(plan: Plan, nodes: Sequence[Node]) -> list[str]:
     return lines
 
 
-def rehearse_stop(nodes: Sequence[Node], *, grace: int = STOP_GRACE) -> list[str]:
+def rehearse_stop(nodes: Sequence[Node], *, grace: int = STOP_GRACE, record: bool = True) -> list[str]:
     """The stop record `tp4 stop` writes on the head, then the command it runs on every node (in
-    parallel)."""
-    record = _as_run(nodes[0], record_stop_argv(nodes[0]), "  < the stop record on stdin (who, when)")
-    return [record, *(_as_run(n, stop_argv(n, grace=grace)) for n in nodes)]
+    parallel). ``record=False``: a stop that serves again (:func:`stop_nodes`), without the record."""
+    stops = [_as_run(n, stop_argv(n, grace=grace)) for n in nodes]
+    if not record:
+        return stops
+    return [_as_run(nodes[0], record_stop_argv(nodes[0]), "  < the stop record on stdin (who, when)"), *stops]
 
 
 # --- serve ----------------------------------------------------------------------------------------
