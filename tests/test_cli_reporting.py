@@ -215,7 +215,10 @@ def test_doctor_json_prints_the_evidence_on_stdout_and_output_writes_it(tmp_path
 @pytest.mark.parametrize(
     "command, wanted",
     [
-        (["stop", "--grace", "7"], ["sudo -n systemctl stop podman-dsv41-head.service"]),
+        (
+            ["stop", "--grace", "7"],
+            ["sudo -n systemctl stop podman-dsv41-head.service", "/run/tp4/dsv41-head.stopped.json"],
+        ),
         (["serve"], ["systemctl start podman-dsv41-head.service", "< env file on stdin (mode 0600)"]),
     ],
 )
@@ -235,7 +238,10 @@ def test_serve_and_stop_dry_run_print_each_hosts_command_and_run_nothing(command
     assert code == 0, err
     lines = out.splitlines()
     assert [line.split(":")[0] for line in lines] == (
-        ["spark1", "spark2", "spark3", "spark4"] if command[0] == "stop" else ["spark2", "spark3", "spark4", "spark1"]
+        # stop: the stop record on the head first
+        ["spark1", "spark1", "spark2", "spark3", "spark4"]
+        if command[0] == "stop"
+        else ["spark2", "spark3", "spark4", "spark1"]
     ), out
     for line in lines:  # spark<N> is 10.0.0.<N> in the example profile
         name, command_line = line.split(": ", 1)

@@ -133,6 +133,17 @@ def test_up_from_nothing_to_ready_then_nothing_changes_then_a_profile_change_res
         assert "the ranks of the other plan stopped first" not in fourth.stderr, out  # stopped already
         assert "4 boot logs checked" in fourth.stdout, out
         assert resolves(hub) == gets
+
+        # `tp4 stop` leaves its stop record on the head (a watch leaves the line stopped); up
+        # serves the line again and removes it
+        stop(path)
+        head, record = cluster.hosts[0], cluster.plan.nodes[0].service.env_file.removesuffix(".env") + ".stopped.json"
+        assert head.run("test", "-f", record, check=False).returncode == 0
+        fifth = tp4(hub, cluster, "up", "--profile", path)
+        out = fifth.stdout + fifth.stderr
+        assert fifth.returncode == 0, out
+        assert "4 boot logs checked" in fifth.stdout, out
+        assert head.run("test", "-e", record, check=False).returncode == 1
     finally:
         stop(path)
 

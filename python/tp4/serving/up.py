@@ -451,7 +451,7 @@ def rehearse(line: Line, opts: Options) -> list[str]:
             lines += [f"  {text}" for text in pack_mod.rehearse(plan, nodes)]
         elif name == "serve":
             lines.append("  (a line running another plan: its ranks stop first)")
-            lines += [f"  {text}" for text in serve_mod.rehearse_stop(nodes)]
+            lines += [f"  {text}" for text in serve_mod.rehearse_stop(nodes, record=False)]
             lines.append("  then:")
             lines += [f"  {text}" for text in serve_mod.rehearse_serve(plan, nodes)]
         elif name == "smoke":
