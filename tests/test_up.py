@@ -8,19 +8,26 @@ and the image's stand-in packer (tests/test_prepare.py's fixtures):
 2. a second `tp4 up` of the same profile changes nothing: the same containers run, nothing is
    fetched or packed again, and it finishes fast;
 3. a profile change that only the ranks see (an env knob) restarts the ranks and redoes nothing
-   else: no download, no pack."""
+   else: no download, no pack.
+
+Also: `--json` (one tp4.up/1 document on stdout, on a stopped run too), Ctrl-C (the summary so far
+and the resume command, exit 130), and the line lock prepare takes when it stops the old ranks."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
+import jsonschema
 import pytest
-from doctor_hosts import DoctorCluster
+from doctor_hosts import SYSFS, DoctorCluster
 from test_download import Hub
 from test_prepare import blank, cluster, hub, profile, tp4  # noqa: F401 (cluster, hub: fixtures)
 
@@ -29,6 +36,21 @@ from tp4.hosts.doctor import engram_files
 from tp4.hosts.pack import engram_dir
 
 REPO = Path(__file__).resolve().parent.parent
+
+
+def up_document(stdout: str) -> dict[str, Any]:
+    """stdout of `tp4 up --json`: exactly one document, valid against its generated schema."""
+    doc: dict[str, Any] = json.loads(stdout)
+    schema = json.loads((REPO / "docs" / "schemas" / "up.schema.json").read_text())
+    jsonschema.Draft202012Validator(schema).validate(doc)
+    return doc
+
+
+def digest(path: str) -> str:
+    from tp4.line.plan import build_plan
+    from tp4.line.profile import load_file
+
+    return build_plan(load_file(Path(path))).digest
 
 
 def container_ids(c: DoctorCluster) -> dict[str, str]:
@@ -93,17 +115,32 @@ def test_up_from_nothing_to_ready_then_nothing_changes_then_a_profile_change_res
         first = container_ids(cluster)
         assert all(first.values()), first
 
-        # the same profile again: nothing changes, only smoke runs
+        # the same profile again: nothing changes, only smoke runs; --json: stdout is the summary
+        # as one document, the steps' output (smoke's lines, the table) goes to stderr
         gets = resolves(hub)
         began = time.monotonic()
-        again = tp4(hub, cluster, "up", "--profile", path)
+        again = tp4(hub, cluster, "up", "--profile", path, "--json")
         seconds = time.monotonic() - began
         out = again.stdout + again.stderr
         assert again.returncode == 0, out
         assert "on every rank: only smoke verifies it" in again.stderr, out
         assert "up: step 6/6: smoke" in again.stderr and "up: step 5/6" not in again.stderr, out
+        doc = up_document(again.stdout)
+        assert doc["ok"] is True and doc["plan"] == digest(path), doc
+        assert [(s["name"], s["outcome"]) for s in doc["steps"]] == [
+            ("doctor", "skipped"),
+            ("image", "skipped"),
+            ("distribute", "skipped"),
+            ("prepare", "skipped"),
+            ("serve", "skipped"),
+            ("smoke", "done"),
+        ], doc
+        assert doc["steps"][5]["detail"] == "arithmetic, stream passed" and doc["steps"][5]["seconds"] > 0, doc
+        assert doc["stopped_at"] is None and doc["error"] is None and doc["resume"] is None, doc
+        assert doc["seconds"] >= doc["steps"][5]["seconds"], doc
+        assert "ok   arithmetic" in again.stderr and "step        outcome" in again.stderr, out
         assert container_ids(cluster) == first
-        assert resolves(hub) == gets and "packed" not in again.stdout
+        assert resolves(hub) == gets and "packed" not in again.stderr
         print(f"second tp4 up: {seconds:.2f} s")
 
         # a change only the ranks see (the Engram stats interval, an env knob): the ranks restart,
@@ -145,8 +182,9 @@ def test_up_stopped_by_doctor_names_the_check_and_the_command_to_resume(
     asked = len(hub.requests)
     port = cluster.port(cluster.hosts[1], cluster.plan.nodes[1].gid.hcas[0]) / "link_layer"
     port.write_text("InfiniBand\n")
+    path = str(profile(cluster))
     try:
-        r = tp4(hub, cluster, "up", "--profile", str(profile(cluster)))
+        r = tp4(hub, cluster, "up", "--profile", path, "--json")
     finally:
         port.write_text("Ethernet\n")
     out = r.stdout + r.stderr
@@ -156,6 +194,14 @@ def test_up_stopped_by_doctor_names_the_check_and_the_command_to_resume(
     assert "`tp4 up --from doctor`" in r.stderr, out
     assert "doctor      failed" in r.stderr and "image       not run" in r.stderr, out
     assert len(hub.requests) == asked  # download never ran
+    # --json: the stopped run as its document on stdout, doctor's table with the progress on stderr
+    doc = up_document(r.stdout)
+    assert doc["ok"] is False and doc["plan"] == digest(path) and doc["stopped_at"] == "doctor", doc
+    assert [s["outcome"] for s in doc["steps"]] == ["failed"] + ["not run"] * 5, doc
+    assert doc["steps"][0]["detail"] == "1 blocking failure(s):", doc
+    assert f"RDMA.LINK_LAYER on {cluster.plan.nodes[1].name}" in doc["error"], doc
+    assert doc["resume"] == "tp4 up --from doctor", doc
+    assert "RDMA.LINK_LAYER" in r.stderr.split("up: stopped at")[0], out  # doctor's table
 
 
 def test_up_from_a_later_step_skips_the_earlier_ones_and_a_failing_step_says_how_to_resume(
@@ -314,3 +360,96 @@ def test_up_dry_run_shows_share_and_distribute_as_their_own_dry_runs_print_them(
     share_text = textwrap.indent(alone("share"), "  ")
     prepare_step = up_out.split("step 4/6: prepare\n")[1].split("step 5/6")[0]
     assert share_text in prepare_step and "sudo -n exportfs -ra" in share_text, prepare_step
+
+
+def test_ctrl_c_during_up_prints_the_summary_so_far_and_the_resume_command_and_exits_130(
+    cluster: DoctorCluster,  # noqa: F811
+    hub: Hub,  # noqa: F811
+) -> None:
+    """Ctrl-C in the serve step: the steps before it as they ended, serve `interrupted`, smoke `not
+    run`, the command that resumes at serve; exit 130 and no traceback; serve leaves no rank
+    behind; with --json the same as the document on stdout."""
+    path = str(profile(cluster))
+    stop(path)  # nothing runs: every step runs
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HF_")}
+    env.update(HF_ENDPOINT=hub.url, PYTHONPATH=str(REPO / "python"), NO_PROXY="127.0.0.1", no_proxy="127.0.0.1")
+    argv = [sys.executable, "-m", "tp4", "up", "--profile", path, "--json", "--sysfs", SYSFS]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        assert proc.stderr is not None
+        seen = []
+        for text in proc.stderr:  # the serve step has started: its boot takes seconds
+            seen.append(text)
+            if text.startswith("up: step 5/6: serve"):
+                break
+        assert seen and seen[-1].startswith("up: step 5/6: serve"), "".join(seen)
+        time.sleep(1)
+        proc.send_signal(signal.SIGINT)
+        stdout, rest = proc.communicate(timeout=180)
+        err = "".join(seen) + rest
+        assert proc.returncode == 130, stdout + err
+        assert "Traceback" not in err, err
+        for name, outcome in (("doctor", "done"), ("image", "skipped"), ("distribute", "skipped"), ("prepare", "done")):
+            assert re.search(rf"^{name} +{outcome} +[0-9.]+  ", err, re.M), err
+        assert re.search(r"^serve +interrupted +[0-9.]+  interrupted$", err, re.M), err
+        assert re.search(r"^smoke +not run ", err, re.M), err
+        assert "up: interrupted at step 5/6 (serve); resume with `tp4 up --from serve`" in err, err
+        assert err.rstrip().endswith("interrupted"), err  # the CLI's own last word, as for every command
+        doc = up_document(stdout)
+        assert doc["ok"] is False and doc["stopped_at"] == "serve" and doc["error"] == "interrupted", doc
+        assert [s["outcome"] for s in doc["steps"]] == ["done", "skipped", "skipped", "done", "interrupted", "not run"]
+        assert doc["resume"] == "tp4 up --from serve" and doc["steps"][4]["seconds"] >= 1, doc
+        assert not any(container_ids(cluster).values())  # serve stopped every rank it started
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        stop(path)
+
+
+def test_prepare_stops_the_old_ranks_and_packs_under_the_lock_serve_and_stop_take(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """When the packer has work on a line that runs another plan, prepare stops the ranks and
+    packs holding the line's lock (the one `tp4 serve` and `tp4 stop` take): a serve that comes
+    meanwhile is refused; a serve that holds it already makes prepare stop before stopping any
+    rank. (The stop and the packer are recorded here; tests/test_pack.py and the end-to-end test
+    above run them.)"""
+    from tp4.core.errors import Tp4Error
+    from tp4.hosts import checkpoint, pack, share
+    from tp4.line.plan import build_plan
+    from tp4.line.profile import load_default
+    from tp4.serving import serve as serve_mod
+    from tp4.serving import up
+
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path))
+    plan = build_plan(load_default())
+    line = up.Line(load_default(), plan, [], {})
+    ran: list[str] = []
+
+    def serve_refused(when: str) -> None:
+        with pytest.raises(Tp4Error, match=r"is busy: tp4 up \(prepare: stopping the ranks for the packer\) \(pid "):
+            with serve_mod.line_lock(plan, "serve"):
+                pass
+        ran.append(when)
+
+    def stop_nodes(nodes: object, echo: object) -> list[str]:
+        serve_refused("stop")
+        return []
+
+    monkeypatch.setattr(up, "unpacked", lambda _: [plan.nodes[1].name])
+    monkeypatch.setattr(checkpoint, "download", lambda profile: None)
+    monkeypatch.setattr(share, "share", lambda *args: None)
+    monkeypatch.setattr(serve_mod, "stop_nodes", stop_nodes)
+    monkeypatch.setattr(pack, "pack", lambda *args: serve_refused("pack"))
+
+    def running() -> up.State:
+        return up.State({n.name: ("running", "another plan") for n in plan.nodes})
+
+    state = running()
+    up._prepare(line, up.Options(serve=serve_mod.Options()), state, lambda _: None, lambda _: None)
+    assert ran == ["stop", "pack"] and not state.any_running()
+    with serve_mod.line_lock(plan, "serve"):  # a `tp4 serve` of the line runs: prepare stops nothing
+        with pytest.raises(Tp4Error, match=r"pack: the line .* is busy: tp4 serve \(pid "):
+            up._prepare(line, up.Options(serve=serve_mod.Options()), running(), lambda _: None, lambda _: None)
+    assert ran == ["stop", "pack"]
