@@ -10,8 +10,11 @@ and the image's stand-in packer (tests/test_prepare.py's fixtures):
 3. a profile change that only the ranks see (an env knob) restarts the ranks and redoes nothing
    else: no download, no pack.
 
-Also: `--json` (one tp4.up/1 document on stdout, on a stopped run too), Ctrl-C (the summary so far
-and the resume command, exit 130), and the line lock prepare takes when it stops the old ranks."""
+Also: the image step's build path (the head lacks the plan's image: built from a flake whose image
+is the stand-in's with a layer on top, checked, tagged, pushed to the head's image store, copied
+to every worker, then served), `--json` (one tp4.up/1 document on stdout, on a stopped run too),
+Ctrl-C (the summary so far and the resume command, exit 130), and the line lock prepare takes
+when it stops the old ranks."""
 
 from __future__ import annotations
 
@@ -453,3 +456,131 @@ def test_prepare_stops_the_old_ranks_and_packs_under_the_lock_serve_and_stop_tak
         with pytest.raises(Tp4Error, match=r"pack: the line .* is busy: tp4 serve \(pid "):
             up._prepare(line, up.Options(serve=serve_mod.Options()), running(), lambda _: None, lambda _: None)
     assert ran == ["stop", "pack"]
+
+
+def standin_flake(dest: Path, tag: str, attr: str) -> Path:
+    """A flake whose image (attribute ``attr``) is the stand-in engine's test image
+    (tests/standin/image.py, as the base) with a layer of its own on top: an in-image check at
+    /opt/dsv41/tests/test_up_image.py (real Python, the base's python3) and a label file, built
+    by pkgs/oci.nix as the line's image is, under the line's reference ``tag`` (label
+    tp4.line.ref) with the stand-in's entrypoint: what `tp4 serve` runs serves as the stand-in."""
+    from nix_env import image_flake
+    from standin import image as standin_image
+
+    from tp4.line.container import IMAGE
+
+    archive, _ = standin_image.archive()
+    flake = image_flake(
+        dest,
+        ref=tag,
+        label=f"up-{os.urandom(4).hex()}",  # a new image each run, so nix really builds it
+        base_archive=archive,
+        files={"tests/test_up_image.py": 'print("the stand-in image, built by tp4 up")\nprint("1/1 PASS")\n'},
+        checks='[[image_check]]\nname = "up"\nfile = "tests/test_up_image.py"\n',
+        env=("PATH=/usr/bin:/bin", "PYTHONDONTWRITEBYTECODE=1"),
+    )
+    text = (flake / "flake.nix").read_text()
+    for old, new in (
+        # the stand-in's /bin (the applets a rank's stop needs) and /opt/dsv41 (its engine) stay:
+        # only the checks' directory is linked into its runtime tree
+        ('{ path = "/bin"; tree = tools; subdir = "/bin"; }', ""),
+        (
+            '{ path = "/opt/dsv41"; tree = runtime; }',
+            '{ path = "/opt/dsv41/tests"; tree = runtime; subdir = "/tests"; }',
+        ),
+        (
+            'Entrypoint = [ "/bin/sh" "-c" "echo entrypoint not overridden; exit 97" ];',
+            f'Entrypoint = [ "python3" "-u" "{IMAGE.boot}" ];',
+        ),
+        ('WorkingDir = "/opt/dsv41";', f'WorkingDir = "{IMAGE.runtime}";'),
+    ):
+        assert old in text, old
+        text = text.replace(old, new)
+    if attr != "image":  # the variant's attribute, as pkgs/default.nix names it
+        old = "{ inherit image; default = image; }"
+        assert old in text
+        text = text.replace(old, f'{{ inherit image; default = image; "{attr}" = image; }}')
+    (flake / "flake.nix").write_text(text)
+    return flake
+
+
+def test_up_builds_checks_and_pushes_the_plans_image_when_the_head_lacks_it_and_the_workers_get_its_layers(
+    cluster: DoctorCluster,  # noqa: F811
+    hub: Hub,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    """The image step's build path, as `tp4 build --image VARIANT` takes it: the head lacks the
+    plan's image, so up builds it from the flake (nix build, load, its in-image check in podman,
+    the line's tag, a push to the head's image store); distribute copies it from that store to
+    every worker (one lacks the tag, the others have another image under it), each getting the
+    head's layers; serve runs the built image and smoke passes. tp4 runs on the head, as up
+    says: its podman is the head's store (the head host's storage and containers.conf)."""
+    from nix_env import image_nix_config
+
+    from tp4.image import build as build_mod
+    from tp4.image import imagestore, runtime_cli
+
+    blank(cluster)  # the cluster's 48 shard files are not the pinned checkpoint's 3: download fetches them
+    path = str(profile(cluster))
+    stop(path)
+    tag = cluster.plan.image.tag
+    attr = build_mod.image_attr(cluster.plan.image.variant)
+    nodes = cluster.nodes()
+    head, workers = nodes[0], nodes[1:]
+    before = {n.name: runtime_cli.inspect(n.runtime, tag, remote=n.remote) for n in nodes}
+    assert all(before.values()), before
+    flake = standin_flake(tmp_path / "flake", tag, attr)
+    process.run([head.runtime, "untag", tag, tag], remote=head.remote)
+    process.run([workers[0].runtime, "untag", tag, tag], remote=workers[0].remote)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HF_")}
+    env.update(
+        HF_ENDPOINT=hub.url,
+        HF_HOME=str(cluster.workdir / "hf-home"),
+        PYTHONPATH=str(REPO / "python"),
+        NO_PROXY="127.0.0.1",
+        no_proxy="127.0.0.1",
+        NIX_CONFIG=image_nix_config(tmp_path / "nix"),
+        XDG_STATE_HOME=str(tmp_path / "state"),  # the head's image store, the line's locks
+        XDG_CACHE_HOME=str(tmp_path / "cache"),
+        CONTAINERS_STORAGE_CONF=cluster.head.env["CONTAINERS_STORAGE_CONF"],
+        CONTAINERS_CONF=cluster.head.env["CONTAINERS_CONF"],
+    )
+    try:
+        r = subprocess.run(
+            [sys.executable, "-m", "tp4", "up", "--profile", path, "--flake", str(flake), "--sysfs", SYSFS],
+            capture_output=True,
+            text=True,
+            timeout=900,
+            env=env,
+        )
+        out = r.stdout + r.stderr
+        assert r.returncode == 0, out
+        built = runtime_cli.inspect(head.runtime, tag, remote=head.remote)
+        assert built is not None, out
+        head_id = runtime_cli.normalize_id(built[0])
+        assert head_id not in {runtime_cli.normalize_id(b[0]) for b in before.values() if b}, out
+        assert "up: doctor: done" in r.stderr and "IMAGE.SAME (image, distribute)" in r.stderr, out
+        assert "up: image: done in " in r.stderr and f"built, checked and tagged {tag} ({head_id[:12]})" in r.stderr, (
+            out
+        )
+        assert "check 1/1: up" in r.stderr and "1/1 PASS" in r.stdout and "checks: 1 passed, 0 failed" in r.stdout, out
+        # pushed to the head's image store: the record distribute reads, of this image
+        pushed = build_mod.Pushed.load(build_mod.store_record_path(flake, attr))
+        assert pushed is not None and pushed.id.removeprefix("sha256:") == head_id.removeprefix("sha256:"), out
+        assert "up: distribute: done in " in r.stderr and f"3 of 3 workers got {head_id[:12]}" in r.stderr, out
+        head_layers = runtime_cli.layers(head.runtime, tag, remote=head.remote)
+        for n in workers:
+            got = runtime_cli.inspect(n.runtime, tag, remote=n.remote)
+            assert got is not None and runtime_cli.normalize_id(got[0]) == head_id, (n.name, got)
+            assert runtime_cli.layers(n.runtime, tag, remote=n.remote) == head_layers, n.name
+        assert "4 boot logs checked" in r.stdout and "ok   arithmetic" in r.stdout, out
+        assert re.search(r"^smoke +done ", r.stdout, re.M), out
+    finally:
+        stop(path)
+        for n in nodes:  # the stand-in image under the plan's tag again, as the cluster has it
+            old = before[n.name]
+            assert old is not None
+            process.run([n.runtime, "tag", old[0], tag], remote=n.remote)
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+            imagestore.stop()
