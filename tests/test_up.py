@@ -21,9 +21,11 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -504,6 +506,36 @@ def standin_flake(dest: Path, tag: str, attr: str) -> Path:
     return flake
 
 
+def up_with_flake(
+    line: DoctorCluster, stand_in: Hub, tmp_path: Path, path: str, flake: Path, podman: dict[str, str]
+) -> subprocess.CompletedProcess[str]:
+    """`tp4 up --flake FLAKE` with offline nix, the head's image store and the line's locks under
+    tmp_path, and this machine's podman configured by ``podman`` (CONTAINERS_STORAGE_CONF,
+    CONTAINERS_CONF)."""
+    from nix_env import image_nix_config
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HF_")}
+    env.update(
+        HF_ENDPOINT=stand_in.url,
+        HF_HOME=str(line.workdir / "hf-home"),
+        PYTHONPATH=str(REPO / "python"),
+        NO_PROXY="127.0.0.1",
+        no_proxy="127.0.0.1",
+        NIX_CONFIG=image_nix_config(tmp_path / "nix"),
+        XDG_STATE_HOME=str(tmp_path / "state"),
+        XDG_CACHE_HOME=str(tmp_path / "cache"),
+        CONTAINERS_STORAGE_CONF=podman["CONTAINERS_STORAGE_CONF"],
+        CONTAINERS_CONF=podman["CONTAINERS_CONF"],
+    )
+    return subprocess.run(
+        [sys.executable, "-m", "tp4", "up", "--profile", path, "--flake", str(flake), "--sysfs", SYSFS],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env=env,
+    )
+
+
 def test_up_builds_checks_and_pushes_the_plans_image_when_the_head_lacks_it_and_the_workers_get_its_layers(
     cluster: DoctorCluster,  # noqa: F811
     hub: Hub,  # noqa: F811
@@ -515,8 +547,6 @@ def test_up_builds_checks_and_pushes_the_plans_image_when_the_head_lacks_it_and_
     every worker (one lacks the tag, the others have another image under it), each getting the
     head's layers; serve runs the built image and smoke passes. tp4 runs on the head, as up
     says: its podman is the head's store (the head host's storage and containers.conf)."""
-    from nix_env import image_nix_config
-
     from tp4.image import build as build_mod
     from tp4.image import imagestore, runtime_cli
 
@@ -532,27 +562,8 @@ def test_up_builds_checks_and_pushes_the_plans_image_when_the_head_lacks_it_and_
     flake = standin_flake(tmp_path / "flake", tag, attr)
     process.run([head.runtime, "untag", tag, tag], remote=head.remote)
     process.run([workers[0].runtime, "untag", tag, tag], remote=workers[0].remote)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("HF_")}
-    env.update(
-        HF_ENDPOINT=hub.url,
-        HF_HOME=str(cluster.workdir / "hf-home"),
-        PYTHONPATH=str(REPO / "python"),
-        NO_PROXY="127.0.0.1",
-        no_proxy="127.0.0.1",
-        NIX_CONFIG=image_nix_config(tmp_path / "nix"),
-        XDG_STATE_HOME=str(tmp_path / "state"),  # the head's image store, the line's locks
-        XDG_CACHE_HOME=str(tmp_path / "cache"),
-        CONTAINERS_STORAGE_CONF=cluster.head.env["CONTAINERS_STORAGE_CONF"],
-        CONTAINERS_CONF=cluster.head.env["CONTAINERS_CONF"],
-    )
     try:
-        r = subprocess.run(
-            [sys.executable, "-m", "tp4", "up", "--profile", path, "--flake", str(flake), "--sysfs", SYSFS],
-            capture_output=True,
-            text=True,
-            timeout=900,
-            env=env,
-        )
+        r = up_with_flake(cluster, hub, tmp_path, path, flake, cluster.head.env)
         out = r.stdout + r.stderr
         assert r.returncode == 0, out
         built = runtime_cli.inspect(head.runtime, tag, remote=head.remote)
@@ -584,3 +595,52 @@ def test_up_builds_checks_and_pushes_the_plans_image_when_the_head_lacks_it_and_
         with pytest.MonkeyPatch.context() as mp:
             mp.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
             imagestore.stop()
+
+
+def test_up_that_builds_into_a_store_the_head_does_not_run_from_says_so_at_the_image_step(
+    cluster: DoctorCluster,  # noqa: F811
+    hub: Hub,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    """tp4 up not run on the head as the head's ssh user: the build lands in a podman store the
+    ranks do not run from. The image step says so, with the fix, instead of a later step
+    failing on an image the head lacks; nothing after it runs."""
+    from netns_hosts import storage_conf
+
+    from tp4.image import imagestore, runtime_cli
+
+    path = str(profile(cluster))
+    stop(path)
+    tag = cluster.plan.image.tag
+    head = cluster.nodes()[0]
+    before = runtime_cli.inspect(head.runtime, tag, remote=head.remote)
+    assert before is not None
+    flake = standin_flake(tmp_path / "flake", tag, "image")
+    store = Path(tempfile.mkdtemp(prefix="tp4up-", dir="/tmp"))  # short: podman's runroot
+    conf = tmp_path / "containers.conf"  # this sandbox's limits, as tests/test_build.py has them
+    conf.write_text('[containers]\ndefault_ulimits = ["nofile=1024:1024", "nproc=4096:4096"]\n')
+    here = {"CONTAINERS_STORAGE_CONF": str(storage_conf(store)), "CONTAINERS_CONF": str(conf)}
+    process.run([head.runtime, "untag", tag, tag], remote=head.remote)
+    try:
+        r = up_with_flake(cluster, hub, tmp_path, path, flake, here)
+        out = r.stdout + r.stderr
+        assert r.returncode == 1, out
+        assert "checks: 1 passed, 0 failed" in r.stdout, out  # built and checked here
+        assert re.search(
+            rf"up: stopped at step 2/6 \(image\): built {re.escape(tag)} \([0-9a-f]{{12}}\) here, but the head "
+            rf"{head.name} \(over ssh as root\) has no {re.escape(tag)}: the build went into this machine's podman "
+            r"store, which is not the one the head's ranks run from; fix: run tp4 up on the head, as the head's "
+            r"ssh user \(root\)",
+            r.stderr,
+        ), out
+        assert re.search(r"^distribute +not run", r.stderr, re.M), out
+        assert runtime_cli.inspect(head.runtime, tag, remote=head.remote) is None
+    finally:
+        process.run([head.runtime, "tag", before[0], tag], remote=head.remote)
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+            mp.setenv("CONTAINERS_STORAGE_CONF", here["CONTAINERS_STORAGE_CONF"])
+            mp.setenv("CONTAINERS_CONF", here["CONTAINERS_CONF"])
+            imagestore.stop()
+            process.run(["podman", "rmi", "-a", "-f"], check=False)
+        shutil.rmtree(store, ignore_errors=True)

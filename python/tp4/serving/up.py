@@ -199,7 +199,7 @@ def head_image(line: Line) -> str | None:
 
 def _image(line: Line, opts: Options, state: State, out: Echo, progress: Echo) -> str:
     from tp4.image import build as build_mod
-    from tp4.image import nix
+    from tp4.image import nix, runtime_cli
 
     tag = line.plan.image.tag
     have = head_image(line)
@@ -207,9 +207,27 @@ def _image(line: Line, opts: Options, state: State, out: Echo, progress: Echo) -
         raise Skip(f"the head has {tag} ({have[:12]}), built and checked: reused")
     flake = nix.find_flake(opts.flake)
     attr = build_mod.image_attr(line.plan.image.variant)
-    built = build_mod.build(flake, attr, line.nodes[0].runtime, out, progress)
+    head = line.nodes[0]
+    built = build_mod.build(flake, attr, head.runtime, out, progress)
     if not build_mod.Pushed.load(build_mod.store_record_path(flake, attr)):
         progress("image: not in the head's image store; distribute pushes it")
+    # the build is this machine's; the ranks run what the head has: the same store only when tp4
+    # runs on the head as the head's ssh user (a rootless podman store is per user)
+    found = head_image(line)
+    if found != runtime_cli.normalize_id(built.id):
+        where = f"{head.name} (over ssh as {head.rank.ssh.user})" if head.remote is not None else head.name
+        has = f"has no {tag}" if found is None else f"has {tag} as {found[:12]}"
+        if not runtime_cli.same_ref(built.ref, tag):
+            fix = (
+                f"the image names the line's reference {built.ref}, not the plan's image {tag}; fix: build the "
+                "plan's image variant from a flake that tags it so (image.tag and image.variant of the profile)"
+            )
+        else:
+            fix = (
+                f"the build went into this machine's {head.runtime} store, which is not the one the head's ranks "
+                f"run from; fix: run tp4 up on the head, as the head's ssh user ({head.rank.ssh.user})"
+            )
+        raise Tp4Error(f"built {built.ref} ({built.id[:12]}) here, but the head {where} {has}: {fix}")
     return f"built, checked and tagged {built.ref} ({built.id[:12]})"
 
 
