@@ -98,6 +98,7 @@ def test_every_schema_version_a_help_text_names_is_the_one_the_code_writes(tp4_c
         profile_check,
         smoke_report,
         sources_report,
+        up_report,
     )
     from tp4.line import plan
 
@@ -106,7 +107,7 @@ def test_every_schema_version_a_help_text_names_is_the_one_the_code_writes(tp4_c
     assert schemas.IMAGES == images_listing.SCHEMA and schemas.PLAN == plan.SCHEMA
     assert schemas.HOST_KEYS == host_keys.SCHEMA and schemas.PROFILE_CHECK == profile_check.SCHEMA
     assert schemas.SMOKE == smoke_report.SCHEMA and schemas.IMAGE_STORE == image_store_status.SCHEMA
-    assert schemas.DISTRIBUTE_CHECK == distribute_check.SCHEMA
+    assert schemas.DISTRIBUTE_CHECK == distribute_check.SCHEMA and schemas.UP == up_report.SCHEMA
     assert schemas.SOURCES_VERIFY == sources_report.VERIFY_SCHEMA and schemas.SOURCES_DIFF == sources_report.DIFF_SCHEMA
     named = {}
     for path, _ in _commands():
