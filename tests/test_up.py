@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import shutil
 import signal
 import subprocess
@@ -207,7 +208,9 @@ def test_up_stopped_by_doctor_names_the_check_and_the_command_to_resume(
     assert r.returncode == 1, out
     assert "up: stopped at step 1/6 (doctor): 1 blocking failure(s):" in r.stderr, out
     assert f"  - RDMA.LINK_LAYER on {cluster.plan.nodes[1].name}: " in r.stderr, out
-    assert "`tp4 up --from doctor`" in r.stderr, out
+    # the resume command is this run's own (its options quoted for a shell), with --from
+    resume = shlex.join(["tp4", "up", "--profile", path, "--sysfs", SYSFS, "--from", "doctor"])
+    assert f"`{resume}`" in r.stderr, out
     assert "doctor      failed" in r.stderr and "image       not run" in r.stderr, out
     assert len(hub.requests) == asked  # download never ran
     # --json: the stopped run as its document on stdout, doctor's table with the progress on stderr
@@ -216,7 +219,7 @@ def test_up_stopped_by_doctor_names_the_check_and_the_command_to_resume(
     assert [s["outcome"] for s in doc["steps"]] == ["failed"] + ["not run"] * 5, doc
     assert doc["steps"][0]["detail"] == "1 blocking failure(s):", doc
     assert f"RDMA.LINK_LAYER on {cluster.plan.nodes[1].name}" in doc["error"], doc
-    assert doc["resume"] == "tp4 up --from doctor", doc
+    assert doc["resume"] == resume, doc
     assert "RDMA.LINK_LAYER" in r.stderr.split("up: stopped at")[0], out  # doctor's table
 
 
@@ -233,7 +236,10 @@ def test_up_from_a_later_step_skips_the_earlier_ones_and_a_failing_step_says_how
     for name in ("doctor", "image", "distribute", "prepare", "serve"):
         assert re.search(rf"^{name} +skipped +0\.0  --from smoke$", r.stderr, re.M), out
     assert re.search(r"^smoke +failed ", r.stderr, re.M), out
-    assert "up: stopped at step 6/6 (smoke): " in r.stderr and "`tp4 up --from smoke`" in r.stderr, out
+    assert (
+        "up: stopped at step 6/6 (smoke): " in r.stderr
+        and f"`{shlex.join(['tp4', 'up', '--profile', path, '--sysfs', SYSFS, '--from', 'smoke'])}`" in r.stderr
+    ), out
     assert not any(container_ids(cluster).values())  # nothing was started
 
 
@@ -288,7 +294,8 @@ def test_up_without_the_plans_image_on_the_head_passes_doctor_and_stops_at_the_i
     assert r.returncode == 2, out
     assert "up: doctor: done" in r.stderr and "IMAGE.SAME (image, distribute)" in r.stderr, out
     assert "up: stopped at step 2/6 (image): no flake.nix in " in r.stderr, out
-    assert "`tp4 up --from image`" in r.stderr, out
+    resume = shlex.join(["tp4", "up", "--profile", str(profile(cluster)), "--sysfs", SYSFS, "--from", "image"])
+    assert f"`{resume}`" in r.stderr, out
     assert re.search(r"^distribute +not run", r.stderr, re.M), out
 
 
@@ -385,6 +392,7 @@ def test_ctrl_c_during_up_prints_the_summary_so_far_and_the_resume_command_and_e
     """Ctrl-C in the serve step: the steps before it as they ended, serve `interrupted`, smoke `not
     run`, the command that resumes at serve; exit 130 and no traceback; serve leaves no rank
     behind; with --json the same as the document on stdout."""
+    blank(cluster)  # whatever ran before: prepare has work (the download), and the checkpoint is the Hub's
     path = str(profile(cluster))
     stop(path)  # nothing runs: every step runs
     env = {k: v for k, v in os.environ.items() if not k.startswith("HF_")}
@@ -409,12 +417,13 @@ def test_ctrl_c_during_up_prints_the_summary_so_far_and_the_resume_command_and_e
             assert re.search(rf"^{name} +{outcome} +[0-9.]+  ", err, re.M), err
         assert re.search(r"^serve +interrupted +[0-9.]+  interrupted$", err, re.M), err
         assert re.search(r"^smoke +not run ", err, re.M), err
-        assert "up: interrupted at step 5/6 (serve); resume with `tp4 up --from serve`" in err, err
+        resume = shlex.join(["tp4", "up", "--profile", path, "--sysfs", SYSFS, "--from", "serve"])
+        assert f"up: interrupted at step 5/6 (serve); resume with `{resume}`" in err, err
         assert err.rstrip().endswith("interrupted"), err  # the CLI's own last word, as for every command
         doc = up_document(stdout)
         assert doc["ok"] is False and doc["stopped_at"] == "serve" and doc["error"] == "interrupted", doc
         assert [s["outcome"] for s in doc["steps"]] == ["done", "skipped", "skipped", "done", "interrupted", "not run"]
-        assert doc["resume"] == "tp4 up --from serve" and doc["steps"][4]["seconds"] >= 1, doc
+        assert doc["resume"] == resume and doc["steps"][4]["seconds"] >= 1, doc
         assert not any(container_ids(cluster).values())  # serve stopped every rank it started
     finally:
         if proc.poll() is None:

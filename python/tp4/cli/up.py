@@ -103,7 +103,21 @@ def up(
         expected_shards=loaded.profile.model.expected_shards,
     )
     line = up_mod.Line(loaded, served.plan, served.nodes, served.secrets)
-    opts = up_mod.Options(serve=serve_opts, start=start, flake=flake_dir)
+    # what a resume repeats: this run's options as given (the resume command is printed to be run again)
+    again: list[str] = []
+    if profile_path is not None:
+        again += ["--profile", profile_path]
+    if flake_dir is not None:
+        again += ["--flake", str(flake_dir)]
+    for value in timeouts:
+        again += ["--timeout", value]
+    if sysfs != "/sys":
+        again += ["--sysfs", sysfs]
+    for value in ssh_options:
+        again += ["--ssh-option", value]
+    if strict:
+        again.append("--strict")
+    opts = up_mod.Options(serve=serve_opts, start=start, flake=flake_dir, again=tuple(again))
     if dry_run:
         for text in up_mod.rehearse(line, opts):
             out(text)

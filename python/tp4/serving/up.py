@@ -78,6 +78,9 @@ class Options:
     serve: ServeOptions
     start: str = "doctor"  # --from
     flake: Path | None = None  # where `tp4 build` finds the flake (default: nix.find_flake's rule)
+    # the options of this run that a resume repeats (--profile, --flake, --timeout ...): the resume
+    # command is the run's own, with --from
+    again: tuple[str, ...] = ()
 
 
 @dataclass
@@ -99,8 +102,10 @@ class Run:
     resume: str | None = None  # the command that resumes there; None when ok or when rerunning cannot help
 
 
-def resume_command(step: str) -> str:
-    return f"tp4 up --from {step}"
+def resume_command(step: str, again: Sequence[str] = ()) -> str:
+    """The command that resumes at ``step``: this run's own options (quoted for a shell), then
+    --from."""
+    return shlex.join(["tp4", "up", *again, "--from", step])
 
 
 @dataclass
@@ -134,7 +139,7 @@ class Stopped(Tp4Error):
         super().__init__(
             "\n".join(summary(run.outcomes, run.seconds))
             + f"\nup: stopped at step {i + 1}/{len(STEPS)} ({step}): {message}\n"
-            + (fix or f"fix: the fix above, then `{resume_command(step)}` (or `tp4 up`: the steps done are skipped)"),
+            + (fix or f"fix: the fix above, then `{run.resume}` (or `tp4 up`: the steps done are skipped)"),
             exit_code=exit_code,
         )
         self.step = step
@@ -412,7 +417,7 @@ def _run(line: Line, opts: Options, out: Echo, progress: Echo) -> Run:
                     time.monotonic() - began,
                     stopped_at=name,
                     error=exc.message,
-                    resume=None if fix else resume_command(name),
+                    resume=None if fix else resume_command(name, opts.again),
                 )
                 raise Stopped(name, exc.message, exc.exit_code, stopped, fix=fix) from None
             seconds = time.monotonic() - current[1]
@@ -441,7 +446,7 @@ def _interrupted(
     if at in rest:
         outcomes.append(Outcome(at, "interrupted", now - current[1] if current is not None else 0.0, "interrupted"))
     outcomes += [Outcome(name, "not run") for name in rest if name != at]
-    stopped = Run(outcomes, now - began, stopped_at=at, error="interrupted", resume=resume_command(at))
+    stopped = Run(outcomes, now - began, stopped_at=at, error="interrupted", resume=resume_command(at, opts.again))
     try:
         for text in summary(stopped.outcomes, stopped.seconds):
             progress(text)
