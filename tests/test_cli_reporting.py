@@ -98,6 +98,7 @@ def test_every_schema_version_a_help_text_names_is_the_one_the_code_writes(tp4_c
         profile_check,
         smoke_report,
         sources_report,
+        up_report,
     )
     from tp4.line import plan
 
@@ -106,7 +107,7 @@ def test_every_schema_version_a_help_text_names_is_the_one_the_code_writes(tp4_c
     assert schemas.IMAGES == images_listing.SCHEMA and schemas.PLAN == plan.SCHEMA
     assert schemas.HOST_KEYS == host_keys.SCHEMA and schemas.PROFILE_CHECK == profile_check.SCHEMA
     assert schemas.SMOKE == smoke_report.SCHEMA and schemas.IMAGE_STORE == image_store_status.SCHEMA
-    assert schemas.DISTRIBUTE_CHECK == distribute_check.SCHEMA
+    assert schemas.DISTRIBUTE_CHECK == distribute_check.SCHEMA and schemas.UP == up_report.SCHEMA
     assert schemas.SOURCES_VERIFY == sources_report.VERIFY_SCHEMA and schemas.SOURCES_DIFF == sources_report.DIFF_SCHEMA
     named = {}
     for path, _ in _commands():
@@ -215,7 +216,10 @@ def test_doctor_json_prints_the_evidence_on_stdout_and_output_writes_it(tmp_path
 @pytest.mark.parametrize(
     "command, wanted",
     [
-        (["stop", "--grace", "7"], ["sudo -n systemctl stop podman-dsv41-head.service"]),
+        (
+            ["stop", "--grace", "7"],
+            ["sudo -n systemctl stop podman-dsv41-head.service", "/run/tp4/dsv41-head.stopped.json"],
+        ),
         (["serve"], ["systemctl start podman-dsv41-head.service", "< env file on stdin (mode 0600)"]),
     ],
 )
@@ -235,7 +239,10 @@ def test_serve_and_stop_dry_run_print_each_hosts_command_and_run_nothing(command
     assert code == 0, err
     lines = out.splitlines()
     assert [line.split(":")[0] for line in lines] == (
-        ["spark1", "spark2", "spark3", "spark4"] if command[0] == "stop" else ["spark2", "spark3", "spark4", "spark1"]
+        # stop: the stop record on the head first
+        ["spark1", "spark1", "spark2", "spark3", "spark4"]
+        if command[0] == "stop"
+        else ["spark2", "spark3", "spark4", "spark1"]
     ), out
     for line in lines:  # spark<N> is 10.0.0.<N> in the example profile
         name, command_line = line.split(": ", 1)

@@ -301,3 +301,40 @@ def test_tp4_images_json_is_its_contract(monkeypatch: pytest.MonkeyPatch, tp4_cl
     conforms(data, "images")
     assert data["schema"] == "tp4.images/1" and [n["node"] for n in data["nodes"]] == ["head", "10.0.0.2", "10.0.0.3"]
     assert data["nodes"][0]["images"][0]["pins"] == {"sglang": "c0ffee"} and data["nodes"][1]["differs"]
+
+
+# --- tp4 up --json --------------------------------------------------------------------------------
+
+
+def test_tp4_up_json_is_its_contract() -> None:
+    """What up.report makes of a run that ended, one a step stopped and one Ctrl-C stopped, is
+    the generated schema's (tests/test_up.py checks `tp4 up --json` itself on the netns cluster)."""
+    from tp4.serving import up
+
+    plan = build_plan(load_default())
+    done = up.Run([up.Outcome(name, "skipped", 0.0, "the line runs this plan") for name in up.STEPS[:5]], 1.25)
+    done.outcomes.append(up.Outcome("smoke", "done", 1.2, "arithmetic, stream passed"))
+    stopped = up.Run(
+        [up.Outcome("doctor", "failed", 2.5, "1 blocking failure(s):")]
+        + [up.Outcome(name, "not run") for name in up.STEPS[1:]],
+        2.5,
+        stopped_at="doctor",
+        error="1 blocking failure(s):\n  - RDMA.LINK_LAYER on spark2: InfiniBand",
+        resume="tp4 up --from doctor",
+    )
+    cut = up.Run(
+        [up.Outcome("doctor", "done", 2.0, "no blocking failure"), up.Outcome("image", "interrupted", 3.0)]
+        + [up.Outcome(name, "not run") for name in up.STEPS[2:]],
+        5.0,
+        stopped_at="image",
+        error="interrupted",
+        resume="tp4 up --from image",
+    )
+    for run, ok in ((done, True), (stopped, False), (cut, False)):
+        data = json.loads(json.dumps(up.report(plan, run).model_dump(mode="json", by_alias=True)))
+        conforms(data, "up")
+        assert data["schema"] == "tp4.up/1" and data["plan"] == plan.digest and data["ok"] is ok
+        assert [s["name"] for s in data["steps"]] == list(up.STEPS)
+    data["steps"][1]["outcome"] = "half done"
+    with pytest.raises(jsonschema.ValidationError, match="half done"):
+        conforms(data, "up")

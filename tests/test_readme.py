@@ -88,7 +88,23 @@ def test_walkthrough_offline_steps_run_in_order(repo, tmp_path):
         proc = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
         assert proc.returncode == 0, f"{step}: {proc.stdout[-1000:]}{proc.stderr[-2000:]}"
         assert "Traceback" not in proc.stderr, step
+        if step.startswith("tp4 up "):
+            _rehearses_every_step_on_the_readmes_hosts(proc.stdout, profile.group(1))
     assert (tmp_path / "plan.json").is_file()
+    assert not (tmp_path / "known_hosts").exists()  # no step asked a host (the README's do not exist)
+
+
+def _rehearses_every_step_on_the_readmes_hosts(out: str, profile: str) -> None:
+    """`tp4 up --dry-run` on the README's profile: the six steps in order, and every host of the
+    profile named by the commands run on it, over ssh to its address."""
+    from tp4.serving.up import STEPS
+
+    headings = [line for line in out.splitlines() if line.startswith("step ")]
+    assert headings == [f"step {i + 1}/6: {name}" for i, name in enumerate(STEPS)], out
+    hosts = re.findall(r'^name = "([^"]+)"\nip = "([^"]+)"', profile, re.M)
+    assert len(hosts) == 4, profile
+    for name, ip in hosts:
+        assert re.search(rf"^  {re.escape(name)}: ssh .*@{re.escape(ip)} ", out, re.M), (name, out)
 
 
 def _slug(heading: str) -> str:

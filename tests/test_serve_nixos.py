@@ -1,5 +1,6 @@
 """`tp4 serve | status | stop` on a line of NixOS hosts: the plan's digest goes from the committed
-plan file (`tp4 plan --json -o plan.json`) through the NixOS module's rank unit to `tp4 status`.
+plan file (`tp4 plan --json -o plan.json`) through the NixOS module's rank unit to `tp4 status`;
+`tp4 stop`'s stop record goes to /run/tp4 on the head as the env file does.
 
 The hosts are tests/doctor_hosts.py's four netns hosts (real sshd, real podman), every node of
 the profile ``kind = "nixos"``. A netns host has no systemd, so each host's sessions find a
@@ -337,6 +338,20 @@ def test_the_plan_files_digest_reaches_status_through_the_nixos_unit_and_another
             in refused.stderr
         )
         assert "started" not in refused.stderr
+
+        # the stop is recorded beside the head's env file under /run/tp4 (as that file is written:
+        # mode 0600), status says the line was stopped on purpose, a refused serve leaves the
+        # record and a serve removes it
+        record = head.service.env_file.removesuffix(".env") + ".stopped.json"
+        assert line.hosts[0].run("stat", "-c", "%a", record).stdout.strip() == "600"
+        assert json.loads(line.hosts[0].run("cat", record).stdout)["by"] == "tp4 stop"
+        down = json.loads(tp4("status", "--profile", profile, "--json").stdout)
+        assert down["state"] == "down" and down["state_detail"].startswith("stopped by tp4 stop at "), down
+        again = tp4("serve", "--profile", profile)
+        assert again.returncode == 0, again.stderr
+        assert line.hosts[0].run("test", "-e", record, check=False).returncode == 1
+        assert json.loads(tp4("status", "--profile", profile, "--json").stdout)["stopped"] is None
+        assert tp4("stop", "--profile", profile).returncode == 0
     finally:
         for host in line.hosts:
             host.run("podman", "rm", "-f", "-a", "-t", "0", check=False)

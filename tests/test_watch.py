@@ -1,7 +1,7 @@
 """`tp4 watch`'s core without a cluster: the classification `tp4 status` shares (progress read from
 SGLang's token counters), the confirmation of a wedge over consecutive looks and its timing, the
 restart bound and its back-off, the events (file, webhook read from a file of mode 0600), the
-Prometheus text on loopback."""
+Prometheus text on loopback, a line `tp4 stop` stopped on purpose left stopped."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from tp4.core.errors import InvalidInput, Tp4Error
 from tp4.serving import api
 from tp4.serving.api import Liveness, Load, Tokens
 from tp4.serving import watch as w
-from tp4.serving.linestate import classify
+from tp4.serving.linestate import classify, stopped_on_purpose
 
 RUNNING = {"a": "running", "b": "running"}
 ALIVE = Liveness("alive", "one token in 0.05 s", 0.05, 200)
@@ -95,19 +95,31 @@ def test_the_restart_budget_backs_off_and_is_bounded() -> None:
 class Fake:
     """A line for the watchdog: a script of looks; restarts and stops recorded."""
 
-    def __init__(self, looks: list[tuple[dict[str, str], Liveness]], fail_restart: bool = False) -> None:
+    def __init__(
+        self,
+        looks: list[tuple[dict[str, str], Liveness]],
+        fail_restart: bool = False,
+        records: dict[int, dict[str, object]] | None = None,
+    ) -> None:
         self.looks, self.restarts, self.stops, self.bundles = list(looks), 0, 0, []
         self.fail_restart = fail_restart
+        self.records = records or {}  # look number (from 0) -> the stop record `tp4 stop` left then
+        self.looked, self.read_records = 0, 0
         self.now = 1000.0
         self.slept: list[float] = []
         self.sinces: list[Tokens | None] = []
         self.restarted_at: list[float] = []
 
     def look(self, since: Tokens | None = None) -> tuple[dict[str, str], Liveness]:
+        self.looked += 1
         self.sinces.append(since)
         ranks, live = self.looks.pop(0)
         self.now += live.seconds  # the probe takes its time (its deadline when it timed out)
         return ranks, live
+
+    def stopped(self) -> dict[str, object] | None:
+        self.read_records += 1
+        return self.records.get(self.looked - 1)
 
     def restart(self) -> None:
         from tp4.core.errors import Tp4Error
@@ -140,6 +152,7 @@ class Fake:
             restart=self.restart,
             stop=self.stop,
             evidence=self.evidence,
+            stopped=self.stopped,
             clock=lambda: self.now,
             sleep=self.sleep,
         )
@@ -221,6 +234,69 @@ def test_a_line_never_seen_up_is_not_healed_and_no_node_answering_is_an_error(tm
     dog, _ = fake.dog(tmp_path)
     with pytest.raises(Tp4Error, match=r"no node of the line answers over ssh \(a, b\)"):
         dog.run(looks=1)
+
+
+STOP = {"by": "tp4 stop", "when": "2026-12-04T16:10:05Z", "from": "op@head"}
+GONE = {"a": "absent", "b": "absent"}
+
+
+def test_a_line_stopped_on_purpose_is_still_down_and_says_so() -> None:
+    down = classify(GONE, NOCONN)
+    got = stopped_on_purpose(down, STOP)
+    assert got.state == "down"
+    assert got.detail.startswith("stopped by tp4 stop at 2026-12-04T16:10:05Z (op@head), on purpose; a: rank absent")
+    assert stopped_on_purpose(down, None) == down
+    ready = classify(RUNNING, ALIVE)
+    assert stopped_on_purpose(ready, STOP) == ready  # a record does not make a line that is up down
+
+
+def test_a_line_stopped_by_tp4_stop_is_not_healed_and_is_watched_again_once_served(tmp_path: Path) -> None:
+    """ready; `tp4 stop` (the ranks gone, its record on the head): not healed however long it stays
+    down, the event `stopped`, disarmed; `tp4 serve` (record gone, booting, ready): armed again;
+    then a rank that is lost without a record is healed."""
+    fake = Fake(
+        [(RUNNING, ALIVE)]
+        + [(GONE, NOCONN)] * 6
+        + [(RUNNING, NOCONN), (RUNNING, ALIVE)]
+        + [({"a": "running", "b": "exited"}, NOCONN)] * 2,
+        records=dict.fromkeys(range(1, 7), STOP),
+    )
+    dog, echoed = fake.dog(tmp_path, confirm=2)
+    dog.run(looks=9)
+    assert fake.restarts == 0 and fake.bundles == [] and fake.stops == 0
+    assert fake.read_records == 6  # read on the down looks only
+    kinds = [(e["event"], e["state"]) for e in events(tmp_path)]
+    assert kinds == [
+        ("state", "ready"),
+        ("armed", "ready"),
+        ("state", "down"),
+        ("stopped", "down"),
+        ("state", "booting"),
+        ("state", "ready"),
+        ("armed", "ready"),
+    ]
+    stopped = next(e for e in events(tmp_path) if e["event"] == "stopped")
+    assert stopped["detail"] == (
+        "stopped by tp4 stop at 2026-12-04T16:10:05Z (op@head); not healed: "
+        "the watch heals the line again once it is up (tp4 serve)"
+    )
+    down = next(e for e in events(tmp_path) if e["state"] == "down")
+    assert "on purpose" in str(down["detail"]) and "a: rank absent" in str(down["detail"])
+    assert [h.verdict.state for h in dog.history][1:7] == ["down"] * 6
+    assert "on purpose" in dog.history[3].verdict.detail  # the evidence's probe history says so too
+    assert any(line.startswith("watch: stopped: down: stopped by tp4 stop") for line in echoed)
+    dog.run(looks=2)  # a rank lost after the serve, no record: healed
+    assert fake.restarts == 1 and fake.bundles[0][0] == "down"
+    assert [e["event"] for e in events(tmp_path)][-4:] == ["state", "confirmed", "restart", "ready"]
+
+
+def test_a_stop_while_down_but_not_yet_confirmed_is_not_healed(tmp_path: Path) -> None:
+    """A rank lost, then `tp4 stop` before the watch confirmed the loss: the operator's stop wins."""
+    lost = {"a": "running", "b": "exited"}
+    fake = Fake([(RUNNING, ALIVE), (lost, NOCONN), (GONE, NOCONN), (GONE, NOCONN)], records={2: STOP, 3: STOP})
+    dog, _ = fake.dog(tmp_path, confirm=2)
+    dog.run(looks=4)
+    assert fake.restarts == 0 and [e["event"] for e in events(tmp_path)].count("stopped") == 1
 
 
 @pytest.mark.parametrize("make", ["missing/x", "dir", "fifo", "link"])
@@ -477,10 +553,10 @@ def test_requests_in_flight_are_busy_only_while_they_progress() -> None:
 STUCK = Liveness(
     "busy", "no completion within 5 s, 6 running and 0 waiting; no token counted", 5.0, 200, Load(6, 0), False
 )
-GONE = ({"a": "running", "b": "absent"}, Liveness("down", "connection refused", 0.01))
+RANK_LOST = ({"a": "running", "b": "absent"}, Liveness("down", "connection refused", 0.01))
 
 
-@pytest.mark.parametrize(("fault", "took"), [((RUNNING, STUCK), 5.0), (GONE, 0.01)])
+@pytest.mark.parametrize(("fault", "took"), [((RUNNING, STUCK), 5.0), (RANK_LOST, 0.01)])
 def test_a_fault_is_confirmed_within_two_intervals_and_the_deadline(
     tmp_path: Path, fault: tuple[dict[str, str], Liveness], took: float
 ) -> None:
@@ -512,7 +588,7 @@ def test_a_busy_or_ready_look_ends_the_fast_confirmation(tmp_path: Path) -> None
 
 
 def test_a_line_never_seen_up_is_looked_at_every_interval(tmp_path: Path) -> None:
-    fake = Fake([GONE] * 4)
+    fake = Fake([RANK_LOST] * 4)
     dog, _ = fake.dog(tmp_path)
     dog.run(looks=4)
     assert fake.restarts == 0 and fake.slept == pytest.approx([15 - 0.01] * 3)  # not armed: nothing to confirm

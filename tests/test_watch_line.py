@@ -4,7 +4,8 @@ hang) and then loses a rank; the watchdog confirms each, saves the evidence, res
 finds it ready again, its events in the JSON-lines file and its counters on the metrics endpoint.
 With the engine's --enable-metrics, a wedge that keeps foreign requests running (a scheduler stuck
 in a collective) is told from busy by SGLang's token counters and healed, and a busy line whose
-foreign requests progress is never restarted."""
+foreign requests progress is never restarted. Nor is a line `tp4 stop` stopped: that one is
+watched again once `tp4 serve` brings it up."""
 
 from __future__ import annotations
 
@@ -223,3 +224,60 @@ def test_a_busy_line_is_not_restarted(cluster: DoctorCluster, tmp_path: Path) ->
     finally:
         stop_watch(proc, log)
         tp4(state, "stop", "--profile", str(busy))
+
+
+def test_a_line_stopped_by_tp4_stop_stays_stopped_and_is_healed_again_once_served(
+    cluster: DoctorCluster, tmp_path: Path
+) -> None:
+    state, profile, log, port = tmp_path / "state", str(cluster.profile), tmp_path / "events.jsonl", free_port()
+    served = tp4(state, "serve", "--profile", profile, "--sysfs", SYSFS)
+    assert served.returncode == 0, served.stderr
+    proc = watch(state, profile, log, port, "--backoff", "10")
+    try:
+        wait_event(log, "armed", 1, 60, proc)
+        stopped = tp4(state, "stop", "--profile", profile)
+        assert stopped.returncode == 0, stopped.stderr
+        wait_event(log, "stopped", 1, 30, proc)
+        time.sleep(6)  # six looks at --interval 1, --confirm 2: a down line would have been restarted
+        kinds = [(e["event"], e["state"]) for e in events(log)]
+        assert not any(k in ("restart", "restart-failed", "gave-up") for k, _ in kinds), kinds
+        event = next(e for e in events(log) if e["event"] == "stopped")
+        assert str(event["detail"]).startswith("stopped by tp4 stop at ") and "not healed" in str(event["detail"])
+        assert 'state="down"} 3' in metrics(port)
+        status = tp4(state, "status", "--profile", profile, "--json")
+        doc = json.loads(status.stdout)
+        assert doc["state"] == "down" and "on purpose" in doc["state_detail"], doc["state_detail"]
+        assert isinstance(doc["stopped"], dict) and doc["stopped"]["by"] == "tp4 stop"
+
+        served = tp4(state, "serve", "--profile", profile, "--sysfs", SYSFS)
+        assert served.returncode == 0, served.stderr
+        wait_event(log, "armed", 2, 60, proc)
+        assert json.loads(tp4(state, "status", "--profile", profile, "--json").stdout)["stopped"] is None
+
+        # a rank lost after the serve: healed, and the watch's own stop in its restart is no stop
+        # on purpose (the line is served again, no record left)
+        cluster.hosts[1].run("podman", "rm", "-f", "-t", "0", cluster.plan.nodes[1].run.container)
+        wait_event(log, "ready", 1, 240, proc)
+        restart = next(e for e in events(log) if e["event"] == "restart")
+        assert restart["state"] == "down" and f"{cluster.plan.nodes[1].name}: rank absent" in str(restart["detail"])
+        after = json.loads(tp4(state, "status", "--profile", profile, "--json").stdout)
+        assert after["state"] == "ready" and after["stopped"] is None, after["state_detail"]
+        assert [e["event"] for e in events(log)].count("stopped") == 1
+
+        # a `tp4 stop` while a restart waits its back-off (the second in the window: --backoff 10)
+        # wins: the restart does not serve the line again
+        cluster.hosts[1].run("podman", "rm", "-f", "-t", "0", cluster.plan.nodes[1].run.container)
+        wait_event(log, "restart", 2, 60, proc)
+        assert [e for e in events(log) if e["event"] == "restart"][1]["backoff"] == 10
+        stopped = tp4(state, "stop", "--profile", profile)
+        assert stopped.returncode == 0, stopped.stderr
+        wait_event(log, "stopped", 2, 60, proc)
+        kinds = [e["event"] for e in events(log)]
+        assert kinds.count("ready") == 1 and kinds[-2:] == ["restart-failed", "stopped"], kinds
+        assert "during the restart: not served again" in str(events(log)[-2]["detail"])
+        assert json.loads(tp4(state, "status", "--profile", profile, "--json").stdout)["state"] == "down"
+    finally:
+        err = stop_watch(proc, log)
+        tp4(state, "stop", "--profile", profile)
+    assert "Traceback" not in err, err
+    assert "watch: stopped: down: stopped by tp4 stop at " in err

@@ -138,8 +138,9 @@ def serve(
 @dry_run_option
 def stop(profile_path: str | None, grace: int, ssh_options: tuple[str, ...], strict: bool, dry_run: bool) -> None:
     """Stop every rank of the line (also what a crashed serve left) and check that the API is down
-    and no container of the line remains. Idempotent. --dry-run prints the command each node
-    would run, and asks no host."""
+    and no container of the line remains. The stop is recorded on the head first, so that `tp4
+    watch` leaves the line stopped (the next `tp4 serve` removes the record). Idempotent.
+    --dry-run prints the command each node would run, and asks no host."""
     from tp4.serving import serve as serve_mod
 
     plan, nodes, secrets = _line(profile_path, strict, ssh_options)

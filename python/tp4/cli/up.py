@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -10,6 +11,7 @@ import click
 from tp4.cli.common import (
     dry_run_option,
     err,
+    json_option,
     load_served,
     out,
     profile_option,
@@ -19,6 +21,8 @@ from tp4.cli.common import (
     sysfs_root,
     timeouts as parse_timeouts,
 )
+from tp4.core import schemas
+from tp4.core.errors import InvalidInput
 from tp4.serving.up import STEPS
 
 
@@ -33,6 +37,11 @@ from tp4.serving.up import STEPS
     help="Start at this step (what a stopped run says to resume with); the earlier ones are skipped.",
 )
 @dry_run_option
+@json_option(
+    f"The summary as one JSON object on stdout (schema {schemas.UP}): each step's outcome and seconds, the "
+    "plan's digest, the total and, when a step stopped the run or it was interrupted, that step, why and the "
+    "command to resume; printed then too. Progress and the steps' own output go to stderr."
+)
 @click.option(
     "--flake",
     "flake_dir",
@@ -55,6 +64,7 @@ def up(
     profile_path: str | None,
     start: str,
     dry_run: bool,
+    as_json: bool,
     flake_dir: Path | None,
     timeouts: tuple[str, ...],
     sysfs: str,
@@ -65,16 +75,19 @@ def up(
     checks, the image (reused when the head has the plan's image, else built, checked and
     pushed), distribute (the layers the workers lack), prepare (download, share, pack: each skips
     what is complete), serve, smoke. Each step prints its progress and time on stderr; a table of
-    every step ends the run on stdout. A failing step stops the run with its own message and the
+    every step ends the run on stdout (on stderr with --json: the document is all of stdout). A failing step stops the run with its own message and the
     command that resumes there (`tp4 up --from STEP`). A line that already runs this plan is left
     as it is (only smoke runs); a line that runs another plan keeps serving until the serve step
     restarts its ranks. --dry-run prints every step's commands, host by host, and runs nothing.
-    Run it on the head, as `tp4 build` and `tp4 distribute`. Exit 0 when the line is up and its
-    smoke passed, else the failing step's code (1: a check or a step failed; 2: bad input or a
-    refused host key)."""
+    Ctrl-C prints the summary so far (the interrupted step marked) and the command to resume, and
+    exits 130. Run it on the head, as `tp4 build` and `tp4 distribute`. Exit 0 when the line is up
+    and its smoke passed, else the failing step's code (1: a check or a step failed; 2: bad input
+    or a refused host key)."""
     from tp4.serving import serve as serve_mod
     from tp4.serving import up as up_mod
 
+    if as_json and dry_run:
+        raise InvalidInput("--json reports a run and --dry-run runs nothing: use one of them")
     sysfs = sysfs_root(sysfs)
     if flake_dir is not None:  # refused before anything is read or asked, a dry run too
         from tp4.image import nix
@@ -90,9 +103,38 @@ def up(
         expected_shards=loaded.profile.model.expected_shards,
     )
     line = up_mod.Line(loaded, served.plan, served.nodes, served.secrets)
-    opts = up_mod.Options(serve=serve_opts, start=start, flake=flake_dir)
+    # what a resume repeats: this run's options as given (the resume command is printed to be run again)
+    again: list[str] = []
+    if profile_path is not None:
+        again += ["--profile", profile_path]
+    if flake_dir is not None:
+        again += ["--flake", str(flake_dir)]
+    for value in timeouts:
+        again += ["--timeout", value]
+    if sysfs != "/sys":
+        again += ["--sysfs", sysfs]
+    for value in ssh_options:
+        again += ["--ssh-option", value]
+    if strict:
+        again.append("--strict")
+    opts = up_mod.Options(serve=serve_opts, start=start, flake=flake_dir, again=tuple(again))
     if dry_run:
         for text in up_mod.rehearse(line, opts):
             out(text)
         return
-    up_mod.run(line, opts, out, err)
+    if not as_json:
+        up_mod.run(line, opts, out, err)
+        return
+
+    def document(done: up_mod.Run) -> None:  # built through its contract (tp4.core.contracts.up_report)
+        out(json.dumps(up_mod.report(line.plan, done).model_dump(mode="json", by_alias=True), indent=2))
+
+    try:  # stdout holds the document only: the steps' own output goes to stderr with the progress
+        done = up_mod.run(line, opts, err, err)
+    except up_mod.Stopped as stopped:
+        document(stopped.run)
+        raise
+    except up_mod.Interrupted as interrupted:
+        document(interrupted.run)
+        raise
+    document(done)

@@ -111,9 +111,9 @@ def watch(
     engine's running and waiting requests, its token counters (/metrics: progress) and every
     rank's container state classify the line as ready, busy, wedged, down or booting (as `tp4
     status` does). Wedged or down on --confirm consecutive looks (--confirm-interval apart): the
-    evidence is saved, every rank stopped, the line served again and
-    verified ready. Never restarts a busy line. Past --max-restarts in --window it stops the line
-    and exits 3."""
+    evidence is saved, every rank stopped, the line served again and verified ready. Never
+    restarts a busy line, nor one `tp4 stop` stopped (until it is up again). Past --max-restarts
+    in --window it stops the line and exits 3."""
     from tp4.serving import serve as serve_mod
     from tp4.serving import watch as w
 
@@ -172,6 +172,7 @@ def watch(
         restart=lambda: w.restart_line(plan, nodes, secrets, opts, err),
         stop=lambda: w.stop_line(nodes, err),
         evidence=lambda state, history: w.evidence(plan, nodes, secrets, state, history, sysfs=sysfs),
+        stopped=lambda: serve_mod.read_stop(nodes[0]),
     )
     events.emit(
         "start",

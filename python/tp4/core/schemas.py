@@ -36,3 +36,6 @@ IMAGE_STORE = "tp4.image-store/1"
 
 # `tp4 distribute --check --json` (tp4.core.contracts.distribute_check)
 DISTRIBUTE_CHECK = "tp4.distribute-check/1"
+
+# `tp4 up --json` (tp4.core.contracts.up_report)
+UP = "tp4.up/1"

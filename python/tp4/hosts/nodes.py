@@ -7,7 +7,7 @@ only the Plan's types and :mod:`tp4.core.process`, never a module that acts on h
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass
 
 from tp4.core import process
@@ -96,9 +96,12 @@ def parallel(nodes: Sequence[Node], fn: Callable[[Node], object]) -> dict[str, o
         return results
     with ThreadPoolExecutor(max_workers=len(nodes)) as pool:
         futures = {n.name: pool.submit(fn, n) for n in nodes}
+        # Ctrl-C while waiting is the caller's (the SIGINT handler raises it here, in the main
+        # thread), never a node's result: caught per future, it became the first node's failure
+        # with an empty message. The pool's exit then waits for its threads, whose commands the
+        # handler stopped.
+        wait(futures.values())
         for name, future in futures.items():
-            try:
-                results[name] = future.result()
-            except BaseException as exc:  # noqa: BLE001 - reported per node by the caller
-                results[name] = exc
+            raised = future.exception()
+            results[name] = raised if raised is not None else future.result()  # a node's: reported by the caller
     return results

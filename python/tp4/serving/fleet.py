@@ -972,7 +972,7 @@ def serve(
             up = [r.line for r in served.lines if r.ok]
             if up:
                 progress(f"stopping the {len(up)} lines this serve started ...")
-                for problem in _stop_lines(up, secrets, ssh_options, progress):
+                for problem in _stop_lines(up, secrets, ssh_options, progress, by="tp4 fleet serve, which failed"):
                     progress(f"warning: {problem}")
         raise
     names = ", ".join(line.name for line in served.up)
@@ -1010,8 +1010,10 @@ def _wait_router(fleet: Fleet, host: RouterHost, urls: Sequence[str], key: Secre
 
 
 def _stop_lines(
-    lines: Sequence[Line], secrets: Mapping[str, Secret], ssh_options: Sequence[str], progress: Echo
+    lines: Sequence[Line], secrets: Mapping[str, Secret], ssh_options: Sequence[str], progress: Echo, *, by: str
 ) -> list[str]:
+    """`tp4 stop` of each line, in parallel, recorded as a stop on purpose by ``by`` (a watchdog
+    leaves the line stopped)."""
     from tp4.serving import serve as serve_mod
 
     def one(line: Line) -> list[str]:
@@ -1019,7 +1021,9 @@ def _stop_lines(
         try:
             return [
                 f"line {line.name}: {p}"
-                for p in serve_mod.stop(line.plan, nodes, secrets, lambda _: None, _prefixed(line.name, progress))
+                for p in serve_mod.stop(
+                    line.plan, nodes, secrets, lambda _: None, _prefixed(line.name, progress), by=by
+                )
             ]
         except Tp4Error as exc:
             return [f"line {line.name}: {exc.message}"]
@@ -1092,7 +1096,7 @@ def stop(fleet: Fleet, out: Echo, progress: Echo, *, ssh_options: Sequence[str] 
         problem = f"router on {host.where}: {exc.message}"
     if problem:
         problems.append(problem)
-    problems += _stop_lines(fleet.lines, secrets, ssh_options, progress)
+    problems += _stop_lines(fleet.lines, secrets, ssh_options, progress, by="tp4 fleet stop")
     if not problems:
         out(
             f"stopped: the router on {host.where} and {len(fleet.lines)} lines ({', '.join(line.name for line in fleet.lines)})"

@@ -16,6 +16,10 @@ of five states:
 * ``down``: a rank's container is gone, stopped or its node unreachable;
 * ``booting``: every rank's container runs (or is being started) but the API takes no connection
   yet.
+
+A line `tp4 stop` stopped on purpose is still ``down``: :func:`stopped_on_purpose` says so in
+the detail, from the stop record `tp4 stop` leaves on the head (tp4.serving.serve.read_stop);
+`tp4 status` shows it and `tp4 watch` leaves such a line stopped.
 """
 
 from __future__ import annotations
@@ -74,3 +78,17 @@ def classify(ranks: Mapping[str, str], live: Liveness, *, own_in_flight: int = 0
         return Verdict("booting", f"every rank runs, the API takes no connection yet ({live.detail})")
     # wedged, or the API answered with an error instead of a token
     return Verdict("wedged", live.detail)
+
+
+def stop_words(record: Mapping[str, object]) -> str:
+    """A stop record in words: ``stopped by tp4 stop at <UTC time> (<user>@<host>)``."""
+    by, when, where = record.get("by") or "tp4 stop", record.get("when") or "an unknown time", record.get("from")
+    return f"stopped by {by} at {when}" + (f" ({where})" if where else "")
+
+
+def stopped_on_purpose(verdict: Verdict, record: Mapping[str, object] | None) -> Verdict:
+    """A down line with a stop record (the ranks were stopped on purpose, not lost): still down,
+    its detail saying so first. Any other verdict, or no record, is returned as it is."""
+    if verdict.state != "down" or record is None:
+        return verdict
+    return Verdict("down", f"{stop_words(record)}, on purpose; {verdict.detail}")

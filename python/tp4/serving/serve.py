@@ -593,9 +593,13 @@ def rehearse_serve(plan: Plan, nodes: Sequence[Node]) -> list[str]:
     return lines
 
 
-def rehearse_stop(nodes: Sequence[Node], *, grace: int = STOP_GRACE) -> list[str]:
-    """The command `tp4 stop` runs on every node (in parallel)."""
-    return [_as_run(n, stop_argv(n, grace=grace)) for n in nodes]
+def rehearse_stop(nodes: Sequence[Node], *, grace: int = STOP_GRACE, record: bool = True) -> list[str]:
+    """The stop record `tp4 stop` writes on the head, then the command it runs on every node (in
+    parallel). ``record=False``: a stop that serves again (:func:`stop_nodes`), without the record."""
+    stops = [_as_run(n, stop_argv(n, grace=grace)) for n in nodes]
+    if not record:
+        return stops
+    return [_as_run(nodes[0], record_stop_argv(nodes[0]), "  < the stop record on stdin (who, when)"), *stops]
 
 
 # --- serve ----------------------------------------------------------------------------------------
@@ -811,6 +815,7 @@ def _boot(
             push_spec_tables(nodes, tables, progress)
         write_running_plans(plan, nodes)
         workers, head = list(nodes[1:]), nodes[0]
+        clear_stop(head)  # served again: no longer stopped on purpose
         # from here a failure (or Ctrl-C mid-start) stops every node: a start cut short can leave
         # a created container, and the checks made sure none of the line ran before.
         # The workers start in parallel, then the head; a plain head's container is created
@@ -1043,6 +1048,78 @@ def endpoint(plan: Plan, secrets: Mapping[str, Secret], *, url: str | None = Non
 
 
 # --- stop -----------------------------------------------------------------------------------------
+# `tp4 stop` leaves a stop record on the head, beside the head rank's env file and with the rights
+# serve writes that file with, before it stops a rank; serve removes it before it starts one. So
+# a line that is down with the record was stopped on purpose since its last serve: `tp4 watch`
+# leaves it stopped and `tp4 status` says so. The record is on the head, not in the state
+# directory of the machine tp4 runs on, so that every tp4 reads the same one: the operator's
+# `tp4 stop` from any machine, and a NixOS head's tp4-watch.service, whose state directory
+# (/var/lib/tp4-watch) is not the operator's. Stops that serve again (the watchdog's restart,
+# `tp4 serve --replace`, `tp4 up`) stop the ranks without a record.
+
+
+def stop_record_path(rank: RankPlan) -> str:
+    """Where `tp4 stop` records the stop: beside the head rank's env file."""
+    return rank.service.env_file.removesuffix(".env") + ".stopped.json"
+
+
+def record_stop_argv(head: Node) -> list[str]:
+    """What writes the stop record (from stdin, mode 0600, atomically: privatefiles)."""
+    return _as_env_file(head, ["sh", "-c", _WRITE_PRIVATE, "sh", stop_record_path(head.rank)])
+
+
+def record_stop(head: Node, by: str) -> str | None:
+    """Record on the head that ``by`` (`tp4 stop`) stops the line on purpose; the problem, or None."""
+    import getpass
+    import socket
+
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):
+        user = str(os.getuid())
+    record = {
+        "by": by,
+        "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "from": f"{user}@{socket.gethostname()}",
+    }
+    proc = head.run(
+        record_stop_argv(head),
+        input=json.dumps(record, sort_keys=True) + "\n",
+        check=False,
+        timeout=30,
+        purpose=f"recording the stop on {head.name}",
+    )
+    if proc.returncode == 0:
+        return None
+    return (
+        f"{head.name}: the stop could not be recorded in {stop_record_path(head.rank)} ({proc.stderr.strip()}): "
+        "a `tp4 watch` of the line takes it for a line that is down and serves it again"
+    )
+
+
+def clear_stop(head: Node) -> None:
+    """Remove the stop record: the line is served again (serve, before it starts a rank)."""
+    head.run(
+        _as_env_file(head, ["rm", "-f", "--", stop_record_path(head.rank)]),
+        timeout=30,
+        purpose=f"removing the stop record on {head.name}",
+    )
+
+
+def read_stop(head: Node) -> dict[str, object] | None:
+    """The stop record on the head (``by``, ``when`` in UTC, ``from`` user@host), or None: none, or
+    the head cannot be read (then nothing says the line was stopped on purpose)."""
+    proc = head.run(
+        _as_env_file(head, ["cat", "--", stop_record_path(head.rank)]),
+        check=False,
+        timeout=30,
+        purpose=f"reading the stop record on {head.name}",
+    )
+    try:
+        doc = json.loads(proc.stdout) if proc.returncode == 0 else None
+    except ValueError:
+        return None
+    return doc if isinstance(doc, dict) else None
 
 
 def stop(
@@ -1053,13 +1130,19 @@ def stop(
     progress: Echo,
     *,
     grace: int = STOP_GRACE,
+    by: str = "tp4 stop",
 ) -> list[str]:
     """Stop every rank of the line (what a crashed serve left too), then check the API is down and
-    no container of the line is left. Returns the problems (empty: stopped)."""
+    no container of the line is left. The stop is recorded on the head first (:func:`record_stop`),
+    so that a watchdog never takes the stopped line for one that is down. Returns the problems
+    (empty: stopped)."""
     from tp4.serving import api
 
     with line_lock(plan, "stop"):
+        problem = record_stop(nodes[0], by)
         problems = stop_nodes(nodes, progress, grace=grace)
+        if problem and not any(p.startswith(f"{nodes[0].name}: ") for p in problems):
+            problems.insert(0, problem)
         ep = endpoint(plan, secrets)
         if api.health(ep, 3) is not None:
             problems.append(f"{nodes[0].name}: the API {plan.line.api} still answers")
@@ -1301,11 +1384,14 @@ def status(
     ep = endpoint(plan, secrets)
     live = api.probe(ep, probe_timeout)
     record = load_run(plan)
-    from tp4.serving.linestate import classify  # the one classification `tp4 watch` acts on
+    # the one classification `tp4 watch` acts on, and the stop record both read
+    from tp4.serving.linestate import classify, stopped_on_purpose
 
     ranks = {str(i.get("node")): str(i.get("state") or "") for i in node_info if isinstance(i, dict)}
     # this probe's own request, when it timed out, and the caller's earlier ones
     verdict = classify(ranks, live, own_in_flight=1 + others_in_flight)
+    stopped = read_stop(nodes[0]) if verdict.state == "down" else None
+    verdict = stopped_on_purpose(verdict, stopped)
     digests = {
         str(i.get("node")): (str(i.get("state") or ""), str(i.get("plan") or ""))
         for i in node_info
@@ -1318,6 +1404,7 @@ def status(
         "nodes": node_info,
         "state": verdict.state,
         "state_detail": verdict.detail,
+        "stopped": stopped,
         "liveness": {
             "state": live.state,
             "detail": live.detail,

@@ -24,7 +24,9 @@ doctor's checks then run in serve, once the old ranks have stopped (a running ra
 ports and the GPU doctor checks), and only the ranks restart.
 
 A failing step stops up with its own message and the command that resumes there
-(`tp4 up --from STEP`); a summary table (step, outcome, seconds) ends every run."""
+(`tp4 up --from STEP`); a summary table (step, outcome, seconds) ends every run, an interrupted
+one too (Ctrl-C: the step it stopped marked ``interrupted``, then the resume command). The same
+summary as one document is :func:`report` (`tp4 up --json`, tp4.core.contracts.up_report)."""
 
 from __future__ import annotations
 
@@ -39,6 +41,7 @@ from tp4.core.errors import Tp4Error
 
 if TYPE_CHECKING:
     from tp4.core.apikey import Secret
+    from tp4.core.contracts.up_report import UpReport
     from tp4.hosts.nodes import Node
     from tp4.line.plan import Plan
     from tp4.line.profile.load import Loaded
@@ -75,14 +78,34 @@ class Options:
     serve: ServeOptions
     start: str = "doctor"  # --from
     flake: Path | None = None  # where `tp4 build` finds the flake (default: nix.find_flake's rule)
+    # the options of this run that a resume repeats (--profile, --flake, --timeout ...): the resume
+    # command is the run's own, with --from
+    again: tuple[str, ...] = ()
 
 
 @dataclass
 class Outcome:
     step: str
-    status: str  # "done", "skipped", "failed", "not run"
+    status: str  # "done", "skipped", "failed", "interrupted", "not run"
     seconds: float = 0.0
     detail: str = ""
+
+
+@dataclass
+class Run:
+    """What a run did, also when it stopped: every step's outcome and the whole run's seconds."""
+
+    outcomes: list[Outcome]
+    seconds: float
+    stopped_at: str | None = None
+    error: str | None = None
+    resume: str | None = None  # the command that resumes there; None when ok or when rerunning cannot help
+
+
+def resume_command(step: str, again: Sequence[str] = ()) -> str:
+    """The command that resumes at ``step``: this run's own options (quoted for a shell), then
+    --from."""
+    return shlex.join(["tp4", "up", *again, "--from", step])
 
 
 @dataclass
@@ -108,17 +131,28 @@ class Skip(Exception):
 
 
 class Stopped(Tp4Error):
-    """A step failed: its own message, then the command that resumes there."""
+    """A step failed: its own message, then the command that resumes there. ``run``: the summary
+    so far (the failed step, then ``not run`` for the rest)."""
 
-    def __init__(self, step: str, message: str, exit_code: int, table: list[str], *, fix: str = ""):
+    def __init__(self, step: str, message: str, exit_code: int, run: Run, *, fix: str = ""):
         i = STEPS.index(step)
         super().__init__(
-            "\n".join(table)
+            "\n".join(summary(run.outcomes, run.seconds))
             + f"\nup: stopped at step {i + 1}/{len(STEPS)} ({step}): {message}\n"
-            + (fix or f"fix: the fix above, then `tp4 up --from {step}` (or `tp4 up`: the steps done are skipped)"),
+            + (fix or f"fix: the fix above, then `{run.resume}` (or `tp4 up`: the steps done are skipped)"),
             exit_code=exit_code,
         )
         self.step = step
+        self.run = run
+
+
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C (or another stopping signal) during a run: the summary so far, the interrupted step
+    marked. A KeyboardInterrupt, so the CLI says `interrupted` and exits 130 as for any command."""
+
+    def __init__(self, run: Run):
+        super().__init__(run.stopped_at)
+        self.run = run
 
 
 def read_state(line: Line) -> State:
@@ -170,7 +204,7 @@ def head_image(line: Line) -> str | None:
 
 def _image(line: Line, opts: Options, state: State, out: Echo, progress: Echo) -> str:
     from tp4.image import build as build_mod
-    from tp4.image import nix
+    from tp4.image import nix, runtime_cli
 
     tag = line.plan.image.tag
     have = head_image(line)
@@ -178,9 +212,27 @@ def _image(line: Line, opts: Options, state: State, out: Echo, progress: Echo) -
         raise Skip(f"the head has {tag} ({have[:12]}), built and checked: reused")
     flake = nix.find_flake(opts.flake)
     attr = build_mod.image_attr(line.plan.image.variant)
-    built = build_mod.build(flake, attr, line.nodes[0].runtime, out, progress)
+    head = line.nodes[0]
+    built = build_mod.build(flake, attr, head.runtime, out, progress)
     if not build_mod.Pushed.load(build_mod.store_record_path(flake, attr)):
         progress("image: not in the head's image store; distribute pushes it")
+    # the build is this machine's; the ranks run what the head has: the same store only when tp4
+    # runs on the head as the head's ssh user (a rootless podman store is per user)
+    found = head_image(line)
+    if found != runtime_cli.normalize_id(built.id):
+        where = f"{head.name} (over ssh as {head.rank.ssh.user})" if head.remote is not None else head.name
+        has = f"has no {tag}" if found is None else f"has {tag} as {found[:12]}"
+        if not runtime_cli.same_ref(built.ref, tag):
+            fix = (
+                f"the image names the line's reference {built.ref}, not the plan's image {tag}; fix: build the "
+                "plan's image variant from a flake that tags it so (image.tag and image.variant of the profile)"
+            )
+        else:
+            fix = (
+                f"the build went into this machine's {head.runtime} store, which is not the one the head's ranks "
+                f"run from; fix: run tp4 up on the head, as the head's ssh user ({head.rank.ssh.user})"
+            )
+        raise Tp4Error(f"built {built.ref} ({built.id[:12]}) here, but the head {where} {has}: {fix}")
     return f"built, checked and tagged {built.ref} ({built.id[:12]})"
 
 
@@ -245,18 +297,23 @@ def _prepare(line: Line, opts: Options, state: State, out: Echo, progress: Echo)
     from tp4.serving import serve as serve_mod
 
     def pack() -> None:
-        if state.any_running():
-            to_pack = unpacked(line)
-            if to_pack:  # the packer reads the checkpoint into the memory the running rank holds
-                progress(
-                    f"up: prepare: pack has work on {', '.join(to_pack)} while the line runs another plan: "
-                    "stopping its ranks first"
-                )
-                problems = serve_mod.stop_nodes(line.nodes, progress)
-                if problems:
-                    raise Tp4Error("not everything stopped:\n" + "\n".join(f"  {p}" for p in problems))
-                state.running = {}
-        pack_mod.pack(line.plan, line.nodes, out)
+        to_pack = unpacked(line) if state.any_running() else []
+        if not to_pack:
+            pack_mod.pack(line.plan, line.nodes, out)
+            return
+        # the packer reads the checkpoint into the memory the running rank holds: the ranks stop
+        # first, under the line's lock `tp4 serve` and `tp4 stop` take, held until the packer is
+        # done, so a `tp4 serve` cannot start ranks between the stop and the packer
+        with serve_mod.line_lock(line.plan, "up (prepare: stopping the ranks for the packer)"):
+            progress(
+                f"up: prepare: pack has work on {', '.join(to_pack)} while the line runs another plan: "
+                "stopping its ranks first"
+            )
+            problems = serve_mod.stop_nodes(line.nodes, progress)
+            if problems:
+                raise Tp4Error("not everything stopped:\n" + "\n".join(f"  {p}" for p in problems))
+            state.running = {}
+            pack_mod.pack(line.plan, line.nodes, out)
 
     for name, run in (
         ("download", lambda: checkpoint_mod.download(line.loaded.profile)),
@@ -296,78 +353,137 @@ def _smoke(line: Line, opts: Options, state: State, out: Echo) -> str:
     return ", ".join(r.name for r in results) + " passed"
 
 
-def run(line: Line, opts: Options, out: Echo, progress: Echo) -> list[Outcome]:
-    """Every step from ``opts.start`` on; raises :class:`Stopped` at the first that fails. One
-    `tp4 up` of a line at a time (a second is refused naming the first)."""
+def run(line: Line, opts: Options, out: Echo, progress: Echo) -> Run:
+    """Every step from ``opts.start`` on; raises :class:`Stopped` at the first that fails and
+    :class:`Interrupted` on Ctrl-C (after printing the summary so far and the resume command on
+    ``progress``). One `tp4 up` of a line at a time (a second is refused naming the first)."""
     from tp4.serving import serve as serve_mod
 
     with serve_mod.line_lock(line.plan, "up", kind="up.lock"):
         return _run(line, opts, out, progress)
 
 
-def _run(line: Line, opts: Options, out: Echo, progress: Echo) -> list[Outcome]:
+def _run(line: Line, opts: Options, out: Echo, progress: Echo) -> Run:
     began = time.monotonic()
-    state = read_state(line)
-    first = STEPS.index(opts.start)
-    up_already = state.runs(line.plan)
-    if up_already:
-        progress(f"up: the line runs this plan ({line.plan.digest}) on every rank: only smoke verifies it")
-    elif state.any_running():
-        progress(
-            f"up: the line runs another plan ({', '.join(d or 'no digest' for d in state.other(line.plan))}); "
-            f"this plan is {line.plan.digest}: only what the change needs is redone, then the ranks restart"
-        )
-    steps: dict[str, Callable[[], str]] = {
-        "doctor": lambda: _doctor(line, opts, state, out),
-        "image": lambda: _image(line, opts, state, out, progress),
-        "distribute": lambda: _distribute(line, opts, state, out),
-        "prepare": lambda: _prepare(line, opts, state, out, progress),
-        "serve": lambda: _serve(line, opts, state, out, progress),
-        "smoke": lambda: _smoke(line, opts, state, out),
-    }
     outcomes: list[Outcome] = []
-    for i, name in enumerate(STEPS):
-        if i < first:
-            outcomes.append(Outcome(name, "skipped", 0.0, f"--from {opts.start}"))
-            continue
-        if up_already and name != "smoke":
-            outcomes.append(Outcome(name, "skipped", 0.0, f"the line runs this plan ({line.plan.digest})"))
-            continue
-        progress(f"up: step {i + 1}/{len(STEPS)}: {name}")
-        t0 = time.monotonic()
-        try:
-            detail = steps[name]()
-            status = "done"
-        except Skip as why:
-            detail, status = str(why), "skipped"
-        except Tp4Error as exc:
-            outcomes.append(Outcome(name, "failed", time.monotonic() - t0, exc.message.splitlines()[0]))
-            outcomes += [Outcome(rest, "not run") for rest in STEPS[i + 1 :]]
-            # a line that runs this plan and fails its smoke is not fixed by running smoke again
-            fix = (
-                "fix: the line runs this plan but does not answer as it should: `tp4 status` tells busy from wedged; "
-                "`tp4 serve --replace` restarts its ranks"
-                if up_already
-                else ""
+    current: tuple[str, float] | None = None  # the step running and when it started
+    try:
+        state = read_state(line)
+        first = STEPS.index(opts.start)
+        up_already = state.runs(line.plan)
+        if up_already:
+            progress(f"up: the line runs this plan ({line.plan.digest}) on every rank: only smoke verifies it")
+        elif state.any_running():
+            progress(
+                f"up: the line runs another plan ({', '.join(d or 'no digest' for d in state.other(line.plan))}); "
+                f"this plan is {line.plan.digest}: only what the change needs is redone, then the ranks restart"
             )
-            raise Stopped(
-                name, exc.message, exc.exit_code, summary(outcomes, time.monotonic() - began), fix=fix
-            ) from None
-        seconds = time.monotonic() - t0
-        outcomes.append(Outcome(name, status, seconds, detail))
-        progress(f"up: {name}: {status} in {seconds:.1f} s: {detail}")
-    for text in summary(outcomes, time.monotonic() - began):
+        steps: dict[str, Callable[[], str]] = {
+            "doctor": lambda: _doctor(line, opts, state, out),
+            "image": lambda: _image(line, opts, state, out, progress),
+            "distribute": lambda: _distribute(line, opts, state, out),
+            "prepare": lambda: _prepare(line, opts, state, out, progress),
+            "serve": lambda: _serve(line, opts, state, out, progress),
+            "smoke": lambda: _smoke(line, opts, state, out),
+        }
+        for i, name in enumerate(STEPS):
+            if i < first:
+                outcomes.append(Outcome(name, "skipped", 0.0, f"--from {opts.start}"))
+                continue
+            if up_already and name != "smoke":
+                outcomes.append(Outcome(name, "skipped", 0.0, f"the line runs this plan ({line.plan.digest})"))
+                continue
+            progress(f"up: step {i + 1}/{len(STEPS)}: {name}")
+            started = time.monotonic()
+            current = (name, started)
+            try:
+                detail = steps[name]()
+                status = "done"
+            except Skip as why:
+                detail, status = str(why), "skipped"
+            except Tp4Error as exc:
+                current = None
+                outcomes.append(Outcome(name, "failed", time.monotonic() - started, exc.message.splitlines()[0]))
+                outcomes += [Outcome(rest, "not run") for rest in STEPS[i + 1 :]]
+                # a line that runs this plan and fails its smoke is not fixed by running smoke again
+                fix = (
+                    "fix: the line runs this plan but does not answer as it should: `tp4 status` tells busy from "
+                    "wedged; `tp4 serve --replace` restarts its ranks"
+                    if up_already
+                    else ""
+                )
+                stopped = Run(
+                    outcomes,
+                    time.monotonic() - began,
+                    stopped_at=name,
+                    error=exc.message,
+                    resume=None if fix else resume_command(name, opts.again),
+                )
+                raise Stopped(name, exc.message, exc.exit_code, stopped, fix=fix) from None
+            seconds = time.monotonic() - current[1]
+            current = None
+            outcomes.append(Outcome(name, status, seconds, detail))
+            progress(f"up: {name}: {status} in {seconds:.1f} s: {detail}")
+    except KeyboardInterrupt:
+        raise _interrupted(outcomes, current, opts, began, progress) from None
+    done = Run(outcomes, time.monotonic() - began)
+    for text in summary(done.outcomes, done.seconds):
         out(text)
-    return outcomes
+    return done
+
+
+def _interrupted(
+    outcomes: list[Outcome], current: tuple[str, float] | None, opts: Options, began: float, progress: Echo
+) -> Interrupted:
+    """The summary so far on ``progress``: the step that ran marked ``interrupted`` (when none
+    ran, the next one: it is where to resume), the rest ``not run``; then the resume command."""
+    now = time.monotonic()
+    first = STEPS.index(opts.start)
+    seen = {o.step for o in outcomes}
+    outcomes += [Outcome(name, "skipped", 0.0, f"--from {opts.start}") for name in STEPS[:first] if name not in seen]
+    rest = [name for name in STEPS[first:] if name not in seen]
+    at = current[0] if current is not None else (rest[0] if rest else STEPS[-1])
+    if at in rest:
+        outcomes.append(Outcome(at, "interrupted", now - current[1] if current is not None else 0.0, "interrupted"))
+    outcomes += [Outcome(name, "not run") for name in rest if name != at]
+    stopped = Run(outcomes, now - began, stopped_at=at, error="interrupted", resume=resume_command(at, opts.again))
+    try:
+        for text in summary(stopped.outcomes, stopped.seconds):
+            progress(text)
+        progress(
+            f"up: interrupted at step {STEPS.index(at) + 1}/{len(STEPS)} ({at}); resume with "
+            f"`{stopped.resume}` (or `tp4 up`: the steps done are skipped)"
+        )
+    except OSError:  # the terminal is gone: the document (--json) and the exit code still say it
+        pass
+    return Interrupted(stopped)
 
 
 def summary(outcomes: Sequence[Outcome], total: float) -> list[str]:
     """The table that ends every run: step, outcome, seconds, what it did."""
-    rows = [f"{'step':<11} {'outcome':<8} {'seconds':>8}  detail"]
+    rows = [f"{'step':<11} {'outcome':<11} {'seconds':>8}  detail"]
     for o in outcomes:
-        rows.append(f"{o.step:<11} {o.status:<8} {o.seconds:8.1f}  {o.detail}")
-    rows.append(f"{'total':<11} {'':<8} {total:8.1f}")
+        rows.append(f"{o.step:<11} {o.status:<11} {o.seconds:8.1f}  {o.detail}")
+    rows.append(f"{'total':<11} {'':<11} {total:8.1f}")
     return rows
+
+
+def report(plan: Plan, done: Run) -> UpReport:
+    """The run as `tp4 up --json` prints it (tp4.core.contracts.up_report)."""
+    from tp4.core.contracts.up_report import UpReport, UpStep
+
+    return UpReport(
+        plan=plan.digest,
+        ok=done.stopped_at is None,
+        steps=[
+            UpStep(name=o.step, outcome=o.status, seconds=round(o.seconds, 3), detail=o.detail)  # type: ignore[arg-type]
+            for o in done.outcomes
+        ],
+        seconds=round(done.seconds, 3),
+        stopped_at=done.stopped_at,  # type: ignore[arg-type]
+        error=done.error,
+        resume=done.resume,
+    )
 
 
 # --- --dry-run ------------------------------------------------------------------------------------
@@ -451,7 +567,7 @@ def rehearse(line: Line, opts: Options) -> list[str]:
             lines += [f"  {text}" for text in pack_mod.rehearse(plan, nodes)]
         elif name == "serve":
             lines.append("  (a line running another plan: its ranks stop first)")
-            lines += [f"  {text}" for text in serve_mod.rehearse_stop(nodes)]
+            lines += [f"  {text}" for text in serve_mod.rehearse_stop(nodes, record=False)]
             lines.append("  then:")
             lines += [f"  {text}" for text in serve_mod.rehearse_serve(plan, nodes)]
         elif name == "smoke":

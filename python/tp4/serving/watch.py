@@ -10,8 +10,10 @@ an evidence bundle under the
 line's state directory, stops every rank, serves the line again and verifies it ready as `tp4
 serve` does. Restarts are bounded (default 3 an hour) with a back-off that doubles with each
 restart in the window; past the bound it stops the line, keeps the evidence and says so. It never
-restarts a busy line. Every event goes to the echo (stderr), to a JSON-lines file, and to an
-optional webhook; :class:`Metrics` serves the Prometheus text format on loopback.
+restarts a busy line, nor one found down that `tp4 stop` stopped on purpose (its stop record on
+the head, tp4.serving.serve.read_stop): that one is left stopped until it is seen up again.
+Every event goes to the echo (stderr), to a JSON-lines file, and to an optional webhook;
+:class:`Metrics` serves the Prometheus text format on loopback.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from tp4.core import privatefiles
 from tp4.core.errors import InvalidInput, Tp4Error
-from tp4.serving.linestate import STATE_VALUE, LineState, Verdict, classify
+from tp4.serving.linestate import STATE_VALUE, LineState, Verdict, classify, stop_words, stopped_on_purpose
 
 if TYPE_CHECKING:
     from tp4.core.apikey import Secret
@@ -413,11 +415,13 @@ class Watchdog:
         restart: Callable[[], None],
         stop: Callable[[], list[str]],
         evidence: Callable[[str, Sequence[Look]], Path],
+        stopped: Callable[[], Mapping[str, object] | None] = lambda: None,
         clock: Callable[[], float] = time.time,
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         self.settings, self.events, self.gauges = settings, events, gauges
         self.look_, self.restart_, self.stop_, self.evidence_ = look, restart, stop, evidence
+        self.stopped_ = stopped  # the line's stop record (`tp4 stop` on purpose), read on a down look
         self.clock, self.sleep = clock, sleep
         self.confirm = Confirm(settings.confirm)
         self.budget = RestartBudget(settings.max_restarts, settings.window, settings.backoff)
@@ -461,10 +465,24 @@ class Watchdog:
                 + ", ".join(got.ranks)
                 + "); fix: the profile's ssh settings (`tp4 doctor` shows each node)"
             )
+        record = self.stopped_() if state == "down" else None
+        if record is not None:
+            got = got._replace(verdict=stopped_on_purpose(got.verdict, record))
+            self.history[-1] = got
         confirmed = self.confirm.see(state)
         if state != self.last:
             self.events.emit("state", state, got.verdict.detail, previous=self.last)
             self.last = state
+        if record is not None:  # `tp4 stop` since the last serve: left stopped, healed again once up
+            self.confirm = Confirm(self.settings.confirm)
+            if self.armed:
+                self.armed = False
+                self.events.emit(
+                    "stopped",
+                    state,
+                    f"{stop_words(record)}; not healed: the watch heals the line again once it is up (tp4 serve)",
+                )
+            return got
         if state in ("ready", "busy") and not self.armed:
             self.armed = True
             self.events.emit("armed", state, "the line is up: a wedge or a rank that goes down is healed from now on")
@@ -617,12 +635,17 @@ def evidence(
 def restart_line(
     plan: Plan, nodes: Sequence[Node], secrets: Mapping[str, Secret], opts: serve_Options, progress: Echo
 ) -> None:
-    """Stop every rank, then serve the line again and verify it ready as `tp4 serve` does."""
+    """Stop every rank, then serve the line again and verify it ready as `tp4 serve` does; not
+    when `tp4 stop` stopped the line meanwhile (during the back-off, the evidence or this stop):
+    then a failed restart, and the next look finds the line stopped on purpose."""
     from tp4.serving import serve
 
     problems = serve.stop_nodes(nodes, progress)
     if problems:
         raise Tp4Error("the line did not stop: " + "; ".join(problems))
+    record = serve.read_stop(nodes[0])
+    if record is not None:
+        raise Tp4Error(f"{stop_words(record)} during the restart: not served again")
     serve.serve(plan, nodes, secrets, opts, progress, progress)
 
 

@@ -19,6 +19,7 @@ from tp4.core.contracts import (
     profile_check,
     smoke_report,
     sources_report,
+    up_report,
 )
 from tp4.core.contracts.base import JsonSchema, json_schema
 
@@ -135,6 +136,16 @@ CONTRACTS: tuple[Contract, ...] = (
         distribute_check.MODELS,
         "`tp4 distribute --check --json` (python/tp4/cli/build.py)",
         "operators, scripts",
+    ),
+    Contract(
+        "up",
+        "the run of `tp4 up` (`tp4 up --json`)",
+        up_report.UpReport,
+        up_report.MODELS,
+        "`tp4 up --json` (python/tp4/serving/up.py report)",
+        "operators, scripts, CI",
+        "Printed when a step stops the run (exit that step's code) and on Ctrl-C (exit 130) too; the steps' own "
+        "output and progress go to stderr.",
     ),
 )
 
