@@ -16,6 +16,8 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -25,6 +27,7 @@ from tp4.core import apikey
 
 from tp4.serving import api
 from tp4.serving.api import ApiError, Endpoint, Load, Secret
+from tp4.serving.linestate import classify
 from tp4.line.container import IMAGE, MOUNTS
 from tp4.core.errors import InvalidInput
 from tp4.line.plan import build_plan
@@ -330,9 +333,92 @@ def test_probe_busy_is_not_wedged(start: Callable[..., Head]) -> None:
     head = start(TP4_STANDIN_FAULT="busy", TP4_STANDIN_BUSY_SECONDS="3")
     found = api.probe(head.ep, timeout=1)
     assert found.state == "busy" and found.load is not None and found.load.running >= 3 and found.load.waiting == 1
-    assert found.detail.startswith("no completion within 1 s, but ") and found.detail.endswith("busy, not wedged")
+    assert found.detail.startswith("no completion within 1 s, ") and found.progress is None
+    # without --enable-metrics there is no /metrics (as SGLang): progress unknown, and said so
+    assert found.detail.endswith("progress unknown: the engine has no /metrics (it runs without --enable-metrics)")
+    assert classify({"a": "running"}, found, own_in_flight=1).state == "busy"  # more in flight than its probe
     # with time enough, the same line answers
     assert api.probe(head.ep, timeout=6).state == "alive"
+
+
+def metrics_args() -> str:
+    """The line's engine args with --enable-metrics added (EXTRA_SGLANG_ARGS)."""
+    return build_plan(load_default()).nodes[0].env.get("EXTRA_SGLANG_ARGS", "") + " --enable-metrics"
+
+
+def scrape(head: Head, key: str | None = None) -> tuple[int, str]:
+    req = urllib.request.Request(head.url + "/metrics", headers={"Authorization": f"Bearer {key}"} if key else {})
+    try:
+        with urllib.request.urlopen(req, timeout=5) as resp:
+            return resp.status, resp.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, ""
+
+
+def test_the_standins_metrics_are_sglangs(start: Callable[..., Head]) -> None:
+    head = start(EXTRA_SGLANG_ARGS=metrics_args())
+    status, text = scrape(head)  # no key: SGLang's key middleware passes /metrics, as /health
+    assert status == 200
+    for name, kind in (
+        ("sglang:num_running_reqs", "gauge"),
+        ("sglang:num_queue_reqs", "gauge"),
+        ("sglang:realtime_tokens_total", "counter"),
+        ("sglang:prompt_tokens_total", "counter"),
+        ("sglang:generation_tokens_total", "counter"),
+    ):
+        assert f"# HELP {name} " in text and f"# TYPE {name} {kind}\n" in text, name
+    assert f'model_name="{MODEL}"' in text and 'mode="decode"' in text and 'mode="prefill_compute"' in text
+    before = api.tokens(head.ep, 5)
+    assert before is not None
+    out = api.complete(head.ep, api.QUESTION, max_tokens=8, timeout=10)
+    after = api.tokens(head.ep, 5)
+    assert after is not None and after.since(before) > 0
+    usage = out.usage
+    assert usage is not None
+    grew = {k: after.counts[k] - before.counts.get(k, 0) for k in after.counts}
+    # the tokenizer counts the finished request's prompt and answer; the scheduler at least those
+    assert grew["sglang:prompt_tokens_total"] == usage.prompt_tokens
+    assert grew["sglang:generation_tokens_total"] == usage.completion_tokens
+    assert grew["sglang:realtime_tokens_total"] >= usage.prompt_tokens + usage.completion_tokens
+    assert api.probe(head.ep, timeout=5).tokens is not None  # a ready probe keeps its reading
+
+
+def test_no_metrics_without_enable_metrics(healthy: Head) -> None:
+    assert scrape(healthy, KEY)[0] == 404
+    assert api.tokens(healthy.ep, 5) is None
+
+
+def test_a_held_wedge_keeps_its_requests_running_and_counts_nothing(start: Callable[..., Head]) -> None:
+    """TP4_STANDIN_WEDGE_LOAD=held: the scheduler stuck in a collective (b12x#313) keeps its hung
+    requests (here a foreign one and the probe's) in the load endpoints; no token is counted."""
+    head = start(TP4_STANDIN_FAULT="wedge", TP4_STANDIN_WEDGE_LOAD="held", EXTRA_SGLANG_ARGS=metrics_args())
+    foreign = threading.Thread(
+        target=lambda: pytest.raises(ApiError, api.complete, head.ep, "a long one", max_tokens=64, timeout=6),
+        daemon=True,
+    )
+    foreign.start()
+    deadline = time.monotonic() + 5
+    while api.load(head.ep, 2) != Load(1, 0):
+        assert time.monotonic() < deadline, api.load(head.ep, 2)
+        time.sleep(0.05)
+    found = api.probe(head.ep, timeout=1.5)
+    assert found.state == "busy" and found.load == Load(2, 0)  # the foreign request and the probe
+    assert found.progress is False and "no token counted in " in found.detail
+    status, text = scrape(head)
+    assert status == 200 and "sglang:num_running_reqs{" in text and "} 2.0" in text
+    verdict = classify({"a": "running"}, found, own_in_flight=1)
+    assert verdict.state == "wedged" and verdict.detail.startswith("requests in flight, but none progresses")
+    # the next look, carrying this one's reading, finds nothing counted since either
+    again = api.probe(head.ep, timeout=1.5, since=found.tokens)
+    assert again.progress is False and again.load is not None and again.load.running == 3
+    foreign.join(10)
+
+
+def test_a_busy_line_with_metrics_progresses(start: Callable[..., Head]) -> None:
+    head = start(TP4_STANDIN_FAULT="busy", TP4_STANDIN_BUSY_SECONDS="3", EXTRA_SGLANG_ARGS=metrics_args())
+    found = api.probe(head.ep, timeout=1.5)
+    assert found.state == "busy" and found.progress is True and "token(s) counted in the last" in found.detail
+    assert classify({"a": "running"}, found, own_in_flight=5).state == "busy"
 
 
 def test_probe_down(start: Callable[..., Head]) -> None:

@@ -1,7 +1,7 @@
-"""`tp4 watch`'s core without a cluster: the classification `tp4 status` shares, the confirmation
-of a wedge over consecutive looks, the restart bound and its back-off, the events (file, webhook
-read from a file of mode 0600), the Prometheus text on loopback, a line `tp4 stop` stopped on
-purpose left stopped."""
+"""`tp4 watch`'s core without a cluster: the classification `tp4 status` shares (progress read from
+SGLang's token counters), the confirmation of a wedge over consecutive looks and its timing, the
+restart bound and its back-off, the events (file, webhook read from a file of mode 0600), the
+Prometheus text on loopback, a line `tp4 stop` stopped on purpose left stopped."""
 
 from __future__ import annotations
 
@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 from tp4.core.errors import InvalidInput, Tp4Error
-from tp4.serving.api import Liveness, Load
+from tp4.serving import api
+from tp4.serving.api import Liveness, Load, Tokens
 from tp4.serving import watch as w
 from tp4.serving.linestate import classify, stopped_on_purpose
 
@@ -106,10 +107,15 @@ class Fake:
         self.looked, self.read_records = 0, 0
         self.now = 1000.0
         self.slept: list[float] = []
+        self.sinces: list[Tokens | None] = []
+        self.restarted_at: list[float] = []
 
-    def look(self) -> tuple[dict[str, str], Liveness]:
+    def look(self, since: Tokens | None = None) -> tuple[dict[str, str], Liveness]:
         self.looked += 1
-        return self.looks.pop(0)
+        self.sinces.append(since)
+        ranks, live = self.looks.pop(0)
+        self.now += live.seconds  # the probe takes its time (its deadline when it timed out)
+        return ranks, live
 
     def stopped(self) -> dict[str, object] | None:
         self.read_records += 1
@@ -119,6 +125,7 @@ class Fake:
         from tp4.core.errors import Tp4Error
 
         self.restarts += 1
+        self.restarted_at.append(self.now)
         if self.fail_restart:
             raise Tp4Error("node2: rank exited: boom")
 
@@ -162,7 +169,7 @@ def test_a_busy_line_is_never_restarted(tmp_path: Path) -> None:
     dog.run(looks=20)
     assert fake.restarts == 0 and fake.bundles == []
     assert [(e["event"], e["state"]) for e in events(tmp_path)] == [("state", "busy"), ("armed", "busy")]
-    assert fake.slept == [15.0] * 19
+    assert fake.slept == [13.0] * 19  # each busy probe took its 2 s deadline of the 15 s interval
 
 
 def test_a_wedge_confirmed_three_times_saves_the_evidence_and_restarts(tmp_path: Path) -> None:
@@ -182,6 +189,7 @@ def test_a_wedge_confirmed_three_times_saves_the_evidence_and_restarts(tmp_path:
         ("state", "wedged"),
         ("state", "busy"),
         ("state", "wedged"),
+        ("confirmed", "wedged"),
         ("restart", "wedged"),
         ("ready", "ready"),
     ]
@@ -218,7 +226,10 @@ def test_a_line_never_seen_up_is_not_healed_and_no_node_answering_is_an_error(tm
     dog, _ = fake.dog(tmp_path)
     dog.run(looks=10)
     assert fake.restarts == 1 and fake.bundles[0][0] == "down"
-    assert [e["event"] for e in events(tmp_path)] == ["state", "state", "state", "armed", "state", "restart", "ready"]
+    assert [e["event"] for e in events(tmp_path)] == [
+        *("state", "state", "state", "armed", "state"),
+        *("confirmed", "restart", "ready"),
+    ]
     fake = Fake([({"a": "unreachable", "b": "unreachable"}, NOCONN)])
     dog, _ = fake.dog(tmp_path)
     with pytest.raises(Tp4Error, match=r"no node of the line answers over ssh \(a, b\)"):
@@ -276,7 +287,7 @@ def test_a_line_stopped_by_tp4_stop_is_not_healed_and_is_watched_again_once_serv
     assert any(line.startswith("watch: stopped: down: stopped by tp4 stop") for line in echoed)
     dog.run(looks=2)  # a rank lost after the serve, no record: healed
     assert fake.restarts == 1 and fake.bundles[0][0] == "down"
-    assert [e["event"] for e in events(tmp_path)][-3:] == ["state", "restart", "ready"]
+    assert [e["event"] for e in events(tmp_path)][-4:] == ["state", "confirmed", "restart", "ready"]
 
 
 def test_a_stop_while_down_but_not_yet_confirmed_is_not_healed(tmp_path: Path) -> None:
@@ -436,3 +447,166 @@ def _exec_words(text: str) -> list[str]:
 def test_a_word_a_unit_cannot_carry_is_refused() -> None:
     with pytest.raises(InvalidInput, match="control character"):
         w.unit_text(["tp4", "a\nb"], user="u", state_home="/s")
+
+
+# --- progress: SGLang's token counters ------------------------------------------------------------
+
+SGLANG_METRICS = """\
+# HELP sglang:realtime_tokens_total Total number of tokens processed (updated on each log interval). mode: prefill_compute, prefill_cache, decode.
+# TYPE sglang:realtime_tokens_total counter
+sglang:realtime_tokens_total{engine_type="unified",model_name="m",pp_rank="0",tp_rank="0",mode="prefill_compute"} 300.0
+sglang:realtime_tokens_total{engine_type="unified",model_name="m",pp_rank="0",tp_rank="0",mode="decode"} 40.0
+sglang:realtime_tokens_total{model_name="a } \\" brace",mode="decode"} 2 1700000000000
+# HELP sglang:generation_tokens_total Number of generation tokens processed.
+# TYPE sglang:generation_tokens_total counter
+sglang:generation_tokens_total{is_streaming="false",model_name="m"} 120.0
+sglang:generation_tokens_total{is_streaming="true",model_name="m"} 1e3
+sglang:generation_tokens_created{model_name="m"} 1.7e9
+sglang:num_running_reqs{model_name="m"} 4.0
+"""
+
+
+def test_the_counters_are_summed_over_their_label_sets() -> None:
+    got = api.parse_counters(SGLANG_METRICS)
+    assert got == {"sglang:realtime_tokens_total": 342.0, "sglang:generation_tokens_total": 1120.0}
+    assert "sglang:prompt_tokens_total" not in got  # a counter never exported is absent, not 0
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "sglang:prompt_tokens_total NaN",
+        "sglang:prompt_tokens_total +Inf",
+        "sglang:prompt_tokens_total -5",
+        "sglang:prompt_tokens_total 1e400",  # beyond a float: infinite
+        "sglang:prompt_tokens_total " + "9" * 5000,
+        "sglang:prompt_tokens_total",  # no value
+        'sglang:prompt_tokens_total{model_name="m" 5',  # labels never closed
+        'sglang:prompt_tokens_total{model_name="m} 5',  # a quote never closed
+        "sglang:prompt_tokens_total 5 6 7",
+        "sglang:prompt_tokens_total 0x10",
+        "sglang:prompt_tokens_total_extra 5",  # another metric with the counter's name as prefix
+        "sglang:prompt_tokens_total\x005",
+        "<html><body>404</body></html>",
+        "\ufffd\ufffd garbage \x1b[31m",
+    ],
+)
+def test_a_sample_that_is_no_finite_count_is_skipped(line: str) -> None:
+    text = 'sglang:prompt_tokens_total{model_name="m"} 7\n' + line + "\n"
+    assert api.parse_counters(text) == {"sglang:prompt_tokens_total": 7.0}
+
+
+def test_hostile_bodies_give_no_counter_and_a_sum_never_overflows() -> None:
+    assert api.parse_counters("") == {}
+    assert api.parse_counters("\n".join(["# HELP x y", "garbage {{{", '"' * 10000, "}" * 10000])) == {}
+    huge = "\n".join([f'sglang:decode{{r="{i}"}} 1' for i in range(3)] + ["sglang:prompt_tokens_total 1e308"] * 3)
+    got = api.parse_counters(huge)
+    assert got["sglang:prompt_tokens_total"] == 1e308  # the samples that would overflow are skipped
+    # a long label value with many escapes is read in linear time (no backtracking blow-up)
+    long = 'sglang:prompt_tokens_total{a="' + '\\"' * 200000 + '"} 3'
+    assert api.parse_counters(long) == {"sglang:prompt_tokens_total": 3.0}
+
+
+def test_progress_between_readings() -> None:
+    before = Tokens({"sglang:realtime_tokens_total": 100.0}, 10.0)
+    same = Tokens({"sglang:realtime_tokens_total": 100.0}, 15.0)
+    assert api.progress(same, [before]) == (False, "no token counted in 5.0 s (SGLang's token counters stood still)")
+    more = Tokens({"sglang:realtime_tokens_total": 100.0, "sglang:generation_tokens_total": 12.0}, 15.0)
+    assert api.progress(more, [before]) == (True, "12 token(s) counted in the last 5.0 s")  # a counter appeared
+    restarted = Tokens({"sglang:realtime_tokens_total": 3.0}, 15.0)
+    assert restarted.since(before) == 0  # a counter that went down counts nothing
+    # the earlier reading of the previous look widens the window: no gap between looks
+    earlier = Tokens({"sglang:realtime_tokens_total": 90.0}, 2.0)
+    assert api.progress(same, [earlier, before]) == (True, "10 token(s) counted in the last 13.0 s")
+    assert api.progress(same, [None, None])[0] is None
+
+
+def _in_flight(progress: bool | None, running: int = 4) -> Liveness:
+    words = {True: "8 token(s) counted in the last 2.0 s", False: "no token counted in 2.0 s", None: "progress unknown"}
+    return Liveness(
+        "busy",
+        f"no completion within 2 s, {running} running and 0 waiting; {words[progress]}",
+        2.0,
+        200,
+        Load(running, 0),
+        progress,
+    )
+
+
+def test_requests_in_flight_are_busy_only_while_they_progress() -> None:
+    got = classify(RUNNING, _in_flight(True))
+    assert got.state == "busy" and got.detail.startswith("requests in flight and progressing: ")
+    got = classify(RUNNING, _in_flight(False))  # the wedge of b12x#313 under foreign traffic
+    assert got.state == "wedged" and got.detail.startswith("requests in flight, but none progresses: ")
+    assert "no token counted in 2.0 s" in got.detail
+    # progress decides alone when it is known: many requests in flight do not make a stuck line busy,
+    # and the watcher's own probes do not make a progressing line wedged
+    assert classify(RUNNING, _in_flight(False, running=64), own_in_flight=1).state == "wedged"
+    assert classify(RUNNING, _in_flight(True, running=1), own_in_flight=3).state == "busy"
+    # unknown (no /metrics): the load against the watcher's own probes, as before
+    assert classify(RUNNING, _in_flight(None, running=4), own_in_flight=3).state == "busy"
+    assert classify(RUNNING, _in_flight(None, running=3), own_in_flight=3).state == "wedged"
+
+
+# --- how fast a wedge and a lost rank are confirmed (a fake clock) -----------------------------------
+
+STUCK = Liveness(
+    "busy", "no completion within 5 s, 6 running and 0 waiting; no token counted", 5.0, 200, Load(6, 0), False
+)
+RANK_LOST = ({"a": "running", "b": "absent"}, Liveness("down", "connection refused", 0.01))
+
+
+@pytest.mark.parametrize(("fault", "took"), [((RUNNING, STUCK), 5.0), (RANK_LOST, 0.01)])
+def test_a_fault_is_confirmed_within_two_intervals_and_the_deadline(
+    tmp_path: Path, fault: tuple[dict[str, str], Liveness], took: float
+) -> None:
+    """The goal of issue 27 point 8 with the defaults (interval 15 s, probe timeout 5 s, confirm 3,
+    confirm interval 2 s): from the fault, just after a look found the line ready, to the restart."""
+    fake = Fake([(RUNNING, ALIVE)] + [fault] * 3 + [(RUNNING, ALIVE)])
+    dog, _ = fake.dog(tmp_path)
+    settings = dog.settings
+    assert (settings.interval, settings.probe_timeout, settings.confirm) == (15.0, 5.0, 3)
+    dog.run(looks=5)
+    fault_at = 1000.0 + ALIVE.seconds  # the worst moment: right after a ready look
+    assert fake.restarts == 1
+    detection = fake.restarted_at[0] - fault_at
+    assert detection <= 2 * settings.interval + settings.probe_timeout
+    # the next look a full interval later, then the confirming looks every 2 s (start to start),
+    # each a real probe that takes its time
+    assert fake.slept[:3] == pytest.approx([15.0 - ALIVE.seconds, max(0.0, 2.0 - took), max(0.0, 2.0 - took)])
+
+
+def test_a_busy_or_ready_look_ends_the_fast_confirmation(tmp_path: Path) -> None:
+    fake = Fake(
+        [(RUNNING, ALIVE), (RUNNING, STUCK), (RUNNING, BUSY), (RUNNING, STUCK), (RUNNING, ALIVE), (RUNNING, STUCK)]
+    )
+    dog, _ = fake.dog(tmp_path, confirm_interval=1)
+    dog.run(looks=6)
+    assert fake.restarts == 0
+    # ready: 15; stuck: confirming (1); busy: back to 15; stuck: 1; ready: 15
+    assert fake.slept == pytest.approx([15 - 0.05, 0.0, 13.0, 0.0, 15 - 0.05])
+
+
+def test_a_line_never_seen_up_is_looked_at_every_interval(tmp_path: Path) -> None:
+    fake = Fake([RANK_LOST] * 4)
+    dog, _ = fake.dog(tmp_path)
+    dog.run(looks=4)
+    assert fake.restarts == 0 and fake.slept == pytest.approx([15 - 0.01] * 3)  # not armed: nothing to confirm
+
+
+def test_the_counter_reading_is_carried_only_from_a_look_that_timed_out(tmp_path: Path) -> None:
+    first = Tokens({"sglang:realtime_tokens_total": 5.0}, 1.0)
+    second = Tokens({"sglang:realtime_tokens_total": 9.0}, 2.0)
+    looks = [
+        (RUNNING, ALIVE._replace(tokens=first)),
+        (RUNNING, STUCK._replace(tokens=first)),
+        (RUNNING, BUSY._replace(tokens=second)),
+        (RUNNING, ALIVE._replace(tokens=second)),
+        (RUNNING, ALIVE),
+    ]
+    fake = Fake(looks)
+    dog, _ = fake.dog(tmp_path)
+    dog.run(looks=5)
+    # a ready look ends the chain: the first look after a wedge is measured from its own probe,
+    # not from before the wedge
+    assert fake.sinces == [None, None, first, second, None]

@@ -2,17 +2,21 @@
 a line served by `tp4 serve` is wedged through the stand-in's control (/health stays 200, completions
 hang) and then loses a rank; the watchdog confirms each, saves the evidence, restarts the line and
 finds it ready again, its events in the JSON-lines file and its counters on the metrics endpoint.
-A busy line under the same watchdog is never restarted, nor a line `tp4 stop` stopped: that one is
+With the engine's --enable-metrics, a wedge that keeps foreign requests running (a scheduler stuck
+in a collective) is told from busy by SGLang's token counters and healed, and a busy line whose
+foreign requests progress is never restarted. Nor is a line `tp4 stop` stopped: that one is
 watched again once `tp4 serve` brings it up."""
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -75,11 +79,48 @@ def set_wedged(api: str, value: bool) -> None:
         assert json.loads(resp.read())["wedged"] is value
 
 
+METRICS = '\n[engine]\nextra_args = ["--enable-metrics"]\n'
+
+
+def foreign(api: str, n: int) -> list[threading.Thread]:
+    """``n`` completions of another client, left to hang on a wedged engine (each connection ends
+    when the line is restarted)."""
+
+    def one() -> None:
+        body = {"model": "x", "messages": [{"role": "user", "content": "a long story"}], "max_tokens": 512}
+        req = urllib.request.Request(
+            f"{api}/v1/chat/completions", data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
+        )
+        try:
+            urllib.request.urlopen(req, timeout=300).read()
+        except (OSError, http.client.HTTPException):
+            pass  # the restart ends it
+
+    threads = [threading.Thread(target=one, daemon=True) for _ in range(n)]
+    for t in threads:
+        t.start()
+    return threads
+
+
 def watch(state: Path, profile: str, log: Path, port: int, *more: str) -> subprocess.Popen[str]:
     argv = [sys.executable, "-m", "tp4", "watch", "--profile", profile, "--interval", "1", "--probe-timeout", "2"]
     argv += ["--confirm", "2", "--backoff", "1", "--events", str(log), "--metrics", f"127.0.0.1:{port}"]
     argv += ["--sysfs", SYSFS, *more]
-    return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env(state))
+    # its output into a file: a restart's serve prints every rank's boot log, more than a pipe holds
+    # unread (the watch would block writing it)
+    with open(stderr_of(log), "w") as out:
+        return subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, text=True, env=env(state))
+
+
+def stderr_of(log: Path) -> Path:
+    return log.with_name(log.name + ".stderr")
+
+
+def stop_watch(proc: subprocess.Popen[str], log: Path) -> str:
+    """Ctrl-C to the watch; what it printed."""
+    proc.send_signal(signal.SIGINT)
+    proc.wait(timeout=60)
+    return stderr_of(log).read_text()
 
 
 def test_a_wedge_and_a_lost_rank_are_healed_with_their_evidence(cluster: DoctorCluster, tmp_path: Path) -> None:
@@ -121,11 +162,40 @@ def test_a_wedge_and_a_lost_rank_are_healed_with_their_evidence(cluster: DoctorC
         )
         assert tp4(state, "status", "--profile", profile, "--json").returncode == 0
     finally:
-        proc.send_signal(signal.SIGINT)
-        out, err = proc.communicate(timeout=60)
+        err = stop_watch(proc, log)
         tp4(state, "stop", "--profile", profile)
     assert "Traceback" not in err, err
     assert "watch: restart: wedged" in err
+
+
+def test_a_wedge_that_holds_foreign_requests_is_healed(cluster: DoctorCluster, tmp_path: Path) -> None:
+    state, log, port = tmp_path / "state", tmp_path / "events.jsonl", free_port()
+    profile = tmp_path / "metrics.toml"
+    profile.write_text(cluster.profile.read_text() + METRICS)
+    served = tp4(state, "serve", "--profile", str(profile), "--sysfs", SYSFS)
+    assert served.returncode == 0, served.stderr
+    proc = watch(state, str(profile), log, port)
+    try:
+        wait_event(log, "armed", 1, 60, proc)
+        set_wedged(cluster.api(), True)
+        held = foreign(cluster.api(), 3)  # they hang, and stay counted as running
+        wait_event(log, "ready", 1, 240, proc)
+        wedged = next(e for e in events(log) if e["event"] == "state" and e["state"] == "wedged")
+        detail = str(wedged["detail"])
+        assert detail.startswith("requests in flight, but none progresses: "), detail
+        assert "no token counted in " in detail
+        running = int(detail.split(" running and ")[0].rsplit(" ", 1)[1])
+        assert running >= 3, detail  # the foreign requests held: the old rule called this busy
+        kinds = [(e["event"], e["state"]) for e in events(log)]
+        assert ("restart", "wedged") in kinds and ("state", "busy") not in kinds, kinds
+        status = json.loads(tp4(state, "status", "--profile", str(profile), "--json").stdout)
+        assert status["state"] == "ready" and "progress" in status["liveness"]
+        for t in held:
+            t.join(30)
+    finally:
+        err = stop_watch(proc, log)
+        tp4(state, "stop", "--profile", str(profile))
+    assert "Traceback" not in err, err
 
 
 def test_a_busy_line_is_not_restarted(cluster: DoctorCluster, tmp_path: Path) -> None:
@@ -133,6 +203,7 @@ def test_a_busy_line_is_not_restarted(cluster: DoctorCluster, tmp_path: Path) ->
     busy = tmp_path / "busy.toml"
     busy.write_text(
         cluster.profile.read_text()
+        + METRICS
         + '\n[env]\nTP4_STANDIN_FAULT = "busy"\nTP4_STANDIN_FAULT_RANK = "0"\nTP4_STANDIN_BUSY_SECONDS = "4"\n'
     )
     served = tp4(state, "serve", "--profile", str(busy), "--sysfs", SYSFS)
@@ -144,12 +215,14 @@ def test_a_busy_line_is_not_restarted(cluster: DoctorCluster, tmp_path: Path) ->
         kinds = [(e["event"], e["state"]) for e in events(log)]
         assert ("state", "busy") in kinds, kinds
         assert not any(k in ("restart", "gave-up") for k, _ in kinds), kinds
+        busy_event = next(e for e in events(log) if e["state"] == "busy")
+        # the foreign requests progress: SGLang's token counters grew while the probe waited
+        assert str(busy_event["detail"]).startswith("requests in flight and progressing: "), busy_event
         assert any(
             line.startswith("tp4_line_restarts_total") and line.endswith(" 0") for line in metrics(port).splitlines()
         )
     finally:
-        proc.send_signal(signal.SIGINT)
-        proc.communicate(timeout=60)
+        stop_watch(proc, log)
         tp4(state, "stop", "--profile", str(busy))
 
 
@@ -204,8 +277,7 @@ def test_a_line_stopped_by_tp4_stop_stays_stopped_and_is_healed_again_once_serve
         assert "during the restart: not served again" in str(events(log)[-2]["detail"])
         assert json.loads(tp4(state, "status", "--profile", profile, "--json").stdout)["state"] == "down"
     finally:
-        proc.send_signal(signal.SIGINT)
-        out, err = proc.communicate(timeout=60)
+        err = stop_watch(proc, log)
         tp4(state, "stop", "--profile", profile)
     assert "Traceback" not in err, err
     assert "watch: stopped: down: stopped by tp4 stop at " in err

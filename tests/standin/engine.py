@@ -23,8 +23,10 @@ the rank's container receives and nothing else (it never sees the plan):
   ``--host``/``--port``: ``/health`` and ``/health_generate``, ``/get_load`` and ``/v1/loads``
   (running and waiting requests), ``/server_info`` and ``/model_info`` (also under their old
   names ``/get_...``: what a router reads of a line), ``/v1/models``, ``/v1/chat/completions`` (plain and streamed
-  as SSE ``data:`` chunks ending in ``data: [DONE]``). With an API key every path but the health
-  probes needs ``Authorization: Bearer <key>`` (401 otherwise). Workers print their lines and
+  as SSE ``data:`` chunks ending in ``data: [DONE]``), and with ``--enable-metrics`` (only then,
+  404 otherwise, as SGLang) ``/metrics`` (below). With an API key every path but the health
+  probes and ``/metrics`` needs ``Authorization: Bearer <key>`` (401 otherwise; SGLang's
+  add_api_key_middleware passes /health* and /metrics*). Workers print their lines and
   wait in the dist group until TERM.
 
 The boot log of every rank, in order: the source stamps of the image (``SOURCE_COMMIT b12x_next
@@ -57,6 +59,10 @@ Test controls (environment of the container; they are not engine settings):
   TP4_STANDIN_BUSY_SECONDS `busy`: how long each completion takes (default 5)
   TP4_STANDIN_WEDGE_AFTER  `wedge`: completions (beyond boot.py's) answered before it wedges
                            (default 0; 1 lets `tp4 serve`'s own completion through)
+  TP4_STANDIN_WEDGE_LOAD   `wedge`: what the load endpoints and /metrics count of the hung
+                           requests: empty (the default) counts none running; `held` keeps them
+                           running, as a scheduler stuck in a collective does (b12x#313); the
+                           wedge of ``POST /standin/wedge`` always keeps them
   TP4_STANDIN_ANSWERS      a JSON file of scripted answers, `[{"contains": TEXT, "answer": TEXT}]`:
                            a plain completion whose prompt contains TEXT (the first entry that
                            matches) is answered with that answer, one token per word (so
@@ -74,6 +80,16 @@ While the engine serves, ``POST /standin/wedge`` with ``{"wedged": true}`` or ``
 completions hang (those already hanging finish once it recovers) and ``/health_generate`` fails
 as SGLang's does, while ``/health`` stays 200; ``{"wedged": null}`` goes back to what the
 `wedge` fault says. Nothing changes until a test posts it.
+
+``/metrics`` (``--enable-metrics``) answers in SGLang's Prometheus text format (version 0.0.4,
+multiprocess mode: no ``_created`` series), with the names, help texts and labels of
+sglang/srt/metrics/collector.py: the scheduler's gauges ``sglang:num_running_reqs`` and
+``sglang:num_queue_reqs`` (what the load endpoints report) and its counter
+``sglang:realtime_tokens_total{mode="prefill_compute"|"prefill_cache"|"decode"}`` (a completion's
+prompt and answer, and every 0.5 s (its log interval) 2 decode tokens for each running request
+while the engine is not wedged: the `busy` fault's foreign requests progress), and the tokenizer's
+counters ``sglang:prompt_tokens_total`` and ``sglang:generation_tokens_total`` (per
+``is_streaming`` label set, when a request finishes). A wedged engine counts nothing.
 
 Bench timing (`tp4 bench`, SGLang's `bench_serving`; :func:`exact_length` and :class:`Pacing`). A
 request that asks for its length exactly (``ignore_eos`` or ``min_tokens``, as a benchmark does)
@@ -111,7 +127,8 @@ Fault modes:
   crash        Traceback during the weight load, exit 1 (boot.py exits 1 with it)
   hang         stops after the CUDA graph capture: no API, never Ready (TERM still stops it)
   wedge        after boot.py's own smoke and warm-up, every completion hangs while /health
-               answers 200 and the load endpoints report nothing running or waiting;
+               answers 200 and the load endpoints report nothing running or waiting
+               (TP4_STANDIN_WEDGE_LOAD=held: the hung requests stay running);
                /health_generate (SGLang's generating probe) waits SGLANG_HEALTH_CHECK_TIMEOUT
                seconds and answers 503 once a completion hung
   busy         completions take TP4_STANDIN_BUSY_SECONDS; the load endpoints report them running
@@ -752,6 +769,11 @@ class Engine:
         self.prefill_seen = 0
         self.answered = 0  # completions other than boot.py's, for TP4_STANDIN_WEDGE_AFTER
         self.wedge_set: bool | None = None  # POST /standin/wedge; None: the `wedge` fault decides
+        self.held = env.get("TP4_STANDIN_WEDGE_LOAD", "") == "held"
+        # SGLang's counters (collector.py): the scheduler's realtime tokens per mode, the tokenizer's
+        # prompt and generation tokens per is_streaming
+        self.realtime = {"prefill_compute": 0, "prefill_cache": 0, "decode": 0}
+        self.finished_tokens = {s: {"prompt": 0, "generation": 0} for s in ("false", "true")}
 
     def wedged(self, count: bool = False) -> bool:
         """Whether completions hang now; ``count``: a completion (not boot.py's) arrives."""
@@ -766,9 +788,60 @@ class Engine:
         with self.lock:
             running = self.running
         extra_running, waiting = (3, 1) if "busy" in self.faults else (0, 0)
-        if "wedge" in self.faults:
+        if "wedge" in self.faults and not self.held:
             running = 0
         return {"running": running + extra_running, "waiting": waiting}
+
+    def count(self, mode: str, tokens: int) -> None:
+        with self.lock:
+            self.realtime[mode] += tokens
+
+    def finish(self, streaming: bool, prompt: int, generation: int) -> None:
+        """The tokenizer's counters of a request that finished (observe_one_finished_request)."""
+        with self.lock:
+            got = self.finished_tokens["true" if streaming else "false"]
+            got["prompt"] += prompt
+            got["generation"] += generation
+
+    def tick(self) -> None:
+        """The scheduler's log interval: every running request decodes while it is not wedged."""
+        while not self.stopping.wait(0.5):
+            if not self.wedged():
+                self.count("decode", 2 * self.load()["running"])
+
+    def metrics(self) -> str:
+        """``/metrics`` as SGLang writes it (module docstring)."""
+        model = self.served_name.replace("\\", "\\\\").replace('"', '\\"')
+        sched = f'engine_type="unified",model_name="{model}",pp_rank="0",tp_rank="0"'
+        load = self.load()
+        with self.lock:
+            realtime = dict(self.realtime)
+            finished = {k: dict(v) for k, v in self.finished_tokens.items()}
+        out = [
+            "# HELP sglang:num_running_reqs The number of running requests.",
+            "# TYPE sglang:num_running_reqs gauge",
+            f"sglang:num_running_reqs{{{sched}}} {float(load['running'])}",
+            "# HELP sglang:num_queue_reqs The number of requests in the waiting queue.",
+            "# TYPE sglang:num_queue_reqs gauge",
+            f"sglang:num_queue_reqs{{{sched}}} {float(load['waiting'])}",
+            "# HELP sglang:realtime_tokens_total Total number of tokens processed (updated on each log interval). "
+            "mode: prefill_compute, prefill_cache, decode.",
+            "# TYPE sglang:realtime_tokens_total counter",
+            *(f'sglang:realtime_tokens_total{{{sched},mode="{m}"}} {float(n)}' for m, n in realtime.items()),
+            "# HELP sglang:prompt_tokens_total Number of prefill tokens processed.",
+            "# TYPE sglang:prompt_tokens_total counter",
+            *(
+                f'sglang:prompt_tokens_total{{is_streaming="{k}",model_name="{model}"}} {float(v["prompt"])}'
+                for k, v in finished.items()
+            ),
+            "# HELP sglang:generation_tokens_total Number of generation tokens processed.",
+            "# TYPE sglang:generation_tokens_total counter",
+            *(
+                f'sglang:generation_tokens_total{{is_streaming="{k}",model_name="{model}"}} {float(v["generation"])}'
+                for k, v in finished.items()
+            ),
+        ]
+        return "\n".join(out) + "\n"
 
 
 class Server(ThreadingHTTPServer):
@@ -816,7 +889,7 @@ def handler(engine: Engine) -> type[BaseHTTPRequestHandler]:
             self.wfile.write(data)
 
         def authorized(self) -> bool:
-            if not engine.key or self.path.split("?")[0] in ("/health", "/health_generate"):
+            if not engine.key or self.path.split("?")[0] in ("/health", "/health_generate", "/metrics"):
                 return True
             if self.headers.get("Authorization", "") == f"Bearer {engine.key}":
                 return True
@@ -861,6 +934,13 @@ def handler(engine: Engine) -> type[BaseHTTPRequestHandler]:
                         ],
                     },
                 )
+            elif path == "/metrics" and engine.args.enable_metrics:
+                data = engine.metrics().encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
             elif path in ("/server_info", "/get_server_info", "/model_info", "/get_model_info"):
                 self.send_json(200, server_info(engine, path))
             elif path == "/v1/models":
@@ -949,6 +1029,8 @@ def handler(engine: Engine) -> type[BaseHTTPRequestHandler]:
             with engine.lock:
                 engine.prefill_seen += 1
                 seen, running = engine.prefill_seen, engine.running
+            engine.count("prefill_compute", prompt_tokens)
+            engine.count("decode", completion_tokens)
             tps = (4200.0 + 137 * (seen % 5)) / 8 / engine.slow
             engine_log(
                 0,
@@ -970,6 +1052,7 @@ def handler(engine: Engine) -> type[BaseHTTPRequestHandler]:
             }
             if not stream:
                 self.finished()
+                engine.finish(False, prompt_tokens, completion_tokens)
             if not stream and self.text_api:
                 self.send_json(
                     200,
@@ -1047,6 +1130,7 @@ def handler(engine: Engine) -> type[BaseHTTPRequestHandler]:
             for text in pacing.events([] if calls else tokens):
                 chunk({"content": text}, None)
             self.finished()
+            engine.finish(True, prompt_tokens, completion_tokens)
             chunk({}, finish, usage=usage)
             send(b"data: [DONE]\n\n")
             self.wfile.write(b"0\r\n\r\n")
@@ -1390,6 +1474,7 @@ def engine_main(argv: list[str]) -> int:
         dummy.serve_forever()
         return 0
     server = Server((args.host, args.port), handler(engine))
+    threading.Thread(target=engine.tick, daemon=True).start()
     engine_log(rank, f"Uvicorn running on http://{args.host}:{args.port} (Press CTRL+C to quit)")
     engine_log(rank, "The server is fired up and ready to roll!")
     server.serve_forever()

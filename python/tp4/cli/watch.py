@@ -26,7 +26,7 @@ from tp4.cli.common import (
 @click.option(
     "--probe-timeout",
     type=Float(0.1, 600),
-    default=10,
+    default=5,
     show_default=True,
     help="Seconds the one-token completion may take before the line is busy or wedged.",
 )
@@ -36,6 +36,12 @@ from tp4.cli.common import (
     default=3,
     show_default=True,
     help="Consecutive looks that must find the line wedged or down before it is restarted.",
+)
+@click.option(
+    "--confirm-interval",
+    type=Float(0, 3600, low_open=True),
+    default=None,
+    help="Seconds between the looks that confirm a wedged or down look, at most --interval.  [default: 2, or --interval when shorter]",
 )
 @click.option("--max-restarts", type=Int(0, 100), default=3, show_default=True, help="Restarts allowed per window.")
 @click.option("--window", type=Float(1, 7 * 86400), default=3600, show_default=True, help="The window, in seconds.")
@@ -87,6 +93,7 @@ def watch(
     interval: float,
     probe_timeout: float,
     confirm: int,
+    confirm_interval: float | None,
     max_restarts: int,
     window: float,
     backoff: float,
@@ -101,15 +108,25 @@ def watch(
     strict: bool,
 ) -> None:
     """Watch the line and heal it: every interval, a one-token completion with a deadline, the
-    engine's running and waiting requests and every rank's container state classify the line as
-    ready, busy, wedged, down or booting (as `tp4 status` does). Wedged or down on --confirm
-    consecutive looks: the evidence is saved, every rank stopped, the line served again and
-    verified ready. Never restarts a busy line, nor one `tp4 stop` stopped (until it is up again).
-    Past --max-restarts in --window it stops the line and exits 3."""
+    engine's running and waiting requests, its token counters (/metrics: progress) and every
+    rank's container state classify the line as ready, busy, wedged, down or booting (as `tp4
+    status` does). Wedged or down on --confirm consecutive looks (--confirm-interval apart): the
+    evidence is saved, every rank stopped, the line served again and verified ready. Never
+    restarts a busy line, nor one `tp4 stop` stopped (until it is up again). Past --max-restarts
+    in --window it stops the line and exits 3."""
     from tp4.serving import serve as serve_mod
     from tp4.serving import watch as w
 
     sysfs = sysfs_root(sysfs)
+    if confirm_interval is None:
+        confirm_interval = min(w.DEFAULT_CONFIRM_INTERVAL, interval)
+    elif confirm_interval > interval:
+        from tp4.core.errors import InvalidInput
+
+        raise InvalidInput(
+            f"--confirm-interval {confirm_interval:g}: longer than --interval {interval:g}; "
+            "fix: a confirm interval of at most the interval (the looks that confirm a wedge come sooner, not later)"
+        )
     if install or unit_dir != "/etc/systemd/system":
         _unit_dir(unit_dir)
     listen = w.parse_listen(metrics)
@@ -122,6 +139,7 @@ def watch(
 
         options = [
             *("--interval", f"{interval:g}", "--probe-timeout", f"{probe_timeout:g}", "--confirm", str(confirm)),
+            *("--confirm-interval", f"{confirm_interval:g}"),
             *("--max-restarts", str(max_restarts), "--window", f"{window:g}", "--backoff", f"{backoff:g}"),
             *(["--events", str(Path(events_out).resolve())] if events_out else []),
             *(["--webhook-file", str(Path(webhook_file).resolve())] if webhook_file else []),
@@ -141,7 +159,7 @@ def watch(
         expected_shards=loaded.profile.model.expected_shards,
         replace=True,
     )
-    settings = w.Settings(interval, probe_timeout, confirm, max_restarts, window, backoff)
+    settings = w.Settings(interval, probe_timeout, confirm, max_restarts, window, backoff, confirm_interval)
     path = w.events_file(events_out) if events_out else w.watch_dir(plan) / "events.jsonl"
     events = w.Events(err, path, webhook)
     gauges = w.Gauges(line=serve_mod.line_id(plan))
@@ -150,7 +168,7 @@ def watch(
         settings,
         events,
         gauges,
-        look=lambda: w.observe(plan, nodes, secrets, probe_timeout),
+        look=lambda since: w.observe(plan, nodes, secrets, probe_timeout, since),
         restart=lambda: w.restart_line(plan, nodes, secrets, opts, err),
         stop=lambda: w.stop_line(nodes, err),
         evidence=lambda state, history: w.evidence(plan, nodes, secrets, state, history, sysfs=sysfs),
@@ -159,7 +177,8 @@ def watch(
     events.emit(
         "start",
         "",
-        f"watching {plan.line.api} every {interval:g} s (probe {probe_timeout:g} s, confirm {confirm}, "
+        f"watching {plan.line.api} every {interval:g} s (probe {probe_timeout:g} s, confirm {confirm} "
+        f"every {confirm_interval:g} s, "
         f"at most {max_restarts} restarts in {window:g} s)"
         + (f"; metrics on http://{listen[0]}:{server.port}/metrics" if listen and server else ""),
     )

@@ -6,8 +6,10 @@ to the head's address and nowhere else).
 Liveness is a real completion, not ``/health``: SGLang's ``/health`` passes on any recent
 output of the engine, and a rank wedged in a collective has been seen with ``/health`` at 200
 (sglang ``http_server.py``; b12x#313, sparkring#215). A completion that does not come back in
-time is read against the load endpoint first: a line with running or waiting requests is busy,
-not wedged (a long prefill starves a one-token request).
+time is read against the load endpoint and SGLang's token counters (``/metrics``, with the
+engine's --enable-metrics): a line with running or waiting requests whose counters grow is busy,
+not wedged (a long prefill starves a one-token request); one whose counters stand still is
+wedged, whatever it counts as running (a scheduler stuck in a collective keeps its requests).
 
 The API key is a :class:`tp4.core.apikey.Secret`: its repr and str never show it, it goes only into the
 ``Authorization`` header, and no log record or error message of this module carries it.
@@ -19,6 +21,8 @@ import errno
 import http.client
 import json
 import logging
+import math
+import re
 import socket
 import time
 import urllib.parse
@@ -178,13 +182,20 @@ def _body(data: Mapping[str, Json] | None) -> bytes | None:
 
 @contextmanager
 def _request(
-    ep: Endpoint, method: str, path: str, data: Mapping[str, Json] | None, timeout: float, *, stream: bool = False
+    ep: Endpoint,
+    method: str,
+    path: str,
+    data: Mapping[str, Json] | None,
+    timeout: float,
+    *,
+    stream: bool = False,
+    accept: str | None = None,
 ) -> Iterator[_Call]:
     """Connect, send, read the status line and headers within ``timeout``; errors are
     :class:`ApiError` (``down`` when no connection was made). The caller reads the body."""
     host, port = _target(ep)
     where = f"{ep.url}{path}"
-    headers = {"Accept": "text/event-stream" if stream else "application/json", "User-Agent": "tp4"}
+    headers = {"Accept": accept or ("text/event-stream" if stream else "application/json"), "User-Agent": "tp4"}
     body = _body(data)
     if body is not None:
         headers["Content-Type"] = "application/json"
@@ -222,7 +233,7 @@ def _broken(where: str, exc: BaseException) -> ApiError:
     )
 
 
-def _read_all(call: _Call, timeout: float, started: float) -> bytes:
+def _read_all(call: _Call, timeout: float, started: float, limit: int = _MAX_BODY) -> bytes:
     chunks: list[bytes] = []
     size = 0
     try:
@@ -232,9 +243,9 @@ def _read_all(call: _Call, timeout: float, started: float) -> bytes:
             if not part:
                 break
             size += len(part)
-            if size > _MAX_BODY:
+            if size > limit:
                 raise ApiError(
-                    f"{call.where}: the answer is larger than {_MAX_BODY >> 20} MiB, which no answer of this API is",
+                    f"{call.where}: the answer is larger than {limit >> 20} MiB, which no answer of this API is",
                     kind="malformed",
                 )
             chunks.append(part)
@@ -600,30 +611,136 @@ def health(ep: Endpoint, timeout: float) -> int | None:
         return None
 
 
+# --- progress: SGLang's token counters ------------------------------------------------------------
+
+# The counters whose growth is progress (sgl-project/sglang python/sglang/srt/metrics/collector.py):
+# TokenizerMetricsCollector's sglang:prompt_tokens_total and sglang:generation_tokens_total grow when a
+# request finishes (observe_one_finished_request); SchedulerMetricsCollector's
+# sglang:realtime_tokens_total{mode="prefill_compute"|"prefill_cache"|"decode"} grows at each log
+# interval of the scheduler while it computes (increment_realtime_tokens). Each is exported per label
+# set (model_name, the ranks, the mode ...): tp4 sums them. /metrics exists only with --enable-metrics.
+PROGRESS_COUNTERS = ("sglang:realtime_tokens_total", "sglang:generation_tokens_total", "sglang:prompt_tokens_total")
+_MAX_METRICS = 8 << 20  # SGLang's /metrics with every histogram is well under 1 MiB
+# one sample line of the text format: name, optional {labels} (quoted values may hold } and escapes),
+# value, optional timestamp
+_SAMPLE = re.compile(r'([A-Za-z_:][A-Za-z0-9_:]*)(\{(?:[^"}]|"(?:[^"\\]|\\.)*")*\})?[ \t]+(\S+)(?:[ \t]+-?[0-9]+)?')
+
+
+def parse_counters(text: str, names: Sequence[str] = PROGRESS_COUNTERS) -> dict[str, float]:
+    """Each counter of ``names`` summed over its label sets, from a Prometheus text exposition.
+    Comments, other metrics and lines that are no sample are skipped, and so is a sample whose
+    value is not a finite number of at least 0 (no counter is negative or NaN); a counter with no
+    sample is absent from the result."""
+    wanted = set(names)
+    prefixes = tuple(names)
+    found: dict[str, float] = {}
+    for raw in text.splitlines():
+        line = raw.strip()
+        if not line.startswith(prefixes):
+            continue
+        m = _SAMPLE.fullmatch(line)
+        if m is None or m.group(1) not in wanted:
+            continue
+        try:
+            value = float(m.group(3))
+        except ValueError:
+            continue
+        total = found.get(m.group(1), 0.0) + value
+        if math.isfinite(value) and value >= 0 and math.isfinite(total):
+            found[m.group(1)] = total
+    return found
+
+
+class Tokens(NamedTuple):
+    """One reading of SGLang's token counters (:data:`PROGRESS_COUNTERS`, each summed; a counter
+    the engine has not exported yet is absent) and when it was taken (``time.monotonic()``)."""
+
+    counts: Mapping[str, float]
+    at: float
+
+    def since(self, before: Tokens) -> float:
+        """Tokens counted since ``before``: a counter that appeared counts whole, one that went
+        down (the engine restarted) counts nothing."""
+        return sum(max(0.0, value - before.counts.get(name, 0.0)) for name, value in self.counts.items())
+
+
+def tokens(ep: Endpoint, timeout: float) -> Tokens | None:
+    """SGLang's token counters from ``GET /metrics``; None when the engine serves no /metrics (404:
+    it was started without --enable-metrics)."""
+    started = time.monotonic()
+    with _request(ep, "GET", "/metrics", None, timeout, accept="text/plain; version=0.0.4") as call:
+        body = _read_all(call, timeout, started, _MAX_METRICS)
+        if call.resp.status == 404:
+            return None
+        if call.resp.status != 200:
+            raise _status_error(ep, call, body)
+    return Tokens(parse_counters(body.decode("utf-8", "replace")), time.monotonic())
+
+
+def _reading(ep: Endpoint, timeout: float) -> tuple[Tokens | None, str]:
+    """A reading of the counters, or None and why there is none."""
+    try:
+        got = tokens(ep, timeout)
+    except ApiError as exc:
+        return None, f"progress unknown: /metrics gave no reading ({exc.message})"
+    if got is None:
+        return None, "progress unknown: the engine has no /metrics (it runs without --enable-metrics)"
+    return got, ""
+
+
+def _amount(value: float) -> str:
+    return f"{value:.0f}" if value < 1e12 else f"{value:.3g}"
+
+
+def progress(after: Tokens, starts: Sequence[Tokens | None]) -> tuple[bool | None, str]:
+    """Whether any token was counted between the earlier readings ``starts`` (the probe's own,
+    the watchdog's previous look's) and ``after``, and that in words; None when no earlier
+    reading is there."""
+    found = [t for t in starts if t is not None]
+    if not found:
+        return None, "progress unknown: /metrics gave no reading before the probe"
+    gained = max(after.since(t) for t in found)
+    window = max(0.0, after.at - min(t.at for t in found))
+    if gained > 0:
+        return True, f"{_amount(gained)} token(s) counted in the last {window:.1f} s"
+    return False, f"no token counted in {window:.1f} s (SGLang's token counters stood still)"
+
+
+# --- liveness --------------------------------------------------------------------------------------
+
+
 State = Literal["alive", "busy", "wedged", "down", "error"]
 
 
 class Liveness(NamedTuple):
     """What a probe found: ``alive`` (a one-token completion came back), ``busy`` (none in time,
-    but requests are running or waiting), ``wedged`` (none in time, nothing running or waiting),
+    but requests are running or waiting: ``progress`` says whether any token was counted
+    meanwhile, None when that is unknown), ``wedged`` (none in time, nothing running or waiting),
     ``down`` (no connection), ``error`` (the API answered, but with an error: a refused key, a
-    5xx, a malformed answer). ``detail`` says it in words."""
+    5xx, a malformed answer). ``detail`` says it in words; ``tokens`` is the probe's last reading
+    of the token counters (the next look compares with it)."""
 
     state: State
     detail: str
     seconds: float
     health: int | None = None
     load: Load | None = None
+    progress: bool | None = None
+    tokens: Tokens | None = None
 
 
-def probe(ep: Endpoint, timeout: float) -> Liveness:
+def probe(ep: Endpoint, timeout: float, *, since: Tokens | None = None) -> Liveness:
     """The liveness of the line: a one-token completion within ``timeout``. When it does not
-    come, the load decides between busy and wedged (each follow-up read at most 5 s)."""
+    come, the load decides between busy and wedged (each follow-up read at most 5 s), and the
+    token counters read before the completion was sent and after it timed out (and ``since``, a
+    reading of the caller's previous look) say whether the requests in flight progress."""
     started = time.monotonic()
 
     def took() -> float:
         return time.monotonic() - started
 
+    follow = min(timeout, _FOLLOW_UP)
+    before, _ = _reading(ep, follow)
     try:
         done = complete(
             ep, "Reply with one word: ready.", max_tokens=1, timeout=timeout, chat_template_kwargs=NO_THINKING
@@ -632,10 +749,9 @@ def probe(ep: Endpoint, timeout: float) -> Liveness:
         if exc.kind == "down":
             return Liveness("down", exc.message, took())
         if exc.kind != "timeout":
-            return Liveness("error", exc.message, took())
+            return Liveness("error", exc.message, took(), tokens=before)
     else:
-        return Liveness("alive", f"one token in {done.seconds:.2f} s", took())
-    follow = min(timeout, _FOLLOW_UP)
+        return Liveness("alive", f"one token in {done.seconds:.2f} s", took(), tokens=before)
     status = health(ep, follow)
     shown = f"health {status}" if status is not None else f"health gave no answer within {_seconds(follow)}"
     try:
@@ -646,6 +762,7 @@ def probe(ep: Endpoint, timeout: float) -> Liveness:
             f"{shown} but no completion within {_seconds(timeout)}; the load is unknown ({exc.message})",
             took(),
             status,
+            tokens=before,
         )
     if now is None:
         return Liveness(
@@ -653,14 +770,19 @@ def probe(ep: Endpoint, timeout: float) -> Liveness:
             f"{shown} but no completion within {_seconds(timeout)}; the engine has no load endpoint to tell busy from wedged",
             took(),
             status,
+            tokens=before,
         )
     if now.running or now.waiting:
+        after, why = _reading(ep, follow)
+        moved, words = progress(after, (since, before)) if after is not None else (None, why)
         return Liveness(
             "busy",
-            f"no completion within {_seconds(timeout)}, but {now.running} running and {now.waiting} waiting: busy, not wedged",
+            f"no completion within {_seconds(timeout)}, {now.running} running and {now.waiting} waiting; {words}",
             took(),
             status,
             now,
+            moved,
+            after or before,
         )
     return Liveness(
         "wedged",
@@ -668,6 +790,7 @@ def probe(ep: Endpoint, timeout: float) -> Liveness:
         took(),
         status,
         now,
+        tokens=before,
     )
 
 

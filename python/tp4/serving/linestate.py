@@ -6,10 +6,13 @@ probe of :func:`tp4.serving.api.probe`: a one-token completion with a deadline, 
 of five states:
 
 * ``ready``: every rank runs and a one-token completion came back in time;
-* ``busy``: every rank runs, no completion in time, but requests are running or waiting;
-* ``wedged``: every rank runs, the API answers (or errs), no completion in time and nothing
-  running or waiting (the wedge of b12x#313 and sparkring#215: ``/health`` at 200, nothing
-  generated);
+* ``busy``: every rank runs, no completion in time, but requests are running or waiting and
+  progressing (SGLang's token counters grew while the probe waited);
+* ``wedged``: every rank runs, the API answers (or errs), no completion in time, and nothing
+  running or waiting, or requests in flight of which none progresses (the wedge of b12x#313 and
+  sparkring#215: ``/health`` at 200, nothing generated). When the engine has no ``/metrics``
+  (no --enable-metrics), progress is unknown: requests in flight beyond the watcher's own
+  timed-out probes count as busy, as the detail says;
 * ``down``: a rank's container is gone, stopped or its node unreachable;
 * ``booting``: every rank's container runs (or is being started) but the API takes no connection
   yet.
@@ -47,8 +50,9 @@ def classify(ranks: Mapping[str, str], live: Liveness, *, own_in_flight: int = 0
 
     ``own_in_flight``: how many of the caller's own probes may still be in flight (a probe that
     timed out is abandoned, but a wedged engine still counts it as running or waiting: it never
-    gets to the abort). A line whose running and waiting requests could all be those probes has
-    nothing in flight that progresses: wedged, not busy."""
+    gets to the abort). When the probe could not tell progress (no /metrics), a line whose running
+    and waiting requests could all be those probes has nothing in flight that progresses: wedged,
+    not busy. When it could, progress alone decides."""
     gone = {name: s for name, s in ranks.items() if s != "running" and s not in STARTING}
     if gone:
         return Verdict("down", "; ".join(f"{name}: rank {s or 'absent'}" for name, s in gone.items()))
@@ -56,6 +60,10 @@ def classify(ranks: Mapping[str, str], live: Liveness, *, own_in_flight: int = 0
     if live.state == "alive":
         return Verdict("ready", live.detail)
     if live.state == "busy":
+        if live.progress is False:
+            return Verdict("wedged", f"requests in flight, but none progresses: {live.detail}")
+        if live.progress is True:
+            return Verdict("busy", f"requests in flight and progressing: {live.detail}")
         load = live.load
         if load is not None and load.running + load.waiting <= own_in_flight:
             return Verdict(

@@ -1410,6 +1410,9 @@ def status(
             "detail": live.detail,
             "running": live.load.running if live.load else None,
             "waiting": live.load.waiting if live.load else None,
+            # a probe that timed out with requests in flight: whether SGLang's token counters grew
+            # meanwhile (None: not asked, or no /metrics to tell)
+            "progress": live.progress,
         },
         "boot": record,
     }

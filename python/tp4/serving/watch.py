@@ -4,7 +4,9 @@ It classifies each look at the line with :func:`tp4.serving.linestate.classify`,
 classification `tp4 status` uses too (ready, busy, wedged, down, booting).
 
 :class:`Watchdog` looks at the line every interval and acts only on a state it saw ``confirm``
-consecutive times (default 3): on ``wedged`` or ``down`` it saves an evidence bundle under the
+consecutive times (default 3); after a look that found the line wedged or down, the confirming
+looks follow every ``confirm_interval`` (default 2 s) instead. On ``wedged`` or ``down`` it saves
+an evidence bundle under the
 line's state directory, stops every rank, serves the line again and verifies it ready as `tp4
 serve` does. Restarts are bounded (default 3 an hour) with a back-off that doubles with each
 restart in the window; past the bound it stops the line, keeps the evidence and says so. It never
@@ -38,12 +40,15 @@ if TYPE_CHECKING:
     from tp4.core.apikey import Secret
     from tp4.hosts.nodes import Node
     from tp4.line.plan import Plan
-    from tp4.serving.api import Liveness
+    from tp4.serving.api import Liveness, Tokens
     from tp4.serving.serve import Options as serve_Options
 
 DEFAULT_INTERVAL = 15.0
-DEFAULT_PROBE_TIMEOUT = 10.0
+# a wedge is confirmed within interval + confirm * probe timeout (+ the follow-up reads): 30 s, under
+# the goal of 2 intervals + the probe timeout (35 s); docs/watch.md "How fast"
+DEFAULT_PROBE_TIMEOUT = 5.0
 DEFAULT_CONFIRM = 3
+DEFAULT_CONFIRM_INTERVAL = 2.0
 DEFAULT_MAX_RESTARTS = 3
 DEFAULT_WINDOW = 3600.0
 DEFAULT_BACKOFF = 30.0
@@ -73,10 +78,14 @@ def rank_state(node: Node) -> str:
 
 
 def observe(
-    plan: Plan, nodes: Sequence[Node], secrets: Mapping[str, Secret], probe_timeout: float
+    plan: Plan,
+    nodes: Sequence[Node],
+    secrets: Mapping[str, Secret],
+    probe_timeout: float,
+    since: Tokens | None = None,
 ) -> tuple[dict[str, str], Liveness]:
     """One look at the line: each rank's container state (read in parallel, beside the probe)
-    and the liveness probe."""
+    and the liveness probe (``since``: the previous look's reading of the token counters)."""
     from concurrent.futures import ThreadPoolExecutor
 
     from tp4.hosts.nodes import parallel
@@ -84,7 +93,7 @@ def observe(
 
     with ThreadPoolExecutor(max_workers=1) as pool:
         reading = pool.submit(parallel, nodes, rank_state)
-        live = api.probe(serve.endpoint(plan, secrets), probe_timeout)
+        live = api.probe(serve.endpoint(plan, secrets), probe_timeout, since=since)
         got = reading.result()
     ranks: dict[str, str] = {}
     for node in nodes:
@@ -355,6 +364,7 @@ class Settings:
     max_restarts: int = DEFAULT_MAX_RESTARTS
     window: float = DEFAULT_WINDOW
     backoff: float = DEFAULT_BACKOFF
+    confirm_interval: float = DEFAULT_CONFIRM_INTERVAL
 
 
 class GaveUp(Tp4Error):
@@ -379,6 +389,7 @@ class Look(NamedTuple):
                 "health": self.live.health,
                 "running": self.live.load.running if self.live.load else None,
                 "waiting": self.live.load.waiting if self.live.load else None,
+                "progress": self.live.progress,
             },
         }
 
@@ -400,7 +411,7 @@ class Watchdog:
         events: Events,
         gauges: Gauges,
         *,
-        look: Callable[[], tuple[dict[str, str], Liveness]],
+        look: Callable[[Tokens | None], tuple[dict[str, str], Liveness]],
         restart: Callable[[], None],
         stop: Callable[[], list[str]],
         evidence: Callable[[str, Sequence[Look]], Path],
@@ -421,9 +432,14 @@ class Watchdog:
         self.armed = False
         self.looks = 0
         self.timed_out = 0
+        # the last reading of the token counters, kept while looks time out: the next look's window
+        # of progress starts there, so consecutive windows leave no gap (a ready look ends the chain,
+        # so that the first look after a wedge is not measured from before it)
+        self.since: Tokens | None = None
 
     def look(self) -> Look:
-        ranks, live = self.look_()
+        ranks, live = self.look_(self.since)
+        self.since = live.tokens if live.state in ("busy", "wedged") else None
         # the probes that timed out on consecutive looks, this one included, may all still be in
         # flight; counted up to the confirmation (a wedge is acted on by then), so that the late
         # answers of a slow but progressing line never outnumber its real requests
@@ -483,6 +499,8 @@ class Watchdog:
     def heal(self, got: Look) -> None:
         state = got.verdict.state
         seen = f"{state} on {self.confirm.streak} consecutive looks: {got.verdict.detail}"
+        # the moment of detection (the evidence takes seconds to gather before the restart event)
+        self.events.emit("confirmed", state, seen)
         bundle = self.evidence_(state, list(self.history))
         now = self.clock()
         if not self.budget.allowed(now):
@@ -527,8 +545,15 @@ class Watchdog:
             self.gauges.state = "ready"
         self.events.emit("ready", "ready", f"the line is ready again after {self.clock() - began:.1f} s")
 
+    def confirming(self) -> bool:
+        """Whether the next look confirms a wedged or down look (the line armed, the streak short
+        of ``confirm``)."""
+        c = self.confirm
+        return self.armed and c.state in ("wedged", "down") and 0 < c.streak < self.settings.confirm
+
     def run(self, *, looks: int | None = None) -> None:
-        """Look every interval (``looks``: that many, else until interrupted)."""
+        """Look every interval, every confirm interval while confirming (each measured from the
+        start of a look to the start of the next); ``looks``: that many, else until interrupted."""
         n = 0
         while looks is None or n < looks:
             began = self.clock()
@@ -536,7 +561,12 @@ class Watchdog:
             n += 1
             if looks is not None and n >= looks:
                 return
-            self.sleep(max(0.0, self.settings.interval - (self.clock() - began)))
+            every = (
+                min(self.settings.confirm_interval, self.settings.interval)
+                if self.confirming()
+                else self.settings.interval
+            )
+            self.sleep(max(0.0, every - (self.clock() - began)))
 
 
 # --- the line's own look, restart and evidence -----------------------------------------------------
