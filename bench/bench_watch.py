@@ -100,8 +100,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--interval",
         type=_bounded(float, 0.5, 60),
-        default=2.0,
-        help="tp4 watch --interval for the detection and recovery parts (default 2)",
+        default=6.0,
+        help="tp4 watch --interval for the detection and recovery parts (default 6)",
     )
     p.add_argument(
         "--probe-timeout",
@@ -118,8 +118,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--confirm-interval",
         type=_bounded(float, 0.1, 60),
-        default=0.5,
-        help="tp4 watch --confirm-interval, passed only when `tp4 watch --help` lists it (default 0.5)",
+        default=1.0,
+        help="tp4 watch --confirm-interval, passed only when `tp4 watch --help` lists it (default 1)",
     )
     p.add_argument(
         "--load-seconds",
@@ -181,7 +181,7 @@ class Figure:
     def line(self) -> str:
         ratio = f"{self.value / self.goal:6.2f}" if self.goal > 0 else ("  0.00" if self.value == 0 else "   inf")
         text = (
-            f"{self.name:<28} {self.value:8.2f}{self.unit}  goal <= {self.goal:g}{self.unit}  "
+            f"{self.name:<28} {self.value:8.2f}{self.unit}  goal <= {self.goal:.2f}{self.unit}  "
             f"ratio {ratio}  {'PASS' if self.met else 'MISS'}"
         )
         return text + (f"  ({self.note})" if self.note else "")
@@ -409,6 +409,7 @@ def load_part(cluster: DoctorCluster, work: Path, args: argparse.Namespace) -> t
     w = Watch(state, str(profile), work / "events-load.jsonl", ["--interval", f"{args.load_interval:g}"])
     notes: list[str] = []
     try:
+        started = w.wait("start", 0, 60)[1]
         w.wait("armed", 0, 120)
         since = w.mark()
         load = Load(cluster.api(), args.concurrency, args.max_tokens)
@@ -435,6 +436,7 @@ def load_part(cluster: DoctorCluster, work: Path, args: argparse.Namespace) -> t
         f"(~{generation:.0f} s a generation) for {args.load_seconds:g} s; tp4 watch --interval "
         f"{args.load_interval:g}, probe timeout and confirm the watch's defaults"
     )
+    notes.append(f"load: {started}")
     notes.append(
         f"load: {load.done} generations finished, {load.tokens_events} SSE events read, errors: "
         + (", ".join(f"{k} x{v}" for k, v in load.errors.items()) or "none")
@@ -493,6 +495,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             cycles: list[Cycle] = []
             w = Watch(state, profile, work / "events.jsonl", options)
             try:
+                print(w.wait("start", 0, 60)[1], flush=True)
                 w.wait("armed", 0, 120)
                 for i in range(args.runs):
                     for kind in ("wedge", "kill"):
@@ -527,7 +530,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                     recover,
                     boot + RECOVERY_SLACK,
                     note=f"median of {len(cycles)}, max {max(c.recover for c in cycles):.2f} s; the stand-in's boot "
-                    f"{boot:.2f} s (median of the restarts; {plain:.2f} s in the plain serve) + 3 s",
+                    f"{boot:.2f} s (median of the restarts; {plain:.2f} s in the plain serve) + 3 s; recovery minus "
+                    f"that restart's boot: median {statistics.median(c.recover - c.boot for c in cycles):.2f} s",
                 )
             )
             if args.load_seconds > 0:
