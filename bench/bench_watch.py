@@ -513,13 +513,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             detect_goal = 2 * args.interval + args.probe_timeout
             for kind, label in (("wedge", "(a) detection, wedge"), ("kill", "(b) detection, killed rank")):
                 mine = [c for c in cycles if c.kind == kind]
+                confirmed = statistics.median(c.confirmed for c in mine)
                 figures.append(
                     Figure(
                         label,
                         statistics.median(c.detect for c in mine),
                         detect_goal,
                         note=f"median of {len(mine)}, max {max(c.detect for c in mine):.2f} s; confirmed "
-                        f"(evidence begun) median {statistics.median(c.confirmed for c in mine):.2f} s",
+                        f"(evidence begun) median {confirmed:.2f} s, ratio {confirmed / detect_goal:.2f}",
                     )
                 )
             recover = statistics.median(c.recover for c in cycles)
