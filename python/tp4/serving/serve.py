@@ -51,6 +51,7 @@ from tp4.line.profile.models import ENV_KEY, has_unsafe_chars
 
 if TYPE_CHECKING:
     from tp4.serving.api import Endpoint as api_Endpoint
+    from tp4.serving.api import Liveness
     from tp4.core.apikey import Secret
     from tp4.hosts.doctor import Result as doctor_Result
 
@@ -1361,9 +1362,12 @@ def status(
     *,
     probe_timeout: float = 10.0,
     others_in_flight: int = 0,
+    live: Liveness | None = None,
 ) -> dict[str, object]:
     """Each node's rank and the line's liveness, as JSON values. ``others_in_flight``: probes of
-    the caller that timed out before this one and may still be in flight (the watchdog's)."""
+    the caller that timed out before this one and may still be in flight (the watchdog's).
+    ``live``: a probe the caller has just made (the watchdog's last look, for its evidence),
+    used instead of a new one: a wedged line would hold a new probe for its whole deadline."""
     from tp4.serving import api
 
     results = parallel(nodes, _node_status)
@@ -1381,15 +1385,16 @@ def status(
             )
         else:
             node_info.append(got)
-    ep = endpoint(plan, secrets)
-    live = api.probe(ep, probe_timeout)
+    own = 0 if live is not None else 1  # this call's own probe, when it makes one
+    if live is None:
+        live = api.probe(endpoint(plan, secrets), probe_timeout)
     record = load_run(plan)
     # the one classification `tp4 watch` acts on, and the stop record both read
     from tp4.serving.linestate import classify, stopped_on_purpose
 
     ranks = {str(i.get("node")): str(i.get("state") or "") for i in node_info if isinstance(i, dict)}
     # this probe's own request, when it timed out, and the caller's earlier ones
-    verdict = classify(ranks, live, own_in_flight=1 + others_in_flight)
+    verdict = classify(ranks, live, own_in_flight=own + others_in_flight)
     stopped = read_stop(nodes[0]) if verdict.state == "down" else None
     verdict = stopped_on_purpose(verdict, stopped)
     digests = {

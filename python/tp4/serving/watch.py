@@ -579,6 +579,8 @@ def evidence(
     rank's last log lines, `tp4 status`'s JSON, the boot record (its signature), the probe
     history, and the RoCE counters doctor reads on each node. Every part that cannot be read is
     noted in ``missing.txt``; nothing here raises for a node that does not answer."""
+    from concurrent.futures import ThreadPoolExecutor
+
     from tp4.hosts import doctor
     from tp4.hosts.nodes import parallel
     from tp4.serving import serve
@@ -596,29 +598,38 @@ def evidence(
         privatefiles.replace_file(d / name, text)
 
     put("probes.jsonl", "".join(json.dumps(h.to_json(), sort_keys=True) + "\n" for h in history))
-    logs = parallel(nodes, lambda node: serve.log_tail(node, LOG_LINES))
+    stuck = 0  # the watchdog's probes that timed out on the last looks: they may still be in flight
+    for look in reversed(history):
+        if look.live.state not in ("busy", "wedged"):
+            break
+        stuck += 1
+    # the parts are read at once (the line is down or wedged until the restart: every second
+    # here is a second of it); the status takes the last look's probe, made moments ago, instead
+    # of a new one that a wedged line would hold for its whole deadline
+    with ThreadPoolExecutor(max_workers=3) as pool:
+        logs_ = pool.submit(parallel, nodes, lambda node: serve.log_tail(node, LOG_LINES))
+        facts_ = pool.submit(
+            doctor.gather, plan, nodes, doctor.Limits(sysfs=sysfs, interval=0.0, ping=False, timeout=30)
+        )
+        last = history[-1].live if history else None
+        status_ = pool.submit(serve.status, plan, nodes, secrets, probe_timeout=5, others_in_flight=stuck, live=last)
+        logs = logs_.result()
+        try:
+            put("status.json", json.dumps(status_.result(), indent=2, sort_keys=True))
+        except Tp4Error as exc:
+            missing.append(f"status: {exc.message.splitlines()[0]}")
+        facts = facts_.result()
     for node in nodes:
         got = logs[node.name]
         if isinstance(got, BaseException):
             missing.append(f"{node.name}: log: {getattr(got, 'message', str(got)).splitlines()[0]}")
         else:
             put(f"log-rank{node.rank.rank}-{node.name}.txt", "\n".join(str(x) for x in got) + "\n")  # type: ignore[attr-defined]
-    stuck = 0  # the watchdog's probes that timed out on the last looks: they may still be in flight
-    for look in reversed(history):
-        if look.live.state not in ("busy", "wedged"):
-            break
-        stuck += 1
-    try:
-        now = serve.status(plan, nodes, secrets, probe_timeout=5, others_in_flight=stuck)
-        put("status.json", json.dumps(now, indent=2, sort_keys=True))
-    except Tp4Error as exc:
-        missing.append(f"status: {exc.message.splitlines()[0]}")
     record = serve.load_run(plan)
     if record is not None:
         put("boot.json", json.dumps(record, indent=2, sort_keys=True) + "\n")
     else:
         missing.append("boot.json: no boot record of this line on this head")
-    facts = doctor.gather(plan, nodes, doctor.Limits(sysfs=sysfs, interval=0.0, ping=False, timeout=30))
     roce: dict[str, object] = {}
     for node in nodes:
         f = facts[node.name]
