@@ -131,6 +131,9 @@ def test_a_wedge_and_a_lost_rank_are_healed_with_their_evidence(cluster: DoctorC
     try:
         wait_event(log, "armed", 1, 60, proc)
         assert 'state="ready"} 0' in metrics(port)
+        # this line runs without --enable-metrics: the watch says what it cannot tell, and the fix
+        warned = [e for e in events(log) if e["event"] == "warning"]
+        assert len(warned) == 1 and 'engine.extra_args = ["--enable-metrics"]' in str(warned[0]["detail"]), warned
 
         set_wedged(cluster.api(), True)  # /health stays 200, completions hang
         wait_event(log, "ready", 1, 240, proc)
@@ -177,6 +180,7 @@ def test_a_wedge_that_holds_foreign_requests_is_healed(cluster: DoctorCluster, t
     proc = watch(state, str(profile), log, port)
     try:
         wait_event(log, "armed", 1, 60, proc)
+        assert not [e for e in events(log) if e["event"] == "warning"]  # the line serves /metrics
         set_wedged(cluster.api(), True)
         held = foreign(cluster.api(), 3)  # they hang, and stay counted as running
         wait_event(log, "ready", 1, 240, proc)

@@ -182,6 +182,15 @@ def watch(
         f"at most {max_restarts} restarts in {window:g} s)"
         + (f"; metrics on http://{listen[0]}:{server.port}/metrics" if listen and server else ""),
     )
+    if "--enable-metrics" not in plan.nodes[0].argv:
+        # busy is told from wedged by SGLang's token counters, which only --enable-metrics serves
+        events.emit(
+            "warning",
+            "",
+            "the line's engine runs without --enable-metrics, so its token counters (/metrics) cannot tell a "
+            "wedge that holds requests running from a busy line: such a wedge is taken for busy and not healed; "
+            'fix: engine.extra_args = ["--enable-metrics"] in the profile, then tp4 serve (or tp4 up)',
+        )
     try:
         dog.run(looks=looks)
     except w.GaveUp as exc:
