@@ -16,7 +16,7 @@ from tp4.cli.common import (
     sysfs_root,
 )
 from tp4.core.errors import Tp4Error
-from tp4.serving.up import MADE_BY  # doctor's blocking checks a later step makes pass (as in `tp4 up`)
+from tp4.serving.up import MADE_BY, gate  # doctor's blocking checks a later step makes pass (as in `tp4 up`)
 
 if TYPE_CHECKING:
     from tp4.line.plan import Plan
@@ -147,16 +147,9 @@ def prepare(profile_path: str | None, sysfs: str, ssh_options: tuple[str, ...], 
     report = doctor_mod.doctor(plan, nodes, limits)
     for line in doctor_mod.table(plan, report.results):
         click.echo(line)
-    blocking = [r for r in report.blocking if r.check not in MADE_BY]
-    if blocking:
-        raise stopped(
-            0,
-            f"{len(blocking)} blocking failure(s):\n"
-            + "\n".join(
-                f"  - {r.check} on {r.node}: {r.detail}" + (f"; fix: {r.fix}" if r.fix else "") for r in blocking
-            ),
-        )
-    later = sorted({f"{r.check} ({MADE_BY[r.check]})" for r in report.blocking})
+    problem, later = gate(report, MADE_BY)
+    if problem:
+        raise stopped(0, problem)
     click.echo(
         "prepare: doctor: no blocking failure" + (f" but what the next steps make: {', '.join(later)}" if later else "")
     )

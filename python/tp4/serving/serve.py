@@ -38,7 +38,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal, NamedTuple
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 from tp4.core import privatefiles, process
 
@@ -1110,11 +1110,15 @@ def clear_stop(head: Node) -> None:
 def read_stop(head: Node) -> dict[str, object] | None:
     """The stop record on the head (``by``, ``when`` in UTC, ``from`` user@host), or None: none, or
     the head cannot be read (then nothing says the line was stopped on purpose)."""
-    proc = head.run(
-        _as_env_file(head, ["cat", "--", stop_record_path(head.rank)]),
-        check=False,
-        timeout=30,
-        purpose=f"reading the stop record on {head.name}",
+    return _read_doc(head, stop_record_path(head.rank), "the stop record")
+
+
+def _read_doc(node: Node, path: str, what: str) -> dict[str, Any] | None:
+    """The JSON object serve left at ``path`` on ``node`` (read with the rights it was written
+    with; its values as JSON gives them), or None: none there, not an object, or the node
+    cannot be read."""
+    proc = node.run(
+        _as_env_file(node, ["cat", "--", path]), check=False, timeout=30, purpose=f"reading {what} on {node.name}"
     )
     try:
         doc = json.loads(proc.stdout) if proc.returncode == 0 else None
@@ -1203,17 +1207,8 @@ def read_running_plan(node: Node, digest: str) -> dict[str, object] | None:
     ``digest``; None when it cannot be read or is not."""
     from tp4.line.plan import digest_of
 
-    proc = node.run(
-        _as_env_file(node, ["cat", "--", running_plan_path(node.rank)]),
-        check=False,
-        timeout=30,
-        purpose=f"reading the running plan on {node.name}",
-    )
-    try:
-        doc = json.loads(proc.stdout) if proc.returncode == 0 else None
-    except ValueError:
-        return None
-    if not isinstance(doc, dict) or doc.get("digest") != digest or digest_of(doc) != digest:
+    doc = _read_doc(node, running_plan_path(node.rank), "the running plan")
+    if doc is None or doc.get("digest") != digest or digest_of(doc) != digest:
         return None
     return doc
 

@@ -42,6 +42,7 @@ from tp4.core.errors import Tp4Error
 if TYPE_CHECKING:
     from tp4.core.apikey import Secret
     from tp4.core.contracts.up_report import UpReport
+    from tp4.hosts.doctor import Report as doctor_Report
     from tp4.hosts.nodes import Node
     from tp4.line.plan import Plan
     from tp4.line.profile.load import Loaded
@@ -181,16 +182,24 @@ def _doctor(line: Line, opts: Options, state: State, out: Echo) -> str:
     report = doctor_mod.doctor(line.plan, line.nodes, limits)
     for text in doctor_mod.table(line.plan, report.results):
         out(text)
-    blocking = [r for r in report.blocking if r.check not in UP_MADE_BY]
-    if blocking:
-        raise Tp4Error(
-            f"{len(blocking)} blocking failure(s):\n"
-            + "\n".join(
-                f"  - {r.check} on {r.node}: {r.detail}" + (f"; fix: {r.fix}" if r.fix else "") for r in blocking
-            )
-        )
-    later = sorted({f"{r.check} ({UP_MADE_BY[r.check]})" for r in report.blocking})
+    problem, later = gate(report, UP_MADE_BY)
+    if problem:
+        raise Tp4Error(problem)
     return "no blocking failure" + (f" but what later steps make: {', '.join(later)}" if later else "")
+
+
+def gate(report: doctor_Report, made_by: Mapping[str, str]) -> tuple[str | None, list[str]]:
+    """Doctor's blocking failures as `tp4 up` and `tp4 prepare` stop on them: those no later step
+    makes pass, told in one message (None when there are none), and the others, each with the
+    step that makes it (``CHECK (step)``)."""
+    blocking = [r for r in report.blocking if r.check not in made_by]
+    problem = (
+        f"{len(blocking)} blocking failure(s):\n"
+        + "\n".join(f"  - {r.check} on {r.node}: {r.detail}" + (f"; fix: {r.fix}" if r.fix else "") for r in blocking)
+        if blocking
+        else None
+    )
+    return problem, sorted({f"{r.check} ({made_by[r.check]})" for r in report.blocking if r.check in made_by})
 
 
 def head_image(line: Line) -> str | None:
