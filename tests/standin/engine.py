@@ -149,7 +149,8 @@ Fault modes:
                moe_b12x_next armed line)
   ignore-term  boot.py and the engine ignore SIGTERM (only SIGKILL stops them)
   wrong-answer after boot.py's own smoke, 19 + 23 is answered 41 (also under a JSON schema)
-  stall        a streamed completion stops after its first chunk, the connection left open
+  stall        a streamed completion stops after its first chunk, the connection left open (its
+               place in the running batch freed once the client closes it)
 
 Beyond plain text, completions answer as an OpenAI-compatible server does (for `tp4 smoke
 --full`), with no model behind them: under ``response_format`` ``json_schema`` the content is one
@@ -1174,8 +1175,9 @@ def handler(engine: Engine) -> type[BaseHTTPRequestHandler]:
 
             pacing = Pacing.of(prompt_tokens)
             chunk({"role": "assistant", "content": ""}, None)
-            if "stall" in engine.faults:
-                engine.stopping.wait()
+            if "stall" in engine.faults:  # until its client leaves (SGLang aborts it): its place in the batch freed
+                while not engine.stopping.wait(0.1) and not self.client_gone():
+                    pass
                 self.close_connection = True
                 return
             if calls:
