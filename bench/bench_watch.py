@@ -36,7 +36,7 @@ counters) before it restarts the line.
                              --max-tokens each (ignore_eos: every one that long), started again as
                              each ends, for --load-seconds (default 600; 0 skips this part); goal
                              0 restarts. Prints the states the watchdog reported and the engine's
-                             running requests, sampled, to show the load held.
+                             running and waiting requests, sampled, to show the load held.
 
 Prints each figure, its goal, the ratio figure/goal and PASS or MISS. It is a measurement: it
 exits 0 whether the goals are met or not, 1 when the measurement itself fails (a serve or a
@@ -393,10 +393,12 @@ class Load:
                 conn.close()
 
 
-def running_requests(api: str) -> int | None:
+def running_requests(api: str) -> tuple[int, int] | None:
+    """The engine's running and waiting requests (/v1/loads), or None."""
     try:
         with urllib.request.urlopen(f"{api}/v1/loads", timeout=5) as resp:
-            return int(json.loads(resp.read())["loads"][0]["num_running_reqs"])
+            load = json.loads(resp.read())["loads"][0]
+            return int(load["num_running_reqs"]), int(load["num_waiting_reqs"])
     except (OSError, ValueError, KeyError, IndexError):
         return None
 
@@ -416,13 +418,15 @@ def load_part(cluster: DoctorCluster, work: Path, args: argparse.Namespace) -> t
         began = time.monotonic()
         load.start()
         samples: list[int] = []
+        waiting: list[int] = []
         while time.monotonic() - began < args.load_seconds:
             time.sleep(min(5.0, max(0.0, args.load_seconds - (time.monotonic() - began))))
             if w.proc.poll() is not None:
                 raise SystemExit(f"error: tp4 watch exited {w.proc.returncode} during the load\n" + w.tail())
             got = running_requests(cluster.api())
             if got is not None:
-                samples.append(got)
+                samples.append(got[0])
+                waiting.append(got[1])
         load.stop()
         said = w.said(since)
     finally:
@@ -444,7 +448,9 @@ def load_part(cluster: DoctorCluster, work: Path, args: argparse.Namespace) -> t
     if samples:
         notes.append(
             f"load: the engine's running requests, sampled every ~5 s ({len(samples)} samples): "
-            f"min {min(samples)}, median {statistics.median(samples):g}, max {max(samples)}"
+            f"min {min(samples)}, median {statistics.median(samples):g}, max {max(samples)}; waiting "
+            f"(such as the watchdog's probe behind a full batch): max {max(waiting)}, "
+            f"in {sum(1 for n in waiting if n)} samples"
         )
     notes.append(
         "load: state changes the watchdog reported: "
