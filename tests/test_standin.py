@@ -508,7 +508,7 @@ def test_in_podman_from_the_test_image(plan: Plan, line: Line, tmp_path: Path) -
 class LocalEngine:
     """The engine role alone on 127.0.0.1 (no network namespace, no boot.py), with the given controls."""
 
-    def __init__(self, tmp: Path, env: dict[str, str]) -> None:
+    def __init__(self, tmp: Path, env: dict[str, str], extra: tuple[str, ...] = ()) -> None:
         import socket
 
         with socket.socket() as s:
@@ -517,7 +517,7 @@ class LocalEngine:
         self.log = tmp / f"engine-{self.port}.log"
         full = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "TP4_STANDIN_PACE": "0", **env}
         argv = [PYTHON, "-u", str(ENGINE), "python", "-m", "sglang.launch_server", "--model-path", "/models/x"]
-        argv += ["--served-model-name", "m", "--host", "127.0.0.1", "--port", str(self.port)]
+        argv += ["--served-model-name", "m", "--host", "127.0.0.1", "--port", str(self.port), *extra]
         with open(self.log, "wb") as out:
             self.proc = subprocess.Popen(argv, env=full, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
         deadline = time.monotonic() + 20
@@ -535,8 +535,8 @@ class LocalEngine:
 def engine(tmp_path: Path) -> Iterator[Callable[..., LocalEngine]]:
     started: list[LocalEngine] = []
 
-    def go(**env: str) -> LocalEngine:
-        started.append(LocalEngine(tmp_path, env))
+    def go(*extra: str, **env: str) -> LocalEngine:
+        started.append(LocalEngine(tmp_path, env, extra))
         return started[-1]
 
     try:
@@ -625,3 +625,75 @@ def test_every_streamed_request_is_paced_on_a_kept_alive_connection(engine: Call
         assert first >= 0.19, first  # the TTFT floor
         assert last - first >= 3 * 3 / 60 - 0.02, (first, last)  # three gaps of 3 tokens at 60 tok/s
     assert sockets[0] is sockets[1]  # the second request went on the same connection
+
+
+def test_requests_beyond_max_running_requests_wait_first_in_first_out(engine: Callable[..., LocalEngine]) -> None:
+    """As SGLang's scheduler: at most --max-running-requests run; the next wait in the queue, counted
+    waiting on /v1/loads, /get_load and /metrics, and run in their order as running ones finish; a
+    waiting request whose client leaves never runs."""
+    import http.client
+    import socket
+
+    e = engine("--max-running-requests", "2", "--enable-metrics", TP4_STANDIN_DECODE_TPS="30")
+
+    def loads() -> tuple[int, int, int, str]:
+        with urllib.request.urlopen(f"http://127.0.0.1:{e.port}/v1/loads", timeout=5) as resp:
+            load = json.loads(resp.read())["loads"][0]
+        with urllib.request.urlopen(f"http://127.0.0.1:{e.port}/get_load", timeout=5) as resp:
+            waiting = json.loads(resp.read())[0]["num_waiting_reqs"]
+        with urllib.request.urlopen(f"http://127.0.0.1:{e.port}/metrics", timeout=5) as resp:
+            metrics = resp.read().decode()
+        assert load["max_running_requests"] == 2
+        return load["num_running_reqs"], load["num_waiting_reqs"], waiting, metrics
+
+    def until(want: tuple[int, int]) -> str:
+        deadline = time.monotonic() + 20
+        while True:
+            running, waiting, waiting2, metrics = loads()
+            if (running, waiting) == want:
+                assert waiting2 == waiting
+                return metrics
+            assert time.monotonic() < deadline, (running, waiting, want)
+            time.sleep(0.02)
+
+    order: list[str] = []
+    lock = threading.Lock()
+
+    def stream(name: str, tokens: int) -> None:
+        conn = http.client.HTTPConnection("127.0.0.1", e.port, timeout=30)
+        conn.request("POST", "/v1/chat/completions", json.dumps(chat(max_tokens=tokens, ignore_eos=True, stream=True)))
+        resp = conn.getresponse()
+        resp.readline()  # the first event: the request runs
+        with lock:
+            order.append(name)
+        resp.read()
+        conn.close()
+
+    # two long ones fill the batch: 3 s and 10 s at 30 tokens/s
+    threads = [threading.Thread(target=stream, args=(f"long {n}", n)) for n in (90, 300)]
+    for t in threads:
+        t.start()
+    until((2, 0))
+    # a waiting request whose client goes away leaves the queue
+    body = json.dumps(chat(max_tokens=3)).encode()
+    gone = socket.create_connection(("127.0.0.1", e.port))
+    gone.sendall(
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"Content-Length: %d\r\n\r\n%s" % (len(body), body)
+    )
+    metrics = until((2, 1))
+    assert re.search(r"^sglang:num_queue_reqs\{.*\} 1\.0$", metrics, re.M), metrics
+    assert re.search(r"^sglang:num_running_reqs\{.*\} 2\.0$", metrics, re.M), metrics
+    gone.close()
+    until((2, 0))
+    # two more wait, and run one after the other in their order as the shorter long one finishes
+    for name in ("first", "second"):
+        threads.append(threading.Thread(target=stream, args=(name, 3)))
+        threads[-1].start()
+        until((2, 1 if name == "first" else 2))
+    with lock:
+        assert sorted(order) == ["long 300", "long 90"]
+    for t in threads:
+        t.join(30)
+    assert order[2:] == ["first", "second"]
+    until((0, 0))

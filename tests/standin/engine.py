@@ -81,6 +81,16 @@ completions hang (those already hanging finish once it recovers) and ``/health_g
 as SGLang's does, while ``/health`` stays 200; ``{"wedged": null}`` goes back to what the
 `wedge` fault says. Nothing changes until a test posts it.
 
+The running batch (SGLang's scheduler): at most ``--max-running-requests`` completions (its argv's,
+default 16) run at once; one beyond it waits in the queue, first in first out, until a running one
+finishes, and is counted waiting meanwhile (``num_waiting_reqs`` of ``/v1/loads``, ``/get_load``'s
+``num_waiting_reqs`` and ``num_reqs``, the ``sglang:num_queue_reqs`` gauge, ``#queue-req`` of the
+batch log lines), running once it leaves the queue. A waiting request whose client closes its
+connection leaves the queue without running (SGLang aborts it). boot.py's own requests (the
+``X-Tp4-Standin-Boot`` header) run at once, never queued, and count running: so a warm-up batch
+of ``MAX_RUNNING_REQUESTS`` is one batch, as upstream. A hung completion of a wedge keeps its
+place in the batch; the `busy` fault's foreign requests are only reported, they take no place.
+
 ``/metrics`` (``--enable-metrics``) answers in SGLang's Prometheus text format (version 0.0.4,
 multiprocess mode: no ``_created`` series), with the names, help texts and labels of
 sglang/srt/metrics/collector.py: the scheduler's gauges ``sglang:num_running_reqs`` and
@@ -139,7 +149,8 @@ Fault modes:
                moe_b12x_next armed line)
   ignore-term  boot.py and the engine ignore SIGTERM (only SIGKILL stops them)
   wrong-answer after boot.py's own smoke, 19 + 23 is answered 41 (also under a JSON schema)
-  stall        a streamed completion stops after its first chunk, the connection left open
+  stall        a streamed completion stops after its first chunk, the connection left open (its
+               place in the running batch freed once the client closes it)
 
 Beyond plain text, completions answer as an OpenAI-compatible server does (for `tp4 smoke
 --full`), with no model behind them: under ``response_format`` ``json_schema`` the content is one
@@ -159,6 +170,7 @@ import argparse
 import json
 import os
 import re
+import select
 import signal
 import socket
 import subprocess
@@ -168,7 +180,8 @@ import time
 import tomllib
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections import deque
+from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, NoReturn
@@ -763,6 +776,10 @@ class Engine:
         self.key = env.get("TP4_STANDIN_API_KEY") or args.api_key or ""
         self.lock = threading.Lock()
         self.running = 0
+        # SGLang's waiting queue: completions beyond --max-running-requests wait here, FIFO
+        self.queue: deque[object] = deque()
+        self.turn = threading.Condition(self.lock)
+        self.limit = max(1, args.max_running_requests or 16)
         self.stopping = threading.Event()
         self.served_name = args.served_model_name or args.model_path
         self.slow = number("TP4_STANDIN_SLOW_FACTOR", 20) if "slow" in mine else 1.0
@@ -784,13 +801,41 @@ class Engine:
                 return self.wedge_set
             return "wedge" in self.faults and self.answered > number("TP4_STANDIN_WEDGE_AFTER", 0)
 
+    def admit(self, boot: bool, gone: Callable[[], bool]) -> bool:
+        """A completion enters the running batch: at once when fewer than --max-running-requests
+        run (and none waits before it) or when it is boot.py's own, else after waiting in the
+        queue (FIFO) until a running one finishes. False when it never runs: the engine stops or
+        ``gone()`` says its client went away while it waited (SGLang aborts such a request)."""
+        with self.turn:
+            if boot:
+                self.running += 1
+                return True
+            ticket = object()
+            self.queue.append(ticket)
+            try:
+                while not (self.queue[0] is ticket and self.running < self.limit):
+                    if self.stopping.is_set() or gone():
+                        return False
+                    self.turn.wait(0.1)
+                self.running += 1
+                return True
+            finally:
+                self.queue.remove(ticket)
+                self.turn.notify_all()
+
+    def release(self) -> None:
+        """A running completion leaves the batch: the next waiting one may run."""
+        with self.turn:
+            self.running -= 1
+            self.turn.notify_all()
+
     def load(self) -> dict[str, Any]:
         with self.lock:
-            running = self.running
-        extra_running, waiting = (3, 1) if "busy" in self.faults else (0, 0)
+            running, waiting = self.running, len(self.queue)
+        extra_running, extra_waiting = (3, 1) if "busy" in self.faults else (0, 0)
         if "wedge" in self.faults and not self.held:
-            running = 0
-        return {"running": running + extra_running, "waiting": waiting}
+            running = waiting = 0
+        return {"running": running + extra_running, "waiting": waiting + extra_waiting}
 
     def count(self, mode: str, tokens: int) -> None:
         with self.lock:
@@ -993,8 +1038,9 @@ def handler(engine: Engine) -> type[BaseHTTPRequestHandler]:
             if (refusal := context_refusal(prompt)) is not None:
                 return self.send_json(400, refusal)
             boot = self.headers.get(BOOT_HEADER) == "1"
-            with engine.lock:
-                engine.running += 1
+            if not engine.admit(boot, self.client_gone):
+                self.close_connection = True
+                return
             self.counted = True
             try:
                 if not boot and engine.wedged(count=True):
@@ -1015,8 +1061,16 @@ def handler(engine: Engine) -> type[BaseHTTPRequestHandler]:
             the final chunk, so a client that has read the answer never sees it still running."""
             if getattr(self, "counted", False):
                 self.counted = False
-                with engine.lock:
-                    engine.running -= 1
+                engine.release()
+
+        def client_gone(self) -> bool:
+            """Whether the client closed its connection (a waiting request's client that timed out)."""
+            try:
+                if not select.select([self.connection], [], [], 0)[0]:
+                    return False
+                return self.connection.recv(1, socket.MSG_PEEK) == b""
+            except OSError:
+                return True
 
         def complete(
             self, prompt: str, max_tokens: int, stream: bool, answer: list[str], calls: list[dict[str, Any]]
@@ -1028,19 +1082,19 @@ def handler(engine: Engine) -> type[BaseHTTPRequestHandler]:
             completion_tokens = len(tokens) + (1 if finish == "stop" else 0)
             with engine.lock:
                 engine.prefill_seen += 1
-                seen, running = engine.prefill_seen, engine.running
+                seen, running, waiting = engine.prefill_seen, engine.running, len(engine.queue)
             engine.count("prefill_compute", prompt_tokens)
             engine.count("decode", completion_tokens)
             tps = (4200.0 + 137 * (seen % 5)) / 8 / engine.slow
             engine_log(
                 0,
                 f"Prefill batch. #new-seq: 1, #new-token: {prompt_tokens}, #cached-token: 0, token usage: 0.00, "
-                f"#running-req: {running - 1}, #queue-req: 0, input throughput (token/s): {tps:.2f}",
+                f"#running-req: {running - 1}, #queue-req: {waiting}, input throughput (token/s): {tps:.2f}",
             )
             engine_log(
                 0,
                 f"Decode batch. #running-req: {running}, #token: {prompt_tokens + completion_tokens}, "
-                f"token usage: 0.00, accept len: 3.10, cuda graph: True, gen throughput (token/s): {89.7 / engine.slow:.2f}, #queue-req: 0",
+                f"token usage: 0.00, accept len: 3.10, cuda graph: True, gen throughput (token/s): {89.7 / engine.slow:.2f}, #queue-req: {waiting}",
             )
             if "retune" in engine.faults and seen == 1:
                 engine_log(0, "flashinfer autotune: cache digest changed, tuning from scratch")
@@ -1121,8 +1175,9 @@ def handler(engine: Engine) -> type[BaseHTTPRequestHandler]:
 
             pacing = Pacing.of(prompt_tokens)
             chunk({"role": "assistant", "content": ""}, None)
-            if "stall" in engine.faults:
-                engine.stopping.wait()
+            if "stall" in engine.faults:  # until its client leaves (SGLang aborts it): its place in the batch freed
+                while not engine.stopping.wait(0.1) and not self.client_gone():
+                    pass
                 self.close_connection = True
                 return
             if calls:
