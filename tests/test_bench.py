@@ -42,36 +42,18 @@ def free_port() -> int:
 
 
 class Standin:
-    """The stand-in's engine role on 127.0.0.1:<free port>, with the given controls."""
+    """The stand-in's engine role on 127.0.0.1:<free port> (no network namespace, no boot.py), with
+    the given controls (env) and engine arguments (extra)."""
 
-    def __init__(self, tmp: Path, env: dict[str, str]) -> None:
+    def __init__(self, tmp: Path, env: dict[str, str], extra: tuple[str, ...] = ()) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = tmp / f"engine-{self.port}.log"
         full = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "TP4_STANDIN_PACE": "0", **env}
+        argv = [sys.executable, "-u", str(ENGINE), "python", "-m", "sglang.launch_server", "--model-path", "/models/x"]
+        argv += ["--served-model-name", MODEL, "--host", "127.0.0.1", "--port", str(self.port), *extra]
         with open(self.log, "wb") as out:
-            self.proc = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-u",
-                    str(ENGINE),
-                    "python",
-                    "-m",
-                    "sglang.launch_server",
-                    "--model-path",
-                    "/models/x",
-                    "--served-model-name",
-                    MODEL,
-                    "--host",
-                    "127.0.0.1",
-                    "--port",
-                    str(self.port),
-                ],
-                env=full,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
+            self.proc = subprocess.Popen(argv, env=full, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
         deadline = time.monotonic() + 20
         while "fired up and ready" not in self.log.read_text(errors="replace"):
             assert self.proc.poll() is None and time.monotonic() < deadline, self.log.read_text()[-2000:]

@@ -71,6 +71,18 @@ def profile(cluster: DoctorCluster) -> Path:
     return path
 
 
+def stop(path: str) -> None:
+    """`tp4 stop` of the line the profile at `path` serves; it must exit 0."""
+    stopped = subprocess.run(
+        [sys.executable, "-m", "tp4", "stop", "--profile", path],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": str(REPO / "python")},
+    )
+    assert stopped.returncode == 0, stopped.stdout + stopped.stderr
+
+
 def tp4(hub: Hub, cluster: DoctorCluster, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("HF_")}
     env.update(
@@ -133,14 +145,7 @@ def test_prepare_runs_every_step_from_nothing_then_skips_them_and_serve_finds_th
         assert served.returncode == 0, served.stdout + served.stderr
         assert "4 boot logs checked" in served.stdout
     finally:
-        stopped = subprocess.run(
-            [sys.executable, "-m", "tp4", "stop", "--profile", path],
-            capture_output=True,
-            text=True,
-            timeout=120,
-            env={**os.environ, "PYTHONPATH": str(REPO / "python")},
-        )
-        assert stopped.returncode == 0, stopped.stdout + stopped.stderr
+        stop(path)
 
 
 def test_prepare_stopped_by_doctor_names_the_check_and_runs_no_later_step(cluster: DoctorCluster, hub: Hub) -> None:

@@ -25,6 +25,7 @@ from typing import Any
 import pytest
 from netns_hosts import storage_conf
 from standin import image
+from test_bench import MODEL, Standin
 from standin.engine import B12X_NEXT, FAULTS, QUESTION
 
 from tp4.core import process
@@ -505,38 +506,12 @@ def test_in_podman_from_the_test_image(plan: Plan, line: Line, tmp_path: Path) -
 # --- the engine's API boundary, as clients (tp4 bench, SGLang's bench_serving) meet it -------------------------
 
 
-class LocalEngine:
-    """The engine role alone on 127.0.0.1 (no network namespace, no boot.py), with the given controls."""
-
-    def __init__(self, tmp: Path, env: dict[str, str], extra: tuple[str, ...] = ()) -> None:
-        import socket
-
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = int(s.getsockname()[1])
-        self.log = tmp / f"engine-{self.port}.log"
-        full = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "TP4_STANDIN_PACE": "0", **env}
-        argv = [PYTHON, "-u", str(ENGINE), "python", "-m", "sglang.launch_server", "--model-path", "/models/x"]
-        argv += ["--served-model-name", "m", "--host", "127.0.0.1", "--port", str(self.port), *extra]
-        with open(self.log, "wb") as out:
-            self.proc = subprocess.Popen(argv, env=full, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-        deadline = time.monotonic() + 20
-        while "fired up and ready" not in self.log.read_text(errors="replace"):
-            assert self.proc.poll() is None and time.monotonic() < deadline, self.log.read_text()[-2000:]
-            time.sleep(0.02)
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        self.proc.wait()
-
-
 @pytest.fixture
-def engine(tmp_path: Path) -> Iterator[Callable[..., LocalEngine]]:
-    started: list[LocalEngine] = []
+def engine(tmp_path: Path) -> Iterator[Callable[..., Standin]]:
+    started: list[Standin] = []
 
-    def go(*extra: str, **env: str) -> LocalEngine:
-        started.append(LocalEngine(tmp_path, env, extra))
+    def go(*extra: str, **env: str) -> Standin:
+        started.append(Standin(tmp_path, env, extra))
         return started[-1]
 
     try:
@@ -563,10 +538,10 @@ def post(conn: Any, path: str, body: dict[str, Any]) -> tuple[Any, list[tuple[fl
 
 
 def chat(prompt: str = "Say something.", **extra: Any) -> dict[str, Any]:
-    return {"model": "m", "messages": [{"role": "user", "content": prompt}], **extra}
+    return {"model": MODEL, "messages": [{"role": "user", "content": prompt}], **extra}
 
 
-def test_max_completion_tokens_is_the_limit_as_sglang_reads_it(engine: Callable[..., LocalEngine]) -> None:
+def test_max_completion_tokens_is_the_limit_as_sglang_reads_it(engine: Callable[..., Standin]) -> None:
     import http.client
 
     e = engine()
@@ -583,16 +558,16 @@ def test_max_completion_tokens_is_the_limit_as_sglang_reads_it(engine: Callable[
     assert isinstance(out, dict) and out["usage"]["completion_tokens"] == 3
 
 
-def test_completions_api_plain_and_streamed(engine: Callable[..., LocalEngine]) -> None:
+def test_completions_api_plain_and_streamed(engine: Callable[..., Standin]) -> None:
     import http.client
 
     e = engine()
     conn = http.client.HTTPConnection("127.0.0.1", e.port, timeout=10)
-    resp, out = post(conn, "/v1/completions", {"model": "m", "prompt": QUESTION, "max_tokens": 8})
+    resp, out = post(conn, "/v1/completions", {"model": MODEL, "prompt": QUESTION, "max_tokens": 8})
     assert resp.status == 200 and isinstance(out, dict)
     assert out["object"] == "text_completion" and out["choices"][0]["text"].strip() == "42"
     assert out["choices"][0]["finish_reason"] == "stop" and out["usage"]["completion_tokens"] == 2
-    body = {"model": "m", "prompt": ["Tell", "me"], "max_tokens": 7, "ignore_eos": True, "stream": True}
+    body = {"model": MODEL, "prompt": ["Tell", "me"], "max_tokens": 7, "ignore_eos": True, "stream": True}
     body["stream_options"] = {"include_usage": True}
     resp, events = post(conn, "/v1/completions", body)
     assert resp.status == 200 and isinstance(events, list)
@@ -604,7 +579,7 @@ def test_completions_api_plain_and_streamed(engine: Callable[..., LocalEngine]) 
     assert post(conn, "/v1/embeddings", {"input": "x"})[0].status == 404
 
 
-def test_every_streamed_request_is_paced_on_a_kept_alive_connection(engine: Callable[..., LocalEngine]) -> None:
+def test_every_streamed_request_is_paced_on_a_kept_alive_connection(engine: Callable[..., Standin]) -> None:
     import http.client
 
     e = engine(TP4_STANDIN_DECODE_TPS="60", TP4_STANDIN_TOKENS_PER_EVENT="3", TP4_STANDIN_TTFT_SECONDS="0.2")
@@ -627,7 +602,7 @@ def test_every_streamed_request_is_paced_on_a_kept_alive_connection(engine: Call
     assert sockets[0] is sockets[1]  # the second request went on the same connection
 
 
-def test_requests_beyond_max_running_requests_wait_first_in_first_out(engine: Callable[..., LocalEngine]) -> None:
+def test_requests_beyond_max_running_requests_wait_first_in_first_out(engine: Callable[..., Standin]) -> None:
     """As SGLang's scheduler: at most --max-running-requests run; the next wait in the queue, counted
     waiting on /v1/loads, /get_load and /metrics, and run in their order as running ones finish; a
     waiting request whose client leaves never runs."""

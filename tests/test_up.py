@@ -35,7 +35,7 @@ import jsonschema
 import pytest
 from doctor_hosts import SYSFS, DoctorCluster
 from test_download import Hub
-from test_prepare import blank, cluster, hub, profile, tp4  # noqa: F401 (cluster, hub: fixtures)
+from test_prepare import blank, cluster, hub, profile, stop, tp4  # noqa: F401 (cluster, hub: fixtures)
 
 from tp4.core import process
 from tp4.hosts.doctor import engram_files
@@ -75,17 +75,6 @@ def container_ids(c: DoctorCluster) -> dict[str, str]:
 
 def resolves(stand_in: Hub) -> int:
     return len([q for q in stand_in.requests if q[0] == "GET" and "/resolve/" in q[1]])
-
-
-def stop(path: str) -> None:
-    stopped = subprocess.run(
-        [sys.executable, "-m", "tp4", "stop", "--profile", path],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={**os.environ, "PYTHONPATH": str(REPO / "python")},
-    )
-    assert stopped.returncode == 0, stopped.stdout + stopped.stderr
 
 
 def test_up_from_nothing_to_ready_then_nothing_changes_then_a_profile_change_restarts_only_the_ranks(

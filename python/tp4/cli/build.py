@@ -10,17 +10,19 @@ import click
 from tp4.image import build as build_mod
 from tp4.image import nix, runtime_cli
 from tp4.image import distribute as distribute_mod
-from tp4.cli.common import PORT, dry_run_option, profile_option, profile_remotes, ssh_option, strict_option
+from tp4.cli.common import (
+    PORT,
+    dry_run_option,
+    flake_option,
+    profile_option,
+    profile_remotes,
+    ssh_option,
+    strict_option,
+)
 from tp4.core import schemas
 from tp4.core.errors import InvalidInput, Tp4Error
 
-flake_option = click.option(
-    "--flake",
-    "flake_dir",
-    type=click.Path(file_okay=False, path_type=Path),
-    default=None,
-    help="Directory of the flake (default: the nearest flake.nix above the current directory, or $TP4_FLAKE).",
-)
+flake = flake_option("with the output to build")
 attr_option = click.option("--attr", default="image", show_default=True, help="Flake output to build.")
 runtime_option = click.option(
     "--runtime",
@@ -39,7 +41,7 @@ def _progress(line: str) -> None:
 
 
 @click.command("build")
-@flake_option
+@flake
 @attr_option
 @runtime_option
 @click.option(
@@ -101,7 +103,7 @@ def build(
 
 
 @click.command("distribute")
-@flake_option
+@flake
 @attr_option
 @runtime_option
 @profile_option

@@ -76,6 +76,33 @@ sysfs_option = _option(
 )
 
 
+def flake_option(what: str) -> Callable[[F], F]:
+    """--flake DIR: `what` says what the command reads from the flake."""
+    return _option(
+        "flake",
+        "--flake",
+        "flake_dir",
+        type=click.Path(file_okay=False, path_type=Path),
+        default=None,
+        help=f"Directory of the flake {what} (default: the nearest flake.nix above the current directory, "
+        "or $TP4_FLAKE).",
+    )
+
+
+def boot_timeout_option(whose: str) -> Callable[[F], F]:
+    """--timeout [PHASE=]SECONDS, repeatable (read by :func:`timeouts`): `whose` says which boot."""
+    from tp4.core.bootphases import BOOT_TIMEOUTS
+
+    return _option(
+        "timeout",
+        "--timeout",
+        "timeouts",
+        multiple=True,
+        metavar="[PHASE=]SECONDS",
+        help=f"Bound a boot phase {whose}({', '.join(BOOT_TIMEOUTS)}), or all; repeatable.",
+    )
+
+
 # --- numbers: read as written, in ASCII, finite and bounded ------------------------------------------
 
 # Python's int() and float() (and click's INT, FLOAT, IntRange and FloatRange, built on them) accept

@@ -8,6 +8,7 @@ from pathlib import Path
 import click
 
 from tp4.cli.common import (
+    flake_option,
     Float,
     dry_run_option,
     err as _err,
@@ -24,14 +25,7 @@ from tp4.core.errors import InvalidInput
 
 @click.command("deploy")
 @profile_option
-@click.option(
-    "--flake",
-    "flake_dir",
-    type=click.Path(file_okay=False, path_type=Path),
-    default=None,
-    help="Directory of the flake with nixosConfigurations.<node> (default: the nearest flake.nix above the "
-    "current directory, or $TP4_FLAKE).",
-)
+@flake_option("with nixosConfigurations.<node>")
 @click.option(
     "--on",
     "on",

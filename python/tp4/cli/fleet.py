@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 import click
 
 from tp4.cli.common import (
+    boot_timeout_option,
     Float,
     dry_run_option,
     render_status,
@@ -87,13 +88,7 @@ def plan(fleet_path: str, as_json: bool, strict: bool) -> None:
 @click.option(
     "--force", is_flag=True, help="Start although a node's GPU has compute apps (doctor's GPU.NO_FOREIGN_APPS)."
 )
-@click.option(
-    "--timeout",
-    "timeouts",
-    multiple=True,
-    metavar="[PHASE=]SECONDS",
-    help="Bound a boot phase of every line (start, weights, graphs, smoke, warmup, ready, completion), or all; repeatable.",
-)
+@boot_timeout_option("of every line ")
 @sysfs_option
 @ssh_option
 @strict_option

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 import click
 
 from tp4.cli.common import (
+    boot_timeout_option,
     Float,
     Int,
     dry_run_option,
@@ -54,13 +55,7 @@ def _rehearsed(lines: list[str]) -> None:
 @click.option(
     "--force", is_flag=True, help="Start although a node's GPU has compute apps (doctor's GPU.NO_FOREIGN_APPS)."
 )
-@click.option(
-    "--timeout",
-    "timeouts",
-    multiple=True,
-    metavar="[PHASE=]SECONDS",
-    help="Bound a boot phase (start, weights, graphs, smoke, warmup, ready, completion), or all; repeatable.",
-)
+@boot_timeout_option("")
 @click.option(
     "--on-slow-boot",
     type=click.Choice(["report", "restart"]),

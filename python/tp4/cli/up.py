@@ -9,6 +9,8 @@ from pathlib import Path
 import click
 
 from tp4.cli.common import (
+    boot_timeout_option,
+    flake_option,
     dry_run_option,
     err,
     json_option,
@@ -42,21 +44,8 @@ from tp4.serving.up import STEPS
     "plan's digest, the total and, when a step stopped the run or it was interrupted, that step, why and the "
     "command to resume; printed then too. Progress and the steps' own output go to stderr."
 )
-@click.option(
-    "--flake",
-    "flake_dir",
-    type=click.Path(file_okay=False, path_type=Path),
-    default=None,
-    help="Directory of the flake the image step builds from when the head lacks the plan's image "
-    "(default: the nearest flake.nix above the current directory, or $TP4_FLAKE).",
-)
-@click.option(
-    "--timeout",
-    "timeouts",
-    multiple=True,
-    metavar="[PHASE=]SECONDS",
-    help="Bound a boot phase of the serve step (start, weights, graphs, smoke, warmup, ready, completion), or all; repeatable.",
-)
+@flake_option("the image step builds from when the head lacks the plan's image")
+@boot_timeout_option("of the serve step ")
 @sysfs_option
 @ssh_option
 @strict_option

@@ -16,6 +16,7 @@ import re
 from typing import TYPE_CHECKING, Annotated, Literal, NamedTuple
 
 from tp4.core import netaddr, schemas
+from tp4.core.bootphases import BOOT_TIMEOUTS
 from tp4.core.errors import InvalidInput
 from tp4.line.container import HEALTH, MOUNTS, PODMAN_GPU_DEVICES, Health
 from tp4.line.knobs import BY_ENV, KNOBS, Knob
@@ -690,17 +691,7 @@ WEIGHTS_VOLUME_UNIT = "tp4-weights-volume.service"
 READY_UNIT = "tp4-rank-ready.service"
 
 
-# the bounds of tp4 serve's boot phases (seconds; `tp4 serve --timeout PHASE=S` changes them for
-# one serve); a NixOS rank's readiness takes their sum from start to its own last phase
-BOOT_TIMEOUTS = {
-    "start": 600.0,
-    "weights": 3600.0,
-    "graphs": 1800.0,
-    "smoke": 600.0,
-    "warmup": 1800.0,
-    "ready": 600.0,
-    "completion": 180.0,
-}
+# a NixOS rank's readiness takes the sum of the boot phases' bounds (BOOT_TIMEOUTS) up to its last one
 HEAD_READY_PHASES = ("start", "weights", "graphs", "smoke", "warmup", "ready")
 WORKER_READY_PHASES = ("start", "weights")
 # SGLang's model runner on every rank once the weights are loaded (a worker prints no Ready)

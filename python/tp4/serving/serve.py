@@ -46,7 +46,8 @@ from tp4.image import runtime_cli
 from tp4.core.errors import InvalidInput, Tp4Error
 from tp4.line.container import Health
 from tp4.hosts.nodes import Node, parallel
-from tp4.line.plan import BOOT_TIMEOUTS, Plan, RankPlan
+from tp4.core.bootphases import BOOT_TIMEOUTS
+from tp4.line.plan import Plan, RankPlan
 from tp4.line.profile.models import ENV_KEY, has_unsafe_chars
 
 if TYPE_CHECKING:

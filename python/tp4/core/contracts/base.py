@@ -7,7 +7,7 @@ import math
 from fractions import Fraction
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 JsonSchema = dict[str, Any]
 
@@ -25,6 +25,12 @@ class Open(BaseModel):
     and reads are named and typed; other keys are kept as they are."""
 
     model_config = ConfigDict(extra="allow", strict=True)
+
+
+def version(schema: str) -> Any:
+    """A document's `schema` field: the version from tp4.core.schemas, checked against the field's
+    Literal at every construction (mypy wants the Literal spelled out; a mismatch fails at once)."""
+    return Field(schema, alias="schema", validate_default=True, description="This document's version.")
 
 
 class Bad:

@@ -7,9 +7,10 @@ from typing import Final, Literal
 
 from pydantic import Field
 
-from tp4.core.contracts.base import Closed
+from tp4.core import schemas
+from tp4.core.contracts.base import Closed, version
 
-SCHEMA: Final = "tp4.distribute-check/1"
+SCHEMA: Final = schemas.DISTRIBUTE_CHECK
 
 
 class WorkerImage(Closed):
@@ -23,7 +24,7 @@ class WorkerImage(Closed):
 class DistributeCheck(Closed):
     """`tp4 distribute --check --json`: copies nothing; exit 1 unless every worker has the image."""
 
-    schema_: Literal["tp4.distribute-check/1"] = Field(SCHEMA, alias="schema", description="This document's version.")
+    schema_: Literal["tp4.distribute-check/1"] = version(SCHEMA)
     image: str = Field(description="The image reference on the head.")
     id: str = Field(description="Its image id on the head.")
     ok: bool = Field(description="Every worker has that id.")

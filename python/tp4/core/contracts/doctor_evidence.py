@@ -7,9 +7,10 @@ from typing import Final, Literal
 
 from pydantic import Field, JsonValue
 
-from tp4.core.contracts.base import Closed
+from tp4.core import schemas
+from tp4.core.contracts.base import Closed, version
 
-SCHEMA: Final = "tp4.doctor/1"
+SCHEMA: Final = schemas.DOCTOR
 Status = Literal["ok", "warn", "fail", "n/a"]
 
 
@@ -41,7 +42,7 @@ class CheckResult(Closed):
 class DoctorEvidence(Closed):
     """`tp4 doctor --json`, `-o FILE`: every node's facts and every check."""
 
-    schema_: Literal["tp4.doctor/1"] = Field(SCHEMA, alias="schema", description="This document's version.")
+    schema_: Literal["tp4.doctor/1"] = version(SCHEMA)
     seconds: float = Field(description="How long doctor took, seconds.")
     nodes: dict[str, NodeFacts] = Field(description="Node name -> what it said.")
     checks: list[CheckResult] = Field(description="Every check on every node, in the order of doctor's table.")

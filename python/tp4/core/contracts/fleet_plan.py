@@ -8,9 +8,10 @@ from typing import Final, Literal
 
 from pydantic import Field
 
-from tp4.core.contracts.base import Closed
+from tp4.core import schemas
+from tp4.core.contracts.base import Closed, version
 
-SCHEMA: Final = "tp4.fleet/1"
+SCHEMA: Final = schemas.FLEET
 RouterKindName = Literal["sglang-router", "smg"]
 Policy = Literal["round_robin", "cache_aware", "power_of_two", "random"]
 HealthEndpoint = Literal["/health_generate", "/health"]
@@ -70,7 +71,7 @@ class FleetPlanRouter(Closed):
 class FleetPlan(Closed):
     """`tp4 fleet plan --json`: the fleet file, planned."""
 
-    schema_: Literal["tp4.fleet/1"] = Field(SCHEMA, alias="schema", description="This document's version.")
+    schema_: Literal["tp4.fleet/1"] = version(SCHEMA)
     source: str = Field(description="The fleet file.")
     url: str = Field(description="The router's API as clients reach it.")
     lines: list[FleetPlanLine] = Field(description="The lines, in the fleet file's order.")

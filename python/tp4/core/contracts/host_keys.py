@@ -7,9 +7,10 @@ from typing import Final, Literal
 
 from pydantic import Field
 
-from tp4.core.contracts.base import Closed
+from tp4.core import schemas
+from tp4.core.contracts.base import Closed, version
 
-SCHEMA: Final = "tp4.host-keys/1"
+SCHEMA: Final = schemas.HOST_KEYS
 
 
 class HostKey(Closed):
@@ -26,7 +27,7 @@ class HostKey(Closed):
 class HostKeys(Closed):
     """`tp4 hosts list --json`: the keys tp4's ssh accepts."""
 
-    schema_: Literal["tp4.host-keys/1"] = Field(SCHEMA, alias="schema", description="This document's version.")
+    schema_: Literal["tp4.host-keys/1"] = version(SCHEMA)
     file: str = Field(
         description="The known_hosts file read ($TP4_KNOWN_HOSTS, default $XDG_STATE_HOME/tp4/known_hosts)."
     )

@@ -7,15 +7,16 @@ from typing import Final, Literal
 
 from pydantic import Field
 
-from tp4.core.contracts.base import Closed
+from tp4.core import schemas
+from tp4.core.contracts.base import Closed, version
 
-SCHEMA: Final = "tp4.image-store/1"
+SCHEMA: Final = schemas.IMAGE_STORE
 
 
 class ImageStoreStatus(Closed):
     """`tp4 image-store status --json`: printed when the store does not run too (then exit 1)."""
 
-    schema_: Literal["tp4.image-store/1"] = Field(SCHEMA, alias="schema", description="This document's version.")
+    schema_: Literal["tp4.image-store/1"] = version(SCHEMA)
     running: bool = Field(description="The image store runs.")
     root: str = Field(description="Its state directory.")
     url: str | None = Field(description="host:port on 127.0.0.1 it listens on; null: not running.")

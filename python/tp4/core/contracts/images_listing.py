@@ -7,9 +7,10 @@ from typing import Final, Literal
 
 from pydantic import Field
 
-from tp4.core.contracts.base import Closed
+from tp4.core import schemas
+from tp4.core.contracts.base import Closed, version
 
-SCHEMA: Final = "tp4.images/1"
+SCHEMA: Final = schemas.IMAGES
 
 
 class ImageEntry(Closed):
@@ -44,7 +45,7 @@ class ImagesNode(Closed):
 class ImagesListing(Closed):
     """`tp4 images --json`: every node's tp4 images and their provenance."""
 
-    schema_: Literal["tp4.images/1"] = Field(SCHEMA, alias="schema", description="This document's version.")
+    schema_: Literal["tp4.images/1"] = version(SCHEMA)
     runtime: str = Field(description="The container runtime asked (docker or podman).")
     nodes: list[ImagesNode] = Field(description="The head first, then every worker.")
 

@@ -8,15 +8,16 @@ from typing import Final, Literal
 
 from pydantic import Field
 
-from tp4.core.contracts.base import Closed
+from tp4.core import schemas
+from tp4.core.contracts.base import Closed, version
 
-SCHEMA: Final = "tp4.profile-check/1"
+SCHEMA: Final = schemas.PROFILE_CHECK
 
 
 class ProfileCheck(Closed):
     """`tp4 profile check --json`: printed for a valid and an invalid profile alike (exit 0 and 2)."""
 
-    schema_: Literal["tp4.profile-check/1"] = Field(SCHEMA, alias="schema", description="This document's version.")
+    schema_: Literal["tp4.profile-check/1"] = version(SCHEMA)
     file: str = Field(description="The profile file checked, as given.")
     ok: bool = Field(description="The profile is valid (with --strict: and has no warning).")
     preset: str | None = Field(description="Its preset; null: the profile is invalid.")

@@ -7,9 +7,10 @@ from typing import Final, Literal
 
 from pydantic import Field
 
-from tp4.core.contracts.base import Closed
+from tp4.core import schemas
+from tp4.core.contracts.base import Closed, version
 
-SCHEMA: Final = "tp4.smoke/1"
+SCHEMA: Final = schemas.SMOKE
 
 
 class SmokeCheck(Closed):
@@ -24,7 +25,7 @@ class SmokeCheck(Closed):
 class SmokeReport(Closed):
     """`tp4 smoke --json`: every check run (exit 1 when one failed)."""
 
-    schema_: Literal["tp4.smoke/1"] = Field(SCHEMA, alias="schema", description="This document's version.")
+    schema_: Literal["tp4.smoke/1"] = version(SCHEMA)
     api: str = Field(description="The API asked (the plan's line.api).")
     ok: bool = Field(description="Every check passed.")
     checks: list[SmokeCheck] = Field(description="Every check, in the order run.")

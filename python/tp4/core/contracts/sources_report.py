@@ -7,19 +7,18 @@ from typing import Final, Literal
 
 from pydantic import Field
 
-from tp4.core.contracts.base import Closed
+from tp4.core import schemas
+from tp4.core.contracts.base import Closed, version
 
-VERIFY_SCHEMA: Final = "tp4.sources-verify/1"
-DIFF_SCHEMA: Final = "tp4.sources-diff/1"
+VERIFY_SCHEMA: Final = schemas.SOURCES_VERIFY
+DIFF_SCHEMA: Final = schemas.SOURCES_DIFF
 
 
 class SourcesVerify(Closed):
     """`tp4 sources verify --json`: printed for a manifest that fails too (then exit 2, or 1 when a
     download did not match)."""
 
-    schema_: Literal["tp4.sources-verify/1"] = Field(
-        VERIFY_SCHEMA, alias="schema", description="This document's version."
-    )
+    schema_: Literal["tp4.sources-verify/1"] = version(VERIFY_SCHEMA)
     manifest: str = Field(description="The manifest checked.")
     ok: bool = Field(description="Every check passed.")
     rows: int = Field(description="How many rows were checked (the names given, else every row).")
@@ -42,7 +41,7 @@ class SourcesChange(Closed):
 class SourcesDiff(Closed):
     """`tp4 sources diff --json`: what changed from the old manifest to the new."""
 
-    schema_: Literal["tp4.sources-diff/1"] = Field(DIFF_SCHEMA, alias="schema", description="This document's version.")
+    schema_: Literal["tp4.sources-diff/1"] = version(DIFF_SCHEMA)
     old: str = Field(description="The old manifest.")
     new: str = Field(description="The new manifest.")
     changes: list[SourcesChange] = Field(description="Every change, rows first, then trees (empty: none).")

@@ -7,9 +7,10 @@ from typing import Final, Literal
 
 from pydantic import Field
 
-from tp4.core.contracts.base import Closed
+from tp4.core import schemas
+from tp4.core.contracts.base import Closed, version
 
-SCHEMA: Final = "tp4.up/1"
+SCHEMA: Final = schemas.UP
 
 StepName = Literal["doctor", "image", "distribute", "prepare", "serve", "smoke"]
 StepOutcome = Literal["done", "skipped", "failed", "interrupted", "not run"]
@@ -31,7 +32,7 @@ class UpStep(Closed):
 class UpReport(Closed):
     """`tp4 up --json`: the summary of one run (printed when it stopped or was interrupted too)."""
 
-    schema_: Literal["tp4.up/1"] = Field(SCHEMA, alias="schema", description="This document's version.")
+    schema_: Literal["tp4.up/1"] = version(SCHEMA)
     plan: str = Field(description="The digest of the plan brought up (every rank carries it).")
     ok: bool = Field(description="Every step done or skipped: the line runs this plan and its smoke passed.")
     steps: list[UpStep] = Field(description="All six steps, in order.")
