@@ -83,15 +83,22 @@ def stop(path: str) -> None:
     assert stopped.returncode == 0, stopped.stdout + stopped.stderr
 
 
-def tp4(hub: Hub, cluster: DoctorCluster, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+def hub_env(hub: Hub, workdir: Path) -> dict[str, str]:
+    """This environment with the stand-in Hub for the Hugging Face one (reached without a proxy) and
+    its cache under workdir, tp4 from this checkout."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("HF_")}
     env.update(
         HF_ENDPOINT=hub.url,
-        HF_HOME=str(cluster.workdir / "hf-home"),
+        HF_HOME=str(workdir / "hf-home"),
         PYTHONPATH=str(REPO / "python"),
         NO_PROXY="127.0.0.1",
         no_proxy="127.0.0.1",
     )
+    return env
+
+
+def tp4(hub: Hub, cluster: DoctorCluster, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    env = hub_env(hub, cluster.workdir)
     return subprocess.run(
         [sys.executable, "-m", "tp4", *args, "--sysfs", SYSFS], capture_output=True, text=True, timeout=timeout, env=env
     )

@@ -35,7 +35,7 @@ import jsonschema
 import pytest
 from doctor_hosts import SYSFS, DoctorCluster
 from test_download import Hub
-from test_prepare import blank, cluster, hub, profile, stop, tp4  # noqa: F401 (cluster, hub: fixtures)
+from test_prepare import blank, cluster, hub, hub_env, profile, stop, tp4  # noqa: F401 (cluster, hub: fixtures)
 
 from tp4.core import process
 from tp4.hosts.doctor import engram_files
@@ -523,13 +523,8 @@ def up_with_flake(
     CONTAINERS_CONF)."""
     from nix_env import image_nix_config
 
-    env = {k: v for k, v in os.environ.items() if not k.startswith("HF_")}
+    env = hub_env(stand_in, line.workdir)
     env.update(
-        HF_ENDPOINT=stand_in.url,
-        HF_HOME=str(line.workdir / "hf-home"),
-        PYTHONPATH=str(REPO / "python"),
-        NO_PROXY="127.0.0.1",
-        no_proxy="127.0.0.1",
         NIX_CONFIG=image_nix_config(tmp_path / "nix"),
         XDG_STATE_HOME=str(tmp_path / "state"),
         XDG_CACHE_HOME=str(tmp_path / "cache"),
