@@ -92,21 +92,7 @@ def up(
         expected_shards=loaded.profile.model.expected_shards,
     )
     line = up_mod.Line(loaded, served.plan, served.nodes, served.secrets)
-    # what a resume repeats: this run's options as given (the resume command is printed to be run again)
-    again: list[str] = []
-    if profile_path is not None:
-        again += ["--profile", profile_path]
-    if flake_dir is not None:
-        again += ["--flake", str(flake_dir)]
-    for value in timeouts:
-        again += ["--timeout", value]
-    if sysfs != "/sys":
-        again += ["--sysfs", sysfs]
-    for value in ssh_options:
-        again += ["--ssh-option", value]
-    if strict:
-        again.append("--strict")
-    opts = up_mod.Options(serve=serve_opts, start=start, flake=flake_dir, again=tuple(again))
+    opts = up_mod.Options(serve=serve_opts, start=start, flake=flake_dir, again=_given(click.get_current_context()))
     if dry_run:
         for text in up_mod.rehearse(line, opts):
             out(text)
@@ -127,3 +113,26 @@ def up(
         document(interrupted.run)
         raise
     document(done)
+
+
+# the options a resume does not repeat: it sets its own --from, and prints the summary as the run did
+_NOT_REPEATED = {"start", "dry_run", "as_json"}
+
+
+def _given(ctx: click.Context) -> tuple[str, ...]:
+    """What a resume repeats: this run's options as they were given on the command line (every
+    option up takes, so one added later is repeated too), in the order the command lists them."""
+    args: list[str] = []
+    for param in ctx.command.params:
+        name = param.name or ""
+        if not isinstance(param, click.Option) or name in _NOT_REPEATED:
+            continue
+        if ctx.get_parameter_source(name) is not click.core.ParameterSource.COMMANDLINE:
+            continue
+        flag = next(o for o in param.opts if o.startswith("--"))
+        value = ctx.params[name]
+        if param.is_flag:
+            args += [flag] if value else []
+        else:
+            args += [a for v in (value if param.multiple else (value,)) for a in (flag, str(v))]
+    return tuple(args)

@@ -41,7 +41,7 @@ from tp4.core.errors import Tp4Error
 
 if TYPE_CHECKING:
     from tp4.core.apikey import Secret
-    from tp4.core.contracts.up_report import UpReport
+    from tp4.core.contracts.up_report import StepName, StepOutcome, UpReport
     from tp4.hosts.doctor import Report as doctor_Report
     from tp4.hosts.nodes import Node
     from tp4.line.plan import Plan
@@ -50,7 +50,7 @@ if TYPE_CHECKING:
 
 Echo = Callable[[str], None]
 
-STEPS = ("doctor", "image", "distribute", "prepare", "serve", "smoke")
+STEPS: tuple[StepName, ...] = ("doctor", "image", "distribute", "prepare", "serve", "smoke")
 
 # doctor's blocking checks that a later step makes pass: not a reason to stop before that step
 # (a fresh line has no checkpoint and no shards yet); `tp4 prepare` uses the same table
@@ -86,8 +86,8 @@ class Options:
 
 @dataclass
 class Outcome:
-    step: str
-    status: str  # "done", "skipped", "failed", "interrupted", "not run"
+    step: StepName
+    status: StepOutcome
     seconds: float = 0.0
     detail: str = ""
 
@@ -98,7 +98,7 @@ class Run:
 
     outcomes: list[Outcome]
     seconds: float
-    stopped_at: str | None = None
+    stopped_at: StepName | None = None
     error: str | None = None
     resume: str | None = None  # the command that resumes there; None when ok or when rerunning cannot help
 
@@ -375,7 +375,7 @@ def run(line: Line, opts: Options, out: Echo, progress: Echo) -> Run:
 def _run(line: Line, opts: Options, out: Echo, progress: Echo) -> Run:
     began = time.monotonic()
     outcomes: list[Outcome] = []
-    current: tuple[str, float] | None = None  # the step running and when it started
+    current: tuple[StepName, float] | None = None  # the step running and when it started
     try:
         state = read_state(line)
         first = STEPS.index(opts.start)
@@ -407,7 +407,7 @@ def _run(line: Line, opts: Options, out: Echo, progress: Echo) -> Run:
             current = (name, started)
             try:
                 detail = steps[name]()
-                status = "done"
+                status: StepOutcome = "done"
             except Skip as why:
                 detail, status = str(why), "skipped"
             except Tp4Error as exc:
@@ -429,7 +429,7 @@ def _run(line: Line, opts: Options, out: Echo, progress: Echo) -> Run:
                     resume=None if fix else resume_command(name, opts.again),
                 )
                 raise Stopped(name, exc.message, exc.exit_code, stopped, fix=fix) from None
-            seconds = time.monotonic() - current[1]
+            seconds = time.monotonic() - started
             current = None
             outcomes.append(Outcome(name, status, seconds, detail))
             progress(f"up: {name}: {status} in {seconds:.1f} s: {detail}")
@@ -442,7 +442,7 @@ def _run(line: Line, opts: Options, out: Echo, progress: Echo) -> Run:
 
 
 def _interrupted(
-    outcomes: list[Outcome], current: tuple[str, float] | None, opts: Options, began: float, progress: Echo
+    outcomes: list[Outcome], current: tuple[StepName, float] | None, opts: Options, began: float, progress: Echo
 ) -> Interrupted:
     """The summary so far on ``progress``: the step that ran marked ``interrupted`` (when none
     ran, the next one: it is where to resume), the rest ``not run``; then the resume command."""
@@ -485,11 +485,10 @@ def report(plan: Plan, done: Run) -> UpReport:
         plan=plan.digest,
         ok=done.stopped_at is None,
         steps=[
-            UpStep(name=o.step, outcome=o.status, seconds=round(o.seconds, 3), detail=o.detail)  # type: ignore[arg-type]
-            for o in done.outcomes
+            UpStep(name=o.step, outcome=o.status, seconds=round(o.seconds, 3), detail=o.detail) for o in done.outcomes
         ],
         seconds=round(done.seconds, 3),
-        stopped_at=done.stopped_at,  # type: ignore[arg-type]
+        stopped_at=done.stopped_at,
         error=done.error,
         resume=done.resume,
     )
