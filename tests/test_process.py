@@ -319,3 +319,30 @@ def _stop_with(tmp_path, hosts, how: str, copies: int, sig: int, message: str, c
     assert driver.returncode == code, err
     assert message in err.splitlines() and "Traceback" not in err and "internal error" not in err
     assert not [p for p in glob.glob("/tmp/tp4-*.pid") if os.path.getmtime(p) >= launched - 1]
+
+
+def test_a_stopping_signal_while_a_child_starts_still_stops_that_child(monkeypatch):
+    """Ctrl-C in the moment between the child's start (it runs) and the funnel's record of it used
+    to raise there, leaving a child stop_all never knew: it ran on after tp4 exited (test above,
+    `local`, once under load). The signal now waits until the child is recorded, then stops it."""
+    real_popen = subprocess.Popen
+    started: list[subprocess.Popen] = []
+
+    def popen_then_signal(*args, **kwargs):
+        child = real_popen(*args, **kwargs)
+        started.append(child)
+        os.kill(os.getpid(), signal.SIGINT)  # its Python handler runs at the next line, here
+        time.sleep(0.05)
+        return child
+
+    monkeypatch.setattr(process.subprocess, "Popen", popen_then_signal)
+    previous = signal.signal(signal.SIGINT, process.on_interrupt)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            process.run(["sleep", "30"])
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        process._interrupted_at = 0.0  # as before the signal: the tests after this one start commands
+    assert len(started) == 1
+    assert started[0].poll() is not None, "the child started as the signal came is still running"
+    assert process._deferred is None and not process._spawning

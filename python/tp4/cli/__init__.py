@@ -186,7 +186,10 @@ def _interrupt(signum: int, frame: FrameType | None) -> None:
     _received.append(signum)
     process = sys.modules.get("tp4.core.process")
     if process is not None:
+        # raises KeyboardInterrupt, or returns while a child it starts is not yet known: the start
+        # raises it then
         process.on_interrupt(signum, frame)
+        return
     raise KeyboardInterrupt
 
 

@@ -378,6 +378,10 @@ class _Child:
 _live: dict[int, _Child] = {}  # id(popen) -> child; plain dict operations, safe from a signal handler
 _interrupted_at = 0.0  # when Ctrl-C came (on_interrupt), 0 before
 _cleaning = False  # inside cleanup(): worker threads may start commands again
+# the main thread between starting a child and recording it in _live, when a stopping signal there
+# would leave the child unknown to stop_all (it runs, tp4 exits): the signal waits until it is known
+_spawning = False
+_deferred: int | None = None
 
 
 @contextmanager
@@ -418,17 +422,32 @@ def _spawn(
     popen_kwargs = {**popen_kwargs, "process_group": 0 if own else None}
     if popen_kwargs.get("stdin") is None:
         popen_kwargs["stdin"] = subprocess.DEVNULL
-    if _interrupted_at and not _cleaning and threading.current_thread() is not threading.main_thread():
+    main = threading.current_thread() is threading.main_thread()
+    if _interrupted_at and not _cleaning and not main:
         raise Tp4Error("interrupted (Ctrl-C): not starting " + _describe(argv, remote))
+    global _spawning, _deferred
+    if main:
+        _spawning = True
     try:
-        popen = subprocess.Popen(cmd, env=local_env, cwd=cwd, **popen_kwargs)
-    except FileNotFoundError as exc:
-        raise Tp4Error(f"`{cmd[0]}` is not installed or not on PATH; install it and retry") from exc
-    child = _Child(popen, remote, pidfile, own_group=not foreground)
-    for key, old in list(_live.items()):
-        if old.popen.returncode is not None:
-            _live.pop(key, None)
-    _live[id(popen)] = child
+        try:
+            popen = subprocess.Popen(cmd, env=local_env, cwd=cwd, **popen_kwargs)
+        except FileNotFoundError as exc:
+            raise Tp4Error(f"`{cmd[0]}` is not installed or not on PATH; install it and retry") from exc
+        child = _Child(popen, remote, pidfile, own_group=not foreground)
+        for key, old in list(_live.items()):
+            if old.popen.returncode is not None:
+                _live.pop(key, None)
+        _live[id(popen)] = child
+    finally:
+        if main:
+            _spawning = False
+        if main and _deferred is not None:
+            signum, _deferred = _deferred, None
+            on_interrupt(signum, None)  # stops every child, this one too, and raises KeyboardInterrupt
+    if _interrupted_at and not _cleaning and not main:
+        # Ctrl-C came while this worker started it, after the handler's stop_all: stop it here
+        _stop([child])
+        raise Tp4Error("interrupted (Ctrl-C): stopped " + _describe(argv, remote))
     return child
 
 
@@ -501,8 +520,12 @@ _stopping = False
 def on_interrupt(signum: int, frame: FrameType | None) -> None:
     """The SIGINT handler: stop every child, then raise KeyboardInterrupt. From then on worker
     threads start no new command (the main thread still may: its cleanup, e.g. removing a
-    container); a second Ctrl-C during the cleanup gives it up."""
-    global _stopping, _interrupted_at
+    container); a second Ctrl-C during the cleanup gives it up. Between the main thread's start
+    of a child and its record it returns instead: the start raises once the child is known."""
+    global _stopping, _interrupted_at, _deferred
+    if _spawning and threading.current_thread() is threading.main_thread():
+        _deferred = signum
+        return
     if _stopping:
         raise KeyboardInterrupt
     _stopping = True
